@@ -1,0 +1,82 @@
+# ditrun — build, test, sanitize, fuzz.
+#   make            build/ditrun and build/libditrun.a (CUDA backend when nvcc is found)
+#   make test       every test; ends with "N passed, N failed" (GPU tests skip without a GPU)
+#   make test-gpu   the same, but GPU tests must run (fail if no GPU)
+#   make test-asan  tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build)
+#   make fuzz       libFuzzer targets (clang) in build/fuzz/
+#   make CUDA=0     force a CPU-only build
+CC      ?= cc
+BUILD   ?= build
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Isrc -Iinclude -MMD -MP
+LDLIBS  += -lopenblas -lpng -lz -lutf8proc -lm -pthread
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+
+LIB_C  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backends/cuda_stub/*' | sort)
+CLI_C  := $(shell find src/cli -name '*.c' | sort)
+CU_SRC := $(shell find src/backends/cuda -name '*.cu' 2>/dev/null | sort)
+TEST_C := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
+TEST_SUPPORT_C := $(filter-out $(TEST_C),$(shell find tests -maxdepth 1 -name '*.c' | sort))
+
+ifeq ($(CUDA),1)
+  NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+  NVCCFLAGS += -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
+               -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr -MMD -MP
+  CFLAGS  += -DDT_HAVE_CUDA=1
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+  CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+else
+  LIB_C   += $(shell find src/backends/cuda_stub -name '*.c')
+  CU_OBJ  :=
+endif
+
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(CU_OBJ)
+CLI_OBJ  := $(CLI_C:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
+
+.PHONY: all test test-gpu test-asan fuzz clean tests
+all: $(BUILD)/ditrun $(BUILD)/libditrun.a
+
+$(BUILD)/libditrun.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/ditrun: $(CLI_OBJ) $(BUILD)/libditrun.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libditrun.a $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libditrun.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libditrun.a $(LDLIBS)
+
+tests: $(TEST_BIN) $(BUILD)/ditrun
+
+test: tests
+	@BUILD=$(BUILD) sh tests/run_tests.sh
+
+test-gpu: tests
+	@DITRUN_REQUIRE_GPU=1 BUILD=$(BUILD) sh tests/run_tests.sh
+
+test-asan:
+	$(MAKE) BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDFLAGS="-fsanitize=address,undefined" tests
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 BUILD=build-asan sh tests/run_tests.sh
+
+fuzz:
+	@sh fuzz/build.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,167 @@
+/* backend.h — the op interface every model is written against (CPU reference, CUDA, ...).
+ *
+ * Model code never touches CUDA or raw activation memory: it allocates matrices through the
+ * backend, uploads/downloads f32 host arrays, and calls the ops below. A matrix (dt_mat) is a
+ * row-major 2-D view: `rows` x `cols` elements with row stride `ld` (elements), of dtype
+ * `dtype`. Activations use the backend's act_dtype (F32 on CPU, BF16 on CUDA); parameters such
+ * as norm weights, RoPE tables and masks are F32 ("param" matrices). Views: dt_mat_rows /
+ * dt_mat_cols give sub-matrices without copies (splits/concats folded into strides).
+ *
+ * Shapes in comments: [rows, cols]. L = tokens, H = heads, hd = head dim, D = H*hd.
+ * All ops may be asynchronous; dt_backend.sync() waits and reports device errors.
+ * Device errors inside ops are fatal: the backend prints one clear line and exits(1).
+ */
+#ifndef DT_BACKEND_H
+#define DT_BACKEND_H
+
+#include <stdint.h>
+
+#include "../core/common.h"
+#include "../io/weights.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    void *data;        /* backend memory (host pointer on CPU, device pointer on CUDA) */
+    int64_t rows, cols;
+    int64_t ld;        /* row stride in elements (>= cols) */
+    dt_dtype dtype;    /* F32 or BF16 */
+} dt_mat;
+
+static inline dt_mat dt_mat_rows(dt_mat m, int64_t r0, int64_t n) {
+    dt_mat v = m; v.data = (char *)m.data + (size_t)(r0 * m.ld) * dt_dtype_size(m.dtype); v.rows = n; return v;
+}
+static inline dt_mat dt_mat_cols(dt_mat m, int64_t c0, int64_t n) {
+    dt_mat v = m; v.data = (char *)m.data + (size_t)c0 * dt_dtype_size(m.dtype); v.cols = n; return v;
+}
+/* Reinterpret a contiguous matrix with a new row length (rows*cols must match; ld == cols required). */
+static inline dt_mat dt_mat_reshape(dt_mat m, int64_t rows, int64_t cols) {
+    dt_mat v = m; v.rows = rows; v.cols = cols; v.ld = cols; return v;
+}
+
+typedef struct dt_linear dt_linear;   /* backend-prepared Linear weights (opaque) */
+typedef struct dt_conv dt_conv;       /* backend-prepared 2-D convolution (opaque) */
+
+/* How quantized Linears are executed (CUDA; CPU always dequantizes per tile). */
+typedef enum {
+    DT_QPATH_AUTO = 0,     /* backend picks per shape */
+    DT_QPATH_FUSED,        /* qmm: dequantize inside the GEMM main loop */
+    DT_QPATH_TRANSIENT,    /* dequantize the layer to dense just before a dense GEMM */
+    DT_QPATH_CACHED,       /* dequantize once at load, keep dense */
+} dt_qpath;
+
+typedef enum { DT_ROPE_NONE = 0, DT_ROPE_INTERLEAVED, DT_ROPE_HALF } dt_rope_mode;
+typedef enum { DT_ACT_SILU = 0, DT_ACT_GELU_TANH, DT_ACT_GELU_ERF, DT_ACT_SIGMOID } dt_act;
+
+/* Options given when creating a backend. */
+typedef struct {
+    int threads;            /* CPU threads (0 = all cores) */
+    int device;             /* CUDA device index */
+    dt_qpath qpath;         /* quantized Linear path */
+    int rope_fp32;          /* CUDA: rotate in fp32 instead of bf16 products (1 = fp32) */
+    int verbose;
+} dt_backend_opts;
+
+typedef struct dt_backend dt_backend;
+struct dt_backend {
+    const char *name;       /* "cpu", "cuda" */
+    dt_dtype act_dtype;     /* activation dtype */
+    dt_backend_opts opts;
+    void *impl;             /* backend private state */
+
+    void (*destroy)(dt_backend *be);
+
+    /* ---- memory ---- */
+    /* Allocate a contiguous rows x cols matrix of dtype (act_dtype or F32). 0 ok, -1 error. */
+    int (*alloc)(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype);
+    void (*free)(dt_backend *be, dt_mat *m);
+    /* Copy host f32 [rows, cols] (contiguous) into m (converted to m.dtype). */
+    void (*upload)(dt_backend *be, dt_mat m, const float *src);
+    /* Copy m into host f32 [rows, cols] (contiguous). Synchronizes. */
+    void (*download)(dt_backend *be, float *dst, dt_mat m);
+    /* Wait for all queued work. 0 ok, -1 error (message set). */
+    int (*sync)(dt_backend *be);
+    /* Bytes of device memory currently allocated and the peak (for reports). */
+    void (*mem_stats)(dt_backend *be, size_t *current, size_t *peak);
+
+    /* ---- weights ---- */
+    /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error. */
+    dt_linear *(*linear_create)(dt_backend *be, const dt_linear_src *src);
+    void (*linear_destroy)(dt_backend *be, dt_linear *w);
+    /* 2-D convolution weights w [cout, cin, k, k] f32 host, bias [cout] (may be NULL), stride 1,
+     * zero padding `pad`. */
+    dt_conv *(*conv_create)(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
+    void (*conv_destroy)(dt_backend *be, dt_conv *c);
+
+    /* ---- ops ---- */
+    /* y[M,N] = x[M,K] · Wᵀ (+ bias). W is [N,K]. y must not alias x. */
+    void (*linear)(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
+
+    /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps.
+     * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */
+    void (*layernorm_mod)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
+
+    /* y[M,D] = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w [1, D] F32 param or NULL data (=1).
+     * w_offset: 0 normal, 1 zero-centred weights (Krea 2). y may alias x. */
+    void (*rmsnorm)(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
+
+    /* In place on x[L, H*hd]: per head RMSNorm over hd with weight w [1, hd] F32 (NULL data = no norm),
+     * then RoPE with cos/sin [L, hd] F32 tables (mode NONE = no rotation).
+     * INTERLEAVED pairs (2k, 2k+1); HALF pairs (i, i+hd/2). */
+    void (*head_norm_rope)(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps,
+                           dt_mat cos, dt_mat sin, dt_rope_mode mode);
+
+    /* Scaled dot-product attention.
+     * o [Lq, Hq*hd], q [Lq, Hq*hd], k/v [Lk, Hkv*hd]; Hq % Hkv == 0, q head h uses kv head h/(Hq/Hkv).
+     * key_bias: [1, Lk] F32 additive (0 or -INFINITY for padding) or NULL data.
+     * causal: query i attends keys j <= i. scale usually 1/sqrt(hd). */
+    void (*attention)(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
+                      float scale, dt_mat key_bias, int causal);
+
+    /* y = act(a) * b elementwise (SwiGLU when act = SILU); b NULL data => y = act(a). y may alias a or b. */
+    void (*act_mul)(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);
+
+    /* x += gate ⊙ y; gate [1, D] act broadcast over rows, or NULL data (plain add). */
+    void (*gated_add)(dt_backend *be, dt_mat x, dt_mat gate, dt_mat y);
+
+    /* y = a * b elementwise (same shapes) — e.g. sigmoid-gated attention output. */
+    void (*mul)(dt_backend *be, dt_mat y, dt_mat a, dt_mat b);
+
+    /* y = alpha * a + beta * b (same shapes; b NULL data => y = alpha * a). y may alias a or b. */
+    void (*axpby)(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b);
+
+    /* dst = src (same shape; any strides; dtype conversion allowed). */
+    void (*copy)(dt_backend *be, dt_mat dst, dt_mat src);
+
+    /* y[N, M] = x[M, N]ᵀ. */
+    void (*transpose)(dt_backend *be, dt_mat y, dt_mat x);
+
+    /* ---- image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). ---- */
+    /* y [cout, H*W] = conv(x [cin, H*W]) with stride 1, same-size output (pad = k/2). */
+    void (*conv2d)(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
+    /* GroupNorm over [C, HW] with `groups`, affine gamma/beta [1, C] F32; optional fused SiLU. */
+    void (*group_norm)(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps,
+                       int silu);
+    /* y [C, 4*H*W] = nearest-neighbour 2x upsample of x [C, H*W]. */
+    void (*upsample2x)(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
+};
+
+/* Create backends. NULL with dt_last_error() set when unavailable. */
+dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);
+dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts);   /* stub returning NULL without CUDA */
+int dt_backend_cuda_available(void);                               /* 1 if a CUDA GPU can be used */
+/* By name: "cpu", "cuda", or "auto" (cuda when available, else cpu). */
+dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts);
+
+/* Convenience: allocate or exit with the backend's error. */
+dt_mat dt_alloc_or_die(dt_backend *be, int64_t rows, int64_t cols, dt_dtype dtype);
+/* Upload a host f32 vector as a [1, n] F32 param matrix. */
+dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n);
+static inline dt_mat dt_mat_null(void) { dt_mat m = {0}; return m; }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,19 @@
+/* cli.h — subcommands of the ditrun command; each lives in its own cmd_*.c file.
+ * Every command parses its own options, prints usage on --help, and returns the process exit code. */
+#ifndef DT_CLI_H
+#define DT_CLI_H
+
+int cmd_info(int argc, char **argv);
+int cmd_forward(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+
+/* Shared helpers (cli_util.c). */
+int cli_error(const char *fmt, ...);                 /* prints "ditrun: error: ..." and returns 1 */
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);   /* 0 ok, else error printed */
+int cli_parse_float(const char *opt, const char *s, double *out);
+
+#endif

@@ -1,0 +1,73 @@
+/* common.h — shared basics for every layer: dtypes, half-precision conversions,
+ * error reporting (one clear line, kept for the caller), logging and checked allocation.
+ *
+ * Error convention: a failing function calls dt_set_error("file: problem") and returns
+ * a negative int / NULL. The CLI prints dt_last_error() as "ditrun: error: ..." and exits 1.
+ */
+#ifndef DT_COMMON_H
+#define DT_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types found in safetensors files and used by backends. */
+typedef enum {
+    DT_F32 = 0, DT_F16, DT_BF16, DT_U32, DT_I32, DT_I64, DT_U8, DT_BOOL, DT_F64, DT_I8, DT_U16, DT_I16,
+    DT_DTYPE_COUNT
+} dt_dtype;
+
+const char *dt_dtype_name(dt_dtype t);      /* "F32", "BF16", ... */
+size_t dt_dtype_size(dt_dtype t);           /* bytes per element */
+
+/* ---- error reporting ---- */
+#if defined(__GNUC__)
+#define DT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DT_PRINTF(a, b)
+#endif
+void dt_set_error(const char *fmt, ...) DT_PRINTF(1, 2);
+const char *dt_last_error(void);
+void dt_clear_error(void);
+
+/* ---- logging: level 0 quiet, 1 normal (progress), 2 verbose ---- */
+extern int dt_log_level;
+void dt_log(int level, const char *fmt, ...) DT_PRINTF(2, 3);
+
+/* ---- checked allocation: on failure prints one line and exits(1) (out of host memory) ---- */
+void *dt_malloc(size_t n);
+void *dt_calloc(size_t n, size_t size);
+void *dt_realloc(void *p, size_t n);
+char *dt_strdup(const char *s);
+
+/* ---- half-precision conversion (round-to-nearest-even) ---- */
+static inline float dt_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t dt_f32_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float dt_bf16_round(float f) { return dt_bf16_to_f32(dt_f32_to_bf16(f)); }
+float dt_f16_to_f32(uint16_t h);
+uint16_t dt_f32_to_f16(float f);
+
+/* Convert n elements of a float-like dtype (F32/F16/BF16/F64) to f32. Returns -1 for other dtypes. */
+int dt_convert_to_f32(float *dst, const void *src, dt_dtype t, size_t n);
+
+/* Monotonic wall-clock seconds. */
+double dt_now(void);
+
+/* Relative L2 error ||a-b|| / ||b|| (b = reference), computed in double. */
+double dt_rel_l2(const float *a, const float *b, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,68 @@
+/* weights.h — a model component's tensors as users have them on disk.
+ *
+ * dt_weights_open(PATH) accepts:
+ *   - a single .safetensors file;
+ *   - a folder with one or more *.safetensors files (diffusers `transformer/`, mflux shards
+ *     `0.safetensors, 1.safetensors, ...`), using `*.safetensors.index.json` when present
+ *     (every file named in its weight_map must exist; every listed tensor must be found there);
+ *   - for a pipeline root, callers pass ROOT/transformer themselves (see dt_weights_component_dir).
+ * config.json in the folder (if any) is parsed and kept (dt_weights_config).
+ *
+ * Linear weights come in two forms, resolved by dt_weights_linear():
+ *   dense     NAME.weight  F32/F16/BF16 [out, in]
+ *   affine    NAME.weight  U32 [out, in*bits/32] + NAME.scales + NAME.biases [out, in/group]
+ *             (MLX groupwise affine; bits 4 or 8; group inferred from shapes; w = scale*q + bias)
+ *   plus an optional NAME.bias [out] (float).
+ */
+#ifndef DT_WEIGHTS_H
+#define DT_WEIGHTS_H
+
+#include "json.h"
+#include "safetensors.h"
+
+typedef struct dt_weights dt_weights;
+
+/* Host description of a Linear's weights (zero-copy views into the mapped files). */
+typedef struct {
+    const char *name;          /* NAME (without .weight) */
+    int64_t out, in;           /* logical shape [out, in] */
+    int bits;                  /* 0 = dense; 4 or 8 = MLX affine */
+    int group_size;            /* affine only */
+    dt_dtype dtype;            /* dense: F32/F16/BF16 of data; affine: U32 */
+    const void *data;          /* dense [out,in] / packed u32 [out, in*bits/32] */
+    dt_dtype sb_dtype;         /* affine: dtype of scales and biases (BF16/F16/F32) */
+    const void *scales;        /* affine: [out, in/group_size] */
+    const void *biases;        /* affine: [out, in/group_size] */
+    dt_dtype bias_dtype;       /* dtype of the optional Linear bias */
+    const void *bias;          /* optional [out], NULL when the Linear has no bias */
+} dt_linear_src;
+
+dt_weights *dt_weights_open(const char *path);
+void dt_weights_close(dt_weights *w);
+const char *dt_weights_path(const dt_weights *w);
+const json *dt_weights_config(const dt_weights *w);   /* config.json object or NULL */
+size_t dt_weights_count(const dt_weights *w);
+const st_tensor *dt_weights_at(const dt_weights *w, size_t i);
+const st_tensor *dt_weights_find(const dt_weights *w, const char *name);  /* NULL if absent */
+/* safetensors metadata value from the first file that has it, or NULL */
+const char *dt_weights_metadata(const dt_weights *w, const char *key);
+
+/* Tensor that must exist with exactly the given shape (ndim entries). Error names file+tensor. */
+const st_tensor *dt_weights_get(const dt_weights *w, const char *name, int ndim, const int64_t *shape);
+/* Load a float tensor (any float dtype) of `n` elements as f32 into dst, checking numel == n. */
+int dt_weights_read_f32(const dt_weights *w, const char *name, float *dst, int64_t n);
+
+/* Resolve a Linear named NAME with expected [out, in]; `in`/`out` <= 0 means "take from file".
+ * Validates dtype, shapes, bits (4/8), group size (must divide in, 32 | in*bits for packing,
+ * scales/biases shapes equal). want_bias: 0 = ignore, 1 = required, -1 = optional. */
+int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_t in, int want_bias,
+                      dt_linear_src *src);
+
+/* Find a component folder: if PATH/NAME/ exists return it (malloc'd), else if PATH itself
+ * holds safetensors return a copy of PATH, else NULL with an error. */
+char *dt_weights_component_dir(const char *path, const char *name);
+
+/* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for dense and affine. */
+void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst);
+
+#endif

@@ -1,0 +1,55 @@
+/* flux2.h — the FLUX.2-klein transformer (diffusers Flux2Transformer2DModel), written against
+ * the backend op interface. Geometry comes from config.json (or the quantized folder's config).
+ * See ../shared/spec section 1 and NOTES.md.
+ */
+#ifndef DT_FLUX2_H
+#define DT_FLUX2_H
+
+#include "backends/backend.h"
+#include "io/weights.h"
+
+typedef struct {
+    int in_channels;        /* latent channels per token (128 for klein) */
+    int out_channels;       /* = in_channels unless config says otherwise */
+    int num_layers;         /* double-stream blocks */
+    int num_single_layers;  /* single-stream blocks */
+    int heads, head_dim;    /* attention heads x head dim; hidden D = heads*head_dim */
+    int hidden;             /* D */
+    int mlp_hidden;         /* F = D * mlp_ratio */
+    int joint_dim;          /* text feature size (joint_attention_dim) */
+    int tg_channels;        /* timestep sinusoid channels (256) */
+    int n_axes;             /* RoPE axes (4) */
+    int axes[8];            /* dims per axis, sum = head_dim */
+    float rope_theta;
+    float eps;
+    int guidance_embeds;    /* must be 0 for klein */
+} flux2_config;
+
+/* Parse config.json; every missing/invalid field is an error naming `what` (the file). */
+int flux2_config_parse(const json *cfg, const char *what, flux2_config *c);
+
+typedef struct flux2_model flux2_model;
+
+/* Observer of intermediate tensors (tests, debugging): called with names
+ * "double.N.out0" (text stream), "double.N.out1" (image stream), "single.N", "norm_out". */
+typedef void (*flux2_trace_fn)(void *ud, const char *name, dt_mat m);
+
+/* Load from a transformer folder (config.json + safetensors), a quantized folder, or a pipeline
+ * root holding transformer/. NULL on error (dt_last_error). */
+flux2_model *flux2_load(dt_backend *be, const char *path);
+void flux2_free(flux2_model *m);
+const flux2_config *flux2_get_config(const flux2_model *m);
+/* Bytes of weights as stored, and a short description of the formats ("bf16", "q4 g64", ...). */
+void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fmt_len);
+
+/* One forward pass.
+ *   img      [N, in_channels]   packed latent tokens (f32 host)
+ *   txt      [T, joint_dim]     text features (f32 host)
+ *   timestep sigma in [0,1] (the model multiplies by 1000)
+ *   img_ids  [N, n_axes], txt_ids [T, n_axes] position ids (f32 host)
+ *   out      [N, out_channels]  velocity (f32 host)
+ * Returns 0 or -1 (dt_last_error). */
+int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
+                  const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *trace_ud);
+
+#endif

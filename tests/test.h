@@ -1,0 +1,49 @@
+/* test.h — the tiny test protocol shared by every tests/test_*.c program.
+ *
+ * Each program prints one line per check: "PASS name", "FAIL name: why" or "SKIP name: why",
+ * and exits 0 when nothing failed. tests/run_tests.sh runs every program and prints the
+ * closing "N passed, N failed, N skipped" line. Tolerances are named constants with a reason.
+ */
+#ifndef DT_TEST_H
+#define DT_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/common.h"
+
+static int t_failed __attribute__((unused)), t_passed __attribute__((unused)), t_skipped __attribute__((unused));
+
+#define T_PASS(name) (printf("PASS %s\n", name), t_passed++)
+#define T_FAIL(name, ...) (printf("FAIL %s: ", name), printf(__VA_ARGS__), printf("\n"), t_failed++)
+#define T_SKIP(name, ...) (printf("SKIP %s: ", name), printf(__VA_ARGS__), printf("\n"), t_skipped++)
+#define T_CHECK(name, cond, ...) ((cond) ? (void)T_PASS(name) : (void)T_FAIL(name, __VA_ARGS__))
+#define T_DONE() (fflush(stdout), t_failed ? 1 : 0)
+
+/* Compare got vs ref by relative L2; on failure print the worst element. Returns 1 if ok. */
+static inline int t_check_rel_l2(const char *name, const float *got, const float *ref, size_t n, double tol) {
+    double err = dt_rel_l2(got, ref, n);
+    if (err <= tol) { printf("PASS %s (rel_l2 %.3g <= %.3g)\n", name, err, tol); t_passed++; return 1; }
+    size_t worst = 0; double wd = -1;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d != d) { worst = i; break; }
+        if (d > wd) { wd = d; worst = i; }
+    }
+    printf("FAIL %s: rel_l2 %.3g > %.3g; worst element [%zu] got %.7g ref %.7g\n", name, err, tol, worst,
+           n ? got[worst] : 0.0, n ? ref[worst] : 0.0);
+    t_failed++;
+    return 0;
+}
+
+/* Fixture folder: $DITRUN_FIXTURES or tests/fixtures (tests run from the repository root). */
+static inline const char *t_fixtures(void) {
+    const char *e = getenv("DITRUN_FIXTURES");
+    return e && *e ? e : "tests/fixtures";
+}
+
+/* GPU tests: skip (with a reason) unless a GPU is usable; with DITRUN_REQUIRE_GPU=1 a missing GPU fails. */
+static inline int t_require_gpu_env(void) { const char *e = getenv("DITRUN_REQUIRE_GPU"); return e && *e == '1'; }
+
+#endif
