@@ -146,6 +146,19 @@ struct dt_backend {
                        int silu);
     /* y [C, 4*H*W] = nearest-neighbour 2x upsample of x [C, H*W]. */
     void (*upsample2x)(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
+
+    /* ---- optional (NULL when unsupported) ---- */
+    /* Timing: an event records the position in the queue; elapsed_ms waits for both. */
+    void *(*event_create)(dt_backend *be);
+    void (*event_record)(dt_backend *be, void *ev);
+    float (*event_elapsed_ms)(dt_backend *be, void *start, void *end);
+    void (*event_destroy)(dt_backend *be, void *ev);
+    /* Graph capture of the ops issued between capture_begin and capture_end (fixed shapes and
+     * buffers); graph_launch replays it. Allocation inside a capture is not allowed. */
+    int (*capture_begin)(dt_backend *be);
+    void *(*capture_end)(dt_backend *be);
+    int (*graph_launch)(dt_backend *be, void *graph);
+    void (*graph_destroy)(dt_backend *be, void *graph);
 };
 
 /* Create backends. NULL with dt_last_error() set when unavailable. */
