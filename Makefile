@@ -12,12 +12,11 @@ CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Isrc -Iinclude
 LDLIBS  += -lopenblas -lpng -lz -lutf8proc -lm -pthread
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
-CUDA ?= $(if $(NVCC),1,0)
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-
 LIB_C  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backends/cuda_stub/*' | sort)
 CLI_C  := $(shell find src/cli -name '*.c' | sort)
 CU_SRC := $(shell find src/backends/cuda -name '*.cu' 2>/dev/null | sort)
+CUDA ?= $(if $(and $(NVCC),$(CU_SRC)),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 TEST_C := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 TEST_SUPPORT_C := $(filter-out $(TEST_C),$(shell find tests -maxdepth 1 -name '*.c' | sort))
 
