@@ -1,0 +1,378 @@
+/* qwen3.c — Qwen3 text encoder forward (transformers modeling_qwen3.py semantics) on the backend
+ * op interface: embedding lookup on the host (dequantizing only the needed rows), then per decoder
+ * layer pre-norm attention (per-head q/k RMSNorm before half-split RoPE, GQA, causal + key padding
+ * mask) and a SwiGLU MLP, each with a residual add. Hidden states at the requested taps are
+ * downloaded and concatenated along features.
+ */
+#include "qwen3.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QW_NAME_MAX 128
+
+enum { QW_Q, QW_K, QW_V, QW_O, QW_GATE, QW_UP, QW_DOWN, QW_NLIN };
+static const char *const qw_lin_suffix[QW_NLIN] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
+};
+
+typedef struct {
+    dt_linear *lin[QW_NLIN];
+    char names[QW_NLIN][QW_NAME_MAX];   /* kept alive for the backend's Linear (src.name) */
+    dt_mat in_norm, post_norm;          /* [1, D] F32 */
+    dt_mat q_norm, k_norm;              /* [1, hd] F32 */
+} qw_layer;
+
+struct dt_qwen3 {
+    dt_backend *be;
+    dt_weights *w;               /* kept open: Linears and the embedding are views into it */
+    dt_qwen3_config cfg;
+    const char *prefix;          /* "model." (Hugging Face) or "" (mflux) */
+    int n_layers;                /* decoder layers loaded (1..n_layers) */
+    qw_layer *layers;            /* [n_layers] */
+    char embed_name[QW_NAME_MAX];
+    dt_linear_src embed;         /* [vocab, D], dense or affine */
+    dt_mat final_norm;           /* [1, D] F32, data NULL unless n_layers == num_layers */
+};
+
+/* ---------------------------------------------------------------- config */
+
+static int cfg_int(const json *cj, const char *what, const char *key, int64_t dflt, int required, int *dst) {
+    const json *v = json_get(cj, key);
+    if (!v || v->type == JSON_NULL) {
+        if (required) { dt_set_error("%s: missing integer '%s'", what, key); return -1; }
+        *dst = (int)dflt;
+        return 0;
+    }
+    if (v->type != JSON_NUMBER || !v->is_integer || v->integer <= 0 || v->integer > (1 << 30)) {
+        dt_set_error("%s: '%s' must be a positive integer", what, key);
+        return -1;
+    }
+    *dst = (int)v->integer;
+    return 0;
+}
+
+static int check_rope_type(const json *obj, const char *what, const char *field) {
+    if (!obj || obj->type != JSON_OBJECT) return 0;
+    const char *t = json_get_str(obj, "rope_type");
+    if (!t) t = json_get_str(obj, "type");
+    if (t && strcmp(t, "default") != 0) {
+        dt_set_error("%s: %s.rope_type '%s' is not supported (only 'default')", what, field, t);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_config(const json *cj, const char *what, dt_qwen3_config *c) {
+    if (cfg_int(cj, what, "hidden_size", 0, 1, &c->hidden) || cfg_int(cj, what, "num_hidden_layers", 0, 1, &c->num_layers) ||
+        cfg_int(cj, what, "num_attention_heads", 0, 1, &c->heads) ||
+        cfg_int(cj, what, "intermediate_size", 0, 1, &c->intermediate) || cfg_int(cj, what, "vocab_size", 0, 1, &c->vocab))
+        return -1;
+    if (cfg_int(cj, what, "num_key_value_heads", c->heads, 0, &c->kv_heads)) return -1;
+    if (cfg_int(cj, what, "head_dim", c->hidden / c->heads, 0, &c->head_dim)) return -1;
+    c->eps = (float)json_get_num(cj, "rms_norm_eps", 1e-6);
+    const json *rp = json_get(cj, "rope_parameters");
+    double theta = json_get_num(cj, "rope_theta", -1.0);
+    if (theta <= 0 && rp && rp->type == JSON_OBJECT) theta = json_get_num(rp, "rope_theta", -1.0);
+    if (theta <= 0) theta = 10000.0;   /* Qwen3Config default */
+    c->rope_theta = theta;
+    if (check_rope_type(rp, what, "rope_parameters") || check_rope_type(json_get(cj, "rope_scaling"), what, "rope_scaling"))
+        return -1;
+    if (!(c->eps > 0) || !isfinite(c->eps)) { dt_set_error("%s: rms_norm_eps must be positive", what); return -1; }
+    return 0;
+}
+
+/* Without config.json (some converted folders): geometry from tensor shapes. */
+static int infer_config(const dt_weights *w, const char *prefix, const dt_linear_src *emb, dt_qwen3_config *c) {
+    const char *what = dt_weights_path(w);
+    char name[QW_NAME_MAX];
+    c->vocab = (int)emb->out;
+    c->hidden = (int)emb->in;
+    c->num_layers = 0;
+    for (;;) {
+        snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", prefix, c->num_layers);
+        if (!dt_weights_find(w, name)) break;
+        c->num_layers++;
+    }
+    if (c->num_layers == 0) {
+        dt_set_error("%s: no config.json and no tensor '%slayers.0.input_layernorm.weight'", what, prefix);
+        return -1;
+    }
+    snprintf(name, sizeof name, "%slayers.0.self_attn.q_norm.weight", prefix);
+    const st_tensor *qn = dt_weights_find(w, name);
+    if (!qn) { dt_set_error("%s: no config.json and no tensor '%s'", what, name); return -1; }
+    c->head_dim = (int)qn->numel;
+    dt_linear_src s;
+    snprintf(name, sizeof name, "%slayers.0.self_attn.q_proj", prefix);
+    if (dt_weights_linear(w, name, -1, c->hidden, -1, &s)) return -1;
+    c->heads = (int)(s.out / c->head_dim);
+    snprintf(name, sizeof name, "%slayers.0.self_attn.k_proj", prefix);
+    if (dt_weights_linear(w, name, -1, c->hidden, -1, &s)) return -1;
+    c->kv_heads = (int)(s.out / c->head_dim);
+    snprintf(name, sizeof name, "%slayers.0.mlp.gate_proj", prefix);
+    if (dt_weights_linear(w, name, -1, c->hidden, -1, &s)) return -1;
+    c->intermediate = (int)s.out;
+    c->eps = 1e-6f;
+    c->rope_theta = 1e6;
+    dt_log(1, "%s: no config.json; inferred Qwen3 geometry D=%d layers=%d heads=%d/%d hd=%d I=%d (eps 1e-6, theta 1e6)\n",
+           what, c->hidden, c->num_layers, c->heads, c->kv_heads, c->head_dim, c->intermediate);
+    return 0;
+}
+
+static int check_config(const dt_qwen3_config *c, const char *what) {
+    if (c->hidden <= 0 || c->num_layers <= 0 || c->heads <= 0 || c->kv_heads <= 0 || c->head_dim <= 0 ||
+        c->intermediate <= 0 || c->vocab <= 0) {
+        dt_set_error("%s: invalid Qwen3 geometry (D=%d layers=%d heads=%d/%d hd=%d I=%d vocab=%d)", what, c->hidden,
+                     c->num_layers, c->heads, c->kv_heads, c->head_dim, c->intermediate, c->vocab);
+        return -1;
+    }
+    if (c->heads % c->kv_heads) {
+        dt_set_error("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", what, c->heads, c->kv_heads);
+        return -1;
+    }
+    if (c->head_dim % 2) { dt_set_error("%s: head_dim %d must be even for RoPE", what, c->head_dim); return -1; }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+static int load_norm(dt_qwen3 *m, const char *name, int64_t n, dt_mat *dst) {
+    float *buf = dt_malloc((size_t)n * sizeof(float));
+    if (dt_weights_read_f32(m->w, name, buf, n) != 0) { free(buf); return -1; }
+    *dst = dt_param_upload(m->be, buf, n);
+    free(buf);
+    return 0;
+}
+
+static int load_layer(dt_qwen3 *m, int li, qw_layer *L) {
+    const dt_qwen3_config *c = &m->cfg;
+    const int64_t D = c->hidden, qd = (int64_t)c->heads * c->head_dim, kvd = (int64_t)c->kv_heads * c->head_dim;
+    const int64_t shape[QW_NLIN][2] = {
+        {qd, D}, {kvd, D}, {kvd, D}, {D, qd}, {c->intermediate, D}, {c->intermediate, D}, {D, c->intermediate},
+    };
+    for (int i = 0; i < QW_NLIN; i++) {
+        snprintf(L->names[i], QW_NAME_MAX, "%slayers.%d.%s", m->prefix, li, qw_lin_suffix[i]);
+        dt_linear_src s;
+        if (dt_weights_linear(m->w, L->names[i], shape[i][0], shape[i][1], -1, &s) != 0) return -1;
+        s.name = L->names[i];
+        L->lin[i] = m->be->linear_create(m->be, &s);
+        if (!L->lin[i]) return -1;
+    }
+    char name[QW_NAME_MAX];
+    snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", m->prefix, li);
+    if (load_norm(m, name, D, &L->in_norm)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.post_attention_layernorm.weight", m->prefix, li);
+    if (load_norm(m, name, D, &L->post_norm)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.self_attn.q_norm.weight", m->prefix, li);
+    if (load_norm(m, name, c->head_dim, &L->q_norm)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.self_attn.k_norm.weight", m->prefix, li);
+    if (load_norm(m, name, c->head_dim, &L->k_norm)) return -1;
+    return 0;
+}
+
+dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer) {
+    dt_weights *w = dt_weights_open(dir);
+    if (!w) return NULL;
+    dt_qwen3 *m = dt_calloc(1, sizeof *m);
+    m->be = be;
+    m->w = w;
+    const char *what = dt_weights_path(w);
+
+    if (dt_weights_find(w, "model.embed_tokens.weight")) m->prefix = "model.";
+    else if (dt_weights_find(w, "embed_tokens.weight")) m->prefix = "";
+    else {
+        dt_set_error("%s: tensor 'model.embed_tokens.weight' (or mflux 'embed_tokens.weight') not found", what);
+        goto fail;
+    }
+    snprintf(m->embed_name, sizeof m->embed_name, "%sembed_tokens", m->prefix);
+
+    const json *cj = dt_weights_config(w);
+    if (cj) {
+        char cwhat[1024];
+        snprintf(cwhat, sizeof cwhat, "%s/config.json", what);
+        if (parse_config(cj, cwhat, &m->cfg) || check_config(&m->cfg, cwhat)) goto fail;
+        if (dt_weights_linear(w, m->embed_name, m->cfg.vocab, m->cfg.hidden, 0, &m->embed) != 0) goto fail;
+    } else {
+        if (dt_weights_linear(w, m->embed_name, -1, -1, 0, &m->embed) != 0) goto fail;
+        if (infer_config(w, m->prefix, &m->embed, &m->cfg) || check_config(&m->cfg, what)) goto fail;
+    }
+    m->embed.name = m->embed_name;
+
+    if (max_layer <= 0) max_layer = m->cfg.num_layers;
+    if (max_layer > m->cfg.num_layers) {
+        dt_set_error("%s: max_layer %d exceeds num_hidden_layers %d", what, max_layer, m->cfg.num_layers);
+        goto fail;
+    }
+    m->n_layers = max_layer;
+    m->layers = dt_calloc((size_t)max_layer, sizeof *m->layers);
+    for (int l = 0; l < max_layer; l++)
+        if (load_layer(m, l, &m->layers[l])) goto fail;
+    if (max_layer == m->cfg.num_layers) {
+        char name[QW_NAME_MAX];
+        snprintf(name, sizeof name, "%snorm.weight", m->prefix);
+        if (load_norm(m, name, m->cfg.hidden, &m->final_norm)) goto fail;
+    }
+    return m;
+fail:
+    dt_qwen3_free(m);
+    return NULL;
+}
+
+const dt_qwen3_config *dt_qwen3_get_config(const dt_qwen3 *m) { return &m->cfg; }
+int dt_qwen3_loaded_layers(const dt_qwen3 *m) { return m->n_layers; }
+
+static void free_param(dt_backend *be, dt_mat *p) {
+    if (p->data) be->free(be, p);
+    *p = dt_mat_null();
+}
+
+void dt_qwen3_free(dt_qwen3 *m) {
+    if (!m) return;
+    dt_backend *be = m->be;
+    if (m->layers) {
+        for (int l = 0; l < m->n_layers; l++) {
+            qw_layer *L = &m->layers[l];
+            for (int i = 0; i < QW_NLIN; i++)
+                if (L->lin[i]) be->linear_destroy(be, L->lin[i]);
+            free_param(be, &L->in_norm);
+            free_param(be, &L->post_norm);
+            free_param(be, &L->q_norm);
+            free_param(be, &L->k_norm);
+        }
+        free(m->layers);
+    }
+    free_param(be, &m->final_norm);
+    dt_weights_close(m->w);
+    free(m);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Download x [T, D] and write it into out columns of every tap equal to `index`. */
+static void emit_taps(dt_qwen3 *m, dt_mat x, int index, const int *taps, int n_taps, int T, float *host, float *out) {
+    const int D = m->cfg.hidden;
+    int downloaded = 0;
+    for (int i = 0; i < n_taps; i++) {
+        if (taps[i] != index) continue;
+        if (!downloaded) { m->be->download(m->be, host, x); downloaded = 1; }
+        for (int t = 0; t < T; t++)
+            memcpy(out + ((size_t)t * n_taps + i) * D, host + (size_t)t * D, (size_t)D * sizeof(float));
+    }
+}
+
+int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
+                    float *out) {
+    const dt_qwen3_config *c = &m->cfg;
+    const char *what = dt_weights_path(m->w);
+    dt_backend *be = m->be;
+    if (T <= 0 || n_taps <= 0) {
+        dt_set_error("%s: qwen3 encode needs T > 0 and at least one tap (T=%d, taps=%d)", what, T, n_taps);
+        return -1;
+    }
+    int deepest = 0;
+    for (int i = 0; i < n_taps; i++) {
+        if (taps[i] < 0 || taps[i] > m->n_layers) {
+            dt_set_error("%s: hidden-state tap %d outside 0..%d (layers loaded: %d of %d)", what, taps[i], m->n_layers,
+                         m->n_layers, c->num_layers);
+            return -1;
+        }
+        if (taps[i] > deepest) deepest = taps[i];
+    }
+    for (int t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= c->vocab) {
+            dt_set_error("%s: token id %d at position %d outside the vocabulary [0, %d)", what, (int)ids[t], t, c->vocab);
+            return -1;
+        }
+
+    const int D = c->hidden, H = c->heads, Hkv = c->kv_heads, hd = c->head_dim, I = c->intermediate;
+    const dt_dtype act = be->act_dtype;
+
+    /* Leading padding: queries before the first real token have no key to attend to. Their attention
+     * output is set to zero (what PyTorch >= 2.5 SDPA returns for fully masked rows). */
+    int first_real = 0;
+    if (mask)
+        while (first_real < T && !mask[first_real]) first_real++;
+
+    /* Host inputs: embeddings [T, D], RoPE tables [T, hd], key bias [1, T]. */
+    float *host = dt_malloc((size_t)T * D * sizeof(float));
+    for (int t = 0; t < T; t++) dt_linear_src_rows_f32(&m->embed, ids[t], 1, host + (size_t)t * D);
+    float *cosb = dt_malloc((size_t)T * hd * sizeof(float)), *sinb = dt_malloc((size_t)T * hd * sizeof(float));
+    const int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        double inv_freq = pow(c->rope_theta, -2.0 * i / hd);
+        for (int t = 0; t < T; t++) {
+            double ang = (double)t * inv_freq;
+            float cv = (float)cos(ang), sv = (float)sin(ang);
+            cosb[(size_t)t * hd + i] = cosb[(size_t)t * hd + i + half] = cv;
+            sinb[(size_t)t * hd + i] = sinb[(size_t)t * hd + i + half] = sv;
+        }
+    }
+
+    dt_mat x = dt_alloc_or_die(be, T, D, act);          /* residual stream [T, D] */
+    dt_mat h = dt_alloc_or_die(be, T, D, act);          /* normed input / branch output [T, D] */
+    dt_mat q = dt_alloc_or_die(be, T, (int64_t)H * hd, act);
+    dt_mat k = dt_alloc_or_die(be, T, (int64_t)Hkv * hd, act);
+    dt_mat v = dt_alloc_or_die(be, T, (int64_t)Hkv * hd, act);
+    dt_mat a = dt_alloc_or_die(be, T, (int64_t)H * hd, act);   /* attention output */
+    dt_mat g = dt_alloc_or_die(be, T, I, act);
+    dt_mat u = dt_alloc_or_die(be, T, I, act);
+    dt_mat cosm = dt_alloc_or_die(be, T, hd, DT_F32), sinm = dt_alloc_or_die(be, T, hd, DT_F32);
+    be->upload(be, cosm, cosb);
+    be->upload(be, sinm, sinb);
+    dt_mat kbias = dt_mat_null(), zeros = dt_mat_null();
+    if (mask && deepest > 0) {
+        float *kb = dt_malloc((size_t)T * sizeof(float));
+        for (int t = 0; t < T; t++) kb[t] = mask[t] ? 0.0f : -INFINITY;
+        kbias = dt_param_upload(be, kb, T);
+        free(kb);
+        if (first_real > 0) {
+            float *z = dt_calloc((size_t)first_real * H * hd, sizeof(float));
+            zeros = dt_alloc_or_die(be, first_real, (int64_t)H * hd, act);
+            be->upload(be, zeros, z);
+            free(z);
+        }
+    }
+    be->upload(be, x, host);
+    emit_taps(m, x, 0, taps, n_taps, T, host, out);
+
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    for (int l = 0; l < deepest; l++) {
+        const qw_layer *L = &m->layers[l];
+        /* attention block */
+        be->rmsnorm(be, h, x, L->in_norm, 0.0f, c->eps);
+        be->linear(be, q, h, L->lin[QW_Q]);
+        be->linear(be, k, h, L->lin[QW_K]);
+        be->linear(be, v, h, L->lin[QW_V]);
+        be->head_norm_rope(be, q, H, hd, L->q_norm, c->eps, cosm, sinm, DT_ROPE_HALF);
+        be->head_norm_rope(be, k, Hkv, hd, L->k_norm, c->eps, cosm, sinm, DT_ROPE_HALF);
+        be->attention(be, a, q, k, v, H, Hkv, hd, scale, kbias, 1);
+        if (zeros.data) be->copy(be, dt_mat_rows(a, 0, first_real), zeros);
+        be->linear(be, h, a, L->lin[QW_O]);
+        be->gated_add(be, x, dt_mat_null(), h);
+        /* MLP block */
+        be->rmsnorm(be, h, x, L->post_norm, 0.0f, c->eps);
+        be->linear(be, g, h, L->lin[QW_GATE]);
+        be->linear(be, u, h, L->lin[QW_UP]);
+        be->act_mul(be, g, g, u, DT_ACT_SILU);
+        be->linear(be, h, g, L->lin[QW_DOWN]);
+        be->gated_add(be, x, dt_mat_null(), h);
+
+        if (l + 1 == c->num_layers) {   /* HF: the last hidden state is after the final norm */
+            be->rmsnorm(be, h, x, m->final_norm, 0.0f, c->eps);
+            emit_taps(m, h, l + 1, taps, n_taps, T, host, out);
+        } else {
+            emit_taps(m, x, l + 1, taps, n_taps, T, host, out);
+        }
+    }
+    int rc = be->sync(be);
+
+    dt_mat *mats[] = {&x, &h, &q, &k, &v, &a, &g, &u, &cosm, &sinm, &kbias, &zeros};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_param(be, mats[i]);
+    free(host);
+    free(cosb);
+    free(sinb);
+    return rc == 0 ? 0 : -1;
+}

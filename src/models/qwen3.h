@@ -1,0 +1,52 @@
+/* qwen3.h — the Qwen3 text encoder (transformers Qwen3ForCausalLM, decoder only, no lm_head),
+ * written against the backend op interface. Used by the FLUX.2-klein pipeline: the prompt
+ * features are the concatenation of a few intermediate hidden states (spec section 2.1).
+ *
+ * Checkpoints: a text_encoder folder with config.json and safetensors shards. Keys are either
+ * Hugging Face (`model.embed_tokens.weight`, `model.layers.N...`, `model.norm.weight`) or mflux
+ * (the same without the `model.` prefix). Linears and the embedding may be dense (F32/F16/BF16)
+ * or MLX affine quantized (`.weight` U32 + `.scales` + `.biases`); norms are float.
+ * When config.json is absent the geometry is inferred from tensor shapes (eps 1e-6, theta 1e6).
+ */
+#ifndef DT_QWEN3_H
+#define DT_QWEN3_H
+
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+typedef struct {
+    int hidden;          /* D = hidden_size */
+    int num_layers;      /* num_hidden_layers of the checkpoint */
+    int heads;           /* num_attention_heads (Hq) */
+    int kv_heads;        /* num_key_value_heads (Hkv), Hq % Hkv == 0 */
+    int head_dim;        /* hd (default D / Hq) */
+    int intermediate;    /* MLP width I */
+    int vocab;           /* embedding rows */
+    float eps;           /* rms_norm_eps */
+    double rope_theta;   /* rope_theta or rope_parameters.rope_theta */
+} dt_qwen3_config;
+
+typedef struct dt_qwen3 dt_qwen3;
+
+/* Load from a text_encoder folder (or a single .safetensors file). Only decoder layers
+ * 1..max_layer are loaded (max_layer <= 0: all); the final norm is loaded only when
+ * max_layer == num_layers. NULL on error (dt_last_error names the file and tensor). */
+dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer);
+
+const dt_qwen3_config *dt_qwen3_get_config(const dt_qwen3 *m);
+int dt_qwen3_loaded_layers(const dt_qwen3 *m);   /* max_layer after defaulting */
+
+/* Encode one sequence.
+ *   ids   [T]  token ids (0 <= id < vocab)
+ *   mask  [T]  1 = real token, 0 = padding (NULL = all real); padded keys are never attended
+ *   taps  [n_taps] hidden-state indices (HF output_hidden_states): 0 = embeddings, k = output of
+ *              decoder layer k (1-based); k == num_layers gets the final norm `model.norm`.
+ *   out   [T, n_taps*D] f32 host: row t = [h_tap0[t] | h_tap1[t] | ...]
+ * Positions are 0..T-1 regardless of padding. Returns 0 or -1 (dt_last_error). */
+int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
+                    float *out);
+
+void dt_qwen3_free(dt_qwen3 *m);
+
+#endif
