@@ -1,7 +1,176 @@
-/* cmd_forward.c — placeholder until the 'forward' command lands. */
+/* cmd_forward.c — `ditrun forward`: one transformer forward on inputs read from a safetensors file.
+ * The model family is detected from config.json's _class_name (FLUX.2-klein; Krea 2). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
 #include "cli.h"
+#include "cli_model.h"
+#include "io/safetensors.h"
+#include "models/flux2.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ditrun forward --model DIR --inputs IN.safetensors --output OUT.safetensors [options]\n\n"
+            "Runs one transformer forward (the DiT step) and writes out.sample as F32.\n"
+            "DIR: a transformer folder (config.json + safetensors, bf16/f16/f32 or MLX 4/8-bit quantized),\n"
+            "     or a pipeline root holding transformer/. The family comes from config.json (_class_name).\n\n"
+            "inputs (FLUX.2): in.hidden_states [1,N,C], in.encoder_hidden_states [1,T,J], in.timestep [1],\n"
+            "                 in.img_ids [1,N,4], in.txt_ids [1,T,4] (I64 or F32)\n"
+            "inputs (Krea 2): in.hidden_states, in.encoder_hidden_states [1,T,layers,dim], in.timestep,\n"
+            "                 in.position_ids [T+N,3], in.encoder_attention_mask [1,T] (optional)\n\n"
+            "options:\n"
+            "  --model DIR          model folder (required)\n"
+            "  --inputs FILE        input tensors (required)\n"
+            "  --output FILE        where to write out.sample (required)\n"
+            "  --backend NAME       cpu, cuda or auto (default auto: cuda when a GPU is present)\n"
+            "  --threads N          CPU threads (default: all cores)\n"
+            "  --qpath P            quantized Linear path on CUDA: auto, fused, transient, cached (default auto)\n"
+            "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
+            "  --trace              also write intermediates (mid.*) to the output file\n"
+            "  --repeat N           run the forward N times and report the median time (default 1)\n"
+            "  -q, --quiet          no progress output\n"
+            "  -h, --help           this help\n");
+}
+
+typedef struct {
+    st_writer *w;
+    dt_backend *be;
+    const char *prefix;
+} trace_ctx;
+
+static void trace_cb(void *ud, const char *name, dt_mat m) {
+    trace_ctx *tc = ud;
+    float *buf = dt_malloc(sizeof(float) * (size_t)(m.rows * m.cols));
+    tc->be->download(tc->be, buf, m);
+    char nm[128];
+    snprintf(nm, sizeof nm, "mid.%s", name);
+    int64_t shape[3] = {1, m.rows, m.cols};
+    st_writer_add_f32(tc->w, nm, 3, shape, buf);
+    free(buf);
+}
+
+/* Fetch a tensor by name and convert it to f32; NULL (with an error) if absent or of a bad rank. */
+static float *input_f32(const st_file *f, const char *name, int required, const st_tensor **out) {
+    const st_tensor *t = st_find(f, name);
+    if (!t) {
+        if (required) dt_set_error("%s: missing input tensor '%s'", st_path(f), name);
+        return NULL;
+    }
+    *out = t;
+    return st_to_f32(t);
+}
+
+/* rows x cols of a [1, rows, cols] or [rows, cols] tensor */
+static int shape2(const st_tensor *t, int64_t *rows, int64_t *cols) {
+    if (t->ndim == 3 && t->shape[0] == 1) { *rows = t->shape[1]; *cols = t->shape[2]; return 0; }
+    if (t->ndim == 2) { *rows = t->shape[0]; *cols = t->shape[1]; return 0; }
+    dt_set_error("%s: tensor '%s' must be [1, rows, cols] or [rows, cols]", t->file, t->name);
+    return -1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 int cmd_forward(int argc, char **argv) {
-    (void)argc; (void)argv;
-    return cli_error("'forward' is not available in this build yet");
+    const char *model = NULL, *inputs = NULL, *output = NULL;
+    cli_model_opts mo;
+    cli_model_opts_default(&mo);
+    int trace = 0, no_mask = 0;
+    (void)no_mask;
+    long repeat = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r = cli_model_opt(&mo, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a value"); model = v; i++; }
+        else if (!strcmp(a, "--inputs")) { if (!v) return cli_error("--inputs needs a value"); inputs = v; i++; }
+        else if (!strcmp(a, "--output")) { if (!v) return cli_error("--output needs a value"); output = v; i++; }
+        else if (!strcmp(a, "--trace")) trace = 1;
+        else if (!strcmp(a, "--no-mask")) no_mask = 1;
+        else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 100000, &repeat)) return 1; i++; }
+        else return cli_error("forward: unknown option '%s' (see ditrun forward --help)", a);
+    }
+    if (!model || !inputs || !output) {
+        usage(stderr);
+        return cli_error("forward: --model, --inputs and --output are required");
+    }
+
+    int family = cli_model_family(model);
+    if (family < 0) return cli_error("%s", dt_last_error());
+    st_file *in = st_open(inputs);
+    if (!in) return cli_error("%s", dt_last_error());
+    dt_backend *be = cli_model_backend(&mo);
+    if (!be) { st_close(in); return 1; }
+
+    int rc = 1;
+    float *img = NULL, *txt = NULL, *ts = NULL, *img_ids = NULL, *txt_ids = NULL, *out = NULL;
+    flux2_model *fm = NULL;
+    st_writer *w = st_writer_new();
+    const st_tensor *t_img, *t_txt, *t_ts, *t_iid, *t_tid;
+    int64_t n, cin, tt, cj;
+    double t0 = dt_now();
+
+    if (!(img = input_f32(in, "in.hidden_states", 1, &t_img)) || shape2(t_img, &n, &cin)) goto done;
+    if (!(ts = input_f32(in, "in.timestep", 1, &t_ts))) goto done;
+    if (t_ts->numel != 1) { dt_set_error("%s: in.timestep must hold one value (batch 1), has %lld", inputs, (long long)t_ts->numel); goto done; }
+    if (!(txt = input_f32(in, "in.encoder_hidden_states", 1, &t_txt))) goto done;
+
+    if (family == CLI_FAMILY_FLUX2) {
+        if (shape2(t_txt, &tt, &cj)) goto done;
+        if (!(img_ids = input_f32(in, "in.img_ids", 1, &t_iid)) || !(txt_ids = input_f32(in, "in.txt_ids", 1, &t_tid))) goto done;
+        fm = flux2_load(be, model);
+        if (!fm) goto done;
+        const flux2_config *c = flux2_get_config(fm);
+        int64_t r, cc;
+        if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }
+        if (cj != c->joint_dim) { dt_set_error("%s: in.encoder_hidden_states has %lld features but the model expects %d (joint_attention_dim)", inputs, (long long)cj, c->joint_dim); goto done; }
+        if (shape2(t_iid, &r, &cc) || r != n || cc != c->n_axes) { dt_set_error("%s: in.img_ids must be [1, %lld, %d]", inputs, (long long)n, c->n_axes); goto done; }
+        if (shape2(t_tid, &r, &cc) || r != tt || cc != c->n_axes) { dt_set_error("%s: in.txt_ids must be [1, %lld, %d]", inputs, (long long)tt, c->n_axes); goto done; }
+        size_t wb; char fmt[96];
+        flux2_weight_info(fm, &wb, fmt, sizeof fmt);
+        dt_log(1, "ditrun: loaded FLUX.2 transformer (D=%d, %d double + %d single blocks, %s, %.1f MB) in %.2f s on %s\n",
+               c->hidden, c->num_layers, c->num_single_layers, fmt, wb / 1e6, dt_now() - t0, be->name);
+        out = dt_malloc(sizeof(float) * (size_t)(n * c->out_channels));
+        trace_ctx tc = {w, be, "mid"};
+        double *times = dt_malloc(sizeof(double) * repeat);
+        for (long it = 0; it < repeat; it++) {
+            double t1 = dt_now();
+            if (flux2_forward(fm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out,
+                              trace && it == 0 ? trace_cb : NULL, &tc)) { free(times); goto done; }
+            times[it] = dt_now() - t1;
+        }
+        qsort(times, repeat, sizeof(double), cmp_double);
+        dt_log(1, "ditrun: forward %lld image + %lld text tokens: %.2f ms (median of %ld)\n", (long long)n, (long long)tt,
+               times[repeat / 2] * 1e3, repeat);
+        free(times);
+        int64_t shape[3] = {1, n, c->out_channels};
+        st_writer_add_f32(w, "out.sample", 3, shape, out);
+    } else {
+        dt_set_error("%s: Krea 2 models are not supported by this build yet", model);
+        goto done;
+    }
+    if (be->mem_stats) {
+        size_t cur, peak;
+        be->mem_stats(be, &cur, &peak);
+        dt_log(1, "ditrun: %s memory peak %.1f MB\n", be->name, peak / 1e6);
+    }
+    if (st_writer_save(w, output)) goto done;
+    dt_log(1, "ditrun: wrote %s\n", output);
+    rc = 0;
+done:
+    if (rc) cli_error("%s", dt_last_error());
+    if (fm) flux2_free(fm);
+    st_writer_free(w);
+    free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out);
+    be->destroy(be);
+    st_close(in);
+    return rc;
 }

@@ -1,0 +1,67 @@
+/* cli_model.c — shared model options and family detection for the CLI commands. */
+#include "cli_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "io/json.h"
+
+void cli_model_opts_default(cli_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = "auto";
+    o->be.rope_fp32 = 1;
+}
+
+int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long x;
+    if (!strcmp(a, "--backend")) {
+        if (!v) { cli_error("--backend needs a value (cpu, cuda, auto)"); return -1; }
+        if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) { cli_error("--backend: unknown backend '%s' (cpu, cuda, auto)", v); return -1; }
+        o->backend = v; (*i)++; return 1;
+    }
+    if (!strcmp(a, "--threads")) {
+        if (cli_parse_int(a, v, 1, 4096, &x)) return -1;
+        o->be.threads = (int)x; (*i)++; return 1;
+    }
+    if (!strcmp(a, "--qpath")) {
+        if (!v) { cli_error("--qpath needs a value (auto, fused, transient, cached)"); return -1; }
+        if (!strcmp(v, "auto")) o->be.qpath = DT_QPATH_AUTO;
+        else if (!strcmp(v, "fused")) o->be.qpath = DT_QPATH_FUSED;
+        else if (!strcmp(v, "transient")) o->be.qpath = DT_QPATH_TRANSIENT;
+        else if (!strcmp(v, "cached")) o->be.qpath = DT_QPATH_CACHED;
+        else { cli_error("--qpath: unknown path '%s' (auto, fused, transient, cached)", v); return -1; }
+        (*i)++; return 1;
+    }
+    if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
+    if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }
+    if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { dt_log_level = 2; o->be.verbose = 1; return 1; }
+    return 0;
+}
+
+dt_backend *cli_model_backend(const cli_model_opts *o) {
+    dt_backend *be = dt_backend_create(o->backend, &o->be);
+    if (!be) cli_error("%s", dt_last_error());
+    return be;
+}
+
+int cli_model_family(const char *path) {
+    char *dir = dt_weights_component_dir(path, "transformer");
+    if (!dir) return -1;
+    char cfgp[4200];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    free(dir);
+    FILE *f = fopen(cfgp, "rb");
+    if (!f) return CLI_FAMILY_FLUX2;  /* no config: the FLUX.2 loader reports what is missing */
+    fclose(f);
+    json *j = json_parse_file(cfgp);
+    if (!j) return -1;
+    const char *cls = json_get_str(j, "_class_name");
+    int fam = CLI_FAMILY_FLUX2;
+    if (cls && strstr(cls, "Krea2")) fam = CLI_FAMILY_KREA2;
+    json_free(j);
+    return fam;
+}

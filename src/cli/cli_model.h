@@ -1,0 +1,25 @@
+/* cli_model.h — options shared by commands that run a model (backend, threads, quantized path,
+ * verbosity) and model-family detection from config.json. */
+#ifndef DT_CLI_MODEL_H
+#define DT_CLI_MODEL_H
+
+#include "backends/backend.h"
+
+typedef struct {
+    const char *backend;      /* "auto", "cpu", "cuda" */
+    dt_backend_opts be;
+} cli_model_opts;
+
+enum { CLI_FAMILY_FLUX2 = 1, CLI_FAMILY_KREA2 = 2 };
+
+void cli_model_opts_default(cli_model_opts *o);
+/* Consumes argv[*i] (and its value) if it is a shared option: returns 1 if consumed, 0 if not
+ * a shared option, -1 on a bad value (error printed). Options: --backend, --threads, --qpath,
+ * --rope-bf16, -q/--quiet, -v/--verbose. */
+int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
+/* Create the backend; prints the error and returns NULL on failure. */
+dt_backend *cli_model_backend(const cli_model_opts *o);
+/* Family of the transformer at PATH (folder, pipeline root or file with config.json beside). */
+int cli_model_family(const char *path);
+
+#endif

@@ -1,0 +1,482 @@
+/* flux2.c — FLUX.2-klein transformer forward (diffusers Flux2Transformer2DModel) on backend ops.
+ *
+ * Layout of the residual streams: one joint matrix S [T+N, D] holds the text rows [0, T) and the
+ * image rows [T, T+N) for the whole forward, so the double blocks work on row views of S and the
+ * single blocks on S itself: the [text, image] concatenation costs nothing. Q/K/V of a double block
+ * are written straight into the text and image row ranges of joint [T+N, D] buffers, and the single
+ * block's fused projection P [L, 3D+2F] is consumed through column views (Q, K, V, gate, up);
+ * the attention output and the SwiGLU output land side by side in C [L, D+F], the input of to_out.
+ * See NOTES.md for the conventions (modulation order, RoPE layout, final-norm halves).
+ */
+#include "flux2.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    dt_linear *to_q, *to_k, *to_v, *to_out;           /* image attention, [D, D] each */
+    dt_linear *add_q, *add_k, *add_v, *to_add_out;    /* text attention, [D, D] each */
+    dt_linear *ff_in, *ff_out;                        /* image MLP [2F, D], [D, F] */
+    dt_linear *ffc_in, *ffc_out;                      /* text MLP */
+    dt_mat norm_q, norm_k, norm_aq, norm_ak;          /* [1, hd] F32 */
+} flux2_double;
+
+typedef struct {
+    dt_linear *qkv_mlp;   /* [3D + 2F, D] */
+    dt_linear *out;       /* [D, D + F] */
+    dt_mat norm_q, norm_k;
+} flux2_single;
+
+/* Activation buffers for one (N, T) shape; kept between calls (stable for graph capture). */
+typedef struct {
+    int n, t;
+    dt_mat emb;       /* [1, tg]   timestep sinusoid */
+    dt_mat temb;      /* [1, D] */
+    dt_mat th;        /* [1, D]    hidden of the timestep MLP, then SiLU(temb) */
+    dt_mat mod_img, mod_txt, mod_single, mod_out;   /* [1,6D] [1,6D] [1,3D] [1,2D] */
+    dt_mat in_img;    /* [N, in] */
+    dt_mat in_txt;    /* [T, joint] */
+    dt_mat s;         /* [T+N, D]  joint residual stream, text rows first */
+    dt_mat a;         /* [T+N, D]  modulated-norm scratch */
+    dt_mat q, k, v, o;/* [T+N, D]  double-block joint attention buffers */
+    dt_mat y;         /* [T+N, D]  projection outputs */
+    dt_mat h;         /* [T+N, 2F] MLP hidden (double) */
+    dt_mat g;         /* [T+N, F]  SwiGLU output (double) */
+    dt_mat p;         /* [T+N, 3D+2F] single-block fused projection */
+    dt_mat c;         /* [T+N, D+F]   single-block [attn | mlp] */
+    dt_mat out;       /* [N, out] */
+    dt_mat cos, sin;  /* [T+N, hd] F32 RoPE tables */
+    float *ids;       /* host copy of the ids the tables were built from [(T+N) * n_axes] */
+} flux2_bufs;
+
+struct flux2_model {
+    dt_backend *be;
+    dt_weights *w;
+    flux2_config c;
+    dt_linear *x_emb, *ctx_emb, *t_lin1, *t_lin2, *mod_img, *mod_txt, *mod_single, *norm_out, *proj_out;
+    flux2_double *db;
+    flux2_single *sb;
+    dt_linear **all;   /* every created Linear, for cleanup */
+    int n_all;
+    size_t weight_bytes;
+    char fmt[96];
+    flux2_bufs buf;
+};
+
+/* ------------------------------------------------------------------ config */
+
+static int get_pos_int(const json *cfg, const char *what, const char *key, int dflt, int *out) {
+    const json *v = json_get(cfg, key);
+    if (!v || v->type == JSON_NULL) {
+        if (dflt < 0) { dt_set_error("%s: missing '%s'", what, key); return -1; }
+        *out = dflt;
+        return 0;
+    }
+    if (v->type != JSON_NUMBER || !v->is_integer || v->integer <= 0 || v->integer > (1 << 20)) {
+        dt_set_error("%s: '%s' must be a positive integer", what, key);
+        return -1;
+    }
+    *out = (int)v->integer;
+    return 0;
+}
+
+int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!cfg || cfg->type != JSON_OBJECT) { dt_set_error("%s: config is not a JSON object", what); return -1; }
+    int patch = 1;
+    if (get_pos_int(cfg, what, "in_channels", -1, &c->in_channels) || get_pos_int(cfg, what, "num_layers", -1, &c->num_layers) ||
+        get_pos_int(cfg, what, "num_single_layers", -1, &c->num_single_layers) ||
+        get_pos_int(cfg, what, "num_attention_heads", -1, &c->heads) ||
+        get_pos_int(cfg, what, "attention_head_dim", -1, &c->head_dim) ||
+        get_pos_int(cfg, what, "joint_attention_dim", -1, &c->joint_dim) ||
+        get_pos_int(cfg, what, "timestep_guidance_channels", 256, &c->tg_channels) ||
+        get_pos_int(cfg, what, "patch_size", 1, &patch))
+        return -1;
+    if (get_pos_int(cfg, what, "out_channels", c->in_channels, &c->out_channels)) return -1;
+    if (patch != 1) { dt_set_error("%s: patch_size %d is not supported (FLUX.2 uses 1)", what, patch); return -1; }
+    if (c->tg_channels % 2) { dt_set_error("%s: timestep_guidance_channels must be even", what); return -1; }
+    double ratio = json_get_num(cfg, "mlp_ratio", 3.0);
+    c->rope_theta = (float)json_get_num(cfg, "rope_theta", 2000.0);
+    c->eps = (float)json_get_num(cfg, "eps", 1e-6);
+    c->guidance_embeds = json_get_bool(cfg, "guidance_embeds", 0);
+    if (c->guidance_embeds) { dt_set_error("%s: guidance_embeds=true (FLUX.2-dev) is not supported; klein has none", what); return -1; }
+    if (!(ratio > 0 && ratio < 64) || !(c->rope_theta > 0) || !(c->eps > 0 && c->eps < 1)) {
+        dt_set_error("%s: mlp_ratio/rope_theta/eps out of range", what);
+        return -1;
+    }
+    c->hidden = c->heads * c->head_dim;
+    c->mlp_hidden = (int)(c->hidden * ratio);
+    if (c->head_dim % 2) { dt_set_error("%s: attention_head_dim must be even", what); return -1; }
+    const json *axes = json_get(cfg, "axes_dims_rope");
+    if (!axes) { c->n_axes = 4; for (int i = 0; i < 4; i++) c->axes[i] = c->head_dim / 4; }
+    else {
+        if (axes->type != JSON_ARRAY || axes->len < 1 || axes->len > 8) { dt_set_error("%s: axes_dims_rope must be an array of 1..8 integers", what); return -1; }
+        c->n_axes = (int)axes->len;
+        int sum = 0;
+        for (int i = 0; i < c->n_axes; i++) {
+            const json *a = json_at(axes, i);
+            if (!a || a->type != JSON_NUMBER || !a->is_integer || a->integer <= 0 || a->integer % 2) {
+                dt_set_error("%s: axes_dims_rope[%d] must be a positive even integer", what, i);
+                return -1;
+            }
+            c->axes[i] = (int)a->integer;
+            sum += c->axes[i];
+        }
+        if (sum != c->head_dim) { dt_set_error("%s: axes_dims_rope sums to %d but attention_head_dim is %d", what, sum, c->head_dim); return -1; }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ loading */
+
+static dt_linear *load_linear(flux2_model *m, const char *name, int64_t out, int64_t in) {
+    dt_linear_src src;
+    if (dt_weights_linear(m->w, name, out, in, -1, &src) != 0) return NULL;
+    dt_linear *l = m->be->linear_create(m->be, &src);
+    if (!l) return NULL;
+    m->all = dt_realloc(m->all, sizeof *m->all * (m->n_all + 1));
+    m->all[m->n_all++] = l;
+    /* describe formats */
+    char f[32];
+    if (src.bits) snprintf(f, sizeof f, "q%d g%d", src.bits, src.group_size);
+    else snprintf(f, sizeof f, "%s", src.dtype == DT_BF16 ? "bf16" : src.dtype == DT_F16 ? "f16" : "f32");
+    if (!strstr(m->fmt, f)) {
+        size_t len = strlen(m->fmt);
+        snprintf(m->fmt + len, sizeof m->fmt - len, "%s%s", len ? "+" : "", f);
+    }
+    return l;
+}
+
+static int load_norm(flux2_model *m, const char *name, dt_mat *out) {
+    int hd = m->c.head_dim;
+    float *tmp = dt_malloc(sizeof(float) * hd);
+    int rc = dt_weights_read_f32(m->w, name, tmp, hd);
+    if (rc == 0) *out = dt_param_upload(m->be, tmp, hd);
+    free(tmp);
+    return rc;
+}
+
+#define LIN(dst, nm, o, i) do { if (!((dst) = load_linear(m, (nm), (o), (i)))) goto fail; } while (0)
+
+flux2_model *flux2_load(dt_backend *be, const char *path) {
+    char *dir = dt_weights_component_dir(path, "transformer");
+    if (!dir) return NULL;
+    flux2_model *m = dt_calloc(1, sizeof *m);
+    m->be = be;
+    m->w = dt_weights_open(dir);
+    if (!m->w) { free(dir); free(m); return NULL; }
+    const json *cfg = dt_weights_config(m->w);
+    char what[4200];
+    snprintf(what, sizeof what, "%s/config.json", dir);
+    free(dir);
+    if (!cfg) { dt_set_error("%s: missing (a FLUX.2 transformer folder needs its config.json)", what); goto fail; }
+    const char *cls = json_get_str(cfg, "_class_name");
+    if (cls && strcmp(cls, "Flux2Transformer2DModel")) {
+        dt_set_error("%s: _class_name is '%s', expected Flux2Transformer2DModel", what, cls);
+        goto fail;
+    }
+    if (flux2_config_parse(cfg, what, &m->c)) goto fail;
+
+    const flux2_config *c = &m->c;
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    char nm[256];
+    for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
+
+    LIN(m->x_emb, "x_embedder", D, c->in_channels);
+    LIN(m->ctx_emb, "context_embedder", D, c->joint_dim);
+    LIN(m->t_lin1, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels);
+    LIN(m->t_lin2, "time_guidance_embed.timestep_embedder.linear_2", D, D);
+    LIN(m->mod_img, "double_stream_modulation_img.linear", 6 * D, D);
+    LIN(m->mod_txt, "double_stream_modulation_txt.linear", 6 * D, D);
+    LIN(m->mod_single, "single_stream_modulation.linear", 3 * D, D);
+    LIN(m->norm_out, "norm_out.linear", 2 * D, D);
+    LIN(m->proj_out, "proj_out", c->out_channels, D);
+
+    m->db = dt_calloc(c->num_layers, sizeof *m->db);
+    for (int i = 0; i < c->num_layers; i++) {
+        flux2_double *b = &m->db[i];
+#define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->field, nm, o, in)
+        DL(to_q, "attn.to_q", D, D); DL(to_k, "attn.to_k", D, D); DL(to_v, "attn.to_v", D, D);
+        DL(to_out, "attn.to_out.0", D, D);
+        DL(add_q, "attn.add_q_proj", D, D); DL(add_k, "attn.add_k_proj", D, D); DL(add_v, "attn.add_v_proj", D, D);
+        DL(to_add_out, "attn.to_add_out", D, D);
+        DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
+        DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
+#undef DL
+#define DN(field, suffix) snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, suffix); if (load_norm(m, nm, &b->field)) goto fail
+        DN(norm_q, "norm_q"); DN(norm_k, "norm_k"); DN(norm_aq, "norm_added_q"); DN(norm_ak, "norm_added_k");
+#undef DN
+    }
+    m->sb = dt_calloc(c->num_single_layers, sizeof *m->sb);
+    for (int i = 0; i < c->num_single_layers; i++) {
+        flux2_single *b = &m->sb[i];
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
+        LIN(b->qkv_mlp, nm, 3 * D + 2 * F, D);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
+        LIN(b->out, nm, D, D + F);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+        if (load_norm(m, nm, &b->norm_q)) goto fail;
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+        if (load_norm(m, nm, &b->norm_k)) goto fail;
+    }
+    return m;
+fail:
+    flux2_free(m);
+    return NULL;
+}
+#undef LIN
+
+static void free_bufs(dt_backend *be, flux2_bufs *b) {
+    dt_mat *mats[] = {&b->emb, &b->temb, &b->th, &b->mod_img, &b->mod_txt, &b->mod_single, &b->mod_out,
+                      &b->in_img, &b->in_txt, &b->s, &b->a, &b->q, &b->k, &b->v, &b->o, &b->y, &b->h,
+                      &b->g, &b->p, &b->c, &b->out, &b->cos, &b->sin};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        if (mats[i]->data) be->free(be, mats[i]);
+    free(b->ids);
+    memset(b, 0, sizeof *b);
+}
+
+void flux2_free(flux2_model *m) {
+    if (!m) return;
+    if (m->be) {
+        free_bufs(m->be, &m->buf);
+        for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+        for (int i = 0; m->db && i < m->c.num_layers; i++) {
+            dt_mat *n[] = {&m->db[i].norm_q, &m->db[i].norm_k, &m->db[i].norm_aq, &m->db[i].norm_ak};
+            for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
+        }
+        for (int i = 0; m->sb && i < m->c.num_single_layers; i++) {
+            if (m->sb[i].norm_q.data) m->be->free(m->be, &m->sb[i].norm_q);
+            if (m->sb[i].norm_k.data) m->be->free(m->be, &m->sb[i].norm_k);
+        }
+    }
+    free(m->all);
+    free(m->db);
+    free(m->sb);
+    if (m->w) dt_weights_close(m->w);
+    free(m);
+}
+
+const flux2_config *flux2_get_config(const flux2_model *m) { return &m->c; }
+
+void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fmt_len) {
+    if (bytes) *bytes = m->weight_bytes;
+    if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->fmt);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static void ensure_bufs(flux2_model *m, int n, int t) {
+    flux2_bufs *b = &m->buf;
+    if (b->s.data && b->n == n && b->t == t) return;
+    dt_backend *be = m->be;
+    free_bufs(be, b);
+    const flux2_config *c = &m->c;
+    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
+    dt_dtype act = be->act_dtype;
+    b->n = n; b->t = t;
+    b->emb = dt_alloc_or_die(be, 1, c->tg_channels, act);
+    b->temb = dt_alloc_or_die(be, 1, D, act);
+    b->th = dt_alloc_or_die(be, 1, D, act);
+    b->mod_img = dt_alloc_or_die(be, 1, 6 * D, act);
+    b->mod_txt = dt_alloc_or_die(be, 1, 6 * D, act);
+    b->mod_single = dt_alloc_or_die(be, 1, 3 * D, act);
+    b->mod_out = dt_alloc_or_die(be, 1, 2 * D, act);
+    b->in_img = dt_alloc_or_die(be, n, c->in_channels, act);
+    b->in_txt = dt_alloc_or_die(be, t, c->joint_dim, act);
+    b->s = dt_alloc_or_die(be, L, D, act);
+    b->a = dt_alloc_or_die(be, L, D, act);
+    if (c->num_layers > 0) {
+        b->q = dt_alloc_or_die(be, L, D, act);
+        b->k = dt_alloc_or_die(be, L, D, act);
+        b->v = dt_alloc_or_die(be, L, D, act);
+        b->o = dt_alloc_or_die(be, L, D, act);
+        b->h = dt_alloc_or_die(be, L, 2 * F, act);
+        b->g = dt_alloc_or_die(be, L, F, act);
+    }
+    b->y = dt_alloc_or_die(be, L, D, act);
+    if (c->num_single_layers > 0) {
+        b->p = dt_alloc_or_die(be, L, 3 * D + 2 * F, act);
+        b->c = dt_alloc_or_die(be, L, D + F, act);
+    }
+    b->out = dt_alloc_or_die(be, n, c->out_channels, act);
+    b->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    b->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+}
+
+/* RoPE tables for the joint [text, image] sequence (diffusers Flux2PosEmbed): per axis a of d_a dims,
+ * omega_k = theta^(-2k/d_a) in float64, angle = f32(pos) * omega_k in float64, cos/sin rounded to f32,
+ * each frequency repeated for the interleaved pair (2k, 2k+1). Rebuilt only when the ids change. */
+static void build_rope(flux2_model *m, const float *txt_ids, int t, const float *img_ids, int n) {
+    const flux2_config *c = &m->c;
+    flux2_bufs *b = &m->buf;
+    int na = c->n_axes, hd = c->head_dim;
+    size_t nid = (size_t)(t + n) * na;
+    float *ids = dt_malloc(sizeof(float) * (nid ? nid : 1));
+    memcpy(ids, txt_ids, sizeof(float) * t * na);
+    memcpy(ids + (size_t)t * na, img_ids, sizeof(float) * n * na);
+    if (b->ids && !memcmp(b->ids, ids, sizeof(float) * nid)) { free(ids); return; }
+    free(b->ids);
+    b->ids = ids;
+    float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
+    float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
+    for (int r = 0; r < t + n; r++) {
+        int off = 0;
+        for (int a = 0; a < na; a++) {
+            int d = c->axes[a];
+            double pos = (double)ids[(size_t)r * na + a];
+            for (int k = 0; k < d / 2; k++) {
+                double omega = 1.0 / pow((double)c->rope_theta, (double)(2 * k) / d);
+                double ang = pos * omega;
+                float cv = (float)cos(ang), sv = (float)sin(ang);
+                size_t at = (size_t)r * hd + off + 2 * k;
+                cs[at] = cs[at + 1] = cv;
+                sn[at] = sn[at + 1] = sv;
+            }
+            off += d;
+        }
+    }
+    m->be->upload(m->be, b->cos, cs);
+    m->be->upload(m->be, b->sin, sn);
+    free(cs);
+    free(sn);
+}
+
+/* Timestep sinusoid as diffusers computes it in float32: exponent_i = -ln(10000) * i / half,
+ * arg = t * exp(exponent_i), output [cos(arg_0..), sin(arg_0..)] (flip_sin_to_cos). */
+static void timestep_sinusoid(float t, int channels, float *out) {
+    int half = channels / 2;
+    float lnp = (float)log(10000.0);
+    for (int i = 0; i < half; i++) {
+        float e = expf(-lnp * (float)i / (float)half);
+        float a = t * e;
+        out[i] = cosf(a);
+        out[half + i] = sinf(a);
+    }
+}
+
+static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
+
+int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
+                  const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *ud) {
+    const flux2_config *c = &m->c;
+    dt_backend *be = m->be;
+    if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
+    if (!(timestep == timestep)) { dt_set_error("flux2: timestep is NaN"); return -1; }
+    ensure_bufs(m, n, t);
+    flux2_bufs *b = &m->buf;
+    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
+    int H = c->heads, hd = c->head_dim;
+    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    dt_mat none = dt_mat_null();
+
+    build_rope(m, txt_ids, t, img_ids, n);
+
+    /* timestep embedding and the shared modulation vectors */
+    float *emb = dt_malloc(sizeof(float) * c->tg_channels);
+    timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
+    be->upload(be, b->emb, emb);
+    free(emb);
+    be->linear(be, b->th, b->emb, m->t_lin1);
+    be->act_mul(be, b->th, b->th, none, DT_ACT_SILU);
+    be->linear(be, b->temb, b->th, m->t_lin2);
+    be->act_mul(be, b->th, b->temb, none, DT_ACT_SILU);          /* th = SiLU(temb) */
+    be->linear(be, b->mod_img, b->th, m->mod_img);
+    be->linear(be, b->mod_txt, b->th, m->mod_txt);
+    be->linear(be, b->mod_single, b->th, m->mod_single);
+    be->linear(be, b->mod_out, b->th, m->norm_out);
+
+    /* input projections straight into the joint stream: text rows [0,T), image rows [T,T+N) */
+    dt_mat s_txt = dt_mat_rows(b->s, 0, t), s_img = dt_mat_rows(b->s, t, n);
+    be->upload(be, b->in_img, img);
+    be->linear(be, s_img, b->in_img, m->x_emb);
+    if (t > 0) {
+        be->upload(be, b->in_txt, txt);
+        be->linear(be, s_txt, b->in_txt, m->ctx_emb);
+    }
+    dt_mat cos_t = dt_mat_rows(b->cos, 0, t), sin_t = dt_mat_rows(b->sin, 0, t);
+    dt_mat cos_i = dt_mat_rows(b->cos, t, n), sin_i = dt_mat_rows(b->sin, t, n);
+
+    /* ---- double-stream blocks ---- */
+    for (int i = 0; i < c->num_layers; i++) {
+        flux2_double *blk = &m->db[i];
+        dt_mat mi = b->mod_img, mt = b->mod_txt;
+        dt_mat a_txt = dt_mat_rows(b->a, 0, t), a_img = dt_mat_rows(b->a, t, n);
+        /* attention: norm1 + modulation, projections into joint Q/K/V rows */
+        be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
+        be->linear(be, dt_mat_rows(b->q, t, n), a_img, blk->to_q);
+        be->linear(be, dt_mat_rows(b->k, t, n), a_img, blk->to_k);
+        be->linear(be, dt_mat_rows(b->v, t, n), a_img, blk->to_v);
+        be->head_norm_rope(be, dt_mat_rows(b->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, dt_mat_rows(b->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+        if (t > 0) {
+            be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
+            be->linear(be, dt_mat_rows(b->q, 0, t), a_txt, blk->add_q);
+            be->linear(be, dt_mat_rows(b->k, 0, t), a_txt, blk->add_k);
+            be->linear(be, dt_mat_rows(b->v, 0, t), a_txt, blk->add_v);
+            be->head_norm_rope(be, dt_mat_rows(b->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+            be->head_norm_rope(be, dt_mat_rows(b->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+        }
+        be->attention(be, b->o, b->q, b->k, b->v, H, H, hd, att_scale, none, 0);
+        /* output projections + gated residual */
+        dt_mat y_txt = dt_mat_rows(b->y, 0, t), y_img = dt_mat_rows(b->y, t, n);
+        be->linear(be, y_img, dt_mat_rows(b->o, t, n), blk->to_out);
+        be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
+        if (t > 0) {
+            be->linear(be, y_txt, dt_mat_rows(b->o, 0, t), blk->to_add_out);
+            be->gated_add(be, s_txt, chunk(mt, 2, D), y_txt);
+        }
+        /* feed-forward (SwiGLU: first half of linear_in is the gate) */
+        dt_mat h_img = dt_mat_rows(b->h, t, n), g_img = dt_mat_rows(b->g, t, n);
+        be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
+        be->linear(be, h_img, a_img, blk->ff_in);
+        be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
+        be->linear(be, y_img, g_img, blk->ff_out);
+        be->gated_add(be, s_img, chunk(mi, 5, D), y_img);
+        if (t > 0) {
+            dt_mat h_txt = dt_mat_rows(b->h, 0, t), g_txt = dt_mat_rows(b->g, 0, t);
+            be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
+            be->linear(be, h_txt, a_txt, blk->ffc_in);
+            be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
+            be->linear(be, y_txt, g_txt, blk->ffc_out);
+            be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
+        }
+        if (trace) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);
+            snprintf(nm, sizeof nm, "double.%d.out1", i); trace(ud, nm, s_img);
+        }
+    }
+
+    /* ---- single-stream blocks on the joint stream ---- */
+    dt_mat ms = b->mod_single;
+    for (int i = 0; i < c->num_single_layers; i++) {
+        flux2_single *blk = &m->sb[i];
+        be->layernorm_mod(be, b->a, b->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
+        be->linear(be, b->p, b->a, blk->qkv_mlp);
+        dt_mat q = dt_mat_cols(b->p, 0, D), k = dt_mat_cols(b->p, D, D), v = dt_mat_cols(b->p, 2 * D, D);
+        be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, k, H, hd, blk->norm_k, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
+        be->attention(be, dt_mat_cols(b->c, 0, D), q, k, v, H, H, hd, att_scale, none, 0);
+        be->act_mul(be, dt_mat_cols(b->c, D, F), dt_mat_cols(b->p, 3 * D, F), dt_mat_cols(b->p, 3 * D + F, F), DT_ACT_SILU);
+        be->linear(be, b->y, b->c, blk->out);
+        be->gated_add(be, b->s, chunk(ms, 2, D), b->y);
+        if (trace) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "single.%d", i);
+            trace(ud, nm, b->s);
+        }
+    }
+
+    /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection ---- */
+    dt_mat a_img = dt_mat_rows(b->a, t, n);
+    be->layernorm_mod(be, a_img, s_img, chunk(b->mod_out, 1, D), chunk(b->mod_out, 0, D), eps);
+    if (trace) trace(ud, "norm_out", a_img);
+    be->linear(be, b->out, a_img, m->proj_out);
+    be->download(be, out, b->out);
+    (void)L;
+    if (be->sync(be) != 0) return -1;
+    return 0;
+}
