@@ -1,7 +1,128 @@
-/* cmd_info.c — placeholder until the 'info' command lands. */
+/* cmd_info.c — `ditrun info PATH`: what a checkpoint holds (components, geometry, formats, bytes). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
 #include "cli.h"
+#include "io/weights.h"
+#include "models/flux2.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ditrun info PATH\n\n"
+               "PATH: a pipeline root (model_index.json + component folders), a component folder\n"
+               "(config.json + safetensors, sharded or not) or a single .safetensors file.\n"
+               "Prints per component: class, geometry, tensor count, bytes, dtypes and quantized Linears.\n");
+}
+
+static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
+
+/* Summarise one set of tensors. Returns 0 or -1 (error set). */
+static int describe(const char *label, const char *path) {
+    dt_weights *w = dt_weights_open(path);
+    if (!w) return -1;
+    size_t n = dt_weights_count(w), bytes = 0, per_dtype[DT_DTYPE_COUNT] = {0}, bytes_dtype[DT_DTYPE_COUNT] = {0};
+    int qlin = 0, qbits = 0, qgroup = 0, mixed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = dt_weights_at(w, i);
+        bytes += t->nbytes;
+        per_dtype[t->dtype]++;
+        bytes_dtype[t->dtype] += t->nbytes;
+        size_t len = strlen(t->name);
+        if (t->dtype == DT_U32 && len > 7 && !strcmp(t->name + len - 7, ".weight")) {
+            char base[512];
+            snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
+            dt_linear_src src;
+            if (dt_weights_linear(w, base, -1, -1, -1, &src) == 0 && src.bits) {
+                if (qlin && (src.bits != qbits || src.group_size != qgroup)) mixed = 1;
+                qbits = src.bits; qgroup = src.group_size; qlin++;
+            }
+        }
+    }
+    printf("%s: %s\n", label, dt_weights_path(w));
+    const json *cfg = dt_weights_config(w);
+    const char *cls = cfg ? json_get_str(cfg, "_class_name") : NULL;
+    if (!cls && cfg) {
+        const json *arch = json_get(cfg, "architectures");
+        if (arch && arch->type == JSON_ARRAY && arch->len && json_at(arch, 0)->type == JSON_STRING) cls = json_at(arch, 0)->str;
+    }
+    if (cls) printf("  class        %s\n", cls);
+    if (cfg && cls && !strcmp(cls, "Flux2Transformer2DModel")) {
+        flux2_config c;
+        if (flux2_config_parse(cfg, "config.json", &c) == 0) {
+            double params = 0;
+            double D = c.hidden, F = c.mlp_hidden;
+            params += D * c.in_channels + D * c.joint_dim + D * c.tg_channels + D * D + 2 * 6 * D * D + 3 * D * D + 2 * D * D + D * c.out_channels;
+            params += c.num_layers * (8 * D * D + 2 * (2 * F * D + D * F) + 4 * c.head_dim);
+            params += c.num_single_layers * ((3 * D + 2 * F) * D + D * (D + F) + 2 * c.head_dim);
+            printf("  geometry     D=%d (%d heads x %d), %d double + %d single blocks, MLP %d, in %d, out %d, text %d\n",
+                   c.hidden, c.heads, c.head_dim, c.num_layers, c.num_single_layers, c.mlp_hidden, c.in_channels,
+                   c.out_channels, c.joint_dim);
+            printf("  rope         axes (");
+            for (int a = 0; a < c.n_axes; a++) printf("%s%d", a ? "," : "", c.axes[a]);
+            printf("), theta %g; eps %g\n", c.rope_theta, c.eps);
+            printf("  parameters   %.4f B\n", params / 1e9);
+        } else {
+            printf("  geometry     (config invalid: %s)\n", dt_last_error());
+        }
+    } else if (cfg) {
+        const char *keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                              "intermediate_size", "vocab_size", "latent_channels", "num_layers", "attention_head_dim"};
+        int any = 0;
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            const json *v = json_get(cfg, keys[k]);
+            if (v && v->type == JSON_NUMBER) { printf("%s%s=%g", any ? ", " : "  config       ", keys[k], v->number); any = 1; }
+        }
+        if (any) printf("\n");
+    }
+    printf("  tensors      %zu\n", n);
+    printf("  bytes        %zu (%.2f GB)\n", bytes, bytes / 1e9);
+    printf("  dtypes      ");
+    for (int d = 0; d < DT_DTYPE_COUNT; d++)
+        if (per_dtype[d]) printf(" %s x%zu (%.1f MB)", dt_dtype_name((dt_dtype)d), per_dtype[d], bytes_dtype[d] / 1e6);
+    printf("\n");
+    if (qlin) printf("  quantized    %d Linears, MLX affine %d-bit, group %d%s\n", qlin, qbits, qgroup, mixed ? " (mixed)" : "");
+    else printf("  quantized    none (dense)\n");
+    dt_weights_close(w);
+    return 0;
+}
 
 int cmd_info(int argc, char **argv) {
-    (void)argc; (void)argv;
-    return cli_error("'info' is not available in this build yet");
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if (argv[i][0] == '-' && argv[i][1]) return cli_error("info: unknown option '%s' (see ditrun info --help)", argv[i]);
+        if (path) return cli_error("info: only one PATH is accepted");
+        path = argv[i];
+    }
+    if (!path) { usage(stderr); return cli_error("info: PATH is required"); }
+    struct stat st;
+    if (stat(path, &st) != 0) return cli_error("%s: no such file or directory", path);
+    if (is_dir(path)) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/model_index.json", path);
+        FILE *f = fopen(p, "rb");
+        if (f) {
+            fclose(f);
+            json *idx = json_parse_file(p);
+            if (!idx) return cli_error("%s", dt_last_error());
+            const char *cls = json_get_str(idx, "_class_name");
+            printf("pipeline: %s (%s, distilled: %s)\n", path, cls ? cls : "?", json_get_bool(idx, "is_distilled", 0) ? "yes" : "no");
+            json_free(idx);
+            const char *comps[] = {"transformer", "text_encoder", "vae"};
+            int found = 0;
+            for (size_t c = 0; c < 3; c++) {
+                snprintf(p, sizeof p, "%s/%s", path, comps[c]);
+                if (!is_dir(p)) continue;
+                if (describe(comps[c], p)) return cli_error("%s", dt_last_error());
+                found++;
+            }
+            snprintf(p, sizeof p, "%s/tokenizer/tokenizer.json", path);
+            if ((f = fopen(p, "rb"))) { fclose(f); printf("tokenizer: %s\n", p); }
+            if (!found) return cli_error("%s: pipeline root without transformer/, text_encoder/ or vae/ folders", path);
+            return 0;
+        }
+    }
+    if (describe("model", path)) return cli_error("%s", dt_last_error());
+    return 0;
 }
