@@ -33,6 +33,8 @@ typedef struct st_file st_file;
 
 /* Open + validate. NULL on error (dt_last_error() says what, naming the file). */
 st_file *st_open(const char *path);
+/* Same validation on an in-memory image of a file (copied; `name` is used in messages). */
+st_file *st_open_memory(const void *data, size_t len, const char *name);
 void st_close(st_file *f);
 const char *st_path(const st_file *f);
 size_t st_count(const st_file *f);
