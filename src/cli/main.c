@@ -19,6 +19,7 @@ static const struct {
     {"bench", cmd_bench, "measure one DiT step: ledger, utilization, A/B arms"},
     {"quantize", cmd_quantize, "write an MLX affine 4/8-bit single-file checkpoint"},
     {"convert", cmd_convert, "convert a checkpoint between key layouts (BFL -> diffusers)"},
+    {"synth", cmd_synth, "write a synthetic checkpoint with random weights at a preset geometry"},
 };
 
 static void usage(FILE *f) {

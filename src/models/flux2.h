@@ -52,4 +52,12 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
 int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *trace_ud);
 
+/* Geometry presets: "klein-4b", "klein-9b" (spec section 0), "tiny" (the test fixture). 0 ok, -1 unknown. */
+int flux2_preset(const char *name, flux2_config *c);
+
+/* Write a synthetic checkpoint folder DIR/{config.json, model.safetensors} with random weights of the
+ * given geometry (uniform, variance 1/in per Linear), streamed tensor by tensor (memory ~ one tensor).
+ * bits = 0 writes bf16 weights; 4 or 8 writes MLX affine quantized Linears with `group` (norms bf16). */
+int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed);
+
 #endif
