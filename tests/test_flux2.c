@@ -1,0 +1,234 @@
+/* test_flux2.c — the FLUX.2 transformer forward against the reference fixtures.
+ *
+ * CPU: out.sample and every mid.* tensor of transformer_io.safetensors, and the q4/q8 fixtures'
+ * expected outputs, within FLUX2_CPU_TOL. CUDA (when a GPU is usable): the same within FLUX2_GPU_TOL,
+ * and the three quantized-weight paths agreeing. DITRUN_SLOW=1 adds synthetic klein-4B-geometry
+ * checkpoints (bf16 and q4 g64) run at a small token count, with the peak resident memory reported.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backends/backend.h"
+#include "io/safetensors.h"
+#include "models/flux2.h"
+#include "test.h"
+
+/* f32 implementation vs a float32 reference on bf16-rounded weights: only summation order differs. */
+#define FLUX2_CPU_TOL 1e-4
+/* bf16 activations and weights: each rounding is 2^-9 relative; ~1e-2 after 3 blocks of GEMMs. */
+#define FLUX2_GPU_TOL 1e-2
+/* q paths: all dequantize the same weights, differences come from bf16 rounding order only. */
+#define QPATH_AGREE_TOL 1e-2
+
+typedef struct {
+    float *img, *txt, *img_ids, *txt_ids, ts;
+    int n, t;
+    st_file *io;
+} fixture_inputs;
+
+static int load_inputs(fixture_inputs *fi) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/transformer_io.safetensors", t_fixtures());
+    fi->io = st_open(p);
+    if (!fi->io) return -1;
+    const st_tensor *h = st_find(fi->io, "in.hidden_states"), *e = st_find(fi->io, "in.encoder_hidden_states");
+    fi->n = (int)h->shape[1];
+    fi->t = (int)e->shape[1];
+    fi->img = st_to_f32(h);
+    fi->txt = st_to_f32(e);
+    fi->img_ids = st_to_f32(st_find(fi->io, "in.img_ids"));
+    fi->txt_ids = st_to_f32(st_find(fi->io, "in.txt_ids"));
+    float *ts = st_to_f32(st_find(fi->io, "in.timestep"));
+    fi->ts = ts[0];
+    free(ts);
+    return 0;
+}
+
+typedef struct {
+    dt_backend *be;
+    st_file *ref;
+    double tol;
+    const char *prefix;
+    int checked;
+} trace_ctx;
+
+static void check_mid(void *ud, const char *name, dt_mat m) {
+    trace_ctx *tc = ud;
+    char ref_name[128], test_name[160];
+    snprintf(ref_name, sizeof ref_name, "mid.%s", name);
+    snprintf(test_name, sizeof test_name, "%s mid.%s", tc->prefix, name);
+    const st_tensor *r = st_find(tc->ref, ref_name);
+    if (!r) return;  /* not every trace point is in the fixture */
+    float *got = dt_malloc(sizeof(float) * (size_t)(m.rows * m.cols));
+    tc->be->download(tc->be, got, m);
+    float *ref = st_to_f32(r);
+    if (r->numel != m.rows * m.cols) T_FAIL(test_name, "size %lld vs reference %lld", (long long)(m.rows * m.cols), (long long)r->numel);
+    else t_check_rel_l2(test_name, got, ref, (size_t)r->numel, tc->tol);
+    tc->checked++;
+    free(got);
+    free(ref);
+}
+
+/* Run the fixture forward for model dir on backend be and compare with `expected` (out.sample). */
+static float *run_fixture(dt_backend *be, const char *model_dir, fixture_inputs *fi, const char *name, int trace,
+                          const char *expected_file, double tol) {
+    flux2_model *m = flux2_load(be, model_dir);
+    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
+    const flux2_config *c = flux2_get_config(m);
+    float *out = dt_malloc(sizeof(float) * fi->n * c->out_channels);
+    trace_ctx tc = {be, fi->io, tol, name, 0};
+    if (flux2_forward(m, fi->img, fi->n, fi->txt, fi->t, fi->ts, fi->img_ids, fi->txt_ids, out, trace ? check_mid : NULL, &tc)) {
+        T_FAIL(name, "forward failed: %s", dt_last_error());
+        flux2_free(m); free(out);
+        return NULL;
+    }
+    if (trace && tc.checked < 4) T_FAIL(name, "only %d intermediates were compared", tc.checked);
+    st_file *ef = st_open(expected_file);
+    if (!ef) { T_FAIL(name, "%s", dt_last_error()); flux2_free(m); free(out); return NULL; }
+    float *ref = st_to_f32(st_find(ef, "out.sample"));
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s out.sample", name);
+    t_check_rel_l2(nm, out, ref, (size_t)fi->n * c->out_channels, tol);
+    free(ref);
+    st_close(ef);
+    flux2_free(m);
+    return out;
+}
+
+static void fixtures_on(dt_backend *be, double tol, const char *tag) {
+    fixture_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL(tag, "%s", dt_last_error()); return; }
+    char model[512], io[512], q[512], qe[512], name[128];
+    snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
+    snprintf(io, sizeof io, "%s/transformer_io.safetensors", t_fixtures());
+    snprintf(name, sizeof name, "%s bf16 fixture", tag);
+    free(run_fixture(be, model, &fi, name, 1, io, tol));
+    /* the pipeline root resolves to its transformer/ folder */
+    snprintf(model, sizeof model, "%s/model", t_fixtures());
+    snprintf(name, sizeof name, "%s pipeline-root", tag);
+    free(run_fixture(be, model, &fi, name, 0, io, tol));
+    for (int bits = 4; bits <= 8; bits += 4) {
+        snprintf(q, sizeof q, "%s/transformer-q%d", t_fixtures(), bits);
+        snprintf(qe, sizeof qe, "%s/transformer-q%d/expected_out.safetensors", t_fixtures(), bits);
+        snprintf(name, sizeof name, "%s q%d fixture", tag, bits);
+        free(run_fixture(be, q, &fi, name, 0, qe, tol));
+    }
+    free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
+    st_close(fi.io);
+}
+
+static void cuda_qpaths(void) {
+    fixture_inputs fi;
+    if (load_inputs(&fi)) return;
+    const dt_qpath paths[3] = {DT_QPATH_FUSED, DT_QPATH_TRANSIENT, DT_QPATH_CACHED};
+    const char *pn[3] = {"fused", "transient", "cached"};
+    for (int bits = 4; bits <= 8; bits += 4) {
+        float *outs[3] = {0};
+        char q[512], qe[512], name[128];
+        snprintf(q, sizeof q, "%s/transformer-q%d", t_fixtures(), bits);
+        snprintf(qe, sizeof qe, "%s/transformer-q%d/expected_out.safetensors", t_fixtures(), bits);
+        for (int p = 0; p < 3; p++) {
+            dt_backend_opts o = {0};
+            o.qpath = paths[p];
+            o.rope_fp32 = 1;
+            dt_backend *be = dt_backend_cuda_create(&o);
+            if (!be) { T_FAIL("cuda qpath", "%s", dt_last_error()); continue; }
+            snprintf(name, sizeof name, "cuda q%d %s", bits, pn[p]);
+            outs[p] = run_fixture(be, q, &fi, name, 0, qe, FLUX2_GPU_TOL);
+            be->destroy(be);
+        }
+        for (int p = 1; p < 3; p++)
+            if (outs[0] && outs[p]) {
+                snprintf(name, sizeof name, "cuda q%d %s agrees with fused", bits, pn[p]);
+                t_check_rel_l2(name, outs[p], outs[0], (size_t)fi.n * 32, QPATH_AGREE_TOL);
+            }
+        for (int p = 0; p < 3; p++) free(outs[p]);
+    }
+    free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
+    st_close(fi.io);
+}
+
+/* Child process: load DIR and run one forward at grid x grid image tokens + t text tokens. */
+static int synth_forward(const char *dir, int grid, int t) {
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){0});
+    flux2_model *m = flux2_load(be, dir);
+    if (!m) { fprintf(stderr, "%s\n", dt_last_error()); return 2; }
+    const flux2_config *c = flux2_get_config(m);
+    int n = grid * grid;
+    float *img = dt_malloc(sizeof(float) * n * c->in_channels), *txt = dt_malloc(sizeof(float) * t * c->joint_dim);
+    float *iid = dt_calloc((size_t)n * 4, sizeof(float)), *tid = dt_calloc((size_t)t * 4, sizeof(float));
+    float *out = dt_malloc(sizeof(float) * n * c->out_channels);
+    uint64_t s = 12345;
+    for (int i = 0; i < n * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1; img[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int i = 0; i < t * c->joint_dim; i++) { s = s * 6364136223846793005ULL + 1; txt[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int r = 0; r < grid; r++) for (int col = 0; col < grid; col++) { iid[(r * grid + col) * 4 + 1] = r; iid[(r * grid + col) * 4 + 2] = col; }
+    for (int l = 0; l < t; l++) tid[l * 4 + 3] = l;
+    double t0 = dt_now();
+    int rc = flux2_forward(m, img, n, txt, t, 0.75f, iid, tid, out, NULL, NULL);
+    double dt = dt_now() - t0;
+    int finite = 1;
+    for (int i = 0; i < n * c->out_channels; i++) if (!(out[i] == out[i]) || out[i] > 1e30f || out[i] < -1e30f) finite = 0;
+    printf("# forward %d+%d tokens in %.1f s\n", n, t, dt);
+    flux2_free(m);
+    be->destroy(be);
+    free(img); free(txt); free(iid); free(tid); free(out);
+    return rc ? 3 : finite ? 0 : 4;
+}
+
+static void synthetic_klein4b(void) {
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    flux2_config c;
+    flux2_preset("klein-4b", &c);
+    const struct { const char *tag; int bits; double rss_limit_gb; } cases[] = {{"q4 g64", 4, 3.5}, {"bf16", 0, 0}};
+    for (int k = 0; k < 2; k++) {
+        char dir[512], name[128];
+        snprintf(dir, sizeof dir, "%s/ditrun-klein4b-%s-%d", tmp, cases[k].bits ? "q4" : "bf16", (int)getpid());
+        snprintf(name, sizeof name, "synthetic klein-4B %s", cases[k].tag);
+        double t0 = dt_now();
+        if (flux2_synth_write(&c, dir, cases[k].bits, 64, 7)) { T_FAIL(name, "write: %s", dt_last_error()); continue; }
+        printf("# wrote %s in %.1f s\n", dir, dt_now() - t0);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) _exit(synth_forward(dir, 16, 32));
+        int status;
+        struct rusage ru;
+        wait4(pid, &status, 0, &ru);
+        double rss_gb = ru.ru_maxrss / 1024.0 / 1024.0;   /* ru_maxrss is in KiB */
+        printf("# %s: peak resident memory %.2f GB\n", name, rss_gb);
+        if (!WIFEXITED(status) || WEXITSTATUS(status)) T_FAIL(name, "forward child failed (status %d)", status);
+        else if (cases[k].rss_limit_gb > 0 && rss_gb > cases[k].rss_limit_gb) T_FAIL(name, "peak RSS %.2f GB > %.1f GB", rss_gb, cases[k].rss_limit_gb);
+        else T_PASS(name);
+        char cmd[1100];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    }
+}
+
+int main(void) {
+    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
+    if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
+    fixtures_on(cpu, FLUX2_CPU_TOL, "cpu");
+    cpu->destroy(cpu);
+
+    if (dt_backend_cuda_available()) {
+        dt_backend_opts o = {0};
+        o.rope_fp32 = 1;
+        dt_backend *cuda = dt_backend_cuda_create(&o);
+        if (!cuda) T_FAIL("cuda backend", "%s", dt_last_error());
+        else { fixtures_on(cuda, FLUX2_GPU_TOL, "cuda"); cuda->destroy(cuda); }
+        cuda_qpaths();
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda flux2", "DITRUN_REQUIRE_GPU=1 but no CUDA GPU is usable");
+    } else {
+        T_SKIP("cuda flux2", "no CUDA GPU available on this machine");
+    }
+
+    const char *slow = getenv("DITRUN_SLOW");
+    if (slow && *slow == '1') synthetic_klein4b();
+    else T_SKIP("synthetic klein-4B", "set DITRUN_SLOW=1 (writes 2.2 + 7.8 GB to $TMPDIR, ~2 minutes)");
+    return T_DONE();
+}
