@@ -98,10 +98,8 @@ int cmd_forward(int argc, char **argv) {
         else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 100000, &repeat)) return 1; i++; }
         else return cli_error("forward: unknown option '%s' (see ditrun forward --help)", a);
     }
-    if (!model || !inputs || !output) {
-        usage(stderr);
-        return cli_error("forward: --model, --inputs and --output are required");
-    }
+    if (!model || !inputs || !output)
+        return cli_error("forward: --model, --inputs and --output are required (see ditrun forward --help)");
 
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());

@@ -47,7 +47,10 @@ static int describe(const char *label, const char *path) {
         if (arch && arch->type == JSON_ARRAY && arch->len && json_at(arch, 0)->type == JSON_STRING) cls = json_at(arch, 0)->str;
     }
     if (cls) printf("  class        %s\n", cls);
-    if (cfg && cls && !strcmp(cls, "Flux2Transformer2DModel")) {
+    /* quantized folders often carry a config without _class_name: recognise FLUX.2 by its keys */
+    int is_flux2 = cfg && (cls ? !strcmp(cls, "Flux2Transformer2DModel")
+                               : json_get(cfg, "num_single_layers") && json_get(cfg, "joint_attention_dim"));
+    if (is_flux2) {
         flux2_config c;
         if (flux2_config_parse(cfg, "config.json", &c) == 0) {
             double params = 0;

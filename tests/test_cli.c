@@ -1,0 +1,199 @@
+/* test_cli.c — the ditrun command end to end: bad input gets one clear error line and exit 1
+ * (never a crash), good input works. Runs $BUILD/ditrun (default build/ditrun). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "io/safetensors.h"
+#include "test.h"
+
+static char exe[512], tmpdir[256];
+
+/* Run ditrun ARGS; capture stderr. Returns exit status (or 128+signal). */
+static int run(const char *args, char *err, size_t errlen) {
+    char cmd[4096], errf[600];
+    snprintf(errf, sizeof errf, "%s/stderr.txt", tmpdir);
+    /* args may redirect stdout itself ("... > file"); otherwise it is discarded */
+    snprintf(cmd, sizeof cmd, "%s %s %s 2>%s", exe, args, strchr(args, '>') ? "" : ">/dev/null", errf);
+    int st = system(cmd);
+    FILE *f = fopen(errf, "r");
+    size_t n = f ? fread(err, 1, errlen - 1, f) : 0;
+    err[n] = 0;
+    if (f) fclose(f);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+/* Expect exit 1 and exactly one "ditrun: error:" line containing every needle. */
+static void expect_error(const char *name, const char *args, const char *needle1, const char *needle2) {
+    char err[8192];
+    int rc = run(args, err, sizeof err);
+    int lines = 0;
+    for (char *p = err; *p; p++) lines += *p == '\n';
+    const char *e = strstr(err, "ditrun: error:");
+    if (rc != 1) T_FAIL(name, "exit status %d (want 1); stderr: %s", rc, err);
+    else if (!e) T_FAIL(name, "no 'ditrun: error:' line; stderr: %s", err);
+    else if (lines != 1 || e != err) T_FAIL(name, "want one error line, got %d lines: %s", lines, err);
+    else if ((needle1 && !strstr(err, needle1)) || (needle2 && !strstr(err, needle2)))
+        T_FAIL(name, "message lacks '%s'/'%s': %s", needle1 ? needle1 : "", needle2 ? needle2 : "", err);
+    else T_PASS(name);
+}
+
+/* Write a copy of the fixture transformer without tensor `drop` (NULL: all) into dir. */
+static void write_model_copy(const char *dir, const char *drop, const char *config_text) {
+    char src[512], dst[600];
+    mkdir(dir, 0755);
+    snprintf(src, sizeof src, "%s/model/transformer/diffusion_pytorch_model.safetensors", t_fixtures());
+    st_file *f = st_open(src);
+    st_writer *w = st_writer_new();
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        if (drop && !strcmp(t->name, drop)) continue;
+        st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+    }
+    snprintf(dst, sizeof dst, "%s/diffusion_pytorch_model.safetensors", dir);
+    st_writer_save(w, dst);
+    st_writer_free(w);
+    st_close(f);
+    if (config_text) {
+        snprintf(dst, sizeof dst, "%s/config.json", dir);
+        FILE *c = fopen(dst, "w");
+        fputs(config_text, c);
+        fclose(c);
+    }
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = dt_malloc(n + 1);
+    s[fread(s, 1, n, f)] = 0;
+    fclose(f);
+    return s;
+}
+
+int main(void) {
+    const char *b = getenv("BUILD");
+    snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
+    if (access(exe, X_OK)) { T_SKIP("cli", "%s not built", exe); return T_DONE(); }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ditrun-cli-XXXXXX");
+    if (!mkdtemp(tmpdir)) { T_FAIL("cli", "mkdtemp failed"); return T_DONE(); }
+    const char *fx = t_fixtures();
+    char args[4096], p1[600], p2[1200], out[700];
+    char *cfg = NULL;
+    snprintf(p1, sizeof p1, "%s/model/transformer/config.json", fx);
+    cfg = read_text(p1);
+    snprintf(out, sizeof out, "%s/out.safetensors", tmpdir);
+
+    /* ---- usage errors ---- */
+    expect_error("unknown command", "frobnicate", "unknown command", "frobnicate");
+    expect_error("forward unknown option", "forward --bogus", "unknown option", "--bogus");
+    expect_error("forward missing required", "forward --model x", "required", NULL);
+    expect_error("forward bad threads", "forward --threads 0 --model x", "--threads", "out of range");
+    expect_error("forward bad backend", "forward --backend tpu --model x", "--backend", "tpu");
+    expect_error("info missing path", "info /nonexistent/ditrun-model", "/nonexistent/ditrun-model", NULL);
+
+    /* ---- malformed model folders ---- */
+    snprintf(p1, sizeof p1, "%s/noconfig", tmpdir);
+    write_model_copy(p1, NULL, NULL);
+    snprintf(args, sizeof args, "forward --model %s --inputs %s/transformer_io.safetensors --output %s --backend cpu", p1, fx, out);
+    expect_error("directory without config", args, "config.json", NULL);
+
+    snprintf(p1, sizeof p1, "%s/missing", tmpdir);
+    write_model_copy(p1, "transformer_blocks.0.attn.to_k.weight", cfg);
+    snprintf(args, sizeof args, "forward --model %s --inputs %s/transformer_io.safetensors --output %s --backend cpu", p1, fx, out);
+    expect_error("missing tensor", args, "transformer_blocks.0.attn.to_k", NULL);
+
+    /* config says 4 heads (D=512) but the weights are D=256 */
+    if (cfg) {
+        char *bad = dt_strdup(cfg), *h = strstr(bad, "\"num_attention_heads\": 2");
+        if (h) h[strlen("\"num_attention_heads\": ")] = '4';
+        snprintf(p1, sizeof p1, "%s/wrongshape", tmpdir);
+        write_model_copy(p1, NULL, bad);
+        snprintf(args, sizeof args, "forward --model %s --inputs %s/transformer_io.safetensors --output %s --backend cpu", p1, fx, out);
+        expect_error("wrong shape for the config", args, "x_embedder", "shape");
+        free(bad);
+    }
+
+    /* truncated safetensors in a model folder */
+    snprintf(p1, sizeof p1, "%s/truncated", tmpdir);
+    write_model_copy(p1, NULL, cfg);
+    snprintf(p2, sizeof p2, "%s/diffusion_pytorch_model.safetensors", p1);
+    if (truncate(p2, 4096) != 0) printf("# truncate failed\n");
+    snprintf(args, sizeof args, "forward --model %s --inputs %s/transformer_io.safetensors --output %s --backend cpu", p1, fx, out);
+    expect_error("truncated weights file", args, "diffusion_pytorch_model.safetensors", NULL);
+
+    /* empty file as input */
+    snprintf(p2, sizeof p2, "%s/empty.safetensors", tmpdir);
+    FILE *f = fopen(p2, "w"); fclose(f);
+    snprintf(args, sizeof args, "forward --model %s/model --inputs %s --output %s --backend cpu", fx, p2, out);
+    expect_error("empty inputs file", args, "empty.safetensors", NULL);
+
+    /* inputs with the wrong channel count / missing timestep */
+    {
+        snprintf(p2, sizeof p2, "%s/transformer_io.safetensors", fx);
+        st_file *io = st_open(p2);
+        st_writer *w1 = st_writer_new(), *w2 = st_writer_new();
+        for (size_t i = 0; io && i < st_count(io); i++) {
+            const st_tensor *t = st_at(io, i);
+            if (strncmp(t->name, "in.", 3)) continue;
+            if (strcmp(t->name, "in.timestep")) st_writer_add(w2, t->name, t->dtype, t->ndim, t->shape, t->data);
+            if (!strcmp(t->name, "in.hidden_states")) {
+                int64_t sh[3] = {1, t->shape[1] * 2, t->shape[2] / 2};
+                st_writer_add(w1, t->name, t->dtype, 3, sh, t->data);
+            } else st_writer_add(w1, t->name, t->dtype, t->ndim, t->shape, t->data);
+        }
+        snprintf(p1, sizeof p1, "%s/badch.safetensors", tmpdir);
+        st_writer_save(w1, p1);
+        snprintf(args, sizeof args, "forward --model %s/model --inputs %s --output %s --backend cpu", fx, p1, out);
+        expect_error("inputs with wrong channels", args, "in.hidden_states", "channels");
+        snprintf(p1, sizeof p1, "%s/nots.safetensors", tmpdir);
+        st_writer_save(w2, p1);
+        snprintf(args, sizeof args, "forward --model %s/model --inputs %s --output %s --backend cpu", fx, p1, out);
+        expect_error("inputs without timestep", args, "in.timestep", NULL);
+        st_writer_free(w1); st_writer_free(w2);
+        st_close(io);
+    }
+
+    /* ---- good input ---- */
+    snprintf(args, sizeof args, "forward --model %s/model/transformer --inputs %s/transformer_io.safetensors --output %s --backend cpu -q", fx, fx, out);
+    char err[8192];
+    int rc = run(args, err, sizeof err);
+    if (rc) T_FAIL("forward fixture via CLI", "exit %d: %s", rc, err);
+    else {
+        st_file *o = st_open(out), *r = st_open(p2);
+        const st_tensor *ot = o ? st_find(o, "out.sample") : NULL;
+        if (!ot || ot->dtype != DT_F32) T_FAIL("forward fixture via CLI", "out.sample missing or not F32");
+        else {
+            float *g = st_to_f32(ot), *ref = st_to_f32(st_find(r, "out.sample"));
+            /* f32 vs f32 reference: summation order only */
+            t_check_rel_l2("forward fixture via CLI", g, ref, (size_t)ot->numel, 1e-4);
+            free(g); free(ref);
+        }
+        st_close(o); st_close(r);
+    }
+    snprintf(args, sizeof args, "info %s/model > %s/info.txt", fx, tmpdir);
+    rc = run(args, err, sizeof err);
+    snprintf(p1, sizeof p1, "%s/info.txt", tmpdir);
+    char *info = read_text(p1);
+    T_CHECK("info pipeline root", rc == 0 && info && strstr(info, "D=256") && strstr(info, "tensors") && strstr(info, "text_encoder"),
+            "exit %d, output: %s", rc, info ? info : "(none)");
+    free(info);
+    snprintf(args, sizeof args, "info %s/transformer-q4 > %s/info.txt", fx, tmpdir);
+    rc = run(args, err, sizeof err);
+    info = read_text(p1);
+    T_CHECK("info q4 folder", rc == 0 && info && strstr(info, "4-bit") && strstr(info, "group 32"), "exit %d, output: %s", rc, info ? info : "(none)");
+    free(info);
+    rc = run("--help", err, sizeof err);
+    T_CHECK("--help", rc == 0, "exit %d", rc);
+    free(cfg);
+    snprintf(args, sizeof args, "rm -rf '%s'", tmpdir);
+    if (system(args) != 0) printf("# cleanup failed\n");
+    return T_DONE();
+}
