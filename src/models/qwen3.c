@@ -36,6 +36,7 @@ struct dt_qwen3 {
     char embed_name[QW_NAME_MAX];
     dt_linear_src embed;         /* [vocab, D], dense or affine */
     dt_mat final_norm;           /* [1, D] F32, data NULL unless n_layers == num_layers */
+    int inv_freq_bf16;           /* round RoPE inverse frequencies to bf16 (dt_qwen3_set_inv_freq_bf16) */
 };
 
 /* ---------------------------------------------------------------- config */
@@ -86,11 +87,10 @@ static int parse_config(const json *cj, const char *what, dt_qwen3_config *c) {
 }
 
 /* Without config.json (some converted folders): geometry from tensor shapes. */
-static int infer_config(const dt_weights *w, const char *prefix, const dt_linear_src *emb, dt_qwen3_config *c) {
+static int infer_config(const dt_weights *w, const char *prefix, const char *embed_name, dt_linear_src *emb,
+                        dt_qwen3_config *c) {
     const char *what = dt_weights_path(w);
     char name[QW_NAME_MAX];
-    c->vocab = (int)emb->out;
-    c->hidden = (int)emb->in;
     c->num_layers = 0;
     for (;;) {
         snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", prefix, c->num_layers);
@@ -101,6 +101,11 @@ static int infer_config(const dt_weights *w, const char *prefix, const dt_linear
         dt_set_error("%s: no config.json and no tensor '%slayers.0.input_layernorm.weight'", what, prefix);
         return -1;
     }
+    /* D from a norm weight first: a quantized embedding's width needs it to resolve the bit width */
+    snprintf(name, sizeof name, "%slayers.0.input_layernorm.weight", prefix);
+    c->hidden = (int)dt_weights_find(w, name)->numel;
+    if (dt_weights_linear(w, embed_name, -1, c->hidden, 0, emb) != 0) return -1;
+    c->vocab = (int)emb->out;
     snprintf(name, sizeof name, "%slayers.0.self_attn.q_norm.weight", prefix);
     const st_tensor *qn = dt_weights_find(w, name);
     if (!qn) { dt_set_error("%s: no config.json and no tensor '%s'", what, name); return -1; }
@@ -196,8 +201,7 @@ dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer) {
         if (parse_config(cj, cwhat, &m->cfg) || check_config(&m->cfg, cwhat)) goto fail;
         if (dt_weights_linear(w, m->embed_name, m->cfg.vocab, m->cfg.hidden, 0, &m->embed) != 0) goto fail;
     } else {
-        if (dt_weights_linear(w, m->embed_name, -1, -1, 0, &m->embed) != 0) goto fail;
-        if (infer_config(w, m->prefix, &m->embed, &m->cfg) || check_config(&m->cfg, what)) goto fail;
+        if (infer_config(w, m->prefix, m->embed_name, &m->embed, &m->cfg) || check_config(&m->cfg, what)) goto fail;
     }
     m->embed.name = m->embed_name;
 
@@ -223,6 +227,7 @@ fail:
 
 const dt_qwen3_config *dt_qwen3_get_config(const dt_qwen3 *m) { return &m->cfg; }
 int dt_qwen3_loaded_layers(const dt_qwen3 *m) { return m->n_layers; }
+void dt_qwen3_set_inv_freq_bf16(dt_qwen3 *m, int on) { m->inv_freq_bf16 = on != 0; }
 
 static void free_param(dt_backend *be, dt_mat *p) {
     if (p->data) be->free(be, p);
@@ -303,6 +308,7 @@ int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T,
     const int half = hd / 2;
     for (int i = 0; i < half; i++) {
         double inv_freq = pow(c->rope_theta, -2.0 * i / hd);
+        if (m->inv_freq_bf16) inv_freq = dt_bf16_round((float)inv_freq);
         for (int t = 0; t < T; t++) {
             double ang = (double)t * inv_freq;
             float cv = (float)cos(ang), sv = (float)sin(ang);

@@ -37,6 +37,12 @@ dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer);
 const dt_qwen3_config *dt_qwen3_get_config(const dt_qwen3 *m);
 int dt_qwen3_loaded_layers(const dt_qwen3 *m);   /* max_layer after defaulting */
 
+/* RoPE inverse frequencies rounded to bf16 (on = 1), as in a transformers model whose buffers were
+ * cast with model.to(torch.bfloat16) -- the tests/fixtures reference was produced that way.
+ * Default 0: f32 inv_freq, which from_pretrained(torch_dtype=bfloat16) keeps (buffers are not cast).
+ * At T = 512 the rotation angles of far positions differ by up to about 1 rad. */
+void dt_qwen3_set_inv_freq_bf16(dt_qwen3 *m, int on);
+
 /* Encode one sequence.
  *   ids   [T]  token ids (0 <= id < vocab)
  *   mask  [T]  1 = real token, 0 = padding (NULL = all real); padded keys are never attended
