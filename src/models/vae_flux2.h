@@ -1,0 +1,54 @@
+/* vae_flux2.h — the decoder half of diffusers AutoencoderKLFlux2 (spec 2.6), written against the
+ * backend op interface, plus the latent batch-norm statistics and the image post-processing.
+ *
+ * Geometry always comes from the folder's config.json (block_out_channels, layers_per_block,
+ * norm_num_groups, latent_channels, mid_block_add_attention, use_post_quant_conv, batch_norm_eps).
+ * The decoder upsamples by 2^(len(block_out_channels) − 1) (8 for the released VAE).
+ * Conv weights may be PyTorch [out, in, kh, kw] or MLX [out, kh, kw, in] (mflux); the layout is
+ * detected per tensor from its shape. The attention output projection may be named `to_out.0`
+ * (diffusers) or `to_out` (mflux).
+ */
+#ifndef DT_VAE_FLUX2_H
+#define DT_VAE_FLUX2_H
+
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+#define DT_VAE_MAX_BLOCKS 8
+
+typedef struct {
+    int latent_channels;        /* VAE latent channels (32 for FLUX.2) */
+    int out_channels;           /* image channels (3) */
+    int n_blocks;               /* len(block_out_channels) */
+    int block_out[DT_VAE_MAX_BLOCKS];  /* decoder block_out_channels (encoder order, small -> large) */
+    int layers_per_block;       /* the decoder runs layers_per_block + 1 resnets per up block */
+    int norm_groups;            /* GroupNorm groups */
+    int mid_attention;          /* mid_block_add_attention */
+    int post_quant_conv;        /* use_post_quant_conv */
+    float bn_eps;               /* batch_norm_eps of the latent BN (1e-4) */
+    int patch;                  /* patch_size (2): packed channels = latent_channels·patch² */
+    int scale_factor;           /* image pixels per latent pixel = 2^(n_blocks − 1) */
+} dt_vae_config;
+
+typedef struct dt_vae dt_vae;
+
+/* Load from a vae/ folder or a pipeline root holding vae/. NULL on error (dt_last_error). */
+dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir);
+void dt_vae_free(dt_vae *v);
+const dt_vae_config *dt_vae_get_config(const dt_vae *v);
+
+/* Latent batch-norm running statistics, [latent_channels·patch²] each (host memory owned by v). */
+void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int *n, float *eps);
+
+/* Decode latent [latent_channels, H, W] (f32 host, after BN de-normalization and unpatchify) into
+ * rgb [out_channels, s·H, s·W] (f32 host, nominal range [−1, 1]), s = config scale_factor.
+ * 0 ok, -1 error. */
+int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb);
+
+/* Post-processing as diffusers' image processor: p = clamp(x/2 + 0.5, 0, 1) per element of
+ * x [3, H, W]; img01 [H, W, 3] receives p (may be NULL), u8 [H, W, 3] receives
+ * round-half-even(p·255) (may be NULL). */
+void dt_vae_postprocess(const float *x, int H, int W, float *img01, uint8_t *u8);
+
+#endif
