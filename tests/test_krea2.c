@@ -1,0 +1,371 @@
+/* test_krea2.c — the Krea 2 transformer forward against the reference fixtures.
+ *
+ * CPU: out.sample (text padding mask), out.sample_without_mask (mask NULL) and every mid.block.N of
+ * krea2_io.safetensors within KREA2_CPU_TOL; the pipeline root resolving to transformer/; repeated
+ * forwards on cached buffers. CUDA (when a GPU is usable): the same outputs within KREA2_GPU_TOL.
+ * q4: the fixture weights quantized in memory to MLX q4 g32 and written to a temp folder, checked
+ * against an f32 twin holding exactly the dequantized weights. Errors: a missing tensor and a
+ * missing config field are reported by name.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/backend.h"
+#include "io/safetensors.h"
+#include "models/krea2.h"
+#include "quant/mlx_affine.h"
+#include "test.h"
+
+/* f32 implementation vs a float32 reference on the same bf16-rounded weights: only summation
+ * order, libm ulps (timestep sinusoid, RoPE) and the host-folded modulation scale differ (~1e-6). */
+#define KREA2_CPU_TOL 1e-4
+/* bf16 activations on CUDA: 2^-9 relative per rounding, accumulated over text fusion + 2 blocks. */
+#define KREA2_GPU_TOL 1e-2
+/* q4 model vs an f32 model holding its dequantized weights: same effective weights, f32 both. */
+#define KREA2_Q4_TWIN_TOL 1e-5
+/* repeated forward on cached buffers and tables: deterministic CPU kernels give identical output. */
+#define KREA2_REPEAT_TOL 0.0
+
+typedef struct {
+    st_file *io;
+    float *img, *txt, *pos, ts;
+    uint8_t *mask;
+    int n, t, in_ch;
+} fx_inputs;
+
+static int load_inputs(fx_inputs *fi) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/krea2_io.safetensors", t_fixtures());
+    memset(fi, 0, sizeof *fi);
+    fi->io = st_open(p);
+    if (!fi->io) return -1;
+    const st_tensor *h = st_find(fi->io, "in.hidden_states"), *e = st_find(fi->io, "in.encoder_hidden_states");
+    const st_tensor *pi = st_find(fi->io, "in.position_ids"), *mk = st_find(fi->io, "in.encoder_attention_mask");
+    const st_tensor *ts = st_find(fi->io, "in.timestep");
+    if (!h || !e || !pi || !mk || !ts) { dt_set_error("%s: missing an in.* tensor", p); return -1; }
+    fi->n = (int)h->shape[1];
+    fi->in_ch = (int)h->shape[2];
+    fi->t = (int)e->shape[1];
+    fi->img = st_to_f32(h);
+    fi->txt = st_to_f32(e);
+    fi->pos = st_to_f32(pi);   /* I64 [T+N, 3] -> f32 (exact for these small ints) */
+    float *mf = st_to_f32(mk);
+    fi->mask = dt_malloc((size_t)fi->t);
+    for (int i = 0; i < fi->t; i++) fi->mask[i] = mf[i] != 0.0f;
+    free(mf);
+    float *tv = st_to_f32(ts);
+    fi->ts = tv[0];
+    free(tv);
+    return 0;
+}
+
+static void free_inputs(fx_inputs *fi) {
+    free(fi->img); free(fi->txt); free(fi->pos); free(fi->mask);
+    if (fi->io) st_close(fi->io);
+}
+
+/* t_check_rel_l2 plus the worst element printed on success too (as a comment line). */
+static int check_l2(const char *name, const float *got, const float *ref, size_t n, double tol) {
+    size_t worst = 0;
+    double wd = -1;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > wd) { wd = d; worst = i; }
+    }
+    if (n) printf("# %s: worst element [%zu] got %.7g ref %.7g (|diff| %.3g)\n", name, worst, got[worst], ref[worst], wd);
+    return t_check_rel_l2(name, got, ref, n, tol);
+}
+
+typedef struct {
+    dt_backend *be;
+    st_file *ref;
+    double tol;
+    const char *prefix;
+    int checked;
+} trace_ctx;
+
+static void check_mid(void *ud, const char *name, dt_mat m) {
+    trace_ctx *tc = ud;
+    char ref_name[128], test_name[200];
+    snprintf(ref_name, sizeof ref_name, "mid.%s", name);
+    snprintf(test_name, sizeof test_name, "%s mid.%s", tc->prefix, name);
+    const st_tensor *r = st_find(tc->ref, ref_name);
+    if (!r) { T_FAIL(test_name, "no %s in the fixture", ref_name); return; }
+    float *got = dt_malloc(sizeof(float) * (size_t)(m.rows * m.cols));
+    tc->be->download(tc->be, got, m);
+    float *ref = st_to_f32(r);
+    if (r->numel != m.rows * m.cols)
+        T_FAIL(test_name, "size %lld vs reference %lld", (long long)(m.rows * m.cols), (long long)r->numel);
+    else check_l2(test_name, got, ref, (size_t)r->numel, tc->tol);
+    tc->checked++;
+    free(got);
+    free(ref);
+}
+
+/* Forward on model m; compare with reference tensor `ref_name` of the io file. Returns the output. */
+static float *run_case(dt_backend *be, krea2_model *m, fx_inputs *fi, int with_mask, int trace, const char *tag,
+                       const char *ref_name, double tol) {
+    const krea2_config *c = krea2_get_config(m);
+    char name[200];
+    snprintf(name, sizeof name, "%s %s", tag, ref_name ? ref_name : "forward");
+    float *out = dt_malloc(sizeof(float) * (size_t)fi->n * c->out_channels);
+    trace_ctx tc = {be, fi->io, tol, tag, 0};
+    double t0 = dt_now();
+    if (krea2_forward(m, fi->img, fi->n, fi->txt, fi->t, fi->ts, fi->pos, with_mask ? fi->mask : NULL, out,
+                      trace ? check_mid : NULL, &tc)) {
+        T_FAIL(name, "forward failed: %s", dt_last_error());
+        free(out);
+        return NULL;
+    }
+    printf("# %s: forward %.1f ms\n", name, (dt_now() - t0) * 1e3);
+    if (trace && tc.checked != c->num_layers) T_FAIL(name, "%d of %d block intermediates compared", tc.checked, c->num_layers);
+    if (ref_name) {
+        const st_tensor *r = st_find(fi->io, ref_name);
+        if (!r) { T_FAIL(name, "fixture lacks %s", ref_name); free(out); return NULL; }
+        float *ref = st_to_f32(r);
+        check_l2(name, out, ref, (size_t)fi->n * c->out_channels, tol);
+        free(ref);
+    }
+    return out;
+}
+
+static void fixture_on(dt_backend *be, const char *tag, double tol) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL(tag, "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    char dir[512], name[200];
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    krea2_model *m = krea2_load(be, dir);
+    if (!m) { T_FAIL(tag, "load failed: %s", dt_last_error()); free_inputs(&fi); return; }
+    size_t bytes; char fmt[64];
+    krea2_weight_info(m, &bytes, fmt, sizeof fmt);
+    snprintf(name, sizeof name, "%s weight info", tag);
+    T_CHECK(name, bytes > 11000000 && !strcmp(fmt, "bf16"), "%zu bytes, '%s'", bytes, fmt);
+    /* The fixture's mid.block.N were recorded during the reference's unmasked forward (they match it to
+     * ~1e-7 and differ from the masked one by ~1e-2), so the intermediates are traced there. */
+    float *o1 = run_case(be, m, &fi, 1, 0, tag, "out.sample", tol);
+    float *o2 = run_case(be, m, &fi, 0, 1, tag, "out.sample_without_mask", tol);
+    /* again with the mask: cached buffers, RoPE tables and modulation must give the same result */
+    float *o3 = run_case(be, m, &fi, 1, 0, tag, NULL, tol);
+    if (o1 && o3) {
+        snprintf(name, sizeof name, "%s repeated forward", tag);
+        double e = dt_rel_l2(o3, o1, (size_t)fi.n * fi.in_ch);
+        T_CHECK(name, e <= KREA2_REPEAT_TOL, "rel_l2 %.3g between two identical calls", e);
+    }
+    /* fewer image tokens (a different shape reallocates the buffers): no reference, must be finite */
+    {
+        int n2 = fi.n / 2;
+        float *pos2 = dt_malloc(sizeof(float) * (size_t)(fi.t + n2) * 3);
+        memcpy(pos2, fi.pos, sizeof(float) * (size_t)(fi.t + n2) * 3);
+        float *o4 = dt_malloc(sizeof(float) * (size_t)n2 * fi.in_ch);
+        int rc = krea2_forward(m, fi.img, n2, fi.txt, fi.t, fi.ts, pos2, fi.mask, o4, NULL, NULL);
+        int finite = 1;
+        for (int i = 0; rc == 0 && i < n2 * fi.in_ch; i++) finite &= isfinite(o4[i]);
+        snprintf(name, sizeof name, "%s reshaped forward (N=%d)", tag, n2);
+        T_CHECK(name, rc == 0 && finite, "rc %d (%s), finite %d", rc, rc ? dt_last_error() : "", finite);
+        free(o4); free(pos2);
+    }
+    krea2_free(m);
+    free(o1); free(o2); free(o3);
+
+    /* the pipeline root (a folder holding transformer/) resolves to the component */
+    snprintf(dir, sizeof dir, "%s/krea2", t_fixtures());
+    m = krea2_load(be, dir);
+    snprintf(name, sizeof name, "%s pipeline-root", tag);
+    if (!m) T_FAIL(name, "load failed: %s", dt_last_error());
+    else { free(run_case(be, m, &fi, 1, 0, name, "out.sample", tol)); krea2_free(m); }
+    free_inputs(&fi);
+}
+
+/* ------------------------------------------------------------------ temp checkpoints */
+
+static void tmp_dir(char *dst, size_t n, const char *what) {
+    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(dst, n, "%s/ditrun-krea2-%s-%d", tmp, what, (int)getpid());
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t len = strlen(text);
+    int ok = fwrite(text, 1, len, f) == len;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = dt_malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, f);
+    fclose(f);
+    s[got] = 0;
+    return s;
+}
+
+static void rm_dir(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir); unlink(p);
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir); unlink(p);
+    rmdir(dir);
+}
+
+enum { MODE_COPY = 0, MODE_Q4, MODE_DEQ };
+
+/* Write the fixture transformer to DIR: MODE_COPY (optionally skipping tensor `skip`), MODE_Q4 (every
+ * 2-D Linear weight whose input width is a multiple of 32 quantized to MLX q4 g32, min/max rule), or
+ * MODE_DEQ (those same weights replaced by their dequantized f32 values). config: text to write. */
+static int write_variant(const char *dir, int mode, const char *skip, const char *config) {
+    char src[512], p[600];
+    snprintf(src, sizeof src, "%s/krea2/transformer/diffusion_pytorch_model.safetensors", t_fixtures());
+    st_file *f = st_open(src);
+    if (!f) return -1;
+    if (mkdir(dir, 0755) != 0) { dt_set_error("mkdir %s failed", dir); st_close(f); return -1; }
+    st_writer *w = st_writer_new();
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        if (skip && !strcmp(t->name, skip)) continue;
+        size_t nl = strlen(t->name);
+        int is_lin = mode != MODE_COPY && t->ndim == 2 && nl > 7 && !strcmp(t->name + nl - 7, ".weight") &&
+                     t->shape[1] % 32 == 0;
+        if (!is_lin) { st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data); continue; }
+        int64_t out = t->shape[0], in = t->shape[1], g = 32, ng = in / g;
+        float *wf = st_to_f32(t);
+        uint32_t *pk = dt_malloc(sizeof(uint32_t) * (size_t)(out * in / 8));
+        uint16_t *sc = dt_malloc(sizeof(uint16_t) * (size_t)(out * ng)), *bi = dt_malloc(sizeof(uint16_t) * (size_t)(out * ng));
+        for (int64_t r = 0; r < out; r++)
+            mlx_quant_row(wf + r * in, in, 4, (int)g, MLX_RULE_MINMAX, pk + r * (in / 8), sc + r * ng, bi + r * ng);
+        char base[256];
+        snprintf(base, sizeof base, "%.*s", (int)(nl - 7), t->name);
+        if (mode == MODE_Q4) {
+            char nm[300];
+            int64_t sh[2] = {out, in / 8}, sg[2] = {out, ng};
+            st_writer_add(w, t->name, DT_U32, 2, sh, pk);
+            snprintf(nm, sizeof nm, "%s.scales", base); st_writer_add(w, nm, DT_BF16, 2, sg, sc);
+            snprintf(nm, sizeof nm, "%s.biases", base); st_writer_add(w, nm, DT_BF16, 2, sg, bi);
+        } else {
+            for (int64_t r = 0; r < out; r++)
+                mlx_dequant_row(wf + r * in, pk + r * (in / 8), sc + r * ng, bi + r * ng, DT_BF16, in, 4, (int)g);
+            st_writer_add_f32(w, t->name, 2, t->shape, wf);
+        }
+        free(wf); free(pk); free(sc); free(bi);
+    }
+    st_close(f);
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
+    int rc = st_writer_save(w, p);
+    st_writer_free(w);
+    if (rc) return -1;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return write_text(p, config);
+}
+
+static void q4_check(void) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cpu q4", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    char cfgp[512], dq[512], dd[512];
+    snprintf(cfgp, sizeof cfgp, "%s/krea2/transformer/config.json", t_fixtures());
+    char *cfg = read_text(cfgp);
+    tmp_dir(dq, sizeof dq, "q4");
+    tmp_dir(dd, sizeof dd, "deq");
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){0});
+    if (!cfg || write_variant(dq, MODE_Q4, NULL, cfg) || write_variant(dd, MODE_DEQ, NULL, cfg)) {
+        T_FAIL("cpu q4", "writing temp checkpoints: %s", dt_last_error());
+    } else {
+        krea2_model *mq = krea2_load(be, dq), *md = krea2_load(be, dd);
+        if (!mq || !md) T_FAIL("cpu q4", "load failed: %s", dt_last_error());
+        else {
+            size_t bytes; char fmt[64];
+            krea2_weight_info(mq, &bytes, fmt, sizeof fmt);
+            T_CHECK("cpu q4 weight info", strstr(fmt, "q4 g32") != NULL, "format '%s'", fmt);
+            float *oq = run_case(be, mq, &fi, 1, 0, "cpu q4", NULL, 0);
+            float *od = run_case(be, md, &fi, 1, 0, "cpu q4-dequantized-f32", NULL, 0);
+            if (oq && od) check_l2("cpu q4 vs dequantized f32 twin", oq, od, (size_t)fi.n * fi.in_ch, KREA2_Q4_TWIN_TOL);
+            if (oq) {
+                float *ref = st_to_f32(st_find(fi.io, "out.sample"));
+                printf("# q4 g32 vs bf16 reference: rel_l2 %.3g (quantization error, informative)\n",
+                       dt_rel_l2(oq, ref, (size_t)fi.n * fi.in_ch));
+                free(ref);
+            }
+            free(oq); free(od);
+        }
+        krea2_free(mq); krea2_free(md);
+    }
+    rm_dir(dq); rm_dir(dd);
+    be->destroy(be);
+    free(cfg);
+    free_inputs(&fi);
+}
+
+static void error_checks(void) {
+    char cfgp[512], d[512];
+    snprintf(cfgp, sizeof cfgp, "%s/krea2/transformer/config.json", t_fixtures());
+    char *cfg = read_text(cfgp);
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){0});
+    const char *missing = "transformer_blocks.1.ff.down.weight";
+    tmp_dir(d, sizeof d, "missing");
+    if (!cfg || write_variant(d, MODE_COPY, missing, cfg)) T_FAIL("missing tensor", "setup: %s", dt_last_error());
+    else {
+        krea2_model *m = krea2_load(be, d);
+        T_CHECK("missing tensor is named", !m && strstr(dt_last_error(), missing), "load %s; error '%s'",
+                m ? "succeeded" : "failed", dt_last_error());
+        if (!m) printf("# error: %s\n", dt_last_error());
+        krea2_free(m);
+    }
+    rm_dir(d);
+    /* config without num_key_value_heads */
+    tmp_dir(d, sizeof d, "badcfg");
+    char *bad = cfg ? dt_strdup(cfg) : NULL;
+    char *k = bad ? strstr(bad, "\"num_key_value_heads\"") : NULL;
+    if (k) memcpy(k + 1, "xum", 3);
+    if (!k || write_variant(d, MODE_COPY, NULL, bad)) T_FAIL("missing config field", "setup failed");
+    else {
+        krea2_model *m = krea2_load(be, d);
+        T_CHECK("missing config field is named", !m && strstr(dt_last_error(), "num_key_value_heads"),
+                "load %s; error '%s'", m ? "succeeded" : "failed", dt_last_error());
+        krea2_free(m);
+    }
+    rm_dir(d);
+    /* a mask with no valid token is rejected instead of producing NaN */
+    {
+        fx_inputs fi;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+        krea2_model *m = load_inputs(&fi) ? NULL : krea2_load(be, dir);
+        if (!m) T_FAIL("empty text mask", "setup: %s", dt_last_error());
+        else {
+            uint8_t *zero = dt_calloc((size_t)fi.t, 1);
+            float *out = dt_malloc(sizeof(float) * (size_t)fi.n * fi.in_ch);
+            int rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, zero, out, NULL, NULL);
+            T_CHECK("empty text mask is rejected", rc != 0, "forward returned %d", rc);
+            free(zero); free(out);
+        }
+        krea2_free(m);
+        free_inputs(&fi);
+    }
+    free(bad);
+    free(cfg);
+    be->destroy(be);
+}
+
+int main(void) {
+    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
+    if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
+    fixture_on(cpu, "cpu", KREA2_CPU_TOL);
+    cpu->destroy(cpu);
+    q4_check();
+    error_checks();
+    if (dt_backend_cuda_available()) {
+        dt_backend *cu = dt_backend_cuda_create(&(dt_backend_opts){0});
+        if (!cu) T_FAIL("cuda", "%s", dt_last_error());
+        else { fixture_on(cu, "cuda", KREA2_GPU_TOL); cu->destroy(cu); }
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda krea2 fixture", "DITRUN_REQUIRE_GPU=1 but no usable CUDA GPU");
+    } else {
+        T_SKIP("cuda krea2 fixture", "no usable CUDA GPU on this machine");
+    }
+    return T_DONE();
+}
