@@ -10,6 +10,7 @@
 #include "cli_model.h"
 #include "io/safetensors.h"
 #include "models/flux2.h"
+#include "models/krea2.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -81,7 +82,6 @@ int cmd_forward(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     int trace = 0, no_mask = 0;
-    (void)no_mask;
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -109,8 +109,10 @@ int cmd_forward(int argc, char **argv) {
     if (!be) { st_close(in); return 1; }
 
     int rc = 1;
-    float *img = NULL, *txt = NULL, *ts = NULL, *img_ids = NULL, *txt_ids = NULL, *out = NULL;
+    float *img = NULL, *txt = NULL, *ts = NULL, *img_ids = NULL, *txt_ids = NULL, *out = NULL, *pos = NULL;
+    uint8_t *mask = NULL;
     flux2_model *fm = NULL;
+    krea2_model *km = NULL;
     st_writer *w = st_writer_new();
     const st_tensor *t_img, *t_txt, *t_ts, *t_iid, *t_tid;
     int64_t n, cin, tt, cj;
@@ -152,8 +154,37 @@ int cmd_forward(int argc, char **argv) {
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
     } else {
-        dt_set_error("%s: Krea 2 models are not supported by this build yet", model);
-        goto done;
+        /* Krea 2: encoder_hidden_states [1, T, layers, dim], position_ids [T+N, axes], optional mask [1, T] */
+        if (t_txt->ndim != 4 || t_txt->shape[0] != 1) { dt_set_error("%s: in.encoder_hidden_states must be [1, T, layers, dim] for Krea 2", inputs); goto done; }
+        tt = t_txt->shape[1];
+        const st_tensor *t_pos, *t_mask;
+        if (!(pos = input_f32(in, "in.position_ids", 1, &t_pos))) goto done;
+        if (!no_mask && (t_mask = st_find(in, "in.encoder_attention_mask"))) {
+            if (t_mask->numel != tt) { dt_set_error("%s: in.encoder_attention_mask must have %lld entries", inputs, (long long)tt); goto done; }
+            float *mf = st_to_f32(t_mask);
+            mask = dt_malloc((size_t)tt);
+            for (int64_t i = 0; i < tt; i++) mask[i] = mf[i] != 0;
+            free(mf);
+        }
+        km = krea2_load(be, model);
+        if (!km) goto done;
+        const krea2_config *c = krea2_get_config(km);
+        if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }
+        if (t_txt->shape[2] != c->text_layers || t_txt->shape[3] != c->text_dim) {
+            dt_set_error("%s: in.encoder_hidden_states must be [1, T, %d, %d]", inputs, c->text_layers, c->text_dim); goto done;
+        }
+        if (t_pos->numel != (tt + n) * c->n_axes) { dt_set_error("%s: in.position_ids must be [%lld, %d]", inputs, (long long)(tt + n), c->n_axes); goto done; }
+        size_t wb; char fmt[96];
+        krea2_weight_info(km, &wb, fmt, sizeof fmt);
+        dt_log(1, "ditrun: loaded Krea 2 transformer (D=%d, %d blocks, %d/%d heads, %s, %.1f MB) in %.2f s on %s\n",
+               c->hidden, c->num_layers, c->heads, c->kv_heads, fmt, wb / 1e6, dt_now() - t0, be->name);
+        out = dt_malloc(sizeof(float) * (size_t)(n * c->out_channels));
+        trace_ctx tc = {w, be, "mid"};
+        double t1 = dt_now();
+        if (krea2_forward(km, img, (int)n, txt, (int)tt, ts[0], pos, mask, out, trace ? trace_cb : NULL, &tc)) goto done;
+        dt_log(1, "ditrun: forward %lld image + %lld text tokens: %.2f ms\n", (long long)n, (long long)tt, (dt_now() - t1) * 1e3);
+        int64_t shape[3] = {1, n, c->out_channels};
+        st_writer_add_f32(w, "out.sample", 3, shape, out);
     }
     if (be->mem_stats) {
         size_t cur, peak;
@@ -166,8 +197,9 @@ int cmd_forward(int argc, char **argv) {
 done:
     if (rc) cli_error("%s", dt_last_error());
     if (fm) flux2_free(fm);
+    if (km) krea2_free(km);
     st_writer_free(w);
-    free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out);
+    free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out); free(pos); free(mask);
     be->destroy(be);
     st_close(in);
     return rc;
