@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 
 #include "flux2.h"
-#include "quant/mlx_affine.h"
 
 int flux2_preset(const char *name, flux2_config *c) {
     memset(c, 0, sizeof *c);
@@ -147,7 +146,6 @@ int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int grou
         }
         int64_t out = t[i].out, in = t[i].in;
         float amp = sqrtf(3.0f / (float)in);   /* uniform(-a, a) has variance a^2/3 = 1/in */
-        float *row = dt_malloc(sizeof(float) * in);
         if (!bits) {
             uint16_t *w = dt_malloc(sizeof(uint16_t) * in);
             for (int64_t r = 0; r < out && rc == 0; r++) {
@@ -156,21 +154,26 @@ int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int grou
             }
             free(w);
         } else {
-            /* weights, then scales, then biases: quantize row by row, keep scales/biases of the
-             * tensor in memory (out * in/group values each, small) and write them after. */
+            /* Random codes straight from the generator (no quantizer pass: a 4B model is written in
+             * seconds), scale = 2a/(2^bits-1) and bias = -a jittered per group, so w is uniform in
+             * about [-a, a] like the dense case. Written as weights, then scales, then biases. */
             int64_t ng = in / group, pw = in * bits / 32;
             uint32_t *packed = dt_malloc(sizeof(uint32_t) * pw);
             uint16_t *sc = dt_malloc(sizeof(uint16_t) * out * ng), *bi = dt_malloc(sizeof(uint16_t) * out * ng);
+            float qmax = (float)((1 << bits) - 1);
             for (int64_t r = 0; r < out && rc == 0; r++) {
-                for (int64_t j = 0; j < in; j++) row[j] = amp * rng_uniform(&rng);
-                mlx_quant_row(row, in, bits, group, MLX_RULE_MLX, packed, sc + r * ng, bi + r * ng);
+                for (int64_t j = 0; j < pw; j++) packed[j] = (uint32_t)(rng_next(&rng) >> 32);
+                for (int64_t g = 0; g < ng; g++) {
+                    float ag = amp * (1.0f + 0.25f * rng_uniform(&rng));
+                    sc[r * ng + g] = dt_f32_to_bf16(2.0f * ag / qmax);
+                    bi[r * ng + g] = dt_f32_to_bf16(-ag);
+                }
                 rc = st_stream_write(s, packed, sizeof(uint32_t) * pw);
             }
             if (rc == 0) rc = st_stream_write(s, sc, sizeof(uint16_t) * out * ng);
             if (rc == 0) rc = st_stream_write(s, bi, sizeof(uint16_t) * out * ng);
             free(packed); free(sc); free(bi);
         }
-        free(row);
     }
     if (st_stream_close(s) && rc == 0) rc = -1;
     for (int j = 0; j < n; j++) free((void *)t[j].name);
