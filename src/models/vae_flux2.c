@@ -175,10 +175,12 @@ static dt_conv *load_conv(dt_vae *v, const char *name, int cout, int cin, int k)
                      shp, cout, cin, k, k, cout, k, k, cin);
         return NULL;
     }
+    /* 1×1 convs have the same memory order in both layouts; cin == k is ambiguous by shape alone:
+     * both take the layout seen on the other convs of the file (PyTorch by default). */
     int layout;
-    if (pt && mlx) layout = v->conv_layout ? v->conv_layout : 1;   /* cin == k or 1×1: same either way */
+    if ((pt && mlx) || k == 1) layout = v->conv_layout ? v->conv_layout : 1;
     else layout = pt ? 1 : 2;
-    if (!(pt && mlx)) {
+    if (!(pt && mlx) && k > 1) {
         if (v->conv_layout && v->conv_layout != layout) {
             dt_set_error("%s: conv '%s' mixes PyTorch and MLX weight layouts in one file", t->file, buf);
             return NULL;
