@@ -219,7 +219,7 @@ static int st_parse(st_file *f) {
         if (e > b) { spans[nspans].begin = b; spans[nspans].end = e; spans[nspans].idx = i; nspans++; }
     }
     /* overlap check */
-    qsort(spans, nspans, sizeof *spans, span_cmp);
+    if (nspans > 1) qsort(spans, nspans, sizeof *spans, span_cmp);
     for (size_t s = 1; s < nspans; s++) {
         if (spans[s].begin < spans[s - 1].end) {
             dt_set_error("%s: tensors '%s' [%" PRIu64 ", %" PRIu64 "] and '%s' [%" PRIu64 ", %" PRIu64 "] overlap",

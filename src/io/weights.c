@@ -148,7 +148,7 @@ static int open_with_index(dt_weights *w, const char *dir, const char *index_pat
         if (!sl_has(&files, v->str)) sl_push(&files, dt_strdup(v->str));
     }
     if (!files.n) { dt_set_error("%s: weight_map is empty", index_path); goto out; }
-    qsort(files.v, files.n, sizeof *files.v, natural_cmp);
+    if (files.n > 1) qsort(files.v, files.n, sizeof *files.v, natural_cmp);
     for (size_t i = 0; i < files.n; i++) {
         char *p = join_path(dir, files.v[i]);
         if (!is_file(p)) {
@@ -187,8 +187,8 @@ static int list_safetensors(const char *dir, strlist *st, strlist *indexes) {
         else if (indexes && ends_with(e->d_name, ".safetensors.index.json")) sl_push(indexes, dt_strdup(e->d_name));
     }
     closedir(d);
-    qsort(st->v, st->n, sizeof *st->v, natural_cmp);
-    if (indexes) qsort(indexes->v, indexes->n, sizeof *indexes->v, natural_cmp);
+    if (st->n > 1) qsort(st->v, st->n, sizeof *st->v, natural_cmp);
+    if (indexes && indexes->n > 1) qsort(indexes->v, indexes->n, sizeof *indexes->v, natural_cmp);
     return 0;
 }
 
