@@ -331,6 +331,7 @@ int main(void) {
     unlink(spath);
     rmdir(sdir);
     free(strm);
+    free(orig);
 
     /* ---- added tokens mid-word, invalid UTF-8, empty prompt ---- */
     {
