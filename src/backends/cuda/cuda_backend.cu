@@ -1,0 +1,423 @@
+/* cuda_backend.cu — the CUDA backend's C edge: dt_backend_cuda_available / dt_backend_cuda_create, the
+ * vtable, the caching device-memory pool (plain cudaMalloc, keyed by rounded size, current/peak stats),
+ * grow-only scratch buffers, upload/download, sync, timing events and CUDA-graph capture. All work is
+ * queued on one non-default stream owned by the backend. */
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_common.cuh"
+
+/* ------------------------------------------------------------------ errors */
+void dtc_fatal(const char *call, const char *file, int line, const char *msg) {
+    fprintf(stderr, "ditrun: cuda: %s failed at %s:%d: %s\n", call, file, line, msg ? msg : "unknown error");
+    fflush(stderr);
+    exit(1);
+}
+
+/* ------------------------------------------------------------------ pool */
+struct dtc_pool {
+    std::mutex mu;
+    std::unordered_map<void *, size_t> live;  /* pointer -> rounded size */
+    std::multimap<size_t, void *> freeb;      /* cached free blocks by rounded size */
+    size_t current = 0, peak = 0, cached = 0;
+};
+
+static size_t pool_round(size_t b) {
+    if (b == 0) b = 1;
+    if (b <= ((size_t)1 << 20)) return (b + 511) & ~(size_t)511;          /* small: 512-byte steps */
+    if (b <= ((size_t)64 << 20)) return (b + ((1 << 20) - 1)) & ~(size_t)((1 << 20) - 1);  /* 1 MiB steps */
+    return (b + ((size_t)(8 << 20) - 1)) & ~(size_t)((8 << 20) - 1);      /* 8 MiB steps */
+}
+
+static void pool_release_cached(dtc_pool *p) {
+    for (auto &kv : p->freeb) cudaFree(kv.second);
+    p->freeb.clear();
+    p->cached = 0;
+}
+
+void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
+    dtc_pool *p = st->pool;
+    size_t rb = pool_round(bytes);
+    std::lock_guard<std::mutex> lk(p->mu);
+    void *ptr = nullptr;
+    auto it = p->freeb.find(rb);
+    if (it != p->freeb.end()) {
+        ptr = it->second;
+        p->freeb.erase(it);
+        p->cached -= rb;
+    } else {
+        cudaError_t e = cudaMalloc(&ptr, rb);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            pool_release_cached(p);  /* give cached blocks back and retry once */
+            e = cudaMalloc(&ptr, rb);
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                size_t fr = 0, tot = 0;
+                cudaMemGetInfo(&fr, &tot);
+                dt_set_error("cuda: out of device memory allocating %zu bytes (in use %zu, free %zu of %zu): %s", bytes,
+                             p->current, fr, tot, cudaGetErrorString(e));
+                return nullptr;
+            }
+        }
+    }
+    p->live[ptr] = rb;
+    p->current += rb;
+    if (p->current > p->peak) p->peak = p->current;
+    return ptr;
+}
+
+void dtc_pool_free(dtc_state *st, void *ptr) {
+    if (!ptr) return;
+    dtc_pool *p = st->pool;
+    std::lock_guard<std::mutex> lk(p->mu);
+    auto it = p->live.find(ptr);
+    if (it == p->live.end()) {
+        fprintf(stderr, "ditrun: cuda: free of a pointer not allocated by this backend (%p)\n", ptr);
+        exit(1);
+    }
+    size_t rb = it->second;
+    p->live.erase(it);
+    p->current -= rb;
+    /* Stream-ordered reuse is safe: every op runs on the backend's one stream. */
+    p->freeb.emplace(rb, ptr);
+    p->cached += rb;
+}
+
+void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes) {
+    if (bytes <= s->size && s->ptr) return s->ptr;
+    size_t want = bytes + bytes / 8;
+    void *np = dtc_pool_alloc(st, want);
+    if (!np) {
+        fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error());
+        exit(1);
+    }
+    if (s->ptr) {  /* keep the old one alive: a captured graph may still use it */
+        s->retired = (void **)realloc(s->retired, sizeof(void *) * (size_t)(s->nretired + 1));
+        if (!s->retired) { fprintf(stderr, "ditrun: error: out of host memory\n"); exit(1); }
+        s->retired[s->nretired++] = s->ptr;
+    }
+    s->ptr = np;
+    s->size = want;
+    return np;
+}
+
+static void scratch_release(dtc_state *st, dtc_scratch *s) {
+    for (int i = 0; i < s->nretired; i++) dtc_pool_free(st, s->retired[i]);
+    free(s->retired);
+    if (s->ptr) dtc_pool_free(st, s->ptr);
+    memset(s, 0, sizeof *s);
+}
+
+/* ------------------------------------------------------------------ vtable: memory */
+static int be_alloc(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype) {
+    if (dtype != DT_BF16 && dtype != DT_F32) {
+        dt_set_error("cuda: alloc: unsupported dtype %s (BF16 or F32)", dt_dtype_name(dtype));
+        return -1;
+    }
+    if (rows < 0 || cols < 0) {
+        dt_set_error("cuda: alloc: bad shape [%lld, %lld]", (long long)rows, (long long)cols);
+        return -1;
+    }
+    size_t bytes = (size_t)rows * (size_t)cols * dt_dtype_size(dtype);
+    void *p = dtc_pool_alloc(dtc(be), bytes);
+    if (!p) return -1;
+    m->data = p;
+    m->rows = rows;
+    m->cols = cols;
+    m->ld = cols;
+    m->dtype = dtype;
+    return 0;
+}
+
+static void be_free(dt_backend *be, dt_mat *m) {
+    if (!m || !m->data) return;
+    dtc_pool_free(dtc(be), m->data);
+    m->data = nullptr;
+}
+
+static void be_upload(dt_backend *be, dt_mat m, const float *src) {
+    dtc_state *st = dtc(be);
+    if (m.rows <= 0 || m.cols <= 0) return;
+    size_t n = (size_t)m.rows * (size_t)m.cols;
+    if (m.dtype == DT_F32 && m.ld == m.cols) {
+        CK(cudaMemcpyAsync(m.data, src, n * 4, cudaMemcpyHostToDevice, st->stream));
+        return;
+    }
+    float *tmp = (float *)dtc_pool_alloc(st, n * 4);
+    if (!tmp) { fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error()); exit(1); }
+    CK(cudaMemcpyAsync(tmp, src, n * 4, cudaMemcpyHostToDevice, st->stream));
+    dt_mat s = {tmp, m.rows, m.cols, m.cols, DT_F32};
+    dtc_copy(be, m, s);
+    dtc_pool_free(st, tmp);
+}
+
+static void be_download(dt_backend *be, float *dst, dt_mat m) {
+    dtc_state *st = dtc(be);
+    if (m.rows <= 0 || m.cols <= 0) return;
+    size_t n = (size_t)m.rows * (size_t)m.cols;
+    if (m.dtype == DT_F32 && m.ld == m.cols) {
+        CK(cudaMemcpyAsync(dst, m.data, n * 4, cudaMemcpyDeviceToHost, st->stream));
+        CK(cudaStreamSynchronize(st->stream));
+        return;
+    }
+    float *tmp = (float *)dtc_pool_alloc(st, n * 4);
+    if (!tmp) { fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error()); exit(1); }
+    dt_mat d = {tmp, m.rows, m.cols, m.cols, DT_F32};
+    dtc_copy(be, d, m);
+    CK(cudaMemcpyAsync(dst, tmp, n * 4, cudaMemcpyDeviceToHost, st->stream));
+    CK(cudaStreamSynchronize(st->stream));
+    dtc_pool_free(st, tmp);
+}
+
+static int be_sync(dt_backend *be) {
+    cudaError_t e = cudaStreamSynchronize(dtc(be)->stream);
+    if (e != cudaSuccess) {
+        dt_set_error("cuda: stream synchronize failed: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        dt_set_error("cuda: device error: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+static void be_mem_stats(dt_backend *be, size_t *current, size_t *peak) {
+    dtc_pool *p = dtc(be)->pool;
+    std::lock_guard<std::mutex> lk(p->mu);
+    if (current) *current = p->current;
+    if (peak) *peak = p->peak;
+}
+
+/* ------------------------------------------------------------------ vtable: events, graphs */
+static void *be_event_create(dt_backend *be) {
+    (void)be;
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    return (void *)e;
+}
+static void be_event_record(dt_backend *be, void *ev) { CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->stream)); }
+static float be_event_elapsed_ms(dt_backend *be, void *start, void *end) {
+    (void)be;
+    float ms = 0;
+    CK(cudaEventSynchronize((cudaEvent_t)end));
+    CK(cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
+    return ms;
+}
+static void be_event_destroy(dt_backend *be, void *ev) {
+    (void)be;
+    if (ev) CK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+static int be_capture_begin(dt_backend *be) {
+    dtc_state *st = dtc(be);
+    if (st->capturing) {
+        dt_set_error("cuda: capture_begin: a capture is already in progress");
+        return -1;
+    }
+    cudaError_t e = cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dt_set_error("cuda: cudaStreamBeginCapture failed: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    st->capturing = 1;
+    return 0;
+}
+
+static void *be_capture_end(dt_backend *be) {
+    dtc_state *st = dtc(be);
+    if (!st->capturing) {
+        dt_set_error("cuda: capture_end without capture_begin");
+        return nullptr;
+    }
+    st->capturing = 0;
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(st->stream, &g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dt_set_error("cuda: cudaStreamEndCapture failed: %s", cudaGetErrorString(e));
+        return nullptr;
+    }
+    cudaGraphExec_t ex = nullptr;
+    e = cudaGraphInstantiate(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dt_set_error("cuda: cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
+        return nullptr;
+    }
+    return (void *)ex;
+}
+
+static int be_graph_launch(dt_backend *be, void *graph) {
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph, dtc(be)->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dt_set_error("cuda: cudaGraphLaunch failed: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+static void be_graph_destroy(dt_backend *be, void *graph) {
+    (void)be;
+    if (graph) CK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+/* ------------------------------------------------------------------ create / destroy */
+void dtc_gemm_cache_free(dtc_state *st);  /* cuda_linear.cu */
+
+static void be_destroy(dt_backend *be) {
+    if (!be) return;
+    dtc_state *st = dtc(be);
+    if (st) {
+        cudaStreamSynchronize(st->stream);
+        dtc_gemm_cache_free(st);
+        scratch_release(st, &st->s_qdeq);
+        scratch_release(st, &st->s_split);
+        scratch_release(st, &st->s_attn);
+        scratch_release(st, &st->s_conv);
+        scratch_release(st, &st->s_misc);
+        scratch_release(st, &st->s_cast);
+        if (st->lt_ws) cudaFree(st->lt_ws);
+        if (st->lt) cublasLtDestroy(st->lt);
+        if (st->pool) {
+            for (auto &kv : st->pool->live) cudaFree(kv.first);
+            pool_release_cached(st->pool);
+            delete st->pool;
+        }
+        if (st->stream) cudaStreamDestroy(st->stream);
+        delete st;
+    }
+    free(be);
+}
+
+extern "C" int dt_backend_cuda_available(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        cached = 0;
+        return 0;
+    }
+    int ok = 0;
+    for (int d = 0; d < n; d++) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) == cudaSuccess && major >= 8) ok = 1;
+    }
+    cudaGetLastError();
+    cached = ok;
+    return ok;
+}
+
+#define CREATE_CK(call)                                                                         \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            cudaGetLastError();                                                                 \
+            dt_set_error("cuda: %s failed: %s", #call, cudaGetErrorString(e_));                 \
+            be_destroy(be);                                                                     \
+            return NULL;                                                                        \
+        }                                                                                       \
+    } while (0)
+
+extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
+    int n = 0;
+    cudaError_t e0 = cudaGetDeviceCount(&n);
+    if (e0 != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        dt_set_error("cuda: no CUDA GPU available (%s); use --backend cpu",
+                     e0 != cudaSuccess ? cudaGetErrorString(e0) : "no devices");
+        return NULL;
+    }
+    dt_backend_opts o;
+    if (opts) o = *opts;
+    else {
+        memset(&o, 0, sizeof o);
+        o.rope_fp32 = 1;
+    }
+    if (o.device < 0 || o.device >= n) {
+        dt_set_error("cuda: device %d does not exist (%d device(s) found)", o.device, n);
+        return NULL;
+    }
+    dt_backend *be = (dt_backend *)calloc(1, sizeof(dt_backend));
+    if (!be) { dt_set_error("cuda: out of host memory"); return NULL; }
+    dtc_state *st = new dtc_state();
+    memset(st, 0, sizeof *st);
+    be->impl = st;
+    st->device = o.device;
+    st->verbose = o.verbose;
+    CREATE_CK(cudaSetDevice(o.device));
+    cudaDeviceProp prop;
+    CREATE_CK(cudaGetDeviceProperties(&prop, o.device));
+    if (prop.major < 8) {
+        dt_set_error("cuda: device %d (%s) has compute capability %d.%d; ditrun needs 8.0 or newer", o.device,
+                     prop.name, prop.major, prop.minor);
+        be_destroy(be);
+        return NULL;
+    }
+    st->sm_count = prop.multiProcessorCount;
+    st->cc_major = prop.major;
+    st->cc_minor = prop.minor;
+    st->smem_optin = prop.sharedMemPerBlockOptin;
+    st->pool = new dtc_pool();
+    CREATE_CK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    {
+        cublasStatus_t s = cublasLtCreate(&st->lt);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            dt_set_error("cuda: cublasLtCreate failed: %s", cublasGetStatusString(s));
+            be_destroy(be);
+            return NULL;
+        }
+    }
+    st->lt_ws_size = (size_t)64 << 20;
+    CREATE_CK(cudaMalloc(&st->lt_ws, st->lt_ws_size));
+    if (o.verbose)
+        fprintf(stderr, "ditrun: cuda: device %d: %s, cc %d.%d, %d SMs, %.1f GiB\n", o.device, prop.name, prop.major,
+                prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+
+    be->name = "cuda";
+    be->act_dtype = DT_BF16;
+    be->opts = o;
+    be->destroy = be_destroy;
+    be->alloc = be_alloc;
+    be->free = be_free;
+    be->upload = be_upload;
+    be->download = be_download;
+    be->sync = be_sync;
+    be->mem_stats = be_mem_stats;
+    be->linear_create = dtc_linear_create;
+    be->linear_destroy = dtc_linear_destroy;
+    be->conv_create = dtc_conv_create;
+    be->conv_destroy = dtc_conv_destroy;
+    be->linear = dtc_linear;
+    be->layernorm_mod = dtc_layernorm_mod;
+    be->rmsnorm = dtc_rmsnorm;
+    be->head_norm_rope = dtc_head_norm_rope;
+    be->attention = dtc_attention;
+    be->act_mul = dtc_act_mul;
+    be->gated_add = dtc_gated_add;
+    be->mul = dtc_mul;
+    be->axpby = dtc_axpby;
+    be->copy = dtc_copy;
+    be->transpose = dtc_transpose;
+    be->conv2d = dtc_conv2d;
+    be->group_norm = dtc_group_norm;
+    be->upsample2x = dtc_upsample2x;
+    be->event_create = be_event_create;
+    be->event_record = be_event_record;
+    be->event_elapsed_ms = be_event_elapsed_ms;
+    be->event_destroy = be_event_destroy;
+    be->capture_begin = be_capture_begin;
+    be->capture_end = be_capture_end;
+    be->graph_launch = be_graph_launch;
+    be->graph_destroy = be_graph_destroy;
+    return be;
+}

@@ -1,0 +1,242 @@
+/* cuda_common.cuh — shared internals of the CUDA backend: the private backend state, the checked-call
+ * macros (one clear line, then exit(1)), the device memory pool, grow-only scratch buffers, the generic
+ * cuBLASLt GEMM helper, and small device helpers (bf16 conversion, strided element access, PTX wrappers for
+ * ldmatrix / mma.sync / cp.async). Everything here is C++; only cuda_backend.cu exports the C entry points. */
+#ifndef DT_CUDA_COMMON_CUH
+#define DT_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backends/backend.h"
+
+/* ------------------------------------------------------------------ errors */
+[[noreturn]] void dtc_fatal(const char *call, const char *file, int line, const char *msg);
+
+#define CK(call)                                                                                \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) dtc_fatal(#call, __FILE__, __LINE__, cudaGetErrorString(e_));    \
+    } while (0)
+#define CKLT(call)                                                                              \
+    do {                                                                                        \
+        cublasStatus_t s_ = (call);                                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS) dtc_fatal(#call, __FILE__, __LINE__, cublasGetStatusString(s_)); \
+    } while (0)
+/* After every kernel launch. */
+#define CK_LAUNCH(name)                                                                         \
+    do {                                                                                        \
+        cudaError_t e_ = cudaGetLastError();                                                    \
+        if (e_ != cudaSuccess) dtc_fatal(name " launch", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+    } while (0)
+/* Precondition violated by the caller (shape/dtype mismatch): fatal, names the op. */
+#define DTC_REQUIRE(cond, ...)                                                                  \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
+            fprintf(stderr, "ditrun: cuda: ");                                                  \
+            fprintf(stderr, __VA_ARGS__);                                                       \
+            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);                                  \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+/* ------------------------------------------------------------------ state */
+struct dtc_pool;     /* caching allocator (cuda_backend.cu) */
+struct dtc_gemm_cache;
+
+/* A grow-only device buffer for op-internal temporaries. It never shrinks and old buffers are kept
+ * until the backend is destroyed, so CUDA graphs captured earlier stay valid. */
+struct dtc_scratch {
+    void *ptr;
+    size_t size;
+    void **retired;
+    int nretired;
+};
+
+struct dtc_state {
+    int device;
+    int sm_count;
+    int cc_major, cc_minor;
+    size_t smem_optin;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;            /* cuBLASLt workspace */
+    size_t lt_ws_size;
+    dtc_pool *pool;
+    dtc_gemm_cache *gemm_cache;
+    dtc_scratch s_qdeq;     /* transient dequantized weights (bf16 [N,K]) */
+    dtc_scratch s_split;    /* split-K partials of the fused qmm */
+    dtc_scratch s_attn;     /* attention fallback: S (f32) and P (bf16) */
+    dtc_scratch s_conv;     /* im2col columns */
+    dtc_scratch s_misc;     /* small temporaries (group-norm partials, casts) */
+    dtc_scratch s_cast;     /* bf16 copy of F32 inputs to linear */
+    int capturing;
+    int verbose;
+};
+
+static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
+
+/* Memory (cuda_backend.cu). */
+void *dtc_pool_alloc(dtc_state *st, size_t bytes);   /* NULL on out of memory (error set) */
+void dtc_pool_free(dtc_state *st, void *p);
+void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes);  /* fatal on OOM */
+
+/* ------------------------------------------------------------------ GEMM (cuda_linear.cu) */
+/* Column-major cuBLASLt product D[m,n] = alpha * op(A)[m,k] * op(B)[k,n] (+ bias[m] when bias != NULL).
+ * A/B are bf16; D is bf16 or f32 (dtype). ta/tb: 1 = transposed. Leading dimensions in elements. */
+void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+              const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
+              const void *bias_bf16);
+
+/* ------------------------------------------------------------------ op entry points (per file) */
+void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
+dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src);
+void dtc_linear_destroy(dt_backend *be, dt_linear *w);
+
+void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
+                   dt_mat key_bias, int causal);
+
+void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
+void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
+void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps, dt_mat cos, dt_mat sin,
+                        dt_rope_mode mode);
+void dtc_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);
+void dtc_gated_add(dt_backend *be, dt_mat x, dt_mat gate, dt_mat y);
+void dtc_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b);
+void dtc_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b);
+void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src);
+void dtc_transpose(dt_backend *be, dt_mat y, dt_mat x);
+/* Upload helpers: convert a device buffer of `n` elements of dtype `t` (F32/F16/BF16) into bf16. */
+void dtc_convert_to_bf16(dtc_state *st, __nv_bfloat16 *dst, const void *src, dt_dtype t, int64_t n);
+/* Add a bias vector bias[cols] (bf16) to each row of m (bf16 or f32). */
+void dtc_add_row_bias(dtc_state *st, dt_mat m, const __nv_bfloat16 *bias);
+/* Add bias[rows] (f32) to each column of m: m[r, c] += bias[r]. */
+void dtc_add_col_bias(dtc_state *st, dt_mat m, const float *bias);
+
+dt_conv *dtc_conv_create(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
+void dtc_conv_destroy(dt_backend *be, dt_conv *c);
+void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
+void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu);
+void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
+
+/* ------------------------------------------------------------------ host helpers */
+static inline int dtc_is_bf16(const dt_mat &m) { return m.dtype == DT_BF16; }
+static inline int dtc_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+/* A bf16 matrix whose rows can be read as 16-byte vectors. */
+static inline int dtc_vec8_ok(const dt_mat &m) {
+    return m.dtype == DT_BF16 && dtc_aligned16(m.data) && (m.ld % 8) == 0 && (m.cols % 8) == 0;
+}
+static inline unsigned dtc_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 2147483647LL) b = 2147483647LL;
+    return (unsigned)b;
+}
+
+/* ------------------------------------------------------------------ device helpers */
+/* A strided matrix as kernels see it. isbf: 1 = bf16 elements, 0 = f32. */
+struct dmat {
+    void *p;
+    int64_t ld;
+    int isbf;
+};
+static inline dmat dtc_dm(const dt_mat &m) {
+    dmat d;
+    d.p = m.data;
+    d.ld = m.ld;
+    d.isbf = m.dtype == DT_BF16;
+    return d;
+}
+
+__device__ __forceinline__ float dm_get(const dmat &m, int64_t r, int64_t c) {
+    if (m.isbf) return __bfloat162float(((const __nv_bfloat16 *)m.p)[r * m.ld + c]);
+    return ((const float *)m.p)[r * m.ld + c];
+}
+__device__ __forceinline__ void dm_set(const dmat &m, int64_t r, int64_t c, float v) {
+    if (m.isbf) ((__nv_bfloat16 *)m.p)[r * m.ld + c] = __float2bfloat16_rn(v);
+    else ((float *)m.p)[r * m.ld + c] = v;
+}
+__device__ __forceinline__ float bfr(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+/* 8 bf16 packed in a uint4 <-> 8 floats */
+__device__ __forceinline__ void bf8_to_f(const uint4 &u, float *f) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+__device__ __forceinline__ uint4 f_to_bf8(const float *f) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Block-wide sum; `sh` needs 32 floats. All threads get the result. */
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.f;
+    return warp_sum(t);
+}
+
+/* ---- PTX wrappers (sm_80+) ---- */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                                  uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+/* D(16x8 f32) += A(16x16 bf16, row) * B(16x8 bf16, col) */
+__device__ __forceinline__ void mma_bf16_16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#endif

@@ -1,0 +1,212 @@
+/* cuda_image.cu — image ops for the VAE on the GPU. Images are [C, H*W] (channel-major rows).
+ *   conv2d      stride 1, same-size output: 1x1 convs are one cuBLASLt GEMM on the input directly; k x k convs
+ *               build im2col columns (bf16, in chunks of pixels to bound memory) and run a cuBLASLt GEMM
+ *               y[cout, P] = W[cout, cin*k*k] · col[cin*k*k, P]; bias added per output channel.
+ *   group_norm  fp32 partial sums per (group, chunk) block, combined in double, then one normalise pass
+ *               (gamma/beta, optional fused SiLU).
+ *   upsample2x  nearest neighbour. */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+struct dt_conv {
+    int cout, cin, k, pad;
+    __nv_bfloat16 *w;  /* [cout, cin*k*k] */
+    float *bias;       /* [cout] or NULL */
+};
+
+dt_conv *dtc_conv_create(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad) {
+    dtc_state *st = dtc(be);
+    if (cout <= 0 || cin <= 0 || k <= 0 || pad < 0) {
+        dt_set_error("cuda: conv_create: bad shape cout=%d cin=%d k=%d pad=%d", cout, cin, k, pad);
+        return NULL;
+    }
+    dt_conv *c = (dt_conv *)calloc(1, sizeof(dt_conv));
+    if (!c) { dt_set_error("cuda: out of host memory"); return NULL; }
+    c->cout = cout; c->cin = cin; c->k = k; c->pad = pad;
+    size_t n = (size_t)cout * cin * k * k;
+    c->w = (__nv_bfloat16 *)dtc_pool_alloc(st, n * 2);
+    if (!c->w) { free(c); return NULL; }
+    uint16_t *hb = (uint16_t *)malloc(n * 2);
+    if (!hb) { dt_set_error("cuda: out of host memory"); dtc_pool_free(st, c->w); free(c); return NULL; }
+    for (size_t i = 0; i < n; i++) hb[i] = dt_f32_to_bf16(w[i]);
+    CK(cudaMemcpyAsync(c->w, hb, n * 2, cudaMemcpyHostToDevice, st->stream));
+    if (bias) {
+        c->bias = (float *)dtc_pool_alloc(st, (size_t)cout * 4);
+        if (!c->bias) { CK(cudaStreamSynchronize(st->stream)); free(hb); dtc_pool_free(st, c->w); free(c); return NULL; }
+        CK(cudaMemcpyAsync(c->bias, bias, (size_t)cout * 4, cudaMemcpyHostToDevice, st->stream));
+    }
+    CK(cudaStreamSynchronize(st->stream));
+    free(hb);
+    return c;
+}
+
+void dtc_conv_destroy(dt_backend *be, dt_conv *c) {
+    if (!c) return;
+    dtc_pool_free(dtc(be), c->w);
+    dtc_pool_free(dtc(be), c->bias);
+    free(c);
+}
+
+/* col[kidx, p] (ld = ldc) for pixels p0 .. p0+np-1; kidx = (ci*k + kh)*k + kw. */
+__global__ void k_im2col(__nv_bfloat16 *col, int64_t ldc, dmat x, int cin, int k, int pad, int H, int W, int64_t p0,
+                         int64_t np) {
+    int64_t total = (int64_t)cin * k * k * np;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t kidx = i / np, p = i - kidx * np;
+        int kw = (int)(kidx % k), kh = (int)((kidx / k) % k), ci = (int)(kidx / (k * k));
+        int64_t pix = p0 + p;
+        int py = (int)(pix / W), px = (int)(pix - (int64_t)py * W);
+        int sy = py + kh - pad, sx = px + kw - pad;
+        float v = 0.f;
+        if (sy >= 0 && sy < H && sx >= 0 && sx < W) v = dm_get(x, ci, (int64_t)sy * W + sx);
+        col[kidx * ldc + p] = __float2bfloat16_rn(v);
+    }
+}
+
+void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w) {
+    dtc_state *st = dtc(be);
+    const int64_t HW = (int64_t)h * w;
+    DTC_REQUIRE(x.rows == c->cin && x.cols == HW, "conv2d: x is [%lld,%lld], expected [%d,%lld]", (long long)x.rows,
+                (long long)x.cols, c->cin, (long long)HW);
+    DTC_REQUIRE(y.rows == c->cout && y.cols == HW, "conv2d: y is [%lld,%lld], expected [%d,%lld]", (long long)y.rows,
+                (long long)y.cols, c->cout, (long long)HW);
+    DTC_REQUIRE(h + 2 * c->pad - c->k + 1 == h && w + 2 * c->pad - c->k + 1 == w,
+                "conv2d: k=%d pad=%d does not keep the size", c->k, c->pad);
+    DTC_REQUIRE(y.dtype == DT_BF16 || y.dtype == DT_F32, "conv2d: y dtype %s", dt_dtype_name(y.dtype));
+    if (HW <= 0) return;
+    const int64_t K = (int64_t)c->cin * c->k * c->k;
+    if (c->k == 1 && x.dtype == DT_BF16) {
+        /* yᵀ[HW, cout] = xᵀ[HW, cin] · Wᵀ[cin, cout] */
+        dtc_gemm(st, 0, 0, HW, c->cout, K, x.data, x.ld, c->w, K, y.data, y.ld, y.dtype, 1.f, nullptr);
+    } else {
+        int64_t P = ((int64_t)1 << 27) / K;  /* <= 256 MB of bf16 columns */
+        if (P > HW) P = HW;
+        P = (P + 7) / 8 * 8;
+        if (P < 64) P = 64;
+        __nv_bfloat16 *col = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_conv, (size_t)K * P * 2);
+        for (int64_t p0 = 0; p0 < HW; p0 += P) {
+            int64_t np = HW - p0 < P ? HW - p0 : P;
+            int64_t total = K * np;
+            int64_t b = (total + 255) / 256;
+            if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
+            k_im2col<<<(unsigned)b, 256, 0, st->stream>>>(col, P, dtc_dm(x), c->cin, c->k, c->pad, h, w, p0, np);
+            CK_LAUNCH("im2col");
+            void *yp = (char *)y.data + (size_t)p0 * dt_dtype_size(y.dtype);
+            dtc_gemm(st, 0, 0, np, c->cout, K, col, P, c->w, K, yp, y.ld, y.dtype, 1.f, nullptr);
+        }
+    }
+    if (c->bias) dtc_add_col_bias(st, y, c->bias);
+}
+
+/* ------------------------------------------------------------------ group norm */
+__global__ void k_gn_partial(dmat x, int64_t HW, int cpg, int chunks, double *part) {
+    __shared__ double sh[2][32];
+    int g = blockIdx.x, ch = blockIdx.y;
+    int64_t n = (int64_t)cpg * HW;
+    int64_t per = (n + chunks - 1) / chunks;
+    int64_t e0 = (int64_t)ch * per, e1 = e0 + per < n ? e0 + per : n;
+    float s = 0.f, q = 0.f;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        int64_t r = (int64_t)g * cpg + e / HW, c = e % HW;
+        float v = dm_get(x, r, c);
+        s += v;
+        q += v * v;
+    }
+    double ds = s, dq = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        ds += __shfl_xor_sync(0xffffffffu, ds, o);
+        dq += __shfl_xor_sync(0xffffffffu, dq, o);
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) { sh[0][wid] = ds; sh[1][wid] = dq; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double a = 0, b = 0;
+        for (int i = 0; i < nw; i++) { a += sh[0][i]; b += sh[1][i]; }
+        part[((int64_t)g * chunks + ch) * 2] = a;
+        part[((int64_t)g * chunks + ch) * 2 + 1] = b;
+    }
+}
+
+__global__ void k_gn_final(const double *part, int chunks, double count, float eps, float *stats, int groups) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= groups) return;
+    double a = 0, b = 0;
+    for (int i = 0; i < chunks; i++) { a += part[((int64_t)g * chunks + i) * 2]; b += part[((int64_t)g * chunks + i) * 2 + 1]; }
+    double mean = a / count, var = b / count - mean * mean;
+    if (var < 0) var = 0;
+    stats[2 * g] = (float)mean;
+    stats[2 * g + 1] = (float)(1.0 / sqrt(var + (double)eps));
+}
+
+__global__ void k_gn_apply(dmat y, dmat x, int64_t C, int64_t HW, int cpg, const float *stats, const float *gamma,
+                           const float *beta, int silu) {
+    int64_t total = C * HW;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / HW, c = i - r * HW;
+        int g = (int)(r / cpg);
+        float v = (dm_get(x, r, c) - stats[2 * g]) * stats[2 * g + 1];
+        v = v * (gamma ? gamma[r] : 1.f) + (beta ? beta[r] : 0.f);
+        if (silu) {
+            if (y.isbf) v = bfr(v);
+            v = v / (1.f + __expf(-v));
+        }
+        dm_set(y, r, c, v);
+    }
+}
+
+void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "group_norm: y/x shape mismatch");
+    DTC_REQUIRE(groups > 0 && x.rows % groups == 0, "group_norm: %lld channels not divisible by %d groups",
+                (long long)x.rows, groups);
+    DTC_REQUIRE(!gamma.data || (gamma.dtype == DT_F32 && gamma.cols == x.rows), "group_norm: gamma must be F32 [1, C]");
+    DTC_REQUIRE(!beta.data || (beta.dtype == DT_F32 && beta.cols == x.rows), "group_norm: beta must be F32 [1, C]");
+    if (x.rows <= 0 || x.cols <= 0) return;
+    const int cpg = (int)(x.rows / groups);
+    const int64_t n = (int64_t)cpg * x.cols;
+    int chunks = (int)((4 * (int64_t)st->sm_count + groups - 1) / groups);
+    int64_t maxc = (n + 4095) / 4096;
+    if (chunks > maxc) chunks = (int)maxc;
+    if (chunks < 1) chunks = 1;
+    if (chunks > 65535) chunks = 65535;
+    size_t pbytes = (size_t)groups * chunks * 2 * sizeof(double);
+    char *buf = (char *)dtc_scratch_get(st, &st->s_misc, pbytes + (size_t)groups * 2 * sizeof(float) + 256);
+    double *part = (double *)buf;
+    float *stats = (float *)(buf + ((pbytes + 255) / 256) * 256);
+    k_gn_partial<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->stream>>>(dtc_dm(x), x.cols, cpg, chunks, part);
+    CK_LAUNCH("group_norm partial");
+    k_gn_final<<<(groups + 127) / 128, 128, 0, st->stream>>>(part, chunks, (double)n, eps, stats, groups);
+    CK_LAUNCH("group_norm final");
+    int64_t total = x.rows * x.cols;
+    int64_t b = (total + 255) / 256;
+    if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
+    k_gn_apply<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), x.rows, x.cols, cpg, stats,
+                                                    (const float *)gamma.data, (const float *)beta.data, silu);
+    CK_LAUNCH("group_norm apply");
+}
+
+/* ------------------------------------------------------------------ upsample */
+__global__ void k_upsample2x(dmat y, dmat x, int64_t C, int H, int W) {
+    int64_t W2 = 2 * (int64_t)W, total = C * 4 * (int64_t)H * W;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / (4 * (int64_t)H * W), p = i - r * 4 * (int64_t)H * W;
+        int64_t oy = p / W2, ox = p - oy * W2;
+        dm_set(y, r, p, dm_get(x, r, (oy >> 1) * W + (ox >> 1)));
+    }
+}
+
+void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(x.cols == (int64_t)h * w && y.rows == x.rows && y.cols == 4 * (int64_t)h * w,
+                "upsample2x: x [%lld,%lld] y [%lld,%lld] for %dx%d", (long long)x.rows, (long long)x.cols,
+                (long long)y.rows, (long long)y.cols, h, w);
+    int64_t total = y.rows * y.cols;
+    if (total <= 0) return;
+    int64_t b = (total + 255) / 256;
+    if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
+    k_upsample2x<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), x.rows, h, w);
+    CK_LAUNCH("upsample2x");
+}

@@ -1,0 +1,591 @@
+/* cuda_linear.cu — Linear layers on the GPU: the cuBLASLt GEMM helper (bf16 x bf16 -> bf16/f32, fp32
+ * accumulation, heuristic algorithm cached per shape/alignment, optional bias epilogue), weight upload
+ * (dense F32/F16/BF16 -> bf16; MLX affine 4/8-bit kept packed or dequantized), and the three quantized
+ * execution paths:
+ *   CACHED     dequantize once at linear_create, then dense GEMMs;
+ *   TRANSIENT  keep packed; dequantize into a reused bf16 scratch right before each cuBLASLt GEMM;
+ *   FUSED      "qmm": packed tiles are loaded into shared memory (cp.async, 3 stages), dequantized into a
+ *              bf16 shared tile inside the main loop, and multiplied with mma.sync m16n8k16 (fp32 accum);
+ *              split-K over the reduction for small grids.
+ * All three dequantize w = fmaf(scale, q, bias) in fp32 and round to bf16, so they agree up to the GEMM's
+ * summation order. */
+#include <map>
+#include <tuple>
+
+#include "cuda_common.cuh"
+
+/* ------------------------------------------------------------------ cuBLASLt helper */
+struct gemm_key {
+    int ta, tb, dtd, has_bias, aa, ab, ad;
+    int64_t m, n, k, lda, ldb, ldd;
+    bool operator<(const gemm_key &o) const {
+        return std::tie(ta, tb, dtd, has_bias, aa, ab, ad, m, n, k, lda, ldb, ldd) <
+               std::tie(o.ta, o.tb, o.dtd, o.has_bias, o.aa, o.ab, o.ad, o.m, o.n, o.k, o.lda, o.ldb, o.ldd);
+    }
+};
+struct gemm_entry {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+struct dtc_gemm_cache {
+    std::map<gemm_key, gemm_entry> m;
+};
+
+void dtc_gemm_cache_free(dtc_state *st) {
+    if (!st->gemm_cache) return;
+    for (auto &kv : st->gemm_cache->m) {
+        cublasLtMatmulDescDestroy(kv.second.op);
+        cublasLtMatrixLayoutDestroy(kv.second.la);
+        cublasLtMatrixLayoutDestroy(kv.second.lb);
+        cublasLtMatrixLayoutDestroy(kv.second.ld);
+    }
+    delete st->gemm_cache;
+    st->gemm_cache = nullptr;
+}
+
+static int ptr_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 2 && (a % (uintptr_t)al)) al >>= 1;
+    return al;
+}
+
+void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+              const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
+              const void *bias_bf16) {
+    if (m <= 0 || n <= 0) return;
+    DTC_REQUIRE(k > 0, "gemm: k = %lld", (long long)k);
+    if (!st->gemm_cache) st->gemm_cache = new dtc_gemm_cache();
+    gemm_key key;
+    key.ta = ta; key.tb = tb; key.dtd = (int)dtype_d; key.has_bias = bias_bf16 != nullptr;
+    key.aa = ptr_align(A); key.ab = ptr_align(B); key.ad = ptr_align(D);
+    key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
+    auto it = st->gemm_cache->m.find(key);
+    if (it == st->gemm_cache->m.end()) {
+        gemm_entry e;
+        cudaDataType_t dt = dtype_d == DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+        CKLT(cublasLtMatmulDescCreate(&e.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        if (bias_bf16) {
+            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+            cudaDataType_t bt = CUDA_R_16BF;
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_bf16,
+                                                sizeof bias_bf16));
+        }
+        CKLT(cublasLtMatrixLayoutCreate(&e.la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
+        CKLT(cublasLtMatrixLayoutCreate(&e.lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
+        CKLT(cublasLtMatrixLayoutCreate(&e.ld, dt, m, n, ldd));
+        cublasLtMatmulPreference_t pref;
+        CKLT(cublasLtMatmulPreferenceCreate(&pref));
+        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st->lt_ws_size,
+                                                  sizeof st->lt_ws_size));
+        uint32_t a32 = (uint32_t)key.aa, b32 = (uint32_t)key.ab, d32 = (uint32_t)key.ad;
+        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof a32));
+        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32));
+        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32));
+        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32));
+        cublasLtMatmulHeuristicResult_t res;
+        int cnt = 0;
+        CKLT(cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref, 1, &res, &cnt));
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (cnt < 1) {
+            fprintf(stderr,
+                    "ditrun: cuda: cuBLASLt found no algorithm for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldd=%lld "
+                    "(alignment %d/%d/%d)\n",
+                    (long long)m, (long long)n, (long long)k, (long long)lda, (long long)ldb, (long long)ldd, key.aa,
+                    key.ab, key.ad);
+            exit(1);
+        }
+        e.algo = res.algo;
+        it = st->gemm_cache->m.emplace(key, e).first;
+    }
+    gemm_entry &e = it->second;
+    if (bias_bf16)
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_bf16, sizeof bias_bf16));
+    float beta = 0.f;
+    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &e.algo, st->lt_ws,
+                        st->lt_ws_size, st->stream));
+}
+
+/* ------------------------------------------------------------------ Linear weights */
+struct dt_linear {
+    int64_t out, in;
+    int bits, group;
+    __nv_bfloat16 *w;   /* dense bf16 [out, in] (dense weights or CACHED dequantization) */
+    uint32_t *qw;       /* packed MLX layout [out, in*bits/32] */
+    float2 *sb;         /* (scale, bias) per group [out, in/group] */
+    __nv_bfloat16 *bias;/* Linear bias [out] or NULL */
+};
+
+/* Dequantize packed -> bf16 [N, K]; one thread per 8 output elements. */
+template <int BITS>
+__global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *sb, int64_t N, int64_t K, int group) {
+    int64_t chunks = N * (K / 8);
+    int64_t ng = K / group;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < chunks; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / (K / 8), c = (i - n * (K / 8)) * 8;
+        float2 s = sb[n * ng + c / group];
+        float f[8];
+        if (BITS == 4) {
+            uint32_t q = qw[n * (K / 8) + c / 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = fmaf(s.x, (float)((q >> (4 * j)) & 15u), s.y);
+        } else {
+            uint2 q = *(const uint2 *)(qw + n * (K / 4) + c / 4);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                f[j] = fmaf(s.x, (float)((q.x >> (8 * j)) & 255u), s.y);
+                f[4 + j] = fmaf(s.x, (float)((q.y >> (8 * j)) & 255u), s.y);
+            }
+        }
+        *(uint4 *)(dst + n * K + c) = f_to_bf8(f);
+    }
+}
+
+static void dequant_launch(dtc_state *st, __nv_bfloat16 *dst, const dt_linear *w) {
+    int64_t chunks = w->out * (w->in / 8);
+    int64_t b = (chunks + 255) / 256;
+    if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
+    if (w->bits == 4) k_dequant<4><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group);
+    else k_dequant<8><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group);
+    CK_LAUNCH("dequant");
+}
+
+static float host_half(const void *p, dt_dtype t, int64_t i) {
+    if (t == DT_F32) return ((const float *)p)[i];
+    if (t == DT_F16) return dt_f16_to_f32(((const uint16_t *)p)[i]);
+    return dt_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
+    if (!w) return;
+    dtc_state *st = dtc(be);
+    dtc_pool_free(st, w->w);
+    dtc_pool_free(st, w->qw);
+    dtc_pool_free(st, w->sb);
+    dtc_pool_free(st, w->bias);
+    free(w);
+}
+
+#define LIN_ALLOC(ptr, bytes)                                                                   \
+    do {                                                                                        \
+        *(void **)&(ptr) = dtc_pool_alloc(st, (bytes));                                         \
+        if (!(ptr)) { dtc_linear_destroy(be, w); return NULL; }                                 \
+    } while (0)
+
+dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
+    dtc_state *st = dtc(be);
+    const char *nm = src->name ? src->name : "?";
+    if (src->out <= 0 || src->in <= 0) {
+        dt_set_error("cuda: linear %s: bad shape [%lld, %lld]", nm, (long long)src->out, (long long)src->in);
+        return NULL;
+    }
+    dt_linear *w = (dt_linear *)calloc(1, sizeof(dt_linear));
+    if (!w) { dt_set_error("cuda: out of host memory"); return NULL; }
+    w->out = src->out;
+    w->in = src->in;
+    w->bits = src->bits;
+    w->group = src->group_size;
+    const int64_t N = src->out, K = src->in;
+    if (src->bits == 0) {
+        if (src->dtype != DT_F32 && src->dtype != DT_F16 && src->dtype != DT_BF16) {
+            dt_set_error("cuda: linear %s: unsupported weight dtype %s", nm, dt_dtype_name(src->dtype));
+            free(w);
+            return NULL;
+        }
+        LIN_ALLOC(w->w, (size_t)N * K * 2);
+        if (src->dtype == DT_BF16) {
+            CK(cudaMemcpyAsync(w->w, src->data, (size_t)N * K * 2, cudaMemcpyHostToDevice, st->stream));
+        } else {
+            /* stage raw bytes in chunks and convert on the device */
+            size_t es = dt_dtype_size(src->dtype);
+            int64_t total = N * K, chunk = (int64_t)1 << 26;
+            if (chunk > total) chunk = total;
+            void *stage = dtc_pool_alloc(st, (size_t)chunk * es);
+            if (!stage) { dtc_linear_destroy(be, w); return NULL; }
+            for (int64_t off = 0; off < total; off += chunk) {
+                int64_t nn = total - off < chunk ? total - off : chunk;
+                CK(cudaMemcpyAsync(stage, (const char *)src->data + (size_t)off * es, (size_t)nn * es,
+                                   cudaMemcpyHostToDevice, st->stream));
+                dtc_convert_to_bf16(st, w->w + off, stage, src->dtype, nn);
+            }
+            CK(cudaStreamSynchronize(st->stream));
+            dtc_pool_free(st, stage);
+        }
+    } else {
+        if ((src->bits != 4 && src->bits != 8) || src->group_size <= 0 || K % src->group_size || K % 8) {
+            dt_set_error("cuda: linear %s: unsupported quantization bits=%d group=%d in=%lld", nm, src->bits,
+                         src->group_size, (long long)K);
+            free(w);
+            return NULL;
+        }
+        int64_t words = K * src->bits / 32, ng = K / src->group_size;
+        LIN_ALLOC(w->qw, (size_t)N * words * 4);
+        LIN_ALLOC(w->sb, (size_t)N * ng * sizeof(float2));
+        CK(cudaMemcpyAsync(w->qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->stream));
+        float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
+        if (!h) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
+        for (int64_t i = 0; i < N * ng; i++) {
+            h[i].x = host_half(src->scales, src->sb_dtype, i);
+            h[i].y = host_half(src->biases, src->sb_dtype, i);
+        }
+        CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->stream));
+        CK(cudaStreamSynchronize(st->stream));
+        free(h);
+        if (be->opts.qpath == DT_QPATH_CACHED) {
+            LIN_ALLOC(w->w, (size_t)N * K * 2);
+            dequant_launch(st, w->w, w);
+            CK(cudaStreamSynchronize(st->stream));
+            dtc_pool_free(st, w->qw);
+            dtc_pool_free(st, w->sb);
+            w->qw = nullptr;
+            w->sb = nullptr;
+        } else {
+            /* grow the transient scratch now, so graph capture never allocates */
+            dtc_scratch_get(st, &st->s_qdeq, (size_t)N * K * 2);
+        }
+    }
+    if (src->bias) {
+        uint16_t *hb = (uint16_t *)malloc((size_t)N * 2);
+        if (!hb) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
+        for (int64_t i = 0; i < N; i++) hb[i] = dt_f32_to_bf16(host_half(src->bias, src->bias_dtype, i));
+        LIN_ALLOC(w->bias, (size_t)N * 2);
+        CK(cudaMemcpyAsync(w->bias, hb, (size_t)N * 2, cudaMemcpyHostToDevice, st->stream));
+        CK(cudaStreamSynchronize(st->stream));
+        free(hb);
+    }
+    CK(cudaStreamSynchronize(st->stream));
+    return w;
+}
+
+/* ------------------------------------------------------------------ fused qmm kernel */
+/* y[M,N] = x[M,K] · dequant(W)[N,K]ᵀ. Block tile BM x 128 x 64, 4 warps (WARPS_M x WARPS_N), 3-stage cp.async
+ * pipeline for x tiles, packed weight tiles and (scale, bias) pairs; each k-tile is dequantized into one bf16
+ * shared tile (swizzled 16-byte chunks) and consumed by ldmatrix + mma.sync. */
+#define QMM_BN 128
+#define QMM_BK 64
+#define QMM_STAGES 3
+#define QMM_THREADS 128
+
+template <int BITS, int BM>
+struct qmm_smem {
+    static constexpr int XS = BM * QMM_BK * 2;                 /* bytes of one x stage */
+    static constexpr int QS = QMM_BN * QMM_BK * BITS / 8;      /* bytes of one packed stage */
+    static constexpr int SS = QMM_BN * 2 * 8;                  /* bytes of one (scale,bias) stage: 2 groups max */
+    static constexpr int WS = QMM_BN * QMM_BK * 2;             /* dequantized tile */
+    static constexpr int TOTAL = QMM_STAGES * (XS + QS + SS) + WS;
+};
+
+struct qmm_args {
+    const __nv_bfloat16 *x;
+    int64_t ldx;
+    const uint32_t *qw;
+    const float2 *sb;
+    const __nv_bfloat16 *bias;
+    void *y;
+    int64_t ldy;
+    int ybf;
+    float *part;  /* split-K partials [splits][M][N] or NULL */
+    int M, N, K, group, tiles_per_split;
+};
+
+template <int BITS, int BM, int WARPS_M, int WARPS_N>
+__global__ void __launch_bounds__(QMM_THREADS) k_qmm(qmm_args a) {
+    typedef qmm_smem<BITS, BM> S;
+    constexpr int WTM = BM / WARPS_M, WTN = QMM_BN / WARPS_N;
+    constexpr int MT = WTM / 16, NT = WTN / 8;
+    constexpr int QW = QMM_BK * BITS / 32;       /* packed words per row per tile: 8 or 16 */
+    constexpr int QCH = QW / 4;                   /* 16-byte chunks per row: 2 or 4 */
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *xs_base = smem;
+    unsigned char *qs_base = smem + QMM_STAGES * S::XS;
+    unsigned char *ss_base = qs_base + QMM_STAGES * S::QS;
+    __nv_bfloat16 *ws = (__nv_bfloat16 *)(ss_base + QMM_STAGES * S::SS);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int n0 = blockIdx.x * QMM_BN, m0 = blockIdx.y * BM;
+    const int ktiles = a.K / QMM_BK;
+    const int kt0 = blockIdx.z * a.tiles_per_split;
+    int kt1 = kt0 + a.tiles_per_split;
+    if (kt1 > ktiles) kt1 = ktiles;
+    const int nkt = kt1 - kt0;
+    const int ng_row = a.K / a.group;            /* groups per weight row */
+    const int ng_tile = a.group < QMM_BK ? QMM_BK / a.group : 1;  /* groups touched by one tile: 1 or 2 */
+    const int64_t wrow_words = (int64_t)a.K * BITS / 32;
+
+    auto load_stage = [&](int stage, int kt) {
+        const int k0 = kt * QMM_BK;
+        uint32_t xs = smem_u32(xs_base + stage * S::XS);
+#pragma unroll
+        for (int i = 0; i < (BM * 8 + QMM_THREADS - 1) / QMM_THREADS; i++) {
+            int id = tid + i * QMM_THREADS;
+            if (id < BM * 8) {
+                int r = id >> 3, c = id & 7;
+                int gm = m0 + r;
+                const __nv_bfloat16 *src = a.x + (int64_t)(gm < a.M ? gm : 0) * a.ldx + k0 + c * 8;
+                cp_async16(xs + (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)), src, gm < a.M ? 16 : 0);
+            }
+        }
+        uint32_t qs = smem_u32(qs_base + stage * S::QS);
+#pragma unroll
+        for (int i = 0; i < QMM_BN * QCH / QMM_THREADS; i++) {
+            int id = tid + i * QMM_THREADS;
+            int r = id / QCH, c = id % QCH;
+            int gn = n0 + r;
+            const uint32_t *src = a.qw + (int64_t)(gn < a.N ? gn : 0) * wrow_words + (int64_t)k0 * BITS / 32 + c * 4;
+            cp_async16(qs + (uint32_t)(r * QW * 4 + c * 16), src, gn < a.N ? 16 : 0);
+        }
+        uint32_t ss = smem_u32(ss_base + stage * S::SS);
+        const int g0 = k0 / a.group;
+        for (int id = tid; id < QMM_BN * ng_tile; id += QMM_THREADS) {
+            int r = id / ng_tile, j = id % ng_tile;
+            int gn = n0 + r;
+            const float2 *src = a.sb + (int64_t)(gn < a.N ? gn : 0) * ng_row + g0 + j;
+            cp_async8(ss + (uint32_t)((r * 2 + j) * 8), src, gn < a.N ? 8 : 0);
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < QMM_STAGES - 1; s++) {
+        if (s < nkt) load_stage(s, kt0 + s);
+        cp_async_commit();
+    }
+
+    for (int it = 0; it < nkt; it++) {
+        const int stage = it % QMM_STAGES;
+        cp_async_wait<QMM_STAGES - 2>();
+        __syncthreads();  /* stage `it` landed; every warp finished the previous MMA on ws */
+        {
+            int nx = it + QMM_STAGES - 1;
+            if (nx < nkt) load_stage(nx % QMM_STAGES, kt0 + nx);
+            cp_async_commit();
+        }
+        /* dequantize the packed tile into ws [128][64] bf16 */
+        {
+            const uint32_t *qs = (const uint32_t *)(qs_base + stage * S::QS);
+            const float2 *ss = (const float2 *)(ss_base + stage * S::SS);
+            const int k0 = (kt0 + it) * QMM_BK;
+#pragma unroll
+            for (int i = 0; i < QMM_BN * 8 / QMM_THREADS; i++) {
+                int id = tid + i * QMM_THREADS;
+                int r = id >> 3, c = id & 7;
+                int gj = ng_tile == 1 ? 0 : ((c * 8) / a.group);
+                (void)k0;
+                float2 s = ss[r * 2 + gj];
+                float f[8];
+                if (BITS == 4) {
+                    uint32_t q = qs[r * QW + c];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) f[j] = fmaf(s.x, (float)((q >> (4 * j)) & 15u), s.y);
+                } else {
+                    uint2 q = *(const uint2 *)(qs + r * QW + c * 2);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        f[j] = fmaf(s.x, (float)((q.x >> (8 * j)) & 255u), s.y);
+                        f[4 + j] = fmaf(s.x, (float)((q.y >> (8 * j)) & 255u), s.y);
+                    }
+                }
+                *(uint4 *)(ws + r * 64 + ((c ^ (r & 7)) << 3)) = f_to_bf8(f);
+            }
+        }
+        __syncthreads();
+        const uint32_t xs = smem_u32(xs_base + stage * S::XS);
+        const uint32_t wsa = smem_u32(ws);
+#pragma unroll
+        for (int ks = 0; ks < QMM_BK / 16; ks++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int r = wm * WTM + mt * 16 + (lane & 15);
+                int c = ks * 2 + (lane >> 4);
+                ldmatrix_x4(xs + (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)), af[mt][0], af[mt][1], af[mt][2],
+                            af[mt][3]);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                int r = wn * WTN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                int c = ks * 2 + ((lane >> 3) & 1);
+                uint32_t b0, b1, b2, b3;
+                ldmatrix_x4(wsa + (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)), b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16_16816(acc[mt][2 * np], af[mt], b0, b1);
+                    mma_bf16_16816(acc[mt][2 * np + 1], af[mt], b2, b3);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    /* epilogue */
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            int col = n0 + wn * WTN + nt * 8 + 2 * t4;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int row = m0 + wm * WTM + mt * 16 + g + hh * 8;
+                if (row >= a.M) continue;
+                float v0 = acc[mt][nt][2 * hh], v1 = acc[mt][nt][2 * hh + 1];
+                if (a.part) {
+                    float *p = a.part + ((int64_t)blockIdx.z * a.M + row) * a.N;
+                    if (col < a.N) p[col] = v0;
+                    if (col + 1 < a.N) p[col + 1] = v1;
+                    continue;
+                }
+                if (a.bias) {
+                    if (col < a.N) v0 += __bfloat162float(a.bias[col]);
+                    if (col + 1 < a.N) v1 += __bfloat162float(a.bias[col + 1]);
+                }
+                if (a.ybf) {
+                    __nv_bfloat16 *p = (__nv_bfloat16 *)a.y + (int64_t)row * a.ldy + col;
+                    if (col + 1 < a.N && ((((uintptr_t)p) & 3) == 0)) {
+                        *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
+                    } else {
+                        if (col < a.N) p[0] = __float2bfloat16_rn(v0);
+                        if (col + 1 < a.N) p[1] = __float2bfloat16_rn(v1);
+                    }
+                } else {
+                    float *p = (float *)a.y + (int64_t)row * a.ldy + col;
+                    if (col < a.N) p[0] = v0;
+                    if (col + 1 < a.N) p[1] = v1;
+                }
+            }
+        }
+    }
+}
+
+__global__ void k_splitk_reduce(const float *part, int splits, int M, int N, const __nv_bfloat16 *bias, dmat y) {
+    int64_t total = (int64_t)M * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int z = 0; z < splits; z++) s += part[(int64_t)z * total + i];
+        int64_t r = i / N, c = i - r * N;
+        if (bias) s += __bfloat162float(bias[c]);
+        dm_set(y, r, c, s);
+    }
+}
+
+template <int BITS, int BM, int WM, int WN>
+static void qmm_launch(dtc_state *st, const qmm_args &a0, int splits) {
+    qmm_args a = a0;
+    typedef qmm_smem<BITS, BM> S;
+    static bool attr_set = false;  /* per instantiation */
+    if (!attr_set) {
+        CK(cudaFuncSetAttribute(k_qmm<BITS, BM, WM, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL));
+        attr_set = true;
+    }
+    int ktiles = a.K / QMM_BK;
+    a.tiles_per_split = (ktiles + splits - 1) / splits;
+    dim3 grid((unsigned)((a.N + QMM_BN - 1) / QMM_BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)splits);
+    k_qmm<BITS, BM, WM, WN><<<grid, QMM_THREADS, S::TOTAL, st->stream>>>(a);
+    CK_LAUNCH("qmm");
+}
+
+template <int BITS>
+static void qmm_dispatch(dtc_state *st, const qmm_args &a, int splits) {
+    if (a.M <= 16) qmm_launch<BITS, 16, 1, 4>(st, a, splits);
+    else if (a.M <= 32) qmm_launch<BITS, 32, 2, 2>(st, a, splits);
+    else qmm_launch<BITS, 64, 2, 2>(st, a, splits);
+}
+
+static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) {
+    qmm_args a;
+    a.x = (const __nv_bfloat16 *)x.data;
+    a.ldx = x.ld;
+    a.qw = w->qw;
+    a.sb = w->sb;
+    a.bias = w->bias;
+    a.y = y.data;
+    a.ldy = y.ld;
+    a.ybf = y.dtype == DT_BF16;
+    a.part = nullptr;
+    a.M = (int)x.rows;
+    a.N = (int)w->out;
+    a.K = (int)w->in;
+    a.group = w->group;
+    int bm = a.M <= 16 ? 16 : a.M <= 32 ? 32 : 64;
+    int64_t blocks = (int64_t)((a.N + QMM_BN - 1) / QMM_BN) * ((a.M + bm - 1) / bm);
+    int ktiles = a.K / QMM_BK;
+    int splits = 1;
+    int64_t target = (int64_t)st->sm_count * 2;
+    if (blocks < target) {
+        splits = (int)((target + blocks - 1) / blocks);
+        int maxs = ktiles / 4 > 0 ? ktiles / 4 : 1;  /* at least 4 k-tiles (256 columns) per split */
+        if (splits > maxs) splits = maxs;
+        if (splits > 32) splits = 32;
+        if (splits < 1) splits = 1;
+        int per = (ktiles + splits - 1) / splits;
+        splits = (ktiles + per - 1) / per;
+    }
+    if (splits > 1) {
+        a.part = (float *)dtc_scratch_get(st, &st->s_split, (size_t)splits * a.M * a.N * sizeof(float));
+    }
+    if (w->bits == 4) qmm_dispatch<4>(st, a, splits);
+    else qmm_dispatch<8>(st, a, splits);
+    if (splits > 1) {
+        int64_t total = (int64_t)a.M * a.N;
+        int64_t b = (total + 255) / 256;
+        if (b > (int64_t)st->sm_count * 16) b = (int64_t)st->sm_count * 16;
+        k_splitk_reduce<<<(unsigned)b, 256, 0, st->stream>>>(a.part, splits, a.M, a.N, w->bias, dtc_dm(y));
+        CK_LAUNCH("splitk_reduce");
+    }
+}
+
+/* ------------------------------------------------------------------ linear dispatch */
+static void dense_gemm(dtc_state *st, dt_mat y, dt_mat x, const __nv_bfloat16 *W, const dt_linear *w) {
+    /* column-major view: yᵀ[N,M] = W[N,K] (stored as col-major [K,N], transposed) · xᵀ (col-major [K,M]) */
+    int bias_epi = w->bias && y.dtype == DT_BF16;
+    dtc_gemm(st, 1, 0, w->out, x.rows, w->in, W, w->in, x.data, x.ld, y.data, y.ld, y.dtype, 1.f,
+             bias_epi ? w->bias : nullptr);
+    if (w->bias && !bias_epi) dtc_add_row_bias(st, y, w->bias);
+}
+
+void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(x.cols == w->in && y.cols == w->out && y.rows == x.rows,
+                "linear: y[%lld,%lld] = x[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)y.rows,
+                (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)w->out, (long long)w->in);
+    DTC_REQUIRE(y.dtype == DT_BF16 || y.dtype == DT_F32, "linear: y dtype %s", dt_dtype_name(y.dtype));
+    DTC_REQUIRE(x.dtype == DT_BF16 || x.dtype == DT_F32, "linear: x dtype %s", dt_dtype_name(x.dtype));
+    if (x.rows <= 0) return;
+    if (x.dtype != DT_BF16) {  /* cast F32 input to a bf16 scratch copy */
+        void *p = dtc_scratch_get(st, &st->s_cast, (size_t)x.rows * x.cols * 2);
+        dt_mat xb = {p, x.rows, x.cols, x.cols, DT_BF16};
+        dtc_copy(be, xb, x);
+        x = xb;
+    }
+    if (w->w) {
+        dense_gemm(st, y, x, w->w, w);
+        return;
+    }
+    dt_qpath path = be->opts.qpath;
+    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = x.rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
+    if (path == DT_QPATH_FUSED) {
+        int ok = w->in % QMM_BK == 0 && w->group >= 32 && x.ld % 8 == 0 && dtc_aligned16(x.data) && x.rows < (1LL << 30) &&
+                 w->out < (1LL << 30);
+        if (ok) {
+            linear_fused(st, y, x, w);
+            return;
+        }
+    }
+    __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
+    dequant_launch(st, tmp, w);
+    dense_gemm(st, y, x, tmp, w);
+}
