@@ -142,6 +142,31 @@ static float cpu_event_elapsed_ms(dt_backend *be, void *start, void *end) {
 }
 static void cpu_event_destroy(dt_backend *be, void *ev) { (void)be; free(ev); }
 
+/* OpenBLAS (DYNAMIC_ARCH) picks its kernels from CPUID when the library loads; on CPUs it does not know
+ * (e.g. recent Xeons seen through some hypervisors) it falls back to its generic SSE3 "Prescott" kernels,
+ * several times slower. The choice cannot be changed after load, so say once how to fix it. */
+static void warn_generic_blas(void) {
+    static int warned;
+    if (warned || getenv("OPENBLAS_CORETYPE")) return;
+    const char *core = openblas_get_corename();
+    static const char *generic[] = { "Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+                                     "Coppermine", "Northwood", "Banias" };
+    int is_generic = 0;
+    for (size_t i = 0; i < sizeof generic / sizeof *generic; i++)
+        if (core && !strcmp(core, generic[i])) is_generic = 1;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+#else
+    const char *better = NULL;
+#endif
+    if (is_generic && better) {
+        warned = 1;
+        dt_log(1, "ditrun: note: OpenBLAS did not recognise this CPU and uses its generic '%s' kernels; "
+               "set OPENBLAS_CORETYPE=%s in the environment for several times faster CPU matrix products\n",
+               core, better);
+    }
+}
+
 static void cpu_destroy(dt_backend *be) {
     if (!be) return;
     cpu_impl *c = cpu_of(be);
@@ -215,5 +240,6 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->event_elapsed_ms = cpu_event_elapsed_ms;
     be->event_destroy = cpu_event_destroy;
     dt_log(2, "cpu backend: %d threads, OpenBLAS %s\n", threads, openblas_get_config());
+    warn_generic_blas();
     return be;
 }

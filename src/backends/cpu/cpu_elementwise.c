@@ -40,11 +40,8 @@ static void ln_task(void *vctx, int64_t r0, int64_t r1, int tid) {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = t->x + r * t->ldx;
         float *yr = t->y + r * t->ldy;
-        double s = 0;
-        for (int64_t j = 0; j < D; j++) s += xr[j];
-        const double mean = s / (double)D;
-        double v = 0;
-        for (int64_t j = 0; j < D; j++) { double d = xr[j] - mean; v += d * d; }
+        const double mean = cpu_sum_d(xr, D) / (double)D;
+        const double v = cpu_sumsq_d(xr, D, mean);
         const double rstd = 1.0 / sqrt(v / (double)D + (double)t->eps);
         for (int64_t j = 0; j < D; j++) {
             float n = (float)((xr[j] - mean) * rstd);
@@ -75,8 +72,7 @@ static void rms_task(void *vctx, int64_t r0, int64_t r1, int tid) {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = t->x + r * t->ldx;
         float *yr = t->y + r * t->ldy;
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++) ss += (double)xr[j] * xr[j];
+        const double ss = cpu_sumsq_d(xr, D, 0.0);
         const float rs = (float)(1.0 / sqrt(ss / (double)D + (double)t->eps));
         if (t->w)
             for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] * rs) * (t->w[j] + t->off);
@@ -112,8 +108,7 @@ static void hnr_task(void *vctx, int64_t r0, int64_t r1, int tid) {
         for (int h = 0; h < t->heads; h++) {
             float *xh = t->x + r * t->ldx + (int64_t)h * hd;
             if (t->w) {
-                double ss = 0;
-                for (int i = 0; i < hd; i++) ss += (double)xh[i] * xh[i];
+                const double ss = cpu_sumsq_d(xh, hd, 0.0);
                 const float rs = (float)(1.0 / sqrt(ss / hd + (double)t->eps));
                 for (int i = 0; i < hd; i++) tmp[i] = (xh[i] * rs) * t->w[i];
             } else {

@@ -152,14 +152,9 @@ static void gn_task(void *vctx, int64_t c0, int64_t c1, int tid) {
         const float *xr = t->x + ch * t->ldx;
         const int64_t g = ch / t->cg;
         if (t->pass == 0) {
-            double s = 0;
-            for (int64_t j = 0; j < t->hw; j++) s += xr[j];
-            t->acc[ch] = s;
+            t->acc[ch] = cpu_sum_d(xr, t->hw);
         } else if (t->pass == 1) {
-            const double m = t->gmean[g];
-            double s = 0;
-            for (int64_t j = 0; j < t->hw; j++) { double d = xr[j] - m; s += d * d; }
-            t->acc[ch] = s;
+            t->acc[ch] = cpu_sumsq_d(xr, t->hw, t->gmean[g]);
         } else {
             float *yr = t->y + ch * t->ldy;
             const double m = t->gmean[g], rs = t->grstd[g];

@@ -53,6 +53,25 @@ static inline int64_t cpu_grain(int64_t per_row, int64_t work) {
     return g < 1 ? 1 : g;
 }
 
+/* Sums in double with 8 independent partial sums (breaks the add latency chain; vectorisable). */
+static inline double cpu_sum_d(const float *x, int64_t n) {
+    double p[8] = { 0 };
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) p[u] += x[j + u];
+    for (; j < n; j++) p[0] += x[j];
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+/* sum of (x - c)^2 in double */
+static inline double cpu_sumsq_d(const float *x, int64_t n, double c) {
+    double p[8] = { 0 };
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) { double d = x[j + u] - c; p[u] += d * d; }
+    for (; j < n; j++) { double d = x[j] - c; p[0] += d * d; }
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
 /* ---- ops, one file each family ---- */
 /* cpu_linear.c */
 dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src);
