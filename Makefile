@@ -37,7 +37,7 @@ CLI_OBJ  := $(CLI_C:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
 
-.PHONY: all test test-gpu test-asan fuzz clean tests
+.PHONY: all test test-gpu test-asan fuzz clean tests golden
 all: $(BUILD)/ditrun $(BUILD)/libditrun.a
 
 $(BUILD)/libditrun.a: $(LIB_OBJ)
@@ -74,6 +74,11 @@ test-asan:
 
 fuzz:
 	@sh fuzz/build.sh
+
+# Re-record the golden image of the bundled tiny model (tests/test_generate.c compares byte for byte).
+golden: $(BUILD)/ditrun
+	$(BUILD)/ditrun generate --backend cpu -q --model tests/fixtures/model --prompt 'a red fox standing in fresh snow, golden hour' \
+	  --seed 7 --height 64 --width 64 --max-sequence-length 32 --output tests/golden/tiny-seed7.png
 
 clean:
 	rm -rf build build-asan

@@ -5,8 +5,6 @@
 #include "cli.h"
 #include "core/common.h"
 
-#define DITRUN_VERSION "0.1.0"
-
 static const struct {
     const char *name;
     int (*fn)(int, char **);

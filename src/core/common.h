@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#define DITRUN_VERSION "0.1.0"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
