@@ -118,6 +118,22 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
 static char *parse_string(jparser *p, size_t *out_len) {
     size_t start = p->pos;
     p->pos++; /* opening quote */
+    /* fast path: plain ASCII without escapes is copied with one exact allocation */
+    size_t e = p->pos;
+    while (e < p->len) {
+        unsigned char c = p->s[e];
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) break;
+        e++;
+    }
+    if (e < p->len && p->s[e] == '"') {
+        size_t n = e - p->pos;
+        char *out = dt_malloc(n + 1);
+        memcpy(out, p->s + p->pos, n);
+        out[n] = 0;
+        p->pos = e + 1;
+        *out_len = n;
+        return out;
+    }
     sbuf sb = {0};
     sb_put(&sb, "", 0);
     for (;;) {
