@@ -228,7 +228,8 @@ static int st_parse(st_file *f) {
             goto out;
         }
     }
-    /* element alignment: copy the rare misaligned tensor so every view can be read with plain loads */
+    /* element alignment: copy misaligned tensors so every view can be read with plain typed loads
+     * (MLX's writer does not pad the header, so its files usually need this) */
     for (size_t i = 0; i < f->count; i++) {
         st_tensor *t = &f->tensors[i];
         size_t es = dt_dtype_size(t->dtype);
@@ -240,6 +241,8 @@ static int st_parse(st_file *f) {
             t->data = c;
         }
     }
+    if (f->ncopies)
+        dt_log(2, "%s: %zu tensors are not aligned to their element size in the file; using aligned copies\n", P, f->ncopies);
     rc = 0;
 out:
     free(spans);
