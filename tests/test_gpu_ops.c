@@ -1,0 +1,698 @@
+/* test_gpu_ops.c — every CUDA backend op against the CPU backend, on fresh random inputs at klein-4B shapes.
+ *
+ * Inputs are drawn at random (never zeros) and rounded to bf16 before they go to both backends, so the two
+ * see identical values; the CUDA side keeps bf16 activations, the CPU side f32. GPU outputs are poisoned with
+ * NaN before each op, so an unwritten element fails the check. Big ops are compared on a subset of rows (the
+ * CPU reference at full size would dominate the run time). Ends with timings (not assertions) of the big
+ * linears and attention: CUDA events, median of 20 after warm-up.
+ *
+ * Without a usable GPU: prints SKIP and exits 0, unless DITRUN_REQUIRE_GPU=1 (then FAIL).
+ * DITRUN_SEED=N fixes the random seed (default: time based, printed).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/backend.h"
+#include "test.h"
+
+/* Tolerances (relative L2 against the f32 CPU backend).
+ * GEMMs: the only differences are fp32 accumulation order and the final bf16 rounding of y (relative error
+ *   2^-9 per element, ~1.1e-3 rms); quantized paths also round the dequantized weight to bf16 (another
+ *   ~1.1e-3). 1e-2 leaves headroom while a lost k-tile or a wrong group (>= 0.1) fails.
+ * Attention: P is rounded to bf16 before P·V and O is rounded: ~2e-3 expected; same 1e-2.
+ * Elementwise/norms: one to three bf16 roundings of intermediates imitating the torch reference
+ *   (~1.1e-3 each): 8e-3.
+ * The three q-paths against each other: same bf16 weights, different summation order, both outputs bf16
+ *   rounded: ~1.6e-3 expected; 5e-3. */
+#define TOL_GEMM 1e-2
+#define TOL_ATTN 1e-2
+#define TOL_EW 8e-3
+#define TOL_QPATH 5e-3
+
+static uint64_t rng_state;
+static uint64_t xorshift(void) {
+    uint64_t x = rng_state;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    return rng_state = x;
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((xorshift() >> 40) * (1.0 / 16777216.0)); }
+static float *rand_bf(size_t n, float lo, float hi) {   /* random values representable in bf16 */
+    float *v = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) {
+        float f = dt_bf16_round(frand(lo, hi));
+        if (f == 0.f) f = dt_bf16_round(hi * 0.25f);   /* never zeros */
+        v[i] = f;
+    }
+    return v;
+}
+
+static dt_backend *G, *C;   /* GPU, CPU */
+
+static dt_mat up(dt_backend *be, const float *h, int64_t rows, int64_t cols, dt_dtype t) {
+    dt_mat m = dt_alloc_or_die(be, rows, cols, t);
+    be->upload(be, m, h);
+    return m;
+}
+static dt_mat upa(dt_backend *be, const float *h, int64_t rows, int64_t cols) { return up(be, h, rows, cols, be->act_dtype); }
+static float *down(dt_backend *be, dt_mat m) {
+    float *h = malloc((size_t)m.rows * m.cols * sizeof(float) + 4);
+    be->download(be, h, m);
+    return h;
+}
+static void poison(dt_backend *be, dt_mat m) {
+    size_t n = (size_t)m.rows * m.cols;
+    float *h = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    be->upload(be, m, h);
+    free(h);
+}
+/* Row subsets used for the big ops: the first SUB_A rows and the last SUB_B rows. */
+#define SUB_A 128
+#define SUB_B 64
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++) for (int j = i; j > 0 && v[j] < v[j - 1]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
+    return v[n / 2];
+}
+
+/* ------------------------------------------------------------------ linear */
+typedef struct {
+    dt_linear_src src;
+    uint16_t *wbf;
+    uint32_t *packed;
+    uint16_t *scales, *biases, *bias;
+} wsrc;
+
+static wsrc make_weights(int64_t N, int64_t K, int bits, int group, int with_bias) {
+    wsrc w;
+    memset(&w, 0, sizeof w);
+    w.src.name = "test";
+    w.src.out = N;
+    w.src.in = K;
+    w.src.bits = bits;
+    if (bits == 0) {
+        w.wbf = malloc((size_t)N * K * 2);
+        float a = 1.f / sqrtf((float)K) * 1.7f;
+        for (int64_t i = 0; i < N * K; i++) {
+            uint16_t b = dt_f32_to_bf16(frand(-a, a));
+            if (b == 0) b = 0x3c00;
+            w.wbf[i] = b;
+        }
+        w.src.dtype = DT_BF16;
+        w.src.data = w.wbf;
+    } else {
+        int64_t words = K * bits / 32, ng = K / group;
+        w.packed = malloc((size_t)N * words * 4);
+        for (int64_t i = 0; i < N * words; i++) w.packed[i] = (uint32_t)(xorshift() >> 17);
+        w.scales = malloc((size_t)N * ng * 2);
+        w.biases = malloc((size_t)N * ng * 2);
+        float qmax = (float)((1 << bits) - 1);
+        float a = 1.f / sqrtf((float)K) * 1.7f;
+        for (int64_t i = 0; i < N * ng; i++) {
+            float s = frand(0.3f, 1.f) * 2.f * a / qmax;
+            if (xorshift() & 1) s = -s;                    /* MLX scales can be negative */
+            w.scales[i] = dt_f32_to_bf16(s);
+            w.biases[i] = dt_f32_to_bf16(s > 0 ? -a * frand(0.8f, 1.f) : a * frand(0.8f, 1.f));
+        }
+        w.src.dtype = DT_U32;
+        w.src.data = w.packed;
+        w.src.group_size = group;
+        w.src.sb_dtype = DT_BF16;
+        w.src.scales = w.scales;
+        w.src.biases = w.biases;
+    }
+    if (with_bias) {
+        w.bias = malloc((size_t)N * 2);
+        for (int64_t i = 0; i < N; i++) w.bias[i] = dt_f32_to_bf16(frand(-0.5f, 0.5f));
+        w.src.bias_dtype = DT_BF16;
+        w.src.bias = w.bias;
+    }
+    return w;
+}
+static void free_weights(wsrc *w) { free(w->wbf); free(w->packed); free(w->scales); free(w->biases); free(w->bias); }
+
+/* CPU reference y_ref for the row subset of x (host [M,K]); returns [nsub, N] and fills the subset indices */
+static float *cpu_linear_subset(const float *hx, int64_t M, int64_t K, const dt_linear_src *src, int64_t *nsub) {
+    int64_t a = M < SUB_A ? M : SUB_A, b = M - a < SUB_B ? M - a : SUB_B;
+    int64_t n = a + b;
+    float *xs = malloc((size_t)n * K * sizeof(float));
+    memcpy(xs, hx, (size_t)a * K * sizeof(float));
+    memcpy(xs + a * K, hx + (M - b) * K, (size_t)b * K * sizeof(float));
+    dt_linear *cw = C->linear_create(C, src);
+    if (!cw) { printf("FAIL cpu linear_create: %s\n", dt_last_error()); exit(1); }
+    dt_mat cx = up(C, xs, n, K, DT_F32), cy = dt_alloc_or_die(C, n, src->out, DT_F32);
+    C->linear(C, cy, cx, cw);
+    float *r = down(C, cy);
+    C->free(C, &cx); C->free(C, &cy);
+    C->linear_destroy(C, cw);
+    free(xs);
+    *nsub = n;
+    return r;
+}
+/* the same row subset of a GPU output */
+static float *gpu_subset(dt_mat y) {
+    int64_t M = y.rows, a = M < SUB_A ? M : SUB_A, b = M - a < SUB_B ? M - a : SUB_B;
+    float *r = malloc((size_t)(a + b) * y.cols * sizeof(float) + 4);
+    G->download(G, r, dt_mat_rows(y, 0, a));
+    if (b) G->download(G, r + a * y.cols, dt_mat_rows(y, M - b, b));
+    return r;
+}
+
+static void time_linear(const char *name, dt_mat y, dt_mat x, dt_linear *w, int64_t M, int64_t N, int64_t K) {
+    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    for (int i = 0; i < 3; i++) G->linear(G, y, x, w);
+    double t[20];
+    for (int i = 0; i < 20; i++) {
+        G->event_record(G, e0);
+        G->linear(G, y, x, w);
+        G->event_record(G, e1);
+        t[i] = G->event_elapsed_ms(G, e0, e1);
+    }
+    double ms = median(t, 20);
+    printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, 2.0 * M * N * K / (ms * 1e-3) / 1e12);
+    G->event_destroy(G, e0);
+    G->event_destroy(G, e1);
+}
+
+static void test_linear_dense(int64_t M, int64_t K, int64_t N, int with_bias, int timeit) {
+    char name[160];
+    snprintf(name, sizeof name, "linear bf16 M=%lld K=%lld N=%lld%s", (long long)M, (long long)K, (long long)N,
+             with_bias ? " +bias" : "");
+    wsrc w = make_weights(N, K, 0, 0, with_bias);
+    float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
+    dt_linear *gw = G->linear_create(G, &w.src);
+    if (!gw) { T_FAIL(name, "linear_create: %s", dt_last_error()); return; }
+    dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
+    poison(G, y);
+    G->linear(G, y, x, gw);
+    int64_t ns;
+    float *ref = cpu_linear_subset(hx, M, K, &w.src, &ns);
+    float *got = gpu_subset(y);
+    t_check_rel_l2(name, got, ref, (size_t)ns * N, TOL_GEMM);
+    if (timeit) time_linear(name, y, x, gw, M, N, K);
+    free(ref); free(got); free(hx);
+    G->free(G, &x); G->free(G, &y);
+    G->linear_destroy(G, gw);
+    free_weights(&w);
+}
+
+static const char *qpath_name(dt_qpath p) {
+    return p == DT_QPATH_FUSED ? "fused" : p == DT_QPATH_TRANSIENT ? "transient" : p == DT_QPATH_CACHED ? "cached" : "auto";
+}
+
+/* One quantized shape: CACHED (dequantized at create), FUSED and TRANSIENT (same packed linear, path switched at
+ * call time), each against the CPU, and the paths against each other. */
+static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int group, int with_bias, int timeit) {
+    char base[160], name[200];
+    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s", bits, group, (long long)M, (long long)K,
+             (long long)N, with_bias ? " +bias" : "");
+    wsrc w = make_weights(N, K, bits, group, with_bias);
+    float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
+    dt_qpath saved = G->opts.qpath;
+    G->opts.qpath = DT_QPATH_CACHED;
+    dt_linear *gc = G->linear_create(G, &w.src);
+    G->opts.qpath = DT_QPATH_FUSED;
+    dt_linear *gp = G->linear_create(G, &w.src);
+    if (!gc || !gp) { T_FAIL(base, "linear_create: %s", dt_last_error()); G->opts.qpath = saved; return; }
+    dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
+    int64_t ns;
+    float *ref = cpu_linear_subset(hx, M, K, &w.src, &ns);
+    float *outs[3];
+    dt_qpath paths[3] = {DT_QPATH_CACHED, DT_QPATH_FUSED, DT_QPATH_TRANSIENT};
+    for (int p = 0; p < 3; p++) {
+        G->opts.qpath = paths[p] == DT_QPATH_CACHED ? DT_QPATH_AUTO : paths[p];
+        dt_linear *lw = paths[p] == DT_QPATH_CACHED ? gc : gp;
+        poison(G, y);
+        G->linear(G, y, x, lw);
+        outs[p] = gpu_subset(y);
+        snprintf(name, sizeof name, "%s %s vs cpu", base, qpath_name(paths[p]));
+        t_check_rel_l2(name, outs[p], ref, (size_t)ns * N, TOL_GEMM);
+        if (timeit) time_linear(name, y, x, lw, M, N, K);
+    }
+    snprintf(name, sizeof name, "%s fused vs cached", base);
+    t_check_rel_l2(name, outs[1], outs[0], (size_t)ns * N, TOL_QPATH);
+    snprintf(name, sizeof name, "%s transient vs cached", base);
+    t_check_rel_l2(name, outs[2], outs[0], (size_t)ns * N, TOL_QPATH);
+    G->opts.qpath = saved;
+    for (int p = 0; p < 3; p++) free(outs[p]);
+    free(ref); free(hx);
+    G->free(G, &x); G->free(G, &y);
+    G->linear_destroy(G, gc);
+    G->linear_destroy(G, gp);
+    free_weights(&w);
+}
+
+/* ------------------------------------------------------------------ attention */
+/* q/k/v are column views of one fused [L, 3*D] buffer (strided like the model's QKV projection). Compared on a
+ * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
+static void test_attention(const char *tag, int L, int Lk, int hq, int hkv, int hd, int causal, int bias_mode,
+                           int timeit) {
+    char name[200];
+    snprintf(name, sizeof name, "attention %s L=%d Lk=%d hq=%d hkv=%d hd=%d%s%s", tag, L, Lk, hq, hkv, hd,
+             causal ? " causal" : "", bias_mode == 1 ? " pad-mask" : bias_mode == 2 ? " rand-bias" : bias_mode == 3 ? " lead-mask" : "");
+    int64_t Dq = (int64_t)hq * hd, Dk = (int64_t)hkv * hd;
+    float *hq_ = rand_bf((size_t)L * Dq, -3.f, 3.f);
+    float *hk = rand_bf((size_t)Lk * Dk, -2.f, 2.f);
+    float *hv = rand_bf((size_t)Lk * Dk, -1.f, 1.f);
+    float *hb = NULL;
+    int masked_lead = 0;
+    if (bias_mode) {
+        hb = malloc((size_t)Lk * sizeof(float));
+        for (int j = 0; j < Lk; j++) {
+            if (bias_mode == 1) hb[j] = j >= Lk - Lk / 7 ? -INFINITY : 0.f;
+            else if (bias_mode == 2) hb[j] = dt_bf16_round(frand(-2.f, 2.f));
+            else hb[j] = j < 50 ? -INFINITY : 0.f;
+        }
+        if (bias_mode == 3 && causal) masked_lead = 50;
+    }
+    float scale = 1.f / sqrtf((float)hd);
+    /* GPU: fused buffer [max(L,Lk), Dq + 2*Dk]; q from rows [0,L), k/v from rows [0,Lk) */
+    int64_t R = L > Lk ? L : Lk, W = Dq + 2 * Dk;
+    dt_mat buf = dt_alloc_or_die(G, R, W, DT_BF16);
+    dt_mat q = dt_mat_rows(dt_mat_cols(buf, 0, Dq), 0, L);
+    dt_mat k = dt_mat_rows(dt_mat_cols(buf, Dq, Dk), 0, Lk);
+    dt_mat v = dt_mat_rows(dt_mat_cols(buf, Dq + Dk, Dk), 0, Lk);
+    G->upload(G, q, hq_); G->upload(G, k, hk); G->upload(G, v, hv);
+    dt_mat o = dt_alloc_or_die(G, L, Dq, DT_BF16);
+    dt_mat gb = hb ? dt_param_upload(G, hb, Lk) : dt_mat_null();
+    poison(G, o);
+    G->attention(G, o, q, k, v, hq, hkv, hd, scale, gb, causal);
+    /* CPU: rows subset (non-causal) or all rows (causal) */
+    int sub = !causal && L > SUB_A + SUB_B;
+    int64_t a = sub ? SUB_A : L, b = sub ? SUB_B : 0, n = a + b;
+    float *qs = malloc((size_t)n * Dq * sizeof(float));
+    memcpy(qs, hq_, (size_t)a * Dq * sizeof(float));
+    if (b) memcpy(qs + a * Dq, hq_ + (L - b) * Dq, (size_t)b * Dq * sizeof(float));
+    dt_mat cq = up(C, qs, n, Dq, DT_F32), ck = up(C, hk, Lk, Dk, DT_F32), cv = up(C, hv, Lk, Dk, DT_F32);
+    dt_mat co = dt_alloc_or_die(C, n, Dq, DT_F32);
+    dt_mat cb = hb ? dt_param_upload(C, hb, Lk) : dt_mat_null();
+    C->attention(C, co, cq, ck, cv, hq, hkv, hd, scale, cb, causal);
+    float *ref = down(C, co);
+    float *got = malloc((size_t)n * Dq * sizeof(float));
+    G->download(G, got, dt_mat_rows(o, 0, a));
+    if (b) G->download(G, got + a * Dq, dt_mat_rows(o, L - b, b));
+    if (masked_lead) {
+        int zero = 1;
+        for (int64_t i = 0; i < (int64_t)masked_lead * Dq; i++) if (got[i] != 0.f) { zero = 0; break; }
+        char nm2[240];
+        snprintf(nm2, sizeof nm2, "%s fully-masked rows are 0", name);
+        T_CHECK(nm2, zero, "a fully masked row is not 0");
+    }
+    t_check_rel_l2(name, got + (size_t)masked_lead * Dq, ref + (size_t)masked_lead * Dq,
+                   (size_t)(n - masked_lead) * Dq, TOL_ATTN);
+    if (timeit) {
+        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        for (int i = 0; i < 3; i++) G->attention(G, o, q, k, v, hq, hkv, hd, scale, gb, causal);
+        double t[20];
+        for (int i = 0; i < 20; i++) {
+            G->event_record(G, e0);
+            G->attention(G, o, q, k, v, hq, hkv, hd, scale, gb, causal);
+            G->event_record(G, e1);
+            t[i] = G->event_elapsed_ms(G, e0, e1);
+        }
+        double ms = median(t, 20);
+        double flops = 4.0 * L * (double)Lk * hq * hd * (causal ? 0.5 : 1.0);
+        printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, flops / (ms * 1e-3) / 1e12);
+        G->event_destroy(G, e0); G->event_destroy(G, e1);
+    }
+    free(qs); free(ref); free(got); free(hq_); free(hk); free(hv); free(hb);
+    G->free(G, &buf); G->free(G, &o);
+    if (hb) { G->free(G, &gb); C->free(C, &cb); }
+    C->free(C, &cq); C->free(C, &ck); C->free(C, &cv); C->free(C, &co);
+}
+
+/* ------------------------------------------------------------------ row / elementwise ops */
+/* Runs `op` on both backends over identical inputs; `nin` inputs of shapes given; output compared. */
+static void test_head_norm_rope(int L, int heads, int hd, dt_rope_mode mode, int with_w, int fp32) {
+    char name[160];
+    snprintf(name, sizeof name, "head_norm_rope L=%d %dx%d %s%s rope_fp32=%d", L, heads, hd,
+             mode == DT_ROPE_INTERLEAVED ? "interleaved" : mode == DT_ROPE_HALF ? "half" : "none",
+             with_w ? " +norm" : "", fp32);
+    int64_t D = (int64_t)heads * hd;
+    float *hx = rand_bf((size_t)L * D, -2.f, 2.f);
+    float *hw = rand_bf((size_t)hd, 0.5f, 1.5f);
+    float *hc = malloc((size_t)L * hd * sizeof(float)), *hs = malloc((size_t)L * hd * sizeof(float));
+    for (int r = 0; r < L; r++)
+        for (int i = 0; i < hd / 2; i++) {
+            float th = frand(-6.f, 6.f);
+            int i0 = mode == DT_ROPE_HALF ? i : 2 * i, i1 = mode == DT_ROPE_HALF ? i + hd / 2 : 2 * i + 1;
+            hc[(size_t)r * hd + i0] = hc[(size_t)r * hd + i1] = cosf(th);
+            hs[(size_t)r * hd + i0] = hs[(size_t)r * hd + i1] = sinf(th);
+        }
+    /* GPU x is a column view of a wider buffer (ld > cols) */
+    dt_mat gbuf = dt_alloc_or_die(G, L, D + 256, DT_BF16), gx = dt_mat_cols(gbuf, 128, D);
+    G->upload(G, gx, hx);
+    dt_mat gw = with_w ? dt_param_upload(G, hw, hd) : dt_mat_null();
+    dt_mat gc = up(G, hc, L, hd, DT_F32), gs = up(G, hs, L, hd, DT_F32);
+    int saved = G->opts.rope_fp32;
+    G->opts.rope_fp32 = fp32;
+    G->head_norm_rope(G, gx, heads, hd, gw, 1e-6f, gc, gs, mode);
+    G->opts.rope_fp32 = saved;
+    dt_mat cx = up(C, hx, L, D, DT_F32);
+    dt_mat cw = with_w ? dt_param_upload(C, hw, hd) : dt_mat_null();
+    dt_mat cc = up(C, hc, L, hd, DT_F32), cs = up(C, hs, L, hd, DT_F32);
+    C->head_norm_rope(C, cx, heads, hd, cw, 1e-6f, cc, cs, mode);
+    float *got = down(G, gx), *ref = down(C, cx);
+    t_check_rel_l2(name, got, ref, (size_t)L * D, TOL_EW);
+    free(got); free(ref); free(hx); free(hw); free(hc); free(hs);
+    G->free(G, &gbuf); G->free(G, &gc); G->free(G, &gs); if (with_w) { G->free(G, &gw); C->free(C, &cw); }
+    C->free(C, &cx); C->free(C, &cc); C->free(C, &cs);
+}
+
+static void test_layernorm_mod(int64_t M, int64_t D, int with_mod, int inplace) {
+    char name[160];
+    snprintf(name, sizeof name, "layernorm_mod [%lld,%lld]%s%s", (long long)M, (long long)D, with_mod ? " +mod" : "",
+             inplace ? " in-place" : "");
+    float *hx = rand_bf((size_t)M * D, -3.f, 5.f), *hs = rand_bf((size_t)D, -1.f, 1.f), *hh = rand_bf((size_t)D, -1.f, 1.f);
+    dt_mat gx = upa(G, hx, M, D), gy = inplace ? gx : dt_alloc_or_die(G, M, D, DT_BF16);
+    dt_mat gsh = with_mod ? upa(G, hh, 1, D) : dt_mat_null(), gsc = with_mod ? upa(G, hs, 1, D) : dt_mat_null();
+    if (!inplace) poison(G, gy);
+    G->layernorm_mod(G, gy, gx, gsh, gsc, 1e-6f);
+    dt_mat cx = up(C, hx, M, D, DT_F32), cy = dt_alloc_or_die(C, M, D, DT_F32);
+    dt_mat csh = with_mod ? up(C, hh, 1, D, DT_F32) : dt_mat_null(), csc = with_mod ? up(C, hs, 1, D, DT_F32) : dt_mat_null();
+    C->layernorm_mod(C, cy, cx, csh, csc, 1e-6f);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)M * D, TOL_EW);
+    free(got); free(ref); free(hx); free(hs); free(hh);
+    G->free(G, &gx); if (!inplace) G->free(G, &gy); if (with_mod) { G->free(G, &gsh); G->free(G, &gsc); C->free(C, &csh); C->free(C, &csc); }
+    C->free(C, &cx); C->free(C, &cy);
+}
+
+static void test_rmsnorm(int64_t M, int64_t D, int with_w, float woff) {
+    char name[160];
+    snprintf(name, sizeof name, "rmsnorm [%lld,%lld]%s offset=%g", (long long)M, (long long)D, with_w ? " +w" : "", woff);
+    float *hx = rand_bf((size_t)M * D, -3.f, 3.f), *hw = rand_bf((size_t)D, -0.5f, 1.5f);
+    dt_mat gx = upa(G, hx, M, D), gy = dt_alloc_or_die(G, M, D, DT_BF16);
+    dt_mat gw = with_w ? dt_param_upload(G, hw, D) : dt_mat_null();
+    poison(G, gy);
+    G->rmsnorm(G, gy, gx, gw, woff, 1e-6f);
+    dt_mat cx = up(C, hx, M, D, DT_F32), cy = dt_alloc_or_die(C, M, D, DT_F32);
+    dt_mat cw = with_w ? dt_param_upload(C, hw, D) : dt_mat_null();
+    C->rmsnorm(C, cy, cx, cw, woff, 1e-6f);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)M * D, TOL_EW);
+    free(got); free(ref); free(hx); free(hw);
+    G->free(G, &gx); G->free(G, &gy); if (with_w) { G->free(G, &gw); C->free(C, &cw); }
+    C->free(C, &cx); C->free(C, &cy);
+}
+
+static const char *act_name(dt_act a) {
+    return a == DT_ACT_SILU ? "silu" : a == DT_ACT_GELU_TANH ? "gelu_tanh" : a == DT_ACT_GELU_ERF ? "gelu_erf" : "sigmoid";
+}
+
+/* unaligned = 1: operands are column views starting at column 1 (scalar path) */
+static void test_act_mul(int64_t M, int64_t N, dt_act act, int with_b, int unaligned) {
+    char name[160];
+    snprintf(name, sizeof name, "act_mul %s [%lld,%lld]%s%s", act_name(act), (long long)M, (long long)N,
+             with_b ? " *b" : "", unaligned ? " unaligned" : "");
+    float *ha = rand_bf((size_t)M * N, -6.f, 6.f), *hb = rand_bf((size_t)M * N, -2.f, 2.f);
+    int off = unaligned ? 1 : 0;
+    dt_mat ba = dt_alloc_or_die(G, M, N + 2, DT_BF16), bb = dt_alloc_or_die(G, M, N + 2, DT_BF16);
+    dt_mat by = dt_alloc_or_die(G, M, N + 2, DT_BF16);
+    dt_mat ga = dt_mat_cols(ba, off, N), gb = dt_mat_cols(bb, off, N), gy = dt_mat_cols(by, off, N);
+    G->upload(G, ga, ha); G->upload(G, gb, hb);
+    poison(G, gy);
+    G->act_mul(G, gy, ga, with_b ? gb : dt_mat_null(), act);
+    dt_mat ca = up(C, ha, M, N, DT_F32), cb = up(C, hb, M, N, DT_F32), cy = dt_alloc_or_die(C, M, N, DT_F32);
+    C->act_mul(C, cy, ca, with_b ? cb : dt_mat_null(), act);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)M * N, TOL_EW);
+    free(got); free(ref); free(ha); free(hb);
+    G->free(G, &ba); G->free(G, &bb); G->free(G, &by);
+    C->free(C, &ca); C->free(C, &cb); C->free(C, &cy);
+}
+
+static void test_gated_add(int64_t M, int64_t D, int with_gate) {
+    char name[160];
+    snprintf(name, sizeof name, "gated_add [%lld,%lld]%s", (long long)M, (long long)D, with_gate ? " +gate" : "");
+    float *hx = rand_bf((size_t)M * D, -4.f, 4.f), *hy = rand_bf((size_t)M * D, -2.f, 2.f), *hg = rand_bf((size_t)D, -1.f, 1.f);
+    dt_mat gx = upa(G, hx, M, D), gy = upa(G, hy, M, D), gg = with_gate ? upa(G, hg, 1, D) : dt_mat_null();
+    G->gated_add(G, gx, gg, gy);
+    dt_mat cx = up(C, hx, M, D, DT_F32), cy = up(C, hy, M, D, DT_F32), cg = with_gate ? up(C, hg, 1, D, DT_F32) : dt_mat_null();
+    C->gated_add(C, cx, cg, cy);
+    float *got = down(G, gx), *ref = down(C, cx);
+    t_check_rel_l2(name, got, ref, (size_t)M * D, TOL_EW);
+    free(got); free(ref); free(hx); free(hy); free(hg);
+    G->free(G, &gx); G->free(G, &gy); if (with_gate) { G->free(G, &gg); C->free(C, &cg); }
+    C->free(C, &cx); C->free(C, &cy);
+}
+
+static void test_mul_axpby(int64_t M, int64_t N) {
+    char name[160];
+    float *ha = rand_bf((size_t)M * N, -3.f, 3.f), *hb = rand_bf((size_t)M * N, -3.f, 3.f);
+    dt_mat ga = upa(G, ha, M, N), gb = upa(G, hb, M, N), gy = dt_alloc_or_die(G, M, N, DT_BF16);
+    dt_mat ca = up(C, ha, M, N, DT_F32), cb = up(C, hb, M, N, DT_F32), cy = dt_alloc_or_die(C, M, N, DT_F32);
+    for (int t = 0; t < 3; t++) {
+        poison(G, gy);
+        if (t == 0) {
+            snprintf(name, sizeof name, "mul [%lld,%lld]", (long long)M, (long long)N);
+            G->mul(G, gy, ga, gb); C->mul(C, cy, ca, cb);
+        } else if (t == 1) {
+            snprintf(name, sizeof name, "axpby [%lld,%lld]", (long long)M, (long long)N);
+            G->axpby(G, gy, 0.75f, ga, -1.25f, gb); C->axpby(C, cy, 0.75f, ca, -1.25f, cb);
+        } else {
+            snprintf(name, sizeof name, "axpby (no b) [%lld,%lld]", (long long)M, (long long)N);
+            G->axpby(G, gy, -0.3f, ga, 2.f, dt_mat_null()); C->axpby(C, cy, -0.3f, ca, 2.f, dt_mat_null());
+        }
+        float *got = down(G, gy), *ref = down(C, cy);
+        t_check_rel_l2(name, got, ref, (size_t)M * N, TOL_EW);
+        free(got); free(ref);
+    }
+    free(ha); free(hb);
+    G->free(G, &ga); G->free(G, &gb); G->free(G, &gy);
+    C->free(C, &ca); C->free(C, &cb); C->free(C, &cy);
+}
+
+static void test_copy_transpose(void) {
+    const int64_t M = 1000, N = 3000;
+    float *h = rand_bf((size_t)M * N, -5.f, 5.f);
+    /* bf16 strided view -> f32 contiguous -> bf16 view: exact (values are bf16) */
+    dt_mat big = dt_alloc_or_die(G, M, N + 40, DT_BF16), v = dt_mat_cols(big, 24, N);
+    G->upload(G, v, h);
+    dt_mat f = dt_alloc_or_die(G, M, N, DT_F32);
+    poison(G, f);
+    G->copy(G, f, v);
+    dt_mat back = dt_alloc_or_die(G, M, N + 1, DT_BF16), bv = dt_mat_cols(back, 1, N);
+    poison(G, bv);
+    G->copy(G, bv, f);
+    float *got = down(G, bv);
+    t_check_rel_l2("copy bf16 view -> f32 -> bf16 unaligned view", got, h, (size_t)M * N, 0.0);
+    free(got);
+    /* f32 (non-bf16 values) -> bf16 rounds to nearest even */
+    float *hf = malloc((size_t)M * N * sizeof(float)), *hr = malloc((size_t)M * N * sizeof(float));
+    for (int64_t i = 0; i < M * N; i++) { hf[i] = frand(-5.f, 5.f); hr[i] = dt_bf16_round(hf[i]); }
+    G->upload(G, f, hf);
+    G->copy(G, v, f);
+    got = down(G, v);
+    t_check_rel_l2("copy f32 -> bf16 (round to nearest even)", got, hr, (size_t)M * N, 0.0);
+    free(got);
+    /* transpose */
+    dt_mat t = dt_alloc_or_die(G, N, M, DT_BF16);
+    poison(G, t);
+    G->transpose(G, t, v);
+    got = down(G, t);
+    float *ref = malloc((size_t)M * N * sizeof(float));
+    for (int64_t i = 0; i < M; i++) for (int64_t j = 0; j < N; j++) ref[j * M + i] = hr[i * N + j];
+    t_check_rel_l2("transpose [1000,3000] strided", got, ref, (size_t)M * N, 0.0);
+    free(got); free(ref); free(h); free(hf); free(hr);
+    G->free(G, &big); G->free(G, &f); G->free(G, &back); G->free(G, &t);
+}
+
+/* ------------------------------------------------------------------ image ops */
+static void test_conv2d(int cin, int cout, int k, int h, int w, int with_bias) {
+    char name[160];
+    snprintf(name, sizeof name, "conv2d %d->%d k%d %dx%d%s", cin, cout, k, h, w, with_bias ? " +bias" : "");
+    int64_t HW = (int64_t)h * w;
+    float *hx = rand_bf((size_t)cin * HW, -2.f, 2.f);
+    float *hw = rand_bf((size_t)cout * cin * k * k, -0.1f, 0.1f), *hb = rand_bf((size_t)cout, -1.f, 1.f);
+    dt_conv *gc = G->conv_create(G, hw, with_bias ? hb : NULL, cout, cin, k, k / 2);
+    dt_conv *cc = C->conv_create(C, hw, with_bias ? hb : NULL, cout, cin, k, k / 2);
+    if (!gc || !cc) { T_FAIL(name, "conv_create: %s", dt_last_error()); return; }
+    dt_mat gx = upa(G, hx, cin, HW), gy = dt_alloc_or_die(G, cout, HW, DT_BF16);
+    poison(G, gy);
+    G->conv2d(G, gy, gx, gc, h, w);
+    dt_mat cx = up(C, hx, cin, HW, DT_F32), cy = dt_alloc_or_die(C, cout, HW, DT_F32);
+    C->conv2d(C, cy, cx, cc, h, w);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)cout * HW, TOL_GEMM);
+    free(got); free(ref); free(hx); free(hw); free(hb);
+    G->free(G, &gx); G->free(G, &gy); C->free(C, &cx); C->free(C, &cy);
+    G->conv_destroy(G, gc); C->conv_destroy(C, cc);
+}
+
+static void test_group_norm(int Ch, int h, int w, int groups, int silu) {
+    char name[160];
+    snprintf(name, sizeof name, "group_norm C=%d %dx%d g%d%s", Ch, h, w, groups, silu ? " +silu" : "");
+    int64_t HW = (int64_t)h * w;
+    float *hx = rand_bf((size_t)Ch * HW, -2.f, 6.f), *hg = rand_bf((size_t)Ch, 0.5f, 1.5f), *hb = rand_bf((size_t)Ch, -1.f, 1.f);
+    dt_mat gx = upa(G, hx, Ch, HW), gy = dt_alloc_or_die(G, Ch, HW, DT_BF16);
+    dt_mat gg = dt_param_upload(G, hg, Ch), gb = dt_param_upload(G, hb, Ch);
+    poison(G, gy);
+    G->group_norm(G, gy, gx, groups, gg, gb, 1e-6f, silu);
+    dt_mat cx = up(C, hx, Ch, HW, DT_F32), cy = dt_alloc_or_die(C, Ch, HW, DT_F32);
+    dt_mat cg = dt_param_upload(C, hg, Ch), cb = dt_param_upload(C, hb, Ch);
+    C->group_norm(C, cy, cx, groups, cg, cb, 1e-6f, silu);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)Ch * HW, TOL_EW);
+    free(got); free(ref); free(hx); free(hg); free(hb);
+    G->free(G, &gx); G->free(G, &gy); G->free(G, &gg); G->free(G, &gb);
+    C->free(C, &cx); C->free(C, &cy); C->free(C, &cg); C->free(C, &cb);
+}
+
+static void test_upsample(int Ch, int h, int w) {
+    char name[160];
+    snprintf(name, sizeof name, "upsample2x C=%d %dx%d", Ch, h, w);
+    int64_t HW = (int64_t)h * w;
+    float *hx = rand_bf((size_t)Ch * HW, -2.f, 2.f);
+    dt_mat gx = upa(G, hx, Ch, HW), gy = dt_alloc_or_die(G, Ch, 4 * HW, DT_BF16);
+    poison(G, gy);
+    G->upsample2x(G, gy, gx, h, w);
+    dt_mat cx = up(C, hx, Ch, HW, DT_F32), cy = dt_alloc_or_die(C, Ch, 4 * HW, DT_F32);
+    C->upsample2x(C, cy, cx, h, w);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)Ch * 4 * HW, 0.0);
+    free(got); free(ref); free(hx);
+    G->free(G, &gx); G->free(G, &gy); C->free(C, &cx); C->free(C, &cy);
+}
+
+/* ------------------------------------------------------------------ graphs, events, memory */
+static void test_graph(void) {
+    const int64_t M = 512, D = 1024;
+    wsrc w = make_weights(D, D, 0, 0, 0);
+    dt_linear *lw = G->linear_create(G, &w.src);
+    float *hx = rand_bf((size_t)M * D, -2.f, 2.f), *hs = rand_bf((size_t)D, -1.f, 1.f);
+    dt_mat x = upa(G, hx, M, D), sc = upa(G, hs, 1, D), h = dt_alloc_or_die(G, M, D, DT_BF16);
+    dt_mat y = dt_alloc_or_die(G, M, D, DT_BF16);
+    /* eager */
+    G->layernorm_mod(G, h, x, dt_mat_null(), sc, 1e-6f);
+    G->linear(G, y, h, lw);
+    G->gated_add(G, y, sc, h);
+    float *eager = down(G, y);
+    poison(G, y);
+    if (!G->capture_begin || G->capture_begin(G) != 0) { T_FAIL("graph capture", "capture_begin: %s", dt_last_error()); return; }
+    G->layernorm_mod(G, h, x, dt_mat_null(), sc, 1e-6f);
+    G->linear(G, y, h, lw);
+    G->gated_add(G, y, sc, h);
+    void *gr = G->capture_end(G);
+    if (!gr) { T_FAIL("graph capture", "capture_end: %s", dt_last_error()); return; }
+    int rc = G->graph_launch(G, gr);
+    rc |= G->graph_launch(G, gr);
+    rc |= G->sync(G);
+    float *replay = down(G, y);
+    T_CHECK("graph capture + replay returns 0", rc == 0, "%s", dt_last_error());
+    t_check_rel_l2("graph replay == eager", replay, eager, (size_t)M * D, 0.0);
+    G->graph_destroy(G, gr);
+    free(eager); free(replay); free(hx); free(hs);
+    G->free(G, &x); G->free(G, &sc); G->free(G, &h); G->free(G, &y);
+    G->linear_destroy(G, lw);
+    free_weights(&w);
+}
+
+static void test_memory(void) {
+    size_t c0, p0, c1, p1, c2, p2;
+    G->mem_stats(G, &c0, &p0);
+    dt_mat m = dt_alloc_or_die(G, 1000, 1000, DT_F32);
+    G->mem_stats(G, &c1, &p1);
+    G->free(G, &m);
+    G->mem_stats(G, &c2, &p2);
+    T_CHECK("mem_stats tracks alloc/free", c1 >= c0 + 4000000 && c2 == c0 && p1 >= c1 && p2 >= p1,
+            "current %zu -> %zu -> %zu, peak %zu -> %zu", c0, c1, c2, p1, p2);
+    dt_mat huge;
+    int rc = G->alloc(G, &huge, (int64_t)1 << 40, 1 << 10, DT_F32);  /* 4 PiB */
+    T_CHECK("alloc failure returns -1 with a message", rc == -1 && strstr(dt_last_error(), "out of device memory"),
+            "rc=%d msg=%s", rc, dt_last_error());
+}
+
+int main(void) {
+    if (!dt_backend_cuda_available()) {
+        if (t_require_gpu_env()) {
+            printf("FAIL gpu_ops: no CUDA GPU available (DITRUN_REQUIRE_GPU=1)\n");
+            return 1;
+        }
+        printf("SKIP gpu_ops: no CUDA GPU available (no device or driver)\n");
+        return 0;
+    }
+    const char *se = getenv("DITRUN_SEED");
+    uint64_t seed = se && *se ? strtoull(se, NULL, 10) : (uint64_t)time(NULL);
+    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+    printf("# gpu_ops seed %llu (DITRUN_SEED to repeat)\n", (unsigned long long)seed);
+    dt_backend_opts o;
+    memset(&o, 0, sizeof o);
+    o.rope_fp32 = 1;
+    o.qpath = DT_QPATH_AUTO;
+    G = dt_backend_cuda_create(&o);
+    if (!G) { printf("FAIL gpu_ops: cuda backend: %s\n", dt_last_error()); return 1; }
+    C = dt_backend_cpu_create(&o);
+    if (!C) { printf("FAIL gpu_ops: cpu backend: %s\n", dt_last_error()); return 1; }
+    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: linear, quant, attn, ew, image, misc */
+#define RUN(group) (!only || !*only || strstr(only, group))
+
+    if (RUN("misc")) { test_memory(); test_copy_transpose(); test_graph(); }
+    if (RUN("ew")) {
+        test_layernorm_mod(4608, 3072, 1, 0);
+        test_layernorm_mod(4608, 3072, 1, 1);
+        test_layernorm_mod(333, 3000, 0, 0);
+        test_rmsnorm(4608, 3072, 1, 0.f);
+        test_rmsnorm(512, 2560, 1, 1.f);
+        test_rmsnorm(77, 1000, 0, 0.f);
+        for (int fp = 1; fp >= 0; fp--) {
+            test_head_norm_rope(4608, 24, 128, DT_ROPE_INTERLEAVED, 1, fp);
+            test_head_norm_rope(512, 32, 128, DT_ROPE_HALF, 1, fp);
+        }
+        test_head_norm_rope(300, 4, 64, DT_ROPE_INTERLEAVED, 1, 1);
+        test_head_norm_rope(300, 4, 64, DT_ROPE_HALF, 0, 1);
+        test_head_norm_rope(300, 8, 128, DT_ROPE_NONE, 1, 1);
+        for (int a = DT_ACT_SILU; a <= DT_ACT_SIGMOID; a++) test_act_mul(1024, 9216, (dt_act)a, 1, 0);
+        test_act_mul(1024, 9216, DT_ACT_SILU, 0, 0);
+        test_act_mul(100, 1000, DT_ACT_GELU_TANH, 1, 1);
+        test_gated_add(4608, 3072, 1);
+        test_gated_add(4608, 3072, 0);
+        test_mul_axpby(1024, 3072);
+    }
+    if (RUN("linear")) {
+        test_linear_dense(4608, 3072, 3072, 0, 1);
+        test_linear_dense(4608, 3072, 27648, 0, 1);
+        test_linear_dense(4608, 12288, 3072, 0, 1);
+        test_linear_dense(77, 256, 320, 1, 0);
+        test_linear_dense(1, 3072, 18432, 0, 0);
+    }
+    if (RUN("quant")) {
+        test_linear_quant(4608, 3072, 3072, 4, 64, 0, 1);
+        test_linear_quant(4608, 3072, 3072, 8, 64, 0, 0);
+        test_linear_quant(4608, 3072, 27648, 4, 64, 0, 1);
+        test_linear_quant(4608, 3072, 27648, 8, 64, 0, 0);
+        test_linear_quant(1, 3072, 18432, 4, 64, 0, 1);
+        test_linear_quant(40, 3072, 3072, 4, 64, 1, 1);
+        test_linear_quant(512, 3072, 9216, 4, 64, 0, 1);
+        test_linear_quant(17, 1024, 1000, 4, 32, 0, 0);
+        test_linear_quant(64, 2048, 768, 8, 128, 1, 0);
+    }
+    if (RUN("attn")) {
+        test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        test_attention("gqa", 1000, 1000, 8, 2, 128, 0, 1, 0);
+        test_attention("gqa", 777, 777, 8, 2, 128, 1, 1, 0);
+        test_attention("gqa", 512, 512, 32, 8, 128, 1, 3, 1);
+        test_attention("bias", 300, 700, 4, 4, 128, 0, 2, 0);
+        test_attention("hd64", 300, 300, 4, 2, 64, 1, 1, 0);
+        test_attention("hd16", 200, 200, 2, 1, 16, 0, 0, 0);
+        test_attention("vae", 4096, 4096, 1, 1, 512, 0, 0, 1);
+    }
+    if (RUN("image")) {
+        test_conv2d(128, 256, 3, 64, 64, 1);
+        test_conv2d(256, 128, 1, 64, 64, 1);
+        test_conv2d(32, 512, 3, 37, 29, 0);
+        test_group_norm(256, 64, 64, 32, 1);
+        test_group_norm(128, 48, 40, 32, 0);
+        test_upsample(64, 32, 48);
+    }
+    size_t cur, peak;
+    G->mem_stats(G, &cur, &peak);
+    printf("# gpu memory: current %.1f MiB, peak %.1f MiB\n", cur / 1048576.0, peak / 1048576.0);
+    G->destroy(G);
+    C->destroy(C);
+    return T_DONE();
+}
