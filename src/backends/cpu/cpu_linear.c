@@ -125,6 +125,7 @@ void cpu_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
                 "'%s' [%lld, %lld] got x [%lld, %lld] y [%lld, %lld]", w->name, (long long)N, (long long)w->src.in,
                 (long long)x.rows, (long long)x.cols, (long long)y.rows, (long long)y.cols);
     CPU_REQUIRE(M <= INT32_MAX && x.ld <= INT32_MAX && y.ld <= INT32_MAX, "linear", "'%s': matrix too large", w->name);
+    CPU_REQUIRE(M == 0 || X != Y, "linear", "'%s': y must not alias x", w->name);
     if (M == 0) return;
 
     if (w->src.bits == 0 && w->src.dtype == DT_F32) {
