@@ -113,7 +113,11 @@ static int st_parse(st_file *f) {
         dt_set_error("%s: header length %" PRIu64 " is larger than the 100 MB limit", P, hlen);
         return -1;
     }
-    json *h = json_parse((const char *)f->base + 8, (size_t)hlen, P);
+    size_t wl = strlen(P) + 32;
+    char *what = dt_malloc(wl);
+    snprintf(what, wl, "%s: header", P); /* byte positions count from the start of the JSON header */
+    json *h = json_parse((const char *)f->base + 8, (size_t)hlen, what);
+    free(what);
     if (!h) return -1; /* message already names the file */
     int rc = -1;
     span *spans = NULL;
