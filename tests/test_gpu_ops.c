@@ -631,8 +631,15 @@ int main(void) {
     const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: linear, quant, attn, ew, image, misc */
 #define RUN(group) (!only || !*only || strstr(only, group))
 
-    if (RUN("misc")) { test_memory(); test_copy_transpose(); test_graph(); }
+    if (RUN("misc")) {
+        double ts = dt_now();
+        test_memory();
+        test_copy_transpose();
+        test_graph();
+        printf("# section misc %.1f s\n", dt_now() - ts);
+    }
     if (RUN("ew")) {
+        double ts = dt_now();
         test_layernorm_mod(4608, 3072, 1, 0);
         test_layernorm_mod(4608, 3072, 1, 1);
         test_layernorm_mod(333, 3000, 0, 0);
@@ -652,15 +659,19 @@ int main(void) {
         test_gated_add(4608, 3072, 1);
         test_gated_add(4608, 3072, 0);
         test_mul_axpby(1024, 3072);
+        printf("# section ew %.1f s\n", dt_now() - ts);
     }
     if (RUN("linear")) {
+        double ts = dt_now();
         test_linear_dense(4608, 3072, 3072, 0, 1);
         test_linear_dense(4608, 3072, 27648, 0, 1);
         test_linear_dense(4608, 12288, 3072, 0, 1);
         test_linear_dense(77, 256, 320, 1, 0);
         test_linear_dense(1, 3072, 18432, 0, 0);
+        printf("# section linear %.1f s\n", dt_now() - ts);
     }
     if (RUN("quant")) {
+        double ts = dt_now();
         test_linear_quant(4608, 3072, 3072, 4, 64, 0, 1);
         test_linear_quant(4608, 3072, 3072, 8, 64, 0, 0);
         test_linear_quant(4608, 3072, 27648, 4, 64, 0, 1);
@@ -670,9 +681,15 @@ int main(void) {
         test_linear_quant(512, 3072, 9216, 4, 64, 0, 1);
         test_linear_quant(17, 1024, 1000, 4, 32, 0, 0);
         test_linear_quant(64, 2048, 768, 8, 128, 1, 0);
+        printf("# section quant %.1f s\n", dt_now() - ts);
     }
     if (RUN("attn")) {
+        double ts = dt_now();
         test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        setenv("DITRUN_CUDA_FA_WARPS", "8", 1);
+        test_attention("dit/8warps", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        test_attention("gqa/8warps", 777, 777, 8, 2, 128, 1, 1, 0);
+        unsetenv("DITRUN_CUDA_FA_WARPS");
         test_attention("gqa", 1000, 1000, 8, 2, 128, 0, 1, 0);
         test_attention("gqa", 777, 777, 8, 2, 128, 1, 1, 0);
         test_attention("gqa", 512, 512, 32, 8, 128, 1, 3, 1);
@@ -680,14 +697,17 @@ int main(void) {
         test_attention("hd64", 300, 300, 4, 2, 64, 1, 1, 0);
         test_attention("hd16", 200, 200, 2, 1, 16, 0, 0, 0);
         test_attention("vae", 4096, 4096, 1, 1, 512, 0, 0, 1);
+        printf("# section attn %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {
+        double ts = dt_now();
         test_conv2d(128, 256, 3, 64, 64, 1);
         test_conv2d(256, 128, 1, 64, 64, 1);
         test_conv2d(32, 512, 3, 37, 29, 0);
         test_group_norm(256, 64, 64, 32, 1);
         test_group_norm(128, 48, 40, 32, 0);
         test_upsample(64, 32, 48);
+        printf("# section image %.1f s\n", dt_now() - ts);
     }
     size_t cur, peak;
     G->mem_stats(G, &cur, &peak);

@@ -11,6 +11,7 @@
  * chunk of query rows, S = scale·Q·Kᵀ through cuBLASLt (f32), a row softmax kernel writes P (bf16), then
  * O = P·V through cuBLASLt. Correct for any shape; speed secondary. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "cuda_common.cuh"
 
@@ -331,7 +332,10 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         a.group = hq / hkv;
         a.scale_log2 = scale * 1.4426950408889634f;
         a.causal = causal;
-        flash_launch<4>(st, a);
+        /* DITRUN_CUDA_FA_WARPS=8: 128-row blocks (benchmark knob; default 4 warps, 64 rows) */
+        const char *nw = getenv("DITRUN_CUDA_FA_WARPS");
+        if (nw && nw[0] == '8') flash_launch<8>(st, a);
+        else flash_launch<4>(st, a);
         return;
     }
     if (k.rows <= 0) {  /* no keys: every row sees nothing -> 0 */
