@@ -351,6 +351,152 @@ static void error_checks(void) {
     be->destroy(be);
 }
 
+
+/* ------------------------------------------------------------------ synthetic real geometry (DITRUN_SLOW=1) */
+
+typedef struct { char name[200]; int ndim; int64_t sh[2]; float amp; } syn_t;
+typedef struct { syn_t *v; int n; } syn_list;
+
+static void syn_add(syn_list *l, const char *name, int64_t r, int64_t c, float amp) {
+    l->v = dt_realloc(l->v, sizeof *l->v * (size_t)(l->n + 1));
+    syn_t *t = &l->v[l->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = c ? 2 : 1; t->sh[0] = r; t->sh[1] = c; t->amp = amp;
+}
+static void syn_linear(syn_list *l, const char *name, int64_t out, int64_t in, int bias) {
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s.weight", name); syn_add(l, nm, out, in, sqrtf(3.0f / (float)in));
+    if (bias) { snprintf(nm, sizeof nm, "%s.bias", name); syn_add(l, nm, out, 0, 0.02f); }
+}
+static void syn_block(syn_list *l, const char *p, int64_t dim, int heads, int kv, int64_t inter, int main_block) {
+    char nm[128];
+    int64_t hd = dim / heads;
+    if (main_block) { snprintf(nm, sizeof nm, "%s.scale_shift_table", p); syn_add(l, nm, 6, dim, 0.1f); }
+    snprintf(nm, sizeof nm, "%s.norm1.weight", p); syn_add(l, nm, dim, 0, 0.1f);
+    snprintf(nm, sizeof nm, "%s.norm2.weight", p); syn_add(l, nm, dim, 0, 0.1f);
+    snprintf(nm, sizeof nm, "%s.attn.to_q", p); syn_linear(l, nm, dim, dim, 0);
+    snprintf(nm, sizeof nm, "%s.attn.to_k", p); syn_linear(l, nm, kv * hd, dim, 0);
+    snprintf(nm, sizeof nm, "%s.attn.to_v", p); syn_linear(l, nm, kv * hd, dim, 0);
+    snprintf(nm, sizeof nm, "%s.attn.to_gate", p); syn_linear(l, nm, dim, dim, 0);
+    snprintf(nm, sizeof nm, "%s.attn.to_out.0", p); syn_linear(l, nm, dim, dim, 0);
+    snprintf(nm, sizeof nm, "%s.attn.norm_q.weight", p); syn_add(l, nm, hd, 0, 0.1f);
+    snprintf(nm, sizeof nm, "%s.attn.norm_k.weight", p); syn_add(l, nm, hd, 0, 0.1f);
+    snprintf(nm, sizeof nm, "%s.ff.gate", p); syn_linear(l, nm, inter, dim, 0);
+    snprintf(nm, sizeof nm, "%s.ff.up", p); syn_linear(l, nm, inter, dim, 0);
+    snprintf(nm, sizeof nm, "%s.ff.down", p); syn_linear(l, nm, dim, inter, 0);
+}
+
+/* Krea 2 geometry (D 6144, 48/12 heads, F 16384, Qwen3-VL-4B text 2560 x 12 taps, 2+2 fusion blocks)
+ * with `layers` transformer blocks of random bf16 weights. */
+static int syn_write(const char *dir, int layers) {
+    const int64_t D = 6144, F = 16384, E = 2560, TF = 6912, Y = 12, IN = 64;
+    syn_list l = {0};
+    char nm[128], p[600];
+    syn_linear(&l, "img_in", D, IN, 1);
+    syn_linear(&l, "time_embed.linear_1", D, 256, 1);
+    syn_linear(&l, "time_embed.linear_2", D, D, 1);
+    syn_linear(&l, "time_mod_proj", 6 * D, D, 1);
+    syn_linear(&l, "text_fusion.projector", 1, Y, 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(nm, sizeof nm, "text_fusion.layerwise_blocks.%d", i); syn_block(&l, nm, E, 20, 20, TF, 0);
+        snprintf(nm, sizeof nm, "text_fusion.refiner_blocks.%d", i); syn_block(&l, nm, E, 20, 20, TF, 0);
+    }
+    syn_add(&l, "txt_in.norm.weight", E, 0, 0.1f);
+    syn_linear(&l, "txt_in.linear_1", D, E, 1);
+    syn_linear(&l, "txt_in.linear_2", D, D, 1);
+    for (int i = 0; i < layers; i++) { snprintf(nm, sizeof nm, "transformer_blocks.%d", i); syn_block(&l, nm, D, 48, 12, F, 1); }
+    syn_add(&l, "final_layer.scale_shift_table", 2, D, 0.1f);
+    syn_add(&l, "final_layer.norm.weight", D, 0, 0.1f);
+    syn_linear(&l, "final_layer.linear", IN, D, 1);
+    if (mkdir(dir, 0755) != 0) { dt_set_error("mkdir %s failed", dir); free(l.v); return -1; }
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
+    st_stream *s = st_stream_open(p);
+    if (!s) { free(l.v); return -1; }
+    for (int i = 0; i < l.n; i++) st_stream_declare(s, l.v[i].name, DT_BF16, l.v[i].ndim, l.v[i].sh);
+    int rc = st_stream_begin_data(s);
+    uint64_t st = 0x9E3779B97F4A7C15ULL;
+    uint16_t *row = dt_malloc(sizeof(uint16_t) * 65536);
+    for (int i = 0; rc == 0 && i < l.n; i++) {
+        int64_t total = l.v[i].sh[0] * (l.v[i].ndim == 2 ? l.v[i].sh[1] : 1);
+        for (int64_t o = 0; rc == 0 && o < total; o += 65536) {
+            int64_t k = total - o < 65536 ? total - o : 65536;
+            for (int64_t j = 0; j < k; j++) {
+                st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+                row[j] = dt_f32_to_bf16(l.v[i].amp * (float)((double)(st >> 40) / 8388608.0 - 1.0));
+            }
+            rc = st_stream_write(s, row, sizeof(uint16_t) * (size_t)k);
+        }
+    }
+    free(row);
+    if (st_stream_close(s) && rc == 0) rc = -1;
+    free(l.v);
+    if (rc) return -1;
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"_class_name\": \"Krea2Transformer2DModel\", \"attention_head_dim\": 128, \"axes_dims_rope\": [32, 48, 48],"
+             " \"in_channels\": 64, \"intermediate_size\": 16384, \"norm_eps\": 1e-05, \"num_attention_heads\": 48,"
+             " \"num_key_value_heads\": 12, \"num_layers\": %d, \"num_layerwise_text_blocks\": 2,"
+             " \"num_refiner_text_blocks\": 2, \"num_text_layers\": 12, \"rope_theta\": 1000.0, \"text_hidden_dim\": 2560,"
+             " \"text_intermediate_size\": 6912, \"text_num_attention_heads\": 20, \"text_num_key_value_heads\": 20,"
+             " \"timestep_embed_dim\": 256}", layers);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return write_text(p, cfg);
+}
+
+typedef struct { dt_backend *be; double t[8]; int n; } time_ctx;
+static void time_block(void *ud, const char *name, dt_mat m) {
+    (void)name; (void)m;
+    time_ctx *tc = ud;
+    tc->be->sync(tc->be);
+    if (tc->n < 8) tc->t[tc->n++] = dt_now();
+}
+
+/* Real Krea 2 geometry with 2 of its 28 blocks at 1024x1024 (N = 4096 image tokens, T = 512 text
+ * tokens, 400 valid): finite output, time of the text path + embeddings and per block, peak memory. */
+static void synthetic_real_geometry(dt_backend *be, const char *tag) {
+    char dir[512], name[160];
+    tmp_dir(dir, sizeof dir, "synth");
+    snprintf(name, sizeof name, "%s synthetic Krea 2 geometry (2 blocks, 4096+512 tokens)", tag);
+    double t0 = dt_now();
+    if (syn_write(dir, 2)) { T_FAIL(name, "write: %s", dt_last_error()); rm_dir(dir); return; }
+    printf("# wrote %s in %.1f s\n", dir, dt_now() - t0);
+    krea2_model *m = krea2_load(be, dir);
+    if (!m) { T_FAIL(name, "load: %s", dt_last_error()); rm_dir(dir); return; }
+    const int grid = 64, N = grid * grid, T = 512, Y = 12, E = 2560;
+    float *img = dt_malloc(sizeof(float) * (size_t)N * 64), *txt = dt_malloc(sizeof(float) * (size_t)T * Y * E);
+    float *pos = dt_calloc((size_t)(T + N) * 3, sizeof(float)), *out = dt_malloc(sizeof(float) * (size_t)N * 64);
+    uint8_t *mask = dt_malloc((size_t)T);
+    uint64_t s = 777;
+    for (int i = 0; i < N * 64; i++) { s = s * 6364136223846793005ULL + 1; img[i] = (float)((s >> 40) / 8388608.0 - 1.0); }
+    for (int64_t i = 0; i < (int64_t)T * Y * E; i++) { s = s * 6364136223846793005ULL + 1; txt[i] = (float)((s >> 40) / 8388608.0 - 1.0); }
+    for (int i = 0; i < N; i++) { pos[(T + i) * 3 + 1] = (float)(i / grid); pos[(T + i) * 3 + 2] = (float)(i % grid); }
+    for (int i = 0; i < T; i++) mask[i] = i < 400;
+    int ok = 1;
+    for (int rep = 0; rep < 2 && ok; rep++) {
+        time_ctx tc = {be, {0}, 0};
+        be->sync(be);
+        double ts = dt_now();
+        int rc = krea2_forward(m, img, N, txt, T, 0.7f, pos, mask, out, time_block, &tc);
+        double te = dt_now();
+        if (rc) { T_FAIL(name, "forward: %s", dt_last_error()); ok = 0; break; }
+        if (tc.n == 2)
+            printf("# %s run %d: total %.1f ms; text fusion + embeddings ~%.1f ms, block %.1f ms, final %.1f ms\n", tag, rep,
+                   (te - ts) * 1e3, (tc.t[0] - ts - (tc.t[1] - tc.t[0])) * 1e3, (tc.t[1] - tc.t[0]) * 1e3,
+                   (te - tc.t[1]) * 1e3);
+    }
+    if (ok) {
+        int finite = 1;
+        for (int i = 0; i < N * 64; i++) finite &= isfinite(out[i]);
+        size_t cur = 0, peak = 0;
+        if (be->mem_stats) be->mem_stats(be, &cur, &peak);
+        printf("# %s: backend memory current %.2f GB, peak %.2f GB\n", tag, cur / 1e9, peak / 1e9);
+        T_CHECK(name, finite, "non-finite output");
+    }
+    free(img); free(txt); free(pos); free(out); free(mask);
+    krea2_free(m);
+    rm_dir(dir);
+}
+
 int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
@@ -361,7 +507,13 @@ int main(void) {
     if (dt_backend_cuda_available()) {
         dt_backend *cu = dt_backend_cuda_create(&(dt_backend_opts){0});
         if (!cu) T_FAIL("cuda", "%s", dt_last_error());
-        else { fixture_on(cu, "cuda", KREA2_GPU_TOL); cu->destroy(cu); }
+        else {
+            fixture_on(cu, "cuda", KREA2_GPU_TOL);
+            const char *slow = getenv("DITRUN_SLOW");
+            if (slow && *slow == '1') synthetic_real_geometry(cu, "cuda");
+            else T_SKIP("cuda synthetic Krea 2 geometry", "set DITRUN_SLOW=1 (writes ~2.6 GB to $TMPDIR)");
+            cu->destroy(cu);
+        }
     } else if (t_require_gpu_env()) {
         T_FAIL("cuda krea2 fixture", "DITRUN_REQUIRE_GPU=1 but no usable CUDA GPU");
     } else {

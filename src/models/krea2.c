@@ -11,7 +11,8 @@
  * The modulated norm (1 + scale) * RMSNorm_{1+w}(x) + shift has no fused op: the scale is folded
  * into the RMSNorm weight on the host ((1 + w) * (1 + scale), an F32 [1, D] param per norm and
  * forward) and the shift is added with gated_add(x, shift, ones) against a ones matrix.
- * Layerwise text attention (one sequence of Y rows per token) is one attention call per token.
+ * Layerwise text attention (one sequence of Y layers per token) keeps the text stream layer-major
+ * (row l*T + t) so that a single attention call with T*H heads covers every token.
  * See docs/krea2-notes.md.
  */
 #include "krea2.h"
@@ -493,10 +494,17 @@ static void build_rope(krea2_model *m, const float *pos, int64_t L) {
 
 /* ------------------------------------------------------------------ forward pieces */
 
+/* Most heads per attention call in batched mode (CUDA grids put heads on gridDim.y <= 65535). */
+#define K2_MAX_BATCHED_HEADS 32768
+
 /* Krea2Attention on normed input x [R, dim] -> y [R, dim] (y may be x's buffer: x is consumed first).
- * seg > 0: independent sequences of seg rows (layerwise text fusion); seg = 0: one sequence of R rows.
+ * nseq = 0: one sequence of R rows. nseq > 0: nseq independent sequences of R / nseq rows stored
+ * sequence-position-major (row p * nseq + s is position p of sequence s; the layerwise text fusion
+ * uses layer-major rows l * T + t). Then Q/K/V [R, H*hd] are reinterpreted as [R/nseq, nseq*H*hd]:
+ * one attention call with nseq*H query heads and nseq*Hkv kv heads attends within each sequence
+ * (q head s*H + h uses kv head s*Hkv + h/(H/Hkv), exactly the per-sequence GQA mapping).
  * cos/sin: RoPE tables (NULL data = no RoPE); bias: [1, R] key-padding bias or NULL data. */
-static void attention_block(krea2_model *m, const k2_attn *at, dt_mat x, dt_mat y, int64_t seg, dt_mat cos,
+static void attention_block(krea2_model *m, const k2_attn *at, dt_mat x, dt_mat y, int64_t nseq, dt_mat cos,
                             dt_mat sin, dt_mat bias) {
     dt_backend *be = m->be;
     k2_bufs *b = &m->buf;
@@ -511,10 +519,18 @@ static void attention_block(krea2_model *m, const k2_attn *at, dt_mat x, dt_mat 
     be->head_norm_rope(be, q, at->heads, at->hd, at->norm_q, m->c.eps, cos, sin, mode);
     be->head_norm_rope(be, k, at->kv_heads, at->hd, at->norm_k, m->c.eps, cos, sin, mode);
     float scale = 1.0f / sqrtf((float)at->hd);
-    if (seg > 0) {
-        for (int64_t r = 0; r < R; r += seg)
-            be->attention(be, dt_mat_rows(o, r, seg), dt_mat_rows(q, r, seg), dt_mat_rows(k, r, seg),
-                          dt_mat_rows(v, r, seg), at->heads, at->kv_heads, at->hd, scale, bias, 0);
+    if (nseq > 0) {
+        int64_t len = R / nseq;
+        dt_mat qb = fview(b->q, len, nseq * dim), kb = fview(b->k, len, nseq * dkv), vb = fview(b->v, len, nseq * dkv);
+        dt_mat ob = fview(b->o, len, nseq * dim);
+        int64_t per = K2_MAX_BATCHED_HEADS / at->heads;
+        if (per < 1) per = 1;
+        for (int64_t s0 = 0; s0 < nseq; s0 += per) {
+            int64_t ns = nseq - s0 < per ? nseq - s0 : per;
+            be->attention(be, dt_mat_cols(ob, s0 * dim, ns * dim), dt_mat_cols(qb, s0 * dim, ns * dim),
+                          dt_mat_cols(kb, s0 * dkv, ns * dkv), dt_mat_cols(vb, s0 * dkv, ns * dkv),
+                          (int)(ns * at->heads), (int)(ns * at->kv_heads), at->hd, scale, dt_mat_null(), 0);
+        }
     } else {
         be->attention(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale, bias, 0);
     }
@@ -532,12 +548,12 @@ static void ff_block(krea2_model *m, const k2_ff *ff, dt_mat x, dt_mat y, int64_
     be->linear(be, y, h1, ff->down);
 }
 
-/* Krea2TextFusionBlock on the stream s [R, E] in place. */
-static void text_block(krea2_model *m, const k2_text_block *tb, dt_mat s, int64_t seg, dt_mat bias) {
+/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq: see attention_block). */
+static void text_block(krea2_model *m, const k2_text_block *tb, dt_mat s, int64_t nseq, dt_mat bias) {
     dt_backend *be = m->be;
     dt_mat a = fview(m->buf.a, s.rows, s.cols);
     be->rmsnorm(be, a, s, tb->norm1, 1.0f, m->c.eps);
-    attention_block(m, &tb->attn, a, a, seg, dt_mat_null(), dt_mat_null(), bias);
+    attention_block(m, &tb->attn, a, a, nseq, dt_mat_null(), dt_mat_null(), bias);
     be->gated_add(be, s, dt_mat_null(), a);
     be->rmsnorm(be, a, s, tb->norm2, 1.0f, m->c.eps);
     ff_block(m, &tb->ff, a, a, m->c.text_intermediate);
@@ -644,14 +660,19 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
     }
 
     /* ---- text fusion ---- */
-    dt_mat ts = fview(b->ts, T * Y, E);
-    be->upload(be, ts, txt);
-    for (int i = 0; i < c->n_layerwise; i++) text_block(m, &m->lw[i], ts, Y, dt_mat_null());
-    /* projector Y -> 1: tr[t] = sum_l p_l * ts[t*Y + l]; layer l of every token is a strided view */
+    /* upload token-major [T*Y, E] into scratch, then reorder to layer-major rows l*T + t (Y strided copies) */
+    dt_mat ts = fview(b->ts, T * Y, E), raw = fview(b->a, T * Y, E);
+    be->upload(be, raw, txt);
+    for (int64_t l = 0; l < Y; l++) {
+        dt_mat lv = dt_mat_rows(raw, l, T);   /* layer l of every token: rows l, l+Y, ... */
+        lv.ld = raw.ld * Y;
+        be->copy(be, dt_mat_rows(ts, l * T, T), lv);
+    }
+    for (int i = 0; i < c->n_layerwise; i++) text_block(m, &m->lw[i], ts, T, dt_mat_null());
+    /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*T + t] */
     dt_mat tr = fview(b->tr, T, E);
     for (int64_t l = 0; l < Y; l++) {
-        dt_mat lv = dt_mat_rows(ts, l, T);
-        lv.ld = ts.ld * Y;
+        dt_mat lv = dt_mat_rows(ts, l * T, T);
         if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
         else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
     }
