@@ -3,9 +3,10 @@
  * CPU: out.sample (text padding mask), out.sample_without_mask (mask NULL) and every mid.block.N of
  * krea2_io.safetensors within KREA2_CPU_TOL; the pipeline root resolving to transformer/; repeated
  * forwards on cached buffers. CUDA (when a GPU is usable): the same outputs within KREA2_GPU_TOL.
- * q4: the fixture weights quantized in memory to MLX q4 g32 and written to a temp folder, checked
- * against an f32 twin holding exactly the dequantized weights. Errors: a missing tensor and a
- * missing config field are reported by name.
+ * q4 (CPU and CUDA): the fixture weights quantized in memory to MLX q4 g32 and written to a temp folder,
+ * checked against an f32 twin holding exactly the dequantized weights. Errors: a missing tensor and a
+ * missing config field are reported by name; an all-padding mask is rejected. DITRUN_SLOW=1 with a GPU
+ * adds the real Krea 2 geometry (2 of 28 blocks, random weights) at 1024² with timings.
  */
 #include <stdio.h>
 #include <stdlib.h>
