@@ -1,7 +1,152 @@
-/* cmd_bench.c — placeholder until the 'bench' command lands (the command reports that it is unavailable). */
+/* cmd_bench.c — `ditrun bench`: parse the options, run the bench (src/bench), print the markdown
+ * report on stdout (progress on stderr) and write the JSON lines file when asked. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
 #include "cli.h"
+#include "cli_model.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ditrun bench [--preset NAME | --model DIR] [options]\n\n"
+            "Measures one DiT denoise step from the inside: whole forward, a ledger of where the time goes\n"
+            "(cumulative-prefix op timing in a single block, block-count scaling, shares that add up to 100%%),\n"
+            "utilization next to ceilings measured in the same run, and interleaved A/B arms. Synthetic weights\n"
+            "at any geometry (cached in $TMPDIR/ditrun-bench-cache) or a real checkpoint. Markdown on stdout.\n\n"
+            "model:\n"
+            "  --preset NAME        klein-4b (default), klein-9b, tiny (krea2: not yet, no synthetic writer)\n"
+            "  --model DIR          a real FLUX.2 transformer folder / pipeline root instead of synthetic weights\n"
+            "  --hidden N --heads N --double N --single N --mlp-ratio R   geometry overrides\n"
+            "  --kv-heads N         kv heads of the GQA arm (default heads/4)\n"
+            "  --format F           f32, bf16, q4 (default), q8 (synthetic weights)\n"
+            "  --group-size N       quantization group, 32/64/128 (default 64; 32 when 64 does not divide)\n"
+            "  --fresh              rewrite the cached synthetic checkpoint; --cache-dir DIR to place it\n"
+            "workload:\n"
+            "  --image-size PX      image side (tokens = (PX/16)^2; default 1024, CPU 128)\n"
+            "  --text-tokens N      text tokens (default 512, CPU 32)\n"
+            "  --reps N --warmup N  timed repetitions (median) and excluded warm-up runs (CUDA 20/3, CPU 2/1)\n"
+            "  --arm-tokens LIST    token counts of the quantized-path arm (default 256,1024,4096,16384; CPU 64)\n"
+            "  --only LIST          sections: ledger,util,arms (default all; the whole forward always runs)\n"
+            "  --l2-mb MB           cache size rotations must exceed twice (default 60 on CUDA, the LLC on CPU)\n"
+            "  --peak-tflops T      nominal peak for the utilization table (default: H200 bf16 989 on CUDA)\n"
+            "  --seed S             random seed\n"
+            "output:\n"
+            "  --json FILE          every number as JSON lines\n"
+            "backend:\n"
+            "  --backend cpu|cuda|auto  --threads N  --qpath auto|fused|transient|cached  --rope-bf16  -q  -v\n");
+}
+
+static int parse_fmt(const char *v, int *out) {
+    if (!v) return cli_error("--format needs a value (f32, bf16, q4, q8)");
+    if (!strcmp(v, "f32")) *out = BENCH_FMT_F32;
+    else if (!strcmp(v, "bf16")) *out = BENCH_FMT_BF16;
+    else if (!strcmp(v, "q4")) *out = BENCH_FMT_Q4;
+    else if (!strcmp(v, "q8")) *out = BENCH_FMT_Q8;
+    else return cli_error("--format: unknown format '%s' (f32, bf16, q4, q8)", v);
+    return 0;
+}
+
+static int parse_list(const char *opt, const char *v, int *out, int max, int *n) {
+    if (!v) return cli_error("%s needs a comma-separated list", opt);
+    *n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        long x;
+        if (*n >= max) return cli_error("%s: at most %d values", opt, max);
+        if (cli_parse_int(opt, tok, 1, 1 << 20, &x)) return 1;
+        out[(*n)++] = (int)x;
+    }
+    if (!*n) return cli_error("%s: empty list", opt);
+    return 0;
+}
+
+static int parse_sections(const char *v, unsigned *out) {
+    if (!v) return cli_error("--only needs a list (ledger, util, arms)");
+    *out = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (!strcmp(tok, "ledger")) *out |= BENCH_LEDGER;
+        else if (!strcmp(tok, "util")) *out |= BENCH_UTIL;
+        else if (!strcmp(tok, "arms")) *out |= BENCH_ARMS;
+        else return cli_error("--only: unknown section '%s' (ledger, util, arms)", tok);
+    }
+    return 0;
+}
 
 int cmd_bench(int argc, char **argv) {
-    (void)argc; (void)argv;
-    return cli_error("'bench' is not available in this build yet");
+    bench_opts o;
+    bench_opts_default(&o);
+    cli_model_opts mo;
+    cli_model_opts_default(&mo);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x;
+        double d;
+        int rc = cli_model_opt(&mo, argc, argv, &i);
+        if (rc < 0) return 1;
+        if (rc > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--preset")) { if (!v) return cli_error("--preset needs a value"); o.preset = v; i++; }
+        else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a folder"); o.model_dir = v; i++; }
+        else if (!strcmp(a, "--hidden")) { if (cli_parse_int(a, v, 8, 65536, &x)) return 1; o.hidden = (int)x; i++; }
+        else if (!strcmp(a, "--heads")) { if (cli_parse_int(a, v, 1, 1024, &x)) return 1; o.heads = (int)x; i++; }
+        else if (!strcmp(a, "--kv-heads")) { if (cli_parse_int(a, v, 1, 1024, &x)) return 1; o.kv_heads = (int)x; i++; }
+        else if (!strcmp(a, "--double")) { if (cli_parse_int(a, v, 0, 1024, &x)) return 1; o.n_double = (int)x; i++; }
+        else if (!strcmp(a, "--single")) { if (cli_parse_int(a, v, 0, 1024, &x)) return 1; o.n_single = (int)x; i++; }
+        else if (!strcmp(a, "--mlp-ratio")) {
+            if (cli_parse_float(a, v, &d)) return 1;
+            if (!(d > 0 && d < 64)) return cli_error("--mlp-ratio must be in (0, 64)");
+            o.mlp_ratio = d; i++;
+        }
+        else if (!strcmp(a, "--format")) { if (parse_fmt(v, &o.format)) return 1; i++; }
+        else if (!strcmp(a, "--group-size")) {
+            if (cli_parse_int(a, v, 32, 128, &x)) return 1;
+            if (x != 32 && x != 64 && x != 128) return cli_error("--group-size must be 32, 64 or 128");
+            o.group = (int)x; i++;
+        }
+        else if (!strcmp(a, "--image-size")) { if (cli_parse_int(a, v, 16, 16384, &x)) return 1; o.image_size = (int)x; i++; }
+        else if (!strcmp(a, "--text-tokens")) { if (cli_parse_int(a, v, 0, 65536, &x)) return 1; o.text_tokens = (int)x; i++; }
+        else if (!strcmp(a, "--reps")) { if (cli_parse_int(a, v, 1, 100000, &x)) return 1; o.reps = (int)x; i++; }
+        else if (!strcmp(a, "--warmup")) { if (cli_parse_int(a, v, 0, 100000, &x)) return 1; o.warmup = (int)x; i++; }
+        else if (!strcmp(a, "--arm-tokens")) { if (parse_list(a, v, o.arm_tokens, 8, &o.n_arm_tokens)) return 1; i++; }
+        else if (!strcmp(a, "--only")) { if (parse_sections(v, &o.sections)) return 1; i++; }
+        else if (!strcmp(a, "--l2-mb")) {
+            if (cli_parse_float(a, v, &d)) return 1;
+            if (!(d > 0)) return cli_error("--l2-mb must be positive");
+            o.l2_mb = d; i++;
+        }
+        else if (!strcmp(a, "--peak-tflops")) {
+            if (cli_parse_float(a, v, &d)) return 1;
+            if (!(d > 0)) return cli_error("--peak-tflops must be positive");
+            o.peak_tflops = d; i++;
+        }
+        else if (!strcmp(a, "--seed")) { if (cli_parse_int(a, v, 0, 1L << 30, &x)) return 1; o.seed = (uint64_t)x; i++; }
+        else if (!strcmp(a, "--json")) { if (!v) return cli_error("--json needs a file"); o.json_path = v; i++; }
+        else if (!strcmp(a, "--cache-dir")) { if (!v) return cli_error("--cache-dir needs a folder"); o.cache_dir = v; i++; }
+        else if (!strcmp(a, "--fresh")) o.fresh = 1;
+        else return cli_error("bench: unknown option '%s' (see ditrun bench --help)", a);
+    }
+    o.backend = mo.backend;
+    o.be = mo.be;
+    bench_report *r = calloc(1, sizeof *r);
+    if (!r) return cli_error("out of memory");
+    if (bench_run(&o, r)) {
+        free(r);
+        return cli_error("%s", dt_last_error());
+    }
+    bench_report_markdown(r, stdout);
+    fflush(stdout);
+    if (o.json_path) {
+        if (bench_report_json(r, o.json_path)) {
+            free(r);
+            return cli_error("%s", dt_last_error());
+        }
+        fprintf(stderr, "bench: wrote %s\n", o.json_path);
+    }
+    free(r);
+    return 0;
 }

@@ -1,0 +1,139 @@
+/* bench.h — `ditrun bench`: one DiT denoise step measured from the inside, on any backend.
+ *
+ * A bench run loads a FLUX.2 checkpoint (a real one, or a synthetic one written at a preset or custom
+ * geometry and cached in $TMPDIR) and produces a bench_report:
+ *   - whole forward: flux2_forward (in-model, wall clock incl. host I/O) and the bench's device-only
+ *     replica of the same op sequence (bench_model.c), with the max |difference| of their outputs;
+ *   - ledger: cumulative-prefix timing of the ops inside one single-stream block, block-count scaling
+ *     of the forward, and the shares of the step (GEMMs, attention, elementwise, double blocks' extra,
+ *     embedders/final layer, unexplained remainder) that add up to 100 %;
+ *   - utilization: TFLOPS of every GEMM shape (in-model and isolated) and attention next to ceilings
+ *     measured in the same run (dense bf16 GEMM at each shape, device copy bandwidth) and a nominal peak;
+ *   - A/B arms, interleaved in one process: quantized paths, RoPE bf16/fp32, zero mask/none,
+ *     native GQA/repeated KV, CUDA graph/eager, threads 1/all.
+ * Every timed region ends with a device synchronization (backend events, or sync + wall clock).
+ */
+#ifndef DT_BENCH_H
+#define DT_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backends/backend.h"
+#include "models/flux2.h"
+
+enum { BENCH_FMT_F32 = 1, BENCH_FMT_BF16, BENCH_FMT_Q4, BENCH_FMT_Q8 };
+enum { BENCH_LEDGER = 1, BENCH_UTIL = 2, BENCH_ARMS = 4, BENCH_ALL = 7 };
+
+typedef struct {
+    const char *preset;        /* "klein-4b", "klein-9b", "tiny", "krea2" (NULL with model_dir) */
+    const char *model_dir;     /* real checkpoint instead of synthetic weights */
+    /* geometry overrides (-1 = preset value) */
+    int hidden, heads, kv_heads, n_double, n_single;
+    double mlp_ratio;          /* <= 0: preset */
+    int format, group;         /* BENCH_FMT_*, quantization group (synthetic weights) */
+    int image_size, text_tokens;   /* -1: backend default (CUDA 1024 / 512, CPU scaled down) */
+    int reps, warmup;          /* -1: backend default */
+    int arm_tokens[8], n_arm_tokens;   /* image tokens of the quantized-path arm (0 = default list) */
+    double l2_mb;              /* cache size the rotations must exceed (<= 0: 60 on CUDA, LLC on CPU) */
+    double peak_tflops;        /* nominal peak (<= 0: table) */
+    const char *json_path;     /* JSON lines output or NULL */
+    const char *cache_dir;     /* synthetic checkpoint cache (NULL: $TMPDIR or /tmp) */
+    int fresh;                 /* rewrite the synthetic checkpoint */
+    const char *backend;       /* "auto", "cpu", "cuda" */
+    dt_backend_opts be;
+    unsigned sections;         /* BENCH_LEDGER | BENCH_UTIL | BENCH_ARMS */
+    uint64_t seed;
+} bench_opts;
+
+typedef struct { double med, min, max, p10, p90; int n; } bench_stat;
+
+enum { BENCH_CAT_GEMM = 0, BENCH_CAT_ATTN, BENCH_CAT_ELEM };
+
+#define BENCH_N_OPS 8
+typedef struct {
+    const char *name;          /* "adaLN norm", "proj GEMM", ... */
+    int cat;                   /* BENCH_CAT_* */
+    bench_stat prefix;         /* time of the prefix ending with this op, per block (ms) */
+    double ms;                 /* increment: median(prefix k) - median(prefix k-1) */
+    double gflop;              /* work of the op per block (0 for elementwise) */
+} bench_op;
+
+typedef struct { int nd, ns; bench_stat t; } bench_scale;
+
+typedef struct {
+    char name[80];
+    double ms, share;          /* share of the device-only forward, % */
+    int level;                 /* 0 = category, 1 = detail line (not summed) */
+} bench_share;
+
+typedef struct {
+    char name[48];
+    int64_t M, K, N;
+    int count;                 /* how many of these GEMMs one forward runs */
+    double gflop;              /* one GEMM */
+    double inmodel_ms;         /* from the ledger (< 0: not measured in-model) */
+    bench_stat iso, ceil;      /* isolated with the model's weights / dense bf16 random weights, per GEMM */
+    int iso_bufs, ceil_bufs;   /* distinct weight buffers rotated */
+    double iso_mb, ceil_mb;    /* their total size */
+} bench_gemm;
+
+typedef struct {
+    char arm[32];              /* "qpath", "rope", "mask", "gqa", "graph", "threads" */
+    char what[96];             /* shape / workload */
+    char a[24], b[24];         /* variant names (A = reference) */
+    bench_stat sa, sb;         /* ms per sample */
+    double ratio;              /* median B / median A */
+    double maxdiff, ref_absmax;/* max |A - B| of the outputs, max |A| */
+    double tol;                /* agreement tolerance relative to ref_absmax */
+    int skipped;
+    char note[200];
+} bench_arm;
+
+#define BENCH_MAX_NOTES 24
+typedef struct {
+    /* setup */
+    char backend[16], source[320], fmt[64], preset[32];
+    flux2_config c;
+    int n_img, n_txt, image_size, reps, warmup, kv_heads;
+    double synth_s, load_s, l2_mb;
+    /* whole forward */
+    bench_stat fwd_model, fwd_dev;     /* flux2_forward wall (ms), replica device-only (ms) */
+    double fwd_model_warm_ms, fwd_dev_warm_ms;
+    double fwd_maxdiff, fwd_absmax;
+    double gflop_gemm, gflop_attn;     /* per forward */
+    /* ledger */
+    bench_op ops[BENCH_N_OPS];
+    int n_ops, prefix_blocks;
+    bench_scale scale[8];
+    int n_scale;
+    double embed_ms, double_ms, single_slope_ms, single_ledger_ms;
+    bench_share shares[20];
+    int n_shares;
+    double remainder_ms, remainder_share, total_ms;
+    /* utilization */
+    bench_gemm gemm[16];
+    int n_gemm;
+    bench_stat attn_iso;
+    double attn_gflop, attn_inmodel_ms;
+    bench_stat copy;
+    double copy_bytes, copy_gbs;
+    double peak_tflops;
+    char peak_src[64];
+    /* arms */
+    bench_arm arms[40];
+    int n_arms;
+    char notes[BENCH_MAX_NOTES][240];
+    int n_notes;
+    double total_s;
+} bench_report;
+
+void bench_opts_default(bench_opts *o);
+/* Run the bench (progress on stderr). 0 ok, -1 error (dt_last_error). */
+int bench_run(const bench_opts *o, bench_report *r);
+/* Markdown tables. */
+void bench_report_markdown(const bench_report *r, FILE *f);
+/* Every number as JSON lines. 0 ok, -1 error. */
+int bench_report_json(const bench_report *r, const char *path);
+
+#endif

@@ -1,0 +1,561 @@
+/* bench_arms.c — paired A/B arms, interleaved in one process (A B A B ...: ambient load hits both),
+ * each reported with median and spread, the ratio B/A and the max |A - B| of the outputs:
+ *   qpath    fused qmm vs transient dequantize+GEMM vs cached dense weights, single-block GEMM shapes
+ *            at several token counts (three backends on the same host weights);
+ *   rope     head_norm_rope rotating in fp32 vs bf16 products (two backends);
+ *   mask     attention with an all-zero additive key mask vs none;
+ *   gqa      native grouped-query attention vs K/V repeated to every query head (copies + attention);
+ *   graph    the device-only forward replayed from a CUDA graph vs issued eagerly (build time apart);
+ *   threads  one single block with 1 CPU thread vs all (CPU backend).
+ * Isolated arms rotate through distinct buffers so that one timed pass exceeds twice the cache.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_internal.h"
+#include "pipeline/latents.h"
+
+typedef struct {
+    const char *arm;
+    char what[96];
+    const char *names[3];
+    int nv;
+    double (*time)(void *ctx, int v);            /* one timed sample of variant v (ms) */
+    void (*output)(void *ctx, int v, float *out); /* the comparable output of variant v */
+    size_t out_n;
+    double tol;
+    char note[200];
+} arm_spec;
+
+static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
+    bench_report *r = x->r;
+    int reps = x->reps;
+    bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
+    double *s = dt_malloc(sizeof(double) * a->nv * reps);
+    for (int rep = -x->warmup; rep < reps; rep++)
+        for (int v = 0; v < a->nv; v++) {
+            double ms = a->time(ctx, v);
+            if (rep >= 0) s[v * reps + rep] = ms;
+        }
+    float *o0 = dt_malloc(sizeof(float) * (a->out_n ? a->out_n : 1)), *o1 = dt_malloc(sizeof(float) * (a->out_n ? a->out_n : 1));
+    a->output(ctx, 0, o0);
+    double absmax = bench_max_abs(o0, a->out_n);
+    bench_stat s0 = bench_stats(s, reps);
+    for (int v = 1; v < a->nv && r->n_arms < (int)(sizeof r->arms / sizeof r->arms[0]); v++) {
+        a->output(ctx, v, o1);
+        bench_arm *row = &r->arms[r->n_arms++];
+        memset(row, 0, sizeof *row);
+        snprintf(row->arm, sizeof row->arm, "%s", a->arm);
+        snprintf(row->what, sizeof row->what, "%s", a->what);
+        snprintf(row->a, sizeof row->a, "%s", a->names[0]);
+        snprintf(row->b, sizeof row->b, "%s", a->names[v]);
+        snprintf(row->note, sizeof row->note, "%s", a->note);
+        row->sa = s0;
+        row->sb = bench_stats(s + v * reps, reps);
+        row->ratio = row->sa.med > 0 ? row->sb.med / row->sa.med : 0;
+        row->maxdiff = bench_max_abs_diff(o1, o0, a->out_n);
+        row->ref_absmax = absmax;
+        row->tol = a->tol;
+    }
+    free(o0);
+    free(o1);
+    free(s);
+}
+
+static void skip_arm(bench_report *r, const char *arm, const char *a, const char *b, const char *why) {
+    if (r->n_arms >= (int)(sizeof r->arms / sizeof r->arms[0])) return;
+    bench_arm *row = &r->arms[r->n_arms++];
+    memset(row, 0, sizeof *row);
+    snprintf(row->arm, sizeof row->arm, "%s", arm);
+    snprintf(row->a, sizeof row->a, "%s", a);
+    snprintf(row->b, sizeof row->b, "%s", b);
+    snprintf(row->note, sizeof row->note, "%s", why);
+    row->skipped = 1;
+}
+
+static dt_backend *make_backend(bench_ctx *x, dt_backend_opts o) {
+    dt_backend *be = dt_backend_create(x->r->backend, &o);
+    if (!be) {
+        fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+        exit(1);
+    }
+    return be;
+}
+
+/* ------------------------------------------------------------------ qpath */
+
+typedef struct {
+    dt_backend *be[3];
+    bench_timer tm[3];
+    dt_linear *w[3][2][64];   /* [variant][shape][block] */
+    int nw[2];
+    dt_mat xm[3], ym[3];
+    int shape;
+    int64_t rows_out;         /* rows compared */
+} qpath_ctx;
+
+static double qpath_time(void *c, int v) {
+    qpath_ctx *q = c;
+    dt_backend *be = q->be[v];
+    bench_timer_start(&q->tm[v]);
+    for (int i = 0; i < q->nw[q->shape]; i++) be->linear(be, q->ym[v], q->xm[v], q->w[v][q->shape][i]);
+    return bench_timer_stop(&q->tm[v]) / q->nw[q->shape];
+}
+
+static void qpath_output(void *c, int v, float *out) {
+    qpath_ctx *q = c;
+    dt_backend *be = q->be[v];
+    be->linear(be, q->ym[v], q->xm[v], q->w[v][q->shape][0]);
+    be->download(be, out, dt_mat_rows(q->ym[v], 0, q->rows_out));
+}
+
+static void arm_qpath(bench_ctx *x) {
+    bench_report *r = x->r;
+    bm_model *bm = x->bm;
+    const flux2_config *c = &r->c;
+    int ns = c->num_single_layers;
+    dt_linear_src src[2];
+    if (ns == 0 || dt_weights_linear(bm->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj", -1, -1, -1, &src[0]) ||
+        dt_weights_linear(bm->w, "single_transformer_blocks.0.attn.to_out", -1, -1, -1, &src[1])) {
+        skip_arm(r, "qpath", "fused", "transient/cached", "no single blocks to take the GEMM shapes from");
+        return;
+    }
+    if (!src[0].bits) {
+        skip_arm(r, "qpath", "fused", "transient/cached", "dense weights: the quantized-path arm needs --format q4 or q8");
+        return;
+    }
+    qpath_ctx q;
+    memset(&q, 0, sizeof q);
+    dt_qpath paths[3] = {DT_QPATH_FUSED, DT_QPATH_TRANSIENT, DT_QPATH_CACHED};
+    for (int s = 0; s < 2; s++) {
+        double each = (double)bench_src_bytes(&src[s]);
+        int k = (int)ceil(x->rot_bytes / each);
+        q.nw[s] = k < 1 ? 1 : k > ns ? ns : k > 64 ? 64 : k;
+    }
+    for (int v = 0; v < 3; v++) {
+        dt_backend_opts o = x->be->opts;
+        o.qpath = paths[v];
+        q.be[v] = make_backend(x, o);
+        bench_timer_init(&q.tm[v], q.be[v]);
+        for (int s = 0; s < 2; s++)
+            for (int i = 0; i < q.nw[s]; i++) {
+                char nm[128];
+                snprintf(nm, sizeof nm, s == 0 ? "single_transformer_blocks.%d.attn.to_qkv_mlp_proj" : "single_transformer_blocks.%d.attn.to_out", i);
+                dt_linear_src ls;
+                if (dt_weights_linear(bm->w, nm, -1, -1, -1, &ls) || !(q.w[v][s][i] = q.be[v]->linear_create(q.be[v], &ls))) {
+                    fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+                    exit(1);
+                }
+            }
+    }
+    const char *note = x->is_cpu ? "the CPU backend dequantizes per tile whatever the qpath: the arms time the same code"
+                                 : "isolated; weights of distinct single blocks rotated";
+    for (int ti = 0; ti < x->n_arm_tokens; ti++) {
+        int64_t M = x->arm_tokens[ti];
+        for (int s = 0; s < 2; s++) {
+            int64_t K = src[s].in, N = src[s].out;
+            float *hx = dt_malloc(sizeof(float) * (size_t)M * K);
+            dt_randn(x->o->seed, 40 + s, 0, hx, (size_t)M * K);
+            for (int v = 0; v < 3; v++) {
+                q.xm[v] = dt_alloc_or_die(q.be[v], M, K, q.be[v]->act_dtype);
+                q.ym[v] = dt_alloc_or_die(q.be[v], M, N, q.be[v]->act_dtype);
+                q.be[v]->upload(q.be[v], q.xm[v], hx);
+            }
+            free(hx);
+            q.shape = s;
+            q.rows_out = M < 256 ? M : 256;
+            arm_spec a = {0};
+            a.arm = "qpath";
+            snprintf(a.what, sizeof a.what, "%s M=%lld K=%lld N=%lld (%d bufs)", s == 0 ? "proj" : "out", (long long)M,
+                     (long long)K, (long long)N, q.nw[s]);
+            a.names[0] = "fused";
+            a.names[1] = "transient";
+            a.names[2] = "cached";
+            a.nv = 3;
+            a.time = qpath_time;
+            a.output = qpath_output;
+            a.out_n = (size_t)q.rows_out * N;
+            a.tol = x->is_cpu ? 1e-5 : 2e-2;   /* bf16 outputs, different accumulation orders on CUDA */
+            snprintf(a.note, sizeof a.note, "%s", note);
+            run_arm(x, &a, &q);
+            for (int v = 0; v < 3; v++) {
+                bench_sync_or_die(q.be[v]);
+                q.be[v]->free(q.be[v], &q.xm[v]);
+                q.be[v]->free(q.be[v], &q.ym[v]);
+            }
+        }
+    }
+    for (int v = 0; v < 3; v++) {
+        bench_sync_or_die(q.be[v]);
+        for (int s = 0; s < 2; s++)
+            for (int i = 0; i < q.nw[s]; i++) q.be[v]->linear_destroy(q.be[v], q.w[v][s][i]);
+        bench_timer_free(&q.tm[v]);
+        q.be[v]->destroy(q.be[v]);
+    }
+}
+
+/* ------------------------------------------------------------------ rope */
+
+typedef struct {
+    bm_model *bm[2];
+    bench_timer tm[2];
+    dt_mat src[2], work[2][16];
+    int nb;
+} rope_ctx;
+
+static void rope_apply(rope_ctx *c, int v, dt_mat m) {
+    bm_model *bm = c->bm[v];
+    bm->be->head_norm_rope(bm->be, m, bm->c.heads, bm->c.head_dim, bm->sb[0].norm_q, bm->c.eps, bm->cos, bm->sin,
+                           DT_ROPE_INTERLEAVED);
+}
+
+static double rope_time(void *p, int v) {
+    rope_ctx *c = p;
+    dt_backend *be = c->bm[v]->be;
+    for (int i = 0; i < c->nb; i++) be->copy(be, c->work[v][i], c->src[v]);   /* restore, outside the timing */
+    bench_timer_start(&c->tm[v]);
+    for (int i = 0; i < c->nb; i++) rope_apply(c, v, c->work[v][i]);
+    return bench_timer_stop(&c->tm[v]) / c->nb;
+}
+
+static void rope_output(void *p, int v, float *out) {
+    rope_ctx *c = p;
+    dt_backend *be = c->bm[v]->be;
+    be->copy(be, c->work[v][0], c->src[v]);
+    rope_apply(c, v, c->work[v][0]);
+    be->download(be, out, c->work[v][0]);
+}
+
+static void arm_rope(bench_ctx *x) {
+    bench_report *r = x->r;
+    const flux2_config *c = &r->c;
+    if (c->num_single_layers == 0) { skip_arm(r, "rope", "fp32", "bf16", "no single blocks"); return; }
+    rope_ctx rc;
+    memset(&rc, 0, sizeof rc);
+    int64_t L = (int64_t)x->n + x->t, D = c->hidden;
+    double bytes = (double)L * D * dt_dtype_size(x->be->act_dtype);
+    rc.nb = (int)ceil(x->rot_bytes / bytes);
+    if (rc.nb < 1) rc.nb = 1;
+    if (rc.nb > 16) rc.nb = 16;
+    float *hq = dt_malloc(sizeof(float) * (size_t)L * D);
+    dt_randn(x->o->seed, 50, 0, hq, (size_t)L * D);
+    for (int v = 0; v < 2; v++) {
+        dt_backend_opts o = x->be->opts;
+        o.rope_fp32 = v == 0;
+        dt_backend *be = make_backend(x, o);
+        rc.bm[v] = bm_load(be, x->dir, 0, 1, 0, 0);
+        if (!rc.bm[v]) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
+        bm_alloc(rc.bm[v], x->n, x->t, x->img_ids, x->txt_ids);
+        bench_timer_init(&rc.tm[v], be);
+        rc.src[v] = dt_alloc_or_die(be, L, D, be->act_dtype);
+        be->upload(be, rc.src[v], hq);
+        for (int i = 0; i < rc.nb; i++) rc.work[v][i] = dt_alloc_or_die(be, L, D, be->act_dtype);
+    }
+    free(hq);
+    arm_spec a = {0};
+    a.arm = "rope";
+    snprintf(a.what, sizeof a.what, "QK norm + RoPE on Q [%lld, %lld] (%d bufs)", (long long)L, (long long)D, rc.nb);
+    a.names[0] = "fp32";
+    a.names[1] = "bf16";
+    a.nv = 2;
+    a.time = rope_time;
+    a.output = rope_output;
+    a.out_n = (size_t)L * D;
+    a.tol = x->is_cpu ? 1e-6 : 3e-2;   /* bf16 products: a few bf16 ulps of |x| <= ~4 */
+    snprintf(a.note, sizeof a.note, "%s", x->is_cpu ? "the CPU backend rotates in f32 either way (flag ignored)" : "isolated");
+    run_arm(x, &a, &rc);
+    for (int v = 0; v < 2; v++) {
+        dt_backend *be = rc.bm[v]->be;
+        bench_sync_or_die(be);
+        be->free(be, &rc.src[v]);
+        for (int i = 0; i < rc.nb; i++) be->free(be, &rc.work[v][i]);
+        bench_timer_free(&rc.tm[v]);
+        bm_free(rc.bm[v]);
+        be->destroy(be);
+    }
+}
+
+/* ------------------------------------------------------------------ attention: mask, GQA */
+
+typedef struct {
+    dt_backend *be;
+    bench_timer tm;
+    dt_mat q, k, v, o, bias, kn, vn, kr, vr;
+    int hq, hkv, hd;
+    float scale;
+} attn_ctx;
+
+static double mask_time(void *p, int v) {
+    attn_ctx *c = p;
+    bench_timer_start(&c->tm);
+    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, v ? c->bias : dt_mat_null(), 0);
+    return bench_timer_stop(&c->tm);
+}
+
+static void mask_output(void *p, int v, float *out) {
+    attn_ctx *c = p;
+    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, v ? c->bias : dt_mat_null(), 0);
+    c->be->download(c->be, out, c->o);
+}
+
+/* K/V [L, hkv*hd] -> [L, hq*hd], query head h reading kv head h / g: viewing the repeated matrix as
+ * [L*hkv, g*hd] rows, group member r of every kv head is one strided column block: g copies. */
+static void gqa_repeat(attn_ctx *c, dt_mat rep, dt_mat src) {
+    int g = c->hq / c->hkv;
+    int64_t L = src.rows;
+    dt_mat rv = dt_mat_reshape(rep, L * c->hkv, (int64_t)g * c->hd);
+    dt_mat sv = dt_mat_reshape(src, L * c->hkv, c->hd);
+    for (int r = 0; r < g; r++) c->be->copy(c->be, dt_mat_cols(rv, (int64_t)r * c->hd, c->hd), sv);
+}
+
+static void gqa_run(attn_ctx *c, int v) {
+    if (v == 0) {
+        c->be->attention(c->be, c->o, c->q, c->kn, c->vn, c->hq, c->hkv, c->hd, c->scale, dt_mat_null(), 0);
+    } else {
+        gqa_repeat(c, c->kr, c->kn);
+        gqa_repeat(c, c->vr, c->vn);
+        c->be->attention(c->be, c->o, c->q, c->kr, c->vr, c->hq, c->hq, c->hd, c->scale, dt_mat_null(), 0);
+    }
+}
+
+static double gqa_time(void *p, int v) {
+    attn_ctx *c = p;
+    bench_timer_start(&c->tm);
+    gqa_run(c, v);
+    return bench_timer_stop(&c->tm);
+}
+
+static void gqa_output(void *p, int v, float *out) {
+    attn_ctx *c = p;
+    gqa_run(c, v);
+    c->be->download(c->be, out, c->o);
+}
+
+static void arms_attention(bench_ctx *x) {
+    bench_report *r = x->r;
+    const flux2_config *c = &r->c;
+    dt_backend *be = x->be;
+    attn_ctx ac;
+    memset(&ac, 0, sizeof ac);
+    ac.be = be;
+    ac.hq = c->heads;
+    ac.hkv = r->kv_heads;
+    ac.hd = c->head_dim;
+    ac.scale = 1.0f / sqrtf((float)c->head_dim);
+    int64_t L = (int64_t)x->n + x->t, D = c->hidden, Dkv = (int64_t)ac.hkv * ac.hd;
+    bench_timer_init(&ac.tm, be);
+    ac.q = dt_alloc_or_die(be, L, D, be->act_dtype);
+    ac.k = dt_alloc_or_die(be, L, D, be->act_dtype);
+    ac.v = dt_alloc_or_die(be, L, D, be->act_dtype);
+    ac.o = dt_alloc_or_die(be, L, D, be->act_dtype);
+    bench_fill_randn(be, ac.q, 61, 1.0f);
+    bench_fill_randn(be, ac.k, 62, 1.0f);
+    bench_fill_randn(be, ac.v, 63, 1.0f);
+    ac.bias = dt_alloc_or_die(be, 1, L, DT_F32);
+    float *z = dt_calloc((size_t)L, sizeof(float));   /* the arm is an all-zero additive mask */
+    be->upload(be, ac.bias, z);
+    free(z);
+    double tol_exact = x->is_cpu ? 1e-5 : 2e-2;
+    arm_spec a = {0};
+    a.arm = "mask";
+    snprintf(a.what, sizeof a.what, "attention L=%lld, %d heads x %d", (long long)L, ac.hq, ac.hd);
+    a.names[0] = "no mask";
+    a.names[1] = "zero mask";
+    a.nv = 2;
+    a.time = mask_time;
+    a.output = mask_output;
+    a.out_n = (size_t)L * D;
+    a.tol = tol_exact;
+    snprintf(a.note, sizeof a.note, "isolated; key_bias [1, L] of zeros");
+    run_arm(x, &a, &ac);
+
+    if (ac.hkv == ac.hq) {
+        skip_arm(r, "gqa", "native", "repeated KV", "kv heads = heads (pass --kv-heads)");
+    } else {
+        ac.kn = dt_alloc_or_die(be, L, Dkv, be->act_dtype);
+        ac.vn = dt_alloc_or_die(be, L, Dkv, be->act_dtype);
+        bench_fill_randn(be, ac.kn, 64, 1.0f);
+        bench_fill_randn(be, ac.vn, 65, 1.0f);
+        ac.kr = ac.k;   /* reuse [L, D] buffers for the repeated heads */
+        ac.vr = ac.v;
+        arm_spec g = {0};
+        g.arm = "gqa";
+        snprintf(g.what, sizeof g.what, "attention L=%lld, %d q heads, %d kv heads x %d", (long long)L, ac.hq, ac.hkv, ac.hd);
+        g.names[0] = "native GQA";
+        g.names[1] = "repeated KV";
+        g.nv = 2;
+        g.time = gqa_time;
+        g.output = gqa_output;
+        g.out_n = (size_t)L * D;
+        g.tol = tol_exact;
+        snprintf(g.note, sizeof g.note, "isolated; repeated = %d strided copies of K and V + attention with %d kv heads",
+                 ac.hq / ac.hkv, ac.hq);
+        run_arm(x, &g, &ac);
+        bench_sync_or_die(be);
+        be->free(be, &ac.kn);
+        be->free(be, &ac.vn);
+    }
+    bench_sync_or_die(be);
+    be->free(be, &ac.q); be->free(be, &ac.k); be->free(be, &ac.v); be->free(be, &ac.o); be->free(be, &ac.bias);
+    bench_timer_free(&ac.tm);
+}
+
+/* ------------------------------------------------------------------ graph */
+
+typedef struct {
+    bm_model *bm;
+    bench_timer tm;
+    void *graph;
+} graph_ctx;
+
+static void graph_run(graph_ctx *g, int v) {
+    if (v == 0) bm_forward(g->bm, g->bm->nd, g->bm->ns);
+    else if (g->bm->be->graph_launch(g->bm->be, g->graph)) {
+        fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+        exit(1);
+    }
+}
+
+static double graph_time(void *p, int v) {
+    graph_ctx *g = p;
+    bench_timer_start(&g->tm);
+    graph_run(g, v);
+    return bench_timer_stop(&g->tm);
+}
+
+static void graph_output(void *p, int v, float *out) {
+    graph_ctx *g = p;
+    graph_run(g, v);
+    g->bm->be->download(g->bm->be, out, g->bm->out);
+}
+
+static void arm_graph(bench_ctx *x) {
+    bench_report *r = x->r;
+    dt_backend *be = x->be;
+    if (!be->capture_begin || !be->capture_end || !be->graph_launch) {
+        skip_arm(r, "graph", "eager", "graph", "the backend has no graph capture");
+        bench_note(r, "graph arm skipped: the %s backend has no graph capture", r->backend);
+        return;
+    }
+    graph_ctx g;
+    memset(&g, 0, sizeof g);
+    g.bm = x->bm;
+    bm_forward(g.bm, g.bm->nd, g.bm->ns);   /* eager warm-up: scratch buffers grown before the capture */
+    bench_sync_or_die(be);
+    double t0 = dt_now();
+    if (be->capture_begin(be)) {
+        skip_arm(r, "graph", "eager", "graph", "capture_begin failed");
+        bench_note(r, "graph arm skipped: %s", dt_last_error());
+        return;
+    }
+    bm_forward(g.bm, g.bm->nd, g.bm->ns);
+    g.graph = be->capture_end(be);
+    double build_ms = (dt_now() - t0) * 1e3;
+    if (!g.graph) {
+        skip_arm(r, "graph", "eager", "graph", "capture failed");
+        bench_note(r, "graph arm skipped: %s", dt_last_error());
+        return;
+    }
+    bench_timer_init(&g.tm, be);
+    /* the first replay (upload of the executable graph) is warm-up, reported with the build */
+    bench_timer_start(&g.tm);
+    graph_run(&g, 1);
+    double first_ms = bench_timer_stop(&g.tm);
+    bench_note(r, "graph build (capture + instantiate) %.2f ms and first replay %.2f ms: excluded from the graph arm's step time",
+               build_ms, first_ms);
+    arm_spec a = {0};
+    a.arm = "graph";
+    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
+    a.names[0] = "eager";
+    a.names[1] = "graph";
+    a.nv = 2;
+    a.time = graph_time;
+    a.output = graph_output;
+    a.out_n = (size_t)x->n * r->c.out_channels;
+    a.tol = 1e-3;
+    snprintf(a.note, sizeof a.note, "in-model; build %.1f ms excluded", build_ms);
+    run_arm(x, &a, &g);
+    bench_sync_or_die(be);
+    if (be->graph_destroy) be->graph_destroy(be, g.graph);
+    bench_timer_free(&g.tm);
+}
+
+/* ------------------------------------------------------------------ threads */
+
+typedef struct {
+    bm_model *bm[2];
+    dt_mat s0[2];
+    bench_timer tm[2];
+} threads_ctx;
+
+static double threads_time(void *p, int v) {
+    threads_ctx *c = p;
+    dt_backend *be = c->bm[v]->be;
+    be->copy(be, c->bm[v]->s, c->s0[v]);
+    bench_timer_start(&c->tm[v]);
+    bm_single_stages(c->bm[v], 0, BM_ST_FULL);
+    return bench_timer_stop(&c->tm[v]);
+}
+
+static void threads_output(void *p, int v, float *out) {
+    threads_ctx *c = p;
+    dt_backend *be = c->bm[v]->be;
+    be->copy(be, c->bm[v]->s, c->s0[v]);
+    bm_single_stages(c->bm[v], 0, BM_ST_FULL);
+    be->download(be, out, c->bm[v]->s);
+}
+
+static void arm_threads(bench_ctx *x) {
+    bench_report *r = x->r;
+    if (!x->is_cpu) { skip_arm(r, "threads", "1 thread", "all", "CPU backend only"); return; }
+    if (r->c.num_single_layers == 0) { skip_arm(r, "threads", "1 thread", "all", "no single blocks"); return; }
+    threads_ctx tc;
+    memset(&tc, 0, sizeof tc);
+    int nall = 0;
+    for (int v = 0; v < 2; v++) {
+        dt_backend_opts o = x->be->opts;
+        o.threads = v == 0 ? 1 : 0;
+        dt_backend *be = make_backend(x, o);
+        if (v == 1) nall = be->opts.threads;
+        tc.bm[v] = bm_load(be, x->dir, 0, 1, 0, 0);
+        if (!tc.bm[v]) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
+        bm_alloc(tc.bm[v], x->n, x->t, x->img_ids, x->txt_ids);
+        bm_randomize(tc.bm[v], 71);
+        int64_t L = (int64_t)x->n + x->t;
+        tc.s0[v] = dt_alloc_or_die(be, L, r->c.hidden, be->act_dtype);
+        be->copy(be, tc.s0[v], tc.bm[v]->s);
+        bench_timer_init(&tc.tm[v], be);
+    }
+    arm_spec a = {0};
+    a.arm = "threads";
+    snprintf(a.what, sizeof a.what, "one single block, %d tokens", x->n + x->t);
+    a.names[0] = "1 thread";
+    static char all_name[24];
+    snprintf(all_name, sizeof all_name, "all (%d)", nall);
+    a.names[1] = all_name;
+    a.nv = 2;
+    a.time = threads_time;
+    a.output = threads_output;
+    a.out_n = (size_t)(x->n + x->t) * r->c.hidden;
+    a.tol = 1e-4;
+    snprintf(a.note, sizeof a.note, "%s", nall == 1 ? "only one core: both arms use 1 thread" : "in-model block");
+    run_arm(x, &a, &tc);
+    for (int v = 0; v < 2; v++) {
+        dt_backend *be = tc.bm[v]->be;
+        be->free(be, &tc.s0[v]);
+        bench_timer_free(&tc.tm[v]);
+        bm_free(tc.bm[v]);
+        be->destroy(be);
+    }
+}
+
+int bench_arms(bench_ctx *x) {
+    arm_qpath(x);
+    arm_rope(x);
+    arms_attention(x);
+    arm_graph(x);
+    arm_threads(x);
+    return 0;
+}

@@ -1,0 +1,141 @@
+/* bench_internal.h — shared pieces of the bench: timers that end with a device synchronization,
+ * statistics, random device buffers, rotating weight sets, and the device-only replica of the
+ * FLUX.2 forward (bench_model.c) that the ledger, the utilization and the arms issue ops from. */
+#ifndef DT_BENCH_INTERNAL_H
+#define DT_BENCH_INTERNAL_H
+
+#include "bench.h"
+#include "io/weights.h"
+
+/* ---- timing (bench_util.c) ---- */
+typedef struct {
+    dt_backend *be;
+    void *e0, *e1;     /* backend events, or NULL: sync + dt_now() */
+    double t0;
+} bench_timer;
+
+void bench_timer_init(bench_timer *t, dt_backend *be);
+void bench_timer_free(bench_timer *t);
+void bench_timer_start(bench_timer *t);
+/* Milliseconds since start; waits for the device (event elapsed + sync). Exits on a device error. */
+double bench_timer_stop(bench_timer *t);
+void bench_sync_or_die(dt_backend *be);
+
+bench_stat bench_stats(const double *v, int n);
+/* Fill m with normal(0, sd) values (never zeros): host Philox normals uploaded. */
+void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd);
+double bench_max_abs_diff(const float *a, const float *b, size_t n);
+double bench_max_abs(const float *a, size_t n);
+/* Add a note to the report (printed under the tables). */
+void bench_note(bench_report *r, const char *fmt, ...) DT_PRINTF(2, 3);
+/* Progress line on stderr. */
+void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
+
+/* ---- rotating weight sets (bench_util.c) ----
+ * A set of distinct Linears of one shape, enough of them that one pass exceeds the cache. */
+typedef struct {
+    dt_backend *be;
+    dt_linear **w;
+    int n, n_owned;    /* owned ones are destroyed with the set (the first n - n_owned are borrowed) */
+    void **host;       /* host copies kept alive for the owned ones (CPU linears are zero-copy views) */
+    int n_host;
+    double mb;         /* total bytes of the distinct weights, MB */
+} bench_wset;
+
+size_t bench_src_bytes(const dt_linear_src *s);
+/* Borrow `n` existing Linears (bytes each), then add copies of `src` until bytes >= target (max 64). */
+void bench_wset_init(bench_wset *ws, dt_backend *be, dt_linear **borrow, int n, const dt_linear_src *src,
+                     double target_bytes);
+/* A set of random dense bf16 [N, K] weights reaching target bytes (max 64 copies). */
+void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, double target_bytes, uint64_t seed);
+void bench_wset_free(bench_wset *ws);
+/* One timed pass over the set: y = x · Wᵀ for each W; returns ms per GEMM. */
+double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);
+
+/* ---- the device-only replica of the FLUX.2 forward (bench_model.c) ---- */
+typedef struct {
+    dt_linear *to_q, *to_k, *to_v, *to_out, *add_q, *add_k, *add_v, *to_add_out;
+    dt_linear *ff_in, *ff_out, *ffc_in, *ffc_out;
+    dt_mat norm_q, norm_k, norm_aq, norm_ak;
+} bm_double;
+
+typedef struct {
+    dt_linear *qkv_mlp, *out;
+    dt_mat norm_q, norm_k;
+} bm_single;
+
+typedef struct {
+    dt_backend *be;
+    dt_weights *w;
+    flux2_config c;
+    int embed;                  /* embedders / modulations / final layer loaded */
+    int nd, ns;                 /* double / single blocks loaded */
+    dt_linear *x_emb, *ctx_emb, *t_lin1, *t_lin2, *mod_img, *mod_txt, *mod_single, *norm_out, *proj_out;
+    bm_double *db;
+    bm_single *sb;
+    dt_linear **all;
+    int n_all;
+    void **host;                /* f32 conversions kept alive (format f32) */
+    int n_host;
+    int to_f32;
+    /* activations for (n, t) */
+    int n, t;
+    dt_mat emb, temb, th, mod_img_v, mod_txt_v, mod_single_v, mod_out_v, in_img, in_txt;
+    dt_mat s, a, q, k, v, o, y, h, g, p, cc, out, cos, sin;
+} bm_model;
+
+/* Stages of a single block for the cumulative-prefix ledger: the block's ops in order. */
+enum {
+    BM_ST_NORM = 0,   /* adaLN: layernorm_mod */
+    BM_ST_PROJ,       /* fused projection GEMM [L, D] -> [L, 3D+2F] */
+    BM_ST_QKNORM,     /* per-head RMSNorm of Q and K (head_norm_rope, no rotation) */
+    BM_ST_ROPE,       /* the same op with the rotation (replaces the previous one) */
+    BM_ST_ATTN,       /* attention */
+    BM_ST_ACT,        /* SwiGLU */
+    BM_ST_OUT,        /* output GEMM [L, D+F] -> [L, D] */
+    BM_ST_RESID,      /* gated residual */
+    BM_ST_FULL = BM_ST_RESID
+};
+
+/* Load from a transformer folder: nd/ns = how many double/single blocks (-1 = all), embed = 1 to load
+ * the embedders, modulations and final layer. to_f32 = 1 converts dense weights to f32 host copies. */
+bm_model *bm_load(dt_backend *be, const char *dir, int nd, int ns, int embed, int to_f32);
+void bm_free(bm_model *m);
+/* Allocate activations for n image + t text tokens and build the RoPE tables from the ids. */
+void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_ids);
+/* Upload inputs and the timestep sinusoid (needs embed). Contents of s/mods random when !embed. */
+void bm_inputs(bm_model *m, const float *img, const float *txt, float timestep);
+void bm_randomize(bm_model *m, uint64_t seed);
+/* Device ops only (no host transfer, no allocation): capturable. */
+void bm_pre(bm_model *m);                       /* timestep MLP, modulations, embedders */
+void bm_double_block(bm_model *m, int i);
+void bm_single_stages(bm_model *m, int i, int last_stage);
+void bm_final(bm_model *m);                     /* final norm + proj_out into m->out */
+void bm_forward(bm_model *m, int nd, int ns);   /* pre + first nd doubles + first ns singles + final */
+
+/* FLOPs of one forward and of its parts (1 MAC = 2 FLOP), in GFLOP. */
+typedef struct {
+    double embed, single_proj, single_out, single_attn, double_img, double_txt, double_attn, total_gemm, total_attn;
+} bm_flops;
+void bm_count_flops(const flux2_config *c, int n, int t, bm_flops *f);
+
+/* ---- what the parts of a run share (bench.c) ---- */
+typedef struct {
+    const bench_opts *o;
+    bench_report *r;
+    dt_backend *be;           /* the backend under test */
+    int is_cpu;
+    bm_model *bm;             /* replica with every block, activations for (n, t), after a forward */
+    const char *dir;          /* checkpoint folder */
+    int n, t, h, w;           /* image tokens (h x w grid), text tokens */
+    float *img, *txt, *img_ids, *txt_ids;
+    int reps, warmup;
+    double rot_bytes;         /* rotations must exceed this many bytes (2 x cache) */
+    int arm_tokens[8], n_arm_tokens;
+} bench_ctx;
+
+int bench_ledger(bench_ctx *x);   /* bench_ledger.c: prefix ledger, block scaling, shares */
+int bench_perf(bench_ctx *x);     /* bench_perf.c: utilization (GEMM shapes, attention, copy bandwidth) */
+int bench_arms(bench_ctx *x);     /* bench_arms.c: interleaved A/B arms */
+
+#endif

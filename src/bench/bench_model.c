@@ -1,0 +1,370 @@
+/* bench_model.c — the bench's device-only replica of the FLUX.2-klein forward (src/models/flux2.c).
+ *
+ * Same op sequence, same buffers layout (joint [text, image] stream, Q/K/V written into row ranges,
+ * single-block projection consumed through column views), but split into pieces the bench can time
+ * on their own: the pre-step (timestep MLP, modulations, embedders), each double block, each single
+ * block up to any of its ops (cumulative prefixes), and the final layer. It never transfers to or from
+ * the host and never allocates inside a forward, so it can be captured into a CUDA graph. Weights come
+ * from the public weights API (dt_weights_linear + linear_create); any subset of blocks can be loaded,
+ * which lets the arms build small per-backend copies. The bench checks it against flux2_forward
+ * (max |difference| of the outputs) in every run.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_internal.h"
+#include "io/json.h"
+
+static dt_linear *bm_linear(bm_model *m, const char *name, int64_t out, int64_t in) {
+    dt_linear_src src;
+    if (dt_weights_linear(m->w, name, out, in, -1, &src) != 0) return NULL;
+    if (m->to_f32 && !src.bits && src.dtype != DT_F32) {
+        size_t n = (size_t)out * in;
+        float *f = dt_malloc(sizeof(float) * n);
+        dt_convert_to_f32(f, src.data, src.dtype, n);
+        m->host = dt_realloc(m->host, sizeof *m->host * (m->n_host + 1));
+        m->host[m->n_host++] = f;
+        src.data = f;
+        src.dtype = DT_F32;
+    }
+    dt_linear *l = m->be->linear_create(m->be, &src);
+    if (!l) return NULL;
+    m->all = dt_realloc(m->all, sizeof *m->all * (m->n_all + 1));
+    m->all[m->n_all++] = l;
+    return l;
+}
+
+static int bm_norm(bm_model *m, const char *name, dt_mat *out) {
+    int hd = m->c.head_dim;
+    float *tmp = dt_malloc(sizeof(float) * hd);
+    int rc = dt_weights_read_f32(m->w, name, tmp, hd);
+    if (rc == 0) *out = dt_param_upload(m->be, tmp, hd);
+    free(tmp);
+    return rc;
+}
+
+#define LIN(dst, nm, o, i) do { if (!((dst) = bm_linear(m, (nm), (o), (i)))) goto fail; } while (0)
+
+bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, int to_f32) {
+    char *dir = dt_weights_component_dir(path, "transformer");
+    if (!dir) return NULL;
+    bm_model *m = dt_calloc(1, sizeof *m);
+    m->be = be;
+    m->to_f32 = to_f32;
+    m->w = dt_weights_open(dir);
+    free(dir);
+    if (!m->w) { free(m); return NULL; }
+    const json *cfg = dt_weights_config(m->w);
+    if (!cfg) { dt_set_error("%s: no config.json", dt_weights_path(m->w)); goto fail; }
+    if (flux2_config_parse(cfg, "config.json", &m->c)) goto fail;
+    const flux2_config *c = &m->c;
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    m->nd = nd < 0 || nd > c->num_layers ? c->num_layers : nd;
+    m->ns = ns < 0 || ns > c->num_single_layers ? c->num_single_layers : ns;
+    m->embed = embed;
+    char nm[256];
+    if (embed) {
+        LIN(m->x_emb, "x_embedder", D, c->in_channels);
+        LIN(m->ctx_emb, "context_embedder", D, c->joint_dim);
+        LIN(m->t_lin1, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels);
+        LIN(m->t_lin2, "time_guidance_embed.timestep_embedder.linear_2", D, D);
+        LIN(m->mod_img, "double_stream_modulation_img.linear", 6 * D, D);
+        LIN(m->mod_txt, "double_stream_modulation_txt.linear", 6 * D, D);
+        LIN(m->mod_single, "single_stream_modulation.linear", 3 * D, D);
+        LIN(m->norm_out, "norm_out.linear", 2 * D, D);
+        LIN(m->proj_out, "proj_out", c->out_channels, D);
+    }
+    m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
+    for (int i = 0; i < m->nd; i++) {
+        bm_double *b = &m->db[i];
+#define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->field, nm, o, in)
+        DL(to_q, "attn.to_q", D, D); DL(to_k, "attn.to_k", D, D); DL(to_v, "attn.to_v", D, D);
+        DL(to_out, "attn.to_out.0", D, D);
+        DL(add_q, "attn.add_q_proj", D, D); DL(add_k, "attn.add_k_proj", D, D); DL(add_v, "attn.add_v_proj", D, D);
+        DL(to_add_out, "attn.to_add_out", D, D);
+        DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
+        DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
+#undef DL
+#define DN(field, suffix) snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, suffix); if (bm_norm(m, nm, &b->field)) goto fail
+        DN(norm_q, "norm_q"); DN(norm_k, "norm_k"); DN(norm_aq, "norm_added_q"); DN(norm_ak, "norm_added_k");
+#undef DN
+    }
+    m->sb = dt_calloc(m->ns ? m->ns : 1, sizeof *m->sb);
+    for (int i = 0; i < m->ns; i++) {
+        bm_single *b = &m->sb[i];
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
+        LIN(b->qkv_mlp, nm, 3 * D + 2 * F, D);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
+        LIN(b->out, nm, D, D + F);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+        if (bm_norm(m, nm, &b->norm_q)) goto fail;
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+        if (bm_norm(m, nm, &b->norm_k)) goto fail;
+    }
+    return m;
+fail:
+    bm_free(m);
+    return NULL;
+}
+#undef LIN
+
+static void bm_free_acts(bm_model *m) {
+    dt_mat *mats[] = {&m->emb, &m->temb, &m->th, &m->mod_img_v, &m->mod_txt_v, &m->mod_single_v, &m->mod_out_v,
+                      &m->in_img, &m->in_txt, &m->s, &m->a, &m->q, &m->k, &m->v, &m->o, &m->y, &m->h, &m->g,
+                      &m->p, &m->cc, &m->out, &m->cos, &m->sin};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        if (mats[i]->data) m->be->free(m->be, mats[i]);
+}
+
+void bm_free(bm_model *m) {
+    if (!m) return;
+    if (m->be) {
+        m->be->sync(m->be);
+        bm_free_acts(m);
+        for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+        for (int i = 0; m->db && i < m->nd; i++) {
+            dt_mat *n[] = {&m->db[i].norm_q, &m->db[i].norm_k, &m->db[i].norm_aq, &m->db[i].norm_ak};
+            for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
+        }
+        for (int i = 0; m->sb && i < m->ns; i++) {
+            if (m->sb[i].norm_q.data) m->be->free(m->be, &m->sb[i].norm_q);
+            if (m->sb[i].norm_k.data) m->be->free(m->be, &m->sb[i].norm_k);
+        }
+    }
+    for (int i = 0; i < m->n_host; i++) free(m->host[i]);
+    free(m->host);
+    free(m->all);
+    free(m->db);
+    free(m->sb);
+    if (m->w) dt_weights_close(m->w);
+    free(m);
+}
+
+/* RoPE tables exactly as flux2.c builds them (diffusers Flux2PosEmbed, interleaved pairs). */
+static void bm_rope(bm_model *m, const float *txt_ids, int t, const float *img_ids, int n) {
+    const flux2_config *c = &m->c;
+    int na = c->n_axes, hd = c->head_dim;
+    float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
+    float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
+    for (int r = 0; r < t + n; r++) {
+        const float *id = r < t ? txt_ids + (size_t)r * na : img_ids + (size_t)(r - t) * na;
+        int off = 0;
+        for (int a = 0; a < na; a++) {
+            int d = c->axes[a];
+            double pos = (double)id[a];
+            for (int k = 0; k < d / 2; k++) {
+                double omega = 1.0 / pow((double)c->rope_theta, (double)(2 * k) / d);
+                double ang = pos * omega;
+                size_t at = (size_t)r * hd + off + 2 * k;
+                cs[at] = cs[at + 1] = (float)cos(ang);
+                sn[at] = sn[at + 1] = (float)sin(ang);
+            }
+            off += d;
+        }
+    }
+    m->be->upload(m->be, m->cos, cs);
+    m->be->upload(m->be, m->sin, sn);
+    free(cs);
+    free(sn);
+}
+
+void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_ids) {
+    dt_backend *be = m->be;
+    bm_free_acts(m);
+    const flux2_config *c = &m->c;
+    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
+    dt_dtype act = be->act_dtype;
+    m->n = n;
+    m->t = t;
+    m->emb = dt_alloc_or_die(be, 1, c->tg_channels, act);
+    m->temb = dt_alloc_or_die(be, 1, D, act);
+    m->th = dt_alloc_or_die(be, 1, D, act);
+    m->mod_img_v = dt_alloc_or_die(be, 1, 6 * D, act);
+    m->mod_txt_v = dt_alloc_or_die(be, 1, 6 * D, act);
+    m->mod_single_v = dt_alloc_or_die(be, 1, 3 * D, act);
+    m->mod_out_v = dt_alloc_or_die(be, 1, 2 * D, act);
+    m->in_img = dt_alloc_or_die(be, n, c->in_channels, act);
+    if (t > 0) m->in_txt = dt_alloc_or_die(be, t, c->joint_dim, act);
+    m->s = dt_alloc_or_die(be, L, D, act);
+    m->a = dt_alloc_or_die(be, L, D, act);
+    m->y = dt_alloc_or_die(be, L, D, act);
+    if (m->nd > 0) {
+        m->q = dt_alloc_or_die(be, L, D, act);
+        m->k = dt_alloc_or_die(be, L, D, act);
+        m->v = dt_alloc_or_die(be, L, D, act);
+        m->o = dt_alloc_or_die(be, L, D, act);
+        m->h = dt_alloc_or_die(be, L, 2 * F, act);
+        m->g = dt_alloc_or_die(be, L, F, act);
+    }
+    if (m->ns > 0) {
+        m->p = dt_alloc_or_die(be, L, 3 * D + 2 * F, act);
+        m->cc = dt_alloc_or_die(be, L, D + F, act);
+    }
+    m->out = dt_alloc_or_die(be, n, c->out_channels, act);
+    m->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    m->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    bm_rope(m, txt_ids, t, img_ids, n);
+}
+
+/* Timestep sinusoid as flux2.c computes it. */
+static void bm_sinusoid(float t, int channels, float *out) {
+    int half = channels / 2;
+    float lnp = (float)log(10000.0);
+    for (int i = 0; i < half; i++) {
+        float e = expf(-lnp * (float)i / (float)half);
+        float a = t * e;
+        out[i] = cosf(a);
+        out[half + i] = sinf(a);
+    }
+}
+
+void bm_inputs(bm_model *m, const float *img, const float *txt, float timestep) {
+    float *emb = dt_malloc(sizeof(float) * m->c.tg_channels);
+    bm_sinusoid(timestep * 1000.0f, m->c.tg_channels, emb);
+    m->be->upload(m->be, m->emb, emb);
+    free(emb);
+    m->be->upload(m->be, m->in_img, img);
+    if (m->t > 0) m->be->upload(m->be, m->in_txt, txt);
+}
+
+void bm_randomize(bm_model *m, uint64_t seed) {
+    dt_backend *be = m->be;
+    bench_fill_randn(be, m->s, seed, 1.0f);
+    bench_fill_randn(be, m->mod_img_v, seed + 1, 0.3f);
+    bench_fill_randn(be, m->mod_txt_v, seed + 2, 0.3f);
+    bench_fill_randn(be, m->mod_single_v, seed + 3, 0.3f);
+    bench_fill_randn(be, m->mod_out_v, seed + 4, 0.3f);
+    if (m->p.data) bench_fill_randn(be, m->p, seed + 5, 1.0f);
+    if (m->cc.data) bench_fill_randn(be, m->cc, seed + 6, 1.0f);
+}
+
+static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
+
+void bm_pre(bm_model *m) {
+    dt_backend *be = m->be;
+    dt_mat none = dt_mat_null();
+    int n = m->n, t = m->t;
+    be->linear(be, m->th, m->emb, m->t_lin1);
+    be->act_mul(be, m->th, m->th, none, DT_ACT_SILU);
+    be->linear(be, m->temb, m->th, m->t_lin2);
+    be->act_mul(be, m->th, m->temb, none, DT_ACT_SILU);
+    be->linear(be, m->mod_img_v, m->th, m->mod_img);
+    be->linear(be, m->mod_txt_v, m->th, m->mod_txt);
+    be->linear(be, m->mod_single_v, m->th, m->mod_single);
+    be->linear(be, m->mod_out_v, m->th, m->norm_out);
+    be->linear(be, dt_mat_rows(m->s, t, n), m->in_img, m->x_emb);
+    if (t > 0) be->linear(be, dt_mat_rows(m->s, 0, t), m->in_txt, m->ctx_emb);
+}
+
+void bm_double_block(bm_model *m, int i) {
+    dt_backend *be = m->be;
+    const flux2_config *c = &m->c;
+    bm_double *blk = &m->db[i];
+    int n = m->n, t = m->t, H = c->heads, hd = c->head_dim;
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    dt_mat none = dt_mat_null();
+    dt_mat s_txt = dt_mat_rows(m->s, 0, t), s_img = dt_mat_rows(m->s, t, n);
+    dt_mat cos_t = dt_mat_rows(m->cos, 0, t), sin_t = dt_mat_rows(m->sin, 0, t);
+    dt_mat cos_i = dt_mat_rows(m->cos, t, n), sin_i = dt_mat_rows(m->sin, t, n);
+    dt_mat mi = m->mod_img_v, mt = m->mod_txt_v;
+    dt_mat a_txt = dt_mat_rows(m->a, 0, t), a_img = dt_mat_rows(m->a, t, n);
+    be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
+    be->linear(be, dt_mat_rows(m->q, t, n), a_img, blk->to_q);
+    be->linear(be, dt_mat_rows(m->k, t, n), a_img, blk->to_k);
+    be->linear(be, dt_mat_rows(m->v, t, n), a_img, blk->to_v);
+    be->head_norm_rope(be, dt_mat_rows(m->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+    be->head_norm_rope(be, dt_mat_rows(m->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+    if (t > 0) {
+        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
+        be->linear(be, dt_mat_rows(m->q, 0, t), a_txt, blk->add_q);
+        be->linear(be, dt_mat_rows(m->k, 0, t), a_txt, blk->add_k);
+        be->linear(be, dt_mat_rows(m->v, 0, t), a_txt, blk->add_v);
+        be->head_norm_rope(be, dt_mat_rows(m->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, dt_mat_rows(m->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+    }
+    be->attention(be, m->o, m->q, m->k, m->v, H, H, hd, att_scale, none, 0);
+    dt_mat y_txt = dt_mat_rows(m->y, 0, t), y_img = dt_mat_rows(m->y, t, n);
+    be->linear(be, y_img, dt_mat_rows(m->o, t, n), blk->to_out);
+    be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
+    if (t > 0) {
+        be->linear(be, y_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out);
+        be->gated_add(be, s_txt, chunk(mt, 2, D), y_txt);
+    }
+    dt_mat h_img = dt_mat_rows(m->h, t, n), g_img = dt_mat_rows(m->g, t, n);
+    be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
+    be->linear(be, h_img, a_img, blk->ff_in);
+    be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
+    be->linear(be, y_img, g_img, blk->ff_out);
+    be->gated_add(be, s_img, chunk(mi, 5, D), y_img);
+    if (t > 0) {
+        dt_mat h_txt = dt_mat_rows(m->h, 0, t), g_txt = dt_mat_rows(m->g, 0, t);
+        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
+        be->linear(be, h_txt, a_txt, blk->ffc_in);
+        be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
+        be->linear(be, y_txt, g_txt, blk->ffc_out);
+        be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
+    }
+}
+
+void bm_single_stages(bm_model *m, int i, int last) {
+    dt_backend *be = m->be;
+    const flux2_config *c = &m->c;
+    bm_single *blk = &m->sb[i];
+    int H = c->heads, hd = c->head_dim;
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    dt_mat none = dt_mat_null(), ms = m->mod_single_v;
+    be->layernorm_mod(be, m->a, m->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
+    if (last < BM_ST_PROJ) return;
+    be->linear(be, m->p, m->a, blk->qkv_mlp);
+    if (last < BM_ST_QKNORM) return;
+    dt_mat q = dt_mat_cols(m->p, 0, D), k = dt_mat_cols(m->p, D, D), v = dt_mat_cols(m->p, 2 * D, D);
+    dt_rope_mode mode = last == BM_ST_QKNORM ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
+    be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, m->cos, m->sin, mode);
+    be->head_norm_rope(be, k, H, hd, blk->norm_k, eps, m->cos, m->sin, mode);
+    if (last < BM_ST_ATTN) return;
+    be->attention(be, dt_mat_cols(m->cc, 0, D), q, k, v, H, H, hd, att_scale, none, 0);
+    if (last < BM_ST_ACT) return;
+    be->act_mul(be, dt_mat_cols(m->cc, D, F), dt_mat_cols(m->p, 3 * D, F), dt_mat_cols(m->p, 3 * D + F, F), DT_ACT_SILU);
+    if (last < BM_ST_OUT) return;
+    be->linear(be, m->y, m->cc, blk->out);
+    if (last < BM_ST_RESID) return;
+    be->gated_add(be, m->s, chunk(ms, 2, D), m->y);
+}
+
+void bm_final(bm_model *m) {
+    dt_backend *be = m->be;
+    int64_t D = m->c.hidden;
+    dt_mat a_img = dt_mat_rows(m->a, m->t, m->n), s_img = dt_mat_rows(m->s, m->t, m->n);
+    be->layernorm_mod(be, a_img, s_img, chunk(m->mod_out_v, 1, D), chunk(m->mod_out_v, 0, D), m->c.eps);
+    be->linear(be, m->out, a_img, m->proj_out);
+}
+
+void bm_forward(bm_model *m, int nd, int ns) {
+    bm_pre(m);
+    for (int i = 0; i < nd && i < m->nd; i++) bm_double_block(m, i);
+    for (int i = 0; i < ns && i < m->ns; i++) bm_single_stages(m, i, BM_ST_FULL);
+    bm_final(m);
+}
+
+void bm_count_flops(const flux2_config *c, int n, int t, bm_flops *f) {
+    double D = c->hidden, F = c->mlp_hidden, L = (double)n + t, N = n, T = t;
+    memset(f, 0, sizeof *f);
+    f->embed = 2 * N * c->in_channels * D + 2 * T * c->joint_dim * D + 2 * N * D * c->out_channels +
+               2 * (c->tg_channels * D + D * D + D * (6 + 6 + 3 + 2) * D);
+    f->single_proj = 2 * L * D * (3 * D + 2 * F);
+    f->single_out = 2 * L * (D + F) * D;
+    f->single_attn = 4 * L * L * D;
+    f->double_img = 2 * N * D * (4 * D + 2 * F) + 2 * N * F * D;
+    f->double_txt = 2 * T * D * (4 * D + 2 * F) + 2 * T * F * D;
+    f->double_attn = 4 * L * L * D;
+    f->total_gemm = f->embed + c->num_single_layers * (f->single_proj + f->single_out) +
+                    c->num_layers * (f->double_img + f->double_txt);
+    f->total_attn = (c->num_single_layers + c->num_layers) * f->single_attn;
+    double g = 1e-9;
+    f->embed *= g; f->single_proj *= g; f->single_out *= g; f->single_attn *= g; f->double_img *= g;
+    f->double_txt *= g; f->double_attn *= g; f->total_gemm *= g; f->total_attn *= g;
+}

@@ -1,0 +1,265 @@
+/* bench_report.c — the bench report as markdown tables (stdout) and as JSON lines (--json FILE):
+ * one object per line with a "type" key (setup, forward, ledger_op, scale, share, gemm, attention,
+ * forward_util, copy, arm, note), every number of the report in it. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bench_internal.h"
+
+/* GFLOP per millisecond = TFLOP/s */
+static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
+
+static const char *cat_name(int c) { return c == BENCH_CAT_GEMM ? "gemm" : c == BENCH_CAT_ATTN ? "attention" : "elementwise"; }
+
+static void pct_of_peak(const bench_report *r, double tf, char *buf, size_t n) {
+    if (r->peak_tflops > 0) snprintf(buf, n, "%.1f%%", 100.0 * tf / r->peak_tflops);
+    else snprintf(buf, n, "-");
+}
+
+void bench_report_markdown(const bench_report *r, FILE *f) {
+    const flux2_config *c = &r->c;
+    fprintf(f, "# ditrun bench: %s on %s (%s)\n\n", r->preset, r->backend, r->fmt);
+    fprintf(f, "| setup | value |\n|---|---|\n");
+    fprintf(f, "| weights | %s |\n", r->source);
+    fprintf(f, "| geometry | D %d = %d heads x %d, F %d, %d double + %d single blocks, in %d, joint %d |\n", c->hidden,
+            c->heads, c->head_dim, c->mlp_hidden, c->num_layers, c->num_single_layers, c->in_channels, c->joint_dim);
+    fprintf(f, "| workload | image %d px -> %d image tokens + %d text tokens = %d |\n", r->image_size, r->n_img, r->n_txt,
+            r->n_img + r->n_txt);
+    fprintf(f, "| work per forward | %.1f GFLOP GEMM + %.1f GFLOP attention |\n", r->gflop_gemm, r->gflop_attn);
+    fprintf(f, "| repetitions | %d timed (median, p10-p90), %d warm-up excluded |\n", r->reps, r->warmup);
+    fprintf(f, "| cache the rotations exceed | %.1f MB (x2) |\n", r->l2_mb);
+    if (r->synth_s > 0) fprintf(f, "| synthetic checkpoint written | %.1f s |\n", r->synth_s);
+    fprintf(f, "| load (flux2_load) | %.1f s |\n\n", r->load_s);
+
+    double gf = r->gflop_gemm + r->gflop_attn;
+    char pk[32];
+    fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
+    fprintf(f, "| flux2_forward (in-model, wall clock incl. host uploads/download) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n",
+            r->fwd_model.med, r->fwd_model.p10, r->fwd_model.p90, r->fwd_model.min, r->fwd_model.max, tflops(gf, r->fwd_model.med));
+    fprintf(f, "| bench replica (device-only, same ops, events) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n\n", r->fwd_dev.med,
+            r->fwd_dev.p10, r->fwd_dev.p90, r->fwd_dev.min, r->fwd_dev.max, tflops(gf, r->fwd_dev.med));
+    fprintf(f, "Warm-up (excluded): first flux2_forward %.3f ms, first replica forward %.3f ms. "
+               "Replica vs flux2_forward: max |diff| %.3g (max |out| %.3g).\n\n",
+            r->fwd_model_warm_ms, r->fwd_dev_warm_ms, r->fwd_maxdiff, r->fwd_absmax);
+
+    if (r->n_ops && r->ops[0].prefix.n) {
+        fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
+                r->prefix_blocks);
+        fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | GFLOP | TFLOPS |\n"
+                   "|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
+        for (int k = 0; k < r->n_ops; k++) {
+            const bench_op *o = &r->ops[k];
+            char tf[32] = "";
+            if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ms));
+            fprintf(f, "| %d | %s | %s | %.4f | %.4f-%.4f | %.4f | %.1f%% | %.2f | %s |\n", k, o->name, cat_name(o->cat),
+                    o->prefix.med, o->prefix.p10, o->prefix.p90, o->ms,
+                    r->single_ledger_ms > 0 ? 100.0 * o->ms / r->single_ledger_ms : 0, o->gflop, tf);
+        }
+        fprintf(f, "| | **single block** | | | | **%.4f** | 100%% | | |\n\n", r->single_ledger_ms);
+    }
+    if (r->n_scale) {
+        fprintf(f, "## Ledger: block-count scaling (device-only forward)\n\n| double blocks | single blocks | median ms | p10-p90 ms |\n"
+                   "|---:|---:|---:|---:|\n");
+        for (int i = 0; i < r->n_scale; i++)
+            fprintf(f, "| %d | %d | %.3f | %.3f-%.3f |\n", r->scale[i].nd, r->scale[i].ns, r->scale[i].t.med,
+                    r->scale[i].t.p10, r->scale[i].t.p90);
+        fprintf(f, "\nPer single block: %.4f ms in the forward (slope) vs %.4f ms from the prefix ledger; per double block "
+                   "%.4f ms; embedders + timestep/modulation + final layer %.4f ms.\n\n",
+                r->single_slope_ms, r->single_ledger_ms, r->double_ms, r->embed_ms);
+    }
+    if (r->n_shares) {
+        fprintf(f, "## Ledger: shares of one step (device-only forward, %.3f ms)\n\n| part | ms | share |\n|---|---:|---:|\n",
+                r->total_ms);
+        double sum = 0;
+        for (int i = 0; i < r->n_shares; i++) {
+            const bench_share *s = &r->shares[i];
+            if (s->level == 0) sum += s->share;
+            fprintf(f, "| %s%s | %.3f | %.1f%% |\n", s->level ? "&nbsp;&nbsp;- " : "", s->name, s->ms, s->share);
+        }
+        fprintf(f, "| **total** | **%.3f** | **%.1f%%** |\n\n", r->total_ms, sum);
+    }
+    if (r->n_gemm || r->attn_iso.n || r->copy.n) {
+        fprintf(f, "## Utilization (nominal peak: %s%s)\n\n", r->peak_tflops > 0 ? "" : "", r->peak_src);
+        if (r->peak_tflops > 0) fprintf(f, "Nominal peak %.0f TFLOPS (%s).\n\n", r->peak_tflops, r->peak_src);
+        fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
+                   "dense bf16 ceiling ms | ceiling TFLOPS | isolated speed / ceiling | isolated %% of peak | rotation (isolated / ceiling) |\n"
+                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        for (int i = 0; i < r->n_gemm; i++) {
+            const bench_gemm *g = &r->gemm[i];
+            char im[32] = "-", it[32] = "-", is[32] = "-", itf[32] = "-", ratio[32] = "-";
+            if (g->inmodel_ms >= 0) {
+                snprintf(im, sizeof im, "%.4f", g->inmodel_ms);
+                snprintf(it, sizeof it, "%.3f", tflops(g->gflop, g->inmodel_ms));
+            }
+            if (g->iso.n) {
+                snprintf(is, sizeof is, "%.4f", g->iso.med);
+                snprintf(itf, sizeof itf, "%.3f", tflops(g->gflop, g->iso.med));
+                snprintf(ratio, sizeof ratio, "%.0f%%", g->iso.med > 0 ? 100.0 * g->ceil.med / g->iso.med : 0);
+            }
+            pct_of_peak(r, g->iso.n ? tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
+            fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
+                    g->name, (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
+                    tflops(g->gflop, g->ceil.med), ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
+                    g->iso_mb < 2 * r->l2_mb ? " (cache-resident)" : "");
+        }
+        fprintf(f, "\n| other | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | %% of peak |\n|---|---:|---:|---:|---:|---:|\n");
+        if (r->attn_iso.n) {
+            pct_of_peak(r, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
+            fprintf(f, "| attention (%.2f GFLOP per layer) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_gflop, r->attn_inmodel_ms,
+                    tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med, tflops(r->attn_gflop, r->attn_iso.med), pk);
+        }
+        pct_of_peak(r, tflops(gf, r->fwd_dev.med), pk, sizeof pk);
+        fprintf(f, "| whole forward (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", gf, r->fwd_dev.med, tflops(gf, r->fwd_dev.med), pk);
+        if (r->copy.n)
+            fprintf(f, "\nDevice copy bandwidth: %.1f GB/s (read + write, %.0f MB moved, median %.3f ms).\n", r->copy_gbs,
+                    r->copy_bytes / 1e6, r->copy.med);
+        fprintf(f, "In-model = timed inside the block sequence (ledger); isolated = the op alone, weights rotated "
+                   "through the listed distinct buffers.\n\n");
+    }
+    if (r->n_arms) {
+        fprintf(f, "## A/B arms (interleaved A B A B ... in one process)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
+                   "B median ms (p10-p90) | B/A | max abs(A-B) | max abs(A) | agree | note |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---|\n");
+        for (int i = 0; i < r->n_arms; i++) {
+            const bench_arm *a = &r->arms[i];
+            if (a->skipped) {
+                fprintf(f, "| %s | - | %s | %s | - | - | - | - | - | skipped | %s |\n", a->arm, a->a, a->b, a->note);
+                continue;
+            }
+            int ok = a->maxdiff <= a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1);
+            fprintf(f, "| %s | %s | %s | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %.3f | %.3g | %.3g | %s | %s |\n", a->arm,
+                    a->what, a->a, a->b, a->sa.med, a->sa.p10, a->sa.p90, a->sb.med, a->sb.p10, a->sb.p90, a->ratio,
+                    a->maxdiff, a->ref_absmax, ok ? "yes" : "NO", a->note);
+        }
+        fprintf(f, "\n");
+    }
+    if (r->n_notes) {
+        fprintf(f, "## Notes\n\n");
+        for (int i = 0; i < r->n_notes; i++) fprintf(f, "- %s\n", r->notes[i]);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "Bench time %.1f s.\n", r->total_s);
+}
+
+/* ------------------------------------------------------------------ JSON lines */
+
+static void jstr(FILE *f, const char *key, const char *v) {
+    fprintf(f, "\"%s\":\"", key);
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void jnum(FILE *f, const char *key, double v) {
+    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+static void jstat(FILE *f, const char *p, bench_stat s) {
+    char k[64];
+    snprintf(k, sizeof k, "%s_median_ms", p); jnum(f, k, s.med);
+    snprintf(k, sizeof k, "%s_p10_ms", p); jnum(f, k, s.p10);
+    snprintf(k, sizeof k, "%s_p90_ms", p); jnum(f, k, s.p90);
+    snprintf(k, sizeof k, "%s_min_ms", p); jnum(f, k, s.min);
+    snprintf(k, sizeof k, "%s_max_ms", p); jnum(f, k, s.max);
+    snprintf(k, sizeof k, "%s_n", p); jnum(f, k, s.n);
+}
+
+int bench_report_json(const bench_report *r, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) { dt_set_error("%s: cannot create (%s)", path, strerror(errno)); return -1; }
+    const flux2_config *c = &r->c;
+    double gf = r->gflop_gemm + r->gflop_attn;
+    fprintf(f, "{");
+    jstr(f, "type", "setup"); fputc(',', f); jstr(f, "preset", r->preset); fputc(',', f); jstr(f, "backend", r->backend);
+    fputc(',', f); jstr(f, "format", r->fmt); fputc(',', f); jstr(f, "weights", r->source);
+    jnum(f, "hidden", c->hidden); jnum(f, "heads", c->heads); jnum(f, "head_dim", c->head_dim); jnum(f, "kv_heads", r->kv_heads);
+    jnum(f, "mlp_hidden", c->mlp_hidden); jnum(f, "double_blocks", c->num_layers); jnum(f, "single_blocks", c->num_single_layers);
+    jnum(f, "image_size", r->image_size); jnum(f, "image_tokens", r->n_img); jnum(f, "text_tokens", r->n_txt);
+    jnum(f, "reps", r->reps); jnum(f, "warmup", r->warmup); jnum(f, "cache_mb", r->l2_mb); jnum(f, "synth_s", r->synth_s);
+    jnum(f, "load_s", r->load_s); jnum(f, "gflop_gemm", r->gflop_gemm); jnum(f, "gflop_attention", r->gflop_attn);
+    jnum(f, "peak_tflops", r->peak_tflops); jnum(f, "bench_s", r->total_s);
+    fprintf(f, "}\n");
+
+    fprintf(f, "{"); jstr(f, "type", "forward"); fputc(',', f); jstr(f, "name", "flux2_forward"); fputc(',', f);
+    jstr(f, "scope", "in-model, wall clock incl. host I/O");
+    jstat(f, "t", r->fwd_model); jnum(f, "warmup_ms", r->fwd_model_warm_ms); jnum(f, "tflops", tflops(gf, r->fwd_model.med));
+    fprintf(f, "}\n");
+    fprintf(f, "{"); jstr(f, "type", "forward"); fputc(',', f); jstr(f, "name", "replica"); fputc(',', f);
+    jstr(f, "scope", "device-only, events");
+    jstat(f, "t", r->fwd_dev); jnum(f, "warmup_ms", r->fwd_dev_warm_ms); jnum(f, "tflops", tflops(gf, r->fwd_dev.med));
+    jnum(f, "maxdiff_vs_model", r->fwd_maxdiff); jnum(f, "model_absmax", r->fwd_absmax);
+    fprintf(f, "}\n");
+
+    for (int k = 0; k < r->n_ops; k++) {
+        const bench_op *o = &r->ops[k];
+        fprintf(f, "{"); jstr(f, "type", "ledger_op"); jnum(f, "index", k); fputc(',', f); jstr(f, "name", o->name);
+        fputc(',', f); jstr(f, "category", cat_name(o->cat)); jstat(f, "prefix", o->prefix); jnum(f, "ms", o->ms);
+        jnum(f, "gflop", o->gflop); jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ms) : 0);
+        jnum(f, "blocks_per_region", r->prefix_blocks);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_scale; i++) {
+        fprintf(f, "{"); jstr(f, "type", "scale"); jnum(f, "double_blocks", r->scale[i].nd); jnum(f, "single_blocks", r->scale[i].ns);
+        jstat(f, "t", r->scale[i].t);
+        fprintf(f, "}\n");
+    }
+    if (r->n_scale) {
+        fprintf(f, "{"); jstr(f, "type", "blocks"); jnum(f, "single_slope_ms", r->single_slope_ms);
+        jnum(f, "single_ledger_ms", r->single_ledger_ms); jnum(f, "double_ms", r->double_ms); jnum(f, "embed_final_ms", r->embed_ms);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_shares; i++) {
+        const bench_share *s = &r->shares[i];
+        fprintf(f, "{"); jstr(f, "type", "share"); fputc(',', f); jstr(f, "name", s->name); jnum(f, "level", s->level);
+        jnum(f, "ms", s->ms); jnum(f, "share_pct", s->share); jnum(f, "total_ms", r->total_ms);
+        jnum(f, "is_remainder", !strcmp(s->name, "unexplained remainder"));
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_gemm; i++) {
+        const bench_gemm *g = &r->gemm[i];
+        fprintf(f, "{"); jstr(f, "type", "gemm"); fputc(',', f); jstr(f, "name", g->name); jnum(f, "M", g->M); jnum(f, "K", g->K);
+        jnum(f, "N", g->N); jnum(f, "per_forward", g->count); jnum(f, "gflop", g->gflop);
+        if (g->inmodel_ms >= 0) { jnum(f, "inmodel_ms", g->inmodel_ms); jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
+        if (g->iso.n) { jstat(f, "isolated", g->iso); jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med)); }
+        jstat(f, "ceiling", g->ceil); jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
+        jnum(f, "isolated_bufs", g->iso_bufs); jnum(f, "isolated_mb", g->iso_mb); jnum(f, "ceiling_bufs", g->ceil_bufs);
+        jnum(f, "ceiling_mb", g->ceil_mb);
+        fprintf(f, "}\n");
+    }
+    if (r->attn_iso.n) {
+        fprintf(f, "{"); jstr(f, "type", "attention"); jnum(f, "gflop", r->attn_gflop); jnum(f, "inmodel_ms", r->attn_inmodel_ms);
+        jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); jstat(f, "isolated", r->attn_iso);
+        jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
+        fprintf(f, "}\n");
+    }
+    fprintf(f, "{"); jstr(f, "type", "forward_util"); jnum(f, "gflop", gf); jnum(f, "ms", r->fwd_dev.med);
+    jnum(f, "tflops", tflops(gf, r->fwd_dev.med)); jnum(f, "peak_tflops", r->peak_tflops); fputc(',', f);
+    jstr(f, "peak_source", r->peak_src);
+    fprintf(f, "}\n");
+    if (r->copy.n) {
+        fprintf(f, "{"); jstr(f, "type", "copy"); jnum(f, "bytes", r->copy_bytes); jstat(f, "t", r->copy); jnum(f, "gb_per_s", r->copy_gbs);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_arms; i++) {
+        const bench_arm *a = &r->arms[i];
+        fprintf(f, "{"); jstr(f, "type", "arm"); fputc(',', f); jstr(f, "arm", a->arm); fputc(',', f); jstr(f, "workload", a->what);
+        fputc(',', f); jstr(f, "a", a->a); fputc(',', f); jstr(f, "b", a->b); jnum(f, "skipped", a->skipped);
+        if (!a->skipped) {
+            jstat(f, "a", a->sa); jstat(f, "b", a->sb); jnum(f, "ratio_b_over_a", a->ratio); jnum(f, "maxdiff", a->maxdiff);
+            jnum(f, "ref_absmax", a->ref_absmax); jnum(f, "tol", a->tol);
+        }
+        fputc(',', f); jstr(f, "note", a->note);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_notes; i++) {
+        fprintf(f, "{"); jstr(f, "type", "note"); fputc(',', f); jstr(f, "text", r->notes[i]);
+        fprintf(f, "}\n");
+    }
+    if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }
+    return 0;
+}

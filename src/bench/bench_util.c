@@ -1,0 +1,244 @@
+/* bench_util.c — bench helpers: event timers that end with a device synchronization, statistics,
+ * random device buffers (never zeros), notes/progress, and rotating sets of distinct Linear weights
+ * so that isolated GEMM timings are not cache-hot. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_internal.h"
+#include "pipeline/latents.h"
+
+/* ------------------------------------------------------------------ timing */
+
+void bench_sync_or_die(dt_backend *be) {
+    if (be->sync(be) != 0) {
+        fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+        exit(1);
+    }
+}
+
+void bench_timer_init(bench_timer *t, dt_backend *be) {
+    memset(t, 0, sizeof *t);
+    t->be = be;
+    if (be->event_create && be->event_record && be->event_elapsed_ms) {
+        t->e0 = be->event_create(be);
+        t->e1 = be->event_create(be);
+    }
+}
+
+void bench_timer_free(bench_timer *t) {
+    if (t->be && t->be->event_destroy) {
+        if (t->e0) t->be->event_destroy(t->be, t->e0);
+        if (t->e1) t->be->event_destroy(t->be, t->e1);
+    }
+    memset(t, 0, sizeof *t);
+}
+
+void bench_timer_start(bench_timer *t) {
+    if (t->e0) t->be->event_record(t->be, t->e0);
+    else {
+        bench_sync_or_die(t->be);
+        t->t0 = dt_now();
+    }
+}
+
+double bench_timer_stop(bench_timer *t) {
+    double ms;
+    if (t->e0) {
+        t->be->event_record(t->be, t->e1);
+        ms = t->be->event_elapsed_ms(t->be, t->e0, t->e1);
+        bench_sync_or_die(t->be);
+    } else {
+        bench_sync_or_die(t->be);
+        ms = (dt_now() - t->t0) * 1e3;
+    }
+    return ms;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double quantile(const double *s, int n, double q) {
+    if (n == 1) return s[0];
+    double pos = q * (n - 1);
+    int i = (int)pos;
+    if (i >= n - 1) return s[n - 1];
+    double f = pos - i;
+    return s[i] * (1 - f) + s[i + 1] * f;
+}
+
+bench_stat bench_stats(const double *v, int n) {
+    bench_stat st = {0};
+    if (n <= 0) return st;
+    double *s = dt_malloc(sizeof(double) * n);
+    memcpy(s, v, sizeof(double) * n);
+    qsort(s, n, sizeof(double), cmp_double);
+    st.n = n;
+    st.min = s[0];
+    st.max = s[n - 1];
+    st.med = quantile(s, n, 0.5);
+    st.p10 = quantile(s, n, 0.1);
+    st.p90 = quantile(s, n, 0.9);
+    free(s);
+    return st;
+}
+
+void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd) {
+    size_t n = (size_t)m.rows * m.cols;
+    if (!n) return;
+    float *h = dt_malloc(sizeof(float) * n);
+    dt_randn(seed, 7, 0, h, n);
+    for (size_t i = 0; i < n; i++) {
+        h[i] *= sd;
+        if (h[i] == 0.0f) h[i] = sd * 1e-3f;
+    }
+    be->upload(be, m, h);
+    free(h);
+}
+
+double bench_max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d != d) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+double bench_max_abs(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i]);
+        if (d != d) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+void bench_note(bench_report *r, const char *fmt, ...) {
+    if (r->n_notes >= BENCH_MAX_NOTES) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->notes[r->n_notes++], sizeof r->notes[0], fmt, ap);
+    va_end(ap);
+}
+
+void bench_progress(const char *fmt, ...) {
+    if (dt_log_level < 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ rotating weight sets */
+
+size_t bench_src_bytes(const dt_linear_src *s) {
+    if (!s->bits) return (size_t)s->out * s->in * dt_dtype_size(s->dtype);
+    size_t ng = (size_t)(s->in / s->group_size);
+    return (size_t)s->out * s->in * s->bits / 8 + 2 * (size_t)s->out * ng * dt_dtype_size(s->sb_dtype);
+}
+
+#define WSET_MAX 64
+
+static void wset_add(bench_wset *ws, dt_linear *l) {
+    ws->w = dt_realloc(ws->w, sizeof *ws->w * (ws->n + 1));
+    ws->w[ws->n++] = l;
+}
+
+static void *host_keep(bench_wset *ws, const void *src, size_t bytes) {
+    void *p = dt_malloc(bytes ? bytes : 1);
+    if (bytes) memcpy(p, src, bytes);
+    ws->host = dt_realloc(ws->host, sizeof *ws->host * (ws->n_host + 1));
+    ws->host[ws->n_host++] = p;
+    return p;
+}
+
+void bench_wset_init(bench_wset *ws, dt_backend *be, dt_linear **borrow, int n, const dt_linear_src *src,
+                     double target_bytes) {
+    memset(ws, 0, sizeof *ws);
+    ws->be = be;
+    double each = (double)bench_src_bytes(src);
+    for (int i = 0; i < n && i < WSET_MAX; i++) wset_add(ws, borrow[i]);
+    double total = each * ws->n;
+    while ((ws->n == 0 || total < target_bytes) && ws->n < WSET_MAX) {
+        /* distinct host copies: the CPU backend keeps zero-copy views, CUDA uploads each one */
+        dt_linear_src c = *src;
+        if (src->bits) {
+            size_t ng = (size_t)(src->in / src->group_size);
+            c.data = host_keep(ws, src->data, (size_t)src->out * src->in * src->bits / 8);
+            c.scales = host_keep(ws, src->scales, (size_t)src->out * ng * dt_dtype_size(src->sb_dtype));
+            c.biases = host_keep(ws, src->biases, (size_t)src->out * ng * dt_dtype_size(src->sb_dtype));
+        } else {
+            c.data = host_keep(ws, src->data, (size_t)src->out * src->in * dt_dtype_size(src->dtype));
+        }
+        if (src->bias) c.bias = host_keep(ws, src->bias, (size_t)src->out * dt_dtype_size(src->bias_dtype));
+        dt_linear *l = be->linear_create(be, &c);
+        if (!l) {
+            fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+            exit(1);
+        }
+        wset_add(ws, l);
+        ws->n_owned++;
+        total += each;
+    }
+    ws->mb = total / 1e6;
+}
+
+void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, double target_bytes, uint64_t seed) {
+    memset(ws, 0, sizeof *ws);
+    ws->be = be;
+    size_t ne = (size_t)N * K;
+    double each = 2.0 * ne, total = 0;
+    float amp = sqrtf(3.0f / (float)K);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 17;
+    while ((ws->n == 0 || total < target_bytes) && ws->n < WSET_MAX) {
+        uint16_t *w = dt_malloc(sizeof(uint16_t) * ne);
+        for (size_t i = 0; i < ne; i++) {   /* xorshift: cheap distinct random contents per copy */
+            s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+            uint64_t x = s * 0x2545F4914F6CDD1DULL;
+            float u = (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+            w[i] = dt_f32_to_bf16(amp * (u == 0.0f ? 0.5f : u));
+        }
+        ws->host = dt_realloc(ws->host, sizeof *ws->host * (ws->n_host + 1));
+        ws->host[ws->n_host++] = w;
+        dt_linear_src src = {0};
+        src.name = "bench.dense";
+        src.out = N;
+        src.in = K;
+        src.dtype = DT_BF16;
+        src.data = w;
+        dt_linear *l = be->linear_create(be, &src);
+        if (!l) {
+            fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+            exit(1);
+        }
+        wset_add(ws, l);
+        ws->n_owned++;
+        total += each;
+    }
+    ws->mb = total / 1e6;
+}
+
+void bench_wset_free(bench_wset *ws) {
+    if (!ws->be) return;
+    bench_sync_or_die(ws->be);
+    for (int i = ws->n - ws->n_owned; i < ws->n; i++) ws->be->linear_destroy(ws->be, ws->w[i]);
+    for (int i = 0; i < ws->n_host; i++) free(ws->host[i]);
+    free(ws->w);
+    free(ws->host);
+    memset(ws, 0, sizeof *ws);
+}
+
+double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x) {
+    bench_timer_start(tm);
+    for (int i = 0; i < ws->n; i++) ws->be->linear(ws->be, y, x, ws->w[i]);
+    return bench_timer_stop(tm) / ws->n;
+}
