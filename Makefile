@@ -8,7 +8,7 @@
 CC      ?= cc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Isrc -Iinclude -MMD -MP
+override CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Isrc -Iinclude -MMD -MP
 LDLIBS  += -lopenblas -lpng -lz -lutf8proc -lm -pthread
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
@@ -68,8 +68,7 @@ test-gpu: tests
 	@DITRUN_REQUIRE_GPU=1 BUILD=$(BUILD) sh tests/run_tests.sh
 
 test-asan:
-	$(MAKE) BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  LDFLAGS="-fsanitize=address,undefined" tests
+	$(MAKE) BUILD=build-asan CUDA=0 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" tests
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 BUILD=build-asan sh tests/run_tests.sh
 
 fuzz:

@@ -161,7 +161,7 @@ static void warn_generic_blas(void) {
 #endif
     if (is_generic && better) {
         warned = 1;
-        dt_log(1, "ditrun: note: OpenBLAS did not recognise this CPU and uses its generic '%s' kernels; "
+        dt_log(2, "ditrun: note: OpenBLAS did not recognise this CPU and uses its generic '%s' kernels; "
                "set OPENBLAS_CORETYPE=%s in the environment for several times faster CPU matrix products\n",
                core, better);
     }
