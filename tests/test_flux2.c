@@ -173,6 +173,7 @@ static int synth_forward(const char *dir, int grid, int t) {
     int finite = 1;
     for (int i = 0; i < n * c->out_channels; i++) if (!(out[i] == out[i]) || out[i] > 1e30f || out[i] < -1e30f) finite = 0;
     printf("# forward %d+%d tokens in %.1f s\n", n, t, dt);
+    fflush(stdout);
     flux2_free(m);
     be->destroy(be);
     free(img); free(txt); free(iid); free(tid); free(out);
