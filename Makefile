@@ -9,7 +9,10 @@ CC      ?= cc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
 override CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Isrc -Iinclude -MMD -MP
-LDLIBS  += -lopenblas -lpng -lz -lutf8proc -lm -pthread
+LDLIBS  += $(EXTRA_LDFLAGS) -lopenblas -lpng -lz -lutf8proc -lm -pthread
+# EXTRA_CFLAGS / EXTRA_LDFLAGS: extra include and library folders (e.g. a machine without libutf8proc-dev:
+#   make EXTRA_CFLAGS=-I.devdeps/include EXTRA_LDFLAGS=-L.devdeps/lib)
+override CFLAGS += $(EXTRA_CFLAGS)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 LIB_C  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backends/cuda_stub/*' | sort)
