@@ -39,13 +39,16 @@ int dt_qwen3_loaded_layers(const dt_qwen3 *m);   /* max_layer after defaulting *
 
 /* RoPE inverse frequencies rounded to bf16 (on = 1), as in a transformers model whose buffers were
  * cast with model.to(torch.bfloat16) -- the tests/fixtures reference was produced that way.
- * Default 0: f32 inv_freq, which from_pretrained(torch_dtype=bfloat16) keeps (buffers are not cast).
- * At T = 512 the rotation angles of far positions differ by up to about 1 rad. */
+ * Default 0: f32 inv_freq, what from_pretrained keeps for any dtype (checked with transformers
+ * 5.17: the buffer stays float32 and exact). At T = 512 the rotation angles of far positions
+ * differ by up to about 1 rad between the two. */
 void dt_qwen3_set_inv_freq_bf16(dt_qwen3 *m, int on);
 
 /* Encode one sequence.
  *   ids   [T]  token ids (0 <= id < vocab)
- *   mask  [T]  1 = real token, 0 = padding (NULL = all real); padded keys are never attended
+ *   mask  [T]  1 = real token, 0 = padding (NULL = all real); padded keys are never attended;
+ *              queries before the first real token (left padding) get a zero attention output,
+ *              as transformers' default SDPA attention gives for fully masked rows
  *   taps  [n_taps] hidden-state indices (HF output_hidden_states): 0 = embeddings, k = output of
  *              decoder layer k (1-based); k == num_layers gets the final norm `model.norm`.
  *   out   [T, n_taps*D] f32 host: row t = [h_tap0[t] | h_tap1[t] | ...]
