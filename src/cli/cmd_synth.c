@@ -2,23 +2,61 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+
 #include "cli.h"
+#include "io/safetensors.h"
 #include "models/flux2.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S]\n\n"
+    fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S]\n"
+               "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--seed S]\n\n"
                "Writes DIR/config.json and DIR/model.safetensors with random weights at a real geometry\n"
-               "(for tests, the bench and speed runs without downloading weights).\n\n"
+               "(for tests, the bench and speed runs without downloading weights), or with --inputs a\n"
+               "random `ditrun forward` input file (in.hidden_states, in.encoder_hidden_states, in.timestep,\n"
+               "in.img_ids, in.txt_ids) for a PX x PX image and T text tokens.\n\n"
                "  --preset NAME      klein-4b, klein-9b or tiny\n"
                "  --output DIR       folder to create\n"
                "  --bits B           0 = bf16 weights (default), 4 or 8 = MLX affine quantized Linears\n"
                "  --group-size N     quantization group (32, 64, 128; default 64)\n"
-               "  --seed S           random seed (default 1)\n");
+               "  --seed S           random seed (default 1)\n"
+               "  --inputs FILE      write random forward inputs instead of a checkpoint\n"
+               "  --image-size PX    image side in pixels for --inputs (default 1024; 16 pixels per token side)\n"
+               "  --text-tokens T    text tokens for --inputs (default 512)\n");
+}
+
+/* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros). */
+static int write_inputs(const flux2_config *c, const char *path, int grid, int t, uint64_t seed) {
+    int64_t n = (int64_t)grid * grid;
+    float *img = malloc(sizeof(float) * n * c->in_channels), *txt = malloc(sizeof(float) * (t ? t : 1) * c->joint_dim);
+    float *iid = calloc((size_t)n * 4, sizeof(float)), *tid = calloc((size_t)(t ? t : 1) * 4, sizeof(float));
+    if (!img || !txt || !iid || !tid) { free(img); free(txt); free(iid); free(tid); return cli_error("synth: out of memory"); }
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 7;
+    for (int64_t i = 0; i < n * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; img[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int64_t i = 0; i < (int64_t)t * c->joint_dim; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; txt[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int r = 0; r < grid; r++)
+        for (int col = 0; col < grid; col++) { iid[(r * grid + col) * 4 + 1] = (float)r; iid[(r * grid + col) * 4 + 2] = (float)col; }
+    for (int l = 0; l < t; l++) tid[l * 4 + 3] = (float)l;
+    float ts = 0.75f;
+    st_writer *w = st_writer_new();
+    int64_t si[3] = {1, n, c->in_channels}, st[3] = {1, t, c->joint_dim}, sii[3] = {1, n, 4}, sti[3] = {1, t, 4}, s1[1] = {1};
+    st_writer_add_f32(w, "in.hidden_states", 3, si, img);
+    st_writer_add_f32(w, "in.encoder_hidden_states", 3, st, txt);
+    st_writer_add_f32(w, "in.img_ids", 3, sii, iid);
+    st_writer_add_f32(w, "in.txt_ids", 3, sti, tid);
+    st_writer_add_f32(w, "in.timestep", 1, s1, &ts);
+    int rc = st_writer_save(w, path);
+    st_writer_free(w);
+    free(img); free(txt); free(iid); free(tid);
+    if (rc) return cli_error("%s", dt_last_error());
+    fprintf(stderr, "ditrun: wrote %s (%lld image + %d text tokens)\n", path, (long long)n, t);
+    return 0;
 }
 
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL;
-    long bits = 0, group = 64, seed = 1;
+    const char *inputs = NULL;
+    long bits = 0, group = 64, seed = 1, px = 1024, ntxt = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -27,13 +65,17 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--bits")) { if (cli_parse_int(a, v, 0, 8, &bits)) return 1; i++; }
         else if (!strcmp(a, "--group-size")) { if (cli_parse_int(a, v, 32, 128, &group)) return 1; i++; }
         else if (!strcmp(a, "--seed")) { if (cli_parse_int(a, v, 0, 1L << 30, &seed)) return 1; i++; }
+        else if (!strcmp(a, "--inputs")) { if (!v) return cli_error("--inputs needs a value"); inputs = v; i++; }
+        else if (!strcmp(a, "--image-size")) { if (cli_parse_int(a, v, 16, 16384, &px)) return 1; i++; }
+        else if (!strcmp(a, "--text-tokens")) { if (cli_parse_int(a, v, 0, 65536, &ntxt)) return 1; i++; }
         else return cli_error("synth: unknown option '%s' (see ditrun synth --help)", a);
     }
-    if (!preset || !out) { usage(stderr); return cli_error("synth: --preset and --output are required"); }
+    if (!preset || (!out && !inputs)) return cli_error("synth: --preset and --output (or --inputs) are required (see ditrun synth --help)");
     if (bits != 0 && bits != 4 && bits != 8) return cli_error("--bits must be 0, 4 or 8");
     if (group != 32 && group != 64 && group != 128) return cli_error("--group-size must be 32, 64 or 128");
     flux2_config c;
     if (flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
+    if (inputs) return write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (uint64_t)seed);
     fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
             bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
     if (flux2_synth_write(&c, out, (int)bits, (int)group, (uint64_t)seed)) return cli_error("%s", dt_last_error());
