@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "io/json.h"
@@ -64,4 +66,24 @@ int cli_model_family(const char *path) {
     if (cls && strstr(cls, "Krea2")) fam = CLI_FAMILY_KREA2;
     json_free(j);
     return fam;
+}
+
+const char *cli_bundled_model(void) {
+    static char path[4200];
+    const char *env = getenv("DITRUN_DEFAULT_MODEL");
+    if (env && *env) return env;
+    /* build/ditrun -> build/../tests/fixtures/model; else relative to the current directory */
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, sizeof path, "%s/../tests/fixtures/model", exe);
+            struct stat st;
+            if (stat(path, &st) == 0) return path;
+        }
+    }
+    return "tests/fixtures/model";
 }

@@ -2,8 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "cli_model.h"
@@ -46,27 +44,6 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
     const char *prefix = (!strcmp(name, "latents_unpacked") || !strcmp(name, "image_float")) ? "out" : "mid";
     snprintf(nm, sizeof nm, "%s.%s", prefix, name);
     st_writer_add_f32(s->w, nm, ndim, shape, d);
-}
-
-static const char *default_model(const char *argv0) {
-    static char path[4200];
-    const char *env = getenv("DITRUN_DEFAULT_MODEL");
-    if (env && *env) return env;
-    /* build/ditrun -> ../tests/fixtures/model, else relative to the current directory */
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            snprintf(path, sizeof path, "%s/../tests/fixtures/model", exe);
-            struct stat st;
-            if (stat(path, &st) == 0) return path;
-        }
-    }
-    (void)argv0;
-    return "tests/fixtures/model";
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -115,7 +92,7 @@ int cmd_generate(int argc, char **argv) {
     if (!p.prompt) return cli_error("generate: --prompt is required (see ditrun generate --help)");
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
     if (!p.model) {
-        p.model = default_model(argv[0]);
+        p.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", p.model);
     }
     dt_backend *be = cli_model_backend(&mo);

@@ -6,10 +6,12 @@
 
 #include "cli.h"
 #include "io/safetensors.h"
+#include "cli_model.h"
 #include "models/flux2.h"
+#include "pipeline/synth_pipeline.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S]\n"
+    fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S] [--pipeline]\n"
                "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--seed S]\n\n"
                "Writes DIR/config.json and DIR/model.safetensors with random weights at a real geometry\n"
                "(for tests, the bench and speed runs without downloading weights), or with --inputs a\n"
@@ -20,6 +22,8 @@ static void usage(FILE *f) {
                "  --bits B           0 = bf16 weights (default), 4 or 8 = MLX affine quantized Linears\n"
                "  --group-size N     quantization group (32, 64, 128; default 64)\n"
                "  --seed S           random seed (default 1)\n"
+               "  --pipeline         write a whole pipeline folder (transformer, Qwen3 text encoder, VAE,\n"
+               "                     bundled tokenizer and scheduler) for `ditrun generate`\n"
                "  --inputs FILE      write random forward inputs instead of a checkpoint\n"
                "  --image-size PX    image side in pixels for --inputs (default 1024; 16 pixels per token side)\n"
                "  --text-tokens T    text tokens for --inputs (default 512)\n");
@@ -56,6 +60,7 @@ static int write_inputs(const flux2_config *c, const char *path, int grid, int t
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL;
     const char *inputs = NULL;
+    int pipeline = 0;
     long bits = 0, group = 64, seed = 1, px = 1024, ntxt = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -65,6 +70,7 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--bits")) { if (cli_parse_int(a, v, 0, 8, &bits)) return 1; i++; }
         else if (!strcmp(a, "--group-size")) { if (cli_parse_int(a, v, 32, 128, &group)) return 1; i++; }
         else if (!strcmp(a, "--seed")) { if (cli_parse_int(a, v, 0, 1L << 30, &seed)) return 1; i++; }
+        else if (!strcmp(a, "--pipeline")) pipeline = 1;
         else if (!strcmp(a, "--inputs")) { if (!v) return cli_error("--inputs needs a value"); inputs = v; i++; }
         else if (!strcmp(a, "--image-size")) { if (cli_parse_int(a, v, 16, 16384, &px)) return 1; i++; }
         else if (!strcmp(a, "--text-tokens")) { if (cli_parse_int(a, v, 0, 65536, &ntxt)) return 1; i++; }
@@ -78,7 +84,9 @@ int cmd_synth(int argc, char **argv) {
     if (inputs) return write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (uint64_t)seed);
     fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
             bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
-    if (flux2_synth_write(&c, out, (int)bits, (int)group, (uint64_t)seed)) return cli_error("%s", dt_last_error());
+    if (pipeline ? dt_synth_pipeline(preset, out, (int)bits, (int)group, (uint64_t)seed, cli_bundled_model())
+                 : flux2_synth_write(&c, out, (int)bits, (int)group, (uint64_t)seed))
+        return cli_error("%s", dt_last_error());
     fprintf(stderr, "ditrun: done\n");
     return 0;
 }

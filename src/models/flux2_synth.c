@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "flux2.h"
+#include "synth.h"
 
 int flux2_preset(const char *name, flux2_config *c) {
     memset(c, 0, sizeof *c);
@@ -30,51 +31,36 @@ int flux2_preset(const char *name, flux2_config *c) {
     return 0;
 }
 
-typedef struct { const char *name; int64_t out, in; int is_norm; } synth_tensor;
-
-static uint64_t rng_next(uint64_t *s) {  /* xorshift64* */
-    uint64_t x = *s;
-    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
-static float rng_uniform(uint64_t *s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
-
-static int list_tensors(const flux2_config *c, synth_tensor **out) {
-    int64_t D = c->hidden, F = c->mlp_hidden;
-    int cap = 16 + c->num_layers * 16 + c->num_single_layers * 4, n = 0;
-    synth_tensor *t = dt_calloc(cap, sizeof *t);
+/* Every tensor of the diffusers layout for geometry c. */
+static void list_tensors(const flux2_config *c, synth_list *l) {
+    int64_t D = c->hidden, F = c->mlp_hidden, hd = c->head_dim;
     char nm[256];
-#define ADD(o, i, norm) (t[n].name = dt_strdup(nm), t[n].out = (o), t[n].in = (i), t[n].is_norm = (norm), n++)
-    snprintf(nm, sizeof nm, "x_embedder"); ADD(D, c->in_channels, 0);
-    snprintf(nm, sizeof nm, "context_embedder"); ADD(D, c->joint_dim, 0);
-    snprintf(nm, sizeof nm, "time_guidance_embed.timestep_embedder.linear_1"); ADD(D, c->tg_channels, 0);
-    snprintf(nm, sizeof nm, "time_guidance_embed.timestep_embedder.linear_2"); ADD(D, D, 0);
-    snprintf(nm, sizeof nm, "double_stream_modulation_img.linear"); ADD(6 * D, D, 0);
-    snprintf(nm, sizeof nm, "double_stream_modulation_txt.linear"); ADD(6 * D, D, 0);
-    snprintf(nm, sizeof nm, "single_stream_modulation.linear"); ADD(3 * D, D, 0);
-    snprintf(nm, sizeof nm, "norm_out.linear"); ADD(2 * D, D, 0);
-    snprintf(nm, sizeof nm, "proj_out"); ADD(c->out_channels, D, 0);
+    synth_add_linear(l, "x_embedder", D, c->in_channels, 0);
+    synth_add_linear(l, "context_embedder", D, c->joint_dim, 0);
+    synth_add_linear(l, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels, 0);
+    synth_add_linear(l, "time_guidance_embed.timestep_embedder.linear_2", D, D, 0);
+    synth_add_linear(l, "double_stream_modulation_img.linear", 6 * D, D, 0);
+    synth_add_linear(l, "double_stream_modulation_txt.linear", 6 * D, D, 0);
+    synth_add_linear(l, "single_stream_modulation.linear", 3 * D, D, 0);
+    synth_add_linear(l, "norm_out.linear", 2 * D, D, 0);
+    synth_add_linear(l, "proj_out", c->out_channels, D, 0);
     const char *dl[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                         "attn.add_v_proj", "attn.to_add_out"};
     const char *dn[] = {"attn.norm_q", "attn.norm_k", "attn.norm_added_q", "attn.norm_added_k"};
     for (int i = 0; i < c->num_layers; i++) {
-        for (int k = 0; k < 8; k++) { snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, dl[k]); ADD(D, D, 0); }
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.linear_in", i); ADD(2 * F, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.linear_out", i); ADD(D, F, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff_context.linear_in", i); ADD(2 * F, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff_context.linear_out", i); ADD(D, F, 0);
-        for (int k = 0; k < 4; k++) { snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, dn[k]); ADD(c->head_dim, 0, 1); }
+        for (int k = 0; k < 8; k++) { snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, dl[k]); synth_add_linear(l, nm, D, D, 0); }
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.linear_in", i); synth_add_linear(l, nm, 2 * F, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.linear_out", i); synth_add_linear(l, nm, D, F, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff_context.linear_in", i); synth_add_linear(l, nm, 2 * F, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff_context.linear_out", i); synth_add_linear(l, nm, D, F, 0);
+        for (int k = 0; k < 4; k++) { snprintf(nm, sizeof nm, "transformer_blocks.%d.%s.weight", i, dn[k]); synth_add(l, nm, 1, &hd, 1.0f, 0.5f); }
     }
     for (int i = 0; i < c->num_single_layers; i++) {
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i); ADD(3 * D + 2 * F, D, 0);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i); ADD(D, D + F, 0);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q", i); ADD(c->head_dim, 0, 1);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k", i); ADD(c->head_dim, 0, 1);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i); synth_add_linear(l, nm, 3 * D + 2 * F, D, 0);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i); synth_add_linear(l, nm, D, D + F, 0);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i); synth_add(l, nm, 1, &hd, 1.0f, 0.5f);
+        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i); synth_add(l, nm, 1, &hd, 1.0f, 0.5f);
     }
-#undef ADD
-    *out = t;
-    return n;
 }
 
 static int write_config(const flux2_config *c, const char *dir, int bits, int group) {
@@ -100,83 +86,18 @@ int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int grou
     if (bits && bits != 4 && bits != 8) { dt_set_error("synthetic checkpoint: bits must be 0, 4 or 8"); return -1; }
     if (mkdir(dir, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", dir, strerror(errno)); return -1; }
     if (write_config(c, dir, bits, group)) return -1;
-    synth_tensor *t;
-    int n = list_tensors(c, &t);
-    for (int i = 0; i < n && bits; i++)
-        if (!t[i].is_norm && t[i].in % group) {
-            dt_set_error("synthetic checkpoint: %s has %lld inputs, not a multiple of group %d", t[i].name, (long long)t[i].in, group);
-            for (int j = 0; j < n; j++) free((void *)t[j].name);
-            free(t);
+    synth_list l = {0};
+    list_tensors(c, &l);
+    for (int i = 0; i < l.n && bits; i++)
+        if (l.t[i].quantizable && l.t[i].shape[1] % group) {
+            dt_set_error("synthetic checkpoint: %s has %lld inputs, not a multiple of group %d", l.t[i].name,
+                         (long long)l.t[i].shape[1], group);
+            synth_list_free(&l);
             return -1;
         }
-    char p[4200], nm[300];
+    char p[4200];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    st_stream *s = st_stream_open(p);
-    if (!s) { for (int j = 0; j < n; j++) free((void *)t[j].name); free(t); return -1; }
-    for (int i = 0; i < n; i++) {
-        if (t[i].is_norm) {
-            snprintf(nm, sizeof nm, "%s.weight", t[i].name);
-            st_stream_declare(s, nm, DT_BF16, 1, &t[i].out);
-        } else if (!bits) {
-            int64_t sh[2] = {t[i].out, t[i].in};
-            snprintf(nm, sizeof nm, "%s.weight", t[i].name);
-            st_stream_declare(s, nm, DT_BF16, 2, sh);
-        } else {
-            int64_t sw[2] = {t[i].out, t[i].in * bits / 32}, sg[2] = {t[i].out, t[i].in / group};
-            snprintf(nm, sizeof nm, "%s.weight", t[i].name); st_stream_declare(s, nm, DT_U32, 2, sw);
-            snprintf(nm, sizeof nm, "%s.scales", t[i].name); st_stream_declare(s, nm, DT_BF16, 2, sg);
-            snprintf(nm, sizeof nm, "%s.biases", t[i].name); st_stream_declare(s, nm, DT_BF16, 2, sg);
-        }
-    }
-    if (bits) {
-        char q[64];
-        snprintf(q, sizeof q, "{\"group_size\": %d, \"bits\": %d, \"mode\": \"affine\"}", group, bits);
-        st_stream_set_metadata(s, "quantization", q);
-        st_stream_set_metadata(s, "format", "mlx");
-    }
-    int rc = st_stream_begin_data(s);
-    uint64_t rng = seed * 0x9E3779B97F4A7C15ULL + 1;
-    for (int i = 0; i < n && rc == 0; i++) {
-        if (t[i].is_norm) {
-            uint16_t *v = dt_malloc(sizeof(uint16_t) * t[i].out);
-            for (int64_t j = 0; j < t[i].out; j++) v[j] = dt_f32_to_bf16(1.0f + 0.5f * rng_uniform(&rng));
-            rc = st_stream_write(s, v, sizeof(uint16_t) * t[i].out);
-            free(v);
-            continue;
-        }
-        int64_t out = t[i].out, in = t[i].in;
-        float amp = sqrtf(3.0f / (float)in);   /* uniform(-a, a) has variance a^2/3 = 1/in */
-        if (!bits) {
-            uint16_t *w = dt_malloc(sizeof(uint16_t) * in);
-            for (int64_t r = 0; r < out && rc == 0; r++) {
-                for (int64_t j = 0; j < in; j++) w[j] = dt_f32_to_bf16(amp * rng_uniform(&rng));
-                rc = st_stream_write(s, w, sizeof(uint16_t) * in);
-            }
-            free(w);
-        } else {
-            /* Random codes straight from the generator (no quantizer pass: a 4B model is written in
-             * seconds), scale = 2a/(2^bits-1) and bias = -a jittered per group, so w is uniform in
-             * about [-a, a] like the dense case. Written as weights, then scales, then biases. */
-            int64_t ng = in / group, pw = in * bits / 32;
-            uint32_t *packed = dt_malloc(sizeof(uint32_t) * pw);
-            uint16_t *sc = dt_malloc(sizeof(uint16_t) * out * ng), *bi = dt_malloc(sizeof(uint16_t) * out * ng);
-            float qmax = (float)((1 << bits) - 1);
-            for (int64_t r = 0; r < out && rc == 0; r++) {
-                for (int64_t j = 0; j < pw; j++) packed[j] = (uint32_t)(rng_next(&rng) >> 32);
-                for (int64_t g = 0; g < ng; g++) {
-                    float ag = amp * (1.0f + 0.25f * rng_uniform(&rng));
-                    sc[r * ng + g] = dt_f32_to_bf16(2.0f * ag / qmax);
-                    bi[r * ng + g] = dt_f32_to_bf16(-ag);
-                }
-                rc = st_stream_write(s, packed, sizeof(uint32_t) * pw);
-            }
-            if (rc == 0) rc = st_stream_write(s, sc, sizeof(uint16_t) * out * ng);
-            if (rc == 0) rc = st_stream_write(s, bi, sizeof(uint16_t) * out * ng);
-            free(packed); free(sc); free(bi);
-        }
-    }
-    if (st_stream_close(s) && rc == 0) rc = -1;
-    for (int j = 0; j < n; j++) free((void *)t[j].name);
-    free(t);
+    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
+    synth_list_free(&l);
     return rc;
 }

@@ -1,0 +1,192 @@
+/* synth_pipeline.c — a whole synthetic FLUX.2-klein pipeline folder (random weights at a real
+ * geometry): transformer (flux2_synth_write), Qwen3 text encoder, VAE decoder, plus the bundled
+ * tokenizer and scheduler config. Lets `ditrun generate` run end to end at klein-4B/9B size
+ * without downloading weights (speed runs, memory checks). */
+#include "synth_pipeline.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "models/flux2.h"
+#include "models/synth.h"
+
+typedef struct { int hidden, layers, heads, kv, hd, inter, vocab; } te_geom;
+typedef struct { int latent, nblk, blk[4], lpb, groups; } vae_geom;
+
+static int mkdir_p(const char *d) {
+    if (mkdir(d, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", d, strerror(errno)); return -1; }
+    return 0;
+}
+
+static int copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) { dt_set_error("%s: cannot read (%s)", src, strerror(errno)); return -1; }
+    FILE *out = fopen(dst, "wb");
+    if (!out) { fclose(in); dt_set_error("%s: cannot create (%s)", dst, strerror(errno)); return -1; }
+    char buf[65536];
+    size_t n;
+    int rc = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) { rc = -1; dt_set_error("%s: write failed", dst); break; }
+    fclose(in);
+    if (fclose(out)) rc = -1;
+    return rc;
+}
+
+static int write_text_encoder(const char *dir, const te_geom *g, int bits, int group, uint64_t seed) {
+    if (mkdir_p(dir)) return -1;
+    char p[8500], cfg[2048], nm[256];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"model_type\": \"qwen3\",\n  \"hidden_size\": %d,\n"
+             "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+             "  \"intermediate_size\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n  \"rope_theta\": 1000000.0,\n"
+             "  \"tie_word_embeddings\": true%s\n}\n",
+             g->hidden, g->layers, g->heads, g->kv, g->hd, g->inter, g->vocab,
+             bits ? (bits == 4 ? ",\n  \"quantization\": {\"group_size\": 64, \"bits\": 4}" : ",\n  \"quantization\": {\"group_size\": 64, \"bits\": 8}") : "");
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (synth_write_text(p, cfg)) return -1;
+    synth_list l = {0};
+    int64_t D = g->hidden, hd = g->hd;
+    /* the embedding is a [vocab, D] "Linear" for quantization purposes (MLX quantizes embeddings too) */
+    synth_add_linear(&l, "model.embed_tokens", g->vocab, D, 0);
+    l.t[l.n - 1].amp = 1.0f;
+    for (int i = 0; i < g->layers; i++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_proj", i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.v_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.o_proj", i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.up_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.down_proj", i); synth_add_linear(&l, nm, D, g->inter, 0);
+    }
+    synth_add(&l, "model.norm.weight", 1, &D, 1.0f, 0.2f);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
+    synth_list_free(&l);
+    return rc;
+}
+
+static void add_conv(synth_list *l, const char *name, int64_t cout, int64_t cin, int k) {
+    char nm[300];
+    int64_t s[4] = {cout, cin, k, k};
+    snprintf(nm, sizeof nm, "%s.weight", name);
+    synth_add(l, nm, 4, s, 0.0f, 1.7320508f / sqrtf((float)(cin * k * k)));
+    snprintf(nm, sizeof nm, "%s.bias", name);
+    synth_add(l, nm, 1, &cout, 0.0f, 0.02f);
+}
+
+static void add_gn(synth_list *l, const char *name, int64_t c) {
+    char nm[300];
+    snprintf(nm, sizeof nm, "%s.weight", name); synth_add(l, nm, 1, &c, 1.0f, 0.1f);
+    snprintf(nm, sizeof nm, "%s.bias", name); synth_add(l, nm, 1, &c, 0.0f, 0.05f);
+}
+
+static void add_resnet(synth_list *l, const char *name, int64_t cin, int64_t cout) {
+    char nm[300];
+    snprintf(nm, sizeof nm, "%s.norm1", name); add_gn(l, nm, cin);
+    snprintf(nm, sizeof nm, "%s.conv1", name); add_conv(l, nm, cout, cin, 3);
+    snprintf(nm, sizeof nm, "%s.norm2", name); add_gn(l, nm, cout);
+    snprintf(nm, sizeof nm, "%s.conv2", name); add_conv(l, nm, cout, cout, 3);
+    if (cin != cout) { snprintf(nm, sizeof nm, "%s.conv_shortcut", name); add_conv(l, nm, cout, cin, 1); }
+}
+
+static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
+    if (mkdir_p(dir)) return -1;
+    char p[8500], cfg[2048], blk[128] = "", types[512] = "";
+    for (int i = 0; i < g->nblk; i++) {
+        size_t n = strlen(blk);
+        snprintf(blk + n, sizeof blk - n, "%s%d", i ? ", " : "", g->blk[i]);
+        n = strlen(types);
+        snprintf(types + n, sizeof types - n, "%s\"UpDecoderBlock2D\"", i ? ", " : "");
+    }
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"_class_name\": \"AutoencoderKLFlux2\",\n  \"act_fn\": \"silu\",\n  \"batch_norm_eps\": 0.0001,\n"
+             "  \"block_out_channels\": [%s],\n  \"in_channels\": 3,\n  \"out_channels\": 3,\n  \"latent_channels\": %d,\n"
+             "  \"layers_per_block\": %d,\n  \"mid_block_add_attention\": true,\n  \"norm_num_groups\": %d,\n"
+             "  \"patch_size\": [2, 2],\n  \"up_block_types\": [%s],\n  \"use_post_quant_conv\": true,\n  \"use_quant_conv\": true\n}\n",
+             blk, g->latent, g->lpb, g->groups, types);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (synth_write_text(p, cfg)) return -1;
+    synth_list l = {0};
+    char nm[300];
+    int64_t lat = g->latent, bn = 4 * g->latent, top = g->blk[g->nblk - 1];
+    synth_add(&l, "bn.running_mean", 1, &bn, 0.0f, 0.3f);
+    synth_add(&l, "bn.running_var", 1, &bn, 1.0f, 0.5f);
+    add_conv(&l, "post_quant_conv", lat, lat, 1);
+    add_conv(&l, "decoder.conv_in", top, lat, 3);
+    add_resnet(&l, "decoder.mid_block.resnets.0", top, top);
+    add_gn(&l, "decoder.mid_block.attentions.0.group_norm", top);
+    synth_add_linear(&l, "decoder.mid_block.attentions.0.to_q", top, top, 1);
+    synth_add_linear(&l, "decoder.mid_block.attentions.0.to_k", top, top, 1);
+    synth_add_linear(&l, "decoder.mid_block.attentions.0.to_v", top, top, 1);
+    synth_add_linear(&l, "decoder.mid_block.attentions.0.to_out.0", top, top, 1);
+    add_resnet(&l, "decoder.mid_block.resnets.1", top, top);
+    int64_t prev = top;
+    for (int b = 0; b < g->nblk; b++) {
+        int64_t out = g->blk[g->nblk - 1 - b];
+        for (int r = 0; r <= g->lpb; r++) {
+            snprintf(nm, sizeof nm, "decoder.up_blocks.%d.resnets.%d", b, r);
+            add_resnet(&l, nm, r == 0 ? prev : out, out);
+        }
+        if (b < g->nblk - 1) { snprintf(nm, sizeof nm, "decoder.up_blocks.%d.upsamplers.0.conv", b); add_conv(&l, nm, out, out, 3); }
+        prev = out;
+    }
+    add_gn(&l, "decoder.conv_norm_out", g->blk[0]);
+    add_conv(&l, "decoder.conv_out", 3, g->blk[0], 3);
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
+    int rc = synth_write(&l, p, 0, 64, DT_F32, seed);
+    synth_list_free(&l);
+    return rc;
+}
+
+int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed, const char *fixtures_model) {
+    flux2_config c;
+    if (flux2_preset(preset, &c)) return -1;
+    te_geom te;
+    vae_geom vg = {32, 4, {128, 256, 512, 512}, 2, 32};
+    if (!strcmp(preset, "klein-4b")) te = (te_geom){2560, 36, 32, 8, 128, 9728, 151936};
+    else if (!strcmp(preset, "klein-9b")) te = (te_geom){4096, 36, 32, 8, 128, 12288, 151936};
+    else { te = (te_geom){32, 4, 4, 2, 16, 96, 705}; vg = (vae_geom){8, 3, {32, 32, 32}, 1, 8}; }
+    if (c.joint_dim != 3 * te.hidden || c.in_channels != 4 * vg.latent) {
+        dt_set_error("synthetic pipeline: preset '%s' geometry is inconsistent", preset);
+        return -1;
+    }
+    char p[4200], q[4200];
+    if (mkdir_p(dir)) return -1;
+    snprintf(p, sizeof p, "%s/model_index.json", dir);
+    if (synth_write_text(p, "{\n  \"_class_name\": \"Flux2KleinPipeline\",\n  \"is_distilled\": true,\n"
+                            "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
+                            "  \"text_encoder\": [\"transformers\", \"Qwen3ForCausalLM\"],\n"
+                            "  \"tokenizer\": [\"transformers\", \"TokenizersBackend\"],\n"
+                            "  \"transformer\": [\"diffusers\", \"Flux2Transformer2DModel\"],\n"
+                            "  \"vae\": [\"diffusers\", \"AutoencoderKLFlux2\"]\n}\n"))
+        return -1;
+    dt_log(1, "ditrun: synthetic pipeline: transformer ...\n");
+    snprintf(p, sizeof p, "%s/transformer", dir);
+    if (flux2_synth_write(&c, p, bits, group, seed)) return -1;
+    dt_log(1, "ditrun: synthetic pipeline: text encoder ...\n");
+    snprintf(p, sizeof p, "%s/text_encoder", dir);
+    if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
+    dt_log(1, "ditrun: synthetic pipeline: VAE ...\n");
+    snprintf(p, sizeof p, "%s/vae", dir);
+    if (write_vae(p, &vg, seed + 2)) return -1;
+    /* tokenizer and scheduler: the bundled ones (the tiny vocabulary's ids are valid in any larger one) */
+    const char *files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
+                              {"scheduler", "scheduler_config.json"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
+        if (mkdir_p(p)) return -1;
+        snprintf(p, sizeof p, "%s/%s/%s", fixtures_model, files[i][0], files[i][1]);
+        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
+        if (copy_file(p, q)) return -1;
+    }
+    return 0;
+}

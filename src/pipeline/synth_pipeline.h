@@ -1,0 +1,12 @@
+/* synth_pipeline.h — write a synthetic FLUX.2-klein pipeline folder with random weights. */
+#ifndef DT_SYNTH_PIPELINE_H
+#define DT_SYNTH_PIPELINE_H
+
+#include <stdint.h>
+
+/* preset: klein-4b, klein-9b or tiny. bits 0 = bf16 Linears, 4/8 = MLX affine (transformer and text
+ * encoder, group `group`); the VAE is f32. Tokenizer and scheduler config are copied from
+ * fixtures_model (the bundled tiny pipeline root). 0 ok, -1 error (dt_last_error). */
+int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed, const char *fixtures_model);
+
+#endif
