@@ -493,6 +493,15 @@ static void test_synthetic(dt_backend *cpu) {
         free(g2);
         dt_qwen3_free(m2);
     }
+    /* geometry without loading weights, with and without config.json */
+    dt_qwen3_config rc1, rc2;
+    dt_log_level = 0;
+    int r1 = dt_qwen3_read_config(dir, &rc1), r2 = dt_qwen3_read_config(dir2, &rc2);
+    dt_log_level = log_level;
+    T_CHECK("qwen3_read_config", r1 == 0 && r2 == 0 && rc1.hidden == SYN_D && rc1.num_layers == SYN_L &&
+                                     rc1.kv_heads == SYN_HKV && rc1.head_dim == SYN_HD && rc2.intermediate == SYN_I &&
+                                     rc2.vocab == SYN_VOCAB && rc1.rope_theta == 1e6,
+            "rc %d/%d (%s)", r1, r2, dt_last_error());
     free(g1); free(w1); free(got); free(want); free(got2);
     dt_qwen3_free(m);
 done:

@@ -178,6 +178,38 @@ static int load_layer(dt_qwen3 *m, int li, qw_layer *L) {
     return 0;
 }
 
+/* Key prefix, embedding and geometry of an open checkpoint (config.json or tensor shapes). */
+static int resolve_geometry(const dt_weights *w, const char **prefix, char *embed_name, dt_linear_src *embed,
+                            dt_qwen3_config *cfg) {
+    const char *what = dt_weights_path(w);
+    if (dt_weights_find(w, "model.embed_tokens.weight")) *prefix = "model.";
+    else if (dt_weights_find(w, "embed_tokens.weight")) *prefix = "";
+    else {
+        dt_set_error("%s: tensor 'model.embed_tokens.weight' (or mflux 'embed_tokens.weight') not found", what);
+        return -1;
+    }
+    snprintf(embed_name, QW_NAME_MAX, "%sembed_tokens", *prefix);
+    const json *cj = dt_weights_config(w);
+    if (cj) {
+        char cwhat[1024];
+        snprintf(cwhat, sizeof cwhat, "%s/config.json", what);
+        if (parse_config(cj, cwhat, cfg) || check_config(cfg, cwhat)) return -1;
+        return dt_weights_linear(w, embed_name, cfg->vocab, cfg->hidden, 0, embed) != 0 ? -1 : 0;
+    }
+    return infer_config(w, *prefix, embed_name, embed, cfg) || check_config(cfg, what) ? -1 : 0;
+}
+
+int dt_qwen3_read_config(const char *dir, dt_qwen3_config *cfg) {
+    dt_weights *w = dt_weights_open(dir);
+    if (!w) return -1;
+    const char *prefix;
+    char embed_name[QW_NAME_MAX];
+    dt_linear_src embed;
+    int rc = resolve_geometry(w, &prefix, embed_name, &embed, cfg);
+    dt_weights_close(w);
+    return rc;
+}
+
 dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer) {
     dt_weights *w = dt_weights_open(dir);
     if (!w) return NULL;
@@ -185,24 +217,7 @@ dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer) {
     m->be = be;
     m->w = w;
     const char *what = dt_weights_path(w);
-
-    if (dt_weights_find(w, "model.embed_tokens.weight")) m->prefix = "model.";
-    else if (dt_weights_find(w, "embed_tokens.weight")) m->prefix = "";
-    else {
-        dt_set_error("%s: tensor 'model.embed_tokens.weight' (or mflux 'embed_tokens.weight') not found", what);
-        goto fail;
-    }
-    snprintf(m->embed_name, sizeof m->embed_name, "%sembed_tokens", m->prefix);
-
-    const json *cj = dt_weights_config(w);
-    if (cj) {
-        char cwhat[1024];
-        snprintf(cwhat, sizeof cwhat, "%s/config.json", what);
-        if (parse_config(cj, cwhat, &m->cfg) || check_config(&m->cfg, cwhat)) goto fail;
-        if (dt_weights_linear(w, m->embed_name, m->cfg.vocab, m->cfg.hidden, 0, &m->embed) != 0) goto fail;
-    } else {
-        if (infer_config(w, m->prefix, m->embed_name, &m->embed, &m->cfg) || check_config(&m->cfg, what)) goto fail;
-    }
+    if (resolve_geometry(w, &m->prefix, m->embed_name, &m->embed, &m->cfg)) goto fail;
     m->embed.name = m->embed_name;
 
     if (max_layer <= 0) max_layer = m->cfg.num_layers;

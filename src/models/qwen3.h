@@ -34,6 +34,9 @@ typedef struct dt_qwen3 dt_qwen3;
  * max_layer == num_layers. NULL on error (dt_last_error names the file and tensor). */
 dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer);
 
+/* Geometry only (config.json, or tensor shapes without it); loads no weights. 0 or -1. */
+int dt_qwen3_read_config(const char *dir, dt_qwen3_config *cfg);
+
 const dt_qwen3_config *dt_qwen3_get_config(const dt_qwen3 *m);
 int dt_qwen3_loaded_layers(const dt_qwen3 *m);   /* max_layer after defaulting */
 
