@@ -1,0 +1,66 @@
+#!/bin/bash
+# tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
+# PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
+# a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen]...
+set -o pipefail
+OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
+W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
+B=./build/ditrun
+MK="make -j16 EXTRA_CFLAGS=-I.devdeps/include EXTRA_LDFLAGS=-L.devdeps/lib"
+what=${*:-all}
+has() { case " $what " in *" $1 "*|*" all "*) return 0;; esac; return 1; }
+log() { echo "=== $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+$MK all tests > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+log "build: $(( $(date +%s) - t0 )) s"
+
+if has test; then
+    timeout 300 env DITRUN_REQUIRE_GPU=1 BUILD=build sh tests/run_tests.sh > "$OUT/test-gpu.log" 2>&1
+    grep -E "FAIL|passed" "$OUT/test-gpu.log" | tail -25 | tee -a "$OUT/summary.txt"
+    grep -E "TFLOPS|GB/s|ms" "$OUT/test-gpu.log" | grep -v PASS | head -30 >> "$OUT/summary.txt"
+fi
+
+fwd() {  # fwd LABEL MODEL INPUTS REPEAT [extra args]
+    local label=$1 model=$2 in=$3 rep=$4; shift 4
+    local line
+    line=$($B forward --backend cuda --model "$model" --inputs "$in" --output "$W/out.st" --repeat "$rep" "$@" 2>&1 | grep -E "forward|peak|error" | tr '\n' ' ')
+    log "$label: $line"
+}
+
+if has time; then
+    t1=$(date +%s)
+    [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
+    [ -d "$W/k4bf16" ] || $B synth --preset klein-4b --bits 0 --output "$W/k4bf16" 2>/dev/null
+    [ -d "$W/k9q4" ] || $B synth --preset klein-9b --bits 4 --group-size 64 --output "$W/k9q4" 2>/dev/null
+    for px in 512 1024 2048; do $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null; done
+    $B synth --preset klein-9b --inputs "$W/in9_1024.st" --image-size 1024 2>/dev/null
+    log "synthetic checkpoints: $(( $(date +%s) - t1 )) s"
+    for qp in transient fused cached; do
+        fwd "klein-4B q4 1024^2 qpath=$qp" "$W/k4q4" "$W/in4_1024.st" 20 --qpath $qp
+    done
+    fwd "klein-4B q4 512^2 (auto)" "$W/k4q4" "$W/in4_512.st" 20
+    fwd "klein-4B bf16 1024^2" "$W/k4bf16" "$W/in4_1024.st" 20
+    fwd "klein-4B bf16 512^2" "$W/k4bf16" "$W/in4_512.st" 20
+    fwd "klein-9B q4 1024^2 (auto)" "$W/k9q4" "$W/in9_1024.st" 10
+    fwd "klein-4B q4 2048^2 (auto)" "$W/k4q4" "$W/in4_2048.st" 5
+fi
+
+if has gen; then
+    t1=$(date +%s)
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    log "synthetic pipeline: $(( $(date +%s) - t1 )) s"
+    for i in 1 2; do
+        $B generate --backend cuda --model "$W/p4" -p "a red fox standing in fresh snow, golden hour" -o "$OUT/gen1024.png" \
+            --seed 7 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
+    done
+fi
+
+if has bench; then
+    timeout 400 $B bench --preset klein-4b --backend cuda --json "$OUT/bench4.jsonl" > "$OUT/bench4.md" 2> "$OUT/bench4.err"
+    log "bench klein-4b rc=$?"
+    cat "$OUT/bench4.md" >> "$OUT/summary.txt"
+fi
+log "total $(( $(date +%s) - t0 )) s"
