@@ -22,8 +22,11 @@ struct dt_weights {
     json *config;
     const st_tensor **all;   /* every tensor, file by file in header order */
     size_t count;
-    size_t *slots;           /* hash table: index into all + 1 */
+    size_t *slots;           /* hash table: index into all + 1 (values > count: derived[value - count - 1]) */
     size_t nslots;
+    st_tensor **derived;     /* derived tensors (views of stored ones / materialised copies), owned */
+    void **derived_buf;      /* parallel: the malloc'd data of a materialised copy, or NULL for a view */
+    size_t nderived;
 };
 
 static uint64_t hash_str(const char *s) {
@@ -91,6 +94,13 @@ void dt_weights_close(dt_weights *w) {
     json_free(w->config);
     free(w->all);
     free(w->slots);
+    for (size_t i = 0; i < w->nderived; i++) {
+        free((void *)w->derived[i]->name);
+        free(w->derived[i]);
+        free(w->derived_buf[i]);
+    }
+    free(w->derived);
+    free(w->derived_buf);
     free(w->path);
     free(w);
 }
@@ -262,11 +272,15 @@ const json *dt_weights_config(const dt_weights *w) { return w->config; }
 size_t dt_weights_count(const dt_weights *w) { return w->count; }
 const st_tensor *dt_weights_at(const dt_weights *w, size_t i) { return i < w->count ? w->all[i] : NULL; }
 
+static const st_tensor *slot_tensor(const dt_weights *w, size_t v) {
+    return v <= w->count ? w->all[v - 1] : w->derived[v - w->count - 1];
+}
+
 const st_tensor *dt_weights_find(const dt_weights *w, const char *name) {
     if (!w || !name) return NULL;
     size_t mask = w->nslots - 1, h = (size_t)hash_str(name) & mask;
     while (w->slots[h]) {
-        const st_tensor *t = w->all[w->slots[h] - 1];
+        const st_tensor *t = slot_tensor(w, w->slots[h]);
         if (strcmp(t->name, name) == 0) return t;
         h = (h + 1) & mask;
     }
@@ -487,4 +501,99 @@ char *dt_weights_component_dir(const char *path, const char *name) {
     }
     dt_set_error("%s: no '%s' folder and no .safetensors files here", path, name);
     return NULL;
+}
+
+/* ------------------------------------------------------------------ derived tensors */
+
+/* Inserts t (owned from now on, with its optional buffer) under its name; rehashes when half full. */
+static const st_tensor *add_derived(dt_weights *w, st_tensor *t, void *buf) {
+    w->derived = dt_realloc(w->derived, (w->nderived + 1) * sizeof *w->derived);
+    w->derived_buf = dt_realloc(w->derived_buf, (w->nderived + 1) * sizeof *w->derived_buf);
+    w->derived[w->nderived] = t;
+    w->derived_buf[w->nderived] = buf;
+    w->nderived++;
+    size_t total = w->count + w->nderived;
+    if (2 * total > w->nslots) {
+        size_t ns = w->nslots;
+        while (ns < 2 * total) ns *= 2;
+        free(w->slots);
+        w->slots = dt_calloc(ns, sizeof *w->slots);
+        w->nslots = ns;
+        for (size_t v = 1; v <= total; v++) {
+            size_t h = (size_t)hash_str(slot_tensor(w, v)->name) & (ns - 1);
+            while (w->slots[h]) h = (h + 1) & (ns - 1);
+            w->slots[h] = v;
+        }
+    } else {
+        size_t mask = w->nslots - 1, h = (size_t)hash_str(t->name) & mask;
+        while (w->slots[h]) h = (h + 1) & mask;
+        w->slots[h] = total;
+    }
+    return t;
+}
+
+/* A new tensor like src (dtype, trailing dims, file) with `rows` rows and name; NULL on a bad request. */
+static st_tensor *derive_header(const dt_weights *w, const char *name, const st_tensor *src, int64_t rows) {
+    if (!name || !*name || !src) { dt_set_error("%s: derived tensor without a name or a source", w->path); return NULL; }
+    if (dt_weights_find(w, name)) {
+        dt_set_error("%s: cannot add tensor '%s' (derived from '%s'): the name already exists", w->path, name, src->name);
+        return NULL;
+    }
+    if (src->ndim < 1) { dt_set_error("%s: tensor '%s' is a scalar; it has no rows to take", src->file, src->name); return NULL; }
+    st_tensor *t = dt_calloc(1, sizeof *t);
+    *t = *src;
+    t->name = dt_strdup(name);
+    t->shape[0] = rows;
+    int64_t row_elems = 1;
+    for (int d = 1; d < src->ndim; d++) row_elems *= src->shape[d];
+    t->numel = rows * row_elems;
+    t->nbytes = (size_t)t->numel * dt_dtype_size(src->dtype);
+    return t;
+}
+
+static size_t row_bytes(const st_tensor *src) {
+    return src->shape[0] ? src->nbytes / (size_t)src->shape[0] : 0;
+}
+
+const st_tensor *dt_weights_add_view(dt_weights *w, const char *name, const st_tensor *src, int64_t row0, int64_t nrows) {
+    if (src && (src->ndim < 1 || row0 < 0 || nrows < 0 || row0 > src->shape[0] || nrows > src->shape[0] - row0)) {
+        dt_set_error("%s: rows [%" PRId64 ", %" PRId64 ") are outside tensor '%s' (%" PRId64 " rows) for '%s'", src->file,
+                     row0, row0 + nrows, src->name, src->ndim >= 1 ? src->shape[0] : 0, name ? name : "?");
+        return NULL;
+    }
+    st_tensor *t = derive_header(w, name, src, nrows);
+    if (!t) return NULL;
+    t->data = (const char *)src->data + (size_t)row0 * row_bytes(src);
+    return add_derived(w, t, NULL);
+}
+
+const st_tensor *dt_weights_add_rows(dt_weights *w, const char *name, const st_tensor *src, int nranges,
+                                     const int64_t *row0, const int64_t *nrows) {
+    int64_t total = 0;
+    for (int r = 0; src && r < nranges; r++) {
+        if (src->ndim < 1 || row0[r] < 0 || nrows[r] < 0 || row0[r] > src->shape[0] || nrows[r] > src->shape[0] - row0[r]) {
+            dt_set_error("%s: rows [%" PRId64 ", %" PRId64 ") are outside tensor '%s' for '%s'", src->file, row0[r],
+                         row0[r] + nrows[r], src->name, name ? name : "?");
+            return NULL;
+        }
+        total += nrows[r];
+    }
+    st_tensor *t = derive_header(w, name, src, total);
+    if (!t) return NULL;
+    size_t rb = row_bytes(src);
+    char *buf = dt_malloc(t->nbytes ? t->nbytes : 1), *p = buf;
+    for (int r = 0; r < nranges; r++) {
+        memcpy(p, (const char *)src->data + (size_t)row0[r] * rb, (size_t)nrows[r] * rb);
+        p += (size_t)nrows[r] * rb;
+    }
+    t->data = buf;
+    return add_derived(w, t, buf);
+}
+
+size_t dt_weights_derived_count(const dt_weights *w) { return w->nderived; }
+const st_tensor *dt_weights_derived_at(const dt_weights *w, size_t i) { return i < w->nderived ? w->derived[i] : NULL; }
+
+void dt_weights_set_config(dt_weights *w, json *cfg) {
+    if (w->config != cfg) json_free(w->config);
+    w->config = cfg;
 }

@@ -62,6 +62,21 @@ int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_
  * holds safetensors return a copy of PATH, else NULL with an error. */
 char *dt_weights_component_dir(const char *path, const char *name);
 
+/* ---- derived tensors: other key layouts (BFL, mflux) presented under the names loaders ask for.
+ * They are found by dt_weights_find / _get / _linear / _read_f32 like stored tensors, but are not
+ * counted by dt_weights_count / dt_weights_at (which list what is stored, once). Owned by w. ---- */
+/* NAME = rows [row0, row0+nrows) of SRC along dimension 0 (zero copy: a view into SRC's bytes).
+ * NULL with an error if NAME already exists or the rows are outside SRC. */
+const st_tensor *dt_weights_add_view(dt_weights *w, const char *name, const st_tensor *src, int64_t row0, int64_t nrows);
+/* NAME = the given row ranges of SRC, concatenated in that order into a buffer owned by w (a copy:
+ * for small reorderings such as the swapped halves of BFL's final modulation). */
+const st_tensor *dt_weights_add_rows(dt_weights *w, const char *name, const st_tensor *src, int nranges,
+                                     const int64_t *row0, const int64_t *nrows);
+size_t dt_weights_derived_count(const dt_weights *w);
+const st_tensor *dt_weights_derived_at(const dt_weights *w, size_t i);
+/* Replace the config (w takes ownership; NULL clears): e.g. geometry inferred from tensor shapes. */
+void dt_weights_set_config(dt_weights *w, json *cfg);
+
 /* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for dense and affine. */
 void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst);
 
