@@ -9,6 +9,7 @@
  * See NOTES.md for the conventions (modulation order, RoPE layout, final-norm halves).
  */
 #include "flux2.h"
+#include "flux2_layouts.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -167,6 +168,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     m->be = be;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
+    if (flux2_layout_install(m->w)) { free(dir); flux2_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
     const json *cfg = dt_weights_config(m->w);
     char what[4200];
     snprintf(what, sizeof what, "%s/config.json", dir);
