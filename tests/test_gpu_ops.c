@@ -79,6 +79,38 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
+
+/* Timings (not assertions) of the memory-bound ops at klein-4B shapes: GB/s over the bytes they must move. */
+static void time_elementwise(void) {
+    const int64_t L = 4608, D = 3072, F = 9216;
+    float *h = rand_bf((size_t)L * F, -2.f, 2.f);
+    dt_mat x = upa(G, h, L, D), y = upa(G, h, L, D), a = upa(G, h, L, F), b = upa(G, h, L, F), o = upa(G, h, L, F);
+    dt_mat sh = upa(G, h, 1, D), sc = upa(G, h + D, 1, D), w = dt_param_upload(G, h, 128);
+    dt_mat cs = up(G, h, L, 128, DT_F32), sn = up(G, h + L * 128, L, 128, DT_F32);
+    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    for (int op = 0; op < 4; op++) {
+        double t[20], bytes = 0;
+        const char *name = "";
+        for (int i = 0; i < 23; i++) {
+            if (i >= 3) G->event_record(G, e0);
+            switch (op) {
+            case 0: G->layernorm_mod(G, y, x, sh, sc, 1e-6f); name = "layernorm_mod [4608,3072]"; bytes = 4.0 * L * D; break;
+            case 1: G->head_norm_rope(G, x, 24, 128, w, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED); name = "head_norm_rope [4608,24x128]";
+                    bytes = 4.0 * L * D + 8.0 * L * 128; break;
+            case 2: G->act_mul(G, o, a, b, DT_ACT_SILU); name = "act_mul silu*b [4608,9216]"; bytes = 6.0 * L * F; break;
+            default: G->gated_add(G, x, sc, y); name = "gated_add [4608,3072]"; bytes = 6.0 * L * D; break;
+            }
+            if (i >= 3) { G->event_record(G, e1); t[i - 3] = G->event_elapsed_ms(G, e0, e1); }
+        }
+        double ms = median(t, 20);
+        printf("TIME %-44s %8.4f ms  %7.0f GB/s\n", name, ms, bytes / (ms * 1e-3) / 1e9);
+    }
+    G->event_destroy(G, e0); G->event_destroy(G, e1);
+    G->free(G, &x); G->free(G, &y); G->free(G, &a); G->free(G, &b); G->free(G, &o);
+    G->free(G, &sh); G->free(G, &sc); G->free(G, &w); G->free(G, &cs); G->free(G, &sn);
+    free(h);
+}
+
 /* ------------------------------------------------------------------ linear */
 typedef struct {
     dt_linear_src src;
@@ -659,6 +691,7 @@ int main(void) {
         test_gated_add(4608, 3072, 1);
         test_gated_add(4608, 3072, 0);
         test_mul_axpby(1024, 3072);
+        time_elementwise();
         printf("# section ew %.1f s\n", dt_now() - ts);
     }
     if (RUN("linear")) {
@@ -686,14 +719,20 @@ int main(void) {
     if (RUN("attn")) {
         double ts = dt_now();
         test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
-        setenv("DITRUN_CUDA_FA_WARPS", "8", 1);
-        test_attention("dit/8warps", 4608, 4608, 24, 24, 128, 0, 0, 1);
-        test_attention("gqa/8warps", 777, 777, 8, 2, 128, 1, 1, 0);
-        unsetenv("DITRUN_CUDA_FA_WARPS");
         test_attention("gqa", 1000, 1000, 8, 2, 128, 0, 1, 0);
         test_attention("gqa", 777, 777, 8, 2, 128, 1, 1, 0);
         test_attention("gqa", 512, 512, 32, 8, 128, 1, 3, 1);
         test_attention("bias", 300, 700, 4, 4, 128, 0, 2, 0);
+        test_attention("dit-2048px", 16896, 16896, 24, 24, 128, 0, 0, 1);
+        setenv("DITRUN_CUDA_FA", "wg1", 1);   /* the simpler wgmma kernel (no intra-warpgroup pipelining) */
+        test_attention("dit/wg1", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        test_attention("gqa/wg1", 777, 777, 8, 2, 128, 1, 1, 0);
+        test_attention("gqa/wg1", 512, 512, 32, 8, 128, 1, 3, 0);
+        setenv("DITRUN_CUDA_FA", "mma", 1);   /* the sm_80 mma.sync kernel (used off sm_90) */
+        test_attention("dit/mma", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        test_attention("gqa/mma", 777, 777, 8, 2, 128, 1, 1, 0);
+        test_attention("gqa/mma", 512, 512, 32, 8, 128, 1, 3, 0);
+        unsetenv("DITRUN_CUDA_FA");
         test_attention("hd64", 300, 300, 4, 2, 64, 1, 1, 0);
         test_attention("hd16", 200, 200, 2, 1, 16, 0, 0, 0);
         test_attention("vae", 4096, 4096, 1, 1, 512, 0, 0, 1);

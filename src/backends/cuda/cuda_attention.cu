@@ -12,6 +12,7 @@
  * O = P·V through cuBLASLt. Correct for any shape; speed secondary. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 
@@ -236,6 +237,494 @@ static void flash_launch(dtc_state *st, const fa_args &a) {
     CK_LAUNCH("flash_attention");
 }
 
+
+/* ------------------------------------------------------------------ sm_90a: wgmma flash attention */
+/* Two consumer warpgroups per block, 64 query rows each (BR = 128), key tiles of 128. All operands live in
+ * shared memory in the 128-byte-swizzled K-major layout wgmma reads: a tile of R rows x 128 bf16 is stored
+ * as two halves (columns 0-63, 64-127), each R rows of 128 bytes, 16-byte chunk c of row r at chunk
+ * c ^ (r % 8). S = Q·Kᵀ: wgmma m64n128k16 with Q and K from shared memory; O += P·V: P from registers (the
+ * S accumulator layout is the A-fragment layout), V from a per-call transposed copy Vt [hkv][128][Lk_pad]
+ * so that it too is K-major. K/Vt tiles are double-buffered with cp.async. */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DTC_HAVE_WGMMA 1
+#endif
+
+#define FW_BR 128
+#define FW_BC 128
+#define FW_THREADS 256
+#define FW_SMEM (32768 + 2 * 65536 + 1024)
+
+struct fw_args {
+    const __nv_bfloat16 *q, *k, *vt;
+    __nv_bfloat16 *o;
+    int64_t ldq, ldk, ldvt, ldo;
+    const float *kbias;
+    int Lq, Lk, hq, group;
+    float scale_log2;
+    int causal;
+};
+
+#ifdef DTC_HAVE_WGMMA
+/* D[64x128 f32] (+)= A(smem desc, 64x16 bf16) * B(smem desc, 16x128 bf16), both K-major, 128B swizzle.
+ * accumulate = 0 overwrites D. */
+__device__ __forceinline__ void wgmma_m64n128_ss(float *d, uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+/* D[64x128 f32] += A(registers: 64x16 bf16, per warp the mma.sync m16n8k16 A-fragment layout) * B(smem desc). */
+__device__ __forceinline__ void wgmma_m64n128_rs(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* D[64x64 f32] (+)= A(smem desc, 64x16) * B(smem desc, 16x64), both K-major, 128B swizzle. */
+__device__ __forceinline__ void wgmma_m64n64_ss(float *d, uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* As above with D overwritten (scale-d = 0) and D a pure output, so no stale accumulator value is an input. */
+__device__ __forceinline__ void wgmma_m64n64_ss_first(float *d, uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "l"(da), "l"(db), "r"(0));
+}
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void reg_fence(float *r, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+#endif
+
+/* offset of 16-byte chunk c (0..15) of row r in a [R][128] bf16 tile stored as two 128B-swizzled halves */
+__device__ __forceinline__ uint32_t fw_off(int r, int c, int half_bytes) {
+    return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__global__ void __launch_bounds__(FW_THREADS, 1) k_flash128_wg(fw_args a) {
+#ifdef DTC_HAVE_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t qs = base;                       /* [2][128][128B] */
+    auto ks = [&](int st) { return base + 32768u + (uint32_t)st * 65536u; };
+    auto vs = [&](int st) { return base + 65536u + (uint32_t)st * 65536u; };
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wl = warp & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, kvh = h / a.group;
+    const int q0 = qb * FW_BR;
+    const __nv_bfloat16 *qg = a.q + (int64_t)h * FA_HD;
+    const __nv_bfloat16 *kg = a.k + (int64_t)kvh * FA_HD;
+    const __nv_bfloat16 *vg = a.vt + (int64_t)kvh * FA_HD * a.ldvt;
+
+    int ntiles = (a.Lk + FW_BC - 1) / FW_BC;
+    if (a.causal) {
+        int lim = (q0 + FW_BR + FW_BC - 1) / FW_BC;
+        if (lim < ntiles) ntiles = lim;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int id = tid + i * FW_THREADS;
+        int r = id >> 4, c = id & 15;
+        int gr = q0 + r;
+        cp_async16(qs + fw_off(r, c, 16384), qg + (int64_t)(gr < a.Lq ? gr : 0) * a.ldq + c * 8, gr < a.Lq ? 16 : 0);
+    }
+    auto load_kv = [&](int st, int t) {
+        const int kb = t * FW_BC;
+        const uint32_t kd = ks(st), vd = vs(st);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int id = tid + i * FW_THREADS;
+            int r = id >> 4, c = id & 15;
+            int gk = kb + r;
+            cp_async16(kd + fw_off(r, c, 16384), kg + (int64_t)(gk < a.Lk ? gk : 0) * a.ldk + c * 8, gk < a.Lk ? 16 : 0);
+            cp_async16(vd + fw_off(r, c, 16384), vg + (int64_t)r * a.ldvt + kb + c * 8, 16);
+        }
+    };
+    if (ntiles > 0) load_kv(0, 0);
+    cp_async_commit();
+
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    const int g = lane >> 2, t4 = lane & 3;
+    const int row_a = q0 + wg * 64 + wl * 16 + g;   /* and row_a + 8 */
+    const float log2e = 1.4426950408889634f;
+
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();   /* tile t visible to the tensor cores; every warp finished tile t-1 */
+        if (t + 1 < ntiles) load_kv((t + 1) & 1, t + 1);
+        cp_async_commit();
+        const int st = t & 1;
+        float s[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) s[i] = 0.f;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            uint64_t da = wg_desc(qs + (uint32_t)((kk >> 2) * 16384 + wg * 8192 + (kk & 3) * 32));
+            uint64_t db = wg_desc(ks(st) + (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32));
+            wgmma_m64n128_ss(s, da, db, kk > 0);
+        }
+        wg_commit();
+        wg_wait0();
+        reg_fence(s, 64);
+
+        const int kb = t * FW_BC;
+        const bool need_mask = (kb + FW_BC > a.Lk) || (a.causal && kb + FW_BC - 1 > q0) || a.kbias;
+#pragma unroll
+        for (int i = 0; i < 64; i++) s[i] *= a.scale_log2;
+        if (need_mask) {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = kb + j * 8 + 2 * t4 + e;
+                    float add = 0.f;
+                    if (key >= a.Lk) add = -INFINITY;
+                    else if (a.kbias) add = a.kbias[key] * log2e;
+                    float v0 = s[j * 4 + e] + add, v1 = s[j * 4 + 2 + e] + add;
+                    if (a.causal) {
+                        if (key > row_a) v0 = -INFINITY;
+                        if (key > row_a + 8) v1 = -INFINITY;
+                    }
+                    s[j * 4 + e] = v0;
+                    s[j * 4 + 2 + e] = v1;
+                }
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 16; j++) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * hh], s[j * 4 + 2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mnew = fmaxf(m_i[hh], mx);
+            float muse = mnew == -INFINITY ? 0.f : mnew;
+            float alpha = exp2f(m_i[hh] - muse);
+            float rs = 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                float p0 = exp2f(s[j * 4 + 2 * hh] - muse), p1 = exp2f(s[j * 4 + 2 * hh + 1] - muse);
+                s[j * 4 + 2 * hh] = p0;
+                s[j * 4 + 2 * hh + 1] = p1;
+                rs += p0 + p1;
+            }
+            l_i[hh] = l_i[hh] * alpha + rs;
+            m_i[hh] = mnew;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                o[j * 4 + 2 * hh] *= alpha;
+                o[j * 4 + 2 * hh + 1] *= alpha;
+            }
+        }
+        uint32_t pa[8][4];
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            pa[kk][0] = pack_bf2(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+            pa[kk][1] = pack_bf2(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+            pa[kk][2] = pack_bf2(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+            pa[kk][3] = pack_bf2(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+        }
+        reg_fence(o, 64);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            uint64_t db = wg_desc(vs(st) + (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32));
+            wgmma_m64n128_rs(o, pa[kk], db);
+        }
+        wg_commit();
+        wg_wait0();
+        reg_fence(o, 64);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float l = l_i[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        int row = row_a + hh * 8;
+        if (row < a.Lq) {
+            __nv_bfloat16 *op = a.o + (int64_t)row * a.ldo + (int64_t)h * FA_HD + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                *(__nv_bfloat162 *)(op + j * 8) = __floats2bfloat162_rn(o[j * 4 + 2 * hh] * inv, o[j * 4 + 2 * hh + 1] * inv);
+        }
+    }
+#endif
+}
+
+
+/* Variant 2: key tiles of 64, 4 shared-memory stages (prefetch distance 2), and software pipelining inside each
+ * warpgroup: S(t+1) = Q·K(t+1) runs on the tensor cores while the softmax of tile t runs on the FP32 units, and
+ * P(t)·V(t) runs while the next iteration loads, issues S(t+2) and starts its softmax. */
+#define FW2_BC 64
+#define FW2_STAGES 4
+#define FW2_SMEM (32768 + FW2_STAGES * 32768 + 1024)
+
+__global__ void __launch_bounds__(FW_THREADS, 1) k_flash128_wg2(fw_args a) {
+#ifdef DTC_HAVE_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t qs = base;                                        /* [2][128][128B] */
+    auto ks = [&](int st) { return base + 32768u + (uint32_t)st * 32768u; };          /* [2][64][128B] */
+    auto vs = [&](int st) { return base + 32768u + (uint32_t)st * 32768u + 16384u; }; /* [128][128B]  */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wl = warp & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int h = blockIdx.y, kvh = h / a.group;
+    const int q0 = qb * FW_BR;
+    const __nv_bfloat16 *qg = a.q + (int64_t)h * FA_HD;
+    const __nv_bfloat16 *kg = a.k + (int64_t)kvh * FA_HD;
+    const __nv_bfloat16 *vg = a.vt + (int64_t)kvh * FA_HD * a.ldvt;
+
+    int ntiles = (a.Lk + FW2_BC - 1) / FW2_BC;
+    if (a.causal) {
+        int lim = (q0 + FW_BR + FW2_BC - 1) / FW2_BC;
+        if (lim < ntiles) ntiles = lim;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int id = tid + i * FW_THREADS;
+        int r = id >> 4, c = id & 15;
+        int gr = q0 + r;
+        cp_async16(qs + fw_off(r, c, 16384), qg + (int64_t)(gr < a.Lq ? gr : 0) * a.ldq + c * 8, gr < a.Lq ? 16 : 0);
+    }
+    auto load_kv = [&](int t) {
+        const int st = t % FW2_STAGES;
+        const int kb = t * FW2_BC;
+        const uint32_t kd = ks(st), vd = vs(st);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int id = tid + i * FW_THREADS;
+            int r = id >> 4, c = id & 15;          /* K: 64 rows x 16 chunks */
+            int gk = kb + r;
+            cp_async16(kd + fw_off(r, c, 8192), kg + (int64_t)(gk < a.Lk ? gk : 0) * a.ldk + c * 8, gk < a.Lk ? 16 : 0);
+            int rv = id >> 3, cv = id & 7;         /* Vt: 128 rows (d) x 8 chunks (keys) */
+            cp_async16(vd + (uint32_t)(rv * 128 + ((cv ^ (rv & 7)) << 4)), vg + (int64_t)rv * a.ldvt + kb + cv * 8, 16);
+        }
+    };
+    if (ntiles > 0) load_kv(0);
+    cp_async_commit();
+    if (ntiles > 1) load_kv(1);
+    cp_async_commit();
+
+    float o[64], sc[32], sn[32];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) { sc[i] = 0.f; sn[i] = 0.f; }
+    /* pin the initial values here: ptxas's wgmma pipeline check is by code layout, and an accumulator
+     * initialisation sunk into the "no key tiles" path after the loop would serialise every wgmma */
+    reg_fence(o, 64);
+    reg_fence(sc, 32);
+    reg_fence(sn, 32);
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    const int g = lane >> 2, t4 = lane & 3;
+    const int row_a = q0 + wg * 64 + wl * 16 + g;
+    const float log2e = 1.4426950408889634f;
+    const uint32_t qa = qs + (uint32_t)(wg * 8192);
+
+    auto issue_s = [&](float *d, int t) {
+        const uint32_t kt = ks(t % FW2_STAGES);
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            uint64_t da = wg_desc(qa + (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32));
+            uint64_t db = wg_desc(kt + (uint32_t)((kk >> 2) * 8192 + (kk & 3) * 32));
+            if (kk == 0) wgmma_m64n64_ss_first(d, da, db);
+            else wgmma_m64n64_ss(d, da, db, 1);
+        }
+    };
+
+    if (ntiles > 0) {
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        wg_fence();
+        issue_s(sc, 0);
+        wg_commit();
+        wg_wait0();
+        reg_fence(sc, 32);
+    }
+    /* One key tile. cur holds S(t); S(t+1) is written into nxt. The loop is unrolled by two with the arrays
+     * swapped, so no register copies sit inside a wgmma pipeline stage. */
+    auto step = [&](float *cur, float *nxt, int t) {
+        cp_async_wait<0>();        /* tile t+1 landed (issued one iteration ago) */
+        fence_proxy_async();
+        __syncthreads();           /* ... and every warp finished P·V of tile t-2: its stage can be refilled */
+        if (t + 2 < ntiles) load_kv(t + 2);
+        cp_async_commit();
+        /* always issue an S product (the last iteration recomputes its own tile) so that the wgmma group
+         * structure is the same on every iteration */
+        wg_fence();
+        issue_s(nxt, t + 1 < ntiles ? t + 1 : t);
+        wg_commit();
+        /* softmax of tile t (overlaps S(t+1) and P·V(t-1) on the tensor cores) */
+        const int kb = t * FW2_BC;
+        const bool need_mask = (kb + FW2_BC > a.Lk) || (a.causal && kb + FW2_BC - 1 > q0) || a.kbias;
+        float x[32];   /* scores of tile t in the exp2 domain, then probabilities (sc stays untouched) */
+#pragma unroll
+        for (int i = 0; i < 32; i++) x[i] = cur[i] * a.scale_log2;
+        if (need_mask) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = kb + j * 8 + 2 * t4 + e;
+                    float add = 0.f;
+                    if (key >= a.Lk) add = -INFINITY;
+                    else if (a.kbias) add = a.kbias[key] * log2e;
+                    float v0 = x[j * 4 + e] + add, v1 = x[j * 4 + 2 + e] + add;
+                    if (a.causal) {
+                        if (key > row_a) v0 = -INFINITY;
+                        if (key > row_a + 8) v1 = -INFINITY;
+                    }
+                    x[j * 4 + e] = v0;
+                    x[j * 4 + 2 + e] = v1;
+                }
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(x[j * 4 + 2 * hh], x[j * 4 + 2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mnew = fmaxf(m_i[hh], mx);
+            float muse = mnew == -INFINITY ? 0.f : mnew;
+            alpha[hh] = exp2f(m_i[hh] - muse);
+            float rs = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float p0 = exp2f(x[j * 4 + 2 * hh] - muse), p1 = exp2f(x[j * 4 + 2 * hh + 1] - muse);
+                x[j * 4 + 2 * hh] = p0;
+                x[j * 4 + 2 * hh + 1] = p1;
+                rs += p0 + p1;
+            }
+            l_i[hh] = l_i[hh] * alpha[hh] + rs;
+            m_i[hh] = mnew;
+        }
+        /* P·V(t-1) must be complete before O is rescaled; S(t+1) is done by now too (waiting for both keeps
+         * ptxas from serialising the wgmmas) */
+        wg_wait0();
+        reg_fence(o, 64);
+        reg_fence(nxt, 32);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            o[j * 4 + 0] *= alpha[0];
+            o[j * 4 + 1] *= alpha[0];
+            o[j * 4 + 2] *= alpha[1];
+            o[j * 4 + 3] *= alpha[1];
+        }
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            pa[kk][0] = pack_bf2(x[(2 * kk) * 4 + 0], x[(2 * kk) * 4 + 1]);
+            pa[kk][1] = pack_bf2(x[(2 * kk) * 4 + 2], x[(2 * kk) * 4 + 3]);
+            pa[kk][2] = pack_bf2(x[(2 * kk + 1) * 4 + 0], x[(2 * kk + 1) * 4 + 1]);
+            pa[kk][3] = pack_bf2(x[(2 * kk + 1) * 4 + 2], x[(2 * kk + 1) * 4 + 3]);
+        }
+        reg_fence(o, 64);
+        wg_fence();
+        {
+            const uint32_t vt = vs(t % FW2_STAGES);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgmma_m64n128_rs(o, pa[kk], wg_desc(vt + (uint32_t)(kk * 32)));
+        }
+        wg_commit();               /* P·V(t) runs on while the next iteration starts */
+    };
+    for (int t = 0; t < ntiles; t += 2) {
+        step(sc, sn, t);
+        if (t + 1 < ntiles) step(sn, sc, t + 1);
+    }
+    wg_wait0();
+    reg_fence(o, 64);
+    cp_async_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float l = l_i[hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        int row = row_a + hh * 8;
+        if (row < a.Lq) {
+            __nv_bfloat16 *op = a.o + (int64_t)row * a.ldo + (int64_t)h * FA_HD + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                *(__nv_bfloat162 *)(op + j * 8) = __floats2bfloat162_rn(o[j * 4 + 2 * hh] * inv, o[j * 4 + 2 * hh + 1] * inv);
+        }
+    }
+#endif
+}
+
+/* Vt[kvh][d][key] = v[key][kvh*128 + d], keys >= Lk zero (up to ldvt). */
+__global__ void k_transpose_v(__nv_bfloat16 *vt, int64_t ldvt, const __nv_bfloat16 *v, int64_t ldv, int Lk) {
+    __shared__ __nv_bfloat16 t[32][34];
+    const int kvh = blockIdx.z;
+    const int k0 = blockIdx.x * 32, d0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        int key = k0 + i;
+        t[i][threadIdx.x] = key < Lk ? v[(int64_t)key * ldv + (int64_t)kvh * FA_HD + d0 + threadIdx.x] : __float2bfloat16_rn(0.f);
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        int d = d0 + i;
+        vt[((int64_t)kvh * FA_HD + d) * ldvt + k0 + threadIdx.x] = t[threadIdx.x][i];
+    }
+}
+
+static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat16 *v, int64_t ldv, int hkv, int variant) {
+    static bool attr = false;
+    if (!attr) {
+        CK(cudaFuncSetAttribute(k_flash128_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM));
+        CK(cudaFuncSetAttribute(k_flash128_wg2, cudaFuncAttributeMaxDynamicSharedMemorySize, FW2_SMEM));
+        attr = true;
+    }
+    const int64_t ldvt = (int64_t)(a0.Lk + FW_BC - 1) / FW_BC * FW_BC;
+    __nv_bfloat16 *vt = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_vt, (size_t)hkv * FA_HD * ldvt * 2);
+    dim3 tg((unsigned)(ldvt / 32), FA_HD / 32, (unsigned)hkv);
+    k_transpose_v<<<tg, dim3(32, 8), 0, st->stream>>>(vt, ldvt, v, ldv, a0.Lk);
+    CK_LAUNCH("transpose_v");
+    fw_args a;
+    a.q = a0.q; a.k = a0.k; a.vt = vt; a.o = a0.o;
+    a.ldq = a0.ldq; a.ldk = a0.ldk; a.ldvt = ldvt; a.ldo = a0.ldo;
+    a.kbias = a0.kbias;
+    a.Lq = a0.Lq; a.Lk = a0.Lk; a.hq = a0.hq; a.group = a0.group;
+    a.scale_log2 = a0.scale_log2;
+    a.causal = a0.causal;
+    dim3 grid((unsigned)((a.Lq + FW_BR - 1) / FW_BR), (unsigned)a.hq);
+    if (variant == 1) k_flash128_wg<<<grid, FW_THREADS, FW_SMEM, st->stream>>>(a);
+    else k_flash128_wg2<<<grid, FW_THREADS, FW2_SMEM, st->stream>>>(a);
+    CK_LAUNCH("flash_attention_wgmma");
+}
+
 /* ------------------------------------------------------------------ generic fallback */
 /* P[r, :] = softmax(S[r, :] + bias) with causal mask (query index q0 + r); S f32 [rows][lds], P bf16. */
 __global__ void k_softmax_rows(const float *S, int64_t lds, __nv_bfloat16 *P, int64_t ldp, int Lk, const float *kbias,
@@ -333,6 +822,13 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         a.scale_log2 = scale * 1.4426950408889634f;
         a.causal = causal;
         /* DITRUN_CUDA_FA_WARPS=8: 128-row blocks (benchmark knob; default 4 warps, 64 rows) */
+        /* sm_90: a wgmma kernel (pipelined variant 2 by default). Benchmark knobs: DITRUN_CUDA_FA=mma forces the
+         * mma.sync kernel, =wg1 the simple wgmma kernel; DITRUN_CUDA_FA_WARPS=8 the mma.sync 128-row variant. */
+        const char *fk = getenv("DITRUN_CUDA_FA");
+        if (st->cc_major == 9 && st->cc_minor == 0 && !(fk && fk[0] == 'm')) {
+            flash_wg_launch(st, a, (const __nv_bfloat16 *)v.data, v.ld, hkv, (fk && !strcmp(fk, "wg1")) ? 1 : 2);
+            return;
+        }
         const char *nw = getenv("DITRUN_CUDA_FA_WARPS");
         if (nw && nw[0] == '8') flash_launch<8>(st, a);
         else flash_launch<4>(st, a);

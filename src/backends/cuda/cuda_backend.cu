@@ -284,6 +284,7 @@ static void be_destroy(dt_backend *be) {
         scratch_release(st, &st->s_conv);
         scratch_release(st, &st->s_misc);
         scratch_release(st, &st->s_cast);
+        scratch_release(st, &st->s_vt);
         if (st->lt_ws) cudaFree(st->lt_ws);
         if (st->lt) cublasLtDestroy(st->lt);
         if (st->pool) {

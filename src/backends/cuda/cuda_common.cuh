@@ -75,6 +75,7 @@ struct dtc_state {
     dtc_scratch s_conv;     /* im2col columns */
     dtc_scratch s_misc;     /* small temporaries (group-norm partials, casts) */
     dtc_scratch s_cast;     /* bf16 copy of F32 inputs to linear */
+    dtc_scratch s_vt;       /* attention: transposed V for the wgmma kernel */
     int capturing;
     int verbose;
 };

@@ -122,6 +122,9 @@ struct dt_linear {
     __nv_bfloat16 *bias;/* Linear bias [out] or NULL */
 };
 
+/* Exact small-integer -> float without the (slow) I2F conversion unit: 2^23 + u has u in its mantissa. */
+__device__ __forceinline__ float u2f(uint32_t u) { return __uint_as_float(0x4B000000u | u) - 8388608.f; }
+
 /* Dequantize packed -> bf16 [N, K]; one thread per 8 output elements. */
 template <int BITS>
 __global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *sb, int64_t N, int64_t K, int group) {
@@ -134,13 +137,13 @@ __global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *
         if (BITS == 4) {
             uint32_t q = qw[n * (K / 8) + c / 8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = fmaf(s.x, (float)((q >> (4 * j)) & 15u), s.y);
+            for (int j = 0; j < 8; j++) f[j] = fmaf(s.x, u2f((q >> (4 * j)) & 15u), s.y);
         } else {
             uint2 q = *(const uint2 *)(qw + n * (K / 4) + c / 4);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                f[j] = fmaf(s.x, (float)((q.x >> (8 * j)) & 255u), s.y);
-                f[4 + j] = fmaf(s.x, (float)((q.y >> (8 * j)) & 255u), s.y);
+                f[j] = fmaf(s.x, u2f((q.x >> (8 * j)) & 255u), s.y);
+                f[4 + j] = fmaf(s.x, u2f((q.y >> (8 * j)) & 255u), s.y);
             }
         }
         *(uint4 *)(dst + n * K + c) = f_to_bf8(f);
@@ -390,13 +393,13 @@ __global__ void __launch_bounds__(QMM_THREADS) k_qmm(qmm_args a) {
                 if (BITS == 4) {
                     uint32_t q = qs[r * QW + c];
 #pragma unroll
-                    for (int j = 0; j < 8; j++) f[j] = fmaf(s.x, (float)((q >> (4 * j)) & 15u), s.y);
+                    for (int j = 0; j < 8; j++) f[j] = fmaf(s.x, u2f((q >> (4 * j)) & 15u), s.y);
                 } else {
                     uint2 q = *(const uint2 *)(qs + r * QW + c * 2);
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        f[j] = fmaf(s.x, (float)((q.x >> (8 * j)) & 255u), s.y);
-                        f[4 + j] = fmaf(s.x, (float)((q.y >> (8 * j)) & 255u), s.y);
+                        f[j] = fmaf(s.x, u2f((q.x >> (8 * j)) & 255u), s.y);
+                        f[4 + j] = fmaf(s.x, u2f((q.y >> (8 * j)) & 255u), s.y);
                     }
                 }
                 *(uint4 *)(ws + r * 64 + ((c ^ (r & 7)) << 3)) = f_to_bf8(f);
