@@ -27,7 +27,7 @@ ifeq ($(CUDA),1)
   NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
   NVCCFLAGS += -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
                -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr -MMD -MP
-  CFLAGS  += -DDT_HAVE_CUDA=1
+  override CFLAGS += -DDT_HAVE_CUDA=1
   LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 else

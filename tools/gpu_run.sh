@@ -7,7 +7,10 @@ set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
 B=./build/ditrun
-MK="make -j16 EXTRA_CFLAGS=-I.devdeps/include EXTRA_LDFLAGS=-L.devdeps/lib"
+NVCC=$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
+[ -n "$NVCC" ] || { echo "no nvcc on this machine"; exit 1; }
+MK="make -j16 NVCC=$NVCC CUDA=1 EXTRA_CFLAGS=-I.devdeps/include EXTRA_LDFLAGS=-L.devdeps/lib"
+echo "nvcc: $NVCC"
 what=${*:-all}
 has() { case " $what " in *" $1 "*|*" all "*) return 0;; esac; return 1; }
 log() { echo "=== $*" | tee -a "$OUT/summary.txt"; }

@@ -130,9 +130,9 @@ int dt_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb_out, int *
     free(tr_cfg_path);
     json_free(tr_cfg);
     if (!cfg_ok) goto done;
-    te = dt_qwen3_load(be, te_dir, 0);   /* geometry first; reloaded below with only the layers needed */
-    if (!te) goto done;
-    const dt_qwen3_config *tc = dt_qwen3_get_config(te);
+    dt_qwen3_config tcfg;   /* geometry first: only the layers the taps need are loaded below */
+    if (dt_qwen3_read_config(te_dir, &tcfg)) goto done;
+    const dt_qwen3_config *tc = &tcfg;
     int hidden = tc->hidden, layers = tc->num_layers;
     int taps[DT_GEN_MAX_TAPS], n_taps = p->n_taps;
     if (n_taps) memcpy(taps, p->taps, sizeof(int) * n_taps);
@@ -154,11 +154,8 @@ int dt_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb_out, int *
                      n_taps, hidden, n_taps * hidden, fc.joint_dim);
         goto done;
     }
-    if (max_tap < layers) {  /* load only the layers the taps need */
-        dt_qwen3_free(te);
-        te = dt_qwen3_load(be, te_dir, max_tap > 0 ? max_tap : 1);
-        if (!te) goto done;
-    }
+    te = dt_qwen3_load(be, te_dir, max_tap > 0 ? max_tap : 1);
+    if (!te) goto done;
     dt_qwen3_set_inv_freq_bf16(te, p->te_inv_freq_bf16);
     tm->t_load += dt_now() - t0;
     t0 = dt_now();
