@@ -286,6 +286,19 @@ st_file *st_open_memory(const void *data, size_t len, const char *name) {
     return f;
 }
 
+int st_release_pages(const st_file *f, const st_tensor *t) {
+    if (!f || !t || !f->mapped || !t->nbytes) return 0;
+    const char *b = (const char *)f->base, *p = (const char *)t->data;
+    if (p < b || p + t->nbytes > b + f->size) return 0;   /* an aligned copy, or another file's tensor */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = ((uintptr_t)p + t->nbytes + page - 1) & ~(page - 1);
+    uintptr_t end = ((uintptr_t)b + f->size + page - 1) & ~(page - 1);
+    if (hi > end) hi = end;
+    /* read-only private file mapping never written: dropping the pages only unmaps them; a later read
+     * faults them back in from the page cache */
+    return madvise((void *)lo, hi - lo, MADV_DONTNEED) == 0 ? 1 : 0;
+}
+
 const char *st_path(const st_file *f) { return f->path; }
 size_t st_count(const st_file *f) { return f->count; }
 const st_tensor *st_at(const st_file *f, size_t i) { return i < f->count ? &f->tensors[i] : NULL; }

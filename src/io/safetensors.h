@@ -42,6 +42,11 @@ const st_tensor *st_at(const st_file *f, size_t i);            /* in header orde
 const st_tensor *st_find(const st_file *f, const char *name);  /* NULL if absent */
 const char *st_metadata(const st_file *f, const char *key);    /* __metadata__ string value or NULL */
 
+/* Drop the resident pages of a tensor's mapped bytes (streaming tools such as `ditrun quantize` keep
+ * memory near one tensor this way). The view stays valid: reading it again faults the pages back in.
+ * Returns 1 when pages were released, 0 when t is not a view into f's mapping (aligned copy, memory image). */
+int st_release_pages(const st_file *f, const st_tensor *t);
+
 /* Read a tensor of any float dtype (F32/F16/BF16/F64) or integer dtype (I64/I32/U8/BOOL/U32...) as f32.
  * Returns a malloc'd array of t->numel floats. */
 float *st_to_f32(const st_tensor *t);

@@ -597,3 +597,8 @@ void dt_weights_set_config(dt_weights *w, json *cfg) {
     if (w->config != cfg) json_free(w->config);
     w->config = cfg;
 }
+
+void dt_weights_release(const dt_weights *w, const st_tensor *t) {
+    for (size_t i = 0; w && t && i < w->nfiles; i++)
+        if (st_release_pages(w->files[i], t)) return;
+}

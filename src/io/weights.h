@@ -77,6 +77,10 @@ const st_tensor *dt_weights_derived_at(const dt_weights *w, size_t i);
 /* Replace the config (w takes ownership; NULL clears): e.g. geometry inferred from tensor shapes. */
 void dt_weights_set_config(dt_weights *w, json *cfg);
 
+/* Give back the resident memory of a stored tensor's mapped bytes once a streaming pass is done with it
+ * (st_release_pages; the tensor stays readable). No-op for aligned copies and derived copies. */
+void dt_weights_release(const dt_weights *w, const st_tensor *t);
+
 /* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for dense and affine. */
 void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst);
 
