@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "io/weights.h"
 #include "models/flux2.h"
+#include "models/flux2_layouts.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun info PATH\n\n"
@@ -21,6 +22,9 @@ static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S
 static int describe(const char *label, const char *path) {
     dt_weights *w = dt_weights_open(path);
     if (!w) return -1;
+    /* BFL / mflux transformers: diffusers names and, without config.json, the geometry from the shapes */
+    flux2_layout layout = flux2_layout_detect(w);
+    if (layout != FLUX2_LAYOUT_UNKNOWN && flux2_layout_install(w)) dt_clear_error();
     size_t n = dt_weights_count(w), bytes = 0, per_dtype[DT_DTYPE_COUNT] = {0}, bytes_dtype[DT_DTYPE_COUNT] = {0};
     int qlin = 0, qbits = 0, qgroup = 0, mixed = 0;
     for (size_t i = 0; i < n; i++) {
@@ -47,6 +51,10 @@ static int describe(const char *label, const char *path) {
         if (arch && arch->type == JSON_ARRAY && arch->len && json_at(arch, 0)->type == JSON_STRING) cls = json_at(arch, 0)->str;
     }
     if (cls) printf("  class        %s\n", cls);
+    if (layout != FLUX2_LAYOUT_UNKNOWN)
+        printf("  layout       %s keys%s%s\n", flux2_layout_name(layout),
+               layout == FLUX2_LAYOUT_BFL || layout == FLUX2_LAYOUT_MFLUX ? " (mapped to diffusers names)" : "",
+               json_get_bool(cfg, "_ditrun_inferred", 0) ? "; no config.json, geometry inferred from tensor shapes" : "");
     /* quantized folders often carry a config without _class_name: recognise FLUX.2 by its keys */
     int is_flux2 = cfg && (cls ? !strcmp(cls, "Flux2Transformer2DModel")
                                : json_get(cfg, "num_single_layers") && json_get(cfg, "joint_attention_dim"));

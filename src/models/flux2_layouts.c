@@ -210,8 +210,10 @@ int flux2_layout_install(dt_weights *w) {
     if (dt_weights_config(w)) return 0;
     flux2_config c;
     if (flux2_layout_infer_config(w, &c)) return -1;
-    char *text = flux2_config_json(&c, 0, 0);
+    char *body = flux2_config_json(&c, 0, 0), *text = dt_malloc(strlen(body) + 64);
+    snprintf(text, strlen(body) + 64, "{\n  \"_ditrun_inferred\": true,%s", body + 1);   /* body starts with "{" */
     json *cfg = json_parse(text, strlen(text), "inferred config");
+    free(body);
     free(text);
     if (!cfg) return -1;
     flux2_config back;
