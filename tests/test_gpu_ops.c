@@ -724,10 +724,8 @@ int main(void) {
         test_attention("gqa", 512, 512, 32, 8, 128, 1, 3, 1);
         test_attention("bias", 300, 700, 4, 4, 128, 0, 2, 0);
         test_attention("dit-2048px", 16896, 16896, 24, 24, 128, 0, 0, 1);
-        setenv("DITRUN_CUDA_FA", "wg1", 1);   /* the simpler wgmma kernel (no intra-warpgroup pipelining) */
-        test_attention("dit/wg1", 4608, 4608, 24, 24, 128, 0, 0, 1);
-        test_attention("gqa/wg1", 777, 777, 8, 2, 128, 1, 1, 0);
-        test_attention("gqa/wg1", 512, 512, 32, 8, 128, 1, 3, 0);
+        setenv("DITRUN_CUDA_FA", "wg2", 1);   /* the pipelined 64-key wgmma variant */
+        test_attention("gqa/wg2", 777, 777, 8, 2, 128, 1, 1, 0);
         setenv("DITRUN_CUDA_FA", "mma", 1);   /* the sm_80 mma.sync kernel (used off sm_90) */
         test_attention("dit/mma", 4608, 4608, 24, 24, 128, 0, 0, 1);
         test_attention("gqa/mma", 777, 777, 8, 2, 128, 1, 1, 0);
@@ -747,6 +745,25 @@ int main(void) {
         test_group_norm(128, 48, 40, 32, 0);
         test_upsample(64, 32, 48);
         printf("# section image %.1f s\n", dt_now() - ts);
+    }
+    if (RUN("attn3")) {   /* the other wgmma variants (benchmark knobs) */
+        double ts = dt_now();
+        const char *vars[2] = {"wg3", "wg1"};   /* the default is wg3p (ping-pong) */
+        for (int i = 0; i < 2; i++) {
+            char tag[64];
+            setenv("DITRUN_CUDA_FA", vars[i], 1);
+            snprintf(tag, sizeof tag, "dit/%s", vars[i]);
+            test_attention(tag, 4608, 4608, 24, 24, 128, 0, 0, 1);
+            snprintf(tag, sizeof tag, "gqa/%s", vars[i]);
+            test_attention(tag, 777, 777, 8, 2, 128, 1, 1, 0);
+            test_attention(tag, 512, 512, 32, 8, 128, 1, 3, 0);
+            snprintf(tag, sizeof tag, "bias/%s", vars[i]);
+            test_attention(tag, 300, 700, 4, 4, 128, 0, 2, 0);
+            snprintf(tag, sizeof tag, "dit-2048px/%s", vars[i]);
+            test_attention(tag, 16896, 16896, 24, 24, 128, 0, 0, 1);
+        }
+        unsetenv("DITRUN_CUDA_FA");
+        printf("# section attn3 %.1f s\n", dt_now() - ts);
     }
     size_t cur, peak;
     G->mem_stats(G, &cur, &peak);

@@ -312,6 +312,8 @@ __global__ void k_layernorm_mod_gen(dmat y, dmat x, dmat shift, dmat scale, int 
     }
 }
 
+/* Threads for a row of `cols`: up to NORM_NV 16-byte vectors per thread (measured on the H200: 4 vectors per
+ * thread beat 1 per thread for D = 3072, 1.70 vs 1.15 TB/s); longer rows use the scalar kernel. */
 static int norm_threads(int64_t cols, int *vec) {
     int64_t nvec = cols / 8;
     int64_t t = (nvec + NORM_NV - 1) / NORM_NV;
