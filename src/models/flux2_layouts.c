@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define BFL_PREFIX "model.diffusion_model."
 #define MAX_BLOCKS 4096
@@ -360,4 +361,116 @@ void flux2_names_free(char **names, int *is_norm, int n) {
     for (int i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(is_norm);
+}
+
+/* ------------------------------------------------------------------ convert to diffusers */
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+int flux2_convert_to_diffusers(const char *input, const char *output, int *written, int *skipped) {
+    *written = *skipped = 0;
+    char *dir = dt_weights_component_dir(input, "transformer");
+    if (!dir) return -1;
+    dt_weights *w = dt_weights_open(dir);
+    free(dir);
+    if (!w) return -1;
+    int rc = -1, n = 0, *is_norm = NULL;
+    char **names = NULL, *file = NULL, *cfg_path = NULL, *text = NULL;
+    st_stream *s = NULL;
+    const st_tensor **out = NULL;
+    flux2_layout l = flux2_layout_detect(w);
+    if (l == FLUX2_LAYOUT_UNKNOWN) {
+        dt_set_error("%s: not a FLUX.2 transformer checkpoint (no x_embedder / img_in / double_blocks keys)", dt_weights_path(w));
+        goto done;
+    }
+    if (flux2_layout_install(w)) goto done;
+    flux2_config c;
+    if (flux2_config_parse(dt_weights_config(w), "config", &c)) goto done;
+    /* output locations */
+    if (ends_with(output, ".safetensors")) {
+        file = dt_strdup(output);
+        const char *sl = strrchr(output, '/');
+        size_t dl = sl ? (size_t)(sl - output) : 0;
+        cfg_path = dt_malloc(dl + 16);
+        if (sl) snprintf(cfg_path, dl + 16, "%.*s/config.json", (int)dl, output);
+        else snprintf(cfg_path, dl + 16, "config.json");
+    } else {
+        if (mkdir(output, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", output, strerror(errno)); goto done; }
+        size_t ol = strlen(output) + 48;
+        file = dt_malloc(ol);
+        cfg_path = dt_malloc(ol);
+        snprintf(file, ol, "%s/diffusion_pytorch_model.safetensors", output);
+        snprintf(cfg_path, ol, "%s/config.json", output);
+    }
+    /* every diffusers tensor of the geometry, with its quantization companions */
+    n = flux2_diffusers_names(&c, &names, &is_norm);
+    out = dt_calloc((size_t)n * 4 + 1, sizeof *out);
+    int nout = 0, qbits = 0, qgroup = 0;
+    char key[300];
+    for (int i = 0; i < n; i++) {
+        if (is_norm[i]) {
+            snprintf(key, sizeof key, "%s.weight", names[i]);
+            if (!(out[nout] = dt_weights_find(w, key))) { dt_set_error("%s: tensor '%s' not found", dt_weights_path(w), key); goto done; }
+            nout++;
+            continue;
+        }
+        dt_linear_src src;
+        if (dt_weights_linear(w, names[i], -1, -1, -1, &src)) goto done;
+        static const char *suf[4] = {"weight", "scales", "biases", "bias"};
+        for (int k = 0; k < 4; k++) {
+            snprintf(key, sizeof key, "%s.%s", names[i], suf[k]);
+            const st_tensor *t = dt_weights_find(w, key);
+            if (t && (k < 3 ? (k == 0 || src.bits) : src.bias != NULL)) out[nout++] = t;
+        }
+        if (src.bits && !qbits) { qbits = src.bits; qgroup = src.group_size; }
+    }
+    /* stored tensors that reach no output name (e.g. FLUX.2-dev's guidance_in) are reported */
+    for (size_t i = 0; i < dt_weights_count(w); i++) {
+        const st_tensor *t = dt_weights_at(w, i);
+        flux2_key_map m[3];
+        int used = 0;
+        for (int k = 0; k < nout && !used; k++) used = out[k] == t;
+        int nm = used ? 0 : flux2_map_key(l, t->name, m);
+        for (int j = 0; j < nm && !used; j++)
+            for (int k = 0; k < nout && !used; k++) used = !strcmp(out[k]->name, m[j].name);
+        if (!used) {
+            if (!*skipped) dt_log(1, "ditrun: note: skipping tensors the FLUX.2-klein transformer does not use, e.g. '%s'\n", t->name);
+            (*skipped)++;
+        }
+    }
+    s = st_stream_open(file);
+    if (!s) goto done;
+    for (int k = 0; k < nout; k++) st_stream_declare(s, out[k]->name, out[k]->dtype, out[k]->ndim, out[k]->shape);
+    static const char *meta[] = {"quantization", "format", "quantization_level", "quantization_rule"};
+    for (size_t k = 0; k < sizeof meta / sizeof meta[0]; k++) {
+        const char *v = dt_weights_metadata(w, meta[k]);
+        if (v) st_stream_set_metadata(s, meta[k], v);
+    }
+    if (st_stream_begin_data(s)) goto done;
+    for (int k = 0; k < nout; k++) {
+        if (st_stream_write(s, out[k]->data, out[k]->nbytes)) goto done;
+        dt_weights_release(w, out[k]);
+    }
+    int r = st_stream_close(s);
+    s = NULL;
+    if (r) goto done;
+    text = flux2_config_json(&c, qbits, qgroup);
+    FILE *f = fopen(cfg_path, "w");
+    if (!f) { dt_set_error("%s: cannot create (%s)", cfg_path, strerror(errno)); goto done; }
+    fputs(text, f);
+    if (fclose(f)) { dt_set_error("%s: write failed", cfg_path); goto done; }
+    *written = nout;
+    rc = 0;
+done:
+    if (s) st_stream_close(s);
+    free(out);
+    flux2_names_free(names, is_norm, n);
+    free(file);
+    free(cfg_path);
+    free(text);
+    dt_weights_close(w);
+    return rc;
 }

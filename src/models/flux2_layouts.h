@@ -56,4 +56,11 @@ char *flux2_config_json(const flux2_config *c, int bits, int group);
 int flux2_diffusers_names(const flux2_config *c, char ***names, int **is_norm);
 void flux2_names_free(char **names, int *is_norm, int n);
 
+/* Write the FLUX.2 transformer at INPUT (any layout: file, folder, shards, pipeline root) with diffusers
+ * key names: OUTPUT ending in .safetensors is that file (+ config.json beside it); otherwise OUTPUT is a
+ * folder that receives config.json + diffusion_pytorch_model.safetensors. Tensors are streamed (fused
+ * qkv split by row views, final modulation halves swapped); quantized tensors stay quantized.
+ * Stored tensors with no diffusers counterpart are skipped and counted in *skipped. 0 ok, -1 error. */
+int flux2_convert_to_diffusers(const char *input, const char *output, int *written, int *skipped);
+
 #endif
