@@ -1,0 +1,239 @@
+/* test_bench.c — the bench suites as tests (DITRUN_BENCH=1; skipped otherwise, fast).
+ *
+ * Runs `ditrun bench` at the tiny geometry on the CPU (and on CUDA when a GPU is usable) through the
+ * library API and asserts the report is complete and sane: every ledger row present, the shares sum to
+ * 100 % with the remainder, the replica matches flux2_forward, the utilization rows carry timings, the
+ * A/B arms' outputs agree within their tolerances, and the JSON lines parse with every record there.
+ * Then the CLI: a short run prints the markdown tables, and bad options fail with one line.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "io/json.h"
+#include "test.h"
+
+/* Shares are computed so that categories + remainder = total exactly; only rounding remains. */
+#define SHARE_SUM_TOL 1e-6
+/* Timing noise on a loaded 2-core machine: the unexplained remainder may be large at the tiny geometry,
+ * but a remainder beyond this means the ledger misses a part of the forward. */
+#define REMAINDER_MAX_PCT 75.0
+/* The replica issues the same ops as flux2_forward: on the CPU (f32) the outputs are identical. */
+#define REPLICA_TOL_CPU 1e-5
+#define REPLICA_TOL_GPU 2e-2
+
+static void check_report(const char *tag, const bench_report *r, int reps, int is_cpu) {
+    char nm[160];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    T_CHECK(NAME("%s: whole forward timed", tag), r->fwd_dev.n == reps && r->fwd_dev.med > 0 && r->fwd_model.n == reps &&
+            r->fwd_model.med > 0 && r->fwd_model_warm_ms > 0, "replica n=%d med=%g, model n=%d med=%g", r->fwd_dev.n,
+            r->fwd_dev.med, r->fwd_model.n, r->fwd_model.med);
+    double tol = (is_cpu ? REPLICA_TOL_CPU : REPLICA_TOL_GPU) * (r->fwd_absmax > 1 ? r->fwd_absmax : 1);
+    T_CHECK(NAME("%s: replica output = flux2_forward output", tag), r->fwd_maxdiff <= tol && r->fwd_absmax > 0,
+            "max |diff| %g (tol %g, max |out| %g)", r->fwd_maxdiff, tol, r->fwd_absmax);
+
+    /* ledger rows */
+    int ok = r->n_ops == BENCH_N_OPS;
+    double sum = 0;
+    for (int k = 0; ok && k < r->n_ops; k++) {
+        if (!r->ops[k].name || r->ops[k].prefix.n != reps || !(r->ops[k].prefix.med > 0)) ok = 0;
+        sum += r->ops[k].ms;
+    }
+    T_CHECK(NAME("%s: ledger has every op of the single block", tag), ok, "n_ops %d", r->n_ops);
+    T_CHECK(NAME("%s: ledger ops add up to the block", tag), fabs(sum - r->single_ledger_ms) <= 1e-9 * (1 + sum),
+            "sum %g vs block %g", sum, r->single_ledger_ms);
+    T_CHECK(NAME("%s: GEMM and attention work counted", tag), r->ops[1].gflop > 0 && r->ops[4].gflop > 0 && r->ops[6].gflop > 0,
+            "gflop %g %g %g", r->ops[1].gflop, r->ops[4].gflop, r->ops[6].gflop);
+    int full = 0, empty = 0;
+    for (int i = 0; i < r->n_scale; i++) {
+        if (r->scale[i].nd == r->c.num_layers && r->scale[i].ns == r->c.num_single_layers) full = 1;
+        if (r->scale[i].nd == 0 && r->scale[i].ns == 0 && r->scale[i].t.med > 0) empty = 1;
+    }
+    T_CHECK(NAME("%s: block-count scaling points", tag), r->n_scale >= 3 && full && empty, "n_scale %d full %d empty %d",
+            r->n_scale, full, empty);
+
+    /* shares */
+    const char *need[] = {"GEMM", "attention", "elementwise", "double blocks", "embedders", "unexplained remainder"};
+    int have = 0;
+    for (size_t j = 0; j < sizeof need / sizeof need[0]; j++)
+        for (int i = 0; i < r->n_shares; i++)
+            if (r->shares[i].level == 0 && strstr(r->shares[i].name, need[j])) { have++; break; }
+    T_CHECK(NAME("%s: every share row present", tag), have == (int)(sizeof need / sizeof need[0]), "%d of %d rows",
+            have, (int)(sizeof need / sizeof need[0]));
+    double all = 0, attributed = 0;
+    for (int i = 0; i < r->n_shares; i++) {
+        if (r->shares[i].level) continue;
+        all += r->shares[i].share;
+        if (!strstr(r->shares[i].name, "remainder")) attributed += r->shares[i].share;
+    }
+    T_CHECK(NAME("%s: shares sum to 100%%", tag), fabs(all - 100.0) <= SHARE_SUM_TOL, "sum %.9g%%", all);
+    T_CHECK(NAME("%s: attributed shares = 100%% - remainder", tag), fabs(attributed + r->remainder_share - 100.0) <= SHARE_SUM_TOL,
+            "attributed %.6g%% + remainder %.6g%%", attributed, r->remainder_share);
+    T_CHECK(NAME("%s: remainder is sane", tag), fabs(r->remainder_share) <= REMAINDER_MAX_PCT, "remainder %.1f%% (%.3f of %.3f ms)",
+            r->remainder_share, r->remainder_ms, r->total_ms);
+
+    /* utilization */
+    ok = r->n_gemm >= 8;
+    for (int i = 0; ok && i < r->n_gemm; i++) {
+        const bench_gemm *g = &r->gemm[i];
+        if (g->gflop <= 0 || g->ceil.n != reps || !(g->ceil.med > 0) || g->iso.n != reps || !(g->iso.med > 0) || g->ceil_bufs < 1)
+            ok = 0;
+    }
+    T_CHECK(NAME("%s: utilization: every GEMM shape timed isolated and at the ceiling", tag), ok, "n_gemm %d", r->n_gemm);
+    T_CHECK(NAME("%s: utilization: in-model GEMMs from the ledger", tag), r->gemm[0].inmodel_ms == r->ops[1].ms && r->gemm[1].inmodel_ms == r->ops[6].ms,
+            "in-model %g", r->gemm[0].inmodel_ms);
+    T_CHECK(NAME("%s: utilization: attention and copy bandwidth", tag), r->attn_iso.n == reps && r->attn_iso.med > 0 && r->copy_gbs > 0,
+            "attention n=%d, copy %g GB/s", r->attn_iso.n, r->copy_gbs);
+
+    /* arms */
+    const char *arms[] = {"qpath", "rope", "mask", "gqa", "graph", "threads"};
+    for (size_t j = 0; j < sizeof arms / sizeof arms[0]; j++) {
+        int found = 0, bad = 0, skipped = 0;
+        for (int i = 0; i < r->n_arms; i++) {
+            const bench_arm *a = &r->arms[i];
+            if (strcmp(a->arm, arms[j])) continue;
+            found++;
+            if (a->skipped) { skipped++; continue; }
+            double t = a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1);
+            if (a->sa.n != reps || a->sb.n != reps || !(a->ratio > 0) || !(a->maxdiff <= t) || !(a->ref_absmax > 0)) {
+                bad++;
+                printf("  arm %s %s: n %d/%d ratio %g maxdiff %g tol %g absmax %g\n", a->arm, a->what, a->sa.n, a->sb.n,
+                       a->ratio, a->maxdiff, t, a->ref_absmax);
+            }
+        }
+        int must_run = !(is_cpu && !strcmp(arms[j], "graph")) && !(!is_cpu && !strcmp(arms[j], "threads"));
+        T_CHECK(NAME("%s: arm %s present, timed, outputs agree", tag, arms[j]), found && !bad && (!must_run || skipped < found),
+                "found %d, bad %d, skipped %d", found, bad, skipped);
+    }
+#undef NAME
+}
+
+static void check_json(const char *tag, const char *path, const bench_report *r) {
+    FILE *f = fopen(path, "r");
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s: JSON lines written", tag);
+    if (!f) { T_FAIL(nm, "cannot open %s", path); return; }
+    T_PASS(nm);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lines = 0, bad = 0, n_setup = 0, n_fwd = 0, n_op = 0, n_share = 0, n_gemm = 0, n_arm = 0, n_scale = 0;
+    double share_sum = 0;
+    while ((len = getline(&line, &cap, f)) > 0) {
+        lines++;
+        json *j = json_parse(line, (size_t)len, path);
+        if (!j || j->type != JSON_OBJECT || !json_get_str(j, "type")) { bad++; json_free(j); continue; }
+        const char *t = json_get_str(j, "type");
+        if (!strcmp(t, "setup")) n_setup++;
+        else if (!strcmp(t, "forward")) n_fwd++;
+        else if (!strcmp(t, "ledger_op")) { n_op++; if (json_get_num(j, "prefix_median_ms", -1) <= 0) bad++; }
+        else if (!strcmp(t, "share")) { n_share++; if (json_get_int(j, "level", 1) == 0) share_sum += json_get_num(j, "share_pct", 0); }
+        else if (!strcmp(t, "gemm")) { n_gemm++; if (json_get_num(j, "ceiling_tflops", -1) <= 0) bad++; }
+        else if (!strcmp(t, "arm")) n_arm++;
+        else if (!strcmp(t, "scale")) n_scale++;
+        json_free(j);
+    }
+    free(line);
+    fclose(f);
+    snprintf(nm, sizeof nm, "%s: every JSON line parses and every record is there", tag);
+    T_CHECK(nm, !bad && n_setup == 1 && n_fwd == 2 && n_op == r->n_ops && n_share == r->n_shares && n_gemm == r->n_gemm &&
+            n_arm == r->n_arms && n_scale == r->n_scale && fabs(share_sum - 100) < 1e-3,
+            "%d lines, %d bad, setup %d forward %d ops %d shares %d (sum %.4f) gemm %d arms %d scale %d", lines, bad, n_setup,
+            n_fwd, n_op, n_share, share_sum, n_gemm, n_arm, n_scale);
+}
+
+static void run_suite(const char *backend, int is_cpu) {
+    bench_opts o;
+    bench_opts_default(&o);
+    o.preset = "tiny";
+    o.backend = backend;
+    o.image_size = 64;     /* 16 image tokens */
+    o.text_tokens = 8;
+    o.reps = 3;
+    o.warmup = 1;
+    o.l2_mb = 0.5;         /* small rotations: the test checks completeness, not speed */
+    o.arm_tokens[0] = 16;
+    o.arm_tokens[1] = 32;
+    o.n_arm_tokens = 2;
+    char json_path[256];
+    snprintf(json_path, sizeof json_path, "%s/ditrun-test-bench-%d-%s.jsonl", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid(), backend);
+    o.json_path = json_path;
+    bench_report *r = calloc(1, sizeof *r);
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s: bench runs (tiny)", backend);
+    int lvl = dt_log_level;
+    dt_log_level = 0;
+    int rc = bench_run(&o, r);
+    dt_log_level = lvl;
+    if (rc) { T_FAIL(nm, "%s", dt_last_error()); free(r); return; }
+    T_PASS(nm);
+    check_report(backend, r, o.reps, is_cpu);
+    snprintf(nm, sizeof nm, "%s: JSON lines written", backend);
+    if (bench_report_json(r, json_path)) T_FAIL(nm, "%s", dt_last_error());
+    else check_json(backend, json_path, r);
+    unlink(json_path);
+    /* the markdown has every section */
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *m = open_memstream(&buf, &blen);
+    bench_report_markdown(r, m);
+    fclose(m);
+    const char *sec[] = {"## Whole forward", "## Ledger: one single block", "## Ledger: block-count scaling",
+                         "## Ledger: shares", "## Utilization", "## A/B arms", "unexplained remainder", "**total**"};
+    int missing = -1;
+    for (size_t i = 0; i < sizeof sec / sizeof sec[0]; i++)
+        if (!strstr(buf, sec[i])) { missing = (int)i; break; }
+    snprintf(nm, sizeof nm, "%s: markdown has every section", backend);
+    T_CHECK(nm, missing < 0, "missing '%s'", missing >= 0 ? sec[missing] : "");
+    free(buf);
+    free(r);
+}
+
+static void run_cli(void) {
+    const char *b = getenv("BUILD");
+    char exe[512], cmd[1400];
+    snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
+    if (access(exe, X_OK)) { T_SKIP("cli: bench", "%s not built", exe); return; }
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --backend cpu --image-size 32 --text-tokens 4 --reps 2 --warmup 0 "
+             "--only ledger --l2-mb 0.5 -q 2>&1", exe);
+    FILE *p = popen(cmd, "r");
+    char *out = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&out, &n);
+    char line[4096];
+    while (p && fgets(line, sizeof line, p)) fputs(line, m);
+    int st = p ? pclose(p) : -1;
+    fclose(m);
+    T_CHECK("cli: bench --only ledger prints the ledger tables", st == 0 && strstr(out, "## Ledger: shares") &&
+            !strstr(out, "## A/B arms"), "status %d, output:\n%s", st, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s bench --preset krea2 --backend cpu 2>&1", exe);
+    p = popen(cmd, "r");
+    int lines = 0, named = 0;
+    while (p && fgets(line, sizeof line, p)) { lines++; if (strstr(line, "ditrun: error:") && strstr(line, "krea2")) named = 1; }
+    st = p ? pclose(p) : -1;
+    T_CHECK("cli: bench --preset krea2 fails with one line", st != 0 && named, "status %d, %d lines", st, lines);
+    snprintf(cmd, sizeof cmd, "%s bench --format q5 2>&1", exe);
+    p = popen(cmd, "r");
+    named = 0;
+    while (p && fgets(line, sizeof line, p)) if (strstr(line, "ditrun: error:") && strstr(line, "q5")) named = 1;
+    st = p ? pclose(p) : -1;
+    T_CHECK("cli: bench --format q5 fails naming the value", st != 0 && named, "status %d", st);
+}
+
+int main(void) {
+    const char *e = getenv("DITRUN_BENCH");
+    if (!e || strcmp(e, "1")) {
+        T_SKIP("bench suites", "set DITRUN_BENCH=1 to run them (tiny geometry, about a minute on CPU)");
+        return T_DONE();
+    }
+    run_suite("cpu", 1);
+    if (dt_backend_cuda_available()) run_suite("cuda", 0);
+    else if (t_require_gpu_env()) T_FAIL("cuda: bench suites", "DITRUN_REQUIRE_GPU=1 but no usable GPU");
+    else T_SKIP("cuda: bench suites", "no usable CUDA GPU");
+    run_cli();
+    return T_DONE();
+}
