@@ -38,7 +38,9 @@ static void check_report(const char *tag, const bench_report *r, int reps, int i
     int ok = r->n_ops == BENCH_N_OPS;
     double sum = 0;
     for (int k = 0; ok && k < r->n_ops; k++) {
-        if (!r->ops[k].name || r->ops[k].prefix.n != reps || !(r->ops[k].prefix.med > 0)) ok = 0;
+        if (!r->ops[k].name || r->ops[k].prefix.n != reps || !(r->ops[k].prefix.med > 0) || r->ops[k].direct.n != reps ||
+            !(r->ops[k].direct.med >= 0))
+            ok = 0;
         sum += r->ops[k].ms;
     }
     T_CHECK(NAME("%s: ledger has every op of the single block", tag), ok, "n_ops %d", r->n_ops);

@@ -432,6 +432,11 @@ int bench_run(const bench_opts *o, bench_report *r) {
     if ((o->sections & BENCH_ARMS) && bench_arms(&x)) goto fail;
 
     bm_free(x.bm);
+    if (x.be->mem_stats) {
+        size_t cur = 0, peak = 0;
+        x.be->mem_stats(x.be, &cur, &peak);
+        r->mem_peak_gb = peak / 1e9;
+    }
     x.be->destroy(x.be);
     free(dir);
     free(x.img); free(x.txt); free(x.img_ids); free(x.txt_ids);

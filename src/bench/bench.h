@@ -56,7 +56,9 @@ typedef struct {
     int cat;                   /* BENCH_CAT_* */
     bench_stat prefix;         /* time of the prefix ending with this op, per block (ms) */
     double ms;                 /* increment: median(prefix k) - median(prefix k-1) */
+    bench_stat direct;         /* the op alone between two events (QK norm and RoPE as separate passes) */
     double gflop;              /* work of the op per block (0 for elementwise) */
+    double gbytes;             /* least bytes an elementwise op moves per block (read + write), 0 if n/a */
 } bench_op;
 
 typedef struct { int nd, ns; bench_stat t; } bench_scale;
@@ -126,6 +128,7 @@ typedef struct {
     char notes[BENCH_MAX_NOTES][240];
     int n_notes;
     double total_s;
+    double mem_peak_gb;        /* backend memory peak (allocations through the backend) */
 } bench_report;
 
 void bench_opts_default(bench_opts *o);

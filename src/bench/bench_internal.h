@@ -110,6 +110,7 @@ void bm_randomize(bm_model *m, uint64_t seed);
 void bm_pre(bm_model *m);                       /* timestep MLP, modulations, embedders */
 void bm_double_block(bm_model *m, int i);
 void bm_single_stages(bm_model *m, int i, int last_stage);
+void bm_single_op(bm_model *m, int i, int k, int split);
 void bm_final(bm_model *m);                     /* final norm + proj_out into m->out */
 void bm_forward(bm_model *m, int nd, int ns);   /* pre + first nd doubles + first ns singles + final */
 

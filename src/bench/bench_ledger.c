@@ -45,6 +45,12 @@ static void prefix_ledger(bench_ctx *x) {
     r->ops[BM_ST_PROJ].gflop = fl.single_proj;
     r->ops[BM_ST_OUT].gflop = fl.single_out;
     r->ops[BM_ST_ATTN].gflop = fl.single_attn;
+    /* least traffic of the elementwise ops (each input read once, each output written once) */
+    double es = (double)dt_dtype_size(x->be->act_dtype), Lr = (double)x->n + x->t;
+    r->ops[BM_ST_NORM].gbytes = 2 * Lr * c->hidden * es * 1e-9;              /* s -> a */
+    r->ops[BM_ST_QKNORM].gbytes = 4 * Lr * c->hidden * es * 1e-9;            /* Q and K in place */
+    r->ops[BM_ST_ACT].gbytes = 3 * Lr * c->mlp_hidden * es * 1e-9;           /* gate, up -> out */
+    r->ops[BM_ST_RESID].gbytes = 3 * Lr * c->hidden * es * 1e-9;             /* s, y -> s */
     if (ns == 0) {
         bench_note(r, "no single blocks: the per-op ledger is empty; double blocks are reported as a whole");
         return;
@@ -69,8 +75,14 @@ static void prefix_ledger(bench_ctx *x) {
     dt_mat s0 = dt_alloc_or_die(be, L, c->hidden, be->act_dtype);
     be->copy(be, s0, bm->s);
     double *smp = dt_malloc(sizeof(double) * BENCH_N_OPS * x->reps);
+    double *dir = dt_malloc(sizeof(double) * BENCH_N_OPS * x->reps);
     bench_timer tm;
     bench_timer_init(&tm, be);
+    /* direct timing: an event before every op of the B blocks, read after the region */
+    int nev = BENCH_N_OPS * B + 1, have_ev = tm.e0 != NULL;
+    void **ev = dt_calloc((size_t)nev, sizeof *ev);
+    double *host_t = dt_calloc((size_t)nev, sizeof *host_t);
+    for (int i = 0; have_ev && i < nev; i++) ev[i] = be->event_create(be);
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         for (int k = 0; k < BENCH_N_OPS; k++) {
             be->copy(be, bm->s, s0);
@@ -79,13 +91,38 @@ static void prefix_ledger(bench_ctx *x) {
             double ms = bench_timer_stop(&tm) / B;
             if (rep >= 0) smp[k * x->reps + rep] = ms;
         }
+        be->copy(be, bm->s, s0);
+        bench_sync_or_die(be);
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < BENCH_N_OPS; k++) {
+                int e = b * BENCH_N_OPS + k;
+                if (have_ev) be->event_record(be, ev[e]);
+                else { bench_sync_or_die(be); host_t[e] = dt_now(); }
+                bm_single_op(bm, b, k, 1);
+            }
+        if (have_ev) be->event_record(be, ev[nev - 1]);
+        else { bench_sync_or_die(be); host_t[nev - 1] = dt_now(); }
+        bench_sync_or_die(be);
+        for (int k = 0; rep >= 0 && k < BENCH_N_OPS; k++) {
+            double sum = 0;
+            for (int b = 0; b < B; b++) {
+                int e = b * BENCH_N_OPS + k;
+                sum += have_ev ? be->event_elapsed_ms(be, ev[e], ev[e + 1]) : (host_t[e + 1] - host_t[e]) * 1e3;
+            }
+            dir[k * x->reps + rep] = sum / B;
+        }
     }
+    for (int i = 0; have_ev && i < nev; i++) if (be->event_destroy) be->event_destroy(be, ev[i]);
+    free(ev);
+    free(host_t);
     double prev = 0;
     for (int k = 0; k < BENCH_N_OPS; k++) {
         r->ops[k].prefix = bench_stats(smp + k * x->reps, x->reps);
+        r->ops[k].direct = bench_stats(dir + k * x->reps, x->reps);
         r->ops[k].ms = r->ops[k].prefix.med - prev;
         prev = r->ops[k].prefix.med;
     }
+    free(dir);
     r->single_ledger_ms = prev;
     r->attn_inmodel_ms = r->ops[BM_ST_ATTN].ms;
     be->copy(be, bm->s, s0);

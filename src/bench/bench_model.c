@@ -309,7 +309,9 @@ void bm_double_block(bm_model *m, int i) {
     }
 }
 
-void bm_single_stages(bm_model *m, int i, int last) {
+/* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass
+ * and RoPE a rotation-only pass (two passes instead of the model's fused one). */
+void bm_single_op(bm_model *m, int i, int k, int split) {
     dt_backend *be = m->be;
     const flux2_config *c = &m->c;
     bm_single *blk = &m->sb[i];
@@ -317,22 +319,37 @@ void bm_single_stages(bm_model *m, int i, int last) {
     int64_t D = c->hidden, F = c->mlp_hidden;
     float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
     dt_mat none = dt_mat_null(), ms = m->mod_single_v;
-    be->layernorm_mod(be, m->a, m->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
-    if (last < BM_ST_PROJ) return;
-    be->linear(be, m->p, m->a, blk->qkv_mlp);
-    if (last < BM_ST_QKNORM) return;
-    dt_mat q = dt_mat_cols(m->p, 0, D), k = dt_mat_cols(m->p, D, D), v = dt_mat_cols(m->p, 2 * D, D);
-    dt_rope_mode mode = last == BM_ST_QKNORM ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
-    be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, m->cos, m->sin, mode);
-    be->head_norm_rope(be, k, H, hd, blk->norm_k, eps, m->cos, m->sin, mode);
-    if (last < BM_ST_ATTN) return;
-    be->attention(be, dt_mat_cols(m->cc, 0, D), q, k, v, H, H, hd, att_scale, none, 0);
-    if (last < BM_ST_ACT) return;
-    be->act_mul(be, dt_mat_cols(m->cc, D, F), dt_mat_cols(m->p, 3 * D, F), dt_mat_cols(m->p, 3 * D + F, F), DT_ACT_SILU);
-    if (last < BM_ST_OUT) return;
-    be->linear(be, m->y, m->cc, blk->out);
-    if (last < BM_ST_RESID) return;
-    be->gated_add(be, m->s, chunk(ms, 2, D), m->y);
+    dt_mat q = dt_mat_cols(m->p, 0, D), kk = dt_mat_cols(m->p, D, D), v = dt_mat_cols(m->p, 2 * D, D);
+    switch (k) {
+    case BM_ST_NORM: be->layernorm_mod(be, m->a, m->s, chunk(ms, 0, D), chunk(ms, 1, D), eps); break;
+    case BM_ST_PROJ: be->linear(be, m->p, m->a, blk->qkv_mlp); break;
+    case BM_ST_QKNORM: {
+        dt_rope_mode mode = split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
+        be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, m->cos, m->sin, mode);
+        be->head_norm_rope(be, kk, H, hd, blk->norm_k, eps, m->cos, m->sin, mode);
+        break;
+    }
+    case BM_ST_ROPE:
+        if (split) {
+            be->head_norm_rope(be, q, H, hd, none, eps, m->cos, m->sin, DT_ROPE_INTERLEAVED);
+            be->head_norm_rope(be, kk, H, hd, none, eps, m->cos, m->sin, DT_ROPE_INTERLEAVED);
+        }
+        break;
+    case BM_ST_ATTN: be->attention(be, dt_mat_cols(m->cc, 0, D), q, kk, v, H, H, hd, att_scale, none, 0); break;
+    case BM_ST_ACT:
+        be->act_mul(be, dt_mat_cols(m->cc, D, F), dt_mat_cols(m->p, 3 * D, F), dt_mat_cols(m->p, 3 * D + F, F), DT_ACT_SILU);
+        break;
+    case BM_ST_OUT: be->linear(be, m->y, m->cc, blk->out); break;
+    case BM_ST_RESID: be->gated_add(be, m->s, chunk(ms, 2, D), m->y); break;
+    }
+}
+
+void bm_single_stages(bm_model *m, int i, int last) {
+    for (int k = 0; k <= last; k++) {
+        if (k == BM_ST_QKNORM && last >= BM_ST_ROPE) continue;   /* the model's fused norm + RoPE pass */
+        if (k == BM_ST_QKNORM || k == BM_ST_ROPE) bm_single_op(m, i, BM_ST_QKNORM, k == BM_ST_QKNORM);
+        else bm_single_op(m, i, k, 0);
+    }
 }
 
 void bm_final(bm_model *m) {

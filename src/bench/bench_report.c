@@ -31,7 +31,8 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     fprintf(f, "| repetitions | %d timed (median, p10-p90), %d warm-up excluded |\n", r->reps, r->warmup);
     fprintf(f, "| cache the rotations exceed | %.1f MB (x2) |\n", r->l2_mb);
     if (r->synth_s > 0) fprintf(f, "| synthetic checkpoint written | %.1f s |\n", r->synth_s);
-    fprintf(f, "| load (flux2_load) | %.1f s |\n\n", r->load_s);
+    fprintf(f, "| load (flux2_load) | %.1f s |\n", r->load_s);
+    fprintf(f, "| backend memory peak | %.2f GB |\n\n", r->mem_peak_gb);
 
     double gf = r->gflop_gemm + r->gflop_attn;
     char pk[32];
@@ -47,17 +48,31 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     if (r->n_ops && r->ops[0].prefix.n) {
         fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
                 r->prefix_blocks);
-        fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | GFLOP | TFLOPS |\n"
-                   "|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
+        fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | direct ms (p10-p90) | GFLOP | TFLOPS | GB moved | GB/s | %% of copy BW |\n"
+                   "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        double dsum = 0;
         for (int k = 0; k < r->n_ops; k++) {
             const bench_op *o = &r->ops[k];
             char tf[32] = "";
+            char gb[32] = "", gbs[32] = "", pc[32] = "";
             if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ms));
-            fprintf(f, "| %d | %s | %s | %.4f | %.4f-%.4f | %.4f | %.1f%% | %.2f | %s |\n", k, o->name, cat_name(o->cat),
-                    o->prefix.med, o->prefix.p10, o->prefix.p90, o->ms,
-                    r->single_ledger_ms > 0 ? 100.0 * o->ms / r->single_ledger_ms : 0, o->gflop, tf);
+            if (o->gbytes > 0) {
+                double bw = o->ms > 0 ? o->gbytes / (o->ms * 1e-3) : 0;
+                snprintf(gb, sizeof gb, "%.4f", o->gbytes);
+                snprintf(gbs, sizeof gbs, "%.1f", bw);
+                if (r->copy_gbs > 0) snprintf(pc, sizeof pc, "%.0f%%", 100.0 * bw / r->copy_gbs);
+            }
+            fprintf(f, "| %d | %s | %s | %.4f | %.4f-%.4f | %.4f | %.1f%% | %.4f (%.4f-%.4f) | %.2f | %s | %s | %s | %s |\n", k,
+                    o->name, cat_name(o->cat), o->prefix.med, o->prefix.p10, o->prefix.p90, o->ms,
+                    r->single_ledger_ms > 0 ? 100.0 * o->ms / r->single_ledger_ms : 0, o->direct.med, o->direct.p10,
+                    o->direct.p90, o->gflop, tf, gb, gbs, pc);
+            dsum += o->direct.med;
         }
-        fprintf(f, "| | **single block** | | | | **%.4f** | 100%% | | |\n\n", r->single_ledger_ms);
+        fprintf(f, "| | **single block** | | | | **%.4f** | 100%% | **%.4f** | | | | | |\n\n", r->single_ledger_ms, dsum);
+        fprintf(f, "Op ms = median(prefix k) - median(prefix k-1) (the shares use these; noise can make a small op "
+                   "negative); RoPE = the extra cost of rotating inside the fused QK-norm op. Direct = the op alone between "
+                   "two events, QK norm and RoPE as two separate passes. GB moved = least traffic (each input read, each "
+                   "output written once); GB/s from op ms.\n\n");
     }
     if (r->n_scale) {
         fprintf(f, "## Ledger: block-count scaling (device-only forward)\n\n| double blocks | single blocks | median ms | p10-p90 ms |\n"
@@ -183,6 +198,7 @@ int bench_report_json(const bench_report *r, const char *path) {
     jnum(f, "reps", r->reps); jnum(f, "warmup", r->warmup); jnum(f, "cache_mb", r->l2_mb); jnum(f, "synth_s", r->synth_s);
     jnum(f, "load_s", r->load_s); jnum(f, "gflop_gemm", r->gflop_gemm); jnum(f, "gflop_attention", r->gflop_attn);
     jnum(f, "peak_tflops", r->peak_tflops); jnum(f, "bench_s", r->total_s);
+    jnum(f, "mem_peak_gb", r->mem_peak_gb);
     fprintf(f, "}\n");
 
     fprintf(f, "{"); jstr(f, "type", "forward"); fputc(',', f); jstr(f, "name", "flux2_forward"); fputc(',', f);
@@ -199,7 +215,9 @@ int bench_report_json(const bench_report *r, const char *path) {
         const bench_op *o = &r->ops[k];
         fprintf(f, "{"); jstr(f, "type", "ledger_op"); jnum(f, "index", k); fputc(',', f); jstr(f, "name", o->name);
         fputc(',', f); jstr(f, "category", cat_name(o->cat)); jstat(f, "prefix", o->prefix); jnum(f, "ms", o->ms);
+        jstat(f, "direct", o->direct);
         jnum(f, "gflop", o->gflop); jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ms) : 0);
+        jnum(f, "gbytes", o->gbytes); jnum(f, "gb_per_s", o->gbytes > 0 && o->ms > 0 ? o->gbytes / (o->ms * 1e-3) : 0);
         jnum(f, "blocks_per_region", r->prefix_blocks);
         fprintf(f, "}\n");
     }
