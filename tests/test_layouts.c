@@ -405,6 +405,18 @@ static void errors(void) {
     T_CHECK("BFL file without img_in: error says the geometry cannot be inferred", !m && strstr(dt_last_error(), "config.json") &&
                 strstr(dt_last_error(), "x_embedder"), "%s", m ? "loaded" : dt_last_error());
     flux2_free(m);
+    /* a FLUX.2-dev file (guidance embedder) is refused rather than run without its guidance */
+    w = st_writer_new();
+    build_layout(w, fx_dense, TO_BFL, "");
+    const st_tensor *l1 = st_find(f, "time_guidance_embed.timestep_embedder.linear_1.weight");
+    st_writer_add(w, "guidance_in.in_layer.weight", l1->dtype, l1->ndim, l1->shape, l1->data);
+    snprintf(p, sizeof p, "%s/bfl-dev.safetensors", tmpdir);
+    st_writer_save(w, p);
+    st_writer_free(w);
+    m = flux2_load(be, p);
+    T_CHECK("BFL file with guidance_in (FLUX.2-dev): clear error", !m && strstr(dt_last_error(), "FLUX.2-dev"), "%s",
+            m ? "loaded" : dt_last_error());
+    flux2_free(m);
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd, "%s convert --input %s --output %s/y 2>&1", exe_path(), fx_config, tmpdir);
     int rc = run_cmd(cmd, out, sizeof out);

@@ -251,6 +251,11 @@ static int linear_shape(const dt_weights *w, const char *name, int64_t out, int6
 int flux2_layout_infer_config(const dt_weights *w, flux2_config *c) {
     memset(c, 0, sizeof *c);
     const char *path = dt_weights_path(w);
+    if (has_bfl(w, "guidance_in.in_layer.weight") || has(w, "time_guidance_embed.guidance_embedder.linear_1.weight")) {
+        dt_set_error("%s: this checkpoint has a guidance embedder (FLUX.2-dev); only FLUX.2-klein (no guidance "
+                     "embedding) is supported", path);
+        return -1;
+    }
     dt_linear_src s;
     if (linear_shape(w, "x_embedder", -1, -1, &s, "input projection")) return -1;
     int64_t D = s.out;
