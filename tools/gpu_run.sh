@@ -7,6 +7,11 @@ set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
 B=./build/ditrun
+what=${*:-all}
+has() { case " $what " in *" $1 "*|*" all "*) return 0;; esac; return 1; }
+log() { echo "=== $*" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+
 # Binaries: built on the dev machine (make BUILD=build-dev STATIC_CPU_LIBS=1 all tests, stripped,
 # packed by tools/devpack.sh into .devpack/build.tar.xz, carried) since the GPU image lacks some
 # -dev packages; build here only if that pack is absent or does not start.
