@@ -253,6 +253,9 @@ int dt_quantize_checkpoint(const char *input, const char *output, const dt_quant
     char *is_q = dt_calloc(n ? n : 1, 1);
     tensor_report *rep = dt_calloc(n ? n : 1, sizeof *rep);
     int nrep = 0, rc = -1;
+    char *od = dir_of(output);
+    if (mkdir(od, 0755) == 0) dt_log(2, "%s: created\n", od);   /* one missing level is created */
+    free(od);
     st_stream *s = st_stream_open(output);
     if (!s) goto done;
     char nm[1024];
