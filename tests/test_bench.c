@@ -46,6 +46,12 @@ static void check_report(const char *tag, const bench_report *r, int reps, int i
     T_CHECK(NAME("%s: ledger has every op of the single block", tag), ok, "n_ops %d", r->n_ops);
     T_CHECK(NAME("%s: ledger ops add up to the block", tag), fabs(sum - r->single_ledger_ms) <= 1e-9 * (1 + sum),
             "sum %g vs block %g", sum, r->single_ledger_ms);
+    double lsum = 0;
+    int neg = 0;
+    for (int k = 0; k < r->n_ops; k++) { lsum += r->ops[k].ledger_ms; if (r->ops[k].ledger_ms < 0) neg++; }
+    T_CHECK(NAME("%s: shares' per-op basis adds up to the block, none negative", tag),
+            fabs(lsum - r->single_ledger_ms) <= 1e-6 * (1 + lsum) && !neg && r->shares_basis[0],
+            "sum %g vs block %g, %d negative (%s)", lsum, r->single_ledger_ms, neg, r->shares_basis);
     T_CHECK(NAME("%s: GEMM and attention work counted", tag), r->ops[1].gflop > 0 && r->ops[4].gflop > 0 && r->ops[6].gflop > 0,
             "gflop %g %g %g", r->ops[1].gflop, r->ops[4].gflop, r->ops[6].gflop);
     int full = 0, empty = 0;
@@ -84,7 +90,7 @@ static void check_report(const char *tag, const bench_report *r, int reps, int i
             ok = 0;
     }
     T_CHECK(NAME("%s: utilization: every GEMM shape timed isolated and at the ceiling", tag), ok, "n_gemm %d", r->n_gemm);
-    T_CHECK(NAME("%s: utilization: in-model GEMMs from the ledger", tag), r->gemm[0].inmodel_ms == r->ops[1].ms && r->gemm[1].inmodel_ms == r->ops[6].ms,
+    T_CHECK(NAME("%s: utilization: in-model GEMMs from the ledger", tag), r->gemm[0].inmodel_ms == r->ops[1].ledger_ms && r->gemm[1].inmodel_ms == r->ops[6].ledger_ms,
             "in-model %g", r->gemm[0].inmodel_ms);
     T_CHECK(NAME("%s: utilization: attention and copy bandwidth", tag), r->attn_iso.n == reps && r->attn_iso.med > 0 && r->copy_gbs > 0,
             "attention n=%d, copy %g GB/s", r->attn_iso.n, r->copy_gbs);

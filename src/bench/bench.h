@@ -57,6 +57,8 @@ typedef struct {
     bench_stat prefix;         /* time of the prefix ending with this op, per block (ms) */
     double ms;                 /* increment: median(prefix k) - median(prefix k-1) */
     bench_stat direct;         /* the op alone between two events (QK norm and RoPE as separate passes) */
+    double ledger_ms;          /* what the shares and in-model rates use: ms, or (when an increment is
+                                * negative, i.e. noise) the direct time scaled so the block sums to its prefix */
     double gflop;              /* work of the op per block (0 for elementwise) */
     double gbytes;             /* least bytes an elementwise op moves per block (read + write), 0 if n/a */
 } bench_op;
@@ -113,6 +115,7 @@ typedef struct {
     bench_share shares[20];
     int n_shares;
     double remainder_ms, remainder_share, total_ms;
+    char shares_basis[120];
     /* utilization */
     bench_gemm gemm[16];
     int n_gemm;

@@ -76,7 +76,7 @@ static void time_shape(bench_ctx *x, const gemm_shape *g) {
     row->N = g->N;
     row->count = g->count;
     row->gflop = 2.0 * g->M * g->K * g->N * 1e-9;
-    row->inmodel_ms = g->inmodel_op >= 0 && r->ops[g->inmodel_op].prefix.n ? r->ops[g->inmodel_op].ms : -1;
+    row->inmodel_ms = g->inmodel_op >= 0 && r->ops[g->inmodel_op].prefix.n ? r->ops[g->inmodel_op].ledger_ms : -1;
     bench_progress("utilization: GEMM %s [%lld x %lld -> %lld] ...", g->name, (long long)g->M, (long long)g->K,
                    (long long)g->N);
 

@@ -55,9 +55,9 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
             const bench_op *o = &r->ops[k];
             char tf[32] = "";
             char gb[32] = "", gbs[32] = "", pc[32] = "";
-            if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ms));
+            if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ledger_ms));
             if (o->gbytes > 0) {
-                double bw = o->ms > 0 ? o->gbytes / (o->ms * 1e-3) : 0;
+                double bw = o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0;
                 snprintf(gb, sizeof gb, "%.4f", o->gbytes);
                 snprintf(gbs, sizeof gbs, "%.1f", bw);
                 if (r->copy_gbs > 0) snprintf(pc, sizeof pc, "%.0f%%", 100.0 * bw / r->copy_gbs);
@@ -72,7 +72,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
         fprintf(f, "Op ms = median(prefix k) - median(prefix k-1) (the shares use these; noise can make a small op "
                    "negative); RoPE = the extra cost of rotating inside the fused QK-norm op. Direct = the op alone between "
                    "two events, QK norm and RoPE as two separate passes. GB moved = least traffic (each input read, each "
-                   "output written once); GB/s from op ms.\n\n");
+                   "output written once); TFLOPS and GB/s from the shares' per-op basis.\n\n");
     }
     if (r->n_scale) {
         fprintf(f, "## Ledger: block-count scaling (device-only forward)\n\n| double blocks | single blocks | median ms | p10-p90 ms |\n"
@@ -85,8 +85,9 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
                 r->single_slope_ms, r->single_ledger_ms, r->double_ms, r->embed_ms);
     }
     if (r->n_shares) {
-        fprintf(f, "## Ledger: shares of one step (device-only forward, %.3f ms)\n\n| part | ms | share |\n|---|---:|---:|\n",
-                r->total_ms);
+        fprintf(f, "## Ledger: shares of one step (device-only forward, %.3f ms)\n\nPer-op basis: %s; blocks scaled by "
+                   "count (double blocks as single-block equivalents plus their extra).\n\n| part | ms | share |\n|---|---:|---:|\n",
+                r->total_ms, r->shares_basis);
         double sum = 0;
         for (int i = 0; i < r->n_shares; i++) {
             const bench_share *s = &r->shares[i];
@@ -215,9 +216,10 @@ int bench_report_json(const bench_report *r, const char *path) {
         const bench_op *o = &r->ops[k];
         fprintf(f, "{"); jstr(f, "type", "ledger_op"); jnum(f, "index", k); fputc(',', f); jstr(f, "name", o->name);
         fputc(',', f); jstr(f, "category", cat_name(o->cat)); jstat(f, "prefix", o->prefix); jnum(f, "ms", o->ms);
-        jstat(f, "direct", o->direct);
-        jnum(f, "gflop", o->gflop); jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ms) : 0);
-        jnum(f, "gbytes", o->gbytes); jnum(f, "gb_per_s", o->gbytes > 0 && o->ms > 0 ? o->gbytes / (o->ms * 1e-3) : 0);
+        jstat(f, "direct", o->direct); jnum(f, "ledger_ms", o->ledger_ms);
+        jnum(f, "gflop", o->gflop); jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ledger_ms) : 0);
+        jnum(f, "gbytes", o->gbytes);
+        jnum(f, "gb_per_s", o->gbytes > 0 && o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0);
         jnum(f, "blocks_per_region", r->prefix_blocks);
         fprintf(f, "}\n");
     }
@@ -235,7 +237,8 @@ int bench_report_json(const bench_report *r, const char *path) {
         const bench_share *s = &r->shares[i];
         fprintf(f, "{"); jstr(f, "type", "share"); fputc(',', f); jstr(f, "name", s->name); jnum(f, "level", s->level);
         jnum(f, "ms", s->ms); jnum(f, "share_pct", s->share); jnum(f, "total_ms", r->total_ms);
-        jnum(f, "is_remainder", !strcmp(s->name, "unexplained remainder"));
+        jnum(f, "is_remainder", !strcmp(s->name, "unexplained remainder")); fputc(',', f);
+        jstr(f, "basis", r->shares_basis);
         fprintf(f, "}\n");
     }
     for (int i = 0; i < r->n_gemm; i++) {
