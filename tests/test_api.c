@@ -1,0 +1,56 @@
+/* test_api.c — the public API (include/ditrun.h): engine, transformer step, generate, errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ditrun.h"
+#include "io/safetensors.h"
+#include "test.h"
+
+int main(void) {
+    T_CHECK("version", ditrun_version() && *ditrun_version(), "empty version");
+    T_CHECK("unknown backend rejected", ditrun_engine_create("tpu", 0) == NULL && strstr(ditrun_last_error(), "tpu"),
+            "error: %s", ditrun_last_error());
+    ditrun_engine *e = ditrun_engine_create("cpu", 0);
+    if (!e) { T_FAIL("engine", "%s", ditrun_last_error()); return T_DONE(); }
+    T_CHECK("engine backend", !strcmp(ditrun_engine_backend(e), "cpu"), "got %s", ditrun_engine_backend(e));
+
+    char p[512];
+    snprintf(p, sizeof p, "%s/model", t_fixtures());
+    ditrun_transformer *t = ditrun_transformer_load(e, p);
+    snprintf(p, sizeof p, "%s/transformer_io.safetensors", t_fixtures());
+    st_file *io = st_open(p);
+    if (!t || !io) T_FAIL("transformer load", "%s", ditrun_last_error());
+    else {
+        int cin, cout, joint;
+        ditrun_transformer_dims(t, &cin, &cout, &joint);
+        const st_tensor *h = st_find(io, "in.hidden_states"), *enc = st_find(io, "in.encoder_hidden_states");
+        int n = (int)h->shape[1], nt = (int)enc->shape[1];
+        float *img = st_to_f32(h), *txt = st_to_f32(enc), *iid = st_to_f32(st_find(io, "in.img_ids")),
+              *tid = st_to_f32(st_find(io, "in.txt_ids")), *ts = st_to_f32(st_find(io, "in.timestep")),
+              *ref = st_to_f32(st_find(io, "out.sample"));
+        float *out = malloc(sizeof(float) * n * cout);
+        if (ditrun_transformer_forward(t, img, n, txt, nt, ts[0], iid, tid, out)) T_FAIL("transformer forward", "%s", ditrun_last_error());
+        else t_check_rel_l2("transformer forward via API", out, ref, (size_t)n * cout, 1e-4); /* f32 vs f32 reference */
+        free(img); free(txt); free(iid); free(tid); free(ts); free(ref); free(out);
+    }
+    st_close(io);
+    ditrun_transformer_free(t);
+
+    ditrun_generate_opts o = ditrun_generate_defaults();
+    snprintf(p, sizeof p, "%s/model", t_fixtures());
+    o.model = p;
+    o.prompt = "a red fox";
+    o.width = o.height = 64;
+    o.max_sequence_length = 32;
+    o.seed = 3;
+    ditrun_image img;
+    int rc = ditrun_generate(e, &o, &img);
+    T_CHECK("generate via API", rc == 0 && img.width == 64 && img.height == 64 && img.rgb, "rc %d: %s", rc, ditrun_last_error());
+    ditrun_image_free(&img);
+    o.prompt = NULL;
+    T_CHECK("generate without prompt fails", ditrun_generate(e, &o, &img) != 0 && strstr(ditrun_last_error(), "prompt"),
+            "error: %s", ditrun_last_error());
+    ditrun_engine_free(e);
+    return T_DONE();
+}
