@@ -95,8 +95,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--hidden")) { if (cli_parse_int(a, v, 8, 65536, &x)) return 1; o.hidden = (int)x; i++; }
         else if (!strcmp(a, "--heads")) { if (cli_parse_int(a, v, 1, 1024, &x)) return 1; o.heads = (int)x; i++; }
         else if (!strcmp(a, "--kv-heads")) { if (cli_parse_int(a, v, 1, 1024, &x)) return 1; o.kv_heads = (int)x; i++; }
-        else if (!strcmp(a, "--double")) { if (cli_parse_int(a, v, 0, 1024, &x)) return 1; o.n_double = (int)x; i++; }
-        else if (!strcmp(a, "--single")) { if (cli_parse_int(a, v, 0, 1024, &x)) return 1; o.n_single = (int)x; i++; }
+        else if (!strcmp(a, "--double")) { if (cli_parse_int(a, v, 1, 1024, &x)) return 1; o.n_double = (int)x; i++; }
+        else if (!strcmp(a, "--single")) { if (cli_parse_int(a, v, 1, 1024, &x)) return 1; o.n_single = (int)x; i++; }
         else if (!strcmp(a, "--mlp-ratio")) {
             if (cli_parse_float(a, v, &d)) return 1;
             if (!(d > 0 && d < 64)) return cli_error("--mlp-ratio must be in (0, 64)");
