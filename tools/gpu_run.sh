@@ -60,6 +60,10 @@ if has time; then
     fwd "klein-4B bf16 512^2" "$W/k4bf16" "$W/in4_512.st" 20
     fwd "klein-9B q4 1024^2 (auto)" "$W/k9q4" "$W/in9_1024.st" 10
     fwd "klein-4B q4 2048^2 (auto)" "$W/k4q4" "$W/in4_2048.st" 5
+    for i in 1 2; do   # A/B: contiguous Q/K/V copies in single blocks
+        fwd "klein-4B q4 1024^2 strided QKV (A$i)" "$W/k4q4" "$W/in4_1024.st" 20
+        DITRUN_SINGLE_QKV_CONTIG=1 fwd "klein-4B q4 1024^2 contiguous QKV (B$i)" "$W/k4q4" "$W/in4_1024.st" 20
+    done
 fi
 
 if has gen; then
@@ -76,5 +80,7 @@ if has bench; then
     timeout 400 $B bench --preset klein-4b --backend cuda --json "$OUT/bench4.jsonl" > "$OUT/bench4.md" 2> "$OUT/bench4.err"
     log "bench klein-4b rc=$?"
     cat "$OUT/bench4.md" >> "$OUT/summary.txt"
+    timeout 300 $B bench --preset klein-4b --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
+    log "bench klein-4b 512 rc=$?"
 fi
 log "total $(( $(date +%s) - t0 )) s"
