@@ -62,7 +62,7 @@ if has time; then
     fwd "klein-4B q4 2048^2 (auto)" "$W/k4q4" "$W/in4_2048.st" 5
     for i in 1 2; do   # A/B: contiguous Q/K/V copies in single blocks
         fwd "klein-4B q4 1024^2 strided QKV (A$i)" "$W/k4q4" "$W/in4_1024.st" 20
-        DITRUN_SINGLE_QKV_CONTIG=1 fwd "klein-4B q4 1024^2 contiguous QKV (B$i)" "$W/k4q4" "$W/in4_1024.st" 20
+        export DITRUN_SINGLE_QKV_CONTIG=1; fwd "klein-4B q4 1024^2 contiguous QKV (B$i)" "$W/k4q4" "$W/in4_1024.st" 20; unset DITRUN_SINGLE_QKV_CONTIG
     done
 fi
 
