@@ -1,4 +1,5 @@
-/* cmd_synth.c — `ditrun synth`: write a synthetic FLUX.2 checkpoint (random weights) at a preset geometry. */
+/* cmd_synth.c — `ditrun synth`: write a synthetic FLUX.2 or Krea 2 checkpoint (random weights) at a preset
+ * geometry, or random forward inputs for one. */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "io/safetensors.h"
 #include "cli_model.h"
 #include "models/flux2.h"
+#include "models/krea2.h"
 #include "pipeline/synth_pipeline.h"
 
 static void usage(FILE *f) {
@@ -16,8 +18,11 @@ static void usage(FILE *f) {
                "Writes DIR/config.json and DIR/model.safetensors with random weights at a real geometry\n"
                "(for tests, the bench and speed runs without downloading weights), or with --inputs a\n"
                "random `ditrun forward` input file (in.hidden_states, in.encoder_hidden_states, in.timestep,\n"
-               "in.img_ids, in.txt_ids) for a PX x PX image and T text tokens.\n\n"
-               "  --preset NAME      klein-4b, klein-9b or tiny\n"
+               "in.img_ids, in.txt_ids) for a PX x PX image and T text tokens.\n"
+               "Krea 2 presets write a Krea2Transformer2DModel folder; their inputs are in.hidden_states\n"
+               "[1,N,64], in.encoder_hidden_states [1,T,layers,dim], in.timestep, in.position_ids [T+N,3] and\n"
+               "in.encoder_attention_mask [1,T] (U8, the pipeline's [prompt | padding | suffix] layout).\n\n"
+               "  --preset NAME      klein-4b, klein-9b, tiny, krea2 (12.9 B, real geometry) or krea2-tiny\n"
                "  --output DIR       folder to create\n"
                "  --bits B           0 = bf16 weights (default), 4 or 8 = MLX affine quantized Linears\n"
                "  --group-size N     quantization group (32, 64, 128; default 64)\n"
@@ -57,6 +62,48 @@ static int write_inputs(const flux2_config *c, const char *path, int grid, int t
     return 0;
 }
 
+/* Krea 2: random inputs for a grid x grid latent and t text tokens (krea2_synth_inputs). */
+static int write_inputs_krea2(const krea2_config *c, const char *path, int grid, int t, uint64_t seed) {
+    if (t < 1) return cli_error("synth: Krea 2 inputs need at least one text token (--text-tokens)");
+    int64_t n = (int64_t)grid * grid, L = n + t;
+    float *img = malloc(sizeof(float) * n * c->in_channels);
+    float *txt = malloc(sizeof(float) * (size_t)t * c->text_layers * c->text_dim);
+    float *pos = malloc(sizeof(float) * L * c->n_axes);
+    uint8_t *mask = malloc((size_t)t);
+    if (!img || !txt || !pos || !mask) { free(img); free(txt); free(pos); free(mask); return cli_error("synth: out of memory"); }
+    krea2_synth_inputs(c, grid, grid, t, seed, img, txt, pos, mask);
+    int valid = 0;
+    for (int i = 0; i < t; i++) valid += mask[i];
+    float ts = 0.75f;
+    st_writer *w = st_writer_new();
+    int64_t si[3] = {1, n, c->in_channels}, st[4] = {1, t, c->text_layers, c->text_dim}, sp[2] = {L, c->n_axes};
+    int64_t sm[2] = {1, t}, s1[1] = {1};
+    st_writer_add_f32(w, "in.hidden_states", 3, si, img);
+    st_writer_add_f32(w, "in.encoder_hidden_states", 4, st, txt);
+    st_writer_add_f32(w, "in.position_ids", 2, sp, pos);
+    st_writer_add(w, "in.encoder_attention_mask", DT_U8, 2, sm, mask);
+    st_writer_add_f32(w, "in.timestep", 1, s1, &ts);
+    int rc = st_writer_save(w, path);
+    st_writer_free(w);
+    free(img); free(txt); free(pos); free(mask);
+    if (rc) return cli_error("%s", dt_last_error());
+    fprintf(stderr, "ditrun: wrote %s (%lld image + %d text tokens, %d valid)\n", path, (long long)n, t, valid);
+    return 0;
+}
+
+static int synth_krea2(const char *preset, const char *out, const char *inputs, int pipeline, int bits, int group,
+                       uint64_t seed, int grid, int ntxt) {
+    krea2_config c;
+    if (krea2_preset(preset, &c)) return cli_error("%s", dt_last_error());
+    if (pipeline) return cli_error("synth: --pipeline is FLUX.2 only (Krea 2 presets write the transformer folder)");
+    if (inputs) return write_inputs_krea2(&c, inputs, grid, ntxt, seed);
+    fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
+            bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
+    if (krea2_synth_write(&c, out, bits, group, seed)) return cli_error("%s", dt_last_error());
+    fprintf(stderr, "ditrun: done\n");
+    return 0;
+}
+
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL;
     const char *inputs = NULL;
@@ -79,6 +126,8 @@ int cmd_synth(int argc, char **argv) {
     if (!preset || (!out && !inputs)) return cli_error("synth: --preset and --output (or --inputs) are required (see ditrun synth --help)");
     if (bits != 0 && bits != 4 && bits != 8) return cli_error("--bits must be 0, 4 or 8");
     if (group != 32 && group != 64 && group != 128) return cli_error("--group-size must be 32, 64 or 128");
+    if (!strncmp(preset, "krea2", 5))
+        return synth_krea2(preset, out, inputs, pipeline, (int)bits, (int)group, (uint64_t)seed, (int)(px / 16), (int)ntxt);
     flux2_config c;
     if (flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
     if (inputs) return write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (uint64_t)seed);

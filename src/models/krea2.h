@@ -65,4 +65,20 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud);
 
+/* Geometry presets: "krea2" (the released model: Krea2Transformer2DModel defaults) and "krea2-tiny"
+ * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_synth.c. */
+int krea2_preset(const char *name, krea2_config *c);
+/* Write DIR/config.json and DIR/model.safetensors with random weights at geometry c: bits 0 = bf16,
+ * 4/8 = MLX affine quantized Linears with `group` (Linears whose input width is not a multiple stay
+ * bf16). Creates DIR. 0 or -1 (dt_last_error). */
+int krea2_synth_write(const krea2_config *c, const char *dir, int bits, int group, uint64_t seed);
+
+/* Random forward inputs for a grid_h x grid_w latent and t text tokens (krea2_forward's layouts):
+ * img [N, in_channels] and txt [t, text_layers, text_dim] uniform in [-1, 1), pos [t+N, n_axes] as the
+ * pipeline builds them (text rows zero, image rows (0, row, col)), mask [t] (NULL = none) from
+ * krea2_synth_mask: the pipeline's [prompt | padding | 5 suffix tokens] layout. */
+void krea2_synth_inputs(const krea2_config *c, int grid_h, int grid_w, int t, uint64_t seed, float *img, float *txt,
+                        float *pos, uint8_t *mask);
+void krea2_synth_mask(int t, uint8_t *mask);
+
 #endif
