@@ -281,11 +281,16 @@ static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int gro
 /* ------------------------------------------------------------------ attention */
 /* q/k/v are column views of one fused [L, 3*D] buffer (strided like the model's QKV projection). Compared on a
  * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
-static void test_attention(const char *tag, int L, int Lk, int hq, int hkv, int hd, int causal, int bias_mode,
-                           int timeit) {
+/* bias_mode: 0 none, 1 last Lk/7 keys masked, 2 random bias, 3 first 50 keys masked, 4 last 100 keys masked,
+ * 5 all-zero bias, 6 every key masked (output 0). Returns the median time (ms) when timeit, else 0. */
+static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, int hd, int causal, int bias_mode,
+                             int timeit) {
+    static const char *bias_names[7] = {"", " pad-mask", " rand-bias", " lead-mask", " pad100-mask", " zero-mask",
+                                        " all-masked"};
     char name[200];
+    double ms = 0;
     snprintf(name, sizeof name, "attention %s L=%d Lk=%d hq=%d hkv=%d hd=%d%s%s", tag, L, Lk, hq, hkv, hd,
-             causal ? " causal" : "", bias_mode == 1 ? " pad-mask" : bias_mode == 2 ? " rand-bias" : bias_mode == 3 ? " lead-mask" : "");
+             causal ? " causal" : "", bias_names[bias_mode]);
     int64_t Dq = (int64_t)hq * hd, Dk = (int64_t)hkv * hd;
     float *hq_ = rand_bf((size_t)L * Dq, -3.f, 3.f);
     float *hk = rand_bf((size_t)Lk * Dk, -2.f, 2.f);
@@ -297,9 +302,13 @@ static void test_attention(const char *tag, int L, int Lk, int hq, int hkv, int 
         for (int j = 0; j < Lk; j++) {
             if (bias_mode == 1) hb[j] = j >= Lk - Lk / 7 ? -INFINITY : 0.f;
             else if (bias_mode == 2) hb[j] = dt_bf16_round(frand(-2.f, 2.f));
-            else hb[j] = j < 50 ? -INFINITY : 0.f;
+            else if (bias_mode == 3) hb[j] = j < 50 ? -INFINITY : 0.f;
+            else if (bias_mode == 4) hb[j] = j >= Lk - 100 ? -INFINITY : 0.f;
+            else if (bias_mode == 5) hb[j] = 0.f;
+            else hb[j] = -INFINITY;
         }
         if (bias_mode == 3 && causal) masked_lead = 50;
+        if (bias_mode == 6) masked_lead = L < SUB_A ? L : SUB_A;
     }
     float scale = 1.f / sqrtf((float)hd);
     /* GPU: fused buffer [max(L,Lk), Dq + 2*Dk]; q from rows [0,L), k/v from rows [0,Lk) */
@@ -346,7 +355,7 @@ static void test_attention(const char *tag, int L, int Lk, int hq, int hkv, int 
             G->event_record(G, e1);
             t[i] = G->event_elapsed_ms(G, e0, e1);
         }
-        double ms = median(t, 20);
+        ms = median(t, 20);
         double flops = 4.0 * L * (double)Lk * hq * hd * (causal ? 0.5 : 1.0);
         printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, flops / (ms * 1e-3) / 1e12);
         G->event_destroy(G, e0); G->event_destroy(G, e1);
@@ -355,6 +364,7 @@ static void test_attention(const char *tag, int L, int Lk, int hq, int hkv, int 
     G->free(G, &buf); G->free(G, &o);
     if (hb) { G->free(G, &gb); C->free(C, &cb); }
     C->free(C, &cq); C->free(C, &ck); C->free(C, &cv); C->free(C, &co);
+    return ms;
 }
 
 /* ------------------------------------------------------------------ row / elementwise ops */
@@ -591,6 +601,151 @@ static void test_upsample(int Ch, int h, int w) {
     G->free(G, &gx); G->free(G, &gy); C->free(C, &cx); C->free(C, &cy);
 }
 
+/* Timings (not assertions) of the VAE's big ops: conv2d 3x3 at its largest shapes (TFLOPS), group_norm+SiLU and
+ * upsample2x (GB/s over the bytes they must move). */
+static void time_image(void) {
+    static const int cs[3][3] = {{512, 128, 128}, {256, 512, 512}, {128, 1024, 1024}};
+    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    for (int i = 0; i < 3; i++) {
+        int ch = cs[i][0], h = cs[i][1], w = cs[i][2];
+        int64_t HW = (int64_t)h * w;
+        float *hw = rand_bf((size_t)ch * ch * 9, -0.05f, 0.05f), *hb = rand_bf((size_t)ch, -1.f, 1.f);
+        float *hx = rand_bf((size_t)ch * HW, -2.f, 2.f);
+        dt_conv *gc = G->conv_create(G, hw, hb, ch, ch, 3, 1);
+        dt_mat x = upa(G, hx, ch, HW), y = dt_alloc_or_die(G, ch, HW, DT_BF16);
+        dt_mat ga = dt_param_upload(G, hb, ch), gb = dt_param_upload(G, hb, ch);
+        for (int op = 0; op < (i == 0 ? 1 : 3); op++) {
+            double t[10];
+            for (int r = 0; r < 12; r++) {
+                if (r >= 2) G->event_record(G, e0);
+                if (op == 0) G->conv2d(G, y, x, gc, h, w);
+                else if (op == 1) G->group_norm(G, y, x, 32, ga, gb, 1e-6f, 1);
+                else G->upsample2x(G, dt_mat_reshape(y, ch / 4, 4 * HW), dt_mat_rows(x, 0, ch / 4), h, w);
+                if (r >= 2) { G->event_record(G, e1); t[r - 2] = G->event_elapsed_ms(G, e0, e1); }
+            }
+            double ms = median(t, 10);
+            char name[96];
+            if (op == 0) {
+                snprintf(name, sizeof name, "conv2d %d->%d 3x3 %dx%d", ch, ch, h, w);
+                printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, 2.0 * ch * ch * 9 * HW / (ms * 1e-3) / 1e12);
+            } else if (op == 1) {
+                snprintf(name, sizeof name, "group_norm+silu C=%d %dx%d", ch, h, w);
+                printf("TIME %-44s %8.3f ms  %7.0f GB/s\n", name, ms, 6.0 * ch * HW / (ms * 1e-3) / 1e9);
+            } else {
+                snprintf(name, sizeof name, "upsample2x C=%d %dx%d", ch / 4, h, w);
+                printf("TIME %-44s %8.3f ms  %7.0f GB/s\n", name, ms, 10.0 * ch / 4 * HW / (ms * 1e-3) / 1e9);
+            }
+        }
+        G->conv_destroy(G, gc);
+        G->free(G, &x); G->free(G, &y); G->free(G, &ga); G->free(G, &gb);
+        free(hw); free(hb); free(hx);
+    }
+    G->event_destroy(G, e0); G->event_destroy(G, e1);
+}
+
+/* Same-dtype copies: contiguous (cudaMemcpyAsync), 16-byte-aligned strided views (copy kernel vs
+ * cudaMemcpy2DAsync), checked exactly, and timed (GB/s = bytes read + written). */
+static void test_time_copy(void) {
+    const int64_t M = 1000, N = 3000;
+    float *h = rand_bf((size_t)M * N, -5.f, 5.f);
+    dt_mat a = dt_alloc_or_die(G, M, N + 40, DT_BF16), av = dt_mat_cols(a, 24, N);
+    dt_mat b = dt_alloc_or_die(G, M, N + 16, DT_BF16), bv = dt_mat_cols(b, 8, N);
+    G->upload(G, av, h);
+    for (int mode = 0; mode < 2; mode++) {
+        if (mode) setenv("DITRUN_CUDA_COPY", "2d", 1);
+        poison(G, bv);
+        G->copy(G, bv, av);
+        float *got = down(G, bv);
+        t_check_rel_l2(mode ? "copy bf16 strided views (cudaMemcpy2D)" : "copy bf16 strided views (kernel)", got, h,
+                       (size_t)M * N, 0.0);
+        free(got);
+    }
+    unsetenv("DITRUN_CUDA_COPY");
+    dt_mat cv = dt_mat_cols(b, 1, N - 1), avu = dt_mat_cols(a, 25, N - 1);   /* unaligned: cudaMemcpy2D */
+    poison(G, cv);
+    G->copy(G, cv, avu);
+    float *got = down(G, cv), *ref = malloc((size_t)M * (N - 1) * sizeof(float));
+    for (int64_t i = 0; i < M; i++) memcpy(ref + i * (N - 1), h + i * N + 1, (size_t)(N - 1) * sizeof(float));
+    t_check_rel_l2("copy bf16 unaligned strided views", got, ref, (size_t)M * (N - 1), 0.0);
+    free(ref);
+    free(got);
+    G->free(G, &a); G->free(G, &b);
+    free(h);
+    /* timings: 472 MB contiguous; a [4608, 3072] column view of [4608, 9216] */
+    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    for (int k = 0; k < 3; k++) {
+        int64_t rows = k == 0 ? 57600 : 4608, cols = k == 0 ? 4096 : 3072, ld = k == 0 ? 4096 : 9216;
+        dt_mat src = dt_alloc_or_die(G, rows, ld, DT_BF16), dst = dt_alloc_or_die(G, rows, ld, DT_BF16);
+        dt_mat sv = dt_mat_cols(src, k == 0 ? 0 : 3072, cols), dv = dt_mat_cols(dst, 0, cols);
+        if (k == 2) setenv("DITRUN_CUDA_COPY", "2d", 1);
+        double t[20];
+        for (int r = 0; r < 23; r++) {
+            if (r >= 3) G->event_record(G, e0);
+            G->copy(G, dv, sv);
+            if (r >= 3) { G->event_record(G, e1); t[r - 3] = G->event_elapsed_ms(G, e0, e1); }
+        }
+        unsetenv("DITRUN_CUDA_COPY");
+        double ms = median(t, 20);
+        const char *nm = k == 0 ? "copy bf16 contiguous 472 MB" : k == 1 ? "copy bf16 view [4608,3072] kernel" : "copy bf16 view [4608,3072] memcpy2D";
+        printf("TIME %-44s %8.4f ms  %7.0f GB/s\n", nm, ms, 2.0 * rows * cols * 2 / (ms * 1e-3) / 1e9);
+        G->free(G, &src); G->free(G, &dst);
+    }
+    G->event_destroy(G, e0); G->event_destroy(G, e1);
+}
+
+/* First call vs second call of ops at shapes not seen before (host wall time including a sync): what a
+ * pipeline phase pays for lazy loading, cuBLASLt heuristics and pool growth. Run first in the process. */
+static void time_first_calls(double t_create) {
+    printf("TIME %-44s %8.1f ms\n", "backend create (incl. kernel preload)", t_create * 1e3);
+    const int64_t M = 512, K = 2560, N = 9728;
+    float *hx = rand_bf((size_t)M * N, -1.f, 1.f);
+    dt_mat x = upa(G, hx, M, K), xw = upa(G, hx, M, N), y = dt_alloc_or_die(G, M, N, DT_BF16);
+    for (int kind = 0; kind < 4; kind++) {
+        double t[2];
+        const char *nm = "";
+        wsrc w;
+        dt_linear *lw = NULL;
+        dt_qpath saved = G->opts.qpath;
+        if (kind <= 1) {
+            w = make_weights(N, K, kind == 0 ? 0 : 4, 64, 0);
+            if (kind == 1) G->opts.qpath = DT_QPATH_TRANSIENT;
+            lw = G->linear_create(G, &w.src);
+            G->sync(G);
+        }
+        for (int r = 0; r < 2; r++) {
+            double t0 = dt_now();
+            if (kind == 0) { nm = "first/second call linear bf16 512x2560x9728"; G->linear(G, y, x, lw); }
+            else if (kind == 1) { nm = "first/second call linear q4 transient 512x2560x9728"; G->linear(G, y, x, lw); }
+            else if (kind == 2) {
+                nm = "first/second call attention 512 32/8 causal+mask";
+                dt_mat q = dt_mat_cols(xw, 0, 4096), k = dt_mat_cols(xw, 4096, 1024), v = dt_mat_cols(xw, 5120, 1024);
+                dt_mat o = dt_mat_cols(y, 0, 4096);
+                float kb[512];
+                for (int j = 0; j < 512; j++) kb[j] = j < 480 ? 0.f : -INFINITY;
+                dt_mat gb = dt_param_upload(G, kb, 512);
+                G->attention(G, o, q, k, v, 32, 8, 128, 0.088f, gb, 1);
+                G->sync(G);
+                G->free(G, &gb);
+            } else {
+                nm = "first/second call conv2d 128->128 3x3 64x64";
+                float *hw = rand_bf(128 * 128 * 9, -0.05f, 0.05f);
+                dt_conv *gc = G->conv_create(G, hw, hw, 128, 128, 3, 1);
+                G->conv2d(G, dt_mat_reshape(y, 128, 4096), dt_mat_reshape(dt_mat_rows(xw, 0, 64), 128, 4096), gc, 64, 64);
+                G->sync(G);
+                G->conv_destroy(G, gc);
+                free(hw);
+            }
+            G->sync(G);
+            t[r] = (dt_now() - t0) * 1e3;
+        }
+        printf("TIME %-44s %8.3f ms  %8.3f ms\n", nm, t[0], t[1]);
+        if (lw) { G->linear_destroy(G, lw); free_weights(&w); }
+        G->opts.qpath = saved;
+    }
+    G->free(G, &x); G->free(G, &xw); G->free(G, &y);
+    free(hx);
+}
+
 /* ------------------------------------------------------------------ graphs, events, memory */
 static void test_graph(void) {
     const int64_t M = 512, D = 1024;
@@ -656,17 +811,21 @@ int main(void) {
     memset(&o, 0, sizeof o);
     o.rope_fp32 = 1;
     o.qpath = DT_QPATH_AUTO;
+    double tc0 = dt_now();
     G = dt_backend_cuda_create(&o);
+    double t_create = dt_now() - tc0;
     if (!G) { printf("FAIL gpu_ops: cuda backend: %s\n", dt_last_error()); return 1; }
     C = dt_backend_cpu_create(&o);
     if (!C) { printf("FAIL gpu_ops: cpu backend: %s\n", dt_last_error()); return 1; }
-    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: linear, quant, attn, ew, image, misc */
+    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: first, linear, quant, attn, ew, image, misc, attn3 */
 #define RUN(group) (!only || !*only || strstr(only, group))
 
+    if (RUN("first")) time_first_calls(t_create);
     if (RUN("misc")) {
         double ts = dt_now();
         test_memory();
         test_copy_transpose();
+        test_time_copy();
         test_graph();
         printf("# section misc %.1f s\n", dt_now() - ts);
     }
@@ -718,7 +877,20 @@ int main(void) {
     }
     if (RUN("attn")) {
         double ts = dt_now();
-        test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        double t_none = test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        /* masks on the sm_90 wgmma kernel: the cost over no mask should be a few % */
+        double t_zero = test_attention("dit", 4608, 4608, 24, 24, 128, 0, 5, 1);
+        double t_pad = test_attention("krea-pad", 4608, 4608, 24, 24, 128, 0, 4, 1);
+        if (t_none > 0)
+            printf("TIME %-44s %8.3f (zero mask) %8.3f (last 100 keys masked)\n", "attention 4608x24x128 mask/none",
+                   t_zero / t_none, t_pad / t_none);
+        test_attention("krea-gqa", 4608, 4608, 48, 12, 128, 0, 1, 1);
+        test_attention("krea-gqa", 4608, 4608, 48, 12, 128, 0, 4, 0);
+        test_attention("qwen3", 512, 512, 32, 8, 128, 1, 1, 1);
+        test_attention("qwen3", 512, 512, 32, 8, 128, 1, 5, 0);
+        test_attention("qwen3", 300, 300, 32, 8, 128, 1, 3, 0);
+        test_attention("all-masked", 300, 300, 4, 4, 128, 0, 6, 0);
+        test_attention("all-masked", 200, 200, 4, 2, 128, 1, 6, 0);
         test_attention("gqa", 1000, 1000, 8, 2, 128, 0, 1, 0);
         test_attention("gqa", 777, 777, 8, 2, 128, 1, 1, 0);
         test_attention("gqa", 512, 512, 32, 8, 128, 1, 3, 1);
@@ -741,9 +913,14 @@ int main(void) {
         test_conv2d(128, 256, 3, 64, 64, 1);
         test_conv2d(256, 128, 1, 64, 64, 1);
         test_conv2d(32, 512, 3, 37, 29, 0);
+        test_conv2d(64, 32, 3, 24, 40, 1);
+        test_conv2d(16, 16, 3, 8, 8, 0);
         test_group_norm(256, 64, 64, 32, 1);
         test_group_norm(128, 48, 40, 32, 0);
+        test_group_norm(64, 5, 7, 32, 1);
         test_upsample(64, 32, 48);
+        test_upsample(3, 5, 7);
+        time_image();
         printf("# section image %.1f s\n", dt_now() - ts);
     }
     if (RUN("attn3")) {   /* the other wgmma variants (benchmark knobs) */

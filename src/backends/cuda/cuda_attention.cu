@@ -265,7 +265,12 @@ struct fw_args {
     const __nv_bfloat16 *q, *k, *vt;
     __nv_bfloat16 *o;
     int64_t ldq, ldk, ldvt, ldo;
-    const float *kbias;
+    const float *kbias;       /* variants 1/2: the raw key bias (NULL = none) */
+    /* variants 3/4 with a key bias (k_bias_tiles): kb2 = bias * log2(e), -inf past Lk, up to ldvt; tl = the key
+     * tiles that are not entirely -inf, ascending, each entry tile * 2 + (1 if the tile needs its bias applied,
+     * 0 if it is all zeros); *ntl their count. tl == NULL: every tile, no bias. */
+    const float *kb2;
+    const int *tl, *ntl;
     int Lq, Lk, hq, group;
     float scale_log2;
     int causal;
@@ -743,10 +748,25 @@ __global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y, kvh = h / a.group;
     const int q0 = qb * FW_BR;
-    int ntiles = (a.Lk + FW_BC - 1) / FW_BC;
-    if (a.causal) {
-        int lim = (q0 + FW_BR + FW_BC - 1) / FW_BC;
-        if (lim < ntiles) ntiles = lim;
+    /* the key tiles this block visits: all (no bias) or the listed ones (bias: fully masked tiles skipped), and
+     * with a causal mask only those below lim */
+    const int *tl = a.tl;
+    const int lim = a.causal ? (q0 + FW_BR + FW_BC - 1) / FW_BC : 0x7fffffff;
+    int ntiles;
+    if (!tl) {
+        ntiles = (a.Lk + FW_BC - 1) / FW_BC;
+        if (ntiles > lim) ntiles = lim;
+    } else {
+        ntiles = *a.ntl;
+        if (a.causal) {   /* first entry with tile >= lim (entries ascend) */
+            int lo = 0, hi = ntiles;
+            while (lo < hi) {
+                int mid = (lo + hi) >> 1;
+                if ((__ldg(tl + mid) >> 1) < lim) lo = mid + 1;
+                else hi = mid;
+            }
+            ntiles = lo;
+        }
     }
     if (tid == 0) {
         for (int st = 0; st < F3_STAGES; st++) {
@@ -775,7 +795,7 @@ __global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
         for (int t = 0; t < ntiles; t++) {
             const int st = t % F3_STAGES;
             if (t >= F3_STAGES) mbar_wait(empty(st), (uint32_t)(((t - F3_STAGES) / F3_STAGES) & 1));
-            const int kb = t * FW_BC;
+            const int kb = (tl ? (__ldg(tl + t) >> 1) : t) * FW_BC;
             const uint32_t kd = ks(st), vd = vs(st);
             for (int i = 0; i < 16; i++) {
                 int id = pt + i * 128;
@@ -803,13 +823,12 @@ __global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
         const int lane = tid & 31, wl = (tid >> 5) & 3;
         const int g = lane >> 2, t4 = lane & 3;
         const int row_a = q0 + cw * 64 + wl * 16 + g;
-        const float log2e = 1.4426950408889634f;
         float o[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) o[i] = 0.f;
         reg_fence(o, 64);
         float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-        if (PINGPONG && cw == 1) named_bar_arrive(1, 256);
+        if (PINGPONG && cw == 1 && ntiles > 0) named_bar_arrive(1, 256);
         for (int t = 0; t < ntiles; t++) {
             const int st = t % F3_STAGES;
             mbar_wait(full(st), (uint32_t)((t / F3_STAGES) & 1));
@@ -832,19 +851,22 @@ __global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
             wg_wait0();
             reg_fence(s, 64);
 
-            const int kb = t * FW_BC;
-            const bool need_mask = (kb + FW_BC > a.Lk) || (a.causal && kb + FW_BC - 1 > q0) || a.kbias;
+            const int te = tl ? __ldg(tl + t) : t * 2;
+            const int kb = (te >> 1) * FW_BC;
+            const bool need_mask = (kb + FW_BC > a.Lk) || (a.causal && kb + FW_BC - 1 > q0) || (te & 1);
 #pragma unroll
             for (int i = 0; i < 64; i++) s[i] *= a.scale_log2;
             if (need_mask) {
 #pragma unroll
                 for (int j = 0; j < 16; j++) {
+                    const int key0 = kb + j * 8 + 2 * t4;
+                    float2 b2;
+                    if (a.kb2) b2 = __ldg((const float2 *)(a.kb2 + key0));   /* -inf past Lk */
+                    else b2 = make_float2(key0 < a.Lk ? 0.f : -INFINITY, key0 + 1 < a.Lk ? 0.f : -INFINITY);
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        int key = kb + j * 8 + 2 * t4 + e;
-                        float add = 0.f;
-                        if (key >= a.Lk) add = -INFINITY;
-                        else if (a.kbias) add = a.kbias[key] * log2e;
+                        int key = key0 + e;
+                        float add = e ? b2.y : b2.x;
                         float v0 = s[j * 4 + e] + add, v1 = s[j * 4 + 2 + e] + add;
                         if (a.causal) {
                             if (key > row_a) v0 = -INFINITY;
@@ -936,6 +958,35 @@ __global__ void k_transpose_v(__nv_bfloat16 *vt, int64_t ldvt, const __nv_bfloat
     }
 }
 
+/* Key-bias preparation for variants 3/4 (one block of 1024 threads, 8 tiles of 128 keys per round): kb2[key] =
+ * bias[key] * log2(e) (-inf for keys >= Lk) for key < ntiles * 128, and the list of tiles that are not entirely
+ * -inf, ascending, entry = tile * 2 + (tile has a nonzero bias). A padding mask thus costs nothing on its all-zero
+ * tiles, and its fully masked tiles are never loaded. */
+__global__ void __launch_bounds__(1024) k_bias_tiles(const float *kbias, int Lk, int ntiles, float *kb2, int *tl, int *ntl) {
+    __shared__ int wz[32], wn[32];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int cnt = 0;   /* meaningful in thread 0 */
+    for (int t0 = 0; t0 < ntiles; t0 += 8) {
+        const int t = t0 + (tid >> 7);
+        const int key = t * FW_BC + (tid & 127);
+        float b = -INFINITY;
+        if (key < Lk) b = kbias[key];
+        if (t < ntiles) kb2[key] = b * 1.4426950408889634f;
+        const int z = __all_sync(0xffffffffu, b == 0.f), n = __all_sync(0xffffffffu, b == -INFINITY);
+        if (lane == 0) { wz[warp] = z; wn[warp] = n; }
+        __syncthreads();
+        if (tid == 0) {
+            for (int i = 0; i < 8 && t0 + i < ntiles; i++) {
+                int allz = wz[4 * i] & wz[4 * i + 1] & wz[4 * i + 2] & wz[4 * i + 3];
+                int alln = wn[4 * i] & wn[4 * i + 1] & wn[4 * i + 2] & wn[4 * i + 3];
+                if (!alln) tl[cnt++] = (t0 + i) * 2 + (allz ? 0 : 1);
+            }
+        }
+        __syncthreads();
+    }
+    if (tid == 0) *ntl = cnt;
+}
+
 static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat16 *v, int64_t ldv, int hkv, int variant) {
     static bool attr[5] = {false, false, false, false, false};
     if (!attr[variant]) {  /* raise the shared-memory limit of the variant used, once */
@@ -954,15 +1005,46 @@ static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat1
     a.q = a0.q; a.k = a0.k; a.vt = vt; a.o = a0.o;
     a.ldq = a0.ldq; a.ldk = a0.ldk; a.ldvt = ldvt; a.ldo = a0.ldo;
     a.kbias = a0.kbias;
+    a.kb2 = nullptr;
+    a.tl = a.ntl = nullptr;
     a.Lq = a0.Lq; a.Lk = a0.Lk; a.hq = a0.hq; a.group = a0.group;
     a.scale_log2 = a0.scale_log2;
     a.causal = a0.causal;
+    if (a0.kbias && variant >= 3) {
+        const int nt = (int)(ldvt / FW_BC);
+        size_t kb_bytes = ((size_t)ldvt * 4 + 255) / 256 * 256;
+        char *buf = (char *)dtc_scratch_get(st, &st->s_mask, kb_bytes + ((size_t)nt + 1) * 4);
+        float *kb2 = (float *)buf;
+        int *tl = (int *)(buf + kb_bytes);
+        k_bias_tiles<<<1, 1024, 0, st->stream>>>(a0.kbias, a0.Lk, nt, kb2, tl, tl + nt);
+        CK_LAUNCH("bias_tiles");
+        a.kbias = nullptr;
+        a.kb2 = kb2;
+        a.tl = tl;
+        a.ntl = tl + nt;
+    }
     dim3 grid((unsigned)((a.Lq + FW_BR - 1) / FW_BR), (unsigned)a.hq);
     if (variant == 1) k_flash128_wg<<<grid, FW_THREADS, FW_SMEM, st->stream>>>(a);
     else if (variant == 2) k_flash128_wg2<<<grid, FW_THREADS, FW2_SMEM, st->stream>>>(a);
     else if (variant == 3) k_flash128_wg3<0><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
     else k_flash128_wg3<1><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
     CK_LAUNCH("flash_attention_wgmma");
+}
+
+__global__ void k_softmax_rows(const float *S, int64_t lds, __nv_bfloat16 *P, int64_t ldp, int Lk, const float *kbias,
+                               int causal, int q0);
+
+void dtc_preload_attention(dtc_state *st) {
+    (void)st;
+    dtc_preload_fn((const void *)k_flash128<4>);
+    dtc_preload_fn((const void *)k_flash128<8>);
+    dtc_preload_fn((const void *)k_flash128_wg);
+    dtc_preload_fn((const void *)k_flash128_wg2);
+    dtc_preload_fn((const void *)k_flash128_wg3<0>);
+    dtc_preload_fn((const void *)k_flash128_wg3<1>);
+    dtc_preload_fn((const void *)k_transpose_v);
+    dtc_preload_fn((const void *)k_bias_tiles);
+    dtc_preload_fn((const void *)k_softmax_rows);
 }
 
 /* ------------------------------------------------------------------ generic fallback */

@@ -2,7 +2,10 @@
  * vtable, the caching device-memory pool (plain cudaMalloc, keyed by rounded size, current/peak stats),
  * grow-only scratch buffers, upload/download, sync, timing events and CUDA-graph capture. All work is
  * queued on one non-default stream owned by the backend. */
+#include <stdarg.h>
+
 #include <map>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -19,9 +22,11 @@ void dtc_fatal(const char *call, const char *file, int line, const char *msg) {
 /* ------------------------------------------------------------------ pool */
 struct dtc_pool {
     std::mutex mu;
-    std::unordered_map<void *, size_t> live;  /* pointer -> rounded size */
-    std::multimap<size_t, void *> freeb;      /* cached free blocks by rounded size */
+    std::unordered_map<void *, size_t> live;  /* pointer -> block size */
+    std::multimap<size_t, void *> freeb;      /* cached free blocks by size */
     size_t current = 0, peak = 0, cached = 0;
+    int n_malloc = 0;                         /* cudaMalloc calls and their host time */
+    double t_malloc = 0;
 };
 
 static size_t pool_round(size_t b) {
@@ -42,13 +47,19 @@ void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
     size_t rb = pool_round(bytes);
     std::lock_guard<std::mutex> lk(p->mu);
     void *ptr = nullptr;
-    auto it = p->freeb.find(rb);
-    if (it != p->freeb.end()) {
+    /* best fit among the cached blocks, up to 25% larger than asked (phases of a pipeline ask for slightly
+     * different sizes; a fresh cudaMalloc costs far more than the slack) */
+    auto it = p->freeb.lower_bound(rb);
+    if (it != p->freeb.end() && it->first <= rb + rb / 4) {
         ptr = it->second;
+        rb = it->first;
         p->freeb.erase(it);
         p->cached -= rb;
     } else {
+        double t0 = dt_now();
         cudaError_t e = cudaMalloc(&ptr, rb);
+        p->n_malloc++;
+        p->t_malloc += dt_now() - t0;
         if (e != cudaSuccess) {
             cudaGetLastError();
             pool_release_cached(p);  /* give cached blocks back and retry once */
@@ -269,6 +280,170 @@ static void be_graph_destroy(dt_backend *be, void *graph) {
     if (graph) CK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 
+/* ------------------------------------------------------------------ kernel preloading */
+void dtc_preload_kernels(dtc_state *st) {
+    dtc_preload_attention(st);
+    dtc_preload_elementwise(st);
+    dtc_preload_image(st);
+    dtc_preload_linear(st);
+}
+
+/* ------------------------------------------------------------------ tracing (DITRUN_CUDA_TRACE) */
+/* DITRUN_CUDA_TRACE=1: each op's host time (launch work: lazy kernel loading, cuBLASLt heuristics, cudaMalloc,
+ * ...); =2: each op followed by a stream synchronize, so the time is host + device. Ops over
+ * DITRUN_CUDA_TRACE_MS (default 0.5) are printed as they happen; a per-op summary is printed at destroy.
+ * The real ops sit behind the vtable; this only wraps them when the variable is set. */
+struct trace_stat {
+    int n = 0;
+    double total = 0, maxv = 0;
+};
+static struct {
+    int level;
+    double thr_ms;
+    std::map<std::string, trace_stat> *stats;
+    dt_backend real;
+} g_tr;
+
+static double tr_begin() { return dt_now(); }
+static void tr_end(dt_backend *be, const char *op, double t0, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void tr_end(dt_backend *be, const char *op, double t0, const char *fmt, ...) {
+    if (g_tr.level >= 2) cudaStreamSynchronize(dtc(be)->stream);
+    double ms = (dt_now() - t0) * 1e3;
+    trace_stat &t = (*g_tr.stats)[op];
+    t.n++;
+    t.total += ms;
+    if (ms > t.maxv) t.maxv = ms;
+    if (ms >= g_tr.thr_ms) {
+        char buf[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "ditrun: cuda trace: %-14s %9.3f ms  %s (call %d)\n", op, ms, buf, t.n);
+    }
+}
+static void tr_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
+    double t0 = tr_begin();
+    g_tr.real.linear(be, y, x, w);
+    tr_end(be, "linear", t0, "M=%lld K=%lld N=%lld", (long long)x.rows, (long long)x.cols, (long long)y.cols);
+}
+static void tr_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
+                         dt_mat kb, int causal) {
+    double t0 = tr_begin();
+    g_tr.real.attention(be, o, q, k, v, hq, hkv, hd, scale, kb, causal);
+    tr_end(be, "attention", t0, "Lq=%lld Lk=%lld %d/%d heads x %d%s%s", (long long)q.rows, (long long)k.rows, hq, hkv, hd,
+           kb.data ? " bias" : "", causal ? " causal" : "");
+}
+static void tr_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w) {
+    double t0 = tr_begin();
+    g_tr.real.conv2d(be, y, x, c, h, w);
+    tr_end(be, "conv2d", t0, "%lld->%lld %dx%d", (long long)x.rows, (long long)y.rows, h, w);
+}
+static void tr_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat g, dt_mat b, float eps, int silu) {
+    double t0 = tr_begin();
+    g_tr.real.group_norm(be, y, x, groups, g, b, eps, silu);
+    tr_end(be, "group_norm", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
+static void tr_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
+    double t0 = tr_begin();
+    g_tr.real.upsample2x(be, y, x, h, w);
+    tr_end(be, "upsample2x", t0, "C=%lld %dx%d", (long long)x.rows, h, w);
+}
+static void tr_copy(dt_backend *be, dt_mat d, dt_mat s) {
+    double t0 = tr_begin();
+    g_tr.real.copy(be, d, s);
+    tr_end(be, "copy", t0, "[%lld,%lld]", (long long)d.rows, (long long)d.cols);
+}
+static void tr_upload(dt_backend *be, dt_mat m, const float *src) {
+    double t0 = tr_begin();
+    g_tr.real.upload(be, m, src);
+    tr_end(be, "upload", t0, "[%lld,%lld]", (long long)m.rows, (long long)m.cols);
+}
+static void tr_download(dt_backend *be, float *dst, dt_mat m) {
+    double t0 = tr_begin();
+    g_tr.real.download(be, dst, m);
+    tr_end(be, "download", t0, "[%lld,%lld] (waits for the queue)", (long long)m.rows, (long long)m.cols);
+}
+static void tr_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat sh, dt_mat sc, float eps) {
+    double t0 = tr_begin();
+    g_tr.real.layernorm_mod(be, y, x, sh, sc, eps);
+    tr_end(be, "layernorm_mod", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
+static void tr_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float wo, float eps) {
+    double t0 = tr_begin();
+    g_tr.real.rmsnorm(be, y, x, w, wo, eps);
+    tr_end(be, "rmsnorm", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
+static void tr_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps, dt_mat c, dt_mat s,
+                              dt_rope_mode mode) {
+    double t0 = tr_begin();
+    g_tr.real.head_norm_rope(be, x, heads, hd, w, eps, c, s, mode);
+    tr_end(be, "head_norm_rope", t0, "[%lld] %dx%d", (long long)x.rows, heads, hd);
+}
+static void tr_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act) {
+    double t0 = tr_begin();
+    g_tr.real.act_mul(be, y, a, b, act);
+    tr_end(be, "act_mul", t0, "[%lld,%lld]", (long long)y.rows, (long long)y.cols);
+}
+static void tr_gated_add(dt_backend *be, dt_mat x, dt_mat g, dt_mat y) {
+    double t0 = tr_begin();
+    g_tr.real.gated_add(be, x, g, y);
+    tr_end(be, "gated_add", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
+static dt_linear *tr_linear_create(dt_backend *be, const dt_linear_src *src) {
+    double t0 = tr_begin();
+    dt_linear *r = g_tr.real.linear_create(be, src);
+    tr_end(be, "linear_create", t0, "%s [%lld,%lld] bits %d", src->name ? src->name : "?", (long long)src->out,
+           (long long)src->in, src->bits);
+    return r;
+}
+static int tr_sync(dt_backend *be) {
+    double t0 = tr_begin();
+    int r = g_tr.real.sync(be);
+    tr_end(be, "sync", t0, "(waits for the queue)");
+    return r;
+}
+
+static void trace_install(dt_backend *be) {
+    const char *e = getenv("DITRUN_CUDA_TRACE");
+    if (!e || !*e || *e == '0') return;
+    if (!g_tr.stats) {
+        g_tr.level = atoi(e) >= 2 ? 2 : 1;
+        const char *t = getenv("DITRUN_CUDA_TRACE_MS");
+        g_tr.thr_ms = t && *t ? atof(t) : 0.5;
+        g_tr.stats = new std::map<std::string, trace_stat>();
+    }
+    g_tr.real = *be;
+    be->linear = tr_linear;
+    be->attention = tr_attention;
+    be->conv2d = tr_conv2d;
+    be->group_norm = tr_group_norm;
+    be->upsample2x = tr_upsample2x;
+    be->copy = tr_copy;
+    be->upload = tr_upload;
+    be->download = tr_download;
+    be->layernorm_mod = tr_layernorm_mod;
+    be->rmsnorm = tr_rmsnorm;
+    be->head_norm_rope = tr_head_norm_rope;
+    be->act_mul = tr_act_mul;
+    be->gated_add = tr_gated_add;
+    be->linear_create = tr_linear_create;
+    be->sync = tr_sync;
+}
+
+static void trace_report(dtc_state *st) {
+    if (!g_tr.stats || g_tr.stats->empty()) return;
+    fprintf(stderr, "ditrun: cuda trace summary (%s ms per op; level %d):\n", g_tr.level >= 2 ? "host+device" : "host",
+            g_tr.level);
+    for (auto &kv : *g_tr.stats)
+        fprintf(stderr, "ditrun: cuda trace   %-14s n=%-6d total %9.2f ms  max %8.3f ms\n", kv.first.c_str(),
+                kv.second.n, kv.second.total, kv.second.maxv);
+    if (st->pool)
+        fprintf(stderr, "ditrun: cuda trace   cudaMalloc: %d calls, %.2f ms\n", st->pool->n_malloc,
+                st->pool->t_malloc * 1e3);
+    g_tr.stats->clear();
+}
+
 /* ------------------------------------------------------------------ create / destroy */
 void dtc_gemm_cache_free(dtc_state *st);  /* cuda_linear.cu */
 
@@ -277,6 +452,7 @@ static void be_destroy(dt_backend *be) {
     dtc_state *st = dtc(be);
     if (st) {
         cudaStreamSynchronize(st->stream);
+        trace_report(st);
         dtc_gemm_cache_free(st);
         scratch_release(st, &st->s_qdeq);
         scratch_release(st, &st->s_split);
@@ -285,6 +461,7 @@ static void be_destroy(dt_backend *be) {
         scratch_release(st, &st->s_misc);
         scratch_release(st, &st->s_cast);
         scratch_release(st, &st->s_vt);
+        scratch_release(st, &st->s_mask);
         if (st->lt_ws) cudaFree(st->lt_ws);
         if (st->lt) cublasLtDestroy(st->lt);
         if (st->pool) {
@@ -420,5 +597,14 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->capture_end = be_capture_end;
     be->graph_launch = be_graph_launch;
     be->graph_destroy = be_graph_destroy;
+    {
+        /* Load every kernel of the backend now (lazy module loading would otherwise load each one at its first
+         * launch, inside the first forward / encode / decode) and raise their shared-memory limits. */
+        double t0 = dt_now();
+        if (st->cc_major == 9 && st->cc_minor == 0) dtc_preload_kernels(st);
+        st->t_preload = dt_now() - t0;
+        if (o.verbose) fprintf(stderr, "ditrun: cuda: kernels preloaded in %.1f ms\n", st->t_preload * 1e3);
+    }
+    trace_install(be);
     return be;
 }

@@ -76,8 +76,10 @@ struct dtc_state {
     dtc_scratch s_misc;     /* small temporaries (group-norm partials, casts) */
     dtc_scratch s_cast;     /* bf16 copy of F32 inputs to linear */
     dtc_scratch s_vt;       /* attention: transposed V for the wgmma kernel */
+    dtc_scratch s_mask;     /* attention: scaled key bias and the list of key tiles to visit */
     int capturing;
     int verbose;
+    double t_preload;       /* seconds spent in dtc_preload_kernels at create */
 };
 
 static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
@@ -86,6 +88,18 @@ static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
 void *dtc_pool_alloc(dtc_state *st, size_t bytes);   /* NULL on out of memory (error set) */
 void dtc_pool_free(dtc_state *st, void *p);
 void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes);  /* fatal on OOM */
+
+/* Kernel preloading at backend creation (each file lists its kernels; cudaFuncGetAttributes forces the lazy
+ * loader to load one). dtc_preload_kernels (cuda_backend.cu) calls them all. */
+void dtc_preload_kernels(dtc_state *st);
+void dtc_preload_attention(dtc_state *st);
+void dtc_preload_elementwise(dtc_state *st);
+void dtc_preload_image(dtc_state *st);
+void dtc_preload_linear(dtc_state *st);
+static inline void dtc_preload_fn(const void *f) {
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, f) != cudaSuccess) cudaGetLastError();
+}
 
 /* ------------------------------------------------------------------ GEMM (cuda_linear.cu) */
 /* Column-major cuBLASLt product D[m,n] = alpha * op(A)[m,k] * op(B)[k,n] (+ bias[m] when bias != NULL).

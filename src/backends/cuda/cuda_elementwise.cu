@@ -7,6 +7,7 @@
  * F32/BF16 mixes. Norms use one block per row (fp32 statistics, the row kept in registers).
  * Rounding imitates the bf16 torch reference where it rounds intermediates (see the spec, 1.10). */
 #include <math.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 
@@ -94,6 +95,33 @@ struct f_copy {
     }
 };
 
+/* Same-dtype strided copy in 16-byte chunks: a block is bx x by threads, by rows at a time, each thread moving
+ * 4 chunks of its row (all loads issued before the stores); no index division. cw = chunks per row. */
+__global__ void k_copy16(uint4 *d, int64_t ldd, const uint4 *s, int64_t lds, int64_t rows, int64_t cw) {
+    const int64_t c0 = (int64_t)blockIdx.x * blockDim.x * 4 + threadIdx.x;
+    for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += (int64_t)gridDim.y * blockDim.y) {
+        const uint4 *sr = s + r * lds;
+        uint4 *dr = d + r * ldd;
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int64_t c = c0 + (int64_t)u * blockDim.x;
+            if (c < cw) v[u] = __ldg(sr + c);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int64_t c = c0 + (int64_t)u * blockDim.x;
+            if (c < cw) dr[c] = v[u];
+        }
+    }
+}
+
+/* DITRUN_CUDA_COPY=2d: strided same-dtype copies through cudaMemcpy2DAsync instead of k_copy16 (benchmark knob) */
+static int copy_use_2d(void) {
+    const char *e = getenv("DITRUN_CUDA_COPY");
+    return e && !strcmp(e, "2d");
+}
+
 void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src) {
     DTC_REQUIRE(dst.rows == src.rows && dst.cols == src.cols, "copy: shape mismatch [%lld,%lld] <- [%lld,%lld]",
                 (long long)dst.rows, (long long)dst.cols, (long long)src.rows, (long long)src.cols);
@@ -104,6 +132,32 @@ void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src) {
     if (dst.dtype == src.dtype) {
         size_t es = dt_dtype_size(dst.dtype);
         if (dst.data == src.data && dst.ld == src.ld) return;
+        const size_t rb = (size_t)dst.cols * es;
+        if (dst.rows == 1 || (dst.ld == dst.cols && src.ld == src.cols)) {
+            /* contiguous: one linear device-to-device copy (SM copy kernel, ~full bandwidth; cudaMemcpy2DAsync
+             * runs these on a copy engine at less than half of it) */
+            CK(cudaMemcpyAsync(dst.data, src.data, rb * (size_t)dst.rows, cudaMemcpyDeviceToDevice, st->stream));
+            return;
+        }
+        if (rb % 16 == 0 && dtc_aligned16(dst.data) && dtc_aligned16(src.data) && ((size_t)dst.ld * es) % 16 == 0 &&
+            ((size_t)src.ld * es) % 16 == 0 && !copy_use_2d()) {
+            const int64_t cw = (int64_t)(rb / 16);
+            int64_t bx = (cw + 3) / 4;
+            bx = (bx + 31) / 32 * 32;
+            if (bx > 256) bx = 256;
+            int64_t by = 256 / bx;
+            int64_t gx = (cw + bx * 4 - 1) / (bx * 4);
+            int64_t gy = (dst.rows + by - 1) / by;
+            int64_t maxgy = ((int64_t)st->sm_count * 16 + gx - 1) / gx;   /* ~16 blocks per SM, rows looped */
+            if (maxgy < 1) maxgy = 1;
+            if (gy > maxgy) gy = maxgy;
+            if (gy > 65535) gy = 65535;
+            k_copy16<<<dim3((unsigned)gx, (unsigned)gy), dim3((unsigned)bx, (unsigned)by), 0, st->stream>>>(
+                (uint4 *)dst.data, (int64_t)((size_t)dst.ld * es / 16), (const uint4 *)src.data,
+                (int64_t)((size_t)src.ld * es / 16), dst.rows, cw);
+            CK_LAUNCH("copy16");
+            return;
+        }
         CK(cudaMemcpy2DAsync(dst.data, (size_t)dst.ld * es, src.data, (size_t)src.ld * es, (size_t)dst.cols * es,
                              (size_t)dst.rows, cudaMemcpyDeviceToDevice, st->stream));
         return;
@@ -628,4 +682,35 @@ struct f_col_bias {
 void dtc_add_col_bias(dtc_state *st, dt_mat m, const float *bias) {
     f_col_bias f{dtc_dm(m), bias};
     launch_ew(st, f, m.rows, m.cols, vec_ok(m), "col_bias");
+}
+
+/* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
+template <class F>
+static void preload_ew() {
+    dtc_preload_fn((const void *)k_ew<F, 1>);
+    dtc_preload_fn((const void *)k_ew<F, 8>);
+}
+void dtc_preload_elementwise(dtc_state *st) {
+    (void)st;
+    preload_ew<f_copy>();
+    preload_ew<f_act_mul<DT_ACT_SILU>>();
+    preload_ew<f_act_mul<DT_ACT_GELU_TANH>>();
+    preload_ew<f_act_mul<DT_ACT_GELU_ERF>>();
+    preload_ew<f_act_mul<DT_ACT_SIGMOID>>();
+    preload_ew<f_mul>();
+    preload_ew<f_axpby>();
+    preload_ew<f_gated_add>();
+    preload_ew<f_row_bias>();
+    preload_ew<f_col_bias>();
+    dtc_preload_fn((const void *)k_copy16);
+    dtc_preload_fn((const void *)k_layernorm_mod_vec);
+    dtc_preload_fn((const void *)k_layernorm_mod_gen);
+    dtc_preload_fn((const void *)k_rmsnorm_vec);
+    dtc_preload_fn((const void *)k_rmsnorm_gen);
+    dtc_preload_fn((const void *)k_head_norm_rope128<0>);
+    dtc_preload_fn((const void *)k_head_norm_rope128<1>);
+    dtc_preload_fn((const void *)k_head_norm_rope_gen<0>);
+    dtc_preload_fn((const void *)k_head_norm_rope_gen<1>);
+    dtc_preload_fn((const void *)k_transpose);
+    dtc_preload_fn((const void *)k_to_bf16);
 }

@@ -64,6 +64,41 @@ __global__ void k_im2col(__nv_bfloat16 *col, int64_t ldc, dmat x, int cin, int k
     }
 }
 
+/* Vectorised im2col for bf16 input rows and W % 8 == 0: block row blockIdx.y = kidx (< 65536), each thread writes 8
+ * consecutive pixels (one 16-byte store) of the band; one division per 8 outputs. */
+__global__ void k_im2col8(__nv_bfloat16 *col, int64_t ldc, const __nv_bfloat16 *x, int64_t ldx, int k, int pad, int H,
+                          int W, int64_t p0, int64_t np) {
+    const int kidx = blockIdx.y;
+    const int kw = kidx % k, kh = (kidx / k) % k, ci = kidx / (k * k);
+    const __nv_bfloat16 *xr = x + (int64_t)ci * ldx;
+    __nv_bfloat16 *cr = col + (int64_t)kidx * ldc;
+    for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o * 8 < np; o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pix = p0 + o * 8;
+        const int py = (int)(pix / W), px = (int)(pix - (int64_t)py * W);
+        const int sy = py + kh - pad;
+        union {
+            uint4 u;
+            unsigned short h[8];
+        } v;
+        v.u = make_uint4(0, 0, 0, 0);
+        if (sy >= 0 && sy < H) {
+            const unsigned short *src = (const unsigned short *)xr + (int64_t)sy * W;
+            const int sx0 = px + kw - pad;
+            if (sx0 >= 0 && sx0 + 8 <= W) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) v.h[j] = src[sx0 + j];
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int sx = sx0 + j;
+                    v.h[j] = (sx >= 0 && sx < W) ? src[sx] : (unsigned short)0;
+                }
+            }
+        }
+        *(uint4 *)(cr + o * 8) = v.u;
+    }
+}
+
 void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w) {
     dtc_state *st = dtc(be);
     const int64_t HW = (int64_t)h * w;
@@ -85,12 +120,23 @@ void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int
         P = (P + 7) / 8 * 8;
         if (P < 64) P = 64;
         __nv_bfloat16 *col = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_conv, (size_t)K * P * 2);
+        /* bf16 input, rows of whole 8-pixel groups: the vectorised im2col (bands start at multiples of 8) */
+        const int vec = x.dtype == DT_BF16 && w % 8 == 0 && K < 65536 && dtc_aligned16(x.data) && x.ld % 8 == 0;
         for (int64_t p0 = 0; p0 < HW; p0 += P) {
             int64_t np = HW - p0 < P ? HW - p0 : P;
             int64_t total = K * np;
             int64_t b = (total + 255) / 256;
             if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
-            k_im2col<<<(unsigned)b, 256, 0, st->stream>>>(col, P, dtc_dm(x), c->cin, c->k, c->pad, h, w, p0, np);
+            if (vec) {
+                int64_t octs = np / 8, bx = (octs + 255) / 256;
+                int64_t maxbx = ((int64_t)st->sm_count * 16 + K - 1) / K;   /* blocks loop over the band beyond */
+                if (maxbx < 1) maxbx = 1;
+                if (bx > maxbx) bx = maxbx;
+                k_im2col8<<<dim3((unsigned)bx, (unsigned)K), 256, 0, st->stream>>>(
+                    col, P, (const __nv_bfloat16 *)x.data, x.ld, c->k, c->pad, h, w, p0, np);
+            } else {
+                k_im2col<<<(unsigned)b, 256, 0, st->stream>>>(col, P, dtc_dm(x), c->cin, c->k, c->pad, h, w, p0, np);
+            }
             CK_LAUNCH("im2col");
             void *yp = (char *)y.data + (size_t)p0 * dt_dtype_size(y.dtype);
             dtc_gemm(st, 0, 0, np, c->cout, K, col, P, c->w, K, yp, y.ld, y.dtype, 1.f, nullptr);
@@ -157,6 +203,70 @@ __global__ void k_gn_apply(dmat y, dmat x, int64_t C, int64_t HW, int cpg, const
     }
 }
 
+/* Vectorised variants (bf16, rows of whole 16-byte vectors): 8 elements per load, no per-element division. */
+__global__ void k_gn_partial8(const __nv_bfloat16 *x, int64_t ldx, int hw8, int cpg, int chunks, double *part) {
+    __shared__ double sh[2][32];
+    int g = blockIdx.x, ch = blockIdx.y;
+    int64_t n8 = (int64_t)cpg * hw8;
+    int64_t per = (n8 + chunks - 1) / chunks;
+    int64_t e0 = (int64_t)ch * per, e1 = e0 + per < n8 ? e0 + per : n8;
+    const __nv_bfloat16 *xg = x + (int64_t)g * cpg * ldx;
+    float s = 0.f, q = 0.f;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        int r = (int)(e / hw8);
+        int c = (int)(e - (int64_t)r * hw8) * 8;
+        uint4 u = *(const uint4 *)(xg + (int64_t)r * ldx + c);
+        float f[8];
+        bf8_to_f(u, f);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s += f[i];
+            q += f[i] * f[i];
+        }
+    }
+    double ds = s, dq = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        ds += __shfl_xor_sync(0xffffffffu, ds, o);
+        dq += __shfl_xor_sync(0xffffffffu, dq, o);
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) { sh[0][wid] = ds; sh[1][wid] = dq; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double a = 0, b = 0;
+        for (int i = 0; i < nw; i++) { a += sh[0][i]; b += sh[1][i]; }
+        part[((int64_t)g * chunks + ch) * 2] = a;
+        part[((int64_t)g * chunks + ch) * 2 + 1] = b;
+    }
+}
+
+__global__ void k_gn_apply8(__nv_bfloat16 *y, int64_t ldy, const __nv_bfloat16 *x, int64_t ldx, int64_t C, int hw8,
+                            int cpg, const float *stats, const float *gamma, const float *beta, int silu) {
+    for (int64_t r = blockIdx.y; r < C; r += gridDim.y) {
+        const int g = (int)(r / cpg);
+        const float mean = stats[2 * g], rstd = stats[2 * g + 1];
+        const float ga = gamma ? gamma[r] : 1.f, be = beta ? beta[r] : 0.f;
+        const __nv_bfloat16 *xr = x + r * ldx;
+        __nv_bfloat16 *yr = y + r * ldy;
+        for (int c8 = blockIdx.x * blockDim.x + threadIdx.x; c8 < hw8; c8 += gridDim.x * blockDim.x) {
+            float f[8];
+            bf8_to_f(*(const uint4 *)(xr + (int64_t)c8 * 8), f);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float v = (f[i] - mean) * rstd;
+                v = v * ga + be;
+                if (silu) {
+                    v = bfr(v);
+                    v = v / (1.f + __expf(-v));
+                }
+                f[i] = v;
+            }
+            *(uint4 *)(yr + (int64_t)c8 * 8) = f_to_bf8(f);
+        }
+    }
+}
+
 void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu) {
     dtc_state *st = dtc(be);
     DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "group_norm: y/x shape mismatch");
@@ -176,10 +286,25 @@ void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma
     char *buf = (char *)dtc_scratch_get(st, &st->s_misc, pbytes + (size_t)groups * 2 * sizeof(float) + 256);
     double *part = (double *)buf;
     float *stats = (float *)(buf + ((pbytes + 255) / 256) * 256);
-    k_gn_partial<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->stream>>>(dtc_dm(x), x.cols, cpg, chunks, part);
+    const int vec = dtc_vec8_ok(x) && dtc_vec8_ok(y) && x.cols / 8 < (1LL << 31);
+    if (vec)
+        k_gn_partial8<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->stream>>>(
+            (const __nv_bfloat16 *)x.data, x.ld, (int)(x.cols / 8), cpg, chunks, part);
+    else
+        k_gn_partial<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->stream>>>(dtc_dm(x), x.cols, cpg, chunks, part);
     CK_LAUNCH("group_norm partial");
     k_gn_final<<<(groups + 127) / 128, 128, 0, st->stream>>>(part, chunks, (double)n, eps, stats, groups);
     CK_LAUNCH("group_norm final");
+    if (vec) {
+        int64_t hw8 = x.cols / 8, gx = (hw8 + 255) / 256;
+        if (gx > 65535) gx = 65535;
+        int64_t gy = x.rows < 65535 ? x.rows : 65535;
+        k_gn_apply8<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st->stream>>>(
+            (__nv_bfloat16 *)y.data, y.ld, (const __nv_bfloat16 *)x.data, x.ld, x.rows, (int)hw8, cpg, stats,
+            (const float *)gamma.data, (const float *)beta.data, silu);
+        CK_LAUNCH("group_norm apply");
+        return;
+    }
     int64_t total = x.rows * x.cols;
     int64_t b = (total + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
@@ -198,6 +323,26 @@ __global__ void k_upsample2x(dmat y, dmat x, int64_t C, int H, int W) {
     }
 }
 
+/* bf16, W % 4 == 0: each thread reads 4 input pixels (8 bytes) and writes 8 output pixels to both output rows. */
+__global__ void k_upsample2x_v(__nv_bfloat16 *y, int64_t ldy, const __nv_bfloat16 *x, int64_t ldx, int64_t C, int H,
+                               int W) {
+    const int w4 = W / 4;
+    const int64_t nrows = C * H;
+    for (int64_t row = blockIdx.y; row < nrows; row += gridDim.y) {
+        const int64_t c = row / H;
+        const int iy = (int)(row - c * H);
+        const __nv_bfloat16 *xr = x + c * ldx + (int64_t)iy * W;
+        __nv_bfloat16 *y0 = y + c * ldy + (int64_t)(2 * iy) * (2 * W), *y1 = y0 + 2 * W;
+        for (int ix = blockIdx.x * blockDim.x + threadIdx.x; ix < w4; ix += gridDim.x * blockDim.x) {
+            uint2 in = *(const uint2 *)(xr + 4 * ix);
+            uint32_t a = in.x & 0xffffu, b = in.x >> 16, cc = in.y & 0xffffu, d = in.y >> 16;
+            uint4 o = make_uint4(a | (a << 16), b | (b << 16), cc | (cc << 16), d | (d << 16));
+            *(uint4 *)(y0 + 8 * ix) = o;
+            *(uint4 *)(y1 + 8 * ix) = o;
+        }
+    }
+}
+
 void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
     dtc_state *st = dtc(be);
     DTC_REQUIRE(x.cols == (int64_t)h * w && y.rows == x.rows && y.cols == 4 * (int64_t)h * w,
@@ -205,8 +350,31 @@ void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
                 (long long)y.rows, (long long)y.cols, h, w);
     int64_t total = y.rows * y.cols;
     if (total <= 0) return;
+    if (x.dtype == DT_BF16 && y.dtype == DT_BF16 && w % 4 == 0 && dtc_aligned16(x.data) && dtc_aligned16(y.data) &&
+        x.ld % 8 == 0 && y.ld % 8 == 0) {
+        int64_t gx = (w / 4 + 127) / 128, gy = x.rows * h;
+        if (gy > 65535) gy = 65535;
+        k_upsample2x_v<<<dim3((unsigned)gx, (unsigned)gy), 128, 0, st->stream>>>(
+            (__nv_bfloat16 *)y.data, y.ld, (const __nv_bfloat16 *)x.data, x.ld, x.rows, h, w);
+        CK_LAUNCH("upsample2x");
+        return;
+    }
     int64_t b = (total + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
     k_upsample2x<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), x.rows, h, w);
     CK_LAUNCH("upsample2x");
+}
+
+/* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
+void dtc_preload_image(dtc_state *st) {
+    (void)st;
+    dtc_preload_fn((const void *)k_im2col);
+    dtc_preload_fn((const void *)k_gn_partial);
+    dtc_preload_fn((const void *)k_gn_final);
+    dtc_preload_fn((const void *)k_gn_apply);
+    dtc_preload_fn((const void *)k_upsample2x);
+    dtc_preload_fn((const void *)k_upsample2x_v);
+    dtc_preload_fn((const void *)k_im2col8);
+    dtc_preload_fn((const void *)k_gn_partial8);
+    dtc_preload_fn((const void *)k_gn_apply8);
 }

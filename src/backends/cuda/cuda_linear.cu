@@ -592,3 +592,33 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     dequant_launch(st, tmp, w);
     dense_gemm(st, y, x, tmp, w);
 }
+
+/* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
+template <int BITS, int BM, int WM, int WN>
+static void preload_qmm() {
+    dtc_preload_fn((const void *)k_qmm<BITS, BM, WM, WN>);
+    cudaFuncSetAttribute(k_qmm<BITS, BM, WM, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, qmm_smem<BITS, BM>::TOTAL);
+    cudaGetLastError();
+}
+void dtc_preload_linear(dtc_state *st) {
+    preload_qmm<4, 16, 1, 4>();
+    preload_qmm<4, 32, 2, 2>();
+    preload_qmm<4, 64, 2, 2>();
+    preload_qmm<8, 16, 1, 4>();
+    preload_qmm<8, 32, 2, 2>();
+    preload_qmm<8, 64, 2, 2>();
+    dtc_preload_fn((const void *)k_dequant<4>);
+    dtc_preload_fn((const void *)k_dequant<8>);
+    dtc_preload_fn((const void *)k_splitk_reduce);
+    /* one small cuBLASLt product: its first call initialises the library's internals (once per process) */
+    void *buf = dtc_pool_alloc(st, 3 * 128 * 128 * 2);
+    if (buf) {
+        __nv_bfloat16 *a = (__nv_bfloat16 *)buf, *b = a + 128 * 128, *d = b + 128 * 128;
+        CK(cudaMemsetAsync(buf, 0, 2 * 128 * 128 * 2, st->stream));
+        dtc_gemm(st, 1, 0, 128, 128, 128, a, 128, b, 128, d, 128, DT_BF16, 1.f, nullptr);
+        CK(cudaStreamSynchronize(st->stream));
+        dtc_pool_free(st, buf);
+    } else {
+        cudaGetLastError();
+    }
+}
