@@ -171,9 +171,9 @@ static char *synth_checkpoint(const bench_opts *o, const flux2_config *c, int gr
 /* ------------------------------------------------------------------ geometry */
 
 static int resolve_geometry(const bench_opts *o, flux2_config *c) {
-    if (!strcmp(o->preset, "krea2")) {
-        dt_set_error("bench: preset krea2 needs a synthetic Krea 2 checkpoint writer, which is not in the tree yet "
-                     "(krea2.h has no preset/synth); the bench covers FLUX.2-klein geometries for now");
+    if (!strncmp(o->preset, "krea2", 5)) {
+        dt_set_error("bench: Krea 2 presets are benchmarked by bench_krea2_run (bench_krea2.h; `ditrun bench --preset "
+                     "krea2` dispatches there), not bench_run");
         return -1;
     }
     if (flux2_preset(o->preset, c)) return -1;
@@ -320,7 +320,8 @@ int bench_run(const bench_opts *o, bench_report *r) {
         const char *cls = json_get_str(cfg, "_class_name");
         if (cls && strstr(cls, "Krea2")) {
             json_free(cfg);
-            dt_set_error("%s: Krea 2 checkpoints are not benchmarked yet (the bench's op-level replica covers FLUX.2-klein)", dir);
+            dt_set_error("%s: Krea 2 checkpoints are benchmarked by bench_krea2_run (bench_krea2.h; `ditrun bench --model` "
+                         "dispatches there), not bench_run", dir);
             goto fail;
         }
         int rc = flux2_config_parse(cfg, cp, &r->c);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
+#include "bench/bench_krea2.h"
 #include "cli.h"
 #include "cli_model.h"
 
@@ -16,10 +17,13 @@ static void usage(FILE *f) {
             "utilization next to ceilings measured in the same run, and interleaved A/B arms. Synthetic weights\n"
             "at any geometry (cached in $TMPDIR/ditrun-bench-cache) or a real checkpoint. Markdown on stdout.\n\n"
             "model:\n"
-            "  --preset NAME        klein-4b (default), klein-9b, tiny (krea2: not yet, no synthetic writer)\n"
-            "  --model DIR          a real FLUX.2 transformer folder / pipeline root instead of synthetic weights\n"
+            "  --preset NAME        klein-4b (default), klein-9b, tiny, krea2 (Krea 2, 12.9 B), krea2-tiny\n"
+            "  --model DIR          a real FLUX.2 or Krea 2 transformer folder / pipeline root instead of synthetic weights\n"
+            "                       (Krea 2: whole forward with/without the text mask, one-block ledger, GEMM/attention\n"
+            "                       utilization, arms native GQA vs repeated KV and key-padding bias vs compacted keys)\n"
             "  --hidden N --heads N --double N --single N --mlp-ratio R   geometry overrides\n"
-            "  --kv-heads N         kv heads of the GQA arm (default heads/4)\n"
+            "  --kv-heads N         kv heads of the GQA arm (default heads/4; krea2: the model's kv heads)\n"
+            "                       krea2: --heads N (D = N x 128), --single N = transformer blocks, --mlp-ratio R\n"
             "  --format F           f32, bf16, q4 (default), q8 (synthetic weights)\n"
             "  --group-size N       quantization group, 32/64/128 (default 64; 32 when 64 does not divide)\n"
             "  --fresh              rewrite the cached synthetic checkpoint; --cache-dir DIR to place it\n"
@@ -132,6 +136,18 @@ int cmd_bench(int argc, char **argv) {
     }
     o.backend = mo.backend;
     o.be = mo.be;
+    if (o.model_dir ? cli_model_family(o.model_dir) == CLI_FAMILY_KREA2 : bench_is_krea2_preset(o.preset)) {
+        bench_k2_report *k = calloc(1, sizeof *k);
+        if (!k) return cli_error("out of memory");
+        int rc = bench_krea2_run(&o, k);
+        if (rc == 0) {
+            bench_krea2_markdown(k, stdout);
+            fflush(stdout);
+            if (o.json_path && (rc = bench_krea2_json(k, o.json_path)) == 0) fprintf(stderr, "bench: wrote %s\n", o.json_path);
+        }
+        free(k);
+        return rc ? cli_error("%s", dt_last_error()) : 0;
+    }
     bench_report *r = calloc(1, sizeof *r);
     if (!r) return cli_error("out of memory");
     if (bench_run(&o, r)) {

@@ -1,0 +1,1539 @@
+/* bench_krea2.c — `ditrun bench --preset krea2`: the Krea 2 denoise step measured from the inside
+ * (see bench_krea2.h for what the report holds).
+ *
+ * The checkpoint is synthetic (krea2_synth_write at the preset geometry, cached in
+ * $TMPDIR/ditrun-bench-cache like the FLUX.2 ones) or --model DIR. The whole forward is timed through
+ * krea2_forward itself; everything inside a transformer block is timed on a device-only replica of the
+ * block stack (k2r below) that issues exactly the ops of krea2.c (modulated norm = RMSNorm with the
+ * folded weight + shift add against a ones matrix, q/k/v/gate GEMMs, head norm + RoPE, GQA attention
+ * with the key-padding bias, sigmoid gate, out GEMM, gated residuals, SwiGLU MLP). The replica is
+ * checked against the model: fed the model's stream after block 0, its blocks 1..L-1 must reproduce
+ * the model's stream after the last block.
+ */
+#include "bench_krea2.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench_internal.h"
+#include "io/json.h"
+
+/* ------------------------------------------------------------------ small helpers */
+
+static void k2_note(bench_k2_report *r, const char *fmt, ...) DT_PRINTF(2, 3);
+static void k2_note(bench_k2_report *r, const char *fmt, ...) {
+    if (r->n_notes >= BENCH_MAX_NOTES) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->notes[r->n_notes++], sizeof r->notes[0], fmt, ap);
+    va_end(ap);
+}
+
+static void die_bench(void) {
+    fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+    exit(1);
+}
+
+int bench_is_krea2_preset(const char *preset) { return preset && !strncmp(preset, "krea2", 5); }
+
+/* ------------------------------------------------------------------ the block replica */
+
+enum {
+    K2_ST_NORM1 = 0,  /* modulated norm: RMSNorm(s) * folded (1+w)(1+scale) + shift */
+    K2_ST_QKVG,       /* to_q, to_k, to_v, to_gate GEMMs */
+    K2_ST_QKNORM,     /* per-head RMSNorm of Q and K (no rotation) */
+    K2_ST_ROPE,       /* the same op with the rotation (replaces the previous one in prefixes) */
+    K2_ST_ATTN,       /* attention, GQA + key-padding bias */
+    K2_ST_GATE,       /* attn * sigmoid(gate) */
+    K2_ST_OUT,        /* to_out GEMM */
+    K2_ST_RESID1,     /* s += pregate * attn */
+    K2_ST_NORM2,      /* second modulated norm */
+    K2_ST_MLPIN,      /* ff.gate, ff.up GEMMs */
+    K2_ST_SWIGLU,     /* silu(gate) * up */
+    K2_ST_DOWN,       /* ff.down GEMM */
+    K2_ST_RESID2,     /* s += postgate * mlp */
+    K2_ST_FULL = K2_ST_RESID2
+};
+
+static const struct { const char *name; int cat; } k2_ops[K2B_N_OPS] = {
+    {"modulated norm 1 (RMSNorm + shift)", BENCH_CAT_ELEM},
+    {"q/k/v + gate GEMMs", BENCH_CAT_GEMM},
+    {"QK head norm", BENCH_CAT_ELEM},
+    {"RoPE", BENCH_CAT_ELEM},
+    {"attention (GQA + mask)", BENCH_CAT_ATTN},
+    {"gate multiply (sigmoid)", BENCH_CAT_ELEM},
+    {"out GEMM", BENCH_CAT_GEMM},
+    {"gated residual 1", BENCH_CAT_ELEM},
+    {"modulated norm 2 (RMSNorm + shift)", BENCH_CAT_ELEM},
+    {"MLP gate + up GEMMs", BENCH_CAT_GEMM},
+    {"SwiGLU", BENCH_CAT_ELEM},
+    {"MLP down GEMM", BENCH_CAT_GEMM},
+    {"gated residual 2", BENCH_CAT_ELEM},
+};
+
+typedef struct {
+    dt_linear *q, *k, *v, *gate, *out, *ffg, *ffu, *ffd;
+    dt_mat nq, nk;                 /* [1, hd] F32: 1 + w */
+    float *norm1, *norm2, *table;  /* host [D] 1 + w, [D] 1 + w, [6, D] */
+} k2r_block;
+
+typedef struct {
+    dt_backend *be;
+    dt_weights *w;
+    krea2_config c;
+    dt_linear *t1, *t2, *tmodl;
+    k2r_block *b;
+    int nb;
+    dt_linear **all;
+    int n_all;
+    /* activations for (n, t) */
+    int n, t, has_bias;
+    int64_t L;
+    dt_mat emb, th, temb, tg, tmod, modw, modv;
+    dt_mat s, a, q, k, v, g, o, h1, h2, ones, cos, sin, bias;
+} k2r;
+
+static dt_linear *k2r_linear(k2r *m, const char *name, int64_t out, int64_t in, int bias) {
+    dt_linear_src src;
+    if (dt_weights_linear(m->w, name, out, in, bias, &src) != 0) return NULL;
+    dt_linear *l = m->be->linear_create(m->be, &src);
+    if (!l) return NULL;
+    m->all = dt_realloc(m->all, sizeof *m->all * (size_t)(m->n_all + 1));
+    m->all[m->n_all++] = l;
+    return l;
+}
+
+static float *k2r_host(k2r *m, const char *name, int64_t n, float offset) {
+    float *p = dt_malloc(sizeof(float) * (size_t)n);
+    if (dt_weights_read_f32(m->w, name, p, n) != 0) { free(p); return NULL; }
+    for (int64_t i = 0; i < n; i++) p[i] += offset;
+    return p;
+}
+
+static void k2r_free(k2r *m);
+
+/* Load the timestep MLP, time_mod_proj and the first nb transformer blocks. */
+static k2r *k2r_load(dt_backend *be, const char *dir, const krea2_config *c, int nb) {
+    k2r *m = dt_calloc(1, sizeof *m);
+    m->be = be;
+    m->c = *c;
+    m->w = dt_weights_open(dir);
+    if (!m->w) { free(m); return NULL; }
+    int64_t D = c->hidden, dkv = (int64_t)c->kv_heads * c->head_dim, F = c->intermediate;
+    char nm[256];
+#define K2LIN(dst, o, i, b) do { if (!((dst) = k2r_linear(m, nm, (o), (i), (b)))) goto fail; } while (0)
+    snprintf(nm, sizeof nm, "time_embed.linear_1"); K2LIN(m->t1, D, c->t_embed, 1);
+    snprintf(nm, sizeof nm, "time_embed.linear_2"); K2LIN(m->t2, D, D, 1);
+    snprintf(nm, sizeof nm, "time_mod_proj"); K2LIN(m->tmodl, 6 * D, D, 1);
+    m->b = dt_calloc((size_t)(nb > 0 ? nb : 1), sizeof *m->b);
+    for (int i = 0; i < nb; i++) {
+        k2r_block *b = &m->b[i];
+        m->nb = i + 1;
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_q", i); K2LIN(b->q, D, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_k", i); K2LIN(b->k, dkv, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_v", i); K2LIN(b->v, dkv, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_gate", i); K2LIN(b->gate, D, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_out.0", i); K2LIN(b->out, D, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.gate", i); K2LIN(b->ffg, F, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.up", i); K2LIN(b->ffu, F, D, 0);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.down", i); K2LIN(b->ffd, D, F, 0);
+        float *p;
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.norm_q.weight", i);
+        if (!(p = k2r_host(m, nm, c->head_dim, 1.0f))) goto fail;
+        b->nq = dt_param_upload(be, p, c->head_dim);
+        free(p);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.norm_k.weight", i);
+        if (!(p = k2r_host(m, nm, c->head_dim, 1.0f))) goto fail;
+        b->nk = dt_param_upload(be, p, c->head_dim);
+        free(p);
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.norm1.weight", i);
+        if (!(b->norm1 = k2r_host(m, nm, D, 1.0f))) goto fail;
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.norm2.weight", i);
+        if (!(b->norm2 = k2r_host(m, nm, D, 1.0f))) goto fail;
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.scale_shift_table", i);
+        if (!(b->table = k2r_host(m, nm, 6 * D, 0.0f))) goto fail;
+    }
+#undef K2LIN
+    return m;
+fail:
+    k2r_free(m);
+    return NULL;
+}
+
+static void free_mat(dt_backend *be, dt_mat *x) {
+    if (x->data) be->free(be, x);
+    memset(x, 0, sizeof *x);
+}
+
+static void k2r_free_bufs(k2r *m) {
+    dt_mat *mats[] = {&m->emb, &m->th, &m->temb, &m->tg, &m->tmod, &m->modw, &m->modv, &m->s, &m->a, &m->q, &m->k,
+                      &m->v, &m->g, &m->o, &m->h1, &m->h2, &m->ones, &m->cos, &m->sin, &m->bias};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(m->be, mats[i]);
+}
+
+static void k2r_free(k2r *m) {
+    if (!m) return;
+    bench_sync_or_die(m->be);
+    k2r_free_bufs(m);
+    for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+    for (int i = 0; m->b && i < m->nb; i++) {
+        free_mat(m->be, &m->b[i].nq);
+        free_mat(m->be, &m->b[i].nk);
+        free(m->b[i].norm1); free(m->b[i].norm2); free(m->b[i].table);
+    }
+    free(m->b);
+    free(m->all);
+    if (m->w) dt_weights_close(m->w);
+    free(m);
+}
+
+/* Activations for n image + t text tokens, RoPE tables from pos [t+n, axes] (krea2.c build_rope), the
+ * key-padding bias from mask (NULL: none) and the modulation vectors at `timestep`. */
+static void k2r_alloc(k2r *m, int n, int t, const float *pos, const uint8_t *mask, float timestep) {
+    dt_backend *be = m->be;
+    const krea2_config *c = &m->c;
+    dt_dtype act = be->act_dtype;
+    int64_t D = c->hidden, L = (int64_t)n + t, dkv = (int64_t)c->kv_heads * c->head_dim;
+    int nl = m->nb > 0 ? m->nb : 1;
+    k2r_free_bufs(m);
+    m->n = n; m->t = t; m->L = L;
+    m->emb = dt_alloc_or_die(be, 1, c->t_embed, act);
+    m->th = dt_alloc_or_die(be, 1, D, act);
+    m->temb = dt_alloc_or_die(be, 1, D, act);
+    m->tg = dt_alloc_or_die(be, 1, D, act);
+    m->tmod = dt_alloc_or_die(be, 1, 6 * D, act);
+    m->modw = dt_alloc_or_die(be, 2 * nl, D, DT_F32);
+    m->modv = dt_alloc_or_die(be, 4 * nl, D, act);
+    m->s = dt_alloc_or_die(be, L, D, act);
+    m->a = dt_alloc_or_die(be, L, D, act);
+    m->q = dt_alloc_or_die(be, L, D, act);
+    m->k = dt_alloc_or_die(be, L, dkv, act);
+    m->v = dt_alloc_or_die(be, L, dkv, act);
+    m->g = dt_alloc_or_die(be, L, D, act);
+    m->o = dt_alloc_or_die(be, L, D, act);
+    m->h1 = dt_alloc_or_die(be, L, c->intermediate, act);
+    m->h2 = dt_alloc_or_die(be, L, c->intermediate, act);
+    m->ones = dt_alloc_or_die(be, L, D, act);
+    m->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    m->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    m->bias = dt_alloc_or_die(be, 1, L, DT_F32);
+    float *h = dt_malloc(sizeof(float) * (size_t)(L * D > L * c->head_dim ? L * D : L * c->head_dim));
+    for (int64_t i = 0; i < L * D; i++) h[i] = 1.0f;
+    be->upload(be, m->ones, h);
+    bench_fill_randn(be, m->s, 5, 1.0f);
+    /* RoPE: per axis a with d_a dims, w_k = 1 / theta^(2k/d_a) (float64), cos/sin rounded to f32, interleaved */
+    int hd = c->head_dim;
+    float *sn = dt_malloc(sizeof(float) * (size_t)(L * hd));
+    for (int64_t i = 0; i < L; i++) {
+        int off = 0;
+        for (int ax = 0; ax < c->n_axes; ax++) {
+            int d = c->axes[ax];
+            double p = (double)pos[i * c->n_axes + ax];
+            for (int k = 0; k < d / 2; k++) {
+                double ang = p * (1.0 / pow((double)c->rope_theta, (double)(2 * k) / d));
+                h[i * hd + off + 2 * k] = h[i * hd + off + 2 * k + 1] = (float)cos(ang);
+                sn[i * hd + off + 2 * k] = sn[i * hd + off + 2 * k + 1] = (float)sin(ang);
+            }
+            off += d;
+        }
+    }
+    be->upload(be, m->cos, h);
+    be->upload(be, m->sin, sn);
+    free(sn);
+    for (int64_t j = 0; j < L; j++) h[j] = (mask && j < t && !mask[j]) ? -INFINITY : 0.0f;
+    be->upload(be, m->bias, h);
+    m->has_bias = mask != NULL;
+    free(h);
+
+    /* timestep MLP and the folded modulation (krea2.c time_and_mods, blocks only) */
+    int half = c->t_embed / 2;
+    float *emb = dt_malloc(sizeof(float) * (size_t)c->t_embed);
+    float t1000 = timestep * 1000.0f, nlg = (float)(-log(1e4));
+    for (int i = 0; i < half; i++) {
+        float f = expf((nlg * (float)i) / (float)half);
+        emb[i] = cosf(t1000 * f);
+        emb[half + i] = sinf(t1000 * f);
+    }
+    be->upload(be, m->emb, emb);
+    free(emb);
+    be->linear(be, m->th, m->emb, m->t1);
+    be->act_mul(be, m->th, m->th, dt_mat_null(), DT_ACT_GELU_TANH);
+    be->linear(be, m->temb, m->th, m->t2);
+    be->act_mul(be, m->tg, m->temb, dt_mat_null(), DT_ACT_GELU_TANH);
+    be->linear(be, m->tmod, m->tg, m->tmodl);
+    float *tmod = dt_malloc(sizeof(float) * (size_t)(6 * D));
+    float *w = dt_calloc((size_t)(2 * nl * D), sizeof(float)), *vv = dt_calloc((size_t)(4 * nl * D), sizeof(float));
+    be->download(be, tmod, m->tmod);
+    for (int l = 0; l < m->nb; l++) {
+        const k2r_block *b = &m->b[l];
+        for (int64_t j = 0; j < D; j++) {
+            float mod[6];
+            for (int qq = 0; qq < 6; qq++) mod[qq] = tmod[qq * D + j] + b->table[qq * D + j];
+            w[(2 * l) * D + j] = b->norm1[j] * (1.0f + mod[0]);
+            w[(2 * l + 1) * D + j] = b->norm2[j] * (1.0f + mod[3]);
+            vv[(4 * l) * D + j] = mod[1];
+            vv[(4 * l + 1) * D + j] = mod[2];
+            vv[(4 * l + 2) * D + j] = mod[4];
+            vv[(4 * l + 3) * D + j] = mod[5];
+        }
+    }
+    be->upload(be, m->modw, w);
+    be->upload(be, m->modv, vv);
+    free(tmod); free(w); free(vv);
+    bench_sync_or_die(be);
+}
+
+static void k2r_mod_norm(k2r *m, int wi, int vi) {
+    dt_backend *be = m->be;
+    be->rmsnorm(be, m->a, m->s, dt_mat_rows(m->modw, wi, 1), 0.0f, m->c.eps);
+    be->gated_add(be, m->a, dt_mat_rows(m->modv, vi, 1), m->ones);
+}
+
+/* One op of block l. split = 1: QK norm and RoPE as two separate passes (direct timing); split = 0:
+ * K2_ST_ROPE is the fused norm + rotation that krea2.c runs (prefixes skip K2_ST_QKNORM then). */
+static void k2r_op(k2r *m, int l, int k, int split) {
+    dt_backend *be = m->be;
+    const krea2_config *c = &m->c;
+    const k2r_block *b = &m->b[l];
+    switch (k) {
+    case K2_ST_NORM1: k2r_mod_norm(m, 2 * l, 4 * l); break;
+    case K2_ST_QKVG:
+        be->linear(be, m->q, m->a, b->q);
+        be->linear(be, m->k, m->a, b->k);
+        be->linear(be, m->v, m->a, b->v);
+        be->linear(be, m->g, m->a, b->gate);
+        break;
+    case K2_ST_QKNORM:
+        be->head_norm_rope(be, m->q, c->heads, c->head_dim, b->nq, c->eps, dt_mat_null(), dt_mat_null(), DT_ROPE_NONE);
+        be->head_norm_rope(be, m->k, c->kv_heads, c->head_dim, b->nk, c->eps, dt_mat_null(), dt_mat_null(), DT_ROPE_NONE);
+        break;
+    case K2_ST_ROPE:
+        be->head_norm_rope(be, m->q, c->heads, c->head_dim, split ? dt_mat_null() : b->nq, c->eps, m->cos, m->sin,
+                           DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, m->k, c->kv_heads, c->head_dim, split ? dt_mat_null() : b->nk, c->eps, m->cos, m->sin,
+                           DT_ROPE_INTERLEAVED);
+        break;
+    case K2_ST_ATTN:
+        be->attention(be, m->o, m->q, m->k, m->v, c->heads, c->kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
+                      m->has_bias ? m->bias : dt_mat_null(), 0);
+        break;
+    case K2_ST_GATE: be->act_mul(be, m->o, m->g, m->o, DT_ACT_SIGMOID); break;
+    case K2_ST_OUT: be->linear(be, m->a, m->o, b->out); break;
+    case K2_ST_RESID1: be->gated_add(be, m->s, dt_mat_rows(m->modv, 4 * l + 1, 1), m->a); break;
+    case K2_ST_NORM2: k2r_mod_norm(m, 2 * l + 1, 4 * l + 2); break;
+    case K2_ST_MLPIN:
+        be->linear(be, m->h1, m->a, b->ffg);
+        be->linear(be, m->h2, m->a, b->ffu);
+        break;
+    case K2_ST_SWIGLU: be->act_mul(be, m->h1, m->h1, m->h2, DT_ACT_SILU); break;
+    case K2_ST_DOWN: be->linear(be, m->a, m->h1, b->ffd); break;
+    case K2_ST_RESID2: be->gated_add(be, m->s, dt_mat_rows(m->modv, 4 * l + 3, 1), m->a); break;
+    }
+}
+
+/* Ops 0..last of block l, as the model runs them. */
+static void k2r_block_prefix(k2r *m, int l, int last) {
+    for (int k = 0; k <= last; k++) {
+        if (k == K2_ST_QKNORM && last >= K2_ST_ROPE) continue;
+        k2r_op(m, l, k, 0);
+    }
+}
+
+static void k2r_blocks(k2r *m, int first, int count) {
+    for (int l = first; l < first + count && l < m->nb; l++) k2r_block_prefix(m, l, K2_ST_FULL);
+}
+
+/* ------------------------------------------------------------------ context */
+
+typedef struct {
+    const bench_opts *o;
+    bench_k2_report *r;
+    dt_backend *be;
+    int is_cpu;
+    const char *dir;
+    k2r *rep;
+    int n, t, h, w;
+    float *img, *txt, *pos;
+    uint8_t *mask;
+    int reps, warmup;
+    double rot_bytes;
+    float *trace0, *trace_last;   /* model stream after block 0 / after the last block */
+    int trace_ok;
+} k2_ctx;
+
+/* ------------------------------------------------------------------ synthetic checkpoint cache */
+
+static const char *fmt_name(int f) {
+    return f == BENCH_FMT_BF16 ? "bf16" : f == BENCH_FMT_Q4 ? "q4" : f == BENCH_FMT_Q8 ? "q8" : "f32";
+}
+
+static void remove_files(const char *dir) {
+    const char *names[] = {".bench-complete", "config.json", "model.safetensors"};
+    char p[4200];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        unlink(p);
+    }
+}
+
+static int complete(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/.bench-complete", dir);
+    return access(p, F_OK) == 0;
+}
+
+static char *synth_checkpoint(const bench_opts *o, const krea2_config *c, int group, bench_k2_report *r) {
+    const char *base = o->cache_dir;
+    char root[1024];
+    if (!base) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(root, sizeof root, "%s/ditrun-bench-cache", tmp && *tmp ? tmp : "/tmp");
+        base = root;
+    }
+    if (mkdir(base, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", base, strerror(errno)); return NULL; }
+    char key[320], dir[1400];
+    snprintf(key, sizeof key, "krea2-D%d-H%d-kv%d-L%d-F%d-in%d-E%d-Y%d-tH%d-tkv%d-tF%d-lw%d-rf%d-%s", c->hidden, c->heads,
+             c->kv_heads, c->num_layers, c->intermediate, c->in_channels, c->text_dim, c->text_layers, c->text_heads,
+             c->text_kv_heads, c->text_intermediate, c->n_layerwise, c->n_refiner, fmt_name(o->format));
+    if (o->format != BENCH_FMT_BF16) {
+        size_t l = strlen(key);
+        snprintf(key + l, sizeof key - l, "-g%d", group);
+    }
+    snprintf(dir, sizeof dir, "%s/%s", base, key);
+    if (!o->fresh && complete(dir)) {
+        bench_progress("using cached synthetic checkpoint %s", dir);
+        return dt_strdup(dir);
+    }
+    /* written into a private folder, then renamed into place: concurrent runs never see half a checkpoint */
+    char tmpd[1500];
+    snprintf(tmpd, sizeof tmpd, "%s.tmp-%d", dir, (int)getpid());
+    remove_files(tmpd);
+    double t0 = dt_now();
+    int bits = o->format == BENCH_FMT_Q4 ? 4 : o->format == BENCH_FMT_Q8 ? 8 : 0;
+    bench_progress("writing synthetic %s checkpoint %s ...", fmt_name(o->format), dir);
+    char mark[1600];
+    snprintf(mark, sizeof mark, "%s/.bench-complete", tmpd);
+    FILE *f = NULL;
+    if (krea2_synth_write(c, tmpd, bits, group, o->seed) || !(f = fopen(mark, "w"))) {
+        if (!f && !dt_last_error()[0]) dt_set_error("%s: cannot create", mark);
+        remove_files(tmpd);
+        rmdir(tmpd);
+        return NULL;
+    }
+    fprintf(f, "ok\n");
+    fclose(f);
+    if (o->fresh || !complete(dir)) { remove_files(dir); rmdir(dir); }
+    if (rename(tmpd, dir)) {
+        remove_files(tmpd);
+        rmdir(tmpd);
+        if (!complete(dir)) { dt_set_error("%s: cannot move the synthetic checkpoint into place (%s)", dir, strerror(errno)); return NULL; }
+        bench_progress("another run wrote %s first; using it", dir);
+    }
+    r->synth_s = dt_now() - t0;
+    bench_progress("wrote it in %.1f s", r->synth_s);
+    return dt_strdup(dir);
+}
+
+static int resolve_geometry(const bench_opts *o, krea2_config *c, bench_k2_report *r) {
+    if (krea2_preset(o->preset, c)) return -1;
+    if (o->hidden > 0) {
+        if (o->hidden % c->head_dim) { dt_set_error("bench: krea2 --hidden %d must be a multiple of the head dim %d", o->hidden, c->head_dim); return -1; }
+        c->heads = o->hidden / c->head_dim;
+    } else if (o->heads > 0) {
+        c->heads = o->heads;
+    }
+    c->hidden = c->heads * c->head_dim;
+    if (o->kv_heads > 0) c->kv_heads = o->kv_heads;
+    if (c->heads % c->kv_heads) { dt_set_error("bench: krea2: %d heads is not a multiple of %d kv heads", c->heads, c->kv_heads); return -1; }
+    if (o->n_single > 0) c->num_layers = o->n_single;
+    if (o->n_double > 0) k2_note(r, "krea2 has one kind of block: --double is ignored (--single N sets the transformer blocks)");
+    if (o->mlp_ratio > 0) {
+        int64_t f = (int64_t)llround(c->hidden * o->mlp_ratio / 64.0) * 64;
+        c->intermediate = (int)(f < 64 ? 64 : f);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ FLOPs */
+
+static void count_flops(bench_k2_report *r, int n, int t) {
+    const krea2_config *c = &r->c;
+    double D = c->hidden, L = (double)n + t, dkv = (double)c->kv_heads * c->head_dim, F = c->intermediate;
+    double E = c->text_dim, Ekv = (double)c->text_kv_heads * c->text_head_dim, Ft = c->text_intermediate;
+    double Y = c->text_layers, T = t, N = n;
+    r->gflop_block_gemm = 2.0 * L * D * (3 * D + 2 * dkv + 3 * F) * 1e-9;
+    r->gflop_block_attn = 4.0 * L * L * D * 1e-9;
+    double tgemm_row = 2.0 * E * (3 * E + 2 * Ekv + 3 * Ft);
+    r->gflop_text = (c->n_layerwise * (T * Y * tgemm_row + 4.0 * T * Y * Y * E) +
+                     c->n_refiner * (T * tgemm_row + 4.0 * T * T * E)) * 1e-9;
+    r->gflop_other = (2.0 * T * (E * D + D * D) + 2.0 * N * c->in_channels * D + 2.0 * N * D * c->out_channels +
+                      2.0 * (c->t_embed * D + D * D + 6 * D * D)) * 1e-9;
+}
+
+static double fwd_gflop(const bench_k2_report *r) {
+    return r->c.num_layers * (r->gflop_block_gemm + r->gflop_block_attn) + r->gflop_text + r->gflop_other;
+}
+
+/* ------------------------------------------------------------------ whole forward */
+
+typedef struct {
+    k2_ctx *x;
+    dt_backend *be;
+    int last;
+} trace_ud;
+
+static void trace_cb(void *ud, const char *name, dt_mat m) {
+    trace_ud *tu = ud;
+    k2_ctx *x = tu->x;
+    char last[32];
+    snprintf(last, sizeof last, "block.%d", tu->last);
+    if (!strcmp(name, "block.0")) tu->be->download(tu->be, x->trace0, m);
+    if (!strcmp(name, last)) { tu->be->download(tu->be, x->trace_last, m); x->trace_ok = 1; }
+}
+
+static int whole_forward(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    dt_backend *be = x->be;
+    bench_progress("loading %s with krea2_load ...", x->dir);
+    double t0 = dt_now();
+    krea2_model *km = krea2_load(be, x->dir);
+    if (!km) return -1;
+    size_t bytes;
+    krea2_weight_info(km, &bytes, r->fmt, sizeof r->fmt);
+    r->weight_gb = bytes / 1e9;
+    r->load_s = dt_now() - t0;
+    bench_progress("loaded (%.1f s, %.2f GB of weights, %s)", r->load_s, r->weight_gb, r->fmt);
+    const krea2_config *c = &r->c;
+    size_t no = (size_t)x->n * c->out_channels;
+    float *om = dt_malloc(sizeof(float) * no), *on = dt_malloc(sizeof(float) * no);
+    int wu = x->warmup > 0 ? x->warmup : 1;   /* the first call allocates: always one warm-up of each */
+    bench_progress("whole forward: warm-up (%d of each) ...", wu);
+    for (int i = 0; i < wu; i++) {
+        for (int v = 0; v < 2; v++) {
+            bench_sync_or_die(be);
+            double w0 = dt_now();
+            if (krea2_forward(km, x->img, x->n, x->txt, x->t, 0.5f, x->pos, v ? NULL : x->mask, v ? on : om, NULL, NULL)) {
+                krea2_free(km); free(om); free(on);
+                return -1;
+            }
+            double ms = (dt_now() - w0) * 1e3;
+            if (i == 0) *(v ? &r->fwd_nomask_warm_ms : &r->fwd_mask_warm_ms) = ms;
+        }
+    }
+    double *sm = dt_malloc(sizeof(double) * x->reps), *sn = dt_malloc(sizeof(double) * x->reps);
+    for (int i = 0; i < x->reps; i++) {
+        bench_progress("whole forward: rep %d/%d (mask, no mask)", i + 1, x->reps);
+        for (int v = 0; v < 2; v++) {
+            bench_sync_or_die(be);
+            double w0 = dt_now();
+            if (krea2_forward(km, x->img, x->n, x->txt, x->t, 0.5f, x->pos, v ? NULL : x->mask, v ? on : om, NULL, NULL)) {
+                krea2_free(km); free(om); free(on); free(sm); free(sn);
+                return -1;
+            }
+            (v ? sn : sm)[i] = (dt_now() - w0) * 1e3;
+        }
+    }
+    r->fwd_mask = bench_stats(sm, x->reps);
+    r->fwd_nomask = bench_stats(sn, x->reps);
+    r->out_absmax = bench_max_abs(om, no);
+    r->mask_effect = bench_max_abs_diff(om, on, no);
+    r->out_finite = isfinite(r->out_absmax) && isfinite(bench_max_abs(on, no));
+    if (!r->out_finite) k2_note(r, "WARNING: krea2_forward produced non-finite outputs");
+    /* one traced forward: the stream after block 0 and after the last block, for the replica check */
+    int64_t L = (int64_t)x->n + x->t;
+    x->trace0 = dt_malloc(sizeof(float) * (size_t)(L * c->hidden));
+    x->trace_last = dt_malloc(sizeof(float) * (size_t)(L * c->hidden));
+    trace_ud tu = {x, be, c->num_layers - 1};
+    if (krea2_forward(km, x->img, x->n, x->txt, x->t, 0.5f, x->pos, x->mask, om, trace_cb, &tu)) {
+        krea2_free(km); free(om); free(on); free(sm); free(sn);
+        return -1;
+    }
+    krea2_free(km);   /* the replica loads its own copy of the blocks */
+    free(om); free(on); free(sm); free(sn);
+    return 0;
+}
+
+/* Replica: load, check against the model, time every block device-only. */
+static int replica(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    const krea2_config *c = &r->c;
+    bench_progress("loading the block replica (%d blocks) ...", c->num_layers);
+    x->rep = k2r_load(x->be, x->dir, c, c->num_layers);
+    if (!x->rep) return -1;
+    k2r *m = x->rep;
+    k2r_alloc(m, x->n, x->t, x->pos, x->mask, 0.5f);
+    int64_t L = m->L, D = c->hidden;
+    if (c->num_layers > 1 && x->trace_ok) {
+        float *got = dt_malloc(sizeof(float) * (size_t)(L * D));
+        x->be->upload(x->be, m->s, x->trace0);
+        k2r_blocks(m, 1, c->num_layers - 1);
+        x->be->download(x->be, got, m->s);
+        r->replica_checked = 1;
+        r->replica_maxdiff = bench_max_abs_diff(got, x->trace_last, (size_t)(L * D));
+        r->replica_absmax = bench_max_abs(x->trace_last, (size_t)(L * D));
+        free(got);
+        double tol = (x->is_cpu ? 1e-5 : 2e-2) * (r->replica_absmax > 1 ? r->replica_absmax : 1);
+        if (!(r->replica_maxdiff <= tol))
+            k2_note(r, "WARNING: the replica's blocks 1..%d differ from krea2_forward's by %.3g (max |stream| %.3g): the "
+                       "ledger may not describe the model's blocks", c->num_layers - 1, r->replica_maxdiff, r->replica_absmax);
+    } else {
+        k2_note(r, "replica check skipped (needs at least 2 transformer blocks)");
+    }
+    /* device-only: every block; the stream is restored outside the timed region */
+    dt_mat s0 = dt_alloc_or_die(x->be, L, D, x->be->act_dtype);
+    x->be->upload(x->be, s0, x->trace0);
+    x->be->copy(x->be, m->s, s0);
+    bench_timer tm;
+    bench_timer_init(&tm, x->be);
+    double *s = dt_malloc(sizeof(double) * x->reps);
+    for (int rep = -(x->warmup > 0 ? x->warmup : 1); rep < x->reps; rep++) {
+        x->be->copy(x->be, m->s, s0);
+        bench_timer_start(&tm);
+        k2r_blocks(m, 0, c->num_layers);
+        double ms = bench_timer_stop(&tm);
+        if (rep >= 0) s[rep] = ms;
+    }
+    r->blocks_dev = bench_stats(s, x->reps);
+    x->be->copy(x->be, m->s, s0);
+    bench_sync_or_die(x->be);
+    x->be->free(x->be, &s0);
+    bench_timer_free(&tm);
+    free(s);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ ledger */
+
+static void prefix_ledger(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    k2r *m = x->rep;
+    dt_backend *be = x->be;
+    const krea2_config *c = &r->c;
+    int nl = c->num_layers;
+    double es = (double)dt_dtype_size(be->act_dtype), L = (double)m->L, D = c->hidden, F = c->intermediate;
+    double dkv = (double)c->kv_heads * c->head_dim;
+    r->n_ops = K2B_N_OPS;
+    for (int k = 0; k < K2B_N_OPS; k++) {
+        r->ops[k].name = k2_ops[k].name;
+        r->ops[k].cat = k2_ops[k].cat;
+    }
+    r->ops[K2_ST_QKVG].gflop = 2.0 * L * D * (2 * D + 2 * dkv) * 1e-9;
+    r->ops[K2_ST_OUT].gflop = 2.0 * L * D * D * 1e-9;
+    r->ops[K2_ST_MLPIN].gflop = 2.0 * L * D * 2 * F * 1e-9;
+    r->ops[K2_ST_DOWN].gflop = 2.0 * L * F * D * 1e-9;
+    r->ops[K2_ST_ATTN].gflop = r->gflop_block_attn;
+    /* least traffic (each input read once, each output written once; a fused modulated norm moves 2 L D) */
+    r->ops[K2_ST_NORM1].gbytes = r->ops[K2_ST_NORM2].gbytes = 2 * L * D * es * 1e-9;
+    r->ops[K2_ST_QKNORM].gbytes = 2 * L * (D + 2 * dkv) * es * 1e-9 - L * dkv * es * 1e-9;   /* Q and K in place */
+    r->ops[K2_ST_GATE].gbytes = 3 * L * D * es * 1e-9;
+    r->ops[K2_ST_RESID1].gbytes = r->ops[K2_ST_RESID2].gbytes = 3 * L * D * es * 1e-9;
+    r->ops[K2_ST_SWIGLU].gbytes = 3 * L * F * es * 1e-9;
+    /* blocks per timed region: all on a GPU; on the CPU as few as exceed the cache */
+    int B = nl;
+    if (x->is_cpu) {
+        dt_linear_src s1;
+        double bb = 0;
+        const char *nms[] = {"to_q", "to_k", "to_v", "to_gate", "to_out.0"};
+        char nm[128];
+        for (int i = 0; i < 5; i++) {
+            snprintf(nm, sizeof nm, "transformer_blocks.0.attn.%s", nms[i]);
+            if (dt_weights_linear(m->w, nm, -1, -1, -1, &s1) == 0) bb += (double)bench_src_bytes(&s1);
+        }
+        const char *fns[] = {"gate", "up", "down"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(nm, sizeof nm, "transformer_blocks.0.ff.%s", fns[i]);
+            if (dt_weights_linear(m->w, nm, -1, -1, -1, &s1) == 0) bb += (double)bench_src_bytes(&s1);
+        }
+        B = bb > 0 ? (int)ceil(x->rot_bytes / bb) : 1;
+        if (B < 1) B = 1;
+        if (B > nl) B = nl;
+    }
+    r->prefix_blocks = B;
+    bench_progress("ledger: cumulative prefixes of a transformer block (%d stages x %d blocks, %d reps) ...", K2B_N_OPS, B,
+                   x->reps);
+    dt_mat s0 = dt_alloc_or_die(be, m->L, c->hidden, be->act_dtype);
+    be->copy(be, s0, m->s);
+    double *smp = dt_malloc(sizeof(double) * K2B_N_OPS * x->reps), *dir = dt_malloc(sizeof(double) * K2B_N_OPS * x->reps);
+    bench_timer tm;
+    bench_timer_init(&tm, be);
+    int nev = K2B_N_OPS * B + 1, have_ev = tm.e0 != NULL;
+    void **ev = dt_calloc((size_t)nev, sizeof *ev);
+    double *host_t = dt_calloc((size_t)nev, sizeof *host_t);
+    for (int i = 0; have_ev && i < nev; i++) ev[i] = be->event_create(be);
+    for (int rep = -x->warmup; rep < x->reps; rep++) {
+        for (int k = 0; k < K2B_N_OPS; k++) {
+            be->copy(be, m->s, s0);
+            bench_timer_start(&tm);
+            for (int b = 0; b < B; b++) k2r_block_prefix(m, b, k);
+            double ms = bench_timer_stop(&tm) / B;
+            if (rep >= 0) smp[k * x->reps + rep] = ms;
+        }
+        /* direct: an event before every op of the B blocks (QK norm and RoPE as separate passes) */
+        be->copy(be, m->s, s0);
+        bench_sync_or_die(be);
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < K2B_N_OPS; k++) {
+                int e = b * K2B_N_OPS + k;
+                if (have_ev) be->event_record(be, ev[e]);
+                else { bench_sync_or_die(be); host_t[e] = dt_now(); }
+                k2r_op(m, b, k, 1);
+            }
+        if (have_ev) be->event_record(be, ev[nev - 1]);
+        else { bench_sync_or_die(be); host_t[nev - 1] = dt_now(); }
+        bench_sync_or_die(be);
+        for (int k = 0; rep >= 0 && k < K2B_N_OPS; k++) {
+            double sum = 0;
+            for (int b = 0; b < B; b++) {
+                int e = b * K2B_N_OPS + k;
+                sum += have_ev ? be->event_elapsed_ms(be, ev[e], ev[e + 1]) : (host_t[e + 1] - host_t[e]) * 1e3;
+            }
+            dir[k * x->reps + rep] = sum / B;
+        }
+    }
+    for (int i = 0; have_ev && i < nev; i++) if (be->event_destroy) be->event_destroy(be, ev[i]);
+    free(ev);
+    free(host_t);
+    double prev = 0, dsum = 0;
+    int neg = 0;
+    for (int k = 0; k < K2B_N_OPS; k++) {
+        r->ops[k].prefix = bench_stats(smp + k * x->reps, x->reps);
+        r->ops[k].direct = bench_stats(dir + k * x->reps, x->reps);
+        r->ops[k].ms = r->ops[k].prefix.med - prev;
+        prev = r->ops[k].prefix.med;
+        if (r->ops[k].ms < 0) neg++;
+        dsum += r->ops[k].direct.med;
+    }
+    r->block_ledger_ms = prev;
+    for (int k = 0; k < K2B_N_OPS; k++)
+        r->ops[k].ledger_ms = !neg || dsum <= 0 ? r->ops[k].ms : prev * r->ops[k].direct.med / dsum;
+    if (!neg) snprintf(r->shares_basis, sizeof r->shares_basis, "cumulative-prefix increments");
+    else {
+        snprintf(r->shares_basis, sizeof r->shares_basis,
+                 "direct op times scaled to the prefix block total (%d prefix increment%s negative: noise)", neg, neg > 1 ? "s" : "");
+        k2_note(r, "ledger: %d prefix increment%s came out negative (timing noise larger than the op); the shares use the "
+                   "direct op times scaled to the block's prefix total. More --reps help.", neg, neg > 1 ? "s" : "");
+    }
+    r->attn_inmodel_ms = r->ops[K2_ST_ATTN].ledger_ms;
+    be->copy(be, m->s, s0);
+    bench_sync_or_die(be);
+    be->free(be, &s0);
+    bench_timer_free(&tm);
+    free(smp);
+    free(dir);
+}
+
+static void block_scaling(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    k2r *m = x->rep;
+    dt_backend *be = x->be;
+    int nl = r->c.num_layers;
+    int pts[K2B_MAX_SCALE], np = 0;
+    int cand[3] = {1, nl / 4, nl / 2};
+    for (int i = 0; i < 3; i++) {
+        if (cand[i] < 1 || cand[i] >= nl || (np && pts[np - 1] == cand[i])) continue;
+        pts[np++] = cand[i];
+    }
+    bench_progress("ledger: block-count scaling (%d partial stacks x %d reps) ...", np, x->reps);
+    dt_mat s0 = dt_alloc_or_die(be, m->L, r->c.hidden, be->act_dtype);
+    be->copy(be, s0, m->s);
+    bench_timer tm;
+    bench_timer_init(&tm, be);
+    double *smp = dt_malloc(sizeof(double) * (np ? np : 1) * x->reps);
+    for (int rep = -x->warmup; rep < x->reps; rep++)
+        for (int p = 0; p < np; p++) {
+            be->copy(be, m->s, s0);
+            bench_timer_start(&tm);
+            k2r_blocks(m, 0, pts[p]);
+            double ms = bench_timer_stop(&tm);
+            if (rep >= 0) smp[p * x->reps + rep] = ms;
+        }
+    r->n_scale = 0;
+    for (int p = 0; p < np; p++) {
+        r->scale_n[r->n_scale] = pts[p];
+        r->scale_t[r->n_scale++] = bench_stats(smp + p * x->reps, x->reps);
+    }
+    r->scale_n[r->n_scale] = nl;
+    r->scale_t[r->n_scale++] = r->blocks_dev;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < r->n_scale; i++) {
+        double xs = r->scale_n[i], ys = r->scale_t[i].med;
+        sx += xs; sy += ys; sxx += xs * xs; sxy += xs * ys;
+    }
+    double den = r->n_scale * sxx - sx * sx;
+    r->block_slope_ms = r->n_scale >= 2 && den > 0 ? (r->n_scale * sxy - sx * sy) / den : r->blocks_dev.med / nl;
+    be->copy(be, m->s, s0);
+    bench_sync_or_die(be);
+    be->free(be, &s0);
+    bench_timer_free(&tm);
+    free(smp);
+}
+
+static void add_share(bench_k2_report *r, const char *name, double ms, int level) {
+    if (r->n_shares >= (int)(sizeof r->shares / sizeof r->shares[0])) return;
+    bench_share *s = &r->shares[r->n_shares++];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->ms = ms;
+    s->level = level;
+    s->share = r->total_ms > 0 ? 100.0 * ms / r->total_ms : 0;
+}
+
+static void shares(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    double nl = r->c.num_layers;
+    r->total_ms = r->fwd_mask.med;
+    r->n_shares = 0;
+    double cat[3] = {0, 0, 0};
+    for (int k = 0; k < r->n_ops; k++) cat[r->ops[k].cat] += r->ops[k].ledger_ms;
+    const bench_op *o = r->ops;
+    add_share(r, "transformer-block GEMMs (q/k/v/gate, out, MLP)", nl * cat[BENCH_CAT_GEMM], 0);
+    add_share(r, "q/k/v + gate", nl * o[K2_ST_QKVG].ledger_ms, 1);
+    add_share(r, "out", nl * o[K2_ST_OUT].ledger_ms, 1);
+    add_share(r, "MLP gate + up, down", nl * (o[K2_ST_MLPIN].ledger_ms + o[K2_ST_DOWN].ledger_ms), 1);
+    add_share(r, "attention (GQA + key-padding mask)", nl * cat[BENCH_CAT_ATTN], 0);
+    add_share(r, "elementwise (modulated norms, QK norm, RoPE, gate, SwiGLU, residuals)", nl * cat[BENCH_CAT_ELEM], 0);
+    add_share(r, "modulated norms (RMSNorm + shift add)", nl * (o[K2_ST_NORM1].ledger_ms + o[K2_ST_NORM2].ledger_ms), 1);
+    add_share(r, "QK norm + RoPE", nl * (o[K2_ST_QKNORM].ledger_ms + o[K2_ST_ROPE].ledger_ms), 1);
+    add_share(r, "gate multiply + SwiGLU", nl * (o[K2_ST_GATE].ledger_ms + o[K2_ST_SWIGLU].ledger_ms), 1);
+    add_share(r, "gated residuals", nl * (o[K2_ST_RESID1].ledger_ms + o[K2_ST_RESID2].ledger_ms), 1);
+    double blocks_ledger = nl * (cat[0] + cat[1] + cat[2]);
+    double rest = r->fwd_mask.med - r->blocks_dev.med;
+    add_share(r, "rest: text fusion, embedders, modulation, final layer, host I/O", rest, 0);
+    r->remainder_ms = r->total_ms - blocks_ledger - rest;   /* = replica blocks - ledger x blocks */
+    r->remainder_share = r->total_ms > 0 ? 100.0 * r->remainder_ms / r->total_ms : 0;
+    add_share(r, "unexplained remainder (replica blocks - ledger x blocks)", r->remainder_ms, 0);
+}
+
+/* ------------------------------------------------------------------ utilization */
+
+static void time_gemm(k2_ctx *x, const char *name, int64_t K, int64_t N, int count, const char *pat, int inmodel_op,
+                      double inmodel_part) {
+    bench_k2_report *r = x->r;
+    dt_backend *be = x->be;
+    k2r *m = x->rep;
+    if (r->n_gemm >= (int)(sizeof r->gemm / sizeof r->gemm[0])) return;
+    bench_gemm *g = &r->gemm[r->n_gemm++];
+    memset(g, 0, sizeof *g);
+    int64_t M = m->L;
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->M = M; g->K = K; g->N = N;
+    g->count = count;
+    g->gflop = 2.0 * M * K * N * 1e-9;
+    g->inmodel_ms = inmodel_op >= 0 && r->ops[inmodel_op].prefix.n ? r->ops[inmodel_op].ledger_ms * inmodel_part : -1;
+    bench_progress("utilization: GEMM %s [%lld x %lld -> %lld] ...", name, (long long)M, (long long)K, (long long)N);
+    dt_mat xm = dt_alloc_or_die(be, M, K, be->act_dtype), ym = dt_alloc_or_die(be, M, N, be->act_dtype);
+    bench_fill_randn(be, xm, 100 + r->n_gemm, 1.0f);
+    bench_timer tm;
+    bench_timer_init(&tm, be);
+    dt_linear *bor[64];
+    int nb = 0;
+    dt_linear_src src;
+    char nm[160];
+    snprintf(nm, sizeof nm, pat, 0);
+    if (dt_weights_linear(m->w, nm, -1, -1, -1, &src)) die_bench();
+    for (int b = 0; b < m->nb && nb < 64; b++) {
+        const k2r_block *kb = &m->b[b];
+        dt_linear *l = strstr(pat, "to_q") ? kb->q : strstr(pat, "to_k") ? kb->k : strstr(pat, "to_out") ? kb->out
+                       : strstr(pat, "ff.gate") ? kb->ffg : kb->ffd;
+        bor[nb++] = l;
+    }
+    bench_wset iso, ceil_set;
+    bench_wset_init(&iso, be, bor, nb, &src, x->rot_bytes);
+    bench_wset_dense(&ceil_set, be, N, K, x->rot_bytes, 1000 + r->n_gemm);
+    double *si = dt_malloc(sizeof(double) * x->reps), *sc = dt_malloc(sizeof(double) * x->reps);
+    for (int rep = -x->warmup; rep < x->reps; rep++) {
+        double a = bench_wset_time(&iso, &tm, ym, xm);
+        double b = bench_wset_time(&ceil_set, &tm, ym, xm);
+        if (rep >= 0) { si[rep] = a; sc[rep] = b; }
+    }
+    g->iso = bench_stats(si, x->reps);
+    g->ceil = bench_stats(sc, x->reps);
+    g->iso_bufs = iso.n; g->iso_mb = iso.mb;
+    g->ceil_bufs = ceil_set.n; g->ceil_mb = ceil_set.mb;
+    bench_wset_free(&iso);
+    bench_wset_free(&ceil_set);
+    free(si); free(sc);
+    bench_timer_free(&tm);
+    be->free(be, &xm);
+    be->free(be, &ym);
+}
+
+static void utilization(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    dt_backend *be = x->be;
+    const krea2_config *c = &r->c;
+    int64_t D = c->hidden, F = c->intermediate, dkv = (int64_t)c->kv_heads * c->head_dim;
+    int nl = c->num_layers;
+    r->n_gemm = 0;
+    time_gemm(x, "to_q / to_gate", D, D, 2 * nl, "transformer_blocks.%d.attn.to_q", -1, 0);
+    time_gemm(x, "to_k / to_v", D, dkv, 2 * nl, "transformer_blocks.%d.attn.to_k", -1, 0);
+    /* the q/k/v/gate op's in-model time, split over its four GEMMs in proportion to their isolated times */
+    if (r->n_gemm == 2 && r->ops[K2_ST_QKVG].prefix.n) {
+        double a = r->gemm[0].iso.med, b = r->gemm[1].iso.med, den = 2 * (a + b);
+        if (den > 0) {
+            r->gemm[0].inmodel_ms = r->ops[K2_ST_QKVG].ledger_ms * a / den;
+            r->gemm[1].inmodel_ms = r->ops[K2_ST_QKVG].ledger_ms * b / den;
+        }
+    }
+    time_gemm(x, "to_out.0", D, D, nl, "transformer_blocks.%d.attn.to_out.0", K2_ST_OUT, 1.0);
+    time_gemm(x, "ff.gate / ff.up", D, F, 2 * nl, "transformer_blocks.%d.ff.gate", K2_ST_MLPIN, 0.5);
+    time_gemm(x, "ff.down", F, D, nl, "transformer_blocks.%d.ff.down", K2_ST_DOWN, 1.0);
+
+    /* attention alone, as in the model: GQA + key-padding bias */
+    k2r *m = x->rep;
+    r->attn_gflop = r->gflop_block_attn;
+    bench_progress("utilization: attention [%lld tokens, %d/%d heads x %d, mask] ...", (long long)m->L, c->heads,
+                   c->kv_heads, c->head_dim);
+    bench_fill_randn(be, m->q, 201, 1.0f);
+    bench_fill_randn(be, m->k, 202, 1.0f);
+    bench_fill_randn(be, m->v, 203, 1.0f);
+    bench_timer tm;
+    bench_timer_init(&tm, be);
+    double *s = dt_malloc(sizeof(double) * x->reps);
+    for (int rep = -x->warmup; rep < x->reps; rep++) {
+        bench_timer_start(&tm);
+        k2r_op(m, 0, K2_ST_ATTN, 0);
+        double ms = bench_timer_stop(&tm);
+        if (rep >= 0) s[rep] = ms;
+    }
+    r->attn_iso = bench_stats(s, x->reps);
+
+    /* device copy bandwidth (elementwise ops' reference) */
+    double target = 4.0 * x->rot_bytes, cap = x->is_cpu ? 256e6 : 1e9;
+    if (target < 64e6) target = 64e6;
+    if (target > cap) target = cap;
+    int64_t cols = 4096, es = (int64_t)dt_dtype_size(be->act_dtype), rows = (int64_t)(target / (cols * es));
+    bench_progress("utilization: device copy bandwidth (%.0f MB) ...", rows * cols * es / 1e6);
+    dt_mat a = dt_alloc_or_die(be, rows, cols, be->act_dtype), b = dt_alloc_or_die(be, rows, cols, be->act_dtype);
+    bench_fill_randn(be, a, 301, 1.0f);
+    for (int rep = -x->warmup; rep < x->reps; rep++) {
+        bench_timer_start(&tm);
+        be->copy(be, b, a);
+        double ms = bench_timer_stop(&tm);
+        if (rep >= 0) s[rep] = ms;
+    }
+    r->copy = bench_stats(s, x->reps);
+    r->copy_bytes = 2.0 * rows * cols * es;
+    r->copy_gbs = r->copy.med > 0 ? r->copy_bytes / (r->copy.med * 1e-3) / 1e9 : 0;
+    bench_sync_or_die(be);
+    be->free(be, &a);
+    be->free(be, &b);
+    free(s);
+    bench_timer_free(&tm);
+}
+
+/* ------------------------------------------------------------------ arms */
+
+#define K2_MAX_SEG 8
+
+typedef struct {
+    dt_backend *be;
+    bench_timer tm;
+    int hq, hkv, hd;
+    int64_t L, Lv;               /* keys, valid keys */
+    float scale;
+    dt_mat q, k, v, o, kr, vr, kc, vc, bias;
+    int64_t seg0[K2_MAX_SEG], segn[K2_MAX_SEG];   /* valid key row ranges (prompt, suffix, image) */
+    int nseg;
+} k2_attn_ctx;
+
+/* K/V [L, hkv*hd] -> [L, hq*hd] with query head h reading kv head h / g (bench_arms.c gqa_repeat). */
+static void repeat_kv(k2_attn_ctx *c, dt_mat rep, dt_mat src) {
+    int g = c->hq / c->hkv;
+    dt_mat rv = dt_mat_reshape(rep, c->L * c->hkv, (int64_t)g * c->hd);
+    dt_mat sv = dt_mat_reshape(src, c->L * c->hkv, c->hd);
+    for (int r = 0; r < g; r++) c->be->copy(c->be, dt_mat_cols(rv, (int64_t)r * c->hd, c->hd), sv);
+}
+
+/* arm "gqa": 0 native GQA, 1 repeated KV (copies + attention with hq kv heads), 2 attention on pre-repeated KV */
+static void gqa_run(k2_attn_ctx *c, int v) {
+    dt_backend *be = c->be;
+    if (v == 0) be->attention(be, c->o, c->q, c->k, c->v, c->hq, c->hkv, c->hd, c->scale, c->bias, 0);
+    else {
+        if (v == 1) { repeat_kv(c, c->kr, c->k); repeat_kv(c, c->vr, c->v); }
+        be->attention(be, c->o, c->q, c->kr, c->vr, c->hq, c->hq, c->hd, c->scale, c->bias, 0);
+    }
+}
+
+/* arm "mask": 0 key-padding bias, 1 compacted keys (padded rows dropped by copies, no bias), 2 no mask */
+static void mask_run(k2_attn_ctx *c, int v) {
+    dt_backend *be = c->be;
+    if (v == 0) be->attention(be, c->o, c->q, c->k, c->v, c->hq, c->hkv, c->hd, c->scale, c->bias, 0);
+    else if (v == 1) {
+        int64_t at = 0;
+        for (int i = 0; i < c->nseg; i++) {
+            be->copy(be, dt_mat_rows(c->kc, at, c->segn[i]), dt_mat_rows(c->k, c->seg0[i], c->segn[i]));
+            be->copy(be, dt_mat_rows(c->vc, at, c->segn[i]), dt_mat_rows(c->v, c->seg0[i], c->segn[i]));
+            at += c->segn[i];
+        }
+        be->attention(be, c->o, c->q, dt_mat_rows(c->kc, 0, c->Lv), dt_mat_rows(c->vc, 0, c->Lv), c->hq, c->hkv, c->hd,
+                      c->scale, dt_mat_null(), 0);
+    } else {
+        be->attention(be, c->o, c->q, c->k, c->v, c->hq, c->hkv, c->hd, c->scale, dt_mat_null(), 0);
+    }
+}
+
+typedef struct {
+    const char *arm, *names[3];
+    char what[96], note[200];
+    int nv;
+    void (*run)(k2_attn_ctx *c, int v);
+    double tol[3];      /* agreement tolerance of variant v vs 0, relative to max |A|; INFINITY = differs by design */
+} k2_arm;
+
+static void run_arm(k2_ctx *x, k2_attn_ctx *ac, const k2_arm *a) {
+    bench_k2_report *r = x->r;
+    int reps = x->reps;
+    bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
+    double *s = dt_malloc(sizeof(double) * a->nv * reps);
+    for (int rep = -x->warmup; rep < reps; rep++)
+        for (int v = 0; v < a->nv; v++) {
+            bench_timer_start(&ac->tm);
+            a->run(ac, v);
+            double ms = bench_timer_stop(&ac->tm);
+            if (rep >= 0) s[v * reps + rep] = ms;
+        }
+    size_t no = (size_t)(ac->L * ac->hq * ac->hd);
+    float *o0 = dt_malloc(sizeof(float) * no), *o1 = dt_malloc(sizeof(float) * no);
+    a->run(ac, 0);
+    ac->be->download(ac->be, o0, ac->o);
+    double absmax = bench_max_abs(o0, no);
+    bench_stat s0 = bench_stats(s, reps);
+    for (int v = 1; v < a->nv && r->n_arms < (int)(sizeof r->arms / sizeof r->arms[0]); v++) {
+        a->run(ac, v);
+        ac->be->download(ac->be, o1, ac->o);
+        bench_arm *row = &r->arms[r->n_arms++];
+        memset(row, 0, sizeof *row);
+        snprintf(row->arm, sizeof row->arm, "%s", a->arm);
+        snprintf(row->what, sizeof row->what, "%s", a->what);
+        snprintf(row->a, sizeof row->a, "%s", a->names[0]);
+        snprintf(row->b, sizeof row->b, "%s", a->names[v]);
+        snprintf(row->note, sizeof row->note, "%s", a->note);
+        if (isinf(a->tol[v])) {
+            size_t l = strlen(row->note);
+            snprintf(row->note + l, sizeof row->note - l, "%soutputs differ by design (attends to the padding)", l ? "; " : "");
+        }
+        row->sa = s0;
+        row->sb = bench_stats(s + v * reps, reps);
+        row->ratio = row->sa.med > 0 ? row->sb.med / row->sa.med : 0;
+        row->maxdiff = bench_max_abs_diff(o1, o0, no);
+        row->ref_absmax = absmax;
+        row->tol = a->tol[v];
+    }
+    free(o0); free(o1); free(s);
+}
+
+static void arms(k2_ctx *x) {
+    bench_k2_report *r = x->r;
+    dt_backend *be = x->be;
+    const krea2_config *c = &r->c;
+    k2_attn_ctx ac;
+    memset(&ac, 0, sizeof ac);
+    ac.be = be;
+    ac.hq = c->heads; ac.hkv = c->kv_heads; ac.hd = c->head_dim;
+    ac.L = (int64_t)x->n + x->t;
+    ac.scale = 1.0f / sqrtf((float)c->head_dim);
+    int64_t D = c->hidden, dkv = (int64_t)ac.hkv * ac.hd;
+    bench_timer_init(&ac.tm, be);
+    ac.q = dt_alloc_or_die(be, ac.L, D, be->act_dtype);
+    ac.k = dt_alloc_or_die(be, ac.L, dkv, be->act_dtype);
+    ac.v = dt_alloc_or_die(be, ac.L, dkv, be->act_dtype);
+    ac.o = dt_alloc_or_die(be, ac.L, D, be->act_dtype);
+    bench_fill_randn(be, ac.q, 61, 1.0f);
+    bench_fill_randn(be, ac.k, 62, 1.0f);
+    bench_fill_randn(be, ac.v, 63, 1.0f);
+    ac.bias = x->rep->bias;   /* the model's key-padding bias for this workload */
+    double tol = x->is_cpu ? 1e-5 : 2e-2;
+
+    if (ac.hkv == ac.hq) {
+        r->arms[r->n_arms].skipped = 1;
+        snprintf(r->arms[r->n_arms].arm, sizeof r->arms[0].arm, "gqa");
+        snprintf(r->arms[r->n_arms].a, sizeof r->arms[0].a, "native GQA");
+        snprintf(r->arms[r->n_arms].b, sizeof r->arms[0].b, "repeated KV");
+        snprintf(r->arms[r->n_arms++].note, sizeof r->arms[0].note, "kv heads = heads (pass --kv-heads)");
+    } else {
+        ac.kr = dt_alloc_or_die(be, ac.L, D, be->act_dtype);
+        ac.vr = dt_alloc_or_die(be, ac.L, D, be->act_dtype);
+        repeat_kv(&ac, ac.kr, ac.k);
+        repeat_kv(&ac, ac.vr, ac.v);
+        k2_arm a = {0};
+        a.arm = "gqa";
+        snprintf(a.what, sizeof a.what, "attention L=%lld, %d q / %d kv heads x %d, key-padding mask", (long long)ac.L,
+                 ac.hq, ac.hkv, ac.hd);
+        a.names[0] = "native GQA";
+        a.names[1] = "repeated KV";
+        a.names[2] = "pre-repeated KV";
+        a.nv = 3;
+        a.run = gqa_run;
+        a.tol[1] = a.tol[2] = tol;
+        snprintf(a.note, sizeof a.note, "isolated; repeated = %d strided copies of K and V (diffusers' repeat_interleave) + "
+                 "attention with %d kv heads; pre-repeated = the attention alone", ac.hq / ac.hkv, ac.hq);
+        run_arm(x, &ac, &a);
+        bench_sync_or_die(be);
+        be->free(be, &ac.kr);
+        be->free(be, &ac.vr);
+    }
+
+    /* key rows that the mask keeps: [0, prompt), the suffix, the image */
+    int64_t T = x->t;
+    int simple = 1;   /* every valid text run fits the segment table: compaction keeps exactly the unmasked keys */
+    ac.nseg = 0;
+    for (int64_t j = 0; j < T;) {
+        if (!x->mask[j]) { j++; continue; }
+        int64_t e = j;
+        while (e < T && x->mask[e]) e++;
+        if (ac.nseg < K2_MAX_SEG - 1) { ac.seg0[ac.nseg] = j; ac.segn[ac.nseg++] = e - j; }
+        else simple = 0;
+        j = e;
+    }
+    ac.seg0[ac.nseg] = T;
+    ac.segn[ac.nseg++] = x->n;
+    ac.Lv = 0;
+    for (int i = 0; i < ac.nseg; i++) ac.Lv += ac.segn[i];
+    ac.kc = dt_alloc_or_die(be, ac.L, dkv, be->act_dtype);
+    ac.vc = dt_alloc_or_die(be, ac.L, dkv, be->act_dtype);
+    k2_arm a = {0};
+    a.arm = "mask";
+    snprintf(a.what, sizeof a.what, "attention L=%lld (%lld valid keys), %d q / %d kv heads x %d", (long long)ac.L,
+             (long long)ac.Lv, ac.hq, ac.hkv, ac.hd);
+    a.names[0] = "key-padding bias";
+    a.names[1] = "compacted keys";
+    a.names[2] = "no mask";
+    a.nv = 3;
+    a.run = mask_run;
+    a.tol[1] = simple ? tol : INFINITY;
+    a.tol[2] = ac.Lv == ac.L ? tol : INFINITY;
+    snprintf(a.note, sizeof a.note, "isolated; bias = [1, Lk] additive 0/-inf; compacted = %d row copies of K and V "
+             "dropping the padded keys, then no mask", 2 * (ac.nseg));
+    run_arm(x, &ac, &a);
+    k2_note(r, "mask arm: attention takes a [1, Lk] key bias only (no dense additive [Lq, Lk] mask op), so the dense-mask "
+               "path of SDPA cannot be timed; the arm compares the bias with compacted keys and with no mask");
+    bench_sync_or_die(be);
+    be->free(be, &ac.kc); be->free(be, &ac.vc);
+    be->free(be, &ac.q); be->free(be, &ac.k); be->free(be, &ac.v); be->free(be, &ac.o);
+    bench_timer_free(&ac.tm);
+}
+
+/* ------------------------------------------------------------------ run */
+
+static size_t llc_bytes(void) {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l3 > 0) return (size_t)l3;
+    if (l2 > 0) return (size_t)l2;
+    return (size_t)32 << 20;
+}
+
+int bench_krea2_run(const bench_opts *o, bench_k2_report *r) {
+    memset(r, 0, sizeof *r);
+    double t_start = dt_now();
+    k2_ctx x;
+    memset(&x, 0, sizeof x);
+    x.o = o;
+    x.r = r;
+    char *dir = NULL;
+    if (o->format == BENCH_FMT_F32 && !o->model_dir) {
+        dt_set_error("bench: krea2 synthetic weights are bf16, q4 or q8 (--format f32 is FLUX.2 only)");
+        return -1;
+    }
+    x.be = dt_backend_create(o->backend, &o->be);
+    if (!x.be) return -1;
+    x.is_cpu = !strcmp(x.be->name, "cpu");
+    snprintf(r->backend, sizeof r->backend, "%s", x.be->name);
+    if (o->model_dir) {
+        dir = dt_weights_component_dir(o->model_dir, "transformer");
+        if (!dir) goto fail;
+        char cp[4300];
+        snprintf(cp, sizeof cp, "%s/config.json", dir);
+        json *cfg = json_parse_file(cp);
+        if (!cfg) goto fail;
+        int rc = krea2_config_parse(cfg, cp, &r->c);
+        json_free(cfg);
+        if (rc) goto fail;
+        snprintf(r->source, sizeof r->source, "%s", dir);
+        snprintf(r->preset, sizeof r->preset, "checkpoint");
+    } else {
+        if (resolve_geometry(o, &r->c, r)) goto fail;
+        int group = o->group > 0 ? o->group : 64;
+        dir = synth_checkpoint(o, &r->c, group, r);
+        if (!dir) goto fail;
+        snprintf(r->source, sizeof r->source, "synthetic (%s)", dir);
+        snprintf(r->preset, sizeof r->preset, "%s", o->preset);
+    }
+    x.dir = dir;
+    const krea2_config *c = &r->c;
+
+    /* workload defaults per backend (a real-geometry forward is ~28 TFLOP per 1000 tokens: tiny on a CPU) */
+    int img_size = o->image_size, txt = o->text_tokens;
+    x.reps = o->reps;
+    x.warmup = o->warmup;
+    if (x.is_cpu) {
+        int tiny = c->hidden <= 1024;
+        char scaled[200] = "", tmp[64];
+        if (img_size <= 0) { img_size = tiny ? 128 : 32; snprintf(tmp, sizeof tmp, " --image-size %d", img_size); strcat(scaled, tmp); }
+        if (txt < 0) { txt = tiny ? 24 : 8; snprintf(tmp, sizeof tmp, " --text-tokens %d", txt); strcat(scaled, tmp); }
+        if (x.reps <= 0) { x.reps = tiny ? 5 : 2; snprintf(tmp, sizeof tmp, " --reps %d", x.reps); strcat(scaled, tmp); }
+        if (x.warmup < 0) { x.warmup = tiny ? 1 : 0; snprintf(tmp, sizeof tmp, " --warmup %d", x.warmup); strcat(scaled, tmp); }
+        if (scaled[0]) {
+            k2_note(r, "cpu backend: workload scaled down (CUDA defaults are --image-size 1024 --text-tokens 512 --reps 20 "
+                       "--warmup 3); used:%s", scaled);
+            bench_progress("cpu: scaled down:%s (pass the flags to override)", scaled);
+        }
+    } else {
+        if (img_size <= 0) img_size = 1024;
+        if (txt < 0) txt = 512;
+        if (x.reps <= 0) x.reps = 20;
+        if (x.warmup < 0) x.warmup = 3;
+    }
+    if (img_size % 16 || img_size < 16) { dt_set_error("bench: --image-size %d must be a positive multiple of 16", img_size); goto fail; }
+    if (txt < 1) { dt_set_error("bench: krea2 needs at least one text token (--text-tokens)"); goto fail; }
+    x.h = x.w = img_size / 16;
+    x.n = x.h * x.w;
+    x.t = txt;
+    r->image_size = img_size;
+    r->n_img = x.n;
+    r->n_txt = x.t;
+    r->reps = x.reps;
+    r->warmup = x.warmup;
+    if (o->l2_mb > 0) r->l2_mb = o->l2_mb;
+    else if (!x.is_cpu) r->l2_mb = 60.0;
+    else {
+        double llc = llc_bytes() / 1e6;
+        r->l2_mb = llc < 32 ? llc : 32;
+    }
+    x.rot_bytes = 2.0 * r->l2_mb * 1e6;
+    if (o->peak_tflops > 0) {
+        r->peak_tflops = o->peak_tflops;
+        snprintf(r->peak_src, sizeof r->peak_src, "--peak-tflops");
+    } else if (!x.is_cpu) {
+        r->peak_tflops = 989;
+        snprintf(r->peak_src, sizeof r->peak_src, "table: H200 dense bf16");
+    } else {
+        snprintf(r->peak_src, sizeof r->peak_src, "none for cpu (pass --peak-tflops)");
+    }
+    count_flops(r, x.n, x.t);
+
+    /* inputs: random latents and text states, the pipeline's position ids and padding layout */
+    int64_t L = (int64_t)x.n + x.t;
+    x.img = dt_malloc(sizeof(float) * (size_t)x.n * c->in_channels);
+    x.txt = dt_malloc(sizeof(float) * (size_t)x.t * c->text_layers * c->text_dim);
+    x.pos = dt_malloc(sizeof(float) * (size_t)L * c->n_axes);
+    x.mask = dt_malloc((size_t)x.t);
+    krea2_synth_inputs(c, x.h, x.w, x.t, o->seed, x.img, x.txt, x.pos, x.mask);
+    for (int i = 0; i < x.t; i++) r->n_valid += x.mask[i];
+    bench_progress("%s on %s: D %d = %d heads (%d kv) x %d, %d blocks, F %d, text %d x %d layers; %d image + %d text tokens "
+                   "(%d valid); %.1f GFLOP per forward", r->preset, r->backend, c->hidden, c->heads, c->kv_heads, c->head_dim,
+                   c->num_layers, c->intermediate, c->text_dim, c->text_layers, x.n, x.t, r->n_valid, fwd_gflop(r));
+
+    if (whole_forward(&x)) goto fail;
+    if (replica(&x)) goto fail;
+    if (o->sections & BENCH_LEDGER) {
+        prefix_ledger(&x);
+        block_scaling(&x);
+        shares(&x);
+    }
+    if (o->sections & BENCH_UTIL) utilization(&x);
+    if (o->sections & BENCH_ARMS) arms(&x);
+
+    k2r_free(x.rep);
+    x.rep = NULL;
+    if (x.be->mem_stats) {
+        size_t cur = 0, peak = 0;
+        x.be->mem_stats(x.be, &cur, &peak);
+        r->mem_peak_gb = peak / 1e9;
+    }
+    x.be->destroy(x.be);
+    free(dir);
+    free(x.img); free(x.txt); free(x.pos); free(x.mask); free(x.trace0); free(x.trace_last);
+    r->total_s = dt_now() - t_start;
+    bench_progress("done in %.1f s", r->total_s);
+    return 0;
+fail:
+    if (x.rep) k2r_free(x.rep);
+    if (x.be) x.be->destroy(x.be);
+    free(dir);
+    free(x.img); free(x.txt); free(x.pos); free(x.mask); free(x.trace0); free(x.trace_last);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ report */
+
+static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
+static const char *cat_name(int c) { return c == BENCH_CAT_GEMM ? "gemm" : c == BENCH_CAT_ATTN ? "attention" : "elementwise"; }
+
+static void pct(const bench_k2_report *r, double tf, char *buf, size_t n) {
+    if (r->peak_tflops > 0) snprintf(buf, n, "%.1f%%", 100.0 * tf / r->peak_tflops);
+    else snprintf(buf, n, "-");
+}
+
+void bench_krea2_markdown(const bench_k2_report *r, FILE *f) {
+    const krea2_config *c = &r->c;
+    double gf = fwd_gflop(r), nl = c->num_layers;
+    char pk[32];
+    fprintf(f, "# ditrun bench: %s (Krea 2) on %s (%s)\n\n| setup | value |\n|---|---|\n", r->preset, r->backend, r->fmt);
+    fprintf(f, "| weights | %s (%.2f GB) |\n", r->source, r->weight_gb);
+    fprintf(f, "| geometry | D %d = %d q heads (%d kv) x %d, MLP %d, %d blocks; in %d; text %d (%d/%d heads, MLP %d) x %d "
+               "layers, %d layerwise + %d refiner blocks |\n", c->hidden, c->heads, c->kv_heads, c->head_dim, c->intermediate,
+            c->num_layers, c->in_channels, c->text_dim, c->text_heads, c->text_kv_heads, c->text_intermediate,
+            c->text_layers, c->n_layerwise, c->n_refiner);
+    fprintf(f, "| workload | image %d px -> %d image tokens + %d text tokens (%d valid, [prompt | padding | suffix]) = %d |\n",
+            r->image_size, r->n_img, r->n_txt, r->n_valid, r->n_img + r->n_txt);
+    fprintf(f, "| work per forward | %.1f GFLOP: blocks %.1f GEMM + %.1f attention, text fusion %.1f, embedders/final %.1f |\n",
+            gf, nl * r->gflop_block_gemm, nl * r->gflop_block_attn, r->gflop_text, r->gflop_other);
+    fprintf(f, "| repetitions | %d timed (median, p10-p90), %d warm-up excluded |\n", r->reps, r->warmup);
+    fprintf(f, "| cache the rotations exceed | %.1f MB (x2) |\n", r->l2_mb);
+    if (r->synth_s > 0) fprintf(f, "| synthetic checkpoint written | %.1f s |\n", r->synth_s);
+    fprintf(f, "| load (krea2_load) | %.1f s |\n| backend memory peak | %.2f GB |\n\n", r->load_s, r->mem_peak_gb);
+
+    fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
+    fprintf(f, "| krea2_forward with the text mask (wall clock incl. host I/O) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n",
+            r->fwd_mask.med, r->fwd_mask.p10, r->fwd_mask.p90, r->fwd_mask.min, r->fwd_mask.max, tflops(gf, r->fwd_mask.med));
+    fprintf(f, "| krea2_forward without a mask | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n", r->fwd_nomask.med, r->fwd_nomask.p10,
+            r->fwd_nomask.p90, r->fwd_nomask.min, r->fwd_nomask.max, tflops(gf, r->fwd_nomask.med));
+    if (r->blocks_dev.n)
+        fprintf(f, "| replica: the %d transformer blocks (device-only, events) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n",
+                c->num_layers, r->blocks_dev.med, r->blocks_dev.p10, r->blocks_dev.p90, r->blocks_dev.min, r->blocks_dev.max,
+                tflops(nl * (r->gflop_block_gemm + r->gflop_block_attn), r->blocks_dev.med));
+    fprintf(f, "\nWarm-up (excluded): first forward %.3f ms with mask, %.3f ms without. Output %s, max |out| %.3g; "
+               "max |out(mask) - out(no mask)| %.3g (the mask hides %d padded keys). ",
+            r->fwd_mask_warm_ms, r->fwd_nomask_warm_ms, r->out_finite ? "finite" : "NOT FINITE", r->out_absmax, r->mask_effect,
+            r->n_txt - r->n_valid);
+    if (r->replica_checked)
+        fprintf(f, "Replica blocks 1..%d fed the model's stream after block 0 vs the model's stream after block %d: "
+                   "max |diff| %.3g (max |stream| %.3g).\n\n", c->num_layers - 1, c->num_layers - 1, r->replica_maxdiff,
+                r->replica_absmax);
+    else fprintf(f, "\n\n");
+
+    if (r->n_ops && r->ops[0].prefix.n) {
+        fprintf(f, "## Ledger: one transformer block, cumulative prefixes (replica, %d blocks' weights per timed region)\n\n",
+                r->prefix_blocks);
+        fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | direct ms (p10-p90) | GFLOP | "
+                   "TFLOPS | GB moved | GB/s | %% of copy BW |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        double dsum = 0;
+        for (int k = 0; k < r->n_ops; k++) {
+            const bench_op *o = &r->ops[k];
+            char tf[32] = "", gb[32] = "", gbs[32] = "", pc[32] = "";
+            if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ledger_ms));
+            if (o->gbytes > 0) {
+                double bw = o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0;
+                snprintf(gb, sizeof gb, "%.4f", o->gbytes);
+                snprintf(gbs, sizeof gbs, "%.1f", bw);
+                if (r->copy_gbs > 0) snprintf(pc, sizeof pc, "%.0f%%", 100.0 * bw / r->copy_gbs);
+            }
+            fprintf(f, "| %d | %s | %s | %.4f | %.4f-%.4f | %.4f | %.1f%% | %.4f (%.4f-%.4f) | %.2f | %s | %s | %s | %s |\n", k,
+                    o->name, cat_name(o->cat), o->prefix.med, o->prefix.p10, o->prefix.p90, o->ms,
+                    r->block_ledger_ms > 0 ? 100.0 * o->ms / r->block_ledger_ms : 0, o->direct.med, o->direct.p10,
+                    o->direct.p90, o->gflop, tf, gb, gbs, pc);
+            dsum += o->direct.med;
+        }
+        fprintf(f, "| | **block** | | | | **%.4f** | 100%% | **%.4f** | | | | | |\n\n", r->block_ledger_ms, dsum);
+        fprintf(f, "Op ms = median(prefix k) - median(prefix k-1); RoPE = the extra cost of rotating inside the fused "
+                   "head-norm op. Direct = the op alone between two events (QK norm and RoPE as separate passes). The "
+                   "modulated norm is RMSNorm with the folded weight plus a shift add against a ones matrix (two passes); "
+                   "its GB moved is what one fused pass would move.\n\n");
+    }
+    if (r->n_scale) {
+        fprintf(f, "## Ledger: block-count scaling (replica, device-only)\n\n| blocks | median ms | p10-p90 ms |\n|---:|---:|---:|\n");
+        for (int i = 0; i < r->n_scale; i++)
+            fprintf(f, "| %d | %.3f | %.3f-%.3f |\n", r->scale_n[i], r->scale_t[i].med, r->scale_t[i].p10, r->scale_t[i].p90);
+        fprintf(f, "\nPer block: %.4f ms in the stack (slope) vs %.4f ms from the prefix ledger.\n\n", r->block_slope_ms,
+                r->block_ledger_ms);
+    }
+    if (r->n_shares) {
+        fprintf(f, "## Ledger: shares of one step (krea2_forward with the mask, %.3f ms)\n\nPer-op basis: %s, times %d blocks.\n\n"
+                   "Rest = krea2_forward - the replica's blocks (text fusion, txt_in/img_in, timestep MLP + host modulation fold, "
+                   "final layer, host uploads/download); remainder = replica blocks - ledger block x blocks.\n\n"
+                   "| part | ms | share |\n|---|---:|---:|\n", r->total_ms, r->shares_basis, c->num_layers);
+        double sum = 0;
+        for (int i = 0; i < r->n_shares; i++) {
+            const bench_share *s = &r->shares[i];
+            if (s->level == 0) sum += s->share;
+            fprintf(f, "| %s%s | %.3f | %.1f%% |\n", s->level ? "&nbsp;&nbsp;- " : "", s->name, s->ms, s->share);
+        }
+        fprintf(f, "| **total** | **%.3f** | **%.1f%%** |\n\n", r->total_ms, sum);
+    }
+    if (r->n_gemm || r->attn_iso.n) {
+        fprintf(f, "## Utilization (nominal peak: %s)\n\n", r->peak_src);
+        fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
+                   "dense bf16 ceiling ms | ceiling TFLOPS | isolated speed / ceiling | isolated %% of peak | rotation (isolated / ceiling) |\n"
+                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        for (int i = 0; i < r->n_gemm; i++) {
+            const bench_gemm *g = &r->gemm[i];
+            char im[32] = "-", it[32] = "-", ratio[32] = "-";
+            if (g->inmodel_ms >= 0) {
+                snprintf(im, sizeof im, "%.4f", g->inmodel_ms);
+                snprintf(it, sizeof it, "%.3f", tflops(g->gflop, g->inmodel_ms));
+            }
+            snprintf(ratio, sizeof ratio, "%.0f%%", g->iso.med > 0 ? 100.0 * g->ceil.med / g->iso.med : 0);
+            pct(r, tflops(g->gflop, g->iso.med), pk, sizeof pk);
+            fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %.4f | %.3f | %.4f | %.3f | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
+                    g->name, (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, g->iso.med,
+                    tflops(g->gflop, g->iso.med), g->ceil.med, tflops(g->gflop, g->ceil.med), ratio, pk, g->iso_bufs, g->iso_mb,
+                    g->ceil_bufs, g->ceil_mb, g->iso_mb < 2 * r->l2_mb ? " (cache-resident)" : "");
+        }
+        fprintf(f, "\n| other | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | %% of peak |\n|---|---:|---:|---:|---:|---:|\n");
+        if (r->attn_iso.n) {
+            pct(r, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
+            fprintf(f, "| attention, GQA %d/%d + mask (%.2f GFLOP per block) | %.4f | %.3f | %.4f | %.3f | %s |\n", c->heads,
+                    c->kv_heads, r->attn_gflop, r->attn_inmodel_ms, tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med,
+                    tflops(r->attn_gflop, r->attn_iso.med), pk);
+        }
+        pct(r, tflops(gf, r->fwd_mask.med), pk, sizeof pk);
+        fprintf(f, "| whole forward with mask (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", gf, r->fwd_mask.med,
+                tflops(gf, r->fwd_mask.med), pk);
+        if (r->copy.n)
+            fprintf(f, "\nDevice copy bandwidth: %.1f GB/s (read + write, %.0f MB moved, median %.3f ms).\n", r->copy_gbs,
+                    r->copy_bytes / 1e6, r->copy.med);
+        fprintf(f, "In-model = timed inside the block (ledger; the q/k/v/gate op is split over its four GEMMs in proportion "
+                   "to their isolated times, the MLP gate+up op in halves); isolated = the GEMM alone, weights rotated "
+                   "through the listed distinct buffers; attention isolated on random Q/K/V with the model's mask.\n\n");
+    }
+    if (r->n_arms) {
+        fprintf(f, "## A/B arms (interleaved A B ... in one process)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
+                   "B median ms (p10-p90) | B/A | max abs(A-B) | max abs(A) | agree | note |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---|\n");
+        for (int i = 0; i < r->n_arms; i++) {
+            const bench_arm *a = &r->arms[i];
+            if (a->skipped) {
+                fprintf(f, "| %s | - | %s | %s | - | - | - | - | - | skipped | %s |\n", a->arm, a->a, a->b, a->note);
+                continue;
+            }
+            const char *agree = isinf(a->tol) ? "n/a" : a->maxdiff <= a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1) ? "yes" : "NO";
+            fprintf(f, "| %s | %s | %s | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %.3f | %.3g | %.3g | %s | %s |\n", a->arm,
+                    a->what, a->a, a->b, a->sa.med, a->sa.p10, a->sa.p90, a->sb.med, a->sb.p10, a->sb.p90, a->ratio,
+                    a->maxdiff, a->ref_absmax, agree, a->note);
+        }
+        fprintf(f, "\n");
+    }
+    if (r->n_notes) {
+        fprintf(f, "## Notes\n\n");
+        for (int i = 0; i < r->n_notes; i++) fprintf(f, "- %s\n", r->notes[i]);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "Bench time %.1f s.\n", r->total_s);
+}
+
+/* ------------------------------------------------------------------ JSON lines */
+
+static void jstr(FILE *f, const char *key, const char *v) {
+    fprintf(f, "\"%s\":\"", key);
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void jnum(FILE *f, const char *key, double v) {
+    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+static void jstat(FILE *f, const char *p, bench_stat s) {
+    char k[64];
+    snprintf(k, sizeof k, "%s_median_ms", p); jnum(f, k, s.med);
+    snprintf(k, sizeof k, "%s_p10_ms", p); jnum(f, k, s.p10);
+    snprintf(k, sizeof k, "%s_p90_ms", p); jnum(f, k, s.p90);
+    snprintf(k, sizeof k, "%s_min_ms", p); jnum(f, k, s.min);
+    snprintf(k, sizeof k, "%s_max_ms", p); jnum(f, k, s.max);
+    snprintf(k, sizeof k, "%s_n", p); jnum(f, k, s.n);
+}
+
+int bench_krea2_json(const bench_k2_report *r, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) { dt_set_error("%s: cannot create (%s)", path, strerror(errno)); return -1; }
+    const krea2_config *c = &r->c;
+    double gf = fwd_gflop(r);
+    fprintf(f, "{"); jstr(f, "type", "setup"); fputc(',', f); jstr(f, "model", "krea2"); fputc(',', f);
+    jstr(f, "preset", r->preset); fputc(',', f); jstr(f, "backend", r->backend); fputc(',', f); jstr(f, "format", r->fmt);
+    fputc(',', f); jstr(f, "weights", r->source);
+    jnum(f, "hidden", c->hidden); jnum(f, "heads", c->heads); jnum(f, "kv_heads", c->kv_heads); jnum(f, "head_dim", c->head_dim);
+    jnum(f, "intermediate", c->intermediate); jnum(f, "blocks", c->num_layers); jnum(f, "text_dim", c->text_dim);
+    jnum(f, "text_layers", c->text_layers); jnum(f, "image_size", r->image_size); jnum(f, "image_tokens", r->n_img);
+    jnum(f, "text_tokens", r->n_txt); jnum(f, "valid_text_tokens", r->n_valid); jnum(f, "reps", r->reps);
+    jnum(f, "warmup", r->warmup); jnum(f, "cache_mb", r->l2_mb); jnum(f, "synth_s", r->synth_s); jnum(f, "load_s", r->load_s);
+    jnum(f, "weight_gb", r->weight_gb); jnum(f, "gflop_forward", gf); jnum(f, "gflop_block_gemm", r->gflop_block_gemm);
+    jnum(f, "gflop_block_attention", r->gflop_block_attn); jnum(f, "gflop_text_fusion", r->gflop_text);
+    jnum(f, "gflop_other", r->gflop_other); jnum(f, "peak_tflops", r->peak_tflops); jnum(f, "bench_s", r->total_s);
+    jnum(f, "mem_peak_gb", r->mem_peak_gb);
+    fprintf(f, "}\n");
+    const char *fn[3] = {"krea2_forward mask", "krea2_forward no mask", "replica blocks"};
+    const bench_stat *fs[3] = {&r->fwd_mask, &r->fwd_nomask, &r->blocks_dev};
+    for (int i = 0; i < 3; i++) {
+        fprintf(f, "{"); jstr(f, "type", "forward"); fputc(',', f); jstr(f, "name", fn[i]);
+        jstat(f, "t", *fs[i]);
+        jnum(f, "tflops", tflops(i == 2 ? c->num_layers * (r->gflop_block_gemm + r->gflop_block_attn) : gf, fs[i]->med));
+        if (i == 0) { jnum(f, "warmup_ms", r->fwd_mask_warm_ms); jnum(f, "out_absmax", r->out_absmax); jnum(f, "finite", r->out_finite); }
+        if (i == 1) { jnum(f, "warmup_ms", r->fwd_nomask_warm_ms); jnum(f, "maxdiff_vs_mask", r->mask_effect); }
+        if (i == 2 && r->replica_checked) { jnum(f, "maxdiff_vs_model", r->replica_maxdiff); jnum(f, "model_absmax", r->replica_absmax); }
+        fprintf(f, "}\n");
+    }
+    for (int k = 0; k < r->n_ops; k++) {
+        const bench_op *o = &r->ops[k];
+        fprintf(f, "{"); jstr(f, "type", "ledger_op"); jnum(f, "index", k); fputc(',', f); jstr(f, "name", o->name);
+        fputc(',', f); jstr(f, "category", cat_name(o->cat)); jstat(f, "prefix", o->prefix); jnum(f, "ms", o->ms);
+        jstat(f, "direct", o->direct); jnum(f, "ledger_ms", o->ledger_ms); jnum(f, "gflop", o->gflop);
+        jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ledger_ms) : 0); jnum(f, "gbytes", o->gbytes);
+        jnum(f, "gb_per_s", o->gbytes > 0 && o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0);
+        jnum(f, "blocks_per_region", r->prefix_blocks);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_scale; i++) {
+        fprintf(f, "{"); jstr(f, "type", "scale"); jnum(f, "blocks", r->scale_n[i]); jstat(f, "t", r->scale_t[i]);
+        fprintf(f, "}\n");
+    }
+    if (r->n_scale) {
+        fprintf(f, "{"); jstr(f, "type", "blocks"); jnum(f, "slope_ms", r->block_slope_ms); jnum(f, "ledger_ms", r->block_ledger_ms);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_shares; i++) {
+        const bench_share *s = &r->shares[i];
+        fprintf(f, "{"); jstr(f, "type", "share"); fputc(',', f); jstr(f, "name", s->name); jnum(f, "level", s->level);
+        jnum(f, "ms", s->ms); jnum(f, "share_pct", s->share); jnum(f, "total_ms", r->total_ms);
+        jnum(f, "is_remainder", strstr(s->name, "unexplained remainder") != NULL); fputc(',', f);
+        jstr(f, "basis", r->shares_basis);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_gemm; i++) {
+        const bench_gemm *g = &r->gemm[i];
+        fprintf(f, "{"); jstr(f, "type", "gemm"); fputc(',', f); jstr(f, "name", g->name); jnum(f, "M", g->M); jnum(f, "K", g->K);
+        jnum(f, "N", g->N); jnum(f, "per_forward", g->count); jnum(f, "gflop", g->gflop);
+        if (g->inmodel_ms >= 0) { jnum(f, "inmodel_ms", g->inmodel_ms); jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
+        jstat(f, "isolated", g->iso); jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med));
+        jstat(f, "ceiling", g->ceil); jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
+        jnum(f, "isolated_bufs", g->iso_bufs); jnum(f, "isolated_mb", g->iso_mb); jnum(f, "ceiling_bufs", g->ceil_bufs);
+        jnum(f, "ceiling_mb", g->ceil_mb);
+        fprintf(f, "}\n");
+    }
+    if (r->attn_iso.n) {
+        fprintf(f, "{"); jstr(f, "type", "attention"); jnum(f, "gflop", r->attn_gflop); jnum(f, "inmodel_ms", r->attn_inmodel_ms);
+        jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); jstat(f, "isolated", r->attn_iso);
+        jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
+        fprintf(f, "}\n");
+    }
+    if (r->copy.n) {
+        fprintf(f, "{"); jstr(f, "type", "copy"); jnum(f, "bytes", r->copy_bytes); jstat(f, "t", r->copy); jnum(f, "gb_per_s", r->copy_gbs);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_arms; i++) {
+        const bench_arm *a = &r->arms[i];
+        fprintf(f, "{"); jstr(f, "type", "arm"); fputc(',', f); jstr(f, "arm", a->arm); fputc(',', f); jstr(f, "workload", a->what);
+        fputc(',', f); jstr(f, "a", a->a); fputc(',', f); jstr(f, "b", a->b); jnum(f, "skipped", a->skipped);
+        if (!a->skipped) {
+            jstat(f, "a", a->sa); jstat(f, "b", a->sb); jnum(f, "ratio_b_over_a", a->ratio); jnum(f, "maxdiff", a->maxdiff);
+            jnum(f, "ref_absmax", a->ref_absmax); jnum(f, "tol", a->tol);
+        }
+        fputc(',', f); jstr(f, "note", a->note);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_notes; i++) {
+        fprintf(f, "{"); jstr(f, "type", "note"); fputc(',', f); jstr(f, "text", r->notes[i]);
+        fprintf(f, "}\n");
+    }
+    if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }
+    return 0;
+}
