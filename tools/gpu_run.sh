@@ -83,4 +83,14 @@ if has bench; then
     timeout 300 $B bench --preset klein-4b --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
     log "bench klein-4b 512 rc=$?"
 fi
+if has krea2; then
+    t1=$(date +%s)
+    [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
+    $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
+    log "krea2 synthetic: $(( $(date +%s) - t1 )) s"
+    fwd "Krea 2 q4 1024^2 (mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10
+    fwd "Krea 2 q4 1024^2 (no mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10 --no-mask
+    timeout 300 $B bench --preset krea2 --backend cuda --json "$OUT/benchkr2.jsonl" > "$OUT/benchkr2.md" 2> "$OUT/benchkr2.err"
+    log "bench krea2 rc=$?"
+fi
 log "total $(( $(date +%s) - t0 )) s"
