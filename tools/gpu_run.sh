@@ -77,10 +77,10 @@ if has gen; then
 fi
 
 if has bench; then
-    timeout 400 $B bench --model "$W/k4q4" --backend cuda --json "$OUT/bench4.jsonl" > "$OUT/bench4.md" 2> "$OUT/bench4.err"
+    timeout 400 $B bench --preset klein-4b --backend cuda --json "$OUT/bench4.jsonl" > "$OUT/bench4.md" 2> "$OUT/bench4.err"
     log "bench klein-4b rc=$?"
     cat "$OUT/bench4.md" >> "$OUT/summary.txt"
-    timeout 300 $B bench --model "$W/k4q4" --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
+    timeout 300 $B bench --preset klein-4b --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
     log "bench klein-4b 512 rc=$?"
 fi
 if has krea2; then
@@ -90,7 +90,7 @@ if has krea2; then
     log "krea2 synthetic: $(( $(date +%s) - t1 )) s"
     fwd "Krea 2 q4 1024^2 (mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10
     fwd "Krea 2 q4 1024^2 (no mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10 --no-mask
-    timeout 300 $B bench --model "$W/kr2q4" --backend cuda --json "$OUT/benchkr2.jsonl" > "$OUT/benchkr2.md" 2> "$OUT/benchkr2.err"
+    timeout 300 $B bench --preset krea2 --backend cuda --json "$OUT/benchkr2.jsonl" > "$OUT/benchkr2.md" 2> "$OUT/benchkr2.err"
     log "bench krea2 rc=$?"
 fi
 log "total $(( $(date +%s) - t0 )) s"
