@@ -601,7 +601,8 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         /* Load every kernel of the backend now (lazy module loading would otherwise load each one at its first
          * launch, inside the first forward / encode / decode) and raise their shared-memory limits. */
         double t0 = dt_now();
-        if (st->cc_major == 9 && st->cc_minor == 0) dtc_preload_kernels(st);
+        const char *pe = getenv("DITRUN_CUDA_PRELOAD");   /* =0: leave loading lazy (to measure the difference) */
+        if (st->cc_major == 9 && st->cc_minor == 0 && !(pe && pe[0] == '0')) dtc_preload_kernels(st);
         st->t_preload = dt_now() - t0;
         if (o.verbose) fprintf(stderr, "ditrun: cuda: kernels preloaded in %.1f ms\n", st->t_preload * 1e3);
     }
