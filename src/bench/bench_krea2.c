@@ -716,8 +716,9 @@ static void prefix_ledger(k2_ctx *x) {
     else {
         snprintf(r->shares_basis, sizeof r->shares_basis,
                  "direct op times scaled to the prefix block total (%d prefix increment%s negative: noise)", neg, neg > 1 ? "s" : "");
-        k2_note(r, "ledger: %d prefix increment%s came out negative (timing noise larger than the op); the shares use the "
-                   "direct op times scaled to the block's prefix total. More --reps help.", neg, neg > 1 ? "s" : "");
+        k2_note(r, "ledger: %d prefix increment%s negative (noise, or overlap: on the H200 the gate after attention is "
+                   "systematically -0.13 ms); shares use the direct op times scaled to the block's prefix total", neg,
+                neg > 1 ? "s" : "");
     }
     r->attn_inmodel_ms = r->ops[K2_ST_ATTN].ledger_ms;
     be->copy(be, m->s, s0);
