@@ -700,7 +700,9 @@ static void time_first_calls(double t_create) {
     const int64_t M = 512, K = 2560, N = 9728;
     float *hx = rand_bf((size_t)M * N, -1.f, 1.f);
     dt_mat x = upa(G, hx, M, K), xw = upa(G, hx, M, N), y = dt_alloc_or_die(G, M, N, DT_BF16);
-    for (int kind = 0; kind < 4; kind++) {
+    dt_mat vb = dt_alloc_or_die(G, 16384, 3 * 512, DT_BF16), vo = dt_alloc_or_die(G, 16384, 512, DT_BF16);
+    G->upload(G, dt_mat_reshape(dt_mat_rows(vb, 0, 2560), 1536, 2560), hx);   /* first rows random, rest as is */
+    for (int kind = 0; kind < 5; kind++) {
         double t[2];
         const char *nm = "";
         wsrc w;
@@ -726,6 +728,10 @@ static void time_first_calls(double t_create) {
                 G->attention(G, o, q, k, v, 32, 8, 128, 0.088f, gb, 1);
                 G->sync(G);
                 G->free(G, &gb);
+            } else if (kind == 4) {
+                nm = "first/second call attention 16384 1x512 (VAE)";
+                G->attention(G, vo, dt_mat_cols(vb, 0, 512), dt_mat_cols(vb, 512, 512), dt_mat_cols(vb, 1024, 512), 1, 1,
+                             512, 0.0442f, dt_mat_null(), 0);
             } else {
                 nm = "first/second call conv2d 128->128 3x3 64x64";
                 float *hw = rand_bf(128 * 128 * 9, -0.05f, 0.05f);
@@ -742,7 +748,7 @@ static void time_first_calls(double t_create) {
         if (lw) { G->linear_destroy(G, lw); free_weights(&w); }
         G->opts.qpath = saved;
     }
-    G->free(G, &x); G->free(G, &xw); G->free(G, &y);
+    G->free(G, &x); G->free(G, &xw); G->free(G, &y); G->free(G, &vb); G->free(G, &vo);
     free(hx);
 }
 

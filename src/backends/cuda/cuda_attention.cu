@@ -1085,10 +1085,14 @@ static void attention_generic(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_ma
                               float scale, const float *kbias, int causal) {
     const int64_t Lq = q.rows, Lk = k.rows;
     const int64_t ldsp = (Lk + 7) / 8 * 8;
-    int64_t qc = ((int64_t)1 << 26) / ldsp;  /* S chunk <= 256 MB */
+    int64_t qc = ((int64_t)1 << 24) / ldsp;  /* S chunk <= 64 MB (large enough GEMMs, a modest scratch) */
     if (qc < 16) qc = 16;
     if (qc > Lq) qc = Lq;
     size_t sbytes = (size_t)qc * ldsp * 4, pbytes = (size_t)qc * ldsp * 2;
+    const char *tre = getenv("DITRUN_CUDA_TRACE");
+    const int tr = tre && *tre && *tre != '0';   /* host time of each step of the first chunk */
+    double tt[5];
+    tt[0] = dt_now();
     char *buf = (char *)dtc_scratch_get(st, &st->s_attn, sbytes + pbytes + 256);
     float *S = (float *)buf;
     __nv_bfloat16 *P = (__nv_bfloat16 *)(buf + ((sbytes + 255) / 256) * 256);
@@ -1100,12 +1104,23 @@ static void attention_generic(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_ma
             int64_t n = Lq - c0 < qc ? Lq - c0 : qc;
             const __nv_bfloat16 *Qc = (const __nv_bfloat16 *)q.data + c0 * q.ld + (int64_t)h * hd;
             /* S[n, Lk] = scale · Qc[n, hd] · Khᵀ  (column-major: Sᵀ[Lk, n] = Kh · Qcᵀ) */
+            const int first = tr && h == 0 && c0 == 0;
+            if (first) tt[1] = dt_now();
             dtc_gemm(st, 1, 0, Lk, n, hd, Kh, k.ld, Qc, q.ld, S, ldsp, DT_F32, scale, nullptr);
+            if (first) tt[2] = dt_now();
             k_softmax_rows<<<(unsigned)n, 256, 0, st->stream>>>(S, ldsp, P, ldsp, (int)Lk, kbias, causal, (int)c0);
             CK_LAUNCH("softmax_rows");
+            if (first) tt[3] = dt_now();
             /* O[n, hd] = P[n, Lk] · Vh[Lk, hd]  (column-major: Oᵀ[hd, n] = Vhᵀ · Pᵀ) */
             void *Oc = (char *)o.data + (size_t)(c0 * o.ld + (int64_t)h * hd) * dt_dtype_size(o.dtype);
             dtc_gemm(st, 0, 0, hd, n, Lk, Vh, v.ld, P, ldsp, Oc, o.ld, o.dtype, 1.f, nullptr);
+            if (first) {
+                tt[4] = dt_now();
+                fprintf(stderr,
+                        "ditrun: cuda trace:   generic attention (host ms, first chunk): scratch %.3f, S gemm %.3f, "
+                        "softmax %.3f, PV gemm %.3f\n",
+                        (tt[1] - tt[0]) * 1e3, (tt[2] - tt[1]) * 1e3, (tt[3] - tt[2]) * 1e3, (tt[4] - tt[3]) * 1e3);
+            }
         }
     }
 }

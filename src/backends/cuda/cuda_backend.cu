@@ -58,8 +58,11 @@ void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
     } else {
         double t0 = dt_now();
         cudaError_t e = cudaMalloc(&ptr, rb);
+        double dt = dt_now() - t0;
         p->n_malloc++;
-        p->t_malloc += dt_now() - t0;
+        p->t_malloc += dt;
+        if (st->trace_malloc_ms > 0 && dt * 1e3 >= st->trace_malloc_ms)
+            fprintf(stderr, "ditrun: cuda trace: cudaMalloc     %9.3f ms  %.1f MB\n", dt * 1e3, rb / 1048576.0);
         if (e != cudaSuccess) {
             cudaGetLastError();
             pool_release_cached(p);  /* give cached blocks back and retry once */
@@ -414,6 +417,7 @@ static void trace_install(dt_backend *be) {
         g_tr.stats = new std::map<std::string, trace_stat>();
     }
     g_tr.real = *be;
+    dtc(be)->trace_malloc_ms = g_tr.thr_ms > 0 ? g_tr.thr_ms : 1e-9;
     be->linear = tr_linear;
     be->attention = tr_attention;
     be->conv2d = tr_conv2d;

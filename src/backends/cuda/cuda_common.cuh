@@ -80,6 +80,7 @@ struct dtc_state {
     int capturing;
     int verbose;
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
+    double trace_malloc_ms; /* DITRUN_CUDA_TRACE: print cudaMalloc calls at least this long (0 = off) */
 };
 
 static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
