@@ -41,9 +41,12 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
             r->fwd_model.med, r->fwd_model.p10, r->fwd_model.p90, r->fwd_model.min, r->fwd_model.max, tflops(gf, r->fwd_model.med));
     fprintf(f, "| bench replica (device-only, same ops, events) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n\n", r->fwd_dev.med,
             r->fwd_dev.p10, r->fwd_dev.p90, r->fwd_dev.min, r->fwd_dev.max, tflops(gf, r->fwd_dev.med));
-    fprintf(f, "Warm-up (excluded): first flux2_forward %.3f ms, first replica forward %.3f ms. "
+    char wr[48];
+    if (r->fwd_dev_warm_ms > 0) snprintf(wr, sizeof wr, "%.3f ms", r->fwd_dev_warm_ms);
+    else snprintf(wr, sizeof wr, "not run (--warmup 0)");
+    fprintf(f, "Warm-up (excluded): first flux2_forward %.3f ms, first replica forward %s. "
                "Replica vs flux2_forward: max |diff| %.3g (max |out| %.3g).\n\n",
-            r->fwd_model_warm_ms, r->fwd_dev_warm_ms, r->fwd_maxdiff, r->fwd_absmax);
+            r->fwd_model_warm_ms, wr, r->fwd_maxdiff, r->fwd_absmax);
 
     if (r->n_ops && r->ops[0].prefix.n) {
         fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
@@ -69,8 +72,8 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
             dsum += o->direct.med;
         }
         fprintf(f, "| | **single block** | | | | **%.4f** | 100%% | **%.4f** | | | | | |\n\n", r->single_ledger_ms, dsum);
-        fprintf(f, "Op ms = median(prefix k) - median(prefix k-1) (the shares use these; noise can make a small op "
-                   "negative); RoPE = the extra cost of rotating inside the fused QK-norm op. Direct = the op alone between "
+        fprintf(f, "Op ms = median(prefix k) - median(prefix k-1) (the shares use these unless noise made one "
+                   "negative: see the shares' basis); RoPE = the extra cost of rotating inside the fused QK-norm op. Direct = the op alone between "
                    "two events, QK norm and RoPE as two separate passes. GB moved = least traffic (each input read, each "
                    "output written once); TFLOPS and GB/s from the shares' per-op basis.\n\n");
     }
