@@ -86,6 +86,7 @@ fuzz:
 golden: $(BUILD)/ditrun
 	OPENBLAS_CORETYPE=Prescott $(BUILD)/ditrun generate --backend cpu -q --model tests/fixtures/model --prompt 'a red fox standing in fresh snow, golden hour' \
 	  --seed 7 --height 64 --width 64 --max-sequence-length 32 --output tests/golden/tiny-seed7.png
+	echo "glibc $$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" > tests/golden/tiny-seed7.platform
 
 clean:
 	rm -rf build build-asan

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <gnu/libc-version.h>
 
 #include "io/json.h"
 #include "io/safetensors.h"
@@ -123,8 +124,28 @@ static void golden(void) {
              "--seed 7 --height 64 --width 64 --max-sequence-length 32 --output %s", exe, t_fixtures(), out);
     int st = system(cmd);
     if (!WIFEXITED(st) || WEXITSTATUS(st)) { T_FAIL("golden png", "generate exited with %d", st); return; }
-    T_CHECK("golden png byte for byte", files_equal(out, "tests/golden/tiny-seed7.png"),
-            "%s differs from tests/golden/tiny-seed7.png (re-record deliberately with `make golden`)", out);
+    /* Bytes are compared on the platform the golden was recorded on (same C library: expf/sinf
+     * differ by an ulp between glibc versions, which can move a rounded pixel); elsewhere the
+     * pixels must agree within 1 for >= 99.9% of values. */
+    char platform[128] = "", here[128];
+    snprintf(here, sizeof here, "glibc %s", gnu_get_libc_version());
+    FILE *pf = fopen("tests/golden/tiny-seed7.platform", "r");
+    if (pf) { if (!fgets(platform, sizeof platform, pf)) platform[0] = 0; fclose(pf); }
+    platform[strcspn(platform, "\n")] = 0;
+    if (!strcmp(platform, here)) {
+        T_CHECK("golden png byte for byte", files_equal(out, "tests/golden/tiny-seed7.png"),
+                "%s differs from tests/golden/tiny-seed7.png (re-record deliberately with `make golden`)", out);
+    } else {
+        uint8_t *a = NULL, *b = NULL;
+        int wa, ha, wb, hb;
+        int ok = dt_png_read(out, &a, &wa, &ha, NULL, NULL) == 0 && dt_png_read("tests/golden/tiny-seed7.png", &b, &wb, &hb, NULL, NULL) == 0 &&
+                 wa == wb && ha == hb;
+        size_t n = ok ? (size_t)wa * ha * 3 : 0, close = 0;
+        for (size_t i = 0; i < n; i++) close += abs((int)a[i] - (int)b[i]) <= 1;
+        printf("# golden recorded on '%s', this is '%s': comparing pixels (+-1), not bytes\n", platform, here);
+        T_CHECK("golden png pixels (other platform)", ok && close >= 0.999 * n, "%zu of %zu pixels within +-1", close, n);
+        free(a); free(b);
+    }
     unlink(out);
 }
 
