@@ -60,10 +60,6 @@ if has time; then
     fwd "klein-4B bf16 512^2" "$W/k4bf16" "$W/in4_512.st" 20
     fwd "klein-9B q4 1024^2 (auto)" "$W/k9q4" "$W/in9_1024.st" 10
     fwd "klein-4B q4 2048^2 (auto)" "$W/k4q4" "$W/in4_2048.st" 5
-    for i in 1 2; do   # A/B: contiguous Q/K/V copies in single blocks
-        fwd "klein-4B q4 1024^2 strided QKV (A$i)" "$W/k4q4" "$W/in4_1024.st" 20
-        export DITRUN_SINGLE_QKV_CONTIG=1; fwd "klein-4B q4 1024^2 contiguous QKV (B$i)" "$W/k4q4" "$W/in4_1024.st" 20; unset DITRUN_SINGLE_QKV_CONTIG
-    done
 fi
 
 if has gen; then

@@ -64,8 +64,6 @@ struct flux2_model {
     size_t weight_bytes;
     char fmt[96];
     flux2_bufs buf;
-    int single_contig;   /* single blocks: copy Q/K/V out of the fused projection into contiguous buffers
-                          * before norm/RoPE/attention (DITRUN_SINGLE_QKV_CONTIG=1; a speed experiment) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -168,8 +166,6 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     if (!dir) return NULL;
     flux2_model *m = dt_calloc(1, sizeof *m);
     m->be = be;
-    const char *sc = getenv("DITRUN_SINGLE_QKV_CONTIG");
-    m->single_contig = sc && *sc == '1';
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
     if (flux2_layout_install(m->w)) { free(dir); flux2_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
@@ -294,7 +290,7 @@ static void ensure_bufs(flux2_model *m, int n, int t) {
     b->in_txt = dt_alloc_or_die(be, t, c->joint_dim, act);
     b->s = dt_alloc_or_die(be, L, D, act);
     b->a = dt_alloc_or_die(be, L, D, act);
-    if (c->num_layers > 0 || m->single_contig) {
+    if (c->num_layers > 0) {
         b->q = dt_alloc_or_die(be, L, D, act);
         b->k = dt_alloc_or_die(be, L, D, act);
         b->v = dt_alloc_or_die(be, L, D, act);
@@ -463,10 +459,6 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
         be->layernorm_mod(be, b->a, b->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
         be->linear(be, b->p, b->a, blk->qkv_mlp);
         dt_mat q = dt_mat_cols(b->p, 0, D), k = dt_mat_cols(b->p, D, D), v = dt_mat_cols(b->p, 2 * D, D);
-        if (m->single_contig) {
-            be->copy(be, b->q, q); be->copy(be, b->k, k); be->copy(be, b->v, v);
-            q = b->q; k = b->k; v = b->v;
-        }
         be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, k, H, hd, blk->norm_k, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
         be->attention(be, dt_mat_cols(b->c, 0, D), q, k, v, H, H, hd, att_scale, none, 0);
