@@ -15,6 +15,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/flux2.h"
+#include "models/flux2_layouts.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
 #include "pipeline/latents.h"
@@ -80,6 +81,26 @@ out:
     return emb;
 }
 
+static int read_dit_config(const char *root, flux2_config *fc) {
+    char *cfg_path = join(root, "transformer/config.json");
+    int rc = -1;
+    if (exists(cfg_path)) {
+        json *j = json_parse_file(cfg_path);
+        rc = j ? flux2_config_parse(j, cfg_path, fc) : -1;
+        json_free(j);
+    } else {
+        char *dir = join(root, "transformer");
+        dt_weights *w = dt_weights_open(dir);
+        if (w) {
+            rc = flux2_layout_install(w) == 0 ? flux2_layout_infer_config(w, fc) : -1;
+            dt_weights_close(w);
+        }
+        free(dir);
+    }
+    free(cfg_path);
+    return rc;
+}
+
 int dt_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb_out, int *w_out, int *h_out, dt_gen_timings *tm,
                 dt_gen_observer obs, void *ud) {
     dt_gen_timings tl;
@@ -122,14 +143,10 @@ int dt_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb_out, int *
     tok = dt_tokenizer_load(tok_dir);
     if (!tok) goto done;
     int T = p->max_seq_len > 0 ? p->max_seq_len : 512;
-    /* the DiT's joint_attention_dim tells how many taps it expects: read its config first */
-    char *tr_cfg_path = join(p->model, "transformer/config.json");
-    json *tr_cfg = json_parse_file(tr_cfg_path);
+    /* the DiT's joint_attention_dim tells how many taps it expects: read its config first (or infer
+     * it from the tensor shapes for layouts shipped without config.json, e.g. mflux) */
     flux2_config fc;
-    int cfg_ok = tr_cfg && flux2_config_parse(tr_cfg, tr_cfg_path, &fc) == 0;
-    free(tr_cfg_path);
-    json_free(tr_cfg);
-    if (!cfg_ok) goto done;
+    if (read_dit_config(p->model, &fc)) goto done;
     dt_qwen3_config tcfg;   /* geometry first: only the layers the taps need are loaded below */
     if (dt_qwen3_read_config(te_dir, &tcfg)) goto done;
     const dt_qwen3_config *tc = &tcfg;
