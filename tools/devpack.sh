@@ -8,5 +8,5 @@ rm -rf /tmp/ditrun-pack && mkdir -p /tmp/ditrun-pack/build/tests .devpack
 cp build-dev/ditrun /tmp/ditrun-pack/build/
 for f in build-dev/tests/test_*; do case "$f" in *.d) ;; *) cp "$f" /tmp/ditrun-pack/build/tests/;; esac; done
 strip /tmp/ditrun-pack/build/ditrun /tmp/ditrun-pack/build/tests/*
-(cd /tmp/ditrun-pack && tar cf - build | xz -T0 -9 --lzma2=dict=192MiB) > .devpack/build.tar.xz
+(cd /tmp/ditrun-pack && tar cf - build | xz -T1 -6 --lzma2=dict=192MiB) > .devpack/build.tar.xz
 ls -la .devpack/build.tar.xz
