@@ -6,6 +6,7 @@
 
 #include "bench.h"
 #include "io/weights.h"
+#include "models/linear_set.h"
 
 /* ---- timing (bench_util.c) ---- */
 typedef struct {
@@ -73,8 +74,7 @@ typedef struct {
     dt_linear *x_emb, *ctx_emb, *t_lin1, *t_lin2, *mod_img, *mod_txt, *mod_single, *norm_out, *proj_out;
     bm_double *db;
     bm_single *sb;
-    dt_linear **all;
-    int n_all;
+    dt_linear_set lin;          /* every created Linear */
     void **host;                /* f32 conversions kept alive (format f32) */
     int n_host;
     int to_f32;

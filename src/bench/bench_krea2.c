@@ -90,8 +90,7 @@ typedef struct {
     dt_linear *t1, *t2, *tmodl;
     k2r_block *b;
     int nb;
-    dt_linear **all;
-    int n_all;
+    dt_linear_set lin;
     /* activations for (n, t) */
     int n, t, has_bias;
     int64_t L;
@@ -102,11 +101,7 @@ typedef struct {
 static dt_linear *k2r_linear(k2r *m, const char *name, int64_t out, int64_t in, int bias) {
     dt_linear_src src;
     if (dt_weights_linear(m->w, name, out, in, bias, &src) != 0) return NULL;
-    dt_linear *l = m->be->linear_create(m->be, &src);
-    if (!l) return NULL;
-    m->all = dt_realloc(m->all, sizeof *m->all * (size_t)(m->n_all + 1));
-    m->all[m->n_all++] = l;
-    return l;
+    return dt_linear_set_add(&m->lin, &src);
 }
 
 static float *k2r_host(k2r *m, const char *name, int64_t n, float offset) {
@@ -122,6 +117,7 @@ static void k2r_free(k2r *m);
 static k2r *k2r_load(dt_backend *be, const char *dir, const krea2_config *c, int nb) {
     k2r *m = dt_calloc(1, sizeof *m);
     m->be = be;
+    m->lin.be = be;
     m->c = *c;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(m); return NULL; }
@@ -181,14 +177,13 @@ static void k2r_free(k2r *m) {
     if (!m) return;
     bench_sync_or_die(m->be);
     k2r_free_bufs(m);
-    for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+    dt_linear_set_free(&m->lin);
     for (int i = 0; m->b && i < m->nb; i++) {
         free_mat(m->be, &m->b[i].nq);
         free_mat(m->be, &m->b[i].nk);
         free(m->b[i].norm1); free(m->b[i].norm2); free(m->b[i].table);
     }
     free(m->b);
-    free(m->all);
     if (m->w) dt_weights_close(m->w);
     free(m);
 }

@@ -29,11 +29,7 @@ static dt_linear *bm_linear(bm_model *m, const char *name, int64_t out, int64_t 
         src.data = f;
         src.dtype = DT_F32;
     }
-    dt_linear *l = m->be->linear_create(m->be, &src);
-    if (!l) return NULL;
-    m->all = dt_realloc(m->all, sizeof *m->all * (m->n_all + 1));
-    m->all[m->n_all++] = l;
-    return l;
+    return dt_linear_set_add(&m->lin, &src);
 }
 
 static int bm_norm(bm_model *m, const char *name, dt_mat *out) {
@@ -52,6 +48,7 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     if (!dir) return NULL;
     bm_model *m = dt_calloc(1, sizeof *m);
     m->be = be;
+    m->lin.be = be;
     m->to_f32 = to_f32;
     m->w = dt_weights_open(dir);
     free(dir);
@@ -123,7 +120,7 @@ void bm_free(bm_model *m) {
     if (m->be) {
         m->be->sync(m->be);
         bm_free_acts(m);
-        for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+        dt_linear_set_free(&m->lin);
         for (int i = 0; m->db && i < m->nd; i++) {
             dt_mat *n[] = {&m->db[i].norm_q, &m->db[i].norm_k, &m->db[i].norm_aq, &m->db[i].norm_ak};
             for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
@@ -135,7 +132,6 @@ void bm_free(bm_model *m) {
     }
     for (int i = 0; i < m->n_host; i++) free(m->host[i]);
     free(m->host);
-    free(m->all);
     free(m->db);
     free(m->sb);
     if (m->w) dt_weights_close(m->w);

@@ -9,6 +9,7 @@
  * See NOTES.md for the conventions (modulation order, RoPE layout, final-norm halves).
  */
 #include "flux2.h"
+#include "linear_set.h"
 #include "flux2_layouts.h"
 
 #include <math.h>
@@ -59,10 +60,8 @@ struct flux2_model {
     dt_linear *x_emb, *ctx_emb, *t_lin1, *t_lin2, *mod_img, *mod_txt, *mod_single, *norm_out, *proj_out;
     flux2_double *db;
     flux2_single *sb;
-    dt_linear **all;   /* every created Linear, for cleanup */
-    int n_all;
+    dt_linear_set lin;   /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
-    char fmt[96];
     flux2_bufs buf;
 };
 
@@ -133,21 +132,7 @@ int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
 /* ------------------------------------------------------------------ loading */
 
 static dt_linear *load_linear(flux2_model *m, const char *name, int64_t out, int64_t in) {
-    dt_linear_src src;
-    if (dt_weights_linear(m->w, name, out, in, -1, &src) != 0) return NULL;
-    dt_linear *l = m->be->linear_create(m->be, &src);
-    if (!l) return NULL;
-    m->all = dt_realloc(m->all, sizeof *m->all * (m->n_all + 1));
-    m->all[m->n_all++] = l;
-    /* describe formats */
-    char f[32];
-    if (src.bits) snprintf(f, sizeof f, "q%d g%d", src.bits, src.group_size);
-    else snprintf(f, sizeof f, "%s", src.dtype == DT_BF16 ? "bf16" : src.dtype == DT_F16 ? "f16" : "f32");
-    if (!strstr(m->fmt, f)) {
-        size_t len = strlen(m->fmt);
-        snprintf(m->fmt + len, sizeof m->fmt - len, "%s%s", len ? "+" : "", f);
-    }
-    return l;
+    return dt_linear_set_load(&m->lin, m->w, name, out, in, -1);
 }
 
 static int load_norm(flux2_model *m, const char *name, dt_mat *out) {
@@ -166,6 +151,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     if (!dir) return NULL;
     flux2_model *m = dt_calloc(1, sizeof *m);
     m->be = be;
+    m->lin.be = be;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
     if (flux2_layout_install(m->w)) { free(dir); flux2_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
@@ -244,7 +230,7 @@ void flux2_free(flux2_model *m) {
     if (!m) return;
     if (m->be) {
         free_bufs(m->be, &m->buf);
-        for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+        dt_linear_set_free(&m->lin);
         for (int i = 0; m->db && i < m->c.num_layers; i++) {
             dt_mat *n[] = {&m->db[i].norm_q, &m->db[i].norm_k, &m->db[i].norm_aq, &m->db[i].norm_ak};
             for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
@@ -254,7 +240,6 @@ void flux2_free(flux2_model *m) {
             if (m->sb[i].norm_k.data) m->be->free(m->be, &m->sb[i].norm_k);
         }
     }
-    free(m->all);
     free(m->db);
     free(m->sb);
     if (m->w) dt_weights_close(m->w);
@@ -265,7 +250,7 @@ const flux2_config *flux2_get_config(const flux2_model *m) { return &m->c; }
 
 void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fmt_len) {
     if (bytes) *bytes = m->weight_bytes;
-    if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->fmt);
+    if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->lin.fmt);
 }
 
 /* ------------------------------------------------------------------ forward */

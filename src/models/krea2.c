@@ -16,6 +16,7 @@
  * See docs/krea2-notes.md.
  */
 #include "krea2.h"
+#include "linear_set.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -80,10 +81,8 @@ struct krea2_model {
     float *final_table;              /* host [2, D] */
     k2_text_block *lw, *rf;          /* layerwise / refiner text fusion blocks */
     k2_block *blk;
-    dt_linear **all;                 /* every created Linear, for cleanup */
-    int n_all;
+    dt_linear_set lin;               /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
-    char fmt[96];
     k2_bufs buf;
 };
 
@@ -180,26 +179,13 @@ const krea2_config *krea2_get_config(const krea2_model *m) { return &m->c; }
 
 void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fmt_len) {
     if (bytes) *bytes = m->weight_bytes;
-    if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->fmt);
+    if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->lin.fmt);
 }
 
 /* ------------------------------------------------------------------ loading */
 
 static dt_linear *load_linear(krea2_model *m, const char *name, int64_t out, int64_t in, int want_bias) {
-    dt_linear_src src;
-    if (dt_weights_linear(m->w, name, out, in, want_bias, &src) != 0) return NULL;
-    dt_linear *l = m->be->linear_create(m->be, &src);
-    if (!l) return NULL;
-    m->all = dt_realloc(m->all, sizeof *m->all * (size_t)(m->n_all + 1));
-    m->all[m->n_all++] = l;
-    char f[32];
-    if (src.bits) snprintf(f, sizeof f, "q%d g%d", src.bits, src.group_size);
-    else snprintf(f, sizeof f, "%s", src.dtype == DT_BF16 ? "bf16" : src.dtype == DT_F16 ? "f16" : "f32");
-    if (!strstr(m->fmt, f)) {
-        size_t len = strlen(m->fmt);
-        snprintf(m->fmt + len, sizeof m->fmt - len, "%s%s", len ? "+" : "", f);
-    }
-    return l;
+    return dt_linear_set_load(&m->lin, m->w, name, out, in, want_bias);
 }
 
 /* Host f32 copy of a float tensor with n elements (+ offset added to every element). NULL on error. */
@@ -309,6 +295,7 @@ krea2_model *krea2_load(dt_backend *be, const char *path) {
     if (!dir) return NULL;
     krea2_model *m = dt_calloc(1, sizeof *m);
     m->be = be;
+    m->lin.be = be;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
     const json *cfg = dt_weights_config(m->w);
@@ -353,7 +340,7 @@ void krea2_free(krea2_model *m) {
     if (!m) return;
     if (m->be) {
         free_bufs(m->be, &m->buf);
-        for (int i = 0; i < m->n_all; i++) m->be->linear_destroy(m->be, m->all[i]);
+        dt_linear_set_free(&m->lin);
         free_mat(m->be, &m->txt_norm);
         for (int i = 0; m->lw && i < m->c.n_layerwise; i++) {
             free_mat(m->be, &m->lw[i].norm1); free_mat(m->be, &m->lw[i].norm2); free_attn_ff(m->be, &m->lw[i].attn);
@@ -366,7 +353,6 @@ void krea2_free(krea2_model *m) {
     for (int i = 0; m->blk && i < m->c.num_layers; i++) {
         free(m->blk[i].norm1); free(m->blk[i].norm2); free(m->blk[i].table);
     }
-    free(m->all);
     free(m->lw);
     free(m->rf);
     free(m->blk);
