@@ -29,6 +29,11 @@ double bench_max_abs_diff(const float *a, const float *b, size_t n);
 double bench_max_abs(const float *a, size_t n);
 /* Add a note to the report (printed under the tables). */
 void bench_note(bench_report *r, const char *fmt, ...) DT_PRINTF(2, 3);
+/* JSON-lines fields: "key":"escaped string"; ,"key":number (null when not finite); the six fields
+ * PREFIX_{median,p10,p90,min,max}_ms and PREFIX_n of a statistic. */
+void bench_jstr(FILE *f, const char *key, const char *v);
+void bench_jnum(FILE *f, const char *key, double v);
+void bench_jstat(FILE *f, const char *prefix, bench_stat s);
 /* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 

@@ -1414,120 +1414,95 @@ void bench_krea2_markdown(const bench_k2_report *r, FILE *f) {
 
 /* ------------------------------------------------------------------ JSON lines */
 
-static void jstr(FILE *f, const char *key, const char *v) {
-    fprintf(f, "\"%s\":\"", key);
-    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
-static void jnum(FILE *f, const char *key, double v) {
-    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
-    else fprintf(f, ",\"%s\":null", key);
-}
-
-static void jstat(FILE *f, const char *p, bench_stat s) {
-    char k[64];
-    snprintf(k, sizeof k, "%s_median_ms", p); jnum(f, k, s.med);
-    snprintf(k, sizeof k, "%s_p10_ms", p); jnum(f, k, s.p10);
-    snprintf(k, sizeof k, "%s_p90_ms", p); jnum(f, k, s.p90);
-    snprintf(k, sizeof k, "%s_min_ms", p); jnum(f, k, s.min);
-    snprintf(k, sizeof k, "%s_max_ms", p); jnum(f, k, s.max);
-    snprintf(k, sizeof k, "%s_n", p); jnum(f, k, s.n);
-}
-
 int bench_krea2_json(const bench_k2_report *r, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) { dt_set_error("%s: cannot create (%s)", path, strerror(errno)); return -1; }
     const krea2_config *c = &r->c;
     double gf = fwd_gflop(r);
-    fprintf(f, "{"); jstr(f, "type", "setup"); fputc(',', f); jstr(f, "model", "krea2"); fputc(',', f);
-    jstr(f, "preset", r->preset); fputc(',', f); jstr(f, "backend", r->backend); fputc(',', f); jstr(f, "format", r->fmt);
-    fputc(',', f); jstr(f, "weights", r->source);
-    jnum(f, "hidden", c->hidden); jnum(f, "heads", c->heads); jnum(f, "kv_heads", c->kv_heads); jnum(f, "head_dim", c->head_dim);
-    jnum(f, "intermediate", c->intermediate); jnum(f, "blocks", c->num_layers); jnum(f, "text_dim", c->text_dim);
-    jnum(f, "text_layers", c->text_layers); jnum(f, "image_size", r->image_size); jnum(f, "image_tokens", r->n_img);
-    jnum(f, "text_tokens", r->n_txt); jnum(f, "valid_text_tokens", r->n_valid); jnum(f, "reps", r->reps);
-    jnum(f, "warmup", r->warmup); jnum(f, "cache_mb", r->l2_mb); jnum(f, "synth_s", r->synth_s); jnum(f, "load_s", r->load_s);
-    jnum(f, "weight_gb", r->weight_gb); jnum(f, "gflop_forward", gf); jnum(f, "gflop_block_gemm", r->gflop_block_gemm);
-    jnum(f, "gflop_block_attention", r->gflop_block_attn); jnum(f, "gflop_text_fusion", r->gflop_text);
-    jnum(f, "gflop_other", r->gflop_other); jnum(f, "peak_tflops", r->peak_tflops); jnum(f, "bench_s", r->total_s);
-    jnum(f, "mem_peak_gb", r->mem_peak_gb);
+    fprintf(f, "{"); bench_jstr(f, "type", "setup"); fputc(',', f); bench_jstr(f, "model", "krea2"); fputc(',', f);
+    bench_jstr(f, "preset", r->preset); fputc(',', f); bench_jstr(f, "backend", r->backend); fputc(',', f); bench_jstr(f, "format", r->fmt);
+    fputc(',', f); bench_jstr(f, "weights", r->source);
+    bench_jnum(f, "hidden", c->hidden); bench_jnum(f, "heads", c->heads); bench_jnum(f, "kv_heads", c->kv_heads); bench_jnum(f, "head_dim", c->head_dim);
+    bench_jnum(f, "intermediate", c->intermediate); bench_jnum(f, "blocks", c->num_layers); bench_jnum(f, "text_dim", c->text_dim);
+    bench_jnum(f, "text_layers", c->text_layers); bench_jnum(f, "image_size", r->image_size); bench_jnum(f, "image_tokens", r->n_img);
+    bench_jnum(f, "text_tokens", r->n_txt); bench_jnum(f, "valid_text_tokens", r->n_valid); bench_jnum(f, "reps", r->reps);
+    bench_jnum(f, "warmup", r->warmup); bench_jnum(f, "cache_mb", r->l2_mb); bench_jnum(f, "synth_s", r->synth_s); bench_jnum(f, "load_s", r->load_s);
+    bench_jnum(f, "weight_gb", r->weight_gb); bench_jnum(f, "gflop_forward", gf); bench_jnum(f, "gflop_block_gemm", r->gflop_block_gemm);
+    bench_jnum(f, "gflop_block_attention", r->gflop_block_attn); bench_jnum(f, "gflop_text_fusion", r->gflop_text);
+    bench_jnum(f, "gflop_other", r->gflop_other); bench_jnum(f, "peak_tflops", r->peak_tflops); bench_jnum(f, "bench_s", r->total_s);
+    bench_jnum(f, "mem_peak_gb", r->mem_peak_gb);
     fprintf(f, "}\n");
     const char *fn[3] = {"krea2_forward mask", "krea2_forward no mask", "replica blocks"};
     const bench_stat *fs[3] = {&r->fwd_mask, &r->fwd_nomask, &r->blocks_dev};
     for (int i = 0; i < 3; i++) {
-        fprintf(f, "{"); jstr(f, "type", "forward"); fputc(',', f); jstr(f, "name", fn[i]);
-        jstat(f, "t", *fs[i]);
-        jnum(f, "tflops", tflops(i == 2 ? c->num_layers * (r->gflop_block_gemm + r->gflop_block_attn) : gf, fs[i]->med));
-        if (i == 0) { jnum(f, "warmup_ms", r->fwd_mask_warm_ms); jnum(f, "out_absmax", r->out_absmax); jnum(f, "finite", r->out_finite); }
-        if (i == 1) { jnum(f, "warmup_ms", r->fwd_nomask_warm_ms); jnum(f, "maxdiff_vs_mask", r->mask_effect); }
-        if (i == 2 && r->replica_checked) { jnum(f, "maxdiff_vs_model", r->replica_maxdiff); jnum(f, "model_absmax", r->replica_absmax); }
+        fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", fn[i]);
+        bench_jstat(f, "t", *fs[i]);
+        bench_jnum(f, "tflops", tflops(i == 2 ? c->num_layers * (r->gflop_block_gemm + r->gflop_block_attn) : gf, fs[i]->med));
+        if (i == 0) { bench_jnum(f, "warmup_ms", r->fwd_mask_warm_ms); bench_jnum(f, "out_absmax", r->out_absmax); bench_jnum(f, "finite", r->out_finite); }
+        if (i == 1) { bench_jnum(f, "warmup_ms", r->fwd_nomask_warm_ms); bench_jnum(f, "maxdiff_vs_mask", r->mask_effect); }
+        if (i == 2 && r->replica_checked) { bench_jnum(f, "maxdiff_vs_model", r->replica_maxdiff); bench_jnum(f, "model_absmax", r->replica_absmax); }
         fprintf(f, "}\n");
     }
     for (int k = 0; k < r->n_ops; k++) {
         const bench_op *o = &r->ops[k];
-        fprintf(f, "{"); jstr(f, "type", "ledger_op"); jnum(f, "index", k); fputc(',', f); jstr(f, "name", o->name);
-        fputc(',', f); jstr(f, "category", cat_name(o->cat)); jstat(f, "prefix", o->prefix); jnum(f, "ms", o->ms);
-        jstat(f, "direct", o->direct); jnum(f, "ledger_ms", o->ledger_ms); jnum(f, "gflop", o->gflop);
-        jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ledger_ms) : 0); jnum(f, "gbytes", o->gbytes);
-        jnum(f, "gb_per_s", o->gbytes > 0 && o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0);
-        jnum(f, "blocks_per_region", r->prefix_blocks);
+        fprintf(f, "{"); bench_jstr(f, "type", "ledger_op"); bench_jnum(f, "index", k); fputc(',', f); bench_jstr(f, "name", o->name);
+        fputc(',', f); bench_jstr(f, "category", cat_name(o->cat)); bench_jstat(f, "prefix", o->prefix); bench_jnum(f, "ms", o->ms);
+        bench_jstat(f, "direct", o->direct); bench_jnum(f, "ledger_ms", o->ledger_ms); bench_jnum(f, "gflop", o->gflop);
+        bench_jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ledger_ms) : 0); bench_jnum(f, "gbytes", o->gbytes);
+        bench_jnum(f, "gb_per_s", o->gbytes > 0 && o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0);
+        bench_jnum(f, "blocks_per_region", r->prefix_blocks);
         fprintf(f, "}\n");
     }
     for (int i = 0; i < r->n_scale; i++) {
-        fprintf(f, "{"); jstr(f, "type", "scale"); jnum(f, "blocks", r->scale_n[i]); jstat(f, "t", r->scale_t[i]);
+        fprintf(f, "{"); bench_jstr(f, "type", "scale"); bench_jnum(f, "blocks", r->scale_n[i]); bench_jstat(f, "t", r->scale_t[i]);
         fprintf(f, "}\n");
     }
     if (r->n_scale) {
-        fprintf(f, "{"); jstr(f, "type", "blocks"); jnum(f, "slope_ms", r->block_slope_ms); jnum(f, "ledger_ms", r->block_ledger_ms);
+        fprintf(f, "{"); bench_jstr(f, "type", "blocks"); bench_jnum(f, "slope_ms", r->block_slope_ms); bench_jnum(f, "ledger_ms", r->block_ledger_ms);
         fprintf(f, "}\n");
     }
     for (int i = 0; i < r->n_shares; i++) {
         const bench_share *s = &r->shares[i];
-        fprintf(f, "{"); jstr(f, "type", "share"); fputc(',', f); jstr(f, "name", s->name); jnum(f, "level", s->level);
-        jnum(f, "ms", s->ms); jnum(f, "share_pct", s->share); jnum(f, "total_ms", r->total_ms);
-        jnum(f, "is_remainder", strstr(s->name, "unexplained remainder") != NULL); fputc(',', f);
-        jstr(f, "basis", r->shares_basis);
+        fprintf(f, "{"); bench_jstr(f, "type", "share"); fputc(',', f); bench_jstr(f, "name", s->name); bench_jnum(f, "level", s->level);
+        bench_jnum(f, "ms", s->ms); bench_jnum(f, "share_pct", s->share); bench_jnum(f, "total_ms", r->total_ms);
+        bench_jnum(f, "is_remainder", strstr(s->name, "unexplained remainder") != NULL); fputc(',', f);
+        bench_jstr(f, "basis", r->shares_basis);
         fprintf(f, "}\n");
     }
     for (int i = 0; i < r->n_gemm; i++) {
         const bench_gemm *g = &r->gemm[i];
-        fprintf(f, "{"); jstr(f, "type", "gemm"); fputc(',', f); jstr(f, "name", g->name); jnum(f, "M", g->M); jnum(f, "K", g->K);
-        jnum(f, "N", g->N); jnum(f, "per_forward", g->count); jnum(f, "gflop", g->gflop);
-        if (g->inmodel_ms >= 0) { jnum(f, "inmodel_ms", g->inmodel_ms); jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
-        jstat(f, "isolated", g->iso); jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med));
-        jstat(f, "ceiling", g->ceil); jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
-        jnum(f, "isolated_bufs", g->iso_bufs); jnum(f, "isolated_mb", g->iso_mb); jnum(f, "ceiling_bufs", g->ceil_bufs);
-        jnum(f, "ceiling_mb", g->ceil_mb);
+        fprintf(f, "{"); bench_jstr(f, "type", "gemm"); fputc(',', f); bench_jstr(f, "name", g->name); bench_jnum(f, "M", g->M); bench_jnum(f, "K", g->K);
+        bench_jnum(f, "N", g->N); bench_jnum(f, "per_forward", g->count); bench_jnum(f, "gflop", g->gflop);
+        if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
+        bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med));
+        bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
+        bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
+        bench_jnum(f, "ceiling_mb", g->ceil_mb);
         fprintf(f, "}\n");
     }
     if (r->attn_iso.n) {
-        fprintf(f, "{"); jstr(f, "type", "attention"); jnum(f, "gflop", r->attn_gflop); jnum(f, "inmodel_ms", r->attn_inmodel_ms);
-        jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); jstat(f, "isolated", r->attn_iso);
-        jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
+        fprintf(f, "{"); bench_jstr(f, "type", "attention"); bench_jnum(f, "gflop", r->attn_gflop); bench_jnum(f, "inmodel_ms", r->attn_inmodel_ms);
+        bench_jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);
+        bench_jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
         fprintf(f, "}\n");
     }
     if (r->copy.n) {
-        fprintf(f, "{"); jstr(f, "type", "copy"); jnum(f, "bytes", r->copy_bytes); jstat(f, "t", r->copy); jnum(f, "gb_per_s", r->copy_gbs);
+        fprintf(f, "{"); bench_jstr(f, "type", "copy"); bench_jnum(f, "bytes", r->copy_bytes); bench_jstat(f, "t", r->copy); bench_jnum(f, "gb_per_s", r->copy_gbs);
         fprintf(f, "}\n");
     }
     for (int i = 0; i < r->n_arms; i++) {
         const bench_arm *a = &r->arms[i];
-        fprintf(f, "{"); jstr(f, "type", "arm"); fputc(',', f); jstr(f, "arm", a->arm); fputc(',', f); jstr(f, "workload", a->what);
-        fputc(',', f); jstr(f, "a", a->a); fputc(',', f); jstr(f, "b", a->b); jnum(f, "skipped", a->skipped);
+        fprintf(f, "{"); bench_jstr(f, "type", "arm"); fputc(',', f); bench_jstr(f, "arm", a->arm); fputc(',', f); bench_jstr(f, "workload", a->what);
+        fputc(',', f); bench_jstr(f, "a", a->a); fputc(',', f); bench_jstr(f, "b", a->b); bench_jnum(f, "skipped", a->skipped);
         if (!a->skipped) {
-            jstat(f, "a", a->sa); jstat(f, "b", a->sb); jnum(f, "ratio_b_over_a", a->ratio); jnum(f, "maxdiff", a->maxdiff);
-            jnum(f, "ref_absmax", a->ref_absmax); jnum(f, "tol", a->tol);
+            bench_jstat(f, "a", a->sa); bench_jstat(f, "b", a->sb); bench_jnum(f, "ratio_b_over_a", a->ratio); bench_jnum(f, "maxdiff", a->maxdiff);
+            bench_jnum(f, "ref_absmax", a->ref_absmax); bench_jnum(f, "tol", a->tol);
         }
-        fputc(',', f); jstr(f, "note", a->note);
+        fputc(',', f); bench_jstr(f, "note", a->note);
         fprintf(f, "}\n");
     }
     for (int i = 0; i < r->n_notes; i++) {
-        fprintf(f, "{"); jstr(f, "type", "note"); fputc(',', f); jstr(f, "text", r->notes[i]);
+        fprintf(f, "{"); bench_jstr(f, "type", "note"); fputc(',', f); bench_jstr(f, "text", r->notes[i]);
         fprintf(f, "}\n");
     }
     if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }

@@ -242,3 +242,31 @@ double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x) {
     for (int i = 0; i < ws->n; i++) ws->be->linear(ws->be, y, x, ws->w[i]);
     return bench_timer_stop(tm) / ws->n;
 }
+
+/* ---- JSON-lines writers shared by the reports ---- */
+
+void bench_jstr(FILE *f, const char *key, const char *v) {
+    fprintf(f, "\"%s\":\"", key);
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+void bench_jnum(FILE *f, const char *key, double v) {
+    if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+    else fprintf(f, ",\"%s\":null", key);
+}
+
+void bench_jstat(FILE *f, const char *p, bench_stat s) {
+    char k[64];
+    snprintf(k, sizeof k, "%s_median_ms", p); bench_jnum(f, k, s.med);
+    snprintf(k, sizeof k, "%s_p10_ms", p); bench_jnum(f, k, s.p10);
+    snprintf(k, sizeof k, "%s_p90_ms", p); bench_jnum(f, k, s.p90);
+    snprintf(k, sizeof k, "%s_min_ms", p); bench_jnum(f, k, s.min);
+    snprintf(k, sizeof k, "%s_max_ms", p); bench_jnum(f, k, s.max);
+    snprintf(k, sizeof k, "%s_n", p); bench_jnum(f, k, s.n);
+}
+
