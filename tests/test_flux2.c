@@ -121,6 +121,36 @@ static void fixtures_on(dt_backend *be, double tol, const char *tag) {
     st_close(fi.io);
 }
 
+/* Graph replay (eager, capture, replay, replay) must give the eager result. */
+static void cuda_graph_replay(void) {
+    fixture_inputs fi;
+    if (load_inputs(&fi)) return;
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *be = dt_backend_cuda_create(&o);
+    char model[512];
+    snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
+    flux2_model *m = be ? flux2_load(be, model) : NULL;
+    if (!m) { T_FAIL("cuda graph replay", "%s", dt_last_error()); if (be) be->destroy(be); return; }
+    size_t n = (size_t)fi.n * flux2_get_config(m)->out_channels;
+    float *eager = dt_malloc(sizeof(float) * n), *g = dt_malloc(sizeof(float) * n);
+    int rc = flux2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.img_ids, fi.txt_ids, eager, NULL, NULL);
+    flux2_set_graph(m, 1);
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        rc = flux2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.img_ids, fi.txt_ids, g, NULL, NULL);
+        char nm[64];
+        snprintf(nm, sizeof nm, "cuda graph call %d equals eager", i + 1);
+        /* the same kernels on the same buffers: bit-identical */
+        if (rc == 0) t_check_rel_l2(nm, g, eager, n, 0.0);
+    }
+    if (rc) T_FAIL("cuda graph replay", "%s", dt_last_error());
+    free(eager); free(g);
+    flux2_free(m);
+    be->destroy(be);
+    free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
+    st_close(fi.io);
+}
+
 static void cuda_qpaths(void) {
     fixture_inputs fi;
     if (load_inputs(&fi)) return;
@@ -222,6 +252,7 @@ int main(void) {
         if (!cuda) T_FAIL("cuda backend", "%s", dt_last_error());
         else { fixtures_on(cuda, FLUX2_GPU_TOL, "cuda"); cuda->destroy(cuda); }
         cuda_qpaths();
+        cuda_graph_replay();
     } else if (t_require_gpu_env()) {
         T_FAIL("cuda flux2", "DITRUN_REQUIRE_GPU=1 but no CUDA GPU is usable");
     } else {

@@ -79,6 +79,20 @@ if has bench; then
     timeout 300 $B bench --preset klein-4b --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
     log "bench klein-4b 512 rc=$?"
 fi
+if has graph; then   # CUDA-graph replay of the forward: correctness (test_flux2) and eager vs graph A/B
+    DITRUN_REQUIRE_GPU=1 timeout 120 ./build/tests/test_flux2 2>&1 | grep -E "graph|FAIL|cuda bf16 fixture out" | tee -a "$OUT/summary.txt"
+    [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
+    for px in 512 1024; do [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null; done
+    for i in 1 2; do
+        for px in 512 1024; do
+            fwd "klein-4B q4 ${px}^2 eager ($i)" "$W/k4q4" "$W/in4_$px.st" 20
+            fwd "klein-4B q4 ${px}^2 graph ($i)" "$W/k4q4" "$W/in4_$px.st" 20 --cuda-graph
+        done
+    done
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    $B generate --backend cuda --model "$W/p4" -p "a red fox" -o "$OUT/gen_graph.png" --seed 7 --cuda-graph 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
+fi
+
 if has krea2; then
     t1=$(date +%s)
     [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null

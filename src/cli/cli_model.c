@@ -39,6 +39,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         (*i)++; return 1;
     }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
+    if (!strcmp(a, "--cuda-graph")) { o->cuda_graph = 1; return 1; }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { dt_log_level = 2; o->be.verbose = 1; return 1; }
     return 0;

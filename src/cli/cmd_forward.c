@@ -34,6 +34,7 @@ static void usage(FILE *f) {
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
             "  --repeat N           run the forward N times and report the median time (default 1)\n"
+            "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2)\n"
             "  -q, --quiet          no progress output\n"
             "  -h, --help           this help\n");
 }
@@ -130,6 +131,7 @@ int cmd_forward(int argc, char **argv) {
         if (!(img_ids = input_f32(in, "in.img_ids", 1, &t_iid)) || !(txt_ids = input_f32(in, "in.txt_ids", 1, &t_tid))) goto done;
         fm = flux2_load(be, model);
         if (!fm) goto done;
+        flux2_set_graph(fm, mo.cuda_graph);
         const flux2_config *c = flux2_get_config(fm);
         int64_t r, cc;
         if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }

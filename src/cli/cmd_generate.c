@@ -33,6 +33,7 @@ static void usage(FILE *f) {
             "  --backend cpu|cuda|auto     (default auto: cuda when a GPU is usable)\n"
             "  --threads N                 CPU threads (default: all cores)\n"
             "  --qpath auto|fused|transient|cached   quantized weight path on CUDA\n"
+            "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
             "  -q, --quiet / -v, --verbose\n");
 }
 
@@ -95,6 +96,7 @@ int cmd_generate(int argc, char **argv) {
         p.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", p.model);
     }
+    p.cuda_graph = mo.cuda_graph;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) return 1;
     dt_log(1, "ditrun: backend %s\n", be->name);

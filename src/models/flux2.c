@@ -63,6 +63,11 @@ struct flux2_model {
     dt_linear_set lin;   /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
     flux2_bufs buf;
+    /* CUDA-graph replay (flux2_set_graph): the device part of a forward is captured on the second call
+     * with the same (N, T) (the first one, eager, lets every scratch buffer reach its size) and replayed */
+    int use_graph;
+    void *graph;
+    int graph_n, graph_t, warm_n, warm_t;
 };
 
 /* ------------------------------------------------------------------ config */
@@ -226,9 +231,21 @@ static void free_bufs(dt_backend *be, flux2_bufs *b) {
     memset(b, 0, sizeof *b);
 }
 
+static void drop_graph(flux2_model *m) {
+    if (m->graph) m->be->graph_destroy(m->be, m->graph);
+    m->graph = NULL;
+    m->warm_n = m->warm_t = -1;
+}
+
+void flux2_set_graph(flux2_model *m, int on) {
+    m->use_graph = on && m->be->capture_begin && m->be->capture_end && m->be->graph_launch && m->be->graph_destroy;
+    if (!m->use_graph) drop_graph(m);
+}
+
 void flux2_free(flux2_model *m) {
     if (!m) return;
     if (m->be) {
+        drop_graph(m);
         free_bufs(m->be, &m->buf);
         dt_linear_set_free(&m->lin);
         for (int i = 0; m->db && i < m->c.num_layers; i++) {
@@ -259,6 +276,7 @@ static void ensure_bufs(flux2_model *m, int n, int t) {
     flux2_bufs *b = &m->buf;
     if (b->s.data && b->n == n && b->t == t) return;
     dt_backend *be = m->be;
+    drop_graph(m);   /* a captured graph refers to the old buffers */
     free_bufs(be, b);
     const flux2_config *c = &m->c;
     int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
@@ -346,26 +364,18 @@ static void timestep_sinusoid(float t, int channels, float *out) {
 
 static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
-int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
-                  const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *ud) {
+/* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are
+ * in b->emb / b->in_img / b->in_txt and the RoPE tables, the result lands in b->out. No host
+ * transfers and no allocation, so it can be captured into a graph. */
+static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void *ud) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
-    if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
-    if (!(timestep == timestep)) { dt_set_error("flux2: timestep is NaN"); return -1; }
-    ensure_bufs(m, n, t);
     flux2_bufs *b = &m->buf;
-    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
+    int64_t D = c->hidden, F = c->mlp_hidden;
     int H = c->heads, hd = c->head_dim;
     float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
     dt_mat none = dt_mat_null();
 
-    build_rope(m, txt_ids, t, img_ids, n);
-
-    /* timestep embedding and the shared modulation vectors */
-    float *emb = dt_malloc(sizeof(float) * c->tg_channels);
-    timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
-    be->upload(be, b->emb, emb);
-    free(emb);
     be->linear(be, b->th, b->emb, m->t_lin1);
     be->act_mul(be, b->th, b->th, none, DT_ACT_SILU);
     be->linear(be, b->temb, b->th, m->t_lin2);
@@ -377,12 +387,8 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
 
     /* input projections straight into the joint stream: text rows [0,T), image rows [T,T+N) */
     dt_mat s_txt = dt_mat_rows(b->s, 0, t), s_img = dt_mat_rows(b->s, t, n);
-    be->upload(be, b->in_img, img);
     be->linear(be, s_img, b->in_img, m->x_emb);
-    if (t > 0) {
-        be->upload(be, b->in_txt, txt);
-        be->linear(be, s_txt, b->in_txt, m->ctx_emb);
-    }
+    if (t > 0) be->linear(be, s_txt, b->in_txt, m->ctx_emb);
     dt_mat cos_t = dt_mat_rows(b->cos, 0, t), sin_t = dt_mat_rows(b->sin, 0, t);
     dt_mat cos_i = dt_mat_rows(b->cos, t, n), sin_i = dt_mat_rows(b->sin, t, n);
 
@@ -462,8 +468,43 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     be->layernorm_mod(be, a_img, s_img, chunk(b->mod_out, 1, D), chunk(b->mod_out, 0, D), eps);
     if (trace) trace(ud, "norm_out", a_img);
     be->linear(be, b->out, a_img, m->proj_out);
+}
+
+int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
+                  const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *ud) {
+    const flux2_config *c = &m->c;
+    dt_backend *be = m->be;
+    if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
+    if (!(timestep == timestep)) { dt_set_error("flux2: timestep is NaN"); return -1; }
+    ensure_bufs(m, n, t);
+    flux2_bufs *b = &m->buf;
+    build_rope(m, txt_ids, t, img_ids, n);
+
+    /* host inputs: timestep sinusoid, latent tokens, text features */
+    float *emb = dt_malloc(sizeof(float) * c->tg_channels);
+    timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
+    be->upload(be, b->emb, emb);
+    free(emb);
+    be->upload(be, b->in_img, img);
+    if (t > 0) be->upload(be, b->in_txt, txt);
+
+    if (!m->use_graph || trace) {
+        device_part(m, n, t, trace, ud);
+    } else if (m->graph && m->graph_n == n && m->graph_t == t) {
+        if (be->graph_launch(be, m->graph)) return -1;
+    } else if (m->warm_n == n && m->warm_t == t) {
+        /* second call at this shape: capture the device part, then replay it */
+        if (be->capture_begin(be)) return -1;
+        device_part(m, n, t, NULL, NULL);
+        m->graph = be->capture_end(be);
+        if (!m->graph) return -1;
+        m->graph_n = n; m->graph_t = t;
+        if (be->graph_launch(be, m->graph)) return -1;
+    } else {
+        device_part(m, n, t, NULL, NULL);   /* eager warm-up: scratch buffers reach their sizes */
+        m->warm_n = n; m->warm_t = t;
+    }
     be->download(be, out, b->out);
-    (void)L;
     if (be->sync(be) != 0) return -1;
     return 0;
 }

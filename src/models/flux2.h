@@ -42,6 +42,11 @@ const flux2_config *flux2_get_config(const flux2_model *m);
 /* Bytes of weights as stored, and a short description of the formats ("bf16", "q4 g64", ...). */
 void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fmt_len);
 
+/* CUDA-graph replay of the forward's device part for fixed shapes (on = 1; only where the backend
+ * supports capture, else ignored). The first call at a shape runs eagerly, the second captures, later
+ * ones replay. Traced calls always run eagerly. */
+void flux2_set_graph(flux2_model *m, int on);
+
 /* One forward pass.
  *   img      [N, in_channels]   packed latent tokens (f32 host)
  *   txt      [T, joint_dim]     text features (f32 host)

@@ -192,6 +192,7 @@ int dt_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb_out, int *
     /* ---- DiT + VAE ---- */
     dit = flux2_load(be, p->model);
     if (!dit) goto done;
+    flux2_set_graph(dit, p->cuda_graph);
     vae = dt_vae_load(be, vae_dir);
     if (!vae) goto done;
     tm->t_load += dt_now() - t0;

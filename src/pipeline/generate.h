@@ -23,6 +23,7 @@ typedef struct {
     int taps[DT_GEN_MAX_TAPS];  /* text-encoder hidden-state taps; n_taps = 0: default */
     int n_taps;
     int te_inv_freq_bf16;       /* text encoder RoPE inv_freq rounded to bf16 (how the fixtures were made) */
+    int cuda_graph;             /* replay the DiT forward as a CUDA graph after the first steps */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);
