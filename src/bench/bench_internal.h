@@ -34,6 +34,9 @@ void bench_note(bench_report *r, const char *fmt, ...) DT_PRINTF(2, 3);
 void bench_jstr(FILE *f, const char *key, const char *v);
 void bench_jnum(FILE *f, const char *key, double v);
 void bench_jstat(FILE *f, const char *prefix, bench_stat s);
+/* JSON lines shared by the FLUX.2 and Krea 2 reports: copy bandwidth, arms, notes. */
+void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double copy_gbs, const bench_arm *arms,
+                     int n_arms, const char (*notes)[240], int n_notes);
 /* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 

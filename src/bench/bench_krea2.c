@@ -1486,25 +1486,7 @@ int bench_krea2_json(const bench_k2_report *r, const char *path) {
         bench_jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
         fprintf(f, "}\n");
     }
-    if (r->copy.n) {
-        fprintf(f, "{"); bench_jstr(f, "type", "copy"); bench_jnum(f, "bytes", r->copy_bytes); bench_jstat(f, "t", r->copy); bench_jnum(f, "gb_per_s", r->copy_gbs);
-        fprintf(f, "}\n");
-    }
-    for (int i = 0; i < r->n_arms; i++) {
-        const bench_arm *a = &r->arms[i];
-        fprintf(f, "{"); bench_jstr(f, "type", "arm"); fputc(',', f); bench_jstr(f, "arm", a->arm); fputc(',', f); bench_jstr(f, "workload", a->what);
-        fputc(',', f); bench_jstr(f, "a", a->a); fputc(',', f); bench_jstr(f, "b", a->b); bench_jnum(f, "skipped", a->skipped);
-        if (!a->skipped) {
-            bench_jstat(f, "a", a->sa); bench_jstat(f, "b", a->sb); bench_jnum(f, "ratio_b_over_a", a->ratio); bench_jnum(f, "maxdiff", a->maxdiff);
-            bench_jnum(f, "ref_absmax", a->ref_absmax); bench_jnum(f, "tol", a->tol);
-        }
-        fputc(',', f); bench_jstr(f, "note", a->note);
-        fprintf(f, "}\n");
-    }
-    for (int i = 0; i < r->n_notes; i++) {
-        fprintf(f, "{"); bench_jstr(f, "type", "note"); fputc(',', f); bench_jstr(f, "text", r->notes[i]);
-        fprintf(f, "}\n");
-    }
+    bench_json_tail(f, &r->copy, r->copy_bytes, r->copy_gbs, r->arms, r->n_arms, r->notes, r->n_notes);
     if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }
     return 0;
 }

@@ -270,3 +270,27 @@ void bench_jstat(FILE *f, const char *p, bench_stat s) {
     snprintf(k, sizeof k, "%s_n", p); bench_jnum(f, k, s.n);
 }
 
+
+/* The lines both reports end with: copy bandwidth, the A/B arms, the notes. */
+void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double copy_gbs, const bench_arm *arms,
+                     int n_arms, const char (*notes)[240], int n_notes) {
+    if (copy->n) {
+        fprintf(f, "{"); bench_jstr(f, "type", "copy"); bench_jnum(f, "bytes", copy_bytes); bench_jstat(f, "t", *copy); bench_jnum(f, "gb_per_s", copy_gbs);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < n_arms; i++) {
+        const bench_arm *a = &arms[i];
+        fprintf(f, "{"); bench_jstr(f, "type", "arm"); fputc(',', f); bench_jstr(f, "arm", a->arm); fputc(',', f); bench_jstr(f, "workload", a->what);
+        fputc(',', f); bench_jstr(f, "a", a->a); fputc(',', f); bench_jstr(f, "b", a->b); bench_jnum(f, "skipped", a->skipped);
+        if (!a->skipped) {
+            bench_jstat(f, "a", a->sa); bench_jstat(f, "b", a->sb); bench_jnum(f, "ratio_b_over_a", a->ratio); bench_jnum(f, "maxdiff", a->maxdiff);
+            bench_jnum(f, "ref_absmax", a->ref_absmax); bench_jnum(f, "tol", a->tol);
+        }
+        fputc(',', f); bench_jstr(f, "note", a->note);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < n_notes; i++) {
+        fprintf(f, "{"); bench_jstr(f, "type", "note"); fputc(',', f); bench_jstr(f, "text", notes[i]);
+        fprintf(f, "}\n");
+    }
+}
