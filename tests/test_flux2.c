@@ -151,6 +151,47 @@ static void cuda_graph_replay(void) {
     st_close(fi.io);
 }
 
+/* Resident text features (flux2_text_resident) must give exactly the uploaded-each-time result, also with two
+ * prompts alternating (CFG), after the caller changes a resident buffer and re-declares it, and under graph replay. */
+static void resident_text(dt_backend *be, const char *tag, int graph) {
+    fixture_inputs fi;
+    if (load_inputs(&fi)) return;
+    char model[512], nm[160];
+    snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
+    flux2_model *m = flux2_load(be, model);
+    if (!m) { T_FAIL("resident text", "%s: %s", tag, dt_last_error()); free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids); st_close(fi.io); return; }
+    const flux2_config *c = flux2_get_config(m);
+    size_t n = (size_t)fi.n * c->out_channels, nt = (size_t)fi.t * c->joint_dim;
+    float *neg = dt_malloc(sizeof(float) * nt);
+    for (size_t i = 0; i < nt; i++) neg[i] = -0.5f * fi.txt[i] + 0.25f;
+    float *ref_pos = dt_malloc(sizeof(float) * n), *ref_neg = dt_malloc(sizeof(float) * n), *got = dt_malloc(sizeof(float) * n);
+    int rc = flux2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.img_ids, fi.txt_ids, ref_pos, NULL, NULL);
+    if (!rc) rc = flux2_forward(m, fi.img, fi.n, neg, fi.t, fi.ts, fi.img_ids, fi.txt_ids, ref_neg, NULL, NULL);
+    if (graph) flux2_set_graph(m, 1);
+    if (!rc) rc = flux2_text_resident(m, fi.txt, fi.t);
+    if (!rc) rc = flux2_text_resident(m, neg, fi.t);
+    for (int i = 0; i < 6 && rc == 0; i++) {   /* pos, neg, pos, ... as in a CFG loop */
+        int is_neg = i & 1;
+        rc = flux2_forward(m, fi.img, fi.n, is_neg ? neg : fi.txt, fi.t, fi.ts, fi.img_ids, fi.txt_ids, got, NULL, NULL);
+        snprintf(nm, sizeof nm, "%s resident text call %d (%s%s) equals upload", tag, i + 1, is_neg ? "negative" : "positive",
+                 graph ? ", graph" : "");
+        /* the same kernels on the same values: bit-identical */
+        if (rc == 0) t_check_rel_l2(nm, got, is_neg ? ref_neg : ref_pos, n, 0.0);
+    }
+    /* the caller changes the negative prompt in place and declares it again: the new contents are used */
+    for (size_t i = 0; i < nt && rc == 0; i++) neg[i] = fi.txt[i];
+    if (!rc) rc = flux2_text_resident(m, neg, fi.t);
+    if (!rc) rc = flux2_forward(m, fi.img, fi.n, neg, fi.t, fi.ts, fi.img_ids, fi.txt_ids, got, NULL, NULL);
+    snprintf(nm, sizeof nm, "%s resident text re-declared after a change", tag);
+    if (rc == 0) t_check_rel_l2(nm, got, ref_pos, n, 0.0);
+    if (rc) T_FAIL("resident text", "%s: %s", tag, dt_last_error());
+    flux2_text_resident(m, NULL, 0);
+    free(neg); free(ref_pos); free(ref_neg); free(got);
+    flux2_free(m);
+    free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
+    st_close(fi.io);
+}
+
 static void cuda_qpaths(void) {
     fixture_inputs fi;
     if (load_inputs(&fi)) return;
@@ -243,6 +284,7 @@ int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
     fixtures_on(cpu, FLUX2_CPU_TOL, "cpu");
+    resident_text(cpu, "cpu", 0);
     cpu->destroy(cpu);
 
     if (dt_backend_cuda_available()) {
@@ -250,7 +292,12 @@ int main(void) {
         o.rope_fp32 = 1;
         dt_backend *cuda = dt_backend_cuda_create(&o);
         if (!cuda) T_FAIL("cuda backend", "%s", dt_last_error());
-        else { fixtures_on(cuda, FLUX2_GPU_TOL, "cuda"); cuda->destroy(cuda); }
+        else {
+            fixtures_on(cuda, FLUX2_GPU_TOL, "cuda");
+            resident_text(cuda, "cuda", 0);
+            resident_text(cuda, "cuda", 1);
+            cuda->destroy(cuda);
+        }
         cuda_qpaths();
         cuda_graph_replay();
     } else if (t_require_gpu_env()) {

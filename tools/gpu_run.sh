@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -91,6 +91,35 @@ if has graph; then   # CUDA-graph replay of the forward: correctness (test_flux2
     done
     [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
     $B generate --backend cuda --model "$W/p4" -p "a red fox" -o "$OUT/gen_graph.png" --seed 7 --cuda-graph 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
+fi
+
+prep4() {  # synthetic klein-4B q4/bf16 checkpoints and 1024^2 inputs (kept across sections)
+    [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
+    [ -d "$W/k4bf16" ] || $B synth --preset klein-4b --bits 0 --output "$W/k4bf16" 2>/dev/null
+    [ -f "$W/in4_1024.st" ] || $B synth --preset klein-4b --inputs "$W/in4_1024.st" --image-size 1024 2>/dev/null
+}
+if has tune; then   # cuBLASLt algorithm tuning: heuristic-first vs timed choice, alternating processes
+    prep4
+    export DITRUN_GEMM_CACHE=$W/gemm-algos.txt
+    rm -f "$DITRUN_GEMM_CACHE"
+    $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --output "$W/out.st" --repeat 2 -v 2>&1 \
+        | grep -E "gemm m=|forward" | tee "$OUT/tune.log" | tail -30 | tee -a "$OUT/summary.txt"
+    for i in 1 2; do
+        DITRUN_GEMM_TUNE=0 fwd "klein-4B q4 1024^2 heuristic ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "klein-4B q4 1024^2 tuned ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        DITRUN_GEMM_TUNE=0 fwd "klein-4B bf16 1024^2 heuristic ($i)" "$W/k4bf16" "$W/in4_1024.st" 20
+        fwd "klein-4B bf16 1024^2 tuned ($i)" "$W/k4bf16" "$W/in4_1024.st" 20
+        fwd "klein-4B q4 1024^2 tuned+graph ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
+    done
+fi
+if has trace; then  # in-model device time per op and shape (CUDA events in the running queue)
+    prep4
+    for m in k4q4 k4bf16; do
+        DITRUN_CUDA_TRACE=3 $B forward --backend cuda --model "$W/$m" --inputs "$W/in4_1024.st" --output "$W/out.st" \
+            --repeat 10 > "$OUT/trace_$m.log" 2>&1
+        log "trace $m (10 forwards + 1 warm-up):"
+        grep -E "cuda trace" "$OUT/trace_$m.log" | head -40 | tee -a "$OUT/summary.txt"
+    done
 fi
 
 if has krea2; then

@@ -68,6 +68,11 @@ struct flux2_model {
     int use_graph;
     void *graph;
     int graph_n, graph_t, warm_n, warm_t;
+    /* resident text features (flux2_text_resident): host buffers the caller keeps unchanged, uploaded once;
+     * a forward whose txt matches one copies it on the device instead of uploading again. Two slots (the
+     * positive and the negative prompt of CFG), least recently used replaced. */
+    struct { const float *host; int t; dt_mat dev; unsigned long use; } res[2];
+    unsigned long res_clock;
 };
 
 /* ------------------------------------------------------------------ config */
@@ -242,9 +247,37 @@ void flux2_set_graph(flux2_model *m, int on) {
     if (!m->use_graph) drop_graph(m);
 }
 
+static void drop_resident(flux2_model *m) {
+    for (int i = 0; i < 2; i++) {
+        if (m->res[i].dev.data) m->be->free(m->be, &m->res[i].dev);
+        memset(&m->res[i], 0, sizeof m->res[i]);
+    }
+}
+
+int flux2_text_resident(flux2_model *m, const float *txt, int t) {
+    if (!txt) { drop_resident(m); return 0; }
+    if (t <= 0) { dt_set_error("flux2: resident text needs at least one token (got %d)", t); return -1; }
+    int slot = -1;
+    for (int i = 0; i < 2; i++)
+        if (m->res[i].host == txt && m->res[i].t == t) slot = i;
+    if (slot < 0) {
+        slot = m->res[0].use <= m->res[1].use ? 0 : 1;
+        if (m->res[slot].dev.data && m->res[slot].t != t) m->be->free(m->be, &m->res[slot].dev);
+        if (!m->res[slot].dev.data) {
+            if (m->be->alloc(m->be, &m->res[slot].dev, t, m->c.joint_dim, m->be->act_dtype)) return -1;
+        }
+        m->res[slot].host = txt;
+        m->res[slot].t = t;
+    }
+    m->be->upload(m->be, m->res[slot].dev, txt);   /* always: a repeated call declares new contents */
+    m->res[slot].use = ++m->res_clock;
+    return 0;
+}
+
 void flux2_free(flux2_model *m) {
     if (!m) return;
     if (m->be) {
+        drop_resident(m);
         drop_graph(m);
         free_bufs(m->be, &m->buf);
         dt_linear_set_free(&m->lin);
@@ -486,7 +519,17 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     be->upload(be, b->emb, emb);
     free(emb);
     be->upload(be, b->in_img, img);
-    if (t > 0) be->upload(be, b->in_txt, txt);
+    if (t > 0) {
+        int slot = -1;
+        for (int i = 0; i < 2; i++)
+            if (m->res[i].host && m->res[i].host == txt && m->res[i].t == t) slot = i;
+        if (slot >= 0) {
+            be->copy(be, b->in_txt, m->res[slot].dev);   /* resident: a device copy, no host transfer */
+            m->res[slot].use = ++m->res_clock;
+        } else {
+            be->upload(be, b->in_txt, txt);
+        }
+    }
 
     if (!m->use_graph || trace) {
         device_part(m, n, t, trace, ud);

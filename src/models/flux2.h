@@ -47,6 +47,13 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
  * ones replay. Traced calls always run eagerly. */
 void flux2_set_graph(flux2_model *m, int on);
 
+/* Keep text features on the device across forwards (the denoising loop passes the same prompt every step):
+ * uploads txt [t, joint_dim] now; later flux2_forward calls with this same pointer and t copy it on the
+ * device instead of transferring it from the host. The caller must not change the buffer's contents while
+ * it is resident (call again to re-upload after a change). Two prompts can be resident (CFG's positive and
+ * negative; the least recently used is replaced). txt = NULL releases them. 0 or -1 (dt_last_error). */
+int flux2_text_resident(flux2_model *m, const float *txt, int t);
+
 /* One forward pass.
  *   img      [N, in_channels]   packed latent tokens (f32 host)
  *   txt      [T, joint_dim]     text features (f32 host)

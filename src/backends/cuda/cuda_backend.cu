@@ -4,6 +4,7 @@
  * queued on one non-default stream owned by the backend. */
 #include <stdarg.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <mutex>
@@ -295,21 +296,82 @@ void dtc_preload_kernels(dtc_state *st) {
 /* DITRUN_CUDA_TRACE=1: each op's host time (launch work: lazy kernel loading, cuBLASLt heuristics, cudaMalloc,
  * ...); =2: each op followed by a stream synchronize, so the time is host + device. Ops over
  * DITRUN_CUDA_TRACE_MS (default 0.5) are printed as they happen; a per-op summary is printed at destroy.
+ * =3: device time of each op in the running queue (CUDA events before and after it, no synchronization, so
+ * caches and overlap are as in a real run; not while a graph is captured), summed per op and shape and
+ * printed at destroy, largest total first.
  * The real ops sit behind the vtable; this only wraps them when the variable is set. */
 struct trace_stat {
     int n = 0;
     double total = 0, maxv = 0;
+};
+struct trace_ev {
+    std::string key;
+    cudaEvent_t a, b;
 };
 static struct {
     int level;
     double thr_ms;
     std::map<std::string, trace_stat> *stats;
     dt_backend real;
+    dtc_state *st;                       /* level 3: the traced backend */
+    cudaEvent_t cur;                     /* level 3: start event of the op in progress (or NULL) */
+    std::vector<trace_ev> *pending;      /* level 3: recorded, not yet resolved */
+    std::vector<cudaEvent_t> *spare;
+    std::map<std::string, trace_stat> *dev;
 } g_tr;
 
-static double tr_begin() { return dt_now(); }
+static cudaEvent_t tr_event() {
+    cudaEvent_t e;
+    if (!g_tr.spare->empty()) {
+        e = g_tr.spare->back();
+        g_tr.spare->pop_back();
+    } else {
+        CK(cudaEventCreate(&e));
+    }
+    return e;
+}
+/* level 3: turn recorded event pairs into per-op device times (waits for them) */
+static void tr_resolve() {
+    if (!g_tr.pending) return;
+    for (auto &p : *g_tr.pending) {
+        float ms = 0.f;
+        CK(cudaEventSynchronize(p.b));
+        CK(cudaEventElapsedTime(&ms, p.a, p.b));
+        trace_stat &t = (*g_tr.dev)[p.key];
+        t.n++;
+        t.total += ms;
+        if (ms > t.maxv) t.maxv = ms;
+        g_tr.spare->push_back(p.a);
+        g_tr.spare->push_back(p.b);
+    }
+    g_tr.pending->clear();
+}
+static double tr_begin() {
+    if (g_tr.level == 3 && !g_tr.st->capturing) {
+        g_tr.cur = tr_event();
+        CK(cudaEventRecord(g_tr.cur, g_tr.st->stream));
+    }
+    return dt_now();
+}
 static void tr_end(dt_backend *be, const char *op, double t0, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void tr_end(dt_backend *be, const char *op, double t0, const char *fmt, ...) {
+    if (g_tr.level == 3) {
+        if (!g_tr.cur) return;
+        trace_ev e;
+        char buf[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        e.key = std::string(op) + " " + buf;
+        e.a = g_tr.cur;
+        e.b = tr_event();
+        g_tr.cur = nullptr;
+        CK(cudaEventRecord(e.b, dtc(be)->stream));
+        g_tr.pending->push_back(e);
+        if (g_tr.pending->size() > 4096) tr_resolve();
+        return;
+    }
     if (g_tr.level >= 2) cudaStreamSynchronize(dtc(be)->stream);
     double ms = (dt_now() - t0) * 1e3;
     trace_stat &t = (*g_tr.stats)[op];
@@ -403,6 +465,7 @@ static dt_linear *tr_linear_create(dt_backend *be, const dt_linear_src *src) {
 static int tr_sync(dt_backend *be) {
     double t0 = tr_begin();
     int r = g_tr.real.sync(be);
+    if (g_tr.level == 3) tr_resolve();
     tr_end(be, "sync", t0, "(waits for the queue)");
     return r;
 }
@@ -411,12 +474,16 @@ static void trace_install(dt_backend *be) {
     const char *e = getenv("DITRUN_CUDA_TRACE");
     if (!e || !*e || *e == '0') return;
     if (!g_tr.stats) {
-        g_tr.level = atoi(e) >= 2 ? 2 : 1;
+        g_tr.level = atoi(e) >= 3 ? 3 : atoi(e) >= 2 ? 2 : 1;
+        g_tr.pending = new std::vector<trace_ev>();
+        g_tr.spare = new std::vector<cudaEvent_t>();
+        g_tr.dev = new std::map<std::string, trace_stat>();
         const char *t = getenv("DITRUN_CUDA_TRACE_MS");
         g_tr.thr_ms = t && *t ? atof(t) : 0.5;
         g_tr.stats = new std::map<std::string, trace_stat>();
     }
     g_tr.real = *be;
+    g_tr.st = dtc(be);
     dtc(be)->trace_malloc_ms = g_tr.thr_ms > 0 ? g_tr.thr_ms : 1e-9;
     be->linear = tr_linear;
     be->attention = tr_attention;
@@ -436,6 +503,23 @@ static void trace_install(dt_backend *be) {
 }
 
 static void trace_report(dtc_state *st) {
+    if (g_tr.level == 3 && g_tr.st == st) {
+        tr_resolve();
+        std::vector<std::pair<double, std::string>> v;
+        double all = 0;
+        for (auto &kv : *g_tr.dev) {
+            v.push_back({kv.second.total, kv.first});
+            all += kv.second.total;
+        }
+        std::sort(v.rbegin(), v.rend());
+        fprintf(stderr, "ditrun: cuda trace (device ms per op and shape, events in the running queue): %.2f ms in all\n", all);
+        for (auto &p : v) {
+            const trace_stat &t = (*g_tr.dev)[p.second];
+            fprintf(stderr, "ditrun: cuda trace   %9.3f ms %5.1f%%  n=%-5d mean %8.4f  %s\n", t.total,
+                    all > 0 ? 100.0 * t.total / all : 0.0, t.n, t.total / t.n, p.second.c_str());
+        }
+        g_tr.dev->clear();
+    }
     if (!g_tr.stats || g_tr.stats->empty()) return;
     fprintf(stderr, "ditrun: cuda trace summary (%s ms per op; level %d):\n", g_tr.level >= 2 ? "host+device" : "host",
             g_tr.level);
@@ -560,6 +644,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         }
     }
     st->lt_ws_size = (size_t)64 << 20;
+    dtc_gemm_tune_init(st, prop.name);
     CREATE_CK(cudaMalloc(&st->lt_ws, st->lt_ws_size));
     if (o.verbose)
         fprintf(stderr, "ditrun: cuda: device %d: %s, cc %d.%d, %d SMs, %.1f GiB\n", o.device, prop.name, prop.major,

@@ -79,6 +79,13 @@ struct dtc_state {
     dtc_scratch s_mask;     /* attention: scaled key bias and the list of key tiles to visit */
     int capturing;
     int verbose;
+    /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
+     * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
+    int gemm_tune;
+    char gemm_cache_path[512];
+    char gpu_id[160];       /* device name, cc, SMs, cuBLASLt version: the persisted choices' validity key */
+    int gemm_tuned;         /* shapes timed in this process */
+    double gemm_tune_ms;    /* wall time spent timing candidates */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
     double trace_malloc_ms; /* DITRUN_CUDA_TRACE: print cudaMalloc calls at least this long (0 = off) */
 };
@@ -105,6 +112,8 @@ static inline void dtc_preload_fn(const void *f) {
 /* ------------------------------------------------------------------ GEMM (cuda_linear.cu) */
 /* Column-major cuBLASLt product D[m,n] = alpha * op(A)[m,k] * op(B)[k,n] (+ bias[m] when bias != NULL).
  * A/B are bf16; D is bf16 or f32 (dtype). ta/tb: 1 = transposed. Leading dimensions in elements. */
+/* Algorithm choice settings from the environment (DITRUN_GEMM_TUNE, DITRUN_GEMM_CACHE); see cuda_linear.cu. */
+void dtc_gemm_tune_init(dtc_state *st, const char *device_name);
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
               const void *bias_bf16);

@@ -9,12 +9,28 @@
  *              split-K over the reduction for small grids.
  * All three dequantize w = fmaf(scale, q, bias) in fp32 and round to bf16, so they agree up to the GEMM's
  * summation order. */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
 #include <map>
 #include <tuple>
 
 #include "cuda_common.cuh"
 
 /* ------------------------------------------------------------------ cuBLASLt helper */
+/* Algorithm choice. cuBLASLt's heuristic ranks its kernels by a model, and its first pick is not always the
+ * fastest at our shapes. With tuning on (default; DITRUN_GEMM_TUNE=0 turns it off) the first call at a new
+ * shape/stride/alignment of a GEMM of >= 2 GFLOP times up to GEMM_TUNE_CANDIDATES heuristic candidates on the
+ * call's own operands (1 warm-up + GEMM_TUNE_REPS timed runs each, CUDA events) and keeps the fastest. Choices
+ * are appended to a text file (DITRUN_GEMM_CACHE=path; default $XDG_CACHE_HOME or ~/.cache /ditrun/gemm-algos.txt;
+ * DITRUN_GEMM_CACHE=none keeps them in memory) whose lines name the device and cuBLASLt version they hold for,
+ * so later processes skip the timing. A persisted algorithm is re-checked with cublasLtMatmulAlgoCheck. Never
+ * times while a CUDA graph is being captured (the heuristic's first pick is used and not remembered). */
+#define GEMM_TUNE_CANDIDATES 8
+#define GEMM_TUNE_REPS 3
+#define GEMM_TUNE_MIN_FLOP 2e9
+
 struct gemm_key {
     int ta, tb, dtd, has_bias, aa, ab, ad;
     int64_t m, n, k, lda, ldb, ldd;
@@ -30,6 +46,8 @@ struct gemm_entry {
 };
 struct dtc_gemm_cache {
     std::map<gemm_key, gemm_entry> m;
+    std::map<gemm_key, cublasLtMatmulAlgo_t> persisted;  /* read from the cache file, not yet checked */
+    bool loaded = false;
 };
 
 void dtc_gemm_cache_free(dtc_state *st) {
@@ -42,6 +60,100 @@ void dtc_gemm_cache_free(dtc_state *st) {
     }
     delete st->gemm_cache;
     st->gemm_cache = nullptr;
+}
+
+void dtc_gemm_tune_init(dtc_state *st, const char *device_name) {
+    const char *t = getenv("DITRUN_GEMM_TUNE");
+    st->gemm_tune = !(t && t[0] == '0');
+    snprintf(st->gpu_id, sizeof st->gpu_id, "%s|cc%d.%d|%dsm|lt%zu|ws%zu", device_name, st->cc_major, st->cc_minor,
+             st->sm_count, cublasLtGetVersion(), st->lt_ws_size);
+    for (char *c = st->gpu_id; *c; c++)
+        if (*c == ' ') *c = '_';
+    st->gemm_cache_path[0] = 0;
+    const char *p = getenv("DITRUN_GEMM_CACHE");
+    if (p) {
+        if (strcmp(p, "none") && p[0]) snprintf(st->gemm_cache_path, sizeof st->gemm_cache_path, "%s", p);
+        return;
+    }
+    char dir[400];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && xdg[0]) snprintf(dir, sizeof dir, "%s", xdg);
+    else if (home && home[0]) snprintf(dir, sizeof dir, "%s/.cache", home);
+    else return;
+    mkdir(dir, 0755);
+    size_t n = strlen(dir);
+    snprintf(dir + n, sizeof dir - n, "/ditrun");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return;  /* not writable: in memory only */
+    snprintf(st->gemm_cache_path, sizeof st->gemm_cache_path, "%s/gemm-algos.txt", dir);
+}
+
+static void key_line(const dtc_state *st, const gemm_key &k, char *buf, size_t size) {
+    snprintf(buf, size, "%s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld", st->gpu_id, k.ta, k.tb, k.dtd,
+             k.has_bias, k.aa, k.ab, k.ad, (long long)k.m, (long long)k.n, (long long)k.k, (long long)k.lda,
+             (long long)k.ldb, (long long)k.ldd);
+}
+
+/* Read the persisted choices for this device (once). Malformed or foreign lines are skipped. */
+static void gemm_cache_load(dtc_state *st) {
+    dtc_gemm_cache *c = st->gemm_cache;
+    c->loaded = true;
+    if (!st->gemm_cache_path[0]) return;
+    FILE *f = fopen(st->gemm_cache_path, "r");
+    if (!f) return;
+    char line[1024], id[200];
+    while (fgets(line, sizeof line, f)) {
+        gemm_key k;
+        long long m, n, kk, lda, ldb, ldd;
+        unsigned long long d[8];
+        int used = 0;
+        if (sscanf(line, "%199s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld :%n", id, &k.ta, &k.tb, &k.dtd,
+                   &k.has_bias, &k.aa, &k.ab, &k.ad, &m, &n, &kk, &lda, &ldb, &ldd, &used) != 14 || !used)
+            continue;
+        if (strcmp(id, st->gpu_id)) continue;
+        if (sscanf(line + used, "%llx %llx %llx %llx %llx %llx %llx %llx", &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
+                   &d[6], &d[7]) != 8)
+            continue;
+        k.m = m; k.n = n; k.k = kk; k.lda = lda; k.ldb = ldb; k.ldd = ldd;
+        cublasLtMatmulAlgo_t a;
+        for (int i = 0; i < 8; i++) a.data[i] = d[i];
+        c->persisted[k] = a;
+    }
+    fclose(f);
+}
+
+static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMatmulAlgo_t &a) {
+    if (!st->gemm_cache_path[0]) return;
+    FILE *f = fopen(st->gemm_cache_path, "a");
+    if (!f) return;
+    char kl[400];
+    key_line(st, k, kl, sizeof kl);
+    fprintf(f, "%s :", kl);
+    for (int i = 0; i < 8; i++) fprintf(f, " %llx", (unsigned long long)a.data[i]);
+    fprintf(f, "\n");
+    fclose(f);
+}
+
+/* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. */
+static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, float alpha, const void *A,
+                       const void *B, void *D) {
+    float beta = 0.f;
+    if (cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
+                       st->lt_ws_size, st->stream) != CUBLAS_STATUS_SUCCESS)
+        return -1.f;
+    cudaEvent_t t0, t1;
+    CK(cudaEventCreate(&t0));
+    CK(cudaEventCreate(&t1));
+    CK(cudaEventRecord(t0, st->stream));
+    for (int r = 0; r < GEMM_TUNE_REPS; r++)
+        CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
+                            st->lt_ws_size, st->stream));
+    CK(cudaEventRecord(t1, st->stream));
+    CK(cudaEventSynchronize(t1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, t0, t1));
+    CK(cudaEventDestroy(t0));
+    CK(cudaEventDestroy(t1));
+    return ms / GEMM_TUNE_REPS;
 }
 
 static int ptr_align(const void *p) {
@@ -80,28 +192,63 @@ void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, co
         CKLT(cublasLtMatrixLayoutCreate(&e.la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
         CKLT(cublasLtMatrixLayoutCreate(&e.lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
         CKLT(cublasLtMatrixLayoutCreate(&e.ld, dt, m, n, ldd));
-        cublasLtMatmulPreference_t pref;
-        CKLT(cublasLtMatmulPreferenceCreate(&pref));
-        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st->lt_ws_size,
-                                                  sizeof st->lt_ws_size));
-        uint32_t a32 = (uint32_t)key.aa, b32 = (uint32_t)key.ab, d32 = (uint32_t)key.ad;
-        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof a32));
-        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32));
-        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32));
-        CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32));
-        cublasLtMatmulHeuristicResult_t res;
-        int cnt = 0;
-        CKLT(cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref, 1, &res, &cnt));
-        cublasLtMatmulPreferenceDestroy(pref);
-        if (cnt < 1) {
-            fprintf(stderr,
-                    "ditrun: cuda: cuBLASLt found no algorithm for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldd=%lld "
-                    "(alignment %d/%d/%d)\n",
-                    (long long)m, (long long)n, (long long)k, (long long)lda, (long long)ldb, (long long)ldd, key.aa,
-                    key.ab, key.ad);
-            exit(1);
+        if (!st->gemm_cache->loaded && st->gemm_tune) gemm_cache_load(st);  /* DITRUN_GEMM_TUNE=0: heuristic only */
+        bool chosen = false;
+        auto pit = st->gemm_cache->persisted.find(key);
+        if (pit != st->gemm_cache->persisted.end()) {
+            cublasLtMatmulHeuristicResult_t chk;
+            if (cublasLtMatmulAlgoCheck(st->lt, e.op, e.la, e.lb, e.ld, e.ld, &pit->second, &chk) ==
+                    CUBLAS_STATUS_SUCCESS &&
+                chk.workspaceSize <= st->lt_ws_size) {
+                e.algo = pit->second;
+                chosen = true;
+            }
         }
-        e.algo = res.algo;
+        if (!chosen) {
+            cublasLtMatmulPreference_t pref;
+            CKLT(cublasLtMatmulPreferenceCreate(&pref));
+            CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st->lt_ws_size,
+                                                      sizeof st->lt_ws_size));
+            uint32_t a32 = (uint32_t)key.aa, b32 = (uint32_t)key.ab, d32 = (uint32_t)key.ad;
+            CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof a32));
+            CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32));
+            CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32));
+            CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32));
+            cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES];
+            int cnt = 0;
+            const bool tune = st->gemm_tune && !st->capturing && 2.0 * (double)m * (double)n * (double)k >= GEMM_TUNE_MIN_FLOP;
+            CKLT(cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref,
+                                                tune ? GEMM_TUNE_CANDIDATES : 1, res, &cnt));
+            cublasLtMatmulPreferenceDestroy(pref);
+            if (cnt < 1) {
+                fprintf(stderr,
+                        "ditrun: cuda: cuBLASLt found no algorithm for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldd=%lld "
+                        "(alignment %d/%d/%d)\n",
+                        (long long)m, (long long)n, (long long)k, (long long)lda, (long long)ldb, (long long)ldd, key.aa,
+                        key.ab, key.ad);
+                exit(1);
+            }
+            e.algo = res[0].algo;
+            if (tune && cnt > 1) {
+                double t0 = dt_now();
+                float best = -1.f, first = -1.f;
+                int bi = 0;
+                for (int i = 0; i < cnt; i++) {
+                    float ms = time_algo(st, e, &res[i].algo, alpha, A, B, D);
+                    if (i == 0) first = ms;
+                    if (ms > 0.f && (best < 0.f || ms < best)) { best = ms; bi = i; }
+                }
+                e.algo = res[bi].algo;
+                st->gemm_tuned++;
+                st->gemm_tune_ms += (dt_now() - t0) * 1e3;
+                if (st->verbose)
+                    fprintf(stderr, "ditrun: cuda: gemm m=%lld n=%lld k=%lld: candidate %d of %d, %.4f ms (heuristic's first %.4f ms)\n",
+                            (long long)m, (long long)n, (long long)k, bi, cnt, best, first);
+                gemm_cache_append(st, key, e.algo);
+            } else if (tune) {
+                gemm_cache_append(st, key, e.algo);
+            }
+        }
         it = st->gemm_cache->m.emplace(key, e).first;
     }
     gemm_entry &e = it->second;
