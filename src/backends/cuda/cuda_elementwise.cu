@@ -344,6 +344,61 @@ __global__ void k_layernorm_mod_vec(dmat y, dmat x, dmat shift, dmat scale, int 
     }
 }
 
+/* The same, one warp per row (no block barriers): each lane keeps NV 8-element vectors of the row in registers.
+ * For rows of up to 32 * 8 * LNW_MAX_NV elements (D = 3072: NV = 12). */
+#define LNW_ROWS 8
+#define LNW_MAX_NV 16
+template <int NV>
+__global__ void __launch_bounds__(LNW_ROWS * 32) k_layernorm_mod_warp(dmat y, dmat x, dmat shift, dmat scale,
+                                                                     int has_shift, int has_scale, int64_t rows,
+                                                                     int64_t cols, float eps) {
+    const int64_t r = (int64_t)blockIdx.x * LNW_ROWS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const int nvec = (int)(cols / 8);
+    float v[NV][8];
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int vi = lane + j * 32;
+        if (vi < nvec) {
+            ldv<8>(x, r, (int64_t)vi * 8, v[j]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) s += v[j][i];
+        }
+    }
+    float mean = warp_sum(s) / (float)cols;
+    float q = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int vi = lane + j * 32;
+        if (vi < nvec) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) { float d = v[j][i] - mean; q += d * d; }
+        }
+    }
+    float rstd = rsqrtf(warp_sum(q) / (float)cols + eps);
+    int rb = y.isbf;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        int vi = lane + j * 32;
+        if (vi < nvec) {
+            float sc[8], sf[8];
+            if (has_scale) ldv<8>(scale, 0, (int64_t)vi * 8, sc);
+            if (has_shift) ldv<8>(shift, 0, (int64_t)vi * 8, sf);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float n = (v[j][i] - mean) * rstd;
+                if (rb) n = bfr(n);
+                if (has_scale) { float m1 = 1.f + sc[i]; if (rb) m1 = bfr(m1); n = n * m1; if (rb) n = bfr(n); }
+                if (has_shift) n += sf[i];
+                v[j][i] = n;
+            }
+            stv<8>(y, r, (int64_t)vi * 8, v[j]);
+        }
+    }
+}
+
 /* Scalar fallback: any strides/dtypes; three passes over the row. */
 __global__ void k_layernorm_mod_gen(dmat y, dmat x, dmat shift, dmat scale, int has_shift, int has_scale,
                                     int64_t cols, float eps) {
@@ -390,7 +445,20 @@ void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat 
     int vec = vec_ok(x) && vec_ok(y) && vec_ok_row(shift) && vec_ok_row(scale);
     int threads = norm_threads(x.cols, &vec);
     DTC_REQUIRE(x.rows < 2147483647LL, "layernorm_mod: too many rows");
-    if (vec)
+    const int nvw = (int)((x.cols / 8 + 31) / 32);   /* vectors per lane for the warp-per-row kernel */
+    const char *lk = getenv("DITRUN_CUDA_LN");        /* =block: the block-per-row kernel (A/B knob) */
+    if (vec && x.cols % 8 == 0 && nvw <= LNW_MAX_NV && !(lk && lk[0] == 'b')) {
+        const unsigned blocks = (unsigned)((x.rows + LNW_ROWS - 1) / LNW_ROWS);
+#define LNW_LAUNCH(NV)                                                                                          \
+    k_layernorm_mod_warp<NV><<<blocks, LNW_ROWS * 32, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),    \
+                                                                     dtc_dm(scale), shift.data != nullptr,   \
+                                                                     scale.data != nullptr, x.rows, x.cols, eps)
+        if (nvw <= 4) LNW_LAUNCH(4);
+        else if (nvw <= 8) LNW_LAUNCH(8);
+        else if (nvw <= 12) LNW_LAUNCH(12);
+        else LNW_LAUNCH(16);
+#undef LNW_LAUNCH
+    } else if (vec)
         k_layernorm_mod_vec<<<(unsigned)x.rows, threads, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
                                                                          dtc_dm(scale), shift.data != nullptr,
                                                                          scale.data != nullptr, x.cols, eps);
@@ -473,32 +541,26 @@ __device__ __forceinline__ float rope_one(float xi, float xp, float c, float s, 
     return sign > 0 ? t1 + t2 : t1 - t2;
 }
 
-/* Fast path: hd = 128, bf16 x, one warp per (row, head), each lane owns 4 consecutive elements. */
+/* Fast path: hd = 128, bf16 x. One warp per row: each lane owns 4 consecutive elements of a head, loads its
+ * cos/sin/weight values once and walks the row's heads HNR_UNROLL at a time (loads first, then the math), so
+ * the f32 tables are read once per row instead of once per head. */
+#define HNR_UNROLL 4
+#define HNR_ROWS 8   /* rows (warps) per block */
 template <int FP32>
-__global__ void k_head_norm_rope128(__nv_bfloat16 *x, int64_t ldx, int64_t rows, int heads, const float *w, float eps,
-                                    const float *cosp, int64_t ldc, const float *sinp, int64_t lds, int mode) {
-    int64_t wid = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (wid >= rows * heads) return;
-    int64_t r = wid / heads;
-    int h = (int)(wid - r * heads);
-    __nv_bfloat16 *p = x + r * ldx + (int64_t)h * 128 + lane * 4;
-    uint2 u = *(const uint2 *)p;
+__device__ __forceinline__ uint2 hnr_one(uint2 u, int lane, bool has_w, float4 ww, float eps, int mode, float4 c,
+                                         float4 s) {
     float v[4];
     {
         float2 a = __bfloat1622float2(*(__nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(__nv_bfloat162 *)&u.y);
         v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
     }
-    if (w) {
+    if (has_w) {
         float q = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
         float rr = rsqrtf(warp_sum(q) * (1.f / 128.f) + eps);
-        float4 ww = *(const float4 *)(w + lane * 4);
         v[0] = bfr(v[0] * rr * ww.x); v[1] = bfr(v[1] * rr * ww.y);
         v[2] = bfr(v[2] * rr * ww.z); v[3] = bfr(v[3] * rr * ww.w);
     }
     if (mode != DT_ROPE_NONE) {
-        float4 c = *(const float4 *)(cosp + r * ldc + lane * 4);
-        float4 s = *(const float4 *)(sinp + r * lds + lane * 4);
         float o[4];
         if (mode == DT_ROPE_INTERLEAVED) {
             o[0] = rope_one<FP32>(v[0], v[1], c.x, s.x, -1.f);
@@ -521,7 +583,33 @@ __global__ void k_head_norm_rope128(__nv_bfloat16 *x, int64_t ldx, int64_t rows,
     uint2 out;
     out.x = *(uint32_t *)&a;
     out.y = *(uint32_t *)&b;
-    *(uint2 *)p = out;
+    return out;
+}
+
+template <int FP32>
+__global__ void __launch_bounds__(HNR_ROWS * 32) k_head_norm_rope128(__nv_bfloat16 *x, int64_t ldx, int64_t rows,
+                                                                    int heads, const float *w, float eps,
+                                                                    const float *cosp, int64_t ldc, const float *sinp,
+                                                                    int64_t lds, int mode) {
+    const int64_t r = (int64_t)blockIdx.x * HNR_ROWS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    float4 c = make_float4(0.f, 0.f, 0.f, 0.f), s = c, ww = c;
+    if (mode != DT_ROPE_NONE) {
+        c = *(const float4 *)(cosp + r * ldc + lane * 4);
+        s = *(const float4 *)(sinp + r * lds + lane * 4);
+    }
+    if (w) ww = *(const float4 *)(w + lane * 4);
+    __nv_bfloat16 *row = x + r * ldx + lane * 4;
+    for (int h0 = 0; h0 < heads; h0 += HNR_UNROLL) {
+        uint2 u[HNR_UNROLL];
+#pragma unroll
+        for (int j = 0; j < HNR_UNROLL; j++)
+            if (h0 + j < heads) u[j] = *(const uint2 *)(row + (int64_t)(h0 + j) * 128);
+#pragma unroll
+        for (int j = 0; j < HNR_UNROLL; j++)
+            if (h0 + j < heads) *(uint2 *)(row + (int64_t)(h0 + j) * 128) = hnr_one<FP32>(u[j], lane, w != nullptr, ww, eps, mode, c, s);
+    }
 }
 
 /* Generic: any hd (even), any dtype; one warp per (row, head). */
@@ -578,17 +666,18 @@ void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, f
     int fp32 = be->opts.rope_fp32 != 0;
     int64_t warps = x.rows * heads;
     unsigned blocks = dtc_blocks(warps * 32, 256);
+    const unsigned row_blocks = (unsigned)((x.rows + HNR_ROWS - 1) / HNR_ROWS);
     int fast = hd == 128 && x.dtype == DT_BF16 && x.ld % 4 == 0 && ((uintptr_t)x.data & 7) == 0 &&
                (mode == DT_ROPE_NONE || (cos.ld % 4 == 0 && sin.ld % 4 == 0 && dtc_aligned16(cos.data) &&
                                          dtc_aligned16(sin.data))) &&
                (!w.data || dtc_aligned16(w.data));
     if (fast) {
         if (fp32)
-            k_head_norm_rope128<1><<<blocks, 256, 0, st->stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
+            k_head_norm_rope128<1><<<row_blocks, HNR_ROWS * 32, 0, st->stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
                                                                    (const float *)w.data, eps, (const float *)cos.data,
                                                                    cos.ld, (const float *)sin.data, sin.ld, mode);
         else
-            k_head_norm_rope128<0><<<blocks, 256, 0, st->stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
+            k_head_norm_rope128<0><<<row_blocks, HNR_ROWS * 32, 0, st->stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
                                                                    (const float *)w.data, eps, (const float *)cos.data,
                                                                    cos.ld, (const float *)sin.data, sin.ld, mode);
     } else {
@@ -704,6 +793,10 @@ void dtc_preload_elementwise(dtc_state *st) {
     preload_ew<f_col_bias>();
     dtc_preload_fn((const void *)k_copy16);
     dtc_preload_fn((const void *)k_layernorm_mod_vec);
+    dtc_preload_fn((const void *)k_layernorm_mod_warp<4>);
+    dtc_preload_fn((const void *)k_layernorm_mod_warp<8>);
+    dtc_preload_fn((const void *)k_layernorm_mod_warp<12>);
+    dtc_preload_fn((const void *)k_layernorm_mod_warp<16>);
     dtc_preload_fn((const void *)k_layernorm_mod_gen);
     dtc_preload_fn((const void *)k_rmsnorm_vec);
     dtc_preload_fn((const void *)k_rmsnorm_gen);
