@@ -159,6 +159,11 @@ struct dt_backend {
     void *(*capture_end)(dt_backend *be);
     int (*graph_launch)(dt_backend *be, void *graph);
     void (*graph_destroy)(dt_backend *be, void *graph);
+    /* Two queues (NULL = one queue, everything serial): ops issued after this call go to queue q (0 = main,
+     * 1 = side). wait = 1: queue q first waits for all work issued so far on the other queue. Ops on the two
+     * queues may run concurrently, so the caller must give them disjoint data. Work must be back on queue 0
+     * and joined (a switch to 0 with wait = 1) before download, sync, event timing or capture_end. */
+    void (*stream_switch)(dt_backend *be, int q, int wait);
 };
 
 /* Create backends. NULL with dt_last_error() set when unavailable. */

@@ -116,7 +116,7 @@ void bm_inputs(bm_model *m, const float *img, const float *txt, float timestep);
 void bm_randomize(bm_model *m, uint64_t seed);
 /* Device ops only (no host transfer, no allocation): capturable. */
 void bm_pre(bm_model *m);                       /* timestep MLP, modulations, embedders */
-void bm_double_block(bm_model *m, int i);
+void bm_double_block(bm_model *m, int i, int join);
 void bm_single_stages(bm_model *m, int i, int last_stage);
 void bm_single_op(bm_model *m, int i, int k, int split);
 void bm_final(bm_model *m);                     /* final norm + proj_out into m->out */

@@ -254,7 +254,14 @@ void bm_pre(bm_model *m) {
     if (t > 0) be->linear(be, dt_mat_rows(m->s, 0, t), m->in_txt, m->ctx_emb);
 }
 
-void bm_double_block(bm_model *m, int i) {
+/* Queue for the next ops (as flux2.c: the text stream on the backend's side queue). */
+static void on_queue(dt_backend *be, int q, int wait) {
+    if (be->stream_switch) be->stream_switch(be, q, wait);
+}
+
+/* Double block i with flux2.c's queue use: the text stream's ops on the side queue; join = 1 makes the main
+ * queue wait for the side one at the end (flux2.c does so after its last double block). */
+void bm_double_block(bm_model *m, int i, int join) {
     dt_backend *be = m->be;
     const flux2_config *c = &m->c;
     bm_double *blk = &m->db[i];
@@ -267,42 +274,46 @@ void bm_double_block(bm_model *m, int i) {
     dt_mat cos_i = dt_mat_rows(m->cos, t, n), sin_i = dt_mat_rows(m->sin, t, n);
     dt_mat mi = m->mod_img_v, mt = m->mod_txt_v;
     dt_mat a_txt = dt_mat_rows(m->a, 0, t), a_img = dt_mat_rows(m->a, t, n);
-    be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-    be->linear(be, dt_mat_rows(m->q, t, n), a_img, blk->to_q);
-    be->linear(be, dt_mat_rows(m->k, t, n), a_img, blk->to_k);
-    be->linear(be, dt_mat_rows(m->v, t, n), a_img, blk->to_v);
-    be->head_norm_rope(be, dt_mat_rows(m->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-    be->head_norm_rope(be, dt_mat_rows(m->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     if (t > 0) {
+        on_queue(be, 1, i == 0);   /* later blocks: ordered after the side queue's own previous work */
         be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
         be->linear(be, dt_mat_rows(m->q, 0, t), a_txt, blk->add_q);
         be->linear(be, dt_mat_rows(m->k, 0, t), a_txt, blk->add_k);
         be->linear(be, dt_mat_rows(m->v, 0, t), a_txt, blk->add_v);
         be->head_norm_rope(be, dt_mat_rows(m->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, dt_mat_rows(m->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+        on_queue(be, 0, 0);
     }
+    be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
+    be->linear(be, dt_mat_rows(m->q, t, n), a_img, blk->to_q);
+    be->linear(be, dt_mat_rows(m->k, t, n), a_img, blk->to_k);
+    be->linear(be, dt_mat_rows(m->v, t, n), a_img, blk->to_v);
+    be->head_norm_rope(be, dt_mat_rows(m->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+    be->head_norm_rope(be, dt_mat_rows(m->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+    if (t > 0) on_queue(be, 0, 1);
     be->attention(be, m->o, m->q, m->k, m->v, H, H, hd, att_scale, none, 0);
     dt_mat y_txt = dt_mat_rows(m->y, 0, t), y_img = dt_mat_rows(m->y, t, n);
-    be->linear(be, y_img, dt_mat_rows(m->o, t, n), blk->to_out);
-    be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
     if (t > 0) {
+        dt_mat h_txt = dt_mat_rows(m->h, 0, t), g_txt = dt_mat_rows(m->g, 0, t);
+        on_queue(be, 1, 1);
         be->linear(be, y_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out);
         be->gated_add(be, s_txt, chunk(mt, 2, D), y_txt);
+        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
+        be->linear(be, h_txt, a_txt, blk->ffc_in);
+        be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
+        be->linear(be, y_txt, g_txt, blk->ffc_out);
+        be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
+        on_queue(be, 0, 0);
     }
+    be->linear(be, y_img, dt_mat_rows(m->o, t, n), blk->to_out);
+    be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
     dt_mat h_img = dt_mat_rows(m->h, t, n), g_img = dt_mat_rows(m->g, t, n);
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
     be->linear(be, h_img, a_img, blk->ff_in);
     be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
     be->linear(be, y_img, g_img, blk->ff_out);
     be->gated_add(be, s_img, chunk(mi, 5, D), y_img);
-    if (t > 0) {
-        dt_mat h_txt = dt_mat_rows(m->h, 0, t), g_txt = dt_mat_rows(m->g, 0, t);
-        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
-        be->linear(be, h_txt, a_txt, blk->ffc_in);
-        be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-        be->linear(be, y_txt, g_txt, blk->ffc_out);
-        be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
-    }
+    if (t > 0 && join) on_queue(be, 0, 1);
 }
 
 /* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass
@@ -358,7 +369,8 @@ void bm_final(bm_model *m) {
 
 void bm_forward(bm_model *m, int nd, int ns) {
     bm_pre(m);
-    for (int i = 0; i < nd && i < m->nd; i++) bm_double_block(m, i);
+    int last = (nd < m->nd ? nd : m->nd) - 1;
+    for (int i = 0; i <= last; i++) bm_double_block(m, i, i == last);
     for (int i = 0; i < ns && i < m->ns; i++) bm_single_stages(m, i, BM_ST_FULL);
     bm_final(m);
 }

@@ -397,6 +397,11 @@ static void timestep_sinusoid(float t, int channels, float *out) {
 
 static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
+/* Queue for the next ops (backend stream_switch; serial where the backend has one queue). */
+static void on_queue(dt_backend *be, int q, int wait) {
+    if (be->stream_switch) be->stream_switch(be, q, wait);
+}
+
 /* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are
  * in b->emb / b->in_img / b->in_txt and the RoPE tables, the result lands in b->out. No host
  * transfers and no allocation, so it can be captured into a graph. */
@@ -425,50 +430,56 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     dt_mat cos_t = dt_mat_rows(b->cos, 0, t), sin_t = dt_mat_rows(b->sin, 0, t);
     dt_mat cos_i = dt_mat_rows(b->cos, t, n), sin_i = dt_mat_rows(b->sin, t, n);
 
-    /* ---- double-stream blocks ---- */
+    /* ---- double-stream blocks ----
+     * The text stream's ops touch only text rows, so they run on the backend's side queue, overlapping the
+     * image stream's: the side queue waits for the main one before the first block (modulation, embedders)
+     * and after each attention; the main queue waits for the side one before each attention and at the end. */
     for (int i = 0; i < c->num_layers; i++) {
         flux2_double *blk = &m->db[i];
         dt_mat mi = b->mod_img, mt = b->mod_txt;
         dt_mat a_txt = dt_mat_rows(b->a, 0, t), a_img = dt_mat_rows(b->a, t, n);
         /* attention: norm1 + modulation, projections into joint Q/K/V rows */
-        be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-        be->linear(be, dt_mat_rows(b->q, t, n), a_img, blk->to_q);
-        be->linear(be, dt_mat_rows(b->k, t, n), a_img, blk->to_k);
-        be->linear(be, dt_mat_rows(b->v, t, n), a_img, blk->to_v);
-        be->head_norm_rope(be, dt_mat_rows(b->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-        be->head_norm_rope(be, dt_mat_rows(b->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
         if (t > 0) {
+            on_queue(be, 1, i == 0);
             be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
             be->linear(be, dt_mat_rows(b->q, 0, t), a_txt, blk->add_q);
             be->linear(be, dt_mat_rows(b->k, 0, t), a_txt, blk->add_k);
             be->linear(be, dt_mat_rows(b->v, 0, t), a_txt, blk->add_v);
             be->head_norm_rope(be, dt_mat_rows(b->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
             be->head_norm_rope(be, dt_mat_rows(b->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+            on_queue(be, 0, 0);
         }
+        be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
+        be->linear(be, dt_mat_rows(b->q, t, n), a_img, blk->to_q);
+        be->linear(be, dt_mat_rows(b->k, t, n), a_img, blk->to_k);
+        be->linear(be, dt_mat_rows(b->v, t, n), a_img, blk->to_v);
+        be->head_norm_rope(be, dt_mat_rows(b->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, dt_mat_rows(b->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+        if (t > 0) on_queue(be, 0, 1);   /* attention needs the text rows */
         be->attention(be, b->o, b->q, b->k, b->v, H, H, hd, att_scale, none, 0);
-        /* output projections + gated residual */
+        /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
         dt_mat y_txt = dt_mat_rows(b->y, 0, t), y_img = dt_mat_rows(b->y, t, n);
-        be->linear(be, y_img, dt_mat_rows(b->o, t, n), blk->to_out);
-        be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
         if (t > 0) {
+            dt_mat h_txt = dt_mat_rows(b->h, 0, t), g_txt = dt_mat_rows(b->g, 0, t);
+            on_queue(be, 1, 1);          /* after the attention */
             be->linear(be, y_txt, dt_mat_rows(b->o, 0, t), blk->to_add_out);
             be->gated_add(be, s_txt, chunk(mt, 2, D), y_txt);
+            be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
+            be->linear(be, h_txt, a_txt, blk->ffc_in);
+            be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
+            be->linear(be, y_txt, g_txt, blk->ffc_out);
+            be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
+            on_queue(be, 0, 0);
         }
-        /* feed-forward (SwiGLU: first half of linear_in is the gate) */
+        be->linear(be, y_img, dt_mat_rows(b->o, t, n), blk->to_out);
+        be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
         dt_mat h_img = dt_mat_rows(b->h, t, n), g_img = dt_mat_rows(b->g, t, n);
         be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
         be->linear(be, h_img, a_img, blk->ff_in);
         be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
         be->linear(be, y_img, g_img, blk->ff_out);
         be->gated_add(be, s_img, chunk(mi, 5, D), y_img);
-        if (t > 0) {
-            dt_mat h_txt = dt_mat_rows(b->h, 0, t), g_txt = dt_mat_rows(b->g, 0, t);
-            be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
-            be->linear(be, h_txt, a_txt, blk->ffc_in);
-            be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-            be->linear(be, y_txt, g_txt, blk->ffc_out);
-            be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
-        }
+        if (t > 0 && (i == c->num_layers - 1 || trace)) on_queue(be, 0, 1);   /* join: single blocks / observer */
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);

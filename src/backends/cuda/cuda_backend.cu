@@ -5,6 +5,7 @@
 #include <stdarg.h>
 
 #include <algorithm>
+#include <utility>
 #include <map>
 #include <string>
 #include <mutex>
@@ -242,6 +243,38 @@ static int be_capture_begin(dt_backend *be) {
     }
     st->capturing = 1;
     return 0;
+}
+
+/* Two queues: the current one's stream, GEMM workspace and linear scratch live in the usual fields; a switch
+ * swaps them with the alternates, after making the new queue wait for the old one if asked. The side queue is
+ * created at the first switch (never during a capture: then switches are ignored and work stays serial). */
+static void be_stream_switch(dt_backend *be, int q, int wait) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(q == 0 || q == 1, "stream_switch: queue %d (0 or 1)", q);
+    if (st->streams_off) return;
+    if (!st->alt_stream) {
+        if (st->capturing || q == 0) return;
+        CK(cudaStreamCreateWithFlags(&st->alt_stream, cudaStreamNonBlocking));
+        CK(cudaMalloc(&st->alt_lt_ws, st->lt_ws_size));
+        CK(cudaEventCreateWithFlags(&st->ev_switch, cudaEventDisableTiming));
+    }
+    if (q == st->cur_queue) {   /* staying: wait for the other queue if asked */
+        if (wait) {
+            CK(cudaEventRecord(st->ev_switch, st->alt_stream));
+            CK(cudaStreamWaitEvent(st->stream, st->ev_switch, 0));
+        }
+        return;
+    }
+    if (wait) {
+        CK(cudaEventRecord(st->ev_switch, st->stream));
+        CK(cudaStreamWaitEvent(st->alt_stream, st->ev_switch, 0));
+    }
+    std::swap(st->stream, st->alt_stream);
+    std::swap(st->lt_ws, st->alt_lt_ws);
+    std::swap(st->s_qdeq, st->alt_qdeq);
+    std::swap(st->s_split, st->alt_split);
+    std::swap(st->s_cast, st->alt_cast);
+    st->cur_queue = q;
 }
 
 static void *be_capture_end(dt_backend *be) {
@@ -539,7 +572,9 @@ static void be_destroy(dt_backend *be) {
     if (!be) return;
     dtc_state *st = dtc(be);
     if (st) {
+        if (st->cur_queue) be_stream_switch(be, 0, 1);
         cudaStreamSynchronize(st->stream);
+        if (st->alt_stream) cudaStreamSynchronize(st->alt_stream);
         trace_report(st);
         dtc_gemm_cache_free(st);
         scratch_release(st, &st->s_qdeq);
@@ -550,6 +585,12 @@ static void be_destroy(dt_backend *be) {
         scratch_release(st, &st->s_cast);
         scratch_release(st, &st->s_vt);
         scratch_release(st, &st->s_mask);
+        scratch_release(st, &st->alt_qdeq);
+        scratch_release(st, &st->alt_split);
+        scratch_release(st, &st->alt_cast);
+        if (st->alt_lt_ws) cudaFree(st->alt_lt_ws);
+        if (st->alt_stream) cudaStreamDestroy(st->alt_stream);
+        if (st->ev_switch) cudaEventDestroy(st->ev_switch);
         if (st->lt_ws) cudaFree(st->lt_ws);
         if (st->lt) cublasLtDestroy(st->lt);
         if (st->pool) {
@@ -686,6 +727,11 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->capture_end = be_capture_end;
     be->graph_launch = be_graph_launch;
     be->graph_destroy = be_graph_destroy;
+    be->stream_switch = be_stream_switch;
+    {
+        const char *so = getenv("DITRUN_CUDA_STREAMS");   /* =0: ignore stream_switch (serial, for A/B) */
+        st->streams_off = so && so[0] == '0';
+    }
     {
         /* Load every kernel of the backend now (lazy module loading would otherwise load each one at its first
          * launch, inside the first forward / encode / decode) and raise their shared-memory limits. */

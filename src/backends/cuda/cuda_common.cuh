@@ -79,6 +79,14 @@ struct dtc_state {
     dtc_scratch s_mask;     /* attention: scaled key bias and the list of key tiles to visit */
     int capturing;
     int verbose;
+    /* stream_switch (cuda_backend.cu): the queue not in use and its private GEMM workspace and scratch (the
+     * fields above always describe the current queue; a switch swaps them with these) */
+    int cur_queue;          /* 0 main, 1 side */
+    int streams_off;        /* DITRUN_CUDA_STREAMS=0: switches are ignored (serial A/B arm) */
+    cudaStream_t alt_stream;
+    void *alt_lt_ws;
+    dtc_scratch alt_qdeq, alt_split, alt_cast;
+    cudaEvent_t ev_switch;
     /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
      * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
     int gemm_tune;
