@@ -88,10 +88,9 @@ static void time_elementwise(void) {
     dt_mat sh = upa(G, h, 1, D), sc = upa(G, h + D, 1, D), w = dt_param_upload(G, h, 128);
     dt_mat cs = up(G, h, L, 128, DT_F32), sn = up(G, h + L * 128, L, 128, DT_F32);
     void *e0 = G->event_create(G), *e1 = G->event_create(G);
-    for (int op = 0; op < 5; op++) {
+    for (int op = 0; op < 4; op++) {
         double t[20], bytes = 0;
         const char *name = "";
-        if (op == 4) setenv("DITRUN_CUDA_LN", "block", 1);   /* A/B: the block-per-row layernorm kernel */
         for (int i = 0; i < 23; i++) {
             if (i >= 3) G->event_record(G, e0);
             switch (op) {
@@ -99,14 +98,12 @@ static void time_elementwise(void) {
             case 1: G->head_norm_rope(G, x, 24, 128, w, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED); name = "head_norm_rope [4608,24x128]";
                     bytes = 4.0 * L * D + 8.0 * L * 128; break;
             case 2: G->act_mul(G, o, a, b, DT_ACT_SILU); name = "act_mul silu*b [4608,9216]"; bytes = 6.0 * L * F; break;
-            case 3: G->gated_add(G, x, sc, y); name = "gated_add [4608,3072]"; bytes = 6.0 * L * D; break;
-            default: G->layernorm_mod(G, y, x, sh, sc, 1e-6f); name = "layernorm_mod [4608,3072] block/row"; bytes = 4.0 * L * D; break;
+            default: G->gated_add(G, x, sc, y); name = "gated_add [4608,3072]"; bytes = 6.0 * L * D; break;
             }
             if (i >= 3) { G->event_record(G, e1); t[i - 3] = G->event_elapsed_ms(G, e0, e1); }
         }
         double ms = median(t, 20);
         printf("TIME %-44s %8.4f ms  %7.0f GB/s\n", name, ms, bytes / (ms * 1e-3) / 1e9);
-        if (op == 4) unsetenv("DITRUN_CUDA_LN");
     }
     G->event_destroy(G, e0); G->event_destroy(G, e1);
     G->free(G, &x); G->free(G, &y); G->free(G, &a); G->free(G, &b); G->free(G, &o);

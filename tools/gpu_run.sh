@@ -112,6 +112,15 @@ if has tune; then   # cuBLASLt algorithm tuning: heuristic-first vs timed choice
         fwd "klein-4B q4 1024^2 tuned+graph ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
     done
 fi
+if has streams; then  # the double blocks' text stream on a side queue vs serial, alternating processes
+    prep4
+    for i in 1 2; do
+        DITRUN_CUDA_STREAMS=0 fwd "klein-4B q4 1024^2 serial ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "klein-4B q4 1024^2 two queues ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        DITRUN_CUDA_STREAMS=0 fwd "klein-4B q4 1024^2 serial+graph ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
+        fwd "klein-4B q4 1024^2 two queues+graph ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
+    done
+fi
 if has trace; then  # in-model device time per op and shape (CUDA events in the running queue)
     prep4
     for m in k4q4 k4bf16; do

@@ -344,61 +344,6 @@ __global__ void k_layernorm_mod_vec(dmat y, dmat x, dmat shift, dmat scale, int 
     }
 }
 
-/* The same, one warp per row (no block barriers): each lane keeps NV 8-element vectors of the row in registers.
- * For rows of up to 32 * 8 * LNW_MAX_NV elements (D = 3072: NV = 12). */
-#define LNW_ROWS 8
-#define LNW_MAX_NV 16
-template <int NV>
-__global__ void __launch_bounds__(LNW_ROWS * 32) k_layernorm_mod_warp(dmat y, dmat x, dmat shift, dmat scale,
-                                                                     int has_shift, int has_scale, int64_t rows,
-                                                                     int64_t cols, float eps) {
-    const int64_t r = (int64_t)blockIdx.x * LNW_ROWS + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (r >= rows) return;
-    const int nvec = (int)(cols / 8);
-    float v[NV][8];
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        int vi = lane + j * 32;
-        if (vi < nvec) {
-            ldv<8>(x, r, (int64_t)vi * 8, v[j]);
-#pragma unroll
-            for (int i = 0; i < 8; i++) s += v[j][i];
-        }
-    }
-    float mean = warp_sum(s) / (float)cols;
-    float q = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        int vi = lane + j * 32;
-        if (vi < nvec) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) { float d = v[j][i] - mean; q += d * d; }
-        }
-    }
-    float rstd = rsqrtf(warp_sum(q) / (float)cols + eps);
-    int rb = y.isbf;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        int vi = lane + j * 32;
-        if (vi < nvec) {
-            float sc[8], sf[8];
-            if (has_scale) ldv<8>(scale, 0, (int64_t)vi * 8, sc);
-            if (has_shift) ldv<8>(shift, 0, (int64_t)vi * 8, sf);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float n = (v[j][i] - mean) * rstd;
-                if (rb) n = bfr(n);
-                if (has_scale) { float m1 = 1.f + sc[i]; if (rb) m1 = bfr(m1); n = n * m1; if (rb) n = bfr(n); }
-                if (has_shift) n += sf[i];
-                v[j][i] = n;
-            }
-            stv<8>(y, r, (int64_t)vi * 8, v[j]);
-        }
-    }
-}
-
 /* Scalar fallback: any strides/dtypes; three passes over the row. */
 __global__ void k_layernorm_mod_gen(dmat y, dmat x, dmat shift, dmat scale, int has_shift, int has_scale,
                                     int64_t cols, float eps) {
@@ -445,20 +390,7 @@ void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat 
     int vec = vec_ok(x) && vec_ok(y) && vec_ok_row(shift) && vec_ok_row(scale);
     int threads = norm_threads(x.cols, &vec);
     DTC_REQUIRE(x.rows < 2147483647LL, "layernorm_mod: too many rows");
-    const int nvw = (int)((x.cols / 8 + 31) / 32);   /* vectors per lane for the warp-per-row kernel */
-    const char *lk = getenv("DITRUN_CUDA_LN");        /* =block: the block-per-row kernel (A/B knob) */
-    if (vec && x.cols % 8 == 0 && nvw <= LNW_MAX_NV && !(lk && lk[0] == 'b')) {
-        const unsigned blocks = (unsigned)((x.rows + LNW_ROWS - 1) / LNW_ROWS);
-#define LNW_LAUNCH(NV)                                                                                          \
-    k_layernorm_mod_warp<NV><<<blocks, LNW_ROWS * 32, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),    \
-                                                                     dtc_dm(scale), shift.data != nullptr,   \
-                                                                     scale.data != nullptr, x.rows, x.cols, eps)
-        if (nvw <= 4) LNW_LAUNCH(4);
-        else if (nvw <= 8) LNW_LAUNCH(8);
-        else if (nvw <= 12) LNW_LAUNCH(12);
-        else LNW_LAUNCH(16);
-#undef LNW_LAUNCH
-    } else if (vec)
+    if (vec)
         k_layernorm_mod_vec<<<(unsigned)x.rows, threads, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
                                                                          dtc_dm(scale), shift.data != nullptr,
                                                                          scale.data != nullptr, x.cols, eps);
@@ -793,10 +725,6 @@ void dtc_preload_elementwise(dtc_state *st) {
     preload_ew<f_col_bias>();
     dtc_preload_fn((const void *)k_copy16);
     dtc_preload_fn((const void *)k_layernorm_mod_vec);
-    dtc_preload_fn((const void *)k_layernorm_mod_warp<4>);
-    dtc_preload_fn((const void *)k_layernorm_mod_warp<8>);
-    dtc_preload_fn((const void *)k_layernorm_mod_warp<12>);
-    dtc_preload_fn((const void *)k_layernorm_mod_warp<16>);
     dtc_preload_fn((const void *)k_layernorm_mod_gen);
     dtc_preload_fn((const void *)k_rmsnorm_vec);
     dtc_preload_fn((const void *)k_rmsnorm_gen);
