@@ -238,6 +238,50 @@ static const char *qpath_name(dt_qpath p) {
 
 /* One quantized shape: CACHED (dequantized at create), FUSED and TRANSIENT (same packed linear, path switched at
  * call time), each against the CPU, and the paths against each other. */
+/* linear_gated_add (x += gate ⊙ a·Wᵀ, the gate on cuBLASLt's alpha vector) against linear + gated_add on the GPU
+ * (itself checked against the CPU above), compared on the increment x_after - x_before. bits = 0: bf16 weights.
+ * gate_f32: the gate as an F32 row instead of bf16. Timed against the two-op path when timeit. */
+#define TOL_GATED 1e-2   /* one bf16 rounding of the sum instead of three (y, gate·y, x + ...) */
+static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gate_f32, int timeit) {
+    char name[200];
+    snprintf(name, sizeof name, "linear_gated_add %s M=%lld K=%lld N=%lld gate %s", bits ? "q4 g64" : "bf16",
+             (long long)M, (long long)K, (long long)N, gate_f32 ? "f32" : "bf16");
+    if (!G->linear_gated_add) { T_FAIL(name, "the CUDA backend has no linear_gated_add"); return; }
+    wsrc w = make_weights(N, K, bits, 64, 0);
+    float *ha = rand_bf((size_t)M * K, -1.f, 1.f), *hx = rand_bf((size_t)M * N, -1.f, 1.f), *hg = rand_bf((size_t)N, -1.f, 1.f);
+    dt_linear *gw = G->linear_create(G, &w.src);
+    if (!gw) { T_FAIL(name, "linear_create: %s", dt_last_error()); return; }
+    dt_mat a = upa(G, ha, M, K), x1 = upa(G, hx, M, N), x2 = upa(G, hx, M, N), y = dt_alloc_or_die(G, M, N, DT_BF16);
+    dt_mat g = up(G, hg, 1, N, gate_f32 ? DT_F32 : DT_BF16);
+    G->linear_gated_add(G, x1, a, gw, g);
+    G->linear(G, y, a, gw);
+    G->gated_add(G, x2, g, y);
+    float *f1 = down(G, x1), *f2 = down(G, x2);
+    for (size_t i = 0; i < (size_t)(M * N); i++) { f1[i] -= hx[i]; f2[i] -= hx[i]; }
+    t_check_rel_l2(name, f1, f2, (size_t)(M * N), TOL_GATED);
+    if (timeit) {
+        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        double tf[20], tu[20];
+        for (int i = 0; i < 23; i++) {   /* interleaved: fused, then linear + gated_add */
+            G->event_record(G, e0);
+            G->linear_gated_add(G, x1, a, gw, g);
+            G->event_record(G, e1);
+            if (i >= 3) tf[i - 3] = G->event_elapsed_ms(G, e0, e1);
+            G->event_record(G, e0);
+            G->linear(G, y, a, gw);
+            G->gated_add(G, x2, g, y);
+            G->event_record(G, e1);
+            if (i >= 3) tu[i - 3] = G->event_elapsed_ms(G, e0, e1);
+        }
+        printf("TIME %-44s %8.4f ms fused  %8.4f ms linear+gated_add\n", name, median(tf, 20), median(tu, 20));
+        G->event_destroy(G, e0); G->event_destroy(G, e1);
+    }
+    free(f1); free(f2); free(ha); free(hx); free(hg);
+    G->free(G, &a); G->free(G, &x1); G->free(G, &x2); G->free(G, &y); G->free(G, &g);
+    G->linear_destroy(G, gw);
+    free_weights(&w);
+}
+
 static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int group, int with_bias, int timeit) {
     char base[160], name[200];
     snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s", bits, group, (long long)M, (long long)K,
@@ -870,6 +914,11 @@ int main(void) {
     }
     if (RUN("quant")) {
         double ts = dt_now();
+        test_linear_gated(4608, 12288, 3072, 4, 0, 1);   /* single block out projection, q4 transient */
+        test_linear_gated(4608, 12288, 3072, 0, 0, 1);   /* the same, bf16 weights */
+        test_linear_gated(4096, 3072, 3072, 4, 1, 0);    /* double block to_out, f32 gate */
+        test_linear_gated(512, 9216, 3072, 4, 0, 0);     /* text stream ff out */
+        test_linear_gated(40, 3072, 3072, 4, 0, 0);      /* fused-qmm size: the fallback */
         test_linear_quant(4608, 3072, 3072, 4, 64, 0, 1);
         test_linear_quant(4608, 3072, 3072, 8, 64, 0, 0);
         test_linear_quant(4608, 3072, 27648, 4, 64, 0, 1);

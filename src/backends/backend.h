@@ -99,6 +99,11 @@ struct dt_backend {
     /* y[M,N] = x[M,K] · Wᵀ (+ bias). W is [N,K]. y must not alias x. */
     void (*linear)(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 
+    /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ): a Linear whose output goes straight into a gated residual (the output
+     * projections of the FLUX blocks). gate [1, N] act or F32 broadcast over rows; x must not alias a.
+     * Optional (NULL: the model runs linear into a scratch, then gated_add). */
+    void (*linear_gated_add)(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
+
     /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps.
      * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */
     void (*layernorm_mod)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);

@@ -254,6 +254,16 @@ void bm_pre(bm_model *m) {
     if (t > 0) be->linear(be, dt_mat_rows(m->s, 0, t), m->in_txt, m->ctx_emb);
 }
 
+/* x += gate ⊙ (a · Wᵀ): the backend's fused op, else linear into y then gated_add. */
+static void linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate, dt_mat y) {
+    if (be->linear_gated_add) {
+        be->linear_gated_add(be, x, a, w, gate);
+    } else {
+        be->linear(be, y, a, w);
+        be->gated_add(be, x, gate, y);
+    }
+}
+
 /* Queue for the next ops (as flux2.c: the text stream on the backend's side queue). */
 static void on_queue(dt_backend *be, int q, int wait) {
     if (be->stream_switch) be->stream_switch(be, q, wait);
@@ -296,23 +306,19 @@ void bm_double_block(bm_model *m, int i, int join) {
     if (t > 0) {
         dt_mat h_txt = dt_mat_rows(m->h, 0, t), g_txt = dt_mat_rows(m->g, 0, t);
         on_queue(be, 1, 1);
-        be->linear(be, y_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out);
-        be->gated_add(be, s_txt, chunk(mt, 2, D), y_txt);
+        linear_gated(be, s_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
         be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
         be->linear(be, h_txt, a_txt, blk->ffc_in);
         be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-        be->linear(be, y_txt, g_txt, blk->ffc_out);
-        be->gated_add(be, s_txt, chunk(mt, 5, D), y_txt);
+        linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
         on_queue(be, 0, 0);
     }
-    be->linear(be, y_img, dt_mat_rows(m->o, t, n), blk->to_out);
-    be->gated_add(be, s_img, chunk(mi, 2, D), y_img);
+    linear_gated(be, s_img, dt_mat_rows(m->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
     dt_mat h_img = dt_mat_rows(m->h, t, n), g_img = dt_mat_rows(m->g, t, n);
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
     be->linear(be, h_img, a_img, blk->ff_in);
     be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
-    be->linear(be, y_img, g_img, blk->ff_out);
-    be->gated_add(be, s_img, chunk(mi, 5, D), y_img);
+    linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
     if (t > 0 && join) on_queue(be, 0, 1);
 }
 
@@ -346,8 +352,13 @@ void bm_single_op(bm_model *m, int i, int k, int split) {
     case BM_ST_ACT:
         be->act_mul(be, dt_mat_cols(m->cc, D, F), dt_mat_cols(m->p, 3 * D, F), dt_mat_cols(m->p, 3 * D + F, F), DT_ACT_SILU);
         break;
-    case BM_ST_OUT: be->linear(be, m->y, m->cc, blk->out); break;
-    case BM_ST_RESID: be->gated_add(be, m->s, chunk(ms, 2, D), m->y); break;
+    case BM_ST_OUT:   /* with the backend's fused linear_gated_add the gated residual happens here */
+        if (be->linear_gated_add) be->linear_gated_add(be, m->s, m->cc, blk->out, chunk(ms, 2, D));
+        else be->linear(be, m->y, m->cc, blk->out);
+        break;
+    case BM_ST_RESID:
+        if (!be->linear_gated_add) be->gated_add(be, m->s, chunk(ms, 2, D), m->y);
+        break;
     }
 }
 

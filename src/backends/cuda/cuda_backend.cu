@@ -274,6 +274,8 @@ static void be_stream_switch(dt_backend *be, int q, int wait) {
     std::swap(st->s_qdeq, st->alt_qdeq);
     std::swap(st->s_split, st->alt_split);
     std::swap(st->s_cast, st->alt_cast);
+    std::swap(st->s_gate, st->alt_gate);
+    std::swap(st->s_lga, st->alt_lga);
     st->cur_queue = q;
 }
 
@@ -483,6 +485,11 @@ static void tr_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act)
     g_tr.real.act_mul(be, y, a, b, act);
     tr_end(be, "act_mul", t0, "[%lld,%lld]", (long long)y.rows, (long long)y.cols);
 }
+static void tr_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat g) {
+    double t0 = tr_begin();
+    g_tr.real.linear_gated_add(be, x, a, w, g);
+    tr_end(be, "linear_gated_add", t0, "M=%lld K=%lld N=%lld", (long long)a.rows, (long long)a.cols, (long long)x.cols);
+}
 static void tr_gated_add(dt_backend *be, dt_mat x, dt_mat g, dt_mat y) {
     double t0 = tr_begin();
     g_tr.real.gated_add(be, x, g, y);
@@ -531,6 +538,7 @@ static void trace_install(dt_backend *be) {
     be->head_norm_rope = tr_head_norm_rope;
     be->act_mul = tr_act_mul;
     be->gated_add = tr_gated_add;
+    be->linear_gated_add = tr_linear_gated_add;
     be->linear_create = tr_linear_create;
     be->sync = tr_sync;
 }
@@ -588,6 +596,10 @@ static void be_destroy(dt_backend *be) {
         scratch_release(st, &st->alt_qdeq);
         scratch_release(st, &st->alt_split);
         scratch_release(st, &st->alt_cast);
+        scratch_release(st, &st->alt_gate);
+        scratch_release(st, &st->alt_lga);
+        scratch_release(st, &st->s_gate);
+        scratch_release(st, &st->s_lga);
         if (st->alt_lt_ws) cudaFree(st->alt_lt_ws);
         if (st->alt_stream) cudaStreamDestroy(st->alt_stream);
         if (st->ev_switch) cudaEventDestroy(st->ev_switch);
@@ -706,6 +718,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->conv_create = dtc_conv_create;
     be->conv_destroy = dtc_conv_destroy;
     be->linear = dtc_linear;
+    be->linear_gated_add = dtc_linear_gated_add;
     be->layernorm_mod = dtc_layernorm_mod;
     be->rmsnorm = dtc_rmsnorm;
     be->head_norm_rope = dtc_head_norm_rope;

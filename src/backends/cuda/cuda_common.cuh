@@ -77,6 +77,8 @@ struct dtc_state {
     dtc_scratch s_cast;     /* bf16 copy of F32 inputs to linear */
     dtc_scratch s_vt;       /* attention: transposed V for the wgmma kernel */
     dtc_scratch s_mask;     /* attention: scaled key bias and the list of key tiles to visit */
+    dtc_scratch s_gate;     /* linear_gated_add: the gate as f32 */
+    dtc_scratch s_lga;      /* linear_gated_add fallback: the linear's output */
     int capturing;
     int verbose;
     /* stream_switch (cuda_backend.cu): the queue not in use and its private GEMM workspace and scratch (the
@@ -85,7 +87,7 @@ struct dtc_state {
     int streams_off;        /* DITRUN_CUDA_STREAMS=0: switches are ignored (serial A/B arm) */
     cudaStream_t alt_stream;
     void *alt_lt_ws;
-    dtc_scratch alt_qdeq, alt_split, alt_cast;
+    dtc_scratch alt_qdeq, alt_split, alt_cast, alt_gate, alt_lga;
     cudaEvent_t ev_switch;
     /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
      * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
@@ -128,6 +130,7 @@ void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, co
 
 /* ------------------------------------------------------------------ op entry points (per file) */
 void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
+void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
 dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src);
 void dtc_linear_destroy(dt_backend *be, dt_linear *w);
 

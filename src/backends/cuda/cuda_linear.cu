@@ -34,9 +34,10 @@
 struct gemm_key {
     int ta, tb, dtd, has_bias, aa, ab, ad;
     int64_t m, n, k, lda, ldb, ldd;
+    int avec;   /* 1: D = alpha[row] * op(A)op(B) + beta * D (alpha a device f32 vector over D's m rows) */
     bool operator<(const gemm_key &o) const {
-        return std::tie(ta, tb, dtd, has_bias, aa, ab, ad, m, n, k, lda, ldb, ldd) <
-               std::tie(o.ta, o.tb, o.dtd, o.has_bias, o.aa, o.ab, o.ad, o.m, o.n, o.k, o.lda, o.ldb, o.ldd);
+        return std::tie(ta, tb, dtd, has_bias, aa, ab, ad, m, n, k, lda, ldb, ldd, avec) <
+               std::tie(o.ta, o.tb, o.dtd, o.has_bias, o.aa, o.ab, o.ad, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.avec);
     }
 };
 struct gemm_entry {
@@ -53,6 +54,7 @@ struct dtc_gemm_cache {
 void dtc_gemm_cache_free(dtc_state *st) {
     if (!st->gemm_cache) return;
     for (auto &kv : st->gemm_cache->m) {
+        if (!kv.second.op) continue;
         cublasLtMatmulDescDestroy(kv.second.op);
         cublasLtMatrixLayoutDestroy(kv.second.la);
         cublasLtMatrixLayoutDestroy(kv.second.lb);
@@ -88,9 +90,9 @@ void dtc_gemm_tune_init(dtc_state *st, const char *device_name) {
 }
 
 static void key_line(const dtc_state *st, const gemm_key &k, char *buf, size_t size) {
-    snprintf(buf, size, "%s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld", st->gpu_id, k.ta, k.tb, k.dtd,
+    snprintf(buf, size, "%s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld %d", st->gpu_id, k.ta, k.tb, k.dtd,
              k.has_bias, k.aa, k.ab, k.ad, (long long)k.m, (long long)k.n, (long long)k.k, (long long)k.lda,
-             (long long)k.ldb, (long long)k.ldd);
+             (long long)k.ldb, (long long)k.ldd, k.avec);
 }
 
 /* Read the persisted choices for this device (once). Malformed or foreign lines are skipped. */
@@ -106,8 +108,8 @@ static void gemm_cache_load(dtc_state *st) {
         long long m, n, kk, lda, ldb, ldd;
         unsigned long long d[8];
         int used = 0;
-        if (sscanf(line, "%199s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld :%n", id, &k.ta, &k.tb, &k.dtd,
-                   &k.has_bias, &k.aa, &k.ab, &k.ad, &m, &n, &kk, &lda, &ldb, &ldd, &used) != 14 || !used)
+        if (sscanf(line, "%199s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld %d :%n", id, &k.ta, &k.tb, &k.dtd,
+                   &k.has_bias, &k.aa, &k.ab, &k.ad, &m, &n, &kk, &lda, &ldb, &ldd, &k.avec, &used) != 15 || !used)
             continue;
         if (strcmp(id, st->gpu_id)) continue;
         if (sscanf(line + used, "%llx %llx %llx %llx %llx %llx %llx %llx", &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
@@ -133,11 +135,11 @@ static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMa
     fclose(f);
 }
 
-/* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. */
-static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, float alpha, const void *A,
-                       const void *B, void *D) {
-    float beta = 0.f;
-    if (cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
+/* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. alpha: host scalar or
+ * (avec) device vector; D is also C (beta). */
+static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, const void *alpha,
+                       const void *A, const void *B, void *D, float beta) {
+    if (cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
                        st->lt_ws_size, st->stream) != CUBLAS_STATUS_SUCCESS)
         return -1.f;
     cudaEvent_t t0, t1;
@@ -145,7 +147,7 @@ static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t 
     CK(cudaEventCreate(&t1));
     CK(cudaEventRecord(t0, st->stream));
     for (int r = 0; r < GEMM_TUNE_REPS; r++)
-        CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
+        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
                             st->lt_ws_size, st->stream));
     CK(cudaEventRecord(t1, st->stream));
     CK(cudaEventSynchronize(t1));
@@ -163,16 +165,21 @@ static int ptr_align(const void *p) {
     return al;
 }
 
-void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
-              const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
-              const void *bias_bf16) {
-    if (m <= 0 || n <= 0) return;
+/* The product, with the algorithm cache and tuning. alpha_vec: NULL (scalar alpha, beta = 0) or a device f32
+ * vector of m per-row factors with D += ... (beta = 1, C = D). Returns 0, or -1 when cuBLASLt has no algorithm
+ * for an alpha-vector product (the caller falls back; a plain product without one is fatal). */
+static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+                    const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
+                    const void *bias_bf16, const float *alpha_vec) {
+    if (m <= 0 || n <= 0) return 0;
     DTC_REQUIRE(k > 0, "gemm: k = %lld", (long long)k);
     if (!st->gemm_cache) st->gemm_cache = new dtc_gemm_cache();
     gemm_key key;
     key.ta = ta; key.tb = tb; key.dtd = (int)dtype_d; key.has_bias = bias_bf16 != nullptr;
     key.aa = ptr_align(A); key.ab = ptr_align(B); key.ad = ptr_align(D);
     key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
+    key.avec = alpha_vec != nullptr;
+    const float beta = alpha_vec ? 1.f : 0.f;
     auto it = st->gemm_cache->m.find(key);
     if (it == st->gemm_cache->m.end()) {
         gemm_entry e;
@@ -181,6 +188,10 @@ void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, co
         cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+        if (alpha_vec) {
+            cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm));
+        }
         if (bias_bf16) {
             cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
             CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -220,6 +231,15 @@ void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, co
             CKLT(cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref,
                                                 tune ? GEMM_TUNE_CANDIDATES : 1, res, &cnt));
             cublasLtMatmulPreferenceDestroy(pref);
+            if (cnt < 1 && alpha_vec) {   /* no kernel for this mode: remember that, let the caller fall back */
+                cublasLtMatmulDescDestroy(e.op);
+                cublasLtMatrixLayoutDestroy(e.la);
+                cublasLtMatrixLayoutDestroy(e.lb);
+                cublasLtMatrixLayoutDestroy(e.ld);
+                e.op = nullptr;
+                st->gemm_cache->m.emplace(key, e);
+                return -1;
+            }
             if (cnt < 1) {
                 fprintf(stderr,
                         "ditrun: cuda: cuBLASLt found no algorithm for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldd=%lld "
@@ -233,10 +253,22 @@ void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, co
                 double t0 = dt_now();
                 float best = -1.f, first = -1.f;
                 int bi = 0;
-                for (int i = 0; i < cnt; i++) {
-                    float ms = time_algo(st, e, &res[i].algo, alpha, A, B, D);
+                /* an accumulating product (alpha vector, D += ...) is timed on a scratch D, not the caller's */
+                void *Dt = D;
+                if (alpha_vec) {
+                    Dt = dtc_pool_alloc(st, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d));
+                    if (!Dt) { cudaGetLastError(); Dt = nullptr; }
+                    else CK(cudaMemsetAsync(Dt, 0x3c, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d), st->stream));
+                }
+                for (int i = 0; Dt && i < cnt; i++) {
+                    float ms = time_algo(st, e, &res[i].algo, alpha_vec ? (const void *)alpha_vec : (const void *)&alpha,
+                                         A, B, Dt, beta);
                     if (i == 0) first = ms;
                     if (ms > 0.f && (best < 0.f || ms < best)) { best = ms; bi = i; }
+                }
+                if (alpha_vec && Dt) {
+                    CK(cudaStreamSynchronize(st->stream));
+                    dtc_pool_free(st, Dt);
                 }
                 e.algo = res[bi].algo;
                 st->gemm_tuned++;
@@ -252,11 +284,18 @@ void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, co
         it = st->gemm_cache->m.emplace(key, e).first;
     }
     gemm_entry &e = it->second;
+    if (!e.op) return -1;   /* alpha-vector product without an algorithm (found earlier) */
     if (bias_bf16)
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_bf16, sizeof bias_bf16));
-    float beta = 0.f;
-    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &e.algo, st->lt_ws,
-                        st->lt_ws_size, st->stream));
+    CKLT(cublasLtMatmul(st->lt, e.op, alpha_vec ? (const void *)alpha_vec : (const void *)&alpha, A, e.la, B, e.lb,
+                        &beta, D, e.ld, D, e.ld, &e.algo, st->lt_ws, st->lt_ws_size, st->stream));
+    return 0;
+}
+
+void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+              const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
+              const void *bias_bf16) {
+    gemm_run(st, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dtype_d, alpha, bias_bf16, nullptr);
 }
 
 /* ------------------------------------------------------------------ Linear weights */
@@ -738,6 +777,49 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
     dequant_launch(st, tmp, w);
     dense_gemm(st, y, x, tmp, w);
+}
+
+/* x[M,N] += gate ⊙ (a[M,K] · Wᵀ), gate [1,N]: the gate rides on cuBLASLt's per-row alpha vector with beta = 1
+ * and C = D = x, so the product lands in the residual stream in one pass (no y buffer, no gated_add pass). The
+ * sum is rounded to bf16 once (the unfused path rounds y, gate·y and the sum). Falls back to linear + gated_add
+ * where that does not apply (bias, F32 x, the fused-qmm sizes, unaligned views, no cuBLASLt algorithm). */
+void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(a.cols == w->in && x.cols == w->out && x.rows == a.rows,
+                "linear_gated_add: x[%lld,%lld] += a[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)x.rows,
+                (long long)x.cols, (long long)a.rows, (long long)a.cols, (long long)w->out, (long long)w->in);
+    DTC_REQUIRE(!gate.data || gate.cols == x.cols, "linear_gated_add: gate has %lld columns, x %lld",
+                (long long)gate.cols, (long long)x.cols);
+    if (a.rows <= 0) return;
+    const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
+    dt_qpath path = be->opts.qpath;
+    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = a.rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
+    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
+             (w->w || path != DT_QPATH_FUSED) && (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
+             x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
+    if (ok) {
+        /* the gate as a contiguous f32 vector (bf16 -> f32 is exact) */
+        const float *gv = (const float *)gate.data;
+        if (gate.dtype != DT_F32 || !dtc_aligned16(gate.data)) {
+            float *g32 = (float *)dtc_scratch_get(st, &st->s_gate, (size_t)x.cols * 4);
+            dt_mat gd = {g32, 1, x.cols, x.cols, DT_F32};
+            dtc_copy(be, gd, gate);
+            gv = g32;
+        }
+        const __nv_bfloat16 *W = w->w;
+        if (!W) {
+            __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
+            dequant_launch(st, tmp, w);
+            W = tmp;
+        }
+        if (gemm_run(st, 1, 0, w->out, a.rows, w->in, W, w->in, a.data, a.ld, x.data, x.ld, DT_BF16, 1.f, nullptr,
+                     gv) == 0)
+            return;
+    }
+    void *yp = dtc_scratch_get(st, &st->s_lga, (size_t)x.rows * x.cols * 2);
+    dt_mat y = {yp, x.rows, x.cols, x.cols, DT_BF16};
+    dtc_linear(be, y, a, w);
+    dtc_gated_add(be, x, gate, y);
 }
 
 /* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
