@@ -63,7 +63,7 @@ double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);
 
 /* ---- the device-only replica of the FLUX.2 forward (bench_model.c) ---- */
 typedef struct {
-    dt_linear *to_q, *to_k, *to_v, *to_out, *add_q, *add_k, *add_v, *to_add_out;
+    dt_linear *to_qkv, *to_out, *add_qkv, *to_add_out;   /* Q/K/V stacked [3D, D] as in flux2.c */
     dt_linear *ff_in, *ff_out, *ffc_in, *ffc_out;
     dt_mat norm_q, norm_k, norm_aq, norm_ak;
 } bm_double;
@@ -89,7 +89,7 @@ typedef struct {
     /* activations for (n, t) */
     int n, t;
     dt_mat emb, temb, th, mod_img_v, mod_txt_v, mod_single_v, mod_out_v, in_img, in_txt;
-    dt_mat s, a, q, k, v, o, y, h, g, p, cc, out, cos, sin;
+    dt_mat s, a, qkv, q, k, v, o, y, h, g, p, cc, out, cos, sin;   /* q, k, v: column views of qkv */
 } bm_model;
 
 /* Stages of a single block for the cumulative-prefix ledger: the block's ops in order. */

@@ -77,9 +77,17 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     for (int i = 0; i < m->nd; i++) {
         bm_double *b = &m->db[i];
 #define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->field, nm, o, in)
-        DL(to_q, "attn.to_q", D, D); DL(to_k, "attn.to_k", D, D); DL(to_v, "attn.to_v", D, D);
+        {
+            char qn[3][256];
+            const char *parts[3] = {qn[0], qn[1], qn[2]};
+            const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+            const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
+            if (!(b->to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D))) goto fail;
+            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
+            if (!(b->add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D))) goto fail;
+        }
         DL(to_out, "attn.to_out.0", D, D);
-        DL(add_q, "attn.add_q_proj", D, D); DL(add_k, "attn.add_k_proj", D, D); DL(add_v, "attn.add_v_proj", D, D);
         DL(to_add_out, "attn.to_add_out", D, D);
         DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
         DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
@@ -109,7 +117,7 @@ fail:
 
 static void bm_free_acts(bm_model *m) {
     dt_mat *mats[] = {&m->emb, &m->temb, &m->th, &m->mod_img_v, &m->mod_txt_v, &m->mod_single_v, &m->mod_out_v,
-                      &m->in_img, &m->in_txt, &m->s, &m->a, &m->q, &m->k, &m->v, &m->o, &m->y, &m->h, &m->g,
+                      &m->in_img, &m->in_txt, &m->s, &m->a, &m->qkv, &m->o, &m->y, &m->h, &m->g,
                       &m->p, &m->cc, &m->out, &m->cos, &m->sin};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         if (mats[i]->data) m->be->free(m->be, mats[i]);
@@ -187,9 +195,10 @@ void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_
     m->a = dt_alloc_or_die(be, L, D, act);
     m->y = dt_alloc_or_die(be, L, D, act);
     if (m->nd > 0) {
-        m->q = dt_alloc_or_die(be, L, D, act);
-        m->k = dt_alloc_or_die(be, L, D, act);
-        m->v = dt_alloc_or_die(be, L, D, act);
+        m->qkv = dt_alloc_or_die(be, L, 3 * D, act);
+        m->q = dt_mat_cols(m->qkv, 0, D);
+        m->k = dt_mat_cols(m->qkv, D, D);
+        m->v = dt_mat_cols(m->qkv, 2 * D, D);
         m->o = dt_alloc_or_die(be, L, D, act);
         m->h = dt_alloc_or_die(be, L, 2 * F, act);
         m->g = dt_alloc_or_die(be, L, F, act);
@@ -287,17 +296,13 @@ void bm_double_block(bm_model *m, int i, int join) {
     if (t > 0) {
         on_queue(be, 1, i == 0);   /* later blocks: ordered after the side queue's own previous work */
         be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
-        be->linear(be, dt_mat_rows(m->q, 0, t), a_txt, blk->add_q);
-        be->linear(be, dt_mat_rows(m->k, 0, t), a_txt, blk->add_k);
-        be->linear(be, dt_mat_rows(m->v, 0, t), a_txt, blk->add_v);
+        be->linear(be, dt_mat_rows(m->qkv, 0, t), a_txt, blk->add_qkv);
         be->head_norm_rope(be, dt_mat_rows(m->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, dt_mat_rows(m->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
         on_queue(be, 0, 0);
     }
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-    be->linear(be, dt_mat_rows(m->q, t, n), a_img, blk->to_q);
-    be->linear(be, dt_mat_rows(m->k, t, n), a_img, blk->to_k);
-    be->linear(be, dt_mat_rows(m->v, t, n), a_img, blk->to_v);
+    be->linear(be, dt_mat_rows(m->qkv, t, n), a_img, blk->to_qkv);
     be->head_norm_rope(be, dt_mat_rows(m->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, dt_mat_rows(m->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     if (t > 0) on_queue(be, 0, 1);

@@ -18,8 +18,8 @@
 #include <string.h>
 
 typedef struct {
-    dt_linear *to_q, *to_k, *to_v, *to_out;           /* image attention, [D, D] each */
-    dt_linear *add_q, *add_k, *add_v, *to_add_out;    /* text attention, [D, D] each */
+    dt_linear *to_qkv, *to_out;       /* image attention: to_q/to_k/to_v stacked [3D, D]; [D, D] */
+    dt_linear *add_qkv, *to_add_out;  /* text attention: add_q/k/v_proj stacked [3D, D]; [D, D] */
     dt_linear *ff_in, *ff_out;                        /* image MLP [2F, D], [D, F] */
     dt_linear *ffc_in, *ffc_out;                      /* text MLP */
     dt_mat norm_q, norm_k, norm_aq, norm_ak;          /* [1, hd] F32 */
@@ -42,7 +42,8 @@ typedef struct {
     dt_mat in_txt;    /* [T, joint] */
     dt_mat s;         /* [T+N, D]  joint residual stream, text rows first */
     dt_mat a;         /* [T+N, D]  modulated-norm scratch */
-    dt_mat q, k, v, o;/* [T+N, D]  double-block joint attention buffers */
+    dt_mat qkv;       /* [T+N, 3D] double-block joint Q|K|V (q, k, v are column views of it) */
+    dt_mat q, k, v, o;/* [T+N, D]  double-block joint attention views / output */
     dt_mat y;         /* [T+N, D]  projection outputs */
     dt_mat h;         /* [T+N, 2F] MLP hidden (double) */
     dt_mat g;         /* [T+N, F]  SwiGLU output (double) */
@@ -196,9 +197,17 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     for (int i = 0; i < c->num_layers; i++) {
         flux2_double *b = &m->db[i];
 #define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->field, nm, o, in)
-        DL(to_q, "attn.to_q", D, D); DL(to_k, "attn.to_k", D, D); DL(to_v, "attn.to_v", D, D);
+        {   /* Q, K and V projections as one GEMM each for the image and the text stream */
+            char qn[3][256];
+            const char *parts[3] = {qn[0], qn[1], qn[2]};
+            const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+            const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
+            if (!(b->to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D))) goto fail;
+            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
+            if (!(b->add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D))) goto fail;
+        }
         DL(to_out, "attn.to_out.0", D, D);
-        DL(add_q, "attn.add_q_proj", D, D); DL(add_k, "attn.add_k_proj", D, D); DL(add_v, "attn.add_v_proj", D, D);
         DL(to_add_out, "attn.to_add_out", D, D);
         DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
         DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
@@ -228,7 +237,7 @@ fail:
 
 static void free_bufs(dt_backend *be, flux2_bufs *b) {
     dt_mat *mats[] = {&b->emb, &b->temb, &b->th, &b->mod_img, &b->mod_txt, &b->mod_single, &b->mod_out,
-                      &b->in_img, &b->in_txt, &b->s, &b->a, &b->q, &b->k, &b->v, &b->o, &b->y, &b->h,
+                      &b->in_img, &b->in_txt, &b->s, &b->a, &b->qkv, &b->o, &b->y, &b->h,
                       &b->g, &b->p, &b->c, &b->out, &b->cos, &b->sin};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         if (mats[i]->data) be->free(be, mats[i]);
@@ -327,9 +336,10 @@ static void ensure_bufs(flux2_model *m, int n, int t) {
     b->s = dt_alloc_or_die(be, L, D, act);
     b->a = dt_alloc_or_die(be, L, D, act);
     if (c->num_layers > 0) {
-        b->q = dt_alloc_or_die(be, L, D, act);
-        b->k = dt_alloc_or_die(be, L, D, act);
-        b->v = dt_alloc_or_die(be, L, D, act);
+        b->qkv = dt_alloc_or_die(be, L, 3 * D, act);
+        b->q = dt_mat_cols(b->qkv, 0, D);
+        b->k = dt_mat_cols(b->qkv, D, D);
+        b->v = dt_mat_cols(b->qkv, 2 * D, D);
         b->o = dt_alloc_or_die(be, L, D, act);
         b->h = dt_alloc_or_die(be, L, 2 * F, act);
         b->g = dt_alloc_or_die(be, L, F, act);
@@ -452,17 +462,13 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
         if (t > 0) {
             on_queue(be, 1, i == 0);
             be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
-            be->linear(be, dt_mat_rows(b->q, 0, t), a_txt, blk->add_q);
-            be->linear(be, dt_mat_rows(b->k, 0, t), a_txt, blk->add_k);
-            be->linear(be, dt_mat_rows(b->v, 0, t), a_txt, blk->add_v);
+            be->linear(be, dt_mat_rows(b->qkv, 0, t), a_txt, blk->add_qkv);
             be->head_norm_rope(be, dt_mat_rows(b->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
             be->head_norm_rope(be, dt_mat_rows(b->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
             on_queue(be, 0, 0);
         }
         be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-        be->linear(be, dt_mat_rows(b->q, t, n), a_img, blk->to_q);
-        be->linear(be, dt_mat_rows(b->k, t, n), a_img, blk->to_k);
-        be->linear(be, dt_mat_rows(b->v, t, n), a_img, blk->to_v);
+        be->linear(be, dt_mat_rows(b->qkv, t, n), a_img, blk->to_qkv);
         be->head_norm_rope(be, dt_mat_rows(b->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, dt_mat_rows(b->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
         if (t > 0) on_queue(be, 0, 1);   /* attention needs the text rows */

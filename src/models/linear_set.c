@@ -1,6 +1,8 @@
 /* linear_set.c — one list of a model's prepared Linears and the description of their formats. */
 #include "linear_set.h"
 
+#include "quant/mlx_affine.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +29,102 @@ dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char 
     return dt_linear_set_add(s, &src);
 }
 
+static void *own(dt_linear_set *s, size_t bytes) {
+    void *p = dt_malloc(bytes);
+    s->owned = dt_realloc(s->owned, sizeof *s->owned * (size_t)(s->nowned + 1));
+    s->owned[s->nowned++] = p;
+    return p;
+}
+
+/* value i of a dense row-major source as f32 */
+static float dense_at(const dt_linear_src *r, int64_t i) {
+    if (r->dtype == DT_F32) return ((const float *)r->data)[i];
+    if (r->dtype == DT_F16) return dt_f16_to_f32(((const uint16_t *)r->data)[i]);
+    return dt_bf16_to_f32(((const uint16_t *)r->data)[i]);
+}
+
+dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
+                                      int64_t out, int64_t in) {
+    dt_linear_src src[8];
+    if (n < 1 || n > 8) { dt_set_error("stacked linear: %d parts (1..8)", n); return NULL; }
+    for (int i = 0; i < n; i++)
+        if (dt_weights_linear(w, names[i], out, in, -1, &src[i]) != 0) return NULL;
+    int same = 1, any_bias = 0;
+    for (int i = 0; i < n; i++) {
+        const dt_linear_src *a = &src[0], *b = &src[i];
+        if (b->bits != a->bits || b->dtype != a->dtype || (b->bits && (b->group_size != a->group_size || b->sb_dtype != a->sb_dtype)))
+            same = 0;
+        if (b->bias) any_bias = 1;
+    }
+    dt_linear_src st = src[0];
+    st.name = names[0];
+    st.out = out * n;
+    st.in = in;
+    if (same) {
+        size_t es = dt_dtype_size(src[0].dtype);
+        size_t row = src[0].bits ? (size_t)(in * src[0].bits / 32) * 4 : (size_t)in * es;
+        char *d = own(s, row * (size_t)out * (size_t)n);
+        for (int i = 0; i < n; i++) memcpy(d + row * (size_t)out * (size_t)i, src[i].data, row * (size_t)out);
+        st.data = d;
+        if (src[0].bits) {
+            size_t srow = (size_t)(in / src[0].group_size) * dt_dtype_size(src[0].sb_dtype);
+            char *sc = own(s, srow * (size_t)out * (size_t)n), *bi = own(s, srow * (size_t)out * (size_t)n);
+            for (int i = 0; i < n; i++) {
+                memcpy(sc + srow * (size_t)out * (size_t)i, src[i].scales, srow * (size_t)out);
+                memcpy(bi + srow * (size_t)out * (size_t)i, src[i].biases, srow * (size_t)out);
+            }
+            st.scales = sc;
+            st.biases = bi;
+        }
+    } else {   /* mixed formats: f32 dense */
+        float *d = own(s, sizeof(float) * (size_t)in * (size_t)out * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            for (int64_t r = 0; r < out; r++) {
+                float *dst = d + ((size_t)i * (size_t)out + (size_t)r) * (size_t)in;
+                if (src[i].bits) {
+                    size_t words = (size_t)(in * src[i].bits / 32), ng = (size_t)(in / src[i].group_size);
+                    size_t sbe = dt_dtype_size(src[i].sb_dtype);
+                    mlx_dequant_row(dst, (const uint32_t *)src[i].data + (size_t)r * words,
+                                    (const char *)src[i].scales + (size_t)r * ng * sbe,
+                                    (const char *)src[i].biases + (size_t)r * ng * sbe, src[i].sb_dtype, in,
+                                    src[i].bits, src[i].group_size);
+                } else {
+                    for (int64_t c = 0; c < in; c++) dst[c] = dense_at(&src[i], r * in + c);
+                }
+            }
+        }
+        st.bits = 0;
+        st.group_size = 0;
+        st.dtype = DT_F32;
+        st.data = d;
+        st.scales = st.biases = NULL;
+    }
+    if (any_bias) {   /* f32 stacked bias; parts without one contribute zeros */
+        float *bb = own(s, sizeof(float) * (size_t)out * (size_t)n);
+        for (int i = 0; i < n; i++)
+            for (int64_t r = 0; r < out; r++) {
+                float v = 0.f;
+                if (src[i].bias) {
+                    if (src[i].bias_dtype == DT_F32) v = ((const float *)src[i].bias)[r];
+                    else if (src[i].bias_dtype == DT_F16) v = dt_f16_to_f32(((const uint16_t *)src[i].bias)[r]);
+                    else v = dt_bf16_to_f32(((const uint16_t *)src[i].bias)[r]);
+                }
+                bb[(size_t)i * (size_t)out + (size_t)r] = v;
+            }
+        st.bias = bb;
+        st.bias_dtype = DT_F32;
+    }
+    return dt_linear_set_add(s, &st);
+}
+
 void dt_linear_set_free(dt_linear_set *s) {
     for (int i = 0; i < s->n; i++) s->be->linear_destroy(s->be, s->all[i]);
     free(s->all);
     s->all = NULL;
     s->n = 0;
     s->fmt[0] = 0;
+    for (int i = 0; i < s->nowned; i++) free(s->owned[i]);
+    free(s->owned);
+    s->owned = NULL;
+    s->nowned = 0;
 }

@@ -12,6 +12,8 @@ typedef struct {
     dt_linear **all;
     int n;
     char fmt[96];
+    void **owned;      /* host buffers of stacked Linears */
+    int nowned;
 } dt_linear_set;
 
 /* Resolve NAME ([out, in]; <= 0 = from the file; want_bias as dt_weights_linear) and prepare it.
@@ -20,6 +22,12 @@ dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char 
                               int want_bias);
 /* Prepare an already resolved Linear. NULL on error. */
 dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src);
+/* One Linear out of n Linears with the same input, stacked along the output ([n * out, in]; e.g. the
+ * separate to_q / to_k / to_v of a checkpoint as one QKV projection). Sources of one format are stacked as
+ * they are (packed 4/8-bit rows stay packed); mixed formats are dequantized to f32 first. The stacked host
+ * copy lives until dt_linear_set_free (backends may keep pointers into it). NULL on error. */
+dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
+                                      int64_t out, int64_t in);
 /* Destroy every Linear of the set (s->be must be set) and reset it. */
 void dt_linear_set_free(dt_linear_set *s);
 
