@@ -35,6 +35,13 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
     for (int b = 0; b < nb; b++)
         for (int p = 0; p < 4; p++) {
             if (!pats[p]) continue;
+            if (pats[p][0] == '@') {   /* the replica's stacked Q/K/V Linears ("@to_qkv", "@add_qkv") */
+                if (!g->per_double || b >= bm->nd) continue;
+                int img = !strcmp(pats[p], "@to_qkv");
+                if (!have_src) { *src = img ? bm->db[b].to_qkv_src : bm->db[b].add_qkv_src; have_src = 1; }
+                if (n < max) out[n++] = img ? bm->db[b].to_qkv : bm->db[b].add_qkv;
+                continue;
+            }
             snprintf(nm, sizeof nm, pats[p], b);
             if (!have_src) {
                 if (dt_weights_linear(bm->w, nm, -1, -1, -1, src) != 0) return -1;
@@ -182,12 +189,11 @@ int bench_perf(bench_ctx *x) {
     gemm_shape shapes[] = {
         {"single: qkv+mlp_in proj", L, D, 3 * D + 2 * F, ns, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", {0}, 0, 1, BM_ST_PROJ},
         {"single: attn+mlp out", L, D + F, D, ns, "single_transformer_blocks.%d.attn.to_out", {0}, 0, 1, BM_ST_OUT},
-        /* Q/K/V are one stacked Linear in the model (no checkpoint tensor of that shape): dense ceiling only */
-        {"double img: qkv (stacked)", N, D, 3 * D, nd, NULL, {0}, 1, 0, -1},
+        {"double img: qkv (stacked)", N, D, 3 * D, nd, "@to_qkv", {0}, 1, 0, -1},
         {"double img: out", N, D, D, nd, "transformer_blocks.%d.attn.to_out.0", {0}, 1, 0, -1},
         {"double img: mlp in", N, D, 2 * F, nd, "transformer_blocks.%d.ff.linear_in", {0}, 1, 0, -1},
         {"double img: mlp out", N, F, D, nd, "transformer_blocks.%d.ff.linear_out", {0}, 1, 0, -1},
-        {"double txt: qkv (stacked)", T, D, 3 * D, nd, NULL, {0}, 1, 0, -1},
+        {"double txt: qkv (stacked)", T, D, 3 * D, nd, "@add_qkv", {0}, 1, 0, -1},
         {"double txt: out", T, D, D, nd, "transformer_blocks.%d.attn.to_add_out", {0}, 1, 0, -1},
         {"double txt: mlp in", T, D, 2 * F, nd, "transformer_blocks.%d.ff_context.linear_in", {0}, 1, 0, -1},
         {"double txt: mlp out", T, F, D, nd, "transformer_blocks.%d.ff_context.linear_out", {0}, 1, 0, -1},

@@ -203,9 +203,9 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
             const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
             const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
             for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
-            if (!(b->to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D))) goto fail;
+            if (!(b->to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL))) goto fail;
             for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
-            if (!(b->add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D))) goto fail;
+            if (!(b->add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL))) goto fail;
         }
         DL(to_out, "attn.to_out.0", D, D);
         DL(to_add_out, "attn.to_add_out", D, D);

@@ -44,7 +44,7 @@ static float dense_at(const dt_linear_src *r, int64_t i) {
 }
 
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
-                                      int64_t out, int64_t in) {
+                                      int64_t out, int64_t in, dt_linear_src *stacked) {
     dt_linear_src src[8];
     if (n < 1 || n > 8) { dt_set_error("stacked linear: %d parts (1..8)", n); return NULL; }
     for (int i = 0; i < n; i++)
@@ -114,6 +114,7 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
         st.bias = bb;
         st.bias_dtype = DT_F32;
     }
+    if (stacked) *stacked = st;
     return dt_linear_set_add(s, &st);
 }
 

@@ -27,7 +27,8 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src);
  * they are (packed 4/8-bit rows stay packed); mixed formats are dequantized to f32 first. The stacked host
  * copy lives until dt_linear_set_free (backends may keep pointers into it). NULL on error. */
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
-                                      int64_t out, int64_t in);
+                                      int64_t out, int64_t in, dt_linear_src *stacked);
+/* (stacked, when not NULL, receives the stacked host source; valid until dt_linear_set_free) */
 /* Destroy every Linear of the set (s->be must be set) and reset it. */
 void dt_linear_set_free(dt_linear_set *s);
 
