@@ -132,6 +132,7 @@ struct dnn_plan {
     /* value */
     cudnnBackendDescriptor_t plan;  /* nullptr: this key failed to build (not retried) */
     int64_t ws;
+    std::vector<cudnnBackendDescriptor_t> *keep;  /* the graph's descriptors, alive as long as the plan */
 };
 
 struct dtc_cudnn {
@@ -173,8 +174,13 @@ int dtc_cudnn_version(dtc_state *st) { return dnn_get(st) ? (int)g_dnn.version :
 void dtc_cudnn_destroy(dtc_state *st) {
     dtc_cudnn *c = st->cudnn;
     if (!c) return;
-    for (auto &p : c->plans)
+    for (auto &p : c->plans) {
         if (p.plan) g_dnn.DestroyDesc(p.plan);
+        if (p.keep) {
+            for (auto d : *p.keep) g_dnn.DestroyDesc(d);
+            delete p.keep;
+        }
+    }
     if (c->h) g_dnn.Destroy(c->h);
     for (auto &w : c->ws) {
         for (int i = 0; i < w.nretired; i++) dtc_pool_free(st, w.retired[i]);
@@ -223,7 +229,8 @@ static void g_fin(dnn_graph &g, cudnnBackendDescriptor_t d, const char *what) {
     }
 }
 static void g_free(dnn_graph &g) {
-    for (auto d : g.all) g_dnn.DestroyDesc(d);
+    for (auto d : g.all)
+        if (d) g_dnn.DestroyDesc(d);
     g.all.clear();
 }
 
@@ -407,6 +414,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         else if (got == 0)
             DNN_LOG("heuristics mode %d: no engine for this graph", (int)modes[mi]);
         for (int64_t i = 0; i < got && !plan; i++) {
+            cudnnBackendDescriptor_t cfg_i = cfg[i];
             cudnnBackendDescriptor_t pl = nullptr;
             cudnnStatus_t s = g_dnn.CreateDesc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &pl);
             if (s == CUDNN_STATUS_SUCCESS)
@@ -420,6 +428,9 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
             if (s == CUDNN_STATUS_SUCCESS) {
                 plan = pl;
                 ws = w;
+                /* keep the chosen config (the plan refers to it) past g_free(h) */
+                for (auto &d : h.all)
+                    if (d == cfg_i) { d = nullptr; g.all.push_back(cfg_i); }
                 int64_t eidx = -1;
                 cudnnBackendDescriptor_t eng = nullptr;
                 if (g_dnn.CreateDesc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) == CUDNN_STATUS_SUCCESS) {
@@ -448,18 +459,28 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         DNN_LOG("graph for Lq=%lld Lk=%lld %d/%d heads%s%s: %s failed: %s %s", (long long)Lq, (long long)Lk, p->hq,
                 p->hkv, p->bias ? " bias" : "", p->causal ? " causal" : "", g.what, dnn_err(g.err), le);
     }
-    g_free(g);  /* the finalized plan keeps what it needs */
+    if (plan) {  /* cudnn-frontend keeps the graph alive with its plan: so do we */
+        p->keep = new std::vector<cudnnBackendDescriptor_t>(g.all);
+        g.all.clear();
+    }
+    g_free(g);
     p->plan = plan;
     p->ws = ws;
     return plan ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ dispatch */
-/* Policy without DITRUN_CUDA_FA: cuDNN for the shapes where it measured faster (see PERF.md), if loadable. */
+/* Policy without DITRUN_CUDA_FA: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14 on the H200):
+ * no mask, 1.47-1.6x our wgmma kernel at 1536-16896 tokens (24-48 heads, GQA too). With a key bias cuDNN's
+ * graph adds the [1, Lk] F32 bias to every score (no tile skipping): 443 TFLOPS vs our 503 on Krea 2's padded
+ * GQA; causal: our kernel skips the masked tiles. DITRUN_CUDNN=0 turns the default off. */
 static int dnn_default_on(int bias, int causal) {
-    (void)bias;
-    (void)causal;
-    return 0;
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("DITRUN_CUDNN");
+        off = e && *e == '0';
+    }
+    return !off && !bias && !causal;
 }
 
 int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, float scale,
