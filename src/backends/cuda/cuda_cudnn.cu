@@ -9,7 +9,12 @@
  * Every intermediate is virtual, so cuDNN's fused engine never materialises S. Finalized execution plans and
  * their workspace sizes are cached per shape / stride / mask key (a key that failed is cached too); device
  * pointers go into a variant pack built per call. While a CUDA graph is being captured only cached plans run
- * (building a plan may allocate or compile), otherwise the caller falls back to our kernel. */
+ * (building a plan may allocate or compile), otherwise the caller falls back to our kernel.
+ *
+ * Knobs: DITRUN_CUDA_FA=cudnn forces this path (fatal if cuDNN cannot be loaded; a graph cuDNN rejects still
+ * falls back, with one warning), DITRUN_CUDA_FA=own (or wg1/wg2/wg3/mma) our kernels, DITRUN_CUDNN=0 turns the
+ * default off, DITRUN_CUDNN_LIB=PATH loads another libcudnn.so.9 (its engine libraries must be findable),
+ * DITRUN_CUDNN_DEBUG=1 prints the loading, each plan (engine, workspace) and each rejection. */
 #include <dlfcn.h>
 #include <math.h>
 #include <string.h>
@@ -470,17 +475,19 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
 }
 
 /* ------------------------------------------------------------------ dispatch */
-/* Policy without DITRUN_CUDA_FA: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14 on the H200):
- * no mask, 1.47-1.6x our wgmma kernel at 1536-16896 tokens (24-48 heads, GQA too). With a key bias cuDNN's
- * graph adds the [1, Lk] F32 bias to every score (no tile skipping): 443 TFLOPS vs our 503 on Krea 2's padded
- * GQA; causal: our kernel skips the masked tiles. DITRUN_CUDNN=0 turns the default off. */
+/* Policy without DITRUN_CUDA_FA: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14, H200,
+ * interleaved): no mask 1.41-1.59x our wgmma kernel at 1536-16896 tokens (24-48 heads, GQA 48/12), causal
+ * 1.50x at 4608 and 1.15x at 512 (32/8). With a key bias it only ties (Krea 2's padded GQA: 1.193 vs
+ * 1.197 ms) and gives NaN where every key of a row is masked (we give 0): our kernel keeps those.
+ * DITRUN_CUDNN=0 turns the default off. */
 static int dnn_default_on(int bias, int causal) {
+    (void)causal;
     static int off = -1;
     if (off < 0) {
         const char *e = getenv("DITRUN_CUDNN");
         off = e && *e == '0';
     }
-    return !off && !bias && !causal;
+    return !off && !bias;
 }
 
 int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, float scale,
