@@ -33,7 +33,7 @@ ifeq ($(CUDA),1)
   NVCCFLAGS += -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
                -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr -MMD -MP
   override CFLAGS += -DDT_HAVE_CUDA=1
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -ldl
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 else
   LIB_C   += $(shell find src/backends/cuda_stub -name '*.c')

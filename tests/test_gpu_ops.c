@@ -327,6 +327,7 @@ static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int gro
  * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
 /* bias_mode: 0 none, 1 last Lk/7 keys masked, 2 random bias, 3 first 50 keys masked, 4 last 100 keys masked,
  * 5 all-zero bias, 6 every key masked (output 0). Returns the median time (ms) when timeit, else 0. */
+static int want_cudnn;   /* 1: the attention under test must have run through cuDNN (else SKIP) */
 static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, int hd, int causal, int bias_mode,
                              int timeit) {
     static const char *bias_names[7] = {"", " pad-mask", " rand-bias", " lead-mask", " pad100-mask", " zero-mask",
@@ -365,7 +366,17 @@ static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, in
     dt_mat o = dt_alloc_or_die(G, L, Dq, DT_BF16);
     dt_mat gb = hb ? dt_param_upload(G, hb, Lk) : dt_mat_null();
     poison(G, o);
+    long long dnn0 = 0, dnn1 = 0;
+    dt_backend_cuda_cudnn_info(G, &dnn0);
     G->attention(G, o, q, k, v, hq, hkv, hd, scale, gb, causal);
+    dt_backend_cuda_cudnn_info(G, &dnn1);
+    if (want_cudnn && dnn1 == dnn0) {
+        T_SKIP(name, "cuDNN rejected this graph, our kernel ran (DITRUN_CUDNN_DEBUG=1 says why)");
+        free(hq_); free(hk); free(hv); free(hb);
+        G->free(G, &buf); G->free(G, &o);
+        if (hb) G->free(G, &gb);
+        return 0;
+    }
     /* CPU: rows subset (non-causal) or all rows (causal) */
     int sub = !causal && L > SUB_A + SUB_B;
     int64_t a = sub ? SUB_A : L, b = sub ? SUB_B : 0, n = a + b;
@@ -409,6 +420,138 @@ static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, in
     if (hb) { G->free(G, &gb); C->free(C, &cb); }
     C->free(C, &cq); C->free(C, &ck); C->free(C, &cv); C->free(C, &co);
     return ms;
+}
+
+/* ------------------------------------------------------------------ cuDNN fused attention vs our kernel */
+/* Interleaved timing (cuDNN, own, cuDNN, own, ...) of one attention at L tokens x heads x 128 (hkv kv heads),
+ * Q/K/V as column views of a [L, 9*D] buffer like the single blocks' fused projection (ld 27648 at 24 heads).
+ * pad: key_bias with the last 100 keys masked; causal: top-left causal. CUDA events, 3 warm-up rounds,
+ * median of 25. */
+static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
+    const int hd = 128;
+    const int64_t D = (int64_t)heads * hd, Dk = (int64_t)hkv * hd, W = 9 * D;
+    char name[160];
+    float *h = rand_bf((size_t)L * (D + 2 * Dk), -2.f, 2.f);
+    dt_mat buf = dt_alloc_or_die(G, L, W, DT_BF16);
+    dt_mat qkv = dt_mat_cols(buf, 0, D + 2 * Dk);
+    G->upload(G, qkv, h);
+    dt_mat q = dt_mat_cols(buf, 0, D), k = dt_mat_cols(buf, D, Dk), v = dt_mat_cols(buf, D + Dk, Dk);
+    dt_mat gb = dt_mat_null();
+    if (pad) {
+        float *hb = malloc((size_t)L * sizeof(float));
+        for (int j = 0; j < L; j++) hb[j] = j >= L - 100 ? -INFINITY : 0.f;
+        gb = dt_param_upload(G, hb, L);
+        free(hb);
+    }
+    dt_mat o = dt_alloc_or_die(G, L, D, DT_BF16);
+    float scale = 1.f / sqrtf((float)hd);
+    const char *fa[2] = {"cudnn", "own"};
+    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    double t[2][25];
+    long long c0 = 0, c1 = 0;
+    dt_backend_cuda_cudnn_info(G, &c0);
+    setenv("DITRUN_CUDA_FA", "cudnn", 1);   /* the first call at a new key builds the plan: host cost */
+    double tf = dt_now();
+    G->attention(G, o, q, k, v, heads, hkv, hd, scale, gb, causal);
+    G->sync(G);
+    tf = dt_now() - tf;
+    for (int it = -3; it < 25; it++)
+        for (int a = 0; a < 2; a++) {
+            setenv("DITRUN_CUDA_FA", fa[a], 1);
+            G->event_record(G, e0);
+            G->attention(G, o, q, k, v, heads, hkv, hd, scale, gb, causal);
+            G->event_record(G, e1);
+            double ms = G->event_elapsed_ms(G, e0, e1);
+            if (it >= 0) t[a][it] = ms;
+        }
+    unsetenv("DITRUN_CUDA_FA");
+    dt_backend_cuda_cudnn_info(G, &c1);
+    snprintf(name, sizeof name, "attention cudnn-vs-own L=%d %d/%dx%d ld=%lld%s%s", L, heads, hkv, hd, (long long)W,
+             pad ? " pad100" : "", causal ? " causal" : "");
+    if (c1 - c0 != 29) {
+        T_SKIP(name, "cuDNN did not run every timed call (%lld of 29)", c1 - c0);
+    } else {
+        printf("TIME %-44s %8.1f ms  (first cuDNN call at this key: plan build + run)\n", name, tf * 1e3);
+        double flops = 4.0 * L * (double)L * heads * hd * (causal ? 0.5 : 1.0), ms[2];
+        for (int a = 0; a < 2; a++) {
+            ms[a] = median(t[a], 25);
+            printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (%s)\n", name, ms[a], flops / (ms[a] * 1e-3) / 1e12, fa[a]);
+        }
+        printf("TIME %-44s %8.3f (own / cudnn time)\n", name, ms[1] / ms[0]);
+    }
+    G->event_destroy(G, e0); G->event_destroy(G, e1);
+    G->free(G, &buf); G->free(G, &o);
+    if (pad) G->free(G, &gb);
+    free(h);
+}
+
+/* cuDNN attention inside a CUDA-graph capture (plan built by the eager call before): replay == eager. */
+static void test_cudnn_graph(void) {
+    const int L = 1024, heads = 8, hd = 128;
+    const int64_t D = (int64_t)heads * hd;
+    float *h = rand_bf((size_t)L * 3 * D, -2.f, 2.f);
+    dt_mat buf = upa(G, h, L, 3 * D), o = dt_alloc_or_die(G, L, D, DT_BF16);
+    dt_mat q = dt_mat_cols(buf, 0, D), k = dt_mat_cols(buf, D, D), v = dt_mat_cols(buf, 2 * D, D);
+    float scale = 1.f / sqrtf((float)hd);
+    setenv("DITRUN_CUDA_FA", "cudnn", 1);
+    long long c0 = 0, c1 = 0, c2 = 0;
+    dt_backend_cuda_cudnn_info(G, &c0);
+    G->attention(G, o, q, k, v, heads, heads, hd, scale, dt_mat_null(), 0);
+    float *eager = down(G, o);
+    dt_backend_cuda_cudnn_info(G, &c1);
+    poison(G, o);
+    int rc = G->capture_begin(G);
+    if (rc == 0) G->attention(G, o, q, k, v, heads, heads, hd, scale, dt_mat_null(), 0);
+    void *gr = rc == 0 ? G->capture_end(G) : NULL;
+    dt_backend_cuda_cudnn_info(G, &c2);
+    unsetenv("DITRUN_CUDA_FA");
+    if (c1 == c0) {
+        T_SKIP("attention cudnn graph capture", "cuDNN rejected the graph");
+    } else if (!gr) {
+        T_FAIL("attention cudnn graph capture", "%s", dt_last_error());
+    } else {
+        rc = G->graph_launch(G, gr);
+        rc |= G->sync(G);
+        float *replay = down(G, o);
+        T_CHECK("attention cudnn captured by cuDNN (not our fallback)", c2 == c1 + 1, "calls %lld -> %lld", c1, c2);
+        t_check_rel_l2("attention cudnn graph replay == eager", replay, eager, (size_t)L * D, 0.0);
+        free(replay);
+        G->graph_destroy(G, gr);
+    }
+    free(eager); free(h);
+    G->free(G, &buf); G->free(G, &o);
+}
+
+static void test_cudnn(void) {
+    int ver = dt_backend_cuda_cudnn_info(G, NULL);
+    if (!ver) {
+        T_SKIP("attention cudnn", "cuDNN not loadable (libcudnn.so.9 not found or DITRUN_CUDNN_LIB wrong)");
+        return;
+    }
+    printf("# cudnn version %d\n", ver);
+    setenv("DITRUN_CUDA_FA", "cudnn", 1);
+    want_cudnn = 1;
+    test_attention("cudnn dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
+    test_attention("cudnn krea-gqa", 4608, 4608, 48, 12, 128, 0, 0, 1);
+    test_attention("cudnn cross", 1000, 4608, 24, 24, 128, 0, 0, 0);
+    test_attention("cudnn cross", 300, 700, 4, 4, 128, 0, 0, 0);
+    test_attention("cudnn gqa odd", 777, 777, 8, 2, 128, 0, 0, 0);
+    test_attention("cudnn dit-2048px", 16896, 16896, 24, 24, 128, 0, 0, 1);
+    test_attention("cudnn bias", 300, 700, 4, 4, 128, 0, 2, 0);
+    test_attention("cudnn krea-pad", 4608, 4608, 48, 12, 128, 0, 4, 1);
+    test_attention("cudnn qwen3", 512, 512, 32, 8, 128, 1, 0, 0);
+    test_attention("cudnn qwen3", 300, 300, 32, 8, 128, 1, 1, 0);
+    want_cudnn = 0;
+    unsetenv("DITRUN_CUDA_FA");
+    time_cudnn_vs_own(4608, 24, 24, 0, 0);
+    time_cudnn_vs_own(4608, 32, 32, 0, 0);
+    time_cudnn_vs_own(16896, 24, 24, 0, 0);
+    time_cudnn_vs_own(1536, 24, 24, 0, 0);
+    time_cudnn_vs_own(4608, 48, 12, 0, 0);   /* Krea 2 */
+    time_cudnn_vs_own(4608, 48, 12, 1, 0);   /* Krea 2 with text padding */
+    time_cudnn_vs_own(4608, 24, 24, 0, 1);
+    time_cudnn_vs_own(512, 32, 8, 0, 1);     /* Qwen3 text encoder */
+    test_cudnn_graph();
 }
 
 /* ------------------------------------------------------------------ row / elementwise ops */
@@ -867,7 +1010,8 @@ int main(void) {
     if (!G) { printf("FAIL gpu_ops: cuda backend: %s\n", dt_last_error()); return 1; }
     C = dt_backend_cpu_create(&o);
     if (!C) { printf("FAIL gpu_ops: cpu backend: %s\n", dt_last_error()); return 1; }
-    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: first, linear, quant, attn, ew, image, misc, attn3 */
+    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: first, linear, quant, attn, ew, image, misc, attn3,
+                                                   * cudnn */
 #define RUN(group) (!only || !*only || strstr(only, group))
 
     if (RUN("first")) time_first_calls(t_create);
@@ -932,10 +1076,13 @@ int main(void) {
     }
     if (RUN("attn")) {
         double ts = dt_now();
-        double t_none = test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);   /* the default: cuDNN when it loads */
         /* masks on the sm_90 wgmma kernel: the cost over no mask should be a few % */
-        double t_zero = test_attention("dit", 4608, 4608, 24, 24, 128, 0, 5, 1);
-        double t_pad = test_attention("krea-pad", 4608, 4608, 24, 24, 128, 0, 4, 1);
+        setenv("DITRUN_CUDA_FA", "own", 1);
+        double t_none = test_attention("dit/own", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        double t_zero = test_attention("dit/own", 4608, 4608, 24, 24, 128, 0, 5, 1);
+        double t_pad = test_attention("krea-pad/own", 4608, 4608, 24, 24, 128, 0, 4, 1);
+        unsetenv("DITRUN_CUDA_FA");
         if (t_none > 0)
             printf("TIME %-44s %8.3f (zero mask) %8.3f (last 100 keys masked)\n", "attention 4608x24x128 mask/none",
                    t_zero / t_none, t_pad / t_none);
@@ -962,6 +1109,11 @@ int main(void) {
         test_attention("hd16", 200, 200, 2, 1, 16, 0, 0, 0);
         test_attention("vae", 4096, 4096, 1, 1, 512, 0, 0, 1);
         printf("# section attn %.1f s\n", dt_now() - ts);
+    }
+    if (RUN("cudnn")) {   /* cuDNN fused attention (skips when libcudnn.so.9 cannot be loaded) */
+        double ts = dt_now();
+        test_cudnn();
+        printf("# section cudnn %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {
         double ts = dt_now();

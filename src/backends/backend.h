@@ -175,6 +175,9 @@ struct dt_backend {
 dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);
 dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts);   /* stub returning NULL without CUDA */
 int dt_backend_cuda_available(void);                               /* 1 if a CUDA GPU can be used */
+/* cuDNN fused attention on a CUDA backend: the loaded cuDNN version (0 = not loadable, not a CUDA backend, or a
+ * build without CUDA); *calls = attention calls cuDNN has run on it. */
+int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls);
 /* By name: "cpu", "cuda", or "auto" (cuda when available, else cpu). */
 dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts);
 

@@ -4,6 +4,7 @@
  *            at several token counts (three backends on the same host weights);
  *   rope     head_norm_rope rotating in fp32 vs bf16 products (two backends);
  *   mask     attention with an all-zero additive key mask vs none;
+ *   cudnn    attention through cuDNN's fused SDPA vs our own wgmma kernel (CUDA, when cuDNN loads);
  *   gqa      native grouped-query attention vs K/V repeated to every query head (copies + attention);
  *   graph    the device-only forward replayed from a CUDA graph vs issued eagerly (build time apart);
  *   threads  one single block with 1 CPU thread vs all (CPU backend).
@@ -287,16 +288,43 @@ typedef struct {
     float scale;
 } attn_ctx;
 
+/* Both variants on our own kernel (CUDA: the default sends unmasked attention to cuDNN): the cost of the mask. */
+static void mask_run(attn_ctx *c, int v) {
+    setenv("DITRUN_CUDA_FA", "own", 1);
+    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, v ? c->bias : dt_mat_null(), 0);
+    unsetenv("DITRUN_CUDA_FA");
+}
+
 static double mask_time(void *p, int v) {
     attn_ctx *c = p;
     bench_timer_start(&c->tm);
-    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, v ? c->bias : dt_mat_null(), 0);
+    mask_run(c, v);
     return bench_timer_stop(&c->tm);
 }
 
 static void mask_output(void *p, int v, float *out) {
     attn_ctx *c = p;
-    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, v ? c->bias : dt_mat_null(), 0);
+    mask_run(c, v);
+    c->be->download(c->be, out, c->o);
+}
+
+/* cuDNN's fused SDPA (v = 1) vs our own default kernel (v = 0), chosen per call through DITRUN_CUDA_FA. */
+static void dnn_run(attn_ctx *c, int v) {
+    setenv("DITRUN_CUDA_FA", v ? "cudnn" : "own", 1);
+    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, dt_mat_null(), 0);
+    unsetenv("DITRUN_CUDA_FA");
+}
+
+static double dnn_time(void *p, int v) {
+    attn_ctx *c = p;
+    bench_timer_start(&c->tm);
+    dnn_run(c, v);
+    return bench_timer_stop(&c->tm);
+}
+
+static void dnn_output(void *p, int v, float *out) {
+    attn_ctx *c = p;
+    dnn_run(c, v);
     c->be->download(c->be, out, c->o);
 }
 
@@ -368,8 +396,35 @@ static void arms_attention(bench_ctx *x) {
     a.output = mask_output;
     a.out_n = (size_t)L * D;
     a.tol = tol_exact;
-    snprintf(a.note, sizeof a.note, "isolated; key_bias [1, L] of zeros");
+    snprintf(a.note, sizeof a.note, "isolated; key_bias [1, L] of zeros; CUDA: both on our kernel (DITRUN_CUDA_FA=own)");
     run_arm(x, &a, &ac);
+
+    long long dnn0 = 0, dnn1 = 0;
+    int dnn_ver = dt_backend_cuda_cudnn_info(be, &dnn0);
+    if (x->is_cpu || !dnn_ver) {
+        skip_arm(r, "cudnn", "own wgmma", "cuDNN SDPA", x->is_cpu ? "CUDA only" : "cuDNN not loadable (libcudnn.so.9)");
+    } else {
+        dnn_run(&ac, 1);
+        dt_backend_cuda_cudnn_info(be, &dnn1);
+        if (dnn1 == dnn0 || ac.hd != 128) {
+            skip_arm(r, "cudnn", "own wgmma", "cuDNN SDPA", "cuDNN rejected this shape (DITRUN_CUDNN_DEBUG=1 says why)");
+        } else {
+            arm_spec d = {0};
+            d.arm = "cudnn";
+            snprintf(d.what, sizeof d.what, "attention: cuDNN vs own wgmma, L=%lld, %d heads x %d", (long long)L, ac.hq,
+                     ac.hd);
+            d.names[0] = "own wgmma";
+            d.names[1] = "cuDNN SDPA";
+            d.nv = 2;
+            d.time = dnn_time;
+            d.output = dnn_output;
+            d.out_n = (size_t)L * D;
+            d.tol = tol_exact;
+            snprintf(d.note, sizeof d.note, "isolated; cuDNN %d.%d.%d fused flash attention (bf16 P), no mask",
+                     dnn_ver / 10000, dnn_ver / 100 % 100, dnn_ver % 100);
+            run_arm(x, &d, &ac);
+        }
+    }
 
     if (ac.hkv == ac.hq) {
         skip_arm(r, "gqa", "native", "repeated KV", "kv heads = heads (pass --kv-heads)");

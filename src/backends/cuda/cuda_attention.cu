@@ -1164,6 +1164,9 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
          * DITRUN_CUDA_FA=wg1|wg2|wg3 selects another wgmma variant, =mma the mma.sync kernel;
          * DITRUN_CUDA_FA_WARPS=8 the mma.sync 128-row variant. */
         const char *fk = getenv("DITRUN_CUDA_FA");
+        /* =cudnn: cuDNN's fused SDPA (cuda_cudnn.cu); unset: cuDNN where it measured faster (no key bias), if
+         * it loads; =own: our default kernel below */
+        if (dtc_cudnn_attention(st, o, q, k, v, hq, hkv, scale, kb, causal, fk) == 0) return;
         if (st->cc_major == 9 && st->cc_minor == 0 && !(fk && fk[0] == 'm')) {
             int var = 4;
             if (fk && !strcmp(fk, "wg1")) var = 1;

@@ -585,6 +585,7 @@ static void be_destroy(dt_backend *be) {
         if (st->alt_stream) cudaStreamSynchronize(st->alt_stream);
         trace_report(st);
         dtc_gemm_cache_free(st);
+        dtc_cudnn_destroy(st);
         scratch_release(st, &st->s_qdeq);
         scratch_release(st, &st->s_split);
         scratch_release(st, &st->s_attn);

@@ -48,6 +48,7 @@
 /* ------------------------------------------------------------------ state */
 struct dtc_pool;     /* caching allocator (cuda_backend.cu) */
 struct dtc_gemm_cache;
+struct dtc_cudnn;     /* cuDNN handle and SDPA plan cache (cuda_cudnn.cu) */
 
 /* A grow-only device buffer for op-internal temporaries. It never shrinks and old buffers are kept
  * until the backend is destroyed, so CUDA graphs captured earlier stay valid. */
@@ -79,6 +80,7 @@ struct dtc_state {
     dtc_scratch s_mask;     /* attention: scaled key bias and the list of key tiles to visit */
     dtc_scratch s_gate;     /* linear_gated_add: the gate as f32 */
     dtc_scratch s_lga;      /* linear_gated_add fallback: the linear's output */
+    dtc_cudnn *cudnn;       /* cuDNN handle, plans and workspaces (cuda_cudnn.cu); nullptr until first used */
     int capturing;
     int verbose;
     /* stream_switch (cuda_backend.cu): the queue not in use and its private GEMM workspace and scratch (the
@@ -136,6 +138,15 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w);
 
 void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
                    dt_mat key_bias, int causal);
+/* Attention (head dim 128, bf16, q/k/v/o as dtc_attention's fast path takes them) through cuDNN's fused SDPA
+ * (cuda_cudnn.cu). fa = $DITRUN_CUDA_FA: "cudnn" forces it (fatal if cuDNN cannot be loaded), another value
+ * selects our kernels, unset = the measured default. Returns 0 when cuDNN ran it, 1 when the caller must
+ * (nothing queued). kbias: F32 [1, Lk] additive key bias or NULL. */
+int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, float scale,
+                        const float *kbias, int causal, const char *fa);
+int dtc_cudnn_version(dtc_state *st);       /* cudnnGetVersion() of the loaded library, 0 = unavailable */
+long long dtc_cudnn_calls(dtc_state *st);   /* attention calls run by cuDNN so far */
+void dtc_cudnn_destroy(dtc_state *st);
 
 void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
 void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
