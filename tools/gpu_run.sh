@@ -52,9 +52,10 @@ if has time; then
     for px in 512 1024 2048; do $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null; done
     $B synth --preset klein-9b --inputs "$W/in9_1024.st" --image-size 1024 2>/dev/null
     log "synthetic checkpoints: $(( $(date +%s) - t1 )) s"
-    for qp in transient fused cached; do
+    for qp in transient cached ${TIME_FUSED:+fused}; do
         fwd "klein-4B q4 1024^2 qpath=$qp" "$W/k4q4" "$W/in4_1024.st" 20 --qpath $qp
     done
+    fwd "klein-4B q4 1024^2 graph" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
     fwd "klein-4B q4 512^2 (auto)" "$W/k4q4" "$W/in4_512.st" 20
     fwd "klein-4B bf16 1024^2" "$W/k4bf16" "$W/in4_1024.st" 20
     fwd "klein-4B bf16 512^2" "$W/k4bf16" "$W/in4_512.st" 20
@@ -76,7 +77,7 @@ if has bench; then
     timeout 400 $B bench --preset klein-4b --backend cuda --json "$OUT/bench4.jsonl" > "$OUT/bench4.md" 2> "$OUT/bench4.err"
     log "bench klein-4b rc=$?"
     cat "$OUT/bench4.md" >> "$OUT/summary.txt"
-    timeout 300 $B bench --preset klein-4b --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
+    [ "${BENCH512:-1}" = 1 ] && timeout 300 $B bench --preset klein-4b --backend cuda --image-size 512 --json "$OUT/bench4_512.jsonl" > "$OUT/bench4_512.md" 2> "$OUT/bench4_512.err"
     log "bench klein-4b 512 rc=$?"
 fi
 if has graph; then   # CUDA-graph replay of the forward: correctness (test_flux2) and eager vs graph A/B
