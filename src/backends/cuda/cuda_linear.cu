@@ -34,10 +34,10 @@
 struct gemm_key {
     int ta, tb, dtd, has_bias, aa, ab, ad;
     int64_t m, n, k, lda, ldb, ldd;
-    int avec;   /* 1: D = alpha[row] * op(A)op(B) + beta * D (alpha a device f32 vector over D's m rows) */
+    int acc;    /* 1: D += alpha * op(A)op(B) (beta = 1, C = D) */
     bool operator<(const gemm_key &o) const {
-        return std::tie(ta, tb, dtd, has_bias, aa, ab, ad, m, n, k, lda, ldb, ldd, avec) <
-               std::tie(o.ta, o.tb, o.dtd, o.has_bias, o.aa, o.ab, o.ad, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.avec);
+        return std::tie(ta, tb, dtd, has_bias, aa, ab, ad, m, n, k, lda, ldb, ldd, acc) <
+               std::tie(o.ta, o.tb, o.dtd, o.has_bias, o.aa, o.ab, o.ad, o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.acc);
     }
 };
 struct gemm_entry {
@@ -92,7 +92,7 @@ void dtc_gemm_tune_init(dtc_state *st, const char *device_name) {
 static void key_line(const dtc_state *st, const gemm_key &k, char *buf, size_t size) {
     snprintf(buf, size, "%s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld %d", st->gpu_id, k.ta, k.tb, k.dtd,
              k.has_bias, k.aa, k.ab, k.ad, (long long)k.m, (long long)k.n, (long long)k.k, (long long)k.lda,
-             (long long)k.ldb, (long long)k.ldd, k.avec);
+             (long long)k.ldb, (long long)k.ldd, k.acc);
 }
 
 /* Read the persisted choices for this device (once). Malformed or foreign lines are skipped. */
@@ -109,7 +109,7 @@ static void gemm_cache_load(dtc_state *st) {
         unsigned long long d[8];
         int used = 0;
         if (sscanf(line, "%199s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld %d :%n", id, &k.ta, &k.tb, &k.dtd,
-                   &k.has_bias, &k.aa, &k.ab, &k.ad, &m, &n, &kk, &lda, &ldb, &ldd, &k.avec, &used) != 15 || !used)
+                   &k.has_bias, &k.aa, &k.ab, &k.ad, &m, &n, &kk, &lda, &ldb, &ldd, &k.acc, &used) != 15 || !used)
             continue;
         if (strcmp(id, st->gpu_id)) continue;
         if (sscanf(line + used, "%llx %llx %llx %llx %llx %llx %llx %llx", &d[0], &d[1], &d[2], &d[3], &d[4], &d[5],
@@ -136,7 +136,7 @@ static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMa
 }
 
 /* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. alpha: host scalar or
- * (avec) device vector; D is also C (beta). */
+ * D is also C (beta = 1 when accumulating). */
 static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, const void *alpha,
                        const void *A, const void *B, void *D, float beta) {
     if (cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
@@ -165,12 +165,12 @@ static int ptr_align(const void *p) {
     return al;
 }
 
-/* The product, with the algorithm cache and tuning. alpha_vec: NULL (scalar alpha, beta = 0) or a device f32
- * vector of m per-row factors with D += ... (beta = 1, C = D). Returns 0, or -1 when cuBLASLt has no algorithm
- * for an alpha-vector product (the caller falls back; a plain product without one is fatal). */
+/* The product, with the algorithm cache and tuning. accumulate = 1: D += alpha·op(A)op(B) (beta = 1, C = D).
+ * Returns 0, or -1 when cuBLASLt has no algorithm for an accumulating product (the caller falls back; a plain
+ * product without one is fatal). */
 static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
                     const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
-                    const void *bias_bf16, const float *alpha_vec) {
+                    const void *bias_bf16, int accumulate) {
     if (m <= 0 || n <= 0) return 0;
     DTC_REQUIRE(k > 0, "gemm: k = %lld", (long long)k);
     if (!st->gemm_cache) st->gemm_cache = new dtc_gemm_cache();
@@ -178,8 +178,8 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
     key.ta = ta; key.tb = tb; key.dtd = (int)dtype_d; key.has_bias = bias_bf16 != nullptr;
     key.aa = ptr_align(A); key.ab = ptr_align(B); key.ad = ptr_align(D);
     key.m = m; key.n = n; key.k = k; key.lda = lda; key.ldb = ldb; key.ldd = ldd;
-    key.avec = alpha_vec != nullptr;
-    const float beta = alpha_vec ? 1.f : 0.f;
+    key.acc = accumulate != 0;
+    const float beta = accumulate ? 1.f : 0.f;
     auto it = st->gemm_cache->m.find(key);
     if (it == st->gemm_cache->m.end()) {
         gemm_entry e;
@@ -188,10 +188,6 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
         cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-        if (alpha_vec) {
-            cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST;
-            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm));
-        }
         if (bias_bf16) {
             cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
             CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -228,10 +224,14 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
             cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES];
             int cnt = 0;
             const bool tune = st->gemm_tune && !st->capturing && 2.0 * (double)m * (double)n * (double)k >= GEMM_TUNE_MIN_FLOP;
-            CKLT(cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref,
-                                                tune ? GEMM_TUNE_CANDIDATES : 1, res, &cnt));
+            cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref,
+                                                               tune ? GEMM_TUNE_CANDIDATES : 1, res, &cnt);
+            if (hs != CUBLAS_STATUS_SUCCESS) {
+                if (!accumulate) dtc_fatal("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__, cublasGetStatusString(hs));
+                cnt = 0;
+            }
             cublasLtMatmulPreferenceDestroy(pref);
-            if (cnt < 1 && alpha_vec) {   /* no kernel for this mode: remember that, let the caller fall back */
+            if (cnt < 1 && accumulate) {   /* no kernel for this mode: remember that, let the caller fall back */
                 cublasLtMatmulDescDestroy(e.op);
                 cublasLtMatrixLayoutDestroy(e.la);
                 cublasLtMatrixLayoutDestroy(e.lb);
@@ -253,20 +253,19 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
                 double t0 = dt_now();
                 float best = -1.f, first = -1.f;
                 int bi = 0;
-                /* an accumulating product (alpha vector, D += ...) is timed on a scratch D, not the caller's */
+                /* an accumulating product (D += ...) is timed on a scratch D, not the caller's */
                 void *Dt = D;
-                if (alpha_vec) {
+                if (accumulate) {
                     Dt = dtc_pool_alloc(st, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d));
                     if (!Dt) { cudaGetLastError(); Dt = nullptr; }
                     else CK(cudaMemsetAsync(Dt, 0x3c, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d), st->stream));
                 }
                 for (int i = 0; Dt && i < cnt; i++) {
-                    float ms = time_algo(st, e, &res[i].algo, alpha_vec ? (const void *)alpha_vec : (const void *)&alpha,
-                                         A, B, Dt, beta);
+                    float ms = time_algo(st, e, &res[i].algo, &alpha, A, B, Dt, beta);
                     if (i == 0) first = ms;
                     if (ms > 0.f && (best < 0.f || ms < best)) { best = ms; bi = i; }
                 }
-                if (alpha_vec && Dt) {
+                if (accumulate && Dt) {
                     CK(cudaStreamSynchronize(st->stream));
                     dtc_pool_free(st, Dt);
                 }
@@ -284,18 +283,18 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
         it = st->gemm_cache->m.emplace(key, e).first;
     }
     gemm_entry &e = it->second;
-    if (!e.op) return -1;   /* alpha-vector product without an algorithm (found earlier) */
+    if (!e.op) return -1;   /* accumulating product without an algorithm (found earlier) */
     if (bias_bf16)
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_bf16, sizeof bias_bf16));
-    CKLT(cublasLtMatmul(st->lt, e.op, alpha_vec ? (const void *)alpha_vec : (const void *)&alpha, A, e.la, B, e.lb,
-                        &beta, D, e.ld, D, e.ld, &e.algo, st->lt_ws, st->lt_ws_size, st->stream));
+    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &e.algo, st->lt_ws,
+                        st->lt_ws_size, st->stream));
     return 0;
 }
 
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
               const void *bias_bf16) {
-    gemm_run(st, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dtype_d, alpha, bias_bf16, nullptr);
+    gemm_run(st, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dtype_d, alpha, bias_bf16, 0);
 }
 
 /* ------------------------------------------------------------------ Linear weights */
@@ -313,7 +312,8 @@ __device__ __forceinline__ float u2f(uint32_t u) { return __uint_as_float(0x4B00
 
 /* Dequantize packed -> bf16 [N, K]; one thread per 8 output elements. */
 template <int BITS>
-__global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *sb, int64_t N, int64_t K, int group) {
+__global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *sb, int64_t N, int64_t K, int group,
+                          const void *rowscale, int rs_f32) {
     int64_t chunks = N * (K / 8);
     int64_t ng = K / group;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < chunks; i += (int64_t)gridDim.x * blockDim.x) {
@@ -332,16 +332,25 @@ __global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *
                 f[4 + j] = fmaf(s.x, u2f((q.y >> (8 * j)) & 255u), s.y);
             }
         }
+        if (rowscale) {   /* the gate of linear_gated_add, folded into the weight rows */
+            float g = rs_f32 ? ((const float *)rowscale)[n] : __bfloat162float(((const __nv_bfloat16 *)rowscale)[n]);
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) f[jj] *= g;
+        }
         *(uint4 *)(dst + n * K + c) = f_to_bf8(f);
     }
 }
 
-static void dequant_launch(dtc_state *st, __nv_bfloat16 *dst, const dt_linear *w) {
+/* rowscale: NULL, or a [N] vector (bf16, or f32 when rs_f32) multiplied into each dequantized row. */
+static void dequant_launch(dtc_state *st, __nv_bfloat16 *dst, const dt_linear *w, const void *rowscale = nullptr,
+                           int rs_f32 = 0) {
     int64_t chunks = w->out * (w->in / 8);
     int64_t b = (chunks + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
-    if (w->bits == 4) k_dequant<4><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group);
-    else k_dequant<8><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group);
+    if (w->bits == 4)
+        k_dequant<4><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
+    else
+        k_dequant<8><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
     CK_LAUNCH("dequant");
 }
 
@@ -779,10 +788,12 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     dense_gemm(st, y, x, tmp, w);
 }
 
-/* x[M,N] += gate ⊙ (a[M,K] · Wᵀ), gate [1,N]: the gate rides on cuBLASLt's per-row alpha vector with beta = 1
- * and C = D = x, so the product lands in the residual stream in one pass (no y buffer, no gated_add pass). The
- * sum is rounded to bf16 once (the unfused path rounds y, gate·y and the sum). Falls back to linear + gated_add
- * where that does not apply (bias, F32 x, the fused-qmm sizes, unaligned views, no cuBLASLt algorithm). */
+/* x[M,N] += gate ⊙ (a[M,K] · Wᵀ), gate [1,N]. With transient quantized weights the gate is folded into the
+ * dequantized rows (W' = diag(gate)·W, in the dequantization pass that runs anyway) and the GEMM accumulates into
+ * x (beta = 1, C = D = x): one pass, no y buffer, no gated_add pass. The weight products are rounded to bf16 once
+ * (gate·w instead of w) and the sum once (instead of y, gate·y and x + ...). Dense weights, biases, F32 x and the
+ * fused-qmm sizes take linear + gated_add. (cuBLASLt's per-row alpha vector would fold the gate without touching
+ * W, but it is not supported for bf16 on sm_90: "the requested functionality is not supported".) */
 void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate) {
     dtc_state *st = dtc(be);
     DTC_REQUIRE(a.cols == w->in && x.cols == w->out && x.rows == a.rows,
@@ -794,26 +805,14 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
     const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
     dt_qpath path = be->opts.qpath;
     if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = a.rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
-    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
-             (w->w || path != DT_QPATH_FUSED) && (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
+    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && !w->w && path == DT_QPATH_TRANSIENT &&
+             x.dtype == DT_BF16 && a.dtype == DT_BF16 && (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
              x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
     if (ok) {
-        /* the gate as a contiguous f32 vector (bf16 -> f32 is exact) */
-        const float *gv = (const float *)gate.data;
-        if (gate.dtype != DT_F32 || !dtc_aligned16(gate.data)) {
-            float *g32 = (float *)dtc_scratch_get(st, &st->s_gate, (size_t)x.cols * 4);
-            dt_mat gd = {g32, 1, x.cols, x.cols, DT_F32};
-            dtc_copy(be, gd, gate);
-            gv = g32;
-        }
-        const __nv_bfloat16 *W = w->w;
-        if (!W) {
-            __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
-            dequant_launch(st, tmp, w);
-            W = tmp;
-        }
+        __nv_bfloat16 *W = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
+        dequant_launch(st, W, w, gate.data, gate.dtype == DT_F32);
         if (gemm_run(st, 1, 0, w->out, a.rows, w->in, W, w->in, a.data, a.ld, x.data, x.ld, DT_BF16, 1.f, nullptr,
-                     gv) == 0)
+                     1) == 0)
             return;
     }
     void *yp = dtc_scratch_get(st, &st->s_lga, (size_t)x.rows * x.cols * 2);
