@@ -135,7 +135,7 @@ static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMa
     fclose(f);
 }
 
-/* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. alpha: host scalar or
+/* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. alpha: host scalar;
  * D is also C (beta = 1 when accumulating). */
 static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, const void *alpha,
                        const void *A, const void *B, void *D, float beta) {
