@@ -259,6 +259,8 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
     int64_t ns;
     float *ref8 = cpu_linear_subset(hx, M, K, &s8, &ns);
     float *refb = cpu_linear_subset(hx, M, K, &w.src, &ns);
+    char env0[64] = "";   /* a DITRUN_FP8_SCALES given to the whole run is restored after the epilogue pass */
+    if (getenv("DITRUN_FP8_SCALES")) snprintf(env0, sizeof env0, "%s", getenv("DITRUN_FP8_SCALES"));
     for (int mode = 0; mode < 2; mode++) {
         if (mode) setenv("DITRUN_FP8_SCALES", "epilogue", 1);
         poison(G, y);
@@ -275,7 +277,8 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
             time_linear(name, y, x, g8, M, N, K);
         }
         free(got);
-        unsetenv("DITRUN_FP8_SCALES");
+        if (env0[0]) setenv("DITRUN_FP8_SCALES", env0, 1);
+        else unsetenv("DITRUN_FP8_SCALES");
     }
     if (timeit) {
         snprintf(name, sizeof name, "bf16 M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);

@@ -250,12 +250,12 @@ struct f8_entry {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
+    int ok;              /* 0: cuBLASLt has no algorithm for this key (kept so the heuristic runs once) */
 };
 struct dtc_fp8_cache {
     std::map<f8_key, f8_entry> m;
-    int outer_ok = -1;   /* outer-vector scaling: -1 untested, 0 no algorithm on this GPU, 1 works */
+    int n_outer_ok = 0, n_outer_fail = 0;   /* GEMM shapes with / without an outer-vector-scaled algorithm */
 };
-
 static void f8_entry_free(f8_entry &e) {
     if (e.op) cublasLtMatmulDescDestroy(e.op);
     if (e.la) cublasLtMatrixLayoutDestroy(e.la);
@@ -265,7 +265,8 @@ static void f8_entry_free(f8_entry &e) {
 
 void dtc_fp8_cache_free(dtc_state *st) {
     if (!st->fp8_cache) return;
-    for (auto &kv : st->fp8_cache->m) f8_entry_free(kv.second);
+    for (auto &kv : st->fp8_cache->m)
+        if (kv.second.ok) f8_entry_free(kv.second);
     delete st->fp8_cache;
     st->fp8_cache = nullptr;
 }
@@ -324,6 +325,7 @@ static int f8_build(dtc_state *st, const f8_key &key, const void *sw, const void
         return -1;
     }
     e.algo = res.algo;
+    e.ok = 1;
     return 0;
 }
 
@@ -338,8 +340,27 @@ static int env_fp8_fast(void) {
 
 const char *dtc_fp8_scale_mode(dtc_state *st) {
     if (env_fp8_epilogue()) return "epilogue (forced by DITRUN_FP8_SCALES)";
-    if (!st->fp8_cache || st->fp8_cache->outer_ok < 0) return "untested";
-    return st->fp8_cache->outer_ok ? "outer-vector (cuBLASLt)" : "epilogue (no outer-vector algorithm)";
+    dtc_fp8_cache *c = st->fp8_cache;
+    if (!c || c->n_outer_ok + c->n_outer_fail == 0) return "untested";
+    if (!c->n_outer_fail) return "outer-vector (cuBLASLt)";
+    if (!c->n_outer_ok) return "epilogue (cuBLASLt has no outer-vector algorithm)";
+    static char buf[96];
+    snprintf(buf, sizeof buf, "outer-vector for %d shapes, epilogue for %d", c->n_outer_ok, c->n_outer_fail);
+    return buf;
+}
+
+/* The cached entry for key (building it on first use); NULL when cuBLASLt has no algorithm. */
+static f8_entry *f8_get(dtc_state *st, const f8_key &key, const void *sw, const void *sx, const void *bias) {
+    dtc_fp8_cache *c = st->fp8_cache;
+    auto it = c->m.find(key);
+    if (it == c->m.end()) {
+        f8_entry e;
+        int rc = f8_build(st, key, sw, sx, bias, e);
+        if (rc) memset(&e, 0, sizeof e);
+        if (key.outer) (rc ? c->n_outer_fail : c->n_outer_ok)++;
+        it = c->m.emplace(key, e).first;
+    }
+    return it->second.ok ? &it->second : nullptr;
 }
 
 void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias) {
@@ -348,7 +369,6 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
                 (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)f->N, (long long)f->K);
     if (x.rows <= 0) return;
     if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
-    dtc_fp8_cache *c = st->fp8_cache;
     float *sx;
     uint8_t *xq = fp8_quant_act(st, x, &sx);
     f8_key key;
@@ -359,36 +379,49 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
     key.n = x.rows;
     key.k = f->K;
     key.ldd = y.ld;
-    int want_outer = !env_fp8_epilogue() && c->outer_ok != 0;
-    auto it = c->m.end();
-    for (int pass = 0; pass < 2 && it == c->m.end(); pass++) {
-        key.outer = pass == 0 ? want_outer : 0;
-        if (pass == 1 && !want_outer) break;
-        key.has_bias = bias && key.outer && y.dtype == DT_BF16;
-        it = c->m.find(key);
-        if (it != c->m.end()) break;
-        f8_entry e;
-        if (f8_build(st, key, f->s, sx, bias, e) == 0) {
-            it = c->m.emplace(key, e).first;
-            if (key.outer) c->outer_ok = 1;
-        } else if (key.outer) {
-            c->outer_ok = 0;   /* not on this GPU / library: the epilogue pass from now on */
-        }
+    f8_entry *ep = nullptr;
+    if (!env_fp8_epilogue()) {
+        key.outer = 1;
+        key.has_bias = bias && y.dtype == DT_BF16;
+        ep = f8_get(st, key, f->s, sx, bias);
     }
-    if (it == c->m.end())
+    if (!ep) {   /* unscaled product, then the epilogue pass (scales and bias) */
+        key.outer = 0;
+        key.has_bias = 0;
+        ep = f8_get(st, key, f->s, sx, bias);
+    }
+    if (!ep)
         DTC_REQUIRE(0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
                     (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
-    f8_entry &e = it->second;
-    if (key.outer) {
-        const void *swp = f->s, *sxp = sx;
-        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp, sizeof swp));
-        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxp, sizeof sxp));
-    }
-    if (key.has_bias)
-        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     float alpha = 1.f, beta = 0.f;
-    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, f->q, e.la, xq, e.lb, &beta, y.data, e.ld, y.data, e.ld, &e.algo,
-                        st->lt_ws, st->lt_ws_size, st->stream));
+    for (;;) {
+        f8_entry &e = *ep;
+        if (key.outer) {
+            const void *swp = f->s, *sxp = sx;
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp, sizeof swp));
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxp, sizeof sxp));
+        }
+        if (key.has_bias)
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        cublasStatus_t rs = cublasLtMatmul(st->lt, e.op, &alpha, f->q, e.la, xq, e.lb, &beta, y.data, e.ld, y.data, e.ld,
+                                           &e.algo, st->lt_ws, st->lt_ws_size, st->stream);
+        if (rs == CUBLAS_STATUS_SUCCESS) break;
+        if (!key.outer) dtc_fatal("cublasLtMatmul (fp8)", __FILE__, __LINE__, cublasGetStatusString(rs));
+        /* the heuristic offered an outer-vector algorithm that does not run: epilogue mode for this shape */
+        if (st->verbose)
+            fprintf(stderr, "ditrun: cuda: fp8 GEMM m=%lld n=%lld k=%lld: outer-vector scaling failed (%s); epilogue pass\n",
+                    (long long)key.m, (long long)key.n, (long long)key.k, cublasGetStatusString(rs));
+        f8_entry_free(e);
+        e.ok = 0;
+        st->fp8_cache->n_outer_ok--;
+        st->fp8_cache->n_outer_fail++;
+        key.outer = 0;
+        key.has_bias = 0;
+        ep = f8_get(st, key, f->s, sx, bias);
+        if (!ep)
+            DTC_REQUIRE(0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
+                        (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
+    }
     if (!key.outer) {
         int64_t total = y.rows * y.cols;
         int64_t b = (total + 255) / 256;
