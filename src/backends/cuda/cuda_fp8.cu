@@ -51,9 +51,10 @@ __device__ __forceinline__ float wsrc(const void *p, const float2 *sb, int64_t r
     if (SRC == 0) return ((const float *)p)[r * K + k];
     if (SRC == 1) return __half2float(((const __half *)p)[r * K + k]);
     if (SRC == 2) return __bfloat162float(((const __nv_bfloat16 *)p)[r * K + k]);
-    const int per = 32 / SRC;
+    const int per = 32 / (SRC >= 4 ? SRC : 4);   /* codes per packed word (SRC 4 or 8 here) */
     uint32_t word = ((const uint32_t *)p)[r * (K / per) + k / per];
-    uint32_t q = (word >> ((k % per) * SRC)) & ((1u << SRC) - 1u);
+    const int bits = SRC >= 4 ? SRC : 4;
+    uint32_t q = (word >> ((k % per) * bits)) & ((1u << bits) - 1u);
     float2 s = sb[r * (K / group) + k / group];
     return __fadd_rn(__fmul_rn(s.x, fp8_u2f(q)), s.y);   /* scale*q + bias without FMA, like the CPU */
 }
