@@ -151,6 +151,7 @@ int cmd_bench(int argc, char **argv) {
     o.backend = mo.backend;
     o.be = mo.be;
     if (o.model_dir ? cli_model_family(o.model_dir) == CLI_FAMILY_KREA2 : bench_is_krea2_preset(o.preset)) {
+        if (o.be.precision == DT_PREC_FP8) return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
         bench_k2_report *k = calloc(1, sizeof *k);
         if (!k) return cli_error("out of memory");
         int rc = bench_krea2_run(&o, k);

@@ -112,7 +112,8 @@ int cmd_forward(int argc, char **argv) {
     if (compare && mo.be.precision != DT_PREC_FP8) return cli_error("--compare-bf16 needs --precision fp8");
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());
-    if (compare && family != CLI_FAMILY_FLUX2) return cli_error("--compare-bf16: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
+    if (mo.be.precision == DT_PREC_FP8 && family != CLI_FAMILY_FLUX2)
+        return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
     st_file *in = st_open(inputs);
     if (!in) return cli_error("%s", dt_last_error());
     dt_backend *be = cli_model_backend(&mo);
