@@ -28,6 +28,10 @@ typedef struct ditrun_engine ditrun_engine;
 ditrun_engine *ditrun_engine_create(const char *backend, int threads);
 void ditrun_engine_free(ditrun_engine *e);
 const char *ditrun_engine_backend(const ditrun_engine *e);
+/* Precision of the DiT blocks' Linears for transformers loaded (or generations started) from now on:
+ * "bf16" (default) or "fp8" (e4m3 weights with per-output-channel scales, e4m3 activations with per-token
+ * scales; opt-in: see ditrun forward --compare-bf16 for its error). -1 on an unknown value. */
+int ditrun_engine_set_precision(ditrun_engine *e, const char *precision);
 
 typedef struct {
     const char *model;          /* pipeline root */

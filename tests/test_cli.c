@@ -97,6 +97,12 @@ int main(void) {
     expect_error("forward missing required", "forward --model x", "required", NULL);
     expect_error("forward bad threads", "forward --threads 0 --model x", "--threads", "out of range");
     expect_error("forward bad backend", "forward --backend tpu --model x", "--backend", "tpu");
+    expect_error("forward bad precision", "forward --precision fp4 --model x", "--precision", "fp4");
+    expect_error("generate bad precision", "generate --precision int8 -p x -o x.png", "--precision", "int8");
+    expect_error("bench bad precision", "bench --precision", "--precision", "bf16, fp8");
+    expect_error("compare-bf16 without fp8", "forward --compare-bf16 --model x --inputs y", "--compare-bf16", "fp8");
+    expect_error("bench unknown arm", "bench --arms fp9", "--arms", "fp9");
+    expect_error("bench fp8 on Krea 2", "bench --preset krea2-tiny --precision fp8", "--precision fp8", "FLUX.2");
     expect_error("info missing path", "info /nonexistent/ditrun-model", "/nonexistent/ditrun-model", NULL);
 
     /* ---- malformed model folders ---- */

@@ -28,6 +28,14 @@
  *   (~1.1e-3 each): 8e-3.
  * The three q-paths against each other: same bf16 weights, different summation order, both outputs bf16
  *   rounded: ~1.6e-3 expected; 5e-3. */
+/* fp8 Linear (e4m3 weights per channel, activations per row):
+ * against the CPU emulation: both compute the same e4m3 codes and scales (identical f32 expressions on
+ *   bf16-representable inputs), so what remains is fp32 summation order and the bf16 rounding of y
+ *   (~1.1e-3 rms; the epilogue mode rounds twice, ~1.6e-3): 4e-3, while one wrong code row or scale fails.
+ * against the bf16 Linear (CPU f32 with the same bf16 weights): e4m3 keeps 3 mantissa bits, ~2.6% rms
+ *   relative rounding per operand, ~3.7% on the sums (measured 3.4-3.5% in test_fp8): 6e-2. */
+#define TOL_FP8_EMU 4e-3
+#define TOL_FP8_VS_BF16 6e-2
 #define TOL_GEMM 1e-2
 #define TOL_ATTN 1e-2
 #define TOL_EW 8e-3
@@ -230,6 +238,111 @@ static void test_linear_dense(int64_t M, int64_t K, int64_t N, int with_bias, in
     G->free(G, &x); G->free(G, &y);
     G->linear_destroy(G, gw);
     free_weights(&w);
+}
+
+/* fp8 Linear at one shape: CUDA vs the CPU fp8 emulation (tight), vs the bf16 Linear's CPU reference (loose),
+ * in both scale modes (cuBLASLt outer-vector scales, and the epilogue pass forced by DITRUN_FP8_SCALES);
+ * with timeit: fp8 and bf16 TFLOPS side by side and the activation-quantization pass alone. */
+static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_bias, int timeit) {
+    char base[160], name[220];
+    snprintf(base, sizeof base, "linear fp8 (%s) M=%lld K=%lld N=%lld%s", bits ? "from q4 g64" : "from bf16",
+             (long long)M, (long long)K, (long long)N, with_bias ? " +bias" : "");
+    wsrc w = make_weights(N, K, bits, 64, with_bias);
+    float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
+    for (int64_t i = 0; i < M * K; i += 97) hx[i] = dt_bf16_round(hx[i] * 6.f);   /* outliers (kept bf16-exact) */
+    dt_linear_src s8 = w.src;
+    s8.precision = DT_PREC_FP8;
+    dt_linear *g8 = G->linear_create(G, &s8);
+    dt_linear *gb = timeit ? G->linear_create(G, &w.src) : NULL;
+    if (!g8 || (timeit && !gb)) { T_FAIL(base, "linear_create: %s", dt_last_error()); return; }
+    dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
+    int64_t ns;
+    float *ref8 = cpu_linear_subset(hx, M, K, &s8, &ns);
+    float *refb = cpu_linear_subset(hx, M, K, &w.src, &ns);
+    char env0[64] = "";   /* a DITRUN_FP8_SCALES given to the whole run is restored after the epilogue pass */
+    if (getenv("DITRUN_FP8_SCALES")) snprintf(env0, sizeof env0, "%s", getenv("DITRUN_FP8_SCALES"));
+    for (int mode = 0; mode < 2; mode++) {
+        if (mode) setenv("DITRUN_FP8_SCALES", "epilogue", 1);
+        poison(G, y);
+        G->linear(G, y, x, g8);
+        float *got = gpu_subset(y);
+        const char *mn = mode ? "epilogue scales" : G->fp8_scale_mode ? G->fp8_scale_mode(G) : "?";
+        snprintf(name, sizeof name, "%s [%s] vs cpu fp8 emulation", base, mn);
+        t_check_rel_l2(name, got, ref8, (size_t)ns * N, TOL_FP8_EMU);
+        snprintf(name, sizeof name, "%s [%s] vs bf16 reference", base, mode ? "epilogue" : "default");
+        t_check_rel_l2(name, got, refb, (size_t)ns * N, TOL_FP8_VS_BF16);
+        if (timeit) {
+            snprintf(name, sizeof name, "fp8 %s M=%lld K=%lld N=%lld", mode ? "epilogue" : "default", (long long)M,
+                     (long long)K, (long long)N);
+            time_linear(name, y, x, g8, M, N, K);
+        }
+        free(got);
+        if (env0[0]) setenv("DITRUN_FP8_SCALES", env0, 1);
+        else unsetenv("DITRUN_FP8_SCALES");
+    }
+    if (timeit) {
+        snprintf(name, sizeof name, "bf16 M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);
+        time_linear(name, y, x, gb, M, N, K);
+        if (G->fp8_quant) {   /* the activation pass alone: read M*K bf16, write M*K codes + M scales */
+            void *e0 = G->event_create(G), *e1 = G->event_create(G);
+            double t[20];
+            for (int i = 0; i < 23; i++) {
+                G->event_record(G, e0);
+                G->fp8_quant(G, x);
+                G->event_record(G, e1);
+                if (i >= 3) t[i - 3] = G->event_elapsed_ms(G, e0, e1);
+            }
+            double ms = median(t, 20);
+            printf("TIME %-44s %8.3f ms  %7.1f GB/s\n", "fp8 activation quantize", ms, 3.0 * M * K / (ms * 1e-3) / 1e9);
+            G->event_destroy(G, e0);
+            G->event_destroy(G, e1);
+        }
+        G->linear_destroy(G, gb);
+    }
+    free(ref8); free(refb); free(hx);
+    G->free(G, &x); G->free(G, &y);
+    G->linear_destroy(G, g8);
+    free_weights(&w);
+}
+
+/* e4m3 edge values through the CUDA fp8 Linear: identity weights (each row's amax 1 -> code 448, scale 1/448) and
+ * an activation row whose amax is 448 (scale 1), so y = the e4m3 value of each x (bf16 holds it exactly): 0,
+ * subnormals, ties to even, ±448; compared exactly with the CPU emulation (whose conversion test_fp8 checks
+ * value by value). A NaN activation: fmaxf skips it in the amax, and its output row becomes NaN (NaN·0 in
+ * the sum) on both backends. */
+static void test_fp8_edges(void) {
+    const int64_t K = 32, N = 32, M = 2;
+    uint16_t *wb = calloc((size_t)(N * K), 2);
+    for (int64_t i = 0; i < N; i++) wb[i * K + i] = dt_f32_to_bf16(1.f);
+    dt_linear_src src;
+    memset(&src, 0, sizeof src);
+    src.name = "identity"; src.out = N; src.in = K; src.dtype = DT_BF16; src.data = wb; src.precision = DT_PREC_FP8;
+    float hx[2 * 32];
+    const float vals[16] = {448.f, 0.f, 0x1p-9f, 0x1p-10f, 3 * 0x1p-10f, 7 * 0x1p-10f, 15 * 0x1p-10f, 1.0625f,
+                            1.1875f, -3.1f, 0x1p-6f, -0x1p-9f, 300.f, -447.f, 0.0302f, 17.5f};
+    for (int k = 0; k < 32; k++) hx[k] = dt_bf16_round(vals[k % 16] * (k >= 16 ? -1.f : 1.f));
+    for (int k = 0; k < 32; k++) hx[32 + k] = k == 5 ? NAN : 1.f;
+    dt_linear *g = G->linear_create(G, &src);
+    dt_linear *c = C->linear_create(C, &src);
+    if (!g || !c) { T_FAIL("fp8 edge values", "linear_create: %s", dt_last_error()); free(wb); return; }
+    dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
+    poison(G, y);
+    G->linear(G, y, x, g);
+    float *got = down(G, y);
+    dt_mat cx = up(C, hx, M, K, DT_F32), cy = dt_alloc_or_die(C, M, N, DT_F32);
+    C->linear(C, cy, cx, c);
+    float *ref = down(C, cy);
+    int ok = 1, bad = -1;
+    for (int k = 0; k < 32 && ok; k++) if (got[k] != dt_bf16_round(ref[k])) { ok = 0; bad = k; }
+    T_CHECK("fp8 edge values (0, subnormals, ties, +-448) equal the CPU emulation exactly", ok,
+            "x[%d] = %.9g: gpu %.9g cpu %.9g", bad, bad >= 0 ? hx[bad] : 0.f, bad >= 0 ? got[bad] : 0.f, bad >= 0 ? ref[bad] : 0.f);
+    ok = 1;
+    for (int k = 0; k < 32; k++) ok &= isnan(got[32 + k]) && isnan(ref[32 + k]);
+    T_CHECK("fp8: a NaN activation makes its output row NaN on both backends", ok, "gpu %g cpu %g", got[32], ref[32]);
+    free(got); free(ref); free(wb);
+    G->free(G, &x); G->free(G, &y); C->free(C, &cx); C->free(C, &cy);
+    G->linear_destroy(G, g);
+    C->linear_destroy(C, c);
 }
 
 static const char *qpath_name(dt_qpath p) {
@@ -1055,6 +1168,19 @@ int main(void) {
         test_linear_dense(77, 256, 320, 1, 0);
         test_linear_dense(1, 3072, 18432, 0, 0);
         printf("# section linear %.1f s\n", dt_now() - ts);
+    }
+    if (RUN("fp8")) {
+        double ts = dt_now();
+        test_fp8_edges();
+        test_linear_fp8(4608, 3072, 27648, 0, 0, 1);   /* single block qkv_mlp */
+        test_linear_fp8(4608, 12288, 3072, 0, 0, 1);   /* single block to_out */
+        test_linear_fp8(4608, 3072, 3072, 0, 0, 1);    /* double block q/k/v/out */
+        test_linear_fp8(4096, 3072, 18432, 0, 0, 1);   /* double block ff.linear_in (image stream) */
+        test_linear_fp8(4096, 9216, 3072, 0, 0, 1);    /* double block ff.linear_out */
+        test_linear_fp8(512, 3072, 3072, 4, 1, 0);     /* text stream, from 4-bit, bias epilogue */
+        test_linear_fp8(1, 3072, 18432, 0, 1, 0);      /* one row */
+        test_linear_fp8(77, 256, 320, 4, 1, 0);        /* odd M */
+        printf("# section fp8 %.1f s\n", dt_now() - ts);
     }
     if (RUN("quant")) {
         double ts = dt_now();

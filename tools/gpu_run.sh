@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -130,6 +130,21 @@ if has trace; then  # in-model device time per op and shape (CUDA events in the 
         log "trace $m (10 forwards + 1 warm-up):"
         grep -E "cuda trace" "$OUT/trace_$m.log" | head -40 | tee -a "$OUT/summary.txt"
     done
+fi
+
+if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error vs bf16, 4-step latent error
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=fp8 timeout 120 ./build/tests/test_gpu_ops > "$OUT/gpu_fp8.log" 2>&1
+    grep -E "^FAIL|^TIME (fp8|bf16)" "$OUT/gpu_fp8.log" | tee -a "$OUT/summary.txt"
+    prep4
+    $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 20 --precision fp8 --compare-bf16 2>&1 \
+        | grep -E "fp8|median|error" | tee -a "$OUT/summary.txt"
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    $B generate --backend cuda --model "$W/p4" -p "a red fox standing in fresh snow, golden hour" -o "$OUT/gen_fp8.png" \
+        --seed 7 --precision fp8 --compare-bf16 2>&1 | grep -E "fp8|total|error" | tee -a "$OUT/summary.txt"
+    timeout 200 $B bench --model "$W/k4q4" --backend cuda --precision fp8 --only ledger,arms --arms fp8 \
+        --json "$OUT/bench_fp8.jsonl" > "$OUT/bench_fp8.md" 2> "$OUT/bench_fp8.err"
+    log "bench fp8 rc=$?"
+    grep -E "fp8 arm|flux2_forward|replica|^\| (fused|attention|elementwise)" "$OUT/bench_fp8.md" | tee -a "$OUT/summary.txt"
 fi
 
 if has krea2; then

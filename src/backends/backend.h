@@ -61,6 +61,8 @@ typedef struct {
     int device;             /* CUDA device index */
     dt_qpath qpath;         /* quantized Linear path */
     int rope_fp32;          /* CUDA: rotate in fp32 instead of bf16 products (1 = fp32) */
+    dt_precision precision; /* precision models request for their large Linears (DiT blocks); each
+                             * Linear's own request is dt_linear_src.precision (see linear_create) */
     int verbose;
 } dt_backend_opts;
 
@@ -87,7 +89,10 @@ struct dt_backend {
     void (*mem_stats)(dt_backend *be, size_t *current, size_t *peak);
 
     /* ---- weights ---- */
-    /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error. */
+    /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error.
+     * src->precision == DT_PREC_FP8: weights become e4m3 codes with one f32 scale per output channel
+     * (amax/448, dequantized in f32 first), activations are quantized per row at run time (core/fp8.h);
+     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16). */
     dt_linear *(*linear_create)(dt_backend *be, const dt_linear_src *src);
     void (*linear_destroy)(dt_backend *be, dt_linear *w);
     /* 2-D convolution weights w [cout, cin, k, k] f32 host, bias [cout] (may be NULL), stride 1,
@@ -169,6 +174,10 @@ struct dt_backend {
      * queues may run concurrently, so the caller must give them disjoint data. Work must be back on queue 0
      * and joined (a switch to 0 with wait = 1) before download, sync, event timing or capture_end. */
     void (*stream_switch)(dt_backend *be, int q, int wait);
+    /* fp8 Linear internals for the bench: the activation quantization pass alone on x [M, K] (what an fp8
+     * linear does before its GEMM), and how the GEMM applies the scales ("outer-vector (cuBLASLt)", ...). */
+    void (*fp8_quant)(dt_backend *be, dt_mat x);
+    const char *(*fp8_scale_mode)(dt_backend *be);
 };
 
 /* Create backends. NULL with dt_last_error() set when unavailable. */

@@ -43,6 +43,7 @@ typedef struct {
     const char *backend;       /* "auto", "cpu", "cuda" */
     dt_backend_opts be;
     unsigned sections;         /* BENCH_LEDGER | BENCH_UTIL | BENCH_ARMS */
+    const char *arms;          /* comma list of arms to run (qpath, rope, attention, graph, threads, fp8); NULL = all */
     uint64_t seed;
 } bench_opts;
 

@@ -7,7 +7,9 @@
  *   cudnn    attention through cuDNN's fused SDPA vs our own wgmma kernel (CUDA, when cuDNN loads);
  *   gqa      native grouped-query attention vs K/V repeated to every query head (copies + attention);
  *   graph    the device-only forward replayed from a CUDA graph vs issued eagerly (build time apart);
- *   threads  one single block with 1 CPU thread vs all (CPU backend).
+ *   threads  one single block with 1 CPU thread vs all (CPU backend);
+ *   fp8      GEMM with e4m3 weights/activations (--precision fp8's Linear) vs the dense bf16 GEMM at the model's
+ *            main shapes, TFLOPS of each and the activation-quantization pass alone (CUDA).
  * Isolated arms rotate through distinct buffers so that one timed pass exceeds twice the cache.
  */
 #include <math.h>
@@ -606,11 +608,135 @@ static void arm_threads(bench_ctx *x) {
     }
 }
 
+/* ------------------------------------------------------------------ fp8 */
+
+typedef struct {
+    dt_backend *be;
+    bench_timer tm;
+    dt_linear *w[2][64];   /* [bf16, fp8][copy] */
+    int nw;
+    dt_mat xm, ym;
+    int64_t rows_out;
+} fp8_ctx;
+
+static double fp8_time(void *c, int v) {
+    fp8_ctx *f = c;
+    bench_timer_start(&f->tm);
+    for (int i = 0; i < f->nw; i++) f->be->linear(f->be, f->ym, f->xm, f->w[v][i]);
+    return bench_timer_stop(&f->tm) / f->nw;
+}
+
+static void fp8_output(void *c, int v, float *out) {
+    fp8_ctx *f = c;
+    f->be->linear(f->be, f->ym, f->xm, f->w[v][0]);
+    f->be->download(f->be, out, dt_mat_rows(f->ym, 0, f->rows_out));
+}
+
+static void arm_fp8(bench_ctx *x) {
+    bench_report *r = x->r;
+    dt_backend *be = x->be;
+    if (x->is_cpu) { skip_arm(r, "fp8", "bf16", "fp8", "CUDA only (the CPU backend emulates fp8 in f32)"); return; }
+    const flux2_config *c = &r->c;
+    const char *fmts[5] = {"single_transformer_blocks.%d.attn.to_qkv_mlp_proj", "single_transformer_blocks.%d.attn.to_out",
+                           "transformer_blocks.%d.attn.to_q", "transformer_blocks.%d.ff.linear_in",
+                           "transformer_blocks.%d.ff.linear_out"};
+    const char *tags[5] = {"single proj", "single out", "double q/k/v/out", "double ff in", "double ff out"};
+    const int counts[5] = {c->num_single_layers, c->num_single_layers, c->num_layers, c->num_layers, c->num_layers};
+    const int64_t M = (int64_t)x->n + x->t;
+    for (int s = 0; s < 5; s++) {
+        char nm[128];
+        dt_linear_src src;
+        snprintf(nm, sizeof nm, fmts[s], 0);
+        if (counts[s] < 1 || dt_weights_linear(x->bm->w, nm, -1, -1, -1, &src)) continue;
+        const int64_t N = src.out, K = src.in;
+        fp8_ctx f;
+        memset(&f, 0, sizeof f);
+        f.be = be;
+        int k = (int)ceil(x->rot_bytes / ((double)N * K));   /* fp8 bytes per copy: both sets exceed the cache */
+        f.nw = k < 1 ? 1 : k > counts[s] ? counts[s] : k > 64 ? 64 : k;
+        for (int i = 0; i < f.nw; i++) {
+            snprintf(nm, sizeof nm, fmts[s], i);
+            dt_linear_src ls, lb;
+            if (dt_weights_linear(x->bm->w, nm, -1, -1, -1, &ls)) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
+            uint16_t *hb = NULL;
+            lb = ls;
+            if (ls.bits) {   /* the bf16 arm is the dense GEMM: dequantize on the host (the fp8 arm converts from 4-bit) */
+                float *row = dt_malloc(sizeof(float) * (size_t)K);
+                hb = dt_malloc(sizeof(uint16_t) * (size_t)(N * K));
+                for (int64_t n = 0; n < N; n++) {
+                    dt_linear_src_rows_f32(&ls, n, 1, row);
+                    for (int64_t j = 0; j < K; j++) hb[n * K + j] = dt_f32_to_bf16(row[j]);
+                }
+                free(row);
+                lb.bits = 0; lb.group_size = 0; lb.dtype = DT_BF16; lb.data = hb; lb.scales = lb.biases = NULL;
+            }
+            lb.precision = DT_PREC_BF16;
+            ls.precision = DT_PREC_FP8;
+            f.w[0][i] = be->linear_create(be, &lb);
+            f.w[1][i] = be->linear_create(be, &ls);
+            free(hb);
+            if (!f.w[0][i] || !f.w[1][i]) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
+        }
+        bench_timer_init(&f.tm, be);
+        f.xm = dt_alloc_or_die(be, M, K, be->act_dtype);
+        f.ym = dt_alloc_or_die(be, M, N, be->act_dtype);
+        bench_fill_randn(be, f.xm, x->o->seed + 90 + s, 1.0f);
+        f.rows_out = M < 256 ? M : 256;
+        arm_spec a = {0};
+        a.arm = "fp8";
+        snprintf(a.what, sizeof a.what, "%s M=%lld K=%lld N=%lld (%d bufs)", tags[s], (long long)M, (long long)K, (long long)N, f.nw);
+        a.names[0] = "bf16";
+        a.names[1] = "fp8";
+        a.nv = 2;
+        a.time = fp8_time;
+        a.output = fp8_output;
+        a.out_n = (size_t)f.rows_out * N;
+        a.tol = 0.25;   /* max |fp8 - bf16| / max |out|: e4m3 rounding of both operands (~3.7% rms, tails larger) */
+        snprintf(a.note, sizeof a.note, "isolated; distinct blocks' weights rotated; fp8 includes the activation quantization");
+        int row0 = r->n_arms;
+        run_arm(x, &a, &f);
+        double q_ms = -1;
+        if (be->fp8_quant) {
+            double t[20];
+            for (int i = -3; i < 20; i++) {
+                bench_timer_start(&f.tm);
+                be->fp8_quant(be, f.xm);
+                double ms = bench_timer_stop(&f.tm);
+                if (i >= 0) t[i] = ms;
+            }
+            q_ms = bench_stats(t, 20).med;
+        }
+        if (r->n_arms > row0) {
+            const bench_arm *ar = &r->arms[row0];
+            double fl = 2.0 * M * N * K;
+            bench_note(r, "fp8 arm, %s M=%lld K=%lld N=%lld: bf16 %.0f TFLOPS, fp8 %.0f TFLOPS (%.2fx faster); activation "
+                       "quantize %.3f ms (%.0f GB/s); scales: %s", tags[s], (long long)M, (long long)K, (long long)N,
+                       fl / (ar->sa.med * 1e-3) / 1e12, fl / (ar->sb.med * 1e-3) / 1e12, ar->sa.med / ar->sb.med, q_ms,
+                       q_ms > 0 ? 3.0 * M * K / (q_ms * 1e-3) / 1e9 : 0.0,
+                       be->fp8_scale_mode ? be->fp8_scale_mode(be) : "?");
+        }
+        bench_sync_or_die(be);
+        be->free(be, &f.xm);
+        be->free(be, &f.ym);
+        for (int i = 0; i < f.nw; i++) { be->linear_destroy(be, f.w[0][i]); be->linear_destroy(be, f.w[1][i]); }
+        bench_timer_free(&f.tm);
+    }
+}
+
+static int arm_on(const bench_ctx *x, const char *name) {
+    if (!x->o->arms) return 1;
+    size_t n = strlen(name);
+    for (const char *p = x->o->arms; (p = strstr(p, name)); p += n)
+        if ((p == x->o->arms || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+    return 0;
+}
+
 int bench_arms(bench_ctx *x) {
-    arm_qpath(x);
-    arm_rope(x);
-    arms_attention(x);
-    arm_graph(x);
-    arm_threads(x);
+    if (arm_on(x, "qpath")) arm_qpath(x);
+    if (arm_on(x, "rope")) arm_rope(x);
+    if (arm_on(x, "attention")) arms_attention(x);
+    if (arm_on(x, "graph")) arm_graph(x);
+    if (arm_on(x, "threads")) arm_threads(x);
+    if (arm_on(x, "fp8")) arm_fp8(x);
     return 0;
 }

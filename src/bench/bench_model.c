@@ -73,6 +73,7 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
         LIN(m->norm_out, "norm_out.linear", 2 * D, D);
         LIN(m->proj_out, "proj_out", c->out_channels, D);
     }
+    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
     for (int i = 0; i < m->nd; i++) {
         bm_double *b = &m->db[i];

@@ -38,6 +38,13 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         else { cli_error("--qpath: unknown path '%s' (auto, fused, transient, cached)", v); return -1; }
         (*i)++; return 1;
     }
+    if (!strcmp(a, "--precision")) {
+        if (!v) { cli_error("--precision needs a value (bf16, fp8)"); return -1; }
+        if (!strcmp(v, "bf16")) o->be.precision = DT_PREC_BF16;
+        else if (!strcmp(v, "fp8")) o->be.precision = DT_PREC_FP8;
+        else { cli_error("--precision: unknown precision '%s' (bf16, fp8)", v); return -1; }
+        (*i)++; return 1;
+    }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
     if (!strcmp(a, "--cuda-graph")) { o->cuda_graph = 1; return 1; }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }

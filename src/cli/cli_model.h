@@ -16,7 +16,7 @@ enum { CLI_FAMILY_FLUX2 = 1, CLI_FAMILY_KREA2 = 2 };
 void cli_model_opts_default(cli_model_opts *o);
 /* Consumes argv[*i] (and its value) if it is a shared option: returns 1 if consumed, 0 if not
  * a shared option, -1 on a bad value (error printed). Options: --backend, --threads, --qpath,
- * --rope-bf16, --cuda-graph, -q/--quiet, -v/--verbose. */
+ * --precision (bf16 | fp8: the DiT blocks' Linears in e4m3, opt-in), --rope-bf16, --cuda-graph, -q/--quiet, -v/--verbose. */
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 /* Create the backend; prints the error and returns NULL on failure. */
 dt_backend *cli_model_backend(const cli_model_opts *o);

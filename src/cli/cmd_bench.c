@@ -33,13 +33,16 @@ static void usage(FILE *f) {
             "  --reps N --warmup N  timed repetitions (median) and excluded warm-up runs (CUDA 20/3, CPU 2/0)\n"
             "  --arm-tokens LIST    token counts of the quantized-path arm (default 256,1024,4096,16384; CPU 32)\n"
             "  --only LIST          sections: ledger,util,arms (default all; the whole forward always runs)\n"
+            "  --arms LIST          arms to run: qpath,rope,attention,graph,threads,fp8 (default all)\n"
             "  --l2-mb MB           cache size rotations must exceed twice (default 60 on CUDA, the LLC on CPU)\n"
             "  --peak-tflops T      nominal peak for the utilization table (default: H200 bf16 989 on CUDA)\n"
             "  --seed S             random seed\n"
             "output:\n"
             "  --json FILE          every number as JSON lines\n"
             "backend:\n"
-            "  --backend cpu|cuda|auto  --threads N  --qpath auto|fused|transient|cached  --rope-bf16  -q  -v\n");
+            "  --backend cpu|cuda|auto  --threads N  --qpath auto|fused|transient|cached  --rope-bf16  -q  -v\n"
+            "  --precision bf16|fp8 the DiT blocks' Linears in bf16 (default) or e4m3 (whole forward, ledger; the fp8\n"
+            "                       arm compares the two GEMMs at the model's main shapes in either case)\n");
 }
 
 static int parse_fmt(const char *v, int *out) {
@@ -118,6 +121,17 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--warmup")) { if (cli_parse_int(a, v, 0, 100000, &x)) return 1; o.warmup = (int)x; i++; }
         else if (!strcmp(a, "--arm-tokens")) { if (parse_list(a, v, o.arm_tokens, 8, &o.n_arm_tokens)) return 1; i++; }
         else if (!strcmp(a, "--only")) { if (parse_sections(v, &o.sections)) return 1; i++; }
+        else if (!strcmp(a, "--arms")) {
+            if (!v) return cli_error("--arms needs a list (qpath, rope, attention, graph, threads, fp8)");
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
+                if (strcmp(tok, "qpath") && strcmp(tok, "rope") && strcmp(tok, "attention") && strcmp(tok, "graph") &&
+                    strcmp(tok, "threads") && strcmp(tok, "fp8"))
+                    return cli_error("--arms: unknown arm '%s' (qpath, rope, attention, graph, threads, fp8)", tok);
+            o.arms = v;
+            i++;
+        }
         else if (!strcmp(a, "--l2-mb")) {
             if (cli_parse_float(a, v, &d)) return 1;
             if (!(d > 0)) return cli_error("--l2-mb must be positive");
@@ -137,6 +151,7 @@ int cmd_bench(int argc, char **argv) {
     o.backend = mo.backend;
     o.be = mo.be;
     if (o.model_dir ? cli_model_family(o.model_dir) == CLI_FAMILY_KREA2 : bench_is_krea2_preset(o.preset)) {
+        if (o.be.precision == DT_PREC_FP8) return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
         bench_k2_report *k = calloc(1, sizeof *k);
         if (!k) return cli_error("out of memory");
         int rc = bench_krea2_run(&o, k);

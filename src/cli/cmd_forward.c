@@ -31,6 +31,10 @@ static void usage(FILE *f) {
             "  --backend NAME       cpu, cuda or auto (default auto: cuda when a GPU is present)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --qpath P            quantized Linear path on CUDA: auto, fused, transient, cached (default auto)\n"
+            "  --precision P        bf16 (default) or fp8: the DiT blocks' Linears with e4m3 weights (one scale per\n"
+            "                       output channel) and e4m3 activations (one scale per token); opt-in\n"
+            "  --compare-bf16       with --precision fp8 (FLUX.2): also run the bf16 path on the same inputs and\n"
+            "                       report the relative L2 error of out.sample (and both timings)"
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
             "  --repeat N           run the forward N times and report the median time (default 1)\n"
@@ -84,7 +88,7 @@ int cmd_forward(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL;
     cli_model_opts mo;
     cli_model_opts_default(&mo);
-    int trace = 0, no_mask = 0;
+    int trace = 0, no_mask = 0, compare = 0;
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -98,14 +102,18 @@ int cmd_forward(int argc, char **argv) {
         else if (!strcmp(a, "--output")) { if (!v) return cli_error("--output needs a value"); output = v; i++; }
         else if (!strcmp(a, "--trace")) trace = 1;
         else if (!strcmp(a, "--no-mask")) no_mask = 1;
+        else if (!strcmp(a, "--compare-bf16")) compare = 1;
         else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 100000, &repeat)) return 1; i++; }
         else return cli_error("forward: unknown option '%s' (see ditrun forward --help)", a);
     }
     if (!model || !inputs)
         return cli_error("forward: --model and --inputs are required (see ditrun forward --help)");
 
+    if (compare && mo.be.precision != DT_PREC_FP8) return cli_error("--compare-bf16 needs --precision fp8");
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());
+    if (mo.be.precision == DT_PREC_FP8 && family != CLI_FAMILY_FLUX2)
+        return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
     st_file *in = st_open(inputs);
     if (!in) return cli_error("%s", dt_last_error());
     dt_backend *be = cli_model_backend(&mo);
@@ -160,6 +168,38 @@ int cmd_forward(int argc, char **argv) {
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
+        if (compare) {   /* the same forward with bf16 Linears: quality of the fp8 mode */
+            int64_t no = n * c->out_channels;
+            float *ref = dt_malloc(sizeof(float) * (size_t)no);
+            flux2_free(fm);
+            be->opts.precision = DT_PREC_BF16;
+            fm = flux2_load(be, model);
+            be->opts.precision = DT_PREC_FP8;
+            if (!fm) { free(ref); goto done; }
+            flux2_set_graph(fm, mo.cuda_graph);
+            double *tb = dt_malloc(sizeof(double) * repeat);
+            for (long it = 0; it < repeat; it++) {
+                double t1 = dt_now();
+                if (flux2_forward(fm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, ref, NULL, NULL)) { free(tb); free(ref); goto done; }
+                tb[it] = dt_now() - t1;
+            }
+            qsort(tb, repeat, sizeof(double), cmp_double);
+            double e2 = 0, r2 = 0, worst = -1;
+            int64_t wi = 0;
+            for (int64_t i = 0; i < no; i++) {
+                double d = (double)out[i] - ref[i];
+                e2 += d * d;
+                r2 += (double)ref[i] * ref[i];
+                if (!(fabs(d) <= worst)) { worst = fabs(d); wi = i; }
+            }
+            double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+            dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
+            printf("fp8 vs bf16 forward: rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
+                   "fp8 could be the default only under 3%%: %s (it stays opt-in)\n",
+                   rel, rel * 100, worst, (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
+            free(tb);
+            free(ref);
+        }
     } else {
         /* Krea 2: encoder_hidden_states [1, T, layers, dim], position_ids [T+N, axes], optional mask [1, T] */
         if (t_txt->ndim != 4 || t_txt->shape[0] != 1) { dt_set_error("%s: in.encoder_hidden_states must be [1, T, layers, dim] for Krea 2", inputs); goto done; }

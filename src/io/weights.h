@@ -22,6 +22,10 @@
 
 typedef struct dt_weights dt_weights;
 
+/* How a backend runs a Linear: bf16 (f32 on the CPU) or fp8 (e4m3 weights with one scale per output
+ * channel, e4m3 activations with one dynamic scale per row; CPU: the same rounding emulated in f32). */
+typedef enum { DT_PREC_BF16 = 0, DT_PREC_FP8 = 1 } dt_precision;
+
 /* Host description of a Linear's weights (zero-copy views into the mapped files). */
 typedef struct {
     const char *name;          /* NAME (without .weight) */
@@ -35,6 +39,7 @@ typedef struct {
     const void *biases;        /* affine: [out, in/group_size] */
     dt_dtype bias_dtype;       /* dtype of the optional Linear bias */
     const void *bias;          /* optional [out], NULL when the Linear has no bias */
+    dt_precision precision;    /* requested run precision (dt_weights_linear sets DT_PREC_BF16) */
 } dt_linear_src;
 
 dt_weights *dt_weights_open(const char *path);

@@ -193,6 +193,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     LIN(m->norm_out, "norm_out.linear", 2 * D, D);
     LIN(m->proj_out, "proj_out", c->out_channels, D);
 
+    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
         flux2_double *b = &m->db[i];

@@ -7,7 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src) {
+static void fmt_add(dt_linear_set *s, const char *f) {
+    if (!strstr(s->fmt, f)) {
+        size_t len = strlen(s->fmt);
+        snprintf(s->fmt + len, sizeof s->fmt - len, "%s%s", len ? "+" : "", f);
+    }
+}
+
+dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src0) {
+    dt_linear_src srcp = *src0;
+    const dt_linear_src *src = &srcp;
+    if (s->precision != DT_PREC_BF16) srcp.precision = s->precision;
     dt_linear *l = s->be->linear_create(s->be, src);
     if (!l) return NULL;
     s->all = dt_realloc(s->all, sizeof *s->all * (size_t)(s->n + 1));
@@ -15,10 +25,8 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src) {
     char f[32];
     if (src->bits) snprintf(f, sizeof f, "q%d g%d", src->bits, src->group_size);
     else snprintf(f, sizeof f, "%s", src->dtype == DT_BF16 ? "bf16" : src->dtype == DT_F16 ? "f16" : "f32");
-    if (!strstr(s->fmt, f)) {
-        size_t len = strlen(s->fmt);
-        snprintf(s->fmt + len, sizeof s->fmt - len, "%s%s", len ? "+" : "", f);
-    }
+    fmt_add(s, f);
+    if (src->precision == DT_PREC_FP8) fmt_add(s, "fp8");
     return l;
 }
 

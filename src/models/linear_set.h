@@ -1,6 +1,6 @@
 /* linear_set.h — the Linears of one model: resolved from a checkpoint (dense or MLX affine),
  * prepared by the backend, kept in one list for cleanup, with a short description of the weight
- * formats seen ("bf16", "q4 g64", "bf16+q4 g32", ...). Shared by every model loader and the bench. */
+ * formats seen ("bf16", "q4 g64", "bf16+q4 g32", "q4 g64+fp8", ...; "+fp8" when some run in fp8). Shared by every model loader and the bench. */
 #ifndef DT_LINEAR_SET_H
 #define DT_LINEAR_SET_H
 
@@ -14,6 +14,7 @@ typedef struct {
     char fmt[96];
     void **owned;      /* host buffers of stacked Linears */
     int nowned;
+    dt_precision precision;   /* applied to Linears added from now on (models: their DiT blocks' Linears) */
 } dt_linear_set;
 
 /* Resolve NAME ([out, in]; <= 0 = from the file; want_bias as dt_weights_linear) and prepare it.

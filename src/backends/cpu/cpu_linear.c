@@ -7,10 +7,15 @@
  *   small M (<= CPU_SMALL_M, e.g. modulation vectors): each pool thread converts its own chunk of
  *     weight rows and runs a single-threaded sgemm for those output columns;
  *   large M: a ~8 MB tile is converted by the pool, then one multi-threaded sgemm consumes it.
+ * fp8 (src->precision == DT_PREC_FP8): the emulation the CUDA fp8 Linear is tested against. At create the
+ * weight rows are dequantized to f32 and stored as e4m3 codes [N,K] with one scale per row (core/fp8.h);
+ * at run time each activation row is quantized the same way (values kept as unscaled e4m3 in f32), the
+ * f32 sgemm multiplies the e4m3 values (exact products, f32 sums), and y[m,n] = acc * sx[m] * sw[n] + bias.
  */
 #include <cblas.h>
 #include <stdlib.h>
 
+#include "core/fp8.h"
 #include "cpu_internal.h"
 
 #define CPU_SMALL_M 64
@@ -21,7 +26,22 @@ struct dt_linear {
     dt_linear_src src;     /* views into the caller's mapped weights */
     char *name;            /* own copy of src.name */
     float *bias;           /* [N] f32, or NULL */
+    uint8_t *q8;           /* fp8: e4m3 codes [N, K], or NULL */
+    float *s8;             /* fp8: per-output-channel scales [N] */
 };
+
+/* fp8 weights: rows converted by the pool (each thread its own f32 row buffer). */
+typedef struct { cpu_impl *c; dt_linear *w; } q8_ctx;
+
+static void q8_task(void *vctx, int64_t i0, int64_t i1, int tid) {
+    q8_ctx *t = vctx;
+    const int64_t K = t->w->src.in;
+    float *row = cpu_buf_get(&t->c->per_thread[tid], (size_t)K);
+    for (int64_t n = i0; n < i1; n++) {
+        dt_linear_src_rows_f32(&t->w->src, n, 1, row);
+        t->w->s8[n] = dt_fp8_quantize_row(row, K, t->w->q8 + n * K, NULL);
+    }
+}
 
 dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src) {
     (void)be;
@@ -51,6 +71,12 @@ dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src) {
     w->src = *src;
     w->name = dt_strdup(src->name ? src->name : "linear");
     w->src.name = w->name;
+    if (src->precision == DT_PREC_FP8) {
+        w->q8 = dt_malloc((size_t)src->out * (size_t)src->in);
+        w->s8 = dt_malloc((size_t)src->out * sizeof(float));
+        q8_ctx t = { cpu_of(be), w };
+        dt_pool_run(cpu_of(be)->pool, src->out, cpu_grain(src->in, 1 << 18), q8_task, &t);
+    }
     if (src->bias) {
         w->bias = dt_malloc((size_t)src->out * sizeof(float));
         if (dt_convert_to_f32(w->bias, src->bias, src->bias_dtype, (size_t)src->out) != 0) {
@@ -66,6 +92,8 @@ void cpu_linear_destroy(dt_backend *be, dt_linear *w) {
     (void)be;
     if (!w) return;
     free(w->bias);
+    free(w->q8);
+    free(w->s8);
     free(w->name);
     free(w);
 }
@@ -116,6 +144,67 @@ static void bias_task(void *vctx, int64_t i0, int64_t i1, int tid) {
     }
 }
 
+/* ---- fp8 emulation ---- */
+typedef struct { const float *x; int64_t ldx, K; float *xq, *sx; } xq_ctx;
+
+static void xq_task(void *vctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    xq_ctx *t = vctx;
+    for (int64_t r = i0; r < i1; r++) t->sx[r] = dt_fp8_quantize_row(t->x + r * t->ldx, t->K, NULL, t->xq + r * t->K);
+}
+
+typedef struct { const uint8_t *q; const float *lut; float *buf; int64_t n0, K; } q8conv_ctx;
+
+static void q8conv_task(void *vctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    q8conv_ctx *t = vctx;
+    for (int64_t r = i0; r < i1; r++) {
+        const uint8_t *q = t->q + (t->n0 + r) * t->K;
+        float *d = t->buf + r * t->K;
+        for (int64_t k = 0; k < t->K; k++) d[k] = t->lut[q[k]];
+    }
+}
+
+typedef struct { float *y; int64_t ldy, N; const float *sx, *sw; } scale_ctx;
+
+static void scale_task(void *vctx, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    scale_ctx *t = vctx;
+    for (int64_t r = i0; r < i1; r++) {
+        float *restrict yr = t->y + r * t->ldy;
+        const float sx = t->sx[r];
+        for (int64_t j = 0; j < t->N; j++) yr[j] = yr[j] * sx * t->sw[j];
+    }
+}
+
+static void cpu_linear_fp8(cpu_impl *c, float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t M,
+                           const dt_linear *w) {
+    const int64_t K = w->src.in, N = w->src.out;
+    float lut[256];
+    for (int i = 0; i < 256; i++) lut[i] = dt_e4m3_to_f32((uint8_t)i);
+    /* activations: unscaled e4m3 values [M, K] and row scales [M] in one scratch */
+    float *xq = dt_malloc((size_t)(M * K + M) * sizeof(float));
+    float *sx = xq + M * K;
+    xq_ctx xt = { X, ldx, K, xq, sx };
+    dt_pool_run(c->pool, M, cpu_grain(K, 1 << 16), xq_task, &xt);
+    int64_t nt = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / K;
+    nt = nt / 64 * 64;
+    if (nt < 64) nt = 64;
+    if (nt > N) nt = N;
+    float *buf = cpu_buf_get(&c->shared, (size_t)(nt * K));
+    for (int64_t n0 = 0; n0 < N; n0 += nt) {
+        int64_t nr = N - n0 < nt ? N - n0 : nt;
+        q8conv_ctx t = { w->q8, lut, buf, n0, K };
+        dt_pool_run(c->pool, nr, (nr + 4 * c->threads - 1) / (4 * c->threads), q8conv_task, &t);
+        cpu_blas_threads(c, c->threads);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)nr, (int)K, 1.0f, xq, (int)K, buf, (int)K,
+                    0.0f, Y + n0, (int)ldy);
+    }
+    scale_ctx st = { Y, ldy, N, sx, w->s8 };
+    dt_pool_run(c->pool, M, cpu_grain(N, 1 << 16), scale_task, &st);
+    free(xq);
+}
+
 void cpu_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     cpu_impl *c = cpu_of(be);
     const float *X = cpu_f32(x, "linear");
@@ -128,7 +217,9 @@ void cpu_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     CPU_REQUIRE(M == 0 || X != Y, "linear", "'%s': y must not alias x", w->name);
     if (M == 0) return;
 
-    if (w->src.bits == 0 && w->src.dtype == DT_F32) {
+    if (w->q8) {
+        cpu_linear_fp8(c, Y, y.ld, X, x.ld, M, w);
+    } else if (w->src.bits == 0 && w->src.dtype == DT_F32) {
         const float *W = w->src.data;
         cpu_blas_threads(c, c->threads);
         if (M == 1)

@@ -276,6 +276,7 @@ static void be_stream_switch(dt_backend *be, int q, int wait) {
     std::swap(st->s_cast, st->alt_cast);
     std::swap(st->s_gate, st->alt_gate);
     std::swap(st->s_lga, st->alt_lga);
+    std::swap(st->s_fp8, st->alt_fp8);
     st->cur_queue = q;
 }
 
@@ -319,12 +320,15 @@ static void be_graph_destroy(dt_backend *be, void *graph) {
     if (graph) CK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 
+static const char *be_fp8_scale_mode(dt_backend *be) { return dtc_fp8_scale_mode(dtc(be)); }
+
 /* ------------------------------------------------------------------ kernel preloading */
 void dtc_preload_kernels(dtc_state *st) {
     dtc_preload_attention(st);
     dtc_preload_elementwise(st);
     dtc_preload_image(st);
     dtc_preload_linear(st);
+    dtc_preload_fp8(st);
 }
 
 /* ------------------------------------------------------------------ tracing (DITRUN_CUDA_TRACE) */
@@ -586,6 +590,7 @@ static void be_destroy(dt_backend *be) {
         trace_report(st);
         dtc_gemm_cache_free(st);
         dtc_cudnn_destroy(st);
+        dtc_fp8_cache_free(st);
         scratch_release(st, &st->s_qdeq);
         scratch_release(st, &st->s_split);
         scratch_release(st, &st->s_attn);
@@ -601,6 +606,8 @@ static void be_destroy(dt_backend *be) {
         scratch_release(st, &st->alt_lga);
         scratch_release(st, &st->s_gate);
         scratch_release(st, &st->s_lga);
+        scratch_release(st, &st->s_fp8);
+        scratch_release(st, &st->alt_fp8);
         if (st->alt_lt_ws) cudaFree(st->alt_lt_ws);
         if (st->alt_stream) cudaStreamDestroy(st->alt_stream);
         if (st->ev_switch) cudaEventDestroy(st->ev_switch);
@@ -741,6 +748,8 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->capture_end = be_capture_end;
     be->graph_launch = be_graph_launch;
     be->graph_destroy = be_graph_destroy;
+    be->fp8_quant = dtc_fp8_quant;
+    be->fp8_scale_mode = be_fp8_scale_mode;
     be->stream_switch = be_stream_switch;
     {
         const char *so = getenv("DITRUN_CUDA_STREAMS");   /* =0: ignore stream_switch (serial, for A/B) */

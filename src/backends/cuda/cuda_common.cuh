@@ -49,6 +49,8 @@
 struct dtc_pool;     /* caching allocator (cuda_backend.cu) */
 struct dtc_gemm_cache;
 struct dtc_cudnn;     /* cuDNN handle and SDPA plan cache (cuda_cudnn.cu) */
+struct dtc_fp8_cache;  /* cuda_fp8.cu */
+struct dtc_fp8_w;      /* fp8 weights (cuda_fp8.cu) */
 
 /* A grow-only device buffer for op-internal temporaries. It never shrinks and old buffers are kept
  * until the backend is destroyed, so CUDA graphs captured earlier stay valid. */
@@ -81,6 +83,8 @@ struct dtc_state {
     dtc_scratch s_gate;     /* linear_gated_add: the gate as f32 */
     dtc_scratch s_lga;      /* linear_gated_add fallback: the linear's output */
     dtc_cudnn *cudnn;       /* cuDNN handle, plans and workspaces (cuda_cudnn.cu); nullptr until first used */
+    dtc_scratch s_fp8;      /* fp8 linear: e4m3 activation codes [M, K] + row scales [M] */
+    dtc_fp8_cache *fp8_cache;
     int capturing;
     int verbose;
     /* stream_switch (cuda_backend.cu): the queue not in use and its private GEMM workspace and scratch (the
@@ -89,7 +93,7 @@ struct dtc_state {
     int streams_off;        /* DITRUN_CUDA_STREAMS=0: switches are ignored (serial A/B arm) */
     cudaStream_t alt_stream;
     void *alt_lt_ws;
-    dtc_scratch alt_qdeq, alt_split, alt_cast, alt_gate, alt_lga;
+    dtc_scratch alt_qdeq, alt_split, alt_cast, alt_gate, alt_lga, alt_fp8;
     cudaEvent_t ev_switch;
     /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
      * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
@@ -116,6 +120,7 @@ void dtc_preload_attention(dtc_state *st);
 void dtc_preload_elementwise(dtc_state *st);
 void dtc_preload_image(dtc_state *st);
 void dtc_preload_linear(dtc_state *st);
+void dtc_preload_fp8(dtc_state *st);
 static inline void dtc_preload_fn(const void *f) {
     cudaFuncAttributes a;
     if (cudaFuncGetAttributes(&a, f) != cudaSuccess) cudaGetLastError();
@@ -129,6 +134,21 @@ void dtc_gemm_tune_init(dtc_state *st, const char *device_name);
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
               const void *bias_bf16);
+
+/* ------------------------------------------------------------------ fp8 Linear (cuda_fp8.cu) */
+/* 1 when the fp8 GEMM can take this Linear (in % 16 == 0, out % 16 == 0). */
+int dtc_fp8_eligible(const dt_linear_src *src);
+/* e4m3 weights [out, in] + per-output-channel scales from any source format; NULL with error set. */
+dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src);
+void dtc_fp8_weight_free(dtc_state *st, dtc_fp8_w *f);
+/* y[M,N] (bf16/f32) = fp8(x[M,K]) · fp8(W)ᵀ (+ bias[N] bf16 or NULL): per-row activation quantization, then
+ * one cuBLASLt e4m3 GEMM with outer-vector scales (or an epilogue pass where unsupported). */
+void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias);
+/* The activation quantization pass alone (bench). */
+void dtc_fp8_quant(dt_backend *be, dt_mat x);
+/* How the scales are applied: "outer-vector (cuBLASLt)", "epilogue (...)" or "untested". */
+const char *dtc_fp8_scale_mode(dtc_state *st);
+void dtc_fp8_cache_free(dtc_state *st);
 
 /* ------------------------------------------------------------------ op entry points (per file) */
 void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);

@@ -305,6 +305,7 @@ struct dt_linear {
     uint32_t *qw;       /* packed MLX layout [out, in*bits/32] */
     float2 *sb;         /* (scale, bias) per group [out, in/group] */
     __nv_bfloat16 *bias;/* Linear bias [out] or NULL */
+    dtc_fp8_w *f8;      /* fp8 weights (cuda_fp8.cu) instead of w/qw, or NULL */
 };
 
 /* Exact small-integer -> float without the (slow) I2F conversion unit: 2^23 + u has u in its mantissa. */
@@ -367,6 +368,7 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     dtc_pool_free(st, w->qw);
     dtc_pool_free(st, w->sb);
     dtc_pool_free(st, w->bias);
+    dtc_fp8_weight_free(st, w->f8);
     free(w);
 }
 
@@ -390,7 +392,10 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
     w->bits = src->bits;
     w->group = src->group_size;
     const int64_t N = src->out, K = src->in;
-    if (src->bits == 0) {
+    if (src->precision == DT_PREC_FP8 && dtc_fp8_eligible(src)) {
+        w->f8 = dtc_fp8_weight_create(st, src);
+        if (!w->f8) { free(w); return NULL; }
+    } else if (src->bits == 0) {
         if (src->dtype != DT_F32 && src->dtype != DT_F16 && src->dtype != DT_BF16) {
             dt_set_error("cuda: linear %s: unsupported weight dtype %s", nm, dt_dtype_name(src->dtype));
             free(w);
@@ -763,6 +768,10 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     DTC_REQUIRE(y.dtype == DT_BF16 || y.dtype == DT_F32, "linear: y dtype %s", dt_dtype_name(y.dtype));
     DTC_REQUIRE(x.dtype == DT_BF16 || x.dtype == DT_F32, "linear: x dtype %s", dt_dtype_name(x.dtype));
     if (x.rows <= 0) return;
+    if (w->f8) {
+        dtc_fp8_linear(st, y, x, w->f8, w->bias);
+        return;
+    }
     if (x.dtype != DT_BF16) {  /* cast F32 input to a bf16 scratch copy */
         void *p = dtc_scratch_get(st, &st->s_cast, (size_t)x.rows * x.cols * 2);
         dt_mat xb = {p, x.rows, x.cols, x.cols, DT_BF16};
@@ -805,8 +814,9 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
     const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
     dt_qpath path = be->opts.qpath;
     if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = a.rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
-    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && !w->w && path == DT_QPATH_TRANSIENT &&
-             x.dtype == DT_BF16 && a.dtype == DT_BF16 && (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
+    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && !w->w && !w->f8 && w->qw &&
+             path == DT_QPATH_TRANSIENT && x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
+             (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
              x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
     if (ok) {
         __nv_bfloat16 *W = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);

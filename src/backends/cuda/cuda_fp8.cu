@@ -1,0 +1,448 @@
+/* cuda_fp8.cu — the fp8 Linear (--precision fp8, dt_linear_src.precision == DT_PREC_FP8).
+ *
+ * Weights: converted once at linear_create to e4m3 codes [N, K] with one f32 scale per output channel
+ * (amax/448). The source (dense F32/F16/BF16, or MLX 4/8-bit dequantized as scale*q + bias with separate f32
+ * multiply and add, like the CPU reference) is read in f32, one block per row: amax, then codes.
+ * Activations: one fused kernel per call quantizes each row of x [M, K] to e4m3 with its own dynamic scale
+ * (row amax -> scale -> convert), into a reused scratch.
+ * GEMM: one cuBLASLt e4m3 x e4m3 product, fp32 accumulation (fast accumulation off), bf16 (or f32) output,
+ * "TN" (both operands K-major: W [N,K] and xq [M,K] row-major, as Hopper's fp8 kernels require), with the two
+ * scale vectors applied by cuBLASLt's outer-vector scaling (A/B_SCALE_MODE = OUTER_VEC_32F: weight scales
+ * along m = N, activation scales along n = M) and the bias epilogue. If cuBLASLt offers no algorithm for
+ * that (or DITRUN_FP8_SCALES=epilogue), the product is written unscaled and one elementwise pass applies
+ * y = acc * sx[row] * sw[col] + bias (mode "epilogue"). Codes and scales are computed with the same f32
+ * expressions as core/fp8.c (448/amax by IEEE division, one product, RNE + saturation), so both backends
+ * produce identical e4m3 values. */
+#include <cuda_fp8.h>
+
+#include <map>
+#include <tuple>
+
+#include "cuda_common.cuh"
+
+struct dtc_fp8_w {
+    int64_t N, K;
+    uint8_t *q;   /* e4m3 codes [N, K] */
+    float *s;     /* per-output-channel scales [N] */
+};
+
+/* ------------------------------------------------------------------ conversion kernels */
+__device__ __forceinline__ uint8_t f2e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* Block max of non-negative values (NaNs skipped by fmaxf); sh needs 32 floats; all threads get it. */
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.f;
+    return warp_max(t);
+}
+
+/* Exact small-integer -> float (as in cuda_linear.cu). */
+__device__ __forceinline__ float fp8_u2f(uint32_t u) { return __uint_as_float(0x4B000000u | u) - 8388608.f; }
+
+/* Weight source element (row r of the chunk, column k) in f32. SRC: 0 f32, 1 f16, 2 bf16, 4/8 MLX bits. */
+template <int SRC>
+__device__ __forceinline__ float wsrc(const void *p, const float2 *sb, int64_t r, int64_t K, int group, int64_t k) {
+    if (SRC == 0) return ((const float *)p)[r * K + k];
+    if (SRC == 1) return __half2float(((const __half *)p)[r * K + k]);
+    if (SRC == 2) return __bfloat162float(((const __nv_bfloat16 *)p)[r * K + k]);
+    const int per = 32 / (SRC >= 4 ? SRC : 4);   /* codes per packed word (SRC 4 or 8 here) */
+    uint32_t word = ((const uint32_t *)p)[r * (K / per) + k / per];
+    const int bits = SRC >= 4 ? SRC : 4;
+    uint32_t q = (word >> ((k % per) * bits)) & ((1u << bits) - 1u);
+    float2 s = sb[r * (K / group) + k / group];
+    return __fadd_rn(__fmul_rn(s.x, fp8_u2f(q)), s.y);   /* scale*q + bias without FMA, like the CPU */
+}
+
+/* One block per weight row: q [rows, K] codes, s [rows] scales. */
+template <int SRC>
+__global__ void k_fp8_weight(const void *p, const float2 *sb, int64_t K, int group, uint8_t *q, float *s) {
+    __shared__ float sh[32];
+    const int64_t r = blockIdx.x;
+    float a = 0.f;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) a = fmaxf(a, fabsf(wsrc<SRC>(p, sb, r, K, group, k)));
+    float amax = block_max(a, sh);
+    float inv = amax > 0.f ? 448.f / amax : 1.f;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) q[r * K + k] = f2e4m3(__fmul_rn(wsrc<SRC>(p, sb, r, K, group, k), inv));
+    if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
+}
+
+/* Activations: one block per row of x [M, K] (bf16 or f32, strided) -> q [M, K] codes (ld K), s [M].
+ * VEC: bf16 rows read as 16-byte vectors (8 elements), codes written 8 at a time. */
+template <int VEC>
+__global__ void k_fp8_act(dmat x, int64_t K, uint8_t *q, float *s) {
+    __shared__ float sh[32];
+    const int64_t r = blockIdx.x;
+    float a = 0.f;
+    if (VEC) {
+        const __nv_bfloat16 *row = (const __nv_bfloat16 *)x.p + r * x.ld;
+        for (int64_t c = threadIdx.x; c < K / 8; c += blockDim.x) {
+            float f[8];
+            bf8_to_f(*(const uint4 *)(row + c * 8), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaxf(a, fabsf(f[j]));
+        }
+        float amax = block_max(a, sh);
+        float inv = amax > 0.f ? 448.f / amax : 1.f;
+        for (int64_t c = threadIdx.x; c < K / 8; c += blockDim.x) {
+            float f[8];
+            bf8_to_f(*(const uint4 *)(row + c * 8), f);
+            uint32_t w[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
+                                                       __NV_SATFINITE, __NV_E4M3);
+                uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
+                                                       __NV_SATFINITE, __NV_E4M3);
+                w[h] = lo | (hi << 16);
+            }
+            *(uint2 *)(q + r * K + c * 8) = make_uint2(w[0], w[1]);
+        }
+        if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
+    } else {
+        for (int64_t k = threadIdx.x; k < K; k += blockDim.x) a = fmaxf(a, fabsf(dm_get(x, r, k)));
+        float amax = block_max(a, sh);
+        float inv = amax > 0.f ? 448.f / amax : 1.f;
+        for (int64_t k = threadIdx.x; k < K; k += blockDim.x) q[r * K + k] = f2e4m3(__fmul_rn(dm_get(x, r, k), inv));
+        if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
+    }
+}
+
+/* Epilogue mode: y[r, c] = y[r, c] * sx[r] * sw[c] (+ bias[c]) in place. */
+__global__ void k_fp8_scale(dmat y, int64_t M, int64_t N, const float *sx, const float *sw, const __nv_bfloat16 *bias) {
+    int64_t total = M * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / N, c = i - r * N;
+        float v = dm_get(y, r, c) * sx[r] * sw[c];
+        if (bias) v += __bfloat162float(bias[c]);
+        dm_set(y, r, c, v);
+    }
+}
+
+/* ------------------------------------------------------------------ weights */
+int dtc_fp8_eligible(const dt_linear_src *src) {
+    /* cuBLASLt fp8: K-major operands with 16-byte aligned rows; N % 16 keeps the scale vectors and the
+     * bf16 output rows aligned. */
+    return src->in % 16 == 0 && src->out % 16 == 0 && (src->bits == 0 || src->bits == 4 || src->bits == 8);
+}
+
+void dtc_fp8_weight_free(dtc_state *st, dtc_fp8_w *f) {
+    if (!f) return;
+    dtc_pool_free(st, f->q);
+    dtc_pool_free(st, f->s);
+    free(f);
+}
+
+static float fp8_host_half(const void *p, dt_dtype t, int64_t i) {
+    if (t == DT_F32) return ((const float *)p)[i];
+    if (t == DT_F16) return dt_f16_to_f32(((const uint16_t *)p)[i]);
+    return dt_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
+    const char *nm = src->name ? src->name : "?";
+    const int64_t N = src->out, K = src->in;
+    dtc_fp8_w *f = (dtc_fp8_w *)calloc(1, sizeof *f);
+    if (!f) { dt_set_error("cuda: out of host memory"); return NULL; }
+    f->N = N;
+    f->K = K;
+    f->q = (uint8_t *)dtc_pool_alloc(st, (size_t)N * K);
+    f->s = (float *)dtc_pool_alloc(st, (size_t)N * sizeof(float));
+    if (!f->q || !f->s) { dtc_fp8_weight_free(st, f); return NULL; }
+    if (src->bits == 0) {
+        int sk = src->dtype == DT_F32 ? 0 : src->dtype == DT_F16 ? 1 : src->dtype == DT_BF16 ? 2 : -1;
+        if (sk < 0) {
+            dt_set_error("cuda: linear %s: unsupported weight dtype %s", nm, dt_dtype_name(src->dtype));
+            dtc_fp8_weight_free(st, f);
+            return NULL;
+        }
+        size_t es = dt_dtype_size(src->dtype);
+        int64_t rows = ((int64_t)1 << 26) / K;   /* staging: ~64 M elements at a time */
+        if (rows < 1) rows = 1;
+        if (rows > N) rows = N;
+        void *stage = dtc_pool_alloc(st, (size_t)rows * K * es);
+        if (!stage) { dtc_fp8_weight_free(st, f); return NULL; }
+        for (int64_t r0 = 0; r0 < N; r0 += rows) {
+            int64_t nr = N - r0 < rows ? N - r0 : rows;
+            CK(cudaMemcpyAsync(stage, (const char *)src->data + (size_t)(r0 * K) * es, (size_t)(nr * K) * es,
+                               cudaMemcpyHostToDevice, st->stream));
+            uint8_t *q = f->q + r0 * K;
+            float *s = f->s + r0;
+            if (sk == 0) k_fp8_weight<0><<<(unsigned)nr, 256, 0, st->stream>>>(stage, nullptr, K, 1, q, s);
+            else if (sk == 1) k_fp8_weight<1><<<(unsigned)nr, 256, 0, st->stream>>>(stage, nullptr, K, 1, q, s);
+            else k_fp8_weight<2><<<(unsigned)nr, 256, 0, st->stream>>>(stage, nullptr, K, 1, q, s);
+            CK_LAUNCH("fp8_weight");
+            CK(cudaStreamSynchronize(st->stream));  /* the stage is reused */
+        }
+        dtc_pool_free(st, stage);
+    } else {
+        if ((src->bits != 4 && src->bits != 8) || src->group_size <= 0 || K % src->group_size || K % 8) {
+            dt_set_error("cuda: linear %s: unsupported quantization bits=%d group=%d in=%lld", nm, src->bits,
+                         src->group_size, (long long)K);
+            dtc_fp8_weight_free(st, f);
+            return NULL;
+        }
+        int64_t words = K * src->bits / 32, ng = K / src->group_size;
+        uint32_t *qw = (uint32_t *)dtc_pool_alloc(st, (size_t)N * words * 4);
+        float2 *sb = (float2 *)dtc_pool_alloc(st, (size_t)N * ng * sizeof(float2));
+        float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
+        if (!qw || !sb || !h) {
+            if (!h) dt_set_error("cuda: out of host memory");
+            dtc_pool_free(st, qw);
+            dtc_pool_free(st, sb);
+            free(h);
+            dtc_fp8_weight_free(st, f);
+            return NULL;
+        }
+        for (int64_t i = 0; i < N * ng; i++) {
+            h[i].x = fp8_host_half(src->scales, src->sb_dtype, i);
+            h[i].y = fp8_host_half(src->biases, src->sb_dtype, i);
+        }
+        CK(cudaMemcpyAsync(qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->stream));
+        CK(cudaMemcpyAsync(sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->stream));
+        if (src->bits == 4) k_fp8_weight<4><<<(unsigned)N, 256, 0, st->stream>>>(qw, sb, K, src->group_size, f->q, f->s);
+        else k_fp8_weight<8><<<(unsigned)N, 256, 0, st->stream>>>(qw, sb, K, src->group_size, f->q, f->s);
+        CK_LAUNCH("fp8_weight");
+        CK(cudaStreamSynchronize(st->stream));
+        free(h);
+        dtc_pool_free(st, qw);
+        dtc_pool_free(st, sb);
+    }
+    return f;
+}
+
+/* ------------------------------------------------------------------ activation quantization */
+/* x [M, K] (bf16/f32, any ld) -> codes [M, K] + scales [M] in the fp8 scratch; returns the codes (scales follow
+ * at codes + M*K rounded up to 256 bytes). */
+static uint8_t *fp8_quant_act(dtc_state *st, dt_mat x, float **sx) {
+    const int64_t M = x.rows, K = x.cols;
+    size_t qbytes = ((size_t)(M * K) + 255) & ~(size_t)255;
+    uint8_t *q = (uint8_t *)dtc_scratch_get(st, &st->s_fp8, qbytes + (size_t)M * sizeof(float));
+    *sx = (float *)(q + qbytes);
+    int threads = K >= 8192 ? 256 : 128;
+    DTC_REQUIRE(M < 2147483647LL, "fp8 linear: %lld rows", (long long)M);
+    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->stream>>>(dtc_dm(x), K, q, *sx);
+    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->stream>>>(dtc_dm(x), K, q, *sx);
+    CK_LAUNCH("fp8_act");
+    return q;
+}
+
+void dtc_fp8_quant(dt_backend *be, dt_mat x) {
+    dtc_state *st = dtc(be);
+    float *sx;
+    if (x.rows > 0) (void)fp8_quant_act(st, x, &sx);
+}
+
+/* ------------------------------------------------------------------ cuBLASLt fp8 GEMM */
+struct f8_key {
+    int dtd, has_bias, outer, fast, ad;
+    int64_t m, n, k, ldd;
+    bool operator<(const f8_key &o) const {
+        return std::tie(dtd, has_bias, outer, fast, ad, m, n, k, ldd) <
+               std::tie(o.dtd, o.has_bias, o.outer, o.fast, o.ad, o.m, o.n, o.k, o.ldd);
+    }
+};
+struct f8_entry {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    int ok;              /* 0: cuBLASLt has no algorithm for this key (kept so the heuristic runs once) */
+};
+struct dtc_fp8_cache {
+    std::map<f8_key, f8_entry> m;
+    int n_outer_ok = 0, n_outer_fail = 0;   /* GEMM shapes with / without an outer-vector-scaled algorithm */
+};
+static void f8_entry_free(f8_entry &e) {
+    if (e.op) cublasLtMatmulDescDestroy(e.op);
+    if (e.la) cublasLtMatrixLayoutDestroy(e.la);
+    if (e.lb) cublasLtMatrixLayoutDestroy(e.lb);
+    if (e.ld) cublasLtMatrixLayoutDestroy(e.ld);
+}
+
+void dtc_fp8_cache_free(dtc_state *st) {
+    if (!st->fp8_cache) return;
+    for (auto &kv : st->fp8_cache->m)
+        if (kv.second.ok) f8_entry_free(kv.second);
+    delete st->fp8_cache;
+    st->fp8_cache = nullptr;
+}
+
+static int fp8_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 2 && (a % (uintptr_t)al)) al >>= 1;
+    return al;
+}
+
+/* Builds the descriptor and asks the heuristic; 0 ok, -1 when cuBLASLt has no algorithm (entry freed). */
+static int f8_build(dtc_state *st, const f8_key &key, const void *sw, const void *sx, const void *bias, f8_entry &e) {
+    memset(&e, 0, sizeof e);
+    CKLT(cublasLtMatmulDescCreate(&e.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    int8_t fast = (int8_t)key.fast;
+    CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    if (key.outer) {
+        int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
+    }
+    if (key.has_bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        cudaDataType_t bt = CUDA_R_16BF;
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    cudaDataType_t dt = key.dtd == (int)DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    CKLT(cublasLtMatrixLayoutCreate(&e.la, CUDA_R_8F_E4M3, key.k, key.m, key.k));
+    CKLT(cublasLtMatrixLayoutCreate(&e.lb, CUDA_R_8F_E4M3, key.k, key.n, key.k));
+    CKLT(cublasLtMatrixLayoutCreate(&e.ld, dt, key.m, key.n, key.ldd));
+    cublasLtMatmulPreference_t pref;
+    CKLT(cublasLtMatmulPreferenceCreate(&pref));
+    CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st->lt_ws_size,
+                                              sizeof st->lt_ws_size));
+    uint32_t d32 = (uint32_t)key.ad;
+    CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32));
+    CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32));
+    cublasLtMatmulHeuristicResult_t res;
+    int cnt = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref, 1, &res, &cnt);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || cnt < 1) {
+        if (st->verbose)
+            fprintf(stderr, "ditrun: cuda: fp8 GEMM m=%lld n=%lld k=%lld (%s scales): no cuBLASLt algorithm (%s)\n",
+                    (long long)key.m, (long long)key.n, (long long)key.k, key.outer ? "outer-vector" : "no",
+                    s != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(s) : "heuristic returned none");
+        f8_entry_free(e);
+        return -1;
+    }
+    e.algo = res.algo;
+    e.ok = 1;
+    return 0;
+}
+
+static int env_fp8_epilogue(void) {
+    const char *v = getenv("DITRUN_FP8_SCALES");
+    return v && !strcmp(v, "epilogue");
+}
+static int env_fp8_fast(void) {
+    const char *v = getenv("DITRUN_FP8_FAST_ACCUM");
+    return v && !strcmp(v, "1");
+}
+
+const char *dtc_fp8_scale_mode(dtc_state *st) {
+    if (env_fp8_epilogue()) return "epilogue (forced by DITRUN_FP8_SCALES)";
+    dtc_fp8_cache *c = st->fp8_cache;
+    if (!c || c->n_outer_ok + c->n_outer_fail == 0) return "untested";
+    if (!c->n_outer_fail) return "outer-vector (cuBLASLt)";
+    if (!c->n_outer_ok) return "epilogue (cuBLASLt has no outer-vector algorithm)";
+    static char buf[96];
+    snprintf(buf, sizeof buf, "outer-vector for %d shapes, epilogue for %d", c->n_outer_ok, c->n_outer_fail);
+    return buf;
+}
+
+/* The cached entry for key (building it on first use); NULL when cuBLASLt has no algorithm. */
+static f8_entry *f8_get(dtc_state *st, const f8_key &key, const void *sw, const void *sx, const void *bias) {
+    dtc_fp8_cache *c = st->fp8_cache;
+    auto it = c->m.find(key);
+    if (it == c->m.end()) {
+        f8_entry e;
+        int rc = f8_build(st, key, sw, sx, bias, e);
+        if (rc) memset(&e, 0, sizeof e);
+        if (key.outer) (rc ? c->n_outer_fail : c->n_outer_ok)++;
+        it = c->m.emplace(key, e).first;
+    }
+    return it->second.ok ? &it->second : nullptr;
+}
+
+void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias) {
+    DTC_REQUIRE(x.cols == f->K && y.cols == f->N && y.rows == x.rows,
+                "fp8 linear: y[%lld,%lld] = x[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)y.rows,
+                (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)f->N, (long long)f->K);
+    if (x.rows <= 0) return;
+    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
+    float *sx;
+    uint8_t *xq = fp8_quant_act(st, x, &sx);
+    f8_key key;
+    key.dtd = (int)y.dtype;
+    key.fast = env_fp8_fast();
+    key.ad = fp8_align(y.data);
+    key.m = f->N;
+    key.n = x.rows;
+    key.k = f->K;
+    key.ldd = y.ld;
+    f8_entry *ep = nullptr;
+    if (!env_fp8_epilogue()) {
+        key.outer = 1;
+        key.has_bias = bias && y.dtype == DT_BF16;
+        ep = f8_get(st, key, f->s, sx, bias);
+    }
+    if (!ep) {   /* unscaled product, then the epilogue pass (scales and bias) */
+        key.outer = 0;
+        key.has_bias = 0;
+        ep = f8_get(st, key, f->s, sx, bias);
+    }
+    if (!ep)
+        DTC_REQUIRE(0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
+                    (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
+    float alpha = 1.f, beta = 0.f;
+    for (;;) {
+        f8_entry &e = *ep;
+        if (key.outer) {
+            const void *swp = f->s, *sxp = sx;
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp, sizeof swp));
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxp, sizeof sxp));
+        }
+        if (key.has_bias)
+            CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        cublasStatus_t rs = cublasLtMatmul(st->lt, e.op, &alpha, f->q, e.la, xq, e.lb, &beta, y.data, e.ld, y.data, e.ld,
+                                           &e.algo, st->lt_ws, st->lt_ws_size, st->stream);
+        if (rs == CUBLAS_STATUS_SUCCESS) break;
+        if (!key.outer) dtc_fatal("cublasLtMatmul (fp8)", __FILE__, __LINE__, cublasGetStatusString(rs));
+        /* the heuristic offered an outer-vector algorithm that does not run: epilogue mode for this shape */
+        if (st->verbose)
+            fprintf(stderr, "ditrun: cuda: fp8 GEMM m=%lld n=%lld k=%lld: outer-vector scaling failed (%s); epilogue pass\n",
+                    (long long)key.m, (long long)key.n, (long long)key.k, cublasGetStatusString(rs));
+        f8_entry_free(e);
+        e.ok = 0;
+        st->fp8_cache->n_outer_ok--;
+        st->fp8_cache->n_outer_fail++;
+        key.outer = 0;
+        key.has_bias = 0;
+        ep = f8_get(st, key, f->s, sx, bias);
+        if (!ep)
+            DTC_REQUIRE(0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
+                        (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
+    }
+    if (!key.outer) {
+        int64_t total = y.rows * y.cols;
+        int64_t b = (total + 255) / 256;
+        if (b > (int64_t)st->sm_count * 16) b = (int64_t)st->sm_count * 16;
+        k_fp8_scale<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), y.rows, y.cols, sx, f->s, bias);
+        CK_LAUNCH("fp8_scale");
+    } else if (bias && !key.has_bias) {
+        dtc_add_row_bias(st, y, bias);
+    }
+}
+
+/* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
+void dtc_preload_fp8(dtc_state *st) {
+    (void)st;
+    dtc_preload_fn((const void *)k_fp8_weight<0>);
+    dtc_preload_fn((const void *)k_fp8_weight<1>);
+    dtc_preload_fn((const void *)k_fp8_weight<2>);
+    dtc_preload_fn((const void *)k_fp8_weight<4>);
+    dtc_preload_fn((const void *)k_fp8_weight<8>);
+    dtc_preload_fn((const void *)k_fp8_act<0>);
+    dtc_preload_fn((const void *)k_fp8_act<1>);
+    dtc_preload_fn((const void *)k_fp8_scale);
+}
