@@ -67,7 +67,7 @@ if has gen; then
     t1=$(date +%s)
     [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
     log "synthetic pipeline: $(( $(date +%s) - t1 )) s"
-    for i in 1 2; do
+    for i in $(seq "${GEN_RUNS:-2}"); do
         $B generate --backend cuda --model "$W/p4" -p "a red fox standing in fresh snow, golden hour" -o "$OUT/gen1024.png" \
             --seed 7 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
     done
@@ -158,3 +158,7 @@ if has krea2; then
     log "bench krea2 rc=$?"
 fi
 log "total $(( $(date +%s) - t0 )) s"
+if [ "${PACK:-0}" = 1 ]; then   # at most 8 files come back from the device: one archive of the logs
+    (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.png' --exclude=summary.txt . && \
+        find . -type f ! -name logs.tgz ! -name summary.txt ! -name '*.png' -delete)
+fi
