@@ -21,7 +21,9 @@
 /* ------------------------------------------------------------------ cuBLASLt helper */
 /* Algorithm choice. cuBLASLt's heuristic ranks its kernels by a model, and its first pick is not always the
  * fastest at our shapes. With tuning on (default; DITRUN_GEMM_TUNE=0 turns it off) the first call at a new
- * shape/stride/alignment of a GEMM of >= 2 GFLOP times up to GEMM_TUNE_CANDIDATES heuristic candidates on the
+ * shape/stride/alignment of a Linear's GEMM of >= 2 GFLOP and >= 1024 tokens (the products a denoising loop
+ * repeats; one-shot work such as the text encoder, the VAE convolutions and the attention fallback keeps the
+ * heuristic's pick: timing would cost it more than it saves) times up to GEMM_TUNE_CANDIDATES candidates on the
  * call's own operands (1 warm-up + GEMM_TUNE_REPS timed runs each, CUDA events) and keeps the fastest. Choices
  * are appended to a text file (DITRUN_GEMM_CACHE=path; default $XDG_CACHE_HOME or ~/.cache /ditrun/gemm-algos.txt;
  * DITRUN_GEMM_CACHE=none keeps them in memory) whose lines name the device and cuBLASLt version they hold for,
@@ -30,6 +32,7 @@
 #define GEMM_TUNE_CANDIDATES 8
 #define GEMM_TUNE_REPS 3
 #define GEMM_TUNE_MIN_FLOP 2e9
+#define GEMM_TUNE_MIN_TOKENS 1024   /* Linears of >= 1024 tokens (the DiT's image stream), not text encoders/VAE */
 
 struct gemm_key {
     int ta, tb, dtd, has_bias, aa, ab, ad;
@@ -170,7 +173,7 @@ static int ptr_align(const void *p) {
  * product without one is fatal). */
 static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
                     const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
-                    const void *bias_bf16, int accumulate) {
+                    const void *bias_bf16, int accumulate, int tunable) {
     if (m <= 0 || n <= 0) return 0;
     DTC_REQUIRE(k > 0, "gemm: k = %lld", (long long)k);
     if (!st->gemm_cache) st->gemm_cache = new dtc_gemm_cache();
@@ -223,7 +226,8 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
             CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32));
             cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES];
             int cnt = 0;
-            const bool tune = st->gemm_tune && !st->capturing && 2.0 * (double)m * (double)n * (double)k >= GEMM_TUNE_MIN_FLOP;
+            const bool tune = tunable && st->gemm_tune && !st->capturing &&
+                              2.0 * (double)m * (double)n * (double)k >= GEMM_TUNE_MIN_FLOP && n >= GEMM_TUNE_MIN_TOKENS;
             cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref,
                                                                tune ? GEMM_TUNE_CANDIDATES : 1, res, &cnt);
             if (hs != CUBLAS_STATUS_SUCCESS) {
@@ -294,7 +298,7 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
               const void *bias_bf16) {
-    gemm_run(st, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dtype_d, alpha, bias_bf16, 0);
+    gemm_run(st, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dtype_d, alpha, bias_bf16, 0, 0);
 }
 
 /* ------------------------------------------------------------------ Linear weights */
@@ -755,8 +759,8 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
 static void dense_gemm(dtc_state *st, dt_mat y, dt_mat x, const __nv_bfloat16 *W, const dt_linear *w) {
     /* column-major view: yᵀ[N,M] = W[N,K] (stored as col-major [K,N], transposed) · xᵀ (col-major [K,M]) */
     int bias_epi = w->bias && y.dtype == DT_BF16;
-    dtc_gemm(st, 1, 0, w->out, x.rows, w->in, W, w->in, x.data, x.ld, y.data, y.ld, y.dtype, 1.f,
-             bias_epi ? w->bias : nullptr);
+    gemm_run(st, 1, 0, w->out, x.rows, w->in, W, w->in, x.data, x.ld, y.data, y.ld, y.dtype, 1.f,
+             bias_epi ? w->bias : nullptr, 0, 1);
     if (w->bias && !bias_epi) dtc_add_row_bias(st, y, w->bias);
 }
 
@@ -822,7 +826,7 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
         __nv_bfloat16 *W = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
         dequant_launch(st, W, w, gate.data, gate.dtype == DT_F32);
         if (gemm_run(st, 1, 0, w->out, a.rows, w->in, W, w->in, a.data, a.ld, x.data, x.ld, DT_BF16, 1.f, nullptr,
-                     1) == 0)
+                     1, 1) == 0)
             return;
     }
     void *yp = dtc_scratch_get(st, &st->s_lga, (size_t)x.rows * x.cols * 2);
