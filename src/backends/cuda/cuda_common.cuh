@@ -61,6 +61,14 @@ struct dtc_scratch {
     int nretired;
 };
 
+/* A page-locked host staging buffer (cuda_backend.cu: upload / download). */
+struct dtc_pinned {
+    void *p;
+    size_t size;
+    cudaEvent_t ev;   /* recorded after the last transfer that read it */
+    int pending;
+};
+
 struct dtc_state {
     int device;
     int sm_count;
@@ -95,6 +103,7 @@ struct dtc_state {
     void *alt_lt_ws;
     dtc_scratch alt_qdeq, alt_split, alt_cast, alt_gate, alt_lga, alt_fp8;
     cudaEvent_t ev_switch;
+    dtc_pinned pin_up, pin_down;   /* host staging of upload / download */
     /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
      * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
     int gemm_tune;
