@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "backends/backend.h"
@@ -351,10 +352,50 @@ static const char *qpath_name(dt_qpath p) {
 
 /* One quantized shape: CACHED (dequantized at create), FUSED and TRANSIENT (same packed linear, path switched at
  * call time), each against the CPU, and the paths against each other. */
-/* linear_gated_add (x += gate ⊙ a·Wᵀ, the gate on cuBLASLt's alpha vector) against linear + gated_add on the GPU
+/* GEMM algorithm tuning persists: a backend that tuned a Linear's shape writes the choice to DITRUN_GEMM_CACHE,
+ * a second backend reads it back (same algorithm: the same output bits). */
+static void test_gemm_tune_cache(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/ditrun-gemm-algos-%d.txt", (int)getpid());
+    unlink(path);
+    setenv("DITRUN_GEMM_CACHE", path, 1);
+    unsetenv("DITRUN_GEMM_TUNE");
+    const int64_t M = 2048, K = 1024, N = 2048;   /* 8.6 GFLOP, 2048 tokens: tuned */
+    wsrc w = make_weights(N, K, 0, 0, 0);
+    float *hx = rand_bf((size_t)M * K, -1.f, 1.f), *out[2] = {NULL, NULL};
+    for (int b = 0; b < 2; b++) {
+        dt_backend_opts o = {0};
+        o.rope_fp32 = 1;
+        dt_backend *be = dt_backend_cuda_create(&o);
+        if (!be) { T_FAIL("gemm tuning cache", "backend: %s", dt_last_error()); break; }
+        dt_linear *l = be->linear_create(be, &w.src);
+        dt_mat x = upa(be, hx, M, K), y = dt_alloc_or_die(be, M, N, DT_BF16);
+        be->linear(be, y, x, l);
+        out[b] = down(be, y);
+        be->free(be, &x); be->free(be, &y);
+        be->linear_destroy(be, l);
+        be->destroy(be);
+        if (b == 0) {
+            FILE *f = fopen(path, "r");
+            char line[1024];
+            int found = 0;
+            while (f && fgets(line, sizeof line, f)) found |= strstr(line, " 2048 2048 1024 ") != NULL;
+            if (f) fclose(f);
+            T_CHECK("gemm tuning: the tuned choice is written to DITRUN_GEMM_CACHE", found, "no line for m=n=2048 k=1024 in %s", path);
+        }
+    }
+    if (out[0] && out[1]) t_check_rel_l2("gemm tuning: a second backend reuses the persisted choice (same output)", out[1], out[0], (size_t)(M * N), 0.0);
+    free(out[0]); free(out[1]); free(hx);
+    free_weights(&w);
+    unsetenv("DITRUN_GEMM_CACHE");
+    unlink(path);
+}
+
+/* linear_gated_add (x += gate ⊙ a·Wᵀ; q4 transient: the gate folded into the dequantized rows, one accumulating
+ * GEMM; other weights: linear + gated_add inside) against linear + gated_add on the GPU
  * (itself checked against the CPU above), compared on the increment x_after - x_before. bits = 0: bf16 weights.
  * gate_f32: the gate as an F32 row instead of bf16. Timed against the two-op path when timeit. */
-#define TOL_GATED 1e-2   /* one bf16 rounding of the sum instead of three (y, gate·y, x + ...) */
+#define TOL_GATED 1e-2   /* gate·w rounded to bf16 once, the sum once, instead of y, gate·y and x + ... */
 static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gate_f32, int timeit) {
     char name[200];
     snprintf(name, sizeof name, "linear_gated_add %s M=%lld K=%lld N=%lld gate %s", bits ? "q4 g64" : "bf16",
@@ -1184,8 +1225,9 @@ int main(void) {
     }
     if (RUN("quant")) {
         double ts = dt_now();
+        test_gemm_tune_cache();
         test_linear_gated(4608, 12288, 3072, 4, 0, 1);   /* single block out projection, q4 transient */
-        test_linear_gated(4608, 12288, 3072, 0, 0, 1);   /* the same, bf16 weights */
+        test_linear_gated(4608, 12288, 3072, 0, 0, 1);   /* the same, bf16 weights (two-op path inside) */
         test_linear_gated(4096, 3072, 3072, 4, 1, 0);    /* double block to_out, f32 gate */
         test_linear_gated(512, 9216, 3072, 4, 0, 0);     /* text stream ff out */
         test_linear_gated(40, 3072, 3072, 4, 0, 0);      /* fused-qmm size: the fallback */
