@@ -814,7 +814,6 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         st->t_preload = dt_now() - t0;
         if (o.verbose) fprintf(stderr, "ditrun: cuda: kernels preloaded in %.1f ms\n", st->t_preload * 1e3);
     }
-    dtc_cudnn_prewarm();
     trace_install(be);
     return be;
 }

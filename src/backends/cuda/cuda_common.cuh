@@ -176,7 +176,6 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
 int dtc_cudnn_version(dtc_state *st);       /* cudnnGetVersion() of the loaded library, 0 = unavailable */
 long long dtc_cudnn_calls(dtc_state *st);   /* attention calls run by cuDNN so far */
 void dtc_cudnn_destroy(dtc_state *st);
-void dtc_cudnn_prewarm(void);               /* start loading the library in the background (backend creation) */
 
 void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
 void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);

@@ -21,7 +21,6 @@
 
 #include <cstddef>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "cuda_common.cuh"
@@ -43,7 +42,6 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
 }
 void dtc_cudnn_destroy(dtc_state *st) { (void)st; }
 int dtc_cudnn_version(dtc_state *st) { (void)st; return 0; }
-void dtc_cudnn_prewarm(void) {}
 #else
 
 /* ------------------------------------------------------------------ the library, loaded once per process */
@@ -129,22 +127,6 @@ static void dnn_load(void) {
     }
     g_dnn.version = g_dnn.GetVersion();
     DNN_LOG("loaded %s, version %zu", tried, g_dnn.version);
-}
-
-/* Load the library in a background thread (called at backend creation): dlopen of cuDNN and its engine
- * libraries takes a noticeable part of a second, which then overlaps the model load instead of delaying the
- * first attention. The first use waits for it through the same once-flag. Detached: the once-flag is the
- * only thing shared, and exit() waits for a dlopen in progress (the loader's lock). */
-void dtc_cudnn_prewarm(void) {
-    const char *e = getenv("DITRUN_CUDNN"), *fa = getenv("DITRUN_CUDA_FA");
-    if ((e && *e == '0') || (fa && *fa && strcmp(fa, "cudnn"))) return;
-    static std::once_flag started;
-    std::call_once(started, [] {
-        try {
-            std::thread([] { std::call_once(g_dnn.once, dnn_load); }).detach();
-        } catch (...) {   /* no thread: the first use loads it */
-        }
-    });
 }
 
 /* ------------------------------------------------------------------ per-backend state */
