@@ -196,6 +196,22 @@ dt_mat dt_alloc_or_die(dt_backend *be, int64_t rows, int64_t cols, dt_dtype dtyp
 dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n);
 static inline dt_mat dt_mat_null(void) { dt_mat m = {0}; return m; }
 
+/* x += gate ⊙ (a · Wᵀ): the backend's fused linear_gated_add, else linear into y (a scratch of x's shape) and
+ * gated_add. */
+static inline void dt_linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate, dt_mat y) {
+    if (be->linear_gated_add) {
+        be->linear_gated_add(be, x, a, w, gate);
+    } else {
+        be->linear(be, y, a, w);
+        be->gated_add(be, x, gate, y);
+    }
+}
+
+/* Queue for the next ops (stream_switch; a no-op on one-queue backends). */
+static inline void dt_on_queue(dt_backend *be, int q, int wait) {
+    if (be->stream_switch) be->stream_switch(be, q, wait);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -264,20 +264,6 @@ void bm_pre(bm_model *m) {
     if (t > 0) be->linear(be, dt_mat_rows(m->s, 0, t), m->in_txt, m->ctx_emb);
 }
 
-/* x += gate ⊙ (a · Wᵀ): the backend's fused op, else linear into y then gated_add. */
-static void linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate, dt_mat y) {
-    if (be->linear_gated_add) {
-        be->linear_gated_add(be, x, a, w, gate);
-    } else {
-        be->linear(be, y, a, w);
-        be->gated_add(be, x, gate, y);
-    }
-}
-
-/* Queue for the next ops (as flux2.c: the text stream on the backend's side queue). */
-static void on_queue(dt_backend *be, int q, int wait) {
-    if (be->stream_switch) be->stream_switch(be, q, wait);
-}
 
 /* Double block i with flux2.c's queue use: the text stream's ops on the side queue; join = 1 makes the main
  * queue wait for the side one at the end (flux2.c does so after its last double block). */
@@ -295,37 +281,37 @@ void bm_double_block(bm_model *m, int i, int join) {
     dt_mat mi = m->mod_img_v, mt = m->mod_txt_v;
     dt_mat a_txt = dt_mat_rows(m->a, 0, t), a_img = dt_mat_rows(m->a, t, n);
     if (t > 0) {
-        on_queue(be, 1, i == 0);   /* later blocks: ordered after the side queue's own previous work */
+        dt_on_queue(be, 1, i == 0);   /* later blocks: ordered after the side queue's own previous work */
         be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
         be->linear(be, dt_mat_rows(m->qkv, 0, t), a_txt, blk->add_qkv);
         be->head_norm_rope(be, dt_mat_rows(m->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, dt_mat_rows(m->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
-        on_queue(be, 0, 0);
+        dt_on_queue(be, 0, 0);
     }
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
     be->linear(be, dt_mat_rows(m->qkv, t, n), a_img, blk->to_qkv);
     be->head_norm_rope(be, dt_mat_rows(m->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, dt_mat_rows(m->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-    if (t > 0) on_queue(be, 0, 1);
+    if (t > 0) dt_on_queue(be, 0, 1);
     be->attention(be, m->o, m->q, m->k, m->v, H, H, hd, att_scale, none, 0);
     dt_mat y_txt = dt_mat_rows(m->y, 0, t), y_img = dt_mat_rows(m->y, t, n);
     if (t > 0) {
         dt_mat h_txt = dt_mat_rows(m->h, 0, t), g_txt = dt_mat_rows(m->g, 0, t);
-        on_queue(be, 1, 1);
-        linear_gated(be, s_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
+        dt_on_queue(be, 1, 1);
+        dt_linear_gated(be, s_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
         be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
         be->linear(be, h_txt, a_txt, blk->ffc_in);
         be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-        linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
-        on_queue(be, 0, 0);
+        dt_linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
+        dt_on_queue(be, 0, 0);
     }
-    linear_gated(be, s_img, dt_mat_rows(m->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
+    dt_linear_gated(be, s_img, dt_mat_rows(m->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
     dt_mat h_img = dt_mat_rows(m->h, t, n), g_img = dt_mat_rows(m->g, t, n);
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
     be->linear(be, h_img, a_img, blk->ff_in);
     be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
-    linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
-    if (t > 0 && join) on_queue(be, 0, 1);
+    dt_linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
+    if (t > 0 && join) dt_on_queue(be, 0, 1);
 }
 
 /* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass

@@ -408,20 +408,6 @@ static void timestep_sinusoid(float t, int channels, float *out) {
 
 static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
-/* x += gate ⊙ (a · Wᵀ): the backend's fused op, else linear into y then gated_add. */
-static void linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate, dt_mat y) {
-    if (be->linear_gated_add) {
-        be->linear_gated_add(be, x, a, w, gate);
-    } else {
-        be->linear(be, y, a, w);
-        be->gated_add(be, x, gate, y);
-    }
-}
-
-/* Queue for the next ops (backend stream_switch; serial where the backend has one queue). */
-static void on_queue(dt_backend *be, int q, int wait) {
-    if (be->stream_switch) be->stream_switch(be, q, wait);
-}
 
 /* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are
  * in b->emb / b->in_img / b->in_txt and the RoPE tables, the result lands in b->out. No host
@@ -461,38 +447,38 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
         dt_mat a_txt = dt_mat_rows(b->a, 0, t), a_img = dt_mat_rows(b->a, t, n);
         /* attention: norm1 + modulation, projections into joint Q/K/V rows */
         if (t > 0) {
-            on_queue(be, 1, i == 0);
+            dt_on_queue(be, 1, i == 0);
             be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
             be->linear(be, dt_mat_rows(b->qkv, 0, t), a_txt, blk->add_qkv);
             be->head_norm_rope(be, dt_mat_rows(b->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
             be->head_norm_rope(be, dt_mat_rows(b->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
-            on_queue(be, 0, 0);
+            dt_on_queue(be, 0, 0);
         }
         be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
         be->linear(be, dt_mat_rows(b->qkv, t, n), a_img, blk->to_qkv);
         be->head_norm_rope(be, dt_mat_rows(b->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, dt_mat_rows(b->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-        if (t > 0) on_queue(be, 0, 1);   /* attention needs the text rows */
+        if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
         be->attention(be, b->o, b->q, b->k, b->v, H, H, hd, att_scale, none, 0);
         /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
         dt_mat y_txt = dt_mat_rows(b->y, 0, t), y_img = dt_mat_rows(b->y, t, n);
         if (t > 0) {
             dt_mat h_txt = dt_mat_rows(b->h, 0, t), g_txt = dt_mat_rows(b->g, 0, t);
-            on_queue(be, 1, 1);          /* after the attention */
-            linear_gated(be, s_txt, dt_mat_rows(b->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
+            dt_on_queue(be, 1, 1);          /* after the attention */
+            dt_linear_gated(be, s_txt, dt_mat_rows(b->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
             be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
             be->linear(be, h_txt, a_txt, blk->ffc_in);
             be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-            linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
-            on_queue(be, 0, 0);
+            dt_linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
+            dt_on_queue(be, 0, 0);
         }
-        linear_gated(be, s_img, dt_mat_rows(b->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
+        dt_linear_gated(be, s_img, dt_mat_rows(b->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
         dt_mat h_img = dt_mat_rows(b->h, t, n), g_img = dt_mat_rows(b->g, t, n);
         be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
         be->linear(be, h_img, a_img, blk->ff_in);
         be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
-        linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
-        if (t > 0 && (i == c->num_layers - 1 || trace)) on_queue(be, 0, 1);   /* join: single blocks / observer */
+        dt_linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
+        if (t > 0 && (i == c->num_layers - 1 || trace)) dt_on_queue(be, 0, 1);   /* join: single blocks / observer */
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);
@@ -511,7 +497,7 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
         be->head_norm_rope(be, k, H, hd, blk->norm_k, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
         be->attention(be, dt_mat_cols(b->c, 0, D), q, k, v, H, H, hd, att_scale, none, 0);
         be->act_mul(be, dt_mat_cols(b->c, D, F), dt_mat_cols(b->p, 3 * D, F), dt_mat_cols(b->p, 3 * D + F, F), DT_ACT_SILU);
-        linear_gated(be, b->s, b->c, blk->out, chunk(ms, 2, D), b->y);
+        dt_linear_gated(be, b->s, b->c, blk->out, chunk(ms, 2, D), b->y);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "single.%d", i);

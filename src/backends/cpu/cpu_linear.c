@@ -177,6 +177,15 @@ static void scale_task(void *vctx, int64_t i0, int64_t i1, int tid) {
     }
 }
 
+/* Weight rows dequantized per tile: a multiple of 64 whose f32 copy fits CPU_TILE_BYTES (at least 64, at most N). */
+static int64_t tile_rows(int64_t K, int64_t N) {
+    int64_t nt = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / K;
+    nt = nt / 64 * 64;
+    if (nt < 64) nt = 64;
+    if (nt > N) nt = N;
+    return nt;
+}
+
 static void cpu_linear_fp8(cpu_impl *c, float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t M,
                            const dt_linear *w) {
     const int64_t K = w->src.in, N = w->src.out;
@@ -187,10 +196,7 @@ static void cpu_linear_fp8(cpu_impl *c, float *Y, int64_t ldy, const float *X, i
     float *sx = xq + M * K;
     xq_ctx xt = { X, ldx, K, xq, sx };
     dt_pool_run(c->pool, M, cpu_grain(K, 1 << 16), xq_task, &xt);
-    int64_t nt = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / K;
-    nt = nt / 64 * 64;
-    if (nt < 64) nt = 64;
-    if (nt > N) nt = N;
+    int64_t nt = tile_rows(K, N);
     float *buf = cpu_buf_get(&c->shared, (size_t)(nt * K));
     for (int64_t n0 = 0; n0 < N; n0 += nt) {
         int64_t nr = N - n0 < nt ? N - n0 : nt;
@@ -236,10 +242,7 @@ void cpu_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
         cpu_blas_threads(c, 1);
         dt_pool_run(c->pool, (N + chunk - 1) / chunk, 1, small_task, &t);
     } else {
-        int64_t nt = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / K;
-        nt = nt / 64 * 64;
-        if (nt < 64) nt = 64;
-        if (nt > N) nt = N;
+        int64_t nt = tile_rows(K, N);
         float *buf = cpu_buf_get(&c->shared, (size_t)(nt * K));
         for (int64_t n0 = 0; n0 < N; n0 += nt) {
             int64_t nr = N - n0 < nt ? N - n0 : nt;

@@ -271,16 +271,20 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-/* Block-wide sum; `sh` needs 32 floats. All threads get the result. */
-__device__ __forceinline__ float block_sum(float v, float *sh) {
+/* Block-wide sum (MAX = 0) or max (MAX = 1; of non-negative values: empty slots count as 0); `sh` needs 32
+ * floats. All threads get the result. */
+template <int MAX>
+__device__ __forceinline__ float block_reduce(float v, float *sh) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     float t = lane < nw ? sh[lane] : 0.f;
-    return warp_sum(t);
+    return MAX ? warp_max(t) : warp_sum(t);
 }
+__device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce<0>(v, sh); }
+__device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<1>(v, sh); }
 
 /* ---- PTX wrappers (sm_80+) ---- */
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }

@@ -31,16 +31,7 @@ __device__ __forceinline__ uint8_t f2e4m3(float v) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
-/* Block max of non-negative values (NaNs skipped by fmaxf); sh needs 32 floats; all threads get it. */
-__device__ __forceinline__ float block_max(float v, float *sh) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    float t = lane < nw ? sh[lane] : 0.f;
-    return warp_max(t);
-}
+/* (block_max of non-negative values: cuda_common.cuh; NaNs are skipped by fmaxf) */
 
 /* Exact small-integer -> float (as in cuda_linear.cu). */
 __device__ __forceinline__ float fp8_u2f(uint32_t u) { return __uint_as_float(0x4B000000u | u) - 8388608.f; }
