@@ -63,10 +63,8 @@ double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);
 
 /* ---- the device-only replica of the FLUX.2 forward (bench_model.c) ---- */
 typedef struct {
-    dt_linear *to_qkv, *to_out, *add_qkv, *to_add_out;   /* Q/K/V stacked [3D, D] as in flux2.c */
-    dt_linear_src to_qkv_src, add_qkv_src;               /* their stacked host sources */
-    dt_linear *ff_in, *ff_out, *ffc_in, *ffc_out;
-    dt_mat norm_q, norm_k, norm_aq, norm_ak;
+    flux2_double_w w;                       /* the block's weights, run by flux2_double_block as in flux2.c */
+    dt_linear_src to_qkv_src, add_qkv_src;  /* the stacked Q/K/V host sources (utilization table) */
 } bm_double;
 
 typedef struct {

@@ -77,23 +77,23 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
     for (int i = 0; i < m->nd; i++) {
         bm_double *b = &m->db[i];
-#define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->field, nm, o, in)
+#define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->w.field, nm, o, in)
         {
             char qn[3][256];
             const char *parts[3] = {qn[0], qn[1], qn[2]};
             const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
             const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
             for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
-            if (!(b->to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, &b->to_qkv_src))) goto fail;
+            if (!(b->w.to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, &b->to_qkv_src))) goto fail;
             for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
-            if (!(b->add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, &b->add_qkv_src))) goto fail;
+            if (!(b->w.add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, &b->add_qkv_src))) goto fail;
         }
         DL(to_out, "attn.to_out.0", D, D);
         DL(to_add_out, "attn.to_add_out", D, D);
         DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
         DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
 #undef DL
-#define DN(field, suffix) snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, suffix); if (bm_norm(m, nm, &b->field)) goto fail
+#define DN(field, suffix) snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, suffix); if (bm_norm(m, nm, &b->w.field)) goto fail
         DN(norm_q, "norm_q"); DN(norm_k, "norm_k"); DN(norm_aq, "norm_added_q"); DN(norm_ak, "norm_added_k");
 #undef DN
     }
@@ -131,7 +131,7 @@ void bm_free(bm_model *m) {
         bm_free_acts(m);
         dt_linear_set_free(&m->lin);
         for (int i = 0; m->db && i < m->nd; i++) {
-            dt_mat *n[] = {&m->db[i].norm_q, &m->db[i].norm_k, &m->db[i].norm_aq, &m->db[i].norm_ak};
+            dt_mat *n[] = {&m->db[i].w.norm_q, &m->db[i].w.norm_k, &m->db[i].w.norm_aq, &m->db[i].w.norm_ak};
             for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
         }
         for (int i = 0; m->sb && i < m->ns; i++) {
@@ -265,53 +265,12 @@ void bm_pre(bm_model *m) {
 }
 
 
-/* Double block i with flux2.c's queue use: the text stream's ops on the side queue; join = 1 makes the main
- * queue wait for the side one at the end (flux2.c does so after its last double block). */
+/* Double block i: flux2.c's own block function on the replica's buffers. join = 1: the main queue waits for the
+ * side one at the end (flux2.c does so after its last double block). */
 void bm_double_block(bm_model *m, int i, int join) {
-    dt_backend *be = m->be;
-    const flux2_config *c = &m->c;
-    bm_double *blk = &m->db[i];
-    int n = m->n, t = m->t, H = c->heads, hd = c->head_dim;
-    int64_t D = c->hidden, F = c->mlp_hidden;
-    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
-    dt_mat none = dt_mat_null();
-    dt_mat s_txt = dt_mat_rows(m->s, 0, t), s_img = dt_mat_rows(m->s, t, n);
-    dt_mat cos_t = dt_mat_rows(m->cos, 0, t), sin_t = dt_mat_rows(m->sin, 0, t);
-    dt_mat cos_i = dt_mat_rows(m->cos, t, n), sin_i = dt_mat_rows(m->sin, t, n);
-    dt_mat mi = m->mod_img_v, mt = m->mod_txt_v;
-    dt_mat a_txt = dt_mat_rows(m->a, 0, t), a_img = dt_mat_rows(m->a, t, n);
-    if (t > 0) {
-        dt_on_queue(be, 1, i == 0);   /* later blocks: ordered after the side queue's own previous work */
-        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
-        be->linear(be, dt_mat_rows(m->qkv, 0, t), a_txt, blk->add_qkv);
-        be->head_norm_rope(be, dt_mat_rows(m->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
-        be->head_norm_rope(be, dt_mat_rows(m->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
-        dt_on_queue(be, 0, 0);
-    }
-    be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-    be->linear(be, dt_mat_rows(m->qkv, t, n), a_img, blk->to_qkv);
-    be->head_norm_rope(be, dt_mat_rows(m->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-    be->head_norm_rope(be, dt_mat_rows(m->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-    if (t > 0) dt_on_queue(be, 0, 1);
-    be->attention(be, m->o, m->q, m->k, m->v, H, H, hd, att_scale, none, 0);
-    dt_mat y_txt = dt_mat_rows(m->y, 0, t), y_img = dt_mat_rows(m->y, t, n);
-    if (t > 0) {
-        dt_mat h_txt = dt_mat_rows(m->h, 0, t), g_txt = dt_mat_rows(m->g, 0, t);
-        dt_on_queue(be, 1, 1);
-        dt_linear_gated(be, s_txt, dt_mat_rows(m->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
-        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
-        be->linear(be, h_txt, a_txt, blk->ffc_in);
-        be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-        dt_linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
-        dt_on_queue(be, 0, 0);
-    }
-    dt_linear_gated(be, s_img, dt_mat_rows(m->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
-    dt_mat h_img = dt_mat_rows(m->h, t, n), g_img = dt_mat_rows(m->g, t, n);
-    be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
-    be->linear(be, h_img, a_img, blk->ff_in);
-    be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
-    dt_linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
-    if (t > 0 && join) dt_on_queue(be, 0, 1);
+    flux2_double_io io = {m->s, m->a, m->y, m->qkv, m->q, m->k, m->v, m->o, m->h, m->g,
+                          m->cos, m->sin, m->mod_img_v, m->mod_txt_v};
+    flux2_double_block(m->be, &m->c, &m->db[i].w, &io, m->n, m->t, i == 0, join);
 }
 
 /* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass

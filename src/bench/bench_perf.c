@@ -39,7 +39,7 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
                 if (!g->per_double || b >= bm->nd) continue;
                 int img = !strcmp(pats[p], "@to_qkv");
                 if (!have_src) { *src = img ? bm->db[b].to_qkv_src : bm->db[b].add_qkv_src; have_src = 1; }
-                if (n < max) out[n++] = img ? bm->db[b].to_qkv : bm->db[b].add_qkv;
+                if (n < max) out[n++] = img ? bm->db[b].w.to_qkv : bm->db[b].w.add_qkv;
                 continue;
             }
             snprintf(nm, sizeof nm, pats[p], b);
@@ -52,12 +52,12 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
             else if (g->per_double) {
                 bm_double *d = &bm->db[b];
                 const char *suf = strchr(strchr(nm, '.') + 1, '.') + 1;
-                if (!strcmp(suf, "attn.to_out.0")) l = d->to_out;
-                else if (!strcmp(suf, "attn.to_add_out")) l = d->to_add_out;
-                else if (!strcmp(suf, "ff.linear_in")) l = d->ff_in;
-                else if (!strcmp(suf, "ff.linear_out")) l = d->ff_out;
-                else if (!strcmp(suf, "ff_context.linear_in")) l = d->ffc_in;
-                else if (!strcmp(suf, "ff_context.linear_out")) l = d->ffc_out;
+                if (!strcmp(suf, "attn.to_out.0")) l = d->w.to_out;
+                else if (!strcmp(suf, "attn.to_add_out")) l = d->w.to_add_out;
+                else if (!strcmp(suf, "ff.linear_in")) l = d->w.ff_in;
+                else if (!strcmp(suf, "ff.linear_out")) l = d->w.ff_out;
+                else if (!strcmp(suf, "ff_context.linear_in")) l = d->w.ffc_in;
+                else if (!strcmp(suf, "ff_context.linear_out")) l = d->w.ffc_out;
             } else if (!strcmp(nm, "x_embedder")) l = bm->x_emb;
             else if (!strcmp(nm, "context_embedder")) l = bm->ctx_emb;
             else if (!strcmp(nm, "proj_out")) l = bm->proj_out;

@@ -17,13 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    dt_linear *to_qkv, *to_out;       /* image attention: to_q/to_k/to_v stacked [3D, D]; [D, D] */
-    dt_linear *add_qkv, *to_add_out;  /* text attention: add_q/k/v_proj stacked [3D, D]; [D, D] */
-    dt_linear *ff_in, *ff_out;                        /* image MLP [2F, D], [D, F] */
-    dt_linear *ffc_in, *ffc_out;                      /* text MLP */
-    dt_mat norm_q, norm_k, norm_aq, norm_ak;          /* [1, hd] F32 */
-} flux2_double;
+typedef flux2_double_w flux2_double;
 
 typedef struct {
     dt_linear *qkv_mlp;   /* [3D + 2F, D] */
@@ -409,6 +403,54 @@ static void timestep_sinusoid(float t, int channels, float *out) {
 static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
 
+void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
+                        int n, int t, int first, int join) {
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    int H = c->heads, hd = c->head_dim;
+    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    dt_mat none = dt_mat_null(), mi = io->mod_img, mt = io->mod_txt;
+    dt_mat s_txt = dt_mat_rows(io->s, 0, t), s_img = dt_mat_rows(io->s, t, n);
+    dt_mat a_txt = dt_mat_rows(io->a, 0, t), a_img = dt_mat_rows(io->a, t, n);
+    dt_mat cos_t = dt_mat_rows(io->cos, 0, t), sin_t = dt_mat_rows(io->sin, 0, t);
+    dt_mat cos_i = dt_mat_rows(io->cos, t, n), sin_i = dt_mat_rows(io->sin, t, n);
+    /* attention: norm1 + modulation, projections into joint Q/K/V rows. The text stream's ops touch only text
+     * rows: they run on the side queue, which waits for the main one before the first block and after each
+     * attention; the main queue waits for it before each attention (and at the end when joining). */
+    if (t > 0) {
+        dt_on_queue(be, 1, first);
+        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
+        be->linear(be, dt_mat_rows(io->qkv, 0, t), a_txt, w->add_qkv);
+        be->head_norm_rope(be, dt_mat_rows(io->q, 0, t), H, hd, w->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, dt_mat_rows(io->k, 0, t), H, hd, w->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
+        dt_on_queue(be, 0, 0);
+    }
+    be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
+    be->linear(be, dt_mat_rows(io->qkv, t, n), a_img, w->to_qkv);
+    be->head_norm_rope(be, dt_mat_rows(io->q, t, n), H, hd, w->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+    be->head_norm_rope(be, dt_mat_rows(io->k, t, n), H, hd, w->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
+    if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
+    be->attention(be, io->o, io->q, io->k, io->v, H, H, hd, att_scale, none, 0);
+    /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
+    dt_mat y_txt = dt_mat_rows(io->y, 0, t), y_img = dt_mat_rows(io->y, t, n);
+    if (t > 0) {
+        dt_mat h_txt = dt_mat_rows(io->h, 0, t), g_txt = dt_mat_rows(io->g, 0, t);
+        dt_on_queue(be, 1, 1);          /* after the attention */
+        dt_linear_gated(be, s_txt, dt_mat_rows(io->o, 0, t), w->to_add_out, chunk(mt, 2, D), y_txt);
+        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
+        be->linear(be, h_txt, a_txt, w->ffc_in);
+        be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
+        dt_linear_gated(be, s_txt, g_txt, w->ffc_out, chunk(mt, 5, D), y_txt);
+        dt_on_queue(be, 0, 0);
+    }
+    dt_linear_gated(be, s_img, dt_mat_rows(io->o, t, n), w->to_out, chunk(mi, 2, D), y_img);
+    dt_mat h_img = dt_mat_rows(io->h, t, n), g_img = dt_mat_rows(io->g, t, n);
+    be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
+    be->linear(be, h_img, a_img, w->ff_in);
+    be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
+    dt_linear_gated(be, s_img, g_img, w->ff_out, chunk(mi, 5, D), y_img);
+    if (t > 0 && join) dt_on_queue(be, 0, 1);
+}
+
 /* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are
  * in b->emb / b->in_img / b->in_txt and the RoPE tables, the result lands in b->out. No host
  * transfers and no allocation, so it can be captured into a graph. */
@@ -434,51 +476,12 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     dt_mat s_txt = dt_mat_rows(b->s, 0, t), s_img = dt_mat_rows(b->s, t, n);
     be->linear(be, s_img, b->in_img, m->x_emb);
     if (t > 0) be->linear(be, s_txt, b->in_txt, m->ctx_emb);
-    dt_mat cos_t = dt_mat_rows(b->cos, 0, t), sin_t = dt_mat_rows(b->sin, 0, t);
-    dt_mat cos_i = dt_mat_rows(b->cos, t, n), sin_i = dt_mat_rows(b->sin, t, n);
 
-    /* ---- double-stream blocks ----
-     * The text stream's ops touch only text rows, so they run on the backend's side queue, overlapping the
-     * image stream's: the side queue waits for the main one before the first block (modulation, embedders)
-     * and after each attention; the main queue waits for the side one before each attention and at the end. */
+    /* ---- double-stream blocks (flux2_double_block: the text stream on the side queue) ---- */
+    flux2_double_io io = {b->s, b->a, b->y, b->qkv, b->q, b->k, b->v, b->o, b->h, b->g,
+                          b->cos, b->sin, b->mod_img, b->mod_txt};
     for (int i = 0; i < c->num_layers; i++) {
-        flux2_double *blk = &m->db[i];
-        dt_mat mi = b->mod_img, mt = b->mod_txt;
-        dt_mat a_txt = dt_mat_rows(b->a, 0, t), a_img = dt_mat_rows(b->a, t, n);
-        /* attention: norm1 + modulation, projections into joint Q/K/V rows */
-        if (t > 0) {
-            dt_on_queue(be, 1, i == 0);
-            be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
-            be->linear(be, dt_mat_rows(b->qkv, 0, t), a_txt, blk->add_qkv);
-            be->head_norm_rope(be, dt_mat_rows(b->q, 0, t), H, hd, blk->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
-            be->head_norm_rope(be, dt_mat_rows(b->k, 0, t), H, hd, blk->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
-            dt_on_queue(be, 0, 0);
-        }
-        be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-        be->linear(be, dt_mat_rows(b->qkv, t, n), a_img, blk->to_qkv);
-        be->head_norm_rope(be, dt_mat_rows(b->q, t, n), H, hd, blk->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-        be->head_norm_rope(be, dt_mat_rows(b->k, t, n), H, hd, blk->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
-        if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
-        be->attention(be, b->o, b->q, b->k, b->v, H, H, hd, att_scale, none, 0);
-        /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
-        dt_mat y_txt = dt_mat_rows(b->y, 0, t), y_img = dt_mat_rows(b->y, t, n);
-        if (t > 0) {
-            dt_mat h_txt = dt_mat_rows(b->h, 0, t), g_txt = dt_mat_rows(b->g, 0, t);
-            dt_on_queue(be, 1, 1);          /* after the attention */
-            dt_linear_gated(be, s_txt, dt_mat_rows(b->o, 0, t), blk->to_add_out, chunk(mt, 2, D), y_txt);
-            be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
-            be->linear(be, h_txt, a_txt, blk->ffc_in);
-            be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-            dt_linear_gated(be, s_txt, g_txt, blk->ffc_out, chunk(mt, 5, D), y_txt);
-            dt_on_queue(be, 0, 0);
-        }
-        dt_linear_gated(be, s_img, dt_mat_rows(b->o, t, n), blk->to_out, chunk(mi, 2, D), y_img);
-        dt_mat h_img = dt_mat_rows(b->h, t, n), g_img = dt_mat_rows(b->g, t, n);
-        be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
-        be->linear(be, h_img, a_img, blk->ff_in);
-        be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
-        dt_linear_gated(be, s_img, g_img, blk->ff_out, chunk(mi, 5, D), y_img);
-        if (t > 0 && (i == c->num_layers - 1 || trace)) dt_on_queue(be, 0, 1);   /* join: single blocks / observer */
+        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, i == c->num_layers - 1 || trace);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);

@@ -54,6 +54,32 @@ void flux2_set_graph(flux2_model *m, int on);
  * negative; the least recently used is replaced). txt = NULL releases them. 0 or -1 (dt_last_error). */
 int flux2_text_resident(flux2_model *m, const float *txt, int t);
 
+/* ---- one double-stream block, shared by flux2_forward and the bench's device-only replica ---- */
+typedef struct {
+    dt_linear *to_qkv, *to_out;       /* image attention: to_q/to_k/to_v stacked [3D, D]; [D, D] */
+    dt_linear *add_qkv, *to_add_out;  /* text attention: add_q/k/v_proj stacked [3D, D]; [D, D] */
+    dt_linear *ff_in, *ff_out;        /* image MLP [2F, D], [D, F] */
+    dt_linear *ffc_in, *ffc_out;      /* text MLP */
+    dt_mat norm_q, norm_k, norm_aq, norm_ak;   /* [1, hd] F32 */
+} flux2_double_w;
+
+/* The activations it works on; rows are the joint [text (t) | image (n)] sequence. */
+typedef struct {
+    dt_mat s;                   /* [t+n, D]  residual stream (updated in place) */
+    dt_mat a, y;                /* [t+n, D]  modulated-norm and projection scratch */
+    dt_mat qkv, q, k, v;        /* [t+n, 3D] joint Q|K|V; q, k, v its column views */
+    dt_mat o;                   /* [t+n, D]  attention output */
+    dt_mat h, g;                /* [t+n, 2F], [t+n, F] MLP hidden and SwiGLU output */
+    dt_mat cos, sin;            /* [t+n, hd] F32 RoPE tables */
+    dt_mat mod_img, mod_txt;    /* [1, 6D] modulation vectors */
+} flux2_double_io;
+
+/* Run double block w on io: the text stream on the backend's side queue (stream_switch) where it has one.
+ * first: the side queue first waits for the main one (work before the first block); join: the main queue
+ * waits for the side one at the end (before the single blocks or an observer reads the text rows). */
+void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
+                        int n, int t, int first, int join);
+
 /* One forward pass.
  *   img      [N, in_channels]   packed latent tokens (f32 host)
  *   txt      [T, joint_dim]     text features (f32 host)
