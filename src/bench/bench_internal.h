@@ -82,8 +82,6 @@ typedef struct {
     bm_double *db;
     bm_single *sb;
     dt_linear_set lin;          /* every created Linear */
-    void **host;                /* f32 conversions kept alive (format f32) */
-    int n_host;
     int to_f32;
     /* activations for (n, t) */
     int n, t;

@@ -18,18 +18,7 @@
 #include "io/json.h"
 
 static dt_linear *bm_linear(bm_model *m, const char *name, int64_t out, int64_t in) {
-    dt_linear_src src;
-    if (dt_weights_linear(m->w, name, out, in, -1, &src) != 0) return NULL;
-    if (m->to_f32 && !src.bits && src.dtype != DT_F32) {
-        size_t n = (size_t)out * in;
-        float *f = dt_malloc(sizeof(float) * n);
-        dt_convert_to_f32(f, src.data, src.dtype, n);
-        m->host = dt_realloc(m->host, sizeof *m->host * (m->n_host + 1));
-        m->host[m->n_host++] = f;
-        src.data = f;
-        src.dtype = DT_F32;
-    }
-    return dt_linear_set_add(&m->lin, &src);
+    return dt_linear_set_load(&m->lin, m->w, name, out, in, -1);   /* (m->lin.dense_f32 for format f32) */
 }
 
 static int bm_norm(bm_model *m, const char *name, dt_mat *out) {
@@ -50,6 +39,7 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     m->be = be;
     m->lin.be = be;
     m->to_f32 = to_f32;
+    m->lin.dense_f32 = to_f32;   /* dense bf16/f16 weights as f32 host copies (the bench's f32 format) */
     m->w = dt_weights_open(dir);
     free(dir);
     if (!m->w) { free(m); return NULL; }
@@ -75,28 +65,8 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     }
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
-    for (int i = 0; i < m->nd; i++) {
-        bm_double *b = &m->db[i];
-#define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->w.field, nm, o, in)
-        {
-            char qn[3][256];
-            const char *parts[3] = {qn[0], qn[1], qn[2]};
-            const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
-            const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
-            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
-            if (!(b->w.to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, &b->to_qkv_src))) goto fail;
-            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
-            if (!(b->w.add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, &b->add_qkv_src))) goto fail;
-        }
-        DL(to_out, "attn.to_out.0", D, D);
-        DL(to_add_out, "attn.to_add_out", D, D);
-        DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
-        DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
-#undef DL
-#define DN(field, suffix) snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, suffix); if (bm_norm(m, nm, &b->w.field)) goto fail
-        DN(norm_q, "norm_q"); DN(norm_k, "norm_k"); DN(norm_aq, "norm_added_q"); DN(norm_ak, "norm_added_k");
-#undef DN
-    }
+    for (int i = 0; i < m->nd; i++)   /* flux2.c's loader: the same stacked Q/K/V Linears */
+        if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i].w, &m->db[i].to_qkv_src, &m->db[i].add_qkv_src)) goto fail;
     m->sb = dt_calloc(m->ns ? m->ns : 1, sizeof *m->sb);
     for (int i = 0; i < m->ns; i++) {
         bm_single *b = &m->sb[i];
@@ -139,8 +109,6 @@ void bm_free(bm_model *m) {
             if (m->sb[i].norm_k.data) m->be->free(m->be, &m->sb[i].norm_k);
         }
     }
-    for (int i = 0; i < m->n_host; i++) free(m->host[i]);
-    free(m->host);
     free(m->db);
     free(m->sb);
     if (m->w) dt_weights_close(m->w);

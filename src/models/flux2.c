@@ -140,13 +140,44 @@ static dt_linear *load_linear(flux2_model *m, const char *name, int64_t out, int
     return dt_linear_set_load(&m->lin, m->w, name, out, in, -1);
 }
 
-static int load_norm(flux2_model *m, const char *name, dt_mat *out) {
-    int hd = m->c.head_dim;
+
+static int norm_upload(dt_backend *be, const dt_weights *w, int hd, const char *name, dt_mat *out) {
     float *tmp = dt_malloc(sizeof(float) * hd);
-    int rc = dt_weights_read_f32(m->w, name, tmp, hd);
-    if (rc == 0) *out = dt_param_upload(m->be, tmp, hd);
+    int rc = dt_weights_read_f32(w, name, tmp, hd);
+    if (rc == 0) *out = dt_param_upload(be, tmp, hd);
     free(tmp);
     return rc;
+}
+
+int flux2_double_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_double_w *out,
+                        dt_linear_src *qkv_src, dt_linear_src *add_qkv_src) {
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    char qn[3][256], nm[256];
+    const char *parts[3] = {qn[0], qn[1], qn[2]};
+    const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+    const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+    /* Q, K and V projections as one GEMM each for the image and the text stream */
+    for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
+    if (!(out->to_qkv = dt_linear_set_load_stacked(lin, w, parts, 3, D, D, qkv_src))) return -1;
+    for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
+    if (!(out->add_qkv = dt_linear_set_load_stacked(lin, w, parts, 3, D, D, add_qkv_src))) return -1;
+    struct { dt_linear **dst; const char *suffix; int64_t o, in; } l[] = {
+        {&out->to_out, "attn.to_out.0", D, D},        {&out->to_add_out, "attn.to_add_out", D, D},
+        {&out->ff_in, "ff.linear_in", 2 * F, D},      {&out->ff_out, "ff.linear_out", D, F},
+        {&out->ffc_in, "ff_context.linear_in", 2 * F, D}, {&out->ffc_out, "ff_context.linear_out", D, F},
+    };
+    for (size_t j = 0; j < sizeof l / sizeof l[0]; j++) {
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, l[j].suffix);
+        if (!(*l[j].dst = dt_linear_set_load(lin, w, nm, l[j].o, l[j].in, -1))) return -1;
+    }
+    struct { dt_mat *dst; const char *suffix; } n[] = {
+        {&out->norm_q, "norm_q"}, {&out->norm_k, "norm_k"}, {&out->norm_aq, "norm_added_q"}, {&out->norm_ak, "norm_added_k"},
+    };
+    for (size_t j = 0; j < sizeof n / sizeof n[0]; j++) {
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, n[j].suffix);
+        if (norm_upload(lin->be, w, c->head_dim, nm, n[j].dst)) return -1;
+    }
+    return 0;
 }
 
 #define LIN(dst, nm, o, i) do { if (!((dst) = load_linear(m, (nm), (o), (i)))) goto fail; } while (0)
@@ -190,26 +221,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
-        flux2_double *b = &m->db[i];
-#define DL(field, suffix, o, in) snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, suffix); LIN(b->field, nm, o, in)
-        {   /* Q, K and V projections as one GEMM each for the image and the text stream */
-            char qn[3][256];
-            const char *parts[3] = {qn[0], qn[1], qn[2]};
-            const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
-            const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
-            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
-            if (!(b->to_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL))) goto fail;
-            for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
-            if (!(b->add_qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL))) goto fail;
-        }
-        DL(to_out, "attn.to_out.0", D, D);
-        DL(to_add_out, "attn.to_add_out", D, D);
-        DL(ff_in, "ff.linear_in", 2 * F, D); DL(ff_out, "ff.linear_out", D, F);
-        DL(ffc_in, "ff_context.linear_in", 2 * F, D); DL(ffc_out, "ff_context.linear_out", D, F);
-#undef DL
-#define DN(field, suffix) snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, suffix); if (load_norm(m, nm, &b->field)) goto fail
-        DN(norm_q, "norm_q"); DN(norm_k, "norm_k"); DN(norm_aq, "norm_added_q"); DN(norm_ak, "norm_added_k");
-#undef DN
+        if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;
     }
     m->sb = dt_calloc(c->num_single_layers, sizeof *m->sb);
     for (int i = 0; i < c->num_single_layers; i++) {
@@ -219,9 +231,9 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
         snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
         LIN(b->out, nm, D, D + F);
         snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
-        if (load_norm(m, nm, &b->norm_q)) goto fail;
+        if (norm_upload(m->be, m->w, c->head_dim, nm, &b->norm_q)) goto fail;
         snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
-        if (load_norm(m, nm, &b->norm_k)) goto fail;
+        if (norm_upload(m->be, m->w, c->head_dim, nm, &b->norm_k)) goto fail;
     }
     return m;
 fail:

@@ -7,6 +7,7 @@
 
 #include "backends/backend.h"
 #include "io/weights.h"
+#include "models/linear_set.h"
 
 typedef struct {
     int in_channels;        /* latent channels per token (128 for klein) */
@@ -62,6 +63,12 @@ typedef struct {
     dt_linear *ffc_in, *ffc_out;      /* text MLP */
     dt_mat norm_q, norm_k, norm_aq, norm_ak;   /* [1, hd] F32 */
 } flux2_double_w;
+
+/* Load double block i's weights (Q/K/V stacked per stream) into lin. qkv_src / add_qkv_src (may be NULL) get
+ * the stacked host sources. 0 or -1 (dt_last_error names the tensor); on error the caller frees what was made
+ * (dt_linear_set_free and the norms' non-NULL data). */
+int flux2_double_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_double_w *out,
+                        dt_linear_src *qkv_src, dt_linear_src *add_qkv_src);
 
 /* The activations it works on; rows are the joint [text (t) | image (n)] sequence. */
 typedef struct {

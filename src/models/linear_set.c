@@ -14,10 +14,22 @@ static void fmt_add(dt_linear_set *s, const char *f) {
     }
 }
 
+static void *own(dt_linear_set *s, size_t bytes);
+
 dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src0) {
     dt_linear_src srcp = *src0;
     const dt_linear_src *src = &srcp;
     if (s->precision != DT_PREC_BF16) srcp.precision = s->precision;
+    if (s->dense_f32 && !srcp.bits && srcp.dtype != DT_F32) {
+        size_t n = (size_t)srcp.out * (size_t)srcp.in;
+        float *f = own(s, sizeof(float) * n);
+        if (dt_convert_to_f32(f, srcp.data, srcp.dtype, n) != 0) {
+            dt_set_error("linear '%s': dense weights of dtype %s", srcp.name ? srcp.name : "?", dt_dtype_name(srcp.dtype));
+            return NULL;
+        }
+        srcp.data = f;
+        srcp.dtype = DT_F32;
+    }
     dt_linear *l = s->be->linear_create(s->be, src);
     if (!l) return NULL;
     s->all = dt_realloc(s->all, sizeof *s->all * (size_t)(s->n + 1));

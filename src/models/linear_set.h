@@ -12,8 +12,9 @@ typedef struct {
     dt_linear **all;
     int n;
     char fmt[96];
-    void **owned;      /* host buffers of stacked Linears */
+    void **owned;      /* host buffers of stacked / converted Linears */
     int nowned;
+    int dense_f32;     /* 1: dense bf16/f16 weights are converted to f32 host copies first (the bench's f32 format) */
     dt_precision precision;   /* applied to Linears added from now on (models: their DiT blocks' Linears) */
 } dt_linear_set;
 
