@@ -67,10 +67,7 @@ typedef struct {
     dt_linear_src to_qkv_src, add_qkv_src;  /* the stacked Q/K/V host sources (utilization table) */
 } bm_double;
 
-typedef struct {
-    dt_linear *qkv_mlp, *out;
-    dt_mat norm_q, norm_k;
-} bm_single;
+typedef flux2_single_w bm_single;   /* run by flux2_single_op as in flux2.c */
 
 typedef struct {
     dt_backend *be;
@@ -91,15 +88,15 @@ typedef struct {
 
 /* Stages of a single block for the cumulative-prefix ledger: the block's ops in order. */
 enum {
-    BM_ST_NORM = 0,   /* adaLN: layernorm_mod */
-    BM_ST_PROJ,       /* fused projection GEMM [L, D] -> [L, 3D+2F] */
-    BM_ST_QKNORM,     /* per-head RMSNorm of Q and K (head_norm_rope, no rotation) */
-    BM_ST_ROPE,       /* the same op with the rotation (replaces the previous one) */
-    BM_ST_ATTN,       /* attention */
-    BM_ST_ACT,        /* SwiGLU */
-    BM_ST_OUT,        /* output GEMM [L, D+F] -> [L, D] */
-    BM_ST_RESID,      /* gated residual */
-    BM_ST_FULL = BM_ST_RESID
+    BM_ST_NORM = FLUX2_SB_NORM,     /* adaLN: layernorm_mod */
+    BM_ST_PROJ = FLUX2_SB_PROJ,     /* fused projection GEMM [L, D] -> [L, 3D+2F] */
+    BM_ST_QKNORM = FLUX2_SB_QKNORM, /* per-head RMSNorm of Q and K (head_norm_rope, no rotation) */
+    BM_ST_ROPE = FLUX2_SB_ROPE,     /* the same op with the rotation (replaces the previous one) */
+    BM_ST_ATTN = FLUX2_SB_ATTN,     /* attention */
+    BM_ST_ACT = FLUX2_SB_ACT,       /* SwiGLU */
+    BM_ST_OUT = FLUX2_SB_OUT,       /* output GEMM [L, D+F] -> [L, D] (+ gated residual when fused) */
+    BM_ST_RESID = FLUX2_SB_RESID,   /* gated residual (when not fused) */
+    BM_ST_FULL = FLUX2_SB_RESID
 };
 
 /* Load from a transformer folder: nd/ns = how many double/single blocks (-1 = all), embed = 1 to load

@@ -21,15 +21,6 @@ static dt_linear *bm_linear(bm_model *m, const char *name, int64_t out, int64_t 
     return dt_linear_set_load(&m->lin, m->w, name, out, in, -1);   /* (m->lin.dense_f32 for format f32) */
 }
 
-static int bm_norm(bm_model *m, const char *name, dt_mat *out) {
-    int hd = m->c.head_dim;
-    float *tmp = dt_malloc(sizeof(float) * hd);
-    int rc = dt_weights_read_f32(m->w, name, tmp, hd);
-    if (rc == 0) *out = dt_param_upload(m->be, tmp, hd);
-    free(tmp);
-    return rc;
-}
-
 #define LIN(dst, nm, o, i) do { if (!((dst) = bm_linear(m, (nm), (o), (i)))) goto fail; } while (0)
 
 bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, int to_f32) {
@@ -47,11 +38,10 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     if (!cfg) { dt_set_error("%s: no config.json", dt_weights_path(m->w)); goto fail; }
     if (flux2_config_parse(cfg, "config.json", &m->c)) goto fail;
     const flux2_config *c = &m->c;
-    int64_t D = c->hidden, F = c->mlp_hidden;
+    int64_t D = c->hidden;
     m->nd = nd < 0 || nd > c->num_layers ? c->num_layers : nd;
     m->ns = ns < 0 || ns > c->num_single_layers ? c->num_single_layers : ns;
     m->embed = embed;
-    char nm[256];
     if (embed) {
         LIN(m->x_emb, "x_embedder", D, c->in_channels);
         LIN(m->ctx_emb, "context_embedder", D, c->joint_dim);
@@ -68,17 +58,8 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     for (int i = 0; i < m->nd; i++)   /* flux2.c's loader: the same stacked Q/K/V Linears */
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i].w, &m->db[i].to_qkv_src, &m->db[i].add_qkv_src)) goto fail;
     m->sb = dt_calloc(m->ns ? m->ns : 1, sizeof *m->sb);
-    for (int i = 0; i < m->ns; i++) {
-        bm_single *b = &m->sb[i];
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
-        LIN(b->qkv_mlp, nm, 3 * D + 2 * F, D);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
-        LIN(b->out, nm, D, D + F);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
-        if (bm_norm(m, nm, &b->norm_q)) goto fail;
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
-        if (bm_norm(m, nm, &b->norm_k)) goto fail;
-    }
+    for (int i = 0; i < m->ns; i++)
+        if (flux2_single_w_load(&m->lin, m->w, c, i, &m->sb[i])) goto fail;
     return m;
 fail:
     bm_free(m);
@@ -244,41 +225,8 @@ void bm_double_block(bm_model *m, int i, int join) {
 /* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass
  * and RoPE a rotation-only pass (two passes instead of the model's fused one). */
 void bm_single_op(bm_model *m, int i, int k, int split) {
-    dt_backend *be = m->be;
-    const flux2_config *c = &m->c;
-    bm_single *blk = &m->sb[i];
-    int H = c->heads, hd = c->head_dim;
-    int64_t D = c->hidden, F = c->mlp_hidden;
-    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
-    dt_mat none = dt_mat_null(), ms = m->mod_single_v;
-    dt_mat q = dt_mat_cols(m->p, 0, D), kk = dt_mat_cols(m->p, D, D), v = dt_mat_cols(m->p, 2 * D, D);
-    switch (k) {
-    case BM_ST_NORM: be->layernorm_mod(be, m->a, m->s, chunk(ms, 0, D), chunk(ms, 1, D), eps); break;
-    case BM_ST_PROJ: be->linear(be, m->p, m->a, blk->qkv_mlp); break;
-    case BM_ST_QKNORM: {
-        dt_rope_mode mode = split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
-        be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, m->cos, m->sin, mode);
-        be->head_norm_rope(be, kk, H, hd, blk->norm_k, eps, m->cos, m->sin, mode);
-        break;
-    }
-    case BM_ST_ROPE:
-        if (split) {
-            be->head_norm_rope(be, q, H, hd, none, eps, m->cos, m->sin, DT_ROPE_INTERLEAVED);
-            be->head_norm_rope(be, kk, H, hd, none, eps, m->cos, m->sin, DT_ROPE_INTERLEAVED);
-        }
-        break;
-    case BM_ST_ATTN: be->attention(be, dt_mat_cols(m->cc, 0, D), q, kk, v, H, H, hd, att_scale, none, 0); break;
-    case BM_ST_ACT:
-        be->act_mul(be, dt_mat_cols(m->cc, D, F), dt_mat_cols(m->p, 3 * D, F), dt_mat_cols(m->p, 3 * D + F, F), DT_ACT_SILU);
-        break;
-    case BM_ST_OUT:   /* with the backend's fused linear_gated_add the gated residual happens here */
-        if (be->linear_gated_add) be->linear_gated_add(be, m->s, m->cc, blk->out, chunk(ms, 2, D));
-        else be->linear(be, m->y, m->cc, blk->out);
-        break;
-    case BM_ST_RESID:
-        if (!be->linear_gated_add) be->gated_add(be, m->s, chunk(ms, 2, D), m->y);
-        break;
-    }
+    flux2_single_io io = {m->s, m->a, m->y, m->p, m->cc, m->cos, m->sin, m->mod_single_v};
+    flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split);
 }
 
 void bm_single_stages(bm_model *m, int i, int last) {

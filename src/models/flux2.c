@@ -19,11 +19,7 @@
 
 typedef flux2_double_w flux2_double;
 
-typedef struct {
-    dt_linear *qkv_mlp;   /* [3D + 2F, D] */
-    dt_linear *out;       /* [D, D + F] */
-    dt_mat norm_q, norm_k;
-} flux2_single;
+typedef flux2_single_w flux2_single;
 
 /* Activation buffers for one (N, T) shape; kept between calls (stable for graph capture). */
 typedef struct {
@@ -180,6 +176,20 @@ int flux2_double_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
     return 0;
 }
 
+int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out) {
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    char nm[256];
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
+    if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) return -1;
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
+    if (!(out->out = dt_linear_set_load(lin, w, nm, D, D + F, -1))) return -1;
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+    if (norm_upload(lin->be, w, c->head_dim, nm, &out->norm_q)) return -1;
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+    if (norm_upload(lin->be, w, c->head_dim, nm, &out->norm_k)) return -1;
+    return 0;
+}
+
 #define LIN(dst, nm, o, i) do { if (!((dst) = load_linear(m, (nm), (o), (i)))) goto fail; } while (0)
 
 flux2_model *flux2_load(dt_backend *be, const char *path) {
@@ -204,8 +214,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     if (flux2_config_parse(cfg, what, &m->c)) goto fail;
 
     const flux2_config *c = &m->c;
-    int64_t D = c->hidden, F = c->mlp_hidden;
-    char nm[256];
+    int64_t D = c->hidden;
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
 
     LIN(m->x_emb, "x_embedder", D, c->in_channels);
@@ -225,15 +234,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     }
     m->sb = dt_calloc(c->num_single_layers, sizeof *m->sb);
     for (int i = 0; i < c->num_single_layers; i++) {
-        flux2_single *b = &m->sb[i];
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
-        LIN(b->qkv_mlp, nm, 3 * D + 2 * F, D);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
-        LIN(b->out, nm, D, D + F);
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
-        if (norm_upload(m->be, m->w, c->head_dim, nm, &b->norm_q)) goto fail;
-        snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
-        if (norm_upload(m->be, m->w, c->head_dim, nm, &b->norm_k)) goto fail;
+        if (flux2_single_w_load(&m->lin, m->w, c, i, &m->sb[i])) goto fail;
     }
     return m;
 fail:
@@ -415,6 +416,43 @@ static void timestep_sinusoid(float t, int channels, float *out) {
 static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
 
+void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
+                     int k, int split) {
+    int H = c->heads, hd = c->head_dim;
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    dt_mat none = dt_mat_null(), ms = io->mod_single;
+    dt_mat q = dt_mat_cols(io->p, 0, D), kk = dt_mat_cols(io->p, D, D), v = dt_mat_cols(io->p, 2 * D, D);
+    switch (k) {
+    case FLUX2_SB_NORM: be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps); break;
+    case FLUX2_SB_PROJ: be->linear(be, io->p, io->a, w->qkv_mlp); break;
+    case FLUX2_SB_QKNORM: {
+        dt_rope_mode mode = split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
+        be->head_norm_rope(be, q, H, hd, w->norm_q, eps, io->cos, io->sin, mode);
+        be->head_norm_rope(be, kk, H, hd, w->norm_k, eps, io->cos, io->sin, mode);
+        break;
+    }
+    case FLUX2_SB_ROPE:
+        if (split) {
+            be->head_norm_rope(be, q, H, hd, none, eps, io->cos, io->sin, DT_ROPE_INTERLEAVED);
+            be->head_norm_rope(be, kk, H, hd, none, eps, io->cos, io->sin, DT_ROPE_INTERLEAVED);
+        }
+        break;
+    case FLUX2_SB_ATTN: be->attention(be, dt_mat_cols(io->c, 0, D), q, kk, v, H, H, hd, att_scale, none, 0); break;
+    case FLUX2_SB_ACT:   /* SwiGLU of the MLP half into the second part of c (the concat is a column view) */
+        be->act_mul(be, dt_mat_cols(io->c, D, F), dt_mat_cols(io->p, 3 * D, F), dt_mat_cols(io->p, 3 * D + F, F),
+                    DT_ACT_SILU);
+        break;
+    case FLUX2_SB_OUT:
+        if (be->linear_gated_add) be->linear_gated_add(be, io->s, io->c, w->out, chunk(ms, 2, D));
+        else be->linear(be, io->y, io->c, w->out);
+        break;
+    case FLUX2_SB_RESID:
+        if (!be->linear_gated_add) be->gated_add(be, io->s, chunk(ms, 2, D), io->y);
+        break;
+    }
+}
+
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
                         int n, int t, int first, int join) {
     int64_t D = c->hidden, F = c->mlp_hidden;
@@ -470,9 +508,8 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     flux2_bufs *b = &m->buf;
-    int64_t D = c->hidden, F = c->mlp_hidden;
-    int H = c->heads, hd = c->head_dim;
-    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    int64_t D = c->hidden;
+    float eps = c->eps;
     dt_mat none = dt_mat_null();
 
     be->linear(be, b->th, b->emb, m->t_lin1);
@@ -502,17 +539,9 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     }
 
     /* ---- single-stream blocks on the joint stream ---- */
-    dt_mat ms = b->mod_single;
+    flux2_single_io sio = {b->s, b->a, b->y, b->p, b->c, b->cos, b->sin, b->mod_single};
     for (int i = 0; i < c->num_single_layers; i++) {
-        flux2_single *blk = &m->sb[i];
-        be->layernorm_mod(be, b->a, b->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
-        be->linear(be, b->p, b->a, blk->qkv_mlp);
-        dt_mat q = dt_mat_cols(b->p, 0, D), k = dt_mat_cols(b->p, D, D), v = dt_mat_cols(b->p, 2 * D, D);
-        be->head_norm_rope(be, q, H, hd, blk->norm_q, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
-        be->head_norm_rope(be, k, H, hd, blk->norm_k, eps, b->cos, b->sin, DT_ROPE_INTERLEAVED);
-        be->attention(be, dt_mat_cols(b->c, 0, D), q, k, v, H, H, hd, att_scale, none, 0);
-        be->act_mul(be, dt_mat_cols(b->c, D, F), dt_mat_cols(b->p, 3 * D, F), dt_mat_cols(b->p, 3 * D + F, F), DT_ACT_SILU);
-        dt_linear_gated(be, b->s, b->c, blk->out, chunk(ms, 2, D), b->y);
+        for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, &m->sb[i], &sio, k, 0);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "single.%d", i);

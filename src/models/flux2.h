@@ -87,6 +87,41 @@ typedef struct {
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
                         int n, int t, int first, int join);
 
+/* ---- one single-stream block, shared by flux2_forward and the bench's replica ---- */
+typedef struct {
+    dt_linear *qkv_mlp;   /* [3D + 2F, D] fused Q|K|V|MLP-in projection */
+    dt_linear *out;       /* [D, D + F] fused attention-out | MLP-out projection */
+    dt_mat norm_q, norm_k;
+} flux2_single_w;
+
+typedef struct {
+    dt_mat s;            /* [t+n, D]       residual stream (updated in place) */
+    dt_mat a, y;         /* [t+n, D]       modulated norm; projection output (when not fused) */
+    dt_mat p;            /* [t+n, 3D + 2F] fused projection output (q, k, v, MLP gate/up are column views) */
+    dt_mat c;            /* [t+n, D + F]   [attention | SwiGLU] */
+    dt_mat cos, sin;     /* [t+n, hd] F32 RoPE tables */
+    dt_mat mod_single;   /* [1, 3D] modulation vector */
+} flux2_single_io;
+
+/* The ops of a single block in order (the bench times cumulative prefixes of them). */
+enum {
+    FLUX2_SB_NORM = 0,  /* adaLN: layernorm_mod */
+    FLUX2_SB_PROJ,      /* fused projection GEMM [L, D] -> [L, 3D + 2F] */
+    FLUX2_SB_QKNORM,    /* per-head RMSNorm of Q and K (+ RoPE unless split) */
+    FLUX2_SB_ROPE,      /* split only: the rotation as its own pass */
+    FLUX2_SB_ATTN,      /* attention */
+    FLUX2_SB_ACT,       /* SwiGLU */
+    FLUX2_SB_OUT,       /* output GEMM [L, D + F] -> [L, D] (+ the gated residual when the backend fuses it) */
+    FLUX2_SB_RESID,     /* gated residual (when not fused) */
+    FLUX2_SB_COUNT
+};
+/* Op k of single block w on io. split = 0: the model (QKNORM is the fused norm + RoPE pass, ROPE nothing);
+ * split = 1: QKNORM normalizes only and ROPE rotates only (two passes, for the bench's timing). */
+void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
+                     int k, int split);
+/* Load single block i's weights into lin; 0 or -1 (dt_last_error). */
+int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out);
+
 /* One forward pass.
  *   img      [N, in_channels]   packed latent tokens (f32 host)
  *   txt      [T, joint_dim]     text features (f32 host)
