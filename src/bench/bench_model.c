@@ -1,13 +1,11 @@
 /* bench_model.c — the bench's device-only replica of the FLUX.2-klein forward (src/models/flux2.c).
  *
- * Same op sequence, same buffers layout (joint [text, image] stream, Q/K/V written into row ranges,
- * single-block projection consumed through column views), but split into pieces the bench can time
- * on their own: the pre-step (timestep MLP, modulations, embedders), each double block, each single
- * block up to any of its ops (cumulative prefixes), and the final layer. It never transfers to or from
- * the host and never allocates inside a forward, so it can be captured into a CUDA graph. Weights come
- * from the public weights API (dt_weights_linear + linear_create); any subset of blocks can be loaded,
- * which lets the arms build small per-backend copies. The bench checks it against flux2_forward
- * (max |difference| of the outputs) in every run.
+ * The blocks are flux2.c's own (flux2_double_block, flux2_single_op and their weight loaders) run on the
+ * replica's buffers, split into pieces the bench can time on their own: the pre-step (timestep MLP,
+ * modulations, embedders), each double block, each single block up to any of its ops (cumulative prefixes),
+ * and the final layer. It never transfers to or from the host and never allocates inside a forward, so it
+ * can be captured into a CUDA graph. Any subset of blocks can be loaded, which lets the arms build small
+ * per-backend copies. The bench checks it against flux2_forward (max |difference| of the outputs) in every run.
  */
 #include <math.h>
 #include <stdio.h>
