@@ -75,7 +75,7 @@ typedef struct {
     flux2_config c;
     int embed;                  /* embedders / modulations / final layer loaded */
     int nd, ns;                 /* double / single blocks loaded */
-    dt_linear *x_emb, *ctx_emb, *t_lin1, *t_lin2, *mod_img, *mod_txt, *mod_single, *norm_out, *proj_out;
+    flux2_outer_w ow;           /* embedders, timestep MLP, modulation, final layer (flux2.c's) */
     bm_double *db;
     bm_single *sb;
     dt_linear_set lin;          /* every created Linear */

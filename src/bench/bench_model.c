@@ -15,11 +15,7 @@
 #include "bench_internal.h"
 #include "io/json.h"
 
-static dt_linear *bm_linear(bm_model *m, const char *name, int64_t out, int64_t in) {
-    return dt_linear_set_load(&m->lin, m->w, name, out, in, -1);   /* (m->lin.dense_f32 for format f32) */
-}
 
-#define LIN(dst, nm, o, i) do { if (!((dst) = bm_linear(m, (nm), (o), (i)))) goto fail; } while (0)
 
 bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, int to_f32) {
     char *dir = dt_weights_component_dir(path, "transformer");
@@ -36,21 +32,10 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     if (!cfg) { dt_set_error("%s: no config.json", dt_weights_path(m->w)); goto fail; }
     if (flux2_config_parse(cfg, "config.json", &m->c)) goto fail;
     const flux2_config *c = &m->c;
-    int64_t D = c->hidden;
     m->nd = nd < 0 || nd > c->num_layers ? c->num_layers : nd;
     m->ns = ns < 0 || ns > c->num_single_layers ? c->num_single_layers : ns;
     m->embed = embed;
-    if (embed) {
-        LIN(m->x_emb, "x_embedder", D, c->in_channels);
-        LIN(m->ctx_emb, "context_embedder", D, c->joint_dim);
-        LIN(m->t_lin1, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels);
-        LIN(m->t_lin2, "time_guidance_embed.timestep_embedder.linear_2", D, D);
-        LIN(m->mod_img, "double_stream_modulation_img.linear", 6 * D, D);
-        LIN(m->mod_txt, "double_stream_modulation_txt.linear", 6 * D, D);
-        LIN(m->mod_single, "single_stream_modulation.linear", 3 * D, D);
-        LIN(m->norm_out, "norm_out.linear", 2 * D, D);
-        LIN(m->proj_out, "proj_out", c->out_channels, D);
-    }
+    if (embed && flux2_outer_w_load(&m->lin, m->w, c, &m->ow)) goto fail;
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
     for (int i = 0; i < m->nd; i++)   /* flux2.c's loader: the same stacked Q/K/V Linears */
@@ -63,7 +48,6 @@ fail:
     bm_free(m);
     return NULL;
 }
-#undef LIN
 
 static void bm_free_acts(bm_model *m) {
     dt_mat *mats[] = {&m->emb, &m->temb, &m->th, &m->mod_img_v, &m->mod_txt_v, &m->mod_single_v, &m->mod_out_v,
@@ -193,22 +177,11 @@ void bm_randomize(bm_model *m, uint64_t seed) {
     if (m->cc.data) bench_fill_randn(be, m->cc, seed + 6, 1.0f);
 }
 
-static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
 void bm_pre(bm_model *m) {
-    dt_backend *be = m->be;
-    dt_mat none = dt_mat_null();
-    int n = m->n, t = m->t;
-    be->linear(be, m->th, m->emb, m->t_lin1);
-    be->act_mul(be, m->th, m->th, none, DT_ACT_SILU);
-    be->linear(be, m->temb, m->th, m->t_lin2);
-    be->act_mul(be, m->th, m->temb, none, DT_ACT_SILU);
-    be->linear(be, m->mod_img_v, m->th, m->mod_img);
-    be->linear(be, m->mod_txt_v, m->th, m->mod_txt);
-    be->linear(be, m->mod_single_v, m->th, m->mod_single);
-    be->linear(be, m->mod_out_v, m->th, m->norm_out);
-    be->linear(be, dt_mat_rows(m->s, t, n), m->in_img, m->x_emb);
-    if (t > 0) be->linear(be, dt_mat_rows(m->s, 0, t), m->in_txt, m->ctx_emb);
+    flux2_outer_io io = {m->emb, m->temb, m->th, m->mod_img_v, m->mod_txt_v, m->mod_single_v, m->mod_out_v,
+                         m->in_img, m->in_txt, m->s, m->a, m->out};
+    flux2_pre(m->be, &m->ow, &io, m->n, m->t);
 }
 
 
@@ -236,11 +209,9 @@ void bm_single_stages(bm_model *m, int i, int last) {
 }
 
 void bm_final(bm_model *m) {
-    dt_backend *be = m->be;
-    int64_t D = m->c.hidden;
-    dt_mat a_img = dt_mat_rows(m->a, m->t, m->n), s_img = dt_mat_rows(m->s, m->t, m->n);
-    be->layernorm_mod(be, a_img, s_img, chunk(m->mod_out_v, 1, D), chunk(m->mod_out_v, 0, D), m->c.eps);
-    be->linear(be, m->out, a_img, m->proj_out);
+    flux2_outer_io io = {m->emb, m->temb, m->th, m->mod_img_v, m->mod_txt_v, m->mod_single_v, m->mod_out_v,
+                         m->in_img, m->in_txt, m->s, m->a, m->out};
+    flux2_final(m->be, &m->c, &m->ow, &io, m->n, m->t, NULL, NULL);
 }
 
 void bm_forward(bm_model *m, int nd, int ns) {

@@ -58,9 +58,9 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
                 else if (!strcmp(suf, "ff.linear_out")) l = d->w.ff_out;
                 else if (!strcmp(suf, "ff_context.linear_in")) l = d->w.ffc_in;
                 else if (!strcmp(suf, "ff_context.linear_out")) l = d->w.ffc_out;
-            } else if (!strcmp(nm, "x_embedder")) l = bm->x_emb;
-            else if (!strcmp(nm, "context_embedder")) l = bm->ctx_emb;
-            else if (!strcmp(nm, "proj_out")) l = bm->proj_out;
+            } else if (!strcmp(nm, "x_embedder")) l = bm->ow.x_emb;
+            else if (!strcmp(nm, "context_embedder")) l = bm->ow.ctx_emb;
+            else if (!strcmp(nm, "proj_out")) l = bm->ow.proj_out;
             if (l && n < max) out[n++] = l;
         }
     return have_src ? n : -1;

@@ -48,7 +48,7 @@ struct flux2_model {
     dt_backend *be;
     dt_weights *w;
     flux2_config c;
-    dt_linear *x_emb, *ctx_emb, *t_lin1, *t_lin2, *mod_img, *mod_txt, *mod_single, *norm_out, *proj_out;
+    flux2_outer_w o;      /* embedders, timestep MLP, modulation, final layer */
     flux2_double *db;
     flux2_single *sb;
     dt_linear_set lin;   /* every created Linear (cleanup, format description) */
@@ -132,10 +132,6 @@ int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
 
 /* ------------------------------------------------------------------ loading */
 
-static dt_linear *load_linear(flux2_model *m, const char *name, int64_t out, int64_t in) {
-    return dt_linear_set_load(&m->lin, m->w, name, out, in, -1);
-}
-
 
 static int norm_upload(dt_backend *be, const dt_weights *w, int hd, const char *name, dt_mat *out) {
     float *tmp = dt_malloc(sizeof(float) * hd);
@@ -190,7 +186,24 @@ int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
     return 0;
 }
 
-#define LIN(dst, nm, o, i) do { if (!((dst) = load_linear(m, (nm), (o), (i)))) goto fail; } while (0)
+int flux2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, flux2_outer_w *out) {
+    int64_t D = c->hidden;
+    struct { dt_linear **dst; const char *name; int64_t o, in; } l[] = {
+        {&out->x_emb, "x_embedder", D, c->in_channels},
+        {&out->ctx_emb, "context_embedder", D, c->joint_dim},
+        {&out->t_lin1, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels},
+        {&out->t_lin2, "time_guidance_embed.timestep_embedder.linear_2", D, D},
+        {&out->mod_img, "double_stream_modulation_img.linear", 6 * D, D},
+        {&out->mod_txt, "double_stream_modulation_txt.linear", 6 * D, D},
+        {&out->mod_single, "single_stream_modulation.linear", 3 * D, D},
+        {&out->norm_out, "norm_out.linear", 2 * D, D},
+        {&out->proj_out, "proj_out", c->out_channels, D},
+    };
+    for (size_t j = 0; j < sizeof l / sizeof l[0]; j++)
+        if (!(*l[j].dst = dt_linear_set_load(lin, w, l[j].name, l[j].o, l[j].in, -1))) return -1;
+    return 0;
+}
+
 
 flux2_model *flux2_load(dt_backend *be, const char *path) {
     char *dir = dt_weights_component_dir(path, "transformer");
@@ -214,18 +227,9 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     if (flux2_config_parse(cfg, what, &m->c)) goto fail;
 
     const flux2_config *c = &m->c;
-    int64_t D = c->hidden;
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
 
-    LIN(m->x_emb, "x_embedder", D, c->in_channels);
-    LIN(m->ctx_emb, "context_embedder", D, c->joint_dim);
-    LIN(m->t_lin1, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels);
-    LIN(m->t_lin2, "time_guidance_embed.timestep_embedder.linear_2", D, D);
-    LIN(m->mod_img, "double_stream_modulation_img.linear", 6 * D, D);
-    LIN(m->mod_txt, "double_stream_modulation_txt.linear", 6 * D, D);
-    LIN(m->mod_single, "single_stream_modulation.linear", 3 * D, D);
-    LIN(m->norm_out, "norm_out.linear", 2 * D, D);
-    LIN(m->proj_out, "proj_out", c->out_channels, D);
+    if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
 
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
@@ -241,7 +245,6 @@ fail:
     flux2_free(m);
     return NULL;
 }
-#undef LIN
 
 static void free_bufs(dt_backend *be, flux2_bufs *b) {
     dt_mat *mats[] = {&b->emb, &b->temb, &b->th, &b->mod_img, &b->mod_txt, &b->mod_single, &b->mod_out,
@@ -416,6 +419,31 @@ static void timestep_sinusoid(float t, int channels, float *out) {
 static dt_mat chunk(dt_mat v, int idx, int64_t d) { return dt_mat_cols(v, idx * d, d); }
 
 
+void flux2_pre(dt_backend *be, const flux2_outer_w *w, const flux2_outer_io *io, int n, int t) {
+    dt_mat none = dt_mat_null();
+    be->linear(be, io->th, io->emb, w->t_lin1);
+    be->act_mul(be, io->th, io->th, none, DT_ACT_SILU);
+    be->linear(be, io->temb, io->th, w->t_lin2);
+    be->act_mul(be, io->th, io->temb, none, DT_ACT_SILU);          /* th = SiLU(temb) */
+    be->linear(be, io->mod_img, io->th, w->mod_img);
+    be->linear(be, io->mod_txt, io->th, w->mod_txt);
+    be->linear(be, io->mod_single, io->th, w->mod_single);
+    be->linear(be, io->mod_out, io->th, w->norm_out);
+    /* input projections straight into the joint stream: text rows [0,T), image rows [T,T+N) */
+    be->linear(be, dt_mat_rows(io->s, t, n), io->in_img, w->x_emb);
+    if (t > 0) be->linear(be, dt_mat_rows(io->s, 0, t), io->in_txt, w->ctx_emb);
+}
+
+void flux2_final(dt_backend *be, const flux2_config *c, const flux2_outer_w *w, const flux2_outer_io *io, int n, int t,
+                 void (*trace)(void *ud, const char *name, dt_mat m), void *ud) {
+    int64_t D = c->hidden;
+    dt_mat a_img = dt_mat_rows(io->a, t, n), s_img = dt_mat_rows(io->s, t, n);
+    /* norm_out's modulation is [scale | shift] (the reverse of the blocks' order) */
+    be->layernorm_mod(be, a_img, s_img, chunk(io->mod_out, 1, D), chunk(io->mod_out, 0, D), c->eps);
+    if (trace) trace(ud, "norm_out", a_img);
+    be->linear(be, io->out, a_img, w->proj_out);
+}
+
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                      int k, int split) {
     int H = c->heads, hd = c->head_dim;
@@ -508,23 +536,10 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     flux2_bufs *b = &m->buf;
-    int64_t D = c->hidden;
-    float eps = c->eps;
-    dt_mat none = dt_mat_null();
-
-    be->linear(be, b->th, b->emb, m->t_lin1);
-    be->act_mul(be, b->th, b->th, none, DT_ACT_SILU);
-    be->linear(be, b->temb, b->th, m->t_lin2);
-    be->act_mul(be, b->th, b->temb, none, DT_ACT_SILU);          /* th = SiLU(temb) */
-    be->linear(be, b->mod_img, b->th, m->mod_img);
-    be->linear(be, b->mod_txt, b->th, m->mod_txt);
-    be->linear(be, b->mod_single, b->th, m->mod_single);
-    be->linear(be, b->mod_out, b->th, m->norm_out);
-
-    /* input projections straight into the joint stream: text rows [0,T), image rows [T,T+N) */
+    flux2_outer_io oio = {b->emb, b->temb, b->th, b->mod_img, b->mod_txt, b->mod_single, b->mod_out,
+                          b->in_img, b->in_txt, b->s, b->a, b->out};
+    flux2_pre(be, &m->o, &oio, n, t);
     dt_mat s_txt = dt_mat_rows(b->s, 0, t), s_img = dt_mat_rows(b->s, t, n);
-    be->linear(be, s_img, b->in_img, m->x_emb);
-    if (t > 0) be->linear(be, s_txt, b->in_txt, m->ctx_emb);
 
     /* ---- double-stream blocks (flux2_double_block: the text stream on the side queue) ---- */
     flux2_double_io io = {b->s, b->a, b->y, b->qkv, b->q, b->k, b->v, b->o, b->h, b->g,
@@ -550,10 +565,7 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     }
 
     /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection ---- */
-    dt_mat a_img = dt_mat_rows(b->a, t, n);
-    be->layernorm_mod(be, a_img, s_img, chunk(b->mod_out, 1, D), chunk(b->mod_out, 0, D), eps);
-    if (trace) trace(ud, "norm_out", a_img);
-    be->linear(be, b->out, a_img, m->proj_out);
+    flux2_final(be, c, &m->o, &oio, n, t, trace, ud);
 }
 
 int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,

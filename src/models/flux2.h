@@ -55,6 +55,28 @@ void flux2_set_graph(flux2_model *m, int on);
  * negative; the least recently used is replaced). txt = NULL releases them. 0 or -1 (dt_last_error). */
 int flux2_text_resident(flux2_model *m, const float *txt, int t);
 
+/* ---- the parts around the blocks (timestep MLP, modulation, embedders, final layer), shared with the bench ---- */
+typedef struct {
+    dt_linear *x_emb, *ctx_emb;                      /* [D, in], [D, joint] */
+    dt_linear *t_lin1, *t_lin2;                      /* timestep MLP [D, tg], [D, D] */
+    dt_linear *mod_img, *mod_txt, *mod_single;       /* [6D, D], [6D, D], [3D, D] */
+    dt_linear *norm_out, *proj_out;                  /* [2D, D], [out, D] */
+} flux2_outer_w;
+typedef struct {
+    dt_mat emb;                                      /* [1, tg] timestep sinusoid (input) */
+    dt_mat temb, th;                                 /* [1, D] */
+    dt_mat mod_img, mod_txt, mod_single, mod_out;    /* [1, 6D] [1, 6D] [1, 3D] [1, 2D] */
+    dt_mat in_img, in_txt;                           /* [n, in], [t, joint] (inputs) */
+    dt_mat s, a;                                     /* [t+n, D] joint stream and norm scratch */
+    dt_mat out;                                      /* [n, out] */
+} flux2_outer_io;
+int flux2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, flux2_outer_w *out);
+/* Timestep MLP, the modulation vectors and the input projections into the joint stream. */
+void flux2_pre(dt_backend *be, const flux2_outer_w *w, const flux2_outer_io *io, int n, int t);
+/* Final modulated norm and proj_out of the image rows (trace, if set, observes "norm_out"). */
+void flux2_final(dt_backend *be, const flux2_config *c, const flux2_outer_w *w, const flux2_outer_io *io, int n, int t,
+                 void (*trace)(void *ud, const char *name, dt_mat m), void *ud);
+
 /* ---- one double-stream block, shared by flux2_forward and the bench's device-only replica ---- */
 typedef struct {
     dt_linear *to_qkv, *to_out;       /* image attention: to_q/to_k/to_v stacked [3D, D]; [D, D] */
