@@ -82,26 +82,15 @@ void bm_free(bm_model *m) {
 static void bm_rope(bm_model *m, const float *txt_ids, int t, const float *img_ids, int n) {
     const flux2_config *c = &m->c;
     int na = c->n_axes, hd = c->head_dim;
+    float *ids = dt_malloc(sizeof(float) * (size_t)(t + n) * na + 1);
+    if (t > 0) memcpy(ids, txt_ids, sizeof(float) * (size_t)t * na);
+    if (n > 0) memcpy(ids + (size_t)t * na, img_ids, sizeof(float) * (size_t)n * na);
     float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
     float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
-    for (int r = 0; r < t + n; r++) {
-        const float *id = r < t ? txt_ids + (size_t)r * na : img_ids + (size_t)(r - t) * na;
-        int off = 0;
-        for (int a = 0; a < na; a++) {
-            int d = c->axes[a];
-            double pos = (double)id[a];
-            for (int k = 0; k < d / 2; k++) {
-                double omega = 1.0 / pow((double)c->rope_theta, (double)(2 * k) / d);
-                double ang = pos * omega;
-                size_t at = (size_t)r * hd + off + 2 * k;
-                cs[at] = cs[at + 1] = (float)cos(ang);
-                sn[at] = sn[at + 1] = (float)sin(ang);
-            }
-            off += d;
-        }
-    }
+    flux2_rope_tables(c, ids, t + n, cs, sn);
     m->be->upload(m->be, m->cos, cs);
     m->be->upload(m->be, m->sin, sn);
+    free(ids);
     free(cs);
     free(sn);
 }
@@ -145,21 +134,10 @@ void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_
     bm_rope(m, txt_ids, t, img_ids, n);
 }
 
-/* Timestep sinusoid as flux2.c computes it. */
-static void bm_sinusoid(float t, int channels, float *out) {
-    int half = channels / 2;
-    float lnp = (float)log(10000.0);
-    for (int i = 0; i < half; i++) {
-        float e = expf(-lnp * (float)i / (float)half);
-        float a = t * e;
-        out[i] = cosf(a);
-        out[half + i] = sinf(a);
-    }
-}
 
 void bm_inputs(bm_model *m, const float *img, const float *txt, float timestep) {
     float *emb = dt_malloc(sizeof(float) * m->c.tg_channels);
-    bm_sinusoid(timestep * 1000.0f, m->c.tg_channels, emb);
+    flux2_timestep_sinusoid(timestep * 1000.0f, m->c.tg_channels, emb);
     m->be->upload(m->be, m->emb, emb);
     free(emb);
     m->be->upload(m->be, m->in_img, img);

@@ -381,7 +381,18 @@ static void build_rope(flux2_model *m, const float *txt_ids, int t, const float 
     b->ids = ids;
     float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
     float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
-    for (int r = 0; r < t + n; r++) {
+    flux2_rope_tables(c, ids, t + n, cs, sn);
+    m->be->upload(m->be, b->cos, cs);
+    m->be->upload(m->be, b->sin, sn);
+    free(cs);
+    free(sn);
+}
+
+/* Timestep sinusoid as diffusers computes it in float32: exponent_i = -ln(10000) * i / half,
+ * arg = t * exp(exponent_i), output [cos(arg_0..), sin(arg_0..)] (flip_sin_to_cos). */
+void flux2_rope_tables(const flux2_config *c, const float *ids, int rows, float *cs, float *sn) {
+    int na = c->n_axes, hd = c->head_dim;
+    for (int r = 0; r < rows; r++) {
         int off = 0;
         for (int a = 0; a < na; a++) {
             int d = c->axes[a];
@@ -397,15 +408,9 @@ static void build_rope(flux2_model *m, const float *txt_ids, int t, const float 
             off += d;
         }
     }
-    m->be->upload(m->be, b->cos, cs);
-    m->be->upload(m->be, b->sin, sn);
-    free(cs);
-    free(sn);
 }
 
-/* Timestep sinusoid as diffusers computes it in float32: exponent_i = -ln(10000) * i / half,
- * arg = t * exp(exponent_i), output [cos(arg_0..), sin(arg_0..)] (flip_sin_to_cos). */
-static void timestep_sinusoid(float t, int channels, float *out) {
+void flux2_timestep_sinusoid(float t, int channels, float *out) {
     int half = channels / 2;
     float lnp = (float)log(10000.0);
     for (int i = 0; i < half; i++) {
@@ -580,7 +585,7 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
 
     /* host inputs: timestep sinusoid, latent tokens, text features */
     float *emb = dt_malloc(sizeof(float) * c->tg_channels);
-    timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
+    flux2_timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
     be->upload(be, b->emb, emb);
     free(emb);
     be->upload(be, b->in_img, img);

@@ -55,6 +55,11 @@ void flux2_set_graph(flux2_model *m, int on);
  * negative; the least recently used is replaced). txt = NULL releases them. 0 or -1 (dt_last_error). */
 int flux2_text_resident(flux2_model *m, const float *txt, int t);
 
+/* Host-side inputs (shared with the bench): RoPE tables cos/sin [rows, head_dim] from position ids
+ * [rows, n_axes] (pairs (2k, 2k+1) share an angle), and the timestep sinusoid [channels] of t (cos | sin). */
+void flux2_rope_tables(const flux2_config *c, const float *ids, int rows, float *cos_out, float *sin_out);
+void flux2_timestep_sinusoid(float t, int channels, float *out);
+
 /* ---- the parts around the blocks (timestep MLP, modulation, embedders, final layer), shared with the bench ---- */
 typedef struct {
     dt_linear *x_emb, *ctx_emb;                      /* [D, in], [D, joint] */
