@@ -1,8 +1,6 @@
 /* linear_set.c — one list of a model's prepared Linears and the description of their formats. */
 #include "linear_set.h"
 
-#include "quant/mlx_affine.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,13 +54,6 @@ static void *own(dt_linear_set *s, size_t bytes) {
     return p;
 }
 
-/* value i of a dense row-major source as f32 */
-static float dense_at(const dt_linear_src *r, int64_t i) {
-    if (r->dtype == DT_F32) return ((const float *)r->data)[i];
-    if (r->dtype == DT_F16) return dt_f16_to_f32(((const uint16_t *)r->data)[i]);
-    return dt_bf16_to_f32(((const uint16_t *)r->data)[i]);
-}
-
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
                                       int64_t out, int64_t in, dt_linear_src *stacked) {
     dt_linear_src src[8];
@@ -98,21 +89,7 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
         }
     } else {   /* mixed formats: f32 dense */
         float *d = own(s, sizeof(float) * (size_t)in * (size_t)out * (size_t)n);
-        for (int i = 0; i < n; i++) {
-            for (int64_t r = 0; r < out; r++) {
-                float *dst = d + ((size_t)i * (size_t)out + (size_t)r) * (size_t)in;
-                if (src[i].bits) {
-                    size_t words = (size_t)(in * src[i].bits / 32), ng = (size_t)(in / src[i].group_size);
-                    size_t sbe = dt_dtype_size(src[i].sb_dtype);
-                    mlx_dequant_row(dst, (const uint32_t *)src[i].data + (size_t)r * words,
-                                    (const char *)src[i].scales + (size_t)r * ng * sbe,
-                                    (const char *)src[i].biases + (size_t)r * ng * sbe, src[i].sb_dtype, in,
-                                    src[i].bits, src[i].group_size);
-                } else {
-                    for (int64_t c = 0; c < in; c++) dst[c] = dense_at(&src[i], r * in + c);
-                }
-            }
-        }
+        for (int i = 0; i < n; i++) dt_linear_src_rows_f32(&src[i], 0, out, d + (size_t)i * (size_t)out * (size_t)in);
         st.bits = 0;
         st.group_size = 0;
         st.dtype = DT_F32;
@@ -121,16 +98,15 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
     }
     if (any_bias) {   /* f32 stacked bias; parts without one contribute zeros */
         float *bb = own(s, sizeof(float) * (size_t)out * (size_t)n);
-        for (int i = 0; i < n; i++)
-            for (int64_t r = 0; r < out; r++) {
-                float v = 0.f;
-                if (src[i].bias) {
-                    if (src[i].bias_dtype == DT_F32) v = ((const float *)src[i].bias)[r];
-                    else if (src[i].bias_dtype == DT_F16) v = dt_f16_to_f32(((const uint16_t *)src[i].bias)[r]);
-                    else v = dt_bf16_to_f32(((const uint16_t *)src[i].bias)[r]);
-                }
-                bb[(size_t)i * (size_t)out + (size_t)r] = v;
+        for (int i = 0; i < n; i++) {
+            float *part = bb + (size_t)i * (size_t)out;
+            if (!src[i].bias) {
+                memset(part, 0, sizeof(float) * (size_t)out);
+            } else if (dt_convert_to_f32(part, src[i].bias, src[i].bias_dtype, (size_t)out) != 0) {
+                dt_set_error("stacked linear '%s': bias dtype %s", names[i], dt_dtype_name(src[i].bias_dtype));
+                return NULL;
             }
+        }
         st.bias = bb;
         st.bias_dtype = DT_F32;
     }
