@@ -109,8 +109,6 @@ struct dtc_state {
     int gemm_tune;
     char gemm_cache_path[512];
     char gpu_id[160];       /* device name, cc, SMs, cuBLASLt version: the persisted choices' validity key */
-    int gemm_tuned;         /* shapes timed in this process */
-    double gemm_tune_ms;    /* wall time spent timing candidates */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
     double trace_malloc_ms; /* DITRUN_CUDA_TRACE: print cudaMalloc calls at least this long (0 = off) */
 };

@@ -274,11 +274,9 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
                     dtc_pool_free(st, Dt);
                 }
                 e.algo = res[bi].algo;
-                st->gemm_tuned++;
-                st->gemm_tune_ms += (dt_now() - t0) * 1e3;
                 if (st->verbose)
-                    fprintf(stderr, "ditrun: cuda: gemm m=%lld n=%lld k=%lld: candidate %d of %d, %.4f ms (heuristic's first %.4f ms)\n",
-                            (long long)m, (long long)n, (long long)k, bi, cnt, best, first);
+                    fprintf(stderr, "ditrun: cuda: gemm m=%lld n=%lld k=%lld: candidate %d of %d, %.4f ms (heuristic's first %.4f ms; tuning took %.1f ms)\n",
+                            (long long)m, (long long)n, (long long)k, bi, cnt, best, first, (dt_now() - t0) * 1e3);
                 gemm_cache_append(st, key, e.algo);
             } else if (tune) {
                 gemm_cache_append(st, key, e.algo);
@@ -756,6 +754,15 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
 }
 
 /* ------------------------------------------------------------------ linear dispatch */
+/* The quantized-weight path for a product of `rows` tokens: the requested one, or (auto) the fused qmm for
+ * mat-vec-like sizes and transient dequantization above (cached weights arrive dense, so CACHED behaves as
+ * auto for a Linear that kept its packed form). */
+static dt_qpath qpath_for(const dt_backend *be, int64_t rows) {
+    dt_qpath path = be->opts.qpath;
+    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
+    return path;
+}
+
 static void dense_gemm(dtc_state *st, dt_mat y, dt_mat x, const __nv_bfloat16 *W, const dt_linear *w) {
     /* column-major view: yᵀ[N,M] = W[N,K] (stored as col-major [K,N], transposed) · xᵀ (col-major [K,M]) */
     int bias_epi = w->bias && y.dtype == DT_BF16;
@@ -786,9 +793,7 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
         dense_gemm(st, y, x, w->w, w);
         return;
     }
-    dt_qpath path = be->opts.qpath;
-    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = x.rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
-    if (path == DT_QPATH_FUSED) {
+    if (qpath_for(be, x.rows) == DT_QPATH_FUSED) {
         int ok = w->in % QMM_BK == 0 && w->group >= 32 && x.ld % 8 == 0 && dtc_aligned16(x.data) && x.rows < (1LL << 30) &&
                  w->out < (1LL << 30);
         if (ok) {
@@ -816,10 +821,9 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
                 (long long)gate.cols, (long long)x.cols);
     if (a.rows <= 0) return;
     const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
-    dt_qpath path = be->opts.qpath;
-    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = a.rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
-    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && !w->w && !w->f8 && w->qw &&
-             path == DT_QPATH_TRANSIENT && x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
+    /* packed weights only (w->qw: not dense, not dequantized at load, not fp8) */
+    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && w->qw && qpath_for(be, a.rows) == DT_QPATH_TRANSIENT &&
+             x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
              (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
              x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
     if (ok) {
