@@ -279,7 +279,7 @@ static int whole_forward(bench_ctx *x) {
     }
     r->fwd_model = bench_stats(sm, x->reps);
     r->fwd_dev = bench_stats(sd, x->reps);
-    be->download(be, out_r, x->bm->out);
+    be->download(be, out_r, x->bm->x.out);
     r->fwd_maxdiff = bench_max_abs_diff(out_r, out_m, no);
     r->fwd_absmax = bench_max_abs(out_m, no);
     bench_timer_free(&tm);

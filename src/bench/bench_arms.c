@@ -210,7 +210,7 @@ typedef struct {
 
 static void rope_apply(rope_ctx *c, int v, dt_mat m) {
     bm_model *bm = c->bm[v];
-    bm->be->head_norm_rope(bm->be, m, bm->c.heads, bm->c.head_dim, bm->sb[0].norm_q, bm->c.eps, bm->cos, bm->sin,
+    bm->be->head_norm_rope(bm->be, m, bm->c.heads, bm->c.head_dim, bm->sb[0].norm_q, bm->c.eps, bm->x.cos, bm->x.sin,
                            DT_ROPE_INTERLEAVED);
 }
 
@@ -485,7 +485,7 @@ static double graph_time(void *p, int v) {
 static void graph_output(void *p, int v, float *out) {
     graph_ctx *g = p;
     graph_run(g, v);
-    g->bm->be->download(g->bm->be, out, g->bm->out);
+    g->bm->be->download(g->bm->be, out, g->bm->x.out);
 }
 
 static void arm_graph(bench_ctx *x) {
@@ -550,7 +550,7 @@ typedef struct {
 static double threads_time(void *p, int v) {
     threads_ctx *c = p;
     dt_backend *be = c->bm[v]->be;
-    be->copy(be, c->bm[v]->s, c->s0[v]);
+    be->copy(be, c->bm[v]->x.s, c->s0[v]);
     bench_timer_start(&c->tm[v]);
     bm_single_stages(c->bm[v], 0, BM_ST_FULL);
     return bench_timer_stop(&c->tm[v]);
@@ -559,9 +559,9 @@ static double threads_time(void *p, int v) {
 static void threads_output(void *p, int v, float *out) {
     threads_ctx *c = p;
     dt_backend *be = c->bm[v]->be;
-    be->copy(be, c->bm[v]->s, c->s0[v]);
+    be->copy(be, c->bm[v]->x.s, c->s0[v]);
     bm_single_stages(c->bm[v], 0, BM_ST_FULL);
-    be->download(be, out, c->bm[v]->s);
+    be->download(be, out, c->bm[v]->x.s);
 }
 
 static void arm_threads(bench_ctx *x) {
@@ -582,7 +582,7 @@ static void arm_threads(bench_ctx *x) {
         bm_randomize(tc.bm[v], 71);
         int64_t L = (int64_t)x->n + x->t;
         tc.s0[v] = dt_alloc_or_die(be, L, r->c.hidden, be->act_dtype);
-        be->copy(be, tc.s0[v], tc.bm[v]->s);
+        be->copy(be, tc.s0[v], tc.bm[v]->x.s);
         bench_timer_init(&tc.tm[v], be);
     }
     arm_spec a = {0};

@@ -82,8 +82,7 @@ typedef struct {
     int to_f32;
     /* activations for (n, t) */
     int n, t;
-    dt_mat emb, temb, th, mod_img_v, mod_txt_v, mod_single_v, mod_out_v, in_img, in_txt;
-    dt_mat s, a, qkv, q, k, v, o, y, h, g, p, cc, out, cos, sin;   /* q, k, v: column views of qkv */
+    flux2_acts x;               /* flux2.c's activation set (double / single buffers as blocks are loaded) */
 } bm_model;
 
 /* Stages of a single block for the cumulative-prefix ledger: the block's ops in order. */

@@ -73,7 +73,7 @@ static void prefix_ledger(bench_ctx *x) {
                    x->reps);
     int64_t L = (int64_t)x->n + x->t;
     dt_mat s0 = dt_alloc_or_die(be, L, c->hidden, be->act_dtype);
-    be->copy(be, s0, bm->s);
+    be->copy(be, s0, bm->x.s);
     double *smp = dt_malloc(sizeof(double) * BENCH_N_OPS * x->reps);
     double *dir = dt_malloc(sizeof(double) * BENCH_N_OPS * x->reps);
     bench_timer tm;
@@ -85,13 +85,13 @@ static void prefix_ledger(bench_ctx *x) {
     for (int i = 0; have_ev && i < nev; i++) ev[i] = be->event_create(be);
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         for (int k = 0; k < BENCH_N_OPS; k++) {
-            be->copy(be, bm->s, s0);
+            be->copy(be, bm->x.s, s0);
             bench_timer_start(&tm);
             for (int b = 0; b < B; b++) bm_single_stages(bm, b, k);
             double ms = bench_timer_stop(&tm) / B;
             if (rep >= 0) smp[k * x->reps + rep] = ms;
         }
-        be->copy(be, bm->s, s0);
+        be->copy(be, bm->x.s, s0);
         bench_sync_or_die(be);
         for (int b = 0; b < B; b++)
             for (int k = 0; k < BENCH_N_OPS; k++) {
@@ -143,7 +143,7 @@ static void prefix_ledger(bench_ctx *x) {
                    neg, neg > 1 ? "s" : "");
     }
     r->attn_inmodel_ms = r->ops[BM_ST_ATTN].ledger_ms;
-    be->copy(be, bm->s, s0);
+    be->copy(be, bm->x.s, s0);
     bench_sync_or_die(be);
     be->free(be, &s0);
     bench_timer_free(&tm);

@@ -49,13 +49,7 @@ fail:
     return NULL;
 }
 
-static void bm_free_acts(bm_model *m) {
-    dt_mat *mats[] = {&m->emb, &m->temb, &m->th, &m->mod_img_v, &m->mod_txt_v, &m->mod_single_v, &m->mod_out_v,
-                      &m->in_img, &m->in_txt, &m->s, &m->a, &m->qkv, &m->o, &m->y, &m->h, &m->g,
-                      &m->p, &m->cc, &m->out, &m->cos, &m->sin};
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-        if (mats[i]->data) m->be->free(m->be, mats[i]);
-}
+static void bm_free_acts(bm_model *m) { flux2_acts_free(m->be, &m->x); }
 
 void bm_free(bm_model *m) {
     if (!m) return;
@@ -88,49 +82,18 @@ static void bm_rope(bm_model *m, const float *txt_ids, int t, const float *img_i
     float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
     float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
     flux2_rope_tables(c, ids, t + n, cs, sn);
-    m->be->upload(m->be, m->cos, cs);
-    m->be->upload(m->be, m->sin, sn);
+    m->be->upload(m->be, m->x.cos, cs);
+    m->be->upload(m->be, m->x.sin, sn);
     free(ids);
     free(cs);
     free(sn);
 }
 
 void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_ids) {
-    dt_backend *be = m->be;
     bm_free_acts(m);
-    const flux2_config *c = &m->c;
-    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
-    dt_dtype act = be->act_dtype;
     m->n = n;
     m->t = t;
-    m->emb = dt_alloc_or_die(be, 1, c->tg_channels, act);
-    m->temb = dt_alloc_or_die(be, 1, D, act);
-    m->th = dt_alloc_or_die(be, 1, D, act);
-    m->mod_img_v = dt_alloc_or_die(be, 1, 6 * D, act);
-    m->mod_txt_v = dt_alloc_or_die(be, 1, 6 * D, act);
-    m->mod_single_v = dt_alloc_or_die(be, 1, 3 * D, act);
-    m->mod_out_v = dt_alloc_or_die(be, 1, 2 * D, act);
-    m->in_img = dt_alloc_or_die(be, n, c->in_channels, act);
-    if (t > 0) m->in_txt = dt_alloc_or_die(be, t, c->joint_dim, act);
-    m->s = dt_alloc_or_die(be, L, D, act);
-    m->a = dt_alloc_or_die(be, L, D, act);
-    m->y = dt_alloc_or_die(be, L, D, act);
-    if (m->nd > 0) {
-        m->qkv = dt_alloc_or_die(be, L, 3 * D, act);
-        m->q = dt_mat_cols(m->qkv, 0, D);
-        m->k = dt_mat_cols(m->qkv, D, D);
-        m->v = dt_mat_cols(m->qkv, 2 * D, D);
-        m->o = dt_alloc_or_die(be, L, D, act);
-        m->h = dt_alloc_or_die(be, L, 2 * F, act);
-        m->g = dt_alloc_or_die(be, L, F, act);
-    }
-    if (m->ns > 0) {
-        m->p = dt_alloc_or_die(be, L, 3 * D + 2 * F, act);
-        m->cc = dt_alloc_or_die(be, L, D + F, act);
-    }
-    m->out = dt_alloc_or_die(be, n, c->out_channels, act);
-    m->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
-    m->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    flux2_acts_alloc(m->be, &m->c, n, t, m->nd > 0, m->ns > 0, &m->x);
     bm_rope(m, txt_ids, t, img_ids, n);
 }
 
@@ -138,27 +101,26 @@ void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_
 void bm_inputs(bm_model *m, const float *img, const float *txt, float timestep) {
     float *emb = dt_malloc(sizeof(float) * m->c.tg_channels);
     flux2_timestep_sinusoid(timestep * 1000.0f, m->c.tg_channels, emb);
-    m->be->upload(m->be, m->emb, emb);
+    m->be->upload(m->be, m->x.emb, emb);
     free(emb);
-    m->be->upload(m->be, m->in_img, img);
-    if (m->t > 0) m->be->upload(m->be, m->in_txt, txt);
+    m->be->upload(m->be, m->x.in_img, img);
+    if (m->t > 0) m->be->upload(m->be, m->x.in_txt, txt);
 }
 
 void bm_randomize(bm_model *m, uint64_t seed) {
     dt_backend *be = m->be;
-    bench_fill_randn(be, m->s, seed, 1.0f);
-    bench_fill_randn(be, m->mod_img_v, seed + 1, 0.3f);
-    bench_fill_randn(be, m->mod_txt_v, seed + 2, 0.3f);
-    bench_fill_randn(be, m->mod_single_v, seed + 3, 0.3f);
-    bench_fill_randn(be, m->mod_out_v, seed + 4, 0.3f);
-    if (m->p.data) bench_fill_randn(be, m->p, seed + 5, 1.0f);
-    if (m->cc.data) bench_fill_randn(be, m->cc, seed + 6, 1.0f);
+    bench_fill_randn(be, m->x.s, seed, 1.0f);
+    bench_fill_randn(be, m->x.mod_img, seed + 1, 0.3f);
+    bench_fill_randn(be, m->x.mod_txt, seed + 2, 0.3f);
+    bench_fill_randn(be, m->x.mod_single, seed + 3, 0.3f);
+    bench_fill_randn(be, m->x.mod_out, seed + 4, 0.3f);
+    if (m->x.p.data) bench_fill_randn(be, m->x.p, seed + 5, 1.0f);
+    if (m->x.c.data) bench_fill_randn(be, m->x.c, seed + 6, 1.0f);
 }
 
 
 void bm_pre(bm_model *m) {
-    flux2_outer_io io = {m->emb, m->temb, m->th, m->mod_img_v, m->mod_txt_v, m->mod_single_v, m->mod_out_v,
-                         m->in_img, m->in_txt, m->s, m->a, m->out};
+    flux2_outer_io io = flux2_acts_outer(&m->x);
     flux2_pre(m->be, &m->ow, &io, m->n, m->t);
 }
 
@@ -166,15 +128,14 @@ void bm_pre(bm_model *m) {
 /* Double block i: flux2.c's own block function on the replica's buffers. join = 1: the main queue waits for the
  * side one at the end (flux2.c does so after its last double block). */
 void bm_double_block(bm_model *m, int i, int join) {
-    flux2_double_io io = {m->s, m->a, m->y, m->qkv, m->q, m->k, m->v, m->o, m->h, m->g,
-                          m->cos, m->sin, m->mod_img_v, m->mod_txt_v};
+    flux2_double_io io = flux2_acts_double(&m->x);
     flux2_double_block(m->be, &m->c, &m->db[i].w, &io, m->n, m->t, i == 0, join);
 }
 
 /* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass
  * and RoPE a rotation-only pass (two passes instead of the model's fused one). */
 void bm_single_op(bm_model *m, int i, int k, int split) {
-    flux2_single_io io = {m->s, m->a, m->y, m->p, m->cc, m->cos, m->sin, m->mod_single_v};
+    flux2_single_io io = flux2_acts_single(&m->x);
     flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split);
 }
 
@@ -187,8 +148,7 @@ void bm_single_stages(bm_model *m, int i, int last) {
 }
 
 void bm_final(bm_model *m) {
-    flux2_outer_io io = {m->emb, m->temb, m->th, m->mod_img_v, m->mod_txt_v, m->mod_single_v, m->mod_out_v,
-                         m->in_img, m->in_txt, m->s, m->a, m->out};
+    flux2_outer_io io = flux2_acts_outer(&m->x);
     flux2_final(m->be, &m->c, &m->ow, &io, m->n, m->t, NULL, NULL);
 }
 

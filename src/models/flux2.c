@@ -24,23 +24,7 @@ typedef flux2_single_w flux2_single;
 /* Activation buffers for one (N, T) shape; kept between calls (stable for graph capture). */
 typedef struct {
     int n, t;
-    dt_mat emb;       /* [1, tg]   timestep sinusoid */
-    dt_mat temb;      /* [1, D] */
-    dt_mat th;        /* [1, D]    hidden of the timestep MLP, then SiLU(temb) */
-    dt_mat mod_img, mod_txt, mod_single, mod_out;   /* [1,6D] [1,6D] [1,3D] [1,2D] */
-    dt_mat in_img;    /* [N, in] */
-    dt_mat in_txt;    /* [T, joint] */
-    dt_mat s;         /* [T+N, D]  joint residual stream, text rows first */
-    dt_mat a;         /* [T+N, D]  modulated-norm scratch */
-    dt_mat qkv;       /* [T+N, 3D] double-block joint Q|K|V (q, k, v are column views of it) */
-    dt_mat q, k, v, o;/* [T+N, D]  double-block joint attention views / output */
-    dt_mat y;         /* [T+N, D]  projection outputs */
-    dt_mat h;         /* [T+N, 2F] MLP hidden (double) */
-    dt_mat g;         /* [T+N, F]  SwiGLU output (double) */
-    dt_mat p;         /* [T+N, 3D+2F] single-block fused projection */
-    dt_mat c;         /* [T+N, D+F]   single-block [attn | mlp] */
-    dt_mat out;       /* [N, out] */
-    dt_mat cos, sin;  /* [T+N, hd] F32 RoPE tables */
+    flux2_acts x;
     float *ids;       /* host copy of the ids the tables were built from [(T+N) * n_axes] */
 } flux2_bufs;
 
@@ -246,12 +230,67 @@ fail:
     return NULL;
 }
 
-static void free_bufs(dt_backend *be, flux2_bufs *b) {
-    dt_mat *mats[] = {&b->emb, &b->temb, &b->th, &b->mod_img, &b->mod_txt, &b->mod_single, &b->mod_out,
-                      &b->in_img, &b->in_txt, &b->s, &b->a, &b->qkv, &b->o, &b->y, &b->h,
-                      &b->g, &b->p, &b->c, &b->out, &b->cos, &b->sin};
+void flux2_acts_free(dt_backend *be, flux2_acts *x) {
+    dt_mat *mats[] = {&x->emb, &x->temb, &x->th, &x->mod_img, &x->mod_txt, &x->mod_single, &x->mod_out,
+                      &x->in_img, &x->in_txt, &x->s, &x->a, &x->qkv, &x->o, &x->y, &x->h,
+                      &x->g, &x->p, &x->c, &x->out, &x->cos, &x->sin};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         if (mats[i]->data) be->free(be, mats[i]);
+    memset(x, 0, sizeof *x);
+}
+
+void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int with_double, int with_single,
+                      flux2_acts *x) {
+    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
+    dt_dtype act = be->act_dtype;
+    memset(x, 0, sizeof *x);
+    x->emb = dt_alloc_or_die(be, 1, c->tg_channels, act);
+    x->temb = dt_alloc_or_die(be, 1, D, act);
+    x->th = dt_alloc_or_die(be, 1, D, act);
+    x->mod_img = dt_alloc_or_die(be, 1, 6 * D, act);
+    x->mod_txt = dt_alloc_or_die(be, 1, 6 * D, act);
+    x->mod_single = dt_alloc_or_die(be, 1, 3 * D, act);
+    x->mod_out = dt_alloc_or_die(be, 1, 2 * D, act);
+    x->in_img = dt_alloc_or_die(be, n, c->in_channels, act);
+    if (t > 0) x->in_txt = dt_alloc_or_die(be, t, c->joint_dim, act);
+    x->s = dt_alloc_or_die(be, L, D, act);
+    x->a = dt_alloc_or_die(be, L, D, act);
+    x->y = dt_alloc_or_die(be, L, D, act);
+    if (with_double) {
+        x->qkv = dt_alloc_or_die(be, L, 3 * D, act);
+        x->q = dt_mat_cols(x->qkv, 0, D);
+        x->k = dt_mat_cols(x->qkv, D, D);
+        x->v = dt_mat_cols(x->qkv, 2 * D, D);
+        x->o = dt_alloc_or_die(be, L, D, act);
+        x->h = dt_alloc_or_die(be, L, 2 * F, act);
+        x->g = dt_alloc_or_die(be, L, F, act);
+    }
+    if (with_single) {
+        x->p = dt_alloc_or_die(be, L, 3 * D + 2 * F, act);
+        x->c = dt_alloc_or_die(be, L, D + F, act);
+    }
+    x->out = dt_alloc_or_die(be, n, c->out_channels, act);
+    x->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    x->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+}
+
+flux2_outer_io flux2_acts_outer(const flux2_acts *x) {
+    flux2_outer_io io = {x->emb, x->temb, x->th, x->mod_img, x->mod_txt, x->mod_single, x->mod_out,
+                         x->in_img, x->in_txt, x->s, x->a, x->out};
+    return io;
+}
+flux2_double_io flux2_acts_double(const flux2_acts *x) {
+    flux2_double_io io = {x->s, x->a, x->y, x->qkv, x->q, x->k, x->v, x->o, x->h, x->g,
+                          x->cos, x->sin, x->mod_img, x->mod_txt};
+    return io;
+}
+flux2_single_io flux2_acts_single(const flux2_acts *x) {
+    flux2_single_io io = {x->s, x->a, x->y, x->p, x->c, x->cos, x->sin, x->mod_single};
+    return io;
+}
+
+static void free_bufs(dt_backend *be, flux2_bufs *b) {
+    flux2_acts_free(be, &b->x);
     free(b->ids);
     memset(b, 0, sizeof *b);
 }
@@ -327,42 +366,11 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
 
 static void ensure_bufs(flux2_model *m, int n, int t) {
     flux2_bufs *b = &m->buf;
-    if (b->s.data && b->n == n && b->t == t) return;
-    dt_backend *be = m->be;
+    if (b->x.s.data && b->n == n && b->t == t) return;
     drop_graph(m);   /* a captured graph refers to the old buffers */
-    free_bufs(be, b);
-    const flux2_config *c = &m->c;
-    int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
-    dt_dtype act = be->act_dtype;
+    free_bufs(m->be, b);
     b->n = n; b->t = t;
-    b->emb = dt_alloc_or_die(be, 1, c->tg_channels, act);
-    b->temb = dt_alloc_or_die(be, 1, D, act);
-    b->th = dt_alloc_or_die(be, 1, D, act);
-    b->mod_img = dt_alloc_or_die(be, 1, 6 * D, act);
-    b->mod_txt = dt_alloc_or_die(be, 1, 6 * D, act);
-    b->mod_single = dt_alloc_or_die(be, 1, 3 * D, act);
-    b->mod_out = dt_alloc_or_die(be, 1, 2 * D, act);
-    b->in_img = dt_alloc_or_die(be, n, c->in_channels, act);
-    b->in_txt = dt_alloc_or_die(be, t, c->joint_dim, act);
-    b->s = dt_alloc_or_die(be, L, D, act);
-    b->a = dt_alloc_or_die(be, L, D, act);
-    if (c->num_layers > 0) {
-        b->qkv = dt_alloc_or_die(be, L, 3 * D, act);
-        b->q = dt_mat_cols(b->qkv, 0, D);
-        b->k = dt_mat_cols(b->qkv, D, D);
-        b->v = dt_mat_cols(b->qkv, 2 * D, D);
-        b->o = dt_alloc_or_die(be, L, D, act);
-        b->h = dt_alloc_or_die(be, L, 2 * F, act);
-        b->g = dt_alloc_or_die(be, L, F, act);
-    }
-    b->y = dt_alloc_or_die(be, L, D, act);
-    if (c->num_single_layers > 0) {
-        b->p = dt_alloc_or_die(be, L, 3 * D + 2 * F, act);
-        b->c = dt_alloc_or_die(be, L, D + F, act);
-    }
-    b->out = dt_alloc_or_die(be, n, c->out_channels, act);
-    b->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
-    b->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
+    flux2_acts_alloc(m->be, &m->c, n, t, m->c.num_layers > 0, m->c.num_single_layers > 0, &b->x);
 }
 
 /* RoPE tables for the joint [text, image] sequence (diffusers Flux2PosEmbed): per axis a of d_a dims,
@@ -382,8 +390,8 @@ static void build_rope(flux2_model *m, const float *txt_ids, int t, const float 
     float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
     float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
     flux2_rope_tables(c, ids, t + n, cs, sn);
-    m->be->upload(m->be, b->cos, cs);
-    m->be->upload(m->be, b->sin, sn);
+    m->be->upload(m->be, b->x.cos, cs);
+    m->be->upload(m->be, b->x.sin, sn);
     free(cs);
     free(sn);
 }
@@ -535,20 +543,19 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
 }
 
 /* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are
- * in b->emb / b->in_img / b->in_txt and the RoPE tables, the result lands in b->out. No host
+ * in b->x.emb / b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out. No host
  * transfers and no allocation, so it can be captured into a graph. */
 static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void *ud) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     flux2_bufs *b = &m->buf;
-    flux2_outer_io oio = {b->emb, b->temb, b->th, b->mod_img, b->mod_txt, b->mod_single, b->mod_out,
-                          b->in_img, b->in_txt, b->s, b->a, b->out};
+    const flux2_acts *x = &b->x;
+    flux2_outer_io oio = flux2_acts_outer(x);
     flux2_pre(be, &m->o, &oio, n, t);
-    dt_mat s_txt = dt_mat_rows(b->s, 0, t), s_img = dt_mat_rows(b->s, t, n);
+    dt_mat s_txt = dt_mat_rows(b->x.s, 0, t), s_img = dt_mat_rows(b->x.s, t, n);
 
     /* ---- double-stream blocks (flux2_double_block: the text stream on the side queue) ---- */
-    flux2_double_io io = {b->s, b->a, b->y, b->qkv, b->q, b->k, b->v, b->o, b->h, b->g,
-                          b->cos, b->sin, b->mod_img, b->mod_txt};
+    flux2_double_io io = flux2_acts_double(x);
     for (int i = 0; i < c->num_layers; i++) {
         flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, i == c->num_layers - 1 || trace);
         if (trace) {
@@ -559,13 +566,13 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     }
 
     /* ---- single-stream blocks on the joint stream ---- */
-    flux2_single_io sio = {b->s, b->a, b->y, b->p, b->c, b->cos, b->sin, b->mod_single};
+    flux2_single_io sio = flux2_acts_single(x);
     for (int i = 0; i < c->num_single_layers; i++) {
         for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, &m->sb[i], &sio, k, 0);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "single.%d", i);
-            trace(ud, nm, b->s);
+            trace(ud, nm, b->x.s);
         }
     }
 
@@ -586,18 +593,18 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     /* host inputs: timestep sinusoid, latent tokens, text features */
     float *emb = dt_malloc(sizeof(float) * c->tg_channels);
     flux2_timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
-    be->upload(be, b->emb, emb);
+    be->upload(be, b->x.emb, emb);
     free(emb);
-    be->upload(be, b->in_img, img);
+    be->upload(be, b->x.in_img, img);
     if (t > 0) {
         int slot = -1;
         for (int i = 0; i < 2; i++)
             if (m->res[i].host && m->res[i].host == txt && m->res[i].t == t) slot = i;
         if (slot >= 0) {
-            be->copy(be, b->in_txt, m->res[slot].dev);   /* resident: a device copy, no host transfer */
+            be->copy(be, b->x.in_txt, m->res[slot].dev);   /* resident: a device copy, no host transfer */
             m->res[slot].use = ++m->res_clock;
         } else {
-            be->upload(be, b->in_txt, txt);
+            be->upload(be, b->x.in_txt, txt);
         }
     }
 
@@ -617,7 +624,7 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
         device_part(m, n, t, NULL, NULL);   /* eager warm-up: scratch buffers reach their sizes */
         m->warm_n = n; m->warm_t = t;
     }
-    be->download(be, out, b->out);
+    be->download(be, out, b->x.out);
     if (be->sync(be) != 0) return -1;
     return 0;
 }

@@ -55,6 +55,33 @@ void flux2_set_graph(flux2_model *m, int on);
  * negative; the least recently used is replaced). txt = NULL releases them. 0 or -1 (dt_last_error). */
 int flux2_text_resident(flux2_model *m, const float *txt, int t);
 
+/* ---- the activations of one (n image, t text token) forward, shared by flux2_forward and the bench ----
+ * Rows of the [t+n, ...] buffers are the joint [text | image] sequence. */
+typedef struct {
+    dt_mat emb;       /* [1, tg]   timestep sinusoid */
+    dt_mat temb;      /* [1, D] */
+    dt_mat th;        /* [1, D]    hidden of the timestep MLP, then SiLU(temb) */
+    dt_mat mod_img, mod_txt, mod_single, mod_out;   /* [1,6D] [1,6D] [1,3D] [1,2D] */
+    dt_mat in_img;    /* [n, in] */
+    dt_mat in_txt;    /* [t, joint] (t > 0) */
+    dt_mat s;         /* [t+n, D]  joint residual stream */
+    dt_mat a;         /* [t+n, D]  modulated-norm scratch */
+    dt_mat y;         /* [t+n, D]  projection outputs */
+    dt_mat qkv;       /* [t+n, 3D] double-block joint Q|K|V (q, k, v are column views of it) */
+    dt_mat q, k, v, o;/* [t+n, D]  double-block joint attention views / output */
+    dt_mat h;         /* [t+n, 2F] MLP hidden (double) */
+    dt_mat g;         /* [t+n, F]  SwiGLU output (double) */
+    dt_mat p;         /* [t+n, 3D+2F] single-block fused projection */
+    dt_mat c;         /* [t+n, D+F]   single-block [attn | mlp] */
+    dt_mat out;       /* [n, out] */
+    dt_mat cos, sin;  /* [t+n, hd] F32 RoPE tables */
+} flux2_acts;
+/* Allocate them (the double-block buffers when with_double, the single-block ones when with_single); exits
+ * with the backend's error when the device is out of memory. flux2_acts_free frees what is allocated. */
+void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int with_double, int with_single,
+                      flux2_acts *x);
+void flux2_acts_free(dt_backend *be, flux2_acts *x);
+
 /* Host-side inputs (shared with the bench): RoPE tables cos/sin [rows, head_dim] from position ids
  * [rows, n_axes] (pairs (2k, 2k+1) share an angle), and the timestep sinusoid [channels] of t (cos | sin). */
 void flux2_rope_tables(const flux2_config *c, const float *ids, int rows, float *cos_out, float *sin_out);
@@ -148,6 +175,11 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
                      int k, int split);
 /* Load single block i's weights into lin; 0 or -1 (dt_last_error). */
 int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out);
+
+/* The block functions' views of an activation set. */
+flux2_outer_io flux2_acts_outer(const flux2_acts *x);
+flux2_double_io flux2_acts_double(const flux2_acts *x);
+flux2_single_io flux2_acts_single(const flux2_acts *x);
 
 /* One forward pass.
  *   img      [N, in_channels]   packed latent tokens (f32 host)
