@@ -371,20 +371,22 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
     key.n = x.rows;
     key.k = f->K;
     key.ldd = y.ld;
+    /* the unscaled product, then the epilogue pass (scales and bias) */
+    auto epilogue_entry = [&]() {
+        key.outer = 0;
+        key.has_bias = 0;
+        f8_entry *e0 = f8_get(st, key, f->s, sx, bias);
+        DTC_REQUIRE(e0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
+                    (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
+        return e0;
+    };
     f8_entry *ep = nullptr;
     if (!env_fp8_epilogue()) {
         key.outer = 1;
         key.has_bias = bias && y.dtype == DT_BF16;
         ep = f8_get(st, key, f->s, sx, bias);
     }
-    if (!ep) {   /* unscaled product, then the epilogue pass (scales and bias) */
-        key.outer = 0;
-        key.has_bias = 0;
-        ep = f8_get(st, key, f->s, sx, bias);
-    }
-    if (!ep)
-        DTC_REQUIRE(0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
-                    (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
+    if (!ep) ep = epilogue_entry();
     float alpha = 1.f, beta = 0.f;
     for (;;) {
         f8_entry &e = *ep;
@@ -407,12 +409,7 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
         e.ok = 0;
         st->fp8_cache->n_outer_ok--;
         st->fp8_cache->n_outer_fail++;
-        key.outer = 0;
-        key.has_bias = 0;
-        ep = f8_get(st, key, f->s, sx, bias);
-        if (!ep)
-            DTC_REQUIRE(0, "fp8 linear: cuBLASLt has no e4m3 algorithm for m=%lld n=%lld k=%lld ldd=%lld (alignment %d)",
-                        (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.ldd, key.ad);
+        ep = epilogue_entry();
     }
     if (!key.outer) {
         int64_t total = y.rows * y.cols;
