@@ -347,11 +347,13 @@ static void test_fp8_edges(void) {
 }
 
 static const char *qpath_name(dt_qpath p) {
-    return p == DT_QPATH_FUSED ? "fused" : p == DT_QPATH_TRANSIENT ? "transient" : p == DT_QPATH_CACHED ? "cached" : "auto";
+    return p == DT_QPATH_FUSED ? "fused" : p == DT_QPATH_TRANSIENT ? "transient" : p == DT_QPATH_CACHED ? "cached" :
+           p == DT_QPATH_MIXED ? "mixed" : "auto";
 }
 
 /* One quantized shape: CACHED (dequantized at create), FUSED and TRANSIENT (same packed linear, path switched at
- * call time), each against the CPU, and the paths against each other. */
+ * call time) and MIXED (re-laid at create for the sm_90a mixed-input GEMM; where the device or geometry cannot use
+ * it the Linear keeps the packed layout and auto's path), each against the CPU, and the paths against each other. */
 /* GEMM algorithm tuning persists: a backend that tuned a Linear's shape writes the choice to DITRUN_GEMM_CACHE,
  * a second backend reads it back (same algorithm: the same output bits). */
 static void test_gemm_tune_cache(void) {
@@ -396,14 +398,17 @@ static void test_gemm_tune_cache(void) {
  * (itself checked against the CPU above), compared on the increment x_after - x_before. bits = 0: bf16 weights.
  * gate_f32: the gate as an F32 row instead of bf16. Timed against the two-op path when timeit. */
 #define TOL_GATED 1e-2   /* gate·w rounded to bf16 once, the sum once, instead of y, gate·y and x + ... */
-static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gate_f32, int timeit) {
+static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gate_f32, int mixed, int timeit) {
     char name[200];
-    snprintf(name, sizeof name, "linear_gated_add %s M=%lld K=%lld N=%lld gate %s", bits ? "q4 g64" : "bf16",
-             (long long)M, (long long)K, (long long)N, gate_f32 ? "f32" : "bf16");
+    snprintf(name, sizeof name, "linear_gated_add %s%s M=%lld K=%lld N=%lld gate %s", bits ? "q4 g64" : "bf16",
+             mixed ? " mixed" : "", (long long)M, (long long)K, (long long)N, gate_f32 ? "f32" : "bf16");
     if (!G->linear_gated_add) { T_FAIL(name, "the CUDA backend has no linear_gated_add"); return; }
     wsrc w = make_weights(N, K, bits, 64, 0);
     float *ha = rand_bf((size_t)M * K, -1.f, 1.f), *hx = rand_bf((size_t)M * N, -1.f, 1.f), *hg = rand_bf((size_t)N, -1.f, 1.f);
+    dt_qpath saved = G->opts.qpath;
+    if (mixed) G->opts.qpath = DT_QPATH_MIXED;
     dt_linear *gw = G->linear_create(G, &w.src);
+    G->opts.qpath = saved;
     if (!gw) { T_FAIL(name, "linear_create: %s", dt_last_error()); return; }
     dt_mat a = upa(G, ha, M, K), x1 = upa(G, hx, M, N), x2 = upa(G, hx, M, N), y = dt_alloc_or_die(G, M, N, DT_BF16);
     dt_mat g = up(G, hg, 1, N, gate_f32 ? DT_F32 : DT_BF16);
@@ -438,8 +443,9 @@ static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gat
 
 static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int group, int with_bias, int timeit) {
     char base[160], name[200];
-    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s", bits, group, (long long)M, (long long)K,
-             (long long)N, with_bias ? " +bias" : "");
+    const char *math = getenv("DITRUN_QGEMM_MATH");
+    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s%s", bits, group, (long long)M, (long long)K,
+             (long long)N, with_bias ? " +bias" : "", math ? " (mixed math f32)" : "");
     wsrc w = make_weights(N, K, bits, group, with_bias);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
     dt_qpath saved = G->opts.qpath;
@@ -447,15 +453,17 @@ static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int gro
     dt_linear *gc = G->linear_create(G, &w.src);
     G->opts.qpath = DT_QPATH_FUSED;
     dt_linear *gp = G->linear_create(G, &w.src);
-    if (!gc || !gp) { T_FAIL(base, "linear_create: %s", dt_last_error()); G->opts.qpath = saved; return; }
+    G->opts.qpath = DT_QPATH_MIXED;
+    dt_linear *gm = G->linear_create(G, &w.src);
+    if (!gc || !gp || !gm) { T_FAIL(base, "linear_create: %s", dt_last_error()); G->opts.qpath = saved; return; }
     dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
     int64_t ns;
     float *ref = cpu_linear_subset(hx, M, K, &w.src, &ns);
-    float *outs[3];
-    dt_qpath paths[3] = {DT_QPATH_CACHED, DT_QPATH_FUSED, DT_QPATH_TRANSIENT};
-    for (int p = 0; p < 3; p++) {
-        G->opts.qpath = paths[p] == DT_QPATH_CACHED ? DT_QPATH_AUTO : paths[p];
-        dt_linear *lw = paths[p] == DT_QPATH_CACHED ? gc : gp;
+    float *outs[4];
+    dt_qpath paths[4] = {DT_QPATH_CACHED, DT_QPATH_FUSED, DT_QPATH_TRANSIENT, DT_QPATH_MIXED};
+    for (int p = 0; p < 4; p++) {
+        G->opts.qpath = paths[p] == DT_QPATH_CACHED || paths[p] == DT_QPATH_MIXED ? DT_QPATH_AUTO : paths[p];
+        dt_linear *lw = paths[p] == DT_QPATH_CACHED ? gc : paths[p] == DT_QPATH_MIXED ? gm : gp;
         poison(G, y);
         G->linear(G, y, x, lw);
         outs[p] = gpu_subset(y);
@@ -467,13 +475,79 @@ static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int gro
     t_check_rel_l2(name, outs[1], outs[0], (size_t)ns * N, TOL_QPATH);
     snprintf(name, sizeof name, "%s transient vs cached", base);
     t_check_rel_l2(name, outs[2], outs[0], (size_t)ns * N, TOL_QPATH);
+    snprintf(name, sizeof name, "%s mixed vs cached", base);
+    t_check_rel_l2(name, outs[3], outs[0], (size_t)ns * N, TOL_QPATH);
     G->opts.qpath = saved;
-    for (int p = 0; p < 3; p++) free(outs[p]);
+    for (int p = 0; p < 4; p++) free(outs[p]);
     free(ref); free(hx);
     G->free(G, &x); G->free(G, &y);
     G->linear_destroy(G, gc);
     G->linear_destroy(G, gp);
+    G->linear_destroy(G, gm);
     free_weights(&w);
+}
+
+
+/* Timing study of the mixed-input GEMM (run with DITRUN_GPU_ONLY=qgemm only): token tiles 128 / 192, and the
+ * FAKE variant that skips the dequantization math (how much of the time the dequantization costs), against
+ * the transient path and dense bf16 on the same shapes; correctness of each against the transient output. */
+static void study_qgemm(void) {
+    const int64_t shapes[][3] = {{4608, 3072, 27648}, {4608, 12288, 3072}, {4096, 3072, 18432}, {4608, 3072, 9216}};
+    for (int si = 0; si < 4; si++) {
+        int64_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+        wsrc w = make_weights(N, K, 4, 64, 0);
+        float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
+        dt_qpath saved = G->opts.qpath;
+        G->opts.qpath = DT_QPATH_TRANSIENT;
+        dt_linear *gt = G->linear_create(G, &w.src);
+        G->opts.qpath = DT_QPATH_MIXED;
+        dt_linear *gm = G->linear_create(G, &w.src);
+        G->opts.qpath = DT_QPATH_TRANSIENT;
+        dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
+        char name[160];
+        G->linear(G, y, x, gt);
+        float *ref = down(G, y);
+        snprintf(name, sizeof name, "study transient %lldx%lldx%lld", (long long)M, (long long)K, (long long)N);
+        time_linear(name, y, x, gt, M, N, K);
+        /* variants: kernel (RS default, SS), token tile, dequantization math (both chosen at create: own Linears),
+         * and the no-math FAKE */
+        setenv("DITRUN_QGEMM_MATH", "f32", 1);
+        G->opts.qpath = DT_QPATH_MIXED;
+        dt_linear *gf = G->linear_create(G, &w.src);
+        unsetenv("DITRUN_QGEMM_MATH");
+        setenv("DITRUN_QGEMM_KERNEL", "ss", 1);
+        dt_linear *gr = G->linear_create(G, &w.src);
+        unsetenv("DITRUN_QGEMM_KERNEL");
+        G->opts.qpath = DT_QPATH_TRANSIENT;
+        struct { const char *nm, *nt, *fake; dt_linear *l; } v[] = {
+            {"rs bf16", NULL, NULL, gm}, {"rs bf16 nt128", "128", NULL, gm},
+            {"rs f32", NULL, NULL, gf}, {"rs fake", NULL, "1", gm},
+            {"ss bf16", NULL, NULL, gr}};
+        for (int vi = 0; vi < 5; vi++) {
+            if (v[vi].nt) setenv("DITRUN_QGEMM_NT", v[vi].nt, 1); else unsetenv("DITRUN_QGEMM_NT");
+            if (v[vi].fake) setenv("DITRUN_QGEMM_FAKE", v[vi].fake, 1); else unsetenv("DITRUN_QGEMM_FAKE");
+            dt_linear *lw = v[vi].l;
+            snprintf(name, sizeof name, "study mixed %s %lldx%lldx%lld", v[vi].nm, (long long)M, (long long)K, (long long)N);
+            poison(G, y);
+            G->linear(G, y, x, lw);
+            if (!v[vi].fake) {
+                float *o = down(G, y);
+                t_check_rel_l2(name, o, ref, (size_t)(M * N), TOL_QPATH);
+                free(o);
+            }
+            time_linear(name, y, x, lw, M, N, K);
+        }
+        G->linear_destroy(G, gf);
+        G->linear_destroy(G, gr);
+        unsetenv("DITRUN_QGEMM_NT");
+        unsetenv("DITRUN_QGEMM_FAKE");
+        G->opts.qpath = saved;
+        free(ref); free(hx);
+        G->free(G, &x); G->free(G, &y);
+        G->linear_destroy(G, gt);
+        G->linear_destroy(G, gm);
+        free_weights(&w);
+    }
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -1169,6 +1243,7 @@ int main(void) {
 #define RUN(group) (!only || !*only || strstr(only, group))
 
     if (RUN("first")) time_first_calls(t_create);
+    if (only && !strcmp(only, "qgemm")) study_qgemm();
     if (RUN("misc")) {
         double ts = dt_now();
         test_memory();
@@ -1226,11 +1301,14 @@ int main(void) {
     if (RUN("quant")) {
         double ts = dt_now();
         test_gemm_tune_cache();
-        test_linear_gated(4608, 12288, 3072, 4, 0, 1);   /* single block out projection, q4 transient */
-        test_linear_gated(4608, 12288, 3072, 0, 0, 1);   /* the same, bf16 weights (two-op path inside) */
-        test_linear_gated(4096, 3072, 3072, 4, 1, 0);    /* double block to_out, f32 gate */
-        test_linear_gated(512, 9216, 3072, 4, 0, 0);     /* text stream ff out */
-        test_linear_gated(40, 3072, 3072, 4, 0, 0);      /* fused-qmm size: the fallback */
+        test_linear_gated(4608, 12288, 3072, 4, 0, 0, 1);   /* single block out projection, q4 transient */
+        test_linear_gated(4608, 12288, 3072, 4, 0, 1, 1);   /* the same, mixed-input GEMM (epilogue gate) */
+        test_linear_gated(4608, 12288, 3072, 0, 0, 0, 1);   /* the same, bf16 weights (two-op path inside) */
+        test_linear_gated(4096, 3072, 3072, 4, 1, 0, 0);    /* double block to_out, f32 gate */
+        test_linear_gated(4096, 3072, 3072, 4, 1, 1, 0);    /* the same, mixed */
+        test_linear_gated(512, 9216, 3072, 4, 0, 0, 0);     /* text stream ff out */
+        test_linear_gated(512, 9216, 3072, 4, 0, 1, 0);     /* the same, mixed */
+        test_linear_gated(40, 3072, 3072, 4, 0, 0, 0);      /* fused-qmm size: the fallback */
         test_linear_quant(4608, 3072, 3072, 4, 64, 0, 1);
         test_linear_quant(4608, 3072, 3072, 8, 64, 0, 0);
         test_linear_quant(4608, 3072, 27648, 4, 64, 0, 1);
@@ -1240,6 +1318,22 @@ int main(void) {
         test_linear_quant(512, 3072, 9216, 4, 64, 0, 1);
         test_linear_quant(17, 1024, 1000, 4, 32, 0, 0);
         test_linear_quant(64, 2048, 768, 8, 128, 1, 0);
+        /* mixed-input GEMM edges: token tails, groups 32 / 128, 8-bit, the smallest eligible K and N, bias */
+        test_linear_quant(4096, 3072, 18432, 4, 64, 0, 1);
+        test_linear_quant(4608, 12288, 3072, 4, 64, 0, 1);
+        test_linear_quant(200, 1024, 384, 4, 32, 1, 0);
+        test_linear_quant(333, 128, 256, 8, 128, 0, 0);
+        test_linear_quant(129, 64, 128, 4, 64, 1, 0);
+        test_linear_quant(1000, 512, 640, 8, 32, 0, 0);
+        setenv("DITRUN_QGEMM_MATH", "f32", 1);   /* the mixed GEMM's f32 dequantization (scales not bf16-exact) */
+        test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
+        test_linear_quant(200, 1024, 384, 4, 32, 0, 0);
+        unsetenv("DITRUN_QGEMM_MATH");
+        setenv("DITRUN_QGEMM_KERNEL", "ss", 1);   /* the shared-memory-A kernel and its row-chunk layout */
+        test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
+        test_linear_quant(333, 128, 256, 8, 128, 0, 0);
+        test_linear_quant(200, 1024, 384, 4, 32, 1, 0);
+        unsetenv("DITRUN_QGEMM_KERNEL");
         printf("# section quant %.1f s\n", dt_now() - ts);
     }
     if (RUN("attn")) {

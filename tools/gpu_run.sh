@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -130,6 +130,58 @@ if has trace; then  # in-model device time per op and shape (CUDA events in the 
         log "trace $m (10 forwards + 1 warm-up):"
         grep -E "cuda trace" "$OUT/trace_$m.log" | head -40 | tee -a "$OUT/summary.txt"
     done
+fi
+
+if has mixed; then  # the sm_90a mixed-input GEMM (--qpath mixed): op tests + timings, then forwards vs transient
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=quant timeout 240 ./build/tests/test_gpu_ops > "$OUT/gpu_quant.log" 2>&1
+    log "gpu quant section rc=$?"
+    grep -E "^FAIL|^TIME linear|passed" "$OUT/gpu_quant.log" | tee -a "$OUT/summary.txt"
+    prep4
+    for i in 1 2; do
+        fwd "klein-4B q4 1024^2 transient ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --qpath transient
+        fwd "klein-4B q4 1024^2 mixed ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --qpath mixed
+    done
+    fwd "klein-4B q4 1024^2 mixed graph" "$W/k4q4" "$W/in4_1024.st" 20 --qpath mixed --cuda-graph
+    [ -f "$W/in4_512.st" ] || $B synth --preset klein-4b --inputs "$W/in4_512.st" --image-size 512 2>/dev/null
+    fwd "klein-4B q4 512^2 mixed" "$W/k4q4" "$W/in4_512.st" 20 --qpath mixed
+    fwd "klein-4B q4 512^2 transient" "$W/k4q4" "$W/in4_512.st" 20 --qpath transient
+    if [ "${MIXED_BIG:-0}" = 1 ]; then
+        [ -d "$W/k9q4" ] || $B synth --preset klein-9b --bits 4 --group-size 64 --output "$W/k9q4" 2>/dev/null
+        [ -f "$W/in9_1024.st" ] || $B synth --preset klein-9b --inputs "$W/in9_1024.st" --image-size 1024 2>/dev/null
+        [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
+        fwd "klein-9B q4 1024^2 mixed" "$W/k9q4" "$W/in9_1024.st" 10 --qpath mixed
+        fwd "klein-4B q4 2048^2 mixed" "$W/k4q4" "$W/in4_2048.st" 5 --qpath mixed
+    fi
+fi
+
+if has study; then  # mixed-input GEMM study: token tiles, no-dequant variant, and (when present) Nsight Compute
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qgemm timeout 120 ./build/tests/test_gpu_ops > "$OUT/study.log" 2>&1
+    log "study rc=$?"
+    grep -E "^FAIL|^TIME study|passed" "$OUT/study.log" | tee -a "$OUT/summary.txt"
+    NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    log "ncu: ${NCU:-none}"
+    if [ -n "$NCU" ] && [ "${STUDY_NCU:-1}" = 2 ]; then   # stall reasons: nt192 real (launch 25) vs fake (72)
+        for skip in 25 72; do
+            DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qgemm timeout 150 "$NCU" -k regex:k_qgemm --launch-skip $skip --launch-count 1 \
+                --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,gpu__time_duration.sum' \
+                ./build/tests/test_gpu_ops > "$OUT/ncu_m$skip.txt" 2>&1
+            grep -E "stalled|hmma|issue_active|inst_executed|duration|ERR" "$OUT/ncu_m$skip.txt" | awk '$NF+0 > 0.05 || /hmma|issue|inst|dur/' | tee -a "$OUT/summary.txt"
+        done
+    fi
+    if [ -n "$NCU" ] && [ "${STUDY_NCU:-1}" = 1 ]; then
+        for skip in 24 97; do
+            DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qgemm timeout 150 "$NCU" -k regex:k_qgemm --launch-skip $skip --launch-count 1 \
+                --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+                --section ComputeWorkloadAnalysis ./build/tests/test_gpu_ops > "$OUT/ncu_$skip.txt" 2>&1
+            grep -vE "^(PASS|TIME|\[)" "$OUT/ncu_$skip.txt" | grep -E "Throughput|Busy|Stall|Issued|Eligible|Active|Pipe|L2|DRAM|Duration|Warp Cycles|No Eligible|ERR|error" | head -60 | tee -a "$OUT/summary.txt"
+        done
+    fi
+fi
+
+if has qarm; then  # the bench's quantized-path arms (fused / transient / cached / mixed), isolated GEMMs
+    timeout 300 $B bench --preset klein-4b --backend cuda --arms qpath > "$OUT/bench_qpath.md" 2> "$OUT/bench_qpath.err"
+    log "bench qpath arms rc=$?"
+    grep -E "qpath|mixed" "$OUT/bench_qpath.md" | head -30 | tee -a "$OUT/summary.txt"
 fi
 
 if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error vs bf16, 4-step latent error

@@ -50,6 +50,7 @@ typedef enum {
     DT_QPATH_FUSED,        /* qmm: dequantize inside the GEMM main loop */
     DT_QPATH_TRANSIENT,    /* dequantize the layer to dense just before a dense GEMM */
     DT_QPATH_CACHED,       /* dequantize once at load, keep dense */
+    DT_QPATH_MIXED,        /* sm_90a: weights re-laid at load, dequantized in registers inside a wgmma GEMM */
 } dt_qpath;
 
 typedef enum { DT_ROPE_NONE = 0, DT_ROPE_INTERLEAVED, DT_ROPE_HALF } dt_rope_mode;

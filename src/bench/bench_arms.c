@@ -23,7 +23,7 @@
 typedef struct {
     const char *arm;
     char what[96];
-    const char *names[3];
+    const char *names[4];
     int nv;
     double (*time)(void *ctx, int v);            /* one timed sample of variant v (ms) */
     void (*output)(void *ctx, int v, float *out); /* the comparable output of variant v */
@@ -90,11 +90,11 @@ static dt_backend *make_backend(bench_ctx *x, dt_backend_opts o) {
 /* ------------------------------------------------------------------ qpath */
 
 typedef struct {
-    dt_backend *be[3];
-    bench_timer tm[3];
-    dt_linear *w[3][2][64];   /* [variant][shape][block] */
+    dt_backend *be[4];
+    bench_timer tm[4];
+    dt_linear *w[4][2][64];   /* [variant][shape][block] */
     int nw[2];
-    dt_mat xm[3], ym[3];
+    dt_mat xm[4], ym[4];
     int shape;
     int64_t rows_out;         /* rows compared */
 } qpath_ctx;
@@ -122,22 +122,23 @@ static void arm_qpath(bench_ctx *x) {
     dt_linear_src src[2];
     if (ns == 0 || dt_weights_linear(bm->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj", -1, -1, -1, &src[0]) ||
         dt_weights_linear(bm->w, "single_transformer_blocks.0.attn.to_out", -1, -1, -1, &src[1])) {
-        skip_arm(r, "qpath", "fused", "transient/cached", "no single blocks to take the GEMM shapes from");
+        skip_arm(r, "qpath", "fused", "transient/cached/mixed", "no single blocks to take the GEMM shapes from");
         return;
     }
     if (!src[0].bits) {
-        skip_arm(r, "qpath", "fused", "transient/cached", "dense weights: the quantized-path arm needs --format q4 or q8");
+        skip_arm(r, "qpath", "fused", "transient/cached/mixed", "dense weights: the quantized-path arm needs --format q4 or q8");
         return;
     }
     qpath_ctx q;
     memset(&q, 0, sizeof q);
-    dt_qpath paths[3] = {DT_QPATH_FUSED, DT_QPATH_TRANSIENT, DT_QPATH_CACHED};
+    dt_qpath paths[4] = {DT_QPATH_FUSED, DT_QPATH_TRANSIENT, DT_QPATH_CACHED, DT_QPATH_MIXED};
+    int nv = x->is_cpu ? 3 : 4;   /* mixed exists on CUDA only */
     for (int s = 0; s < 2; s++) {
         double each = (double)bench_src_bytes(&src[s]);
         int k = (int)ceil(x->rot_bytes / each);
         q.nw[s] = k < 1 ? 1 : k > ns ? ns : k > 64 ? 64 : k;
     }
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < nv; v++) {
         dt_backend_opts o = x->be->opts;
         o.qpath = paths[v];
         q.be[v] = make_backend(x, o);
@@ -161,7 +162,7 @@ static void arm_qpath(bench_ctx *x) {
             int64_t K = src[s].in, N = src[s].out;
             float *hx = dt_malloc(sizeof(float) * (size_t)M * K);
             dt_randn(x->o->seed, 40 + s, 0, hx, (size_t)M * K);
-            for (int v = 0; v < 3; v++) {
+            for (int v = 0; v < nv; v++) {
                 q.xm[v] = dt_alloc_or_die(q.be[v], M, K, q.be[v]->act_dtype);
                 q.ym[v] = dt_alloc_or_die(q.be[v], M, N, q.be[v]->act_dtype);
                 q.be[v]->upload(q.be[v], q.xm[v], hx);
@@ -176,21 +177,22 @@ static void arm_qpath(bench_ctx *x) {
             a.names[0] = "fused";
             a.names[1] = "transient";
             a.names[2] = "cached";
-            a.nv = 3;
+            a.names[3] = "mixed";
+            a.nv = nv;
             a.time = qpath_time;
             a.output = qpath_output;
             a.out_n = (size_t)q.rows_out * N;
             a.tol = x->is_cpu ? 1e-5 : 2e-2;   /* bf16 outputs, different accumulation orders on CUDA */
             snprintf(a.note, sizeof a.note, "%s", note);
             run_arm(x, &a, &q);
-            for (int v = 0; v < 3; v++) {
+            for (int v = 0; v < nv; v++) {
                 bench_sync_or_die(q.be[v]);
                 q.be[v]->free(q.be[v], &q.xm[v]);
                 q.be[v]->free(q.be[v], &q.ym[v]);
             }
         }
     }
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < nv; v++) {
         bench_sync_or_die(q.be[v]);
         for (int s = 0; s < 2; s++)
             for (int i = 0; i < q.nw[s]; i++) q.be[v]->linear_destroy(q.be[v], q.w[v][s][i]);

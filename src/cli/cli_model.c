@@ -30,12 +30,13 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         o->be.threads = (int)x; (*i)++; return 1;
     }
     if (!strcmp(a, "--qpath")) {
-        if (!v) { cli_error("--qpath needs a value (auto, fused, transient, cached)"); return -1; }
+        if (!v) { cli_error("--qpath needs a value (auto, mixed, fused, transient, cached)"); return -1; }
         if (!strcmp(v, "auto")) o->be.qpath = DT_QPATH_AUTO;
         else if (!strcmp(v, "fused")) o->be.qpath = DT_QPATH_FUSED;
         else if (!strcmp(v, "transient")) o->be.qpath = DT_QPATH_TRANSIENT;
         else if (!strcmp(v, "cached")) o->be.qpath = DT_QPATH_CACHED;
-        else { cli_error("--qpath: unknown path '%s' (auto, fused, transient, cached)", v); return -1; }
+        else if (!strcmp(v, "mixed")) o->be.qpath = DT_QPATH_MIXED;
+        else { cli_error("--qpath: unknown path '%s' (auto, mixed, fused, transient, cached)", v); return -1; }
         (*i)++; return 1;
     }
     if (!strcmp(a, "--precision")) {

@@ -40,7 +40,7 @@ static void usage(FILE *f) {
             "output:\n"
             "  --json FILE          every number as JSON lines\n"
             "backend:\n"
-            "  --backend cpu|cuda|auto  --threads N  --qpath auto|fused|transient|cached  --rope-bf16  -q  -v\n"
+            "  --backend cpu|cuda|auto  --threads N  --qpath auto|mixed|fused|transient|cached  --rope-bf16  -q  -v\n"
             "  --precision bf16|fp8 the DiT blocks' Linears in bf16 (default) or e4m3 (whole forward, ledger; the fp8\n"
             "                       arm compares the two GEMMs at the model's main shapes in either case)\n");
 }

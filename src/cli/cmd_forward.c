@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "  --output FILE        where to write out.sample (without it nothing is written: timing runs)\n"
             "  --backend NAME       cpu, cuda or auto (default auto: cuda when a GPU is present)\n"
             "  --threads N          CPU threads (default: all cores)\n"
-            "  --qpath P            quantized Linear path on CUDA: auto, fused, transient, cached (default auto)\n"
+            "  --qpath P            quantized Linear path on CUDA: auto, mixed, fused, transient, cached (default auto)\n"
             "  --precision P        bf16 (default) or fp8: the DiT blocks' Linears with e4m3 weights (one scale per\n"
             "                       output channel) and e4m3 activations (one scale per token); opt-in\n"
             "  --compare-bf16       with --precision fp8 (FLUX.2): also run the bf16 path on the same inputs and\n"

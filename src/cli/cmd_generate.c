@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "                              latents, float image) to a safetensors file\n"
             "  --backend cpu|cuda|auto     (default auto: cuda when a GPU is usable)\n"
             "  --threads N                 CPU threads (default: all cores)\n"
-            "  --qpath auto|fused|transient|cached   quantized weight path on CUDA\n"
+            "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
             "  --precision bf16|fp8        fp8: the DiT blocks' Linears in e4m3 (per-channel weight and per-token\n"
             "                              activation scales); text encoder and VAE stay bf16; opt-in\n"
             "  --compare-bf16              with --precision fp8: generate again with bf16 and report the relative\n"

@@ -377,6 +377,7 @@ void dtc_preload_kernels(dtc_state *st) {
     dtc_preload_image(st);
     dtc_preload_linear(st);
     dtc_preload_fp8(st);
+    dtc_preload_qgemm(st);
 }
 
 /* ------------------------------------------------------------------ tracing (DITRUN_CUDA_TRACE) */

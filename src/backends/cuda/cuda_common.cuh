@@ -128,6 +128,7 @@ void dtc_preload_elementwise(dtc_state *st);
 void dtc_preload_image(dtc_state *st);
 void dtc_preload_linear(dtc_state *st);
 void dtc_preload_fp8(dtc_state *st);
+void dtc_preload_qgemm(dtc_state *st);
 static inline void dtc_preload_fn(const void *f) {
     cudaFuncAttributes a;
     if (cudaFuncGetAttributes(&a, f) != cudaSuccess) cudaGetLastError();
@@ -141,6 +142,37 @@ void dtc_gemm_tune_init(dtc_state *st, const char *device_name);
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
               const void *bias_bf16);
+
+/* ------------------------------------------------------------------ mixed-input GEMM (cuda_qgemm.cu) */
+/* 4/8-bit weights in fragment order (see cuda_qgemm.cu): q packed, sb = (scale, bias) as [N/128][K/group][128]. */
+struct dtc_qg_w {
+    uint32_t *q;
+    float2 *sb;        /* f32 pairs, or bf16x2 pairs {s,s},{b,b} when sb_bf16 */
+    int64_t N, K;
+    int bits, group;
+    int sb_bf16;       /* 4-bit with bf16-exact scales/biases: dequantized with bf16x2 arithmetic */
+    int ss;            /* layout and kernel: 1 = row chunks for the shared-memory (SS) kernel, 0 = fragment order
+                          for the register-A (RS) kernel */
+};
+/* Epilogue of dtc_qgemm: y = (x·Wᵀ + bias) ⊙ gate (+ y when accumulate); NULL members are skipped. */
+struct dtc_qg_epi {
+    const __nv_bfloat16 *bias;   /* [N] */
+    const void *gate;            /* [N], bf16 or f32 (gate_f32) */
+    int gate_f32, accumulate;
+};
+/* 1 when this device and Linear geometry can use it (sm_90, N % 128, K % 64, group 16·2^i; DITRUN_CUDA_QGEMM=0
+ * disables it). */
+int dtc_qgemm_eligible(const dtc_state *st, int64_t N, int64_t K, int bits, int group);
+/* Re-lay MLX-packed device weights qw [N, K·bits/32] and sb [N, K/group] into dst (pool allocations); -1 on OOM.
+ * sb_bf16_exact: every scale and bias is exactly a bf16 value (the bf16x2 dequantization is then exact). */
+int dtc_qgemm_pack(dtc_state *st, dtc_qg_w *dst, const uint32_t *qw, const float2 *sb, int64_t N, int64_t K, int bits,
+                   int group, int sb_bf16_exact);
+void dtc_qgemm_free(dtc_state *st, dtc_qg_w *w);
+/* y[M,N] (bf16/f32) = epilogue(x[M,K] bf16 · Wᵀ). Returns -1 (nothing launched) when x's layout does not suit
+ * the kernel (ld % 8, 16-byte alignment) or TMA is unavailable: the caller then dequantizes (dtc_qgemm_dequant). */
+int dtc_qgemm(dtc_state *st, dt_mat y, dt_mat x, const dtc_qg_w *w, const dtc_qg_epi *e);
+/* Dense bf16 [N, K] from the fragment order; rowscale ([N], bf16 or f32 when rs_f32) multiplies each row. */
+void dtc_qgemm_dequant(dtc_state *st, __nv_bfloat16 *dst, const dtc_qg_w *w, const void *rowscale, int rs_f32);
 
 /* ------------------------------------------------------------------ fp8 Linear (cuda_fp8.cu) */
 /* 1 when the fp8 GEMM can take this Linear (in % 16 == 0, out % 16 == 0). */

@@ -308,6 +308,8 @@ struct dt_linear {
     float2 *sb;         /* (scale, bias) per group [out, in/group] */
     __nv_bfloat16 *bias;/* Linear bias [out] or NULL */
     dtc_fp8_w *f8;      /* fp8 weights (cuda_fp8.cu) instead of w/qw, or NULL */
+    dtc_qg_w mx;        /* qpath mixed: fragment-ordered packed weights (cuda_qgemm.cu) instead of qw/sb; mx.q NULL
+                           when unused */
 };
 
 /* Exact small-integer -> float without the (slow) I2F conversion unit: 2^23 + u has u in its mantissa. */
@@ -371,6 +373,7 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     dtc_pool_free(st, w->sb);
     dtc_pool_free(st, w->bias);
     dtc_fp8_weight_free(st, w->f8);
+    dtc_qgemm_free(st, &w->mx);
     free(w);
 }
 
@@ -435,9 +438,11 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         CK(cudaMemcpyAsync(w->qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->stream));
         float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
         if (!h) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
+        int sb_bf16_exact = 1;   /* every scale and bias a bf16 value (for the mixed GEMM's bf16x2 dequantization) */
         for (int64_t i = 0; i < N * ng; i++) {
             h[i].x = host_half(src->scales, src->sb_dtype, i);
             h[i].y = host_half(src->biases, src->sb_dtype, i);
+            sb_bf16_exact &= dt_bf16_to_f32(dt_f32_to_bf16(h[i].x)) == h[i].x && dt_bf16_to_f32(dt_f32_to_bf16(h[i].y)) == h[i].y;
         }
         CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->stream));
         CK(cudaStreamSynchronize(st->stream));
@@ -445,6 +450,16 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         if (be->opts.qpath == DT_QPATH_CACHED) {
             LIN_ALLOC(w->w, (size_t)N * K * 2);
             dequant_launch(st, w->w, w);
+            CK(cudaStreamSynchronize(st->stream));
+            dtc_pool_free(st, w->qw);
+            dtc_pool_free(st, w->sb);
+            w->qw = nullptr;
+            w->sb = nullptr;
+        } else if (be->opts.qpath == DT_QPATH_MIXED && dtc_qgemm_eligible(st, N, K, src->bits, src->group_size)) {
+            if (dtc_qgemm_pack(st, &w->mx, w->qw, w->sb, N, K, src->bits, src->group_size, sb_bf16_exact)) {
+                dtc_linear_destroy(be, w);
+                return NULL;
+            }
             CK(cudaStreamSynchronize(st->stream));
             dtc_pool_free(st, w->qw);
             dtc_pool_free(st, w->sb);
@@ -793,6 +808,14 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
         dense_gemm(st, y, x, w->w, w);
         return;
     }
+    if (w->mx.q) {
+        dtc_qg_epi e = {w->bias, nullptr, 0, 0};
+        if (dtc_qgemm(st, y, x, &w->mx, &e) == 0) return;
+        __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
+        dtc_qgemm_dequant(st, tmp, &w->mx, nullptr, 0);
+        dense_gemm(st, y, x, tmp, w);
+        return;
+    }
     if (qpath_for(be, x.rows) == DT_QPATH_FUSED) {
         int ok = w->in % QMM_BK == 0 && w->group >= 32 && x.ld % 8 == 0 && dtc_aligned16(x.data) && x.rows < (1LL << 30) &&
                  w->out < (1LL << 30);
@@ -821,6 +844,12 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
                 (long long)gate.cols, (long long)x.cols);
     if (a.rows <= 0) return;
     const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
+    if (w->mx.q && !(fo && fo[0] == '0') && a.dtype == DT_BF16 && (x.dtype == DT_BF16 || x.dtype == DT_F32) &&
+        (!gate.data || gate.dtype == DT_BF16 || gate.dtype == DT_F32)) {
+        /* mixed-input GEMM: bias, gate and the residual add in its epilogue, weights untouched */
+        dtc_qg_epi e = {w->bias, gate.data, gate.dtype == DT_F32, 1};
+        if (dtc_qgemm(st, x, a, &w->mx, &e) == 0) return;
+    }
     /* packed weights only (w->qw: not dense, not dequantized at load, not fp8) */
     int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && w->qw && qpath_for(be, a.rows) == DT_QPATH_TRANSIENT &&
              x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
