@@ -252,19 +252,16 @@ static void flash_launch(dtc_state *st, const fa_args &a) {
  * as two halves (columns 0-63, 64-127), each R rows of 128 bytes, 16-byte chunk c of row r at chunk
  * c ^ (r % 8). S = Q·Kᵀ: wgmma m64n128k16 with Q and K from shared memory; O += P·V: P from registers (the
  * S accumulator layout is the A-fragment layout), V from a per-call transposed copy Vt [hkv][128][Lk_pad]
- * so that it too is K-major. K/Vt tiles are double-buffered with cp.async. */
+ * so that it too is K-major. */
 
 #define FW_BR 128
 #define FW_BC 128
-#define FW_THREADS 256
-#define FW_SMEM (32768 + 2 * 65536 + 1024)
 
 struct fw_args {
     const __nv_bfloat16 *q, *k, *vt;
     __nv_bfloat16 *o;
     int64_t ldq, ldk, ldvt, ldo;
-    const float *kbias;       /* variants 1/2: the raw key bias (NULL = none) */
-    /* variants 3/4 with a key bias (k_bias_tiles): kb2 = bias * log2(e), -inf past Lk, up to ldvt; tl = the key
+    /* with a key bias (k_bias_tiles): kb2 = bias * log2(e), -inf past Lk, up to ldvt; tl = the key
      * tiles that are not entirely -inf, ascending, each entry tile * 2 + (1 if the tile needs its bias applied,
      * 0 if it is all zeros); *ntl their count. tl == NULL: every tile, no bias. */
     const float *kb2;
@@ -280,377 +277,11 @@ __device__ __forceinline__ uint32_t fw_off(int r, int c, int half_bytes) {
     return (uint32_t)((c >> 3) * half_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-__global__ void __launch_bounds__(FW_THREADS, 1) k_flash128_wg(fw_args a) {
-#ifdef DTC_HAVE_WGMMA
-    extern __shared__ unsigned char smem_raw[];
-    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t qs = base;                       /* [2][128][128B] */
-    auto ks = [&](int st) { return base + 32768u + (uint32_t)st * 65536u; };
-    auto vs = [&](int st) { return base + 65536u + (uint32_t)st * 65536u; };
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, wl = warp & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, kvh = h / a.group;
-    const int q0 = qb * FW_BR;
-    const __nv_bfloat16 *qg = a.q + (int64_t)h * FA_HD;
-    const __nv_bfloat16 *kg = a.k + (int64_t)kvh * FA_HD;
-    const __nv_bfloat16 *vg = a.vt + (int64_t)kvh * FA_HD * a.ldvt;
-
-    int ntiles = (a.Lk + FW_BC - 1) / FW_BC;
-    if (a.causal) {
-        int lim = (q0 + FW_BR + FW_BC - 1) / FW_BC;
-        if (lim < ntiles) ntiles = lim;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int id = tid + i * FW_THREADS;
-        int r = id >> 4, c = id & 15;
-        int gr = q0 + r;
-        cp_async16(qs + fw_off(r, c, 16384), qg + (int64_t)(gr < a.Lq ? gr : 0) * a.ldq + c * 8, gr < a.Lq ? 16 : 0);
-    }
-    auto load_kv = [&](int st, int t) {
-        const int kb = t * FW_BC;
-        const uint32_t kd = ks(st), vd = vs(st);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int id = tid + i * FW_THREADS;
-            int r = id >> 4, c = id & 15;
-            int gk = kb + r;
-            cp_async16(kd + fw_off(r, c, 16384), kg + (int64_t)(gk < a.Lk ? gk : 0) * a.ldk + c * 8, gk < a.Lk ? 16 : 0);
-            cp_async16(vd + fw_off(r, c, 16384), vg + (int64_t)r * a.ldvt + kb + c * 8, 16);
-        }
-    };
-    if (ntiles > 0) load_kv(0, 0);
-    cp_async_commit();
-
-    float o[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
-    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-    const int g = lane >> 2, t4 = lane & 3;
-    const int row_a = q0 + wg * 64 + wl * 16 + g;   /* and row_a + 8 */
-    const float log2e = 1.4426950408889634f;
-
-    for (int t = 0; t < ntiles; t++) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();   /* tile t visible to the tensor cores; every warp finished tile t-1 */
-        if (t + 1 < ntiles) load_kv((t + 1) & 1, t + 1);
-        cp_async_commit();
-        const int st = t & 1;
-        float s[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) s[i] = 0.f;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            uint64_t da = wg_desc(qs + (uint32_t)((kk >> 2) * 16384 + wg * 8192 + (kk & 3) * 32));
-            uint64_t db = wg_desc(ks(st) + (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32));
-            wgmma_m64n128_ss(s, da, db, kk > 0);
-        }
-        wg_commit();
-        wg_wait0();
-        reg_fence(s, 64);
-
-        const int kb = t * FW_BC;
-        const bool need_mask = (kb + FW_BC > a.Lk) || (a.causal && kb + FW_BC - 1 > q0) || a.kbias;
-#pragma unroll
-        for (int i = 0; i < 64; i++) s[i] *= a.scale_log2;
-        if (need_mask) {
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int key = kb + j * 8 + 2 * t4 + e;
-                    float add = 0.f;
-                    if (key >= a.Lk) add = -INFINITY;
-                    else if (a.kbias) add = a.kbias[key] * log2e;
-                    float v0 = s[j * 4 + e] + add, v1 = s[j * 4 + 2 + e] + add;
-                    if (a.causal) {
-                        if (key > row_a) v0 = -INFINITY;
-                        if (key > row_a + 8) v1 = -INFINITY;
-                    }
-                    s[j * 4 + e] = v0;
-                    s[j * 4 + 2 + e] = v1;
-                }
-            }
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 16; j++) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * hh], s[j * 4 + 2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mnew = fmaxf(m_i[hh], mx);
-            float muse = mnew == -INFINITY ? 0.f : mnew;
-            float alpha = fexp2(m_i[hh] - muse);
-            float rs = 0.f;
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                float p0 = fexp2(s[j * 4 + 2 * hh] - muse), p1 = fexp2(s[j * 4 + 2 * hh + 1] - muse);
-                s[j * 4 + 2 * hh] = p0;
-                s[j * 4 + 2 * hh + 1] = p1;
-                rs += p0 + p1;
-            }
-            l_i[hh] = l_i[hh] * alpha + rs;
-            m_i[hh] = mnew;
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                o[j * 4 + 2 * hh] *= alpha;
-                o[j * 4 + 2 * hh + 1] *= alpha;
-            }
-        }
-        uint32_t pa[8][4];
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            pa[kk][0] = pack_bf2(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-            pa[kk][1] = pack_bf2(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-            pa[kk][2] = pack_bf2(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-            pa[kk][3] = pack_bf2(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-        }
-        reg_fence(o, 64);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            uint64_t db = wg_desc(vs(st) + (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32));
-            wgmma_m64n128_rs(o, pa[kk], db);
-        }
-        wg_commit();
-        wg_wait0();
-        reg_fence(o, 64);
-    }
-    cp_async_wait<0>();
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        float l = l_i[hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float inv = l > 0.f ? 1.f / l : 0.f;
-        int row = row_a + hh * 8;
-        if (row < a.Lq) {
-            __nv_bfloat16 *op = a.o + (int64_t)row * a.ldo + (int64_t)h * FA_HD + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                *(__nv_bfloat162 *)(op + j * 8) = __floats2bfloat162_rn(o[j * 4 + 2 * hh] * inv, o[j * 4 + 2 * hh + 1] * inv);
-        }
-    }
-#endif
-}
-
-
-/* Variant 2: key tiles of 64, 4 shared-memory stages (prefetch distance 2), and software pipelining inside each
- * warpgroup: S(t+1) = Q·K(t+1) runs on the tensor cores while the softmax of tile t runs on the FP32 units, and
- * P(t)·V(t) runs while the next iteration loads, issues S(t+2) and starts its softmax. */
-#define FW2_BC 64
-#define FW2_STAGES 4
-#define FW2_SMEM (32768 + FW2_STAGES * 32768 + 1024)
-
-__global__ void __launch_bounds__(FW_THREADS, 1) k_flash128_wg2(fw_args a) {
-#ifdef DTC_HAVE_WGMMA
-    extern __shared__ unsigned char smem_raw[];
-    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t qs = base;                                        /* [2][128][128B] */
-    auto ks = [&](int st) { return base + 32768u + (uint32_t)st * 32768u; };          /* [2][64][128B] */
-    auto vs = [&](int st) { return base + 32768u + (uint32_t)st * 32768u + 16384u; }; /* [128][128B]  */
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, wl = warp & 3;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int h = blockIdx.y, kvh = h / a.group;
-    const int q0 = qb * FW_BR;
-    const __nv_bfloat16 *qg = a.q + (int64_t)h * FA_HD;
-    const __nv_bfloat16 *kg = a.k + (int64_t)kvh * FA_HD;
-    const __nv_bfloat16 *vg = a.vt + (int64_t)kvh * FA_HD * a.ldvt;
-
-    int ntiles = (a.Lk + FW2_BC - 1) / FW2_BC;
-    if (a.causal) {
-        int lim = (q0 + FW_BR + FW2_BC - 1) / FW2_BC;
-        if (lim < ntiles) ntiles = lim;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int id = tid + i * FW_THREADS;
-        int r = id >> 4, c = id & 15;
-        int gr = q0 + r;
-        cp_async16(qs + fw_off(r, c, 16384), qg + (int64_t)(gr < a.Lq ? gr : 0) * a.ldq + c * 8, gr < a.Lq ? 16 : 0);
-    }
-    auto load_kv = [&](int t) {
-        const int st = t % FW2_STAGES;
-        const int kb = t * FW2_BC;
-        const uint32_t kd = ks(st), vd = vs(st);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int id = tid + i * FW_THREADS;
-            int r = id >> 4, c = id & 15;          /* K: 64 rows x 16 chunks */
-            int gk = kb + r;
-            cp_async16(kd + fw_off(r, c, 8192), kg + (int64_t)(gk < a.Lk ? gk : 0) * a.ldk + c * 8, gk < a.Lk ? 16 : 0);
-            int rv = id >> 3, cv = id & 7;         /* Vt: 128 rows (d) x 8 chunks (keys) */
-            cp_async16(vd + (uint32_t)(rv * 128 + ((cv ^ (rv & 7)) << 4)), vg + (int64_t)rv * a.ldvt + kb + cv * 8, 16);
-        }
-    };
-    if (ntiles > 0) load_kv(0);
-    cp_async_commit();
-    if (ntiles > 1) load_kv(1);
-    cp_async_commit();
-
-    float o[64], sc[32], sn[32];
-#pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) { sc[i] = 0.f; sn[i] = 0.f; }
-    /* pin the initial values here: ptxas's wgmma pipeline check is by code layout, and an accumulator
-     * initialisation sunk into the "no key tiles" path after the loop would serialise every wgmma */
-    reg_fence(o, 64);
-    reg_fence(sc, 32);
-    reg_fence(sn, 32);
-    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-    const int g = lane >> 2, t4 = lane & 3;
-    const int row_a = q0 + wg * 64 + wl * 16 + g;
-    const float log2e = 1.4426950408889634f;
-    const uint32_t qa = qs + (uint32_t)(wg * 8192);
-
-    auto issue_s = [&](float *d, int t) {
-        const uint32_t kt = ks(t % FW2_STAGES);
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            uint64_t da = wg_desc(qa + (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32));
-            uint64_t db = wg_desc(kt + (uint32_t)((kk >> 2) * 8192 + (kk & 3) * 32));
-            if (kk == 0) wgmma_m64n64_ss_first(d, da, db);
-            else wgmma_m64n64_ss(d, da, db, 1);
-        }
-    };
-
-    if (ntiles > 0) {
-        cp_async_wait<1>();
-        fence_proxy_async();
-        __syncthreads();
-        wg_fence();
-        issue_s(sc, 0);
-        wg_commit();
-        wg_wait0();
-        reg_fence(sc, 32);
-    }
-    /* One key tile. cur holds S(t); S(t+1) is written into nxt. The loop is unrolled by two with the arrays
-     * swapped, so no register copies sit inside a wgmma pipeline stage. */
-    auto step = [&](float *cur, float *nxt, int t) {
-        cp_async_wait<0>();        /* tile t+1 landed (issued one iteration ago) */
-        fence_proxy_async();
-        __syncthreads();           /* ... and every warp finished P·V of tile t-2: its stage can be refilled */
-        if (t + 2 < ntiles) load_kv(t + 2);
-        cp_async_commit();
-        /* always issue an S product (the last iteration recomputes its own tile) so that the wgmma group
-         * structure is the same on every iteration */
-        wg_fence();
-        issue_s(nxt, t + 1 < ntiles ? t + 1 : t);
-        wg_commit();
-        /* softmax of tile t (overlaps S(t+1) and P·V(t-1) on the tensor cores) */
-        const int kb = t * FW2_BC;
-        const bool need_mask = (kb + FW2_BC > a.Lk) || (a.causal && kb + FW2_BC - 1 > q0) || a.kbias;
-        float x[32];   /* scores of tile t in the exp2 domain, then probabilities (sc stays untouched) */
-#pragma unroll
-        for (int i = 0; i < 32; i++) x[i] = cur[i] * a.scale_log2;
-        if (need_mask) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int key = kb + j * 8 + 2 * t4 + e;
-                    float add = 0.f;
-                    if (key >= a.Lk) add = -INFINITY;
-                    else if (a.kbias) add = a.kbias[key] * log2e;
-                    float v0 = x[j * 4 + e] + add, v1 = x[j * 4 + 2 + e] + add;
-                    if (a.causal) {
-                        if (key > row_a) v0 = -INFINITY;
-                        if (key > row_a + 8) v1 = -INFINITY;
-                    }
-                    x[j * 4 + e] = v0;
-                    x[j * 4 + 2 + e] = v1;
-                }
-            }
-        }
-        float alpha[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(x[j * 4 + 2 * hh], x[j * 4 + 2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mnew = fmaxf(m_i[hh], mx);
-            float muse = mnew == -INFINITY ? 0.f : mnew;
-            alpha[hh] = fexp2(m_i[hh] - muse);
-            float rs = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float p0 = fexp2(x[j * 4 + 2 * hh] - muse), p1 = fexp2(x[j * 4 + 2 * hh + 1] - muse);
-                x[j * 4 + 2 * hh] = p0;
-                x[j * 4 + 2 * hh + 1] = p1;
-                rs += p0 + p1;
-            }
-            l_i[hh] = l_i[hh] * alpha[hh] + rs;
-            m_i[hh] = mnew;
-        }
-        /* P·V(t-1) must be complete before O is rescaled; S(t+1) is done by now too (waiting for both keeps
-         * ptxas from serialising the wgmmas) */
-        wg_wait0();
-        reg_fence(o, 64);
-        reg_fence(nxt, 32);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            o[j * 4 + 0] *= alpha[0];
-            o[j * 4 + 1] *= alpha[0];
-            o[j * 4 + 2] *= alpha[1];
-            o[j * 4 + 3] *= alpha[1];
-        }
-        uint32_t pa[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            pa[kk][0] = pack_bf2(x[(2 * kk) * 4 + 0], x[(2 * kk) * 4 + 1]);
-            pa[kk][1] = pack_bf2(x[(2 * kk) * 4 + 2], x[(2 * kk) * 4 + 3]);
-            pa[kk][2] = pack_bf2(x[(2 * kk + 1) * 4 + 0], x[(2 * kk + 1) * 4 + 1]);
-            pa[kk][3] = pack_bf2(x[(2 * kk + 1) * 4 + 2], x[(2 * kk + 1) * 4 + 3]);
-        }
-        reg_fence(o, 64);
-        wg_fence();
-        {
-            const uint32_t vt = vs(t % FW2_STAGES);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wgmma_m64n128_rs(o, pa[kk], wg_desc(vt + (uint32_t)(kk * 32)));
-        }
-        wg_commit();               /* P·V(t) runs on while the next iteration starts */
-    };
-    for (int t = 0; t < ntiles; t += 2) {
-        step(sc, sn, t);
-        if (t + 1 < ntiles) step(sn, sc, t + 1);
-    }
-    wg_wait0();
-    reg_fence(o, 64);
-    cp_async_wait<0>();
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        float l = l_i[hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        float inv = l > 0.f ? 1.f / l : 0.f;
-        int row = row_a + hh * 8;
-        if (row < a.Lq) {
-            __nv_bfloat16 *op = a.o + (int64_t)row * a.ldo + (int64_t)h * FA_HD + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                *(__nv_bfloat162 *)(op + j * 8) = __floats2bfloat162_rn(o[j * 4 + 2 * hh] * inv, o[j * 4 + 2 * hh + 1] * inv);
-        }
-    }
-#endif
-}
-
-
-/* Variant 3 (FA3-style warp specialisation): warpgroup 0 is a producer that streams Q and K/Vt tiles of 128
- * keys into a 3-stage shared-memory ring with cp.async (fencing its own completed copies for the async proxy,
- * then arriving on the stage's "full" mbarrier); warpgroups 1 and 2 are consumers (64 query rows each) that
- * wait on "full", run the same S / softmax / P·V sequence as variant 1, and arrive on the stage's "empty"
- * mbarrier. With no block-wide barrier the two consumers drift apart, so one's softmax overlaps the other's
+/* FA3-style warp specialisation: warpgroup 0 is a producer that streams Q and K/Vt tiles of 128 keys into a
+ * 3-stage shared-memory ring with cp.async (fencing its own completed copies for the async proxy, then arriving
+ * on the stage's "full" mbarrier); warpgroups 1 and 2 are consumers (64 query rows each) that wait on "full",
+ * compute S = Q·Kᵀ, the online softmax (running max and sum per row, exp2 with the scale folded in) and
+ * O += P·V, and arrive on the stage's "empty" mbarrier. With no block-wide barrier the two consumers drift apart, so one's softmax overlaps the other's
  * tensor-core work; PINGPONG additionally alternates their S products with two named barriers. Registers are
  * rebalanced with setmaxnreg (producer 24, consumers 240). */
 #define F3_THREADS 384
@@ -914,10 +545,8 @@ __global__ void __launch_bounds__(1024) k_bias_tiles(const float *kbias, int Lk,
 }
 
 static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat16 *v, int64_t ldv, int hkv, int variant) {
-    static bool attr[5] = {false, false, false, false, false};
+    static bool attr[5] = {false, false, false, false, false};   /* variants 3 (plain) and 4 (ping-pong) */
     if (!attr[variant]) {  /* raise the shared-memory limit of the variant used, once */
-        if (variant == 1) CK(cudaFuncSetAttribute(k_flash128_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM));
-        if (variant == 2) CK(cudaFuncSetAttribute(k_flash128_wg2, cudaFuncAttributeMaxDynamicSharedMemorySize, FW2_SMEM));
         if (variant == 3) CK(cudaFuncSetAttribute(k_flash128_wg3<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, F3_SMEM));
         if (variant == 4) CK(cudaFuncSetAttribute(k_flash128_wg3<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, F3_SMEM));
         attr[variant] = true;
@@ -930,13 +559,12 @@ static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat1
     fw_args a;
     a.q = a0.q; a.k = a0.k; a.vt = vt; a.o = a0.o;
     a.ldq = a0.ldq; a.ldk = a0.ldk; a.ldvt = ldvt; a.ldo = a0.ldo;
-    a.kbias = a0.kbias;
     a.kb2 = nullptr;
     a.tl = a.ntl = nullptr;
     a.Lq = a0.Lq; a.Lk = a0.Lk; a.hq = a0.hq; a.group = a0.group;
     a.scale_log2 = a0.scale_log2;
     a.causal = a0.causal;
-    if (a0.kbias && variant >= 3) {
+    if (a0.kbias) {
         const int nt = (int)(ldvt / FW_BC);
         size_t kb_bytes = ((size_t)ldvt * 4 + 255) / 256 * 256;
         char *buf = (char *)dtc_scratch_get(st, &st->s_mask, kb_bytes + ((size_t)nt + 1) * 4);
@@ -944,15 +572,12 @@ static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat1
         int *tl = (int *)(buf + kb_bytes);
         k_bias_tiles<<<1, 1024, 0, st->stream>>>(a0.kbias, a0.Lk, nt, kb2, tl, tl + nt);
         CK_LAUNCH("bias_tiles");
-        a.kbias = nullptr;
         a.kb2 = kb2;
         a.tl = tl;
         a.ntl = tl + nt;
     }
     dim3 grid((unsigned)((a.Lq + FW_BR - 1) / FW_BR), (unsigned)a.hq);
-    if (variant == 1) k_flash128_wg<<<grid, FW_THREADS, FW_SMEM, st->stream>>>(a);
-    else if (variant == 2) k_flash128_wg2<<<grid, FW_THREADS, FW2_SMEM, st->stream>>>(a);
-    else if (variant == 3) k_flash128_wg3<0><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
+    if (variant == 3) k_flash128_wg3<0><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
     else k_flash128_wg3<1><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
     CK_LAUNCH("flash_attention_wgmma");
 }
@@ -964,8 +589,6 @@ void dtc_preload_attention(dtc_state *st) {
     (void)st;
     dtc_preload_fn((const void *)k_flash128<4>);
     dtc_preload_fn((const void *)k_flash128<8>);
-    dtc_preload_fn((const void *)k_flash128_wg);
-    dtc_preload_fn((const void *)k_flash128_wg2);
     dtc_preload_fn((const void *)k_flash128_wg3<0>);
     dtc_preload_fn((const void *)k_flash128_wg3<1>);
     dtc_preload_fn((const void *)k_transpose_v);
@@ -1085,19 +708,16 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         a.scale_log2 = scale * 1.4426950408889634f;
         a.causal = causal;
         /* DITRUN_CUDA_FA_WARPS=8: 128-row blocks (benchmark knob; default 4 warps, 64 rows) */
-        /* sm_90: a wgmma kernel; by default variant 3 with ping-pong (fastest measured on the H200: 424 TFLOPS
-         * at 24 heads x 4608 tokens, 487 at 16896; variant 1: 366 / 432, mma.sync: 280). Benchmark knobs:
-         * DITRUN_CUDA_FA=wg1|wg2|wg3 selects another wgmma variant, =mma the mma.sync kernel;
+        /* sm_90: the wgmma kernel with ping-pong (fastest of ours measured on the H200: 424 TFLOPS at 24 heads x
+         * 4608 tokens, 487 at 16896; mma.sync: 280; two simpler wgmma variants, 366 / 432, were removed in
+         * stop 11). Benchmark knobs: DITRUN_CUDA_FA=wg3 without ping-pong, =mma the mma.sync kernel;
          * DITRUN_CUDA_FA_WARPS=8 the mma.sync 128-row variant. */
         const char *fk = getenv("DITRUN_CUDA_FA");
         /* =cudnn: cuDNN's fused SDPA (cuda_cudnn.cu); unset: cuDNN where it measured faster (no key bias), if
          * it loads; =own: our default kernel below */
         if (dtc_cudnn_attention(st, o, q, k, v, hq, hkv, scale, kb, causal, fk) == 0) return;
         if (st->cc_major == 9 && st->cc_minor == 0 && !(fk && fk[0] == 'm')) {
-            int var = 4;
-            if (fk && !strcmp(fk, "wg1")) var = 1;
-            else if (fk && !strcmp(fk, "wg2")) var = 2;
-            else if (fk && !strcmp(fk, "wg3")) var = 3;
+            const int var = fk && !strcmp(fk, "wg3") ? 3 : 4;
             flash_wg_launch(st, a, (const __nv_bfloat16 *)v.data, v.ld, hkv, var);
             return;
         }

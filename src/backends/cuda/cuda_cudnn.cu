@@ -12,7 +12,7 @@
  * (building a plan may allocate or compile), otherwise the caller falls back to our kernel.
  *
  * Knobs: DITRUN_CUDA_FA=cudnn forces this path (fatal if cuDNN cannot be loaded; a graph cuDNN rejects still
- * falls back, with one warning), DITRUN_CUDA_FA=own (or wg1/wg2/wg3/mma) our kernels, DITRUN_CUDNN=0 turns the
+ * falls back, with one warning), DITRUN_CUDA_FA=own (or wg3/mma) our kernels, DITRUN_CUDNN=0 turns the
  * default off, DITRUN_CUDNN_LIB=PATH loads another libcudnn.so.9 (its engine libraries must be findable),
  * DITRUN_CUDNN_DEBUG=1 prints the loading, each plan (engine, workspace) and each rejection. */
 #include <dlfcn.h>
