@@ -443,9 +443,10 @@ static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gat
 
 static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int group, int with_bias, int timeit) {
     char base[160], name[200];
-    const char *math = getenv("DITRUN_QGEMM_MATH");
-    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s%s", bits, group, (long long)M, (long long)K,
-             (long long)N, with_bias ? " +bias" : "", math ? " (mixed math f32)" : "");
+    const char *math = getenv("DITRUN_QGEMM_MATH"), *epi = getenv("DITRUN_QGEMM_EPI"), *kern = getenv("DITRUN_QGEMM_KERNEL");
+    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s%s%s%s", bits, group, (long long)M, (long long)K,
+             (long long)N, with_bias ? " +bias" : "", math ? " (mixed math f32)" : "", epi ? " (mixed epilogue direct)" : "",
+             kern ? " (mixed kernel ss)" : "");
     wsrc w = make_weights(N, K, bits, group, with_bias);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
     dt_qpath saved = G->opts.qpath;
@@ -519,11 +520,12 @@ static void study_qgemm(void) {
         dt_linear *gr = G->linear_create(G, &w.src);
         unsetenv("DITRUN_QGEMM_KERNEL");
         G->opts.qpath = DT_QPATH_TRANSIENT;
-        struct { const char *nm, *nt, *fake; dt_linear *l; } v[] = {
-            {"rs bf16", NULL, NULL, gm}, {"rs bf16 nt128", "128", NULL, gm},
-            {"rs f32", NULL, NULL, gf}, {"rs fake", NULL, "1", gm},
-            {"ss bf16", NULL, NULL, gr}};
-        for (int vi = 0; vi < 5; vi++) {
+        struct { const char *nm, *nt, *fake, *epi; dt_linear *l; } v[] = {
+            {"rs bf16", NULL, NULL, NULL, gm}, {"rs bf16 direct-epilogue", NULL, NULL, "direct", gm},
+            {"rs bf16 nt128", "128", NULL, NULL, gm}, {"rs f32", NULL, NULL, NULL, gf},
+            {"rs fake", NULL, "1", NULL, gm}, {"ss bf16", NULL, NULL, NULL, gr}};
+        for (int vi = 0; vi < 6; vi++) {
+            if (v[vi].epi) setenv("DITRUN_QGEMM_EPI", v[vi].epi, 1); else unsetenv("DITRUN_QGEMM_EPI");
             if (v[vi].nt) setenv("DITRUN_QGEMM_NT", v[vi].nt, 1); else unsetenv("DITRUN_QGEMM_NT");
             if (v[vi].fake) setenv("DITRUN_QGEMM_FAKE", v[vi].fake, 1); else unsetenv("DITRUN_QGEMM_FAKE");
             dt_linear *lw = v[vi].l;
@@ -537,6 +539,7 @@ static void study_qgemm(void) {
             }
             time_linear(name, y, x, lw, M, N, K);
         }
+        unsetenv("DITRUN_QGEMM_EPI");
         G->linear_destroy(G, gf);
         G->linear_destroy(G, gr);
         unsetenv("DITRUN_QGEMM_NT");
@@ -1329,6 +1332,10 @@ int main(void) {
         test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
         test_linear_quant(200, 1024, 384, 4, 32, 0, 0);
         unsetenv("DITRUN_QGEMM_MATH");
+        setenv("DITRUN_QGEMM_EPI", "direct", 1);   /* the per-element epilogue (also taken for unaligned y) */
+        test_linear_quant(200, 1024, 384, 4, 32, 1, 0);
+        test_linear_gated(512, 9216, 3072, 4, 1, 1, 0);
+        unsetenv("DITRUN_QGEMM_EPI");
         setenv("DITRUN_QGEMM_KERNEL", "ss", 1);   /* the shared-memory-A kernel and its row-chunk layout */
         test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
         test_linear_quant(333, 128, 256, 8, 128, 0, 0);

@@ -19,10 +19,10 @@
  * A second kernel (k_qgemm_ss, DITRUN_QGEMM_KERNEL=ss) dequantizes in a warpgroup of its own into a shared-memory
  * A tile and runs shared-memory wgmmas; it measured slower (its three converter warps cannot keep up; PERF.md).
  *
- * Measured on the H200 (PERF.md, stop 11): 580-615 TFLOPS at the klein-4B shapes, against 760-775 for the
+ * Measured on the H200 (PERF.md, stop 11): 600-640 TFLOPS at the klein-4B shapes, against 770-790 for the
  * transient path (dequantize pass + cuBLASLt); the dequantization in the main loop is not hidden behind the
- * tensor cores (DITRUN_QGEMM_FAKE=1, no dequantization math: 650-700). So the mixed path saves memory (no bf16
- * copy of any weight, 0.6 GB less peak at 1024²), not time. */
+ * tensor cores (DITRUN_QGEMM_FAKE=1, no dequantization math: 690-730). So the mixed path saves memory (no bf16
+ * copy of any weight, 0.6 GB less peak at 1024²), not time (forward 66.5 vs 57.7 ms). */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <string.h>
@@ -52,6 +52,7 @@ struct qg_args {
     void *y;                    /* [M, ldy] bf16 or f32 */
     int64_t ldy;
     int M, N, K, group, ybf, gate_f32, accumulate;
+    int staged;                 /* y rows 16-byte aligned: the epilogue goes through shared memory (RS kernel) */
 };
 
 #ifdef DTC_HAVE_WGMMA
@@ -264,6 +265,54 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm(const __grid_constant__
         if (a.gate) {
             if (a.gate_f32) { g0 = ((const float *)a.gate)[n0]; g1 = ((const float *)a.gate)[n1]; }
             else { g0 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n0]); g1 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n1]); }
+        }
+        if (a.staged) {
+            /* through shared memory (the stage ring is free once both consumer warpgroups are past their last
+             * slab): f32 values [token][128 + 4 pad], then 16-byte coalesced loads / stores of y rows */
+            named_bar_sync(1, 256);
+            float *stg = (float *)(smem_raw + (base - smem_u32(smem_raw)));
+            constexpr int LDS = QG_ROWS + 4;
+#pragma unroll
+            for (int j8 = 0; j8 < NT / 8; j8++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    stg[(j8 * 8 + 2 * t4 + (e & 1)) * LDS + row + ((e & 2) ? 8 : 0)] =
+                        (d[j8 * 4 + e] + ((e & 2) ? b1 : b0)) * ((e & 2) ? g1 : g0);
+            named_bar_sync(1, 256);
+            const int ct = tid - 128, per = a.ybf ? 8 : 4, cpr = QG_ROWS / per;   /* chunks per token row */
+            for (int c = ct; c < NT * cpr; c += 256) {
+                const int tl = c / cpr, nc = (c - tl * cpr) * per, tok = m0 + tl;
+                if (tok >= a.M) continue;
+                const float *src = stg + tl * LDS + nc;
+                const int64_t o = (int64_t)tok * a.ldy + (int64_t)rb * QG_ROWS + nc;
+                if (a.ybf) {
+                    float f[8];
+                    *(float4 *)f = *(const float4 *)src;
+                    *(float4 *)(f + 4) = *(const float4 *)(src + 4);
+                    uint4 *yp = (uint4 *)((__nv_bfloat16 *)a.y + o);
+                    if (a.accumulate) {
+                        uint4 old = *yp;
+                        const __nv_bfloat16 *h = (const __nv_bfloat16 *)&old;
+#pragma unroll
+                        for (int q = 0; q < 8; q++) f[q] += __bfloat162float(h[q]);
+                    }
+                    uint4 outv;
+                    outv.x = bf2(f[0], f[1]);
+                    outv.y = bf2(f[2], f[3]);
+                    outv.z = bf2(f[4], f[5]);
+                    outv.w = bf2(f[6], f[7]);
+                    *yp = outv;
+                } else {
+                    float4 v = *(const float4 *)src;
+                    float4 *yp = (float4 *)((float *)a.y + o);
+                    if (a.accumulate) {
+                        const float4 old = *yp;
+                        v.x += old.x; v.y += old.y; v.z += old.z; v.w += old.w;
+                    }
+                    *yp = v;
+                }
+            }
+            return;
         }
 #pragma unroll
         for (int j8 = 0; j8 < NT / 8; j8++) {
@@ -748,6 +797,11 @@ int dtc_qgemm(dtc_state *st, dt_mat y, dt_mat x, const dtc_qg_w *w, const dtc_qg
     a.N = (int)w->N;
     a.K = (int)w->K;
     a.group = w->group;
+    {
+        const char *se = getenv("DITRUN_QGEMM_EPI");   /* =direct: per-element stores from registers (A/B knob) */
+        const int esz = y.dtype == DT_BF16 ? 2 : 4;
+        a.staged = !(se && !strcmp(se, "direct")) && dtc_aligned16(y.data) && (y.ld * esz) % 16 == 0;
+    }
     const char *fk = getenv("DITRUN_QGEMM_FAKE");
     const int fake = fk && fk[0] == '1';
     if (w->ss) {
