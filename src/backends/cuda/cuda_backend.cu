@@ -815,6 +815,9 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         st->t_preload = dt_now() - t0;
         if (o.verbose) fprintf(stderr, "ditrun: cuda: kernels preloaded in %.1f ms\n", st->t_preload * 1e3);
     }
+    if (o.qpath == DT_QPATH_MIXED && !dtc_qgemm_eligible(st, 128, 64, 4, 64))
+        fprintf(stderr, "ditrun: cuda: --qpath mixed needs an sm_90 GPU with TMA (this one is compute %d.%d, or "
+                        "DITRUN_CUDA_QGEMM=0): quantized Linears take the auto path\n", st->cc_major, st->cc_minor);
     trace_install(be);
     return be;
 }
