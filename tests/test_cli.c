@@ -101,9 +101,26 @@ int main(void) {
     expect_error("generate bad precision", "generate --precision int8 -p x -o x.png", "--precision", "int8");
     expect_error("bench bad precision", "bench --precision", "--precision", "bf16, fp8");
     expect_error("compare-bf16 without fp8", "forward --compare-bf16 --model x --inputs y", "--compare-bf16", "fp8");
+    expect_error("compare-qpath unknown", "forward --compare-qpath fast --model x --inputs y", "--compare-qpath", "fast");
     expect_error("bench unknown arm", "bench --arms fp9", "--arms", "fp9");
     expect_error("bench fp8 on Krea 2", "bench --preset krea2-tiny --precision fp8", "--precision fp8", "FLUX.2");
     expect_error("info missing path", "info /nonexistent/ditrun-model", "/nonexistent/ditrun-model", NULL);
+
+    /* --compare-qpath on the CPU (which dequantizes per tile whatever the qpath): runs both forwards and reports
+     * an exactly zero difference */
+    {
+        char so[600], buf[4096] = {0};
+        snprintf(so, sizeof so, "%s/cmpq.txt", tmpdir);
+        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu "
+                 "--compare-qpath transient -q > %s", fx, fx, so);
+        int rc = run(args, buf, sizeof buf);
+        FILE *f = fopen(so, "r");
+        size_t nr = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[nr] = 0;
+        if (f) fclose(f);
+        T_CHECK("forward --compare-qpath reports the difference (0 on the CPU)",
+                rc == 0 && strstr(buf, "qpath auto vs transient forward: rel_l2 0.00000"), "rc %d, stdout: %s", rc, buf);
+    }
 
     /* ---- malformed model folders ---- */
     snprintf(p1, sizeof p1, "%s/noconfig", tmpdir);

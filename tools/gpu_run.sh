@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -176,6 +176,12 @@ if has study; then  # mixed-input GEMM study: token tiles, no-dequant variant, a
             grep -vE "^(PASS|TIME|\[)" "$OUT/ncu_$skip.txt" | grep -E "Throughput|Busy|Stall|Issued|Eligible|Active|Pipe|L2|DRAM|Duration|Warp Cycles|No Eligible|ERR|error" | head -60 | tee -a "$OUT/summary.txt"
         done
     fi
+fi
+
+if has mixcmp; then  # whole-forward agreement of --qpath mixed with the transient path (synthetic klein-4B q4)
+    prep4
+    $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 5 --qpath mixed --compare-qpath transient 2>&1 \
+        | grep -E "qpath|median|error" | tee -a "$OUT/summary.txt"
 fi
 
 if has qarm; then  # the bench's quantized-path arms (fused / transient / cached / mixed), isolated GEMMs

@@ -96,3 +96,13 @@ const char *cli_bundled_model(void) {
     }
     return "tests/fixtures/model";
 }
+
+const char *cli_qpath_name(int qpath) {
+    switch (qpath) {
+    case DT_QPATH_MIXED: return "mixed";
+    case DT_QPATH_FUSED: return "fused";
+    case DT_QPATH_TRANSIENT: return "transient";
+    case DT_QPATH_CACHED: return "cached";
+    default: return "auto";
+    }
+}

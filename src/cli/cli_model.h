@@ -22,6 +22,8 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 dt_backend *cli_model_backend(const cli_model_opts *o);
 /* Family of the transformer at PATH (folder, pipeline root or file with config.json beside). */
 int cli_model_family(const char *path);
+/* The --qpath spelling of a path (auto, mixed, fused, transient, cached). */
+const char *cli_qpath_name(int qpath);
 /* The bundled tiny pipeline (tests/fixtures/model next to the build folder, or $DITRUN_DEFAULT_MODEL). */
 const char *cli_bundled_model(void);
 

@@ -34,7 +34,9 @@ static void usage(FILE *f) {
             "  --precision P        bf16 (default) or fp8: the DiT blocks' Linears with e4m3 weights (one scale per\n"
             "                       output channel) and e4m3 activations (one scale per token); opt-in\n"
             "  --compare-bf16       with --precision fp8 (FLUX.2): also run the bf16 path on the same inputs and\n"
-            "                       report the relative L2 error of out.sample (and both timings)"
+            "                       report the relative L2 error of out.sample (and both timings)\n"
+            "  --compare-qpath P    (FLUX.2) also run with quantized-Linear path P (e.g. --qpath mixed\n"
+            "                       --compare-qpath transient) and report the relative L2 error between the two\n"
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
             "  --repeat N           run the forward N times and report the median time (default 1)\n"
@@ -88,7 +90,7 @@ int cmd_forward(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL;
     cli_model_opts mo;
     cli_model_opts_default(&mo);
-    int trace = 0, no_mask = 0, compare = 0;
+    int trace = 0, no_mask = 0, compare = 0, cmp_qpath = -1;   /* cmp_qpath: --compare-qpath, -1 = none */
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -103,6 +105,16 @@ int cmd_forward(int argc, char **argv) {
         else if (!strcmp(a, "--trace")) trace = 1;
         else if (!strcmp(a, "--no-mask")) no_mask = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
+        else if (!strcmp(a, "--compare-qpath")) {
+            if (!v) return cli_error("--compare-qpath needs a value (auto, mixed, fused, transient, cached)");
+            if (!strcmp(v, "auto")) cmp_qpath = DT_QPATH_AUTO;
+            else if (!strcmp(v, "mixed")) cmp_qpath = DT_QPATH_MIXED;
+            else if (!strcmp(v, "fused")) cmp_qpath = DT_QPATH_FUSED;
+            else if (!strcmp(v, "transient")) cmp_qpath = DT_QPATH_TRANSIENT;
+            else if (!strcmp(v, "cached")) cmp_qpath = DT_QPATH_CACHED;
+            else return cli_error("--compare-qpath: unknown path '%s' (auto, mixed, fused, transient, cached)", v);
+            i++;
+        }
         else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 100000, &repeat)) return 1; i++; }
         else return cli_error("forward: unknown option '%s' (see ditrun forward --help)", a);
     }
@@ -110,6 +122,9 @@ int cmd_forward(int argc, char **argv) {
         return cli_error("forward: --model and --inputs are required (see ditrun forward --help)");
 
     if (compare && mo.be.precision != DT_PREC_FP8) return cli_error("--compare-bf16 needs --precision fp8");
+    if (compare && cmp_qpath >= 0) return cli_error("--compare-bf16 and --compare-qpath: one comparison at a time");
+    if (cmp_qpath >= 0 && cli_model_family(model) != CLI_FAMILY_FLUX2)
+        return cli_error("--compare-qpath: FLUX.2 models only");
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());
     if (mo.be.precision == DT_PREC_FP8 && family != CLI_FAMILY_FLUX2)
@@ -168,13 +183,17 @@ int cmd_forward(int argc, char **argv) {
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
-        if (compare) {   /* the same forward with bf16 Linears: quality of the fp8 mode */
+        if (compare || cmp_qpath >= 0) {   /* the same forward with bf16 Linears (fp8 quality) or another qpath */
             int64_t no = n * c->out_channels;
             float *ref = dt_malloc(sizeof(float) * (size_t)no);
+            const dt_precision prec0 = be->opts.precision;
+            const dt_qpath qp0 = be->opts.qpath;
             flux2_free(fm);
-            be->opts.precision = DT_PREC_BF16;
+            if (compare) be->opts.precision = DT_PREC_BF16;
+            else be->opts.qpath = (dt_qpath)cmp_qpath;
             fm = flux2_load(be, model);
-            be->opts.precision = DT_PREC_FP8;
+            be->opts.precision = prec0;
+            be->opts.qpath = qp0;
             if (!fm) { free(ref); goto done; }
             flux2_set_graph(fm, mo.cuda_graph);
             double *tb = dt_malloc(sizeof(double) * repeat);
@@ -193,10 +212,18 @@ int cmd_forward(int argc, char **argv) {
                 if (!(fabs(d) <= worst)) { worst = fabs(d); wi = i; }
             }
             double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
-            dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
-            printf("fp8 vs bf16 forward: rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
-                   "fp8 could be the default only under 3%%: %s (it stays opt-in)\n",
-                   rel, rel * 100, worst, (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
+            if (compare) {
+                dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
+                printf("fp8 vs bf16 forward: rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
+                       "fp8 could be the default only under 3%%: %s (it stays opt-in)\n",
+                       rel, rel * 100, worst, (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
+            } else {
+                dt_log(1, "ditrun: forward with qpath %s: %.2f ms (median of %ld)\n", cli_qpath_name(cmp_qpath),
+                       tb[repeat / 2] * 1e3, repeat);
+                printf("qpath %s vs %s forward: rel_l2 %.5f (%.3f%%), worst |diff| %.4g at %lld (%.4g vs %.4g)\n",
+                       cli_qpath_name(qp0), cli_qpath_name(cmp_qpath), rel, rel * 100, worst, (long long)wi, out[wi],
+                       ref[wi]);
+            }
             free(tb);
             free(ref);
         }
