@@ -42,6 +42,7 @@ struct qg_cfg {
     static constexpr int STAGE = XS + WS + QG_SB_BYTES;
     static constexpr int STAGES = (200 * 1024) / STAGE > 6 ? 6 : (200 * 1024) / STAGE;
     static constexpr int SMEM = 1024 + STAGES * STAGE + 2 * STAGES * 8;
+    static_assert(STAGES * STAGE >= NT * (QG_ROWS + 4) * 4, "the epilogue's staging tile must fit in the stage ring");
 };
 
 struct qg_args {
@@ -164,6 +165,115 @@ __device__ __forceinline__ void qg_convert(uint32_t *a, const uint32_t *w, int j
 #endif
 }
 
+/* The producer thread of both kernels: streams slab s of the block's x tile (TMA), packed weights and their
+ * (scale, bias) entries (bulk copies) into stage s % STAGES once the consumers released its previous use. */
+template <int STAGES, int XS, int WS, class XF, class WF, class SF, class FF, class EF>
+__device__ __forceinline__ void qg_produce(const CUtensorMap *xmap, const qg_args &a, int m0, int rb, XF xs, WF ws,
+                                           SF sbs, FF full, EF empty) {
+#ifdef DTC_HAVE_WGMMA
+    const int ns = a.K / QG_BK, ng = a.K / a.group;
+    const int gslab = a.group < QG_BK ? QG_BK / a.group : 1;
+    const char *wq = (const char *)a.q + (size_t)rb * ns * WS;
+    const float2 *sb = a.sb + (size_t)rb * ng * QG_ROWS;
+    const uint32_t sbytes = (uint32_t)gslab * QG_ROWS * 8u;
+    for (int s = 0; s < ns; s++) {
+        const int st = s % STAGES;
+        if (s >= STAGES) mbar_wait(empty(st), (uint32_t)((s / STAGES - 1) & 1));
+        mbar_expect_tx(full(st), (uint32_t)(XS + WS) + sbytes);
+        tma_load_2d(xs(st), xmap, s * QG_BK, m0, full(st));
+        bulk_load(ws(st), wq + (size_t)s * WS, WS, full(st));
+        bulk_load(sbs(st), sb + (size_t)(s * QG_BK / a.group) * QG_ROWS, sbytes, full(st));
+    }
+#endif
+}
+
+/* The epilogue of both kernels. d: a consumer thread's accumulators of its warp's 16 weight rows (row, row + 8 of
+ * the block's 128) x NT tokens in the wgmma D layout; ctid: the thread's index among the 256 consumers.
+ * y[tok, n] = (d + bias[n]) · gate[n] (+ y[tok, n]). Staged (a.staged): the tile goes through the shared
+ * memory at base (the stage ring, free once both consumer warpgroups passed their last slab: the caller's ring
+ * must hold NT x 132 floats) and y moves in 16-byte chunks; otherwise per-element stores. */
+template <int NT>
+__device__ __forceinline__ void qg_epilogue(const float *d, const qg_args &a, unsigned char *smem_raw, uint32_t base,
+                                            int m0, int rb, int row, int t4, int ctid) {
+#ifdef DTC_HAVE_WGMMA
+    const int n0 = rb * QG_ROWS + row, n1 = n0 + 8;
+    float b0 = 0.f, b1 = 0.f, g0 = 1.f, g1 = 1.f;
+    if (a.bias) { b0 = __bfloat162float(a.bias[n0]); b1 = __bfloat162float(a.bias[n1]); }
+    if (a.gate) {
+        if (a.gate_f32) { g0 = ((const float *)a.gate)[n0]; g1 = ((const float *)a.gate)[n1]; }
+        else { g0 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n0]); g1 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n1]); }
+    }
+    if (a.staged) {
+        /* f32 values [token][128 + 4 pad] (conflict-free writes), then 16-byte coalesced loads / stores of y
+         * rows; the named barrier keeps a warpgroup from overwriting stages the other still reads */
+        named_bar_sync(1, 256);
+        float *stg = (float *)(smem_raw + (base - smem_u32(smem_raw)));
+        constexpr int LDS = QG_ROWS + 4;
+#pragma unroll
+        for (int j8 = 0; j8 < NT / 8; j8++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                stg[(j8 * 8 + 2 * t4 + (e & 1)) * LDS + row + ((e & 2) ? 8 : 0)] =
+                    (d[j8 * 4 + e] + ((e & 2) ? b1 : b0)) * ((e & 2) ? g1 : g0);
+        named_bar_sync(1, 256);
+        const int per = a.ybf ? 8 : 4, cpr = QG_ROWS / per;   /* chunks per token row */
+        for (int c = ctid; c < NT * cpr; c += 256) {
+            const int tl = c / cpr, nc = (c - tl * cpr) * per, tok = m0 + tl;
+            if (tok >= a.M) continue;
+            const float *src = stg + tl * LDS + nc;
+            const int64_t o = (int64_t)tok * a.ldy + (int64_t)rb * QG_ROWS + nc;
+            if (a.ybf) {
+                float f[8];
+                *(float4 *)f = *(const float4 *)src;
+                *(float4 *)(f + 4) = *(const float4 *)(src + 4);
+                uint4 *yp = (uint4 *)((__nv_bfloat16 *)a.y + o);
+                if (a.accumulate) {
+                    uint4 old = *yp;
+                    const __nv_bfloat16 *h = (const __nv_bfloat16 *)&old;
+#pragma unroll
+                    for (int q = 0; q < 8; q++) f[q] += __bfloat162float(h[q]);
+                }
+                uint4 outv;
+                outv.x = bf2(f[0], f[1]);
+                outv.y = bf2(f[2], f[3]);
+                outv.z = bf2(f[4], f[5]);
+                outv.w = bf2(f[6], f[7]);
+                *yp = outv;
+            } else {
+                float4 v = *(const float4 *)src;
+                float4 *yp = (float4 *)((float *)a.y + o);
+                if (a.accumulate) {
+                    const float4 old = *yp;
+                    v.x += old.x; v.y += old.y; v.z += old.z; v.w += old.w;
+                }
+                *yp = v;
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int j8 = 0; j8 < NT / 8; j8++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = m0 + j8 * 8 + 2 * t4 + (e & 1);
+            if (tok >= a.M) continue;
+            const int n = (e & 2) ? n1 : n0;
+            float v = (d[j8 * 4 + e] + ((e & 2) ? b1 : b0)) * ((e & 2) ? g1 : g0);
+            const int64_t o = (int64_t)tok * a.ldy + n;
+            if (a.ybf) {
+                __nv_bfloat16 *y = (__nv_bfloat16 *)a.y;
+                if (a.accumulate) v += __bfloat162float(y[o]);
+                y[o] = __float2bfloat16_rn(v);
+            } else {
+                float *y = (float *)a.y;
+                if (a.accumulate) v += y[o];
+                y[o] = v;
+            }
+        }
+    }
+#endif
+}
+
 template <int BITS, int NT, int MODE>
 __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm(const __grid_constant__ CUtensorMap xmap, qg_args a) {
 #ifdef DTC_HAVE_WGMMA
@@ -179,8 +289,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm(const __grid_constant__
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int m0 = blockIdx.x * NT, rb = blockIdx.y;
-    const int ns = a.K / QG_BK, ng = a.K / a.group;
-    const int gslab = a.group < QG_BK ? QG_BK / a.group : 1;
+    const int ns = a.K / QG_BK;
     if (tid == 0) {
         for (int st = 0; st < C::STAGES; st++) {
             mbar_init(full(st), 1);
@@ -193,19 +302,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm(const __grid_constant__
     if (wg == 0) {
         /* ---------------- producer: one thread streams the slabs ---------------- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (tid == 0) {
-            const char *wq = (const char *)a.q + (size_t)rb * ns * C::WS;
-            const float2 *sb = a.sb + (size_t)rb * ng * QG_ROWS;
-            const uint32_t sbytes = (uint32_t)gslab * QG_ROWS * 8u;
-            for (int s = 0; s < ns; s++) {
-                const int st = s % C::STAGES;
-                if (s >= C::STAGES) mbar_wait(empty(st), (uint32_t)((s / C::STAGES - 1) & 1));
-                mbar_expect_tx(full(st), (uint32_t)(C::XS + C::WS) + sbytes);
-                tma_load_2d(xs(st), &xmap, s * QG_BK, m0, full(st));
-                bulk_load(ws(st), wq + (size_t)s * C::WS, C::WS, full(st));
-                bulk_load(sbs(st), sb + (size_t)(s * QG_BK / a.group) * QG_ROWS, sbytes, full(st));
-            }
-        }
+        if (tid == 0) qg_produce<C::STAGES, C::XS, C::WS>(&xmap, a, m0, rb, xs, ws, sbs, full, empty);
     } else {
         /* ---------------- consumers: 64 weight rows x NT tokens each ---------------- */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -259,81 +356,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm(const __grid_constant__
             if (s + 1 < ns) slab0(s + 1, A1, A0);
         }
         /* ---------------- epilogue ---------------- */
-        const int n0 = rb * QG_ROWS + row, n1 = n0 + 8;
-        float b0 = 0.f, b1 = 0.f, g0 = 1.f, g1 = 1.f;
-        if (a.bias) { b0 = __bfloat162float(a.bias[n0]); b1 = __bfloat162float(a.bias[n1]); }
-        if (a.gate) {
-            if (a.gate_f32) { g0 = ((const float *)a.gate)[n0]; g1 = ((const float *)a.gate)[n1]; }
-            else { g0 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n0]); g1 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n1]); }
-        }
-        if (a.staged) {
-            /* through shared memory (the stage ring is free once both consumer warpgroups are past their last
-             * slab): f32 values [token][128 + 4 pad], then 16-byte coalesced loads / stores of y rows */
-            named_bar_sync(1, 256);
-            float *stg = (float *)(smem_raw + (base - smem_u32(smem_raw)));
-            constexpr int LDS = QG_ROWS + 4;
-#pragma unroll
-            for (int j8 = 0; j8 < NT / 8; j8++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    stg[(j8 * 8 + 2 * t4 + (e & 1)) * LDS + row + ((e & 2) ? 8 : 0)] =
-                        (d[j8 * 4 + e] + ((e & 2) ? b1 : b0)) * ((e & 2) ? g1 : g0);
-            named_bar_sync(1, 256);
-            const int ct = tid - 128, per = a.ybf ? 8 : 4, cpr = QG_ROWS / per;   /* chunks per token row */
-            for (int c = ct; c < NT * cpr; c += 256) {
-                const int tl = c / cpr, nc = (c - tl * cpr) * per, tok = m0 + tl;
-                if (tok >= a.M) continue;
-                const float *src = stg + tl * LDS + nc;
-                const int64_t o = (int64_t)tok * a.ldy + (int64_t)rb * QG_ROWS + nc;
-                if (a.ybf) {
-                    float f[8];
-                    *(float4 *)f = *(const float4 *)src;
-                    *(float4 *)(f + 4) = *(const float4 *)(src + 4);
-                    uint4 *yp = (uint4 *)((__nv_bfloat16 *)a.y + o);
-                    if (a.accumulate) {
-                        uint4 old = *yp;
-                        const __nv_bfloat16 *h = (const __nv_bfloat16 *)&old;
-#pragma unroll
-                        for (int q = 0; q < 8; q++) f[q] += __bfloat162float(h[q]);
-                    }
-                    uint4 outv;
-                    outv.x = bf2(f[0], f[1]);
-                    outv.y = bf2(f[2], f[3]);
-                    outv.z = bf2(f[4], f[5]);
-                    outv.w = bf2(f[6], f[7]);
-                    *yp = outv;
-                } else {
-                    float4 v = *(const float4 *)src;
-                    float4 *yp = (float4 *)((float *)a.y + o);
-                    if (a.accumulate) {
-                        const float4 old = *yp;
-                        v.x += old.x; v.y += old.y; v.z += old.z; v.w += old.w;
-                    }
-                    *yp = v;
-                }
-            }
-            return;
-        }
-#pragma unroll
-        for (int j8 = 0; j8 < NT / 8; j8++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int tok = m0 + j8 * 8 + 2 * t4 + (e & 1);
-                if (tok >= a.M) continue;
-                const int n = (e & 2) ? n1 : n0;
-                float v = (d[j8 * 4 + e] + ((e & 2) ? b1 : b0)) * ((e & 2) ? g1 : g0);
-                const int64_t o = (int64_t)tok * a.ldy + n;
-                if (a.ybf) {
-                    __nv_bfloat16 *y = (__nv_bfloat16 *)a.y;
-                    if (a.accumulate) v += __bfloat162float(y[o]);
-                    y[o] = __float2bfloat16_rn(v);
-                } else {
-                    float *y = (float *)a.y;
-                    if (a.accumulate) v += y[o];
-                    y[o] = v;
-                }
-            }
-        }
+        qg_epilogue<NT>(d, a, smem_raw, base, m0, rb, row, t4, tid - 128);
     }
 #endif
 }
@@ -354,6 +377,8 @@ struct qs_cfg {
     static constexpr int STAGE = XS + WS + QG_SB_BYTES;
     static constexpr int STAGES = (210 * 1024 - QS_ABUF * AS) / STAGE > 6 ? 6 : (210 * 1024 - QS_ABUF * AS) / STAGE;
     static constexpr int SMEM = 1024 + STAGES * STAGE + QS_ABUF * AS + (2 * STAGES + 2 * QS_ABUF) * 8;
+    static_assert(STAGES * STAGE + QS_ABUF * AS >= NT * (QG_ROWS + 4) * 4,
+                  "the epilogue's staging tile must fit in the stages and A buffers (all free by then)");
 };
 
 /* Bit offset of column c (0..32/BITS-1) of a word in the SS layout. */
@@ -381,8 +406,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm_ss(const __grid_constan
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int m0 = blockIdx.x * NT, rb = blockIdx.y;
-    const int ns = a.K / QG_BK, ng = a.K / a.group;
-    const int gslab = a.group < QG_BK ? QG_BK / a.group : 1;
+    const int ns = a.K / QG_BK;
     if (tid == 0) {
         for (int st = 0; st < C::STAGES; st++) {
             mbar_init(full(st), 1);
@@ -401,19 +425,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm_ss(const __grid_constan
     if (wg == 0) {
         /* ---------------- warp 0: TMA / bulk copies; warps 1-3: converters ---------------- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
-        if (tid == 0) {
-            const char *wq = (const char *)a.q + (size_t)rb * ns * C::WS;
-            const float2 *sbg = a.sb + (size_t)rb * ng * QG_ROWS;
-            const uint32_t sbytes = (uint32_t)gslab * QG_ROWS * 8u;
-            for (int s = 0; s < ns; s++) {
-                const int st = s % C::STAGES;
-                if (s >= C::STAGES) mbar_wait(empty(st), (uint32_t)((s / C::STAGES - 1) & 1));
-                mbar_expect_tx(full(st), (uint32_t)(C::XS + C::WS) + sbytes);
-                tma_load_2d(xs(st), &xmap, s * QG_BK, m0, full(st));
-                bulk_load(ws(st), wq + (size_t)s * C::WS, C::WS, full(st));
-                bulk_load(sbs(st), sbg + (size_t)(s * QG_BK / a.group) * QG_ROWS, sbytes, full(st));
-            }
-        } else if (tid >= 32) {
+        if (tid == 0) qg_produce<C::STAGES, C::XS, C::WS>(&xmap, a, m0, rb, xs, ws, sbs, full, empty); else if (tid >= 32) {
             constexpr int WPR = QG_BK * BITS / 32;   /* packed words per row and slab: 8 (4-bit) or 16 (8-bit) */
             const int ct = tid - 32;                 /* 96 converters: row ct, and row 96 + ct for the first 32 */
             for (int s = 0; s < ns; s++) {
@@ -503,48 +515,43 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm_ss(const __grid_constan
         wg_wait0();
         reg_fence(d, NT / 2);
         /* ---------------- epilogue ---------------- */
-        const int n0 = rb * QG_ROWS + row, n1 = n0 + 8;
-        float b0 = 0.f, b1 = 0.f, g0 = 1.f, g1 = 1.f;
-        if (a.bias) { b0 = __bfloat162float(a.bias[n0]); b1 = __bfloat162float(a.bias[n1]); }
-        if (a.gate) {
-            if (a.gate_f32) { g0 = ((const float *)a.gate)[n0]; g1 = ((const float *)a.gate)[n1]; }
-            else { g0 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n0]); g1 = __bfloat162float(((const __nv_bfloat16 *)a.gate)[n1]); }
-        }
-#pragma unroll
-        for (int j8 = 0; j8 < NT / 8; j8++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int tok = m0 + j8 * 8 + 2 * t4 + (e & 1);
-                if (tok >= a.M) continue;
-                const int n = (e & 2) ? n1 : n0;
-                float v = (d[j8 * 4 + e] + ((e & 2) ? b1 : b0)) * ((e & 2) ? g1 : g0);
-                const int64_t o = (int64_t)tok * a.ldy + n;
-                if (a.ybf) {
-                    __nv_bfloat16 *y = (__nv_bfloat16 *)a.y;
-                    if (a.accumulate) v += __bfloat162float(y[o]);
-                    y[o] = __float2bfloat16_rn(v);
-                } else {
-                    float *y = (float *)a.y;
-                    if (a.accumulate) v += y[o];
-                    y[o] = v;
-                }
-            }
-        }
+        qg_epilogue<NT>(d, a, smem_raw, base, m0, rb, row, t4, tid - 128);
     }
 #endif
 }
 
 /* SS layout packing: one thread per destination word. */
+/* SS layout: weight row n and first column k0 of packed word i. */
+template <int BITS>
+__device__ __forceinline__ void qs_coords(int64_t i, int64_t K, int64_t *n, int64_t *k0) {
+    const int64_t ns = K / QG_BK;
+    const int wpr = QG_BK * BITS / 32, chunk = QG_ROWS * wpr;
+    const int64_t ci = i / chunk;
+    const int in = (int)(i - ci * chunk);
+    const int64_t rb = ci / ns, s = ci - rb * ns;
+    const int r = in / wpr, wi = in - r * wpr;
+    *n = rb * QG_ROWS + r;
+    *k0 = s * QG_BK + (int64_t)wi * (32 / BITS);
+}
+
+/* One dequantized weight (the low BITS bits of qv) of row n, (scale, bias) entry sbi of the [N/128][ng][128]
+ * array, times rowscale[n] when given: the fallback paths' bf16 value. */
+__device__ __forceinline__ __nv_bfloat16 qg_dequant_one(uint32_t qv, int bits, const float2 *sb, int64_t sbi, int64_t n,
+                                                        int sb_bf16, const void *rowscale, int rs_f32) {
+    float2 p = sb[sbi * QG_ROWS + n % QG_ROWS];
+    if (sb_bf16) p = make_float2(__uint_as_float(__float_as_uint(p.x) << 16), __uint_as_float(__float_as_uint(p.y) << 16));
+    float v = fmaf(p.x, (float)(qv & ((1u << bits) - 1u)), p.y);
+    if (rowscale) v *= rs_f32 ? ((const float *)rowscale)[n] : __bfloat162float(((const __nv_bfloat16 *)rowscale)[n]);
+    return __float2bfloat16_rn(v);
+}
+
 template <int BITS>
 __global__ void k_qs_pack(uint32_t *dst, const uint32_t *src, int64_t N, int64_t K) {
-    const int64_t words = N * K * BITS / 32, ns = K / QG_BK;
-    const int wpr = QG_BK * BITS / 32, chunk = QG_ROWS * wpr, epw = 32 / BITS;
+    const int64_t words = N * K * BITS / 32;
+    const int epw = 32 / BITS;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t ci = i / chunk;
-        const int in = (int)(i - ci * chunk);
-        const int64_t rb = ci / ns, s = ci - rb * ns;
-        const int r = in / wpr, wi = in - r * wpr;
-        const int64_t n = rb * QG_ROWS + r, k0 = s * QG_BK + (int64_t)wi * epw;
+        int64_t n, k0;
+        qs_coords<BITS>(i, K, &n, &k0);
         const uint32_t wv = src[n * (K * BITS / 32) + k0 / epw];   /* the same columns, MLX order */
         uint32_t out = 0;
         for (int c = 0; c < epw; c++) out |= ((wv >> (BITS * c)) & ((1u << BITS) - 1u)) << qs_bitpos(BITS, c);
@@ -556,49 +563,51 @@ __global__ void k_qs_pack(uint32_t *dst, const uint32_t *src, int64_t N, int64_t
 template <int BITS>
 __global__ void k_qs_dequant(__nv_bfloat16 *dst, const uint32_t *q, const float2 *sb, int64_t N, int64_t K, int group,
                              int sb_bf16, const void *rowscale, int rs_f32) {
-    const int64_t words = N * K * BITS / 32, ns = K / QG_BK, ng = K / group;
-    const int wpr = QG_BK * BITS / 32, chunk = QG_ROWS * wpr, epw = 32 / BITS;
+    const int64_t words = N * K * BITS / 32, ng = K / group;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t ci = i / chunk;
-        const int in = (int)(i - ci * chunk);
-        const int64_t rb = ci / ns, s = ci - rb * ns;
-        const int r = in / wpr, wi = in - r * wpr;
-        const int64_t n = rb * QG_ROWS + r, k0 = s * QG_BK + (int64_t)wi * epw;
-        const uint32_t wv = q[i];
-        float2 p = sb[(rb * ng + k0 / group) * QG_ROWS + r];
-        if (sb_bf16) p = make_float2(__uint_as_float(__float_as_uint(p.x) << 16), __uint_as_float(__float_as_uint(p.y) << 16));
-        const float rs = !rowscale ? 1.f : rs_f32 ? ((const float *)rowscale)[n] : __bfloat162float(((const __nv_bfloat16 *)rowscale)[n]);
-        for (int c = 0; c < epw; c++)
-            dst[n * K + k0 + c] = __float2bfloat16_rn(fmaf(p.x, (float)((wv >> qs_bitpos(BITS, c)) & ((1u << BITS) - 1u)), p.y) * rs);
+        int64_t n, k0;
+        qs_coords<BITS>(i, K, &n, &k0);
+        for (int c = 0; c < 32 / BITS; c++)
+            dst[n * K + k0 + c] = qg_dequant_one(q[i] >> qs_bitpos(BITS, c), BITS, sb, (n / QG_ROWS) * ng + k0 / group, n,
+                                                 sb_bf16, rowscale, rs_f32);
     }
 }
 
 /* ------------------------------------------------------------------ re-layout at load */
 /* One thread per destination word: gathers its 32/BITS elements from the MLX layout (element k of row n at bits
  * BITS·(k mod 32/BITS) of word n·K·BITS/32 + k·BITS/32). */
+/* Fragment order: weight row n and column k of slot `slot` (0 .. 32/BITS-1) of packed word i; returns the
+ * element's slot e in its k16 step (see qg_convert). */
 template <int BITS>
-__global__ void k_qg_pack(uint32_t *dst, const uint32_t *src, int64_t N, int64_t K) {
-    const int64_t words = N * K * BITS / 32, ns = K / QG_BK;
+__device__ __forceinline__ int qg_coords(int64_t i, int64_t K, int slot, int64_t *n, int64_t *k) {
+    const int64_t ns = K / QG_BK;
     const int chunk = QG_ROWS * QG_BK * BITS / 32;   /* words per (row block, slab) */
     const int per_wg = chunk / 2, per_thread = BITS; /* 4 or 8 words per consumer thread and slab */
+    const int64_t ci = i / chunk;
+    const int in = (int)(i - ci * chunk);
+    const int64_t rb = ci / ns, s = ci - rb * ns;
+    const int cw = in / per_wg, r = in - cw * per_wg;
+    const int t = r / per_thread, rem = r - t * per_thread;
+    const int j = BITS == 4 ? rem : rem >> 1, hw = BITS == 4 ? 0 : rem & 1;
+    const int wl = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
+    const int e = hw * 4 + slot;
+    const int col8 = e >> 2, half = (e >> 1) & 1, pair = e & 1;
+    *n = rb * QG_ROWS + cw * 64 + wl * 16 + half * 8 + g;
+    *k = s * QG_BK + j * 16 + col8 * 8 + t4 * 2 + pair;
+    return e;
+}
+
+template <int BITS>
+__global__ void k_qg_pack(uint32_t *dst, const uint32_t *src, int64_t N, int64_t K) {
+    const int64_t words = N * K * BITS / 32;
     const int epw = 32 / BITS;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t ci = i / chunk;
-        const int in = (int)(i - ci * chunk);
-        const int64_t rb = ci / ns, s = ci - rb * ns;
-        const int cw = in / per_wg, r = in - cw * per_wg;
-        const int t = r / per_thread, rem = r - t * per_thread;
-        const int j = BITS == 4 ? rem : rem >> 1, hw = BITS == 4 ? 0 : rem & 1;
-        const int wl = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
         uint32_t out = 0;
         for (int slot = 0; slot < epw; slot++) {
-            const int e = hw * 4 + slot;
-            const int col8 = e >> 2, half = (e >> 1) & 1, pair = e & 1;
-            const int64_t n = rb * QG_ROWS + cw * 64 + wl * 16 + half * 8 + g;
-            const int64_t k = s * QG_BK + j * 16 + col8 * 8 + t4 * 2 + pair;
+            int64_t n, k;
+            const int e = qg_coords<BITS>(i, K, slot, &n, &k);
             const uint32_t wv = src[n * (K * BITS / 32) + k / epw];
-            const uint32_t q = (wv >> (BITS * (k % epw))) & ((1u << BITS) - 1u);
-            out |= q << qg_bitpos(BITS, e);
+            out |= ((wv >> (BITS * (k % epw))) & ((1u << BITS) - 1u)) << qg_bitpos(BITS, e);
         }
         dst[i] = out;
     }
@@ -621,27 +630,14 @@ __global__ void k_qg_pack_sb(float2 *dst, const float2 *src, int64_t N, int64_t 
 template <int BITS>
 __global__ void k_qg_dequant(__nv_bfloat16 *dst, const uint32_t *q, const float2 *sb, int64_t N, int64_t K, int group,
                              int sb_bf16, const void *rowscale, int rs_f32) {
-    const int64_t words = N * K * BITS / 32, ns = K / QG_BK, ng = K / group;
-    const int chunk = QG_ROWS * QG_BK * BITS / 32, per_wg = chunk / 2, per_thread = BITS, epw = 32 / BITS;
+    const int64_t words = N * K * BITS / 32, ng = K / group;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t ci = i / chunk;
-        const int in = (int)(i - ci * chunk);
-        const int64_t rb = ci / ns, s = ci - rb * ns;
-        const int cw = in / per_wg, r = in - cw * per_wg;
-        const int t = r / per_thread, rem = r - t * per_thread;
-        const int j = BITS == 4 ? rem : rem >> 1, hw = BITS == 4 ? 0 : rem & 1;
-        const int wl = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
         const uint32_t wv = q[i];
-        for (int slot = 0; slot < epw; slot++) {
-            const int e = hw * 4 + slot;
-            const int col8 = e >> 2, half = (e >> 1) & 1, pair = e & 1;
-            const int64_t n = rb * QG_ROWS + cw * 64 + wl * 16 + half * 8 + g;
-            const int64_t k = s * QG_BK + j * 16 + col8 * 8 + t4 * 2 + pair;
-            float2 p = sb[(rb * ng + k / group) * QG_ROWS + n % QG_ROWS];
-            if (sb_bf16) p = make_float2(__uint_as_float(__float_as_uint(p.x) << 16), __uint_as_float(__float_as_uint(p.y) << 16));
-            float v = fmaf(p.x, (float)((wv >> qg_bitpos(BITS, e)) & ((1u << BITS) - 1u)), p.y);
-            if (rowscale) v *= rs_f32 ? ((const float *)rowscale)[n] : __bfloat162float(((const __nv_bfloat16 *)rowscale)[n]);
-            dst[n * K + k] = __float2bfloat16_rn(v);
+        for (int slot = 0; slot < 32 / BITS; slot++) {
+            int64_t n, k;
+            const int e = qg_coords<BITS>(i, K, slot, &n, &k);
+            dst[n * K + k] = qg_dequant_one(wv >> qg_bitpos(BITS, e), BITS, sb, (n / QG_ROWS) * ng + k / group, n, sb_bf16,
+                                            rowscale, rs_f32);
         }
     }
 }
@@ -715,43 +711,38 @@ void dtc_qgemm_free(dtc_state *st, dtc_qg_w *w) {
 
 void dtc_qgemm_dequant(dtc_state *st, __nv_bfloat16 *dst, const dtc_qg_w *w, const void *rowscale, int rs_f32) {
     const unsigned blocks = (unsigned)(st->sm_count * 16);
-    if (w->ss) {
-        if (w->bits == 4)
-            k_qs_dequant<4><<<blocks, 256, 0, st->stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
-        else
-            k_qs_dequant<8><<<blocks, 256, 0, st->stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
-    } else if (w->bits == 4) {
-        k_qg_dequant<4><<<blocks, 256, 0, st->stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
-    } else {
-        k_qg_dequant<8><<<blocks, 256, 0, st->stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
-    }
+    auto kern = w->ss ? (w->bits == 4 ? k_qs_dequant<4> : k_qs_dequant<8>) : (w->bits == 4 ? k_qg_dequant<4> : k_qg_dequant<8>);
+    kern<<<blocks, 256, 0, st->stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
     CK_LAUNCH("qgemm_dequant");
 }
 
-template <int BITS, int NT, int MODE>
-static void qs_launch(dtc_state *st, const CUtensorMap &map, const qg_args &a) {
-    using C = qs_cfg<BITS, NT>;
+/* Launches one instantiation (RS kernel: ss = 0, SS: 1), raising its shared-memory limit on first use. */
+/* Launches one instantiation (SS = 0: the RS kernel, 1: the SS kernel; NT = 0: the large token tile, 192 for
+ * RS and 256 for SS, else 128), raising its shared-memory limit on first use. */
+template <int BITS, int MODE, int SS, int NT>
+static void q_launch(dtc_state *st, const CUtensorMap &map, const qg_args &a) {
     static int attr = 0;
+    constexpr int nt = NT ? NT : SS ? 256 : 192;
+    auto kern = [] {
+        if constexpr (SS) return k_qgemm_ss<BITS, nt, MODE>;
+        else return k_qgemm<BITS, nt, MODE>;
+    }();
+    int smem;
+    if constexpr (SS) smem = qs_cfg<BITS, nt>::SMEM;
+    else smem = qg_cfg<BITS, nt>::SMEM;
     if (!attr) {
-        CK(cudaFuncSetAttribute(k_qgemm_ss<BITS, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr = 1;
     }
-    dim3 grid((unsigned)((a.M + NT - 1) / NT), (unsigned)(a.N / QG_ROWS));
-    k_qgemm_ss<BITS, NT, MODE><<<grid, QG_THREADS, C::SMEM, st->stream>>>(map, a);
-    CK_LAUNCH("qgemm_ss");
+    dim3 grid((unsigned)((a.M + nt - 1) / nt), (unsigned)(a.N / QG_ROWS));
+    kern<<<grid, QG_THREADS, smem, st->stream>>>(map, a);
+    CK_LAUNCH("qgemm");
 }
 
-template <int BITS, int NT, int MODE>
-static void qg_launch(dtc_state *st, const CUtensorMap &map, const qg_args &a) {
-    using C = qg_cfg<BITS, NT>;
-    static int attr = 0;
-    if (!attr) {
-        CK(cudaFuncSetAttribute(k_qgemm<BITS, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
-        attr = 1;
-    }
-    dim3 grid((unsigned)((a.M + NT - 1) / NT), (unsigned)(a.N / QG_ROWS));
-    k_qgemm<BITS, NT, MODE><<<grid, QG_THREADS, C::SMEM, st->stream>>>(map, a);
-    CK_LAUNCH("qgemm");
+template <int BITS, int MODE, int SS>
+static void q_launch_nt(dtc_state *st, const CUtensorMap &map, const qg_args &a, int small) {
+    if (small) q_launch<BITS, MODE, SS, 128>(st, map, a);
+    else q_launch<BITS, MODE, SS, 0>(st, map, a);
 }
 
 /* Token tile: 192 unless 128 fills the SMs' waves (and the last tile) clearly better. (256 would need 128
@@ -803,35 +794,21 @@ int dtc_qgemm(dtc_state *st, dt_mat y, dt_mat x, const dtc_qg_w *w, const dtc_qg
         a.staged = !(se && !strcmp(se, "direct")) && dtc_aligned16(y.data) && (y.ld * esz) % 16 == 0;
     }
     const char *fk = getenv("DITRUN_QGEMM_FAKE");
-    const int fake = fk && fk[0] == '1';
-    if (w->ss) {
-        if (fake && w->bits == 4) {
-            if (nt == 256) qs_launch<4, 256, QG_FAKE>(st, map, a);
-            else qs_launch<4, 128, QG_FAKE>(st, map, a);
-        } else if (w->bits == 4 && w->sb_bf16) {
-            if (nt == 256) qs_launch<4, 256, QG_BF16>(st, map, a);
-            else qs_launch<4, 128, QG_BF16>(st, map, a);
-        } else if (w->bits == 4) {
-            if (nt == 256) qs_launch<4, 256, QG_F32>(st, map, a);
-            else qs_launch<4, 128, QG_F32>(st, map, a);
-        } else {
-            if (nt == 256) qs_launch<8, 256, QG_F32>(st, map, a);
-            else qs_launch<8, 128, QG_F32>(st, map, a);
-        }
-        return 0;
-    }
-    if (fake && w->bits == 4) {
-        if (nt == 192) qg_launch<4, 192, QG_FAKE>(st, map, a);
-        else qg_launch<4, 128, QG_FAKE>(st, map, a);
-    } else if (w->bits == 4 && w->sb_bf16) {
-        if (nt == 192) qg_launch<4, 192, QG_BF16>(st, map, a);
-        else qg_launch<4, 128, QG_BF16>(st, map, a);
-    } else if (w->bits == 4) {
-        if (nt == 192) qg_launch<4, 192, QG_F32>(st, map, a);
-        else qg_launch<4, 128, QG_F32>(st, map, a);
+    const int fake = fk && fk[0] == '1', small = nt == 128;
+    /* 4-bit: FAKE (experiment), bf16x2 math (bf16-exact scales) or f32 math; 8-bit: f32 math */
+    const int mode = w->bits == 8 ? QG_F32 : fake ? QG_FAKE : w->sb_bf16 ? QG_BF16 : QG_F32;
+    if (w->bits == 8) {
+        if (w->ss) q_launch_nt<8, QG_F32, 1>(st, map, a, small);
+        else q_launch_nt<8, QG_F32, 0>(st, map, a, small);
+    } else if (mode == QG_FAKE) {
+        if (w->ss) q_launch_nt<4, QG_FAKE, 1>(st, map, a, small);
+        else q_launch_nt<4, QG_FAKE, 0>(st, map, a, small);
+    } else if (mode == QG_BF16) {
+        if (w->ss) q_launch_nt<4, QG_BF16, 1>(st, map, a, small);
+        else q_launch_nt<4, QG_BF16, 0>(st, map, a, small);
     } else {
-        if (nt == 192) qg_launch<8, 192, QG_F32>(st, map, a);
-        else qg_launch<8, 128, QG_F32>(st, map, a);
+        if (w->ss) q_launch_nt<4, QG_F32, 1>(st, map, a, small);
+        else q_launch_nt<4, QG_F32, 0>(st, map, a, small);
     }
     return 0;
 }
