@@ -37,6 +37,12 @@ void bench_jstat(FILE *f, const char *prefix, bench_stat s);
 /* JSON lines shared by the FLUX.2 and Krea 2 reports: copy bandwidth, arms, notes. */
 void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double copy_gbs, const bench_arm *arms,
                      int n_arms, const char (*notes)[240], int n_notes);
+/* Markdown pieces shared by the FLUX.2 and Krea 2 reports (bench_report.c): the prefix ledger's table (rows and
+ * the total row labelled total_label), the GEMM utilization rows (with their header), and the A/B arms and notes
+ * sections. */
+void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label);
+void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak);
+void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes);
 /* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 

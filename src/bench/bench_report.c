@@ -18,6 +18,86 @@ static void pct_of_peak(const bench_report *r, double tf, char *buf, size_t n) {
     else snprintf(buf, n, "-");
 }
 
+/* ------------------------------------------------------------------ markdown pieces shared with bench_krea2.c */
+
+static void peak_pct(double peak, double tf, char *buf, size_t n) {
+    if (peak > 0) snprintf(buf, n, "%.1f%%", 100.0 * tf / peak);
+    else snprintf(buf, n, "-");
+}
+
+void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label) {
+    fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | direct ms (p10-p90) | GFLOP | "
+               "TFLOPS | GB moved | GB/s | %% of copy BW |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double dsum = 0;
+    for (int k = 0; k < n; k++) {
+        const bench_op *o = &ops[k];
+        char tf[32] = "", gb[32] = "", gbs[32] = "", pc[32] = "";
+        if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ledger_ms));
+        if (o->gbytes > 0) {
+            double bw = o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0;
+            snprintf(gb, sizeof gb, "%.4f", o->gbytes);
+            snprintf(gbs, sizeof gbs, "%.1f", bw);
+            if (copy_gbs > 0) snprintf(pc, sizeof pc, "%.0f%%", 100.0 * bw / copy_gbs);
+        }
+        fprintf(f, "| %d | %s | %s | %.4f | %.4f-%.4f | %.4f | %.1f%% | %.4f (%.4f-%.4f) | %.2f | %s | %s | %s | %s |\n", k,
+                o->name, cat_name(o->cat), o->prefix.med, o->prefix.p10, o->prefix.p90, o->ms,
+                block_ms > 0 ? 100.0 * o->ms / block_ms : 0, o->direct.med, o->direct.p10, o->direct.p90, o->gflop, tf, gb,
+                gbs, pc);
+        dsum += o->direct.med;
+    }
+    fprintf(f, "| | **%s** | | | | **%.4f** | 100%% | **%.4f** | | | | | |\n\n", total_label, block_ms, dsum);
+}
+
+void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak) {
+    char pk[32];
+    fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
+               "dense bf16 ceiling ms | ceiling TFLOPS | isolated speed / ceiling | isolated %% of peak | rotation (isolated / ceiling) |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for (int i = 0; i < n; i++) {
+        const bench_gemm *g = &gemm[i];
+        char im[32] = "-", it[32] = "-", is[32] = "-", itf[32] = "-", ratio[32] = "-";
+        if (g->inmodel_ms >= 0) {
+            snprintf(im, sizeof im, "%.4f", g->inmodel_ms);
+            snprintf(it, sizeof it, "%.3f", tflops(g->gflop, g->inmodel_ms));
+        }
+        if (g->iso.n) {
+            snprintf(is, sizeof is, "%.4f", g->iso.med);
+            snprintf(itf, sizeof itf, "%.3f", tflops(g->gflop, g->iso.med));
+            snprintf(ratio, sizeof ratio, "%.0f%%", g->iso.med > 0 ? 100.0 * g->ceil.med / g->iso.med : 0);
+        }
+        peak_pct(peak, g->iso.n ? tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
+        fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
+                g->name, (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
+                tflops(g->gflop, g->ceil.med), ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
+                g->iso_mb < 2 * l2_mb ? " (cache-resident)" : "");
+    }
+}
+
+void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes) {
+    if (n_arms) {
+        fprintf(f, "## A/B arms (interleaved A B A B ... in one process)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
+                   "B median ms (p10-p90) | B/A | max abs(A-B) | max abs(A) | agree | note |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---|\n");
+        for (int i = 0; i < n_arms; i++) {
+            const bench_arm *a = &arms[i];
+            if (a->skipped) {
+                fprintf(f, "| %s | - | %s | %s | - | - | - | - | - | skipped | %s |\n", a->arm, a->a, a->b, a->note);
+                continue;
+            }
+            /* tol = inf: the variants compute different things (timing only) */
+            const char *agree = isinf(a->tol) ? "n/a" : a->maxdiff <= a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1) ? "yes" : "NO";
+            fprintf(f, "| %s | %s | %s | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %.3f | %.3g | %.3g | %s | %s |\n", a->arm,
+                    a->what, a->a, a->b, a->sa.med, a->sa.p10, a->sa.p90, a->sb.med, a->sb.p10, a->sb.p90, a->ratio,
+                    a->maxdiff, a->ref_absmax, agree, a->note);
+        }
+        fprintf(f, "\n");
+    }
+    if (n_notes) {
+        fprintf(f, "## Notes\n\n");
+        for (int i = 0; i < n_notes; i++) fprintf(f, "- %s\n", notes[i]);
+        fprintf(f, "\n");
+    }
+}
+
 void bench_report_markdown(const bench_report *r, FILE *f) {
     const flux2_config *c = &r->c;
     fprintf(f, "# ditrun bench: %s on %s (%s)\n\n", r->preset, r->backend, r->fmt);
@@ -51,27 +131,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     if (r->n_ops && r->ops[0].prefix.n) {
         fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
                 r->prefix_blocks);
-        fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | direct ms (p10-p90) | GFLOP | TFLOPS | GB moved | GB/s | %% of copy BW |\n"
-                   "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        double dsum = 0;
-        for (int k = 0; k < r->n_ops; k++) {
-            const bench_op *o = &r->ops[k];
-            char tf[32] = "";
-            char gb[32] = "", gbs[32] = "", pc[32] = "";
-            if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ledger_ms));
-            if (o->gbytes > 0) {
-                double bw = o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0;
-                snprintf(gb, sizeof gb, "%.4f", o->gbytes);
-                snprintf(gbs, sizeof gbs, "%.1f", bw);
-                if (r->copy_gbs > 0) snprintf(pc, sizeof pc, "%.0f%%", 100.0 * bw / r->copy_gbs);
-            }
-            fprintf(f, "| %d | %s | %s | %.4f | %.4f-%.4f | %.4f | %.1f%% | %.4f (%.4f-%.4f) | %.2f | %s | %s | %s | %s |\n", k,
-                    o->name, cat_name(o->cat), o->prefix.med, o->prefix.p10, o->prefix.p90, o->ms,
-                    r->single_ledger_ms > 0 ? 100.0 * o->ms / r->single_ledger_ms : 0, o->direct.med, o->direct.p10,
-                    o->direct.p90, o->gflop, tf, gb, gbs, pc);
-            dsum += o->direct.med;
-        }
-        fprintf(f, "| | **single block** | | | | **%.4f** | 100%% | **%.4f** | | | | | |\n\n", r->single_ledger_ms, dsum);
+        bench_md_op_ledger(f, r->ops, r->n_ops, r->single_ledger_ms, r->copy_gbs, "single block");
         fprintf(f, "Op ms = median(prefix k) - median(prefix k-1) (the shares use these unless noise made one "
                    "negative: see the shares' basis); RoPE = the extra cost of rotating inside the fused QK-norm op. Direct = the op alone between "
                    "two events, QK norm and RoPE as two separate passes. GB moved = least traffic (each input read, each "
@@ -102,27 +162,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     if (r->n_gemm || r->attn_iso.n || r->copy.n) {
         fprintf(f, "## Utilization (nominal peak: %s%s)\n\n", r->peak_tflops > 0 ? "" : "", r->peak_src);
         if (r->peak_tflops > 0) fprintf(f, "Nominal peak %.0f TFLOPS (%s).\n\n", r->peak_tflops, r->peak_src);
-        fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
-                   "dense bf16 ceiling ms | ceiling TFLOPS | isolated speed / ceiling | isolated %% of peak | rotation (isolated / ceiling) |\n"
-                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
-        for (int i = 0; i < r->n_gemm; i++) {
-            const bench_gemm *g = &r->gemm[i];
-            char im[32] = "-", it[32] = "-", is[32] = "-", itf[32] = "-", ratio[32] = "-";
-            if (g->inmodel_ms >= 0) {
-                snprintf(im, sizeof im, "%.4f", g->inmodel_ms);
-                snprintf(it, sizeof it, "%.3f", tflops(g->gflop, g->inmodel_ms));
-            }
-            if (g->iso.n) {
-                snprintf(is, sizeof is, "%.4f", g->iso.med);
-                snprintf(itf, sizeof itf, "%.3f", tflops(g->gflop, g->iso.med));
-                snprintf(ratio, sizeof ratio, "%.0f%%", g->iso.med > 0 ? 100.0 * g->ceil.med / g->iso.med : 0);
-            }
-            pct_of_peak(r, g->iso.n ? tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
-            fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
-                    g->name, (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
-                    tflops(g->gflop, g->ceil.med), ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
-                    g->iso_mb < 2 * r->l2_mb ? " (cache-resident)" : "");
-        }
+        bench_md_gemms(f, r->gemm, r->n_gemm, r->l2_mb, r->peak_tflops);
         fprintf(f, "\n| other | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | %% of peak |\n|---|---:|---:|---:|---:|---:|\n");
         if (r->attn_iso.n) {
             pct_of_peak(r, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
@@ -137,27 +177,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
         fprintf(f, "In-model = timed inside the block sequence (ledger); isolated = the op alone, weights rotated "
                    "through the listed distinct buffers.\n\n");
     }
-    if (r->n_arms) {
-        fprintf(f, "## A/B arms (interleaved A B A B ... in one process)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
-                   "B median ms (p10-p90) | B/A | max abs(A-B) | max abs(A) | agree | note |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---|\n");
-        for (int i = 0; i < r->n_arms; i++) {
-            const bench_arm *a = &r->arms[i];
-            if (a->skipped) {
-                fprintf(f, "| %s | - | %s | %s | - | - | - | - | - | skipped | %s |\n", a->arm, a->a, a->b, a->note);
-                continue;
-            }
-            int ok = a->maxdiff <= a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1);
-            fprintf(f, "| %s | %s | %s | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %.3f | %.3g | %.3g | %s | %s |\n", a->arm,
-                    a->what, a->a, a->b, a->sa.med, a->sa.p10, a->sa.p90, a->sb.med, a->sb.p10, a->sb.p90, a->ratio,
-                    a->maxdiff, a->ref_absmax, ok ? "yes" : "NO", a->note);
-        }
-        fprintf(f, "\n");
-    }
-    if (r->n_notes) {
-        fprintf(f, "## Notes\n\n");
-        for (int i = 0; i < r->n_notes; i++) fprintf(f, "- %s\n", r->notes[i]);
-        fprintf(f, "\n");
-    }
+    bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);
     fprintf(f, "Bench time %.1f s.\n", r->total_s);
 }
 
