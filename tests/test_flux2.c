@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "models/flux2.h"
 #include "test.h"
+#include "trace_check.h"
 
 /* f32 implementation vs a float32 reference on bf16-rounded weights: only summation order differs. */
 #define FLUX2_CPU_TOL 1e-4
@@ -48,31 +49,6 @@ static int load_inputs(fixture_inputs *fi) {
     return 0;
 }
 
-typedef struct {
-    dt_backend *be;
-    st_file *ref;
-    double tol;
-    const char *prefix;
-    int checked;
-} trace_ctx;
-
-static void check_mid(void *ud, const char *name, dt_mat m) {
-    trace_ctx *tc = ud;
-    char ref_name[128], test_name[160];
-    snprintf(ref_name, sizeof ref_name, "mid.%s", name);
-    snprintf(test_name, sizeof test_name, "%s mid.%s", tc->prefix, name);
-    const st_tensor *r = st_find(tc->ref, ref_name);
-    if (!r) return;  /* not every trace point is in the fixture */
-    float *got = dt_malloc(sizeof(float) * (size_t)(m.rows * m.cols));
-    tc->be->download(tc->be, got, m);
-    float *ref = st_to_f32(r);
-    if (r->numel != m.rows * m.cols) T_FAIL(test_name, "size %lld vs reference %lld", (long long)(m.rows * m.cols), (long long)r->numel);
-    else t_check_rel_l2(test_name, got, ref, (size_t)r->numel, tc->tol);
-    tc->checked++;
-    free(got);
-    free(ref);
-}
-
 /* Run the fixture forward for model dir on backend be and compare with `expected` (out.sample). */
 static float *run_fixture(dt_backend *be, const char *model_dir, fixture_inputs *fi, const char *name, int trace,
                           const char *expected_file, double tol) {
@@ -80,7 +56,7 @@ static float *run_fixture(dt_backend *be, const char *model_dir, fixture_inputs 
     if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
     const flux2_config *c = flux2_get_config(m);
     float *out = dt_malloc(sizeof(float) * fi->n * c->out_channels);
-    trace_ctx tc = {be, fi->io, tol, name, 0};
+    trace_ctx tc = {be, fi->io, tol, name, 0, 0};
     if (flux2_forward(m, fi->img, fi->n, fi->txt, fi->t, fi->ts, fi->img_ids, fi->txt_ids, out, trace ? check_mid : NULL, &tc)) {
         T_FAIL(name, "forward failed: %s", dt_last_error());
         flux2_free(m); free(out);

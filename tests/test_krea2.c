@@ -19,6 +19,7 @@
 #include "models/krea2.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
+#include "trace_check.h"
 
 /* f32 implementation vs a float32 reference on the same bf16-rounded weights: only summation
  * order, libm ulps (timestep sinusoid, RoPE) and the host-folded modulation scale differ (~1e-6). */
@@ -69,44 +70,6 @@ static void free_inputs(fx_inputs *fi) {
     if (fi->io) st_close(fi->io);
 }
 
-/* t_check_rel_l2 plus the worst element printed on success too (as a comment line). */
-static int check_l2(const char *name, const float *got, const float *ref, size_t n, double tol) {
-    size_t worst = 0;
-    double wd = -1;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        if (d > wd) { wd = d; worst = i; }
-    }
-    if (n) printf("# %s: worst element [%zu] got %.7g ref %.7g (|diff| %.3g)\n", name, worst, got[worst], ref[worst], wd);
-    return t_check_rel_l2(name, got, ref, n, tol);
-}
-
-typedef struct {
-    dt_backend *be;
-    st_file *ref;
-    double tol;
-    const char *prefix;
-    int checked;
-} trace_ctx;
-
-static void check_mid(void *ud, const char *name, dt_mat m) {
-    trace_ctx *tc = ud;
-    char ref_name[128], test_name[200];
-    snprintf(ref_name, sizeof ref_name, "mid.%s", name);
-    snprintf(test_name, sizeof test_name, "%s mid.%s", tc->prefix, name);
-    const st_tensor *r = st_find(tc->ref, ref_name);
-    if (!r) { T_FAIL(test_name, "no %s in the fixture", ref_name); return; }
-    float *got = dt_malloc(sizeof(float) * (size_t)(m.rows * m.cols));
-    tc->be->download(tc->be, got, m);
-    float *ref = st_to_f32(r);
-    if (r->numel != m.rows * m.cols)
-        T_FAIL(test_name, "size %lld vs reference %lld", (long long)(m.rows * m.cols), (long long)r->numel);
-    else check_l2(test_name, got, ref, (size_t)r->numel, tc->tol);
-    tc->checked++;
-    free(got);
-    free(ref);
-}
-
 /* Forward on model m; compare with reference tensor `ref_name` of the io file. Returns the output. */
 static float *run_case(dt_backend *be, krea2_model *m, fx_inputs *fi, int with_mask, int trace, const char *tag,
                        const char *ref_name, double tol) {
@@ -114,7 +77,7 @@ static float *run_case(dt_backend *be, krea2_model *m, fx_inputs *fi, int with_m
     char name[200];
     snprintf(name, sizeof name, "%s %s", tag, ref_name ? ref_name : "forward");
     float *out = dt_malloc(sizeof(float) * (size_t)fi->n * c->out_channels);
-    trace_ctx tc = {be, fi->io, tol, tag, 0};
+    trace_ctx tc = {be, fi->io, tol, tag, 0, 1};
     double t0 = dt_now();
     if (krea2_forward(m, fi->img, fi->n, fi->txt, fi->t, fi->ts, fi->pos, with_mask ? fi->mask : NULL, out,
                       trace ? check_mid : NULL, &tc)) {
