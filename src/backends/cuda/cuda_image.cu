@@ -146,19 +146,9 @@ void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int
 }
 
 /* ------------------------------------------------------------------ group norm */
-__global__ void k_gn_partial(dmat x, int64_t HW, int cpg, int chunks, double *part) {
+/* The block's sums of x and x² (each thread's f32 partials, reduced in f64) into out[0], out[1]. */
+__device__ __forceinline__ void gn_store_partial(float s, float q, double *out) {
     __shared__ double sh[2][32];
-    int g = blockIdx.x, ch = blockIdx.y;
-    int64_t n = (int64_t)cpg * HW;
-    int64_t per = (n + chunks - 1) / chunks;
-    int64_t e0 = (int64_t)ch * per, e1 = e0 + per < n ? e0 + per : n;
-    float s = 0.f, q = 0.f;
-    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-        int64_t r = (int64_t)g * cpg + e / HW, c = e % HW;
-        float v = dm_get(x, r, c);
-        s += v;
-        q += v * v;
-    }
     double ds = s, dq = q;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -171,9 +161,24 @@ __global__ void k_gn_partial(dmat x, int64_t HW, int cpg, int chunks, double *pa
     if (threadIdx.x == 0) {
         double a = 0, b = 0;
         for (int i = 0; i < nw; i++) { a += sh[0][i]; b += sh[1][i]; }
-        part[((int64_t)g * chunks + ch) * 2] = a;
-        part[((int64_t)g * chunks + ch) * 2 + 1] = b;
+        out[0] = a;
+        out[1] = b;
     }
+}
+
+__global__ void k_gn_partial(dmat x, int64_t HW, int cpg, int chunks, double *part) {
+    int g = blockIdx.x, ch = blockIdx.y;
+    int64_t n = (int64_t)cpg * HW;
+    int64_t per = (n + chunks - 1) / chunks;
+    int64_t e0 = (int64_t)ch * per, e1 = e0 + per < n ? e0 + per : n;
+    float s = 0.f, q = 0.f;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+        int64_t r = (int64_t)g * cpg + e / HW, c = e % HW;
+        float v = dm_get(x, r, c);
+        s += v;
+        q += v * v;
+    }
+    gn_store_partial(s, q, part + ((int64_t)g * chunks + ch) * 2);
 }
 
 __global__ void k_gn_final(const double *part, int chunks, double count, float eps, float *stats, int groups) {
@@ -205,7 +210,6 @@ __global__ void k_gn_apply(dmat y, dmat x, int64_t C, int64_t HW, int cpg, const
 
 /* Vectorised variants (bf16, rows of whole 16-byte vectors): 8 elements per load, no per-element division. */
 __global__ void k_gn_partial8(const __nv_bfloat16 *x, int64_t ldx, int hw8, int cpg, int chunks, double *part) {
-    __shared__ double sh[2][32];
     int g = blockIdx.x, ch = blockIdx.y;
     int64_t n8 = (int64_t)cpg * hw8;
     int64_t per = (n8 + chunks - 1) / chunks;
@@ -224,21 +228,7 @@ __global__ void k_gn_partial8(const __nv_bfloat16 *x, int64_t ldx, int hw8, int 
             q += f[i] * f[i];
         }
     }
-    double ds = s, dq = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        ds += __shfl_xor_sync(0xffffffffu, ds, o);
-        dq += __shfl_xor_sync(0xffffffffu, dq, o);
-    }
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    if (lane == 0) { sh[0][wid] = ds; sh[1][wid] = dq; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double a = 0, b = 0;
-        for (int i = 0; i < nw; i++) { a += sh[0][i]; b += sh[1][i]; }
-        part[((int64_t)g * chunks + ch) * 2] = a;
-        part[((int64_t)g * chunks + ch) * 2 + 1] = b;
-    }
+    gn_store_partial(s, q, part + ((int64_t)g * chunks + ch) * 2);
 }
 
 __global__ void k_gn_apply8(__nv_bfloat16 *y, int64_t ldy, const __nv_bfloat16 *x, int64_t ldx, int64_t C, int hw8,
