@@ -43,6 +43,10 @@ void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double 
 void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label);
 void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak);
 void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes);
+/* Device copy bandwidth (the elementwise ops' reference): a bf16/f32 copy of ~4 x rot_bytes (64 MB .. 1 GB,
+ * 256 MB on a CPU), warmup + reps timed copies; its statistic, bytes moved and GB/s. */
+void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
+                          double *bytes, double *gbs);
 /* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 

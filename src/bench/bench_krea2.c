@@ -899,28 +899,10 @@ static void utilization(k2_ctx *x) {
     }
     r->attn_iso = bench_stats(s, x->reps);
 
-    /* device copy bandwidth (elementwise ops' reference) */
-    double target = 4.0 * x->rot_bytes, cap = x->is_cpu ? 256e6 : 1e9;
-    if (target < 64e6) target = 64e6;
-    if (target > cap) target = cap;
-    int64_t cols = 4096, es = (int64_t)dt_dtype_size(be->act_dtype), rows = (int64_t)(target / (cols * es));
-    bench_progress("utilization: device copy bandwidth (%.0f MB) ...", rows * cols * es / 1e6);
-    dt_mat a = dt_alloc_or_die(be, rows, cols, be->act_dtype), b = dt_alloc_or_die(be, rows, cols, be->act_dtype);
-    bench_fill_randn(be, a, 301, 1.0f);
-    for (int rep = -x->warmup; rep < x->reps; rep++) {
-        bench_timer_start(&tm);
-        be->copy(be, b, a);
-        double ms = bench_timer_stop(&tm);
-        if (rep >= 0) s[rep] = ms;
-    }
-    r->copy = bench_stats(s, x->reps);
-    r->copy_bytes = 2.0 * rows * cols * es;
-    r->copy_gbs = r->copy.med > 0 ? r->copy_bytes / (r->copy.med * 1e-3) / 1e9 : 0;
-    bench_sync_or_die(be);
-    be->free(be, &a);
-    be->free(be, &b);
     free(s);
     bench_timer_free(&tm);
+    /* device copy bandwidth (elementwise ops' reference) */
+    bench_copy_bandwidth(be, x->rot_bytes, x->is_cpu, x->warmup, x->reps, &r->copy, &r->copy_bytes, &r->copy_gbs);
 }
 
 /* ------------------------------------------------------------------ arms */

@@ -153,32 +153,7 @@ static void time_attention(bench_ctx *x) {
 
 static void time_copy(bench_ctx *x) {
     bench_report *r = x->r;
-    dt_backend *be = x->be;
-    double target = 4.0 * x->rot_bytes;          /* 8 x the cache per buffer */
-    double cap = x->is_cpu ? 256e6 : 1e9;
-    if (target < 64e6) target = 64e6;
-    if (target > cap) target = cap;
-    int64_t cols = 4096, es = (int64_t)dt_dtype_size(be->act_dtype);
-    int64_t rows = (int64_t)(target / (cols * es));
-    bench_progress("utilization: device copy bandwidth (%.0f MB) ...", rows * cols * es / 1e6);
-    dt_mat a = dt_alloc_or_die(be, rows, cols, be->act_dtype), b = dt_alloc_or_die(be, rows, cols, be->act_dtype);
-    bench_fill_randn(be, a, 301, 1.0f);
-    bench_timer tm;
-    bench_timer_init(&tm, be);
-    double *s = dt_malloc(sizeof(double) * x->reps);
-    for (int rep = -x->warmup; rep < x->reps; rep++) {
-        bench_timer_start(&tm);
-        be->copy(be, b, a);
-        double ms = bench_timer_stop(&tm);
-        if (rep >= 0) s[rep] = ms;
-    }
-    r->copy = bench_stats(s, x->reps);
-    r->copy_bytes = 2.0 * rows * cols * es;
-    r->copy_gbs = r->copy.med > 0 ? r->copy_bytes / (r->copy.med * 1e-3) / 1e9 : 0;
-    free(s);
-    bench_timer_free(&tm);
-    be->free(be, &a);
-    be->free(be, &b);
+    bench_copy_bandwidth(x->be, x->rot_bytes, x->is_cpu, x->warmup, x->reps, &r->copy, &r->copy_bytes, &r->copy_gbs);
 }
 
 int bench_perf(bench_ctx *x) {

@@ -294,3 +294,33 @@ void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double 
         fprintf(f, "}\n");
     }
 }
+
+void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
+                          double *bytes, double *gbs) {
+    double target = 4.0 * rot_bytes;          /* 8 x the cache per buffer */
+    double cap = is_cpu ? 256e6 : 1e9;
+    if (target < 64e6) target = 64e6;
+    if (target > cap) target = cap;
+    int64_t cols = 4096, es = (int64_t)dt_dtype_size(be->act_dtype);
+    int64_t rows = (int64_t)(target / (cols * es));
+    bench_progress("utilization: device copy bandwidth (%.0f MB) ...", rows * cols * es / 1e6);
+    dt_mat a = dt_alloc_or_die(be, rows, cols, be->act_dtype), b = dt_alloc_or_die(be, rows, cols, be->act_dtype);
+    bench_fill_randn(be, a, 301, 1.0f);
+    bench_timer tm;
+    bench_timer_init(&tm, be);
+    double *s = dt_malloc(sizeof(double) * reps);
+    for (int rep = -warmup; rep < reps; rep++) {
+        bench_timer_start(&tm);
+        be->copy(be, b, a);
+        double ms = bench_timer_stop(&tm);
+        if (rep >= 0) s[rep] = ms;
+    }
+    *copy = bench_stats(s, reps);
+    *bytes = 2.0 * rows * cols * es;
+    *gbs = copy->med > 0 ? *bytes / (copy->med * 1e-3) / 1e9 : 0;
+    free(s);
+    bench_sync_or_die(be);
+    bench_timer_free(&tm);
+    be->free(be, &a);
+    be->free(be, &b);
+}
