@@ -48,13 +48,7 @@ static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
     bench_stat s0 = bench_stats(s, reps);
     for (int v = 1; v < a->nv && r->n_arms < (int)(sizeof r->arms / sizeof r->arms[0]); v++) {
         a->output(ctx, v, o1);
-        bench_arm *row = &r->arms[r->n_arms++];
-        memset(row, 0, sizeof *row);
-        snprintf(row->arm, sizeof row->arm, "%s", a->arm);
-        snprintf(row->what, sizeof row->what, "%s", a->what);
-        snprintf(row->a, sizeof row->a, "%s", a->names[0]);
-        snprintf(row->b, sizeof row->b, "%s", a->names[v]);
-        snprintf(row->note, sizeof row->note, "%s", a->note);
+        bench_arm *row = bench_arm_row(&r->arms[r->n_arms++], a->arm, a->what, a->names[0], a->names[v], a->note);
         row->sa = s0;
         row->sb = bench_stats(s + v * reps, reps);
         row->ratio = row->sa.med > 0 ? row->sb.med / row->sa.med : 0;
@@ -69,12 +63,7 @@ static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
 
 static void skip_arm(bench_report *r, const char *arm, const char *a, const char *b, const char *why) {
     if (r->n_arms >= (int)(sizeof r->arms / sizeof r->arms[0])) return;
-    bench_arm *row = &r->arms[r->n_arms++];
-    memset(row, 0, sizeof *row);
-    snprintf(row->arm, sizeof row->arm, "%s", arm);
-    snprintf(row->a, sizeof row->a, "%s", a);
-    snprintf(row->b, sizeof row->b, "%s", b);
-    snprintf(row->note, sizeof row->note, "%s", why);
+    bench_arm *row = bench_arm_row(&r->arms[r->n_arms++], arm, "", a, b, why);
     row->skipped = 1;
 }
 

@@ -47,6 +47,8 @@ void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char 
  * 256 MB on a CPU), warmup + reps timed copies; its statistic, bytes moved and GB/s. */
 void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
                           double *bytes, double *gbs);
+/* Clears an A/B-arm table row and sets its names and note (the caller fills the numbers); returns row. */
+bench_arm *bench_arm_row(bench_arm *row, const char *arm, const char *what, const char *a, const char *b, const char *note);
 /* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 

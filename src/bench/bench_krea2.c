@@ -985,13 +985,7 @@ static void run_arm(k2_ctx *x, k2_attn_ctx *ac, const k2_arm *a) {
     for (int v = 1; v < a->nv && r->n_arms < (int)(sizeof r->arms / sizeof r->arms[0]); v++) {
         a->run(ac, v);
         ac->be->download(ac->be, o1, ac->o);
-        bench_arm *row = &r->arms[r->n_arms++];
-        memset(row, 0, sizeof *row);
-        snprintf(row->arm, sizeof row->arm, "%s", a->arm);
-        snprintf(row->what, sizeof row->what, "%s", a->what);
-        snprintf(row->a, sizeof row->a, "%s", a->names[0]);
-        snprintf(row->b, sizeof row->b, "%s", a->names[v]);
-        snprintf(row->note, sizeof row->note, "%s", a->note);
+        bench_arm *row = bench_arm_row(&r->arms[r->n_arms++], a->arm, a->what, a->names[0], a->names[v], a->note);
         if (isinf(a->tol[v])) {
             size_t l = strlen(row->note);
             snprintf(row->note + l, sizeof row->note - l, "%soutputs differ by design (attends to the padding)", l ? "; " : "");

@@ -324,3 +324,13 @@ void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warm
     be->free(be, &a);
     be->free(be, &b);
 }
+
+bench_arm *bench_arm_row(bench_arm *row, const char *arm, const char *what, const char *a, const char *b, const char *note) {
+    memset(row, 0, sizeof *row);
+    snprintf(row->arm, sizeof row->arm, "%s", arm);
+    snprintf(row->what, sizeof row->what, "%s", what);
+    snprintf(row->a, sizeof row->a, "%s", a);
+    snprintf(row->b, sizeof row->b, "%s", b);
+    snprintf(row->note, sizeof row->note, "%s", note);
+    return row;
+}
