@@ -311,11 +311,8 @@ int bench_run(const bench_opts *o, bench_report *r) {
     char *dir = NULL;
     int group = o->group;
     if (o->model_dir) {
-        dir = dt_weights_component_dir(o->model_dir, "transformer");
-        if (!dir) goto fail;
         char cp[4300];
-        snprintf(cp, sizeof cp, "%s/config.json", dir);
-        json *cfg = json_parse_file(cp);
+        json *cfg = bench_open_config(o->model_dir, &dir, cp, sizeof cp);
         if (!cfg) goto fail;
         const char *cls = json_get_str(cfg, "_class_name");
         if (cls && strstr(cls, "Krea2")) {

@@ -5,6 +5,7 @@
 #define DT_BENCH_INTERNAL_H
 
 #include "bench.h"
+#include "io/json.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
 
@@ -47,6 +48,9 @@ void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char 
  * 256 MB on a CPU), warmup + reps timed copies; its statistic, bytes moved and GB/s. */
 void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
                           double *bytes, double *gbs);
+/* --model: the transformer folder (*dir, caller frees; set even when parsing fails) and its parsed config.json
+ * (path written to cfg_path); NULL with the error set. */
+json *bench_open_config(const char *model_dir, char **dir, char *cfg_path, size_t n);
 /* Clears an A/B-arm table row and sets its names and note (the caller fills the numbers); returns row. */
 bench_arm *bench_arm_row(bench_arm *row, const char *arm, const char *what, const char *a, const char *b, const char *note);
 /* Progress line on stderr. */

@@ -1117,11 +1117,8 @@ int bench_krea2_run(const bench_opts *o, bench_k2_report *r) {
     x.is_cpu = !strcmp(x.be->name, "cpu");
     snprintf(r->backend, sizeof r->backend, "%s", x.be->name);
     if (o->model_dir) {
-        dir = dt_weights_component_dir(o->model_dir, "transformer");
-        if (!dir) goto fail;
         char cp[4300];
-        snprintf(cp, sizeof cp, "%s/config.json", dir);
-        json *cfg = json_parse_file(cp);
+        json *cfg = bench_open_config(o->model_dir, &dir, cp, sizeof cp);
         if (!cfg) goto fail;
         int rc = krea2_config_parse(cfg, cp, &r->c);
         json_free(cfg);

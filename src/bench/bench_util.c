@@ -334,3 +334,10 @@ bench_arm *bench_arm_row(bench_arm *row, const char *arm, const char *what, cons
     snprintf(row->note, sizeof row->note, "%s", note);
     return row;
 }
+
+json *bench_open_config(const char *model_dir, char **dir, char *cfg_path, size_t n) {
+    *dir = dt_weights_component_dir(model_dir, "transformer");
+    if (!*dir) return NULL;
+    snprintf(cfg_path, n, "%s/config.json", *dir);
+    return json_parse_file(cfg_path);
+}
