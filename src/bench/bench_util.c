@@ -153,6 +153,17 @@ static void wset_add(bench_wset *ws, dt_linear *l) {
     ws->w[ws->n++] = l;
 }
 
+/* A Linear the set owns, created on be (fatal with the backend's error: the bench cannot go on without it). */
+static void wset_create(bench_wset *ws, dt_backend *be, const dt_linear_src *src) {
+    dt_linear *l = be->linear_create(be, src);
+    if (!l) {
+        fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+        exit(1);
+    }
+    wset_add(ws, l);
+    ws->n_owned++;
+}
+
 static void *host_keep(bench_wset *ws, const void *src, size_t bytes) {
     void *p = dt_malloc(bytes ? bytes : 1);
     if (bytes) memcpy(p, src, bytes);
@@ -180,13 +191,7 @@ void bench_wset_init(bench_wset *ws, dt_backend *be, dt_linear **borrow, int n, 
             c.data = host_keep(ws, src->data, (size_t)src->out * src->in * dt_dtype_size(src->dtype));
         }
         if (src->bias) c.bias = host_keep(ws, src->bias, (size_t)src->out * dt_dtype_size(src->bias_dtype));
-        dt_linear *l = be->linear_create(be, &c);
-        if (!l) {
-            fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
-            exit(1);
-        }
-        wset_add(ws, l);
-        ws->n_owned++;
+        wset_create(ws, be, &c);
         total += each;
     }
     ws->mb = total / 1e6;
@@ -215,13 +220,7 @@ void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, doub
         src.in = K;
         src.dtype = DT_BF16;
         src.data = w;
-        dt_linear *l = be->linear_create(be, &src);
-        if (!l) {
-            fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
-            exit(1);
-        }
-        wset_add(ws, l);
-        ws->n_owned++;
+        wset_create(ws, be, &src);
         total += each;
     }
     ws->mb = total / 1e6;
