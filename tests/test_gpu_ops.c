@@ -489,6 +489,41 @@ static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int gro
 }
 
 
+/* The mixed GEMM writing f32 y (its staged epilogue moves 4-float chunks) with a bias, against the CPU and against
+ * the cached path writing the same f32 y. */
+static void test_linear_mixed_f32out(int64_t M, int64_t K, int64_t N) {
+    char name[160];
+    snprintf(name, sizeof name, "linear q4 g64 M=%lld K=%lld N=%lld +bias f32 out", (long long)M, (long long)K, (long long)N);
+    wsrc w = make_weights(N, K, 4, 64, 1);
+    float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
+    dt_qpath saved = G->opts.qpath;
+    G->opts.qpath = DT_QPATH_MIXED;
+    dt_linear *gm = G->linear_create(G, &w.src);
+    G->opts.qpath = DT_QPATH_CACHED;
+    dt_linear *gc = G->linear_create(G, &w.src);
+    G->opts.qpath = saved;
+    if (!gm || !gc) { T_FAIL(name, "linear_create: %s", dt_last_error()); return; }
+    dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_F32);
+    int64_t ns;
+    float *ref = cpu_linear_subset(hx, M, K, &w.src, &ns);
+    poison(G, y);
+    G->linear(G, y, x, gm);
+    float *om = gpu_subset(y);
+    poison(G, y);
+    G->linear(G, y, x, gc);
+    float *oc = gpu_subset(y);
+    char n2[200];
+    snprintf(n2, sizeof n2, "%s mixed vs cpu", name);
+    t_check_rel_l2(n2, om, ref, (size_t)ns * N, TOL_GEMM);
+    snprintf(n2, sizeof n2, "%s mixed vs cached", name);
+    t_check_rel_l2(n2, om, oc, (size_t)ns * N, TOL_QPATH);
+    free(om); free(oc); free(ref); free(hx);
+    G->free(G, &x); G->free(G, &y);
+    G->linear_destroy(G, gm);
+    G->linear_destroy(G, gc);
+    free_weights(&w);
+}
+
 /* Timing study of the mixed-input GEMM (run with DITRUN_GPU_ONLY=qgemm only): token tiles 128 / 192, and the
  * FAKE variant that skips the dequantization math (how much of the time the dequantization costs), against
  * the transient path and dense bf16 on the same shapes; correctness of each against the transient output. */
@@ -1332,7 +1367,9 @@ int main(void) {
         test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
         test_linear_quant(200, 1024, 384, 4, 32, 0, 0);
         unsetenv("DITRUN_QGEMM_MATH");
+        test_linear_mixed_f32out(300, 1024, 640);
         setenv("DITRUN_QGEMM_EPI", "direct", 1);   /* the per-element epilogue (also taken for unaligned y) */
+        test_linear_mixed_f32out(300, 1024, 640);
         test_linear_quant(200, 1024, 384, 4, 32, 1, 0);
         test_linear_gated(512, 9216, 3072, 4, 1, 1, 0);
         unsetenv("DITRUN_QGEMM_EPI");
