@@ -75,7 +75,6 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&h;
 }
-__device__ __forceinline__ float qg_u2f(uint32_t u) { return __uint_as_float(0x4B000000u | u) - 8388608.f; }
 #endif
 
 /* A thread's packed words of one slab: 4 (4-bit) or 8 (8-bit) u32, from the slab's chunk in shared memory. */
@@ -120,6 +119,23 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return d;
 }
 
+/* A 4-bit pair: nibbles at bits [4k, 4k+4) and [4k+16, 4k+20) of q as bf16 s·q + b (both kernels' bf16x2 math:
+ * the mask-and-or makes the exact bf16 pair 128 + q, the subtraction is exact, the fma rounds once; s2 / b2 hold
+ * the scale and bias twice). */
+__device__ __forceinline__ uint32_t q4pair_bf16(uint32_t q, int k, uint32_t s2, uint32_t b2) {
+    uint32_t x = lop3_and_or(q >> (4 * k), 0x000F000Fu, 0x43004300u);
+    __nv_bfloat162 y = __hsub2(*(__nv_bfloat162 *)&x, __floats2bfloat162_rn(128.f, 128.f));
+    __nv_bfloat162 r = __hfma2(y, *(__nv_bfloat162 *)&s2, *(__nv_bfloat162 *)&b2);
+    return *(uint32_t *)&r;
+}
+/* One BITS-bit value at bit offset pos of word w as f32 s·q + b (both kernels' f32 math): the value is moved into
+ * the mantissa of 2^23 (lop3 for 4 bits, prmt of byte pos/8 for 8 bits) and 2^23 subtracted, exactly. */
+template <int BITS>
+__device__ __forceinline__ float q_f32(uint32_t w, int pos, float s, float b) {
+    const uint32_t m = BITS == 4 ? lop3_and_or(w >> pos, 15u, 0x4B000000u) : prmt(w, 0x4B000000u, 0x7440u | (uint32_t)(pos >> 3));
+    return fmaf(s, __uint_as_float(m) - 8388608.f, b);
+}
+
 /* Dequantization modes of the kernel. */
 #define QG_F32 0    /* scale·q + bias as an f32 fma, rounded to bf16 (any scale dtype; the transient path's numbers) */
 #define QG_BF16 1   /* 4-bit with bf16-exact scales and biases: (q + 128 - 128) exact in bf16, then one bf16x2 fma
@@ -136,27 +152,15 @@ __device__ __forceinline__ void qg_convert(uint32_t *a, const uint32_t *w, int j
 #pragma unroll
         for (int i = 0; i < 4; i++) a[i] = w[j] ^ (uint32_t)i;
     } else if (MODE == QG_BF16 && BITS == 4) {
-        const uint32_t q = w[j];
-        const __nv_bfloat162 c128 = __floats2bfloat162_rn(128.f, 128.f);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            uint32_t x = lop3_and_or(q >> (4 * k), 0x000F000Fu, 0x43004300u);   /* bf16 pair 128 + q */
-            __nv_bfloat162 y = __hsub2(*(__nv_bfloat162 *)&x, c128);
-            uint32_t sv = (k & 1) ? s.z : s.x, bv = (k & 1) ? s.w : s.y;
-            __nv_bfloat162 r = __hfma2(y, *(__nv_bfloat162 *)&sv, *(__nv_bfloat162 *)&bv);
-            a[k] = *(uint32_t *)&r;
-        }
+        for (int k = 0; k < 4; k++) a[k] = q4pair_bf16(w[j], k, (k & 1) ? s.z : s.x, (k & 1) ? s.w : s.y);
     } else {
         const float s0 = __uint_as_float(s.x), b0 = __uint_as_float(s.y), s1 = __uint_as_float(s.z),
                     b1 = __uint_as_float(s.w);
         float f[8];
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            uint32_t m;
-            if (BITS == 4) m = lop3_and_or(w[j] >> qg_bitpos(4, e), 15u, 0x4B000000u);
-            else m = prmt(w[2 * j + (e >> 2)], 0x4B000000u, 0x7440u | (uint32_t)(e & 3));
-            f[e] = fmaf((e & 2) ? s1 : s0, __uint_as_float(m) - 8388608.f, (e & 2) ? b1 : b0);
-        }
+        for (int e = 0; e < 8; e++)
+            f[e] = q_f32<BITS>(BITS == 4 ? w[j] : w[2 * j + (e >> 2)], qg_bitpos(BITS, e), (e & 2) ? s1 : s0, (e & 2) ? b1 : b0);
         a[0] = bf2(f[0], f[1]);
         a[1] = bf2(f[2], f[3]);
         a[2] = bf2(f[4], f[5]);
@@ -452,24 +456,14 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm_ss(const __grid_constan
 #pragma unroll
                             for (int m = 0; m < 4; m++) o[m] = w[(c * BITS) / 4] ^ (uint32_t)m;
                         } else if (MODE == QG_BF16 && BITS == 4) {
-                            const __nv_bfloat162 c128 = __floats2bfloat162_rn(128.f, 128.f);
 #pragma unroll
-                            for (int m = 0; m < 4; m++) {
-                                uint32_t x = lop3_and_or(w[c] >> (4 * m), 0x000F000Fu, 0x43004300u);
-                                __nv_bfloat162 y = __hsub2(*(__nv_bfloat162 *)&x, c128);
-                                __nv_bfloat162 v = __hfma2(y, *(__nv_bfloat162 *)&sv, *(__nv_bfloat162 *)&bv);
-                                o[m] = *(uint32_t *)&v;
-                            }
+                            for (int m = 0; m < 4; m++) o[m] = q4pair_bf16(w[c], m, sv, bv);
                         } else {
                             const float sc = __uint_as_float(sv), bi = __uint_as_float(bv);
                             float f[8];
 #pragma unroll
-                            for (int e = 0; e < 8; e++) {
-                                uint32_t mm;
-                                if (BITS == 4) mm = lop3_and_or(w[c] >> qs_bitpos(4, e), 15u, 0x4B000000u);
-                                else mm = prmt(w[2 * c + (e >> 2)], 0x4B000000u, 0x7440u | (uint32_t)(e & 3));
-                                f[e] = fmaf(sc, __uint_as_float(mm) - 8388608.f, bi);
-                            }
+                            for (int e = 0; e < 8; e++)
+                                f[e] = q_f32<BITS>(BITS == 4 ? w[c] : w[2 * c + (e >> 2)], BITS == 4 ? qs_bitpos(4, e) : 8 * (e & 3), sc, bi);
 #pragma unroll
                             for (int m = 0; m < 4; m++) o[m] = bf2(f[2 * m], f[2 * m + 1]);
                         }
