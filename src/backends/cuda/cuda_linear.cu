@@ -377,6 +377,15 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     free(w);
 }
 
+/* The MLX-packed copy once another form was made from it (cached dense, mixed layout): free it when done. */
+static void drop_packed(dtc_state *st, dt_linear *w) {
+    CK(cudaStreamSynchronize(st->stream));
+    dtc_pool_free(st, w->qw);
+    dtc_pool_free(st, w->sb);
+    w->qw = nullptr;
+    w->sb = nullptr;
+}
+
 #define LIN_ALLOC(ptr, bytes)                                                                   \
     do {                                                                                        \
         *(void **)&(ptr) = dtc_pool_alloc(st, (bytes));                                         \
@@ -450,21 +459,13 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         if (be->opts.qpath == DT_QPATH_CACHED) {
             LIN_ALLOC(w->w, (size_t)N * K * 2);
             dequant_launch(st, w->w, w);
-            CK(cudaStreamSynchronize(st->stream));
-            dtc_pool_free(st, w->qw);
-            dtc_pool_free(st, w->sb);
-            w->qw = nullptr;
-            w->sb = nullptr;
+            drop_packed(st, w);
         } else if (be->opts.qpath == DT_QPATH_MIXED && dtc_qgemm_eligible(st, N, K, src->bits, src->group_size)) {
             if (dtc_qgemm_pack(st, &w->mx, w->qw, w->sb, N, K, src->bits, src->group_size, sb_bf16_exact)) {
                 dtc_linear_destroy(be, w);
                 return NULL;
             }
-            CK(cudaStreamSynchronize(st->stream));
-            dtc_pool_free(st, w->qw);
-            dtc_pool_free(st, w->sb);
-            w->qw = nullptr;
-            w->sb = nullptr;
+            drop_packed(st, w);
         } else {
             /* grow the transient scratch now, so graph capture never allocates */
             dtc_scratch_get(st, &st->s_qdeq, (size_t)N * K * 2);
@@ -770,11 +771,12 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
 
 /* ------------------------------------------------------------------ linear dispatch */
 /* The quantized-weight path for a product of `rows` tokens: the requested one, or (auto) the fused qmm for
- * mat-vec-like sizes and transient dequantization above (cached weights arrive dense, so CACHED behaves as
- * auto for a Linear that kept its packed form). */
+ * mat-vec-like sizes and transient dequantization above. CACHED and MIXED Linears leave the packed form at load
+ * (dense, or re-laid for the mixed GEMM), so a Linear that kept it under either behaves as auto. */
 static dt_qpath qpath_for(const dt_backend *be, int64_t rows) {
     dt_qpath path = be->opts.qpath;
-    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED) path = rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
+    if (path == DT_QPATH_AUTO || path == DT_QPATH_CACHED || path == DT_QPATH_MIXED)
+        path = rows > 64 ? DT_QPATH_TRANSIENT : DT_QPATH_FUSED;
     return path;
 }
 
