@@ -588,6 +588,128 @@ static void study_qgemm(void) {
     }
 }
 
+/* Timing study of the attention inside the single block's sequence (run with DITRUN_GPU_ONLY=attnctx only):
+ * the same attention call (Q/K/V column views of the fused [L, 3D+2F] projection output, as in the model),
+ * timed between two events after different predecessors, interleaved per repetition: nothing (idle queue),
+ * itself, the projection GEMM that writes the buffer, a 255 MB copy (L2 full of dirty lines), the GEMM +
+ * QK norm/RoPE (the model's order), and the GEMM followed by a host pause of 20 ms (clocks recover). Which
+ * predecessor slows it says where the in-model attention gap (0.50 vs 0.41 ms) comes from. */
+static void pause_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+static void study_attn_context(void) {
+    const int64_t L = 4608, D = 3072, F = 9216, H = 24, hd = 128, P = 3 * D + 2 * F;
+    wsrc w = make_weights(P, D, 4, 64, 0);
+    float *hx = rand_bf((size_t)L * D, -1.f, 1.f);
+    dt_linear *gw = G->linear_create(G, &w.src);
+    dt_mat a = upa(G, hx, L, D), p = dt_alloc_or_die(G, L, P, DT_BF16), o = dt_alloc_or_die(G, L, D, DT_BF16);
+    dt_mat big0 = dt_alloc_or_die(G, L, P, DT_BF16), big1 = dt_alloc_or_die(G, L, P, DT_BF16);
+    float *hw = rand_bf(256, 0.5f, 1.5f);
+    dt_mat nw = dt_param_upload(G, hw, hd);
+    float *hcs = malloc((size_t)L * hd * 2 * sizeof(float));
+    for (int64_t i = 0; i < L * hd; i++) { float t = 0.001f * (float)(i % 9973); hcs[i] = cosf(t); hcs[L * hd + i] = sinf(t); }
+    dt_mat cs = up(G, hcs, L, hd, DT_F32), sn = up(G, hcs + L * hd, L, hd, DT_F32);
+    dt_mat q = dt_mat_cols(p, 0, D), k = dt_mat_cols(p, D, D), v = dt_mat_cols(p, 2 * D, D);
+    float sc = 1.f / sqrtf((float)hd);
+    G->linear(G, p, a, gw);
+    G->head_norm_rope(G, q, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
+    G->head_norm_rope(G, k, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
+    G->copy(G, big0, p);
+    for (int i = 0; i < 3; i++) G->attention(G, o, q, k, v, H, H, hd, sc, dt_mat_null(), 0);
+    static const char *names[6] = {"after idle", "after itself", "after proj GEMM", "after 255 MB copy",
+                                   "after GEMM + QK norm/RoPE", "after GEMM + 20 ms pause"};
+    enum { REPS = 15 };
+    double t[6][REPS], tg[REPS];
+    void *e0 = G->event_create(G), *e1 = G->event_create(G), *e2 = G->event_create(G);
+    for (int r = 0; r < REPS; r++) {
+        for (int c = 0; c < 6; c++) {
+            G->sync(G);
+            if (c == 0) pause_ms(20);
+            if (c == 1) G->attention(G, o, q, k, v, H, H, hd, sc, dt_mat_null(), 0);
+            if (c == 2 || c == 4 || c == 5) { G->event_record(G, e2); G->linear(G, p, a, gw); }
+            if (c == 3) G->copy(G, big1, big0);
+            if (c == 4) {
+                G->head_norm_rope(G, q, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
+                G->head_norm_rope(G, k, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
+            }
+            if (c == 5) { G->sync(G); pause_ms(20); }
+            G->event_record(G, e0);
+            G->attention(G, o, q, k, v, H, H, hd, sc, dt_mat_null(), 0);
+            G->event_record(G, e1);
+            t[c][r] = G->event_elapsed_ms(G, e0, e1);
+            if (c == 2) tg[r] = G->event_elapsed_ms(G, e2, e0);
+        }
+    }
+    double fl = 4.0 * L * L * H * hd;
+    for (int c = 0; c < 6; c++) {
+        double ms = median(t[c], REPS);
+        printf("TIME attention L=4608 24x128 %-28s %8.4f ms  %6.1f TFLOPS\n", names[c], ms, fl / (ms * 1e-3) / 1e12);
+    }
+    printf("TIME   (the proj GEMM before it: %.4f ms)\n", median(tg, REPS));
+    G->event_destroy(G, e0); G->event_destroy(G, e1); G->event_destroy(G, e2);
+    G->free(G, &a); G->free(G, &p); G->free(G, &o); G->free(G, &big0); G->free(G, &big1);
+    G->free(G, &nw); G->free(G, &cs); G->free(G, &sn);
+    G->linear_destroy(G, gw);
+    free(hw); free(hcs); free(hx);
+    free_weights(&w);
+}
+
+/* The same GEMMs timed under sustained load (run with DITRUN_GPU_ONLY=qgemmcap only): the H200 sits at its
+ * 700 W power cap during a forward (SM clock ~1550 MHz instead of 1980), so burst timings flatter the kernels
+ * that spend the most energy per FLOP. After a 300 ms heater, rounds run every arm 5 times in turn (events
+ * around each arm); the median over the rounds per arm. Arms: cuBLASLt on cached bf16 weights, the transient
+ * path (dequantize + cuBLASLt), the mixed GEMM (bf16 math), its no-math skeleton, and the SS kernel's. */
+static void study_qgemm_cap(void) {
+    const int64_t shapes[][3] = {{4608, 3072, 27648}, {4608, 12288, 3072}};
+    for (int si = 0; si < 2; si++) {
+        int64_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+        wsrc w = make_weights(N, K, 4, 64, 0);
+        float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
+        dt_qpath saved = G->opts.qpath;
+        G->opts.qpath = DT_QPATH_CACHED;
+        dt_linear *gc = G->linear_create(G, &w.src);
+        G->opts.qpath = DT_QPATH_TRANSIENT;
+        dt_linear *gt = G->linear_create(G, &w.src);
+        G->opts.qpath = DT_QPATH_MIXED;
+        dt_linear *gm = G->linear_create(G, &w.src);
+        setenv("DITRUN_QGEMM_KERNEL", "ss", 1);
+        dt_linear *gs = G->linear_create(G, &w.src);
+        unsetenv("DITRUN_QGEMM_KERNEL");
+        G->opts.qpath = saved;
+        dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
+        struct { const char *nm; dt_linear *l; int fake; } arm[] = {
+            {"cuBLASLt cached bf16", gc, 0}, {"transient (dequant + cuBLASLt)", gt, 0}, {"mixed rs bf16", gm, 0},
+            {"mixed rs no-math skeleton", gm, 1}, {"mixed ss no-math skeleton", gs, 1}};
+        enum { NA = 5, ROUNDS = 9, PER = 5 };
+        double t[NA][ROUNDS];
+        void *ev[NA + 1];
+        for (int i = 0; i <= NA; i++) ev[i] = G->event_create(G);
+        double t0 = dt_now();
+        while (dt_now() - t0 < 0.3) { for (int i = 0; i < 20; i++) G->linear(G, y, x, gc); G->sync(G); }
+        for (int r = 0; r < ROUNDS; r++) {
+            G->event_record(G, ev[0]);
+            for (int a = 0; a < NA; a++) {
+                if (arm[a].fake) setenv("DITRUN_QGEMM_FAKE", "1", 1); else unsetenv("DITRUN_QGEMM_FAKE");
+                for (int k = 0; k < PER; k++) G->linear(G, y, x, arm[a].l);
+                G->event_record(G, ev[a + 1]);
+            }
+            for (int a = 0; a < NA; a++) t[a][r] = G->event_elapsed_ms(G, ev[a], ev[a + 1]) / PER;
+        }
+        unsetenv("DITRUN_QGEMM_FAKE");
+        for (int a = 0; a < NA; a++) {
+            double ms = median(t[a], ROUNDS);
+            printf("TIME sustained %lldx%lldx%lld %-32s %8.4f ms  %6.1f TFLOPS\n", (long long)M, (long long)K,
+                   (long long)N, arm[a].nm, ms, 2.0 * M * N * K / (ms * 1e-3) / 1e12);
+        }
+        for (int i = 0; i <= NA; i++) G->event_destroy(G, ev[i]);
+        G->free(G, &x); G->free(G, &y);
+        G->linear_destroy(G, gc); G->linear_destroy(G, gt); G->linear_destroy(G, gm); G->linear_destroy(G, gs);
+        free(hx);
+        free_weights(&w);
+    }
+}
+
 /* ------------------------------------------------------------------ attention */
 /* q/k/v are column views of one fused [L, 3*D] buffer (strided like the model's QKV projection). Compared on a
  * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
@@ -1282,6 +1404,8 @@ int main(void) {
 
     if (RUN("first")) time_first_calls(t_create);
     if (only && !strcmp(only, "qgemm")) study_qgemm();
+    if (only && !strcmp(only, "attnctx")) study_attn_context();
+    if (only && !strcmp(only, "qgemmcap")) study_qgemm_cap();
     if (RUN("misc")) {
         double ts = dt_now();
         test_memory();

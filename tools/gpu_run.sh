@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -176,6 +176,41 @@ if has study; then  # mixed-input GEMM study: token tiles, no-dequant variant, a
             grep -vE "^(PASS|TIME|\[)" "$OUT/ncu_$skip.txt" | grep -E "Throughput|Busy|Stall|Issued|Eligible|Active|Pipe|L2|DRAM|Duration|Warp Cycles|No Eligible|ERR|error" | head -60 | tee -a "$OUT/summary.txt"
         done
     fi
+fi
+
+if has attnctx; then  # the in-model attention gap: the attention after each predecessor, and the SM clock under load
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=attnctx timeout 120 ./build/tests/test_gpu_ops > "$OUT/attnctx.log" 2>&1
+    log "attnctx study rc=$?"
+    grep -E "^FAIL|^TIME" "$OUT/attnctx.log" | tee -a "$OUT/summary.txt"
+    prep4
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv,noheader -lms 100 > "$OUT/clocks.csv" 2>&1 &
+    smi=$!
+    fwd "klein-4B q4 1024^2 (clock sampled)" "$W/k4q4" "$W/in4_1024.st" 60
+    kill $smi 2>/dev/null
+    log "SM clock during the forwards (MHz: min / median / max), power (W: max):"
+    awk -F', ' '{c=$2+0; if (c>0) print c, $4+0}' "$OUT/clocks.csv" | sort -n | \
+        awk '{a[NR]=$1; if ($2>pm) pm=$2} END {print a[1], a[int(NR/2)+1], a[NR], pm}' | tee -a "$OUT/summary.txt"
+fi
+
+if has tunecap; then  # GEMM algorithm choice timed in bursts (default) vs under sustained load (power cap), A/B
+    prep4
+    rm -f "$W/gemm-burst.txt" "$W/gemm-sust.txt"
+    DITRUN_GEMM_CACHE=$W/gemm-burst.txt $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" \
+        --output "$W/out.st" --repeat 2 -v 2>&1 | grep -E "gemm m=" > "$OUT/tune-burst.log"
+    DITRUN_GEMM_CACHE=$W/gemm-sust.txt DITRUN_GEMM_TUNE=sustained $B forward --backend cuda --model "$W/k4q4" \
+        --inputs "$W/in4_1024.st" --output "$W/out.st" --repeat 2 -v 2>&1 | grep -E "gemm m=" > "$OUT/tune-sust.log"
+    grep -E "heuristic's first" "$OUT/tune-burst.log" "$OUT/tune-sust.log" | sed 's/.*gemm //' | tee -a "$OUT/summary.txt"
+    for i in 1 2 3; do
+        DITRUN_GEMM_CACHE=$W/gemm-burst.txt fwd "klein-4B q4 1024^2 burst-tuned ($i)" "$W/k4q4" "$W/in4_1024.st" 40
+        DITRUN_GEMM_CACHE=$W/gemm-sust.txt fwd "klein-4B q4 1024^2 sustained-tuned ($i)" "$W/k4q4" "$W/in4_1024.st" 40
+    done
+fi
+
+if has qcap; then  # GEMM arms under sustained load (the power cap): cuBLASLt vs transient vs mixed vs skeletons
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qgemmcap timeout 120 ./build/tests/test_gpu_ops > "$OUT/qgemmcap.log" 2>&1
+    log "qgemmcap study rc=$?"
+    grep -E "^FAIL|^TIME sustained" "$OUT/qgemmcap.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has mixcmp; then  # whole-forward agreement of --qpath mixed with the transient path (synthetic klein-4B q4)
