@@ -190,12 +190,20 @@ static void run_suite(const char *backend, int is_cpu) {
     bench_report_markdown(r, m);
     fclose(m);
     const char *sec[] = {"## Whole forward", "## Ledger: one single block", "## Ledger: block-count scaling",
-                         "## Ledger: shares", "## Utilization", "## A/B arms", "unexplained remainder", "**total**"};
+                         "## Ledger: shares", "## Utilization", "## A/B arms", "unexplained remainder", "**total**",
+                         "**Floor from this run's ceilings**"};
     int missing = -1;
     for (size_t i = 0; i < sizeof sec / sizeof sec[0]; i++)
         if (!strstr(buf, sec[i])) { missing = (int)i; break; }
     snprintf(nm, sizeof nm, "%s: markdown has every section", backend);
     T_CHECK(nm, missing < 0, "missing '%s'", missing >= 0 ? sec[missing] : "");
+    if (!is_cpu) {   /* a GPU run also measures the ceilings under sustained load and prints both floors */
+        int n_sus = 0;
+        for (int i = 0; i < r->n_gemm; i++) n_sus += r->gemm[i].ceil_sus.n > 0 && r->gemm[i].ceil_sus.med > 0;
+        snprintf(nm, sizeof nm, "%s: sustained ceilings and both floors", backend);
+        T_CHECK(nm, n_sus == r->n_gemm && r->attn_sus.n > 0 && r->attn_sus.med > 0 && strstr(buf, "; sustained "),
+                "%d of %d GEMM shapes with a sustained ceiling, attention %d samples", n_sus, r->n_gemm, r->attn_sus.n);
+    }
     free(buf);
     free(r);
 }

@@ -67,6 +67,15 @@ typedef struct {
     int verbose;
 } dt_backend_opts;
 
+/* The GPU's clock and power state at one moment (power_sample). */
+typedef struct {
+    int sm_mhz, sm_max_mhz;          /* current and maximum SM clock */
+    double power_w, limit_w;         /* board power draw and the enforced power limit */
+    unsigned long long reasons;      /* clock throttle reasons (NVML bits: 0x4 software power cap, 0x20/0x40
+                                      * thermal, 0x8 hardware slowdown, 0x1 idle) */
+    int temp_c;
+} dt_power_sample;
+
 typedef struct dt_backend dt_backend;
 struct dt_backend {
     const char *name;       /* "cpu", "cuda" */
@@ -179,7 +188,12 @@ struct dt_backend {
      * linear does before its GEMM), and how the GEMM applies the scales ("outer-vector (cuBLASLt)", ...). */
     void (*fp8_quant)(dt_backend *be, dt_mat x);
     const char *(*fp8_scale_mode)(dt_backend *be);
+    /* The device's clock and power now (CUDA: NVML); -1 when unavailable. Timings mean little without it:
+     * a sustained forward on an H200 runs at its power cap, ~20% under the clock of a short burst. */
+    int (*power_sample)(dt_backend *be, dt_power_sample *p);
 };
+/* One line describing a power sample ("SM 1560 of 1980 MHz, 690 W of 700 W cap, power-capped, 61 C"). */
+void dt_power_describe(const dt_power_sample *p, char *buf, size_t size);
 
 /* Create backends. NULL with dt_last_error() set when unavailable. */
 dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);

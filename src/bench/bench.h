@@ -79,6 +79,8 @@ typedef struct {
     double gflop;              /* one GEMM */
     double inmodel_ms;         /* from the ledger (< 0: not measured in-model) */
     bench_stat iso, ceil;      /* isolated with the model's weights / dense bf16 random weights, per GEMM */
+    bench_stat ceil_sus;       /* the dense ceiling under sustained load (back to back after a heater; the
+                                * power state a forward runs in), per GEMM; n = 0 when not measured */
     int iso_bufs, ceil_bufs;   /* distinct weight buffers rotated */
     double iso_mb, ceil_mb;    /* their total size */
 } bench_gemm;
@@ -106,6 +108,9 @@ typedef struct {
     bench_stat fwd_model, fwd_dev;     /* flux2_forward wall (ms), replica device-only (ms) */
     double fwd_model_warm_ms, fwd_dev_warm_ms;
     double fwd_maxdiff, fwd_absmax;
+    /* the GPU's state right after each timed forward (power_sample; n_power = 0 when unavailable) */
+    int n_power, power_capped, sm_max_mhz;
+    double sm_mhz_med, sm_mhz_min, sm_mhz_max, power_w_med, limit_w;
     double gflop_gemm, gflop_attn;     /* per forward */
     /* ledger */
     bench_op ops[BENCH_N_OPS];
@@ -120,7 +125,8 @@ typedef struct {
     /* utilization */
     bench_gemm gemm[16];
     int n_gemm;
-    bench_stat attn_iso;
+    bench_stat attn_iso, attn_sus;     /* attention alone: bursts (synchronized per call) / sustained */
+    int attn_layers;                   /* attention calls per forward (the floor's count) */
     double attn_gflop, attn_inmodel_ms;
     bench_stat copy;
     double copy_bytes, copy_gbs;

@@ -24,6 +24,11 @@ double bench_timer_stop(bench_timer *t);
 void bench_sync_or_die(dt_backend *be);
 
 bench_stat bench_stats(const double *v, int n);
+/* Sustained timing (a GPU at the power state of a long run, not of a short burst): op(ud, i) runs back to back
+ * for heat_ms (a synchronization every 8 calls), then reps more calls each between two events with no
+ * synchronization between them; their statistic. n = 0 when the backend has no events (CPU). */
+bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), void *ud, double heat_ms, int reps);
+#define BENCH_HEAT_MS 200.0
 /* Fill m with normal(0, sd) values (never zeros): host Philox normals uploaded. */
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd);
 double bench_max_abs_diff(const float *a, const float *b, size_t n);

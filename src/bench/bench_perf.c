@@ -66,6 +66,20 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
     return have_src ? n : -1;
 }
 
+/* One dense GEMM of the ceiling's rotation (sustained timing). */
+typedef struct { dt_backend *be; bench_wset *ws; dt_mat x, y; } gemm_op_ctx;
+static void gemm_op(void *ud, int i) {
+    gemm_op_ctx *g = ud;
+    g->be->linear(g->be, g->y, g->x, g->ws->w[i % g->ws->n]);
+}
+/* One attention call (sustained timing). */
+typedef struct { dt_backend *be; dt_mat o, q, k, v; int heads, hd; float scale; } attn_op_ctx;
+static void attn_op(void *ud, int i) {
+    (void)i;
+    attn_op_ctx *a = ud;
+    a->be->attention(a->be, a->o, a->q, a->k, a->v, a->heads, a->heads, a->hd, a->scale, dt_mat_null(), 0);
+}
+
 static void time_shape(bench_ctx *x, const gemm_shape *g) {
     bench_report *r = x->r;
     dt_backend *be = x->be;
@@ -109,6 +123,8 @@ static void time_shape(bench_ctx *x, const gemm_shape *g) {
     }
     if (iso.n) row->iso = bench_stats(si, x->reps);
     row->ceil = bench_stats(sc, x->reps);
+    gemm_op_ctx gc = {be, &ceil_set, xm, ym};
+    if (!x->is_cpu) row->ceil_sus = bench_time_sustained(be, gemm_op, &gc, BENCH_HEAT_MS, 2 * x->reps);
     row->iso_bufs = iso.n;
     row->iso_mb = iso.mb;
     row->ceil_bufs = ceil_set.n;
@@ -146,6 +162,9 @@ static void time_attention(bench_ctx *x) {
         if (rep >= 0) s[rep] = ms;
     }
     r->attn_iso = bench_stats(s, x->reps);
+    attn_op_ctx ac = {be, o, q, k, v, c->heads, c->head_dim, sc};
+    if (!x->is_cpu) r->attn_sus = bench_time_sustained(be, attn_op, &ac, BENCH_HEAT_MS, 2 * x->reps);
+    r->attn_layers = c->num_layers + c->num_single_layers;
     free(s);
     bench_timer_free(&tm);
     be->free(be, &q); be->free(be, &k); be->free(be, &v); be->free(be, &o);

@@ -51,8 +51,9 @@ void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, do
 void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak) {
     char pk[32];
     fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
-               "dense bf16 ceiling ms | ceiling TFLOPS | isolated speed / ceiling | isolated %% of peak | rotation (isolated / ceiling) |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+               "dense bf16 ceiling ms | ceiling TFLOPS | sustained ceiling ms (TFLOPS) | isolated speed / ceiling | isolated %% of peak | "
+               "rotation (isolated / ceiling) |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
         const bench_gemm *g = &gemm[i];
         char im[32] = "-", it[32] = "-", is[32] = "-", itf[32] = "-", ratio[32] = "-";
@@ -65,10 +66,12 @@ void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double
             snprintf(itf, sizeof itf, "%.3f", tflops(g->gflop, g->iso.med));
             snprintf(ratio, sizeof ratio, "%.0f%%", g->iso.med > 0 ? 100.0 * g->ceil.med / g->iso.med : 0);
         }
+        char sus[48] = "-";
+        if (g->ceil_sus.n) snprintf(sus, sizeof sus, "%.4f (%.1f)", g->ceil_sus.med, tflops(g->gflop, g->ceil_sus.med));
         peak_pct(peak, g->iso.n ? tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
-        fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
+        fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
                 g->name, (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
-                tflops(g->gflop, g->ceil.med), ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
+                tflops(g->gflop, g->ceil.med), sus, ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
                 g->iso_mb < 2 * l2_mb ? " (cache-resident)" : "");
     }
 }
@@ -96,6 +99,33 @@ void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char 
         for (int i = 0; i < n_notes; i++) fprintf(f, "- %s\n", notes[i]);
         fprintf(f, "\n");
     }
+}
+
+/* The floor of issue 7: every GEMM shape at this run's dense ceiling (x its count per forward) plus every
+ * attention call at the isolated attention rate; once with the burst ceilings and once with the sustained ones,
+ * and the device-only forward against each. */
+static void md_floor(FILE *f, const bench_report *r) {
+    double g_b = 0, g_s = 0;
+    int have_s = r->attn_sus.n > 0;
+    for (int i = 0; i < r->n_gemm; i++) {
+        g_b += r->gemm[i].count * r->gemm[i].ceil.med;
+        if (r->gemm[i].ceil_sus.n) g_s += r->gemm[i].count * r->gemm[i].ceil_sus.med;
+        else have_s = 0;
+    }
+    if (!r->n_gemm || !r->attn_iso.n || r->attn_layers <= 0 || r->fwd_dev.med <= 0) return;
+    double a_b = r->attn_layers * r->attn_iso.med, fb = g_b + a_b;
+    fprintf(f, "**Floor from this run's ceilings** (each GEMM shape x its count at the dense bf16 ceiling, plus %d "
+               "attention calls at the isolated rate): bursts %.2f ms (GEMMs %.2f + attention %.2f)",
+            r->attn_layers, fb, g_b, a_b);
+    if (have_s) {
+        double a_s = r->attn_layers * r->attn_sus.med, fs = g_s + a_s;
+        fprintf(f, "; sustained %.2f ms (GEMMs %.2f + attention %.2f). The device-only forward (%.3f ms) is %+.1f%% over "
+                   "the burst floor and %+.1f%% over the sustained one",
+                fs, g_s, a_s, r->fwd_dev.med, 100.0 * (r->fwd_dev.med / fb - 1), 100.0 * (r->fwd_dev.med / fs - 1));
+    } else {
+        fprintf(f, ". The device-only forward (%.3f ms) is %+.1f%% over it", r->fwd_dev.med, 100.0 * (r->fwd_dev.med / fb - 1));
+    }
+    fprintf(f, "; elementwise passes, the transient dequantization and launch gaps are outside the floor.\n\n");
 }
 
 void bench_report_markdown(const bench_report *r, FILE *f) {
@@ -127,6 +157,11 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     fprintf(f, "Warm-up (excluded): first flux2_forward %.3f ms, first replica forward %s. "
                "Replica vs flux2_forward: max |diff| %.3g (max |out| %.3g).\n\n",
             r->fwd_model_warm_ms, wr, r->fwd_maxdiff, r->fwd_absmax);
+    if (r->n_power)
+        fprintf(f, "GPU right after each timed pair: SM clock median %.0f MHz (%.0f-%.0f; maximum %d), power median %.0f W "
+                   "of the %.0f W limit, power-capped in %d of %d samples.\n\n",
+                r->sm_mhz_med, r->sm_mhz_min, r->sm_mhz_max, r->sm_max_mhz, r->power_w_med, r->limit_w, r->power_capped,
+                r->n_power);
 
     if (r->n_ops && r->ops[0].prefix.n) {
         fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
@@ -169,13 +204,21 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
             fprintf(f, "| attention (%.2f GFLOP per layer) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_gflop, r->attn_inmodel_ms,
                     tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med, tflops(r->attn_gflop, r->attn_iso.med), pk);
         }
+        if (r->attn_sus.n) {
+            pct_of_peak(r, tflops(r->attn_gflop, r->attn_sus.med), pk, sizeof pk);
+            fprintf(f, "| attention, sustained (back to back after a %.0f ms heater) | - | - | %.4f | %.3f | %s |\n",
+                    BENCH_HEAT_MS, r->attn_sus.med, tflops(r->attn_gflop, r->attn_sus.med), pk);
+        }
         pct_of_peak(r, tflops(gf, r->fwd_dev.med), pk, sizeof pk);
         fprintf(f, "| whole forward (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", gf, r->fwd_dev.med, tflops(gf, r->fwd_dev.med), pk);
         if (r->copy.n)
             fprintf(f, "\nDevice copy bandwidth: %.1f GB/s (read + write, %.0f MB moved, median %.3f ms).\n", r->copy_gbs,
                     r->copy_bytes / 1e6, r->copy.med);
         fprintf(f, "In-model = timed inside the block sequence (ledger); isolated = the op alone, weights rotated "
-                   "through the listed distinct buffers.\n\n");
+                   "through the listed distinct buffers; sustained = the dense ceiling or the attention run back to back "
+                   "after a %.0f ms heater, events around each call and no synchronization between them: the power "
+                   "state a forward runs in.\n\n", BENCH_HEAT_MS);
+        md_floor(f, r);
     }
     bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);
     fprintf(f, "Bench time %.1f s.\n", r->total_s);
@@ -209,6 +252,14 @@ int bench_report_json(const bench_report *r, const char *path) {
     bench_jstat(f, "t", r->fwd_dev); bench_jnum(f, "warmup_ms", r->fwd_dev_warm_ms); bench_jnum(f, "tflops", tflops(gf, r->fwd_dev.med));
     bench_jnum(f, "maxdiff_vs_model", r->fwd_maxdiff); bench_jnum(f, "model_absmax", r->fwd_absmax);
     fprintf(f, "}\n");
+    if (r->n_power) {
+        fprintf(f, "{"); bench_jstr(f, "type", "power"); bench_jnum(f, "samples", r->n_power);
+        bench_jnum(f, "sm_mhz_median", r->sm_mhz_med); bench_jnum(f, "sm_mhz_min", r->sm_mhz_min);
+        bench_jnum(f, "sm_mhz_max", r->sm_mhz_max); bench_jnum(f, "sm_mhz_limit", r->sm_max_mhz);
+        bench_jnum(f, "power_w_median", r->power_w_med); bench_jnum(f, "power_limit_w", r->limit_w);
+        bench_jnum(f, "power_capped_samples", r->power_capped);
+        fprintf(f, "}\n");
+    }
 
     for (int k = 0; k < r->n_ops; k++) {
         const bench_op *o = &r->ops[k];
@@ -248,12 +299,15 @@ int bench_report_json(const bench_report *r, const char *path) {
         bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
         bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
         bench_jnum(f, "ceiling_mb", g->ceil_mb);
+        if (g->ceil_sus.n) { bench_jstat(f, "ceiling_sustained", g->ceil_sus); bench_jnum(f, "ceiling_sustained_tflops", tflops(g->gflop, g->ceil_sus.med)); }
         fprintf(f, "}\n");
     }
     if (r->attn_iso.n) {
         fprintf(f, "{"); bench_jstr(f, "type", "attention"); bench_jnum(f, "gflop", r->attn_gflop); bench_jnum(f, "inmodel_ms", r->attn_inmodel_ms);
         bench_jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);
         bench_jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
+        if (r->attn_sus.n) { bench_jstat(f, "sustained", r->attn_sus); bench_jnum(f, "sustained_tflops", tflops(r->attn_gflop, r->attn_sus.med)); }
+        bench_jnum(f, "calls_per_forward", r->attn_layers);
         fprintf(f, "}\n");
     }
     fprintf(f, "{"); bench_jstr(f, "type", "forward_util"); bench_jnum(f, "gflop", gf); bench_jnum(f, "ms", r->fwd_dev.med);

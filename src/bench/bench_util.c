@@ -87,6 +87,32 @@ bench_stat bench_stats(const double *v, int n) {
     return st;
 }
 
+bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), void *ud, double heat_ms, int reps) {
+    bench_stat st = {0};
+    if (!be->event_create || reps < 1) return st;
+    double t0 = dt_now();
+    int i = 0;
+    while ((dt_now() - t0) * 1e3 < heat_ms) {   /* heater: back to back, a synchronization every 8 calls */
+        for (int k = 0; k < 8; k++) op(ud, i++);
+        bench_sync_or_die(be);
+    }
+    void **ev = dt_malloc(sizeof(void *) * (size_t)(reps + 1));
+    for (int k = 0; k <= reps; k++) ev[k] = be->event_create(be);
+    be->event_record(be, ev[0]);
+    for (int k = 0; k < reps; k++) {
+        op(ud, i++);
+        be->event_record(be, ev[k + 1]);
+    }
+    double *t = dt_malloc(sizeof(double) * (size_t)reps);
+    for (int k = 0; k < reps; k++) t[k] = be->event_elapsed_ms(be, ev[k], ev[k + 1]);
+    bench_sync_or_die(be);
+    st = bench_stats(t, reps);
+    for (int k = 0; k <= reps; k++) be->event_destroy(be, ev[k]);
+    free(ev);
+    free(t);
+    return st;
+}
+
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd) {
     size_t n = (size_t)m.rows * m.cols;
     if (!n) return;

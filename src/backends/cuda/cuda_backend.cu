@@ -272,6 +272,7 @@ static float be_event_elapsed_ms(dt_backend *be, void *start, void *end) {
     CK(cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
     return ms;
 }
+static int be_power_sample(dt_backend *be, dt_power_sample *p) { return dtc_power_sample(dtc(be), p); }
 static void be_event_destroy(dt_backend *be, void *ev) {
     (void)be;
     if (ev) CK(cudaEventDestroy((cudaEvent_t)ev));
@@ -795,6 +796,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->event_record = be_event_record;
     be->event_elapsed_ms = be_event_elapsed_ms;
     be->event_destroy = be_event_destroy;
+    be->power_sample = be_power_sample;
     be->capture_begin = be_capture_begin;
     be->capture_end = be_capture_end;
     be->graph_launch = be_graph_launch;

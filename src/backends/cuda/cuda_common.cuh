@@ -111,6 +111,7 @@ struct dtc_state {
     char gpu_id[160];       /* device name, cc, SMs, cuBLASLt version: the persisted choices' validity key */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
     double trace_malloc_ms; /* DITRUN_CUDA_TRACE: print cudaMalloc calls at least this long (0 = off) */
+    void *nvml_dev;         /* NVML handle of this device (cuda_power.cu), found on first use */
 };
 
 static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
@@ -133,6 +134,9 @@ static inline void dtc_preload_fn(const void *f) {
     cudaFuncAttributes a;
     if (cudaFuncGetAttributes(&a, f) != cudaSuccess) cudaGetLastError();
 }
+
+/* Clock and power through NVML (cuda_power.cu); -1 when unavailable. */
+int dtc_power_sample(dtc_state *st, dt_power_sample *p);
 
 /* ------------------------------------------------------------------ GEMM (cuda_linear.cu) */
 /* Column-major cuBLASLt product D[m,n] = alpha * op(A)[m,k] * op(B)[k,n] (+ bias[m] when bias != NULL).
