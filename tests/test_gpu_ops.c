@@ -710,6 +710,52 @@ static void study_qgemm_cap(void) {
     }
 }
 
+/* A/B of the elementwise kernels at klein-4B shapes (run with DITRUN_GPU_ONLY=ewab only): SwiGLU through the
+ * 16-byte-chunk kernel vs the generic elementwise kernel, on the model's strided views (a, b: column halves of the
+ * [L, 3D+2F] projection; y: the second part of [L, D+F]), and layernorm_mod with f32 and bf16 input for
+ * reference. Rounds interleave the arms; medians of 15 rounds x 5 runs. */
+static void study_ew_ab(void) {
+    const int64_t L = 4608, D = 3072, F = 9216, P = 3 * D + 2 * F;
+    float *h = rand_bf((size_t)L * D, -2.f, 2.f);
+    dt_mat s = up(G, h, L, D, DT_F32), a = dt_alloc_or_die(G, L, D, DT_BF16);
+    dt_mat sh = upa(G, h, 1, D), sc = upa(G, h + D, 1, D);
+    dt_mat p = dt_alloc_or_die(G, L, P, DT_BF16), c = dt_alloc_or_die(G, L, D + F, DT_BF16);
+    dt_mat ga = dt_mat_cols(p, 3 * D, F), gb = dt_mat_cols(p, 3 * D + F, F), gy = dt_mat_cols(c, D, F);
+    for (int64_t r0 = 0; r0 < L; r0 += 512) {   /* fill p with copies of random rows */
+        int64_t n = L - r0 < 512 ? L - r0 : 512;
+        for (int64_t k = 0; k + D <= P; k += D) G->copy(G, dt_mat_rows(dt_mat_cols(p, k, D), r0, n), dt_mat_rows(dt_mat_cols(s, 0, D), r0, n));
+    }
+    dt_mat sb = upa(G, h, L, D);   /* bf16 input */
+    const char *names[4] = {"SwiGLU [4608,9216] views, generic kernel", "SwiGLU views, chunk kernel",
+                            "layernorm_mod [4608,3072] f32 in", "layernorm_mod [4608,3072] bf16 in"};
+    enum { NA = 4, ROUNDS = 15, PER = 5 };
+    double t[NA][ROUNDS];
+    void *ev[NA + 1];
+    for (int i = 0; i <= NA; i++) ev[i] = G->event_create(G);
+    for (int r = -1; r < ROUNDS; r++) {
+        G->event_record(G, ev[0]);
+        for (int k = 0; k < NA; k++) {
+            if (k < 2) setenv("DITRUN_CUDA_ACT16", k == 0 ? "0" : "1", 1);
+            for (int i = 0; i < PER; i++) {
+                if (k < 2) G->act_mul(G, gy, ga, gb, DT_ACT_SILU);
+                else G->layernorm_mod(G, a, k == 2 ? s : sb, sh, sc, 1e-6f);
+            }
+            G->event_record(G, ev[k + 1]);
+        }
+        if (r >= 0) for (int k = 0; k < NA; k++) t[k][r] = G->event_elapsed_ms(G, ev[k], ev[k + 1]) / PER;
+    }
+    unsetenv("DITRUN_CUDA_ACT16");
+    const double bytes[NA] = {6.0 * L * F, 6.0 * L * F, 6.0 * L * D, 4.0 * L * D};
+    for (int k = 0; k < NA; k++) {
+        double ms = median(t[k], ROUNDS);
+        printf("TIME ewab %-44s %8.4f ms  %6.0f GB/s\n", names[k], ms, bytes[k] / (ms * 1e-3) / 1e9);
+    }
+    for (int i = 0; i <= NA; i++) G->event_destroy(G, ev[i]);
+    G->free(G, &s); G->free(G, &a); G->free(G, &sh); G->free(G, &sc); G->free(G, &p); G->free(G, &c);
+    G->free(G, &sb);
+    free(h);
+}
+
 /* ------------------------------------------------------------------ attention */
 /* q/k/v are column views of one fused [L, 3*D] buffer (strided like the model's QKV projection). Compared on a
  * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
@@ -1406,6 +1452,7 @@ int main(void) {
     if (only && !strcmp(only, "qgemm")) study_qgemm();
     if (only && !strcmp(only, "attnctx")) study_attn_context();
     if (only && !strcmp(only, "qgemmcap")) study_qgemm_cap();
+    if (only && !strcmp(only, "ewab")) study_ew_ab();
     if (RUN("misc")) {
         double ts = dt_now();
         test_memory();

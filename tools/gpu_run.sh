@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -211,6 +211,20 @@ if has qcap; then  # GEMM arms under sustained load (the power cap): cuBLASLt vs
     DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qgemmcap timeout 120 ./build/tests/test_gpu_ops > "$OUT/qgemmcap.log" 2>&1
     log "qgemmcap study rc=$?"
     grep -E "^FAIL|^TIME sustained" "$OUT/qgemmcap.log" | tee -a "$OUT/summary.txt"
+fi
+
+if has ewab; then  # elementwise kernels: layernorm_mod rows per block, SwiGLU chunk kernel; op tests; forward A/B
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=ewab timeout 120 ./build/tests/test_gpu_ops > "$OUT/ewab.log" 2>&1
+    log "ewab study rc=$?"
+    grep -E "^FAIL|^TIME ewab" "$OUT/ewab.log" | tee -a "$OUT/summary.txt"
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=ew timeout 120 ./build/tests/test_gpu_ops > "$OUT/ew.log" 2>&1
+    log "ew section rc=$?: $(grep -c ^PASS "$OUT/ew.log") passed, $(grep -c ^FAIL "$OUT/ew.log") failed"
+    grep -E "^FAIL|^TIME" "$OUT/ew.log" | tee -a "$OUT/summary.txt"
+    prep4
+    for i in 1 2 3; do
+        DITRUN_CUDA_ACT16=0 DITRUN_LN_ROWS=1 fwd "klein-4B q4 1024^2 old elementwise ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+        fwd "klein-4B q4 1024^2 new elementwise ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+    done
 fi
 
 if has mixcmp; then  # whole-forward agreement of --qpath mixed with the transient path (synthetic klein-4B q4)
