@@ -266,6 +266,7 @@ if has krea2; then
 fi
 log "total $(( $(date +%s) - t0 )) s"
 if [ "${PACK:-0}" = 1 ]; then   # at most 8 files come back from the device: one archive of the logs
-    (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.png' --exclude=summary.txt . && \
-        find . -type f ! -name logs.tgz ! -name summary.txt ! -name '*.png' -delete)
+    # archived outside $OUT first (a log still being written, such as the caller's redirect, must not stop it)
+    (cd "$OUT" && tar czf /tmp/ditrun-logs.tgz --exclude='*.png' --exclude=summary.txt --exclude=run.log . ; \
+        find . -type f ! -name summary.txt ! -name run.log ! -name '*.png' -delete; mv /tmp/ditrun-logs.tgz logs.tgz)
 fi
