@@ -213,7 +213,7 @@ if has qcap; then  # GEMM arms under sustained load (the power cap): cuBLASLt vs
     grep -E "^FAIL|^TIME sustained" "$OUT/qgemmcap.log" | tee -a "$OUT/summary.txt"
 fi
 
-if has ewab; then  # elementwise kernels: layernorm_mod rows per block, SwiGLU chunk kernel; op tests; forward A/B
+if has ewab; then  # elementwise kernels: SwiGLU chunk vs generic kernel, layernorm_mod; op tests; forward A/B
     DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=ewab timeout 120 ./build/tests/test_gpu_ops > "$OUT/ewab.log" 2>&1
     log "ewab study rc=$?"
     grep -E "^FAIL|^TIME ewab" "$OUT/ewab.log" | tee -a "$OUT/summary.txt"
@@ -222,8 +222,8 @@ if has ewab; then  # elementwise kernels: layernorm_mod rows per block, SwiGLU c
     grep -E "^FAIL|^TIME" "$OUT/ew.log" | tee -a "$OUT/summary.txt"
     prep4
     for i in 1 2 3; do
-        DITRUN_CUDA_ACT16=0 DITRUN_LN_ROWS=1 fwd "klein-4B q4 1024^2 old elementwise ($i)" "$W/k4q4" "$W/in4_1024.st" 30
-        fwd "klein-4B q4 1024^2 new elementwise ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+        DITRUN_CUDA_ACT16=0 fwd "klein-4B q4 1024^2 generic SwiGLU kernel ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+        fwd "klein-4B q4 1024^2 chunk SwiGLU kernel ($i)" "$W/k4q4" "$W/in4_1024.st" 30
     done
 fi
 

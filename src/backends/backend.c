@@ -31,11 +31,3 @@ dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n) {
     return m;
 }
 
-void dt_power_describe(const dt_power_sample *p, char *buf, size_t size) {
-    const char *why = (p->reasons & 0x4) ? ", power-capped"
-                      : (p->reasons & 0x60) ? ", thermal slowdown"
-                      : (p->reasons & 0x88) ? ", hardware slowdown"
-                                            : "";
-    snprintf(buf, size, "SM %d of %d MHz, %.0f W of %.0f W cap%s, %d C", p->sm_mhz, p->sm_max_mhz, p->power_w,
-             p->limit_w, why, p->temp_c);
-}

@@ -192,8 +192,7 @@ struct dt_backend {
      * a sustained forward on an H200 runs at its power cap, ~20% under the clock of a short burst. */
     int (*power_sample)(dt_backend *be, dt_power_sample *p);
 };
-/* One line describing a power sample ("SM 1560 of 1980 MHz, 690 W of 700 W cap, power-capped, 61 C"). */
-void dt_power_describe(const dt_power_sample *p, char *buf, size_t size);
+
 
 /* Create backends. NULL with dt_last_error() set when unavailable. */
 dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);
