@@ -264,8 +264,8 @@ static int whole_forward(bench_ctx *x) {
     }
     /* interleaved: flux2_forward (wall clock incl. uploads/download) and the device-only replica */
     double *sm = dt_malloc(sizeof(double) * x->reps), *sd = dt_malloc(sizeof(double) * x->reps);
-    double *mhz = dt_malloc(sizeof(double) * x->reps), *watts = dt_malloc(sizeof(double) * x->reps);
-    r->n_power = 0;
+    bench_power_acc pw;
+    bench_power_begin(&pw, be, x->reps);
     for (int i = 0; i < x->reps; i++) {
         bench_progress("whole forward: rep %d/%d", i + 1, x->reps);
         bench_sync_or_die(be);
@@ -278,22 +278,12 @@ static int whole_forward(bench_ctx *x) {
         bench_timer_start(&tm);
         bm_forward(x->bm, c->num_layers, c->num_single_layers);
         sd[i] = bench_timer_stop(&tm);
-        dt_power_sample ps;
-        if (be->power_sample && be->power_sample(be, &ps) == 0) {
-            mhz[r->n_power] = ps.sm_mhz;
-            watts[r->n_power++] = ps.power_w;
-            r->power_capped += (ps.reasons & 0x4) != 0;
-            r->sm_max_mhz = ps.sm_max_mhz;
-            r->limit_w = ps.limit_w;
-        }
+        bench_power_sample(&pw);
     }
+    r->power = bench_power_end(&pw);
     r->fwd_model = bench_stats(sm, x->reps);
     r->fwd_dev = bench_stats(sd, x->reps);
-    if (r->n_power) {
-        bench_stat a = bench_stats(mhz, r->n_power), b = bench_stats(watts, r->n_power);
-        r->sm_mhz_med = a.med; r->sm_mhz_min = a.min; r->sm_mhz_max = a.max; r->power_w_med = b.med;
-    }
-    free(mhz); free(watts);
+
     be->download(be, out_r, x->bm->x.out);
     r->fwd_maxdiff = bench_max_abs_diff(out_r, out_m, no);
     r->fwd_absmax = bench_max_abs(out_m, no);

@@ -8,7 +8,9 @@
  *     of the forward, and the shares of the step (GEMMs, attention, elementwise, double blocks' extra,
  *     embedders/final layer, unexplained remainder) that add up to 100 %;
  *   - utilization: TFLOPS of every GEMM shape (in-model and isolated) and attention next to ceilings
- *     measured in the same run (dense bf16 GEMM at each shape, device copy bandwidth) and a nominal peak;
+ *     measured in the same run (dense bf16 GEMM at each shape in bursts and, on a GPU, under sustained load;
+ *     device copy bandwidth) and a nominal peak; the floor those ceilings give (issue 7's definition);
+ *   - the GPU's clock and power right after each timed forward (power_sample);
  *   - A/B arms, interleaved in one process: quantized paths, RoPE bf16/fp32, zero mask/none,
  *     native GQA/repeated KV, CUDA graph/eager, threads 1/all.
  * Every timed region ends with a device synchronization (backend events, or sync + wall clock).
@@ -48,6 +50,11 @@ typedef struct {
 } bench_opts;
 
 typedef struct { double med, min, max, p10, p90; int n; } bench_stat;
+/* The GPU's clock and power right after each timed forward (n = 0: the backend cannot tell). */
+typedef struct {
+    int n, capped, sm_max_mhz;       /* samples, how many were power-capped, the maximum SM clock */
+    double sm_mhz_med, sm_mhz_min, sm_mhz_max, power_w_med, limit_w;
+} bench_power;
 
 enum { BENCH_CAT_GEMM = 0, BENCH_CAT_ATTN, BENCH_CAT_ELEM };
 
@@ -108,9 +115,7 @@ typedef struct {
     bench_stat fwd_model, fwd_dev;     /* flux2_forward wall (ms), replica device-only (ms) */
     double fwd_model_warm_ms, fwd_dev_warm_ms;
     double fwd_maxdiff, fwd_absmax;
-    /* the GPU's state right after each timed forward (power_sample; n_power = 0 when unavailable) */
-    int n_power, power_capped, sm_max_mhz;
-    double sm_mhz_med, sm_mhz_min, sm_mhz_max, power_w_med, limit_w;
+    bench_power power;                 /* the GPU's state right after each timed forward pair */
     double gflop_gemm, gflop_attn;     /* per forward */
     /* ledger */
     bench_op ops[BENCH_N_OPS];

@@ -29,6 +29,17 @@ bench_stat bench_stats(const double *v, int n);
  * synchronization between them; their statistic. n = 0 when the backend has no events (CPU). */
 bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), void *ud, double heat_ms, int reps);
 #define BENCH_HEAT_MS 200.0
+/* GPU state across timed runs: begin (max samples), sample after each run, end gives the summary (n = 0 when the
+ * backend has no power_sample or it fails). */
+typedef struct {
+    dt_backend *be;
+    int n, max;
+    double *mhz, *watts;
+    bench_power p;
+} bench_power_acc;
+void bench_power_begin(bench_power_acc *a, dt_backend *be, int max);
+void bench_power_sample(bench_power_acc *a);
+bench_power bench_power_end(bench_power_acc *a);
 /* Fill m with normal(0, sd) values (never zeros): host Philox normals uploaded. */
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd);
 double bench_max_abs_diff(const float *a, const float *b, size_t n);
@@ -49,6 +60,16 @@ void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double 
 void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label);
 void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak);
 void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes);
+/* The GPU-state line (nothing when p->n = 0); what = the runs it follows. */
+void bench_md_power(FILE *f, const bench_power *p, const char *what);
+/* Issue 7's floor: every GEMM shape x its count at the dense ceiling plus attn_calls attentions at the isolated
+ * rate, from the burst and (when every one was measured) the sustained ceilings, and the timed ms against each;
+ * what = the name of the timed thing. Nothing without GEMMs or attention. */
+void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
+                    double ms, const char *what);
+void bench_json_power(FILE *f, const bench_power *p);
+/* The utilization table's GEMM rows as JSON lines (type "gemm"). */
+void bench_json_gemms(FILE *f, const bench_gemm *gemm, int n);
 /* Device copy bandwidth (the elementwise ops' reference): a bf16/f32 copy of ~4 x rot_bytes (64 MB .. 1 GB,
  * 256 MB on a CPU), warmup + reps timed copies; its statistic, bytes moved and GB/s. */
 void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
@@ -81,6 +102,9 @@ void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, doub
 void bench_wset_free(bench_wset *ws);
 /* One timed pass over the set: y = x · Wᵀ for each W; returns ms per GEMM. */
 double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);
+/* The set's GEMMs under sustained load (bench_time_sustained, 2 x reps calls rotating through the set); n = 0 on
+ * a CPU backend (no power state to speak of). */
+bench_stat bench_wset_time_sustained(bench_wset *ws, dt_mat y, dt_mat x, int reps, int is_cpu);
 
 /* ---- the device-only replica of the FLUX.2 forward (bench_model.c) ---- */
 typedef struct {

@@ -522,6 +522,8 @@ static int whole_forward(k2_ctx *x) {
         }
     }
     double *sm = dt_malloc(sizeof(double) * x->reps), *sn = dt_malloc(sizeof(double) * x->reps);
+    bench_power_acc pw;
+    bench_power_begin(&pw, be, x->reps);
     for (int i = 0; i < x->reps; i++) {
         bench_progress("whole forward: rep %d/%d (mask, no mask)", i + 1, x->reps);
         for (int v = 0; v < 2; v++) {
@@ -529,11 +531,14 @@ static int whole_forward(k2_ctx *x) {
             double w0 = dt_now();
             if (krea2_forward(km, x->img, x->n, x->txt, x->t, 0.5f, x->pos, v ? NULL : x->mask, v ? on : om, NULL, NULL)) {
                 krea2_free(km); free(om); free(on); free(sm); free(sn);
+                bench_power_end(&pw);
                 return -1;
             }
             (v ? sn : sm)[i] = (dt_now() - w0) * 1e3;
         }
+        bench_power_sample(&pw);
     }
+    r->power = bench_power_end(&pw);
     r->fwd_mask = bench_stats(sm, x->reps);
     r->fwd_nomask = bench_stats(sn, x->reps);
     r->out_absmax = bench_max_abs(om, no);
@@ -849,6 +854,7 @@ static void time_gemm(k2_ctx *x, const char *name, int64_t K, int64_t N, int cou
     }
     g->iso = bench_stats(si, x->reps);
     g->ceil = bench_stats(sc, x->reps);
+    g->ceil_sus = bench_wset_time_sustained(&ceil_set, ym, xm, x->reps, x->is_cpu);
     g->iso_bufs = iso.n; g->iso_mb = iso.mb;
     g->ceil_bufs = ceil_set.n; g->ceil_mb = ceil_set.mb;
     bench_wset_free(&iso);
@@ -857,6 +863,12 @@ static void time_gemm(k2_ctx *x, const char *name, int64_t K, int64_t N, int cou
     bench_timer_free(&tm);
     be->free(be, &xm);
     be->free(be, &ym);
+}
+
+/* The attention op of block 0 (sustained timing). */
+static void attn_block0(void *ud, int i) {
+    (void)i;
+    k2r_op((k2r *)ud, 0, K2_ST_ATTN, 0);
 }
 
 static void utilization(k2_ctx *x) {
@@ -898,6 +910,7 @@ static void utilization(k2_ctx *x) {
         if (rep >= 0) s[rep] = ms;
     }
     r->attn_iso = bench_stats(s, x->reps);
+    if (!x->is_cpu) r->attn_sus = bench_time_sustained(be, attn_block0, m, BENCH_HEAT_MS, 2 * x->reps);
 
     free(s);
     bench_timer_free(&tm);
@@ -1276,6 +1289,7 @@ void bench_krea2_markdown(const bench_k2_report *r, FILE *f) {
                    "max |diff| %.3g (max |stream| %.3g).\n\n", c->num_layers - 1, c->num_layers - 1, r->replica_maxdiff,
                 r->replica_absmax);
     else fprintf(f, "\n\n");
+    bench_md_power(f, &r->power, "timed pair");
 
     if (r->n_ops && r->ops[0].prefix.n) {
         fprintf(f, "## Ledger: one transformer block, cumulative prefixes (replica, %d blocks' weights per timed region)\n\n",
@@ -1316,6 +1330,11 @@ void bench_krea2_markdown(const bench_k2_report *r, FILE *f) {
                     c->kv_heads, r->attn_gflop, r->attn_inmodel_ms, tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med,
                     tflops(r->attn_gflop, r->attn_iso.med), pk);
         }
+        if (r->attn_sus.n) {
+            pct(r, tflops(r->attn_gflop, r->attn_sus.med), pk, sizeof pk);
+            fprintf(f, "| attention, sustained (back to back after a %.0f ms heater) | - | - | %.4f | %.3f | %s |\n",
+                    BENCH_HEAT_MS, r->attn_sus.med, tflops(r->attn_gflop, r->attn_sus.med), pk);
+        }
         pct(r, tflops(gf, r->fwd_mask.med), pk, sizeof pk);
         fprintf(f, "| whole forward with mask (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", gf, r->fwd_mask.med,
                 tflops(gf, r->fwd_mask.med), pk);
@@ -1324,7 +1343,12 @@ void bench_krea2_markdown(const bench_k2_report *r, FILE *f) {
                     r->copy_bytes / 1e6, r->copy.med);
         fprintf(f, "In-model = timed inside the block (ledger; the q/k/v/gate op is split over its four GEMMs in proportion "
                    "to their isolated times, the MLP gate+up op in halves); isolated = the GEMM alone, weights rotated "
-                   "through the listed distinct buffers; attention isolated on random Q/K/V with the model's mask.\n\n");
+                   "through the listed distinct buffers; attention isolated on random Q/K/V with the model's mask; "
+                   "sustained = run back to back after a %.0f ms heater (the power state a forward runs in).\n\n",
+                BENCH_HEAT_MS);
+        if (r->blocks_dev.n)
+            bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, c->num_layers, r->blocks_dev.med,
+                           "Replica's transformer blocks");
     }
     bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);
     fprintf(f, "Bench time %.1f s.\n", r->total_s);
@@ -1350,6 +1374,7 @@ int bench_krea2_json(const bench_k2_report *r, const char *path) {
     bench_jnum(f, "gflop_other", r->gflop_other); bench_jnum(f, "peak_tflops", r->peak_tflops); bench_jnum(f, "bench_s", r->total_s);
     bench_jnum(f, "mem_peak_gb", r->mem_peak_gb);
     fprintf(f, "}\n");
+    bench_json_power(f, &r->power);
     const char *fn[3] = {"krea2_forward mask", "krea2_forward no mask", "replica blocks"};
     const bench_stat *fs[3] = {&r->fwd_mask, &r->fwd_nomask, &r->blocks_dev};
     for (int i = 0; i < 3; i++) {
@@ -1387,21 +1412,13 @@ int bench_krea2_json(const bench_k2_report *r, const char *path) {
         bench_jstr(f, "basis", r->shares_basis);
         fprintf(f, "}\n");
     }
-    for (int i = 0; i < r->n_gemm; i++) {
-        const bench_gemm *g = &r->gemm[i];
-        fprintf(f, "{"); bench_jstr(f, "type", "gemm"); fputc(',', f); bench_jstr(f, "name", g->name); bench_jnum(f, "M", g->M); bench_jnum(f, "K", g->K);
-        bench_jnum(f, "N", g->N); bench_jnum(f, "per_forward", g->count); bench_jnum(f, "gflop", g->gflop);
-        if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
-        bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med));
-        bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
-        bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
-        bench_jnum(f, "ceiling_mb", g->ceil_mb);
-        fprintf(f, "}\n");
-    }
+    bench_json_gemms(f, r->gemm, r->n_gemm);
     if (r->attn_iso.n) {
         fprintf(f, "{"); bench_jstr(f, "type", "attention"); bench_jnum(f, "gflop", r->attn_gflop); bench_jnum(f, "inmodel_ms", r->attn_inmodel_ms);
         bench_jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);
         bench_jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
+        if (r->attn_sus.n) { bench_jstat(f, "sustained", r->attn_sus); bench_jnum(f, "sustained_tflops", tflops(r->attn_gflop, r->attn_sus.med)); }
+        bench_jnum(f, "calls_per_forward", r->c.num_layers);
         fprintf(f, "}\n");
     }
     bench_json_tail(f, &r->copy, r->copy_bytes, r->copy_gbs, r->arms, r->n_arms, r->notes, r->n_notes);

@@ -33,6 +33,7 @@ typedef struct {
     bench_stat fwd_mask, fwd_nomask;       /* krea2_forward wall clock (ms), with / without the text mask */
     bench_stat blocks_dev;                 /* replica: every transformer block, device-only (ms) */
     double fwd_mask_warm_ms, fwd_nomask_warm_ms;
+    bench_power power;                     /* the GPU's state right after each timed forward pair */
     int out_finite;                        /* both outputs finite */
     double out_absmax, mask_effect;        /* max |out|, max |out(mask) - out(no mask)| */
     int replica_checked;                   /* replica blocks 1..L-1 fed the model's block.0 output */
@@ -54,7 +55,7 @@ typedef struct {
     /* utilization */
     bench_gemm gemm[8];
     int n_gemm;
-    bench_stat attn_iso;
+    bench_stat attn_iso, attn_sus;         /* attention alone: bursts / sustained (back to back after a heater) */
     double attn_gflop, attn_inmodel_ms;
     bench_stat copy;
     double copy_bytes, copy_gbs;

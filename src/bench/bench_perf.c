@@ -66,12 +66,6 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
     return have_src ? n : -1;
 }
 
-/* One dense GEMM of the ceiling's rotation (sustained timing). */
-typedef struct { dt_backend *be; bench_wset *ws; dt_mat x, y; } gemm_op_ctx;
-static void gemm_op(void *ud, int i) {
-    gemm_op_ctx *g = ud;
-    g->be->linear(g->be, g->y, g->x, g->ws->w[i % g->ws->n]);
-}
 /* One attention call (sustained timing). */
 typedef struct { dt_backend *be; dt_mat o, q, k, v; int heads, hd; float scale; } attn_op_ctx;
 static void attn_op(void *ud, int i) {
@@ -123,8 +117,7 @@ static void time_shape(bench_ctx *x, const gemm_shape *g) {
     }
     if (iso.n) row->iso = bench_stats(si, x->reps);
     row->ceil = bench_stats(sc, x->reps);
-    gemm_op_ctx gc = {be, &ceil_set, xm, ym};
-    if (!x->is_cpu) row->ceil_sus = bench_time_sustained(be, gemm_op, &gc, BENCH_HEAT_MS, 2 * x->reps);
+    row->ceil_sus = bench_wset_time_sustained(&ceil_set, ym, xm, x->reps, x->is_cpu);
     row->iso_bufs = iso.n;
     row->iso_mb = iso.mb;
     row->ceil_bufs = ceil_set.n;

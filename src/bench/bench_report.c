@@ -76,6 +76,63 @@ void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double
     }
 }
 
+void bench_md_power(FILE *f, const bench_power *p, const char *what) {
+    if (!p->n) return;
+    fprintf(f, "GPU right after each %s: SM clock median %.0f MHz (%.0f-%.0f; maximum %d), power median %.0f W of the "
+               "%.0f W limit, power-capped in %d of %d samples.\n\n",
+            what, p->sm_mhz_med, p->sm_mhz_min, p->sm_mhz_max, p->sm_max_mhz, p->power_w_med, p->limit_w, p->capped, p->n);
+}
+
+void bench_json_gemms(FILE *f, const bench_gemm *gemm, int n) {
+    for (int i = 0; i < n; i++) {
+        const bench_gemm *g = &gemm[i];
+        fprintf(f, "{"); bench_jstr(f, "type", "gemm"); fputc(',', f); bench_jstr(f, "name", g->name); bench_jnum(f, "M", g->M);
+        bench_jnum(f, "K", g->K); bench_jnum(f, "N", g->N); bench_jnum(f, "per_forward", g->count); bench_jnum(f, "gflop", g->gflop);
+        if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
+        if (g->iso.n) { bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med)); }
+        bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
+        bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
+        bench_jnum(f, "ceiling_mb", g->ceil_mb);
+        if (g->ceil_sus.n) { bench_jstat(f, "ceiling_sustained", g->ceil_sus); bench_jnum(f, "ceiling_sustained_tflops", tflops(g->gflop, g->ceil_sus.med)); }
+        fprintf(f, "}\n");
+    }
+}
+
+void bench_json_power(FILE *f, const bench_power *p) {
+    if (!p->n) return;
+    fprintf(f, "{"); bench_jstr(f, "type", "power"); bench_jnum(f, "samples", p->n);
+    bench_jnum(f, "sm_mhz_median", p->sm_mhz_med); bench_jnum(f, "sm_mhz_min", p->sm_mhz_min);
+    bench_jnum(f, "sm_mhz_max", p->sm_mhz_max); bench_jnum(f, "sm_mhz_limit", p->sm_max_mhz);
+    bench_jnum(f, "power_w_median", p->power_w_med); bench_jnum(f, "power_limit_w", p->limit_w);
+    bench_jnum(f, "power_capped_samples", p->capped);
+    fprintf(f, "}\n");
+}
+
+void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
+                    double ms, const char *what) {
+    double g_b = 0, g_s = 0;
+    int have_s = attn_sus.n > 0;
+    for (int i = 0; i < n; i++) {
+        g_b += gemm[i].count * gemm[i].ceil.med;
+        if (gemm[i].ceil_sus.n) g_s += gemm[i].count * gemm[i].ceil_sus.med;
+        else have_s = 0;
+    }
+    if (!n || !attn_iso.n || attn_calls <= 0 || ms <= 0) return;
+    double a_b = attn_calls * attn_iso.med, fb = g_b + a_b;
+    fprintf(f, "**Floor from this run's ceilings** (each GEMM shape x its count at the dense bf16 ceiling, plus %d "
+               "attention calls at the isolated rate): bursts %.2f ms (GEMMs %.2f + attention %.2f)",
+            attn_calls, fb, g_b, a_b);
+    if (have_s) {
+        double a_s = attn_calls * attn_sus.med, fs = g_s + a_s;
+        fprintf(f, "; sustained %.2f ms (GEMMs %.2f + attention %.2f). %s: %.3f ms, %+.1f%% over the burst floor and "
+                   "%+.1f%% over the sustained one",
+                fs, g_s, a_s, what, ms, 100.0 * (ms / fb - 1), 100.0 * (ms / fs - 1));
+    } else {
+        fprintf(f, ". %s: %.3f ms, %+.1f%% over it", what, ms, 100.0 * (ms / fb - 1));
+    }
+    fprintf(f, "; elementwise passes, the transient dequantization and launch gaps are outside the floor.\n\n");
+}
+
 void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes) {
     if (n_arms) {
         fprintf(f, "## A/B arms (interleaved A B A B ... in one process)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
@@ -99,33 +156,6 @@ void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char 
         for (int i = 0; i < n_notes; i++) fprintf(f, "- %s\n", notes[i]);
         fprintf(f, "\n");
     }
-}
-
-/* The floor of issue 7: every GEMM shape at this run's dense ceiling (x its count per forward) plus every
- * attention call at the isolated attention rate; once with the burst ceilings and once with the sustained ones,
- * and the device-only forward against each. */
-static void md_floor(FILE *f, const bench_report *r) {
-    double g_b = 0, g_s = 0;
-    int have_s = r->attn_sus.n > 0;
-    for (int i = 0; i < r->n_gemm; i++) {
-        g_b += r->gemm[i].count * r->gemm[i].ceil.med;
-        if (r->gemm[i].ceil_sus.n) g_s += r->gemm[i].count * r->gemm[i].ceil_sus.med;
-        else have_s = 0;
-    }
-    if (!r->n_gemm || !r->attn_iso.n || r->attn_layers <= 0 || r->fwd_dev.med <= 0) return;
-    double a_b = r->attn_layers * r->attn_iso.med, fb = g_b + a_b;
-    fprintf(f, "**Floor from this run's ceilings** (each GEMM shape x its count at the dense bf16 ceiling, plus %d "
-               "attention calls at the isolated rate): bursts %.2f ms (GEMMs %.2f + attention %.2f)",
-            r->attn_layers, fb, g_b, a_b);
-    if (have_s) {
-        double a_s = r->attn_layers * r->attn_sus.med, fs = g_s + a_s;
-        fprintf(f, "; sustained %.2f ms (GEMMs %.2f + attention %.2f). The device-only forward (%.3f ms) is %+.1f%% over "
-                   "the burst floor and %+.1f%% over the sustained one",
-                fs, g_s, a_s, r->fwd_dev.med, 100.0 * (r->fwd_dev.med / fb - 1), 100.0 * (r->fwd_dev.med / fs - 1));
-    } else {
-        fprintf(f, ". The device-only forward (%.3f ms) is %+.1f%% over it", r->fwd_dev.med, 100.0 * (r->fwd_dev.med / fb - 1));
-    }
-    fprintf(f, "; elementwise passes, the transient dequantization and launch gaps are outside the floor.\n\n");
 }
 
 void bench_report_markdown(const bench_report *r, FILE *f) {
@@ -157,11 +187,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     fprintf(f, "Warm-up (excluded): first flux2_forward %.3f ms, first replica forward %s. "
                "Replica vs flux2_forward: max |diff| %.3g (max |out| %.3g).\n\n",
             r->fwd_model_warm_ms, wr, r->fwd_maxdiff, r->fwd_absmax);
-    if (r->n_power)
-        fprintf(f, "GPU right after each timed pair: SM clock median %.0f MHz (%.0f-%.0f; maximum %d), power median %.0f W "
-                   "of the %.0f W limit, power-capped in %d of %d samples.\n\n",
-                r->sm_mhz_med, r->sm_mhz_min, r->sm_mhz_max, r->sm_max_mhz, r->power_w_med, r->limit_w, r->power_capped,
-                r->n_power);
+    bench_md_power(f, &r->power, "timed pair");
 
     if (r->n_ops && r->ops[0].prefix.n) {
         fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
@@ -218,7 +244,8 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
                    "through the listed distinct buffers; sustained = the dense ceiling or the attention run back to back "
                    "after a %.0f ms heater, events around each call and no synchronization between them: the power "
                    "state a forward runs in.\n\n", BENCH_HEAT_MS);
-        md_floor(f, r);
+        bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, r->attn_layers, r->fwd_dev.med,
+                       "Device-only forward");
     }
     bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);
     fprintf(f, "Bench time %.1f s.\n", r->total_s);
@@ -252,14 +279,7 @@ int bench_report_json(const bench_report *r, const char *path) {
     bench_jstat(f, "t", r->fwd_dev); bench_jnum(f, "warmup_ms", r->fwd_dev_warm_ms); bench_jnum(f, "tflops", tflops(gf, r->fwd_dev.med));
     bench_jnum(f, "maxdiff_vs_model", r->fwd_maxdiff); bench_jnum(f, "model_absmax", r->fwd_absmax);
     fprintf(f, "}\n");
-    if (r->n_power) {
-        fprintf(f, "{"); bench_jstr(f, "type", "power"); bench_jnum(f, "samples", r->n_power);
-        bench_jnum(f, "sm_mhz_median", r->sm_mhz_med); bench_jnum(f, "sm_mhz_min", r->sm_mhz_min);
-        bench_jnum(f, "sm_mhz_max", r->sm_mhz_max); bench_jnum(f, "sm_mhz_limit", r->sm_max_mhz);
-        bench_jnum(f, "power_w_median", r->power_w_med); bench_jnum(f, "power_limit_w", r->limit_w);
-        bench_jnum(f, "power_capped_samples", r->power_capped);
-        fprintf(f, "}\n");
-    }
+    bench_json_power(f, &r->power);
 
     for (int k = 0; k < r->n_ops; k++) {
         const bench_op *o = &r->ops[k];
@@ -290,18 +310,7 @@ int bench_report_json(const bench_report *r, const char *path) {
         bench_jstr(f, "basis", r->shares_basis);
         fprintf(f, "}\n");
     }
-    for (int i = 0; i < r->n_gemm; i++) {
-        const bench_gemm *g = &r->gemm[i];
-        fprintf(f, "{"); bench_jstr(f, "type", "gemm"); fputc(',', f); bench_jstr(f, "name", g->name); bench_jnum(f, "M", g->M); bench_jnum(f, "K", g->K);
-        bench_jnum(f, "N", g->N); bench_jnum(f, "per_forward", g->count); bench_jnum(f, "gflop", g->gflop);
-        if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
-        if (g->iso.n) { bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med)); }
-        bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
-        bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
-        bench_jnum(f, "ceiling_mb", g->ceil_mb);
-        if (g->ceil_sus.n) { bench_jstat(f, "ceiling_sustained", g->ceil_sus); bench_jnum(f, "ceiling_sustained_tflops", tflops(g->gflop, g->ceil_sus.med)); }
-        fprintf(f, "}\n");
-    }
+    bench_json_gemms(f, r->gemm, r->n_gemm);
     if (r->attn_iso.n) {
         fprintf(f, "{"); bench_jstr(f, "type", "attention"); bench_jnum(f, "gflop", r->attn_gflop); bench_jnum(f, "inmodel_ms", r->attn_inmodel_ms);
         bench_jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);

@@ -113,6 +113,39 @@ bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), voi
     return st;
 }
 
+void bench_power_begin(bench_power_acc *a, dt_backend *be, int max) {
+    memset(a, 0, sizeof *a);
+    dt_power_sample ps;
+    if (!be->power_sample || max < 1 || be->power_sample(be, &ps) != 0) return;
+    a->be = be;
+    a->max = max;
+    a->mhz = dt_malloc(sizeof(double) * (size_t)max);
+    a->watts = dt_malloc(sizeof(double) * (size_t)max);
+}
+
+void bench_power_sample(bench_power_acc *a) {
+    dt_power_sample ps;
+    if (!a->be || a->n >= a->max || a->be->power_sample(a->be, &ps) != 0) return;
+    a->mhz[a->n] = ps.sm_mhz;
+    a->watts[a->n++] = ps.power_w;
+    a->p.capped += (ps.reasons & 0x4) != 0;
+    a->p.sm_max_mhz = ps.sm_max_mhz;
+    a->p.limit_w = ps.limit_w;
+}
+
+bench_power bench_power_end(bench_power_acc *a) {
+    bench_power p = a->p;
+    p.n = a->n;
+    if (a->n) {
+        bench_stat m = bench_stats(a->mhz, a->n), w = bench_stats(a->watts, a->n);
+        p.sm_mhz_med = m.med; p.sm_mhz_min = m.min; p.sm_mhz_max = m.max; p.power_w_med = w.med;
+    }
+    free(a->mhz);
+    free(a->watts);
+    memset(a, 0, sizeof *a);
+    return p;
+}
+
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd) {
     size_t n = (size_t)m.rows * m.cols;
     if (!n) return;
@@ -266,6 +299,19 @@ double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x) {
     bench_timer_start(tm);
     for (int i = 0; i < ws->n; i++) ws->be->linear(ws->be, y, x, ws->w[i]);
     return bench_timer_stop(tm) / ws->n;
+}
+
+typedef struct { dt_backend *be; bench_wset *ws; dt_mat x, y; } wset_op_ctx;
+static void wset_op(void *ud, int i) {
+    wset_op_ctx *g = ud;
+    g->be->linear(g->be, g->y, g->x, g->ws->w[i % g->ws->n]);
+}
+
+bench_stat bench_wset_time_sustained(bench_wset *ws, dt_mat y, dt_mat x, int reps, int is_cpu) {
+    bench_stat none = {0};
+    if (is_cpu || ws->n < 1) return none;
+    wset_op_ctx c = {ws->be, ws, x, y};
+    return bench_time_sustained(ws->be, wset_op, &c, BENCH_HEAT_MS, 2 * reps);
 }
 
 /* ---- JSON-lines writers shared by the reports ---- */
