@@ -528,12 +528,62 @@ static void timings(void) {
     free(x); free(qkv); free_weight(&tw); free_weight(&tq);
 }
 
+/* dt_power_begin/add/end over a scripted power_sample: medians (odd and even counts), range, capped count; a backend
+ * without power_sample and a failing sampler give an empty summary (n = 0). */
+static const int fake_mhz[6] = {1560, 1980, 1305, 1620, 1590, 1500};
+static int fake_i, fake_fail;
+static int fake_power(dt_backend *b, dt_power_sample *p) {
+    (void)b;
+    if (fake_fail) return -1;
+    memset(p, 0, sizeof *p);
+    int i = fake_i++ % 6;
+    p->sm_mhz = fake_mhz[i];
+    p->sm_max_mhz = 1980;
+    p->power_w = 600.0 + 10.0 * i;
+    p->limit_w = 700.0;
+    p->reasons = fake_mhz[i] < 1980 ? 0x4 : 0x1;
+    return 0;
+}
+static void test_power_summary(void) {
+    dt_backend fake = *be;
+    fake.power_sample = NULL;
+    dt_power_acc a;
+    dt_power_begin(&a, &fake, 8);
+    dt_power_add(&a);
+    dt_power_summary s = dt_power_end(&a);
+    T_CHECK("power summary: a backend without power_sample gives n = 0", s.n == 0, "n = %d", s.n);
+    fake.power_sample = fake_power;
+    fake_i = 0;
+    fake_fail = 0;
+    dt_power_begin(&a, &fake, 5);   /* the begin probe takes sample 0; five more fit */
+    for (int k = 0; k < 7; k++) dt_power_add(&a);
+    s = dt_power_end(&a);
+    /* samples 1..5: 1980 1305 1620 1590 1500 -> median 1590, min 1305, max 1980, capped 4; watts 610..650 -> 630 */
+    T_CHECK("power summary: median, range and capped count of 5 samples (2 over max dropped)",
+            s.n == 5 && s.sm_mhz_med == 1590 && s.sm_mhz_min == 1305 && s.sm_mhz_max == 1980 && s.capped == 4 &&
+                s.power_w_med == 630.0 && s.limit_w == 700.0 && s.sm_max_mhz == 1980,
+            "n %d med %.0f min %.0f max %.0f capped %d power %.1f", s.n, s.sm_mhz_med, s.sm_mhz_min, s.sm_mhz_max, s.capped,
+            s.power_w_med);
+    fake_i = 0;
+    dt_power_begin(&a, &fake, 4);
+    for (int k = 0; k < 4; k++) dt_power_add(&a);
+    s = dt_power_end(&a);   /* samples 1..4: 1980 1305 1620 1590 -> median (1590 + 1620) / 2 */
+    T_CHECK("power summary: even count takes the mean of the middle two", s.n == 4 && s.sm_mhz_med == 1605.0,
+            "n %d med %.1f", s.n, s.sm_mhz_med);
+    fake_fail = 1;
+    dt_power_begin(&a, &fake, 4);
+    dt_power_add(&a);
+    s = dt_power_end(&a);
+    T_CHECK("power summary: a failing sampler gives n = 0", s.n == 0, "n = %d", s.n);
+}
+
 int main(int argc, char **argv) {
     int do_timing = !(argc > 1 && !strcmp(argv[1], "--no-timing")) && !getenv("DITRUN_NO_TIMING");
     be = dt_backend_cpu_create(&(dt_backend_opts){ 0 });
     if (!be) { T_FAIL("cpu backend create", "%s", dt_last_error()); return T_DONE(); }
     T_PASS("cpu backend create");
     test_memory();
+    test_power_summary();
 
     /* linear: every weight format at a small strided shape (+ bias), then paths and real shapes */
     for (int kd = W_F32; kd <= W_Q8; kd++) test_linear((wkind)kd, 5, 128, 72, kd == W_Q8 ? 32 : 64, 1, 6);

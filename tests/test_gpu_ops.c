@@ -176,6 +176,18 @@ static wsrc make_weights(int64_t N, int64_t K, int bits, int group, int with_bia
 }
 static void free_weights(wsrc *w) { free(w->wbf); free(w->packed); free(w->scales); free(w->biases); free(w->bias); }
 
+/* A Linear of w created under quantized path qp, with the knob env=val set during the creation (env NULL: none);
+ * the backend's qpath option is restored. */
+static dt_linear *linear_as(const wsrc *w, dt_qpath qp, const char *env, const char *val) {
+    dt_qpath saved = G->opts.qpath;
+    G->opts.qpath = qp;
+    if (env) setenv(env, val, 1);
+    dt_linear *l = G->linear_create(G, &w->src);
+    if (env) unsetenv(env);
+    G->opts.qpath = saved;
+    return l;
+}
+
 /* CPU reference y_ref for the row subset of x (host [M,K]); returns [nsub, N] and fills the subset indices */
 static float *cpu_linear_subset(const float *hx, int64_t M, int64_t K, const dt_linear_src *src, int64_t *nsub) {
     int64_t a = M < SUB_A ? M : SUB_A, b = M - a < SUB_B ? M - a : SUB_B;
@@ -450,13 +462,9 @@ static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int gro
     wsrc w = make_weights(N, K, bits, group, with_bias);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
     dt_qpath saved = G->opts.qpath;
-    G->opts.qpath = DT_QPATH_CACHED;
-    dt_linear *gc = G->linear_create(G, &w.src);
-    G->opts.qpath = DT_QPATH_FUSED;
-    dt_linear *gp = G->linear_create(G, &w.src);
-    G->opts.qpath = DT_QPATH_MIXED;
-    dt_linear *gm = G->linear_create(G, &w.src);
-    if (!gc || !gp || !gm) { T_FAIL(base, "linear_create: %s", dt_last_error()); G->opts.qpath = saved; return; }
+    dt_linear *gc = linear_as(&w, DT_QPATH_CACHED, NULL, NULL), *gp = linear_as(&w, DT_QPATH_FUSED, NULL, NULL);
+    dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL);
+    if (!gc || !gp || !gm) { T_FAIL(base, "linear_create: %s", dt_last_error()); return; }
     dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
     int64_t ns;
     float *ref = cpu_linear_subset(hx, M, K, &w.src, &ns);
@@ -496,12 +504,7 @@ static void test_linear_mixed_f32out(int64_t M, int64_t K, int64_t N) {
     snprintf(name, sizeof name, "linear q4 g64 M=%lld K=%lld N=%lld +bias f32 out", (long long)M, (long long)K, (long long)N);
     wsrc w = make_weights(N, K, 4, 64, 1);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
-    dt_qpath saved = G->opts.qpath;
-    G->opts.qpath = DT_QPATH_MIXED;
-    dt_linear *gm = G->linear_create(G, &w.src);
-    G->opts.qpath = DT_QPATH_CACHED;
-    dt_linear *gc = G->linear_create(G, &w.src);
-    G->opts.qpath = saved;
+    dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL), *gc = linear_as(&w, DT_QPATH_CACHED, NULL, NULL);
     if (!gm || !gc) { T_FAIL(name, "linear_create: %s", dt_last_error()); return; }
     dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_F32);
     int64_t ns;
@@ -534,10 +537,7 @@ static void study_qgemm(void) {
         wsrc w = make_weights(N, K, 4, 64, 0);
         float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
         dt_qpath saved = G->opts.qpath;
-        G->opts.qpath = DT_QPATH_TRANSIENT;
-        dt_linear *gt = G->linear_create(G, &w.src);
-        G->opts.qpath = DT_QPATH_MIXED;
-        dt_linear *gm = G->linear_create(G, &w.src);
+        dt_linear *gt = linear_as(&w, DT_QPATH_TRANSIENT, NULL, NULL), *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL);
         G->opts.qpath = DT_QPATH_TRANSIENT;
         dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
         char name[160];
@@ -547,14 +547,8 @@ static void study_qgemm(void) {
         time_linear(name, y, x, gt, M, N, K);
         /* variants: kernel (RS default, SS), token tile, dequantization math (both chosen at create: own Linears),
          * and the no-math FAKE */
-        setenv("DITRUN_QGEMM_MATH", "f32", 1);
-        G->opts.qpath = DT_QPATH_MIXED;
-        dt_linear *gf = G->linear_create(G, &w.src);
-        unsetenv("DITRUN_QGEMM_MATH");
-        setenv("DITRUN_QGEMM_KERNEL", "ss", 1);
-        dt_linear *gr = G->linear_create(G, &w.src);
-        unsetenv("DITRUN_QGEMM_KERNEL");
-        G->opts.qpath = DT_QPATH_TRANSIENT;
+        dt_linear *gf = linear_as(&w, DT_QPATH_MIXED, "DITRUN_QGEMM_MATH", "f32");
+        dt_linear *gr = linear_as(&w, DT_QPATH_MIXED, "DITRUN_QGEMM_KERNEL", "ss");
         struct { const char *nm, *nt, *fake, *epi; dt_linear *l; } v[] = {
             {"rs bf16", NULL, NULL, NULL, gm}, {"rs bf16 direct-epilogue", NULL, NULL, "direct", gm},
             {"rs bf16 nt128", "128", NULL, NULL, gm}, {"rs f32", NULL, NULL, NULL, gf},
@@ -666,17 +660,9 @@ static void study_qgemm_cap(void) {
         int64_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
         wsrc w = make_weights(N, K, 4, 64, 0);
         float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
-        dt_qpath saved = G->opts.qpath;
-        G->opts.qpath = DT_QPATH_CACHED;
-        dt_linear *gc = G->linear_create(G, &w.src);
-        G->opts.qpath = DT_QPATH_TRANSIENT;
-        dt_linear *gt = G->linear_create(G, &w.src);
-        G->opts.qpath = DT_QPATH_MIXED;
-        dt_linear *gm = G->linear_create(G, &w.src);
-        setenv("DITRUN_QGEMM_KERNEL", "ss", 1);
-        dt_linear *gs = G->linear_create(G, &w.src);
-        unsetenv("DITRUN_QGEMM_KERNEL");
-        G->opts.qpath = saved;
+        dt_linear *gc = linear_as(&w, DT_QPATH_CACHED, NULL, NULL), *gt = linear_as(&w, DT_QPATH_TRANSIENT, NULL, NULL);
+        dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL);
+        dt_linear *gs = linear_as(&w, DT_QPATH_MIXED, "DITRUN_QGEMM_KERNEL", "ss");
         dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
         struct { const char *nm; dt_linear *l; int fake; } arm[] = {
             {"cuBLASLt cached bf16", gc, 0}, {"transient (dequant + cuBLASLt)", gt, 0}, {"mixed rs bf16", gm, 0},

@@ -31,3 +31,45 @@ dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n) {
     return m;
 }
 
+
+void dt_power_begin(dt_power_acc *a, dt_backend *be, int max) {
+    memset(a, 0, sizeof *a);
+    dt_power_sample ps;
+    if (!be->power_sample || max < 1 || be->power_sample(be, &ps) != 0) return;
+    a->be = be;
+    a->max = max;
+    a->mhz = dt_malloc(sizeof(double) * (size_t)max);
+    a->watts = dt_malloc(sizeof(double) * (size_t)max);
+}
+
+void dt_power_add(dt_power_acc *a) {
+    dt_power_sample ps;
+    if (!a->be || a->n >= a->max || a->be->power_sample(a->be, &ps) != 0) return;
+    a->mhz[a->n] = ps.sm_mhz;
+    a->watts[a->n++] = ps.power_w;
+    a->s.capped += (ps.reasons & 0x4) != 0;
+    a->s.sm_max_mhz = ps.sm_max_mhz;
+    a->s.limit_w = ps.limit_w;
+}
+
+static int cmp_dbl(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+dt_power_summary dt_power_end(dt_power_acc *a) {
+    dt_power_summary s = a->s;
+    s.n = a->n;
+    if (a->n) {
+        qsort(a->mhz, (size_t)a->n, sizeof(double), cmp_dbl);
+        qsort(a->watts, (size_t)a->n, sizeof(double), cmp_dbl);
+        s.sm_mhz_min = a->mhz[0];
+        s.sm_mhz_max = a->mhz[a->n - 1];
+        s.sm_mhz_med = a->n % 2 ? a->mhz[a->n / 2] : 0.5 * (a->mhz[a->n / 2 - 1] + a->mhz[a->n / 2]);
+        s.power_w_med = a->n % 2 ? a->watts[a->n / 2] : 0.5 * (a->watts[a->n / 2 - 1] + a->watts[a->n / 2]);
+    }
+    free(a->mhz);
+    free(a->watts);
+    memset(a, 0, sizeof *a);
+    return s;
+}

@@ -194,6 +194,22 @@ struct dt_backend {
 };
 
 
+/* The clock and power state across repeated timed runs: dt_power_begin (max samples; a backend without
+ * power_sample gives an empty summary), dt_power_add after each run, dt_power_end for the summary (frees). */
+typedef struct {
+    int n, capped, sm_max_mhz;       /* samples, how many were power-capped, the maximum SM clock */
+    double sm_mhz_med, sm_mhz_min, sm_mhz_max, power_w_med, limit_w;
+} dt_power_summary;
+typedef struct {
+    dt_backend *be;
+    int n, max;
+    double *mhz, *watts;
+    dt_power_summary s;
+} dt_power_acc;
+void dt_power_begin(dt_power_acc *a, dt_backend *be, int max);
+void dt_power_add(dt_power_acc *a);
+dt_power_summary dt_power_end(dt_power_acc *a);
+
 /* Create backends. NULL with dt_last_error() set when unavailable. */
 dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);
 dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts);   /* stub returning NULL without CUDA */

@@ -264,8 +264,8 @@ static int whole_forward(bench_ctx *x) {
     }
     /* interleaved: flux2_forward (wall clock incl. uploads/download) and the device-only replica */
     double *sm = dt_malloc(sizeof(double) * x->reps), *sd = dt_malloc(sizeof(double) * x->reps);
-    bench_power_acc pw;
-    bench_power_begin(&pw, be, x->reps);
+    dt_power_acc pw;
+    dt_power_begin(&pw, be, x->reps);
     for (int i = 0; i < x->reps; i++) {
         bench_progress("whole forward: rep %d/%d", i + 1, x->reps);
         bench_sync_or_die(be);
@@ -278,9 +278,9 @@ static int whole_forward(bench_ctx *x) {
         bench_timer_start(&tm);
         bm_forward(x->bm, c->num_layers, c->num_single_layers);
         sd[i] = bench_timer_stop(&tm);
-        bench_power_sample(&pw);
+        dt_power_add(&pw);
     }
-    r->power = bench_power_end(&pw);
+    r->power = dt_power_end(&pw);
     r->fwd_model = bench_stats(sm, x->reps);
     r->fwd_dev = bench_stats(sd, x->reps);
 

@@ -51,10 +51,7 @@ typedef struct {
 
 typedef struct { double med, min, max, p10, p90; int n; } bench_stat;
 /* The GPU's clock and power right after each timed forward (n = 0: the backend cannot tell). */
-typedef struct {
-    int n, capped, sm_max_mhz;       /* samples, how many were power-capped, the maximum SM clock */
-    double sm_mhz_med, sm_mhz_min, sm_mhz_max, power_w_med, limit_w;
-} bench_power;
+typedef dt_power_summary bench_power;
 
 enum { BENCH_CAT_GEMM = 0, BENCH_CAT_ATTN, BENCH_CAT_ELEM };
 

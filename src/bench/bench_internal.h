@@ -29,17 +29,6 @@ bench_stat bench_stats(const double *v, int n);
  * synchronization between them; their statistic. n = 0 when the backend has no events (CPU). */
 bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), void *ud, double heat_ms, int reps);
 #define BENCH_HEAT_MS 200.0
-/* GPU state across timed runs: begin (max samples), sample after each run, end gives the summary (n = 0 when the
- * backend has no power_sample or it fails). */
-typedef struct {
-    dt_backend *be;
-    int n, max;
-    double *mhz, *watts;
-    bench_power p;
-} bench_power_acc;
-void bench_power_begin(bench_power_acc *a, dt_backend *be, int max);
-void bench_power_sample(bench_power_acc *a);
-bench_power bench_power_end(bench_power_acc *a);
 /* Fill m with normal(0, sd) values (never zeros): host Philox normals uploaded. */
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd);
 double bench_max_abs_diff(const float *a, const float *b, size_t n);

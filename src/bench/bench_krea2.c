@@ -522,8 +522,8 @@ static int whole_forward(k2_ctx *x) {
         }
     }
     double *sm = dt_malloc(sizeof(double) * x->reps), *sn = dt_malloc(sizeof(double) * x->reps);
-    bench_power_acc pw;
-    bench_power_begin(&pw, be, x->reps);
+    dt_power_acc pw;
+    dt_power_begin(&pw, be, x->reps);
     for (int i = 0; i < x->reps; i++) {
         bench_progress("whole forward: rep %d/%d (mask, no mask)", i + 1, x->reps);
         for (int v = 0; v < 2; v++) {
@@ -531,14 +531,14 @@ static int whole_forward(k2_ctx *x) {
             double w0 = dt_now();
             if (krea2_forward(km, x->img, x->n, x->txt, x->t, 0.5f, x->pos, v ? NULL : x->mask, v ? on : om, NULL, NULL)) {
                 krea2_free(km); free(om); free(on); free(sm); free(sn);
-                bench_power_end(&pw);
+                dt_power_end(&pw);
                 return -1;
             }
             (v ? sn : sm)[i] = (dt_now() - w0) * 1e3;
         }
-        bench_power_sample(&pw);
+        dt_power_add(&pw);
     }
-    r->power = bench_power_end(&pw);
+    r->power = dt_power_end(&pw);
     r->fwd_mask = bench_stats(sm, x->reps);
     r->fwd_nomask = bench_stats(sn, x->reps);
     r->out_absmax = bench_max_abs(om, no);

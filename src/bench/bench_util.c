@@ -113,39 +113,6 @@ bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), voi
     return st;
 }
 
-void bench_power_begin(bench_power_acc *a, dt_backend *be, int max) {
-    memset(a, 0, sizeof *a);
-    dt_power_sample ps;
-    if (!be->power_sample || max < 1 || be->power_sample(be, &ps) != 0) return;
-    a->be = be;
-    a->max = max;
-    a->mhz = dt_malloc(sizeof(double) * (size_t)max);
-    a->watts = dt_malloc(sizeof(double) * (size_t)max);
-}
-
-void bench_power_sample(bench_power_acc *a) {
-    dt_power_sample ps;
-    if (!a->be || a->n >= a->max || a->be->power_sample(a->be, &ps) != 0) return;
-    a->mhz[a->n] = ps.sm_mhz;
-    a->watts[a->n++] = ps.power_w;
-    a->p.capped += (ps.reasons & 0x4) != 0;
-    a->p.sm_max_mhz = ps.sm_max_mhz;
-    a->p.limit_w = ps.limit_w;
-}
-
-bench_power bench_power_end(bench_power_acc *a) {
-    bench_power p = a->p;
-    p.n = a->n;
-    if (a->n) {
-        bench_stat m = bench_stats(a->mhz, a->n), w = bench_stats(a->watts, a->n);
-        p.sm_mhz_med = m.med; p.sm_mhz_min = m.min; p.sm_mhz_max = m.max; p.power_w_med = w.med;
-    }
-    free(a->mhz);
-    free(a->watts);
-    memset(a, 0, sizeof *a);
-    return p;
-}
-
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd) {
     size_t n = (size_t)m.rows * m.cols;
     if (!n) return;

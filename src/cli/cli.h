@@ -17,19 +17,9 @@ int cli_error(const char *fmt, ...);                 /* prints "ditrun: error: .
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);   /* 0 ok, else error printed */
 int cli_parse_float(const char *opt, const char *s, double *out);
 
-/* The GPU's clock and power across repeated timed runs (a backend without power_sample: all no-ops).
- * sample after each timed run; report logs one line (median SM clock and power, how many samples were
- * power-capped) and frees. */
+/* Logs one line on the GPU's clock and power across repeated timed runs (nothing when the summary is empty):
+ * median SM clock and power, how many samples were power-capped. what = the runs ("forwards"). */
 #include "backends/backend.h"
-typedef struct {
-    dt_backend *be;
-    long n, max, capped;
-    double *mhz, *watts;
-    int sm_max;
-    double limit;
-} cli_power;
-void cli_power_begin(cli_power *p, dt_backend *be, long max);
-void cli_power_sample(cli_power *p);
-void cli_power_report(cli_power *p, const char *what);
+void cli_power_report(const dt_power_summary *s, const char *what);
 
 #endif

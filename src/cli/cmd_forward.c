@@ -171,19 +171,19 @@ int cmd_forward(int argc, char **argv) {
         /* the text features stay on the device across repeats, as in the denoising loop; each timed forward
          * still uploads the latents, timestep and ids and downloads the output */
         if (tt > 0 && flux2_text_resident(fm, txt, (int)tt)) { free(times); goto done; }
-        cli_power pw;
-        cli_power_begin(&pw, be, repeat > 1 ? repeat - 1 : 0);
+        dt_power_acc pw;
+        dt_power_begin(&pw, be, repeat > 1 ? (int)repeat - 1 : 0);
         for (long it = 0; it < repeat; it++) {
             double t1 = dt_now();
             if (flux2_forward(fm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out,
-                              trace && it == 0 ? trace_cb : NULL, &tc)) { free(times); cli_power_report(&pw, "forwards"); goto done; }
+                              trace && it == 0 ? trace_cb : NULL, &tc)) { free(times); dt_power_end(&pw); goto done; }
             times[it] = dt_now() - t1;
-            if (it > 0) cli_power_sample(&pw);
+            if (it > 0) dt_power_add(&pw);
         }
         qsort(times, repeat, sizeof(double), cmp_double);
         dt_log(1, "ditrun: forward %lld image + %lld text tokens: %.2f ms (median of %ld)\n", (long long)n, (long long)tt,
                times[repeat / 2] * 1e3, repeat);
-        cli_power_report(&pw, "forwards");
+        { dt_power_summary ps = dt_power_end(&pw); cli_power_report(&ps, "forwards"); }
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
@@ -259,21 +259,21 @@ int cmd_forward(int argc, char **argv) {
         out = dt_malloc(sizeof(float) * (size_t)(n * c->out_channels));
         trace_ctx tc = {w, be, "mid"};
         double *times = dt_malloc(sizeof(double) * repeat);
-        cli_power pw;
-        cli_power_begin(&pw, be, repeat > 1 ? repeat - 1 : 0);
+        dt_power_acc pw;
+        dt_power_begin(&pw, be, repeat > 1 ? (int)repeat - 1 : 0);
         for (long it = 0; it < repeat; it++) {
             double t1 = dt_now();
             if (krea2_forward(km, img, (int)n, txt, (int)tt, ts[0], pos, mask, out, trace && it == 0 ? trace_cb : NULL,
-                              &tc)) { free(times); cli_power_report(&pw, "forwards"); goto done; }
+                              &tc)) { free(times); dt_power_end(&pw); goto done; }
             times[it] = dt_now() - t1;
-            if (it > 0) cli_power_sample(&pw);
+            if (it > 0) dt_power_add(&pw);
         }
         double first = times[0];
         qsort(times, repeat, sizeof(double), cmp_double);
         dt_log(1, "ditrun: forward %lld image + %lld text tokens%s: %.2f ms (median of %ld; first %.2f ms, min %.2f ms)\n",
                (long long)n, (long long)tt, mask ? " (text mask)" : "", times[repeat / 2] * 1e3, repeat, first * 1e3,
                times[0] * 1e3);
-        cli_power_report(&pw, "forwards");
+        { dt_power_summary ps = dt_power_end(&pw); cli_power_report(&ps, "forwards"); }
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
