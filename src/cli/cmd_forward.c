@@ -39,7 +39,9 @@ static void usage(FILE *f) {
             "                       --compare-qpath transient) and report the relative L2 error between the two\n"
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
-            "  --repeat N           run the forward N times and report the median time (default 1)\n"
+            "  --repeat N           run the forward N times and report the median time (default 1); on a GPU\n"
+            "                       also its SM clock and power after each run (a sustained run may sit at the\n"
+            "                       power cap, below the clock a single run sees)\n"
             "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2)\n"
             "  -q, --quiet          no progress output\n"
             "  -h, --help           this help\n");
