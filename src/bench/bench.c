@@ -213,13 +213,6 @@ static void make_ids(int na, int h, int w, int t, float *img_ids, float *txt_ids
     for (int l = 0; l < t; l++) txt_ids[(size_t)l * na + na - 1] = (float)l;
 }
 
-static size_t llc_bytes(void) {
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    if (l3 > 0) return (size_t)l3;
-    if (l2 > 0) return (size_t)l2;
-    return (size_t)32 << 20;
-}
-
 /* ------------------------------------------------------------------ whole forward */
 
 static int whole_forward(bench_ctx *x) {
@@ -392,26 +385,13 @@ int bench_run(const bench_opts *o, bench_report *r) {
     r->n_txt = x.t;
     r->reps = x.reps;
     r->warmup = x.warmup;
-    if (o->l2_mb > 0) r->l2_mb = o->l2_mb;
-    else if (!x.is_cpu) r->l2_mb = 60.0;   /* H200 L2 */
-    else {
-        /* a VM often reports the host's whole shared L3; a few cores get a slice of it */
-        double llc = llc_bytes() / 1e6;
-        r->l2_mb = llc < 32 ? llc : 32;
-        if (llc > 32) bench_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", llc);
-    }
+    double llc;
+    r->l2_mb = bench_cache_mb(o, x.is_cpu, &llc);
+    if (llc > 0) bench_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", llc);
     x.rot_bytes = 2.0 * r->l2_mb * 1e6;
     r->kv_heads = o->kv_heads > 0 ? o->kv_heads : (c->heads % 4 == 0 ? c->heads / 4 : c->heads % 2 == 0 ? c->heads / 2 : c->heads);
     if (c->heads % r->kv_heads) { dt_set_error("bench: --kv-heads %d does not divide %d heads", r->kv_heads, c->heads); goto fail; }
-    if (o->peak_tflops > 0) {
-        r->peak_tflops = o->peak_tflops;
-        snprintf(r->peak_src, sizeof r->peak_src, "--peak-tflops");
-    } else if (!x.is_cpu) {
-        r->peak_tflops = 989;
-        snprintf(r->peak_src, sizeof r->peak_src, "table: H200 dense bf16");
-    } else {
-        snprintf(r->peak_src, sizeof r->peak_src, "none for cpu (pass --peak-tflops)");
-    }
+    r->peak_tflops = bench_peak_tflops(o, x.is_cpu, r->peak_src, sizeof r->peak_src);
     bm_flops fl;
     bm_count_flops(c, x.n, x.t, &fl);
     r->gflop_gemm = fl.total_gemm;

@@ -68,6 +68,13 @@ void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warm
 json *bench_open_config(const char *model_dir, char **dir, char *cfg_path, size_t n);
 /* Clears an A/B-arm table row and sets its names and note (the caller fills the numbers); returns row. */
 bench_arm *bench_arm_row(bench_arm *row, const char *arm, const char *what, const char *a, const char *b, const char *note);
+/* The cache size the weight rotations must exceed (twice), in MB: --l2-mb when given, 60 on a GPU (the H200's
+ * L2), else the CPU's last-level cache capped at 32 MB (a VM often reports the host's whole shared L3); *llc_mb =
+ * the reported size when the cap applied, else 0. */
+double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb);
+/* The nominal peak of the utilization tables: --peak-tflops, the H200's dense bf16 989 on a GPU, else none (0);
+ * src names where it came from. */
+double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n);
 /* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 

@@ -1106,13 +1106,6 @@ static void arms(k2_ctx *x) {
 
 /* ------------------------------------------------------------------ run */
 
-static size_t llc_bytes(void) {
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    if (l3 > 0) return (size_t)l3;
-    if (l2 > 0) return (size_t)l2;
-    return (size_t)32 << 20;
-}
-
 int bench_krea2_run(const bench_opts *o, bench_k2_report *r) {
     memset(r, 0, sizeof *r);
     double t_start = dt_now();
@@ -1181,22 +1174,11 @@ int bench_krea2_run(const bench_opts *o, bench_k2_report *r) {
     r->n_txt = x.t;
     r->reps = x.reps;
     r->warmup = x.warmup;
-    if (o->l2_mb > 0) r->l2_mb = o->l2_mb;
-    else if (!x.is_cpu) r->l2_mb = 60.0;
-    else {
-        double llc = llc_bytes() / 1e6;
-        r->l2_mb = llc < 32 ? llc : 32;
-    }
+    double llc;
+    r->l2_mb = bench_cache_mb(o, x.is_cpu, &llc);
+    if (llc > 0) k2_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", llc);
     x.rot_bytes = 2.0 * r->l2_mb * 1e6;
-    if (o->peak_tflops > 0) {
-        r->peak_tflops = o->peak_tflops;
-        snprintf(r->peak_src, sizeof r->peak_src, "--peak-tflops");
-    } else if (!x.is_cpu) {
-        r->peak_tflops = 989;
-        snprintf(r->peak_src, sizeof r->peak_src, "table: H200 dense bf16");
-    } else {
-        snprintf(r->peak_src, sizeof r->peak_src, "none for cpu (pass --peak-tflops)");
-    }
+    r->peak_tflops = bench_peak_tflops(o, x.is_cpu, r->peak_src, sizeof r->peak_src);
     count_flops(r, x.n, x.t);
 
     /* inputs: random latents and text states, the pipeline's position ids and padding layout */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_internal.h"
 #include "pipeline/latents.h"
@@ -111,6 +112,30 @@ bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), voi
     free(ev);
     free(t);
     return st;
+}
+
+static size_t llc_bytes(void) {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l3 > 0) return (size_t)l3;
+    if (l2 > 0) return (size_t)l2;
+    return (size_t)32 << 20;
+}
+
+double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb) {
+    *llc_mb = 0;
+    if (o->l2_mb > 0) return o->l2_mb;
+    if (!is_cpu) return 60.0;   /* H200 L2 */
+    double llc = llc_bytes() / 1e6;
+    if (llc <= 32) return llc;
+    *llc_mb = llc;
+    return 32;
+}
+
+double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n) {
+    if (o->peak_tflops > 0) { snprintf(src, n, "--peak-tflops"); return o->peak_tflops; }
+    if (!is_cpu) { snprintf(src, n, "table: H200 dense bf16"); return 989; }
+    snprintf(src, n, "none for cpu (pass --peak-tflops)");
+    return 0;
 }
 
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd) {
