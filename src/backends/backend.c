@@ -31,7 +31,6 @@ dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n) {
     return m;
 }
 
-
 void dt_power_begin(dt_power_acc *a, dt_backend *be, int max) {
     memset(a, 0, sizeof *a);
     dt_power_sample ps;
@@ -57,16 +56,20 @@ static int cmp_dbl(const void *x, const void *y) {
     return a < b ? -1 : a > b;
 }
 
+/* Sorts v[0..n) (n >= 1) and returns its median (the mean of the middle two for even n). */
+static double sort_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_dbl);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 dt_power_summary dt_power_end(dt_power_acc *a) {
     dt_power_summary s = a->s;
     s.n = a->n;
     if (a->n) {
-        qsort(a->mhz, (size_t)a->n, sizeof(double), cmp_dbl);
-        qsort(a->watts, (size_t)a->n, sizeof(double), cmp_dbl);
+        s.sm_mhz_med = sort_median(a->mhz, a->n);
         s.sm_mhz_min = a->mhz[0];
         s.sm_mhz_max = a->mhz[a->n - 1];
-        s.sm_mhz_med = a->n % 2 ? a->mhz[a->n / 2] : 0.5 * (a->mhz[a->n / 2 - 1] + a->mhz[a->n / 2]);
-        s.power_w_med = a->n % 2 ? a->watts[a->n / 2] : 0.5 * (a->watts[a->n / 2 - 1] + a->watts[a->n / 2]);
+        s.power_w_med = sort_median(a->watts, a->n);
     }
     free(a->mhz);
     free(a->watts);

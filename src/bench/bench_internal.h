@@ -26,8 +26,10 @@ void bench_sync_or_die(dt_backend *be);
 bench_stat bench_stats(const double *v, int n);
 /* Sustained timing (a GPU at the power state of a long run, not of a short burst): op(ud, i) runs back to back
  * for heat_ms (a synchronization every 8 calls), then reps more calls each between two events with no
- * synchronization between them; their statistic. n = 0 when the backend has no events (CPU). */
-bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), void *ud, double heat_ms, int reps);
+ * synchronization between them; their statistic. n = 0 on a CPU backend (no power state to speak of) or one
+ * without events. */
+bench_stat bench_time_sustained(dt_backend *be, int is_cpu, void (*op)(void *ud, int i), void *ud, double heat_ms,
+                                int reps);
 #define BENCH_HEAT_MS 200.0
 /* Fill m with normal(0, sd) values (never zeros): host Philox normals uploaded. */
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd);
@@ -98,8 +100,7 @@ void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, doub
 void bench_wset_free(bench_wset *ws);
 /* One timed pass over the set: y = x · Wᵀ for each W; returns ms per GEMM. */
 double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);
-/* The set's GEMMs under sustained load (bench_time_sustained, 2 x reps calls rotating through the set); n = 0 on
- * a CPU backend (no power state to speak of). */
+/* The set's GEMMs under sustained load (bench_time_sustained, 2 x reps calls rotating through the set). */
 bench_stat bench_wset_time_sustained(bench_wset *ws, dt_mat y, dt_mat x, int reps, int is_cpu);
 
 /* ---- the device-only replica of the FLUX.2 forward (bench_model.c) ---- */

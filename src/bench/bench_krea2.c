@@ -910,7 +910,7 @@ static void utilization(k2_ctx *x) {
         if (rep >= 0) s[rep] = ms;
     }
     r->attn_iso = bench_stats(s, x->reps);
-    if (!x->is_cpu) r->attn_sus = bench_time_sustained(be, attn_block0, m, BENCH_HEAT_MS, 2 * x->reps);
+    r->attn_sus = bench_time_sustained(be, x->is_cpu, attn_block0, m, BENCH_HEAT_MS, 2 * x->reps);
 
     free(s);
     bench_timer_free(&tm);

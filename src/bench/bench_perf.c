@@ -156,7 +156,7 @@ static void time_attention(bench_ctx *x) {
     }
     r->attn_iso = bench_stats(s, x->reps);
     attn_op_ctx ac = {be, o, q, k, v, c->heads, c->head_dim, sc};
-    if (!x->is_cpu) r->attn_sus = bench_time_sustained(be, attn_op, &ac, BENCH_HEAT_MS, 2 * x->reps);
+    r->attn_sus = bench_time_sustained(be, x->is_cpu, attn_op, &ac, BENCH_HEAT_MS, 2 * x->reps);
     r->attn_layers = c->num_layers + c->num_single_layers;
     free(s);
     bench_timer_free(&tm);

@@ -88,9 +88,10 @@ bench_stat bench_stats(const double *v, int n) {
     return st;
 }
 
-bench_stat bench_time_sustained(dt_backend *be, void (*op)(void *ud, int i), void *ud, double heat_ms, int reps) {
+bench_stat bench_time_sustained(dt_backend *be, int is_cpu, void (*op)(void *ud, int i), void *ud, double heat_ms,
+                                int reps) {
     bench_stat st = {0};
-    if (!be->event_create || reps < 1) return st;
+    if (is_cpu || !be->event_create || reps < 1) return st;
     double t0 = dt_now();
     int i = 0;
     while ((dt_now() - t0) * 1e3 < heat_ms) {   /* heater: back to back, a synchronization every 8 calls */
@@ -301,9 +302,9 @@ static void wset_op(void *ud, int i) {
 
 bench_stat bench_wset_time_sustained(bench_wset *ws, dt_mat y, dt_mat x, int reps, int is_cpu) {
     bench_stat none = {0};
-    if (is_cpu || ws->n < 1) return none;
+    if (ws->n < 1) return none;
     wset_op_ctx c = {ws->be, ws, x, y};
-    return bench_time_sustained(ws->be, wset_op, &c, BENCH_HEAT_MS, 2 * reps);
+    return bench_time_sustained(ws->be, is_cpu, wset_op, &c, BENCH_HEAT_MS, 2 * reps);
 }
 
 /* ---- JSON-lines writers shared by the reports ---- */

@@ -3,6 +3,8 @@
 #ifndef DT_CLI_H
 #define DT_CLI_H
 
+#include "backends/backend.h"
+
 int cmd_info(int argc, char **argv);
 int cmd_forward(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -19,7 +21,6 @@ int cli_parse_float(const char *opt, const char *s, double *out);
 
 /* Logs one line on the GPU's clock and power across repeated timed runs (nothing when the summary is empty):
  * median SM clock and power, how many samples were power-capped. what = the runs ("forwards"). */
-#include "backends/backend.h"
 void cli_power_report(const dt_power_summary *s, const char *what);
 
 #endif
