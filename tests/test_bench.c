@@ -96,7 +96,7 @@ static void check_report(const char *tag, const bench_report *r, int reps, int i
             "attention n=%d, copy %g GB/s", r->attn_iso.n, r->copy_gbs);
 
     /* arms */
-    const char *arms[] = {"qpath", "rope", "mask", "gqa", "graph", "threads"};
+    const char *arms[] = {"qpath", "rope", "mask", "gqa", "graph", "prefetch", "threads"};
     for (size_t j = 0; j < sizeof arms / sizeof arms[0]; j++) {
         int found = 0, bad = 0, skipped = 0;
         for (int i = 0; i < r->n_arms; i++) {
@@ -111,7 +111,8 @@ static void check_report(const char *tag, const bench_report *r, int reps, int i
                        a->ratio, a->maxdiff, t, a->ref_absmax);
             }
         }
-        int must_run = !(is_cpu && !strcmp(arms[j], "graph")) && !(!is_cpu && !strcmp(arms[j], "threads"));
+        int must_run = !(is_cpu && (!strcmp(arms[j], "graph") || !strcmp(arms[j], "prefetch"))) &&
+                       !(!is_cpu && !strcmp(arms[j], "threads"));
         T_CHECK(NAME("%s: arm %s present, timed, outputs agree", tag, arms[j]), found && !bad && (!must_run || skipped < found),
                 "found %d, bad %d, skipped %d", found, bad, skipped);
     }

@@ -1359,6 +1359,104 @@ static void time_first_calls(double t_create) {
     free(hx);
 }
 
+/* ------------------------------------------------------------------ transient prefetch */
+/* linear_prefetch (the transient 4-bit dequantization ahead, on a low-priority stream, into one of two slots)
+ * must not change any result: every sequence below is compared bit for bit with the same Linears run without
+ * hints. Covered: hints matched in order, a hint overtaken by another Linear, a third hint while both slots are
+ * taken (ignored) and a Linear that must evict one, a gated hint for a plain linear (no match), a destroyed
+ * Linear whose pending slot must not match its successor at the same address, and hints inside a graph. */
+static void test_prefetch(void) {
+    const char *nm = "prefetch";
+    if (!G->linear_prefetch) { T_SKIP(nm, "the backend prefetches nothing (DITRUN_CUDA_PREFETCH=0)"); return; }
+    const int64_t M = 1024, K = 3072, NA = 3072, NB = 9216;
+    wsrc wa = make_weights(NA, K, 4, 64, 0), wb = make_weights(NB, K, 4, 64, 0), wc = make_weights(NA, K, 8, 64, 0);
+    dt_linear *A = G->linear_create(G, &wa.src), *B = G->linear_create(G, &wb.src), *Cw = G->linear_create(G, &wc.src);
+    float *hx = rand_bf((size_t)M * K, -1.f, 1.f), *hs = rand_bf((size_t)M * NB, -1.f, 1.f), *hg = rand_bf((size_t)NB, -1.f, 1.f);
+    dt_mat x = upa(G, hx, M, K), g = up(G, hg, 1, NB, DT_F32), none = dt_mat_null();
+    dt_mat ya = dt_alloc_or_die(G, M, NA, DT_BF16), yc = dt_alloc_or_die(G, M, NA, DT_BF16), sb = upa(G, hs, M, NB);
+    /* references: no hints */
+    G->linear(G, ya, x, A);
+    float *ra = down(G, ya);
+    G->linear(G, yc, x, Cw);
+    float *rc = down(G, yc);
+    G->linear_gated_add(G, sb, x, B, g);
+    float *rb = down(G, sb);
+#define PF_RESET() (poison(G, ya), poison(G, yc), G->upload(G, sb, hs))
+#define PF_CHECK(what)                                                                                   \
+    do {                                                                                                 \
+        char n_[160];                                                                                    \
+        float *fa = down(G, ya), *fb = down(G, sb), *fc = down(G, yc);                                   \
+        snprintf(n_, sizeof n_, "prefetch %s: linear", what); t_check_rel_l2(n_, fa, ra, (size_t)(M * NA), 0.0); \
+        snprintf(n_, sizeof n_, "prefetch %s: gated", what); t_check_rel_l2(n_, fb, rb, (size_t)(M * NB), 0.0);  \
+        snprintf(n_, sizeof n_, "prefetch %s: q8", what); t_check_rel_l2(n_, fc, rc, (size_t)(M * NA), 0.0);     \
+        free(fa); free(fb); free(fc);                                                                    \
+    } while (0)
+    PF_RESET();
+    G->linear_prefetch(G, A, none, M);
+    G->linear_prefetch(G, B, g, M);
+    G->linear(G, ya, x, A);
+    G->linear_gated_add(G, sb, x, B, g);
+    G->linear(G, yc, x, Cw);
+    PF_CHECK("in order");
+    PF_RESET();
+    G->linear_prefetch(G, A, none, M);
+    G->linear_gated_add(G, sb, x, B, g);     /* not the hinted Linear */
+    G->linear(G, yc, x, Cw);
+    G->linear(G, ya, x, A);                  /* its hint, still pending */
+    PF_CHECK("overtaken");
+    PF_RESET();
+    G->linear_prefetch(G, A, none, M);
+    G->linear_prefetch(G, B, g, M);
+    G->linear_prefetch(G, Cw, none, M);      /* both slots taken: ignored */
+    G->linear(G, yc, x, Cw);                 /* evicts the older hint (A) */
+    G->linear_gated_add(G, sb, x, B, g);
+    G->linear(G, ya, x, A);
+    PF_CHECK("third hint");
+    PF_RESET();
+    G->linear_prefetch(G, A, g, M);          /* gated hint (as if A were gated with g's first columns) */
+    G->linear(G, ya, x, A);                  /* plain: no match */
+    G->linear_gated_add(G, sb, x, B, g);
+    G->linear(G, yc, x, Cw);
+    PF_CHECK("gate mismatch");
+    /* a destroyed Linear's pending hint must not serve the next Linear made at the same address */
+    G->linear_prefetch(G, Cw, none, M);
+    G->linear_destroy(G, Cw);
+    Cw = G->linear_create(G, &wa.src);       /* A's weights now */
+    PF_RESET();
+    G->linear(G, yc, x, Cw);
+    {
+        float *fc = down(G, yc);
+        t_check_rel_l2("prefetch: a destroyed Linear's hint is dropped", fc, ra, (size_t)(M * NA), 0.0);
+        free(fc);
+    }
+    G->linear_destroy(G, Cw);
+    Cw = G->linear_create(G, &wc.src);
+    /* inside a graph, with a hint pending from before the capture */
+    PF_RESET();
+    G->linear_prefetch(G, B, g, M);
+    if (G->capture_begin(G) != 0) { T_FAIL(nm, "capture_begin: %s", dt_last_error()); return; }
+    G->linear_prefetch(G, A, none, M);
+    G->linear_prefetch(G, Cw, none, M);
+    G->linear(G, ya, x, A);
+    G->linear(G, yc, x, Cw);
+    G->linear_prefetch(G, B, g, M);
+    G->linear_gated_add(G, sb, x, B, g);
+    void *gr = G->capture_end(G);
+    if (!gr) { T_FAIL(nm, "capture_end: %s", dt_last_error()); return; }
+    PF_RESET();
+    int rcode = G->graph_launch(G, gr);
+    rcode |= G->sync(G);
+    T_CHECK("prefetch: graph replay returns 0", rcode == 0, "%s", dt_last_error());
+    PF_CHECK("graph replay");
+    G->graph_destroy(G, gr);
+#undef PF_RESET
+#undef PF_CHECK
+    free(ra); free(rb); free(rc); free(hx); free(hs); free(hg);
+    G->free(G, &x); G->free(G, &g); G->free(G, &ya); G->free(G, &yc); G->free(G, &sb);
+    G->linear_destroy(G, A); G->linear_destroy(G, B); G->linear_destroy(G, Cw);
+    free_weights(&wa); free_weights(&wb); free_weights(&wc);
+}
+
 /* ------------------------------------------------------------------ graphs, events, memory */
 static void test_graph(void) {
     const int64_t M = 512, D = 1024;
@@ -1439,6 +1537,7 @@ int main(void) {
     if (only && !strcmp(only, "attnctx")) study_attn_context();
     if (only && !strcmp(only, "qgemmcap")) study_qgemm_cap();
     if (only && !strcmp(only, "ewab")) study_ew_ab();
+    if (only && !strcmp(only, "prefetch")) test_prefetch();
     if (RUN("misc")) {
         double ts = dt_now();
         test_memory();
@@ -1496,6 +1595,7 @@ int main(void) {
     if (RUN("quant")) {
         double ts = dt_now();
         test_gemm_tune_cache();
+        test_prefetch();
         test_linear_gated(4608, 12288, 3072, 4, 0, 0, 1);   /* single block out projection, q4 transient */
         test_linear_gated(4608, 12288, 3072, 4, 0, 1, 1);   /* the same, mixed-input GEMM (epilogue gate) */
         test_linear_gated(4608, 12288, 3072, 0, 0, 0, 1);   /* the same, bf16 weights (two-op path inside) */

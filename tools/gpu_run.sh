@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -224,6 +224,36 @@ if has ewab; then  # elementwise kernels: SwiGLU chunk vs generic kernel, layern
     for i in 1 2 3; do
         DITRUN_CUDA_ACT16=0 fwd "klein-4B q4 1024^2 generic SwiGLU kernel ($i)" "$W/k4q4" "$W/in4_1024.st" 30
         fwd "klein-4B q4 1024^2 chunk SwiGLU kernel ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+    done
+fi
+
+if has prefetch; then  # transient prefetch: op test, forwards off / low priority / equal priority, the bench arm
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=prefetch timeout 120 ./build/tests/test_gpu_ops > "$OUT/prefetch.log" 2>&1
+    log "prefetch test rc=$?: $(grep -c ^PASS "$OUT/prefetch.log") passed, $(grep -c ^FAIL "$OUT/prefetch.log") failed"
+    grep -E "^FAIL" "$OUT/prefetch.log" | head -20 | tee -a "$OUT/summary.txt"
+    prep4
+    for i in 1 2 3; do
+        DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 1024^2 prefetch off ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+        fwd "klein-4B q4 1024^2 prefetch low priority ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+        DITRUN_CUDA_PREFETCH=2 fwd "klein-4B q4 1024^2 prefetch equal priority ($i)" "$W/k4q4" "$W/in4_1024.st" 30
+    done
+    for i in 1 2; do
+        DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 1024^2 graph, prefetch off ($i)" "$W/k4q4" "$W/in4_1024.st" 30 --cuda-graph
+        fwd "klein-4B q4 1024^2 graph, prefetch on ($i)" "$W/k4q4" "$W/in4_1024.st" 30 --cuda-graph
+    done
+    timeout 200 $B bench --preset klein-4b --backend cuda --only arms --arms prefetch,graph > "$OUT/bench_prefetch.md" 2> "$OUT/bench_prefetch.err"
+    log "bench prefetch arm rc=$?"
+    grep -E "^\| (prefetch|graph) |GPU right" "$OUT/bench_prefetch.md" | tee -a "$OUT/summary.txt"
+fi
+
+if has pfab; then  # prefetch A/B only: the bench arm (with the order check) and 5 alternating process pairs
+    timeout 200 $B bench --preset klein-4b --backend cuda --only arms --arms prefetch > "$OUT/bench_pfab.md" 2> "$OUT/bench_pfab.err"
+    log "bench prefetch arm rc=$?"
+    grep -E "^\| prefetch |GPU right" "$OUT/bench_pfab.md" | tee -a "$OUT/summary.txt"
+    prep4
+    for i in 1 2 3 4 5; do
+        DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 1024^2 prefetch off ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "klein-4B q4 1024^2 prefetch on ($i)" "$W/k4q4" "$W/in4_1024.st" 20
     done
 fi
 

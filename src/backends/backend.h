@@ -95,7 +95,8 @@ struct dt_backend {
     void (*download)(dt_backend *be, float *dst, dt_mat m);
     /* Wait for all queued work. 0 ok, -1 error (message set). */
     int (*sync)(dt_backend *be);
-    /* Bytes of device memory currently allocated and the peak (for reports). */
+    /* Bytes of device memory currently allocated, and the peak the backend held at once (CUDA: its allocations
+     * plus its cache of freed blocks, i.e. what it took from cudaMalloc; for reports). */
     void (*mem_stats)(dt_backend *be, size_t *current, size_t *peak);
 
     /* ---- weights ---- */
@@ -118,6 +119,13 @@ struct dt_backend {
      * projections of the FLUX blocks). gate [1, N] act or F32 broadcast over rows; x must not alias a.
      * Optional (NULL: the model runs linear into a scratch, then gated_add). */
     void (*linear_gated_add)(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
+
+    /* Optional hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through
+     * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the
+     * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a
+     * low-priority stream). The gate's values must be final when this is called. Results are the same with or
+     * without the hint; a hint no Linear matches costs only its own work. */
+    void (*linear_prefetch)(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
 
     /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps.
      * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */
@@ -235,6 +243,11 @@ static inline void dt_linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_
         be->linear(be, y, a, w);
         be->gated_add(be, x, gate, y);
     }
+}
+
+/* linear_prefetch where the backend has it (w NULL: nothing). */
+static inline void dt_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
+    if (be->linear_prefetch && w) be->linear_prefetch(be, w, gate, rows);
 }
 
 /* Queue for the next ops (stream_switch; a no-op on one-queue backends). */

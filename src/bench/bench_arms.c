@@ -1,4 +1,5 @@
-/* bench_arms.c — paired A/B arms, interleaved in one process (A B A B ...: ambient load hits both),
+/* bench_arms.c — paired A/B arms, interleaved in one process (A B, B A, A B ...: ambient load hits both and
+ * each variant runs in each position equally often),
  * each reported with median and spread, the ratio B/A and the max |A - B| of the outputs:
  *   qpath    fused qmm vs transient dequantize+GEMM vs cached dense weights, single-block GEMM shapes
  *            at several token counts (three backends on the same host weights);
@@ -7,6 +8,8 @@
  *   cudnn    attention through cuDNN's fused SDPA vs our own wgmma kernel (CUDA, when cuDNN loads);
  *   gqa      native grouped-query attention vs K/V repeated to every query head (copies + attention);
  *   graph    the device-only forward replayed from a CUDA graph vs issued eagerly (build time apart);
+ *   prefetch the device-only forward with the model's linear_prefetch hints vs without (CUDA: the transient
+ *            4-bit dequantization ahead on a low-priority stream vs right before each GEMM);
  *   threads  one single block with 1 CPU thread vs all (CPU backend);
  *   fp8      GEMM with e4m3 weights/activations (--precision fp8's Linear) vs the dense bf16 GEMM at the model's
  *            main shapes, TFLOPS of each and the activation-quantization pass alone (CUDA).
@@ -38,7 +41,8 @@ static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
     bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
     double *s = dt_malloc(sizeof(double) * a->nv * reps);
     for (int rep = -x->warmup; rep < reps; rep++)
-        for (int v = 0; v < a->nv; v++) {
+        for (int j = 0; j < a->nv; j++) {
+            int v = bench_arm_order(rep, x->warmup, j, a->nv);
             double ms = a->time(ctx, v);
             if (rep >= 0) s[v * reps + rep] = ms;
         }
@@ -530,6 +534,64 @@ static void arm_graph(bench_ctx *x) {
     bench_timer_free(&g.tm);
 }
 
+/* ------------------------------------------------------------------ prefetch */
+
+typedef struct {
+    bm_model *bm;
+    bench_timer tm;
+    void (*hint)(dt_backend *, const dt_linear *, dt_mat, int64_t);   /* the backend's linear_prefetch */
+} prefetch_ctx;
+
+static void prefetch_run(prefetch_ctx *p, int v) {
+    p->bm->be->linear_prefetch = v == 1 ? p->hint : NULL;   /* the model's hints become no-ops without it */
+    bm_forward(p->bm, p->bm->nd, p->bm->ns);
+    p->bm->be->linear_prefetch = p->hint;
+}
+
+static double prefetch_time(void *c, int v) {
+    prefetch_ctx *p = c;
+    bench_timer_start(&p->tm);
+    prefetch_run(p, v);
+    return bench_timer_stop(&p->tm);
+}
+
+static void prefetch_output(void *c, int v, float *out) {
+    prefetch_ctx *p = c;
+    prefetch_run(p, v);
+    p->bm->be->download(p->bm->be, out, p->bm->x.out);
+}
+
+static void arm_prefetch(bench_ctx *x) {
+    bench_report *r = x->r;
+    dt_backend *be = x->be;
+    if (!be->linear_prefetch) {
+        skip_arm(r, "prefetch", "no hints", "hints", "the backend prefetches nothing");
+        bench_note(r, "prefetch arm skipped: the %s backend has no linear_prefetch (CUDA: DITRUN_CUDA_PREFETCH=0)",
+                   r->backend);
+        return;
+    }
+    prefetch_ctx p;
+    memset(&p, 0, sizeof p);
+    p.bm = x->bm;
+    p.hint = be->linear_prefetch;
+    bench_timer_init(&p.tm, be);
+    arm_spec a = {0};
+    a.arm = "prefetch";
+    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
+    a.names[0] = "no hints";
+    a.names[1] = "hints";
+    a.names[2] = "no hints, again";   /* A against itself: what remains of the order's effect and the noise */
+    a.nv = 3;
+    a.time = prefetch_time;
+    a.output = prefetch_output;
+    a.out_n = (size_t)x->n * r->c.out_channels;
+    a.tol = 0;   /* the same weights, bit for bit: only the timing of their dequantization moves */
+    snprintf(a.note, sizeof a.note, "in-model; transient weights dequantized ahead on a low-priority stream");
+    run_arm(x, &a, &p);
+    bench_sync_or_die(be);
+    bench_timer_free(&p.tm);
+}
+
 /* ------------------------------------------------------------------ threads */
 
 typedef struct {
@@ -727,6 +789,7 @@ int bench_arms(bench_ctx *x) {
     if (arm_on(x, "rope")) arm_rope(x);
     if (arm_on(x, "attention")) arms_attention(x);
     if (arm_on(x, "graph")) arm_graph(x);
+    if (arm_on(x, "prefetch")) arm_prefetch(x);
     if (arm_on(x, "threads")) arm_threads(x);
     if (arm_on(x, "fp8")) arm_fp8(x);
     return 0;

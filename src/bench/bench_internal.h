@@ -78,6 +78,10 @@ double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb);
  * src names where it came from. */
 double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n);
 /* Progress line on stderr. */
+/* The variant an interleaved arm runs j-th in repetition rep (counted from -warmup): the order rotates every
+ * repetition (A B, B A, ...), so each variant takes each position equally often. Under a power cap the position
+ * in a back-to-back sequence alone moved an identical forward by 1.6% (PERF.md, stop 13). */
+static inline int bench_arm_order(int rep, int warmup, int j, int nv) { return (j + rep + warmup) % nv; }
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 
 /* ---- rotating weight sets (bench_util.c) ----

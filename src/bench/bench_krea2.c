@@ -983,7 +983,8 @@ static void run_arm(k2_ctx *x, k2_attn_ctx *ac, const k2_arm *a) {
     bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
     double *s = dt_malloc(sizeof(double) * a->nv * reps);
     for (int rep = -x->warmup; rep < reps; rep++)
-        for (int v = 0; v < a->nv; v++) {
+        for (int j = 0; j < a->nv; j++) {
+            int v = bench_arm_order(rep, x->warmup, j, a->nv);
             bench_timer_start(&ac->tm);
             a->run(ac, v);
             double ms = bench_timer_stop(&ac->tm);

@@ -129,14 +129,17 @@ void bm_pre(bm_model *m) {
  * side one at the end (flux2.c does so after its last double block). */
 void bm_double_block(bm_model *m, int i, int join) {
     flux2_double_io io = flux2_acts_double(&m->x);
-    flux2_double_block(m->be, &m->c, &m->db[i].w, &io, m->n, m->t, i == 0, join);
+    int last = i + 1 >= m->nd;
+    const dt_linear *next = !last ? m->db[i + 1].w.to_qkv : m->ns > 0 ? m->sb[0].qkv_mlp : NULL;
+    flux2_double_block(m->be, &m->c, &m->db[i].w, &io, m->n, m->t, i == 0, join, next,
+                       last ? (int64_t)m->n + m->t : m->n);
 }
 
 /* Op k of single block i alone (the ledger's direct timing). split = 1: the QK norm is a norm-only pass
  * and RoPE a rotation-only pass (two passes instead of the model's fused one). */
 void bm_single_op(bm_model *m, int i, int k, int split) {
     flux2_single_io io = flux2_acts_single(&m->x);
-    flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split);
+    flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split, i + 1 < m->ns ? m->sb[i + 1].qkv_mlp : NULL);
 }
 
 void bm_single_stages(bm_model *m, int i, int last) {
@@ -153,6 +156,9 @@ void bm_final(bm_model *m) {
 }
 
 void bm_forward(bm_model *m, int nd, int ns) {
+    /* as flux2.c: the first block's first projection is prefetched while the embedders run */
+    if (m->nd > 0) dt_prefetch(m->be, m->db[0].w.to_qkv, dt_mat_null(), m->n);
+    else if (m->ns > 0) dt_prefetch(m->be, m->sb[0].qkv_mlp, dt_mat_null(), (int64_t)m->n + m->t);
     bm_pre(m);
     int last = (nd < m->nd ? nd : m->nd) - 1;
     for (int i = 0; i <= last; i++) bm_double_block(m, i, i == last);

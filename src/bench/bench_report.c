@@ -135,7 +135,7 @@ void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso,
 
 void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes) {
     if (n_arms) {
-        fprintf(f, "## A/B arms (interleaved A B A B ... in one process)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
+        fprintf(f, "## A/B arms (interleaved in one process, the order rotating every repetition: A B, B A, ...)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
                    "B median ms (p10-p90) | B/A | max abs(A-B) | max abs(A) | agree | note |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---|\n");
         for (int i = 0; i < n_arms; i++) {
             const bench_arm *a = &arms[i];

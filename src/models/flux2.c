@@ -232,8 +232,7 @@ fail:
 
 void flux2_acts_free(dt_backend *be, flux2_acts *x) {
     dt_mat *mats[] = {&x->emb, &x->temb, &x->th, &x->mod_img, &x->mod_txt, &x->mod_single, &x->mod_out,
-                      &x->in_img, &x->in_txt, &x->s, &x->a, &x->qkv, &x->o, &x->y, &x->h,
-                      &x->g, &x->p, &x->c, &x->out, &x->cos, &x->sin};
+                      &x->in_img, &x->in_txt, &x->s, &x->a, &x->y, &x->blocks, &x->out, &x->cos, &x->sin};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         if (mats[i]->data) be->free(be, mats[i]);
     memset(x, 0, sizeof *x);
@@ -256,18 +255,33 @@ void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int w
     x->s = dt_alloc_or_die(be, L, D, act);
     x->a = dt_alloc_or_die(be, L, D, act);
     x->y = dt_alloc_or_die(be, L, D, act);
-    if (with_double) {
-        x->qkv = dt_alloc_or_die(be, L, 3 * D, act);
-        x->q = dt_mat_cols(x->qkv, 0, D);
-        x->k = dt_mat_cols(x->qkv, D, D);
-        x->v = dt_mat_cols(x->qkv, 2 * D, D);
-        x->o = dt_alloc_or_die(be, L, D, act);
-        x->h = dt_alloc_or_die(be, L, 2 * F, act);
-        x->g = dt_alloc_or_die(be, L, F, act);
-    }
-    if (with_single) {
-        x->p = dt_alloc_or_die(be, L, 3 * D + 2 * F, act);
-        x->c = dt_alloc_or_die(be, L, D + F, act);
+    /* double-block set (qkv, o, h, g) and single-block set (p, c): views of one allocation, each matrix at a
+     * 256-byte aligned offset */
+    int64_t dcols[4] = {3 * D, D, 2 * F, F}, scols[2] = {3 * D + 2 * F, D + F};
+    int64_t align = 256 / (int64_t)dt_dtype_size(act), dn = 0, sn = 0;
+    for (int i = 0; i < 4; i++) dn += (L * dcols[i] + align - 1) / align * align;
+    for (int i = 0; i < 2; i++) sn += (L * scols[i] + align - 1) / align * align;
+    int64_t need = (with_double ? dn : 0) > (with_single ? sn : 0) ? dn : with_single ? sn : 0;
+    if (need > 0) {
+        x->blocks = dt_alloc_or_die(be, 1, need, act);
+        dt_mat *dm[4] = {&x->qkv, &x->o, &x->h, &x->g}, *sm[2] = {&x->p, &x->c};
+        int64_t off = 0;
+        for (int i = 0; with_double && i < 4; i++) {
+            dt_mat v = {(char *)x->blocks.data + (size_t)off * dt_dtype_size(act), L, dcols[i], dcols[i], act};
+            *dm[i] = v;
+            off += (L * dcols[i] + align - 1) / align * align;
+        }
+        off = 0;
+        for (int i = 0; with_single && i < 2; i++) {
+            dt_mat v = {(char *)x->blocks.data + (size_t)off * dt_dtype_size(act), L, scols[i], scols[i], act};
+            *sm[i] = v;
+            off += (L * scols[i] + align - 1) / align * align;
+        }
+        if (with_double) {
+            x->q = dt_mat_cols(x->qkv, 0, D);
+            x->k = dt_mat_cols(x->qkv, D, D);
+            x->v = dt_mat_cols(x->qkv, 2 * D, D);
+        }
     }
     x->out = dt_alloc_or_die(be, n, c->out_channels, act);
     x->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
@@ -458,7 +472,7 @@ void flux2_final(dt_backend *be, const flux2_config *c, const flux2_outer_w *w, 
 }
 
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
-                     int k, int split) {
+                     int k, int split, const dt_linear *next) {
     int H = c->heads, hd = c->head_dim;
     int64_t D = c->hidden, F = c->mlp_hidden;
     float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
@@ -466,7 +480,13 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
     dt_mat q = dt_mat_cols(io->p, 0, D), kk = dt_mat_cols(io->p, D, D), v = dt_mat_cols(io->p, 2 * D, D);
     switch (k) {
     case FLUX2_SB_NORM: be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps); break;
-    case FLUX2_SB_PROJ: be->linear(be, io->p, io->a, w->qkv_mlp); break;
+    case FLUX2_SB_PROJ:
+        be->linear(be, io->p, io->a, w->qkv_mlp);
+        /* the output projection's weights and the next block's projection can be made ready during the
+         * attention (backends that prefetch; the projection's slot is free once its GEMM has run) */
+        dt_prefetch(be, w->out, be->linear_gated_add ? chunk(ms, 2, D) : none, io->s.rows);
+        dt_prefetch(be, next, none, io->s.rows);
+        break;
     case FLUX2_SB_QKNORM: {
         dt_rope_mode mode = split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
         be->head_norm_rope(be, q, H, hd, w->norm_q, eps, io->cos, io->sin, mode);
@@ -495,7 +515,7 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
 }
 
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
-                        int n, int t, int first, int join) {
+                        int n, int t, int first, int join, const dt_linear *next, int64_t next_rows) {
     int64_t D = c->hidden, F = c->mlp_hidden;
     int H = c->heads, hd = c->head_dim;
     float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
@@ -517,6 +537,11 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
     }
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
     be->linear(be, dt_mat_rows(io->qkv, t, n), a_img, w->to_qkv);
+    /* main-queue weights ahead (backends that prefetch): the output projection and linear_in during the
+     * attention, linear_out after the output projection, the next block's first projection after linear_in */
+    dt_mat gate_or_none = be->linear_gated_add ? chunk(mi, 2, D) : none;
+    dt_prefetch(be, w->to_out, gate_or_none, n);
+    dt_prefetch(be, w->ff_in, none, n);
     be->head_norm_rope(be, dt_mat_rows(io->q, t, n), H, hd, w->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, dt_mat_rows(io->k, t, n), H, hd, w->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
@@ -534,9 +559,11 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
         dt_on_queue(be, 0, 0);
     }
     dt_linear_gated(be, s_img, dt_mat_rows(io->o, t, n), w->to_out, chunk(mi, 2, D), y_img);
+    dt_prefetch(be, w->ff_out, be->linear_gated_add ? chunk(mi, 5, D) : none, n);
     dt_mat h_img = dt_mat_rows(io->h, t, n), g_img = dt_mat_rows(io->g, t, n);
     be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
     be->linear(be, h_img, a_img, w->ff_in);
+    dt_prefetch(be, next, none, next_rows);
     be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
     dt_linear_gated(be, s_img, g_img, w->ff_out, chunk(mi, 5, D), y_img);
     if (t > 0 && join) dt_on_queue(be, 0, 1);
@@ -551,13 +578,18 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     flux2_bufs *b = &m->buf;
     const flux2_acts *x = &b->x;
     flux2_outer_io oio = flux2_acts_outer(x);
-    flux2_pre(be, &m->o, &oio, n, t);
     dt_mat s_txt = dt_mat_rows(b->x.s, 0, t), s_img = dt_mat_rows(b->x.s, t, n);
 
     /* ---- double-stream blocks (flux2_double_block: the text stream on the side queue) ---- */
     flux2_double_io io = flux2_acts_double(x);
+    /* the first transient Linear of the first block can be prepared while the embedders run */
+    if (c->num_layers > 0) dt_prefetch(be, m->db[0].to_qkv, dt_mat_null(), n);
+    else if (c->num_single_layers > 0) dt_prefetch(be, m->sb[0].qkv_mlp, dt_mat_null(), (int64_t)n + t);
+    flux2_pre(be, &m->o, &oio, n, t);
     for (int i = 0; i < c->num_layers; i++) {
-        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, i == c->num_layers - 1 || trace);
+        int last = i == c->num_layers - 1;
+        const dt_linear *next = !last ? m->db[i + 1].to_qkv : c->num_single_layers > 0 ? m->sb[0].qkv_mlp : NULL;
+        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace, next, last ? (int64_t)n + t : n);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);
@@ -568,7 +600,8 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     /* ---- single-stream blocks on the joint stream ---- */
     flux2_single_io sio = flux2_acts_single(x);
     for (int i = 0; i < c->num_single_layers; i++) {
-        for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, &m->sb[i], &sio, k, 0);
+        const dt_linear *next = i + 1 < c->num_single_layers ? m->sb[i + 1].qkv_mlp : NULL;
+        for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, &m->sb[i], &sio, k, 0, next);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "single.%d", i);

@@ -75,9 +75,13 @@ typedef struct {
     dt_mat c;         /* [t+n, D+F]   single-block [attn | mlp] */
     dt_mat out;       /* [n, out] */
     dt_mat cos, sin;  /* [t+n, hd] F32 RoPE tables */
+    dt_mat blocks;    /* the one allocation behind qkv/o/h/g and p/c (views; see flux2_acts_alloc) */
 } flux2_acts;
 /* Allocate them (the double-block buffers when with_double, the single-block ones when with_single); exits
- * with the backend's error when the device is out of memory. flux2_acts_free frees what is allocated. */
+ * with the backend's error when the device is out of memory. flux2_acts_free frees what is allocated.
+ * The double-block buffers (qkv, o, h, g) and the single-block ones (p, c) are never live at once (the single
+ * blocks start after the double blocks' queues have joined), so both sets are views of one allocation as large
+ * as the bigger set: at 1024² with klein-4B's geometry that saves 368 MB. */
 void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int with_double, int with_single,
                       flux2_acts *x);
 void flux2_acts_free(dt_backend *be, flux2_acts *x);
@@ -137,9 +141,10 @@ typedef struct {
 
 /* Run double block w on io: the text stream on the backend's side queue (stream_switch) where it has one.
  * first: the side queue first waits for the main one (work before the first block); join: the main queue
- * waits for the side one at the end (before the single blocks or an observer reads the text rows). */
+ * waits for the side one at the end (before the single blocks or an observer reads the text rows).
+ * next (may be NULL): the main queue's first Linear after this block, on next_rows tokens (a prefetch hint). */
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
-                        int n, int t, int first, int join);
+                        int n, int t, int first, int join, const dt_linear *next, int64_t next_rows);
 
 /* ---- one single-stream block, shared by flux2_forward and the bench's replica ---- */
 typedef struct {
@@ -170,9 +175,10 @@ enum {
     FLUX2_SB_COUNT
 };
 /* Op k of single block w on io. split = 0: the model (QKNORM is the fused norm + RoPE pass, ROPE nothing);
- * split = 1: QKNORM normalizes only and ROPE rotates only (two passes, for the bench's timing). */
+ * split = 1: QKNORM normalizes only and ROPE rotates only (two passes, for the bench's timing). next (may be
+ * NULL): the next block's projection, prefetched with this block's output projection after PROJ. */
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
-                     int k, int split);
+                     int k, int split, const dt_linear *next);
 /* Load single block i's weights into lin; 0 or -1 (dt_last_error). */
 int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out);
 

@@ -26,7 +26,8 @@ struct dtc_pool {
     std::mutex mu;
     std::unordered_map<void *, size_t> live;  /* pointer -> block size */
     std::multimap<size_t, void *> freeb;      /* cached free blocks by size */
-    size_t current = 0, peak = 0, cached = 0;
+    size_t current = 0, cached = 0;
+    size_t peak = 0;                          /* most bytes held at once: live blocks + cached free ones */
     int n_malloc = 0;                         /* cudaMalloc calls and their host time */
     double t_malloc = 0;
 };
@@ -81,7 +82,7 @@ void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
     }
     p->live[ptr] = rb;
     p->current += rb;
-    if (p->current > p->peak) p->peak = p->current;
+    if (p->current + p->cached > p->peak) p->peak = p->current + p->cached;
     return ptr;
 }
 
@@ -102,9 +103,21 @@ void dtc_pool_free(dtc_state *st, void *ptr) {
     p->cached += rb;
 }
 
-void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes) {
-    if (bytes <= s->size && s->ptr) return s->ptr;
-    size_t want = bytes + bytes / 8;
+static void scratch_grow(dtc_state *st, dtc_scratch *s, size_t want) {
+    if (s->ptr && !st->graphs_made && !st->capturing) {
+        /* no graph can hold the old buffer: free it (after the queues are done with it) before allocating, so
+         * growth while a model loads (each Linear a bit larger) does not leave a trail of dead buffers */
+        CK(cudaStreamSynchronize(st->stream));
+        if (st->alt_stream) CK(cudaStreamSynchronize(st->alt_stream));
+        if (st->pf_stream) CK(cudaStreamSynchronize(st->pf_stream));
+        dtc_pool_free(st, s->ptr);
+        {
+            std::lock_guard<std::mutex> lk(st->pool->mu);
+            pool_release_cached(st->pool);   /* give it back to the device, not to the pool's cache */
+        }
+        s->ptr = nullptr;
+        s->size = 0;
+    }
     void *np = dtc_pool_alloc(st, want);
     if (!np) {
         fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error());
@@ -117,7 +130,16 @@ void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes) {
     }
     s->ptr = np;
     s->size = want;
-    return np;
+}
+
+void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes) {
+    if (bytes <= s->size && s->ptr) return s->ptr;
+    scratch_grow(st, s, bytes + bytes / 8);
+    return s->ptr;
+}
+
+void dtc_scratch_reserve(dtc_state *st, dtc_scratch *s, size_t bytes) {
+    if (bytes > s->size || !s->ptr) scratch_grow(st, s, bytes);
 }
 
 static void scratch_release(dtc_state *st, dtc_scratch *s) {
@@ -198,6 +220,7 @@ static void h2d(dtc_state *st, void *dst, const void *src, size_t bytes) {
 }
 /* device src -> host dst (bytes), synchronizing the stream */
 static void d2h_sync(dtc_state *st, void *dst, const void *src, size_t bytes) {
+    dtc_prefetch_join(st);
     void *p = bytes <= PINNED_MAX ? pinned_get(&st->pin_down, bytes) : nullptr;
     CK(cudaMemcpyAsync(p ? p : dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
     CK(cudaStreamSynchronize(st->stream));
@@ -237,6 +260,7 @@ static void be_download(dt_backend *be, float *dst, dt_mat m) {
 }
 
 static int be_sync(dt_backend *be) {
+    dtc_prefetch_join(dtc(be));
     cudaError_t e = cudaStreamSynchronize(dtc(be)->stream);
     if (e != cudaSuccess) {
         dt_set_error("cuda: stream synchronize failed: %s", cudaGetErrorString(e));
@@ -264,7 +288,10 @@ static void *be_event_create(dt_backend *be) {
     CK(cudaEventCreate(&e));
     return (void *)e;
 }
-static void be_event_record(dt_backend *be, void *ev) { CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->stream)); }
+static void be_event_record(dt_backend *be, void *ev) {
+    dtc_prefetch_join(dtc(be));   /* a timed region includes the prefetches issued in it */
+    CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->stream));
+}
 static float be_event_elapsed_ms(dt_backend *be, void *start, void *end) {
     (void)be;
     float ms = 0;
@@ -284,6 +311,9 @@ static int be_capture_begin(dt_backend *be) {
         dt_set_error("cuda: capture_begin: a capture is already in progress");
         return -1;
     }
+    /* prefetches issued before the capture are joined and forgotten (their events are outside it) */
+    dtc_prefetch_join(st);
+    dtc_prefetch_forget(st);
     cudaError_t e = cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -303,7 +333,7 @@ static void be_stream_switch(dt_backend *be, int q, int wait) {
     if (st->streams_off) return;
     if (!st->alt_stream) {
         if (st->capturing || q == 0) return;
-        CK(cudaStreamCreateWithFlags(&st->alt_stream, cudaStreamNonBlocking));
+        CK(cudaStreamCreateWithPriority(&st->alt_stream, cudaStreamNonBlocking, st->queue_prio));
         CK(cudaMalloc(&st->alt_lt_ws, st->lt_ws_size));
         CK(cudaEventCreateWithFlags(&st->ev_switch, cudaEventDisableTiming));
     }
@@ -335,7 +365,11 @@ static void *be_capture_end(dt_backend *be) {
         dt_set_error("cuda: capture_end without capture_begin");
         return nullptr;
     }
+    /* the graph must join every stream it forked; slots filled inside it are not reusable outside */
+    dtc_prefetch_join(st);
+    dtc_prefetch_forget(st);
     st->capturing = 0;
+    st->graphs_made++;
     cudaGraph_t g = nullptr;
     cudaError_t e = cudaStreamEndCapture(st->stream, &g);
     if (e != cudaSuccess) {
@@ -637,6 +671,7 @@ static void be_destroy(dt_backend *be) {
         if (st->cur_queue) be_stream_switch(be, 0, 1);
         cudaStreamSynchronize(st->stream);
         if (st->alt_stream) cudaStreamSynchronize(st->alt_stream);
+        if (st->pf_stream) cudaStreamSynchronize(st->pf_stream);
         trace_report(st);
         dtc_gemm_cache_free(st);
         dtc_cudnn_destroy(st);
@@ -658,6 +693,13 @@ static void be_destroy(dt_backend *be) {
         scratch_release(st, &st->s_lga);
         scratch_release(st, &st->s_fp8);
         scratch_release(st, &st->alt_fp8);
+        for (int i = 0; i < 2; i++) {
+            scratch_release(st, &st->pf[i].buf);
+            if (st->pf[i].ready) cudaEventDestroy(st->pf[i].ready);
+        }
+        if (st->pf_pos) cudaEventDestroy(st->pf_pos);
+        if (st->pf_last) cudaEventDestroy(st->pf_last);
+        if (st->pf_stream) cudaStreamDestroy(st->pf_stream);
         if (st->alt_lt_ws) cudaFree(st->alt_lt_ws);
         pinned_release(&st->pin_up);
         pinned_release(&st->pin_down);
@@ -747,7 +789,22 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     st->cc_minor = prop.minor;
     st->smem_optin = prop.sharedMemPerBlockOptin;
     st->pool = new dtc_pool();
-    CREATE_CK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    {
+        /* DITRUN_CUDA_PREFETCH: 1 (default) transient prefetch on a lowest-priority stream, the queues at the
+         * highest; 2 the same at equal priorities (A/B arm); 0 off (every dequantization on its queue) */
+        const char *pf = getenv("DITRUN_CUDA_PREFETCH");
+        st->pf_mode = pf && pf[0] == '0' ? 0 : pf && pf[0] == '2' ? 2 : 1;
+    }
+    int prio_least = 0, prio_greatest = 0;
+    CREATE_CK(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest));
+    st->queue_prio = st->pf_mode == 1 ? prio_greatest : prio_least;
+    CREATE_CK(cudaStreamCreateWithPriority(&st->stream, cudaStreamNonBlocking, st->queue_prio));
+    if (st->pf_mode) {
+        CREATE_CK(cudaStreamCreateWithPriority(&st->pf_stream, cudaStreamNonBlocking, prio_least));
+        CREATE_CK(cudaEventCreateWithFlags(&st->pf_pos, cudaEventDisableTiming));
+        CREATE_CK(cudaEventCreateWithFlags(&st->pf_last, cudaEventDisableTiming));
+        for (int i = 0; i < 2; i++) CREATE_CK(cudaEventCreateWithFlags(&st->pf[i].ready, cudaEventDisableTiming));
+    }
     {
         cublasStatus_t s = cublasLtCreate(&st->lt);
         if (s != CUBLAS_STATUS_SUCCESS) {
@@ -779,6 +836,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->conv_destroy = dtc_conv_destroy;
     be->linear = dtc_linear;
     be->linear_gated_add = dtc_linear_gated_add;
+    if (st->pf_mode) be->linear_prefetch = dtc_linear_prefetch;
     be->layernorm_mod = dtc_layernorm_mod;
     be->rmsnorm = dtc_rmsnorm;
     be->head_norm_rope = dtc_head_norm_rope;

@@ -103,6 +103,26 @@ struct dtc_state {
     void *alt_lt_ws;
     dtc_scratch alt_qdeq, alt_split, alt_cast, alt_gate, alt_lga, alt_fp8;
     cudaEvent_t ev_switch;
+    /* Transient-weight prefetch (cuda_linear.cu, linear_prefetch): on the main queue the transient Linears'
+     * dequantized weights live in two slots; a prefetch hint dequantizes the next Linear into the free slot on
+     * pf_stream (lower priority than the queues), overlapping the ops queued before it. */
+    int pf_mode;            /* DITRUN_CUDA_PREFETCH: 0 off, 1 on (low-priority stream, default), 2 on at equal
+                               priority (A/B arm) */
+    cudaStream_t pf_stream;
+    int queue_prio;         /* priority of the two queues' streams */
+    cudaEvent_t pf_pos;     /* the main queue's position when a prefetch was issued */
+    cudaEvent_t pf_last;    /* after the last prefetch (join) */
+    int pf_unjoined;        /* prefetches issued since the last join */
+    unsigned long long pf_clock;
+    struct {
+        dtc_scratch buf;
+        const void *w, *gate; /* what the slot holds: Linear and row gate (NULL: none); w NULL = nothing reusable */
+        int gate_f32;
+        int pending;          /* 1: a prefetch not yet consumed by its Linear */
+        unsigned long long stamp;   /* last fill or use (least recently used slot is refilled first) */
+        cudaEvent_t ready;    /* recorded on pf_stream after the slot's prefetch */
+    } pf[2];
+    int graphs_made;        /* graphs captured so far: scratch growth before the first frees the old buffer */
     dtc_pinned pin_up, pin_down;   /* host staging of upload / download */
     /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
      * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
@@ -120,6 +140,10 @@ static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
 void *dtc_pool_alloc(dtc_state *st, size_t bytes);   /* NULL on out of memory (error set) */
 void dtc_pool_free(dtc_state *st, void *p);
 void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes);  /* fatal on OOM */
+/* Grow s to exactly `bytes` if smaller (no slack; for sizes known up front, e.g. at load). */
+void dtc_scratch_reserve(dtc_state *st, dtc_scratch *s, size_t bytes);
+/* The main queue waits for every prefetch issued so far (before a sync, download or the end of a capture). */
+void dtc_prefetch_join(dtc_state *st);
 
 /* Kernel preloading at backend creation (each file lists its kernels; cudaFuncGetAttributes forces the lazy
  * loader to load one). dtc_preload_kernels (cuda_backend.cu) calls them all. */
@@ -196,6 +220,8 @@ void dtc_fp8_cache_free(dtc_state *st);
 /* ------------------------------------------------------------------ op entry points (per file) */
 void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
+void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
+void dtc_prefetch_forget(dtc_state *st);
 dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src);
 void dtc_linear_destroy(dt_backend *be, dt_linear *w);
 

@@ -400,16 +400,106 @@ __global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *
 }
 
 /* rowscale: NULL, or a [N] vector (bf16, or f32 when rs_f32) multiplied into each dequantized row. */
-static void dequant_launch(dtc_state *st, __nv_bfloat16 *dst, const dt_linear *w, const void *rowscale = nullptr,
-                           int rs_f32 = 0) {
+static void dequant_launch(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, const dt_linear *w,
+                           const void *rowscale = nullptr, int rs_f32 = 0) {
     int64_t chunks = w->out * (w->in / 8);
     int64_t b = (chunks + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
     if (w->bits == 4)
-        k_dequant<4><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
+        k_dequant<4><<<(unsigned)b, 256, 0, stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
     else
-        k_dequant<8><<<(unsigned)b, 256, 0, st->stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
+        k_dequant<8><<<(unsigned)b, 256, 0, stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
     CK_LAUNCH("dequant");
+}
+
+/* ------------------------------------------------------------------ transient prefetch */
+static dt_qpath qpath_for(const dt_backend *be, int64_t rows);
+/* On the main queue (not the side queue, not with the prefetch off) every transient Linear's dequantized weights
+ * go through two slots, each as large as the largest transient Linear. linear_prefetch(w, gate) dequantizes w
+ * (rows scaled by gate, as linear_gated_add folds it) into the slot used least recently on pf_stream, after the
+ * main queue's work issued so far (so the gate is final and the slot's last GEMM has finished); the Linear that
+ * matches (same w and gate) waits for it and runs its GEMM from the slot. A Linear without a matching prefetch
+ * dequantizes into a slot on the main queue as before. pf_stream has the lowest priority and the queues the
+ * highest (DITRUN_CUDA_PREFETCH=1), so the dequantization fills the SMs that the queued kernels leave idle (wave
+ * tails, launch gaps) instead of delaying them. Results are bit-identical with and without prefetching. */
+static int pf_usable(const dtc_state *st, const dt_linear *w) {
+    return st->pf_mode && st->cur_queue == 0 && w->qw && !w->w && (size_t)w->out * w->in * 2 <= st->pf[0].buf.size &&
+           (size_t)w->out * w->in * 2 <= st->pf[1].buf.size;
+}
+
+static int pf_find(const dtc_state *st, const dt_linear *w, const void *gate, int gate_f32) {
+    for (int i = 0; i < 2; i++)
+        if (st->pf[i].w == w && st->pf[i].gate == gate && (!gate || st->pf[i].gate_f32 == gate_f32)) return i;
+    return -1;
+}
+
+/* The slot to (re)fill: not holding an unconsumed prefetch, least recently used; -1 if both hold one. */
+static int pf_victim(const dtc_state *st) {
+    int v = -1;
+    for (int i = 0; i < 2; i++)
+        if (!st->pf[i].pending && (v < 0 || st->pf[i].stamp < st->pf[v].stamp)) v = i;
+    return v;
+}
+
+void dtc_prefetch_join(dtc_state *st) {
+    if (!st->pf_unjoined) return;
+    CK(cudaEventRecord(st->pf_last, st->pf_stream));
+    CK(cudaStreamWaitEvent(st->stream, st->pf_last, 0));
+    st->pf_unjoined = 0;
+}
+
+/* Forget every slot's content (their events may belong to another capture); the caller joined first. */
+void dtc_prefetch_forget(dtc_state *st) {
+    for (int i = 0; i < 2; i++) {
+        st->pf[i].w = st->pf[i].gate = nullptr;
+        st->pf[i].pending = 0;
+    }
+}
+
+void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
+    dtc_state *st = dtc(be);
+    if (!w || rows <= 0 || !pf_usable(st, w) || qpath_for(be, rows) != DT_QPATH_TRANSIENT) return;
+    if (gate.data && (w->bias || (gate.dtype != DT_BF16 && gate.dtype != DT_F32))) return;  /* not folded */
+    const int gf = gate.data && gate.dtype == DT_F32;
+    if (pf_find(st, w, gate.data, gf) >= 0) return;
+    int s = pf_victim(st);
+    if (s < 0) return;
+    CK(cudaEventRecord(st->pf_pos, st->stream));
+    CK(cudaStreamWaitEvent(st->pf_stream, st->pf_pos, 0));
+    dequant_launch(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, gate.data, gf);
+    CK(cudaEventRecord(st->pf[s].ready, st->pf_stream));
+    st->pf[s].w = w;
+    st->pf[s].gate = gate.data;
+    st->pf[s].gate_f32 = gf;
+    st->pf[s].pending = 1;
+    st->pf[s].stamp = ++st->pf_clock;
+    st->pf_unjoined = 1;
+}
+
+/* w's dequantized weights (rows scaled by rowscale when given) for a GEMM on the current queue. */
+static __nv_bfloat16 *transient_weights(dtc_state *st, const dt_linear *w, const void *rowscale = nullptr,
+                                        int rs_f32 = 0) {
+    if (!pf_usable(st, w)) {
+        __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
+        dequant_launch(st, st->stream, tmp, w, rowscale, rs_f32);
+        return tmp;
+    }
+    int s = pf_find(st, w, rowscale, rs_f32);
+    if (s >= 0 && st->pf[s].pending) {   /* prefetched: wait for it */
+        CK(cudaStreamWaitEvent(st->stream, st->pf[s].ready, 0));
+    } else {
+        s = pf_victim(st);
+        if (s < 0) {   /* both slots hold prefetches for other Linears: take the older one's slot */
+            s = st->pf[0].stamp < st->pf[1].stamp ? 0 : 1;
+            CK(cudaStreamWaitEvent(st->stream, st->pf[s].ready, 0));
+        }
+        dequant_launch(st, st->stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, rowscale, rs_f32);
+    }
+    /* consumed: the content is not reused (a later call dequantizes again, as without prefetching) */
+    st->pf[s].w = st->pf[s].gate = nullptr;
+    st->pf[s].pending = 0;
+    st->pf[s].stamp = ++st->pf_clock;
+    return (__nv_bfloat16 *)st->pf[s].buf.ptr;
 }
 
 static float host_half(const void *p, dt_dtype t, int64_t i) {
@@ -421,6 +511,12 @@ static float host_half(const void *p, dt_dtype t, int64_t i) {
 void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     if (!w) return;
     dtc_state *st = dtc(be);
+    for (int i = 0; i < 2; i++)
+        if (st->pf[i].w == w) {   /* a later Linear at this address must not match the slot */
+            dtc_prefetch_join(st);
+            st->pf[i].w = st->pf[i].gate = nullptr;
+            st->pf[i].pending = 0;
+        }
     dtc_pool_free(st, w->w);
     dtc_pool_free(st, w->qw);
     dtc_pool_free(st, w->sb);
@@ -511,7 +607,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         free(h);
         if (be->opts.qpath == DT_QPATH_CACHED) {
             LIN_ALLOC(w->w, (size_t)N * K * 2);
-            dequant_launch(st, w->w, w);
+            dequant_launch(st, st->stream, w->w, w);
             drop_packed(st, w);
         } else if (be->opts.qpath == DT_QPATH_MIXED && dtc_qgemm_eligible(st, N, K, src->bits, src->group_size)) {
             if (dtc_qgemm_pack(st, &w->mx, w->qw, w->sb, N, K, src->bits, src->group_size, sb_bf16_exact)) {
@@ -520,8 +616,13 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
             }
             drop_packed(st, w);
         } else {
-            /* grow the transient scratch now, so graph capture never allocates */
-            dtc_scratch_get(st, &st->s_qdeq, (size_t)N * K * 2);
+            /* grow the transient scratch (or the prefetch slots) now, so graph capture never allocates */
+            if (st->pf_mode) {
+                dtc_scratch_reserve(st, &st->pf[0].buf, (size_t)N * K * 2);
+                dtc_scratch_reserve(st, &st->pf[1].buf, (size_t)N * K * 2);
+            } else {
+                dtc_scratch_get(st, &st->s_qdeq, (size_t)N * K * 2);
+            }
         }
     }
     if (src->bias) {
@@ -879,9 +980,7 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
             return;
         }
     }
-    __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
-    dequant_launch(st, tmp, w);
-    dense_gemm(st, y, x, tmp, w);
+    dense_gemm(st, y, x, transient_weights(st, w), w);
 }
 
 /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ), gate [1,N]. With transient quantized weights the gate is folded into the
@@ -911,8 +1010,7 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
              (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
              x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
     if (ok) {
-        __nv_bfloat16 *W = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
-        dequant_launch(st, W, w, gate.data, gate.dtype == DT_F32);
+        __nv_bfloat16 *W = transient_weights(st, w, gate.data, gate.dtype == DT_F32);
         if (gemm_run(st, 1, 0, w->out, a.rows, w->in, W, w->in, a.data, a.ld, x.data, x.ld, DT_BF16, 1.f, nullptr,
                      1, 1) == 0)
             return;
