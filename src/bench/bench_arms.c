@@ -456,31 +456,36 @@ static void arms_attention(bench_ctx *x) {
 
 /* ------------------------------------------------------------------ graph */
 
-typedef struct {
+/* Arms over the whole device-only forward: variant v runs one forward its own way (run), timed with events;
+ * the output compared is the forward's. */
+typedef struct fwd_arm_ctx fwd_arm_ctx;
+struct fwd_arm_ctx {
     bm_model *bm;
     bench_timer tm;
-    void *graph;
-} graph_ctx;
+    void (*run)(fwd_arm_ctx *c, int v);
+    void *graph;                                                       /* graph arm: the captured forward */
+    void (*hint)(dt_backend *, const dt_linear *, dt_mat, int64_t);   /* prefetch arm: linear_prefetch */
+};
 
-static void graph_run(graph_ctx *g, int v) {
+static double fwd_arm_time(void *p, int v) {
+    fwd_arm_ctx *c = p;
+    bench_timer_start(&c->tm);
+    c->run(c, v);
+    return bench_timer_stop(&c->tm);
+}
+
+static void fwd_arm_output(void *p, int v, float *out) {
+    fwd_arm_ctx *c = p;
+    c->run(c, v);
+    c->bm->be->download(c->bm->be, out, c->bm->x.out);
+}
+
+static void graph_run(fwd_arm_ctx *g, int v) {
     if (v == 0) bm_forward(g->bm, g->bm->nd, g->bm->ns);
     else if (g->bm->be->graph_launch(g->bm->be, g->graph)) {
         fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
         exit(1);
     }
-}
-
-static double graph_time(void *p, int v) {
-    graph_ctx *g = p;
-    bench_timer_start(&g->tm);
-    graph_run(g, v);
-    return bench_timer_stop(&g->tm);
-}
-
-static void graph_output(void *p, int v, float *out) {
-    graph_ctx *g = p;
-    graph_run(g, v);
-    g->bm->be->download(g->bm->be, out, g->bm->x.out);
 }
 
 static void arm_graph(bench_ctx *x) {
@@ -491,9 +496,10 @@ static void arm_graph(bench_ctx *x) {
         bench_note(r, "graph arm skipped: the %s backend has no graph capture", r->backend);
         return;
     }
-    graph_ctx g;
+    fwd_arm_ctx g;
     memset(&g, 0, sizeof g);
     g.bm = x->bm;
+    g.run = graph_run;
     bm_forward(g.bm, g.bm->nd, g.bm->ns);   /* eager warm-up: scratch buffers grown before the capture */
     bench_sync_or_die(be);
     double t0 = dt_now();
@@ -523,8 +529,8 @@ static void arm_graph(bench_ctx *x) {
     a.names[0] = "eager";
     a.names[1] = "graph";
     a.nv = 2;
-    a.time = graph_time;
-    a.output = graph_output;
+    a.time = fwd_arm_time;
+    a.output = fwd_arm_output;
     a.out_n = (size_t)x->n * r->c.out_channels;
     a.tol = 1e-3;
     snprintf(a.note, sizeof a.note, "in-model; build %.1f ms excluded", build_ms);
@@ -536,29 +542,10 @@ static void arm_graph(bench_ctx *x) {
 
 /* ------------------------------------------------------------------ prefetch */
 
-typedef struct {
-    bm_model *bm;
-    bench_timer tm;
-    void (*hint)(dt_backend *, const dt_linear *, dt_mat, int64_t);   /* the backend's linear_prefetch */
-} prefetch_ctx;
-
-static void prefetch_run(prefetch_ctx *p, int v) {
+static void prefetch_run(fwd_arm_ctx *p, int v) {
     p->bm->be->linear_prefetch = v == 1 ? p->hint : NULL;   /* the model's hints become no-ops without it */
     bm_forward(p->bm, p->bm->nd, p->bm->ns);
     p->bm->be->linear_prefetch = p->hint;
-}
-
-static double prefetch_time(void *c, int v) {
-    prefetch_ctx *p = c;
-    bench_timer_start(&p->tm);
-    prefetch_run(p, v);
-    return bench_timer_stop(&p->tm);
-}
-
-static void prefetch_output(void *c, int v, float *out) {
-    prefetch_ctx *p = c;
-    prefetch_run(p, v);
-    p->bm->be->download(p->bm->be, out, p->bm->x.out);
 }
 
 static void arm_prefetch(bench_ctx *x) {
@@ -570,9 +557,10 @@ static void arm_prefetch(bench_ctx *x) {
                    r->backend);
         return;
     }
-    prefetch_ctx p;
+    fwd_arm_ctx p;
     memset(&p, 0, sizeof p);
     p.bm = x->bm;
+    p.run = prefetch_run;
     p.hint = be->linear_prefetch;
     bench_timer_init(&p.tm, be);
     arm_spec a = {0};
@@ -582,8 +570,8 @@ static void arm_prefetch(bench_ctx *x) {
     a.names[1] = "hints";
     a.names[2] = "no hints, again";   /* A against itself: what remains of the order's effect and the noise */
     a.nv = 3;
-    a.time = prefetch_time;
-    a.output = prefetch_output;
+    a.time = fwd_arm_time;
+    a.output = fwd_arm_output;
     a.out_n = (size_t)x->n * r->c.out_channels;
     a.tol = 0;   /* the same weights, bit for bit: only the timing of their dequantization moves */
     snprintf(a.note, sizeof a.note, "in-model; transient weights dequantized ahead on a low-priority stream");
