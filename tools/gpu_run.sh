@@ -251,9 +251,18 @@ if has pfab; then  # prefetch A/B only: the bench arm (with the order check) and
     log "bench prefetch arm rc=$?"
     grep -E "^\| prefetch |GPU right" "$OUT/bench_pfab.md" | tee -a "$OUT/summary.txt"
     prep4
-    for i in 1 2 3 4 5; do
+    for i in 1 2 3 4; do
         DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 1024^2 prefetch off ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        DITRUN_CUDA_PREFETCH=3 fwd "klein-4B q4 1024^2 slots, no hints ($i)" "$W/k4q4" "$W/in4_1024.st" 20
         fwd "klein-4B q4 1024^2 prefetch on ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+    done
+fi
+
+if has pfgraph; then  # prefetch inside captured graphs (the kernels keep their streams' priorities)
+    prep4
+    for i in 1 2; do
+        DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 1024^2 graph, prefetch off ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
+        fwd "klein-4B q4 1024^2 graph, prefetch on ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
     done
 fi
 

@@ -107,7 +107,7 @@ struct dtc_state {
      * dequantized weights live in two slots; a prefetch hint dequantizes the next Linear into the free slot on
      * pf_stream (lower priority than the queues), overlapping the ops queued before it. */
     int pf_mode;            /* DITRUN_CUDA_PREFETCH: 0 off, 1 on (low-priority stream, default), 2 on at equal
-                               priority (A/B arm) */
+                               priority, 3 the slots without hints (A/B arms) */
     cudaStream_t pf_stream;
     int queue_prio;         /* priority of the two queues' streams */
     cudaEvent_t pf_pos;     /* the main queue's position when a prefetch was issued */
