@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -263,6 +263,21 @@ if has pfgraph; then  # prefetch inside captured graphs (the kernels keep their 
     for i in 1 2; do
         DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 1024^2 graph, prefetch off ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
         fwd "klein-4B q4 1024^2 graph, prefetch on ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --cuda-graph
+    done
+fi
+
+if has pfbig; then  # prefetch off / on for klein-9B 1024^2 and klein-4B 2048^2, alternating processes
+    prep4
+    [ -d "$W/k9q4" ] || $B synth --preset klein-9b --bits 4 --group-size 64 --output "$W/k9q4" 2>/dev/null
+    [ -f "$W/in9_1024.st" ] || $B synth --preset klein-9b --inputs "$W/in9_1024.st" --image-size 1024 2>/dev/null
+    [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
+    for i in 1 2; do
+        DITRUN_CUDA_PREFETCH=0 fwd "klein-9B q4 1024^2 prefetch off ($i)" "$W/k9q4" "$W/in9_1024.st" 10
+        fwd "klein-9B q4 1024^2 prefetch on ($i)" "$W/k9q4" "$W/in9_1024.st" 10
+    done
+    for i in 1 2; do
+        DITRUN_CUDA_PREFETCH=0 fwd "klein-4B q4 2048^2 prefetch off ($i)" "$W/k4q4" "$W/in4_2048.st" 5
+        fwd "klein-4B q4 2048^2 prefetch on ($i)" "$W/k4q4" "$W/in4_2048.st" 5
     done
 fi
 
