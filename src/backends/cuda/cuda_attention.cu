@@ -241,7 +241,7 @@ static void flash_launch(dtc_state *st, const fa_args &a) {
         attr = true;
     }
     dim3 grid((unsigned)((a.Lq + BR - 1) / BR), (unsigned)a.hq);
-    k_flash128<NW><<<grid, NW * 32, smem, st->stream>>>(a);
+    k_flash128<NW><<<grid, NW * 32, smem, st->q.stream>>>(a);
     CK_LAUNCH("flash_attention");
 }
 
@@ -554,7 +554,7 @@ static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat1
     const int64_t ldvt = (int64_t)(a0.Lk + FW_BC - 1) / FW_BC * FW_BC;
     __nv_bfloat16 *vt = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_vt, (size_t)hkv * FA_HD * ldvt * 2);
     dim3 tg((unsigned)(ldvt / 32), FA_HD / 32, (unsigned)hkv);
-    k_transpose_v<<<tg, dim3(32, 8), 0, st->stream>>>(vt, ldvt, v, ldv, a0.Lk);
+    k_transpose_v<<<tg, dim3(32, 8), 0, st->q.stream>>>(vt, ldvt, v, ldv, a0.Lk);
     CK_LAUNCH("transpose_v");
     fw_args a;
     a.q = a0.q; a.k = a0.k; a.vt = vt; a.o = a0.o;
@@ -570,15 +570,15 @@ static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat1
         char *buf = (char *)dtc_scratch_get(st, &st->s_mask, kb_bytes + ((size_t)nt + 1) * 4);
         float *kb2 = (float *)buf;
         int *tl = (int *)(buf + kb_bytes);
-        k_bias_tiles<<<1, 1024, 0, st->stream>>>(a0.kbias, a0.Lk, nt, kb2, tl, tl + nt);
+        k_bias_tiles<<<1, 1024, 0, st->q.stream>>>(a0.kbias, a0.Lk, nt, kb2, tl, tl + nt);
         CK_LAUNCH("bias_tiles");
         a.kb2 = kb2;
         a.tl = tl;
         a.ntl = tl + nt;
     }
     dim3 grid((unsigned)((a.Lq + FW_BR - 1) / FW_BR), (unsigned)a.hq);
-    if (variant == 3) k_flash128_wg3<0><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
-    else k_flash128_wg3<1><<<grid, F3_THREADS, F3_SMEM, st->stream>>>(a);
+    if (variant == 3) k_flash128_wg3<0><<<grid, F3_THREADS, F3_SMEM, st->q.stream>>>(a);
+    else k_flash128_wg3<1><<<grid, F3_THREADS, F3_SMEM, st->q.stream>>>(a);
     CK_LAUNCH("flash_attention_wgmma");
 }
 
@@ -657,7 +657,7 @@ static void attention_generic(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_ma
             if (first) tt[1] = dt_now();
             dtc_gemm(st, 1, 0, Lk, n, hd, Kh, k.ld, Qc, q.ld, S, ldsp, DT_F32, scale, nullptr);
             if (first) tt[2] = dt_now();
-            k_softmax_rows<<<(unsigned)n, 256, 0, st->stream>>>(S, ldsp, P, ldsp, (int)Lk, kbias, causal, (int)c0);
+            k_softmax_rows<<<(unsigned)n, 256, 0, st->q.stream>>>(S, ldsp, P, ldsp, (int)Lk, kbias, causal, (int)c0);
             CK_LAUNCH("softmax_rows");
             if (first) tt[3] = dt_now();
             /* O[n, hd] = P[n, Lk] · Vh[Lk, hd]  (column-major: Oᵀ[hd, n] = Vhᵀ · Pᵀ) */
@@ -730,7 +730,7 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         for (int h = 0; h < hq; h++) {
             dt_mat oh = dt_mat_cols(o, (int64_t)h * hd, hd);
             CK(cudaMemset2DAsync(oh.data, (size_t)o.ld * dt_dtype_size(o.dtype), 0, (size_t)hd * dt_dtype_size(o.dtype),
-                                 (size_t)o.rows, st->stream));
+                                 (size_t)o.rows, st->q.stream));
         }
         return;
     }

@@ -1,7 +1,8 @@
 /* cuda_backend.cu — the CUDA backend's C edge: dt_backend_cuda_available / dt_backend_cuda_create, the
  * vtable, the caching device-memory pool (plain cudaMalloc, keyed by rounded size, current/peak stats),
- * grow-only scratch buffers, upload/download, sync, timing events and CUDA-graph capture. All work is
- * queued on one non-default stream owned by the backend. */
+ * grow-only scratch buffers, upload/download, sync, timing events and CUDA-graph capture. Ops are queued on the
+ * current queue's stream (st->q: the main queue, or the side queue after stream_switch); the transient prefetch
+ * (cuda_linear.cu) runs on a third, low-priority stream joined back before syncs, downloads and capture ends. */
 #include <stdarg.h>
 
 #include <algorithm>
@@ -98,7 +99,8 @@ void dtc_pool_free(dtc_state *st, void *ptr) {
     size_t rb = it->second;
     p->live.erase(it);
     p->current -= rb;
-    /* Stream-ordered reuse is safe: every op runs on the backend's one stream. */
+    /* Stream-ordered reuse: blocks are freed (and re-allocated) from the main queue's order only; the side queue
+     * and the prefetch stream use grow-only scratch, and scratch_grow synchronizes before it frees. */
     p->freeb.emplace(rb, ptr);
     p->cached += rb;
 }
@@ -107,8 +109,8 @@ static void scratch_grow(dtc_state *st, dtc_scratch *s, size_t want) {
     if (s->ptr && !st->graphs_made && !st->capturing) {
         /* no graph can hold the old buffer: free it (after the queues are done with it) before allocating, so
          * growth while a model loads (each Linear a bit larger) does not leave a trail of dead buffers */
-        CK(cudaStreamSynchronize(st->stream));
-        if (st->alt_stream) CK(cudaStreamSynchronize(st->alt_stream));
+        CK(cudaStreamSynchronize(st->q.stream));
+        if (st->alt.stream) CK(cudaStreamSynchronize(st->alt.stream));
         if (st->pf_stream) CK(cudaStreamSynchronize(st->pf_stream));
         dtc_pool_free(st, s->ptr);
         {
@@ -147,6 +149,14 @@ static void scratch_release(dtc_state *st, dtc_scratch *s) {
     free(s->retired);
     if (s->ptr) dtc_pool_free(st, s->ptr);
     memset(s, 0, sizeof *s);
+}
+
+/* A queue's scratch buffers and workspace (its stream is destroyed last, after the pool). */
+static void queue_release(dtc_state *st, dtc_queue *q) {
+    dtc_scratch *all[] = {&q->s_qdeq, &q->s_split, &q->s_cast, &q->s_gate, &q->s_lga, &q->s_fp8};
+    for (dtc_scratch *s : all) scratch_release(st, s);
+    if (q->lt_ws) cudaFree(q->lt_ws);
+    q->lt_ws = nullptr;
 }
 
 /* ------------------------------------------------------------------ vtable: memory */
@@ -210,20 +220,20 @@ static void pinned_release(dtc_pinned *b) {
 static void h2d(dtc_state *st, void *dst, const void *src, size_t bytes) {
     void *p = (!st->capturing && bytes <= PINNED_MAX) ? pinned_get(&st->pin_up, bytes) : nullptr;
     if (!p) {
-        CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->stream));
+        CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st->q.stream));
         return;
     }
     memcpy(p, src, bytes);
-    CK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, st->stream));
-    CK(cudaEventRecord(st->pin_up.ev, st->stream));
+    CK(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, st->q.stream));
+    CK(cudaEventRecord(st->pin_up.ev, st->q.stream));
     st->pin_up.pending = 1;
 }
 /* device src -> host dst (bytes), synchronizing the stream */
 static void d2h_sync(dtc_state *st, void *dst, const void *src, size_t bytes) {
     dtc_prefetch_join(st);
     void *p = bytes <= PINNED_MAX ? pinned_get(&st->pin_down, bytes) : nullptr;
-    CK(cudaMemcpyAsync(p ? p : dst, src, bytes, cudaMemcpyDeviceToHost, st->stream));
-    CK(cudaStreamSynchronize(st->stream));
+    CK(cudaMemcpyAsync(p ? p : dst, src, bytes, cudaMemcpyDeviceToHost, st->q.stream));
+    CK(cudaStreamSynchronize(st->q.stream));
     if (p) memcpy(dst, p, bytes);
 }
 
@@ -261,7 +271,7 @@ static void be_download(dt_backend *be, float *dst, dt_mat m) {
 
 static int be_sync(dt_backend *be) {
     dtc_prefetch_join(dtc(be));
-    cudaError_t e = cudaStreamSynchronize(dtc(be)->stream);
+    cudaError_t e = cudaStreamSynchronize(dtc(be)->q.stream);
     if (e != cudaSuccess) {
         dt_set_error("cuda: stream synchronize failed: %s", cudaGetErrorString(e));
         return -1;
@@ -290,7 +300,7 @@ static void *be_event_create(dt_backend *be) {
 }
 static void be_event_record(dt_backend *be, void *ev) {
     dtc_prefetch_join(dtc(be));   /* a timed region includes the prefetches issued in it */
-    CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->stream));
+    CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->q.stream));
 }
 static float be_event_elapsed_ms(dt_backend *be, void *start, void *end) {
     (void)be;
@@ -314,7 +324,7 @@ static int be_capture_begin(dt_backend *be) {
     /* prefetches issued before the capture are joined and forgotten (their events are outside it) */
     dtc_prefetch_join(st);
     dtc_prefetch_forget(st);
-    cudaError_t e = cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal);
+    cudaError_t e = cudaStreamBeginCapture(st->q.stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
         cudaGetLastError();
         dt_set_error("cuda: cudaStreamBeginCapture failed: %s", cudaGetErrorString(e));
@@ -324,38 +334,31 @@ static int be_capture_begin(dt_backend *be) {
     return 0;
 }
 
-/* Two queues: the current one's stream, GEMM workspace and linear scratch live in the usual fields; a switch
- * swaps them with the alternates, after making the new queue wait for the old one if asked. The side queue is
- * created at the first switch (never during a capture: then switches are ignored and work stays serial). */
+/* Two queues: the current one (stream, GEMM workspace, per-queue scratch) is st->q; a switch swaps it with st->alt,
+ * after making the new queue wait for the old one if asked. The side queue is created at the first switch (never
+ * during a capture: then switches are ignored and work stays serial). */
 static void be_stream_switch(dt_backend *be, int q, int wait) {
     dtc_state *st = dtc(be);
     DTC_REQUIRE(q == 0 || q == 1, "stream_switch: queue %d (0 or 1)", q);
     if (st->streams_off) return;
-    if (!st->alt_stream) {
+    if (!st->alt.stream) {
         if (st->capturing || q == 0) return;
-        CK(cudaStreamCreateWithPriority(&st->alt_stream, cudaStreamNonBlocking, st->queue_prio));
-        CK(cudaMalloc(&st->alt_lt_ws, st->lt_ws_size));
+        CK(cudaStreamCreateWithPriority(&st->alt.stream, cudaStreamNonBlocking, st->queue_prio));
+        CK(cudaMalloc(&st->alt.lt_ws, st->lt_ws_size));
         CK(cudaEventCreateWithFlags(&st->ev_switch, cudaEventDisableTiming));
     }
     if (q == st->cur_queue) {   /* staying: wait for the other queue if asked */
         if (wait) {
-            CK(cudaEventRecord(st->ev_switch, st->alt_stream));
-            CK(cudaStreamWaitEvent(st->stream, st->ev_switch, 0));
+            CK(cudaEventRecord(st->ev_switch, st->alt.stream));
+            CK(cudaStreamWaitEvent(st->q.stream, st->ev_switch, 0));
         }
         return;
     }
     if (wait) {
-        CK(cudaEventRecord(st->ev_switch, st->stream));
-        CK(cudaStreamWaitEvent(st->alt_stream, st->ev_switch, 0));
+        CK(cudaEventRecord(st->ev_switch, st->q.stream));
+        CK(cudaStreamWaitEvent(st->alt.stream, st->ev_switch, 0));
     }
-    std::swap(st->stream, st->alt_stream);
-    std::swap(st->lt_ws, st->alt_lt_ws);
-    std::swap(st->s_qdeq, st->alt_qdeq);
-    std::swap(st->s_split, st->alt_split);
-    std::swap(st->s_cast, st->alt_cast);
-    std::swap(st->s_gate, st->alt_gate);
-    std::swap(st->s_lga, st->alt_lga);
-    std::swap(st->s_fp8, st->alt_fp8);
+    std::swap(st->q, st->alt);
     st->cur_queue = q;
 }
 
@@ -371,7 +374,7 @@ static void *be_capture_end(dt_backend *be) {
     st->capturing = 0;
     st->graphs_made++;
     cudaGraph_t g = nullptr;
-    cudaError_t e = cudaStreamEndCapture(st->stream, &g);
+    cudaError_t e = cudaStreamEndCapture(st->q.stream, &g);
     if (e != cudaSuccess) {
         cudaGetLastError();
         dt_set_error("cuda: cudaStreamEndCapture failed: %s", cudaGetErrorString(e));
@@ -392,7 +395,7 @@ static void *be_capture_end(dt_backend *be) {
 }
 
 static int be_graph_launch(dt_backend *be, void *graph) {
-    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph, dtc(be)->stream);
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph, dtc(be)->q.stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         dt_set_error("cuda: cudaGraphLaunch failed: %s", cudaGetErrorString(e));
@@ -475,7 +478,7 @@ static void tr_resolve() {
 static double tr_begin() {
     if (g_tr.level == 3 && !g_tr.st->capturing) {
         g_tr.cur = tr_event();
-        CK(cudaEventRecord(g_tr.cur, g_tr.st->stream));
+        CK(cudaEventRecord(g_tr.cur, g_tr.st->q.stream));
     }
     return dt_now();
 }
@@ -493,12 +496,12 @@ static void tr_end(dt_backend *be, const char *op, double t0, const char *fmt, .
         e.a = g_tr.cur;
         e.b = tr_event();
         g_tr.cur = nullptr;
-        CK(cudaEventRecord(e.b, dtc(be)->stream));
+        CK(cudaEventRecord(e.b, dtc(be)->q.stream));
         g_tr.pending->push_back(e);
         if (g_tr.pending->size() > 4096) tr_resolve();
         return;
     }
-    if (g_tr.level >= 2) cudaStreamSynchronize(dtc(be)->stream);
+    if (g_tr.level >= 2) cudaStreamSynchronize(dtc(be)->q.stream);
     double ms = (dt_now() - t0) * 1e3;
     trace_stat &t = (*g_tr.stats)[op];
     t.n++;
@@ -672,30 +675,20 @@ static void be_destroy(dt_backend *be) {
     dtc_state *st = dtc(be);
     if (st) {
         if (st->cur_queue) be_stream_switch(be, 0, 1);
-        cudaStreamSynchronize(st->stream);
-        if (st->alt_stream) cudaStreamSynchronize(st->alt_stream);
+        cudaStreamSynchronize(st->q.stream);
+        if (st->alt.stream) cudaStreamSynchronize(st->alt.stream);
         if (st->pf_stream) cudaStreamSynchronize(st->pf_stream);
         trace_report(st);
         dtc_gemm_cache_free(st);
         dtc_cudnn_destroy(st);
         dtc_fp8_cache_free(st);
-        scratch_release(st, &st->s_qdeq);
-        scratch_release(st, &st->s_split);
+        queue_release(st, &st->q);
+        queue_release(st, &st->alt);
         scratch_release(st, &st->s_attn);
         scratch_release(st, &st->s_conv);
         scratch_release(st, &st->s_misc);
-        scratch_release(st, &st->s_cast);
         scratch_release(st, &st->s_vt);
         scratch_release(st, &st->s_mask);
-        scratch_release(st, &st->alt_qdeq);
-        scratch_release(st, &st->alt_split);
-        scratch_release(st, &st->alt_cast);
-        scratch_release(st, &st->alt_gate);
-        scratch_release(st, &st->alt_lga);
-        scratch_release(st, &st->s_gate);
-        scratch_release(st, &st->s_lga);
-        scratch_release(st, &st->s_fp8);
-        scratch_release(st, &st->alt_fp8);
         for (int i = 0; i < 2; i++) {
             scratch_release(st, &st->pf[i].buf);
             if (st->pf[i].ready) cudaEventDestroy(st->pf[i].ready);
@@ -703,19 +696,17 @@ static void be_destroy(dt_backend *be) {
         if (st->pf_pos) cudaEventDestroy(st->pf_pos);
         if (st->pf_last) cudaEventDestroy(st->pf_last);
         if (st->pf_stream) cudaStreamDestroy(st->pf_stream);
-        if (st->alt_lt_ws) cudaFree(st->alt_lt_ws);
         pinned_release(&st->pin_up);
         pinned_release(&st->pin_down);
-        if (st->alt_stream) cudaStreamDestroy(st->alt_stream);
         if (st->ev_switch) cudaEventDestroy(st->ev_switch);
-        if (st->lt_ws) cudaFree(st->lt_ws);
         if (st->lt) cublasLtDestroy(st->lt);
         if (st->pool) {
             for (auto &kv : st->pool->live) cudaFree(kv.first);
             pool_release_cached(st->pool);
             delete st->pool;
         }
-        if (st->stream) cudaStreamDestroy(st->stream);
+        if (st->q.stream) cudaStreamDestroy(st->q.stream);
+        if (st->alt.stream) cudaStreamDestroy(st->alt.stream);
         delete st;
     }
     free(be);
@@ -801,7 +792,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     int prio_least = 0, prio_greatest = 0;
     CREATE_CK(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest));
     st->queue_prio = st->pf_mode == 1 ? prio_greatest : prio_least;
-    CREATE_CK(cudaStreamCreateWithPriority(&st->stream, cudaStreamNonBlocking, st->queue_prio));
+    CREATE_CK(cudaStreamCreateWithPriority(&st->q.stream, cudaStreamNonBlocking, st->queue_prio));
     if (st->pf_mode) {
         CREATE_CK(cudaStreamCreateWithPriority(&st->pf_stream, cudaStreamNonBlocking, prio_least));
         CREATE_CK(cudaEventCreateWithFlags(&st->pf_pos, cudaEventDisableTiming));
@@ -818,7 +809,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     }
     st->lt_ws_size = (size_t)64 << 20;
     dtc_gemm_tune_init(st, prop.name);
-    CREATE_CK(cudaMalloc(&st->lt_ws, st->lt_ws_size));
+    CREATE_CK(cudaMalloc(&st->q.lt_ws, st->lt_ws_size));
     if (o.verbose)
         fprintf(stderr, "ditrun: cuda: device %d: %s, cc %d.%d, %d SMs, %.1f GiB\n", o.device, prop.name, prop.major,
                 prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);

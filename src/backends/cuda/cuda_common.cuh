@@ -69,39 +69,42 @@ struct dtc_pinned {
     int pending;
 };
 
+/* What each of the two queues (stream_switch) owns: its stream, its cuBLASLt workspace and the scratch buffers of
+ * ops that may run on either queue at the same time (sharing them would race). */
+struct dtc_queue {
+    cudaStream_t stream;
+    void *lt_ws;            /* cuBLASLt workspace (lt_ws_size bytes) */
+    dtc_scratch s_qdeq;     /* transient dequantized weights (bf16 [N,K]) when the prefetch slots are not used */
+    dtc_scratch s_split;    /* split-K partials of the fused qmm */
+    dtc_scratch s_cast;     /* bf16 copy of F32 inputs to linear */
+    dtc_scratch s_gate;     /* linear_gated_add: the gate as f32 */
+    dtc_scratch s_lga;      /* linear_gated_add fallback: the linear's output */
+    dtc_scratch s_fp8;      /* fp8 linear: e4m3 activation codes [M, K] + row scales [M] */
+};
+
 struct dtc_state {
     int device;
     int sm_count;
     int cc_major, cc_minor;
     size_t smem_optin;
-    cudaStream_t stream;
+    dtc_queue q;            /* the current queue (what every op issues to) */
     cublasLtHandle_t lt;
-    void *lt_ws;            /* cuBLASLt workspace */
     size_t lt_ws_size;
     dtc_pool *pool;
     dtc_gemm_cache *gemm_cache;
-    dtc_scratch s_qdeq;     /* transient dequantized weights (bf16 [N,K]) */
-    dtc_scratch s_split;    /* split-K partials of the fused qmm */
     dtc_scratch s_attn;     /* attention fallback: S (f32) and P (bf16) */
     dtc_scratch s_conv;     /* im2col columns */
     dtc_scratch s_misc;     /* small temporaries (group-norm partials, casts) */
-    dtc_scratch s_cast;     /* bf16 copy of F32 inputs to linear */
     dtc_scratch s_vt;       /* attention: transposed V for the wgmma kernel */
     dtc_scratch s_mask;     /* attention: scaled key bias and the list of key tiles to visit */
-    dtc_scratch s_gate;     /* linear_gated_add: the gate as f32 */
-    dtc_scratch s_lga;      /* linear_gated_add fallback: the linear's output */
     dtc_cudnn *cudnn;       /* cuDNN handle, plans and workspaces (cuda_cudnn.cu); nullptr until first used */
-    dtc_scratch s_fp8;      /* fp8 linear: e4m3 activation codes [M, K] + row scales [M] */
     dtc_fp8_cache *fp8_cache;
     int capturing;
     int verbose;
-    /* stream_switch (cuda_backend.cu): the queue not in use and its private GEMM workspace and scratch (the
-     * fields above always describe the current queue; a switch swaps them with these) */
+    /* stream_switch (cuda_backend.cu): the queue not in use; a switch swaps q and alt */
     int cur_queue;          /* 0 main, 1 side */
     int streams_off;        /* DITRUN_CUDA_STREAMS=0: switches are ignored (serial A/B arm) */
-    cudaStream_t alt_stream;
-    void *alt_lt_ws;
-    dtc_scratch alt_qdeq, alt_split, alt_cast, alt_gate, alt_lga, alt_fp8;
+    dtc_queue alt;
     cudaEvent_t ev_switch;
     /* Transient-weight prefetch (cuda_linear.cu, linear_prefetch): on the main queue the transient Linears'
      * dequantized weights live in two slots; a prefetch hint dequantizes the next Linear into the free slot on

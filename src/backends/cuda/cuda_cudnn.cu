@@ -160,12 +160,12 @@ static dtc_cudnn *dnn_get(dtc_state *st) {
         st->cudnn = new dtc_cudnn();
         memset(st->cudnn->ws, 0, sizeof st->cudnn->ws);
         st->cudnn->h = nullptr;
-        st->cudnn->bound = st->stream;
+        st->cudnn->bound = st->q.stream;
         st->cudnn->init_failed = 0;
         st->cudnn->calls = 0;
         st->cudnn->warned = 0;
         cudnnStatus_t s = g_dnn.Create(&st->cudnn->h);
-        if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetStream(st->cudnn->h, st->stream);
+        if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetStream(st->cudnn->h, st->q.stream);
         if (s != CUDNN_STATUS_SUCCESS) {
             DNN_LOG("cudnnCreate/cudnnSetStream failed: %s", dnn_err(s));
             st->cudnn->init_failed = 1;
@@ -532,10 +532,10 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
         if (st->capturing && (size_t)p->ws > w->size) return 1;  /* no allocation while capturing */
         ws = dtc_scratch_get(st, w, (size_t)p->ws);
     }
-    if (c->bound != st->stream) {  /* the backend switched queues since the last call */
-        cudnnStatus_t s = g_dnn.SetStream(c->h, st->stream);
+    if (c->bound != st->q.stream) {  /* the backend switched queues since the last call */
+        cudnnStatus_t s = g_dnn.SetStream(c->h, st->q.stream);
         if (s != CUDNN_STATUS_SUCCESS) dtc_fatal("cudnnSetStream", __FILE__, __LINE__, dnn_err(s));
-        c->bound = st->stream;
+        c->bound = st->q.stream;
     }
     float neg_inf = -INFINITY;
     int64_t uids[7];

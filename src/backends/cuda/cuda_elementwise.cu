@@ -78,8 +78,8 @@ static void launch_ew(dtc_state *st, const F &f, int64_t rows, int64_t cols, int
     int64_t maxb = (int64_t)st->sm_count * 16;
     int64_t b = (total + threads - 1) / threads;
     if (b > maxb) b = maxb;
-    if (vec) k_ew<F, 8><<<(unsigned)b, threads, 0, st->stream>>>(f, rows, cols);
-    else k_ew<F, 1><<<(unsigned)b, threads, 0, st->stream>>>(f, rows, cols);
+    if (vec) k_ew<F, 8><<<(unsigned)b, threads, 0, st->q.stream>>>(f, rows, cols);
+    else k_ew<F, 1><<<(unsigned)b, threads, 0, st->q.stream>>>(f, rows, cols);
     CK_LAUNCH("elementwise");
     (void)name;
 }
@@ -154,7 +154,7 @@ void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src) {
         if (dst.rows == 1 || (dst.ld == dst.cols && src.ld == src.cols)) {
             /* contiguous: one linear device-to-device copy (SM copy kernel, ~full bandwidth; cudaMemcpy2DAsync
              * runs these on a copy engine at less than half of it) */
-            CK(cudaMemcpyAsync(dst.data, src.data, rb * (size_t)dst.rows, cudaMemcpyDeviceToDevice, st->stream));
+            CK(cudaMemcpyAsync(dst.data, src.data, rb * (size_t)dst.rows, cudaMemcpyDeviceToDevice, st->q.stream));
             return;
         }
         if (rb % 16 == 0 && dtc_aligned16(dst.data) && dtc_aligned16(src.data) && ((size_t)dst.ld * es) % 16 == 0 &&
@@ -162,14 +162,14 @@ void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src) {
             const int64_t cw = (int64_t)(rb / 16);
             dim3 grid, block;
             chunk_grid(st, dst.rows, cw, &grid, &block);
-            k_copy16<<<grid, block, 0, st->stream>>>(
+            k_copy16<<<grid, block, 0, st->q.stream>>>(
                 (uint4 *)dst.data, (int64_t)((size_t)dst.ld * es / 16), (const uint4 *)src.data,
                 (int64_t)((size_t)src.ld * es / 16), dst.rows, cw);
             CK_LAUNCH("copy16");
             return;
         }
         CK(cudaMemcpy2DAsync(dst.data, (size_t)dst.ld * es, src.data, (size_t)src.ld * es, (size_t)dst.cols * es,
-                             (size_t)dst.rows, cudaMemcpyDeviceToDevice, st->stream));
+                             (size_t)dst.rows, cudaMemcpyDeviceToDevice, st->q.stream));
         return;
     }
     f_copy f{dtc_dm(dst), dtc_dm(src)};
@@ -251,10 +251,10 @@ static void act_mul_t(dtc_state *st, dt_mat y, dt_mat a, dt_mat b) {
         const int64_t cw = y.cols / 8;
         chunk_grid(st, y.rows, cw, &grid, &block);
         if (has_b)
-            k_act_mul16<ACT, 1><<<grid, block, 0, st->stream>>>((uint4 *)y.data, y.ld / 8, (const uint4 *)a.data,
+            k_act_mul16<ACT, 1><<<grid, block, 0, st->q.stream>>>((uint4 *)y.data, y.ld / 8, (const uint4 *)a.data,
                                                                a.ld / 8, (const uint4 *)b.data, b.ld / 8, y.rows, cw);
         else
-            k_act_mul16<ACT, 0><<<grid, block, 0, st->stream>>>((uint4 *)y.data, y.ld / 8, (const uint4 *)a.data,
+            k_act_mul16<ACT, 0><<<grid, block, 0, st->q.stream>>>((uint4 *)y.data, y.ld / 8, (const uint4 *)a.data,
                                                                a.ld / 8, nullptr, 0, y.rows, cw);
         CK_LAUNCH("act_mul16");
         return;
@@ -451,11 +451,11 @@ void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat 
     int threads = norm_threads(x.cols, &vec);
     DTC_REQUIRE(x.rows < 2147483647LL, "layernorm_mod: too many rows");
     if (vec)
-        k_layernorm_mod_vec<<<(unsigned)x.rows, threads, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
+        k_layernorm_mod_vec<<<(unsigned)x.rows, threads, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
                                                                          dtc_dm(scale), shift.data != nullptr,
                                                                          scale.data != nullptr, x.cols, eps);
     else
-        k_layernorm_mod_gen<<<(unsigned)x.rows, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
+        k_layernorm_mod_gen<<<(unsigned)x.rows, 256, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
                                                                      dtc_dm(scale), shift.data != nullptr,
                                                                      scale.data != nullptr, x.cols, eps);
     CK_LAUNCH("layernorm_mod");
@@ -515,10 +515,10 @@ void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, f
     int vec = vec_ok(x) && vec_ok(y);
     int threads = norm_threads(x.cols, &vec);
     if (vec)
-        k_rmsnorm_vec<<<(unsigned)x.rows, threads, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
+        k_rmsnorm_vec<<<(unsigned)x.rows, threads, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
                                                                    w_offset, x.cols, eps);
     else
-        k_rmsnorm_gen<<<(unsigned)x.rows, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
+        k_rmsnorm_gen<<<(unsigned)x.rows, 256, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
                                                                w_offset, x.cols, eps);
     CK_LAUNCH("rmsnorm");
 }
@@ -665,19 +665,19 @@ void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, f
                (!w.data || dtc_aligned16(w.data));
     if (fast) {
         if (fp32)
-            k_head_norm_rope128<1><<<row_blocks, HNR_ROWS * 32, 0, st->stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
+            k_head_norm_rope128<1><<<row_blocks, HNR_ROWS * 32, 0, st->q.stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
                                                                    (const float *)w.data, eps, (const float *)cos.data,
                                                                    cos.ld, (const float *)sin.data, sin.ld, mode);
         else
-            k_head_norm_rope128<0><<<row_blocks, HNR_ROWS * 32, 0, st->stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
+            k_head_norm_rope128<0><<<row_blocks, HNR_ROWS * 32, 0, st->q.stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
                                                                    (const float *)w.data, eps, (const float *)cos.data,
                                                                    cos.ld, (const float *)sin.data, sin.ld, mode);
     } else {
         if (fp32)
-            k_head_norm_rope_gen<1><<<blocks, 256, 0, st->stream>>>(dtc_dm(x), x.rows, heads, hd, (const float *)w.data,
+            k_head_norm_rope_gen<1><<<blocks, 256, 0, st->q.stream>>>(dtc_dm(x), x.rows, heads, hd, (const float *)w.data,
                                                                     eps, dtc_dm(cos), dtc_dm(sin), mode);
         else
-            k_head_norm_rope_gen<0><<<blocks, 256, 0, st->stream>>>(dtc_dm(x), x.rows, heads, hd, (const float *)w.data,
+            k_head_norm_rope_gen<0><<<blocks, 256, 0, st->q.stream>>>(dtc_dm(x), x.rows, heads, hd, (const float *)w.data,
                                                                     eps, dtc_dm(cos), dtc_dm(sin), mode);
     }
     CK_LAUNCH("head_norm_rope");
@@ -705,7 +705,7 @@ void dtc_transpose(dt_backend *be, dt_mat y, dt_mat x) {
     if (x.rows <= 0 || x.cols <= 0) return;
     DTC_REQUIRE((x.rows + 31) / 32 < 65536, "transpose: too many rows");
     dim3 grid((unsigned)((x.cols + 31) / 32), (unsigned)((x.rows + 31) / 32));
-    k_transpose<<<grid, dim3(32, 8), 0, dtc(be)->stream>>>(dtc_dm(y), dtc_dm(x), x.rows, x.cols);
+    k_transpose<<<grid, dim3(32, 8), 0, dtc(be)->q.stream>>>(dtc_dm(y), dtc_dm(x), x.rows, x.cols);
     CK_LAUNCH("transpose");
 }
 
@@ -726,7 +726,7 @@ void dtc_convert_to_bf16(dtc_state *st, __nv_bfloat16 *dst, const void *src, dt_
     DTC_REQUIRE(t == DT_F32 || t == DT_F16 || t == DT_BF16, "convert: dtype %s", dt_dtype_name(t));
     int64_t b = (n + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
-    k_to_bf16<<<(unsigned)b, 256, 0, st->stream>>>(dst, src, code, n);
+    k_to_bf16<<<(unsigned)b, 256, 0, st->q.stream>>>(dst, src, code, n);
     CK_LAUNCH("convert_to_bf16");
 }
 

@@ -161,14 +161,14 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
         for (int64_t r0 = 0; r0 < N; r0 += rows) {
             int64_t nr = N - r0 < rows ? N - r0 : rows;
             CK(cudaMemcpyAsync(stage, (const char *)src->data + (size_t)(r0 * K) * es, (size_t)(nr * K) * es,
-                               cudaMemcpyHostToDevice, st->stream));
+                               cudaMemcpyHostToDevice, st->q.stream));
             uint8_t *q = f->q + r0 * K;
             float *s = f->s + r0;
-            if (sk == 0) k_fp8_weight<0><<<(unsigned)nr, 256, 0, st->stream>>>(stage, nullptr, K, 1, q, s);
-            else if (sk == 1) k_fp8_weight<1><<<(unsigned)nr, 256, 0, st->stream>>>(stage, nullptr, K, 1, q, s);
-            else k_fp8_weight<2><<<(unsigned)nr, 256, 0, st->stream>>>(stage, nullptr, K, 1, q, s);
+            if (sk == 0) k_fp8_weight<0><<<(unsigned)nr, 256, 0, st->q.stream>>>(stage, nullptr, K, 1, q, s);
+            else if (sk == 1) k_fp8_weight<1><<<(unsigned)nr, 256, 0, st->q.stream>>>(stage, nullptr, K, 1, q, s);
+            else k_fp8_weight<2><<<(unsigned)nr, 256, 0, st->q.stream>>>(stage, nullptr, K, 1, q, s);
             CK_LAUNCH("fp8_weight");
-            CK(cudaStreamSynchronize(st->stream));  /* the stage is reused */
+            CK(cudaStreamSynchronize(st->q.stream));  /* the stage is reused */
         }
         dtc_pool_free(st, stage);
     } else {
@@ -194,12 +194,12 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
             h[i].x = fp8_host_half(src->scales, src->sb_dtype, i);
             h[i].y = fp8_host_half(src->biases, src->sb_dtype, i);
         }
-        CK(cudaMemcpyAsync(qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->stream));
-        CK(cudaMemcpyAsync(sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->stream));
-        if (src->bits == 4) k_fp8_weight<4><<<(unsigned)N, 256, 0, st->stream>>>(qw, sb, K, src->group_size, f->q, f->s);
-        else k_fp8_weight<8><<<(unsigned)N, 256, 0, st->stream>>>(qw, sb, K, src->group_size, f->q, f->s);
+        CK(cudaMemcpyAsync(qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->q.stream));
+        CK(cudaMemcpyAsync(sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->q.stream));
+        if (src->bits == 4) k_fp8_weight<4><<<(unsigned)N, 256, 0, st->q.stream>>>(qw, sb, K, src->group_size, f->q, f->s);
+        else k_fp8_weight<8><<<(unsigned)N, 256, 0, st->q.stream>>>(qw, sb, K, src->group_size, f->q, f->s);
         CK_LAUNCH("fp8_weight");
-        CK(cudaStreamSynchronize(st->stream));
+        CK(cudaStreamSynchronize(st->q.stream));
         free(h);
         dtc_pool_free(st, qw);
         dtc_pool_free(st, sb);
@@ -213,12 +213,12 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
 static uint8_t *fp8_quant_act(dtc_state *st, dt_mat x, float **sx) {
     const int64_t M = x.rows, K = x.cols;
     size_t qbytes = ((size_t)(M * K) + 255) & ~(size_t)255;
-    uint8_t *q = (uint8_t *)dtc_scratch_get(st, &st->s_fp8, qbytes + (size_t)M * sizeof(float));
+    uint8_t *q = (uint8_t *)dtc_scratch_get(st, &st->q.s_fp8, qbytes + (size_t)M * sizeof(float));
     *sx = (float *)(q + qbytes);
     int threads = K >= 8192 ? 256 : 128;
     DTC_REQUIRE(M < 2147483647LL, "fp8 linear: %lld rows", (long long)M);
-    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->stream>>>(dtc_dm(x), K, q, *sx);
-    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->stream>>>(dtc_dm(x), K, q, *sx);
+    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, *sx);
+    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, *sx);
     CK_LAUNCH("fp8_act");
     return q;
 }
@@ -398,7 +398,7 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
         if (key.has_bias)
             CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
         cublasStatus_t rs = cublasLtMatmul(st->lt, e.op, &alpha, f->q, e.la, xq, e.lb, &beta, y.data, e.ld, y.data, e.ld,
-                                           &e.algo, st->lt_ws, st->lt_ws_size, st->stream);
+                                           &e.algo, st->q.lt_ws, st->lt_ws_size, st->q.stream);
         if (rs == CUBLAS_STATUS_SUCCESS) break;
         if (!key.outer) dtc_fatal("cublasLtMatmul (fp8)", __FILE__, __LINE__, cublasGetStatusString(rs));
         /* the heuristic offered an outer-vector algorithm that does not run: epilogue mode for this shape */
@@ -415,7 +415,7 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
         int64_t total = y.rows * y.cols;
         int64_t b = (total + 255) / 256;
         if (b > (int64_t)st->sm_count * 16) b = (int64_t)st->sm_count * 16;
-        k_fp8_scale<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), y.rows, y.cols, sx, f->s, bias);
+        k_fp8_scale<<<(unsigned)b, 256, 0, st->q.stream>>>(dtc_dm(y), y.rows, y.cols, sx, f->s, bias);
         CK_LAUNCH("fp8_scale");
     } else if (bias && !key.has_bias) {
         dtc_add_row_bias(st, y, bias);

@@ -30,13 +30,13 @@ dt_conv *dtc_conv_create(dt_backend *be, const float *w, const float *bias, int 
     uint16_t *hb = (uint16_t *)malloc(n * 2);
     if (!hb) { dt_set_error("cuda: out of host memory"); dtc_pool_free(st, c->w); free(c); return NULL; }
     for (size_t i = 0; i < n; i++) hb[i] = dt_f32_to_bf16(w[i]);
-    CK(cudaMemcpyAsync(c->w, hb, n * 2, cudaMemcpyHostToDevice, st->stream));
+    CK(cudaMemcpyAsync(c->w, hb, n * 2, cudaMemcpyHostToDevice, st->q.stream));
     if (bias) {
         c->bias = (float *)dtc_pool_alloc(st, (size_t)cout * 4);
-        if (!c->bias) { CK(cudaStreamSynchronize(st->stream)); free(hb); dtc_pool_free(st, c->w); free(c); return NULL; }
-        CK(cudaMemcpyAsync(c->bias, bias, (size_t)cout * 4, cudaMemcpyHostToDevice, st->stream));
+        if (!c->bias) { CK(cudaStreamSynchronize(st->q.stream)); free(hb); dtc_pool_free(st, c->w); free(c); return NULL; }
+        CK(cudaMemcpyAsync(c->bias, bias, (size_t)cout * 4, cudaMemcpyHostToDevice, st->q.stream));
     }
-    CK(cudaStreamSynchronize(st->stream));
+    CK(cudaStreamSynchronize(st->q.stream));
     free(hb);
     return c;
 }
@@ -132,10 +132,10 @@ void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int
                 int64_t maxbx = ((int64_t)st->sm_count * 16 + K - 1) / K;   /* blocks loop over the band beyond */
                 if (maxbx < 1) maxbx = 1;
                 if (bx > maxbx) bx = maxbx;
-                k_im2col8<<<dim3((unsigned)bx, (unsigned)K), 256, 0, st->stream>>>(
+                k_im2col8<<<dim3((unsigned)bx, (unsigned)K), 256, 0, st->q.stream>>>(
                     col, P, (const __nv_bfloat16 *)x.data, x.ld, c->k, c->pad, h, w, p0, np);
             } else {
-                k_im2col<<<(unsigned)b, 256, 0, st->stream>>>(col, P, dtc_dm(x), c->cin, c->k, c->pad, h, w, p0, np);
+                k_im2col<<<(unsigned)b, 256, 0, st->q.stream>>>(col, P, dtc_dm(x), c->cin, c->k, c->pad, h, w, p0, np);
             }
             CK_LAUNCH("im2col");
             void *yp = (char *)y.data + (size_t)p0 * dt_dtype_size(y.dtype);
@@ -278,18 +278,18 @@ void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma
     float *stats = (float *)(buf + ((pbytes + 255) / 256) * 256);
     const int vec = dtc_vec8_ok(x) && dtc_vec8_ok(y) && x.cols / 8 < (1LL << 31);
     if (vec)
-        k_gn_partial8<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->stream>>>(
+        k_gn_partial8<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->q.stream>>>(
             (const __nv_bfloat16 *)x.data, x.ld, (int)(x.cols / 8), cpg, chunks, part);
     else
-        k_gn_partial<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->stream>>>(dtc_dm(x), x.cols, cpg, chunks, part);
+        k_gn_partial<<<dim3((unsigned)groups, (unsigned)chunks), 256, 0, st->q.stream>>>(dtc_dm(x), x.cols, cpg, chunks, part);
     CK_LAUNCH("group_norm partial");
-    k_gn_final<<<(groups + 127) / 128, 128, 0, st->stream>>>(part, chunks, (double)n, eps, stats, groups);
+    k_gn_final<<<(groups + 127) / 128, 128, 0, st->q.stream>>>(part, chunks, (double)n, eps, stats, groups);
     CK_LAUNCH("group_norm final");
     if (vec) {
         int64_t hw8 = x.cols / 8, gx = (hw8 + 255) / 256;
         if (gx > 65535) gx = 65535;
         int64_t gy = x.rows < 65535 ? x.rows : 65535;
-        k_gn_apply8<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st->stream>>>(
+        k_gn_apply8<<<dim3((unsigned)gx, (unsigned)gy), 256, 0, st->q.stream>>>(
             (__nv_bfloat16 *)y.data, y.ld, (const __nv_bfloat16 *)x.data, x.ld, x.rows, (int)hw8, cpg, stats,
             (const float *)gamma.data, (const float *)beta.data, silu);
         CK_LAUNCH("group_norm apply");
@@ -298,7 +298,7 @@ void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma
     int64_t total = x.rows * x.cols;
     int64_t b = (total + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
-    k_gn_apply<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), x.rows, x.cols, cpg, stats,
+    k_gn_apply<<<(unsigned)b, 256, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), x.rows, x.cols, cpg, stats,
                                                     (const float *)gamma.data, (const float *)beta.data, silu);
     CK_LAUNCH("group_norm apply");
 }
@@ -344,14 +344,14 @@ void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
         x.ld % 8 == 0 && y.ld % 8 == 0) {
         int64_t gx = (w / 4 + 127) / 128, gy = x.rows * h;
         if (gy > 65535) gy = 65535;
-        k_upsample2x_v<<<dim3((unsigned)gx, (unsigned)gy), 128, 0, st->stream>>>(
+        k_upsample2x_v<<<dim3((unsigned)gx, (unsigned)gy), 128, 0, st->q.stream>>>(
             (__nv_bfloat16 *)y.data, y.ld, (const __nv_bfloat16 *)x.data, x.ld, x.rows, h, w);
         CK_LAUNCH("upsample2x");
         return;
     }
     int64_t b = (total + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
-    k_upsample2x<<<(unsigned)b, 256, 0, st->stream>>>(dtc_dm(y), dtc_dm(x), x.rows, h, w);
+    k_upsample2x<<<(unsigned)b, 256, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), x.rows, h, w);
     CK_LAUNCH("upsample2x");
 }
 

@@ -148,17 +148,17 @@ static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMa
  * D is also C (beta = 1 when accumulating). */
 static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, const void *alpha,
                        const void *A, const void *B, void *D, float beta) {
-    if (cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
-                       st->lt_ws_size, st->stream) != CUBLAS_STATUS_SUCCESS)
+    if (cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->q.lt_ws,
+                       st->lt_ws_size, st->q.stream) != CUBLAS_STATUS_SUCCESS)
         return -1.f;
     cudaEvent_t t0, t1;
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
-    CK(cudaEventRecord(t0, st->stream));
+    CK(cudaEventRecord(t0, st->q.stream));
     for (int r = 0; r < GEMM_TUNE_REPS; r++)
-        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->lt_ws,
-                            st->lt_ws_size, st->stream));
-    CK(cudaEventRecord(t1, st->stream));
+        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->q.lt_ws,
+                            st->lt_ws_size, st->q.stream));
+    CK(cudaEventRecord(t1, st->q.stream));
     CK(cudaEventSynchronize(t1));
     float ms = 0.f;
     CK(cudaEventElapsedTime(&ms, t0, t1));
@@ -176,22 +176,22 @@ static void time_algos_sustained(dtc_state *st, gemm_entry &e, const cublasLtMat
     int heat = first > 0.f ? (int)(GEMM_TUNE_HEAT_MS / first) : 0;
     if (heat > 2000) heat = 2000;
     for (int r = 0; r < heat; r++)
-        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[0].algo, st->lt_ws,
-                            st->lt_ws_size, st->stream));
+        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[0].algo, st->q.lt_ws,
+                            st->lt_ws_size, st->q.stream));
     float t[GEMM_TUNE_CANDIDATES_MAX][GEMM_TUNE_ROUNDS];
     bool ok[GEMM_TUNE_CANDIDATES_MAX];
     cudaEvent_t ev[GEMM_TUNE_CANDIDATES_MAX + 1];
     for (int i = 0; i <= n; i++) CK(cudaEventCreate(&ev[i]));
     for (int i = 0; i < n; i++)   /* refused candidates are found once, outside the timed rounds */
         ok[i] = cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[i].algo,
-                               st->lt_ws, st->lt_ws_size, st->stream) == CUBLAS_STATUS_SUCCESS;
+                               st->q.lt_ws, st->lt_ws_size, st->q.stream) == CUBLAS_STATUS_SUCCESS;
     for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) {
-        CK(cudaEventRecord(ev[0], st->stream));
+        CK(cudaEventRecord(ev[0], st->q.stream));
         for (int i = 0; i < n; i++) {
             for (int k = 0; ok[i] && k < GEMM_TUNE_REPS; k++)
                 CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[i].algo,
-                                    st->lt_ws, st->lt_ws_size, st->stream));
-            CK(cudaEventRecord(ev[i + 1], st->stream));
+                                    st->q.lt_ws, st->lt_ws_size, st->q.stream));
+            CK(cudaEventRecord(ev[i + 1], st->q.stream));
         }
         CK(cudaEventSynchronize(ev[n]));
         for (int i = 0; i < n; i++) {
@@ -310,7 +310,7 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
                 if (accumulate) {
                     Dt = dtc_pool_alloc(st, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d));
                     if (!Dt) { cudaGetLastError(); Dt = nullptr; }
-                    else CK(cudaMemsetAsync(Dt, 0x3c, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d), st->stream));
+                    else CK(cudaMemsetAsync(Dt, 0x3c, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d), st->q.stream));
                 }
                 float tms[GEMM_TUNE_CANDIDATES_MAX];
                 if (Dt && st->gemm_tune == 2) time_algos_sustained(st, e, res, cnt, &alpha, A, B, Dt, beta, tms);
@@ -323,7 +323,7 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
                                 (long long)n, (long long)k, i, ms);
                 }
                 if (accumulate && Dt) {
-                    CK(cudaStreamSynchronize(st->stream));
+                    CK(cudaStreamSynchronize(st->q.stream));
                     dtc_pool_free(st, Dt);
                 }
                 e.algo = res[bi].algo;
@@ -341,8 +341,8 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
     if (!e.op) return -1;   /* accumulating product without an algorithm (found earlier) */
     if (bias_bf16)
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_bf16, sizeof bias_bf16));
-    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &e.algo, st->lt_ws,
-                        st->lt_ws_size, st->stream));
+    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &e.algo, st->q.lt_ws,
+                        st->lt_ws_size, st->q.stream));
     return 0;
 }
 
@@ -444,7 +444,7 @@ static int pf_victim(const dtc_state *st) {
 void dtc_prefetch_join(dtc_state *st) {
     if (!st->pf_unjoined) return;
     CK(cudaEventRecord(st->pf_last, st->pf_stream));
-    CK(cudaStreamWaitEvent(st->stream, st->pf_last, 0));
+    CK(cudaStreamWaitEvent(st->q.stream, st->pf_last, 0));
     st->pf_unjoined = 0;
 }
 
@@ -464,7 +464,7 @@ void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_
     if (pf_find(st, w, gate.data, gf) >= 0) return;
     int s = pf_victim(st);
     if (s < 0) return;
-    CK(cudaEventRecord(st->pf_pos, st->stream));
+    CK(cudaEventRecord(st->pf_pos, st->q.stream));
     CK(cudaStreamWaitEvent(st->pf_stream, st->pf_pos, 0));
     dequant_launch(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, gate.data, gf);
     CK(cudaEventRecord(st->pf[s].ready, st->pf_stream));
@@ -480,20 +480,20 @@ void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_
 static __nv_bfloat16 *transient_weights(dtc_state *st, const dt_linear *w, const void *rowscale = nullptr,
                                         int rs_f32 = 0) {
     if (!pf_usable(st, w)) {
-        __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
-        dequant_launch(st, st->stream, tmp, w, rowscale, rs_f32);
+        __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->q.s_qdeq, (size_t)w->out * w->in * 2);
+        dequant_launch(st, st->q.stream, tmp, w, rowscale, rs_f32);
         return tmp;
     }
     int s = pf_find(st, w, rowscale, rs_f32);
     if (s >= 0 && st->pf[s].pending) {   /* prefetched: wait for it */
-        CK(cudaStreamWaitEvent(st->stream, st->pf[s].ready, 0));
+        CK(cudaStreamWaitEvent(st->q.stream, st->pf[s].ready, 0));
     } else {
         s = pf_victim(st);
         if (s < 0) {   /* both slots hold prefetches for other Linears: take the older one's slot */
             s = st->pf[0].stamp < st->pf[1].stamp ? 0 : 1;
-            CK(cudaStreamWaitEvent(st->stream, st->pf[s].ready, 0));
+            CK(cudaStreamWaitEvent(st->q.stream, st->pf[s].ready, 0));
         }
-        dequant_launch(st, st->stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, rowscale, rs_f32);
+        dequant_launch(st, st->q.stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, rowscale, rs_f32);
     }
     /* consumed: the content is not reused (a later call dequantizes again, as without prefetching) */
     st->pf[s].w = st->pf[s].gate = nullptr;
@@ -528,7 +528,7 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
 
 /* The MLX-packed copy once another form was made from it (cached dense, mixed layout): free it when done. */
 static void drop_packed(dtc_state *st, dt_linear *w) {
-    CK(cudaStreamSynchronize(st->stream));
+    CK(cudaStreamSynchronize(st->q.stream));
     dtc_pool_free(st, w->qw);
     dtc_pool_free(st, w->sb);
     w->qw = nullptr;
@@ -566,7 +566,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         }
         LIN_ALLOC(w->w, (size_t)N * K * 2);
         if (src->dtype == DT_BF16) {
-            CK(cudaMemcpyAsync(w->w, src->data, (size_t)N * K * 2, cudaMemcpyHostToDevice, st->stream));
+            CK(cudaMemcpyAsync(w->w, src->data, (size_t)N * K * 2, cudaMemcpyHostToDevice, st->q.stream));
         } else {
             /* stage raw bytes in chunks and convert on the device */
             size_t es = dt_dtype_size(src->dtype);
@@ -577,10 +577,10 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
             for (int64_t off = 0; off < total; off += chunk) {
                 int64_t nn = total - off < chunk ? total - off : chunk;
                 CK(cudaMemcpyAsync(stage, (const char *)src->data + (size_t)off * es, (size_t)nn * es,
-                                   cudaMemcpyHostToDevice, st->stream));
+                                   cudaMemcpyHostToDevice, st->q.stream));
                 dtc_convert_to_bf16(st, w->w + off, stage, src->dtype, nn);
             }
-            CK(cudaStreamSynchronize(st->stream));
+            CK(cudaStreamSynchronize(st->q.stream));
             dtc_pool_free(st, stage);
         }
     } else {
@@ -593,7 +593,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         int64_t words = K * src->bits / 32, ng = K / src->group_size;
         LIN_ALLOC(w->qw, (size_t)N * words * 4);
         LIN_ALLOC(w->sb, (size_t)N * ng * sizeof(float2));
-        CK(cudaMemcpyAsync(w->qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->stream));
+        CK(cudaMemcpyAsync(w->qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->q.stream));
         float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
         if (!h) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
         int sb_bf16_exact = 1;   /* every scale and bias a bf16 value (for the mixed GEMM's bf16x2 dequantization) */
@@ -602,12 +602,12 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
             h[i].y = host_half(src->biases, src->sb_dtype, i);
             sb_bf16_exact &= dt_bf16_to_f32(dt_f32_to_bf16(h[i].x)) == h[i].x && dt_bf16_to_f32(dt_f32_to_bf16(h[i].y)) == h[i].y;
         }
-        CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->stream));
-        CK(cudaStreamSynchronize(st->stream));
+        CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->q.stream));
+        CK(cudaStreamSynchronize(st->q.stream));
         free(h);
         if (be->opts.qpath == DT_QPATH_CACHED) {
             LIN_ALLOC(w->w, (size_t)N * K * 2);
-            dequant_launch(st, st->stream, w->w, w);
+            dequant_launch(st, st->q.stream, w->w, w);
             drop_packed(st, w);
         } else if (be->opts.qpath == DT_QPATH_MIXED && dtc_qgemm_eligible(st, N, K, src->bits, src->group_size)) {
             if (dtc_qgemm_pack(st, &w->mx, w->qw, w->sb, N, K, src->bits, src->group_size, sb_bf16_exact)) {
@@ -621,7 +621,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
                 dtc_scratch_reserve(st, &st->pf[0].buf, (size_t)N * K * 2);
                 dtc_scratch_reserve(st, &st->pf[1].buf, (size_t)N * K * 2);
             } else {
-                dtc_scratch_get(st, &st->s_qdeq, (size_t)N * K * 2);
+                dtc_scratch_get(st, &st->q.s_qdeq, (size_t)N * K * 2);
             }
         }
     }
@@ -630,11 +630,11 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         if (!hb) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
         for (int64_t i = 0; i < N; i++) hb[i] = dt_f32_to_bf16(host_half(src->bias, src->bias_dtype, i));
         LIN_ALLOC(w->bias, (size_t)N * 2);
-        CK(cudaMemcpyAsync(w->bias, hb, (size_t)N * 2, cudaMemcpyHostToDevice, st->stream));
-        CK(cudaStreamSynchronize(st->stream));
+        CK(cudaMemcpyAsync(w->bias, hb, (size_t)N * 2, cudaMemcpyHostToDevice, st->q.stream));
+        CK(cudaStreamSynchronize(st->q.stream));
         free(hb);
     }
-    CK(cudaStreamSynchronize(st->stream));
+    CK(cudaStreamSynchronize(st->q.stream));
     return w;
 }
 
@@ -869,7 +869,7 @@ static void qmm_launch(dtc_state *st, const qmm_args &a0, int splits) {
     int ktiles = a.K / QMM_BK;
     a.tiles_per_split = (ktiles + splits - 1) / splits;
     dim3 grid((unsigned)((a.N + QMM_BN - 1) / QMM_BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)splits);
-    k_qmm<BITS, BM, WM, WN><<<grid, QMM_THREADS, S::TOTAL, st->stream>>>(a);
+    k_qmm<BITS, BM, WM, WN><<<grid, QMM_THREADS, S::TOTAL, st->q.stream>>>(a);
     CK_LAUNCH("qmm");
 }
 
@@ -910,7 +910,7 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
         splits = (ktiles + per - 1) / per;
     }
     if (splits > 1) {
-        a.part = (float *)dtc_scratch_get(st, &st->s_split, (size_t)splits * a.M * a.N * sizeof(float));
+        a.part = (float *)dtc_scratch_get(st, &st->q.s_split, (size_t)splits * a.M * a.N * sizeof(float));
     }
     if (w->bits == 4) qmm_dispatch<4>(st, a, splits);
     else qmm_dispatch<8>(st, a, splits);
@@ -918,7 +918,7 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
         int64_t total = (int64_t)a.M * a.N;
         int64_t b = (total + 255) / 256;
         if (b > (int64_t)st->sm_count * 16) b = (int64_t)st->sm_count * 16;
-        k_splitk_reduce<<<(unsigned)b, 256, 0, st->stream>>>(a.part, splits, a.M, a.N, w->bias, dtc_dm(y));
+        k_splitk_reduce<<<(unsigned)b, 256, 0, st->q.stream>>>(a.part, splits, a.M, a.N, w->bias, dtc_dm(y));
         CK_LAUNCH("splitk_reduce");
     }
 }
@@ -955,7 +955,7 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
         return;
     }
     if (x.dtype != DT_BF16) {  /* cast F32 input to a bf16 scratch copy */
-        void *p = dtc_scratch_get(st, &st->s_cast, (size_t)x.rows * x.cols * 2);
+        void *p = dtc_scratch_get(st, &st->q.s_cast, (size_t)x.rows * x.cols * 2);
         dt_mat xb = {p, x.rows, x.cols, x.cols, DT_BF16};
         dtc_copy(be, xb, x);
         x = xb;
@@ -967,7 +967,7 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
     if (w->mx.q) {
         dtc_qg_epi e = {w->bias, nullptr, 0, 0};
         if (dtc_qgemm(st, y, x, &w->mx, &e) == 0) return;
-        __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_qdeq, (size_t)w->out * w->in * 2);
+        __nv_bfloat16 *tmp = (__nv_bfloat16 *)dtc_scratch_get(st, &st->q.s_qdeq, (size_t)w->out * w->in * 2);
         dtc_qgemm_dequant(st, tmp, &w->mx, nullptr, 0);
         dense_gemm(st, y, x, tmp, w);
         return;
@@ -1015,7 +1015,7 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
                      1, 1) == 0)
             return;
     }
-    void *yp = dtc_scratch_get(st, &st->s_lga, (size_t)x.rows * x.cols * 2);
+    void *yp = dtc_scratch_get(st, &st->q.s_lga, (size_t)x.rows * x.cols * 2);
     dt_mat y = {yp, x.rows, x.cols, x.cols, DT_BF16};
     dtc_linear(be, y, a, w);
     dtc_gated_add(be, x, gate, y);
@@ -1042,9 +1042,9 @@ void dtc_preload_linear(dtc_state *st) {
     void *buf = dtc_pool_alloc(st, 3 * 128 * 128 * 2);
     if (buf) {
         __nv_bfloat16 *a = (__nv_bfloat16 *)buf, *b = a + 128 * 128, *d = b + 128 * 128;
-        CK(cudaMemsetAsync(buf, 0, 2 * 128 * 128 * 2, st->stream));
+        CK(cudaMemsetAsync(buf, 0, 2 * 128 * 128 * 2, st->q.stream));
         dtc_gemm(st, 1, 0, 128, 128, 128, a, 128, b, 128, d, 128, DT_BF16, 1.f, nullptr);
-        CK(cudaStreamSynchronize(st->stream));
+        CK(cudaStreamSynchronize(st->q.stream));
         dtc_pool_free(st, buf);
     } else {
         cudaGetLastError();

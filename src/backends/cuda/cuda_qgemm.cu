@@ -686,12 +686,12 @@ int dtc_qgemm_pack(dtc_state *st, dtc_qg_w *dst, const uint32_t *qw, const float
     dst->ss = kv && !strcmp(kv, "ss");
     const unsigned blocks = (unsigned)(st->sm_count * 8);
     if (dst->ss) {
-        if (bits == 4) k_qs_pack<4><<<blocks, 256, 0, st->stream>>>(dst->q, qw, N, K);
-        else k_qs_pack<8><<<blocks, 256, 0, st->stream>>>(dst->q, qw, N, K);
-    } else if (bits == 4) k_qg_pack<4><<<blocks, 256, 0, st->stream>>>(dst->q, qw, N, K);
-    else k_qg_pack<8><<<blocks, 256, 0, st->stream>>>(dst->q, qw, N, K);
+        if (bits == 4) k_qs_pack<4><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
+        else k_qs_pack<8><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
+    } else if (bits == 4) k_qg_pack<4><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
+    else k_qg_pack<8><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
     CK_LAUNCH("qgemm_pack");
-    k_qg_pack_sb<<<blocks, 256, 0, st->stream>>>(dst->sb, sb, N, ng, dst->sb_bf16);
+    k_qg_pack_sb<<<blocks, 256, 0, st->q.stream>>>(dst->sb, sb, N, ng, dst->sb_bf16);
     CK_LAUNCH("qgemm_pack_sb");
     return 0;
 }
@@ -706,7 +706,7 @@ void dtc_qgemm_free(dtc_state *st, dtc_qg_w *w) {
 void dtc_qgemm_dequant(dtc_state *st, __nv_bfloat16 *dst, const dtc_qg_w *w, const void *rowscale, int rs_f32) {
     const unsigned blocks = (unsigned)(st->sm_count * 16);
     auto kern = w->ss ? (w->bits == 4 ? k_qs_dequant<4> : k_qs_dequant<8>) : (w->bits == 4 ? k_qg_dequant<4> : k_qg_dequant<8>);
-    kern<<<blocks, 256, 0, st->stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
+    kern<<<blocks, 256, 0, st->q.stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
     CK_LAUNCH("qgemm_dequant");
 }
 
@@ -729,7 +729,7 @@ static void q_launch(dtc_state *st, const CUtensorMap &map, const qg_args &a) {
         attr = 1;
     }
     dim3 grid((unsigned)((a.M + nt - 1) / nt), (unsigned)(a.N / QG_ROWS));
-    kern<<<grid, QG_THREADS, smem, st->stream>>>(map, a);
+    kern<<<grid, QG_THREADS, smem, st->q.stream>>>(map, a);
     CK_LAUNCH("qgemm");
 }
 
