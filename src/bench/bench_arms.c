@@ -39,13 +39,7 @@ static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
     bench_report *r = x->r;
     int reps = x->reps;
     bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
-    double *s = dt_malloc(sizeof(double) * a->nv * reps);
-    for (int rep = -x->warmup; rep < reps; rep++)
-        for (int j = 0; j < a->nv; j++) {
-            int v = bench_arm_order(rep, x->warmup, j, a->nv);
-            double ms = a->time(ctx, v);
-            if (rep >= 0) s[v * reps + rep] = ms;
-        }
+    double *s = bench_time_interleaved(a->nv, reps, x->warmup, a->time, ctx);
     float *o0 = dt_malloc(sizeof(float) * (a->out_n ? a->out_n : 1)), *o1 = dt_malloc(sizeof(float) * (a->out_n ? a->out_n : 1));
     a->output(ctx, 0, o0);
     double absmax = bench_max_abs(o0, a->out_n);

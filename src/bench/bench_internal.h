@@ -78,10 +78,11 @@ double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb);
  * src names where it came from. */
 double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n);
 /* Progress line on stderr. */
-/* The variant an interleaved arm runs j-th in repetition rep (counted from -warmup): the order rotates every
- * repetition (A B, B A, ...), so each variant takes each position equally often. Under a power cap the position
- * in a back-to-back sequence alone moved an identical forward by 1.6% (PERF.md, stop 13). */
-static inline int bench_arm_order(int rep, int warmup, int j, int nv) { return (j + rep + warmup) % nv; }
+/* An arm's variants 0..nv-1 timed interleaved: warmup + reps rounds, each running every variant once with the
+ * order rotating every round (A B, B A, ...), so each variant takes each position equally often (under a power
+ * cap the position in a back-to-back sequence alone moved an identical forward by 1.6%: PERF.md, stop 13).
+ * time(ctx, v) returns one sample in ms. Returns the samples [nv][reps] (dt_malloc'd; the caller frees). */
+double *bench_time_interleaved(int nv, int reps, int warmup, double (*time)(void *ctx, int v), void *ctx);
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 
 /* ---- rotating weight sets (bench_util.c) ----

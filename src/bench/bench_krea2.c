@@ -977,19 +977,24 @@ typedef struct {
     double tol[3];      /* agreement tolerance of variant v vs 0, relative to max |A|; INFINITY = differs by design */
 } k2_arm;
 
+typedef struct {
+    k2_attn_ctx *ac;
+    const k2_arm *a;
+} k2_arm_run;
+
+static double k2_arm_time(void *p, int v) {
+    k2_arm_run *k = p;
+    bench_timer_start(&k->ac->tm);
+    k->a->run(k->ac, v);
+    return bench_timer_stop(&k->ac->tm);
+}
+
 static void run_arm(k2_ctx *x, k2_attn_ctx *ac, const k2_arm *a) {
     bench_k2_report *r = x->r;
     int reps = x->reps;
     bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
-    double *s = dt_malloc(sizeof(double) * a->nv * reps);
-    for (int rep = -x->warmup; rep < reps; rep++)
-        for (int j = 0; j < a->nv; j++) {
-            int v = bench_arm_order(rep, x->warmup, j, a->nv);
-            bench_timer_start(&ac->tm);
-            a->run(ac, v);
-            double ms = bench_timer_stop(&ac->tm);
-            if (rep >= 0) s[v * reps + rep] = ms;
-        }
+    k2_arm_run kr = {ac, a};
+    double *s = bench_time_interleaved(a->nv, reps, x->warmup, k2_arm_time, &kr);
     size_t no = (size_t)(ac->L * ac->hq * ac->hd);
     float *o0 = dt_malloc(sizeof(float) * no), *o1 = dt_malloc(sizeof(float) * no);
     a->run(ac, 0);

@@ -190,6 +190,17 @@ void bench_progress(const char *fmt, ...) {
     va_end(ap);
 }
 
+double *bench_time_interleaved(int nv, int reps, int warmup, double (*time)(void *ctx, int v), void *ctx) {
+    double *s = dt_malloc(sizeof(double) * (size_t)nv * (size_t)(reps > 0 ? reps : 1));
+    for (int rep = -warmup; rep < reps; rep++)
+        for (int j = 0; j < nv; j++) {
+            int v = (j + rep + warmup) % nv;
+            double ms = time(ctx, v);
+            if (rep >= 0) s[v * reps + rep] = ms;
+        }
+    return s;
+}
+
 /* ------------------------------------------------------------------ rotating weight sets */
 
 size_t bench_src_bytes(const dt_linear_src *s) {
