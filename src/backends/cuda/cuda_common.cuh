@@ -224,6 +224,8 @@ void dtc_fp8_cache_free(dtc_state *st);
 void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
 void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
+/* MLX (scale, bias) pairs of src (BF16/F16/F32) as f32 pairs h[n]; returns 1 when every value is a bf16 value. */
+int dtc_host_scales(const dt_linear_src *src, float2 *h, int64_t n);
 void dtc_prefetch_forget(dtc_state *st);
 dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src);
 void dtc_linear_destroy(dt_backend *be, dt_linear *w);

@@ -129,12 +129,6 @@ void dtc_fp8_weight_free(dtc_state *st, dtc_fp8_w *f) {
     free(f);
 }
 
-static float fp8_host_half(const void *p, dt_dtype t, int64_t i) {
-    if (t == DT_F32) return ((const float *)p)[i];
-    if (t == DT_F16) return dt_f16_to_f32(((const uint16_t *)p)[i]);
-    return dt_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
 dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
     const char *nm = src->name ? src->name : "?";
     const int64_t N = src->out, K = src->in;
@@ -190,10 +184,7 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
             dtc_fp8_weight_free(st, f);
             return NULL;
         }
-        for (int64_t i = 0; i < N * ng; i++) {
-            h[i].x = fp8_host_half(src->scales, src->sb_dtype, i);
-            h[i].y = fp8_host_half(src->biases, src->sb_dtype, i);
-        }
+        dtc_host_scales(src, h, N * ng);
         CK(cudaMemcpyAsync(qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->q.stream));
         CK(cudaMemcpyAsync(sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->q.stream));
         if (src->bits == 4) k_fp8_weight<4><<<(unsigned)N, 256, 0, st->q.stream>>>(qw, sb, K, src->group_size, f->q, f->s);

@@ -508,6 +508,26 @@ static float host_half(const void *p, dt_dtype t, int64_t i) {
     return dt_bf16_to_f32(((const uint16_t *)p)[i]);
 }
 
+int dtc_host_scales(const dt_linear_src *src, float2 *h, int64_t n) {
+    if (src->sb_dtype == DT_BF16) {
+        /* the common case, without a per-element dtype switch and exactness test (bf16 -> f32 is exact): 7x
+         * faster on the host (0.54 -> 0.07 s for a klein-4B's 60 M pairs on the dev machine) */
+        const uint16_t *sc = (const uint16_t *)src->scales, *bi = (const uint16_t *)src->biases;
+        for (int64_t i = 0; i < n; i++) {
+            h[i].x = dt_bf16_to_f32(sc[i]);
+            h[i].y = dt_bf16_to_f32(bi[i]);
+        }
+        return 1;
+    }
+    int exact = 1;
+    for (int64_t i = 0; i < n; i++) {
+        h[i].x = host_half(src->scales, src->sb_dtype, i);
+        h[i].y = host_half(src->biases, src->sb_dtype, i);
+        exact &= dt_bf16_to_f32(dt_f32_to_bf16(h[i].x)) == h[i].x && dt_bf16_to_f32(dt_f32_to_bf16(h[i].y)) == h[i].y;
+    }
+    return exact;
+}
+
 void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     if (!w) return;
     dtc_state *st = dtc(be);
@@ -596,23 +616,8 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         CK(cudaMemcpyAsync(w->qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->q.stream));
         float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
         if (!h) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
-        int sb_bf16_exact = 1;   /* every scale and bias a bf16 value (for the mixed GEMM's bf16x2 dequantization) */
-        if (src->sb_dtype == DT_BF16) {
-            /* the common case, without the per-element dtype switch and exactness test (bf16 -> f32 is exact):
-             * 7x faster on the host, ~0.5 s of a klein-4B q4 load */
-            const uint16_t *sc = (const uint16_t *)src->scales, *bi = (const uint16_t *)src->biases;
-            for (int64_t i = 0; i < N * ng; i++) {
-                h[i].x = dt_bf16_to_f32(sc[i]);
-                h[i].y = dt_bf16_to_f32(bi[i]);
-            }
-        } else {
-            for (int64_t i = 0; i < N * ng; i++) {
-                h[i].x = host_half(src->scales, src->sb_dtype, i);
-                h[i].y = host_half(src->biases, src->sb_dtype, i);
-                sb_bf16_exact &= dt_bf16_to_f32(dt_f32_to_bf16(h[i].x)) == h[i].x &&
-                                 dt_bf16_to_f32(dt_f32_to_bf16(h[i].y)) == h[i].y;
-            }
-        }
+        /* every scale and bias a bf16 value? (the mixed GEMM's bf16x2 dequantization needs it) */
+        int sb_bf16_exact = dtc_host_scales(src, h, N * ng);
         CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->q.stream));
         CK(cudaStreamSynchronize(st->q.stream));
         free(h);
