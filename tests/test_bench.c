@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/bench_internal.h"
 #include "io/json.h"
 #include "test.h"
 
@@ -241,7 +242,39 @@ static void run_cli(void) {
     T_CHECK("cli: bench --format q5 fails naming the value", st != 0 && named, "status %d", st);
 }
 
+/* bench_time_interleaved: every variant runs once per round, in a rotating order (each variant takes each position
+ * equally often: the arms' guard against the order bias measured under the power cap), and sample r of variant v
+ * is what its run in timed round r returned. The fake timer returns 1000 * round + 10 * position + variant. */
+typedef struct { int calls, nv; } order_rec;
+static double order_time(void *p, int v) {
+    order_rec *o = p;
+    int round = o->calls / o->nv, pos = o->calls % o->nv;
+    o->calls++;
+    return 1000.0 * round + 10.0 * pos + v;
+}
+static void test_interleaved_order(void) {
+    for (int nv = 2; nv <= 3; nv++) {
+        order_rec o = {0, nv};
+        const int reps = 6, warmup = 2;
+        double *s = bench_time_interleaved(nv, reps, warmup, order_time, &o);
+        int ok = o.calls == nv * (reps + warmup), pos[3][3] = {{0}};
+        for (int v = 0; v < nv; v++)
+            for (int r = 0; r < reps; r++) {
+                int x = (int)s[v * reps + r], round = x / 1000, p = (x % 1000) / 10, vv = x % 10;
+                ok &= vv == v && round == r + warmup && p < nv;
+                if (p < nv) pos[v][p]++;
+            }
+        for (int v = 0; v < nv; v++)
+            for (int p = 0; p < nv; p++) ok &= pos[v][p] == reps / nv;
+        char nm[96];
+        snprintf(nm, sizeof nm, "bench_time_interleaved: %d variants rotate, samples in place", nv);
+        T_CHECK(nm, ok, "calls %d (want %d)", o.calls, nv * (reps + warmup));
+        free(s);
+    }
+}
+
 int main(void) {
+    test_interleaved_order();
     const char *e = getenv("DITRUN_BENCH");
     if (!e || strcmp(e, "1")) {
         T_SKIP("bench suites", "set DITRUN_BENCH=1 to run them (tiny geometry, about a minute on CPU)");
