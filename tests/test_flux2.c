@@ -5,6 +5,7 @@
  * and the three quantized-weight paths agreeing. DITRUN_SLOW=1 adds synthetic klein-4B-geometry
  * checkpoints (bf16 and q4 g64) run at a small token count, with the peak resident memory reported.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,9 +297,51 @@ static void synthetic_klein4b(void) {
     }
 }
 
+/* flux2_acts_alloc's one allocation for both block kinds: within each set the matrices are disjoint, 256-byte
+ * aligned and inside the allocation; the allocation is as large as the bigger set (klein-4B geometry, 4096 + 512
+ * tokens: the single-block set). With only one kind, only its views exist. */
+static int views_ok(const dt_mat *const *m, int n, const dt_mat *blocks) {
+    const char *b0 = blocks->data, *b1 = b0 + (size_t)blocks->cols * dt_dtype_size(blocks->dtype);
+    for (int i = 0; i < n; i++) {
+        const char *p0 = m[i]->data, *p1 = p0 + (size_t)m[i]->rows * m[i]->ld * dt_dtype_size(m[i]->dtype);
+        if (!p0 || p0 < b0 || p1 > b1 || ((uintptr_t)p0 - (uintptr_t)b0) % 256 || m[i]->ld != m[i]->cols) return 0;
+        for (int j = 0; j < i; j++) {
+            const char *q0 = m[j]->data, *q1 = q0 + (size_t)m[j]->rows * m[j]->ld * dt_dtype_size(m[j]->dtype);
+            if (p0 < q1 && q0 < p1) return 0;
+        }
+    }
+    return 1;
+}
+static void acts_sharing(dt_backend *be) {
+    flux2_config c;
+    if (flux2_preset("klein-4b", &c)) { T_FAIL("acts sharing", "%s", dt_last_error()); return; }
+    const int n = 4096, t = 512;
+    const int64_t L = n + t, es = (int64_t)dt_dtype_size(be->act_dtype);
+    flux2_acts x;
+    flux2_acts_alloc(be, &c, n, t, 1, 1, &x);
+    const dt_mat *dbl[4] = {&x.qkv, &x.o, &x.h, &x.g}, *sgl[2] = {&x.p, &x.c};
+    int64_t single_bytes = L * (3 * c.hidden + 2 * c.mlp_hidden + c.hidden + c.mlp_hidden) * es;
+    int64_t double_bytes = L * (3 * c.hidden + c.hidden + 3 * c.mlp_hidden) * es;
+    int64_t have = x.blocks.cols * es, want = single_bytes > double_bytes ? single_bytes : double_bytes;
+    T_CHECK("acts: double- and single-block views disjoint within each set, aligned, inside one allocation",
+            views_ok(dbl, 4, &x.blocks) && views_ok(sgl, 2, &x.blocks) && x.blocks.rows == 1,
+            "views overlap or leave the allocation");
+    T_CHECK("acts: the shared allocation is the larger set (+ alignment)", have >= want && have < want + 6 * 256,
+            "%lld bytes for sets of %lld and %lld", (long long)have, (long long)single_bytes, (long long)double_bytes);
+    T_CHECK("acts: q/k/v are column views of qkv", x.q.data == x.qkv.data && x.k.ld == x.qkv.ld &&
+            (char *)x.v.data == (char *)x.qkv.data + 2 * c.hidden * es, "q/k/v views wrong");
+    flux2_acts_free(be, &x);
+    flux2_acts_alloc(be, &c, n, t, 1, 0, &x);
+    have = x.blocks.cols * es;
+    T_CHECK("acts: double blocks only", !x.p.data && !x.c.data && views_ok(dbl, 4, &x.blocks) && have >= double_bytes &&
+            have < double_bytes + 4 * 256, "%lld bytes", (long long)have);
+    flux2_acts_free(be, &x);
+}
+
 int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
+    acts_sharing(cpu);
     fixtures_on(cpu, FLUX2_CPU_TOL, "cpu");
     resident_text(cpu, "cpu", 0);
     cpu->destroy(cpu);
