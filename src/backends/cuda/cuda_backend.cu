@@ -785,7 +785,8 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     st->pool = new dtc_pool();
     {
         /* DITRUN_CUDA_PREFETCH: 1 (default) transient prefetch on a lowest-priority stream, the queues at the
-         * highest; 2 the same at equal priorities (A/B arm); 0 off (every dequantization on its queue) */
+         * highest; 2 the same at equal priorities; 3 the slots without hints (A/B arms); 0 off (every
+         * dequantization on its queue) */
         const char *pf = getenv("DITRUN_CUDA_PREFETCH");
         st->pf_mode = pf && pf[0] == '0' ? 0 : pf && pf[0] == '2' ? 2 : pf && pf[0] == '3' ? 3 : 1;
     }

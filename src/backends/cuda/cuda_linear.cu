@@ -144,20 +144,24 @@ static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMa
     fclose(f);
 }
 
+/* One product of entry e with algorithm algo on the current queue (D is also C). */
+static cublasStatus_t lt_matmul(dtc_state *st, const gemm_entry &e, const cublasLtMatmulAlgo_t *algo, const void *alpha,
+                                const void *A, const void *B, void *D, const float *beta) {
+    return cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, beta, D, e.ld, D, e.ld, algo, st->q.lt_ws,
+                          st->lt_ws_size, st->q.stream);
+}
+
 /* Mean ms of one product with `algo` (after a warm-up run), or -1 if cuBLASLt refuses it. alpha: host scalar;
  * D is also C (beta = 1 when accumulating). */
 static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t *algo, const void *alpha,
                        const void *A, const void *B, void *D, float beta) {
-    if (cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->q.lt_ws,
-                       st->lt_ws_size, st->q.stream) != CUBLAS_STATUS_SUCCESS)
-        return -1.f;
+    if (lt_matmul(st, e, algo, alpha, A, B, D, &beta) != CUBLAS_STATUS_SUCCESS) return -1.f;
     cudaEvent_t t0, t1;
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
     CK(cudaEventRecord(t0, st->q.stream));
     for (int r = 0; r < GEMM_TUNE_REPS; r++)
-        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, algo, st->q.lt_ws,
-                            st->lt_ws_size, st->q.stream));
+        CKLT(lt_matmul(st, e, algo, alpha, A, B, D, &beta));
     CK(cudaEventRecord(t1, st->q.stream));
     CK(cudaEventSynchronize(t1));
     float ms = 0.f;
@@ -176,21 +180,18 @@ static void time_algos_sustained(dtc_state *st, gemm_entry &e, const cublasLtMat
     int heat = first > 0.f ? (int)(GEMM_TUNE_HEAT_MS / first) : 0;
     if (heat > 2000) heat = 2000;
     for (int r = 0; r < heat; r++)
-        CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[0].algo, st->q.lt_ws,
-                            st->lt_ws_size, st->q.stream));
+        CKLT(lt_matmul(st, e, &res[0].algo, alpha, A, B, D, &beta));
     float t[GEMM_TUNE_CANDIDATES_MAX][GEMM_TUNE_ROUNDS];
     bool ok[GEMM_TUNE_CANDIDATES_MAX];
     cudaEvent_t ev[GEMM_TUNE_CANDIDATES_MAX + 1];
     for (int i = 0; i <= n; i++) CK(cudaEventCreate(&ev[i]));
     for (int i = 0; i < n; i++)   /* refused candidates are found once, outside the timed rounds */
-        ok[i] = cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[i].algo,
-                               st->q.lt_ws, st->lt_ws_size, st->q.stream) == CUBLAS_STATUS_SUCCESS;
+        ok[i] = lt_matmul(st, e, &res[i].algo, alpha, A, B, D, &beta) == CUBLAS_STATUS_SUCCESS;
     for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) {
         CK(cudaEventRecord(ev[0], st->q.stream));
         for (int i = 0; i < n; i++) {
             for (int k = 0; ok[i] && k < GEMM_TUNE_REPS; k++)
-                CKLT(cublasLtMatmul(st->lt, e.op, alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &res[i].algo,
-                                    st->q.lt_ws, st->lt_ws_size, st->q.stream));
+                CKLT(lt_matmul(st, e, &res[i].algo, alpha, A, B, D, &beta));
             CK(cudaEventRecord(ev[i + 1], st->q.stream));
         }
         CK(cudaEventSynchronize(ev[n]));
@@ -341,8 +342,7 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
     if (!e.op) return -1;   /* accumulating product without an algorithm (found earlier) */
     if (bias_bf16)
         CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_bf16, sizeof bias_bf16));
-    CKLT(cublasLtMatmul(st->lt, e.op, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld, &e.algo, st->q.lt_ws,
-                        st->lt_ws_size, st->q.stream));
+    CKLT(lt_matmul(st, e, &e.algo, &alpha, A, B, D, &beta));
     return 0;
 }
 
@@ -441,6 +441,12 @@ static int pf_victim(const dtc_state *st) {
     return v;
 }
 
+/* Slot i holds nothing reusable (after its Linear consumed it, or when its events or Linear are gone). */
+static void pf_clear(dtc_state *st, int i) {
+    st->pf[i].w = st->pf[i].gate = nullptr;
+    st->pf[i].pending = 0;
+}
+
 void dtc_prefetch_join(dtc_state *st) {
     if (!st->pf_unjoined) return;
     CK(cudaEventRecord(st->pf_last, st->pf_stream));
@@ -450,10 +456,7 @@ void dtc_prefetch_join(dtc_state *st) {
 
 /* Forget every slot's content (their events may belong to another capture); the caller joined first. */
 void dtc_prefetch_forget(dtc_state *st) {
-    for (int i = 0; i < 2; i++) {
-        st->pf[i].w = st->pf[i].gate = nullptr;
-        st->pf[i].pending = 0;
-    }
+    for (int i = 0; i < 2; i++) pf_clear(st, i);
 }
 
 void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
@@ -496,8 +499,7 @@ static __nv_bfloat16 *transient_weights(dtc_state *st, const dt_linear *w, const
         dequant_launch(st, st->q.stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, rowscale, rs_f32);
     }
     /* consumed: the content is not reused (a later call dequantizes again, as without prefetching) */
-    st->pf[s].w = st->pf[s].gate = nullptr;
-    st->pf[s].pending = 0;
+    pf_clear(st, s);
     st->pf[s].stamp = ++st->pf_clock;
     return (__nv_bfloat16 *)st->pf[s].buf.ptr;
 }
@@ -534,8 +536,7 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     for (int i = 0; i < 2; i++)
         if (st->pf[i].w == w) {   /* a later Linear at this address must not match the slot */
             dtc_prefetch_join(st);
-            st->pf[i].w = st->pf[i].gate = nullptr;
-            st->pf[i].pending = 0;
+            pf_clear(st, i);
         }
     dtc_pool_free(st, w->w);
     dtc_pool_free(st, w->qw);
