@@ -104,6 +104,10 @@ int main(void) {
     expect_error("compare-qpath unknown", "forward --compare-qpath fast --model x --inputs y", "--compare-qpath", "fast");
     expect_error("bench unknown arm", "bench --arms fp9", "--arms", "fp9");
     expect_error("bench fp8 on Krea 2", "bench --preset krea2-tiny --precision fp8", "--precision fp8", "FLUX.2");
+    expect_error("forward bad attn precision", "forward --attn-precision fp4 --model x", "--attn-precision", "fp4");
+    expect_error("generate attn precision missing", "generate -p x -o x.png --attn-precision", "--attn-precision", "bf16, fp8");
+    expect_error("bench attn fp8 on Krea 2", "bench --preset krea2-tiny --attn-precision fp8", "--attn-precision fp8",
+                 "FLUX.2");
     expect_error("info missing path", "info /nonexistent/ditrun-model", "/nonexistent/ditrun-model", NULL);
 
     /* --compare-qpath on the CPU (which dequantizes per tile whatever the qpath): runs both forwards and reports
@@ -120,6 +124,24 @@ int main(void) {
         if (f) fclose(f);
         T_CHECK("forward --compare-qpath reports the difference (0 on the CPU)",
                 rc == 0 && strstr(buf, "qpath auto vs transient forward: rel_l2 0.00000"), "rc %d, stdout: %s", rc, buf);
+    }
+
+    /* --attn-precision fp8 on the CPU (the emulation of backend.h's fp8 attention) with --compare-bf16: both
+     * forwards run, the report names the fp8 part and gives a non-zero, finite error */
+    {
+        char so[600], buf[4096] = {0};
+        snprintf(so, sizeof so, "%s/cmpa.txt", tmpdir);
+        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu "
+                 "--attn-precision fp8 --compare-bf16 -q > %s", fx, fx, so);
+        int rc = run(args, buf, sizeof buf);
+        FILE *f = fopen(so, "r");
+        size_t nr = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[nr] = 0;
+        if (f) fclose(f);
+        const char *m = strstr(buf, "fp8 vs bf16 forward (attention): rel_l2 ");
+        double rel = m ? atof(m + strlen("fp8 vs bf16 forward (attention): rel_l2 ")) : -1;
+        T_CHECK("forward --attn-precision fp8 --compare-bf16 reports a non-zero error", rc == 0 && rel > 0 && rel < 1,
+                "rc %d, rel %g, stdout: %s", rc, rel, buf);
     }
 
     /* ---- malformed model folders ---- */

@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include "backends/backend.h"
+#include "core/fp8.h"
 #include "test.h"
 
 /* f32 arithmetic vs a double reference: sums of up to ~3k products round at ~1e-7 relative each;
@@ -294,6 +295,72 @@ static void test_attention(int64_t Lq, int64_t Lk, int hq, int hkv, int hd, int 
     if (Lq == Lk) tm_free(&fused); else { tm_free(&tq); tm_free(&tk); tm_free(&tv); }
     tm_free(&to); tm_free(&tb);
     free(q); free(k); free(v); free(kb); free(ref); free(p);
+}
+
+/* fp8 attention (backend.h: attention_fp8) against the definition evaluated here: per-tensor e4m3 codes of q, k,
+ * v (the f32 expressions of core/fp8.h), scores and softmax in double, P rounded as e4m3(448 P), sums in double.
+ * Tolerance 5e-4: the backend's softmax is f32, so a P value within ~1e-7 of an e4m3 rounding boundary may land
+ * one e4m3 step (6%) away (a handful of the ~2M probabilities), moving its row by far less than this.
+ * Also: fp8 vs the exact bf16-free attention must differ (the quantization ran) but stay under 10% (random
+ * inputs, no structure: the P rounding alone is ~2-4% of the output). */
+static void q8_tensor(const float *x, size_t n, double *vals, double *scale) {
+    float amax = 0.f;
+    for (size_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float inv = amax > 0.f ? 448.0f / amax : 1.f;
+    for (size_t i = 0; i < n; i++) vals[i] = dt_e4m3_to_f32(dt_f32_to_e4m3(x[i] * inv));
+    *scale = amax > 0.f ? (double)(amax / 448.0f) : 1.0;
+}
+
+static void test_attention_fp8(int64_t Lq, int64_t Lk, int hq, int hkv, int hd) {
+    char name[128];
+    snprintf(name, sizeof name, "attention fp8 Lq=%lld Lk=%lld hq=%d hkv=%d hd=%d", (long long)Lq, (long long)Lk, hq,
+             hkv, hd);
+    const int64_t Dq = (int64_t)hq * hd, Dk = (int64_t)hkv * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *q = rand_vec((size_t)(Lq * Dq), -2, 2), *k = rand_vec((size_t)(Lk * Dk), -2, 2),
+          *v = rand_vec((size_t)(Lk * Dk), -1, 1);
+    double *q8 = malloc(sizeof(double) * (size_t)(Lq * Dq)), *k8 = malloc(sizeof(double) * (size_t)(Lk * Dk)),
+           *v8 = malloc(sizeof(double) * (size_t)(Lk * Dk)), sq, sk, sv;
+    q8_tensor(q, (size_t)(Lq * Dq), q8, &sq);
+    q8_tensor(k, (size_t)(Lk * Dk), k8, &sk);
+    q8_tensor(v, (size_t)(Lk * Dk), v8, &sv);
+    double *ref = calloc((size_t)(Lq * Dq), sizeof(double)), *p = malloc((size_t)Lk * sizeof(double));
+    for (int h = 0; h < hq; h++) {
+        const int kvh = h / (hq / hkv);
+        for (int64_t i = 0; i < Lq; i++) {
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < Lk; j++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += q8[i * Dq + h * hd + d] * k8[j * Dk + kvh * hd + d];
+                p[j] = s * scale * sq * sk;
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            for (int64_t j = 0; j < Lk; j++) { p[j] = exp(p[j] - mx); sum += p[j]; }
+            for (int64_t j = 0; j < Lk; j++) p[j] = dt_e4m3_to_f32(dt_f32_to_e4m3((float)(448.0 * p[j] / sum)));
+            for (int d = 0; d < hd; d++) {
+                double o = 0;
+                for (int64_t j = 0; j < Lk; j++) o += p[j] * v8[j * Dk + kvh * hd + d];
+                ref[i * Dq + h * hd + d] = o * sv / 448.0;
+            }
+        }
+    }
+    tm tq = tm_up(q, Lq, Dq, 4), tk = tm_up(k, Lk, Dk, 8), tv = tm_up(v, Lk, Dk, 2), to = tm_new(Lq, Dq, 4);
+    T_CHECK("attention_fp8 present on the CPU backend", be->attention_fp8 != NULL, "attention_fp8 is NULL");
+    if (!be->attention_fp8) return;
+    be->attention_fp8(be, to.v, tq.v, tk.v, tv.v, hq, hkv, hd, scale);
+    size_t n = (size_t)(Lq * Dq);
+    float *got = tm_down(to), *rf = malloc(n * sizeof(float) + 1);
+    to_float(rf, ref, n);
+    t_check_rel_l2(name, got, rf, n, 5e-4);
+    be->attention(be, to.v, tq.v, tk.v, tv.v, hq, hkv, hd, scale, dt_mat_null(), 0);
+    float *exact = tm_down(to);
+    double e = dt_rel_l2(got, exact, n);
+    char nm2[200];
+    snprintf(nm2, sizeof nm2, "%s vs exact attention (rel L2 %.2f%%)", name, 100 * e);
+    T_CHECK(nm2, e > 1e-3 && e < 0.10, "rel L2 %.4g (expected between 0.1%% and 10%%)", e);
+    free(got); free(rf); free(exact);
+    tm_free(&tq); tm_free(&tk); tm_free(&tv); tm_free(&to);
+    free(q); free(k); free(v); free(q8); free(k8); free(v8); free(ref); free(p);
 }
 
 /* ================================ elementwise ================================ */
@@ -614,6 +681,9 @@ int main(int argc, char **argv) {
     test_attention(300, 300, 24, 24, 128, 0, 0, 0, 0);  /* klein-4B-like heads */
     test_attention(200, 200, 8, 2, 64, 1, 1, 37, 0);    /* GQA + padding + causal */
     test_attention(150, 333, 4, 4, 32, 1, 0, 20, 0);    /* cross lengths, odd sizes */
+    test_attention_fp8(9, 13, 2, 1, 16);                /* GQA, tiny */
+    test_attention_fp8(300, 300, 24, 24, 128);          /* klein-4B-like heads */
+    test_attention_fp8(150, 333, 4, 2, 64);             /* cross lengths */
 
     for (int a = DT_ACT_SILU; a <= DT_ACT_SIGMOID; a++) {
         test_act_mul((dt_act)a, 1, 0);

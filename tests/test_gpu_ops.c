@@ -905,6 +905,76 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
     free(h);
 }
 
+/* fp8 attention (backend.h: attention_fp8; CUDA: per-tensor quantization + cuDNN's fp8 SDPA) against the CPU
+ * backend's emulation of the same definition, on a subset of query rows (q's amax is pinned in row 0, so both
+ * see the same per-tensor scale). The codes of Q/K/V are the same on both; cuDNN rounds the unnormalized
+ * exp(S - running max) to e4m3 where the emulation rounds the normalized P: two independent ~2-4% roundings of
+ * P, the output in bf16 (measured on random inputs: see the PASS line), so TOL_ATTN_FP8 = 8e-2, while a wrong or
+ * missing scale (x448, x amax) is off by >= 50%. Also reported (not asserted beyond 15%): fp8 vs the exact
+ * attention. timeit: bf16 (cuDNN) vs fp8, interleaved, median of 25, incl. the quantization passes. */
+#define TOL_ATTN_FP8 8e-2
+static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timeit) {
+    char name[200];
+    snprintf(name, sizeof name, "attention fp8 L=%d Lk=%d hq=%d hkv=%d hd=%d", L, Lk, hq, hkv, hd);
+    if (!G->attention_fp8) { T_FAIL(name, "attention_fp8 is NULL on the CUDA backend"); return; }
+    if (!dt_backend_cuda_cudnn_info(G, NULL)) { T_SKIP(name, "cuDNN not loadable: fp8 attention needs it"); return; }
+    int64_t Dq = (int64_t)hq * hd, Dk = (int64_t)hkv * hd;
+    float *hq_ = rand_bf((size_t)L * Dq, -2.f, 2.f), *hk = rand_bf((size_t)Lk * Dk, -2.f, 2.f),
+          *hv = rand_bf((size_t)Lk * Dk, -1.f, 1.f);
+    hq_[0] = 2.f;   /* q's amax, inside the CPU's row subset */
+    float scale = 1.f / sqrtf((float)hd);
+    int64_t R = L > Lk ? L : Lk, W = Dq + 2 * Dk;
+    dt_mat buf = dt_alloc_or_die(G, R, W, DT_BF16);
+    dt_mat q = dt_mat_rows(dt_mat_cols(buf, 0, Dq), 0, L);
+    dt_mat k = dt_mat_rows(dt_mat_cols(buf, Dq, Dk), 0, Lk);
+    dt_mat v = dt_mat_rows(dt_mat_cols(buf, Dq + Dk, Dk), 0, Lk);
+    G->upload(G, q, hq_); G->upload(G, k, hk); G->upload(G, v, hv);
+    dt_mat o = dt_alloc_or_die(G, L, Dq, DT_BF16);
+    poison(G, o);
+    G->attention_fp8(G, o, q, k, v, hq, hkv, hd, scale);
+    int sub = L > SUB_A + SUB_B;
+    int64_t a = sub ? SUB_A : L, b = sub ? SUB_B : 0, n = a + b;
+    float *qs = malloc((size_t)n * Dq * sizeof(float));
+    memcpy(qs, hq_, (size_t)a * Dq * sizeof(float));
+    if (b) memcpy(qs + a * Dq, hq_ + (L - b) * Dq, (size_t)b * Dq * sizeof(float));
+    dt_mat cq = up(C, qs, n, Dq, DT_F32), ck = up(C, hk, Lk, Dk, DT_F32), cv = up(C, hv, Lk, Dk, DT_F32);
+    dt_mat co = dt_alloc_or_die(C, n, Dq, DT_F32);
+    C->attention_fp8(C, co, cq, ck, cv, hq, hkv, hd, scale);
+    float *ref = down(C, co);
+    C->attention(C, co, cq, ck, cv, hq, hkv, hd, scale, dt_mat_null(), 0);
+    float *exact = down(C, co);
+    float *got = malloc((size_t)n * Dq * sizeof(float));
+    G->download(G, got, dt_mat_rows(o, 0, a));
+    if (b) G->download(G, got + a * Dq, dt_mat_rows(o, L - b, b));
+    t_check_rel_l2(name, got, ref, (size_t)n * Dq, TOL_ATTN_FP8);
+    double e_exact = dt_rel_l2(got, exact, (size_t)n * Dq), e_emu = dt_rel_l2(ref, exact, (size_t)n * Dq);
+    char nm2[260];
+    snprintf(nm2, sizeof nm2, "%s vs exact attention (CUDA %.2f%%, CPU emulation %.2f%%)", name, 100 * e_exact,
+             100 * e_emu);
+    T_CHECK(nm2, e_exact < 0.15, "rel L2 %.4g", e_exact);
+    if (timeit) {
+        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        double t[2][25];
+        for (int it = -3; it < 25; it++)
+            for (int j = 0; j < 2; j++) {
+                int var = (it & 1) ? 1 - j : j;   /* order rotates */
+                G->event_record(G, e0);
+                if (var) G->attention_fp8(G, o, q, k, v, hq, hkv, hd, scale);
+                else G->attention(G, o, q, k, v, hq, hkv, hd, scale, dt_mat_null(), 0);
+                G->event_record(G, e1);
+                if (it >= 0) t[var][it] = G->event_elapsed_ms(G, e0, e1);
+            }
+        double flops = 4.0 * L * (double)Lk * hq * hd, ms0 = median(t[0], 25), ms1 = median(t[1], 25);
+        printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (bf16, default path)\n", name, ms0, flops / (ms0 * 1e-3) / 1e12);
+        printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (fp8 incl. quantization)\n", name, ms1, flops / (ms1 * 1e-3) / 1e12);
+        printf("TIME %-44s %8.3f (fp8 / bf16 time)\n", name, ms1 / ms0);
+        G->event_destroy(G, e0); G->event_destroy(G, e1);
+    }
+    free(qs); free(ref); free(exact); free(got); free(hq_); free(hk); free(hv);
+    G->free(G, &buf); G->free(G, &o);
+    C->free(C, &cq); C->free(C, &ck); C->free(C, &cv); C->free(C, &co);
+}
+
 /* cuDNN attention inside a CUDA-graph capture (plan built by the eager call before): replay == eager. */
 static void test_cudnn_graph(void) {
     const int L = 1024, heads = 8, hd = 128;
@@ -972,6 +1042,10 @@ static void test_cudnn(void) {
     time_cudnn_vs_own(4608, 24, 24, 0, 1);
     time_cudnn_vs_own(512, 32, 8, 0, 1);     /* Qwen3 text encoder */
     test_cudnn_graph();
+    test_attention_fp8(4608, 4608, 24, 24, 128, 1);   /* klein-4B 1024² */
+    test_attention_fp8(777, 777, 8, 2, 128, 0);       /* GQA, odd length */
+    test_attention_fp8(300, 700, 4, 4, 64, 0);        /* cross lengths, head dim 64 */
+    test_attention_fp8(16896, 16896, 24, 24, 128, 1); /* klein-4B 2048² */
 }
 
 /* ------------------------------------------------------------------ row / elementwise ops */

@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -306,6 +306,40 @@ if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error v
         --json "$OUT/bench_fp8.jsonl" > "$OUT/bench_fp8.md" 2> "$OUT/bench_fp8.err"
     log "bench fp8 rc=$?"
     grep -E "fp8 arm|flux2_forward|replica|^\| (fused|attention|elementwise)" "$OUT/bench_fp8.md" | tee -a "$OUT/summary.txt"
+fi
+
+if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timings, forwards, error, bench arm
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=cudnn DITRUN_CUDNN_DEBUG=1 timeout 200 ./build/tests/test_gpu_ops \
+        > "$OUT/gpu_fp8attn.log" 2>&1
+    log "fp8 attention op tests rc=$?"
+    grep -E "fp8|FAIL" "$OUT/gpu_fp8attn.log" | grep -v "^ditrun: cudnn: engine config" | head -40 | tee -a "$OUT/summary.txt"
+    [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
+    for px in 1024 2048; do
+        [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null
+    done
+    for round in 1 2; do
+        fwd "r$round klein-4B q4 1024^2 bf16" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "r$round klein-4B q4 1024^2 attn fp8" "$W/k4q4" "$W/in4_1024.st" 20 --attn-precision fp8
+        fwd "r$round klein-4B q4 1024^2 linears fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
+        fwd "r$round klein-4B q4 1024^2 linears+attn fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
+    done
+    for a in "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
+        $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 5 $a --compare-bf16 2>&1 \
+            | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+    done
+    fwd "klein-4B q4 2048^2 bf16" "$W/k4q4" "$W/in4_2048.st" 5
+    fwd "klein-4B q4 2048^2 attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --attn-precision fp8
+    fwd "klein-4B q4 2048^2 linears+attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8 --attn-precision fp8
+    fwd "klein-4B q4 1024^2 linears+attn fp8 graph" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8 --cuda-graph
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    for a in "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
+        $B generate --backend cuda --model "$W/p4" -p "a red fox standing in fresh snow, golden hour" -o "$OUT/gen_fp8a.png" \
+            --seed 7 $a --compare-bf16 2>&1 | grep -E "fp8 vs|total|error" | tee -a "$OUT/summary.txt"
+    done
+    timeout 200 $B bench --model "$W/k4q4" --backend cuda --precision fp8 --attn-precision fp8 --only ledger,arms \
+        --arms attention --json "$OUT/bench_fp8a.jsonl" > "$OUT/bench_fp8a.md" 2> "$OUT/bench_fp8a.err"
+    log "bench fp8 linears+attention rc=$?"
+    grep -E "attn-fp8|flux2_forward|replica|^\| (fused|attention|elementwise)|Floor" "$OUT/bench_fp8a.md" | tee -a "$OUT/summary.txt"
 fi
 
 if has krea2; then

@@ -64,6 +64,8 @@ typedef struct {
     int rope_fp32;          /* CUDA: rotate in fp32 instead of bf16 products (1 = fp32) */
     dt_precision precision; /* precision models request for their large Linears (DiT blocks); each
                              * Linear's own request is dt_linear_src.precision (see linear_create) */
+    dt_precision attn_precision; /* requested precision of the DiT's attention (models that have an fp8 variant,
+                                  * FLUX.2, call attention_fp8 when DT_PREC_FP8); read by models at load */
     int verbose;
 } dt_backend_opts;
 
@@ -147,6 +149,16 @@ struct dt_backend {
      * causal: query i attends keys j <= i. scale usually 1/sqrt(hd). */
     void (*attention)(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
                       float scale, dt_mat key_bias, int causal);
+
+    /* fp8 attention (optional: NULL where the backend has none), shapes as attention, no bias or mask:
+     *   s_x = amax(x)/448 per tensor (q over its Lq x Hq*hd values, k and v likewise; 1 when amax is 0),
+     *   x8 = e4m3(x * (448/amax(x)))  (core/fp8.h's rounding),
+     *   S = scale * s_q * s_k * (q8 · k8ᵀ), P = softmax(S) in f32, P8 = e4m3(448 * P),
+     *   O = (s_v / 448) * (P8 · v8).
+     * The CPU backend computes exactly this; CUDA runs cuDNN's fp8 flash attention, which quantizes the
+     * unnormalized exp(S - running max) instead of P (a different rounding of the same values). */
+    void (*attention_fp8)(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
+                          float scale);
 
     /* y = act(a) * b elementwise (SwiGLU when act = SILU); b NULL data => y = act(a). y may alias a or b. */
     void (*act_mul)(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);

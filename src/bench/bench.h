@@ -135,7 +135,7 @@ typedef struct {
     double peak_tflops;
     char peak_src[64];
     /* arms */
-    bench_arm arms[40];
+    bench_arm arms[48];
     int n_arms;
     char notes[BENCH_MAX_NOTES][240];
     int n_notes;

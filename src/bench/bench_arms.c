@@ -6,6 +6,7 @@
  *   rope     head_norm_rope rotating in fp32 vs bf16 products (two backends);
  *   mask     attention with an all-zero additive key mask vs none;
  *   cudnn    attention through cuDNN's fused SDPA vs our own wgmma kernel (CUDA, when cuDNN loads);
+ *   attn-fp8 the backend's fp8 attention (per-tensor e4m3 Q/K/V/P, quantization passes included) vs bf16;
  *   gqa      native grouped-query attention vs K/V repeated to every query head (copies + attention);
  *   graph    the device-only forward replayed from a CUDA graph vs issued eagerly (build time apart);
  *   prefetch the device-only forward with the model's linear_prefetch hints vs without (CUDA: the transient
@@ -319,6 +320,26 @@ static void dnn_output(void *p, int v, float *out) {
     c->be->download(c->be, out, c->o);
 }
 
+/* The backend's fp8 attention (v = 1: per-tensor e4m3 Q/K/V and P, incl. the quantization passes) vs the
+ * default bf16 attention (v = 0). */
+static void f8a_run(attn_ctx *c, int v) {
+    if (v) c->be->attention_fp8(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale);
+    else c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, dt_mat_null(), 0);
+}
+
+static double f8a_time(void *p, int v) {
+    attn_ctx *c = p;
+    bench_timer_start(&c->tm);
+    f8a_run(c, v);
+    return bench_timer_stop(&c->tm);
+}
+
+static void f8a_output(void *p, int v, float *out) {
+    attn_ctx *c = p;
+    f8a_run(c, v);
+    c->be->download(c->be, out, c->o);
+}
+
 /* K/V [L, hkv*hd] -> [L, hq*hd], query head h reading kv head h / g: viewing the repeated matrix as
  * [L*hkv, g*hd] rows, group member r of every kv head is one strided column block: g copies. */
 static void gqa_repeat(attn_ctx *c, dt_mat rep, dt_mat src) {
@@ -415,6 +436,37 @@ static void arms_attention(bench_ctx *x) {
                      dnn_ver / 10000, dnn_ver / 100 % 100, dnn_ver % 100);
             run_arm(x, &d, &ac);
         }
+    }
+
+    if (!be->attention_fp8) {
+        skip_arm(r, "attn-fp8", "bf16", "fp8", "this backend has no fp8 attention");
+    } else {
+        /* relative L2 of fp8 vs bf16 over the whole output, for the note */
+        size_t n = (size_t)L * D;
+        float *o0 = dt_malloc(sizeof(float) * n), *o1 = dt_malloc(sizeof(float) * n);
+        f8a_output(&ac, 0, o0);
+        f8a_output(&ac, 1, o1);
+        double e2 = 0, r2 = 0;
+        for (size_t i = 0; i < n; i++) {
+            double d = (double)o1[i] - o0[i];
+            e2 += d * d;
+            r2 += (double)o0[i] * o0[i];
+        }
+        free(o0);
+        free(o1);
+        arm_spec f = {0};
+        f.arm = "attn-fp8";
+        snprintf(f.what, sizeof f.what, "attention L=%lld, %d heads x %d", (long long)L, ac.hq, ac.hd);
+        f.names[0] = "bf16";
+        f.names[1] = "fp8";
+        f.nv = 2;
+        f.time = f8a_time;
+        f.output = f8a_output;
+        f.out_n = n;
+        f.tol = 0.25;   /* max |fp8 - bf16| / max |out|: e4m3 rounding of Q, K, V and P (~2-4% rms, tails larger) */
+        snprintf(f.note, sizeof f.note, "isolated; fp8 incl. the per-tensor quantization of Q/K/V; rel L2 fp8 vs bf16 %.2f%%%s",
+                 r2 > 0 ? 100 * sqrt(e2 / r2) : 0.0, x->is_cpu ? "; CPU: emulation in f32" : "; CUDA: cuDNN fp8 SDPA");
+        run_arm(x, &f, &ac);
     }
 
     if (ac.hkv == ac.hq) {

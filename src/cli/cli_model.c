@@ -46,6 +46,13 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         else { cli_error("--precision: unknown precision '%s' (bf16, fp8)", v); return -1; }
         (*i)++; return 1;
     }
+    if (!strcmp(a, "--attn-precision")) {
+        if (!v) { cli_error("--attn-precision needs a value (bf16, fp8)"); return -1; }
+        if (!strcmp(v, "bf16")) o->be.attn_precision = DT_PREC_BF16;
+        else if (!strcmp(v, "fp8")) o->be.attn_precision = DT_PREC_FP8;
+        else { cli_error("--attn-precision: unknown precision '%s' (bf16, fp8)", v); return -1; }
+        (*i)++; return 1;
+    }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
     if (!strcmp(a, "--cuda-graph")) { o->cuda_graph = 1; return 1; }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }
@@ -105,4 +112,9 @@ const char *cli_qpath_name(int qpath) {
     case DT_QPATH_CACHED: return "cached";
     default: return "auto";
     }
+}
+
+const char *cli_fp8_what(const dt_backend_opts *o) {
+    const int lin = o->precision == DT_PREC_FP8, att = o->attn_precision == DT_PREC_FP8;
+    return lin && att ? "Linears + attention" : lin ? "Linears" : att ? "attention" : "none";
 }

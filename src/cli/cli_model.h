@@ -20,6 +20,8 @@ void cli_model_opts_default(cli_model_opts *o);
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 /* Create the backend; prints the error and returns NULL on failure. */
 dt_backend *cli_model_backend(const cli_model_opts *o);
+/* Which parts run in fp8 under these options: "Linears", "attention", "Linears + attention" or "none". */
+const char *cli_fp8_what(const dt_backend_opts *o);
 /* Family of the transformer at PATH (folder, pipeline root or file with config.json beside). */
 int cli_model_family(const char *path);
 /* The --qpath spelling of a path (auto, mixed, fused, transient, cached). */

@@ -45,7 +45,9 @@ static void usage(FILE *f) {
             "backend:\n"
             "  --backend cpu|cuda|auto  --threads N  --qpath auto|mixed|fused|transient|cached  --rope-bf16  -q  -v\n"
             "  --precision bf16|fp8 the DiT blocks' Linears in bf16 (default) or e4m3 (whole forward, ledger; the fp8\n"
-            "                       arm compares the two GEMMs at the model's main shapes in either case)\n");
+            "                       arm compares the two GEMMs at the model's main shapes in either case)\n"
+            "  --attn-precision bf16|fp8  the DiT blocks' attention in bf16 (default) or e4m3 (whole forward, ledger;\n"
+            "                       the attn-fp8 arm compares the two at the model's attention shape in either case)\n");
 }
 
 static int parse_fmt(const char *v, int *out) {
@@ -155,6 +157,8 @@ int cmd_bench(int argc, char **argv) {
     o.be = mo.be;
     if (o.model_dir ? cli_model_family(o.model_dir) == CLI_FAMILY_KREA2 : bench_is_krea2_preset(o.preset)) {
         if (o.be.precision == DT_PREC_FP8) return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
+        if (o.be.attn_precision == DT_PREC_FP8)
+            return cli_error("--attn-precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
         bench_k2_report *k = calloc(1, sizeof *k);
         if (!k) return cli_error("out of memory");
         int rc = bench_krea2_run(&o, k);

@@ -33,8 +33,11 @@ static void usage(FILE *f) {
             "  --qpath P            quantized Linear path on CUDA: auto, mixed, fused, transient, cached (default auto)\n"
             "  --precision P        bf16 (default) or fp8: the DiT blocks' Linears with e4m3 weights (one scale per\n"
             "                       output channel) and e4m3 activations (one scale per token); opt-in\n"
-            "  --compare-bf16       with --precision fp8 (FLUX.2): also run the bf16 path on the same inputs and\n"
-            "                       report the relative L2 error of out.sample (and both timings)\n"
+            "  --attn-precision P   bf16 (default) or fp8 (FLUX.2, CUDA with cuDNN, or CPU emulation): the blocks'\n"
+            "                       attention with e4m3 Q/K/V/P (one scale per tensor); opt-in\n"
+            "  --compare-bf16       with --precision fp8 and/or --attn-precision fp8 (FLUX.2): also run the bf16\n"
+            "                       path on the same inputs and report the relative L2 error of out.sample (and\n"
+            "                       both timings)\n"
             "  --compare-qpath P    (FLUX.2) also run with quantized-Linear path P (e.g. --qpath mixed\n"
             "                       --compare-qpath transient) and report the relative L2 error between the two\n"
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
@@ -123,14 +126,16 @@ int cmd_forward(int argc, char **argv) {
     if (!model || !inputs)
         return cli_error("forward: --model and --inputs are required (see ditrun forward --help)");
 
-    if (compare && mo.be.precision != DT_PREC_FP8) return cli_error("--compare-bf16 needs --precision fp8");
+    const int any_fp8 = mo.be.precision == DT_PREC_FP8 || mo.be.attn_precision == DT_PREC_FP8;
+    if (compare && !any_fp8) return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (compare && cmp_qpath >= 0) return cli_error("--compare-bf16 and --compare-qpath: one comparison at a time");
     if (cmp_qpath >= 0 && cli_model_family(model) != CLI_FAMILY_FLUX2)
         return cli_error("--compare-qpath: FLUX.2 models only");
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());
-    if (mo.be.precision == DT_PREC_FP8 && family != CLI_FAMILY_FLUX2)
-        return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
+    if (any_fp8 && family != CLI_FAMILY_FLUX2)
+        return cli_error("%s fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)",
+                         mo.be.precision == DT_PREC_FP8 ? "--precision" : "--attn-precision");
     st_file *in = st_open(inputs);
     if (!in) return cli_error("%s", dt_last_error());
     dt_backend *be = cli_model_backend(&mo);
@@ -192,13 +197,14 @@ int cmd_forward(int argc, char **argv) {
         if (compare || cmp_qpath >= 0) {   /* the same forward with bf16 Linears (fp8 quality) or another qpath */
             int64_t no = n * c->out_channels;
             float *ref = dt_malloc(sizeof(float) * (size_t)no);
-            const dt_precision prec0 = be->opts.precision;
+            const dt_precision prec0 = be->opts.precision, aprec0 = be->opts.attn_precision;
             const dt_qpath qp0 = be->opts.qpath;
             flux2_free(fm);
-            if (compare) be->opts.precision = DT_PREC_BF16;
+            if (compare) be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
             else be->opts.qpath = (dt_qpath)cmp_qpath;
             fm = flux2_load(be, model);
             be->opts.precision = prec0;
+            be->opts.attn_precision = aprec0;
             be->opts.qpath = qp0;
             if (!fm) { free(ref); goto done; }
             flux2_set_graph(fm, mo.cuda_graph);
@@ -220,8 +226,8 @@ int cmd_forward(int argc, char **argv) {
             double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
             if (compare) {
                 dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
-                printf("fp8 vs bf16 forward: rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
-                       "fp8 could be the default only under 3%%: %s (it stays opt-in)\n",
+                printf("fp8 vs bf16 forward (%s): rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
+                       "fp8 could be the default only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be),
                        rel, rel * 100, worst, (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
             } else {
                 dt_log(1, "ditrun: forward with qpath %s: %.2f ms (median of %ld)\n", cli_qpath_name(cmp_qpath),

@@ -36,8 +36,11 @@ static void usage(FILE *f) {
             "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
             "  --precision bf16|fp8        fp8: the DiT blocks' Linears in e4m3 (per-channel weight and per-token\n"
             "                              activation scales); text encoder and VAE stay bf16; opt-in\n"
-            "  --compare-bf16              with --precision fp8: generate again with bf16 and report the relative\n"
-            "                              L2 error of the final latents (the PNG written is the fp8 one)\n"
+            "  --attn-precision bf16|fp8   fp8: the DiT blocks' attention with e4m3 Q/K/V/P (one scale per tensor;\n"
+            "                              CUDA through cuDNN); opt-in\n"
+            "  --compare-bf16              with --precision fp8 and/or --attn-precision fp8: generate again with\n"
+            "                              bf16 and report the relative L2 error of the final latents (the PNG\n"
+            "                              written is the fp8 one)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
             "  -q, --quiet / -v, --verbose\n");
 }
@@ -112,7 +115,8 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!p.prompt) return cli_error("generate: --prompt is required (see ditrun generate --help)");
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
-    if (compare && mo.be.precision != DT_PREC_FP8) return cli_error("--compare-bf16 needs --precision fp8");
+    if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
+        return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (!p.model) {
         p.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", p.model);
@@ -135,9 +139,10 @@ int cmd_generate(int argc, char **argv) {
         uint8_t *rgb2 = NULL;
         int w2, h2;
         dt_gen_timings tm2;
-        be->opts.precision = DT_PREC_BF16;
+        be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
         rc = dt_generate(be, &p, &rgb2, &w2, &h2, &tm2, save_obs, &rc2);
-        be->opts.precision = DT_PREC_FP8;
+        be->opts.precision = mo.be.precision;
+        be->opts.attn_precision = mo.be.attn_precision;
         free(rgb2);
         if (rc == 0 && (!lat8 || rc2.nlat != n8)) { dt_set_error("--compare-bf16: final latents not observed"); rc = -1; }
         if (rc == 0) {
@@ -148,8 +153,9 @@ int cmd_generate(int argc, char **argv) {
                 r2 += (double)rc2.lat[i] * rc2.lat[i];
             }
             double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
-            printf("fp8 vs bf16 generate (%d steps, final latents): rel_l2 %.5f (%.2f%%); fp8 could be the default only "
-                   "under 3%%: %s (it stays opt-in)\n", tm.steps, rel, rel * 100, rel < 0.03 ? "under" : "NOT under");
+            printf("fp8 vs bf16 generate (%s, %d steps, final latents): rel_l2 %.5f (%.2f%%); fp8 could be the default "
+                   "only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be), tm.steps, rel, rel * 100,
+                   rel < 0.03 ? "under" : "NOT under");
         }
         free(lat8);
         free(rc2.lat);

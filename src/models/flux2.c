@@ -216,6 +216,11 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
 
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
+    m->c.attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+    if (m->c.attn_fp8 && !be->attention_fp8) {
+        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention", what, be->name);
+        goto fail;
+    }
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;
@@ -471,11 +476,18 @@ void flux2_final(dt_backend *be, const flux2_config *c, const flux2_outer_w *w, 
     be->linear(be, io->out, a_img, w->proj_out);
 }
 
+/* The blocks' joint attention: bf16 (the reference) or, with --attn-precision fp8, the backend's fp8 attention. */
+static void block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_mat q, dt_mat k, dt_mat v) {
+    const float att_scale = 1.0f / sqrtf((float)c->head_dim);
+    if (c->attn_fp8) be->attention_fp8(be, o, q, k, v, c->heads, c->heads, c->head_dim, att_scale);
+    else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, att_scale, dt_mat_null(), 0);
+}
+
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                      int k, int split, const dt_linear *next) {
     int H = c->heads, hd = c->head_dim;
     int64_t D = c->hidden, F = c->mlp_hidden;
-    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    float eps = c->eps;
     dt_mat none = dt_mat_null(), ms = io->mod_single;
     dt_mat q = dt_mat_cols(io->p, 0, D), kk = dt_mat_cols(io->p, D, D), v = dt_mat_cols(io->p, 2 * D, D);
     switch (k) {
@@ -499,7 +511,7 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
             be->head_norm_rope(be, kk, H, hd, none, eps, io->cos, io->sin, DT_ROPE_INTERLEAVED);
         }
         break;
-    case FLUX2_SB_ATTN: be->attention(be, dt_mat_cols(io->c, 0, D), q, kk, v, H, H, hd, att_scale, none, 0); break;
+    case FLUX2_SB_ATTN: block_attention(be, c, dt_mat_cols(io->c, 0, D), q, kk, v); break;
     case FLUX2_SB_ACT:   /* SwiGLU of the MLP half into the second part of c (the concat is a column view) */
         be->act_mul(be, dt_mat_cols(io->c, D, F), dt_mat_cols(io->p, 3 * D, F), dt_mat_cols(io->p, 3 * D + F, F),
                     DT_ACT_SILU);
@@ -518,7 +530,7 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
                         int n, int t, int first, int join, const dt_linear *next, int64_t next_rows) {
     int64_t D = c->hidden, F = c->mlp_hidden;
     int H = c->heads, hd = c->head_dim;
-    float eps = c->eps, att_scale = 1.0f / sqrtf((float)hd);
+    float eps = c->eps;
     dt_mat none = dt_mat_null(), mi = io->mod_img, mt = io->mod_txt;
     dt_mat s_txt = dt_mat_rows(io->s, 0, t), s_img = dt_mat_rows(io->s, t, n);
     dt_mat a_txt = dt_mat_rows(io->a, 0, t), a_img = dt_mat_rows(io->a, t, n);
@@ -545,7 +557,7 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
     be->head_norm_rope(be, dt_mat_rows(io->q, t, n), H, hd, w->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, dt_mat_rows(io->k, t, n), H, hd, w->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
-    be->attention(be, io->o, io->q, io->k, io->v, H, H, hd, att_scale, none, 0);
+    block_attention(be, c, io->o, io->q, io->k, io->v);
     /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
     dt_mat y_txt = dt_mat_rows(io->y, 0, t), y_img = dt_mat_rows(io->y, t, n);
     if (t > 0) {

@@ -24,6 +24,8 @@ typedef struct {
     float rope_theta;
     float eps;
     int guidance_embeds;    /* must be 0 for klein */
+    int attn_fp8;           /* run-time choice, not from config.json: the blocks' attention through the backend's
+                             * attention_fp8 (flux2_load sets it from opts.attn_precision) */
 } flux2_config;
 
 /* Parse config.json; every missing/invalid field is an error naming `what` (the file). */

@@ -226,6 +226,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->rmsnorm = cpu_rmsnorm;
     be->head_norm_rope = cpu_head_norm_rope;
     be->attention = cpu_attention;
+    be->attention_fp8 = cpu_attention_fp8;
     be->act_mul = cpu_act_mul;
     be->gated_add = cpu_gated_add;
     be->mul = cpu_mul;

@@ -80,6 +80,7 @@ void cpu_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 /* cpu_attention.c */
 void cpu_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
                    dt_mat key_bias, int causal);
+void cpu_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale);
 /* cpu_elementwise.c */
 void cpu_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
 void cpu_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);

@@ -690,6 +690,7 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
                 "attention: key_bias must be F32 [1, %lld]", (long long)k.rows);
     if (q.rows <= 0) return;
     const float *kb = (const float *)key_bias.data;
+
     int fast = hd == FA_HD && o.dtype == DT_BF16 && q.ld % 8 == 0 && k.ld % 8 == 0 && v.ld % 8 == 0 &&
                o.ld % 2 == 0 && dtc_aligned16(q.data) && dtc_aligned16(k.data) && dtc_aligned16(v.data) &&
                ((uintptr_t)o.data & 3) == 0 && q.rows < (1LL << 30) && k.rows < (1LL << 30) && k.rows > 0;
@@ -735,4 +736,23 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         return;
     }
     attention_generic(st, o, q, k, v, hq, hkv, hd, scale, kb, causal);
+}
+
+/* fp8 attention (backend.h: attention_fp8) through cuDNN's fp8 flash attention; no kernel of ours computes the
+ * same thing, so without cuDNN (or an fp8 engine for the shape) it is a clear error. */
+void dtc_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(hq > 0 && hkv > 0 && hq % hkv == 0 && hd > 0, "attention fp8: bad heads hq=%d hkv=%d hd=%d", hq, hkv, hd);
+    DTC_REQUIRE(q.cols >= (int64_t)hq * hd && o.cols >= (int64_t)hq * hd && k.cols >= (int64_t)hkv * hd &&
+                    v.cols >= (int64_t)hkv * hd,
+                "attention fp8: q/o need %d columns, k/v %d", hq * hd, hkv * hd);
+    DTC_REQUIRE(o.rows == q.rows && k.rows == v.rows, "attention fp8: o/q or k/v row counts differ");
+    DTC_REQUIRE(q.dtype == DT_BF16 && k.dtype == DT_BF16 && v.dtype == DT_BF16 && o.dtype == DT_BF16,
+                "attention fp8: q/k/v/o must be BF16");
+    if (q.rows <= 0) return;
+    DTC_REQUIRE(k.rows > 0, "attention fp8: no keys");
+    const char *why = "";
+    if (dtc_cudnn_attention_fp8(st, o, q, k, v, hq, hkv, hd, scale, &why) == 0) return;
+    DTC_REQUIRE(0, "attention fp8 (--attn-precision fp8; Lq=%lld Lk=%lld, %d/%d heads x %d): cuDNN cannot run it: %s",
+                (long long)q.rows, (long long)k.rows, hq, hkv, hd, why);
 }

@@ -836,6 +836,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->rmsnorm = dtc_rmsnorm;
     be->head_norm_rope = dtc_head_norm_rope;
     be->attention = dtc_attention;
+    be->attention_fp8 = dtc_attention_fp8;
     be->act_mul = dtc_act_mul;
     be->gated_add = dtc_gated_add;
     be->mul = dtc_mul;

@@ -218,6 +218,14 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
 void dtc_fp8_quant(dt_backend *be, dt_mat x);
 /* How the scales are applied: "outer-vector (cuBLASLt)", "epilogue (...)" or "untested". */
 const char *dtc_fp8_scale_mode(dtc_state *st);
+/* fp8 attention inputs: q [Lq, Dq], k, v [Lk, Dk] (bf16, any ld) -> contiguous e4m3 codes q8/k8/v8 with one
+ * scale per tensor (backend.h's definition). sc: 16-byte slots of 4 floats (cuDNN's scalar tensors): slot t =
+ * 0..2 amax of q, k, v; 3..5 their scales amax/448; 6: 1/448 (P's descale); 7: 448 (P's scale); 8: 1 (O's
+ * scale); 9, 10: cuDNN's amax outputs. */
+void dtc_attn_fp8_quant(dtc_state *st, dt_mat q, dt_mat k, dt_mat v, uint8_t *q8, uint8_t *k8, uint8_t *v8,
+                        float *sc);
+/* o (bf16, any ld) = src (f16 [o.rows, o.cols], row stride lds elements). */
+void dtc_half_to_bf16(dtc_state *st, dt_mat o, const void *src, int64_t lds);
 void dtc_fp8_cache_free(dtc_state *st);
 
 /* ------------------------------------------------------------------ op entry points (per file) */
@@ -232,6 +240,7 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w);
 
 void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
                    dt_mat key_bias, int causal);
+void dtc_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale);
 /* Attention (head dim 128, bf16, q/k/v/o as dtc_attention's fast path takes them) through cuDNN's fused SDPA
  * (cuda_cudnn.cu). fa = $DITRUN_CUDA_FA: "cudnn" forces it (fatal if cuDNN cannot be loaded), another value
  * selects our kernels, unset = the measured default. Returns 0 when cuDNN ran it, 1 when the caller must
@@ -241,6 +250,11 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
 int dtc_cudnn_version(dtc_state *st);       /* cudnnGetVersion() of the loaded library, 0 = unavailable */
 long long dtc_cudnn_calls(dtc_state *st);   /* attention calls run by cuDNN so far */
 void dtc_cudnn_destroy(dtc_state *st);
+/* fp8 attention (opts.attn_precision, backend.h) through cuDNN's fp8 SDPA: q/k/v quantized per tensor
+ * (dtc_attn_fp8_quant), O in bf16 (or f16 + one conversion where cuDNN cannot write bf16). No key bias, no mask.
+ * Returns 0 when it ran; 1 when it cannot (cuDNN unavailable or no fp8 plan: *why says which). */
+int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
+                            float scale, const char **why);
 
 void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
 void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);

@@ -42,6 +42,12 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
 }
 void dtc_cudnn_destroy(dtc_state *st) { (void)st; }
 int dtc_cudnn_version(dtc_state *st) { (void)st; return 0; }
+int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
+                            float scale, const char **why) {
+    (void)st; (void)o; (void)q; (void)k; (void)v; (void)hq; (void)hkv; (void)hd; (void)scale;
+    *why = "this build has no cuDNN headers";
+    return 1;
+}
 #else
 
 /* ------------------------------------------------------------------ the library, loaded once per process */
@@ -132,8 +138,10 @@ static void dnn_load(void) {
 /* ------------------------------------------------------------------ per-backend state */
 struct dnn_plan {
     /* key */
-    int64_t Lq, Lk, ldq, ldk, ldv, ldo;
+    int64_t Lq, Lk, ldq, ldk, ldv, ldo, hd;
     int hq, hkv, bias, causal;
+    int fp8;     /* 1: e4m3 Q/K/V/P with per-tensor scales (the fp8 graph below) */
+    int otype;   /* O: 0 bf16, 1 f16 */
     /* value */
     cudnnBackendDescriptor_t plan;  /* nullptr: this key failed to build (not retried) */
     int64_t ws;
@@ -144,6 +152,8 @@ struct dtc_cudnn {
     cudnnHandle_t h;
     cudaStream_t bound;   /* the stream the handle is set to (follows the backend's current queue) */
     dtc_scratch ws[2];    /* workspace per queue (stream_switch) */
+    dtc_scratch f8[2];    /* fp8 attention per queue: codes of q, k, v, the f16 output (if used), the scalars */
+    int f8_otype;         /* fp8 attention's output type: -1 not yet known, 0 bf16, 1 f16 (cuDNN rejected bf16) */
     int init_failed;
     std::vector<dnn_plan> plans;
     long long calls;
@@ -159,6 +169,8 @@ static dtc_cudnn *dnn_get(dtc_state *st) {
     if (!st->cudnn) {
         st->cudnn = new dtc_cudnn();
         memset(st->cudnn->ws, 0, sizeof st->cudnn->ws);
+        memset(st->cudnn->f8, 0, sizeof st->cudnn->f8);
+        st->cudnn->f8_otype = -1;
         st->cudnn->h = nullptr;
         st->cudnn->bound = st->q.stream;
         st->cudnn->init_failed = 0;
@@ -187,10 +199,10 @@ void dtc_cudnn_destroy(dtc_state *st) {
         }
     }
     if (c->h) g_dnn.Destroy(c->h);
-    for (auto &w : c->ws) {
-        for (int i = 0; i < w.nretired; i++) dtc_pool_free(st, w.retired[i]);
-        free(w.retired);
-        if (w.ptr) dtc_pool_free(st, w.ptr);
+    for (dtc_scratch *w : {&c->ws[0], &c->ws[1], &c->f8[0], &c->f8[1]}) {
+        for (int i = 0; i < w->nretired; i++) dtc_pool_free(st, w->retired[i]);
+        free(w->retired);
+        if (w->ptr) dtc_pool_free(st, w->ptr);
     }
     delete c;
     st->cudnn = nullptr;
@@ -310,15 +322,20 @@ static cudnnBackendDescriptor_t g_reduce(dnn_graph &g, cudnnReduceTensorOp_t mod
     return op;
 }
 
-/* Tensor unique ids: the real ones go into the variant pack. */
-enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_SCALE, UID_BIAS, UID_NEGINF };
+/* Tensor unique ids: the real ones go into the variant pack. fp8: the descales of Q, K, V and P, the scales of P
+ * and O (device scalars) and the two amax outputs cuDNN's fp8 pattern produces. */
+enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_SCALE, UID_BIAS, UID_NEGINF, UID_DQ, UID_DK, UID_DV, UID_DS, UID_SS, UID_SO,
+       UID_AMAX_S, UID_AMAX_O };
 
 /* Builds and finalizes the execution plan for key p (p->plan / p->ws set on success). with_stats: also compute
- * log(sum) + max into a virtual tensor, as cudnn-frontend's composite softmax does for inference. */
+ * log(sum) + max into a virtual tensor, as cudnn-frontend's composite softmax does for inference.
+ * fp8 (the lowering of cudnn-frontend's fp8 SDPA): S = (Q8·K8ᵀ)·scale·descale_q·descale_k, softmax, amax_s =
+ * max|P|, P8 = P·scale_s (e4m3), O = (P8·V8)·descale_s·descale_v·scale_o, amax_o = max|O before scale_o|. */
 static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     dnn_graph g;
-    const int64_t D = 128, hq = p->hq, hkv = p->hkv, Lq = p->Lq, Lk = p->Lk;
-    const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT;
+    const int64_t D = p->hd, hq = p->hq, hkv = p->hkv, Lq = p->Lq, Lk = p->Lk;
+    const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, F8 = CUDNN_DATA_FP8_E4M3;
+    const cudnnDataType_t IO = p->fp8 ? F8 : BF, OT = p->otype ? CUDNN_DATA_HALF : BF;
     /* Q [1, hq, Lq, 128]: column view of a row-major [Lq, ldq] buffer, head h at column h*128 */
     int64_t qd[4] = {1, hq, Lq, D}, qs[4] = {Lq * p->ldq, D, p->ldq, 1};
     /* Kᵀ [1, hkv, 128, Lk]: K [Lk, ldk] read transposed (frontend maps K to Kᵀ by swapping dims/strides) */
@@ -334,10 +351,10 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     /* key bias [1, 1, 1, Lk] F32, broadcast over heads and query rows */
     int64_t bd[4] = {1, 1, 1, Lk}, bs[4] = {Lk, Lk, Lk, 1};
 
-    cudnnBackendDescriptor_t tQ = g_tensor(g, UID_Q, BF, qd, qs, false, false, "Q");
-    cudnnBackendDescriptor_t tK = g_tensor(g, UID_K, BF, kd, ks, false, false, "K");
-    cudnnBackendDescriptor_t tV = g_tensor(g, UID_V, BF, vd, vs, false, false, "V");
-    cudnnBackendDescriptor_t tO = g_tensor(g, UID_O, BF, od, os, false, false, "O");
+    cudnnBackendDescriptor_t tQ = g_tensor(g, UID_Q, IO, qd, qs, false, false, "Q");
+    cudnnBackendDescriptor_t tK = g_tensor(g, UID_K, IO, kd, ks, false, false, "K");
+    cudnnBackendDescriptor_t tV = g_tensor(g, UID_V, IO, vd, vs, false, false, "V");
+    cudnnBackendDescriptor_t tO = g_tensor(g, UID_O, OT, od, os, false, false, "O");
     cudnnBackendDescriptor_t tScale = g_tensor(g, UID_SCALE, F, one, one, false, true, "scale");
     int64_t vu = 100;
     std::vector<cudnnBackendDescriptor_t> ops;
@@ -346,6 +363,24 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     cudnnBackendDescriptor_t tSs = g_virt(g, vu++, F, sd, ss, "S*scale");
     ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, tS, tScale, nullptr, tSs, -1, "attn_scale"));
     cudnnBackendDescriptor_t last = tSs;
+    /* fp8: device scalars [1, 1, 1, 1] */
+    cudnnBackendDescriptor_t tDq = nullptr, tDk = nullptr, tDv = nullptr, tDs = nullptr, tSsc = nullptr,
+                             tSo = nullptr, tAs = nullptr, tAo = nullptr;
+    if (p->fp8) {
+        tDq = g_tensor(g, UID_DQ, F, one, one, false, false, "descale_q");
+        tDk = g_tensor(g, UID_DK, F, one, one, false, false, "descale_k");
+        tDv = g_tensor(g, UID_DV, F, one, one, false, false, "descale_v");
+        tDs = g_tensor(g, UID_DS, F, one, one, false, false, "descale_s");
+        tSsc = g_tensor(g, UID_SS, F, one, one, false, false, "scale_s");
+        tSo = g_tensor(g, UID_SO, F, one, one, false, false, "scale_o");
+        tAs = g_tensor(g, UID_AMAX_S, F, one, one, false, false, "amax_s");
+        tAo = g_tensor(g, UID_AMAX_O, F, one, one, false, false, "amax_o");
+        cudnnBackendDescriptor_t t1 = g_virt(g, vu++, F, sd, ss, "S*descale_q");
+        cudnnBackendDescriptor_t t2 = g_virt(g, vu++, F, sd, ss, "S*descale_k");
+        ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, last, tDq, nullptr, t1, -1, "descale_q"));
+        ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, t1, tDk, nullptr, t2, -1, "descale_k"));
+        last = t2;
+    }
     if (p->bias) {
         cudnnBackendDescriptor_t tB = g_tensor(g, UID_BIAS, F, bd, bs, false, false, "key_bias");
         cudnnBackendDescriptor_t tSb = g_virt(g, vu++, F, sd, ss, "S+bias");
@@ -369,7 +404,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     cudnnBackendDescriptor_t tSub = g_virt(g, vu++, F, sd, ss, "S-max");
     cudnnBackendDescriptor_t tExp = g_virt(g, vu++, F, sd, ss, "exp");
     cudnnBackendDescriptor_t tSum = g_virt(g, vu++, F, rd, rs, "row sum");
-    cudnnBackendDescriptor_t tP = g_virt(g, vu++, BF, sd, ss, "P");
+    cudnnBackendDescriptor_t tP = g_virt(g, vu++, p->fp8 ? F : BF, sd, ss, "P");
     ops.push_back(g_reduce(g, CUDNN_REDUCE_TENSOR_MAX, last, tMax, "max"));
     ops.push_back(g_pw(g, CUDNN_POINTWISE_SUB, F, last, tMax, nullptr, tSub, -1, "sub"));
     ops.push_back(g_pw(g, CUDNN_POINTWISE_EXP, F, tSub, nullptr, nullptr, tExp, -1, "exp"));
@@ -381,7 +416,21 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         ops.push_back(g_pw(g, CUDNN_POINTWISE_ADD, F, tMax, tLog, nullptr, tSt, -1, "stats"));
     }
     ops.push_back(g_pw(g, CUDNN_POINTWISE_DIV, F, tExp, tSum, nullptr, tP, -1, "div"));
-    ops.push_back(g_matmul(g, tP, tV, tO, "bmm2"));
+    if (!p->fp8) {
+        ops.push_back(g_matmul(g, tP, tV, tO, "bmm2"));
+    } else {
+        cudnnBackendDescriptor_t tP8 = g_virt(g, vu++, F8, sd, ss, "P8");
+        cudnnBackendDescriptor_t tO0 = g_virt(g, vu++, F, od, os, "P8·V8");
+        cudnnBackendDescriptor_t tO1 = g_virt(g, vu++, F, od, os, "O*descale_s");
+        cudnnBackendDescriptor_t tO2 = g_virt(g, vu++, F, od, os, "O*descale_v");
+        ops.push_back(g_reduce(g, CUDNN_REDUCE_TENSOR_AMAX, tP, tAs, "amax_s"));
+        ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, tP, tSsc, nullptr, tP8, -1, "scale_s"));
+        ops.push_back(g_matmul(g, tP8, tV, tO0, "bmm2"));
+        ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, tO0, tDs, nullptr, tO1, -1, "descale_s"));
+        ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, tO1, tDv, nullptr, tO2, -1, "descale_v"));
+        ops.push_back(g_pw(g, CUDNN_POINTWISE_MUL, F, tO2, tSo, nullptr, tO, -1, "scale_o"));
+        ops.push_back(g_reduce(g, CUDNN_REDUCE_TENSOR_AMAX, tO2, tAo, "amax_o"));
+    }
 
     cudnnBackendDescriptor_t og = g_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     g_set(g, og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &c->h, "operation graph");
@@ -444,9 +493,10 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
                         g_dnn.GetAttr(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &cnt, &eidx);
                     g_dnn.DestroyDesc(eng);
                 }
-                DNN_LOG("plan for Lq=%lld Lk=%lld %d/%d heads%s%s%s: engine %lld (heuristics mode %d, config %lld of "
+                DNN_LOG("plan for Lq=%lld Lk=%lld %d/%d heads%s%s%s%s: engine %lld (heuristics mode %d, config %lld of "
                         "%lld), workspace %lld bytes",
-                        (long long)Lq, (long long)Lk, p->hq, p->hkv, p->bias ? " bias" : "", p->causal ? " causal" : "",
+                        (long long)Lq, (long long)Lk, p->hq, p->hkv, p->fp8 ? (p->otype ? " fp8->f16" : " fp8->bf16") : "",
+                        p->bias ? " bias" : "", p->causal ? " causal" : "",
                         with_stats ? "" : " (no stats)", (long long)eidx, (int)modes[mi], (long long)i, (long long)got,
                         (long long)w);
             } else {
@@ -461,8 +511,9 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     if (g.err != CUDNN_STATUS_SUCCESS) {
         char le[256] = "";
         if (g_dnn.GetLastErrorString) g_dnn.GetLastErrorString(le, sizeof le);
-        DNN_LOG("graph for Lq=%lld Lk=%lld %d/%d heads%s%s: %s failed: %s %s", (long long)Lq, (long long)Lk, p->hq,
-                p->hkv, p->bias ? " bias" : "", p->causal ? " causal" : "", g.what, dnn_err(g.err), le);
+        DNN_LOG("graph for Lq=%lld Lk=%lld %d/%d heads%s%s%s: %s failed: %s %s", (long long)Lq, (long long)Lk, p->hq,
+                p->hkv, p->fp8 ? (p->otype ? " fp8->f16" : " fp8->bf16") : "", p->bias ? " bias" : "",
+                p->causal ? " causal" : "", g.what, dnn_err(g.err), le);
     }
     if (plan) {  /* cudnn-frontend keeps the graph alive with its plan: so do we */
         p->keep = new std::vector<cudnnBackendDescriptor_t>(g.all);
@@ -475,6 +526,53 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
 }
 
 /* ------------------------------------------------------------------ dispatch */
+/* The cached plan for key, built at its first use (a key cuDNN rejects is cached with plan = nullptr, not
+ * retried). nullptr while a CUDA graph is being captured and the key is new (building may allocate or compile). */
+static dnn_plan *dnn_plan_for(dtc_state *st, dtc_cudnn *c, const dnn_plan &key) {
+    for (auto &e : c->plans)
+        if (!memcmp(&e, &key, offsetof(dnn_plan, plan))) return &e;
+    if (st->capturing) return nullptr;
+    c->plans.push_back(key);
+    dnn_plan *p = &c->plans.back();
+    if (dnn_build(c, p, 1) != 0) dnn_build(c, p, 0);
+    return p;
+}
+
+/* Runs plan p on the current queue with the variant pack (uids[n] -> ptrs[n]) and its workspace. Returns 1
+ * (nothing queued) when the workspace would have to grow while a graph is being captured; fatal on errors. */
+static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids, void **ptrs, int n) {
+    void *ws = nullptr;
+    if (p->ws > 0) {
+        dtc_scratch *w = &c->ws[st->cur_queue ? 1 : 0];
+        if (st->capturing && (size_t)p->ws > w->size) return 1;  /* no allocation while capturing */
+        ws = dtc_scratch_get(st, w, (size_t)p->ws);
+    }
+    if (c->bound != st->q.stream) {  /* the backend switched queues since the last call */
+        cudnnStatus_t s = g_dnn.SetStream(c->h, st->q.stream);
+        if (s != CUDNN_STATUS_SUCCESS) dtc_fatal("cudnnSetStream", __FILE__, __LINE__, dnn_err(s));
+        c->bound = st->q.stream;
+    }
+    cudnnBackendDescriptor_t vp = nullptr;
+    cudnnStatus_t s = g_dnn.CreateDesc(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
+    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.Finalize(vp);
+    if (s != CUDNN_STATUS_SUCCESS) dtc_fatal("cuDNN variant pack", __FILE__, __LINE__, dnn_err(s));
+    s = g_dnn.Execute(c->h, p->plan, vp);
+    g_dnn.DestroyDesc(vp);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        char le[256] = "";
+        if (g_dnn.GetLastErrorString) g_dnn.GetLastErrorString(le, sizeof le);
+        fprintf(stderr, "ditrun: cuda: cudnnBackendExecute failed (attention%s Lq=%lld Lk=%lld %d/%d heads): %s %s\n",
+                p->fp8 ? " fp8" : "", (long long)p->Lq, (long long)p->Lk, p->hq, p->hkv, dnn_err(s), le);
+        exit(1);
+    }
+    c->calls++;
+    return 0;
+}
+
+
 /* Policy without DITRUN_CUDA_FA: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14, H200,
  * interleaved): no mask 1.41-1.59x our wgmma kernel at 1536-16896 tokens (24-48 heads, GQA 48/12), causal
  * 1.50x at 4608 and 1.15x at 512 (32/8). With a key bias it only ties (Krea 2's padded GQA: 1.193 vs
@@ -507,35 +605,17 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
     memset(&key, 0, sizeof key);
     key.Lq = q.rows; key.Lk = k.rows;
     key.ldq = q.ld; key.ldk = k.ld; key.ldv = v.ld; key.ldo = o.ld;
-    key.hq = hq; key.hkv = hkv; key.bias = kbias != nullptr; key.causal = causal != 0;
-    dnn_plan *p = nullptr;
-    for (auto &e : c->plans)
-        if (!memcmp(&e, &key, offsetof(dnn_plan, plan))) { p = &e; break; }
+    key.hq = hq; key.hkv = hkv; key.bias = kbias != nullptr; key.causal = causal != 0; key.hd = 128;
+    dnn_plan *p = dnn_plan_for(st, c, key);
+    if (p && !p->plan) p = nullptr;
     if (!p) {
-        if (st->capturing) return 1;  /* no plan building inside a CUDA-graph capture */
-        c->plans.push_back(key);
-        p = &c->plans.back();
-        if (dnn_build(c, p, 1) != 0) dnn_build(c, p, 0);
-    }
-    if (!p->plan) {
-        if (forced && !c->warned) {
+        if (forced && !c->warned && !st->capturing) {
             fprintf(stderr, "ditrun: warning: DITRUN_CUDA_FA=cudnn: cuDNN rejected attention Lq=%lld Lk=%lld %d/%d heads%s%s; "
                     "using our kernel (DITRUN_CUDNN_DEBUG=1 says why)\n", (long long)key.Lq, (long long)key.Lk, hq, hkv,
                     kbias ? " bias" : "", causal ? " causal" : "");
             c->warned = 1;
         }
         return 1;
-    }
-    void *ws = nullptr;
-    if (p->ws > 0) {
-        dtc_scratch *w = &c->ws[st->cur_queue ? 1 : 0];
-        if (st->capturing && (size_t)p->ws > w->size) return 1;  /* no allocation while capturing */
-        ws = dtc_scratch_get(st, w, (size_t)p->ws);
-    }
-    if (c->bound != st->q.stream) {  /* the backend switched queues since the last call */
-        cudnnStatus_t s = g_dnn.SetStream(c->h, st->q.stream);
-        if (s != CUDNN_STATUS_SUCCESS) dtc_fatal("cudnnSetStream", __FILE__, __LINE__, dnn_err(s));
-        c->bound = st->q.stream;
     }
     float neg_inf = -INFINITY;
     int64_t uids[7];
@@ -548,23 +628,76 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
     uids[n] = UID_SCALE; ptrs[n++] = &scale;
     if (kbias) { uids[n] = UID_BIAS; ptrs[n++] = (void *)kbias; }
     if (causal) { uids[n] = UID_NEGINF; ptrs[n++] = &neg_inf; }
-    cudnnBackendDescriptor_t vp = nullptr;
-    cudnnStatus_t s = g_dnn.CreateDesc(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
-    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
-    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.Finalize(vp);
-    if (s != CUDNN_STATUS_SUCCESS) dtc_fatal("cuDNN variant pack", __FILE__, __LINE__, dnn_err(s));
-    s = g_dnn.Execute(c->h, p->plan, vp);
-    g_dnn.DestroyDesc(vp);
-    if (s != CUDNN_STATUS_SUCCESS) {
-        char le[256] = "";
-        if (g_dnn.GetLastErrorString) g_dnn.GetLastErrorString(le, sizeof le);
-        fprintf(stderr, "ditrun: cuda: cudnnBackendExecute failed (attention Lq=%lld Lk=%lld %d/%d heads): %s %s\n",
-                (long long)key.Lq, (long long)key.Lk, hq, hkv, dnn_err(s), le);
-        exit(1);
+    return dnn_run(st, c, p, uids, ptrs, n);
+}
+
+int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
+                            float scale, const char **why) {
+    *why = "";
+    dtc_cudnn *c = dnn_get(st);
+    if (!c) {
+        *why = g_dnn.why[0] ? g_dnn.why : "cudnnCreate failed";
+        return 1;
     }
-    c->calls++;
+    if (hd % 16 || o.dtype != DT_BF16 || k.rows <= 0) {
+        *why = "it needs a head dim that is a multiple of 16, a bf16 output and at least one key";
+        return 1;
+    }
+    const int64_t Lq = q.rows, Lk = k.rows, Dq = (int64_t)hq * hd, Dk = (int64_t)hkv * hd;
+    dnn_plan key;
+    memset(&key, 0, sizeof key);
+    key.Lq = Lq; key.Lk = Lk; key.hd = hd; key.hq = hq; key.hkv = hkv; key.fp8 = 1;
+    key.ldq = Dq; key.ldk = Dk; key.ldv = Dk;
+    /* O: bf16 straight into o where cuDNN can write it (16-byte aligned rows), else f16 + one conversion */
+    dnn_plan *p = nullptr;
+    const int direct_ok = o.ld % 8 == 0 && dtc_aligned16(o.data);
+    for (int ot = c->f8_otype < 0 ? 0 : c->f8_otype; ot <= 1 && !p; ot++) {
+        if (ot == 0 && !direct_ok) continue;
+        key.otype = ot;
+        key.ldo = ot == 0 ? o.ld : Dq;
+        p = dnn_plan_for(st, c, key);
+        if (p && !p->plan) p = nullptr;
+        if (p && c->f8_otype < 0) c->f8_otype = ot;
+    }
+    if (!p) {
+        *why = st->capturing ? "no plan was built for this shape before the CUDA-graph capture"
+                             : "cuDNN has no fp8 SDPA engine for this shape (DITRUN_CUDNN_DEBUG=1 says why)";
+        return 1;
+    }
+    /* scratch: codes of q, k, v, then the f16 output (if used), then 11 scalar slots of 16 bytes */
+    auto up = [](size_t b) { return (b + 255) & ~(size_t)255; };
+    const size_t bq = up((size_t)(Lq * Dq)), bk = up((size_t)(Lk * Dk)), bo = key.otype ? up((size_t)(Lq * Dq) * 2) : 0;
+    const size_t need = bq + 2 * bk + bo + 11 * 16;
+    dtc_scratch *f8 = &c->f8[st->cur_queue ? 1 : 0];
+    if (st->capturing && need > f8->size) {
+        *why = "its scratch would have to grow during a CUDA-graph capture";
+        return 1;
+    }
+    uint8_t *base = (uint8_t *)dtc_scratch_get(st, f8, need);
+    uint8_t *q8 = base, *k8 = base + bq, *v8 = base + bq + bk, *o16 = base + bq + 2 * bk;
+    float *sc = (float *)(base + bq + 2 * bk + bo);
+    dtc_attn_fp8_quant(st, dt_mat_cols(q, 0, Dq), dt_mat_cols(k, 0, Dk), dt_mat_cols(v, 0, Dk), q8, k8, v8, sc);
+    int64_t uids[13];
+    void *ptrs[13];
+    int n = 0;
+    uids[n] = UID_Q; ptrs[n++] = q8;
+    uids[n] = UID_K; ptrs[n++] = k8;
+    uids[n] = UID_V; ptrs[n++] = v8;
+    uids[n] = UID_O; ptrs[n++] = key.otype ? (void *)o16 : o.data;
+    uids[n] = UID_SCALE; ptrs[n++] = &scale;
+    uids[n] = UID_DQ; ptrs[n++] = sc + 3 * 4;
+    uids[n] = UID_DK; ptrs[n++] = sc + 4 * 4;
+    uids[n] = UID_DV; ptrs[n++] = sc + 5 * 4;
+    uids[n] = UID_DS; ptrs[n++] = sc + 6 * 4;
+    uids[n] = UID_SS; ptrs[n++] = sc + 7 * 4;
+    uids[n] = UID_SO; ptrs[n++] = sc + 8 * 4;
+    uids[n] = UID_AMAX_S; ptrs[n++] = sc + 9 * 4;
+    uids[n] = UID_AMAX_O; ptrs[n++] = sc + 10 * 4;
+    if (dnn_run(st, c, p, uids, ptrs, n) != 0) {
+        *why = "its workspace would have to grow during a CUDA-graph capture";
+        return 1;
+    }
+    if (key.otype) dtc_half_to_bf16(st, dt_mat_cols(o, 0, Dq), o16, Dq);
     return 0;
 }
 

@@ -220,6 +220,118 @@ void dtc_fp8_quant(dt_backend *be, dt_mat x) {
     if (x.rows > 0) (void)fp8_quant_act(st, x, &sx);
 }
 
+/* ------------------------------------------------------------------ fp8 attention inputs */
+/* q, k, v of one attention call: bf16 views in, contiguous e4m3 codes out (one scale per tensor). */
+struct f8att {
+    const __nv_bfloat16 *x[3];
+    uint8_t *d[3];
+    int64_t rows[3], cols[3], ld[3];
+};
+
+/* Per-tensor amax (blockIdx.y = tensor) into amax[t * 4] as f32 bits (non-negative floats order like their
+ * bits; NaNs skipped by fmaxf). VEC: rows read as 16-byte vectors (cols % 8 == 0, ld % 8 == 0, aligned). */
+template <int VEC>
+__global__ void k_att_amax(f8att a, unsigned *amax) {
+    __shared__ float sh[32];
+    const int t = blockIdx.y;
+    const int64_t cols = a.cols[t], per = VEC ? cols / 8 : cols, n = a.rows[t] * per;
+    float m = 0.f;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / per, c = i - r * per;
+        if (VEC) {
+            float f[8];
+            bf8_to_f(*(const uint4 *)(a.x[t] + r * a.ld[t] + c * 8), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+        } else {
+            m = fmaxf(m, fabsf(__bfloat162float(a.x[t][r * a.ld[t] + c])));
+        }
+    }
+    m = block_max(m, sh);
+    if (threadIdx.x == 0 && m > 0.f) atomicMax(amax + t * 4, __float_as_uint(m));
+}
+
+/* Codes e4m3(x * (448 / amax)) into d[t] [rows, cols] (ld cols), the expressions of core/fp8.c; block 0 also
+ * writes the scales cuDNN reads (slots of 4 floats: 3 + t: amax / 448, 6: 1/448, 7: 448, 8: 1). */
+template <int VEC>
+__global__ void k_att_quant(f8att a, float *sc) {
+    const int t = blockIdx.y;
+    const float amax = sc[t * 4];
+    const float inv = amax > 0.f ? 448.f / amax : 1.f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        sc[(3 + t) * 4] = amax > 0.f ? amax / 448.f : 1.f;
+        if (t == 0) { sc[6 * 4] = 1.f / 448.f; sc[7 * 4] = 448.f; sc[8 * 4] = 1.f; }
+    }
+    const int64_t cols = a.cols[t], per = VEC ? cols / 8 : cols, n = a.rows[t] * per;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / per, c = i - r * per;
+        if (VEC) {
+            float f[8];
+            bf8_to_f(*(const uint4 *)(a.x[t] + r * a.ld[t] + c * 8), f);
+            uint32_t w[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
+                                                       __NV_SATFINITE, __NV_E4M3);
+                uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
+                                                       __NV_SATFINITE, __NV_E4M3);
+                w[h] = lo | (hi << 16);
+            }
+            *(uint2 *)(a.d[t] + r * cols + c * 8) = make_uint2(w[0], w[1]);
+        } else {
+            a.d[t][r * cols + c] = f2e4m3(__fmul_rn(__bfloat162float(a.x[t][r * a.ld[t] + c]), inv));
+        }
+    }
+}
+
+void dtc_attn_fp8_quant(dtc_state *st, dt_mat q, dt_mat k, dt_mat v, uint8_t *q8, uint8_t *k8, uint8_t *v8,
+                        float *sc) {
+    f8att a;
+    const dt_mat m[3] = {q, k, v};
+    uint8_t *d[3] = {q8, k8, v8};
+    int vec = 1;
+    int64_t most = 0;
+    for (int t = 0; t < 3; t++) {
+        DTC_REQUIRE(m[t].dtype == DT_BF16, "attention fp8: q/k/v must be BF16");
+        a.x[t] = (const __nv_bfloat16 *)m[t].data;
+        a.d[t] = d[t];
+        a.rows[t] = m[t].rows;
+        a.cols[t] = m[t].cols;
+        a.ld[t] = m[t].ld;
+        vec &= dtc_vec8_ok(m[t]) && m[t].cols % 8 == 0 && ((uintptr_t)d[t] & 7) == 0;
+        int64_t n = m[t].rows * m[t].cols;
+        most = n > most ? n : most;
+    }
+    int64_t per_block = 256LL * (vec ? 8 : 1) * 4;   /* ~4 vectors per thread */
+    int64_t gx = (most + per_block - 1) / per_block;
+    int64_t cap = (int64_t)st->sm_count * 8;
+    dim3 grid((unsigned)(gx < 1 ? 1 : gx > cap ? cap : gx), 3);
+    CK(cudaMemsetAsync(sc, 0, 3 * 4 * sizeof(float), st->q.stream));
+    if (vec) k_att_amax<1><<<grid, 256, 0, st->q.stream>>>(a, (unsigned *)sc);
+    else k_att_amax<0><<<grid, 256, 0, st->q.stream>>>(a, (unsigned *)sc);
+    CK_LAUNCH("att_amax");
+    if (vec) k_att_quant<1><<<grid, 256, 0, st->q.stream>>>(a, sc);
+    else k_att_quant<0><<<grid, 256, 0, st->q.stream>>>(a, sc);
+    CK_LAUNCH("att_quant");
+}
+
+/* o (bf16, any ld) = src (f16 [rows, cols], ld lds): the fp8 attention's f16 output when cuDNN cannot write bf16. */
+__global__ void k_half_to_bf16(dmat o, const __half *src, int64_t lds, int64_t rows, int64_t cols) {
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        dm_set(o, r, c, __half2float(src[r * lds + c]));
+    }
+}
+void dtc_half_to_bf16(dtc_state *st, dt_mat o, const void *src, int64_t lds) {
+    const int64_t n = o.rows * o.cols;
+    if (n <= 0) return;
+    int64_t gx = (n + 1023) / 1024, cap = (int64_t)st->sm_count * 16;
+    k_half_to_bf16<<<(unsigned)(gx > cap ? cap : gx), 256, 0, st->q.stream>>>(dtc_dm(o), (const __half *)src, lds,
+                                                                              o.rows, o.cols);
+    CK_LAUNCH("half_to_bf16");
+}
+
 /* ------------------------------------------------------------------ cuBLASLt fp8 GEMM */
 struct f8_key {
     int dtd, has_bias, outer, fast, ad;
@@ -424,4 +536,9 @@ void dtc_preload_fp8(dtc_state *st) {
     dtc_preload_fn((const void *)k_fp8_act<0>);
     dtc_preload_fn((const void *)k_fp8_act<1>);
     dtc_preload_fn((const void *)k_fp8_scale);
+    dtc_preload_fn((const void *)k_att_amax<0>);
+    dtc_preload_fn((const void *)k_att_amax<1>);
+    dtc_preload_fn((const void *)k_att_quant<0>);
+    dtc_preload_fn((const void *)k_att_quant<1>);
+    dtc_preload_fn((const void *)k_half_to_bf16);
 }
