@@ -1042,10 +1042,6 @@ static void test_cudnn(void) {
     time_cudnn_vs_own(4608, 24, 24, 0, 1);
     time_cudnn_vs_own(512, 32, 8, 0, 1);     /* Qwen3 text encoder */
     test_cudnn_graph();
-    test_attention_fp8(4608, 4608, 24, 24, 128, 1);   /* klein-4B 1024² */
-    test_attention_fp8(777, 777, 8, 2, 128, 0);       /* GQA, odd length */
-    test_attention_fp8(300, 700, 4, 4, 64, 0);        /* cross lengths, head dim 64 */
-    test_attention_fp8(16896, 16896, 24, 24, 128, 1); /* klein-4B 2048² */
 }
 
 /* ------------------------------------------------------------------ row / elementwise ops */
@@ -1751,6 +1747,14 @@ int main(void) {
         double ts = dt_now();
         test_cudnn();
         printf("# section cudnn %.1f s\n", dt_now() - ts);
+    }
+    if (RUN("fp8attn")) {   /* fp8 attention through cuDNN's fp8 SDPA (skips when cuDNN cannot be loaded) */
+        double ts = dt_now();
+        test_attention_fp8(4608, 4608, 24, 24, 128, 1);   /* klein-4B 1024² */
+        test_attention_fp8(777, 777, 8, 2, 128, 0);       /* GQA, odd length */
+        test_attention_fp8(300, 700, 4, 4, 64, 0);        /* cross lengths, head dim 64 */
+        test_attention_fp8(16896, 16896, 24, 24, 128, 1); /* klein-4B 2048² */
+        printf("# section fp8attn %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {
         double ts = dt_now();

@@ -309,10 +309,12 @@ if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error v
 fi
 
 if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timings, forwards, error, bench arm
-    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=cudnn DITRUN_CUDNN_DEBUG=1 timeout 200 ./build/tests/test_gpu_ops \
-        > "$OUT/gpu_fp8attn.log" 2>&1
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=fp8attn DITRUN_CUDNN_DEBUG=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr \
+        timeout 200 ./build/tests/test_gpu_ops > "$OUT/gpu_fp8attn.log" 2>&1
     log "fp8 attention op tests rc=$?"
-    grep -E "fp8|FAIL" "$OUT/gpu_fp8attn.log" | grep -v "^ditrun: cudnn: engine config" | head -40 | tee -a "$OUT/summary.txt"
+    grep -E "fp8|FAIL|PASS|TIME" "$OUT/gpu_fp8attn.log" | grep -v "^ditrun: cudnn: engine config" | head -40 | tee -a "$OUT/summary.txt"
+    grep -iE "warn|error|not supported|unsupported" "$OUT/gpu_fp8attn.log" | sort | uniq -c | sort -rn | head -20 | cut -c1-400 \
+        | tee -a "$OUT/summary.txt"
     [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
     for px in 1024 2048; do
         [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null

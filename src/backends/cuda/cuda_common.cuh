@@ -220,12 +220,12 @@ void dtc_fp8_quant(dt_backend *be, dt_mat x);
 const char *dtc_fp8_scale_mode(dtc_state *st);
 /* fp8 attention inputs: q [Lq, Dq], k, v [Lk, Dk] (bf16, any ld) -> contiguous e4m3 codes q8/k8/v8 with one
  * scale per tensor (backend.h's definition). sc: 16-byte slots of 4 floats (cuDNN's scalar tensors): slot t =
- * 0..2 amax of q, k, v; 3..5 their scales amax/448; 6: 1/448 (P's descale); 7: 448 (P's scale); 8: 1 (O's
- * scale); 9, 10: cuDNN's amax outputs. */
+ * 0..2 amax of q, k, v; 3..5 their scales amax/448; 6: 1/448 (P's descale); 7: 448 (P's scale); 8: O's scale
+ * (1, or 448/amax(v) when o_fp8: an e4m3 output); 9, 10: cuDNN's amax outputs. */
 void dtc_attn_fp8_quant(dtc_state *st, dt_mat q, dt_mat k, dt_mat v, uint8_t *q8, uint8_t *k8, uint8_t *v8,
-                        float *sc);
-/* o (bf16, any ld) = src (f16 [o.rows, o.cols], row stride lds elements). */
-void dtc_half_to_bf16(dtc_state *st, dt_mat o, const void *src, int64_t lds);
+                        float *sc, int o_fp8);
+/* o (bf16, any ld) = src [o.rows, o.cols] (row stride lds elements): f16 (f8 = 0), or e4m3 codes times *scale. */
+void dtc_attn_fp8_out(dtc_state *st, dt_mat o, const void *src, int64_t lds, int f8, const float *scale);
 void dtc_fp8_cache_free(dtc_state *st);
 
 /* ------------------------------------------------------------------ op entry points (per file) */

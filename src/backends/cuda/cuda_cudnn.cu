@@ -141,7 +141,7 @@ struct dnn_plan {
     int64_t Lq, Lk, ldq, ldk, ldv, ldo, hd;
     int hq, hkv, bias, causal;
     int fp8;     /* 1: e4m3 Q/K/V/P with per-tensor scales (the fp8 graph below) */
-    int otype;   /* O: 0 bf16, 1 f16 */
+    int otype;   /* O: 0 bf16, 1 f16, 2 e4m3 (scaled by 448/amax(v)) */
     /* value */
     cudnnBackendDescriptor_t plan;  /* nullptr: this key failed to build (not retried) */
     int64_t ws;
@@ -153,7 +153,8 @@ struct dtc_cudnn {
     cudaStream_t bound;   /* the stream the handle is set to (follows the backend's current queue) */
     dtc_scratch ws[2];    /* workspace per queue (stream_switch) */
     dtc_scratch f8[2];    /* fp8 attention per queue: codes of q, k, v, the f16 output (if used), the scalars */
-    int f8_otype;         /* fp8 attention's output type: -1 not yet known, 0 bf16, 1 f16 (cuDNN rejected bf16) */
+    int f8_otype;         /* fp8 attention's output type: -1 not yet known, 0 bf16, 1 f16, 2 e4m3 (the first that
+                           * cuDNN accepts; DITRUN_CUDNN_FP8_OUT=bf16|f16|e4m3 forces one) */
     int init_failed;
     std::vector<dnn_plan> plans;
     long long calls;
@@ -335,7 +336,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     dnn_graph g;
     const int64_t D = p->hd, hq = p->hq, hkv = p->hkv, Lq = p->Lq, Lk = p->Lk;
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, F8 = CUDNN_DATA_FP8_E4M3;
-    const cudnnDataType_t IO = p->fp8 ? F8 : BF, OT = p->otype ? CUDNN_DATA_HALF : BF;
+    const cudnnDataType_t IO = p->fp8 ? F8 : BF, OT = p->otype == 2 ? F8 : p->otype ? CUDNN_DATA_HALF : BF;
     /* Q [1, hq, Lq, 128]: column view of a row-major [Lq, ldq] buffer, head h at column h*128 */
     int64_t qd[4] = {1, hq, Lq, D}, qs[4] = {Lq * p->ldq, D, p->ldq, 1};
     /* Kᵀ [1, hkv, 128, Lk]: K [Lk, ldk] read transposed (frontend maps K to Kᵀ by swapping dims/strides) */
@@ -495,7 +496,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
                 }
                 DNN_LOG("plan for Lq=%lld Lk=%lld %d/%d heads%s%s%s%s: engine %lld (heuristics mode %d, config %lld of "
                         "%lld), workspace %lld bytes",
-                        (long long)Lq, (long long)Lk, p->hq, p->hkv, p->fp8 ? (p->otype ? " fp8->f16" : " fp8->bf16") : "",
+                        (long long)Lq, (long long)Lk, p->hq, p->hkv, p->fp8 ? (p->otype == 2 ? " fp8->e4m3" : p->otype ? " fp8->f16" : " fp8->bf16") : "",
                         p->bias ? " bias" : "", p->causal ? " causal" : "",
                         with_stats ? "" : " (no stats)", (long long)eidx, (int)modes[mi], (long long)i, (long long)got,
                         (long long)w);
@@ -512,7 +513,8 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         char le[256] = "";
         if (g_dnn.GetLastErrorString) g_dnn.GetLastErrorString(le, sizeof le);
         DNN_LOG("graph for Lq=%lld Lk=%lld %d/%d heads%s%s%s: %s failed: %s %s", (long long)Lq, (long long)Lk, p->hq,
-                p->hkv, p->fp8 ? (p->otype ? " fp8->f16" : " fp8->bf16") : "", p->bias ? " bias" : "",
+                p->hkv, p->fp8 ? (p->otype == 2 ? " fp8->e4m3" : p->otype ? " fp8->f16" : " fp8->bf16") : "",
+                p->bias ? " bias" : "",
                 p->causal ? " causal" : "", g.what, dnn_err(g.err), le);
     }
     if (plan) {  /* cudnn-frontend keeps the graph alive with its plan: so do we */
@@ -648,10 +650,16 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     memset(&key, 0, sizeof key);
     key.Lq = Lq; key.Lk = Lk; key.hd = hd; key.hq = hq; key.hkv = hkv; key.fp8 = 1;
     key.ldq = Dq; key.ldk = Dk; key.ldv = Dk;
-    /* O: bf16 straight into o where cuDNN can write it (16-byte aligned rows), else f16 + one conversion */
+    /* O: bf16 straight into o where cuDNN can write it (16-byte aligned rows), else f16 or e4m3 + one conversion */
     dnn_plan *p = nullptr;
     const int direct_ok = o.ld % 8 == 0 && dtc_aligned16(o.data);
-    for (int ot = c->f8_otype < 0 ? 0 : c->f8_otype; ot <= 1 && !p; ot++) {
+    if (c->f8_otype < 0) {
+        const char *e = getenv("DITRUN_CUDNN_FP8_OUT");
+        if (e && !strcmp(e, "bf16")) c->f8_otype = 0;
+        else if (e && !strcmp(e, "f16")) c->f8_otype = 1;
+        else if (e && !strcmp(e, "e4m3")) c->f8_otype = 2;
+    }
+    for (int ot = c->f8_otype < 0 ? 0 : c->f8_otype; ot <= 2 && !p; ot++) {
         if (ot == 0 && !direct_ok) continue;
         key.otype = ot;
         key.ldo = ot == 0 ? o.ld : Dq;
@@ -666,7 +674,8 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     }
     /* scratch: codes of q, k, v, then the f16 output (if used), then 11 scalar slots of 16 bytes */
     auto up = [](size_t b) { return (b + 255) & ~(size_t)255; };
-    const size_t bq = up((size_t)(Lq * Dq)), bk = up((size_t)(Lk * Dk)), bo = key.otype ? up((size_t)(Lq * Dq) * 2) : 0;
+    const size_t bq = up((size_t)(Lq * Dq)), bk = up((size_t)(Lk * Dk)),
+                 bo = key.otype ? up((size_t)(Lq * Dq) * (key.otype == 1 ? 2 : 1)) : 0;
     const size_t need = bq + 2 * bk + bo + 11 * 16;
     dtc_scratch *f8 = &c->f8[st->cur_queue ? 1 : 0];
     if (st->capturing && need > f8->size) {
@@ -676,7 +685,8 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     uint8_t *base = (uint8_t *)dtc_scratch_get(st, f8, need);
     uint8_t *q8 = base, *k8 = base + bq, *v8 = base + bq + bk, *o16 = base + bq + 2 * bk;
     float *sc = (float *)(base + bq + 2 * bk + bo);
-    dtc_attn_fp8_quant(st, dt_mat_cols(q, 0, Dq), dt_mat_cols(k, 0, Dk), dt_mat_cols(v, 0, Dk), q8, k8, v8, sc);
+    dtc_attn_fp8_quant(st, dt_mat_cols(q, 0, Dq), dt_mat_cols(k, 0, Dk), dt_mat_cols(v, 0, Dk), q8, k8, v8, sc,
+                       key.otype == 2);
     int64_t uids[13];
     void *ptrs[13];
     int n = 0;
@@ -697,7 +707,7 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
         *why = "its workspace would have to grow during a CUDA-graph capture";
         return 1;
     }
-    if (key.otype) dtc_half_to_bf16(st, dt_mat_cols(o, 0, Dq), o16, Dq);
+    if (key.otype) dtc_attn_fp8_out(st, dt_mat_cols(o, 0, Dq), o16, Dq, key.otype == 2, sc + 5 * 4);
     return 0;
 }
 

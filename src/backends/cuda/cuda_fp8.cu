@@ -254,13 +254,14 @@ __global__ void k_att_amax(f8att a, unsigned *amax) {
 /* Codes e4m3(x * (448 / amax)) into d[t] [rows, cols] (ld cols), the expressions of core/fp8.c; block 0 also
  * writes the scales cuDNN reads (slots of 4 floats: 3 + t: amax / 448, 6: 1/448, 7: 448, 8: 1). */
 template <int VEC>
-__global__ void k_att_quant(f8att a, float *sc) {
+__global__ void k_att_quant(f8att a, float *sc, int o_fp8) {
     const int t = blockIdx.y;
     const float amax = sc[t * 4];
     const float inv = amax > 0.f ? 448.f / amax : 1.f;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         sc[(3 + t) * 4] = amax > 0.f ? amax / 448.f : 1.f;
-        if (t == 0) { sc[6 * 4] = 1.f / 448.f; sc[7 * 4] = 448.f; sc[8 * 4] = 1.f; }
+        if (t == 0) { sc[6 * 4] = 1.f / 448.f; sc[7 * 4] = 448.f; }
+        if (t == 2) sc[8 * 4] = o_fp8 ? inv : 1.f;   /* an e4m3 O spans |O| <= amax(v) */
     }
     const int64_t cols = a.cols[t], per = VEC ? cols / 8 : cols, n = a.rows[t] * per;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -285,7 +286,7 @@ __global__ void k_att_quant(f8att a, float *sc) {
 }
 
 void dtc_attn_fp8_quant(dtc_state *st, dt_mat q, dt_mat k, dt_mat v, uint8_t *q8, uint8_t *k8, uint8_t *v8,
-                        float *sc) {
+                        float *sc, int o_fp8) {
     f8att a;
     const dt_mat m[3] = {q, k, v};
     uint8_t *d[3] = {q8, k8, v8};
@@ -310,26 +311,38 @@ void dtc_attn_fp8_quant(dtc_state *st, dt_mat q, dt_mat k, dt_mat v, uint8_t *q8
     if (vec) k_att_amax<1><<<grid, 256, 0, st->q.stream>>>(a, (unsigned *)sc);
     else k_att_amax<0><<<grid, 256, 0, st->q.stream>>>(a, (unsigned *)sc);
     CK_LAUNCH("att_amax");
-    if (vec) k_att_quant<1><<<grid, 256, 0, st->q.stream>>>(a, sc);
-    else k_att_quant<0><<<grid, 256, 0, st->q.stream>>>(a, sc);
+    if (vec) k_att_quant<1><<<grid, 256, 0, st->q.stream>>>(a, sc, o_fp8);
+    else k_att_quant<0><<<grid, 256, 0, st->q.stream>>>(a, sc, o_fp8);
     CK_LAUNCH("att_quant");
 }
 
-/* o (bf16, any ld) = src (f16 [rows, cols], ld lds): the fp8 attention's f16 output when cuDNN cannot write bf16. */
-__global__ void k_half_to_bf16(dmat o, const __half *src, int64_t lds, int64_t rows, int64_t cols) {
+/* o (bf16, any ld) = src [rows, cols] (ld lds): the fp8 attention's output when cuDNN cannot write bf16; f16, or
+ * e4m3 codes times *scale. */
+template <int F8>
+__global__ void k_att_out(dmat o, const void *src, const float *scale, int64_t lds, int64_t rows, int64_t cols) {
     const int64_t n = rows * cols;
+    const float s = F8 ? *scale : 1.f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / cols, c = i - r * cols;
-        dm_set(o, r, c, __half2float(src[r * lds + c]));
+        float v;
+        if (F8) {
+            __nv_fp8_e4m3 e;
+            e.__x = ((const uint8_t *)src)[r * lds + c];
+            v = (float)e * s;
+        } else {
+            v = __half2float(((const __half *)src)[r * lds + c]);
+        }
+        dm_set(o, r, c, v);
     }
 }
-void dtc_half_to_bf16(dtc_state *st, dt_mat o, const void *src, int64_t lds) {
+void dtc_attn_fp8_out(dtc_state *st, dt_mat o, const void *src, int64_t lds, int f8, const float *scale) {
     const int64_t n = o.rows * o.cols;
     if (n <= 0) return;
     int64_t gx = (n + 1023) / 1024, cap = (int64_t)st->sm_count * 16;
-    k_half_to_bf16<<<(unsigned)(gx > cap ? cap : gx), 256, 0, st->q.stream>>>(dtc_dm(o), (const __half *)src, lds,
-                                                                              o.rows, o.cols);
-    CK_LAUNCH("half_to_bf16");
+    unsigned g = (unsigned)(gx > cap ? cap : gx);
+    if (f8) k_att_out<1><<<g, 256, 0, st->q.stream>>>(dtc_dm(o), src, scale, lds, o.rows, o.cols);
+    else k_att_out<0><<<g, 256, 0, st->q.stream>>>(dtc_dm(o), src, scale, lds, o.rows, o.cols);
+    CK_LAUNCH("att_out");
 }
 
 /* ------------------------------------------------------------------ cuBLASLt fp8 GEMM */
@@ -540,5 +553,6 @@ void dtc_preload_fp8(dtc_state *st) {
     dtc_preload_fn((const void *)k_att_amax<1>);
     dtc_preload_fn((const void *)k_att_quant<0>);
     dtc_preload_fn((const void *)k_att_quant<1>);
-    dtc_preload_fn((const void *)k_half_to_bf16);
+    dtc_preload_fn((const void *)k_att_out<0>);
+    dtc_preload_fn((const void *)k_att_out<1>);
 }
