@@ -105,6 +105,7 @@ typedef struct {
 typedef struct {
     /* setup */
     char backend[16], source[320], fmt[64], preset[32];
+    char precision[64];   /* "Linears bf16, attention bf16" (--precision / --attn-precision) */
     flux2_config c;
     int n_img, n_txt, image_size, reps, warmup, kv_heads;
     double synth_s, load_s, l2_mb;

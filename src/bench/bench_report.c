@@ -163,6 +163,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
     fprintf(f, "# ditrun bench: %s on %s (%s)\n\n", r->preset, r->backend, r->fmt);
     fprintf(f, "| setup | value |\n|---|---|\n");
     fprintf(f, "| weights | %s |\n", r->source);
+    if (r->precision[0]) fprintf(f, "| DiT blocks' precision | %s |\n", r->precision);
     fprintf(f, "| geometry | D %d = %d heads x %d, F %d, %d double + %d single blocks, in %d, joint %d |\n", c->hidden,
             c->heads, c->head_dim, c->mlp_hidden, c->num_layers, c->num_single_layers, c->in_channels, c->joint_dim);
     fprintf(f, "| workload | image %d px -> %d image tokens + %d text tokens = %d |\n", r->image_size, r->n_img, r->n_txt,
@@ -261,6 +262,7 @@ int bench_report_json(const bench_report *r, const char *path) {
     fprintf(f, "{");
     bench_jstr(f, "type", "setup"); fputc(',', f); bench_jstr(f, "preset", r->preset); fputc(',', f); bench_jstr(f, "backend", r->backend);
     fputc(',', f); bench_jstr(f, "format", r->fmt); fputc(',', f); bench_jstr(f, "weights", r->source);
+    fputc(',', f); bench_jstr(f, "precision", r->precision);
     bench_jnum(f, "hidden", c->hidden); bench_jnum(f, "heads", c->heads); bench_jnum(f, "head_dim", c->head_dim); bench_jnum(f, "kv_heads", r->kv_heads);
     bench_jnum(f, "mlp_hidden", c->mlp_hidden); bench_jnum(f, "double_blocks", c->num_layers); bench_jnum(f, "single_blocks", c->num_single_layers);
     bench_jnum(f, "image_size", r->image_size); bench_jnum(f, "image_tokens", r->n_img); bench_jnum(f, "text_tokens", r->n_txt);
