@@ -1599,7 +1599,7 @@ int main(void) {
     C = dt_backend_cpu_create(&o);
     if (!C) { printf("FAIL gpu_ops: cpu backend: %s\n", dt_last_error()); return 1; }
     const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: first, linear, quant, attn, ew, image, misc, attn3,
-                                                   * cudnn */
+                                                   * cudnn, sdpa8 */
 #define RUN(group) (!only || !*only || strstr(only, group))
 
     if (RUN("first")) time_first_calls(t_create);
@@ -1748,13 +1748,13 @@ int main(void) {
         test_cudnn();
         printf("# section cudnn %.1f s\n", dt_now() - ts);
     }
-    if (RUN("fp8attn")) {   /* fp8 attention through cuDNN's fp8 SDPA (skips when cuDNN cannot be loaded) */
+    if (RUN("sdpa8")) {   /* fp8 attention through cuDNN's fp8 SDPA (skips when cuDNN cannot be loaded) */
         double ts = dt_now();
         test_attention_fp8(4608, 4608, 24, 24, 128, 1);   /* klein-4B 1024² */
         test_attention_fp8(777, 777, 8, 2, 128, 0);       /* GQA, odd length */
         test_attention_fp8(300, 700, 4, 4, 64, 0);        /* cross lengths, head dim 64 */
         test_attention_fp8(16896, 16896, 24, 24, 128, 1); /* klein-4B 2048² */
-        printf("# section fp8attn %.1f s\n", dt_now() - ts);
+        printf("# section sdpa8 %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {
         double ts = dt_now();

@@ -309,29 +309,36 @@ if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error v
 fi
 
 if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timings, forwards, error, bench arm
-    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=fp8attn DITRUN_CUDNN_DEBUG=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr \
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=sdpa8 DITRUN_CUDNN_DEBUG=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr \
         timeout 200 ./build/tests/test_gpu_ops > "$OUT/gpu_fp8attn.log" 2>&1
     log "fp8 attention op tests rc=$?"
     grep -E "fp8|FAIL|PASS|TIME" "$OUT/gpu_fp8attn.log" | grep -v "^ditrun: cudnn: engine config" | head -40 | tee -a "$OUT/summary.txt"
     grep -iE "warn|error|not supported|unsupported" "$OUT/gpu_fp8attn.log" | sort | uniq -c | sort -rn | head -20 | cut -c1-400 \
         | tee -a "$OUT/summary.txt"
     [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
-    for px in 1024 2048; do
+    for px in 512 1024 2048; do
         [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null
     done
-    for round in 1 2; do
+    for round in 1 2 3; do
         fwd "r$round klein-4B q4 1024^2 bf16" "$W/k4q4" "$W/in4_1024.st" 20
         fwd "r$round klein-4B q4 1024^2 attn fp8" "$W/k4q4" "$W/in4_1024.st" 20 --attn-precision fp8
         fwd "r$round klein-4B q4 1024^2 linears fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
         fwd "r$round klein-4B q4 1024^2 linears+attn fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
     done
+    fwd "klein-4B q4 512^2 bf16" "$W/k4q4" "$W/in4_512.st" 20
+    fwd "klein-4B q4 512^2 attn fp8" "$W/k4q4" "$W/in4_512.st" 20 --attn-precision fp8
     for a in "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
         $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 5 $a --compare-bf16 2>&1 \
             | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
     done
-    fwd "klein-4B q4 2048^2 bf16" "$W/k4q4" "$W/in4_2048.st" 5
-    fwd "klein-4B q4 2048^2 attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --attn-precision fp8
-    fwd "klein-4B q4 2048^2 linears+attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8 --attn-precision fp8
+    for round in 1 2; do
+        fwd "r$round klein-4B q4 2048^2 bf16" "$W/k4q4" "$W/in4_2048.st" 5
+        fwd "r$round klein-4B q4 2048^2 attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --attn-precision fp8
+        fwd "r$round klein-4B q4 2048^2 linears fp8" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8
+        fwd "r$round klein-4B q4 2048^2 linears+attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8 --attn-precision fp8
+    done
+    $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_2048.st" --repeat 2 --attn-precision fp8 --compare-bf16 2>&1 \
+        | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
     fwd "klein-4B q4 1024^2 linears+attn fp8 graph" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8 --cuda-graph
     [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
     for a in "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do

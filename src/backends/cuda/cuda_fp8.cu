@@ -255,16 +255,18 @@ __global__ void k_att_amax(f8att a, unsigned *amax) {
  * writes the scales cuDNN reads (slots of 4 floats: 3 + t: amax / 448, 6: 1/448, 7: 448, 8: 1). */
 template <int VEC>
 __global__ void k_att_quant(f8att a, float *sc, int o_fp8) {
-    const int t = blockIdx.y;
+    /* tensors and blocks in the reverse order of k_att_amax: what it read last (v's tail) may still be in L2 */
+    const int t = 2 - (int)blockIdx.y;
+    const unsigned bx = gridDim.x - 1 - blockIdx.x;
     const float amax = sc[t * 4];
     const float inv = amax > 0.f ? 448.f / amax : 1.f;
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (bx == 0 && threadIdx.x == 0) {
         sc[(3 + t) * 4] = amax > 0.f ? amax / 448.f : 1.f;
         if (t == 0) { sc[6 * 4] = 1.f / 448.f; sc[7 * 4] = 448.f; }
         if (t == 2) sc[8 * 4] = o_fp8 ? inv : 1.f;   /* an e4m3 O spans |O| <= amax(v) */
     }
     const int64_t cols = a.cols[t], per = VEC ? cols / 8 : cols, n = a.rows[t] * per;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t i = bx * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / per, c = i - r * per;
         if (VEC) {
             float f[8];
@@ -335,11 +337,36 @@ __global__ void k_att_out(dmat o, const void *src, const float *scale, int64_t l
         dm_set(o, r, c, v);
     }
 }
+/* The e4m3 case 8 elements at a time (cols, lds, o.ld multiples of 8; aligned): 8-byte loads, 16-byte stores. */
+__global__ void k_att_out8(__nv_bfloat16 *o, int64_t ldo, const uint8_t *src, const float *scale, int64_t lds,
+                           int64_t rows, int64_t cols) {
+    const int64_t per = cols / 8, n = rows * per;
+    const float s = *scale;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / per, c = (i - r * per) * 8;
+        const uint2 u = *(const uint2 *)(src + r * lds + c);
+        float f[8];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const __nv_fp8x2_e4m3 *p2 = (const __nv_fp8x2_e4m3 *)&u;
+            float2 t = (float2)p2[h];
+            f[2 * h] = t.x * s;
+            f[2 * h + 1] = t.y * s;
+        }
+        *(uint4 *)(o + r * ldo + c) = f_to_bf8(f);
+    }
+}
 void dtc_attn_fp8_out(dtc_state *st, dt_mat o, const void *src, int64_t lds, int f8, const float *scale) {
     const int64_t n = o.rows * o.cols;
     if (n <= 0) return;
     int64_t gx = (n + 1023) / 1024, cap = (int64_t)st->sm_count * 16;
     unsigned g = (unsigned)(gx > cap ? cap : gx);
+    if (f8 && dtc_vec8_ok(o) && o.cols % 8 == 0 && lds % 8 == 0 && ((uintptr_t)src & 7) == 0) {
+        k_att_out8<<<g, 256, 0, st->q.stream>>>((__nv_bfloat16 *)o.data, o.ld, (const uint8_t *)src, scale, lds,
+                                                  o.rows, o.cols);
+        CK_LAUNCH("att_out8");
+        return;
+    }
     if (f8) k_att_out<1><<<g, 256, 0, st->q.stream>>>(dtc_dm(o), src, scale, lds, o.rows, o.cols);
     else k_att_out<0><<<g, 256, 0, st->q.stream>>>(dtc_dm(o), src, scale, lds, o.rows, o.cols);
     CK_LAUNCH("att_out");
@@ -555,4 +582,5 @@ void dtc_preload_fp8(dtc_state *st) {
     dtc_preload_fn((const void *)k_att_quant<1>);
     dtc_preload_fn((const void *)k_att_out<0>);
     dtc_preload_fn((const void *)k_att_out<1>);
+    dtc_preload_fn((const void *)k_att_out8);
 }
