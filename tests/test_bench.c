@@ -273,8 +273,35 @@ static void test_interleaved_order(void) {
     }
 }
 
+/* --attn-precision fp8 on the CPU (its emulation), tiny geometry, ledger only: the replica's blocks attend in fp8
+ * as flux2_load's do (it once ran bf16 attention and differed from flux2_forward), and the report says so. */
+static void test_attn_fp8_replica(void) {
+    bench_opts o;
+    bench_opts_default(&o);
+    o.preset = "tiny";
+    o.backend = "cpu";
+    o.image_size = 64;
+    o.text_tokens = 8;
+    o.reps = 1;
+    o.warmup = 1;
+    o.l2_mb = 0.5;
+    o.sections = BENCH_LEDGER;
+    o.be.attn_precision = DT_PREC_FP8;
+    bench_report *r = calloc(1, sizeof *r);
+    int lvl = dt_log_level;
+    dt_log_level = 0;
+    int rc = bench_run(&o, r);
+    dt_log_level = lvl;
+    if (rc) T_FAIL("bench --attn-precision fp8 (cpu, tiny)", "%s", dt_last_error());
+    else T_CHECK("bench --attn-precision fp8: replica output = flux2_forward output, precision reported",
+                 r->fwd_maxdiff == 0 && r->fwd_absmax > 0 && strstr(r->precision, "attention fp8"),
+                 "max |diff| %g (max |out| %g), precision '%s'", r->fwd_maxdiff, r->fwd_absmax, r->precision);
+    free(r);
+}
+
 int main(void) {
     test_interleaved_order();
+    test_attn_fp8_replica();
     const char *e = getenv("DITRUN_BENCH");
     if (!e || strcmp(e, "1")) {
         T_SKIP("bench suites", "set DITRUN_BENCH=1 to run them (tiny geometry, about a minute on CPU)");

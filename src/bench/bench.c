@@ -333,7 +333,7 @@ int bench_run(const bench_opts *o, bench_report *r) {
         snprintf(r->preset, sizeof r->preset, "%s", o->preset);
     }
     x.dir = dir;
-    r->c.attn_fp8 = o->be.attn_precision == DT_PREC_FP8;   /* the replica's blocks attend as flux2_load's do */
+    r->c.attn_fp8 = o->be.attn_precision == DT_PREC_FP8;   /* (the replica sets its own in bm_load, as flux2_load) */
     snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->be.precision == DT_PREC_FP8 ? "fp8" : "bf16",
              r->c.attn_fp8 ? "fp8" : "bf16");
     const flux2_config *c = &r->c;
