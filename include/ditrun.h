@@ -32,6 +32,9 @@ const char *ditrun_engine_backend(const ditrun_engine *e);
  * "bf16" (default) or "fp8" (e4m3 weights with per-output-channel scales, e4m3 activations with per-token
  * scales; opt-in: see ditrun forward --compare-bf16 for its error). -1 on an unknown value. */
 int ditrun_engine_set_precision(ditrun_engine *e, const char *precision);
+/* Precision of the DiT blocks' attention (FLUX.2) for transformers loaded from now on: "bf16" (default) or "fp8"
+ * (e4m3 Q/K/V/P with one scale per tensor; CUDA through cuDNN's fp8 attention; opt-in). -1 on an unknown value. */
+int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision);
 
 typedef struct {
     const char *model;          /* pipeline root */

@@ -44,6 +44,16 @@ int ditrun_engine_set_precision(ditrun_engine *e, const char *precision) {
     return 0;
 }
 
+int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision) {
+    if (precision && !strcmp(precision, "bf16")) e->be->opts.attn_precision = DT_PREC_BF16;
+    else if (precision && !strcmp(precision, "fp8")) e->be->opts.attn_precision = DT_PREC_FP8;
+    else {
+        dt_set_error("attention precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
+        return -1;
+    }
+    return 0;
+}
+
 ditrun_generate_opts ditrun_generate_defaults(void) {
     ditrun_generate_opts o;
     memset(&o, 0, sizeof o);

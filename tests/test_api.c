@@ -18,6 +18,12 @@ int main(void) {
             "error: %s", ditrun_last_error());
     T_CHECK("precision fp8 / bf16 accepted", ditrun_engine_set_precision(e, "fp8") == 0 && ditrun_engine_set_precision(e, "bf16") == 0,
             "error: %s", ditrun_last_error());
+    T_CHECK("unknown attention precision rejected",
+            ditrun_engine_set_attn_precision(e, "int8") == -1 && strstr(ditrun_last_error(), "int8"), "error: %s",
+            ditrun_last_error());
+    T_CHECK("attention precision fp8 / bf16 accepted",
+            ditrun_engine_set_attn_precision(e, "fp8") == 0 && ditrun_engine_set_attn_precision(e, "bf16") == 0,
+            "error: %s", ditrun_last_error());
 
     char p[512];
     snprintf(p, sizeof p, "%s/model", t_fixtures());
