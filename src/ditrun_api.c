@@ -35,23 +35,15 @@ void ditrun_engine_free(ditrun_engine *e) {
 const char *ditrun_engine_backend(const ditrun_engine *e) { return e->be->name; }
 
 int ditrun_engine_set_precision(ditrun_engine *e, const char *precision) {
-    if (precision && !strcmp(precision, "bf16")) e->be->opts.precision = DT_PREC_BF16;
-    else if (precision && !strcmp(precision, "fp8")) e->be->opts.precision = DT_PREC_FP8;
-    else {
-        dt_set_error("precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
-        return -1;
-    }
-    return 0;
+    if (dt_precision_from_name(precision, &e->be->opts.precision) == 0) return 0;
+    dt_set_error("precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
+    return -1;
 }
 
 int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision) {
-    if (precision && !strcmp(precision, "bf16")) e->be->opts.attn_precision = DT_PREC_BF16;
-    else if (precision && !strcmp(precision, "fp8")) e->be->opts.attn_precision = DT_PREC_FP8;
-    else {
-        dt_set_error("attention precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
-        return -1;
-    }
-    return 0;
+    if (dt_precision_from_name(precision, &e->be->opts.attn_precision) == 0) return 0;
+    dt_set_error("attention precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
+    return -1;
 }
 
 ditrun_generate_opts ditrun_generate_defaults(void) {

@@ -27,6 +27,20 @@ static int run(const char *args, char *err, size_t errlen) {
     return WEXITSTATUS(st);
 }
 
+/* `forward` of the q4 fixture on the CPU with extra options, quiet; out gets its stdout. Returns the exit code. */
+static int run_fixture_forward(const char *fx, const char *extra, char *out, size_t outlen) {
+    char so[600], args[2048], err[4096];
+    snprintf(so, sizeof so, "%s/forward-stdout.txt", tmpdir);
+    snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu "
+             "%s -q > %s", fx, fx, extra, so);
+    int rc = run(args, err, sizeof err);
+    FILE *f = fopen(so, "r");
+    size_t n = f ? fread(out, 1, outlen - 1, f) : 0;
+    out[n] = 0;
+    if (f) fclose(f);
+    return rc;
+}
+
 /* Expect exit 1 and exactly one "ditrun: error:" line containing every needle. */
 static void expect_error(const char *name, const char *args, const char *needle1, const char *needle2) {
     char err[8192];
@@ -113,15 +127,8 @@ int main(void) {
     /* --compare-qpath on the CPU (which dequantizes per tile whatever the qpath): runs both forwards and reports
      * an exactly zero difference */
     {
-        char so[600], buf[4096] = {0};
-        snprintf(so, sizeof so, "%s/cmpq.txt", tmpdir);
-        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu "
-                 "--compare-qpath transient -q > %s", fx, fx, so);
-        int rc = run(args, buf, sizeof buf);
-        FILE *f = fopen(so, "r");
-        size_t nr = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[nr] = 0;
-        if (f) fclose(f);
+        char buf[4096];
+        int rc = run_fixture_forward(fx, "--compare-qpath transient", buf, sizeof buf);
         T_CHECK("forward --compare-qpath reports the difference (0 on the CPU)",
                 rc == 0 && strstr(buf, "qpath auto vs transient forward: rel_l2 0.00000"), "rc %d, stdout: %s", rc, buf);
     }
@@ -129,15 +136,8 @@ int main(void) {
     /* --attn-precision fp8 on the CPU (the emulation of backend.h's fp8 attention) with --compare-bf16: both
      * forwards run, the report names the fp8 part and gives a non-zero, finite error */
     {
-        char so[600], buf[4096] = {0};
-        snprintf(so, sizeof so, "%s/cmpa.txt", tmpdir);
-        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu "
-                 "--attn-precision fp8 --compare-bf16 -q > %s", fx, fx, so);
-        int rc = run(args, buf, sizeof buf);
-        FILE *f = fopen(so, "r");
-        size_t nr = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[nr] = 0;
-        if (f) fclose(f);
+        char buf[4096];
+        int rc = run_fixture_forward(fx, "--attn-precision fp8 --compare-bf16", buf, sizeof buf);
         const char *m = strstr(buf, "fp8 vs bf16 forward (attention): rel_l2 ");
         double rel = m ? atof(m + strlen("fp8 vs bf16 forward (attention): rel_l2 ")) : -1;
         T_CHECK("forward --attn-precision fp8 --compare-bf16 reports a non-zero error", rc == 0 && rel > 0 && rel < 1,

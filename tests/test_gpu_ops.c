@@ -742,6 +742,29 @@ static void study_ew_ab(void) {
     free(h);
 }
 
+/* The query rows the CPU reference computes for a big attention: all L rows, or the first SUB_A and the last SUB_B. */
+typedef struct { int64_t a, b, n; } row_subset;
+static row_subset rows_subset(int64_t L, int all) {
+    row_subset r;
+    int sub = !all && L > SUB_A + SUB_B;
+    r.a = sub ? SUB_A : L; r.b = sub ? SUB_B : 0; r.n = r.a + r.b;
+    return r;
+}
+/* Those rows of a host matrix [L, cols] (malloc'd copy). */
+static float *host_rows(const float *h, int64_t L, int64_t cols, row_subset r) {
+    float *d = malloc((size_t)r.n * cols * sizeof(float) + 4);
+    memcpy(d, h, (size_t)r.a * cols * sizeof(float));
+    if (r.b) memcpy(d + r.a * cols, h + (L - r.b) * cols, (size_t)r.b * cols * sizeof(float));
+    return d;
+}
+/* Those rows of a device matrix o [L, cols] (malloc'd host copy). */
+static float *device_rows(dt_mat o, row_subset r) {
+    float *d = malloc((size_t)r.n * o.cols * sizeof(float) + 4);
+    G->download(G, d, dt_mat_rows(o, 0, r.a));
+    if (r.b) G->download(G, d + r.a * o.cols, dt_mat_rows(o, o.rows - r.b, r.b));
+    return d;
+}
+
 /* ------------------------------------------------------------------ attention */
 /* q/k/v are column views of one fused [L, 3*D] buffer (strided like the model's QKV projection). Compared on a
  * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
@@ -798,19 +821,15 @@ static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, in
         return 0;
     }
     /* CPU: rows subset (non-causal) or all rows (causal) */
-    int sub = !causal && L > SUB_A + SUB_B;
-    int64_t a = sub ? SUB_A : L, b = sub ? SUB_B : 0, n = a + b;
-    float *qs = malloc((size_t)n * Dq * sizeof(float));
-    memcpy(qs, hq_, (size_t)a * Dq * sizeof(float));
-    if (b) memcpy(qs + a * Dq, hq_ + (L - b) * Dq, (size_t)b * Dq * sizeof(float));
+    row_subset rs = rows_subset(L, causal);
+    int64_t n = rs.n;
+    float *qs = host_rows(hq_, L, Dq, rs);
     dt_mat cq = up(C, qs, n, Dq, DT_F32), ck = up(C, hk, Lk, Dk, DT_F32), cv = up(C, hv, Lk, Dk, DT_F32);
     dt_mat co = dt_alloc_or_die(C, n, Dq, DT_F32);
     dt_mat cb = hb ? dt_param_upload(C, hb, Lk) : dt_mat_null();
     C->attention(C, co, cq, ck, cv, hq, hkv, hd, scale, cb, causal);
     float *ref = down(C, co);
-    float *got = malloc((size_t)n * Dq * sizeof(float));
-    G->download(G, got, dt_mat_rows(o, 0, a));
-    if (b) G->download(G, got + a * Dq, dt_mat_rows(o, L - b, b));
+    float *got = device_rows(o, rs);
     if (masked_lead) {
         int zero = 1;
         for (int64_t i = 0; i < (int64_t)masked_lead * Dq; i++) if (got[i] != 0.f) { zero = 0; break; }
@@ -932,20 +951,16 @@ static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timei
     dt_mat o = dt_alloc_or_die(G, L, Dq, DT_BF16);
     poison(G, o);
     G->attention_fp8(G, o, q, k, v, hq, hkv, hd, scale);
-    int sub = L > SUB_A + SUB_B;
-    int64_t a = sub ? SUB_A : L, b = sub ? SUB_B : 0, n = a + b;
-    float *qs = malloc((size_t)n * Dq * sizeof(float));
-    memcpy(qs, hq_, (size_t)a * Dq * sizeof(float));
-    if (b) memcpy(qs + a * Dq, hq_ + (L - b) * Dq, (size_t)b * Dq * sizeof(float));
+    row_subset rs = rows_subset(L, 0);
+    int64_t n = rs.n;
+    float *qs = host_rows(hq_, L, Dq, rs);
     dt_mat cq = up(C, qs, n, Dq, DT_F32), ck = up(C, hk, Lk, Dk, DT_F32), cv = up(C, hv, Lk, Dk, DT_F32);
     dt_mat co = dt_alloc_or_die(C, n, Dq, DT_F32);
     C->attention_fp8(C, co, cq, ck, cv, hq, hkv, hd, scale);
     float *ref = down(C, co);
     C->attention(C, co, cq, ck, cv, hq, hkv, hd, scale, dt_mat_null(), 0);
     float *exact = down(C, co);
-    float *got = malloc((size_t)n * Dq * sizeof(float));
-    G->download(G, got, dt_mat_rows(o, 0, a));
-    if (b) G->download(G, got + a * Dq, dt_mat_rows(o, L - b, b));
+    float *got = device_rows(o, rs);
     t_check_rel_l2(name, got, ref, (size_t)n * Dq, TOL_ATTN_FP8);
     double e_exact = dt_rel_l2(got, exact, (size_t)n * Dq), e_emu = dt_rel_l2(ref, exact, (size_t)n * Dq);
     char nm2[260];
@@ -973,6 +988,37 @@ static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timei
     free(qs); free(ref); free(exact); free(got); free(hq_); free(hk); free(hv);
     G->free(G, &buf); G->free(G, &o);
     C->free(C, &cq); C->free(C, &ck); C->free(C, &cv); C->free(C, &co);
+}
+
+/* fp8 attention inside a CUDA-graph capture (plan and scratch from the eager call before): the quantization
+ * passes, cuDNN's fp8 SDPA and the output widening replay bit for bit. */
+static void test_attention_fp8_graph(void) {
+    const int L = 1024, heads = 8, hd = 128;
+    const int64_t D = (int64_t)heads * hd;
+    if (!dt_backend_cuda_cudnn_info(G, NULL)) { T_SKIP("attention fp8 graph capture", "cuDNN not loadable"); return; }
+    float *h = rand_bf((size_t)L * 3 * D, -2.f, 2.f);
+    dt_mat buf = upa(G, h, L, 3 * D), o = dt_alloc_or_die(G, L, D, DT_BF16);
+    dt_mat q = dt_mat_cols(buf, 0, D), k = dt_mat_cols(buf, D, D), v = dt_mat_cols(buf, 2 * D, D);
+    float scale = 1.f / sqrtf((float)hd);
+    G->attention_fp8(G, o, q, k, v, heads, heads, hd, scale);
+    float *eager = down(G, o);
+    poison(G, o);
+    int rc = G->capture_begin(G);
+    if (rc == 0) G->attention_fp8(G, o, q, k, v, heads, heads, hd, scale);
+    void *gr = rc == 0 ? G->capture_end(G) : NULL;
+    if (!gr) {
+        T_FAIL("attention fp8 graph capture", "%s", dt_last_error());
+    } else {
+        rc = G->graph_launch(G, gr);
+        rc |= G->sync(G);
+        float *replay = down(G, o);
+        T_CHECK("attention fp8 graph replay ran", rc == 0, "rc %d", rc);
+        t_check_rel_l2("attention fp8 graph replay == eager", replay, eager, (size_t)L * D, 0.0);
+        free(replay);
+        G->graph_destroy(G, gr);
+    }
+    free(eager); free(h);
+    G->free(G, &buf); G->free(G, &o);
 }
 
 /* cuDNN attention inside a CUDA-graph capture (plan built by the eager call before): replay == eager. */
@@ -1754,6 +1800,7 @@ int main(void) {
         test_attention_fp8(777, 777, 8, 2, 128, 0);       /* GQA, odd length */
         test_attention_fp8(300, 700, 4, 4, 64, 0);        /* cross lengths, head dim 64 */
         test_attention_fp8(16896, 16896, 24, 24, 128, 1); /* klein-4B 2048² */
+        test_attention_fp8_graph();
         printf("# section sdpa8 %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {

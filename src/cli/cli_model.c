@@ -39,18 +39,12 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         else { cli_error("--qpath: unknown path '%s' (auto, mixed, fused, transient, cached)", v); return -1; }
         (*i)++; return 1;
     }
-    if (!strcmp(a, "--precision")) {
-        if (!v) { cli_error("--precision needs a value (bf16, fp8)"); return -1; }
-        if (!strcmp(v, "bf16")) o->be.precision = DT_PREC_BF16;
-        else if (!strcmp(v, "fp8")) o->be.precision = DT_PREC_FP8;
-        else { cli_error("--precision: unknown precision '%s' (bf16, fp8)", v); return -1; }
-        (*i)++; return 1;
-    }
-    if (!strcmp(a, "--attn-precision")) {
-        if (!v) { cli_error("--attn-precision needs a value (bf16, fp8)"); return -1; }
-        if (!strcmp(v, "bf16")) o->be.attn_precision = DT_PREC_BF16;
-        else if (!strcmp(v, "fp8")) o->be.attn_precision = DT_PREC_FP8;
-        else { cli_error("--attn-precision: unknown precision '%s' (bf16, fp8)", v); return -1; }
+    if (!strcmp(a, "--precision") || !strcmp(a, "--attn-precision")) {
+        if (!v) { cli_error("%s needs a value (bf16, fp8)", a); return -1; }
+        if (dt_precision_from_name(v, a[2] == 'a' ? &o->be.attn_precision : &o->be.precision)) {
+            cli_error("%s: unknown precision '%s' (bf16, fp8)", a, v);
+            return -1;
+        }
         (*i)++; return 1;
     }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }

@@ -602,3 +602,10 @@ void dt_weights_release(const dt_weights *w, const st_tensor *t) {
     for (size_t i = 0; w && t && i < w->nfiles; i++)
         if (st_release_pages(w->files[i], t)) return;
 }
+
+int dt_precision_from_name(const char *name, dt_precision *out) {
+    if (name && !strcmp(name, "bf16")) *out = DT_PREC_BF16;
+    else if (name && !strcmp(name, "fp8")) *out = DT_PREC_FP8;
+    else return -1;
+    return 0;
+}

@@ -25,6 +25,8 @@ typedef struct dt_weights dt_weights;
 /* How a backend runs a Linear: bf16 (f32 on the CPU) or fp8 (e4m3 weights with one scale per output
  * channel, e4m3 activations with one dynamic scale per row; CPU: the same rounding emulated in f32). */
 typedef enum { DT_PREC_BF16 = 0, DT_PREC_FP8 = 1 } dt_precision;
+/* "bf16" / "fp8" -> *out; 0, or -1 for anything else (NULL included), *out untouched. */
+int dt_precision_from_name(const char *name, dt_precision *out);
 
 /* Host description of a Linear's weights (zero-copy views into the mapped files). */
 typedef struct {

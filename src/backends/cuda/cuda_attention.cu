@@ -674,17 +674,22 @@ static void attention_generic(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_ma
     }
 }
 
+/* The shape and dtype preconditions both attention ops share (what names the op in the message). */
+static void attention_check(const char *what, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd) {
+    DTC_REQUIRE(hq > 0 && hkv > 0 && hq % hkv == 0 && hd > 0, "%s: bad heads hq=%d hkv=%d hd=%d", what, hq, hkv, hd);
+    DTC_REQUIRE(q.cols >= (int64_t)hq * hd && o.cols >= (int64_t)hq * hd && k.cols >= (int64_t)hkv * hd &&
+                    v.cols >= (int64_t)hkv * hd,
+                "%s: q/o need %d columns, k/v %d", what, hq * hd, hkv * hd);
+    DTC_REQUIRE(o.rows == q.rows && k.rows == v.rows, "%s: o/q or k/v row counts differ", what);
+    DTC_REQUIRE(q.dtype == DT_BF16 && k.dtype == DT_BF16 && v.dtype == DT_BF16,
+                "%s: q/k/v must be BF16 (got %s/%s/%s)", what, dt_dtype_name(q.dtype), dt_dtype_name(k.dtype),
+                dt_dtype_name(v.dtype));
+}
+
 void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
                    dt_mat key_bias, int causal) {
     dtc_state *st = dtc(be);
-    DTC_REQUIRE(hq > 0 && hkv > 0 && hq % hkv == 0 && hd > 0, "attention: bad heads hq=%d hkv=%d hd=%d", hq, hkv, hd);
-    DTC_REQUIRE(q.cols >= (int64_t)hq * hd && o.cols >= (int64_t)hq * hd && k.cols >= (int64_t)hkv * hd &&
-                    v.cols >= (int64_t)hkv * hd,
-                "attention: q/o need %d columns, k/v %d", hq * hd, hkv * hd);
-    DTC_REQUIRE(o.rows == q.rows && k.rows == v.rows, "attention: o/q or k/v row counts differ");
-    DTC_REQUIRE(q.dtype == DT_BF16 && k.dtype == DT_BF16 && v.dtype == DT_BF16,
-                "attention: q/k/v must be BF16 (got %s/%s/%s)", dt_dtype_name(q.dtype), dt_dtype_name(k.dtype),
-                dt_dtype_name(v.dtype));
+    attention_check("attention", o, q, k, v, hq, hkv, hd);
     DTC_REQUIRE(o.dtype == DT_BF16 || o.dtype == DT_F32, "attention: o dtype %s", dt_dtype_name(o.dtype));
     DTC_REQUIRE(!key_bias.data || (key_bias.dtype == DT_F32 && key_bias.cols >= k.rows),
                 "attention: key_bias must be F32 [1, %lld]", (long long)k.rows);
@@ -742,13 +747,8 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
  * same thing, so without cuDNN (or an fp8 engine for the shape) it is a clear error. */
 void dtc_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale) {
     dtc_state *st = dtc(be);
-    DTC_REQUIRE(hq > 0 && hkv > 0 && hq % hkv == 0 && hd > 0, "attention fp8: bad heads hq=%d hkv=%d hd=%d", hq, hkv, hd);
-    DTC_REQUIRE(q.cols >= (int64_t)hq * hd && o.cols >= (int64_t)hq * hd && k.cols >= (int64_t)hkv * hd &&
-                    v.cols >= (int64_t)hkv * hd,
-                "attention fp8: q/o need %d columns, k/v %d", hq * hd, hkv * hd);
-    DTC_REQUIRE(o.rows == q.rows && k.rows == v.rows, "attention fp8: o/q or k/v row counts differ");
-    DTC_REQUIRE(q.dtype == DT_BF16 && k.dtype == DT_BF16 && v.dtype == DT_BF16 && o.dtype == DT_BF16,
-                "attention fp8: q/k/v/o must be BF16");
+    attention_check("attention fp8", o, q, k, v, hq, hkv, hd);
+    DTC_REQUIRE(o.dtype == DT_BF16, "attention fp8: o must be BF16 (got %s)", dt_dtype_name(o.dtype));
     if (q.rows <= 0) return;
     DTC_REQUIRE(k.rows > 0, "attention fp8: no keys");
     const char *why = "";

@@ -31,6 +31,20 @@ __device__ __forceinline__ uint8_t f2e4m3(float v) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
+/* 8 codes e4m3(f[i] * inv) (one f32 product each, RNE, saturating) packed for one 8-byte store. */
+__device__ __forceinline__ uint2 e4m3x8(const float *f, float inv) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
+                                               __NV_SATFINITE, __NV_E4M3);
+        uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
+                                               __NV_SATFINITE, __NV_E4M3);
+        w[h] = lo | (hi << 16);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
 /* (block_max of non-negative values: cuda_common.cuh; NaNs are skipped by fmaxf) */
 
 /* Exact small-integer -> float (as in cuda_linear.cu). */
@@ -83,16 +97,7 @@ __global__ void k_fp8_act(dmat x, int64_t K, uint8_t *q, float *s) {
         for (int64_t c = threadIdx.x; c < K / 8; c += blockDim.x) {
             float f[8];
             bf8_to_f(*(const uint4 *)(row + c * 8), f);
-            uint32_t w[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
-                                                       __NV_SATFINITE, __NV_E4M3);
-                uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
-                                                       __NV_SATFINITE, __NV_E4M3);
-                w[h] = lo | (hi << 16);
-            }
-            *(uint2 *)(q + r * K + c * 8) = make_uint2(w[0], w[1]);
+            *(uint2 *)(q + r * K + c * 8) = e4m3x8(f, inv);
         }
         if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
     } else {
@@ -271,16 +276,7 @@ __global__ void k_att_quant(f8att a, float *sc, int o_fp8) {
         if (VEC) {
             float f[8];
             bf8_to_f(*(const uint4 *)(a.x[t] + r * a.ld[t] + c * 8), f);
-            uint32_t w[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
-                                                       __NV_SATFINITE, __NV_E4M3);
-                uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
-                                                       __NV_SATFINITE, __NV_E4M3);
-                w[h] = lo | (hi << 16);
-            }
-            *(uint2 *)(a.d[t] + r * cols + c * 8) = make_uint2(w[0], w[1]);
+            *(uint2 *)(a.d[t] + r * cols + c * 8) = e4m3x8(f, inv);
         } else {
             a.d[t][r * cols + c] = f2e4m3(__fmul_rn(__bfloat162float(a.x[t][r * a.ld[t] + c]), inv));
         }
