@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|hnr]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -349,26 +349,6 @@ if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timing
         --arms attention --json "$OUT/bench_fp8a.jsonl" > "$OUT/bench_fp8a.md" 2> "$OUT/bench_fp8a.err"
     log "bench fp8 linears+attention rc=$?"
     grep -E "attn-fp8|flux2_forward|replica|^\| (fused|attention|elementwise)|Floor" "$OUT/bench_fp8a.md" | tee -a "$OUT/summary.txt"
-fi
-
-if has hnr; then  # head_norm_rope: a warp per 4 heads (default) vs a warp per row (DITRUN_CUDA_HNR=row): ops, forwards
-    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=ew timeout 120 ./build/tests/test_gpu_ops > "$OUT/gpu_hnr.log" 2>&1
-    log "ew op tests rc=$?"
-    grep -E "^FAIL|head_norm_rope|passed" "$OUT/gpu_hnr.log" | grep -vE "^PASS" | tee -a "$OUT/summary.txt"
-    DITRUN_CUDA_HNR=row DITRUN_GPU_ONLY=ew timeout 120 ./build/tests/test_gpu_ops 2>&1 | grep -E "^TIME head_norm_rope" \
-        | sed 's/$/ (warp per row)/' | tee -a "$OUT/summary.txt"
-    [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
-    for px in 512 1024; do
-        [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null
-    done
-    for round in 1 2 3 4; do
-        DITRUN_CUDA_HNR=row fwd "r$round 1024^2 hnr per row" "$W/k4q4" "$W/in4_1024.st" 20
-        fwd "r$round 1024^2 hnr per 4 heads" "$W/k4q4" "$W/in4_1024.st" 20
-    done
-    for round in 1 2; do
-        DITRUN_CUDA_HNR=row fwd "r$round 512^2 hnr per row" "$W/k4q4" "$W/in4_512.st" 20
-        fwd "r$round 512^2 hnr per 4 heads" "$W/k4q4" "$W/in4_512.st" 20
-    done
 fi
 
 if has krea2; then

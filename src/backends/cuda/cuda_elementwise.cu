@@ -578,20 +578,14 @@ __device__ __forceinline__ uint2 hnr_one(uint2 u, int lane, bool has_w, float4 w
     return out;
 }
 
-/* groups = 1: one warp per row walks all its heads (HNR_UNROLL at a time). groups > 1: one warp per (row, group of
- * HNR_UNROLL heads), consecutive warps on the same row (its cos/sin row is read once from DRAM, then from L1):
- * groups times the warps in flight, one round trip each instead of heads/HNR_UNROLL dependent ones. */
 template <int FP32>
 __global__ void __launch_bounds__(HNR_ROWS * 32) k_head_norm_rope128(__nv_bfloat16 *x, int64_t ldx, int64_t rows,
                                                                     int heads, const float *w, float eps,
                                                                     const float *cosp, int64_t ldc, const float *sinp,
-                                                                    int64_t lds, int mode, int groups) {
-    const int64_t wid = (int64_t)blockIdx.x * HNR_ROWS + (threadIdx.x >> 5);
-    const int64_t r = wid / groups;
-    const int g = (int)(wid - r * groups);
+                                                                    int64_t lds, int mode) {
+    const int64_t r = (int64_t)blockIdx.x * HNR_ROWS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
-    const int h_begin = groups > 1 ? g * HNR_UNROLL : 0, h_end = groups > 1 ? min(heads, h_begin + HNR_UNROLL) : heads;
     float4 c = make_float4(0.f, 0.f, 0.f, 0.f), s = c, ww = c;
     if (mode != DT_ROPE_NONE) {
         c = *(const float4 *)(cosp + r * ldc + lane * 4);
@@ -599,14 +593,14 @@ __global__ void __launch_bounds__(HNR_ROWS * 32) k_head_norm_rope128(__nv_bfloat
     }
     if (w) ww = *(const float4 *)(w + lane * 4);
     __nv_bfloat16 *row = x + r * ldx + lane * 4;
-    for (int h0 = h_begin; h0 < h_end; h0 += HNR_UNROLL) {
+    for (int h0 = 0; h0 < heads; h0 += HNR_UNROLL) {
         uint2 u[HNR_UNROLL];
 #pragma unroll
         for (int j = 0; j < HNR_UNROLL; j++)
-            if (h0 + j < h_end) u[j] = *(const uint2 *)(row + (int64_t)(h0 + j) * 128);
+            if (h0 + j < heads) u[j] = *(const uint2 *)(row + (int64_t)(h0 + j) * 128);
 #pragma unroll
         for (int j = 0; j < HNR_UNROLL; j++)
-            if (h0 + j < h_end) *(uint2 *)(row + (int64_t)(h0 + j) * 128) = hnr_one<FP32>(u[j], lane, w != nullptr, ww, eps, mode, c, s);
+            if (h0 + j < heads) *(uint2 *)(row + (int64_t)(h0 + j) * 128) = hnr_one<FP32>(u[j], lane, w != nullptr, ww, eps, mode, c, s);
     }
 }
 
@@ -664,11 +658,7 @@ void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, f
     int fp32 = be->opts.rope_fp32 != 0;
     int64_t warps = x.rows * heads;
     unsigned blocks = dtc_blocks(warps * 32, 256);
-    /* DITRUN_CUDA_HNR=row: one warp per row (the stop-13 mapping, for A/B and tests); default: a warp per 4 heads */
-    const char *hnr = getenv("DITRUN_CUDA_HNR");
-    const int per_row = hnr && !strcmp(hnr, "row");
-    const int groups = per_row ? 1 : (heads + HNR_UNROLL - 1) / HNR_UNROLL;
-    const unsigned row_blocks = (unsigned)((x.rows * groups + HNR_ROWS - 1) / HNR_ROWS);
+    const unsigned row_blocks = (unsigned)((x.rows + HNR_ROWS - 1) / HNR_ROWS);
     int fast = hd == 128 && x.dtype == DT_BF16 && x.ld % 4 == 0 && ((uintptr_t)x.data & 7) == 0 &&
                (mode == DT_ROPE_NONE || (cos.ld % 4 == 0 && sin.ld % 4 == 0 && dtc_aligned16(cos.data) &&
                                          dtc_aligned16(sin.data))) &&
@@ -677,11 +667,11 @@ void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, f
         if (fp32)
             k_head_norm_rope128<1><<<row_blocks, HNR_ROWS * 32, 0, st->q.stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
                                                                    (const float *)w.data, eps, (const float *)cos.data,
-                                                                   cos.ld, (const float *)sin.data, sin.ld, mode, groups);
+                                                                   cos.ld, (const float *)sin.data, sin.ld, mode);
         else
             k_head_norm_rope128<0><<<row_blocks, HNR_ROWS * 32, 0, st->q.stream>>>((__nv_bfloat16 *)x.data, x.ld, x.rows, heads,
                                                                    (const float *)w.data, eps, (const float *)cos.data,
-                                                                   cos.ld, (const float *)sin.data, sin.ld, mode, groups);
+                                                                   cos.ld, (const float *)sin.data, sin.ld, mode);
     } else {
         if (fp32)
             k_head_norm_rope_gen<1><<<blocks, 256, 0, st->q.stream>>>(dtc_dm(x), x.rows, heads, hd, (const float *)w.data,
