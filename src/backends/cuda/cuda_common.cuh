@@ -250,8 +250,9 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
 int dtc_cudnn_version(dtc_state *st);       /* cudnnGetVersion() of the loaded library, 0 = unavailable */
 long long dtc_cudnn_calls(dtc_state *st);   /* attention calls run by cuDNN so far */
 void dtc_cudnn_destroy(dtc_state *st);
-/* fp8 attention (opts.attn_precision, backend.h) through cuDNN's fp8 SDPA: q/k/v quantized per tensor
- * (dtc_attn_fp8_quant), O in bf16 (or f16 + one conversion where cuDNN cannot write bf16). No key bias, no mask.
+/* fp8 attention (backend.h: attention_fp8) through cuDNN's fp8 SDPA: q/k/v quantized per tensor
+ * (dtc_attn_fp8_quant), O in bf16 where cuDNN can write it, else f16 or e4m3 (Hopper: e4m3 only) + one widening
+ * pass (dtc_attn_fp8_out). No key bias, no mask.
  * Returns 0 when it ran; 1 when it cannot (cuDNN unavailable or no fp8 plan: *why says which). */
 int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
                             float scale, const char **why);

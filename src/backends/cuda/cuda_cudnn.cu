@@ -152,7 +152,7 @@ struct dtc_cudnn {
     cudnnHandle_t h;
     cudaStream_t bound;   /* the stream the handle is set to (follows the backend's current queue) */
     dtc_scratch ws[2];    /* workspace per queue (stream_switch) */
-    dtc_scratch f8[2];    /* fp8 attention per queue: codes of q, k, v, the f16 output (if used), the scalars */
+    dtc_scratch f8[2];    /* fp8 attention per queue: codes of q, k, v, the f16/e4m3 output (if used), the scalars */
     int f8_otype;         /* fp8 attention's output type: -1 not yet known, 0 bf16, 1 f16, 2 e4m3 (the first that
                            * cuDNN accepts; DITRUN_CUDNN_FP8_OUT=bf16|f16|e4m3 forces one) */
     int init_failed;
@@ -337,13 +337,13 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     const int64_t D = p->hd, hq = p->hq, hkv = p->hkv, Lq = p->Lq, Lk = p->Lk;
     const cudnnDataType_t BF = CUDNN_DATA_BFLOAT16, F = CUDNN_DATA_FLOAT, F8 = CUDNN_DATA_FP8_E4M3;
     const cudnnDataType_t IO = p->fp8 ? F8 : BF, OT = p->otype == 2 ? F8 : p->otype ? CUDNN_DATA_HALF : BF;
-    /* Q [1, hq, Lq, 128]: column view of a row-major [Lq, ldq] buffer, head h at column h*128 */
+    /* Q [1, hq, Lq, D]: column view of a row-major [Lq, ldq] buffer, head h at column h*D (D = 128 for bf16) */
     int64_t qd[4] = {1, hq, Lq, D}, qs[4] = {Lq * p->ldq, D, p->ldq, 1};
-    /* Kᵀ [1, hkv, 128, Lk]: K [Lk, ldk] read transposed (frontend maps K to Kᵀ by swapping dims/strides) */
+    /* Kᵀ [1, hkv, D, Lk]: K [Lk, ldk] read transposed (frontend maps K to Kᵀ by swapping dims/strides) */
     int64_t kd[4] = {1, hkv, D, Lk}, ks[4] = {Lk * p->ldk, D, 1, p->ldk};
-    /* V [1, hkv, Lk, 128] */
+    /* V [1, hkv, Lk, D] */
     int64_t vd[4] = {1, hkv, Lk, D}, vs[4] = {Lk * p->ldv, D, p->ldv, 1};
-    /* O [1, hq, Lq, 128] */
+    /* O [1, hq, Lq, D] */
     int64_t od[4] = {1, hq, Lq, D}, os[4] = {Lq * p->ldo, D, p->ldo, 1};
     /* S and P [1, hq, Lq, Lk] (virtual), row statistics [1, hq, Lq, 1] (virtual) */
     int64_t sd[4] = {1, hq, Lq, Lk}, ss[4] = {hq * Lq * Lk, Lq * Lk, Lk, 1};
@@ -672,7 +672,7 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
                              : "cuDNN has no fp8 SDPA engine for this shape (DITRUN_CUDNN_DEBUG=1 says why)";
         return 1;
     }
-    /* scratch: codes of q, k, v, then the f16 output (if used), then 11 scalar slots of 16 bytes */
+    /* scratch: codes of q, k, v, then the f16 / e4m3 output (if used), then 11 scalar slots of 16 bytes */
     auto up = [](size_t b) { return (b + 255) & ~(size_t)255; };
     const size_t bq = up((size_t)(Lq * Dq)), bk = up((size_t)(Lk * Dk)),
                  bo = key.otype ? up((size_t)(Lq * Dq) * (key.otype == 1 ? 2 : 1)) : 0;
