@@ -338,63 +338,50 @@ int bench_run(const bench_opts *o, bench_report *r) {
              r->c.attn_fp8 ? "fp8" : "bf16");
     const flux2_config *c = &r->c;
 
-    /* workload defaults per backend */
-    int img_size = o->image_size, txt = o->text_tokens;
-    x.reps = o->reps;
-    x.warmup = o->warmup;
+    /* workload: the options, else per-backend defaults (bench_workload_resolve); a real-geometry forward costs
+     * ~8 GFLOP per token on a CPU doing ~15-30 GFLOPS: keep it short there */
     int is_tiny = c->hidden <= 512;
-    if (x.is_cpu) {
-        char scaled[300] = "";
-        /* a real-geometry forward costs ~8 GFLOP per token on a CPU doing ~15-30 GFLOPS: keep it short */
-        int is_img = is_tiny ? 128 : 64, is_txt = 16, is_reps = is_tiny ? 5 : 2, is_warm = is_tiny ? 1 : 0;
-        int is_arm = is_tiny ? 64 : 32;
-        char tmp[64];
-        if (img_size <= 0) { img_size = is_img; snprintf(tmp, sizeof tmp, " --image-size %d", is_img); strcat(scaled, tmp); }
-        if (txt < 0) { txt = is_txt; snprintf(tmp, sizeof tmp, " --text-tokens %d", is_txt); strcat(scaled, tmp); }
-        if (x.reps <= 0) { x.reps = is_reps; snprintf(tmp, sizeof tmp, " --reps %d", is_reps); strcat(scaled, tmp); }
-        if (x.warmup < 0) { x.warmup = is_warm; snprintf(tmp, sizeof tmp, " --warmup %d", is_warm); strcat(scaled, tmp); }
-        if (!o->n_arm_tokens) {
-            x.arm_tokens[0] = is_arm;
-            x.n_arm_tokens = 1;
-            snprintf(tmp, sizeof tmp, " --arm-tokens %d", is_arm);
-            strcat(scaled, tmp);
-        }
-        if (scaled[0]) {
-            bench_note(r, "cpu backend: workload scaled down for a small CPU (CUDA defaults are --image-size 1024 "
-                          "--text-tokens 512 --reps 20 --warmup 3 --arm-tokens 256,1024,4096,16384); used:%s", scaled);
-            bench_progress("cpu: scaled down:%s (pass the flags to override)", scaled);
-        }
-    } else {
-        if (img_size <= 0) img_size = 1024;
-        if (txt < 0) txt = 512;
-        if (x.reps <= 0) x.reps = 20;
-        if (x.warmup < 0) x.warmup = 3;
-        if (!o->n_arm_tokens) {
-            int d[4] = {256, 1024, 4096, 16384};
-            memcpy(x.arm_tokens, d, sizeof d);
-            x.n_arm_tokens = 4;
-        }
-    }
+    const bench_workload_base cpu_dflt = {is_tiny ? 128 : 64, 16, is_tiny ? 5 : 2, is_tiny ? 1 : 0};
+    bench_workload wl;
+    if (bench_workload_resolve(o, x.is_cpu, &cpu_dflt, &wl)) goto fail;
     if (o->n_arm_tokens) {
         memcpy(x.arm_tokens, o->arm_tokens, sizeof(int) * o->n_arm_tokens);
         x.n_arm_tokens = o->n_arm_tokens;
+    } else if (x.is_cpu) {
+        x.arm_tokens[0] = is_tiny ? 64 : 32;
+        x.n_arm_tokens = 1;
+        size_t len = strlen(wl.scaled);
+        snprintf(wl.scaled + len, sizeof wl.scaled - len, " --arm-tokens %d", x.arm_tokens[0]);
+    } else {
+        int d[4] = {256, 1024, 4096, 16384};
+        memcpy(x.arm_tokens, d, sizeof d);
+        x.n_arm_tokens = 4;
     }
-    if (img_size % 16 || img_size < 16) { dt_set_error("bench: --image-size %d must be a positive multiple of 16", img_size); goto fail; }
-    x.h = x.w = img_size / 16;
-    x.n = x.h * x.w;
+    if (wl.scaled[0]) {
+        bench_note(r, "cpu backend: workload scaled down for a small CPU (CUDA defaults are --image-size 1024 "
+                      "--text-tokens 512 --reps 20 --warmup 3 --arm-tokens 256,1024,4096,16384); used:%s", wl.scaled);
+        bench_progress("cpu: scaled down:%s (pass the flags to override)", wl.scaled);
+    }
+    const int img_size = wl.v.img_size, txt = wl.v.txt;
+    x.reps = wl.v.reps;
+    x.warmup = wl.v.warmup;
+    x.h = wl.h;
+    x.w = wl.w;
+    x.n = wl.n;
     x.t = txt;
     r->image_size = img_size;
     r->n_img = x.n;
     r->n_txt = x.t;
     r->reps = x.reps;
     r->warmup = x.warmup;
-    double llc;
-    r->l2_mb = bench_cache_mb(o, x.is_cpu, &llc);
-    if (llc > 0) bench_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", llc);
-    x.rot_bytes = 2.0 * r->l2_mb * 1e6;
+    r->l2_mb = wl.l2_mb;
+    if (wl.llc_mb > 0)
+        bench_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", wl.llc_mb);
+    x.rot_bytes = wl.rot_bytes;
     r->kv_heads = o->kv_heads > 0 ? o->kv_heads : (c->heads % 4 == 0 ? c->heads / 4 : c->heads % 2 == 0 ? c->heads / 2 : c->heads);
     if (c->heads % r->kv_heads) { dt_set_error("bench: --kv-heads %d does not divide %d heads", r->kv_heads, c->heads); goto fail; }
-    r->peak_tflops = bench_peak_tflops(o, x.is_cpu, r->peak_src, sizeof r->peak_src);
+    r->peak_tflops = wl.peak;
+    snprintf(r->peak_src, sizeof r->peak_src, "%s", wl.peak_src);
     bm_flops fl;
     bm_count_flops(c, x.n, x.t, &fl);
     r->gflop_gemm = fl.total_gemm;

@@ -77,6 +77,25 @@ double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb);
 /* The nominal peak of the utilization tables: --peak-tflops, the H200's dense bf16 989 on a GPU, else none (0);
  * src names where it came from. */
 double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n);
+/* The workload both benches derive alike. Each of image size, text tokens, repetitions and warm-up comes from the
+ * options, else from the defaults for the backend: CUDA 1024 px, 512 tokens, 20 reps, 3 warm-up; a CPU gets the
+ * caller's smaller `cpu_dflt` ones and `scaled` lists the flags those amount to (" --image-size 64 ...", "" when
+ * the options set everything). Then the image size is checked (a positive multiple of 16, else -1 and the error
+ * set) and turned into an h x w latent grid; the cache size the rotations exceed and the nominal peak come from
+ * bench_cache_mb and bench_peak_tflops. */
+typedef struct {
+    int img_size, txt, reps, warmup;   /* defaults for a CPU backend (bench_workload_resolve) or the result */
+} bench_workload_base;
+typedef struct {
+    bench_workload_base v;   /* the values used */
+    int h, w, n;             /* latent grid (16 px per token) and image tokens */
+    char scaled[300];        /* CPU: the flags the scaled-down defaults amount to */
+    double l2_mb, llc_mb;    /* bench_cache_mb: the size (MB) and the CPU's reported LLC when capped (else 0) */
+    double rot_bytes;        /* bytes one rotation exceeds: 2 x l2_mb */
+    double peak;             /* bench_peak_tflops (0: none) */
+    char peak_src[64];
+} bench_workload;
+int bench_workload_resolve(const bench_opts *o, int is_cpu, const bench_workload_base *cpu_dflt, bench_workload *w);
 /* Progress line on stderr. */
 /* An arm's variants 0..nv-1 timed interleaved: warmup + reps rounds, each running every variant once with the
  * order rotating every round (A B, B A, ...), so each variant takes each position equally often (under a power

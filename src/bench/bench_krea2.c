@@ -1148,43 +1148,36 @@ int bench_krea2_run(const bench_opts *o, bench_k2_report *r) {
     x.dir = dir;
     const krea2_config *c = &r->c;
 
-    /* workload defaults per backend (a real-geometry forward is ~28 TFLOP per 1000 tokens: tiny on a CPU) */
-    int img_size = o->image_size, txt = o->text_tokens;
-    x.reps = o->reps;
-    x.warmup = o->warmup;
-    if (x.is_cpu) {
-        int tiny = c->hidden <= 1024;
-        char scaled[200] = "", tmp[64];
-        if (img_size <= 0) { img_size = tiny ? 128 : 32; snprintf(tmp, sizeof tmp, " --image-size %d", img_size); strcat(scaled, tmp); }
-        if (txt < 0) { txt = tiny ? 24 : 8; snprintf(tmp, sizeof tmp, " --text-tokens %d", txt); strcat(scaled, tmp); }
-        if (x.reps <= 0) { x.reps = tiny ? 5 : 2; snprintf(tmp, sizeof tmp, " --reps %d", x.reps); strcat(scaled, tmp); }
-        if (x.warmup < 0) { x.warmup = tiny ? 1 : 0; snprintf(tmp, sizeof tmp, " --warmup %d", x.warmup); strcat(scaled, tmp); }
-        if (scaled[0]) {
-            k2_note(r, "cpu backend: workload scaled down (CUDA defaults are --image-size 1024 --text-tokens 512 --reps 20 "
-                       "--warmup 3); used:%s", scaled);
-            bench_progress("cpu: scaled down:%s (pass the flags to override)", scaled);
-        }
-    } else {
-        if (img_size <= 0) img_size = 1024;
-        if (txt < 0) txt = 512;
-        if (x.reps <= 0) x.reps = 20;
-        if (x.warmup < 0) x.warmup = 3;
+    /* workload: the options, else per-backend defaults (bench_workload_resolve); a real-geometry forward is ~28 TFLOP
+     * per 1000 tokens: tiny on a CPU */
+    const int tiny = c->hidden <= 1024;
+    const bench_workload_base cpu_dflt = {tiny ? 128 : 32, tiny ? 24 : 8, tiny ? 5 : 2, tiny ? 1 : 0};
+    bench_workload wl;
+    if (bench_workload_resolve(o, x.is_cpu, &cpu_dflt, &wl)) goto fail;
+    if (wl.scaled[0]) {
+        k2_note(r, "cpu backend: workload scaled down (CUDA defaults are --image-size 1024 --text-tokens 512 --reps 20 "
+                   "--warmup 3); used:%s", wl.scaled);
+        bench_progress("cpu: scaled down:%s (pass the flags to override)", wl.scaled);
     }
-    if (img_size % 16 || img_size < 16) { dt_set_error("bench: --image-size %d must be a positive multiple of 16", img_size); goto fail; }
+    const int img_size = wl.v.img_size, txt = wl.v.txt;
     if (txt < 1) { dt_set_error("bench: krea2 needs at least one text token (--text-tokens)"); goto fail; }
-    x.h = x.w = img_size / 16;
-    x.n = x.h * x.w;
+    x.reps = wl.v.reps;
+    x.warmup = wl.v.warmup;
+    x.h = wl.h;
+    x.w = wl.w;
+    x.n = wl.n;
     x.t = txt;
     r->image_size = img_size;
     r->n_img = x.n;
     r->n_txt = x.t;
     r->reps = x.reps;
     r->warmup = x.warmup;
-    double llc;
-    r->l2_mb = bench_cache_mb(o, x.is_cpu, &llc);
-    if (llc > 0) k2_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", llc);
-    x.rot_bytes = 2.0 * r->l2_mb * 1e6;
-    r->peak_tflops = bench_peak_tflops(o, x.is_cpu, r->peak_src, sizeof r->peak_src);
+    r->l2_mb = wl.l2_mb;
+    if (wl.llc_mb > 0)
+        k2_note(r, "cpu: the last-level cache reports %.0f MB; rotations target 2 x 32 MB (pass --l2-mb to change)", wl.llc_mb);
+    x.rot_bytes = wl.rot_bytes;
+    r->peak_tflops = wl.peak;
+    snprintf(r->peak_src, sizeof r->peak_src, "%s", wl.peak_src);
     count_flops(r, x.n, x.t);
 
     /* inputs: random latents and text states, the pipeline's position ids and padding layout */

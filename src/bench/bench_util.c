@@ -132,6 +132,36 @@ double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb) {
     return 32;
 }
 
+int bench_workload_resolve(const bench_opts *o, int is_cpu, const bench_workload_base *cpu_dflt, bench_workload *w) {
+    static const bench_workload_base cuda_dflt = {1024, 512, 20, 3};
+    const bench_workload_base *d = is_cpu ? cpu_dflt : &cuda_dflt;
+    const bench_workload_base given = {o->image_size, o->text_tokens, o->reps, o->warmup};
+    const char *flag[4] = {"--image-size", "--text-tokens", "--reps", "--warmup"};
+    const int unset[4] = {given.img_size <= 0, given.txt < 0, given.reps <= 0, given.warmup < 0};
+    const int gv[4] = {given.img_size, given.txt, given.reps, given.warmup};
+    const int dv[4] = {d->img_size, d->txt, d->reps, d->warmup};
+    int v[4];
+    w->scaled[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        v[i] = unset[i] ? dv[i] : gv[i];
+        if (unset[i] && is_cpu) {
+            size_t len = strlen(w->scaled);
+            snprintf(w->scaled + len, sizeof w->scaled - len, " %s %d", flag[i], dv[i]);
+        }
+    }
+    w->v.img_size = v[0]; w->v.txt = v[1]; w->v.reps = v[2]; w->v.warmup = v[3];
+    if (w->v.img_size % 16 || w->v.img_size < 16) {
+        dt_set_error("bench: --image-size %d must be a positive multiple of 16", w->v.img_size);
+        return -1;
+    }
+    w->h = w->w = w->v.img_size / 16;
+    w->n = w->h * w->w;
+    w->l2_mb = bench_cache_mb(o, is_cpu, &w->llc_mb);
+    w->rot_bytes = 2.0 * w->l2_mb * 1e6;
+    w->peak = bench_peak_tflops(o, is_cpu, w->peak_src, sizeof w->peak_src);
+    return 0;
+}
+
 double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n) {
     if (o->peak_tflops > 0) { snprintf(src, n, "--peak-tflops"); return o->peak_tflops; }
     if (!is_cpu) { snprintf(src, n, "table: H200 dense bf16"); return 989; }
