@@ -110,12 +110,16 @@ void bench_json_power(FILE *f, const bench_power *p) {
 
 void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
                     double ms, const char *what) {
-    double g_b = 0, g_s = 0;
+    double g_b = 0, g_s = 0, g_best = 0;
     int have_s = attn_sus.n > 0;
     for (int i = 0; i < n; i++) {
         g_b += gemm[i].count * gemm[i].ceil.med;
-        if (gemm[i].ceil_sus.n) g_s += gemm[i].count * gemm[i].ceil_sus.med;
-        else have_s = 0;
+        if (gemm[i].ceil_sus.n) {
+            g_s += gemm[i].count * gemm[i].ceil_sus.med;
+            g_best += gemm[i].count * fmin(gemm[i].ceil.med, gemm[i].ceil_sus.med);
+        } else {
+            have_s = 0;
+        }
     }
     if (!n || !attn_iso.n || attn_calls <= 0 || ms <= 0) return;
     double a_b = attn_calls * attn_iso.med, fb = g_b + a_b;
@@ -124,9 +128,14 @@ void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso,
             attn_calls, fb, g_b, a_b);
     if (have_s) {
         double a_s = attn_calls * attn_sus.med, fs = g_s + a_s;
-        fprintf(f, "; sustained %.2f ms (GEMMs %.2f + attention %.2f). %s: %.3f ms, %+.1f%% over the burst floor and "
-                   "%+.1f%% over the sustained one",
-                fs, g_s, a_s, what, ms, 100.0 * (ms / fb - 1), 100.0 * (ms / fs - 1));
+        /* a ceiling is the fastest the library went: per shape the better of the two timings (a burst timing taken
+         * while the GPU sat at its power cap can come out slower than the sustained one) */
+        double a_best = attn_calls * fmin(attn_iso.med, attn_sus.med), fbest = g_best + a_best;
+        fprintf(f, "; sustained %.2f ms (GEMMs %.2f + attention %.2f); the better of the two per shape %.2f ms (GEMMs "
+                   "%.2f + attention %.2f). %s: %.3f ms, %+.1f%% over the burst floor, %+.1f%% over the sustained one, "
+                   "**%+.1f%% over the best-per-shape one**",
+                fs, g_s, a_s, fbest, g_best, a_best, what, ms, 100.0 * (ms / fb - 1), 100.0 * (ms / fs - 1),
+                100.0 * (ms / fbest - 1));
     } else {
         fprintf(f, ". %s: %.3f ms, %+.1f%% over it", what, ms, 100.0 * (ms / fb - 1));
     }
