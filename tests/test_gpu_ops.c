@@ -765,6 +765,19 @@ static float *device_rows(dt_mat o, row_subset r) {
     return d;
 }
 
+/* The GPU side of an attention test: one fused buffer [max(L,Lk), Dq + 2*Dk] (strided like the model's QKV
+ * projection) holding q [L, Dq], k and v [Lk, Dk] as column views, uploaded from the host arrays. Returns the
+ * buffer (the caller frees it). */
+static dt_mat qkv_upload(const float *hq, const float *hk, const float *hv, int64_t L, int64_t Lk, int64_t Dq,
+                         int64_t Dk, dt_mat *q, dt_mat *k, dt_mat *v) {
+    dt_mat buf = dt_alloc_or_die(G, L > Lk ? L : Lk, Dq + 2 * Dk, DT_BF16);
+    *q = dt_mat_rows(dt_mat_cols(buf, 0, Dq), 0, L);
+    *k = dt_mat_rows(dt_mat_cols(buf, Dq, Dk), 0, Lk);
+    *v = dt_mat_rows(dt_mat_cols(buf, Dq + Dk, Dk), 0, Lk);
+    G->upload(G, *q, hq); G->upload(G, *k, hk); G->upload(G, *v, hv);
+    return buf;
+}
+
 /* ------------------------------------------------------------------ attention */
 /* q/k/v are column views of one fused [L, 3*D] buffer (strided like the model's QKV projection). Compared on a
  * subset of query rows when !causal (CPU cost); fully masked rows must be exactly 0. */
@@ -799,13 +812,7 @@ static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, in
         if (bias_mode == 6) masked_lead = L < SUB_A ? L : SUB_A;
     }
     float scale = 1.f / sqrtf((float)hd);
-    /* GPU: fused buffer [max(L,Lk), Dq + 2*Dk]; q from rows [0,L), k/v from rows [0,Lk) */
-    int64_t R = L > Lk ? L : Lk, W = Dq + 2 * Dk;
-    dt_mat buf = dt_alloc_or_die(G, R, W, DT_BF16);
-    dt_mat q = dt_mat_rows(dt_mat_cols(buf, 0, Dq), 0, L);
-    dt_mat k = dt_mat_rows(dt_mat_cols(buf, Dq, Dk), 0, Lk);
-    dt_mat v = dt_mat_rows(dt_mat_cols(buf, Dq + Dk, Dk), 0, Lk);
-    G->upload(G, q, hq_); G->upload(G, k, hk); G->upload(G, v, hv);
+    dt_mat q, k, v, buf = qkv_upload(hq_, hk, hv, L, Lk, Dq, Dk, &q, &k, &v);
     dt_mat o = dt_alloc_or_die(G, L, Dq, DT_BF16);
     dt_mat gb = hb ? dt_param_upload(G, hb, Lk) : dt_mat_null();
     poison(G, o);
@@ -942,12 +949,7 @@ static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timei
           *hv = rand_bf((size_t)Lk * Dk, -1.f, 1.f);
     hq_[0] = 2.f;   /* q's amax, inside the CPU's row subset */
     float scale = 1.f / sqrtf((float)hd);
-    int64_t R = L > Lk ? L : Lk, W = Dq + 2 * Dk;
-    dt_mat buf = dt_alloc_or_die(G, R, W, DT_BF16);
-    dt_mat q = dt_mat_rows(dt_mat_cols(buf, 0, Dq), 0, L);
-    dt_mat k = dt_mat_rows(dt_mat_cols(buf, Dq, Dk), 0, Lk);
-    dt_mat v = dt_mat_rows(dt_mat_cols(buf, Dq + Dk, Dk), 0, Lk);
-    G->upload(G, q, hq_); G->upload(G, k, hk); G->upload(G, v, hv);
+    dt_mat q, k, v, buf = qkv_upload(hq_, hk, hv, L, Lk, Dq, Dk, &q, &k, &v);
     dt_mat o = dt_alloc_or_die(G, L, Dq, DT_BF16);
     poison(G, o);
     G->attention_fp8(G, o, q, k, v, hq, hkv, hd, scale);

@@ -333,9 +333,8 @@ int bench_run(const bench_opts *o, bench_report *r) {
         snprintf(r->preset, sizeof r->preset, "%s", o->preset);
     }
     x.dir = dir;
-    r->c.attn_fp8 = o->be.attn_precision == DT_PREC_FP8;   /* (the replica sets its own in bm_load, as flux2_load) */
     snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->be.precision == DT_PREC_FP8 ? "fp8" : "bf16",
-             r->c.attn_fp8 ? "fp8" : "bf16");
+             o->be.attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");   /* (bm_load sets the replica's, as flux2_load) */
     const flux2_config *c = &r->c;
 
     /* workload: the options, else per-backend defaults (bench_workload_resolve); a real-geometry forward costs

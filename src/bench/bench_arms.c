@@ -446,12 +446,7 @@ static void arms_attention(bench_ctx *x) {
         float *o0 = dt_malloc(sizeof(float) * n), *o1 = dt_malloc(sizeof(float) * n);
         f8a_output(&ac, 0, o0);
         f8a_output(&ac, 1, o1);
-        double e2 = 0, r2 = 0;
-        for (size_t i = 0; i < n; i++) {
-            double d = (double)o1[i] - o0[i];
-            e2 += d * d;
-            r2 += (double)o0[i] * o0[i];
-        }
+        const double rel = dt_rel_l2(o1, o0, n);
         free(o0);
         free(o1);
         arm_spec f = {0};
@@ -465,7 +460,7 @@ static void arms_attention(bench_ctx *x) {
         f.out_n = n;
         f.tol = 0.25;   /* max |fp8 - bf16| / max |out|: e4m3 rounding of Q, K, V and P (~2-4% rms, tails larger) */
         snprintf(f.note, sizeof f.note, "isolated; fp8 incl. the per-tensor quantization of Q/K/V; rel L2 fp8 vs bf16 %.2f%%%s",
-                 r2 > 0 ? 100 * sqrt(e2 / r2) : 0.0, x->is_cpu ? "; CPU: emulation in f32" : "; CUDA: cuDNN fp8 SDPA");
+                 100 * rel, x->is_cpu ? "; CPU: emulation in f32" : "; CUDA: cuDNN fp8 SDPA");
         run_arm(x, &f, &ac);
     }
 

@@ -41,7 +41,8 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--precision") || !strcmp(a, "--attn-precision")) {
         if (!v) { cli_error("%s needs a value (bf16, fp8)", a); return -1; }
-        if (dt_precision_from_name(v, a[2] == 'a' ? &o->be.attn_precision : &o->be.precision)) {
+        dt_precision *dst = !strcmp(a, "--attn-precision") ? &o->be.attn_precision : &o->be.precision;
+        if (dt_precision_from_name(v, dst)) {
             cli_error("%s: unknown precision '%s' (bf16, fp8)", a, v);
             return -1;
         }

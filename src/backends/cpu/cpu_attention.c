@@ -7,7 +7,7 @@
  * in its own scratch of bq × Lk floats, so memory is O(threads · bq · Lk), never L × L × H.
  * GQA: query head h reads kv head h / (Hq / Hkv). Causal: query i sees keys j <= i (Lk' shrinks
  * per block). A row whose keys are all masked (-inf) produces output 0 instead of NaN.
- * fp8 attention (opts.attn_precision, no bias / mask; definition in backend.h): q, k, v are replaced by their
+ * fp8 attention (cpu_attention_fp8, no bias / mask; definition in backend.h): q, k, v are replaced by their
  * e4m3 values (unscaled) in scratch copies, the per-tensor scales fold into the two sgemms' alphas, and each
  * softmax row is rounded as e4m3(448 P) before P · V.
  */

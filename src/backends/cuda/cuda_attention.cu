@@ -695,7 +695,6 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
                 "attention: key_bias must be F32 [1, %lld]", (long long)k.rows);
     if (q.rows <= 0) return;
     const float *kb = (const float *)key_bias.data;
-
     int fast = hd == FA_HD && o.dtype == DT_BF16 && q.ld % 8 == 0 && k.ld % 8 == 0 && v.ld % 8 == 0 &&
                o.ld % 2 == 0 && dtc_aligned16(q.data) && dtc_aligned16(k.data) && dtc_aligned16(v.data) &&
                ((uintptr_t)o.data & 3) == 0 && q.rows < (1LL << 30) && k.rows < (1LL << 30) && k.rows > 0;

@@ -323,6 +323,12 @@ static cudnnBackendDescriptor_t g_reduce(dnn_graph &g, cudnnReduceTensorOp_t mod
     return op;
 }
 
+/* " fp8->e4m3" etc. for an fp8 key, "" for bf16 (logs). */
+static const char *plan_tag(const dnn_plan *p) {
+    if (!p->fp8) return "";
+    return p->otype == 2 ? " fp8->e4m3" : p->otype ? " fp8->f16" : " fp8->bf16";
+}
+
 /* Tensor unique ids: the real ones go into the variant pack. fp8: the descales of Q, K, V and P, the scales of P
  * and O (device scalars) and the two amax outputs cuDNN's fp8 pattern produces. */
 enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_SCALE, UID_BIAS, UID_NEGINF, UID_DQ, UID_DK, UID_DV, UID_DS, UID_SS, UID_SO,
@@ -496,8 +502,8 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
                 }
                 DNN_LOG("plan for Lq=%lld Lk=%lld %d/%d heads%s%s%s%s: engine %lld (heuristics mode %d, config %lld of "
                         "%lld), workspace %lld bytes",
-                        (long long)Lq, (long long)Lk, p->hq, p->hkv, p->fp8 ? (p->otype == 2 ? " fp8->e4m3" : p->otype ? " fp8->f16" : " fp8->bf16") : "",
-                        p->bias ? " bias" : "", p->causal ? " causal" : "",
+                        (long long)Lq, (long long)Lk, p->hq, p->hkv, plan_tag(p), p->bias ? " bias" : "",
+                        p->causal ? " causal" : "",
                         with_stats ? "" : " (no stats)", (long long)eidx, (int)modes[mi], (long long)i, (long long)got,
                         (long long)w);
             } else {
@@ -513,9 +519,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         char le[256] = "";
         if (g_dnn.GetLastErrorString) g_dnn.GetLastErrorString(le, sizeof le);
         DNN_LOG("graph for Lq=%lld Lk=%lld %d/%d heads%s%s%s: %s failed: %s %s", (long long)Lq, (long long)Lk, p->hq,
-                p->hkv, p->fp8 ? (p->otype == 2 ? " fp8->e4m3" : p->otype ? " fp8->f16" : " fp8->bf16") : "",
-                p->bias ? " bias" : "",
-                p->causal ? " causal" : "", g.what, dnn_err(g.err), le);
+                p->hkv, plan_tag(p), p->bias ? " bias" : "", p->causal ? " causal" : "", g.what, dnn_err(g.err), le);
     }
     if (plan) {  /* cudnn-frontend keeps the graph alive with its plan: so do we */
         p->keep = new std::vector<cudnnBackendDescriptor_t>(g.all);
@@ -528,16 +532,16 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
 }
 
 /* ------------------------------------------------------------------ dispatch */
-/* The cached plan for key, built at its first use (a key cuDNN rejects is cached with plan = nullptr, not
- * retried). nullptr while a CUDA graph is being captured and the key is new (building may allocate or compile). */
+/* The plan for key, built at its first use; nullptr when cuDNN rejects the key (cached as rejected, not retried)
+ * or while a CUDA graph is being captured and the key is new (building may allocate or compile). */
 static dnn_plan *dnn_plan_for(dtc_state *st, dtc_cudnn *c, const dnn_plan &key) {
     for (auto &e : c->plans)
-        if (!memcmp(&e, &key, offsetof(dnn_plan, plan))) return &e;
+        if (!memcmp(&e, &key, offsetof(dnn_plan, plan))) return e.plan ? &e : nullptr;
     if (st->capturing) return nullptr;
     c->plans.push_back(key);
     dnn_plan *p = &c->plans.back();
     if (dnn_build(c, p, 1) != 0) dnn_build(c, p, 0);
-    return p;
+    return p->plan ? p : nullptr;
 }
 
 /* Runs plan p on the current queue with the variant pack (uids[n] -> ptrs[n]) and its workspace. Returns 1
@@ -574,7 +578,6 @@ static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids
     return 0;
 }
 
-
 /* Policy without DITRUN_CUDA_FA: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14, H200,
  * interleaved): no mask 1.41-1.59x our wgmma kernel at 1536-16896 tokens (24-48 heads, GQA 48/12), causal
  * 1.50x at 4608 and 1.15x at 512 (32/8). With a key bias it only ties (Krea 2's padded GQA: 1.193 vs
@@ -609,7 +612,6 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
     key.ldq = q.ld; key.ldk = k.ld; key.ldv = v.ld; key.ldo = o.ld;
     key.hq = hq; key.hkv = hkv; key.bias = kbias != nullptr; key.causal = causal != 0; key.hd = 128;
     dnn_plan *p = dnn_plan_for(st, c, key);
-    if (p && !p->plan) p = nullptr;
     if (!p) {
         if (forced && !c->warned && !st->capturing) {
             fprintf(stderr, "ditrun: warning: DITRUN_CUDA_FA=cudnn: cuDNN rejected attention Lq=%lld Lk=%lld %d/%d heads%s%s; "
@@ -664,7 +666,6 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
         key.otype = ot;
         key.ldo = ot == 0 ? o.ld : Dq;
         p = dnn_plan_for(st, c, key);
-        if (p && !p->plan) p = nullptr;
         if (p && c->f8_otype < 0) c->f8_otype = ot;
     }
     if (!p) {

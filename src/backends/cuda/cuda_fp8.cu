@@ -257,7 +257,8 @@ __global__ void k_att_amax(f8att a, unsigned *amax) {
 }
 
 /* Codes e4m3(x * (448 / amax)) into d[t] [rows, cols] (ld cols), the expressions of core/fp8.c; block 0 also
- * writes the scales cuDNN reads (slots of 4 floats: 3 + t: amax / 448, 6: 1/448, 7: 448, 8: 1). */
+ * writes the scales cuDNN reads (slots of 4 floats: 3 + t: amax / 448, 6: 1/448, 7: 448, 8: O's scale, 1 or
+ * 448 / amax(v) for an e4m3 O). */
 template <int VEC>
 __global__ void k_att_quant(f8att a, float *sc, int o_fp8) {
     /* tensors and blocks in the reverse order of k_att_amax: what it read last (v's tail) may still be in L2 */
