@@ -939,9 +939,9 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
  * missing scale (x448, x amax) is off by >= 50%. Also reported (not asserted beyond 15%): fp8 vs the exact
  * attention. timeit: bf16 (cuDNN) vs fp8, interleaved, median of 25, incl. the quantization passes. */
 #define TOL_ATTN_FP8 8e-2
-static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timeit) {
+static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timeit, const char *note) {
     char name[200];
-    snprintf(name, sizeof name, "attention fp8 L=%d Lk=%d hq=%d hkv=%d hd=%d", L, Lk, hq, hkv, hd);
+    snprintf(name, sizeof name, "attention fp8 L=%d Lk=%d hq=%d hkv=%d hd=%d%s", L, Lk, hq, hkv, hd, note);
     if (!G->attention_fp8) { T_FAIL(name, "attention_fp8 is NULL on the CUDA backend"); return; }
     if (!dt_backend_cuda_cudnn_info(G, NULL)) { T_SKIP(name, "cuDNN not loadable: fp8 attention needs it"); return; }
     int64_t Dq = (int64_t)hq * hd, Dk = (int64_t)hkv * hd;
@@ -1799,10 +1799,16 @@ int main(void) {
     }
     if (RUN("sdpa8")) {   /* fp8 attention through cuDNN's fp8 SDPA (skips when cuDNN cannot be loaded) */
         double ts = dt_now();
-        test_attention_fp8(4608, 4608, 24, 24, 128, 1);   /* klein-4B 1024² */
-        test_attention_fp8(777, 777, 8, 2, 128, 0);       /* GQA, odd length */
-        test_attention_fp8(300, 700, 4, 4, 64, 0);        /* cross lengths, head dim 64 */
-        test_attention_fp8(16896, 16896, 24, 24, 128, 1); /* klein-4B 2048² */
+        test_attention_fp8(4608, 4608, 24, 24, 128, 1, "");   /* klein-4B 1024² */
+        test_attention_fp8(777, 777, 8, 2, 128, 0, "");       /* GQA, odd length */
+        test_attention_fp8(300, 700, 4, 4, 64, 0, "");        /* cross lengths, head dim 64 */
+        test_attention_fp8(16896, 16896, 24, 24, 128, 1, ""); /* klein-4B 2048² */
+        /* stop 14's intermittent wrong first call (NOTES.md): cuDNN's workspace filled with 0xff before each fp8
+         * call (a debug knob of the backend); the backend must zero it, so the result must not change */
+        setenv("DITRUN_CUDNN_WS_POISON", "1", 1);
+        test_attention_fp8(4608, 4608, 24, 24, 128, 0, " (cuDNN workspace poisoned)");
+        test_attention_fp8(777, 777, 8, 2, 128, 0, " (cuDNN workspace poisoned)");
+        unsetenv("DITRUN_CUDNN_WS_POISON");
         test_attention_fp8_graph();
         printf("# section sdpa8 %.1f s\n", dt_now() - ts);
     }

@@ -552,6 +552,13 @@ static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids
         dtc_scratch *w = &c->ws[st->cur_queue ? 1 : 0];
         if (st->capturing && (size_t)p->ws > w->size) return 1;  /* no allocation while capturing */
         ws = dtc_scratch_get(st, w, (size_t)p->ws);
+        /* fp8: the workspace starts zeroed (NOTES.md: stop 14's intermittent wrong first fp8 call). Debug knobs:
+         * DITRUN_CUDNN_WS_POISON=1 fills it with 0xff first (tests), DITRUN_CUDNN_FP8_WS_ZERO=0 skips the zeroing */
+        if (p->fp8) {
+            const char *poison = getenv("DITRUN_CUDNN_WS_POISON"), *zero = getenv("DITRUN_CUDNN_FP8_WS_ZERO");
+            if (poison && *poison == '1') CK(cudaMemsetAsync(ws, 0xff, (size_t)p->ws, st->q.stream));
+            if (!zero || *zero != '0') CK(cudaMemsetAsync(ws, 0, (size_t)p->ws, st->q.stream));
+        }
     }
     if (c->bound != st->q.stream) {  /* the backend switched queues since the last call */
         cudnnStatus_t s = g_dnn.SetStream(c->h, st->q.stream);
