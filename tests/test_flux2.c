@@ -179,12 +179,15 @@ static void cuda_two_queues(void) {
     float *res[2] = {NULL, NULL};
     size_t n = 0;
     for (int serial = 0; serial < 2; serial++) {
+        /* the single blocks' projection split and overlapped where two queues exist (the same GEMM shapes in both) */
         if (serial) setenv("DITRUN_CUDA_STREAMS", "0", 1);
+        setenv("DITRUN_SB_OVERLAP", "1", 1);
         dt_backend_opts o = {0};
         o.rope_fp32 = 1;
         dt_backend *be = dt_backend_cuda_create(&o);
         unsetenv("DITRUN_CUDA_STREAMS");
         flux2_model *m = be ? flux2_load(be, model) : NULL;
+        unsetenv("DITRUN_SB_OVERLAP");
         if (!m) { T_FAIL("cuda two queues", "%s", dt_last_error()); if (be) be->destroy(be); break; }
         n = (size_t)fi.n * flux2_get_config(m)->out_channels;
         res[serial] = dt_malloc(sizeof(float) * n);
@@ -207,6 +210,29 @@ static void cuda_two_queues(void) {
     free(res[0]); free(res[1]);
     free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
     st_close(fi.io);
+}
+
+/* --attn-precision fp8 on CUDA is refused by default (cuDNN's fp8 SDPA is intermittently wrong: NOTES.md), with
+ * the reason in the error, and accepted with DITRUN_FP8_ATTN_UNSAFE=1. */
+static void cuda_fp8_attention_off(void) {
+    char model[512];
+    snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
+    for (int unsafe = 0; unsafe < 2; unsafe++) {
+        if (unsafe) setenv("DITRUN_FP8_ATTN_UNSAFE", "1", 1);
+        dt_backend_opts o = {0};
+        o.attn_precision = DT_PREC_FP8;
+        dt_backend *be = dt_backend_cuda_create(&o);
+        unsetenv("DITRUN_FP8_ATTN_UNSAFE");
+        if (!be) { T_FAIL("cuda fp8 attention off", "%s", dt_last_error()); return; }
+        flux2_model *m = flux2_load(be, model);
+        if (!unsafe)
+            T_CHECK("cuda --attn-precision fp8 refused by default, with the reason", !m &&
+                    strstr(dt_last_error(), "intermittently wrong"), "%s", m ? "loaded" : dt_last_error());
+        else
+            T_CHECK("cuda --attn-precision fp8 accepted with DITRUN_FP8_ATTN_UNSAFE=1", m != NULL, "%s", dt_last_error());
+        if (m) flux2_free(m);
+        be->destroy(be);
+    }
 }
 
 static void cuda_qpaths(void) {
@@ -343,6 +369,10 @@ int main(void) {
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
     acts_sharing(cpu);
     fixtures_on(cpu, FLUX2_CPU_TOL, "cpu");
+    /* the single blocks' projection as two Linears on row views of the tensor (dense and 4/8-bit rows) */
+    setenv("DITRUN_SB_OVERLAP", "1", 1);
+    fixtures_on(cpu, FLUX2_CPU_TOL, "cpu split projection");
+    unsetenv("DITRUN_SB_OVERLAP");
     resident_text(cpu, "cpu", 0);
     cpu->destroy(cpu);
 
@@ -353,11 +383,15 @@ int main(void) {
         if (!cuda) T_FAIL("cuda backend", "%s", dt_last_error());
         else {
             fixtures_on(cuda, FLUX2_GPU_TOL, "cuda");
+            setenv("DITRUN_SB_OVERLAP", "1", 1);   /* split projection, attention beside the MLP half */
+            fixtures_on(cuda, FLUX2_GPU_TOL, "cuda split projection + overlap");
+            unsetenv("DITRUN_SB_OVERLAP");
             resident_text(cuda, "cuda", 0);
             resident_text(cuda, "cuda", 1);
             cuda->destroy(cuda);
         }
         cuda_qpaths();
+        cuda_fp8_attention_off();
         cuda_graph_replay();
         cuda_two_queues();
     } else if (t_require_gpu_env()) {

@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -309,6 +309,7 @@ if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error v
 fi
 
 if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timings, forwards, error, bench arm
+    export DITRUN_FP8_ATTN_UNSAFE=1   # off by default on CUDA (NOTES.md: intermittently wrong); measured here
     DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=sdpa8 DITRUN_CUDNN_DEBUG=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr \
         timeout 200 ./build/tests/test_gpu_ops > "$OUT/gpu_fp8attn.log" 2>&1
     log "fp8 attention op tests rc=$?"
@@ -349,6 +350,37 @@ if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timing
         --arms attention --json "$OUT/bench_fp8a.jsonl" > "$OUT/bench_fp8a.md" 2> "$OUT/bench_fp8a.err"
     log "bench fp8 linears+attention rc=$?"
     grep -E "attn-fp8|flux2_forward|replica|^\| (fused|attention|elementwise)|Floor" "$OUT/bench_fp8a.md" | tee -a "$OUT/summary.txt"
+    unset DITRUN_FP8_ATTN_UNSAFE
+fi
+
+if has f8rep; then  # repeated fp8 attention calls on the same inputs: which variant makes every call right
+    for var in ${F8VARS:-X=0 DITRUN_CUDNN_FP8_NOSTATS=1 DITRUN_CUDNN_FP8_WSPAD=1 DITRUN_CUDNN_FP8_PAD=1 X=1 DITRUN_CUDNN_FP8_ORDER=3}; do
+        env $var DITRUN_FP8_ATTN_UNSAFE=1 DITRUN_F8REP_ROUNDS=${F8ROUNDS:-8} DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=f8rep \
+            timeout 120 ./build/tests/test_gpu_ops > "$OUT/f8rep_$var.log" 2>&1
+        log "f8rep $var rc=$?: $(grep -E '^(PASS|FAIL) attention fp8: ' "$OUT/f8rep_$var.log" | sed 's/.*fresh backends all agree//')"
+        grep -E "^# fp8 repeated" "$OUT/f8rep_$var.log" | sed 's/.*backend \([0-9]*\), rel L2 vs bf16:/  \1:/' | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt"
+    done
+fi
+
+if has sbov; then  # single blocks: fused projection (default) vs split + attention beside the MLP half vs split in order
+    prep4
+    [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
+    for i in 1 2 3; do
+        fwd "klein-4B q4 1024^2 fused ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        DITRUN_SB_OVERLAP=1 fwd "klein-4B q4 1024^2 split+overlap ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        DITRUN_SB_OVERLAP=2 fwd "klein-4B q4 1024^2 split in order ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+    done
+    fwd "klein-4B q4 2048^2 fused" "$W/k4q4" "$W/in4_2048.st" 5
+    DITRUN_SB_OVERLAP=1 fwd "klein-4B q4 2048^2 split+overlap" "$W/k4q4" "$W/in4_2048.st" 5
+    DITRUN_SB_OVERLAP=2 fwd "klein-4B q4 2048^2 split in order" "$W/k4q4" "$W/in4_2048.st" 5
+fi
+
+if has benchq; then  # the bench's whole forward and floor with q4 weights: transient (default) vs cached dense
+    for qp in transient cached; do
+        timeout 300 $B bench --preset klein-4b --backend cuda --qpath $qp --only util > "$OUT/bench_$qp.md" 2> "$OUT/bench_$qp.err"
+        log "bench klein-4b q4 --qpath $qp rc=$?"
+        grep -E "bench replica|flux2_forward|Floor|GPU right|backend memory" "$OUT/bench_$qp.md" | tee -a "$OUT/summary.txt"
+    done
 fi
 
 if has krea2; then

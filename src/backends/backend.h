@@ -159,6 +159,8 @@ struct dt_backend {
      * unnormalized exp(S - running max) instead of P (a different rounding of the same values). */
     void (*attention_fp8)(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
                           float scale);
+    /* Why attention_fp8 is NULL on a backend that could have it (NULL: no reason to give), for error messages. */
+    const char *attention_fp8_off;
 
     /* y = act(a) * b elementwise (SwiGLU when act = SILU); b NULL data => y = act(a). y may alias a or b. */
     void (*act_mul)(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);

@@ -38,6 +38,12 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     if (embed && flux2_outer_w_load(&m->lin, m->w, c, &m->ow)) goto fail;
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->c.attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: as flux2_load */
+    if (m->c.attn_fp8 && !be->attention_fp8) {
+        dt_set_error("--attn-precision fp8: the %s backend has no fp8 attention%s%s", be->name,
+                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
+        goto fail;
+    }
+    m->c.sb_overlap = flux2_sb_overlap_wanted(be);
     m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
     for (int i = 0; i < m->nd; i++)   /* flux2.c's loader: the same stacked Q/K/V Linears */
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i].w, &m->db[i].to_qkv_src, &m->db[i].add_qkv_src)) goto fail;
@@ -131,7 +137,7 @@ void bm_pre(bm_model *m) {
 void bm_double_block(bm_model *m, int i, int join) {
     flux2_double_io io = flux2_acts_double(&m->x);
     int last = i + 1 >= m->nd;
-    const dt_linear *next = !last ? m->db[i + 1].w.to_qkv : m->ns > 0 ? m->sb[0].qkv_mlp : NULL;
+    const dt_linear *next = !last ? m->db[i + 1].w.to_qkv : m->ns > 0 ? flux2_single_first(&m->sb[0]) : NULL;
     flux2_double_block(m->be, &m->c, &m->db[i].w, &io, m->n, m->t, i == 0, join, next,
                        last ? (int64_t)m->n + m->t : m->n);
 }
@@ -140,7 +146,7 @@ void bm_double_block(bm_model *m, int i, int join) {
  * and RoPE a rotation-only pass (two passes instead of the model's fused one). */
 void bm_single_op(bm_model *m, int i, int k, int split) {
     flux2_single_io io = flux2_acts_single(&m->x);
-    flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split, i + 1 < m->ns ? m->sb[i + 1].qkv_mlp : NULL);
+    flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split, i + 1 < m->ns ? flux2_single_first(&m->sb[i + 1]) : NULL);
 }
 
 void bm_single_stages(bm_model *m, int i, int last) {
@@ -159,11 +165,13 @@ void bm_final(bm_model *m) {
 void bm_forward(bm_model *m, int nd, int ns) {
     /* as flux2.c: the first block's first projection is prefetched while the embedders run */
     if (m->nd > 0) dt_prefetch(m->be, m->db[0].w.to_qkv, dt_mat_null(), m->n);
-    else if (m->ns > 0) dt_prefetch(m->be, m->sb[0].qkv_mlp, dt_mat_null(), (int64_t)m->n + m->t);
+    else if (m->ns > 0) dt_prefetch(m->be, flux2_single_first(&m->sb[0]), dt_mat_null(), (int64_t)m->n + m->t);
     bm_pre(m);
     int last = (nd < m->nd ? nd : m->nd) - 1;
     for (int i = 0; i <= last; i++) bm_double_block(m, i, i == last);
-    for (int i = 0; i < ns && i < m->ns; i++) bm_single_stages(m, i, BM_ST_FULL);
+    flux2_single_io io = flux2_acts_single(&m->x);
+    for (int i = 0; i < ns && i < m->ns; i++)   /* flux2.c's block function (its queue overlap included) */
+        flux2_single_block(m->be, &m->c, &m->sb[i], &io, i + 1 < m->ns ? flux2_single_first(&m->sb[i + 1]) : NULL);
     bm_final(m);
 }
 

@@ -48,7 +48,7 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
                 have_src = 1;
             }
             dt_linear *l = NULL;
-            if (g->per_single) l = strstr(nm, "to_qkv") ? bm->sb[b].qkv_mlp : bm->sb[b].out;
+            if (g->per_single) l = strstr(nm, "to_qkv") ? bm->sb[b].qkv_mlp : bm->sb[b].out;   /* NULL when split */
             else if (g->per_double) {
                 bm_double *d = &bm->db[b];
                 const char *suf = strchr(strchr(nm, '.') + 1, '.') + 1;

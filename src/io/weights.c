@@ -471,6 +471,21 @@ int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_
     return 0;
 }
 
+dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nrows) {
+    dt_linear_src v = *s;
+    v.out = nrows;
+    if (s->bits == 0) {
+        v.data = (const char *)s->data + (size_t)(r0 * s->in) * dt_dtype_size(s->dtype);
+    } else {
+        const size_t groups = (size_t)(s->in / s->group_size), ses = dt_dtype_size(s->sb_dtype);
+        v.data = (const char *)s->data + (size_t)r0 * (size_t)(s->in * s->bits / 32) * 4;
+        v.scales = (const char *)s->scales + (size_t)r0 * groups * ses;
+        v.biases = (const char *)s->biases + (size_t)r0 * groups * ses;
+    }
+    if (s->bias) v.bias = (const char *)s->bias + (size_t)r0 * dt_dtype_size(s->bias_dtype);
+    return v;
+}
+
 void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst) {
     if (s->bits == 0) {
         size_t es = dt_dtype_size(s->dtype);

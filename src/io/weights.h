@@ -88,6 +88,9 @@ void dt_weights_set_config(dt_weights *w, json *cfg);
  * (st_release_pages; the tensor stays readable). No-op for aligned copies and derived copies. */
 void dt_weights_release(const dt_weights *w, const st_tensor *t);
 
+/* Rows [r0, r0+nrows) of a Linear as a Linear of its own (zero copy: views into s's bytes, bias included). */
+dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nrows);
+
 /* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for dense and affine. */
 void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst);
 

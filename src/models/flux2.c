@@ -160,7 +160,14 @@ int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
     int64_t D = c->hidden, F = c->mlp_hidden;
     char nm[256];
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
-    if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) return -1;
+    if (c->sb_overlap) {   /* two Linears on row views of the one tensor */
+        dt_linear_src src;
+        if (dt_weights_linear(w, nm, 3 * D + 2 * F, D, -1, &src)) return -1;
+        dt_linear_src qkv = dt_linear_src_rows(&src, 0, 3 * D), mlp = dt_linear_src_rows(&src, 3 * D, 2 * F);
+        if (!(out->qkv = dt_linear_set_add(lin, &qkv)) || !(out->mlp_in = dt_linear_set_add(lin, &mlp))) return -1;
+    } else if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) {
+        return -1;
+    }
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
     if (!(out->out = dt_linear_set_load(lin, w, nm, D, D + F, -1))) return -1;
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
@@ -217,8 +224,10 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
 
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     m->c.attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+    m->c.sb_overlap = flux2_sb_overlap_wanted(be);
     if (m->c.attn_fp8 && !be->attention_fp8) {
-        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention", what, be->name);
+        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
+                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
         goto fail;
     }
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
@@ -493,7 +502,12 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
     switch (k) {
     case FLUX2_SB_NORM: be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps); break;
     case FLUX2_SB_PROJ:
-        be->linear(be, io->p, io->a, w->qkv_mlp);
+        if (w->qkv_mlp) {
+            be->linear(be, io->p, io->a, w->qkv_mlp);
+        } else {
+            be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
+            be->linear(be, dt_mat_cols(io->p, 3 * D, 2 * F), io->a, w->mlp_in);
+        }
         /* the output projection's weights and the next block's projection can be made ready during the
          * attention (backends that prefetch; the projection's slot is free once its GEMM has run) */
         dt_prefetch(be, w->out, be->linear_gated_add ? chunk(ms, 2, D) : none, io->s.rows);
@@ -524,6 +538,38 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
         if (!be->linear_gated_add) be->gated_add(be, io->s, chunk(ms, 2, D), io->y);
         break;
     }
+}
+
+int flux2_sb_overlap_wanted(const dt_backend *be) {
+    const char *e = getenv("DITRUN_SB_OVERLAP");
+    if (!e || *e == '0' || !*e) return 0;
+    return *e == '1' && be->stream_switch ? 1 : 2;
+}
+
+void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
+                        const dt_linear *next) {
+    if (!w->qkv || c->sb_overlap != 1) {
+        for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, w, io, k, 0, next);
+        return;
+    }
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    dt_mat none = dt_mat_null(), ms = io->mod_single;
+    flux2_single_op(be, c, w, io, FLUX2_SB_NORM, 0, next);
+    be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
+    /* the output projection's weights ahead (backends that prefetch), while both queues run */
+    dt_prefetch(be, w->out, be->linear_gated_add ? chunk(ms, 2, D) : none, io->s.rows);
+    /* side queue, after Q|K|V: Q/K norm + RoPE and the attention into c[:, :D]; main queue meanwhile: the MLP
+     * half into p[:, 3D:] and its SwiGLU into c[:, D:] (disjoint columns) */
+    dt_on_queue(be, 1, 1);
+    flux2_single_op(be, c, w, io, FLUX2_SB_QKNORM, 0, next);
+    flux2_single_op(be, c, w, io, FLUX2_SB_ATTN, 0, next);
+    dt_on_queue(be, 0, 0);
+    be->linear(be, dt_mat_cols(io->p, 3 * D, 2 * F), io->a, w->mlp_in);
+    dt_prefetch(be, next, none, io->s.rows);
+    flux2_single_op(be, c, w, io, FLUX2_SB_ACT, 0, next);
+    dt_on_queue(be, 0, 1);   /* the output projection reads both halves of c */
+    flux2_single_op(be, c, w, io, FLUX2_SB_OUT, 0, next);
+    flux2_single_op(be, c, w, io, FLUX2_SB_RESID, 0, next);
 }
 
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
@@ -596,11 +642,11 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     flux2_double_io io = flux2_acts_double(x);
     /* the first transient Linear of the first block can be prepared while the embedders run */
     if (c->num_layers > 0) dt_prefetch(be, m->db[0].to_qkv, dt_mat_null(), n);
-    else if (c->num_single_layers > 0) dt_prefetch(be, m->sb[0].qkv_mlp, dt_mat_null(), (int64_t)n + t);
+    else if (c->num_single_layers > 0) dt_prefetch(be, flux2_single_first(&m->sb[0]), dt_mat_null(), (int64_t)n + t);
     flux2_pre(be, &m->o, &oio, n, t);
     for (int i = 0; i < c->num_layers; i++) {
         int last = i == c->num_layers - 1;
-        const dt_linear *next = !last ? m->db[i + 1].to_qkv : c->num_single_layers > 0 ? m->sb[0].qkv_mlp : NULL;
+        const dt_linear *next = !last ? m->db[i + 1].to_qkv : c->num_single_layers > 0 ? flux2_single_first(&m->sb[0]) : NULL;
         flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace, next, last ? (int64_t)n + t : n);
         if (trace) {
             char nm[64];
@@ -612,8 +658,8 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     /* ---- single-stream blocks on the joint stream ---- */
     flux2_single_io sio = flux2_acts_single(x);
     for (int i = 0; i < c->num_single_layers; i++) {
-        const dt_linear *next = i + 1 < c->num_single_layers ? m->sb[i + 1].qkv_mlp : NULL;
-        for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, &m->sb[i], &sio, k, 0, next);
+        const dt_linear *next = i + 1 < c->num_single_layers ? flux2_single_first(&m->sb[i + 1]) : NULL;
+        flux2_single_block(be, c, &m->sb[i], &sio, next);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "single.%d", i);

@@ -836,7 +836,13 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->rmsnorm = dtc_rmsnorm;
     be->head_norm_rope = dtc_head_norm_rope;
     be->attention = dtc_attention;
-    be->attention_fp8 = dtc_attention_fp8;
+    /* cuDNN 9.14's fp8 SDPA returns intermittently wrong outputs on the H200 (NOTES.md, stop 15): off unless asked
+     * for by DITRUN_FP8_ATTN_UNSAFE=1 (measurements) */
+    const char *f8a = getenv("DITRUN_FP8_ATTN_UNSAFE");
+    if (f8a && *f8a == '1') be->attention_fp8 = dtc_attention_fp8;
+    else be->attention_fp8_off = "its only fp8 attention, cuDNN 9.14's fp8 SDPA, gave intermittently wrong outputs on "
+                                 "the H200 (about 1 call in 10, 0.1% to 30x off; NOTES.md), so it is off "
+                                 "(DITRUN_FP8_ATTN_UNSAFE=1 enables it for measurements)";
     be->act_mul = dtc_act_mul;
     be->gated_add = dtc_gated_add;
     be->mul = dtc_mul;
