@@ -142,6 +142,7 @@ struct dnn_plan {
     int hq, hkv, bias, causal;
     int fp8;     /* 1: e4m3 Q/K/V/P with per-tensor scales (the fp8 graph below) */
     int otype;   /* O: 0 bf16, 1 f16, 2 e4m3 (scaled by 448/amax(v)) */
+    int stats_out;  /* 1: the softmax stats (log-sum-exp) a real F32 output [1, hq, Lq, 1] (debug, stop 15) */
     /* value */
     cudnnBackendDescriptor_t plan;  /* nullptr: this key failed to build (not retried) */
     int64_t ws;
@@ -332,7 +333,7 @@ static const char *plan_tag(const dnn_plan *p) {
 /* Tensor unique ids: the real ones go into the variant pack. fp8: the descales of Q, K, V and P, the scales of P
  * and O (device scalars) and the two amax outputs cuDNN's fp8 pattern produces. */
 enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_SCALE, UID_BIAS, UID_NEGINF, UID_DQ, UID_DK, UID_DV, UID_DS, UID_SS, UID_SO,
-       UID_AMAX_S, UID_AMAX_O };
+       UID_AMAX_S, UID_AMAX_O, UID_STATS };
 
 /* Builds and finalizes the execution plan for key p (p->plan / p->ws set on success). with_stats: also compute
  * log(sum) + max into a virtual tensor, as cudnn-frontend's composite softmax does for inference.
@@ -418,7 +419,8 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     ops.push_back(g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, tExp, tSum, "sum"));
     if (with_stats) {
         cudnnBackendDescriptor_t tLog = g_virt(g, vu++, F, rd, rs, "log sum");
-        cudnnBackendDescriptor_t tSt = g_virt(g, vu++, F, rd, rs, "stats");
+        cudnnBackendDescriptor_t tSt = p->stats_out ? g_tensor(g, UID_STATS, F, rd, rs, false, false, "stats")
+                                                    : g_virt(g, vu++, F, rd, rs, "stats");
         ops.push_back(g_pw(g, CUDNN_POINTWISE_LOG, F, tSum, nullptr, nullptr, tLog, -1, "log"));
         ops.push_back(g_pw(g, CUDNN_POINTWISE_ADD, F, tMax, tLog, nullptr, tSt, -1, "stats"));
     }
@@ -673,6 +675,8 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     memset(&key, 0, sizeof key);
     key.Lq = Lq; key.Lk = Lk; key.hd = hd; key.hq = hq; key.hkv = hkv; key.fp8 = 1;
     key.ldq = Dq; key.ldk = Dk; key.ldv = Dk;
+    const char *se = getenv("DITRUN_CUDNN_FP8_STATS");   /* debug (stop 15): the stats as a real output */
+    key.stats_out = se && *se == '1';
     /* O: bf16 straight into o where cuDNN can write it (16-byte aligned rows), else f16 or e4m3 + one conversion */
     dnn_plan *p = nullptr;
     const int direct_ok = o.ld % 8 == 0 && dtc_aligned16(o.data);
@@ -701,7 +705,8 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     /* debug (stop 15): DITRUN_CUDNN_FP8_PAD=1 puts 4 MB of padding before and between the regions */
     const char *padenv = getenv("DITRUN_CUDNN_FP8_PAD");
     const size_t pad = padenv && *padenv == '1' ? ((size_t)4 << 20) : 0;
-    const size_t need = pad + bq + pad + bk + pad + bk + pad + bo + pad + 11 * 16 + pad;
+    const size_t bst = key.stats_out ? up((size_t)(Lq * hq) * 4) : 0;
+    const size_t need = pad + bq + pad + bk + pad + bk + pad + bo + pad + 11 * 16 + pad + bst;
     dtc_scratch *f8 = &c->f8[st->cur_queue ? 1 : 0];
     if (st->capturing && need > f8->size) {
         *why = "its scratch would have to grow during a CUDA-graph capture";
@@ -712,8 +717,8 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     float *sc = (float *)(o16 + bo + pad);
     dtc_attn_fp8_quant(st, dt_mat_cols(q, 0, Dq), dt_mat_cols(k, 0, Dk), dt_mat_cols(v, 0, Dk), q8, k8, v8, sc,
                        key.otype == 2);
-    int64_t uids[13];
-    void *ptrs[13];
+    int64_t uids[14];
+    void *ptrs[14];
     int n = 0;
     uids[n] = UID_Q; ptrs[n++] = q8;
     uids[n] = UID_K; ptrs[n++] = k8;
@@ -728,6 +733,7 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     uids[n] = UID_SO; ptrs[n++] = sc + 8 * 4;
     uids[n] = UID_AMAX_S; ptrs[n++] = sc + 9 * 4;
     uids[n] = UID_AMAX_O; ptrs[n++] = sc + 10 * 4;
+    if (key.stats_out) { uids[n] = UID_STATS; ptrs[n++] = (uint8_t *)sc + 11 * 16 + pad; }
     if (dnn_run(st, c, p, uids, ptrs, n) != 0) {
         *why = "its workspace would have to grow during a CUDA-graph capture";
         return 1;
