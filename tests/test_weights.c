@@ -69,6 +69,21 @@ static int same_tensors(const dt_weights *src, const dt_weights *w) {
     return 1;
 }
 
+/* dt_linear_src_rows: rows [r0, r0+n) as a Linear of its own dequantize exactly as those rows of the original
+ * (dense and 4/8-bit: weights, scales, biases offset together), and its bias starts at row r0. */
+static void check_row_view(const char *name, const dt_linear_src *L, int64_t r0, int64_t n) {
+    dt_linear_src v = dt_linear_src_rows(L, r0, n);
+    float *a = malloc((size_t)(n * L->in) * sizeof(float)), *b = malloc((size_t)(n * L->in) * sizeof(float));
+    dt_linear_src_rows_f32(L, r0, n, a);
+    dt_linear_src_rows_f32(&v, 0, n, b);
+    int bias_ok = !L->bias || v.bias == (const char *)L->bias + (size_t)r0 * dt_dtype_size(L->bias_dtype);
+    T_CHECK(name, v.out == n && v.in == L->in && v.bits == L->bits && bias_ok &&
+            memcmp(a, b, (size_t)(n * L->in) * sizeof(float)) == 0, "out %lld in %lld bias %s, rows %s",
+            (long long)v.out, (long long)v.in, bias_ok ? "ok" : "off",
+            memcmp(a, b, (size_t)(n * L->in) * sizeof(float)) ? "differ" : "agree");
+    free(a); free(b);
+}
+
 int main(void) {
     char path[400], path2[700];
     snprintf(tmp, sizeof tmp, "/tmp/ditrun_wt_XXXXXX");
@@ -99,6 +114,7 @@ int main(void) {
     int r = dt_weights_linear(ref, "single_transformer_blocks.0.attn.to_qkv_mlp_proj", 2304, 256, -1, &L);
     T_CHECK("weights_linear_dense", r == 0 && L.bits == 0 && L.out == 2304 && L.in == 256 && L.dtype == DT_BF16 && !L.bias,
             "%s", dt_last_error());
+    if (r == 0) check_row_view("weights_dense_row_view (the single block's MLP-in rows)", &L, 768, 1536);
     r = dt_weights_linear(ref, "x_embedder", 0, 0, 0, &L);
     T_CHECK("weights_linear_dense_inferred", r == 0 && L.out == 256 && L.in == 32, "%s", dt_last_error());
     r = dt_weights_linear(ref, "x_embedder", 256, 64, 0, &L);
@@ -121,6 +137,7 @@ int main(void) {
     if (vae) {
         r = dt_weights_linear(vae, "decoder.mid_block.attentions.0.to_q", 0, 0, 1, &L);
         T_CHECK("weights_linear_with_bias", r == 0 && L.bias && L.out == 32 && L.in == 32, "%s", dt_last_error());
+        if (r == 0) check_row_view("weights_row_view_with_bias", &L, 8, 16);
         dt_weights_close(vae);
     }
 
@@ -178,6 +195,8 @@ int main(void) {
                 snprintf(name, sizeof name, "weights_%s_rows_subrange", qnames[qi]);
                 T_CHECK(name, memcmp(c, b + 7 * D.in, 3 * (size_t)D.in * sizeof(float)) == 0, "row range differs");
                 free(c);
+                snprintf(name, sizeof name, "weights_%s_row_view (rows 768.. of %s)", qnames[qi], lin_names[li]);
+                check_row_view(name, &Q, 768, Q.out - 768);
             }
             free(a); free(b);
         }
