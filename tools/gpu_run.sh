@@ -362,6 +362,12 @@ if has f8rep; then  # repeated fp8 attention calls on the same inputs: which var
     done
 fi
 
+if has qkctx; then  # the single block's QK norm + RoPE: stride vs the GEMM before it (study_qk_context)
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qkctx timeout 120 ./build/tests/test_gpu_ops > "$OUT/qkctx.log" 2>&1
+    log "qkctx study rc=$?"
+    grep -E "^FAIL|^TIME qk" "$OUT/qkctx.log" | tee -a "$OUT/summary.txt"
+fi
+
 if has sbov; then  # single blocks: fused projection (default) vs split + attention beside the MLP half vs split in order
     prep4
     [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
