@@ -212,8 +212,8 @@ static void cuda_two_queues(void) {
     st_close(fi.io);
 }
 
-/* --attn-precision fp8 on CUDA is refused by default (cuDNN's fp8 SDPA is intermittently wrong: NOTES.md), with
- * the reason in the error, and accepted with DITRUN_FP8_ATTN_UNSAFE=1. */
+/* --attn-precision fp8 on CUDA: accepted with cuDNN >= 9.19, refused with an older one (9.14's fp8 SDPA is
+ * intermittently wrong: NOTES.md) with the reason in the error, accepted with DITRUN_FP8_ATTN_UNSAFE=1. */
 static void cuda_fp8_attention_off(void) {
     char model[512];
     snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
@@ -225,9 +225,13 @@ static void cuda_fp8_attention_off(void) {
         unsetenv("DITRUN_FP8_ATTN_UNSAFE");
         if (!be) { T_FAIL("cuda fp8 attention off", "%s", dt_last_error()); return; }
         flux2_model *m = flux2_load(be, model);
-        if (!unsafe)
-            T_CHECK("cuda --attn-precision fp8 refused by default, with the reason", !m &&
-                    strstr(dt_last_error(), "intermittently wrong"), "%s", m ? "loaded" : dt_last_error());
+        int ver = dt_backend_cuda_cudnn_info(be, NULL);
+        if (!unsafe && ver >= 91900)
+            T_CHECK("cuda --attn-precision fp8 accepted with cuDNN >= 9.19", m != NULL, "%s", dt_last_error());
+        else if (!unsafe)
+            T_CHECK("cuda --attn-precision fp8 refused with cuDNN < 9.19, with the reason", !m &&
+                    strstr(dt_last_error(), "intermittently wrong") && strstr(dt_last_error(), "DITRUN_CUDNN_LIB"), "%s",
+                    m ? "loaded" : dt_last_error());
         else
             T_CHECK("cuda --attn-precision fp8 accepted with DITRUN_FP8_ATTN_UNSAFE=1", m != NULL, "%s", dt_last_error());
         if (m) flux2_free(m);

@@ -309,7 +309,10 @@ if has fp8; then  # --precision fp8: GEMM rates, 1024^2 forward time and error v
 fi
 
 if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timings, forwards, error, bench arm
-    export DITRUN_FP8_ATTN_UNSAFE=1   # off by default on CUDA (NOTES.md: intermittently wrong); measured here
+    # fp8 attention needs cuDNN >= 9.19 (NOTES.md): torch's copy on the device image when the system has 9.14
+    D919=$(dirname "$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 2>/dev/null | head -1)")
+    OLD_LD=$LD_LIBRARY_PATH
+    [ -n "$D919" ] && [ "$D919" != . ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
     DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=sdpa8 DITRUN_CUDNN_DEBUG=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr \
         timeout 200 ./build/tests/test_gpu_ops > "$OUT/gpu_fp8attn.log" 2>&1
     log "fp8 attention op tests rc=$?"
@@ -350,14 +353,16 @@ if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timing
         --arms attention --json "$OUT/bench_fp8a.jsonl" > "$OUT/bench_fp8a.md" 2> "$OUT/bench_fp8a.err"
     log "bench fp8 linears+attention rc=$?"
     grep -E "attn-fp8|flux2_forward|replica|^\| (fused|attention|elementwise)|Floor" "$OUT/bench_fp8a.md" | tee -a "$OUT/summary.txt"
-    unset DITRUN_FP8_ATTN_UNSAFE
+    unset DITRUN_CUDNN_LIB
+    export LD_LIBRARY_PATH=$OLD_LD
 fi
 
 if has f8rep; then  # repeated fp8 attention calls on the same inputs: which variant makes every call right
     for var in ${F8VARS:-X=0 DITRUN_CUDNN_FP8_NOSTATS=1 DITRUN_CUDNN_FP8_WSPAD=1 DITRUN_CUDNN_FP8_PAD=1 X=1 DITRUN_CUDNN_FP8_ORDER=3}; do
-        env $var DITRUN_FP8_ATTN_UNSAFE=1 DITRUN_F8REP_ROUNDS=${F8ROUNDS:-8} DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=f8rep \
+        env $var DITRUN_CUDNN_DEBUG=1 DITRUN_FP8_ATTN_UNSAFE=1 DITRUN_F8REP_ROUNDS=${F8ROUNDS:-8} DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=f8rep \
             timeout 120 ./build/tests/test_gpu_ops > "$OUT/f8rep_$var.log" 2>&1
         log "f8rep $var rc=$?: $(grep -E '^(PASS|FAIL) attention fp8: ' "$OUT/f8rep_$var.log" | sed 's/.*fresh backends all agree//')"
+        grep -E "plan for .*fp8|skipped" "$OUT/f8rep_$var.log" | sort | uniq -c | head -4 | tee -a "$OUT/summary.txt"
         grep -E "^# fp8 repeated" "$OUT/f8rep_$var.log" | sed 's/.*backend \([0-9]*\), rel L2 vs bf16:/  \1:/' | tr '\n' ' ' | tee -a "$OUT/summary.txt"; echo | tee -a "$OUT/summary.txt"
     done
 fi
@@ -366,6 +371,35 @@ if has qkctx; then  # the single block's QK norm + RoPE: stride vs the GEMM befo
     DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=qkctx timeout 120 ./build/tests/test_gpu_ops > "$OUT/qkctx.log" 2>&1
     log "qkctx study rc=$?"
     grep -E "^FAIL|^TIME qk" "$OUT/qkctx.log" | tee -a "$OUT/summary.txt"
+fi
+
+if has cudnn919; then  # cuDNN 9.19 (torch's copy on the device image) vs the system's 9.14: fp8 attention, forwards
+    D=$(dirname "$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 2>/dev/null | head -1)")
+    log "cuDNN 9.19 candidate: ${D:-none}"
+    if [ -n "$D" ]; then
+        c919() { LD_LIBRARY_PATH=$D:$LD_LIBRARY_PATH DITRUN_CUDNN_LIB=$D/libcudnn.so.9 "$@"; }
+        c919 env DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=sdpa8 DITRUN_CUDNN_DEBUG=1 timeout 150 ./build/tests/test_gpu_ops > "$OUT/sdpa8_919.log" 2>&1
+        log "sdpa8 with cuDNN 9.19 rc=$?: $(grep -c ^PASS "$OUT/sdpa8_919.log") passed, $(grep -c ^FAIL "$OUT/sdpa8_919.log") failed; $(grep -m1 'cudnn: loaded' "$OUT/sdpa8_919.log")"
+        grep -E "^FAIL|^TIME|repeated calls.*agree" "$OUT/sdpa8_919.log" | head -12 | tee -a "$OUT/summary.txt"
+        c919 env DITRUN_F8REP_ROUNDS=12 DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=f8rep timeout 100 ./build/tests/test_gpu_ops > "$OUT/f8rep_919.log" 2>&1
+        log "f8rep with cuDNN 9.19: $(grep -E '^(PASS|FAIL) attention fp8' "$OUT/f8rep_919.log")"
+        prep4
+        for px in 2048; do [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null; done
+        for i in 1 2; do
+            fwd "klein-4B q4 1024^2 bf16, cuDNN 9.14 ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+            c919 fwd "klein-4B q4 1024^2 bf16, cuDNN 9.19 ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+            c919 fwd "klein-4B q4 1024^2 attn fp8, cuDNN 9.19 ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --attn-precision fp8
+            c919 fwd "klein-4B q4 1024^2 linears+attn fp8, cuDNN 9.19 ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
+        done
+        fwd "klein-4B q4 2048^2 bf16, cuDNN 9.14" "$W/k4q4" "$W/in4_2048.st" 5
+        c919 fwd "klein-4B q4 2048^2 bf16, cuDNN 9.19" "$W/k4q4" "$W/in4_2048.st" 5
+        c919 fwd "klein-4B q4 2048^2 attn fp8, cuDNN 9.19" "$W/k4q4" "$W/in4_2048.st" 5 --attn-precision fp8
+        for a in "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
+            c919 $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 3 $a --compare-bf16 2>&1 \
+                | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+        done
+        $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 1 --attn-precision fp8 2>&1 | grep -E "error" | cut -c1-300 | tee -a "$OUT/summary.txt"
+    fi
 fi
 
 if has sbov; then  # single blocks: fused projection (default) vs split + attention beside the MLP half vs split in order

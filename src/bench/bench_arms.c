@@ -439,8 +439,8 @@ static void arms_attention(bench_ctx *x) {
     }
 
     if (!be->attention_fp8) {
-        skip_arm(r, "attn-fp8", "bf16", "fp8", be->attention_fp8_off ? "fp8 attention is off on this backend (NOTES.md: "
-                 "intermittently wrong cuDNN fp8 SDPA; DITRUN_FP8_ATTN_UNSAFE=1)" : "this backend has no fp8 attention");
+        skip_arm(r, "attn-fp8", "bf16", "fp8", be->attention_fp8_off ? "fp8 attention is off on this backend (cuDNN < 9.19: "
+                 "intermittently wrong fp8 SDPA; NOTES.md)" : "this backend has no fp8 attention");
     } else {
         /* relative L2 of fp8 vs bf16 over the whole output, for the note */
         size_t n = (size_t)L * D;

@@ -836,13 +836,25 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->rmsnorm = dtc_rmsnorm;
     be->head_norm_rope = dtc_head_norm_rope;
     be->attention = dtc_attention;
-    /* cuDNN 9.14's fp8 SDPA returns intermittently wrong outputs on the H200 (NOTES.md, stop 15): off unless asked
-     * for by DITRUN_FP8_ATTN_UNSAFE=1 (measurements) */
-    const char *f8a = getenv("DITRUN_FP8_ATTN_UNSAFE");
-    if (f8a && *f8a == '1') be->attention_fp8 = dtc_attention_fp8;
-    else be->attention_fp8_off = "its only fp8 attention, cuDNN 9.14's fp8 SDPA, gave intermittently wrong outputs on "
-                                 "the H200 (about 1 call in 10, 0.1% to 30x off; NOTES.md), so it is off "
-                                 "(DITRUN_FP8_ATTN_UNSAFE=1 enables it for measurements)";
+    /* fp8 attention is cuDNN's fp8 SDPA, which 9.14 computes intermittently wrong on the H200 and 9.19 right
+     * (NOTES.md, stop 15): on with cuDNN >= 9.19 (DITRUN_CUDNN_LIB picks the library), else off with the reason;
+     * DITRUN_FP8_ATTN_UNSAFE=1 turns it on anyway (measurements). Probing loads cuDNN now instead of at the first
+     * attention (every model's forward uses it). */
+    {
+        const char *f8a = getenv("DITRUN_FP8_ATTN_UNSAFE");
+        const int ver = dtc_cudnn_version(st);
+        if ((f8a && *f8a == '1') || ver >= 91900) {
+            be->attention_fp8 = dtc_attention_fp8;
+        } else {
+            if (ver)
+                snprintf(st->f8a_off, sizeof st->f8a_off, "it runs on cuDNN's fp8 SDPA, and the loaded cuDNN %d.%d is "
+                         "one that gave intermittently wrong outputs (9.14 on the H200: about 1 call in 10; 9.19 is "
+                         "right; NOTES.md): set DITRUN_CUDNN_LIB to a cuDNN >= 9.19", ver / 10000, ver / 100 % 100);
+            else
+                snprintf(st->f8a_off, sizeof st->f8a_off, "it runs on cuDNN's fp8 SDPA and cuDNN is not loadable");
+            be->attention_fp8_off = st->f8a_off;
+        }
+    }
     be->act_mul = dtc_act_mul;
     be->gated_add = dtc_gated_add;
     be->mul = dtc_mul;

@@ -132,6 +132,7 @@ struct dtc_state {
     int gemm_tune;
     char gemm_cache_path[512];
     char gpu_id[160];       /* device name, cc, SMs, cuBLASLt version: the persisted choices' validity key */
+    char f8a_off[320];      /* why attention_fp8 is off (dt_backend.attention_fp8_off), "" when on */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
     double trace_malloc_ms; /* DITRUN_CUDA_TRACE: print cudaMalloc calls at least this long (0 = off) */
     void *nvml_dev;         /* NVML handle of this device (cuda_power.cu), found on first use */

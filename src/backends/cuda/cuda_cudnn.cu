@@ -451,6 +451,9 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     cudnnBackendDescriptor_t plan = nullptr;
     int64_t ws = 0;
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    /* debug (stop 15): DITRUN_CUDNN_FP8_CFG=N skips the first N engine configs of fp8 graphs (over both lists) */
+    const char *cfgenv = getenv("DITRUN_CUDNN_FP8_CFG");
+    int skip = p->fp8 && cfgenv ? atoi(cfgenv) : 0;
     for (int mi = 0; mi < 2 && !plan && g.err == CUDNN_STATUS_SUCCESS; mi++) {
         dnn_graph h;  /* its own list: configs are destroyed after the plan is made */
         cudnnBackendDescriptor_t heur = g_new(h, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
@@ -477,6 +480,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         else if (got == 0)
             DNN_LOG("heuristics mode %d: no engine for this graph", (int)modes[mi]);
         for (int64_t i = 0; i < got && !plan; i++) {
+            if (skip > 0) { skip--; DNN_LOG("engine config %lld (mode %d) skipped (DITRUN_CUDNN_FP8_CFG)", (long long)i, (int)modes[mi]); continue; }
             cudnnBackendDescriptor_t cfg_i = cfg[i];
             cudnnBackendDescriptor_t pl = nullptr;
             cudnnStatus_t s = g_dnn.CreateDesc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &pl);
