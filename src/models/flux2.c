@@ -542,8 +542,8 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
 
 int flux2_sb_overlap_wanted(const dt_backend *be) {
     const char *e = getenv("DITRUN_SB_OVERLAP");
-    if (!e || *e == '0' || !*e) return 0;
-    return *e == '1' && be->stream_switch ? 1 : 2;
+    if (e && !strcmp(e, "1")) return be->stream_switch ? 1 : 2;
+    return e && !strcmp(e, "2") ? 2 : 0;
 }
 
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
