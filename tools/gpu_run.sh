@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -400,6 +400,16 @@ if has cudnn919; then  # cuDNN 9.19 (torch's copy on the device image) vs the sy
         done
         $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 1 --attn-precision fp8 2>&1 | grep -E "error" | cut -c1-300 | tee -a "$OUT/summary.txt"
     fi
+fi
+
+if has gen919; then  # 4-step generation error of fp8 attention with cuDNN 9.19 (stop 14's 1.34% was measured on 9.14)
+    D=$(dirname "$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 2>/dev/null | head -1)")
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    for a in "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
+        LD_LIBRARY_PATH=$D:$LD_LIBRARY_PATH DITRUN_CUDNN_LIB=$D/libcudnn.so.9 $B generate --backend cuda --model "$W/p4" \
+            -p "a red fox standing in fresh snow, golden hour" -o "$OUT/gen_fp8a.png" --seed 7 $a --compare-bf16 2>&1 \
+            | grep -E "fp8 vs|total|error" | tee -a "$OUT/summary.txt"
+    done
 fi
 
 if has sbov; then  # single blocks: fused projection (default) vs split + attention beside the MLP half vs split in order
