@@ -223,13 +223,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
 
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
-    m->c.attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
-    m->c.sb_overlap = flux2_sb_overlap_wanted(be);
-    if (m->c.attn_fp8 && !be->attention_fp8) {
-        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
-                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
-        goto fail;
-    }
+    if (flux2_runtime_choices(be, &m->c, what)) goto fail;
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;
@@ -540,10 +534,17 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
     }
 }
 
-int flux2_sb_overlap_wanted(const dt_backend *be) {
+int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *what) {
+    c->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+    if (c->attn_fp8 && !be->attention_fp8) {
+        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
+                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
+        return -1;
+    }
     const char *e = getenv("DITRUN_SB_OVERLAP");
-    if (e && !strcmp(e, "1")) return be->stream_switch ? 1 : 2;
-    return e && !strcmp(e, "2") ? 2 : 0;
+    if (e && !strcmp(e, "1")) c->sb_overlap = be->stream_switch ? 1 : 2;
+    else c->sb_overlap = e && !strcmp(e, "2") ? 2 : 0;
+    return 0;
 }
 
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,

@@ -25,8 +25,8 @@ typedef struct {
     float eps;
     int guidance_embeds;    /* must be 0 for klein */
     int attn_fp8;           /* run-time choice, not from config.json: the blocks' attention through the backend's
-                             * attention_fp8 (flux2_load sets it from opts.attn_precision) */
-    int sb_overlap;         /* run-time choice (flux2_sb_overlap_wanted): 0 the single blocks' fused projection; 1 split
+                             * attention_fp8 (flux2_runtime_choices sets it from opts.attn_precision) */
+    int sb_overlap;         /* run-time choice (flux2_runtime_choices): 0 the single blocks' fused projection; 1 split
                              * into Q|K|V and MLP-in with the attention on the side queue beside the MLP half; 2 split,
                              * in order on one queue */
 } flux2_config;
@@ -189,10 +189,12 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
 int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out);
 /* The block's first Linear (a prefetch hint for whatever runs before it). */
 static inline const dt_linear *flux2_single_first(const flux2_single_w *w) { return w->qkv_mlp ? w->qkv_mlp : w->qkv; }
-/* The single blocks' schedule (flux2_config.sb_overlap) from DITRUN_SB_OVERLAP: unset or 0 the fused projection
- * (the default: PERF.md, stop 15), 1 split + the attention beside the MLP half (backends with two queues; others
- * run it in order), 2 split in order. */
-int flux2_sb_overlap_wanted(const dt_backend *be);
+/* The config's run-time choices (flux2_load and the bench's replica, before loading the blocks): attn_fp8 from
+ * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and the single
+ * blocks' schedule sb_overlap from DITRUN_SB_OVERLAP: unset or 0 the fused projection (the default: PERF.md, stop
+ * 15), 1 split + the attention beside the MLP half (backends with two queues; others run it in order), 2 split in
+ * order. */
+int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *what);
 /* Single block w as the model runs it: flux2_single_op's ops in order, or with c->sb_overlap == 1 the Q/K norm and the
  * attention on the side queue while the main queue runs the MLP half (the main queue waits for them before the
  * output projection). next: as flux2_single_op. */

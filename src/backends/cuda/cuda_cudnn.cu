@@ -142,7 +142,6 @@ struct dnn_plan {
     int hq, hkv, bias, causal;
     int fp8;     /* 1: e4m3 Q/K/V/P with per-tensor scales (the fp8 graph below) */
     int otype;   /* O: 0 bf16, 1 f16, 2 e4m3 (scaled by 448/amax(v)) */
-    int stats_out;  /* 1: the softmax stats (log-sum-exp) a real F32 output [1, hq, Lq, 1] (debug, stop 15) */
     /* value */
     cudnnBackendDescriptor_t plan;  /* nullptr: this key failed to build (not retried) */
     int64_t ws;
@@ -333,7 +332,7 @@ static const char *plan_tag(const dnn_plan *p) {
 /* Tensor unique ids: the real ones go into the variant pack. fp8: the descales of Q, K, V and P, the scales of P
  * and O (device scalars) and the two amax outputs cuDNN's fp8 pattern produces. */
 enum { UID_Q = 1, UID_K, UID_V, UID_O, UID_SCALE, UID_BIAS, UID_NEGINF, UID_DQ, UID_DK, UID_DV, UID_DS, UID_SS, UID_SO,
-       UID_AMAX_S, UID_AMAX_O, UID_STATS };
+       UID_AMAX_S, UID_AMAX_O };
 
 /* Builds and finalizes the execution plan for key p (p->plan / p->ws set on success). with_stats: also compute
  * log(sum) + max into a virtual tensor, as cudnn-frontend's composite softmax does for inference.
@@ -419,8 +418,7 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     ops.push_back(g_reduce(g, CUDNN_REDUCE_TENSOR_ADD, tExp, tSum, "sum"));
     if (with_stats) {
         cudnnBackendDescriptor_t tLog = g_virt(g, vu++, F, rd, rs, "log sum");
-        cudnnBackendDescriptor_t tSt = p->stats_out ? g_tensor(g, UID_STATS, F, rd, rs, false, false, "stats")
-                                                    : g_virt(g, vu++, F, rd, rs, "stats");
+        cudnnBackendDescriptor_t tSt = g_virt(g, vu++, F, rd, rs, "stats");
         ops.push_back(g_pw(g, CUDNN_POINTWISE_LOG, F, tSum, nullptr, nullptr, tLog, -1, "log"));
         ops.push_back(g_pw(g, CUDNN_POINTWISE_ADD, F, tMax, tLog, nullptr, tSt, -1, "stats"));
     }
@@ -451,9 +449,6 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
     cudnnBackendDescriptor_t plan = nullptr;
     int64_t ws = 0;
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    /* debug (stop 15): DITRUN_CUDNN_FP8_CFG=N skips the first N engine configs of fp8 graphs (over both lists) */
-    const char *cfgenv = getenv("DITRUN_CUDNN_FP8_CFG");
-    int skip = p->fp8 && cfgenv ? atoi(cfgenv) : 0;
     for (int mi = 0; mi < 2 && !plan && g.err == CUDNN_STATUS_SUCCESS; mi++) {
         dnn_graph h;  /* its own list: configs are destroyed after the plan is made */
         cudnnBackendDescriptor_t heur = g_new(h, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
@@ -480,7 +475,6 @@ static int dnn_build(dtc_cudnn *c, dnn_plan *p, int with_stats) {
         else if (got == 0)
             DNN_LOG("heuristics mode %d: no engine for this graph", (int)modes[mi]);
         for (int64_t i = 0; i < got && !plan; i++) {
-            if (skip > 0) { skip--; DNN_LOG("engine config %lld (mode %d) skipped (DITRUN_CUDNN_FP8_CFG)", (long long)i, (int)modes[mi]); continue; }
             cudnnBackendDescriptor_t cfg_i = cfg[i];
             cudnnBackendDescriptor_t pl = nullptr;
             cudnnStatus_t s = g_dnn.CreateDesc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &pl);
@@ -556,13 +550,10 @@ static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids
     void *ws = nullptr;
     if (p->ws > 0) {
         dtc_scratch *w = &c->ws[st->cur_queue ? 1 : 0];
-        /* debug (stop 15): DITRUN_CUDNN_FP8_WSPAD=1 gives fp8 plans a 64 MB workspace (the plan asks for p->ws) */
-        const char *wp = getenv("DITRUN_CUDNN_FP8_WSPAD");
-        const size_t wsz = p->fp8 && wp && *wp == '1' && (size_t)p->ws < ((size_t)64 << 20) ? ((size_t)64 << 20) : (size_t)p->ws;
-        if (st->capturing && wsz > w->size) return 1;  /* no allocation while capturing */
-        ws = dtc_scratch_get(st, w, wsz);
-        /* debug knob (tests): DITRUN_CUDNN_WS_POISON=1 fills the workspace with 0xff first */
-        const char *poison = getenv("DITRUN_CUDNN_WS_POISON");
+        if (st->capturing && (size_t)p->ws > w->size) return 1;  /* no allocation while capturing */
+        ws = dtc_scratch_get(st, w, (size_t)p->ws);
+        /* fp8 (test knob): DITRUN_CUDNN_WS_POISON=1 fills the workspace with 0xff first (the result must not change) */
+        const char *poison = p->fp8 ? getenv("DITRUN_CUDNN_WS_POISON") : nullptr;
         if (poison && *poison == '1') CK(cudaMemsetAsync(ws, 0xff, (size_t)p->ws, st->q.stream));
     }
     if (c->bound != st->q.stream) {  /* the backend switched queues since the last call */
@@ -577,22 +568,7 @@ static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids
     if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.SetAttr(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.Finalize(vp);
     if (s != CUDNN_STATUS_SUCCESS) dtc_fatal("cuDNN variant pack", __FILE__, __LINE__, dnn_err(s));
-    /* fp8 calls come out wrong intermittently (NOTES.md, stop 15: none of these changed it); debug knob
-     * DITRUN_CUDNN_FP8_ORDER, a bit mask:
-     * 1 stream sync before Execute, 2 stream sync after, 4 device sync after, 8 a 16-byte memset on the stream
-     * before Execute (no kernel right before cuDNN's), 16 the same memset after */
-    static int order = -1;
-    if (order < 0) {
-        const char *e = getenv("DITRUN_CUDNN_FP8_ORDER");
-        order = e ? atoi(e) : 0;
-    }
-    const int dbg = p->fp8 && !st->capturing ? order : 0;
-    if (dbg & 8) CK(cudaMemsetAsync(ptrs[n - 1], 0, 16, st->q.stream));
-    if (dbg & 1) CK(cudaStreamSynchronize(st->q.stream));
-    if (s == CUDNN_STATUS_SUCCESS) s = g_dnn.Execute(c->h, p->plan, vp);
-    if (dbg & 2) CK(cudaStreamSynchronize(st->q.stream));
-    if (dbg & 4) CK(cudaDeviceSynchronize());
-    if (dbg & 16) CK(cudaMemsetAsync(ptrs[n - 1], 0, 16, st->q.stream));
+    s = g_dnn.Execute(c->h, p->plan, vp);
     g_dnn.DestroyDesc(vp);
     if (s != CUDNN_STATUS_SUCCESS) {
         char le[256] = "";
@@ -679,8 +655,6 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     memset(&key, 0, sizeof key);
     key.Lq = Lq; key.Lk = Lk; key.hd = hd; key.hq = hq; key.hkv = hkv; key.fp8 = 1;
     key.ldq = Dq; key.ldk = Dk; key.ldv = Dk;
-    const char *se = getenv("DITRUN_CUDNN_FP8_STATS");   /* debug (stop 15): the stats as a real output */
-    key.stats_out = se && *se == '1';
     /* O: bf16 straight into o where cuDNN can write it (16-byte aligned rows), else f16 or e4m3 + one conversion */
     dnn_plan *p = nullptr;
     const int direct_ok = o.ld % 8 == 0 && dtc_aligned16(o.data);
@@ -706,23 +680,19 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     auto up = [](size_t b) { return (b + 255) & ~(size_t)255; };
     const size_t bq = up((size_t)(Lq * Dq)), bk = up((size_t)(Lk * Dk)),
                  bo = key.otype ? up((size_t)(Lq * Dq) * (key.otype == 1 ? 2 : 1)) : 0;
-    /* debug (stop 15): DITRUN_CUDNN_FP8_PAD=1 puts 4 MB of padding before and between the regions */
-    const char *padenv = getenv("DITRUN_CUDNN_FP8_PAD");
-    const size_t pad = padenv && *padenv == '1' ? ((size_t)4 << 20) : 0;
-    const size_t bst = key.stats_out ? up((size_t)(Lq * hq) * 4) : 0;
-    const size_t need = pad + bq + pad + bk + pad + bk + pad + bo + pad + 11 * 16 + pad + bst;
+    const size_t need = bq + 2 * bk + bo + 11 * 16;
     dtc_scratch *f8 = &c->f8[st->cur_queue ? 1 : 0];
     if (st->capturing && need > f8->size) {
         *why = "its scratch would have to grow during a CUDA-graph capture";
         return 1;
     }
-    uint8_t *base = (uint8_t *)dtc_scratch_get(st, f8, need) + pad;
-    uint8_t *q8 = base, *k8 = q8 + bq + pad, *v8 = k8 + bk + pad, *o16 = v8 + bk + pad;
-    float *sc = (float *)(o16 + bo + pad);
+    uint8_t *base = (uint8_t *)dtc_scratch_get(st, f8, need);
+    uint8_t *q8 = base, *k8 = base + bq, *v8 = base + bq + bk, *o16 = base + bq + 2 * bk;
+    float *sc = (float *)(base + bq + 2 * bk + bo);
     dtc_attn_fp8_quant(st, dt_mat_cols(q, 0, Dq), dt_mat_cols(k, 0, Dk), dt_mat_cols(v, 0, Dk), q8, k8, v8, sc,
                        key.otype == 2);
-    int64_t uids[14];
-    void *ptrs[14];
+    int64_t uids[13];
+    void *ptrs[13];
     int n = 0;
     uids[n] = UID_Q; ptrs[n++] = q8;
     uids[n] = UID_K; ptrs[n++] = k8;
@@ -737,7 +707,6 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     uids[n] = UID_SO; ptrs[n++] = sc + 8 * 4;
     uids[n] = UID_AMAX_S; ptrs[n++] = sc + 9 * 4;
     uids[n] = UID_AMAX_O; ptrs[n++] = sc + 10 * 4;
-    if (key.stats_out) { uids[n] = UID_STATS; ptrs[n++] = (uint8_t *)sc + 11 * 16 + pad; }
     if (dnn_run(st, c, p, uids, ptrs, n) != 0) {
         *why = "its workspace would have to grow during a CUDA-graph capture";
         return 1;
