@@ -318,6 +318,135 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
     free_weights(&w);
 }
 
+/* max |a - b| over n values, its index in *at (NaN anywhere counts as infinite). */
+static double max_abs_diff(const float *a, const float *b, size_t n, size_t *at) {
+    double m = 0;
+    *at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (isnan(d)) d = INFINITY;
+        if (d > m) { m = d; *at = i; }
+    }
+    return m;
+}
+
+/* The fp8 Linears' fused inputs (norm_linear, act_linear_gated; CUDA: the norm / SwiGLU writes the e4m3 codes and
+ * row scales the GEMM reads, the gate folded into the weight scales with the residual as C):
+ * - norm_linear equals the composed ops (layernorm_mod, then linear's quantizing pass) bit for bit: the fused
+ *   kernel quantizes the same bf16 values with the same expressions;
+ * - act_linear_gated equals act_mul + linear_gated_add bit for bit (same codes, same gated GEMM); against the
+ *   two-pass path (DITRUN_FP8_FUSE=0: linear into a scratch, then gated_add, which rounds y and gate·y) and the
+ *   CPU fp8 emulation on the same bf16 activations: the residual's increment within TOL_FP8_EMU;
+ * - timeit: fused vs DITRUN_FP8_FUSE=0, interleaved, median of 15. */
+static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64_t F, int64_t N2, int timeit) {
+    char name[200];
+    const float eps = 1e-6f;
+    const int64_t K2 = lead + F;
+    wsrc w1 = make_weights(N1, D, 0, 0, 0), w2 = make_weights(N2, K2, 4, 64, 0);
+    dt_linear_src s1 = w1.src, s2 = w2.src;
+    s1.precision = s2.precision = DT_PREC_FP8;
+    dt_linear *g1 = G->linear_create(G, &s1), *g2 = G->linear_create(G, &s2);
+    if (!g1 || !g2) { T_FAIL("fp8 fused inputs", "linear_create: %s", dt_last_error()); return; }
+    float *hx = rand_bf((size_t)M * D, -2.f, 2.f);
+    for (int64_t i = 0; i < M * D; i += 89) hx[i] = dt_bf16_round(hx[i] * 8.f);   /* outliers */
+    float *hm = rand_bf((size_t)2 * D, -0.5f, 0.5f);
+    dt_mat x = upa(G, hx, M, D), sh = upa(G, hm, 1, D), sc = upa(G, hm + D, 1, D);
+    dt_mat a1 = upa(G, hx, M, D), a2 = upa(G, hx, M, D);
+    dt_mat y1 = dt_alloc_or_die(G, M, N1, DT_BF16), y2 = dt_alloc_or_die(G, M, N1, DT_BF16);
+    poison(G, y1); poison(G, y2);
+    G->norm_linear(G, y1, x, sh, sc, eps, g1, a1);
+    dt_norm_linear_composed(G, y2, x, sh, sc, eps, g1, a2);
+    float *r1 = down(G, y1), *r2 = down(G, y2);
+    size_t at;
+    double md = max_abs_diff(r1, r2, (size_t)M * N1, &at);
+    snprintf(name, sizeof name, "fp8 norm_linear M=%lld D=%lld N=%lld: fused == layernorm_mod + linear bit for bit",
+             (long long)M, (long long)D, (long long)N1);
+    T_CHECK(name, md == 0, "max |diff| %g at [%zu, %zu]: fused %g, composed %g", md, at / (size_t)N1, at % (size_t)N1,
+            r1[at], r2[at]);
+    {   /* the CPU fp8 Linear on the GPU's normalized rows (the same bf16 values): the GEMM part */
+        float *ha = down(G, a2);
+        int64_t ns;
+        float *ref = cpu_linear_subset(ha, M, D, &s1, &ns);
+        float *got = gpu_subset(y1);
+        snprintf(name, sizeof name, "fp8 norm_linear M=%lld D=%lld N=%lld vs cpu fp8 emulation", (long long)M, (long long)D,
+                 (long long)N1);
+        t_check_rel_l2(name, got, ref, (size_t)ns * N1, TOL_FP8_EMU);
+        free(ha); free(ref); free(got);
+    }
+
+    /* act_linear_gated: c = [lead | SiLU(a) * b], x2 += gate ⊙ (c · W2ᵀ) */
+    float *hc = rand_bf((size_t)M * K2, -2.f, 2.f), *hab = rand_bf((size_t)M * 2 * F, -3.f, 3.f);
+    float *hr = rand_bf((size_t)M * N2, -0.5f, 0.5f), *hg = rand_bf((size_t)N2, 0.5f, 1.5f);
+    dt_mat c1 = upa(G, hc, M, K2), c2 = upa(G, hc, M, K2), c3 = upa(G, hc, M, K2), ab = upa(G, hab, M, 2 * F);
+    dt_mat av = dt_mat_cols(ab, 0, F), bv = dt_mat_cols(ab, F, F), gate = upa(G, hg, 1, N2);
+    dt_mat x1 = upa(G, hr, M, N2), x2 = upa(G, hr, M, N2), x3 = upa(G, hr, M, N2);
+    dt_mat ys = dt_alloc_or_die(G, M, N2, DT_BF16);
+    G->act_linear_gated(G, x1, c1, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
+    dt_act_linear_gated_composed(G, x2, c2, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
+    setenv("DITRUN_FP8_FUSE", "0", 1);
+    G->act_linear_gated(G, x3, c3, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
+    unsetenv("DITRUN_FP8_FUSE");
+    float *q1 = down(G, x1), *q2 = down(G, x2), *q3 = down(G, x3);
+    md = max_abs_diff(q1, q2, (size_t)M * N2, &at);
+    snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld: fused == act_mul + linear_gated_add "
+             "bit for bit", (long long)M, (long long)lead, (long long)F, (long long)N2);
+    T_CHECK(name, md == 0, "max |diff| %g at [%zu, %zu]: fused %g, composed %g", md, at / (size_t)N2, at % (size_t)N2,
+            q1[at], q2[at]);
+    {   /* increments of the residual: fused vs two passes, and vs the CPU on the same activations */
+        for (size_t i = 0; i < (size_t)M * N2; i++) { q1[i] -= hr[i]; q3[i] -= hr[i]; }
+        snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld: gate folded vs linear + gated_add",
+                 (long long)M, (long long)lead, (long long)F, (long long)N2);
+        t_check_rel_l2(name, q1, q3, (size_t)M * N2, TOL_FP8_EMU);
+        float *hcc = down(G, c2);   /* [lead | act] as the composed path wrote it (bf16) */
+        int64_t ns;
+        float *ref = cpu_linear_subset(hcc, M, K2, &s2, &ns);
+        int64_t sa = M < SUB_A ? M : SUB_A;
+        float *got = malloc((size_t)ns * N2 * sizeof(float));
+        for (int64_t r = 0; r < ns; r++) {
+            int64_t src = r < sa ? r : M - (ns - r);
+            for (int64_t j = 0; j < N2; j++) {
+                got[r * N2 + j] = q1[src * N2 + j];
+                ref[r * N2 + j] *= hg[j];
+            }
+        }
+        snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld vs cpu fp8 emulation", (long long)M,
+                 (long long)lead, (long long)F, (long long)N2);
+        t_check_rel_l2(name, got, ref, (size_t)ns * N2, TOL_FP8_EMU);
+        free(hcc); free(ref); free(got);
+    }
+    if (timeit) {   /* fused vs DITRUN_FP8_FUSE=0, interleaved */
+        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        double t[2][2][15];
+        for (int i = 0; i < 18; i++) {
+            for (int v = 0; v < 2; v++) {
+                int var = (i + v) % 2;   /* rotated order */
+                if (var) setenv("DITRUN_FP8_FUSE", "0", 1);
+                G->event_record(G, e0);
+                G->norm_linear(G, y1, x, sh, sc, eps, g1, a1);
+                G->event_record(G, e1);
+                float t0 = G->event_elapsed_ms(G, e0, e1);
+                G->event_record(G, e0);
+                G->act_linear_gated(G, x1, c1, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
+                G->event_record(G, e1);
+                float t1 = G->event_elapsed_ms(G, e0, e1);
+                if (var) unsetenv("DITRUN_FP8_FUSE");
+                if (i >= 3) { t[var][0][i - 3] = t0; t[var][1][i - 3] = t1; }
+            }
+        }
+        printf("TIME %-44s %8.4f ms fused, %8.4f ms two ops (M=%lld D=%lld N=%lld)\n", "fp8 norm_linear",
+               median(t[0][0], 15), median(t[1][0], 15), (long long)M, (long long)D, (long long)N1);
+        printf("TIME %-44s %8.4f ms fused, %8.4f ms two ops (M=%lld K=%lld+%lld N=%lld)\n", "fp8 act_linear_gated",
+               median(t[0][1], 15), median(t[1][1], 15), (long long)M, (long long)lead, (long long)F, (long long)N2);
+        G->event_destroy(G, e0); G->event_destroy(G, e1);
+    }
+    free(r1); free(r2); free(q1); free(q2); free(q3);
+    free(hx); free(hm); free(hc); free(hab); free(hr); free(hg);
+    dt_mat all[] = {x, sh, sc, a1, a2, y1, y2, c1, c2, c3, ab, gate, x1, x2, x3, ys};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) G->free(G, &all[i]);
+    G->linear_destroy(G, g1); G->linear_destroy(G, g2);
+    free_weights(&w1); free_weights(&w2);
+}
+
 /* e4m3 edge values through the CUDA fp8 Linear: identity weights (each row's amax 1 -> code 448, scale 1/448) and
  * an activation row whose amax is 448 (scale 1), so y = the e4m3 value of each x (bf16 holds it exactly): 0,
  * subnormals, ties to even, ±448; compared exactly with the CPU emulation (whose conversion test_fp8 checks
@@ -1831,6 +1960,13 @@ int main(void) {
         test_linear_fp8(1, 3072, 18432, 0, 1, 0);      /* one row */
         test_linear_fp8(77, 256, 320, 4, 1, 0);        /* odd M */
         printf("# section fp8 %.1f s\n", dt_now() - ts);
+    }
+    if (RUN("fp8") || RUN("f8fuse")) {
+        double tf = dt_now();
+        test_fp8_fused(4608, 3072, 27648, 3072, 9216, 3072, 1);   /* single block: proj; [attention | SwiGLU] -> out */
+        test_fp8_fused(4096, 3072, 18432, 0, 9216, 3072, 1);      /* double block image stream: ff in / ff out */
+        test_fp8_fused(77, 256, 320, 64, 192, 144, 0);            /* odd M, short rows */
+        printf("# section f8fuse %.1f s\n", dt_now() - tf);
     }
     if (RUN("quant")) {
         double ts = dt_now();

@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -437,6 +437,40 @@ if has benchq; then  # the bench's whole forward and floor with q4 weights: tran
         log "bench klein-4b q4 --qpath $qp rc=$?"
         grep -E "bench replica|flux2_forward|Floor|GPU right|backend memory" "$OUT/bench_$qp.md" | tee -a "$OUT/summary.txt"
     done
+fi
+
+if has f8fuse; then  # --precision fp8: inputs fused into the norm / SwiGLU + gate folded (default) vs DITRUN_FP8_FUSE=0; fast accumulation
+    DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=f8fuse timeout 200 ./build/tests/test_gpu_ops > "$OUT/gpu_f8fuse.log" 2>&1
+    log "f8fuse op tests rc=$?"
+    grep -E "FAIL|TIME|passed" "$OUT/gpu_f8fuse.log" | tee -a "$OUT/summary.txt"
+    DITRUN_REQUIRE_GPU=1 timeout 200 ./build/tests/test_flux2 > "$OUT/gpu_flux2.log" 2>&1
+    log "test_flux2 rc=$?"
+    grep -E "FAIL|fp8|passed" "$OUT/gpu_flux2.log" | tee -a "$OUT/summary.txt"
+    D919=$(cudnn919_dir)
+    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    prep4
+    for round in 1 2 3; do
+        fwd "r$round fp8 fused" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
+        DITRUN_FP8_FUSE=0 fwd "r$round fp8 separate" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
+        DITRUN_FP8_FAST_ACCUM=1 fwd "r$round fp8 fused fast-accum" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
+        fwd "r$round fp8+attn8 fused" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
+        DITRUN_FP8_FUSE=0 fwd "r$round fp8+attn8 separate" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
+        DITRUN_FP8_FAST_ACCUM=1 fwd "r$round fp8+attn8 fused fast-accum" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
+    done
+    for v in "0 1" "1 1" "0 0"; do
+        set -- $v
+        log "errors: DITRUN_FP8_FAST_ACCUM=$1 DITRUN_FP8_FUSE=$2"
+        DITRUN_FP8_FAST_ACCUM=$1 DITRUN_FP8_FUSE=$2 $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" \
+            --repeat 3 --precision fp8 --compare-bf16 2>&1 | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+    done
+    [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
+    fwd "2048^2 fp8+attn8 fused" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8 --attn-precision fp8
+    DITRUN_FP8_FUSE=0 fwd "2048^2 fp8+attn8 separate" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8 --attn-precision fp8
+    timeout 300 $B bench --preset klein-4b --backend cuda --precision fp8 --attn-precision fp8 --only util \
+        > "$OUT/bench_fp8.md" 2> "$OUT/bench_fp8.err"
+    log "bench fp8 rc=$?"
+    grep -E "bench replica|flux2_forward|Floor|GPU right|backend memory|\| (fused|attention|elementwise)" "$OUT/bench_fp8.md" \
+        | tee -a "$OUT/summary.txt"
 fi
 
 if has krea2; then

@@ -31,6 +31,18 @@ dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n) {
     return m;
 }
 
+void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
+                             const dt_linear *w, dt_mat a) {
+    be->layernorm_mod(be, a, x, shift, scale, eps);
+    be->linear(be, y, a, w);
+}
+
+void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                                  const dt_linear *w, dt_mat gate, dt_mat y) {
+    be->act_mul(be, dt_mat_cols(c, lead, c.cols - lead), a, b, act);
+    dt_linear_gated(be, x, c, w, gate, y);
+}
+
 void dt_power_begin(dt_power_acc *a, dt_backend *be, int max) {
     memset(a, 0, sizeof *a);
     dt_power_sample ps;

@@ -129,6 +129,21 @@ struct dt_backend {
      * without the hint; a hint no Linear matches costs only its own work. */
     void (*linear_prefetch)(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
 
+    /* y[M,N] = layernorm_mod(x[M,D], shift, scale, eps) · Wᵀ (+ bias): the norm into a (scratch [M, D], act
+     * dtype), then linear. A backend may feed W without writing a (CUDA, fp8 Linears: the norm writes the e4m3
+     * activation codes and row scales the fp8 GEMM reads, the same values linear would compute from a), so a's
+     * contents are undefined afterwards. Every backend has it (dt_norm_linear_composed: the two ops). */
+    void (*norm_linear)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
+                        const dt_linear *w, dt_mat a);
+
+    /* x[M,N] += gate ⊙ (c[M,K] · Wᵀ) after c[:, lead:] = act(a) ⊙ b (a, b [M, K-lead]; c[:, :lead] as given):
+     * act_mul into c's columns from `lead` on, then dt_linear_gated (gate NULL data: plain add). A backend may
+     * feed W without writing c[:, lead:] (CUDA, fp8 Linears: one pass from c[:, :lead], a and b to the e4m3 codes
+     * and row scales of the whole row), so those columns are undefined afterwards. Every backend has it
+     * (dt_act_linear_gated_composed; y is its scratch [M, N] where linear_gated_add is NULL). */
+    void (*act_linear_gated)(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                             const dt_linear *w, dt_mat gate, dt_mat y);
+
     /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps.
      * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */
     void (*layernorm_mod)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
@@ -258,6 +273,12 @@ static inline void dt_linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_
         be->gated_add(be, x, gate, y);
     }
 }
+
+/* norm_linear and act_linear_gated as two ops each (what every backend does unless it fuses them). */
+void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
+                             const dt_linear *w, dt_mat a);
+void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                                  const dt_linear *w, dt_mat gate, dt_mat y);
 
 /* linear_prefetch where the backend has it (w NULL: nothing). */
 static inline void dt_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {

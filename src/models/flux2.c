@@ -494,9 +494,13 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
     dt_mat none = dt_mat_null(), ms = io->mod_single;
     dt_mat q = dt_mat_cols(io->p, 0, D), kk = dt_mat_cols(io->p, D, D), v = dt_mat_cols(io->p, 2 * D, D);
     switch (k) {
-    case FLUX2_SB_NORM: be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps); break;
+    case FLUX2_SB_NORM:
+        if (!(c->fuse_inputs && w->qkv_mlp)) be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
+        break;
     case FLUX2_SB_PROJ:
-        if (w->qkv_mlp) {
+        if (w->qkv_mlp && c->fuse_inputs) {
+            be->norm_linear(be, io->p, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps, w->qkv_mlp, io->a);
+        } else if (w->qkv_mlp) {
             be->linear(be, io->p, io->a, w->qkv_mlp);
         } else {
             be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
@@ -521,15 +525,19 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
         break;
     case FLUX2_SB_ATTN: block_attention(be, c, dt_mat_cols(io->c, 0, D), q, kk, v); break;
     case FLUX2_SB_ACT:   /* SwiGLU of the MLP half into the second part of c (the concat is a column view) */
-        be->act_mul(be, dt_mat_cols(io->c, D, F), dt_mat_cols(io->p, 3 * D, F), dt_mat_cols(io->p, 3 * D + F, F),
-                    DT_ACT_SILU);
+        if (!c->fuse_inputs)
+            be->act_mul(be, dt_mat_cols(io->c, D, F), dt_mat_cols(io->p, 3 * D, F), dt_mat_cols(io->p, 3 * D + F, F),
+                        DT_ACT_SILU);
         break;
     case FLUX2_SB_OUT:
-        if (be->linear_gated_add) be->linear_gated_add(be, io->s, io->c, w->out, chunk(ms, 2, D));
+        if (c->fuse_inputs)   /* [attention | SwiGLU] -> output projection + gated residual */
+            be->act_linear_gated(be, io->s, io->c, D, dt_mat_cols(io->p, 3 * D, F), dt_mat_cols(io->p, 3 * D + F, F),
+                                 DT_ACT_SILU, w->out, chunk(ms, 2, D), io->y);
+        else if (be->linear_gated_add) be->linear_gated_add(be, io->s, io->c, w->out, chunk(ms, 2, D));
         else be->linear(be, io->y, io->c, w->out);
         break;
     case FLUX2_SB_RESID:
-        if (!be->linear_gated_add) be->gated_add(be, io->s, chunk(ms, 2, D), io->y);
+        if (!c->fuse_inputs && !be->linear_gated_add) be->gated_add(be, io->s, chunk(ms, 2, D), io->y);
         break;
     }
 }
@@ -541,6 +549,8 @@ int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *wha
                      be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
         return -1;
     }
+    const char *fz = getenv("DITRUN_FP8_FUSE");   /* =0: the fp8 Linears' inputs through the separate ops (A/B) */
+    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !(fz && fz[0] == '0');
     const char *e = getenv("DITRUN_SB_OVERLAP");
     if (e && !strcmp(e, "1")) c->sb_overlap = be->stream_switch ? 1 : 2;
     else c->sb_overlap = e && !strcmp(e, "2") ? 2 : 0;
@@ -573,9 +583,32 @@ void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_singl
     flux2_single_op(be, c, w, io, FLUX2_SB_RESID, 0, next);
 }
 
+/* y = layernorm_mod(x) · Wᵀ through a: one backend op when c->fuse_inputs, else the two. */
+static void norm_then_linear(dt_backend *be, const flux2_config *c, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale,
+                             const dt_linear *w, dt_mat a) {
+    if (c->fuse_inputs) {
+        be->norm_linear(be, y, x, shift, scale, c->eps, w, a);
+    } else {
+        be->layernorm_mod(be, a, x, shift, scale, c->eps);
+        be->linear(be, y, a, w);
+    }
+}
+
+/* x += gate ⊙ (SwiGLU(h) · Wᵀ), h = [gate half | up half] [M, 2F], g the SwiGLU's scratch [M, F], y the linear's. */
+static void swiglu_then_linear(dt_backend *be, const flux2_config *c, dt_mat x, dt_mat h, dt_mat g, const dt_linear *w,
+                               dt_mat gate, dt_mat y) {
+    int64_t F = c->mlp_hidden;
+    if (c->fuse_inputs) {
+        be->act_linear_gated(be, x, g, 0, dt_mat_cols(h, 0, F), dt_mat_cols(h, F, F), DT_ACT_SILU, w, gate, y);
+    } else {
+        be->act_mul(be, g, dt_mat_cols(h, 0, F), dt_mat_cols(h, F, F), DT_ACT_SILU);
+        dt_linear_gated(be, x, g, w, gate, y);
+    }
+}
+
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
                         int n, int t, int first, int join, const dt_linear *next, int64_t next_rows) {
-    int64_t D = c->hidden, F = c->mlp_hidden;
+    int64_t D = c->hidden;
     int H = c->heads, hd = c->head_dim;
     float eps = c->eps;
     dt_mat none = dt_mat_null(), mi = io->mod_img, mt = io->mod_txt;
@@ -588,14 +621,12 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
      * attention; the main queue waits for it before each attention (and at the end when joining). */
     if (t > 0) {
         dt_on_queue(be, 1, first);
-        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 0, D), chunk(mt, 1, D), eps);
-        be->linear(be, dt_mat_rows(io->qkv, 0, t), a_txt, w->add_qkv);
+        norm_then_linear(be, c, dt_mat_rows(io->qkv, 0, t), s_txt, chunk(mt, 0, D), chunk(mt, 1, D), w->add_qkv, a_txt);
         be->head_norm_rope(be, dt_mat_rows(io->q, 0, t), H, hd, w->norm_aq, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, dt_mat_rows(io->k, 0, t), H, hd, w->norm_ak, eps, cos_t, sin_t, DT_ROPE_INTERLEAVED);
         dt_on_queue(be, 0, 0);
     }
-    be->layernorm_mod(be, a_img, s_img, chunk(mi, 0, D), chunk(mi, 1, D), eps);
-    be->linear(be, dt_mat_rows(io->qkv, t, n), a_img, w->to_qkv);
+    norm_then_linear(be, c, dt_mat_rows(io->qkv, t, n), s_img, chunk(mi, 0, D), chunk(mi, 1, D), w->to_qkv, a_img);
     /* main-queue weights ahead (backends that prefetch): the output projection and linear_in during the
      * attention, linear_out after the output projection, the next block's first projection after linear_in */
     dt_mat gate_or_none = be->linear_gated_add ? chunk(mi, 2, D) : none;
@@ -611,20 +642,16 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
         dt_mat h_txt = dt_mat_rows(io->h, 0, t), g_txt = dt_mat_rows(io->g, 0, t);
         dt_on_queue(be, 1, 1);          /* after the attention */
         dt_linear_gated(be, s_txt, dt_mat_rows(io->o, 0, t), w->to_add_out, chunk(mt, 2, D), y_txt);
-        be->layernorm_mod(be, a_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), eps);
-        be->linear(be, h_txt, a_txt, w->ffc_in);
-        be->act_mul(be, g_txt, dt_mat_cols(h_txt, 0, F), dt_mat_cols(h_txt, F, F), DT_ACT_SILU);
-        dt_linear_gated(be, s_txt, g_txt, w->ffc_out, chunk(mt, 5, D), y_txt);
+        norm_then_linear(be, c, h_txt, s_txt, chunk(mt, 3, D), chunk(mt, 4, D), w->ffc_in, a_txt);
+        swiglu_then_linear(be, c, s_txt, h_txt, g_txt, w->ffc_out, chunk(mt, 5, D), y_txt);
         dt_on_queue(be, 0, 0);
     }
     dt_linear_gated(be, s_img, dt_mat_rows(io->o, t, n), w->to_out, chunk(mi, 2, D), y_img);
     dt_prefetch(be, w->ff_out, be->linear_gated_add ? chunk(mi, 5, D) : none, n);
     dt_mat h_img = dt_mat_rows(io->h, t, n), g_img = dt_mat_rows(io->g, t, n);
-    be->layernorm_mod(be, a_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), eps);
-    be->linear(be, h_img, a_img, w->ff_in);
+    norm_then_linear(be, c, h_img, s_img, chunk(mi, 3, D), chunk(mi, 4, D), w->ff_in, a_img);
     dt_prefetch(be, next, none, next_rows);
-    be->act_mul(be, g_img, dt_mat_cols(h_img, 0, F), dt_mat_cols(h_img, F, F), DT_ACT_SILU);
-    dt_linear_gated(be, s_img, g_img, w->ff_out, chunk(mi, 5, D), y_img);
+    swiglu_then_linear(be, c, s_img, h_img, g_img, w->ff_out, chunk(mi, 5, D), y_img);
     if (t > 0 && join) dt_on_queue(be, 0, 1);
 }
 

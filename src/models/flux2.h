@@ -29,6 +29,9 @@ typedef struct {
     int sb_overlap;         /* run-time choice (flux2_runtime_choices): 0 the single blocks' fused projection; 1 split
                              * into Q|K|V and MLP-in with the attention on the side queue beside the MLP half; 2 split,
                              * in order on one queue */
+    int fuse_inputs;        /* run-time choice (flux2_runtime_choices): the Linears fed by a norm or an activation go
+                             * through norm_linear / act_linear_gated (fp8 Linears: no quantizing pass); 0 keeps the
+                             * ops apart (the bf16 ledger times them one by one) */
 } flux2_config;
 
 /* Parse config.json; every missing/invalid field is an error naming `what` (the file). */
@@ -170,12 +173,12 @@ typedef struct {
 
 /* The ops of a single block in order (the bench times cumulative prefixes of them). */
 enum {
-    FLUX2_SB_NORM = 0,  /* adaLN: layernorm_mod */
+    FLUX2_SB_NORM = 0,  /* adaLN: layernorm_mod (with c->fuse_inputs: part of PROJ) */
     FLUX2_SB_PROJ,      /* fused projection GEMM [L, D] -> [L, 3D + 2F] */
     FLUX2_SB_QKNORM,    /* per-head RMSNorm of Q and K (+ RoPE unless split) */
     FLUX2_SB_ROPE,      /* split only: the rotation as its own pass */
     FLUX2_SB_ATTN,      /* attention */
-    FLUX2_SB_ACT,       /* SwiGLU */
+    FLUX2_SB_ACT,       /* SwiGLU (with c->fuse_inputs: part of OUT) */
     FLUX2_SB_OUT,       /* output GEMM [L, D + F] -> [L, D] (+ the gated residual when the backend fuses it) */
     FLUX2_SB_RESID,     /* gated residual (when not fused) */
     FLUX2_SB_COUNT
@@ -193,7 +196,7 @@ static inline const dt_linear *flux2_single_first(const flux2_single_w *w) { ret
  * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and the single
  * blocks' schedule sb_overlap from DITRUN_SB_OVERLAP: unset or 0 the fused projection (the default: PERF.md, stop
  * 15), 1 split + the attention beside the MLP half (backends with two queues; others run it in order), 2 split in
- * order. */
+ * order; fuse_inputs with --precision fp8 (DITRUN_FP8_FUSE=0: off). */
 int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *what);
 /* Single block w as the model runs it: flux2_single_op's ops in order, or with c->sb_overlap == 1 the Q/K norm and the
  * attention on the side queue while the main queue runs the MLP half (the main queue waits for them before the

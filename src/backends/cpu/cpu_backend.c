@@ -223,6 +223,8 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->conv_destroy = cpu_conv_destroy;
     be->linear = cpu_linear;
     be->layernorm_mod = cpu_layernorm_mod;
+    be->norm_linear = dt_norm_linear_composed;
+    be->act_linear_gated = dt_act_linear_gated_composed;
     be->rmsnorm = cpu_rmsnorm;
     be->head_norm_rope = cpu_head_norm_rope;
     be->attention = cpu_attention;

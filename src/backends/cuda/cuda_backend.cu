@@ -153,7 +153,7 @@ static void scratch_release(dtc_state *st, dtc_scratch *s) {
 
 /* A queue's scratch buffers and workspace (its stream is destroyed last, after the pool). */
 static void queue_release(dtc_state *st, dtc_queue *q) {
-    dtc_scratch *all[] = {&q->s_qdeq, &q->s_split, &q->s_cast, &q->s_gate, &q->s_lga, &q->s_fp8};
+    dtc_scratch *all[] = {&q->s_qdeq, &q->s_split, &q->s_cast, &q->s_gate, &q->s_lga, &q->s_fp8, &q->s_fp8g};
     for (dtc_scratch *s : all) scratch_release(st, s);
     if (q->lt_ws) cudaFree(q->lt_ws);
     q->lt_ws = nullptr;
@@ -584,6 +584,18 @@ static void tr_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_lin
     g_tr.real.linear_gated_add(be, x, a, w, g);
     tr_end(be, "linear_gated_add", t0, "M=%lld K=%lld N=%lld", (long long)a.rows, (long long)a.cols, (long long)x.cols);
 }
+static void tr_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat sh, dt_mat sc, float eps, const dt_linear *w,
+                           dt_mat a) {
+    double t0 = tr_begin();
+    g_tr.real.norm_linear(be, y, x, sh, sc, eps, w, a);
+    tr_end(be, "norm_linear", t0, "M=%lld K=%lld N=%lld", (long long)x.rows, (long long)x.cols, (long long)y.cols);
+}
+static void tr_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                                const dt_linear *w, dt_mat g, dt_mat y) {
+    double t0 = tr_begin();
+    g_tr.real.act_linear_gated(be, x, c, lead, a, b, act, w, g, y);
+    tr_end(be, "act_linear_gated", t0, "M=%lld K=%lld N=%lld", (long long)c.rows, (long long)c.cols, (long long)x.cols);
+}
 static void tr_gated_add(dt_backend *be, dt_mat x, dt_mat g, dt_mat y) {
     double t0 = tr_begin();
     g_tr.real.gated_add(be, x, g, y);
@@ -633,6 +645,8 @@ static void trace_install(dt_backend *be) {
     be->act_mul = tr_act_mul;
     be->gated_add = tr_gated_add;
     be->linear_gated_add = tr_linear_gated_add;
+    be->norm_linear = tr_norm_linear;
+    be->act_linear_gated = tr_act_linear_gated;
     be->linear_create = tr_linear_create;
     be->sync = tr_sync;
 }
@@ -831,6 +845,8 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->conv_destroy = dtc_conv_destroy;
     be->linear = dtc_linear;
     be->linear_gated_add = dtc_linear_gated_add;
+    be->norm_linear = dtc_norm_linear;
+    be->act_linear_gated = dtc_act_linear_gated;
     if (st->pf_mode && st->pf_mode != 3) be->linear_prefetch = dtc_linear_prefetch;   /* 3: slots, no hints (study) */
     be->layernorm_mod = dtc_layernorm_mod;
     be->rmsnorm = dtc_rmsnorm;

@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,6 +81,7 @@ struct dtc_queue {
     dtc_scratch s_gate;     /* linear_gated_add: the gate as f32 */
     dtc_scratch s_lga;      /* linear_gated_add fallback: the linear's output */
     dtc_scratch s_fp8;      /* fp8 linear: e4m3 activation codes [M, K] + row scales [M] */
+    dtc_scratch s_fp8g;     /* fp8 linear_gated_add: the weight scales times the gate [N] */
 };
 
 struct dtc_state {
@@ -215,6 +217,15 @@ void dtc_fp8_weight_free(dtc_state *st, dtc_fp8_w *f);
 /* y[M,N] (bf16/f32) = fp8(x[M,K]) · fp8(W)ᵀ (+ bias[N] bf16 or NULL): per-row activation quantization, then
  * one cuBLASLt e4m3 GEMM with outer-vector scales (or an epilogue pass where unsupported). */
 void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias);
+/* The activation scratch of the current queue: codes [M, K] (16-byte aligned) and row scales *sx [M]. */
+uint8_t *dtc_fp8_act_scratch(dtc_state *st, int64_t M, int64_t K, float **sx);
+/* x [M, K] (bf16/f32, any ld) -> codes q [M, K] + row scales sx [M] (fp8_quant_act's pass). */
+void dtc_fp8_quant_into(dtc_state *st, dt_mat x, uint8_t *q, float *sx);
+/* From activation codes xq [M, K] + row scales sx [M] (dtc_fp8_act_scratch's layout): acc = 0: x = xq · Wᵀ (+ bias);
+ * acc = 1: x += gate ⊙ (xq · Wᵀ (+ bias)) (gate [1, N] bf16/f32, NULL data = plain add), in one GEMM where cuBLASLt
+ * takes the gate as weight scales and x as C, else the product into a scratch and gated_add. */
+void dtc_fp8_gemm_q(dt_backend *be, dt_mat x, const uint8_t *xq, const float *sx, const dtc_fp8_w *f,
+                    const __nv_bfloat16 *bias, dt_mat gate, int acc);
 /* The activation quantization pass alone (bench). */
 void dtc_fp8_quant(dt_backend *be, dt_mat x);
 /* How the scales are applied: "outer-vector (cuBLASLt)", "epilogue (...)" or "untested". */
@@ -232,6 +243,10 @@ void dtc_fp8_cache_free(dtc_state *st);
 /* ------------------------------------------------------------------ op entry points (per file) */
 void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
+void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps, const dt_linear *w,
+                     dt_mat a);
+void dtc_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                          const dt_linear *w, dt_mat gate, dt_mat y);
 void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
 /* MLX (scale, bias) pairs of src (BF16/F16/F32) as f32 pairs h[n]; returns 1 when every value is a bf16 value. */
 int dtc_host_scales(const dt_linear_src *src, float2 *h, int64_t n);
@@ -259,6 +274,14 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
                             float scale, const char **why);
 
 void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
+/* The fp8 Linear's activation form (codes q [M, K] row stride K, one scale per row s [M]: fp8_quant_act's layout)
+ * written straight from the producing op, the same codes and scales as the op's bf16 output quantized by
+ * fp8_quant_act (bit for bit). 0 = queued; -1 = this layout or length is not taken (nothing queued).
+ * layernorm_mod of x [M, D] (bf16 or f32 rows of 16-byte vectors): */
+int dtc_layernorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat shift, dt_mat scale, float eps, uint8_t *q, float *s);
+/* rows [lead | act(a) ⊙ b] of K = lead.cols + a.cols (all bf16, 16-byte vectors; lead may have 0 columns; b NULL
+ * data: act(a)): */
+int dtc_act_e4m3(dtc_state *st, dt_mat lead, dt_mat a, dt_mat b, dt_act act, uint8_t *q, float *s);
 void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
 void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps, dt_mat cos, dt_mat sin,
                         dt_rope_mode mode);
@@ -366,6 +389,24 @@ __device__ __forceinline__ float block_reduce(float v, float *sh) {
 }
 __device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce<0>(v, sh); }
 __device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<1>(v, sh); }
+
+/* e4m3 codes as core/fp8.c computes them: one f32 product, RNE, saturating. */
+__device__ __forceinline__ uint8_t f2e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+/* 8 codes e4m3(f[i] * inv) packed for one 8-byte store. */
+__device__ __forceinline__ uint2 e4m3x8(const float *f, float inv) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
+                                               __NV_SATFINITE, __NV_E4M3);
+        uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
+                                               __NV_SATFINITE, __NV_E4M3);
+        w[h] = lo | (hi << 16);
+    }
+    return make_uint2(w[0], w[1]);
+}
 
 /* ---- PTX wrappers (sm_80+) ---- */
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }

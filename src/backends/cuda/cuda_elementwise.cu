@@ -11,6 +11,9 @@
 
 #include "cuda_common.cuh"
 
+/* Row kernels (norms, act_e4m3) keep up to NORM_NV 8-element vectors per thread in registers. */
+#define NORM_NV 4
+
 /* ------------------------------------------------------------------ vector access helpers */
 /* V = 8: 8 consecutive elements (caller guarantees 16-byte alignment); V = 1: one element. */
 template <int V>
@@ -241,6 +244,90 @@ __global__ void k_act_mul16(uint4 *y, int64_t ldy, const uint4 *a, int64_t lda, 
     }
 }
 
+/* One block per row of [lead | act(a) ⊙ b] (K = 8 * nvec columns, the first 8 * lv from lead): the row's bf16
+ * values (act_mul's expression and rounding) kept in registers, their amax, then e4m3 codes q [rows, K] and the
+ * row's scale s (dtc_act_e4m3). Pointers to bf16 rows of 16-byte vectors; ld in elements. */
+template <int ACT, int HAS_B>
+__global__ void k_act_e4m3(const __nv_bfloat16 *lead, int64_t ldl, int64_t lv, const __nv_bfloat16 *a, int64_t lda,
+                           const __nv_bfloat16 *b, int64_t ldb, int64_t nvec, uint8_t *q, float *s) {
+    __shared__ float sh[32];
+    const int64_t r = blockIdx.x;
+    uint4 raw[NORM_NV], rawb[NORM_NV];
+#pragma unroll
+    for (int j = 0; j < NORM_NV; j++) {   /* every load before the math */
+        const int64_t vi = threadIdx.x + (int64_t)j * blockDim.x;
+        if (vi < lv) {
+            raw[j] = __ldg((const uint4 *)(lead + r * ldl + vi * 8));
+        } else if (vi < nvec) {
+            raw[j] = __ldg((const uint4 *)(a + r * lda + (vi - lv) * 8));
+            if (HAS_B) rawb[j] = __ldg((const uint4 *)(b + r * ldb + (vi - lv) * 8));
+        }
+    }
+    float v[NORM_NV][8];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_NV; j++) {
+        const int64_t vi = threadIdx.x + (int64_t)j * blockDim.x;
+        if (vi >= nvec) continue;
+        bf8_to_f(raw[j], v[j]);
+        if (vi >= lv) {
+            float fb[8];
+            if (HAS_B) bf8_to_f(rawb[j], fb);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float t = act_f<ACT>(v[j][i]);
+                v[j][i] = bfr(HAS_B ? bfr(t) * fb[i] : t);   /* as k_act_mul16 stores it */
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[j][i]));
+    }
+    amax = block_max(amax, sh);
+    const float inv = amax > 0.f ? 448.f / amax : 1.f;
+    const int64_t K = nvec * 8;
+#pragma unroll
+    for (int j = 0; j < NORM_NV; j++) {
+        const int64_t vi = threadIdx.x + (int64_t)j * blockDim.x;
+        if (vi < nvec) *(uint2 *)(q + r * K + vi * 8) = e4m3x8(v[j], inv);
+    }
+    if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
+}
+
+template <int ACT>
+static void act_e4m3_t(dtc_state *st, dt_mat lead, dt_mat a, dt_mat b, uint8_t *q, float *s, int threads) {
+    const int64_t lv = lead.cols / 8, nvec = lv + a.cols / 8;
+    const __nv_bfloat16 *lp = (const __nv_bfloat16 *)lead.data;
+    if (b.data)
+        k_act_e4m3<ACT, 1><<<(unsigned)a.rows, threads, 0, st->q.stream>>>(lp, lead.ld, lv, (const __nv_bfloat16 *)a.data,
+                                                                         a.ld, (const __nv_bfloat16 *)b.data, b.ld, nvec,
+                                                                         q, s);
+    else
+        k_act_e4m3<ACT, 0><<<(unsigned)a.rows, threads, 0, st->q.stream>>>(lp, lead.ld, lv, (const __nv_bfloat16 *)a.data,
+                                                                         a.ld, nullptr, 0, nvec, q, s);
+}
+
+int dtc_act_e4m3(dtc_state *st, dt_mat lead, dt_mat a, dt_mat b, dt_act act, uint8_t *q, float *s) {
+    DTC_REQUIRE(!b.data || (b.rows == a.rows && b.cols == a.cols), "act_mul: a/b shape mismatch");
+    DTC_REQUIRE(lead.cols == 0 || lead.rows == a.rows, "act_linear_gated: c has %lld rows, a %lld",
+                (long long)lead.rows, (long long)a.rows);
+    if (a.rows <= 0) return 0;
+    const int64_t nvec = lead.cols / 8 + a.cols / 8;
+    int ok = dtc_vec8_ok(a) && (!b.data || dtc_vec8_ok(b)) && (lead.cols == 0 || dtc_vec8_ok(lead)) &&
+             dtc_aligned16(q) && a.rows < 2147483647LL && a.cols > 0;
+    int64_t t = (nvec + NORM_NV - 1) / NORM_NV;
+    t = (t + 31) / 32 * 32;
+    if (t < 64) t = 64;
+    if (!ok || t > 512) return -1;   /* longer rows: the two-op path */
+    switch (act) {
+    case DT_ACT_SILU: act_e4m3_t<DT_ACT_SILU>(st, lead, a, b, q, s, (int)t); break;
+    case DT_ACT_GELU_TANH: act_e4m3_t<DT_ACT_GELU_TANH>(st, lead, a, b, q, s, (int)t); break;
+    case DT_ACT_GELU_ERF: act_e4m3_t<DT_ACT_GELU_ERF>(st, lead, a, b, q, s, (int)t); break;
+    default: act_e4m3_t<DT_ACT_SIGMOID>(st, lead, a, b, q, s, (int)t); break;
+    }
+    CK_LAUNCH("act_e4m3");
+    return 0;
+}
+
 template <int ACT>
 static void act_mul_t(dtc_state *st, dt_mat y, dt_mat a, dt_mat b) {
     const int has_b = b.data != nullptr;
@@ -352,12 +439,12 @@ void dtc_gated_add(dt_backend *be, dt_mat x, dt_mat gate, dt_mat y) {
 }
 
 /* ------------------------------------------------------------------ row norms */
-/* Row-norm kernels keep up to NV 8-element vectors per thread in registers. */
-#define NORM_NV 4
 
-/* y = LN(x) * (1 + scale) + shift, fp32 stats; vectorised path. */
+/* y = LN(x) * (1 + scale) + shift, fp32 stats; vectorised path. F8: instead of y, the row's bf16 values as e4m3
+ * codes q [rows, cols] (row stride cols) with one scale per row s (dtc_layernorm_mod_e4m3). */
+template <int F8>
 __global__ void k_layernorm_mod_vec(dmat y, dmat x, dmat shift, dmat scale, int has_shift, int has_scale,
-                                    int64_t cols, float eps) {
+                                    int64_t cols, float eps, uint8_t *q8, float *s8) {
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     int nvec = (int)(cols / 8);
@@ -383,7 +470,8 @@ __global__ void k_layernorm_mod_vec(dmat y, dmat x, dmat shift, dmat scale, int 
         }
     }
     float rstd = rsqrtf(block_sum(q, sh) / (float)cols + eps);
-    int rb = y.isbf;
+    int rb = F8 || y.isbf;
+    float amax = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_NV; j++) {
         int vi = threadIdx.x + j * blockDim.x;
@@ -397,10 +485,21 @@ __global__ void k_layernorm_mod_vec(dmat y, dmat x, dmat shift, dmat scale, int 
                 if (rb) n = bfr(n);
                 if (has_scale) { float m1 = 1.f + sc[i]; if (rb) m1 = bfr(m1); n = n * m1; if (rb) n = bfr(n); }
                 if (has_shift) n += sf[i];
+                if (F8) { n = bfr(n); amax = fmaxf(amax, fabsf(n)); }   /* the bf16 value the unfused y holds */
                 v[j][i] = n;
             }
-            stv<8>(y, r, (int64_t)vi * 8, v[j]);
+            if (!F8) stv<8>(y, r, (int64_t)vi * 8, v[j]);
         }
+    }
+    if (F8) {
+        amax = block_max(amax, sh);
+        const float inv = amax > 0.f ? 448.f / amax : 1.f;
+#pragma unroll
+        for (int j = 0; j < NORM_NV; j++) {
+            int vi = threadIdx.x + j * blockDim.x;
+            if (vi < nvec) *(uint2 *)(q8 + r * cols + (int64_t)vi * 8) = e4m3x8(v[j], inv);
+        }
+        if (threadIdx.x == 0) s8[r] = amax > 0.f ? amax / 448.f : 1.f;
     }
 }
 
@@ -451,14 +550,34 @@ void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat 
     int threads = norm_threads(x.cols, &vec);
     DTC_REQUIRE(x.rows < 2147483647LL, "layernorm_mod: too many rows");
     if (vec)
-        k_layernorm_mod_vec<<<(unsigned)x.rows, threads, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
-                                                                         dtc_dm(scale), shift.data != nullptr,
-                                                                         scale.data != nullptr, x.cols, eps);
+        k_layernorm_mod_vec<0><<<(unsigned)x.rows, threads, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
+                                                                            dtc_dm(scale), shift.data != nullptr,
+                                                                            scale.data != nullptr, x.cols, eps,
+                                                                            nullptr, nullptr);
     else
         k_layernorm_mod_gen<<<(unsigned)x.rows, 256, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), dtc_dm(shift),
                                                                      dtc_dm(scale), shift.data != nullptr,
                                                                      scale.data != nullptr, x.cols, eps);
     CK_LAUNCH("layernorm_mod");
+}
+
+int dtc_layernorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat shift, dt_mat scale, float eps, uint8_t *q, float *s) {
+    DTC_REQUIRE(!shift.data || shift.cols == x.cols, "layernorm_mod: shift has %lld columns, x %lld",
+                (long long)shift.cols, (long long)x.cols);
+    DTC_REQUIRE(!scale.data || scale.cols == x.cols, "layernorm_mod: scale has %lld columns, x %lld",
+                (long long)scale.cols, (long long)x.cols);
+    req_float(x, "layernorm_mod", "x");
+    req_float(shift, "layernorm_mod", "shift"); req_float(scale, "layernorm_mod", "scale");
+    if (x.rows <= 0 || x.cols <= 0) return 0;
+    int vec = vec_ok(x) && vec_ok_row(shift) && vec_ok_row(scale) && x.rows < 2147483647LL && dtc_aligned16(q);
+    int threads = norm_threads(x.cols, &vec);
+    if (!vec) return -1;
+    dmat none = {nullptr, 0, 1};
+    k_layernorm_mod_vec<1><<<(unsigned)x.rows, threads, 0, st->q.stream>>>(none, dtc_dm(x), dtc_dm(shift), dtc_dm(scale),
+                                                                        shift.data != nullptr, scale.data != nullptr,
+                                                                        x.cols, eps, q, s);
+    CK_LAUNCH("layernorm_mod_e4m3");
+    return 0;
 }
 
 /* y = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w is an F32 param row (or absent = 1). */
@@ -787,7 +906,9 @@ void dtc_preload_elementwise(dtc_state *st) {
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_SILU, 1>);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_GELU_TANH, 1>);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_GELU_TANH, 0>);
-    dtc_preload_fn((const void *)k_layernorm_mod_vec);
+    dtc_preload_fn((const void *)k_layernorm_mod_vec<0>);
+    dtc_preload_fn((const void *)k_layernorm_mod_vec<1>);
+    dtc_preload_fn((const void *)k_act_e4m3<DT_ACT_SILU, 1>);
     dtc_preload_fn((const void *)k_layernorm_mod_gen);
     dtc_preload_fn((const void *)k_rmsnorm_vec);
     dtc_preload_fn((const void *)k_rmsnorm_gen);

@@ -13,8 +13,6 @@
  * y = acc * sx[row] * sw[col] + bias (mode "epilogue"). Codes and scales are computed with the same f32
  * expressions as core/fp8.c (448/amax by IEEE division, one product, RNE + saturation), so both backends
  * produce identical e4m3 values. */
-#include <cuda_fp8.h>
-
 #include <map>
 #include <tuple>
 
@@ -27,24 +25,7 @@ struct dtc_fp8_w {
 };
 
 /* ------------------------------------------------------------------ conversion kernels */
-__device__ __forceinline__ uint8_t f2e4m3(float v) {
-    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
-
-/* 8 codes e4m3(f[i] * inv) (one f32 product each, RNE, saturating) packed for one 8-byte store. */
-__device__ __forceinline__ uint2 e4m3x8(const float *f, float inv) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h], inv), __fmul_rn(f[4 * h + 1], inv)),
-                                               __NV_SATFINITE, __NV_E4M3);
-        uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[4 * h + 2], inv), __fmul_rn(f[4 * h + 3], inv)),
-                                               __NV_SATFINITE, __NV_E4M3);
-        w[h] = lo | (hi << 16);
-    }
-    return make_uint2(w[0], w[1]);
-}
-
+/* (f2e4m3, e4m3x8: cuda_common.cuh) */
 /* (block_max of non-negative values: cuda_common.cuh; NaNs are skipped by fmaxf) */
 
 /* Exact small-integer -> float (as in cuda_linear.cu). */
@@ -206,17 +187,27 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
 /* ------------------------------------------------------------------ activation quantization */
 /* x [M, K] (bf16/f32, any ld) -> codes [M, K] + scales [M] in the fp8 scratch; returns the codes (scales follow
  * at codes + M*K rounded up to 256 bytes). */
-static uint8_t *fp8_quant_act(dtc_state *st, dt_mat x, float **sx) {
-    const int64_t M = x.rows, K = x.cols;
+uint8_t *dtc_fp8_act_scratch(dtc_state *st, int64_t M, int64_t K, float **sx) {
     size_t qbytes = ((size_t)(M * K) + 255) & ~(size_t)255;
     uint8_t *q = (uint8_t *)dtc_scratch_get(st, &st->q.s_fp8, qbytes + (size_t)M * sizeof(float));
     *sx = (float *)(q + qbytes);
+    return q;
+}
+
+static uint8_t *fp8_quant_act(dtc_state *st, dt_mat x, float **sx) {
+    uint8_t *q = dtc_fp8_act_scratch(st, x.rows, x.cols, sx);
+    dtc_fp8_quant_into(st, x, q, *sx);
+    return q;
+}
+
+void dtc_fp8_quant_into(dtc_state *st, dt_mat x, uint8_t *q, float *sx) {
+    const int64_t M = x.rows, K = x.cols;
     int threads = K >= 8192 ? 256 : 128;
     DTC_REQUIRE(M < 2147483647LL, "fp8 linear: %lld rows", (long long)M);
-    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, *sx);
-    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, *sx);
+    if (M <= 0) return;
+    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, sx);
+    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, sx);
     CK_LAUNCH("fp8_act");
-    return q;
 }
 
 void dtc_fp8_quant(dt_backend *be, dt_mat x) {
@@ -371,11 +362,11 @@ void dtc_attn_fp8_out(dtc_state *st, dt_mat o, const void *src, int64_t lds, int
 
 /* ------------------------------------------------------------------ cuBLASLt fp8 GEMM */
 struct f8_key {
-    int dtd, has_bias, outer, fast, ad;
+    int dtd, has_bias, outer, fast, ad, acc;   /* acc: D = product + D (beta = 1, the gated residual) */
     int64_t m, n, k, ldd;
     bool operator<(const f8_key &o) const {
-        return std::tie(dtd, has_bias, outer, fast, ad, m, n, k, ldd) <
-               std::tie(o.dtd, o.has_bias, o.outer, o.fast, o.ad, o.m, o.n, o.k, o.ldd);
+        return std::tie(dtd, has_bias, outer, fast, ad, acc, m, n, k, ldd) <
+               std::tie(o.dtd, o.has_bias, o.outer, o.fast, o.ad, o.acc, o.m, o.n, o.k, o.ldd);
     }
 };
 struct f8_entry {
@@ -489,26 +480,71 @@ static f8_entry *f8_get(dtc_state *st, const f8_key &key, const void *sw, const 
         f8_entry e;
         int rc = f8_build(st, key, sw, sx, bias, e);
         if (rc) memset(&e, 0, sizeof e);
-        if (key.outer) (rc ? c->n_outer_fail : c->n_outer_ok)++;
+        if (key.outer && !key.acc) (rc ? c->n_outer_fail : c->n_outer_ok)++;
         it = c->m.emplace(key, e).first;
     }
     return it->second.ok ? &it->second : nullptr;
 }
 
-void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias) {
-    DTC_REQUIRE(x.cols == f->K && y.cols == f->N && y.rows == x.rows,
-                "fp8 linear: y[%lld,%lld] = x[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)y.rows,
-                (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)f->N, (long long)f->K);
-    if (x.rows <= 0) return;
-    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
-    float *sx;
-    uint8_t *xq = fp8_quant_act(st, x, &sx);
+/* sw'[n] = sw[n] * gate[n] (gate bf16 or f32): the gate folded into the weights' per-channel scales. */
+__global__ void k_fp8_gate_scale(float *d, const float *sw, const void *gate, int g32, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = g32 ? ((const float *)gate)[i] : __bfloat162float(((const __nv_bfloat16 *)gate)[i]);
+    d[i] = sw[i] * g;
+}
+
+/* x[M,N] += gate ⊙ (xq · Wᵀ) in one GEMM: the gate folded into the weight scales (outer-vector mode), the residual
+ * as C = D = x with beta = 1. 0 = queued; -1 = not available here (no bias allowed, outer-vector scaling and an
+ * algorithm for it needed; nothing queued). The sum is rounded once (the two-op path rounds y, gate·y and x + ..). */
+static int fp8_gemm_gated(dtc_state *st, dt_mat x, const uint8_t *xq, const float *sx, const dtc_fp8_w *f, dt_mat gate) {
+    if (env_fp8_epilogue() || (gate.data && gate.dtype != DT_BF16 && gate.dtype != DT_F32)) return -1;
+    f8_key key;
+    key.dtd = (int)x.dtype;
+    key.fast = env_fp8_fast();
+    key.ad = fp8_align(x.data);
+    key.acc = 1;
+    key.outer = 1;
+    key.has_bias = 0;
+    key.m = f->N;
+    key.n = x.rows;
+    key.k = f->K;
+    key.ldd = x.ld;
+    const float *swp = f->s;
+    if (gate.data) {
+        float *g = (float *)dtc_scratch_get(st, &st->q.s_fp8g, (size_t)f->N * sizeof(float));
+        k_fp8_gate_scale<<<dtc_blocks(f->N, 256), 256, 0, st->q.stream>>>(g, f->s, gate.data, gate.dtype == DT_F32, f->N);
+        CK_LAUNCH("fp8_gate_scale");
+        swp = g;
+    }
+    f8_entry *ep = f8_get(st, key, swp, sx, nullptr);
+    if (!ep) return -1;
+    f8_entry &e = *ep;
+    const void *sxp = sx;
+    CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp, sizeof swp));
+    CKLT(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxp, sizeof sxp));
+    float alpha = 1.f, beta = 1.f;
+    cublasStatus_t rs = cublasLtMatmul(st->lt, e.op, &alpha, f->q, e.la, xq, e.lb, &beta, x.data, e.ld, x.data, e.ld,
+                                       &e.algo, st->q.lt_ws, st->lt_ws_size, st->q.stream);
+    if (rs == CUBLAS_STATUS_SUCCESS) return 0;
+    if (st->verbose)
+        fprintf(stderr, "ditrun: cuda: fp8 GEMM m=%lld n=%lld k=%lld with the residual as C: %s; two passes\n",
+                (long long)key.m, (long long)key.n, (long long)key.k, cublasGetStatusString(rs));
+    f8_entry_free(e);
+    e.ok = 0;
+    return -1;
+}
+
+/* y[M,N] = xq · Wᵀ (+ bias) from activation codes xq [M, K] and row scales sx [M]. */
+static void fp8_gemm(dtc_state *st, dt_mat y, const uint8_t *xq, const float *sx, const dtc_fp8_w *f,
+                     const __nv_bfloat16 *bias) {
     f8_key key;
     key.dtd = (int)y.dtype;
     key.fast = env_fp8_fast();
     key.ad = fp8_align(y.data);
+    key.acc = 0;
     key.m = f->N;
-    key.n = x.rows;
+    key.n = y.rows;
     key.k = f->K;
     key.ldd = y.ld;
     /* the unscaled product, then the epilogue pass (scales and bias) */
@@ -560,6 +596,34 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
     } else if (bias && !key.has_bias) {
         dtc_add_row_bias(st, y, bias);
     }
+}
+
+void dtc_fp8_gemm_q(dt_backend *be, dt_mat x, const uint8_t *xq, const float *sx, const dtc_fp8_w *f,
+                    const __nv_bfloat16 *bias, dt_mat gate, int acc) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(x.cols == f->N, "fp8 linear: output has %lld columns, W %lld rows", (long long)x.cols, (long long)f->N);
+    if (x.rows <= 0) return;
+    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
+    if (!acc) {
+        fp8_gemm(st, x, xq, sx, f, bias);
+        return;
+    }
+    if (!bias && fp8_gemm_gated(st, x, xq, sx, f, gate) == 0) return;
+    void *yp = dtc_scratch_get(st, &st->q.s_lga, (size_t)x.rows * x.cols * 2);
+    dt_mat y = {yp, x.rows, x.cols, x.cols, DT_BF16};
+    fp8_gemm(st, y, xq, sx, f, bias);
+    dtc_gated_add(be, x, gate, y);
+}
+
+void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias) {
+    DTC_REQUIRE(x.cols == f->K && y.cols == f->N && y.rows == x.rows,
+                "fp8 linear: y[%lld,%lld] = x[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)y.rows,
+                (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)f->N, (long long)f->K);
+    if (x.rows <= 0) return;
+    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
+    float *sx;
+    uint8_t *xq = fp8_quant_act(st, x, &sx);
+    fp8_gemm(st, y, xq, sx, f, bias);
 }
 
 /* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */

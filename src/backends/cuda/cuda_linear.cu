@@ -941,6 +941,13 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
 }
 
 /* ------------------------------------------------------------------ linear dispatch */
+/* fp8 Linears take their activations from the producing op (norm_linear, act_linear_gated) and fold the gated
+ * residual into the GEMM; DITRUN_FP8_FUSE=0 turns both off (A/B knob: the quantizing pass and linear + gated_add). */
+static int fp8_fuse_on(void) {
+    const char *e = getenv("DITRUN_FP8_FUSE");
+    return !(e && e[0] == '0');
+}
+
 /* The quantized-weight path for a product of `rows` tokens: the requested one, or (auto) the fused qmm for
  * mat-vec-like sizes and transient dequantization above. CACHED and MIXED Linears leave the packed form at load
  * (dense, or re-laid for the mixed GEMM), so a Linear that kept it under either behaves as auto. */
@@ -1015,6 +1022,14 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
                 (long long)gate.cols, (long long)x.cols);
     if (a.rows <= 0) return;
     const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
+    if (w->f8 && fp8_fuse_on() && (a.dtype == DT_BF16 || a.dtype == DT_F32) && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
+        /* fp8: the gate folded into the weight scales, the residual as the GEMM's C (dtc_fp8_gemm_q) */
+        float *sx;
+        uint8_t *xq = dtc_fp8_act_scratch(st, a.rows, a.cols, &sx);
+        dtc_fp8_quant_into(st, a, xq, sx);
+        dtc_fp8_gemm_q(be, x, xq, sx, w->f8, w->bias, gate, 1);
+        return;
+    }
     if (w->mx.q && !(fo && fo[0] == '0') && a.dtype == DT_BF16 && (x.dtype == DT_BF16 || x.dtype == DT_F32) &&
         (!gate.data || gate.dtype == DT_BF16 || gate.dtype == DT_F32)) {
         /* mixed-input GEMM: bias, gate and the residual add in its epilogue, weights untouched */
@@ -1036,6 +1051,50 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
     dt_mat y = {yp, x.rows, x.cols, x.cols, DT_BF16};
     dtc_linear(be, y, a, w);
     dtc_gated_add(be, x, gate, y);
+}
+
+/* layernorm_mod + linear; for fp8 Linears the norm writes the GEMM's e4m3 activations directly (a not written). */
+void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps, const dt_linear *w,
+                     dt_mat a) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(x.cols == w->in && y.cols == w->out && y.rows == x.rows && a.rows == x.rows && a.cols == x.cols,
+                "norm_linear: y[%lld,%lld] = LN(x[%lld,%lld]) · W[%lld,%lld]ᵀ via a[%lld,%lld]: shape mismatch",
+                (long long)y.rows, (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)w->out,
+                (long long)w->in, (long long)a.rows, (long long)a.cols);
+    if (w->f8 && fp8_fuse_on() && x.rows > 0 && (y.dtype == DT_BF16 || y.dtype == DT_F32)) {
+        float *sx;
+        uint8_t *xq = dtc_fp8_act_scratch(st, x.rows, x.cols, &sx);
+        if (dtc_layernorm_mod_e4m3(st, x, shift, scale, eps, xq, sx) == 0) {
+            dtc_fp8_gemm_q(be, y, xq, sx, w->f8, w->bias, dt_mat_null(), 0);
+            return;
+        }
+    }
+    dtc_layernorm_mod(be, a, x, shift, scale, eps);
+    dtc_linear(be, y, a, w);
+}
+
+/* act_mul into c[:, lead:] + linear_gated_add; for fp8 Linears one pass writes the GEMM's e4m3 activations of
+ * [c[:, :lead] | act(a) ⊙ b] (c[:, lead:] not written). */
+void dtc_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                          const dt_linear *w, dt_mat gate, dt_mat y) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(lead >= 0 && lead <= c.cols && a.cols == c.cols - lead && a.rows == c.rows,
+                "act_linear_gated: c[%lld,%lld] from column %lld and a[%lld,%lld]: shape mismatch", (long long)c.rows,
+                (long long)c.cols, (long long)lead, (long long)a.rows, (long long)a.cols);
+    DTC_REQUIRE(c.cols == w->in && x.cols == w->out && x.rows == c.rows,
+                "act_linear_gated: x[%lld,%lld] += c[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)x.rows,
+                (long long)x.cols, (long long)c.rows, (long long)c.cols, (long long)w->out, (long long)w->in);
+    if (w->f8 && fp8_fuse_on() && c.rows > 0 && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
+        float *sx;
+        uint8_t *xq = dtc_fp8_act_scratch(st, c.rows, c.cols, &sx);
+        if (dtc_act_e4m3(st, dt_mat_cols(c, 0, lead), a, b, act, xq, sx) == 0) {
+            dtc_fp8_gemm_q(be, x, xq, sx, w->f8, w->bias, gate, 1);
+            return;
+        }
+    }
+    dtc_act_mul(be, dt_mat_cols(c, lead, c.cols - lead), a, b, act);
+    dtc_linear_gated_add(be, x, c, w, gate);
+    (void)y;
 }
 
 /* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
