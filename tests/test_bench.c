@@ -299,9 +299,48 @@ static void test_attn_fp8_replica(void) {
     free(r);
 }
 
+/* --precision fp8 --attn-precision fp8, utilization only (CPU emulation, tiny geometry): the blocks' GEMM shapes take
+ * the fp8 Linear as their ceiling, the embedders the bf16 GEMM, and the floor's attention is the fp8 one, so the
+ * floor compares the forward with what its own precision can reach (it once used the bf16 ceilings: "-22%"). */
+static void test_fp8_ceilings(void) {
+    bench_opts o;
+    bench_opts_default(&o);
+    o.preset = "tiny";
+    o.backend = "cpu";
+    o.image_size = 64;
+    o.text_tokens = 8;
+    o.reps = 1;
+    o.warmup = 0;
+    o.l2_mb = 0.5;
+    o.sections = BENCH_UTIL;
+    o.be.precision = DT_PREC_FP8;
+    o.be.attn_precision = DT_PREC_FP8;
+    bench_report *r = calloc(1, sizeof *r);
+    int lvl = dt_log_level;
+    dt_log_level = 0;
+    int rc = bench_run(&o, r);
+    dt_log_level = lvl;
+    if (rc) {
+        T_FAIL("bench --precision fp8 ceilings (cpu, tiny)", "%s", dt_last_error());
+    } else {
+        int blocks = 0, blocks8 = 0, others8 = 0;
+        for (int i = 0; i < r->n_gemm; i++) {
+            int blk = !strncmp(r->gemm[i].name, "single", 6) || !strncmp(r->gemm[i].name, "double", 6);
+            blocks += blk;
+            blocks8 += blk && r->gemm[i].ceil_fp8;
+            others8 += !blk && r->gemm[i].ceil_fp8;
+        }
+        T_CHECK("bench --precision fp8: blocks' GEMM ceilings are fp8 Linears, embedders' bf16, attention fp8",
+                blocks > 0 && blocks8 == blocks && others8 == 0 && r->attn_fp8 && r->attn_iso.n > 0,
+                "%d of %d block shapes fp8, %d other shapes fp8, attention fp8 %d", blocks8, blocks, others8, r->attn_fp8);
+    }
+    free(r);
+}
+
 int main(void) {
     test_interleaved_order();
     test_attn_fp8_replica();
+    test_fp8_ceilings();
     const char *e = getenv("DITRUN_BENCH");
     if (!e || strcmp(e, "1")) {
         T_SKIP("bench suites", "set DITRUN_BENCH=1 to run them (tiny geometry, about a minute on CPU)");

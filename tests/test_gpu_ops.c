@@ -36,6 +36,10 @@
  * against the bf16 Linear (CPU f32 with the same bf16 weights): e4m3 keeps 3 mantissa bits, ~2.6% rms
  *   relative rounding per operand, ~3.7% on the sums (measured 3.4-3.5% in test_fp8): 6e-2. */
 #define TOL_FP8_EMU 4e-3
+/* fp8 Linear with fast accumulation (the CUDA default; the tensor cores' partial sums are not promoted to fp32
+ * every few k-steps, so long sums lose low bits) against the CPU emulation (exact f32 sums): provisional 2e-2
+ * (the accurate mode above keeps 4e-3; measured values are printed with each check). */
+#define TOL_FP8_FAST 2e-2
 #define TOL_FP8_VS_BF16 6e-2
 #define TOL_GEMM 1e-2
 #define TOL_ATTN 1e-2
@@ -257,7 +261,7 @@ static void test_linear_dense(int64_t M, int64_t K, int64_t N, int with_bias, in
  * in both scale modes (cuBLASLt outer-vector scales, and the epilogue pass forced by DITRUN_FP8_SCALES);
  * with timeit: fp8 and bf16 TFLOPS side by side and the activation-quantization pass alone. */
 static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_bias, int timeit) {
-    char base[160], name[220];
+    char base[160], name[400];
     snprintf(base, sizeof base, "linear fp8 (%s) M=%lld K=%lld N=%lld%s", bits ? "from q4 g64" : "from bf16",
              (long long)M, (long long)K, (long long)N, with_bias ? " +bias" : "");
     wsrc w = make_weights(N, K, bits, 64, with_bias);
@@ -272,26 +276,34 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
     int64_t ns;
     float *ref8 = cpu_linear_subset(hx, M, K, &s8, &ns);
     float *refb = cpu_linear_subset(hx, M, K, &w.src, &ns);
-    char env0[64] = "";   /* a DITRUN_FP8_SCALES given to the whole run is restored after the epilogue pass */
+    char env0[64] = "", env1[64] = "";   /* knobs given to the whole run are restored after each mode */
     if (getenv("DITRUN_FP8_SCALES")) snprintf(env0, sizeof env0, "%s", getenv("DITRUN_FP8_SCALES"));
-    for (int mode = 0; mode < 2; mode++) {
-        if (mode) setenv("DITRUN_FP8_SCALES", "epilogue", 1);
+    if (getenv("DITRUN_FP8_FAST_ACCUM")) snprintf(env1, sizeof env1, "%s", getenv("DITRUN_FP8_FAST_ACCUM"));
+    /* modes: 0 default (outer-vector scales, fast accumulation), 1 accurate accumulation, 2 epilogue scales
+     * (accurate) */
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 2) setenv("DITRUN_FP8_SCALES", "epilogue", 1);
+        if (mode >= 1) setenv("DITRUN_FP8_FAST_ACCUM", "0", 1);
         poison(G, y);
         G->linear(G, y, x, g8);
         float *got = gpu_subset(y);
-        const char *mn = mode ? "epilogue scales" : G->fp8_scale_mode ? G->fp8_scale_mode(G) : "?";
-        snprintf(name, sizeof name, "%s [%s] vs cpu fp8 emulation", base, mn);
-        t_check_rel_l2(name, got, ref8, (size_t)ns * N, TOL_FP8_EMU);
-        snprintf(name, sizeof name, "%s [%s] vs bf16 reference", base, mode ? "epilogue" : "default");
+        const char *mn = mode == 2 ? "epilogue scales, accurate accumulation"
+                         : mode == 1 ? "accurate accumulation" : "default: fast accumulation";
+        snprintf(name, sizeof name, "%s [%s; %s] vs cpu fp8 emulation", base, mn,
+                 G->fp8_scale_mode ? G->fp8_scale_mode(G) : "?");
+        t_check_rel_l2(name, got, ref8, (size_t)ns * N, mode ? TOL_FP8_EMU : TOL_FP8_FAST);
+        snprintf(name, sizeof name, "%s [%s] vs bf16 reference", base, mn);
         t_check_rel_l2(name, got, refb, (size_t)ns * N, TOL_FP8_VS_BF16);
         if (timeit) {
-            snprintf(name, sizeof name, "fp8 %s M=%lld K=%lld N=%lld", mode ? "epilogue" : "default", (long long)M,
-                     (long long)K, (long long)N);
+            snprintf(name, sizeof name, "fp8 %s M=%lld K=%lld N=%lld", mode == 2 ? "epilogue" : mode ? "accurate" : "fast",
+                     (long long)M, (long long)K, (long long)N);
             time_linear(name, y, x, g8, M, N, K);
         }
         free(got);
         if (env0[0]) setenv("DITRUN_FP8_SCALES", env0, 1);
         else unsetenv("DITRUN_FP8_SCALES");
+        if (env1[0]) setenv("DITRUN_FP8_FAST_ACCUM", env1, 1);
+        else unsetenv("DITRUN_FP8_FAST_ACCUM");
     }
     if (timeit) {
         snprintf(name, sizeof name, "bf16 M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);

@@ -82,7 +82,9 @@ typedef struct {
     int count;                 /* how many of these GEMMs one forward runs */
     double gflop;              /* one GEMM */
     double inmodel_ms;         /* from the ledger (< 0: not measured in-model) */
-    bench_stat iso, ceil;      /* isolated with the model's weights / dense bf16 random weights, per GEMM */
+    bench_stat iso, ceil;      /* isolated with the model's weights / dense random weights, per GEMM */
+    int ceil_fp8;              /* the ceiling is the fp8 Linear (e4m3 GEMM + its activation pass; the shapes of
+                                * --precision fp8's Linears), else the dense bf16 GEMM */
     bench_stat ceil_sus;       /* the dense ceiling under sustained load (back to back after a heater; the
                                 * power state a forward runs in), per GEMM; n = 0 when not measured */
     int iso_bufs, ceil_bufs;   /* distinct weight buffers rotated */
@@ -130,6 +132,7 @@ typedef struct {
     int n_gemm;
     bench_stat attn_iso, attn_sus;     /* attention alone: bursts (synchronized per call) / sustained */
     int attn_layers;                   /* attention calls per forward (the floor's count) */
+    int attn_fp8;                      /* attn_iso/attn_sus timed the fp8 attention (--attn-precision fp8) */
     double attn_gflop, attn_inmodel_ms;
     bench_stat copy;
     double copy_bytes, copy_gbs;

@@ -53,11 +53,11 @@ void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double
 void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes);
 /* The GPU-state line (nothing when p->n = 0); what = the runs it follows. */
 void bench_md_power(FILE *f, const bench_power *p, const char *what);
-/* Issue 7's floor: every GEMM shape x its count at the dense ceiling plus attn_calls attentions at the isolated
- * rate, from the burst and (when every one was measured) the sustained ceilings, and the timed ms against each;
+/* Issue 7's floor: every GEMM shape x its count at its ceiling (dense bf16, or the fp8 Linear for rows with
+ * ceil_fp8) plus attn_calls attentions at the isolated rate (attn_fp8: of the fp8 attention), from the burst and (when every one was measured) the sustained ceilings, and the timed ms against each;
  * what = the name of the timed thing. Nothing without GEMMs or attention. */
 void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
-                    double ms, const char *what);
+                    int attn_fp8, double ms, const char *what);
 void bench_json_power(FILE *f, const bench_power *p);
 /* The utilization table's GEMM rows as JSON lines (type "gemm"). */
 void bench_json_gemms(FILE *f, const bench_gemm *gemm, int n);
@@ -120,7 +120,8 @@ size_t bench_src_bytes(const dt_linear_src *s);
 void bench_wset_init(bench_wset *ws, dt_backend *be, dt_linear **borrow, int n, const dt_linear_src *src,
                      double target_bytes);
 /* A set of random dense bf16 [N, K] weights reaching target bytes (max 64 copies). */
-void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, double target_bytes, uint64_t seed);
+void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, double target_bytes, uint64_t seed,
+                      dt_precision prec);
 void bench_wset_free(bench_wset *ws);
 /* One timed pass over the set: y = x · Wᵀ for each W; returns ms per GEMM. */
 double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);

@@ -845,7 +845,7 @@ static void time_gemm(k2_ctx *x, const char *name, int64_t K, int64_t N, int cou
     }
     bench_wset iso, ceil_set;
     bench_wset_init(&iso, be, bor, nb, &src, x->rot_bytes);
-    bench_wset_dense(&ceil_set, be, N, K, x->rot_bytes, 1000 + r->n_gemm);
+    bench_wset_dense(&ceil_set, be, N, K, x->rot_bytes, 1000 + r->n_gemm, DT_PREC_BF16);
     double *si = dt_malloc(sizeof(double) * x->reps), *sc = dt_malloc(sizeof(double) * x->reps);
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         double a = bench_wset_time(&iso, &tm, ym, xm);
@@ -1328,7 +1328,7 @@ void bench_krea2_markdown(const bench_k2_report *r, FILE *f) {
                    "sustained = run back to back after a %.0f ms heater (the power state a forward runs in).\n\n",
                 BENCH_HEAT_MS);
         if (r->blocks_dev.n)
-            bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, c->num_layers, r->blocks_dev.med,
+            bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, c->num_layers, 0, r->blocks_dev.med,
                            "Replica's transformer blocks");
     }
     bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);

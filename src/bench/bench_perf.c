@@ -66,12 +66,13 @@ static int shape_linears(bench_ctx *x, const gemm_shape *g, dt_linear **out, int
     return have_src ? n : -1;
 }
 
-/* One attention call (sustained timing). */
-typedef struct { dt_backend *be; dt_mat o, q, k, v; int heads, hd; float scale; } attn_op_ctx;
+/* One attention call (bursts and sustained timing): the model's (fp8 with --attn-precision fp8). */
+typedef struct { dt_backend *be; dt_mat o, q, k, v; int heads, hd, fp8; float scale; } attn_op_ctx;
 static void attn_op(void *ud, int i) {
     (void)i;
     attn_op_ctx *a = ud;
-    a->be->attention(a->be, a->o, a->q, a->k, a->v, a->heads, a->heads, a->hd, a->scale, dt_mat_null(), 0);
+    if (a->fp8) a->be->attention_fp8(a->be, a->o, a->q, a->k, a->v, a->heads, a->heads, a->hd, a->scale);
+    else a->be->attention(a->be, a->o, a->q, a->k, a->v, a->heads, a->heads, a->hd, a->scale, dt_mat_null(), 0);
 }
 
 static void time_shape(bench_ctx *x, const gemm_shape *g) {
@@ -108,9 +109,13 @@ static void time_shape(bench_ctx *x, const gemm_shape *g) {
         }
         bench_wset_init(&iso, be, bor, nb, &src, x->rot_bytes);
     }
-    bench_wset_dense(&ceil_set, be, g->N, g->K, x->rot_bytes, 1000 + r->n_gemm);
+    /* the ceiling in the model's own precision: with --precision fp8 the blocks' Linears are fp8 (e4m3 GEMM + its
+     * activation-quantizing pass), the embedders and proj_out stay bf16 */
+    row->ceil_fp8 = be->opts.precision == DT_PREC_FP8 && (!strncmp(g->name, "single", 6) || !strncmp(g->name, "double", 6));
+    bench_wset_dense(&ceil_set, be, g->N, g->K, x->rot_bytes, 1000 + r->n_gemm,
+                     row->ceil_fp8 ? DT_PREC_FP8 : DT_PREC_BF16);
     double *si = dt_malloc(sizeof(double) * x->reps), *sc = dt_malloc(sizeof(double) * x->reps);
-    for (int rep = -x->warmup; rep < x->reps; rep++) {   /* interleaved: model weights, then dense bf16 */
+    for (int rep = -x->warmup; rep < x->reps; rep++) {   /* interleaved: model weights, then the dense ceiling */
         double a = iso.n ? bench_wset_time(&iso, &tm, ym, xm) : 0;
         double b = bench_wset_time(&ceil_set, &tm, ym, xm);
         if (rep >= 0) { si[rep] = a; sc[rep] = b; }
@@ -148,14 +153,15 @@ static void time_attention(bench_ctx *x) {
     bench_timer_init(&tm, be);
     double *s = dt_malloc(sizeof(double) * x->reps);
     float sc = 1.0f / sqrtf((float)c->head_dim);
+    attn_op_ctx ac = {be, o, q, k, v, c->heads, c->head_dim, x->bm->c.attn_fp8 && be->attention_fp8, sc};
+    r->attn_fp8 = ac.fp8;
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         bench_timer_start(&tm);
-        be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, sc, dt_mat_null(), 0);
+        attn_op(&ac, 0);
         double ms = bench_timer_stop(&tm);
         if (rep >= 0) s[rep] = ms;
     }
     r->attn_iso = bench_stats(s, x->reps);
-    attn_op_ctx ac = {be, o, q, k, v, c->heads, c->head_dim, sc};
     r->attn_sus = bench_time_sustained(be, x->is_cpu, attn_op, &ac, BENCH_HEAT_MS, 2 * x->reps);
     r->attn_layers = c->num_layers + c->num_single_layers;
     free(s);

@@ -51,7 +51,7 @@ void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, do
 void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak) {
     char pk[32];
     fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
-               "dense bf16 ceiling ms | ceiling TFLOPS | sustained ceiling ms (TFLOPS) | isolated speed / ceiling | isolated %% of peak | "
+               "ceiling ms (dense bf16 GEMM; [fp8]: fp8 Linear) | ceiling TFLOPS | sustained ceiling ms (TFLOPS) | isolated speed / ceiling | isolated %% of peak | "
                "rotation (isolated / ceiling) |\n"
                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for (int i = 0; i < n; i++) {
@@ -69,8 +69,8 @@ void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double
         char sus[48] = "-";
         if (g->ceil_sus.n) snprintf(sus, sizeof sus, "%.4f (%.1f)", g->ceil_sus.med, tflops(g->gflop, g->ceil_sus.med));
         peak_pct(peak, g->iso.n ? tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
-        fprintf(f, "| %s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
-                g->name, (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
+        fprintf(f, "| %s%s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
+                g->name, g->ceil_fp8 ? " [fp8]" : "", (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
                 tflops(g->gflop, g->ceil.med), sus, ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
                 g->iso_mb < 2 * l2_mb ? " (cache-resident)" : "");
     }
@@ -91,6 +91,7 @@ void bench_json_gemms(FILE *f, const bench_gemm *gemm, int n) {
         if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
         if (g->iso.n) { bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med)); }
         bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
+        bench_jnum(f, "ceiling_fp8", g->ceil_fp8);
         bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
         bench_jnum(f, "ceiling_mb", g->ceil_mb);
         if (g->ceil_sus.n) { bench_jstat(f, "ceiling_sustained", g->ceil_sus); bench_jnum(f, "ceiling_sustained_tflops", tflops(g->gflop, g->ceil_sus.med)); }
@@ -109,10 +110,11 @@ void bench_json_power(FILE *f, const bench_power *p) {
 }
 
 void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
-                    double ms, const char *what) {
+                    int attn_fp8, double ms, const char *what) {
     double g_b = 0, g_s = 0, g_best = 0;
-    int have_s = attn_sus.n > 0;
+    int have_s = attn_sus.n > 0, n8 = 0;
     for (int i = 0; i < n; i++) {
+        n8 += gemm[i].ceil_fp8;
         g_b += gemm[i].count * gemm[i].ceil.med;
         if (gemm[i].ceil_sus.n) {
             g_s += gemm[i].count * gemm[i].ceil_sus.med;
@@ -123,9 +125,11 @@ void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso,
     }
     if (!n || !attn_iso.n || attn_calls <= 0 || ms <= 0) return;
     double a_b = attn_calls * attn_iso.med, fb = g_b + a_b;
-    fprintf(f, "**Floor from this run's ceilings** (each GEMM shape x its count at the dense bf16 ceiling, plus %d "
-               "attention calls at the isolated rate): bursts %.2f ms (GEMMs %.2f + attention %.2f)",
-            attn_calls, fb, g_b, a_b);
+    fprintf(f, "**Floor from this run's ceilings** (each GEMM shape x its count at %s, plus %d %sattention calls at "
+               "the isolated rate): bursts %.2f ms (GEMMs %.2f + attention %.2f)",
+            n8 ? "its ceiling: the fp8 Linear (e4m3 GEMM incl. its activation pass) for the [fp8] shapes, the dense "
+                 "bf16 GEMM for the others" : "the dense bf16 ceiling",
+            attn_calls, attn_fp8 ? "fp8 " : "", fb, g_b, a_b);
     if (have_s) {
         double a_s = attn_calls * attn_sus.med, fs = g_s + a_s;
         /* a ceiling is the fastest the library went: per shape the better of the two timings (a burst timing taken
@@ -237,7 +241,8 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
         fprintf(f, "\n| other | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | %% of peak |\n|---|---:|---:|---:|---:|---:|\n");
         if (r->attn_iso.n) {
             pct_of_peak(r, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
-            fprintf(f, "| attention (%.2f GFLOP per layer) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_gflop, r->attn_inmodel_ms,
+            fprintf(f, "| attention%s (%.2f GFLOP per layer) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_fp8 ? " fp8" : "",
+                    r->attn_gflop, r->attn_inmodel_ms,
                     tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med, tflops(r->attn_gflop, r->attn_iso.med), pk);
         }
         if (r->attn_sus.n) {
@@ -254,7 +259,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
                    "through the listed distinct buffers; sustained = the dense ceiling or the attention run back to back "
                    "after a %.0f ms heater, events around each call and no synchronization between them: the power "
                    "state a forward runs in.\n\n", BENCH_HEAT_MS);
-        bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, r->attn_layers, r->fwd_dev.med,
+        bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, r->attn_layers, r->attn_fp8, r->fwd_dev.med,
                        "Device-only forward");
     }
     bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);

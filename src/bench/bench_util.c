@@ -290,7 +290,8 @@ void bench_wset_init(bench_wset *ws, dt_backend *be, dt_linear **borrow, int n, 
     ws->mb = total / 1e6;
 }
 
-void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, double target_bytes, uint64_t seed) {
+void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, double target_bytes, uint64_t seed,
+                      dt_precision prec) {
     memset(ws, 0, sizeof *ws);
     ws->be = be;
     size_t ne = (size_t)N * K;
@@ -313,6 +314,7 @@ void bench_wset_dense(bench_wset *ws, dt_backend *be, int64_t N, int64_t K, doub
         src.in = K;
         src.dtype = DT_BF16;
         src.data = w;
+        src.precision = prec;
         wset_create(ws, be, &src);
         total += each;
     }
