@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -471,6 +471,37 @@ if has f8fuse; then  # --precision fp8: inputs fused into the norm / SwiGLU + ga
     log "bench fp8 rc=$?"
     grep -E "bench replica|flux2_forward|Floor|GPU right|backend memory|\| (fused|attention|elementwise)" "$OUT/bench_fp8.md" \
         | tee -a "$OUT/summary.txt"
+fi
+
+if has fin16; then  # stop 16's final numbers: default q4 path, fp8 (fast accumulation default) vs accurate, bench fp8 floor, 4-step error
+    prep4
+    [ -f "$W/in4_512.st" ] || $B synth --preset klein-4b --inputs "$W/in4_512.st" --image-size 512 2>/dev/null
+    [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
+    D919=$(cudnn919_dir)
+    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    for round in 1 2; do
+        fwd "r$round q4 1024^2 (default)" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "r$round q4 1024^2 fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
+        DITRUN_FP8_FAST_ACCUM=0 fwd "r$round q4 1024^2 fp8 accurate accumulation" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
+        fwd "r$round q4 1024^2 fp8 + attn fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8
+        fwd "r$round q4 1024^2 fp8 + attn fp8 graph" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8 --attn-precision fp8 --cuda-graph
+    done
+    fwd "q4 512^2 fp8" "$W/k4q4" "$W/in4_512.st" 20 --precision fp8
+    fwd "q4 2048^2 fp8" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8
+    fwd "q4 2048^2 fp8 + attn fp8" "$W/k4q4" "$W/in4_2048.st" 5 --precision fp8 --attn-precision fp8
+    for a in "--precision fp8" "--precision fp8 --attn-precision fp8"; do
+        $B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_1024.st" --repeat 3 $a --compare-bf16 2>&1 \
+            | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+    done
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    for a in "--precision fp8" "--precision fp8 --attn-precision fp8"; do
+        $B generate --backend cuda --model "$W/p4" -p "a red fox standing in fresh snow, golden hour" -o "$OUT/gen.png" \
+            --seed 7 $a --compare-bf16 2>&1 | grep -E "fp8 vs|total|error" | tee -a "$OUT/summary.txt"
+    done
+    timeout 300 $B bench --preset klein-4b --backend cuda --precision fp8 --attn-precision fp8 --only util \
+        > "$OUT/bench_fp8.md" 2> "$OUT/bench_fp8.err"
+    log "bench fp8 rc=$?"
+    grep -E "bench replica|flux2_forward|Floor|GPU right|backend memory|^\| attention" "$OUT/bench_fp8.md" | tee -a "$OUT/summary.txt"
 fi
 
 if has krea2; then
