@@ -37,9 +37,14 @@
  *   relative rounding per operand, ~3.7% on the sums (measured 3.4-3.5% in test_fp8): 6e-2. */
 #define TOL_FP8_EMU 4e-3
 /* fp8 Linear with fast accumulation (the CUDA default; the tensor cores' partial sums are not promoted to fp32
- * every few k-steps, so long sums lose low bits) against the CPU emulation (exact f32 sums): provisional 2e-2
- * (the accurate mode above keeps 4e-3; measured values are printed with each check). */
-#define TOL_FP8_FAST 2e-2
+ * every few k-steps, so long sums lose low bits) against the CPU emulation (exact f32 sums): measured 1.9e-3 at
+ * K = 3072 growing to 3.0e-3 at K = 12288 (accurate: 1.7e-3 at every K): 6e-3, twice the longest sum's, while one
+ * wrong row scale or code row (>= 1e-1) fails. */
+#define TOL_FP8_FAST 6e-3
+/* The gated residual x += gate ⊙ y through fp8: the increments compared, and x (|x| ~ |gate·y| here) is rounded to
+ * bf16 on each side being compared (~2.2e-3 rms of the increment per rounding; measured 3.0e-3 folded vs two-pass,
+ * 3.4-3.6e-3 vs the CPU, whose x stays f32, with fast accumulation on top): 6e-3. */
+#define TOL_FP8_GATE 6e-3
 #define TOL_FP8_VS_BF16 6e-2
 #define TOL_GEMM 1e-2
 #define TOL_ATTN 1e-2
@@ -348,7 +353,7 @@ static double max_abs_diff(const float *a, const float *b, size_t n, size_t *at)
  *   kernel quantizes the same bf16 values with the same expressions;
  * - act_linear_gated equals act_mul + linear_gated_add bit for bit (same codes, same gated GEMM); against the
  *   two-pass path (DITRUN_FP8_FUSE=0: linear into a scratch, then gated_add, which rounds y and gate·y) and the
- *   CPU fp8 emulation on the same bf16 activations: the residual's increment within TOL_FP8_EMU;
+ *   CPU fp8 emulation on the same bf16 activations: the residual's increment within TOL_FP8_GATE;
  * - timeit: fused vs DITRUN_FP8_FUSE=0, interleaved, median of 15. */
 static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64_t F, int64_t N2, int timeit) {
     char name[200];
@@ -382,7 +387,7 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
         float *got = gpu_subset(y1);
         snprintf(name, sizeof name, "fp8 norm_linear M=%lld D=%lld N=%lld vs cpu fp8 emulation", (long long)M, (long long)D,
                  (long long)N1);
-        t_check_rel_l2(name, got, ref, (size_t)ns * N1, TOL_FP8_EMU);
+        t_check_rel_l2(name, got, ref, (size_t)ns * N1, TOL_FP8_FAST);   /* the default accumulation */
         free(ha); free(ref); free(got);
     }
 
@@ -408,7 +413,7 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
         for (size_t i = 0; i < (size_t)M * N2; i++) { q1[i] -= hr[i]; q3[i] -= hr[i]; }
         snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld: gate folded vs linear + gated_add",
                  (long long)M, (long long)lead, (long long)F, (long long)N2);
-        t_check_rel_l2(name, q1, q3, (size_t)M * N2, TOL_FP8_EMU);
+        t_check_rel_l2(name, q1, q3, (size_t)M * N2, TOL_FP8_GATE);
         float *hcc = down(G, c2);   /* [lead | act] as the composed path wrote it (bf16) */
         int64_t ns;
         float *ref = cpu_linear_subset(hcc, M, K2, &s2, &ns);
@@ -423,7 +428,7 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
         }
         snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld vs cpu fp8 emulation", (long long)M,
                  (long long)lead, (long long)F, (long long)N2);
-        t_check_rel_l2(name, got, ref, (size_t)ns * N2, TOL_FP8_EMU);
+        t_check_rel_l2(name, got, ref, (size_t)ns * N2, TOL_FP8_GATE);
         free(hcc); free(ref); free(got);
     }
     if (timeit) {   /* fused vs DITRUN_FP8_FUSE=0, interleaved */
