@@ -275,7 +275,9 @@ static void test_interleaved_order(void) {
 
 /* --attn-precision fp8 on the CPU (its emulation), tiny geometry, ledger only: the replica's blocks attend in fp8
  * as flux2_load's do (it once ran bf16 attention and differed from flux2_forward), and the report says so. */
-static void test_attn_fp8_replica(void) {
+/* bench_run on the tiny preset on the CPU (64 px, 8 text tokens, one repetition) with the given sections and DiT
+ * precisions, quietly; 0 or -1 (dt_last_error). */
+static int run_tiny_cpu(bench_report *r, unsigned sections, int warmup, dt_precision lin, dt_precision attn) {
     bench_opts o;
     bench_opts_default(&o);
     o.preset = "tiny";
@@ -283,15 +285,21 @@ static void test_attn_fp8_replica(void) {
     o.image_size = 64;
     o.text_tokens = 8;
     o.reps = 1;
-    o.warmup = 1;
+    o.warmup = warmup;
     o.l2_mb = 0.5;
-    o.sections = BENCH_LEDGER;
-    o.be.attn_precision = DT_PREC_FP8;
-    bench_report *r = calloc(1, sizeof *r);
+    o.sections = sections;
+    o.be.precision = lin;
+    o.be.attn_precision = attn;
     int lvl = dt_log_level;
     dt_log_level = 0;
     int rc = bench_run(&o, r);
     dt_log_level = lvl;
+    return rc;
+}
+
+static void test_attn_fp8_replica(void) {
+    bench_report *r = calloc(1, sizeof *r);
+    int rc = run_tiny_cpu(r, BENCH_LEDGER, 1, DT_PREC_BF16, DT_PREC_FP8);
     if (rc) T_FAIL("bench --attn-precision fp8 (cpu, tiny)", "%s", dt_last_error());
     else T_CHECK("bench --attn-precision fp8: replica output = flux2_forward output, precision reported",
                  r->fwd_maxdiff == 0 && r->fwd_absmax > 0 && strstr(r->precision, "attention fp8"),
@@ -303,23 +311,8 @@ static void test_attn_fp8_replica(void) {
  * the fp8 Linear as their ceiling, the embedders the bf16 GEMM, and the floor's attention is the fp8 one, so the
  * floor compares the forward with what its own precision can reach (it once used the bf16 ceilings: "-22%"). */
 static void test_fp8_ceilings(void) {
-    bench_opts o;
-    bench_opts_default(&o);
-    o.preset = "tiny";
-    o.backend = "cpu";
-    o.image_size = 64;
-    o.text_tokens = 8;
-    o.reps = 1;
-    o.warmup = 0;
-    o.l2_mb = 0.5;
-    o.sections = BENCH_UTIL;
-    o.be.precision = DT_PREC_FP8;
-    o.be.attn_precision = DT_PREC_FP8;
     bench_report *r = calloc(1, sizeof *r);
-    int lvl = dt_log_level;
-    dt_log_level = 0;
-    int rc = bench_run(&o, r);
-    dt_log_level = lvl;
+    int rc = run_tiny_cpu(r, BENCH_UTIL, 0, DT_PREC_FP8, DT_PREC_FP8);
     if (rc) {
         T_FAIL("bench --precision fp8 ceilings (cpu, tiny)", "%s", dt_last_error());
     } else {

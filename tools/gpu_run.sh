@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -502,6 +502,27 @@ if has fin16; then  # stop 16's final numbers: default q4 path, fp8 (fast accumu
         > "$OUT/bench_fp8.md" 2> "$OUT/bench_fp8.err"
     log "bench fp8 rc=$?"
     grep -E "bench replica|flux2_forward|Floor|GPU right|backend memory|^\| attention" "$OUT/bench_fp8.md" | tee -a "$OUT/summary.txt"
+fi
+
+if has bounds16; then  # issues 3 and 7 in one run: q4 transient vs cached vs bf16 weights, the bench floor, 9B, 2048^2
+    prep4
+    [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
+    [ -d "$W/k9q4" ] || $B synth --preset klein-9b --bits 4 --group-size 64 --output "$W/k9q4" 2>/dev/null
+    [ -f "$W/in9_1024.st" ] || $B synth --preset klein-9b --inputs "$W/in9_1024.st" --image-size 1024 2>/dev/null
+    for round in 1 2 3; do
+        fwd "r$round q4 1024^2 transient (default)" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "r$round q4 1024^2 cached dense" "$W/k4q4" "$W/in4_1024.st" 20 --qpath cached
+        fwd "r$round bf16 weights 1024^2" "$W/k4bf16" "$W/in4_1024.st" 20
+    done
+    fwd "klein-9B q4 1024^2" "$W/k9q4" "$W/in9_1024.st" 10
+    fwd "klein-4B q4 2048^2" "$W/k4q4" "$W/in4_2048.st" 5
+    timeout 200 $B bench --preset klein-4b --backend cuda --only util > "$OUT/bench_q4.md" 2> "$OUT/bench_q4.err"
+    log "bench q4 1024^2 rc=$?"
+    grep -E "bench replica|flux2_forward|Floor|GPU right|^\| attention" "$OUT/bench_q4.md" | tee -a "$OUT/summary.txt"
+    timeout 240 $B bench --preset klein-4b --backend cuda --only util --image-size 2048 --reps 5 --warmup 1 \
+        > "$OUT/bench_q4_2048.md" 2> "$OUT/bench_q4_2048.err"
+    log "bench q4 2048^2 rc=$?"
+    grep -E "bench replica|flux2_forward|Floor|GPU right|^\| attention" "$OUT/bench_q4_2048.md" | tee -a "$OUT/summary.txt"
 fi
 
 if has krea2; then
