@@ -13,7 +13,9 @@
  *            4-bit dequantization ahead on a low-priority stream vs right before each GEMM);
  *   threads  one single block with 1 CPU thread vs all (CPU backend);
  *   fp8      GEMM with e4m3 weights/activations (--precision fp8's Linear) vs the dense bf16 GEMM at the model's
- *            main shapes, TFLOPS of each and the activation-quantization pass alone (CUDA).
+ *            main shapes, TFLOPS of each and the activation-quantization pass alone (CUDA);
+ *   f8fuse   with --precision fp8: the device-only forward with the fp8 Linears' inputs written by the norm / SwiGLU
+ *            and the gate folded into the GEMM vs separate quantizing passes and linear + gated_add.
  * Isolated arms rotate through distinct buffers so that one timed pass exceeds twice the cache.
  */
 #include <math.h>
@@ -622,6 +624,53 @@ static void arm_prefetch(bench_ctx *x) {
     bench_timer_free(&p.tm);
 }
 
+/* ------------------------------------------------------------------ f8fuse */
+
+/* v = 0: the fp8 Linears quantize their inputs in passes of their own and the gated residual runs as linear +
+ * gated_add (the model's fuse_inputs off, DITRUN_FP8_FUSE=0 for the backend's linear_gated_add); v = 1: the
+ * default of --precision fp8 (norm_linear / act_linear_gated, the gate folded into the GEMM). */
+static void f8fuse_run(fwd_arm_ctx *p, int v) {
+    int saved = p->bm->c.fuse_inputs;
+    if (!v) {
+        p->bm->c.fuse_inputs = 0;
+        setenv("DITRUN_FP8_FUSE", "0", 1);
+    }
+    bm_forward(p->bm, p->bm->nd, p->bm->ns);
+    if (!v) {
+        p->bm->c.fuse_inputs = saved;
+        unsetenv("DITRUN_FP8_FUSE");
+    }
+}
+
+static void arm_f8fuse(bench_ctx *x) {
+    bench_report *r = x->r;
+    if (!x->bm->c.fuse_inputs) {
+        skip_arm(r, "f8fuse", "separate ops", "fused inputs", getenv("DITRUN_FP8_FUSE") ? "DITRUN_FP8_FUSE=0 is set"
+                                                                                      : "needs --precision fp8");
+        return;
+    }
+    fwd_arm_ctx p;
+    memset(&p, 0, sizeof p);
+    p.bm = x->bm;
+    p.run = f8fuse_run;
+    bench_timer_init(&p.tm, x->be);
+    arm_spec a = {0};
+    a.arm = "f8fuse";
+    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
+    a.names[0] = "separate ops";
+    a.names[1] = "fused inputs";
+    a.nv = 2;
+    a.time = fwd_arm_time;
+    a.output = fwd_arm_output;
+    a.out_n = (size_t)x->n * r->c.out_channels;
+    a.tol = 0.05;   /* max |A - B| / max |out|: the same e4m3 codes; the folded gate rounds each residual update once
+                     * instead of three times (CPU: 0, its fused ops are the separate ones) */
+    snprintf(a.note, sizeof a.note, "in-model; fp8 Linears fed by the norm / SwiGLU, gate folded into the GEMM");
+    run_arm(x, &a, &p);
+    bench_sync_or_die(x->be);
+    bench_timer_free(&p.tm);
+}
+
 /* ------------------------------------------------------------------ threads */
 
 typedef struct {
@@ -822,5 +871,6 @@ int bench_arms(bench_ctx *x) {
     if (arm_on(x, "prefetch")) arm_prefetch(x);
     if (arm_on(x, "threads")) arm_threads(x);
     if (arm_on(x, "fp8")) arm_fp8(x);
+    if (arm_on(x, "f8fuse")) arm_f8fuse(x);
     return 0;
 }

@@ -35,7 +35,7 @@ static void usage(FILE *f) {
             "  --reps N --warmup N  timed repetitions (median) and excluded warm-up runs (CUDA 20/3, CPU 2/0)\n"
             "  --arm-tokens LIST    token counts of the quantized-path arm (default 256,1024,4096,16384; CPU 32)\n"
             "  --only LIST          sections: ledger,util,arms (default all; the whole forward always runs)\n"
-            "  --arms LIST          arms to run: qpath,rope,attention,graph,prefetch,threads,fp8\n"
+            "  --arms LIST          arms to run: qpath,rope,attention,graph,prefetch,threads,fp8,f8fuse\n"
             "                       (default all)\n"
             "  --l2-mb MB           cache size rotations must exceed twice (default 60 on CUDA, the LLC on CPU)\n"
             "  --peak-tflops T      nominal peak for the utilization table (default: H200 bf16 989 on CUDA)\n"
@@ -127,13 +127,16 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--arm-tokens")) { if (parse_list(a, v, o.arm_tokens, 8, &o.n_arm_tokens)) return 1; i++; }
         else if (!strcmp(a, "--only")) { if (parse_sections(v, &o.sections)) return 1; i++; }
         else if (!strcmp(a, "--arms")) {
-            if (!v) return cli_error("--arms needs a list (qpath, rope, attention, graph, prefetch, threads, fp8)");
+            static const char *const known[] = {"qpath", "rope", "attention", "graph", "prefetch", "threads", "fp8", "f8fuse"};
+            const char *names = "qpath, rope, attention, graph, prefetch, threads, fp8, f8fuse";
+            if (!v) return cli_error("--arms needs a list (%s)", names);
             char buf[128];
             snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
-                if (strcmp(tok, "qpath") && strcmp(tok, "rope") && strcmp(tok, "attention") && strcmp(tok, "graph") && strcmp(tok, "prefetch") &&
-                    strcmp(tok, "threads") && strcmp(tok, "fp8"))
-                    return cli_error("--arms: unknown arm '%s' (qpath, rope, attention, graph, prefetch, threads, fp8)", tok);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                size_t k = 0;
+                while (k < sizeof known / sizeof known[0] && strcmp(tok, known[k])) k++;
+                if (k == sizeof known / sizeof known[0]) return cli_error("--arms: unknown arm '%s' (%s)", tok, names);
+            }
             o.arms = v;
             i++;
         }
