@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -523,6 +523,17 @@ if has bounds16; then  # issues 3 and 7 in one run: q4 transient vs cached vs bf
         > "$OUT/bench_q4_2048.md" 2> "$OUT/bench_q4_2048.err"
     log "bench q4 2048^2 rc=$?"
     grep -E "bench replica|flux2_forward|Floor|GPU right|^\| attention" "$OUT/bench_q4_2048.md" | tee -a "$OUT/summary.txt"
+fi
+
+if has arm16; then  # the bench's f8fuse arm (fp8 Linears fed by their producers vs separate passes), 1024^2 and 2048^2
+    D919=$(cudnn919_dir)
+    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    for px in 1024 2048; do
+        timeout 200 $B bench --preset klein-4b --backend cuda --precision fp8 --attn-precision fp8 --image-size $px \
+            --only arms --arms f8fuse > "$OUT/bench_f8fuse_$px.md" 2> "$OUT/bench_f8fuse_$px.err"
+        log "bench f8fuse arm $px^2 rc=$?"
+        grep -E "^\| f8fuse|bench replica" "$OUT/bench_f8fuse_$px.md" | tee -a "$OUT/summary.txt"
+    done
 fi
 
 if has krea2; then
