@@ -665,7 +665,7 @@ static void arm_f8fuse(bench_ctx *x) {
     a.out_n = (size_t)x->n * r->c.out_channels;
     a.tol = 0.1;   /* max |A - B| / max |out|: the same e4m3 codes; the folded gate rounds each residual update once
                     * instead of three times, a bf16 reordering the random-weight synthetic model amplifies like the q
-                    * paths' gate folds (1.7% rel L2, PERF stop 11): measured 5.6-5.7% at 1024² and 2048² (stop 16).
+                    * paths' gate folds (1.7% rel L2, PERF stop 11): measured 5.6% at 1024², 5.4% at 2048² (stop 16).
                     * CPU: 0, its fused ops are the separate ones */
     snprintf(a.note, sizeof a.note, "in-model; fp8 Linears fed by the norm / SwiGLU, gate folded into the GEMM");
     run_arm(x, &a, &p);
