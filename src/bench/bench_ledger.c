@@ -82,6 +82,10 @@ static void prefix_ledger(bench_ctx *x) {
     if (hint)
         bench_note(r, "ledger: timed without the prefetch hints (each Linear with its own dequantization); the forward "
                    "runs with them: see the prefetch arm");
+    if (bm->c.fuse_inputs)
+        bench_note(r, "ledger: with --precision fp8 the adaLN norm runs inside the projection op (norm_linear) and the "
+                   "SwiGLU inside the output op (act_linear_gated), so their own rows read ~0 and the GEMM rows carry "
+                   "them (DITRUN_FP8_FUSE=0 separates them)");
     double *smp = dt_malloc(sizeof(double) * BENCH_N_OPS * x->reps);
     double *dir = dt_malloc(sizeof(double) * BENCH_N_OPS * x->reps);
     bench_timer tm;
