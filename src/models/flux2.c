@@ -486,6 +486,14 @@ static void block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_
     else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, att_scale, dt_mat_null(), 0);
 }
 
+/* The split projection's halves (c->sb_overlap): part 0 Q|K|V into p[:, :3D], part 1 the MLP-in into p[:, 3D:]. */
+static void split_proj(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
+                       int part) {
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    if (part == 0) be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
+    else be->linear(be, dt_mat_cols(io->p, 3 * D, 2 * F), io->a, w->mlp_in);
+}
+
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                      int k, int split, const dt_linear *next) {
     int H = c->heads, hd = c->head_dim;
@@ -503,8 +511,8 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
         } else if (w->qkv_mlp) {
             be->linear(be, io->p, io->a, w->qkv_mlp);
         } else {
-            be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
-            be->linear(be, dt_mat_cols(io->p, 3 * D, 2 * F), io->a, w->mlp_in);
+            split_proj(be, c, w, io, 0);
+            split_proj(be, c, w, io, 1);
         }
         /* the output projection's weights and the next block's projection can be made ready during the
          * attention (backends that prefetch; the projection's slot is free once its GEMM has run) */
@@ -563,10 +571,10 @@ void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_singl
         for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, w, io, k, 0, next);
         return;
     }
-    int64_t D = c->hidden, F = c->mlp_hidden;
+    int64_t D = c->hidden;
     dt_mat none = dt_mat_null(), ms = io->mod_single;
     flux2_single_op(be, c, w, io, FLUX2_SB_NORM, 0, next);
-    be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
+    split_proj(be, c, w, io, 0);
     /* the output projection's weights ahead (backends that prefetch), while both queues run */
     dt_prefetch(be, w->out, be->linear_gated_add ? chunk(ms, 2, D) : none, io->s.rows);
     /* side queue, after Q|K|V: Q/K norm + RoPE and the attention into c[:, :D]; main queue meanwhile: the MLP
@@ -575,7 +583,7 @@ void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_singl
     flux2_single_op(be, c, w, io, FLUX2_SB_QKNORM, 0, next);
     flux2_single_op(be, c, w, io, FLUX2_SB_ATTN, 0, next);
     dt_on_queue(be, 0, 0);
-    be->linear(be, dt_mat_cols(io->p, 3 * D, 2 * F), io->a, w->mlp_in);
+    split_proj(be, c, w, io, 1);
     dt_prefetch(be, next, none, io->s.rows);
     flux2_single_op(be, c, w, io, FLUX2_SB_ACT, 0, next);
     dt_on_queue(be, 0, 1);   /* the output projection reads both halves of c */
