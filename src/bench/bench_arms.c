@@ -524,6 +524,20 @@ static void fwd_arm_output(void *p, int v, float *out) {
     c->bm->be->download(c->bm->be, out, c->bm->x.out);
 }
 
+/* The spec of a whole-forward arm: variants named n[0..nv), the forward's output compared within tol. */
+static arm_spec fwd_arm_spec(bench_ctx *x, const char *arm, int nv, const char *const *n, double tol) {
+    arm_spec a = {0};
+    a.arm = arm;
+    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
+    for (int v = 0; v < nv; v++) a.names[v] = n[v];
+    a.nv = nv;
+    a.time = fwd_arm_time;
+    a.output = fwd_arm_output;
+    a.out_n = (size_t)x->n * x->r->c.out_channels;
+    a.tol = tol;
+    return a;
+}
+
 static void graph_run(fwd_arm_ctx *g, int v) {
     if (v == 0) bm_forward(g->bm, g->bm->nd, g->bm->ns);
     else if (g->bm->be->graph_launch(g->bm->be, g->graph)) {
@@ -567,16 +581,8 @@ static void arm_graph(bench_ctx *x) {
     double first_ms = bench_timer_stop(&g.tm);
     bench_note(r, "graph build (capture + instantiate) %.2f ms and first replay %.2f ms: excluded from the graph arm's step time",
                build_ms, first_ms);
-    arm_spec a = {0};
-    a.arm = "graph";
-    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
-    a.names[0] = "eager";
-    a.names[1] = "graph";
-    a.nv = 2;
-    a.time = fwd_arm_time;
-    a.output = fwd_arm_output;
-    a.out_n = (size_t)x->n * r->c.out_channels;
-    a.tol = 1e-3;
+    static const char *const names[] = {"eager", "graph"};
+    arm_spec a = fwd_arm_spec(x, "graph", 2, names, 1e-3);
     snprintf(a.note, sizeof a.note, "in-model; build %.1f ms excluded", build_ms);
     run_arm(x, &a, &g);
     bench_sync_or_die(be);
@@ -607,17 +613,10 @@ static void arm_prefetch(bench_ctx *x) {
     p.run = prefetch_run;
     p.hint = be->linear_prefetch;
     bench_timer_init(&p.tm, be);
-    arm_spec a = {0};
-    a.arm = "prefetch";
-    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
-    a.names[0] = "no hints";
-    a.names[1] = "hints";
-    a.names[2] = "no hints, again";   /* A against itself: what remains of the order's effect and the noise */
-    a.nv = 3;
-    a.time = fwd_arm_time;
-    a.output = fwd_arm_output;
-    a.out_n = (size_t)x->n * r->c.out_channels;
-    a.tol = 0;   /* the same weights, bit for bit: only the timing of their dequantization moves */
+    /* the third variant is A against itself: what remains of the order's effect and the noise; tolerance 0: the
+     * same weights, bit for bit, only the timing of their dequantization moves */
+    static const char *const names[] = {"no hints", "hints", "no hints, again"};
+    arm_spec a = fwd_arm_spec(x, "prefetch", 3, names, 0);
     snprintf(a.note, sizeof a.note, "in-model; transient weights dequantized ahead on a low-priority stream");
     run_arm(x, &a, &p);
     bench_sync_or_die(be);
@@ -654,19 +653,12 @@ static void arm_f8fuse(bench_ctx *x) {
     p.bm = x->bm;
     p.run = f8fuse_run;
     bench_timer_init(&p.tm, x->be);
-    arm_spec a = {0};
-    a.arm = "f8fuse";
-    snprintf(a.what, sizeof a.what, "device-only forward (%d tokens)", x->n + x->t);
-    a.names[0] = "separate ops";
-    a.names[1] = "fused inputs";
-    a.nv = 2;
-    a.time = fwd_arm_time;
-    a.output = fwd_arm_output;
-    a.out_n = (size_t)x->n * r->c.out_channels;
-    a.tol = 0.1;   /* max |A - B| / max |out|: the same e4m3 codes; the folded gate rounds each residual update once
-                    * instead of three times, a bf16 reordering the random-weight synthetic model amplifies like the q
-                    * paths' gate folds (1.7% rel L2, PERF stop 11): measured 5.6% at 1024², 5.4% at 2048² (stop 16).
-                    * CPU: 0, its fused ops are the separate ones */
+    /* tolerance of max |A - B| / max |out|: the same e4m3 codes; the folded gate rounds each residual update once
+     * instead of three times, a bf16 reordering the random-weight synthetic model amplifies like the q paths' gate
+     * folds (1.7% rel L2, PERF stop 11): measured 5.6% at 1024², 5.4% at 2048² (stop 16). CPU: 0, its fused ops
+     * are the separate ones */
+    static const char *const names[] = {"separate ops", "fused inputs"};
+    arm_spec a = fwd_arm_spec(x, "f8fuse", 2, names, 0.1);
     snprintf(a.note, sizeof a.note, "in-model; fp8 Linears fed by the norm / SwiGLU, gate folded into the GEMM");
     run_arm(x, &a, &p);
     bench_sync_or_die(x->be);
