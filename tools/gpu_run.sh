@@ -528,7 +528,11 @@ fi
 if has arm16; then  # the bench's f8fuse arm (fp8 Linears fed by their producers vs separate passes), 1024^2 and 2048^2
     D919=$(cudnn919_dir)
     [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
-    for px in 1024 2048; do
+    timeout 200 $B bench --preset klein-4b --backend cuda --only arms --arms graph,prefetch > "$OUT/bench_arms_gp.md" \
+        2> "$OUT/bench_arms_gp.err"
+    log "bench graph/prefetch arms rc=$?"
+    grep -E "^\| (graph|prefetch)" "$OUT/bench_arms_gp.md" | tee -a "$OUT/summary.txt"
+    for px in ${ARM16_PX:-1024 2048}; do
         timeout 200 $B bench --preset klein-4b --backend cuda --precision fp8 --attn-precision fp8 --image-size $px \
             --only arms --arms f8fuse > "$OUT/bench_f8fuse_$px.md" 2> "$OUT/bench_f8fuse_$px.err"
         log "bench f8fuse arm $px^2 rc=$?"
