@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -538,6 +538,16 @@ if has arm16; then  # the bench's f8fuse arm (fp8 Linears fed by their producers
         log "bench f8fuse arm $px^2 rc=$?"
         grep -E "^\| f8fuse|bench replica" "$OUT/bench_f8fuse_$px.md" | tee -a "$OUT/summary.txt"
     done
+fi
+
+if has gentrace; then  # where a one-shot generate's first-call time goes: cold process, traced process, warm process
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    G="generate --backend cuda --model $W/p4 -p a_red_fox_in_snow -o $OUT/g.png --seed 7"
+    log "cold process:"; $B $G 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
+    DITRUN_CUDA_TRACE=1 DITRUN_CUDA_TRACE_MS=3 $B $G > "$OUT/gentrace.log" 2>&1
+    log "traced process (host ms per call >= 3 ms):"
+    grep -E "cuda trace:|step|total" "$OUT/gentrace.log" | head -70 | cut -c1-200 | tee -a "$OUT/summary.txt"
+    log "warm process:"; $B $G 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
 fi
 
 if has krea2; then
