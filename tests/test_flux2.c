@@ -390,9 +390,10 @@ static void synthetic_klein4b(void) {
     }
 }
 
-/* flux2_acts_alloc's one allocation for both block kinds: within each set the matrices are disjoint, 256-byte
- * aligned and inside the allocation; the allocation is as large as the bigger set (klein-4B geometry, 4096 + 512
- * tokens: the single-block set). With only one kind, only its views exist. */
+/* flux2_acts_alloc's one allocation for both block kinds: the single-block matrices are disjoint, 256-byte aligned
+ * and inside the allocation, and the double-block ones are column views of them (qkv | h = p, o | g = c: one
+ * attention plan for both kinds); the allocation is as large as the bigger set (klein-4B geometry, 4096 + 512
+ * tokens: the single-block set). With double blocks only, their own disjoint matrices exist. */
 static int views_ok(const dt_mat *const *m, int n, const dt_mat *blocks) {
     const char *b0 = blocks->data, *b1 = b0 + (size_t)blocks->cols * dt_dtype_size(blocks->dtype);
     for (int i = 0; i < n; i++) {
@@ -416,9 +417,18 @@ static void acts_sharing(dt_backend *be) {
     int64_t single_bytes = L * (3 * c.hidden + 2 * c.mlp_hidden + c.hidden + c.mlp_hidden) * es;
     int64_t double_bytes = L * (3 * c.hidden + c.hidden + 3 * c.mlp_hidden) * es;
     int64_t have = x.blocks.cols * es, want = single_bytes > double_bytes ? single_bytes : double_bytes;
-    T_CHECK("acts: double- and single-block views disjoint within each set, aligned, inside one allocation",
-            views_ok(dbl, 4, &x.blocks) && views_ok(sgl, 2, &x.blocks) && x.blocks.rows == 1,
-            "views overlap or leave the allocation");
+    T_CHECK("acts: single-block views disjoint, aligned, inside one allocation",
+            views_ok(sgl, 2, &x.blocks) && x.blocks.rows == 1, "views overlap or leave the allocation");
+    /* with both kinds of blocks the double-block matrices are the column views qkv | h = p and o | g = c (the two
+     * attentions see the same Q/K/V/O strides: one attention plan) */
+    int cols_ok = x.qkv.data == x.p.data && x.qkv.ld == x.p.ld && x.qkv.cols == 3 * c.hidden &&
+                  (char *)x.h.data == (char *)x.p.data + 3 * c.hidden * es && x.h.ld == x.p.ld &&
+                  x.h.cols == 2 * c.mlp_hidden && x.o.data == x.c.data && x.o.ld == x.c.ld && x.o.cols == c.hidden &&
+                  (char *)x.g.data == (char *)x.c.data + c.hidden * es && x.g.ld == x.c.ld && x.g.cols == c.mlp_hidden &&
+                  x.qkv.rows == L && x.h.rows == L && x.o.rows == L && x.g.rows == L;
+    T_CHECK("acts: double-block matrices are column views of the single-block ones (qkv | h = p, o | g = c)", cols_ok,
+            "qkv ld %lld, o ld %lld (p %lld, c %lld)", (long long)x.qkv.ld, (long long)x.o.ld, (long long)x.p.ld,
+            (long long)x.c.ld);
     T_CHECK("acts: the shared allocation is the larger set (+ alignment)", have >= want && have < want + 6 * 256,
             "%lld bytes for sets of %lld and %lld", (long long)have, (long long)single_bytes, (long long)double_bytes);
     T_CHECK("acts: q/k/v are column views of qkv", x.q.data == x.qkv.data && x.k.ld == x.qkv.ld &&

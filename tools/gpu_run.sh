@@ -548,6 +548,9 @@ if has gentrace; then  # where a one-shot generate's first-call time goes: cold 
     log "traced process (host ms per call >= 3 ms):"
     grep -E "cuda trace:|step|total" "$OUT/gentrace.log" | head -70 | cut -c1-200 | tee -a "$OUT/summary.txt"
     log "warm process:"; $B $G 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
+    log "warm process:"; $B $G 2>&1 | grep -E "step|total|error" | tee -a "$OUT/summary.txt"
+    prep4
+    for round in 1 2; do fwd "r$round q4 1024^2 (default)" "$W/k4q4" "$W/in4_1024.st" 20; done
 fi
 
 if has krea2; then

@@ -264,7 +264,10 @@ void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int w
     x->a = dt_alloc_or_die(be, L, D, act);
     x->y = dt_alloc_or_die(be, L, D, act);
     /* double-block set (qkv, o, h, g) and single-block set (p, c): views of one allocation, each matrix at a
-     * 256-byte aligned offset */
+     * 256-byte aligned offset. With both kinds of blocks the double-block matrices are column views of the single
+     * blocks' ones (qkv | h = p, o | g = c: 3D + 2F and D + F columns), so both attentions see Q/K/V and O with
+     * the same strides and share one attention plan (cuDNN builds a plan per stride set: ~57 ms once per process,
+     * PERF.md stop 16) */
     int64_t dcols[4] = {3 * D, D, 2 * F, F}, scols[2] = {3 * D + 2 * F, D + F};
     int64_t align = 256 / (int64_t)dt_dtype_size(act), dn = 0, sn = 0;
     for (int i = 0; i < 4; i++) dn += (L * dcols[i] + align - 1) / align * align;
@@ -284,6 +287,12 @@ void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int w
             dt_mat v = {(char *)x->blocks.data + (size_t)off * dt_dtype_size(act), L, scols[i], scols[i], act};
             *sm[i] = v;
             off += (L * scols[i] + align - 1) / align * align;
+        }
+        if (with_double && with_single) {
+            x->qkv = dt_mat_cols(x->p, 0, 3 * D);
+            x->h = dt_mat_cols(x->p, 3 * D, 2 * F);
+            x->o = dt_mat_cols(x->c, 0, D);
+            x->g = dt_mat_cols(x->c, D, F);
         }
         if (with_double) {
             x->q = dt_mat_cols(x->qkv, 0, D);
