@@ -4,7 +4,10 @@
  * (amax/448). The source (dense F32/F16/BF16, or MLX 4/8-bit dequantized as scale*q + bias with separate f32
  * multiply and add, like the CPU reference) is read in f32, one block per row: amax, then codes.
  * Activations: one fused kernel per call quantizes each row of x [M, K] to e4m3 with its own dynamic scale
- * (row amax -> scale -> convert), into a reused scratch.
+ * (row amax -> scale -> convert), into a reused scratch; or the op that produces x writes the codes and scales
+ * itself (norm_linear, act_linear_gated: cuda_elementwise.cu's *_e4m3 kernels, then dtc_fp8_gemm_q).
+ * Gated residual (linear_gated_add): the gate multiplies the per-channel weight scales and the residual is the
+ * GEMM's C (beta = 1), one GEMM and one rounding of x + gate·y (fp8_gemm_gated).
  * GEMM: one cuBLASLt e4m3 x e4m3 product, fp32 accumulation (fast accumulation unless DITRUN_FP8_FAST_ACCUM=0),
  * bf16 (or f32) output,
  * "TN" (both operands K-major: W [N,K] and xq [M,K] row-major, as Hopper's fp8 kernels require), with the two
