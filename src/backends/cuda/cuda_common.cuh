@@ -219,8 +219,8 @@ void dtc_fp8_weight_free(dtc_state *st, dtc_fp8_w *f);
 void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const __nv_bfloat16 *bias);
 /* The activation scratch of the current queue: codes [M, K] (16-byte aligned) and row scales *sx [M]. */
 uint8_t *dtc_fp8_act_scratch(dtc_state *st, int64_t M, int64_t K, float **sx);
-/* x [M, K] (bf16/f32, any ld) -> codes q [M, K] + row scales sx [M] (fp8_quant_act's pass). */
-void dtc_fp8_quant_into(dtc_state *st, dt_mat x, uint8_t *q, float *sx);
+/* x [M, K] (bf16/f32, any ld) -> codes [M, K] + row scales *sx [M] in that scratch (one pass); returns the codes. */
+uint8_t *dtc_fp8_quant_act(dtc_state *st, dt_mat x, float **sx);
 /* From activation codes xq [M, K] + row scales sx [M] (dtc_fp8_act_scratch's layout): acc = 0: x = xq · Wᵀ (+ bias);
  * acc = 1: x += gate ⊙ (xq · Wᵀ (+ bias)) (gate [1, N] bf16/f32, NULL data = plain add), in one GEMM where cuBLASLt
  * takes the gate as weight scales and x as C, else the product into a scratch and gated_add. */
@@ -274,9 +274,9 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
                             float scale, const char **why);
 
 void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
-/* The fp8 Linear's activation form (codes q [M, K] row stride K, one scale per row s [M]: fp8_quant_act's layout)
+/* The fp8 Linear's activation form (codes q [M, K] row stride K, one scale per row s [M]: dtc_fp8_quant_act's layout)
  * written straight from the producing op, the same codes and scales as the op's bf16 output quantized by
- * fp8_quant_act (bit for bit). 0 = queued; -1 = this layout or length is not taken (nothing queued).
+ * dtc_fp8_quant_act (bit for bit). 0 = queued; -1 = this layout or length is not taken (nothing queued).
  * layernorm_mod of x [M, D] (bf16 or f32 rows of 16-byte vectors): */
 int dtc_layernorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat shift, dt_mat scale, float eps, uint8_t *q, float *s);
 /* rows [lead | act(a) ⊙ b] of K = lead.cols + a.cols (all bf16, 16-byte vectors; lead may have 0 columns; b NULL

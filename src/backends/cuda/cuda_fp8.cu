@@ -189,8 +189,8 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
 }
 
 /* ------------------------------------------------------------------ activation quantization */
-/* x [M, K] (bf16/f32, any ld) -> codes [M, K] + scales [M] in the fp8 scratch; returns the codes (scales follow
- * at codes + M*K rounded up to 256 bytes). */
+/* The current queue's fp8 scratch for M rows of K: codes [M, K], the scales [M] at codes + M*K rounded up to 256
+ * bytes. */
 uint8_t *dtc_fp8_act_scratch(dtc_state *st, int64_t M, int64_t K, float **sx) {
     size_t qbytes = ((size_t)(M * K) + 255) & ~(size_t)255;
     uint8_t *q = (uint8_t *)dtc_scratch_get(st, &st->q.s_fp8, qbytes + (size_t)M * sizeof(float));
@@ -198,26 +198,23 @@ uint8_t *dtc_fp8_act_scratch(dtc_state *st, int64_t M, int64_t K, float **sx) {
     return q;
 }
 
-static uint8_t *fp8_quant_act(dtc_state *st, dt_mat x, float **sx) {
-    uint8_t *q = dtc_fp8_act_scratch(st, x.rows, x.cols, sx);
-    dtc_fp8_quant_into(st, x, q, *sx);
-    return q;
-}
-
-void dtc_fp8_quant_into(dtc_state *st, dt_mat x, uint8_t *q, float *sx) {
+/* x [M, K] (bf16/f32, any ld) -> codes [M, K] + scales [M] in that scratch; returns the codes. */
+uint8_t *dtc_fp8_quant_act(dtc_state *st, dt_mat x, float **sx) {
     const int64_t M = x.rows, K = x.cols;
+    uint8_t *q = dtc_fp8_act_scratch(st, M, K, sx);
     int threads = K >= 8192 ? 256 : 128;
     DTC_REQUIRE(M < 2147483647LL, "fp8 linear: %lld rows", (long long)M);
-    if (M <= 0) return;
-    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, sx);
-    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, sx);
+    if (M <= 0) return q;
+    if (dtc_vec8_ok(x) && K % 8 == 0) k_fp8_act<1><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, *sx);
+    else k_fp8_act<0><<<(unsigned)M, threads, 0, st->q.stream>>>(dtc_dm(x), K, q, *sx);
     CK_LAUNCH("fp8_act");
+    return q;
 }
 
 void dtc_fp8_quant(dt_backend *be, dt_mat x) {
     dtc_state *st = dtc(be);
     float *sx;
-    if (x.rows > 0) (void)fp8_quant_act(st, x, &sx);
+    if (x.rows > 0) (void)dtc_fp8_quant_act(st, x, &sx);
 }
 
 /* ------------------------------------------------------------------ fp8 attention inputs */
@@ -481,6 +478,7 @@ const char *dtc_fp8_scale_mode(dtc_state *st) {
 
 /* The cached entry for key (building it on first use); NULL when cuBLASLt has no algorithm. */
 static f8_entry *f8_get(dtc_state *st, const f8_key &key, const void *sw, const void *sx, const void *bias) {
+    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
     dtc_fp8_cache *c = st->fp8_cache;
     auto it = c->m.find(key);
     if (it == c->m.end()) {
@@ -610,7 +608,6 @@ void dtc_fp8_gemm_q(dt_backend *be, dt_mat x, const uint8_t *xq, const float *sx
     dtc_state *st = dtc(be);
     DTC_REQUIRE(x.cols == f->N, "fp8 linear: output has %lld columns, W %lld rows", (long long)x.cols, (long long)f->N);
     if (x.rows <= 0) return;
-    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
     if (!acc) {
         fp8_gemm(st, x, xq, sx, f, bias);
         return;
@@ -627,9 +624,8 @@ void dtc_fp8_linear(dtc_state *st, dt_mat y, dt_mat x, const dtc_fp8_w *f, const
                 "fp8 linear: y[%lld,%lld] = x[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)y.rows,
                 (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)f->N, (long long)f->K);
     if (x.rows <= 0) return;
-    if (!st->fp8_cache) st->fp8_cache = new dtc_fp8_cache();
     float *sx;
-    uint8_t *xq = fp8_quant_act(st, x, &sx);
+    uint8_t *xq = dtc_fp8_quant_act(st, x, &sx);
     fp8_gemm(st, y, xq, sx, f, bias);
 }
 

@@ -1025,8 +1025,7 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
     if (w->f8 && fp8_fuse_on() && (a.dtype == DT_BF16 || a.dtype == DT_F32) && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
         /* fp8: the gate folded into the weight scales, the residual as the GEMM's C (dtc_fp8_gemm_q) */
         float *sx;
-        uint8_t *xq = dtc_fp8_act_scratch(st, a.rows, a.cols, &sx);
-        dtc_fp8_quant_into(st, a, xq, sx);
+        uint8_t *xq = dtc_fp8_quant_act(st, a, &sx);
         dtc_fp8_gemm_q(be, x, xq, sx, w->f8, w->bias, gate, 1);
         return;
     }
