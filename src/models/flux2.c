@@ -603,24 +603,17 @@ void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_singl
 /* y = layernorm_mod(x) · Wᵀ through a: one backend op when c->fuse_inputs, else the two. */
 static void norm_then_linear(dt_backend *be, const flux2_config *c, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale,
                              const dt_linear *w, dt_mat a) {
-    if (c->fuse_inputs) {
-        be->norm_linear(be, y, x, shift, scale, c->eps, w, a);
-    } else {
-        be->layernorm_mod(be, a, x, shift, scale, c->eps);
-        be->linear(be, y, a, w);
-    }
+    if (c->fuse_inputs) be->norm_linear(be, y, x, shift, scale, c->eps, w, a);
+    else dt_norm_linear_composed(be, y, x, shift, scale, c->eps, w, a);
 }
 
 /* x += gate ⊙ (SwiGLU(h) · Wᵀ), h = [gate half | up half] [M, 2F], g the SwiGLU's scratch [M, F], y the linear's. */
 static void swiglu_then_linear(dt_backend *be, const flux2_config *c, dt_mat x, dt_mat h, dt_mat g, const dt_linear *w,
                                dt_mat gate, dt_mat y) {
     int64_t F = c->mlp_hidden;
-    if (c->fuse_inputs) {
-        be->act_linear_gated(be, x, g, 0, dt_mat_cols(h, 0, F), dt_mat_cols(h, F, F), DT_ACT_SILU, w, gate, y);
-    } else {
-        be->act_mul(be, g, dt_mat_cols(h, 0, F), dt_mat_cols(h, F, F), DT_ACT_SILU);
-        dt_linear_gated(be, x, g, w, gate, y);
-    }
+    dt_mat a = dt_mat_cols(h, 0, F), b = dt_mat_cols(h, F, F);
+    if (c->fuse_inputs) be->act_linear_gated(be, x, g, 0, a, b, DT_ACT_SILU, w, gate, y);
+    else dt_act_linear_gated_composed(be, x, g, 0, a, b, DT_ACT_SILU, w, gate, y);
 }
 
 void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_double_w *w, const flux2_double_io *io,
