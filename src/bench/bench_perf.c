@@ -111,7 +111,7 @@ static void time_shape(bench_ctx *x, const gemm_shape *g) {
     }
     /* the ceiling in the model's own precision: with --precision fp8 the blocks' Linears are fp8 (e4m3 GEMM + its
      * activation-quantizing pass), the embedders and proj_out stay bf16 */
-    row->ceil_fp8 = be->opts.precision == DT_PREC_FP8 && (!strncmp(g->name, "single", 6) || !strncmp(g->name, "double", 6));
+    row->ceil_fp8 = be->opts.precision == DT_PREC_FP8 && (g->per_single || g->per_double);
     bench_wset_dense(&ceil_set, be, g->N, g->K, x->rot_bytes, 1000 + r->n_gemm,
                      row->ceil_fp8 ? DT_PREC_FP8 : DT_PREC_BF16);
     double *si = dt_malloc(sizeof(double) * x->reps), *sc = dt_malloc(sizeof(double) * x->reps);
