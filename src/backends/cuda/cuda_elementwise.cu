@@ -14,6 +14,17 @@
 /* Row kernels (norms, act_e4m3) keep up to NORM_NV 8-element vectors per thread in registers. */
 #define NORM_NV 4
 
+/* Threads for a row of `cols`: up to NORM_NV 16-byte vectors per thread (measured on the H200: 4 vectors per
+ * thread beat 1 per thread for D = 3072, 1.70 vs 1.15 TB/s); longer rows use the scalar kernel. */
+static int norm_threads(int64_t cols, int *vec) {
+    int64_t nvec = cols / 8;
+    int64_t t = (nvec + NORM_NV - 1) / NORM_NV;
+    t = (t + 31) / 32 * 32;
+    if (t < 64) t = 64;
+    if (t > 1024) { *vec = 0; return 512; }
+    return (int)t;
+}
+
 /* ------------------------------------------------------------------ vector access helpers */
 /* V = 8: 8 consecutive elements (caller guarantees 16-byte alignment); V = 1: one element. */
 template <int V>
@@ -311,18 +322,15 @@ int dtc_act_e4m3(dtc_state *st, dt_mat lead, dt_mat a, dt_mat b, dt_act act, uin
     DTC_REQUIRE(lead.cols == 0 || lead.rows == a.rows, "act_linear_gated: c has %lld rows, a %lld",
                 (long long)lead.rows, (long long)a.rows);
     if (a.rows <= 0) return 0;
-    const int64_t nvec = lead.cols / 8 + a.cols / 8;
     int ok = dtc_vec8_ok(a) && (!b.data || dtc_vec8_ok(b)) && (lead.cols == 0 || dtc_vec8_ok(lead)) &&
              dtc_aligned16(q) && a.rows < 2147483647LL && a.cols > 0;
-    int64_t t = (nvec + NORM_NV - 1) / NORM_NV;
-    t = (t + 31) / 32 * 32;
-    if (t < 64) t = 64;
+    int t = norm_threads(lead.cols + a.cols, &ok);
     if (!ok || t > 512) return -1;   /* longer rows: the two-op path */
     switch (act) {
-    case DT_ACT_SILU: act_e4m3_t<DT_ACT_SILU>(st, lead, a, b, q, s, (int)t); break;
-    case DT_ACT_GELU_TANH: act_e4m3_t<DT_ACT_GELU_TANH>(st, lead, a, b, q, s, (int)t); break;
-    case DT_ACT_GELU_ERF: act_e4m3_t<DT_ACT_GELU_ERF>(st, lead, a, b, q, s, (int)t); break;
-    default: act_e4m3_t<DT_ACT_SIGMOID>(st, lead, a, b, q, s, (int)t); break;
+    case DT_ACT_SILU: act_e4m3_t<DT_ACT_SILU>(st, lead, a, b, q, s, t); break;
+    case DT_ACT_GELU_TANH: act_e4m3_t<DT_ACT_GELU_TANH>(st, lead, a, b, q, s, t); break;
+    case DT_ACT_GELU_ERF: act_e4m3_t<DT_ACT_GELU_ERF>(st, lead, a, b, q, s, t); break;
+    default: act_e4m3_t<DT_ACT_SIGMOID>(st, lead, a, b, q, s, t); break;
     }
     CK_LAUNCH("act_e4m3");
     return 0;
@@ -525,25 +533,20 @@ __global__ void k_layernorm_mod_gen(dmat y, dmat x, dmat shift, dmat scale, int 
     }
 }
 
-/* Threads for a row of `cols`: up to NORM_NV 16-byte vectors per thread (measured on the H200: 4 vectors per
- * thread beat 1 per thread for D = 3072, 1.70 vs 1.15 TB/s); longer rows use the scalar kernel. */
-static int norm_threads(int64_t cols, int *vec) {
-    int64_t nvec = cols / 8;
-    int64_t t = (nvec + NORM_NV - 1) / NORM_NV;
-    t = (t + 31) / 32 * 32;
-    if (t < 64) t = 64;
-    if (t > 1024) { *vec = 0; return 512; }
-    return (int)t;
-}
-
-void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps) {
-    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "layernorm_mod: y/x shape mismatch");
+/* layernorm_mod's checks of x and its modulation vectors (both entry points). */
+static void layernorm_mod_check(const dt_mat &x, const dt_mat &shift, const dt_mat &scale) {
     DTC_REQUIRE(!shift.data || shift.cols == x.cols, "layernorm_mod: shift has %lld columns, x %lld",
                 (long long)shift.cols, (long long)x.cols);
     DTC_REQUIRE(!scale.data || scale.cols == x.cols, "layernorm_mod: scale has %lld columns, x %lld",
                 (long long)scale.cols, (long long)x.cols);
-    req_float(y, "layernorm_mod", "y"); req_float(x, "layernorm_mod", "x");
+    req_float(x, "layernorm_mod", "x");
     req_float(shift, "layernorm_mod", "shift"); req_float(scale, "layernorm_mod", "scale");
+}
+
+void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps) {
+    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "layernorm_mod: y/x shape mismatch");
+    layernorm_mod_check(x, shift, scale);
+    req_float(y, "layernorm_mod", "y");
     dtc_state *st = dtc(be);
     if (x.rows <= 0 || x.cols <= 0) return;
     int vec = vec_ok(x) && vec_ok(y) && vec_ok_row(shift) && vec_ok_row(scale);
@@ -562,12 +565,7 @@ void dtc_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat 
 }
 
 int dtc_layernorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat shift, dt_mat scale, float eps, uint8_t *q, float *s) {
-    DTC_REQUIRE(!shift.data || shift.cols == x.cols, "layernorm_mod: shift has %lld columns, x %lld",
-                (long long)shift.cols, (long long)x.cols);
-    DTC_REQUIRE(!scale.data || scale.cols == x.cols, "layernorm_mod: scale has %lld columns, x %lld",
-                (long long)scale.cols, (long long)x.cols);
-    req_float(x, "layernorm_mod", "x");
-    req_float(shift, "layernorm_mod", "shift"); req_float(scale, "layernorm_mod", "scale");
+    layernorm_mod_check(x, shift, scale);
     if (x.rows <= 0 || x.cols <= 0) return 0;
     int vec = vec_ok(x) && vec_ok_row(shift) && vec_ok_row(scale) && x.rows < 2147483647LL && dtc_aligned16(q);
     int threads = norm_threads(x.cols, &vec);
