@@ -42,6 +42,12 @@ cudnn919_dir() {  # the folder of a cuDNN >= 9.19 on the device image (torch's c
     f=$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 2>/dev/null | head -1)
     [ -n "$f" ] && dirname "$f"
 }
+use_cudnn919() {  # load that cuDNN from here on (DITRUN_CUDNN_LIB + LD_LIBRARY_PATH), when the image has it
+    local d
+    d=$(cudnn919_dir)
+    [ -n "$d" ] && export DITRUN_CUDNN_LIB=$d/libcudnn.so.9 LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH
+    return 0
+}
 
 fwd() {  # fwd LABEL MODEL INPUTS REPEAT [extra args]
     local label=$1 model=$2 in=$3 rep=$4; shift 4
@@ -316,9 +322,8 @@ fi
 
 if has fp8attn; then  # --attn-precision fp8 (cuDNN fp8 SDPA): op tests + timings, forwards, error, bench arm
     # fp8 attention needs cuDNN >= 9.19 (NOTES.md): torch's copy on the device image when the system has 9.14
-    D919=$(cudnn919_dir)
     OLD_LD=$LD_LIBRARY_PATH
-    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    use_cudnn919
     DITRUN_REQUIRE_GPU=1 DITRUN_GPU_ONLY=sdpa8 DITRUN_CUDNN_DEBUG=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG=stderr \
         timeout 200 ./build/tests/test_gpu_ops > "$OUT/gpu_fp8attn.log" 2>&1
     log "fp8 attention op tests rc=$?"
@@ -446,8 +451,7 @@ if has f8fuse; then  # --precision fp8: inputs fused into the norm / SwiGLU + ga
     DITRUN_REQUIRE_GPU=1 timeout 200 ./build/tests/test_flux2 > "$OUT/gpu_flux2.log" 2>&1
     log "test_flux2 rc=$?"
     grep -E "FAIL|fp8|passed" "$OUT/gpu_flux2.log" | tee -a "$OUT/summary.txt"
-    D919=$(cudnn919_dir)
-    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    use_cudnn919
     prep4
     for round in 1 2 3; do
         fwd "r$round fp8 fused" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
@@ -477,8 +481,7 @@ if has fin16; then  # stop 16's final numbers: default q4 path, fp8 (fast accumu
     prep4
     [ -f "$W/in4_512.st" ] || $B synth --preset klein-4b --inputs "$W/in4_512.st" --image-size 512 2>/dev/null
     [ -f "$W/in4_2048.st" ] || $B synth --preset klein-4b --inputs "$W/in4_2048.st" --image-size 2048 2>/dev/null
-    D919=$(cudnn919_dir)
-    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    use_cudnn919
     for round in 1 2; do
         fwd "r$round q4 1024^2 (default)" "$W/k4q4" "$W/in4_1024.st" 20
         fwd "r$round q4 1024^2 fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
@@ -526,8 +529,7 @@ if has bounds16; then  # issues 3 and 7 in one run: q4 transient vs cached vs bf
 fi
 
 if has arm16; then  # the bench's f8fuse arm (fp8 Linears fed by their producers vs separate passes), 1024^2 and 2048^2
-    D919=$(cudnn919_dir)
-    [ -n "$D919" ] && export DITRUN_CUDNN_LIB=$D919/libcudnn.so.9 LD_LIBRARY_PATH=$D919:$LD_LIBRARY_PATH
+    use_cudnn919
     timeout 200 $B bench --preset klein-4b --backend cuda --only arms --arms graph,prefetch > "$OUT/bench_arms_gp.md" \
         2> "$OUT/bench_arms_gp.err"
     log "bench graph/prefetch arms rc=$?"
