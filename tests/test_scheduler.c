@@ -46,7 +46,7 @@ static void test_config(dt_sched_config *cfg) {
             cfg->num_train_timesteps);
     dt_sched_config c2;
     T_CHECK("sched_config_root", dt_sched_config_load(fx("model"), &c2) == 0, "%s", dt_last_error());
-    T_CHECK("sched_config_missing", dt_sched_config_load(fx("krea2"), &c2) != 0, "missing file accepted");
+    T_CHECK("sched_config_missing", dt_sched_config_load(fx("transformer-q4"), &c2) != 0, "missing file accepted");
     const char *bad = "{\"_class_name\":\"FlowMatchEulerDiscreteScheduler\",\"time_shift_type\":\"cosine\"}";
     json *j = json_parse(bad, strlen(bad), "bad");
     T_CHECK("sched_config_bad_shift_type", j && dt_sched_config_parse(j, "bad", &c2) != 0, "accepted");
