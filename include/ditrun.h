@@ -1,5 +1,6 @@
 /* ditrun.h — the public C API of libditrun (build/libditrun.a).
  *
+ * One image:
  *   ditrun_engine *e = ditrun_engine_create("auto", 0);            // cuda when a GPU is usable
  *   ditrun_image img;
  *   ditrun_generate_opts o = ditrun_generate_defaults();
@@ -8,9 +9,16 @@
  *   else fprintf(stderr, "%s\n", ditrun_last_error());
  *   ditrun_engine_free(e);
  *
+ * Many images with the models kept loaded (what a server does):
+ *   ditrun_load_opts lo = ditrun_load_defaults(); lo.model = "FLUX.2-klein-4B";
+ *   ditrun_pipeline *p = ditrun_pipeline_load(e, &lo);
+ *   for (...) { o.prompt = ...; o.seed = ...; ditrun_pipeline_generate(p, &o, &img); ... }
+ *   ditrun_pipeline_free(p);
+ *
  * Lower level: ditrun_transformer_load / ditrun_transformer_forward run one DiT step on host arrays.
  * Every function returns 0 / non-NULL on success; on failure ditrun_last_error() says what, naming
- * the file, tensor or option. Thread safety: one engine per thread. */
+ * the file, tensor or option. Thread safety: one engine per thread; a pipeline runs one request at a
+ * time (its cancel flag may be set from another thread). */
 #ifndef DITRUN_H
 #define DITRUN_H
 
@@ -36,21 +44,58 @@ int ditrun_engine_set_precision(ditrun_engine *e, const char *precision);
  * (e4m3 Q/K/V/P with one scale per tensor; CUDA through cuDNN's fp8 attention; opt-in). -1 on an unknown value. */
 int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision);
 
+/* Progress after each denoising step (step = 1..steps; seconds since the request started). Return non-zero to
+ * cancel the request. */
+typedef int (*ditrun_progress_fn)(void *user, int step, int steps, double elapsed_s);
+
 typedef struct {
-    const char *model;          /* pipeline root */
+    const char *model;          /* pipeline root (ditrun_generate only; a pipeline knows its own) */
     const char *prompt;
-    int width, height;          /* default 1024 x 1024 */
+    const char *negative_prompt;/* classifier-free guidance only; NULL = "" as the reference */
+    int width, height;          /* 0 = 1024; floored to the model's size multiple (16 for FLUX.2) */
     int steps;                  /* 0 = model default (4 distilled, 50 base) */
     uint64_t seed;
-    float guidance;             /* < 0 = default (4.0, base models only) */
-    int max_sequence_length;    /* default 512 */
+    float guidance;             /* < 0 = the model's default (4.0, base models only) */
+    int max_sequence_length;    /* 0 = 512 */
+    const float *noise;         /* optional initial noise (the model's in.initial_latents layout), noise_len values */
+    int64_t noise_len;
+    ditrun_progress_fn progress;/* optional, called after each step */
+    void *progress_user;
+    const volatile int *cancel; /* optional: set non-zero (any thread) to stop the request between steps */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */
 
+/* What a cancelled request returns (ditrun_last_error() says so). */
+#define DITRUN_CANCELLED (-2)
+
 ditrun_generate_opts ditrun_generate_defaults(void);
 int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_image *out);
 void ditrun_image_free(ditrun_image *img);
+
+/* ---- resident pipelines: components loaded once, many images ---- */
+typedef struct ditrun_pipeline ditrun_pipeline;
+typedef struct {
+    const char *model;                  /* pipeline root (model_index.json, tokenizer/, text_encoder/, ...) */
+    int text_encoder_layers[16];        /* hidden-state taps; n = 0: the model's default */
+    int n_text_encoder_layers;
+    int cuda_graph;                     /* replay the DiT forward as a CUDA graph */
+    int release_text_encoder;           /* free the text encoder between prompts (less memory, slower) */
+} ditrun_load_opts;
+typedef struct {
+    const char *family;                 /* "flux2-klein", "krea2", ... */
+    int distilled, default_steps;
+    float default_guidance;
+    int size_multiple, max_side;        /* sizes are floored to size_multiple; max_side pixels at most */
+} ditrun_pipeline_info;
+
+ditrun_load_opts ditrun_load_defaults(void);
+/* Loads every component now (the engine's precision settings apply). The engine must outlive it. */
+ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *o);
+void ditrun_pipeline_free(ditrun_pipeline *p);
+ditrun_pipeline_info ditrun_pipeline_describe(const ditrun_pipeline *p);
+/* One image (o->model is ignored). 0, -1 or DITRUN_CANCELLED. */
+int ditrun_pipeline_generate(ditrun_pipeline *p, const ditrun_generate_opts *o, ditrun_image *out);
 
 /* One FLUX.2 transformer step. Arrays are f32 host memory:
  *   img [n_img, in_channels], txt [n_txt, joint_dim], img_ids [n_img, 4], txt_ids [n_txt, 4],

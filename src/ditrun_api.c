@@ -6,10 +6,11 @@
 
 #include "backends/backend.h"
 #include "models/flux2.h"
-#include "pipeline/generate.h"
+#include "pipeline/engine.h"
 
 struct ditrun_engine { dt_backend *be; };
 struct ditrun_transformer { flux2_model *m; };
+struct ditrun_pipeline { dt_pipeline *p; };
 
 const char *ditrun_version(void) { return DITRUN_VERSION; }
 const char *ditrun_last_error(void) { return dt_last_error(); }
@@ -49,25 +50,81 @@ int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision) {
 ditrun_generate_opts ditrun_generate_defaults(void) {
     ditrun_generate_opts o;
     memset(&o, 0, sizeof o);
-    o.width = o.height = 1024;
     o.guidance = -1;
-    o.max_sequence_length = 512;
     return o;
+}
+
+/* The public request as the engine's. */
+static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
+    dt_gen_params_default(p);
+    p->prompt = o->prompt;
+    if (o->negative_prompt) p->negative_prompt = o->negative_prompt;
+    p->width = o->width;
+    p->height = o->height;
+    p->steps = o->steps;
+    p->seed = o->seed;
+    p->guidance = o->guidance;
+    p->max_seq_len = o->max_sequence_length;
+    p->noise = o->noise;
+    p->noise_len = o->noise_len;
+    p->progress = o->progress;
+    p->progress_ud = o->progress_user;
+    p->cancel = o->cancel;
 }
 
 int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_image *out) {
     dt_gen_params p;
-    dt_gen_params_default(&p);
-    p.model = o->model;
-    p.prompt = o->prompt;
-    if (o->width > 0) p.width = o->width;
-    if (o->height > 0) p.height = o->height;
-    p.steps = o->steps;
-    p.seed = o->seed;
-    p.guidance = o->guidance;
-    if (o->max_sequence_length > 0) p.max_seq_len = o->max_sequence_length;
+    to_params(o, &p);
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = o->model;
     memset(out, 0, sizeof *out);
-    return dt_generate(e->be, &p, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+    return dt_generate(e->be, &lo, &p, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+}
+
+ditrun_load_opts ditrun_load_defaults(void) {
+    ditrun_load_opts o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *o) {
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = o->model;
+    if (o->n_text_encoder_layers < 0 || o->n_text_encoder_layers > DT_GEN_MAX_TAPS) {
+        dt_set_error("pipeline: %d text-encoder layers (at most %d)", o->n_text_encoder_layers, DT_GEN_MAX_TAPS);
+        return NULL;
+    }
+    lo.n_taps = o->n_text_encoder_layers;
+    memcpy(lo.taps, o->text_encoder_layers, sizeof(int) * (size_t)lo.n_taps);
+    lo.cuda_graph = o->cuda_graph;
+    lo.release_text_encoder = o->release_text_encoder;
+    dt_pipeline *p = dt_pipeline_load(e->be, &lo);
+    if (!p) return NULL;
+    ditrun_pipeline *r = dt_calloc(1, sizeof *r);
+    r->p = p;
+    return r;
+}
+
+void ditrun_pipeline_free(ditrun_pipeline *p) {
+    if (!p) return;
+    dt_pipeline_free(p->p);
+    free(p);
+}
+
+ditrun_pipeline_info ditrun_pipeline_describe(const ditrun_pipeline *p) {
+    const dt_pipeline_info *i = dt_pipeline_get_info(p->p);
+    ditrun_pipeline_info r = {i->family, i->distilled, i->default_steps, i->default_guidance, i->size_multiple,
+                              i->max_side};
+    return r;
+}
+
+int ditrun_pipeline_generate(ditrun_pipeline *p, const ditrun_generate_opts *o, ditrun_image *out) {
+    dt_gen_params g;
+    to_params(o, &g);
+    memset(out, 0, sizeof *out);
+    return dt_pipeline_generate(p->p, &g, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
 }
 
 void ditrun_image_free(ditrun_image *img) {

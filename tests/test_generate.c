@@ -60,20 +60,22 @@ static void run_fixture(dt_backend *be, const char *tag, double tol, int px_tol,
     if (!cj || !ref) { T_FAIL(tag, "%s", dt_last_error()); json_free(cj); st_close(ref); return; }
     dt_gen_params p;
     dt_gen_params_default(&p);
-    p.model = root;
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = root;
     p.prompt = json_get_str(cj, "prompt");
     p.height = (int)json_get_int(cj, "height", 0);
     p.width = (int)json_get_int(cj, "width", 0);
     p.steps = (int)json_get_int(cj, "steps", 0);
     p.max_seq_len = (int)json_get_int(cj, "max_sequence_length", 0);
     const json *taps = json_get(cj, "text_encoder_out_layers");
-    for (size_t i = 0; taps && i < taps->len; i++) p.taps[p.n_taps++] = (int)json_at(taps, i)->integer;
+    for (size_t i = 0; taps && i < taps->len; i++) lo.taps[lo.n_taps++] = (int)json_at(taps, i)->integer;
     p.noise_file = io;
-    p.te_inv_freq_bf16 = 1;   /* the reference text encoder had its buffers cast to bf16 */
+    lo.te_inv_freq_bf16 = 1;   /* the reference text encoder had its buffers cast to bf16 */
     obs_ctx oc = {ref, tol, tag, 0, 1};
     uint8_t *rgb = NULL;
     int w, h;
-    if (dt_generate(be, &p, &rgb, &w, &h, NULL, obs, &oc)) {
+    if (dt_generate(be, &lo, &p, &rgb, &w, &h, NULL, obs, &oc)) {
         T_FAIL(tag, "generate failed: %s", dt_last_error());
     } else {
         char nm[128];

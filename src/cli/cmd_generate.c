@@ -71,6 +71,8 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
 int cmd_generate(int argc, char **argv) {
     dt_gen_params p;
     dt_gen_params_default(&p);
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     const char *output = NULL, *save = NULL;
@@ -83,7 +85,7 @@ int cmd_generate(int argc, char **argv) {
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a value"); p.model = v; i++; }
+        else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a value"); lo.model = v; i++; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) return cli_error("%s needs a value", a); p.prompt = v; i++; }
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { if (!v) return cli_error("%s needs a value", a); output = v; i++; }
         else if (!strcmp(a, "--negative-prompt")) { if (!v) return cli_error("%s needs a value", a); p.negative_prompt = v; i++; }
@@ -96,19 +98,19 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; p.max_seq_len = (int)l; i++; }
         else if (!strcmp(a, "--text-encoder-layers")) {
             if (!v) return cli_error("--text-encoder-layers needs a value like 9,18,27");
-            p.n_taps = 0;
+            lo.n_taps = 0;
             const char *s = v;
             while (*s) {
                 char *end;
                 long t = strtol(s, &end, 10);
-                if (end == s || t < 0 || t > 4096 || p.n_taps == DT_GEN_MAX_TAPS || (*end && *end != ','))
+                if (end == s || t < 0 || t > 4096 || lo.n_taps == DT_GEN_MAX_TAPS || (*end && *end != ','))
                     return cli_error("--text-encoder-layers: '%s' is not a comma-separated list of layer numbers", v);
-                p.taps[p.n_taps++] = (int)t;
+                lo.taps[lo.n_taps++] = (int)t;
                 s = *end ? end + 1 : end;
             }
             i++;
         }
-        else if (!strcmp(a, "--te-rope-bf16")) p.te_inv_freq_bf16 = 1;
+        else if (!strcmp(a, "--te-rope-bf16")) lo.te_inv_freq_bf16 = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
         else if (!strcmp(a, "--save-latents")) { if (!v) return cli_error("--save-latents needs a value"); save = v; i++; }
         else return cli_error("generate: unknown option '%s' (see ditrun generate --help)", a);
@@ -117,11 +119,11 @@ int cmd_generate(int argc, char **argv) {
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
     if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
         return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
-    if (!p.model) {
-        p.model = cli_bundled_model();
-        dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", p.model);
+    if (!lo.model) {
+        lo.model = cli_bundled_model();
+        dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", lo.model);
     }
-    p.cuda_graph = mo.cuda_graph;
+    lo.cuda_graph = mo.cuda_graph;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) return 1;
     dt_log(1, "ditrun: backend %s\n", be->name);
@@ -129,7 +131,7 @@ int cmd_generate(int argc, char **argv) {
     uint8_t *rgb = NULL;
     int w = 0, h = 0;
     dt_gen_timings tm;
-    int rc = dt_generate(be, &p, &rgb, &w, &h, &tm, save || compare ? save_obs : NULL, &sc);
+    int rc = dt_generate(be, &lo, &p, &rgb, &w, &h, &tm, save || compare ? save_obs : NULL, &sc);
     if (rc == 0 && save && st_writer_save(sc.w, save)) rc = -1;
     if (rc == 0 && compare) {   /* the same generation with bf16 Linears: error of the final latents */
         save_ctx rc2 = {NULL, NULL, 0};
@@ -140,7 +142,7 @@ int cmd_generate(int argc, char **argv) {
         int w2, h2;
         dt_gen_timings tm2;
         be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
-        rc = dt_generate(be, &p, &rgb2, &w2, &h2, &tm2, save_obs, &rc2);
+        rc = dt_generate(be, &lo, &p, &rgb2, &w2, &h2, &tm2, save_obs, &rc2);
         be->opts.precision = mo.be.precision;
         be->opts.attn_precision = mo.be.attn_precision;
         free(rgb2);
@@ -167,7 +169,7 @@ int cmd_generate(int argc, char **argv) {
         snprintf(size, sizeof size, "%dx%d", w, h);
         snprintf(sw, sizeof sw, "ditrun %s", DITRUN_VERSION);
         dt_png_text text[] = {{"prompt", p.prompt}, {"seed", seed}, {"steps", steps}, {"size", size},
-                              {"model", p.model}, {"Software", sw}};
+                              {"model", lo.model}, {"Software", sw}};
         rc = dt_png_write(output, rgb, w, h, text, (int)(sizeof text / sizeof text[0]));
         if (rc == 0) dt_log(1, "ditrun: wrote %s\n", output);
     }

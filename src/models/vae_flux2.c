@@ -272,6 +272,20 @@ void dt_vae_free(dt_vae *v) {
     free(v);
 }
 
+int dt_vae_read_config(const char *vae_dir, dt_vae_config *cfg) {
+    char *dir = dt_weights_component_dir(vae_dir, "vae");
+    if (!dir) return -1;
+    size_t n = strlen(dir) + 16;
+    char *path = dt_malloc(n);
+    snprintf(path, n, "%s/config.json", dir);
+    json *j = json_parse_file(path);
+    int rc = j ? parse_config(j, dir, cfg) : -1;
+    json_free(j);
+    free(path);
+    free(dir);
+    return rc;
+}
+
 dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
     char *dir = dt_weights_component_dir(vae_dir, "vae");
     if (!dir) return NULL;

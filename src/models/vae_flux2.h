@@ -36,6 +36,8 @@ typedef struct dt_vae dt_vae;
 /* Load from a vae/ folder or a pipeline root holding vae/. NULL on error (dt_last_error). */
 dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir);
 void dt_vae_free(dt_vae *v);
+/* Geometry only (vae/ folder or pipeline root: its config.json); loads no weights. 0 or -1. */
+int dt_vae_read_config(const char *vae_dir, dt_vae_config *cfg);
 const dt_vae_config *dt_vae_get_config(const dt_vae *v);
 
 /* Latent batch-norm running statistics, [latent_channels·patch²] each (host memory owned by v). */

@@ -1,6 +1,6 @@
-/* generate.h — the FLUX.2-klein text-to-image pipeline (diffusers Flux2KleinPipeline):
- * tokenizer -> Qwen3 taps -> noise -> flow-matching Euler loop over the DiT (optional CFG) ->
- * latent de-normalization -> VAE decode -> 8-bit RGB. See spec section 2. */
+/* generate.h — what one image request and one pipeline load ask for, what they report back, and the
+ * one-shot entry point (load, generate one image, free) that `ditrun generate` and the tests use.
+ * The resident pipeline that keeps models loaded across many requests is pipeline/engine.h. */
 #ifndef DT_GENERATE_H
 #define DT_GENERATE_H
 
@@ -10,20 +10,38 @@
 
 #define DT_GEN_MAX_TAPS 16
 
+/* Load-time choices of a pipeline (they decide what is loaded and how). */
 typedef struct {
     const char *model;          /* pipeline root (model_index.json + component folders) */
-    const char *prompt;
-    const char *negative_prompt;/* CFG only; default "" as the reference */
-    int height, width;          /* pixels; floored to a multiple of 16 (with a warning) */
-    int steps;                  /* 0 = default: 4 for distilled models, 50 otherwise */
-    uint64_t seed;
-    float guidance;             /* < 0 = default 4.0; used only for non-distilled models */
-    const char *noise_file;     /* optional safetensors with in.initial_latents [1, C, h, w] */
-    int max_seq_len;            /* text tokens (default 512) */
-    int taps[DT_GEN_MAX_TAPS];  /* text-encoder hidden-state taps; n_taps = 0: default */
+    int taps[DT_GEN_MAX_TAPS];  /* text-encoder hidden-state taps; n_taps = 0: the model's default */
     int n_taps;
     int te_inv_freq_bf16;       /* text encoder RoPE inv_freq rounded to bf16 (how the fixtures were made) */
     int cuda_graph;             /* replay the DiT forward as a CUDA graph after the first steps */
+    int release_text_encoder;   /* free the text encoder after each prompt and reload it for the next: peak memory
+                                 * is the larger of text encoder and DiT + VAE instead of their sum (one-shot runs) */
+} dt_pipeline_opts;
+
+void dt_pipeline_opts_default(dt_pipeline_opts *o);
+
+/* Progress after each denoising step (step = 1..steps, seconds since the request started). Returning
+ * non-zero cancels the request (as *cancel != 0 does). */
+typedef int (*dt_gen_progress)(void *ud, int step, int steps, double elapsed_s);
+
+/* One image request. */
+typedef struct {
+    const char *prompt;
+    const char *negative_prompt;/* CFG only; default "" as the reference */
+    int height, width;          /* pixels (0 = the model's default, 1024); floored to the model's size multiple */
+    int steps;                  /* 0 = default: 4 for distilled models, 50 otherwise */
+    uint64_t seed;
+    float guidance;             /* < 0 = the model's default */
+    int max_seq_len;            /* text tokens (0 = 512) */
+    const char *noise_file;     /* optional safetensors with in.initial_latents (the model's noise layout) */
+    const float *noise;         /* or the noise itself (noise_len values), the same layout */
+    int64_t noise_len;
+    dt_gen_progress progress;   /* optional */
+    void *progress_ud;
+    const volatile int *cancel; /* optional: checked between steps; non-zero cancels */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);
@@ -40,9 +58,13 @@ typedef struct {
     int height, width;
 } dt_gen_timings;
 
-/* Runs the pipeline on backend be. On success *rgb is malloc'd [height, width, 3] and *w, *h are set.
- * Progress lines go to stderr (dt_log level 1). Returns 0 or -1 (dt_last_error). */
-int dt_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
-                dt_gen_observer obs, void *obs_ud);
+/* The error code of a request stopped by its cancel flag or progress callback (dt_last_error says so). */
+#define DT_GEN_CANCELLED (-2)
+
+/* One-shot: load the pipeline, generate one image, free it. On success *rgb is malloc'd [height, width, 3]
+ * and *w, *h are set. Progress lines go to stderr (dt_log level 1). Returns 0, -1 (dt_last_error) or
+ * DT_GEN_CANCELLED. */
+int dt_generate(dt_backend *be, const dt_pipeline_opts *lo, const dt_gen_params *p, uint8_t **rgb, int *w, int *h,
+                dt_gen_timings *tm, dt_gen_observer obs, void *obs_ud);
 
 #endif

@@ -1,0 +1,194 @@
+/* engine.c — the resident pipeline (engine.h): picks the family from model_index.json, loads it once,
+ * validates and defaults each request, and hands it to the family; plus the one-shot dt_generate. */
+#include "engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "io/safetensors.h"
+#include "pipeline/family.h"
+
+static const dt_family *const families[] = {&dt_family_klein};
+
+void dt_pipeline_opts_default(dt_pipeline_opts *o) { memset(o, 0, sizeof *o); }
+
+void dt_gen_params_default(dt_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    p->negative_prompt = "";
+    p->guidance = -1;
+}
+
+char *dt_path_join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *s = dt_malloc(n);
+    snprintf(s, n, "%s/%s", a, b);
+    return s;
+}
+
+int dt_path_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float *d, int ndim, int64_t d0, int64_t d1,
+                    int64_t d2, int64_t d3) {
+    if (!obs) return;
+    int64_t shape[4] = {d0, d1, d2, d3};
+    obs(ud, name, d, ndim, shape);
+}
+
+int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char *layout) {
+    if (g->noise) {
+        if (g->noise_len != n) {
+            dt_set_error("generate: the noise has %lld values, this image needs %lld (%s)", (long long)g->noise_len,
+                         (long long)n, layout);
+            return -1;
+        }
+        memcpy(out, g->noise, sizeof(float) * (size_t)n);
+        return 1;
+    }
+    if (!g->noise_file) return 0;
+    st_file *nf = st_open(g->noise_file);
+    if (!nf) return -1;
+    const st_tensor *t = st_find(nf, "in.initial_latents");
+    if (!t || t->numel != n) {
+        dt_set_error("%s: need in.initial_latents with %lld values (%s)", g->noise_file, (long long)n, layout);
+        st_close(nf);
+        return -1;
+    }
+    float *f = st_to_f32(t);
+    memcpy(out, f, sizeof(float) * (size_t)n);
+    free(f);
+    st_close(nf);
+    return 1;
+}
+
+int dt_gen_cancelled(const dt_gen_params *g) {
+    if (g->cancel && __atomic_load_n(g->cancel, __ATOMIC_RELAXED)) {
+        dt_set_error("generate: cancelled");
+        return 1;
+    }
+    return 0;
+}
+
+dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
+    if (!o->model) { dt_set_error("generate: no model folder given"); return NULL; }
+    struct stat st;
+    if (stat(o->model, &st) != 0) { dt_set_error("%s: no such model folder", o->model); return NULL; }
+    if (!S_ISDIR(st.st_mode)) { dt_set_error("%s: not a folder (a pipeline root holds model_index.json)", o->model); return NULL; }
+    char *idx_path = dt_path_join(o->model, "model_index.json");
+    if (!dt_path_exists(idx_path)) {
+        dt_set_error("%s: missing (a pipeline root has model_index.json, tokenizer/, text_encoder/, transformer/, vae/, "
+                     "scheduler/)", idx_path);
+        free(idx_path);
+        return NULL;
+    }
+    json *idx = json_parse_file(idx_path);
+    free(idx_path);
+    if (!idx) return NULL;
+    const char *cls = json_get_str(idx, "_class_name");
+    const dt_family *fam = NULL;
+    for (size_t i = 0; i < sizeof families / sizeof families[0] && !fam; i++)
+        if (families[i]->matches(cls ? cls : "")) fam = families[i];
+    if (!fam) {
+        dt_set_error("%s/model_index.json: pipeline class '%s' is not supported (Flux2KleinPipeline, "
+                     "Flux2KleinKVPipeline, Krea2Pipeline)", o->model, cls ? cls : "(none)");
+        json_free(idx);
+        return NULL;
+    }
+    dt_pipeline *p = dt_calloc(1, sizeof *p);
+    p->be = be;
+    p->opts = *o;
+    p->root = dt_strdup(o->model);
+    p->opts.model = p->root;
+    p->class_name = dt_strdup(cls ? cls : "");
+    p->family = fam;
+    p->info.family = fam->name;
+    p->info.class_name = p->class_name;
+    if (fam->load(p, idx)) {
+        json_free(idx);
+        free(p->root);
+        free(p->class_name);
+        free(p);
+        return NULL;
+    }
+    json_free(idx);
+    return p;
+}
+
+void dt_pipeline_free(dt_pipeline *p) {
+    if (!p) return;
+    p->family->free(p);
+    free(p->root);
+    free(p->class_name);
+    free(p);
+}
+
+const dt_pipeline_info *dt_pipeline_get_info(const dt_pipeline *p) { return &p->info; }
+dt_backend *dt_pipeline_backend(const dt_pipeline *p) { return p->be; }
+
+int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g0, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                         dt_gen_observer obs, void *ud) {
+    dt_gen_timings tl;
+    if (!tm) tm = &tl;
+    memset(tm, 0, sizeof *tm);
+    *rgb = NULL;
+    *w = *h = 0;
+    dt_gen_params g = *g0;
+    const dt_pipeline_info *in = &p->info;
+    if (!g.prompt) { dt_set_error("generate: a prompt is required"); return -1; }
+    if (!g.negative_prompt) g.negative_prompt = "";
+    if (g.steps == 0) g.steps = in->default_steps;
+    if (g.steps < 1 || g.steps > 1000) { dt_set_error("generate: steps %d out of range 1..1000", g.steps); return -1; }
+    if (g.guidance < 0) g.guidance = in->default_guidance;
+    if (!(g.guidance <= 100.0f)) { dt_set_error("generate: guidance %g out of range 0..100", g.guidance); return -1; }
+    if (g.max_seq_len == 0) g.max_seq_len = 512;
+    if (g.max_seq_len < 1 || g.max_seq_len > 32768) {
+        dt_set_error("generate: max sequence length %d out of range 1..32768", g.max_seq_len);
+        return -1;
+    }
+    if (g.width == 0) g.width = 1024;
+    if (g.height == 0) g.height = 1024;
+    const int mult = in->size_multiple;
+    if (g.width < mult || g.height < mult) {
+        dt_set_error("generate: image size %dx%d is smaller than %d pixels (this model's size multiple)", g.width, g.height,
+                     mult);
+        return -1;
+    }
+    if (g.width > in->max_side || g.height > in->max_side) {
+        dt_set_error("generate: image size %dx%d is over %d pixels a side (this model's limit)", g.width, g.height,
+                     in->max_side);
+        return -1;
+    }
+    int W = g.width / mult * mult, H = g.height / mult * mult;
+    if (W != g.width || H != g.height)
+        dt_log(1, "ditrun: warning: size %dx%d rounded down to %dx%d (multiples of %d)\n", g.width, g.height, W, H, mult);
+    g.width = W;
+    g.height = H;
+    if (dt_gen_cancelled(&g)) return DT_GEN_CANCELLED;
+    return p->family->generate(p, &g, rgb, w, h, tm, obs, ud);
+}
+
+int dt_generate(dt_backend *be, const dt_pipeline_opts *lo, const dt_gen_params *p, uint8_t **rgb, int *w, int *h,
+                dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
+    dt_gen_timings tl;
+    if (!tm) tm = &tl;
+    if (!p->prompt) { dt_set_error("generate: a prompt is required"); return -1; }
+    double t0 = dt_now();
+    dt_pipeline_opts o = *lo;
+    o.release_text_encoder = 1;   /* one image: the text encoder never shares memory with the DiT */
+    dt_pipeline *pl = dt_pipeline_load(be, &o);
+    if (!pl) return -1;
+    double t_load = dt_now() - t0;
+    int rc = dt_pipeline_generate(pl, p, rgb, w, h, tm, obs, ud);
+    dt_pipeline_free(pl);
+    tm->t_load += t_load;
+    tm->t_total = dt_now() - t0;
+    if (rc == 0)
+        dt_log(1, "ditrun: %dx%d, %d steps: load %.2f s, encode %.2f s, denoise %.2f s (%.3f s/step), decode %.2f s, "
+                  "total %.2f s\n", tm->width, tm->height, tm->steps, tm->t_load, tm->t_encode, tm->t_denoise,
+               tm->steps ? tm->t_denoise / tm->steps : 0.0, tm->t_decode, tm->t_total);
+    return rc;
+}

@@ -1,0 +1,36 @@
+/* engine.h — a resident pipeline: tokenizer, text encoder, transformer and VAE loaded once, then any
+ * number of image requests. The model family (FLUX.2-klein, Krea 2, ...) is picked from the root's
+ * model_index.json (`_class_name`) and implemented behind dt_family (pipeline/family.h).
+ *
+ * After the first image of a size, a request allocates no new device memory: the DiT's activations
+ * are kept per (image tokens, text tokens) and the backend reuses freed blocks.
+ * One pipeline serves one request at a time (a server runs one worker per pipeline). */
+#ifndef DT_ENGINE_H
+#define DT_ENGINE_H
+
+#include "pipeline/generate.h"
+
+typedef struct dt_pipeline dt_pipeline;
+
+/* What a loaded pipeline is. */
+typedef struct {
+    const char *family;         /* "flux2-klein", "krea2", ... */
+    const char *class_name;     /* model_index.json's _class_name */
+    int distilled;              /* is_distilled: no classifier-free guidance by default */
+    int default_steps;
+    float default_guidance;     /* what guidance < 0 means */
+    int size_multiple;          /* width and height are floored to multiples of this */
+    int max_side;               /* the largest width/height the schedule and the positions allow */
+} dt_pipeline_info;
+
+/* Load every component of the pipeline at o->model on be. NULL on error (dt_last_error names the file). */
+dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o);
+void dt_pipeline_free(dt_pipeline *p);
+const dt_pipeline_info *dt_pipeline_get_info(const dt_pipeline *p);
+dt_backend *dt_pipeline_backend(const dt_pipeline *p);
+
+/* Generate one image (see dt_generate for the outputs). 0, -1 (dt_last_error) or DT_GEN_CANCELLED. */
+int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                         dt_gen_observer obs, void *obs_ud);
+
+#endif

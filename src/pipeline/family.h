@@ -1,0 +1,50 @@
+/* family.h — what a model family provides to the engine (pipeline/engine.c), and the state the engine
+ * shares with it. One file per family implements it: klein.c (FLUX.2-klein), ...
+ *
+ * A family loads its components into its own state (dt_pipeline.fam), fills dt_pipeline.info, and runs
+ * requests: text encoding, noise, schedule, the shared sampling loop (pipeline/sampler.h), decoding. */
+#ifndef DT_FAMILY_H
+#define DT_FAMILY_H
+
+#include "io/json.h"
+#include "pipeline/engine.h"
+
+typedef struct dt_family dt_family;
+
+struct dt_pipeline {
+    dt_backend *be;
+    dt_pipeline_opts opts;
+    char *root;                 /* copy of opts.model */
+    char *class_name;           /* model_index.json's _class_name */
+    dt_pipeline_info info;
+    const dt_family *family;
+    void *fam;                  /* the family's loaded components */
+};
+
+struct dt_family {
+    const char *name;
+    /* Does this family run model_index.json's _class_name? */
+    int (*matches)(const char *class_name);
+    /* Load the components of p->root (model_index.json parsed in idx) into p->fam and fill p->info.
+     * 0 or -1 (dt_last_error); on error the family frees what it made. */
+    int (*load)(dt_pipeline *p, const json *idx);
+    void (*free)(dt_pipeline *p);
+    /* One request: g is already defaulted/validated by the engine (prompt set, steps > 0, size multiples). */
+    int (*generate)(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                    dt_gen_observer obs, void *ud);
+};
+
+extern const dt_family dt_family_klein;
+
+/* Small helpers shared by the families. */
+char *dt_path_join(const char *a, const char *b);                 /* "a/b", malloc'd */
+int dt_path_exists(const char *p);
+void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float *d, int ndim, int64_t d0,
+                    int64_t d1, int64_t d2, int64_t d3);
+/* The request's noise (noise array or noise_file's in.initial_latents) into out [n]; 1 if given, 0 if the
+ * request has none (draw it), -1 on error (wrong count: `layout` names the expected shape). */
+int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char *layout);
+/* Non-zero when the request has been cancelled (flag set); sets the error. */
+int dt_gen_cancelled(const dt_gen_params *g);
+
+#endif

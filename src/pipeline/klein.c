@@ -1,0 +1,342 @@
+/* klein.c — the FLUX.2-klein family of the engine (diffusers Flux2KleinPipeline):
+ * chat-template tokens -> Qwen3 hidden-state taps -> seeded noise in packed latent space ->
+ * Euler steps over the DiT with the klein schedule (CFG with the negative prompt for base models) ->
+ * unpack, batch-norm de-normalization, unpatchify -> VAE decoder -> 8-bit RGB.
+ *
+ * Resident: tokenizer, text encoder (the layers up to the deepest tap), DiT and VAE stay loaded. With
+ * opts.release_text_encoder (one-shot runs) the text encoder is loaded for each prompt and freed before
+ * the DiT and VAE load, so peak memory is the larger of the two, not their sum. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/flux2.h"
+#include "models/flux2_layouts.h"
+#include "models/qwen3.h"
+#include "models/vae_flux2.h"
+#include "pipeline/family.h"
+#include "pipeline/latents.h"
+#include "pipeline/sampler.h"
+#include "pipeline/scheduler.h"
+#include "pipeline/tokenizer.h"
+
+typedef struct {
+    char *te_dir, *vae_dir;
+    dt_tokenizer *tok;
+    dt_qwen3_config tcfg;
+    dt_qwen3 *te;               /* NULL between prompts with release_text_encoder */
+    int taps[DT_GEN_MAX_TAPS], n_taps, max_tap;
+    flux2_config fc;            /* the DiT's geometry (read before loading it) */
+    flux2_model *dit;           /* NULL until first needed with release_text_encoder */
+    dt_vae *vae;
+    dt_sched_config sched;
+} klein_state;
+
+static int klein_matches(const char *cls) {
+    return !strcmp(cls, "Flux2KleinPipeline");
+}
+
+/* Default taps: the reference's (9, 18, 27) for Qwen3's 36 layers, i.e. k·L/(n+1) for k = 1..n,
+ * where n = joint_attention_dim / text hidden size (the number of taps the DiT expects). */
+static int default_taps(int layers, int n, int *taps) {
+    for (int k = 1; k <= n; k++) {
+        taps[k - 1] = k * layers / (n + 1);
+        if (taps[k - 1] < 1) taps[k - 1] = 1;
+    }
+    return n;
+}
+
+static int read_dit_config(const char *root, flux2_config *fc) {
+    char *cfg_path = dt_path_join(root, "transformer/config.json");
+    int rc = -1;
+    if (dt_path_exists(cfg_path)) {
+        json *j = json_parse_file(cfg_path);
+        rc = j ? flux2_config_parse(j, cfg_path, fc) : -1;
+        json_free(j);
+    } else {
+        char *dir = dt_path_join(root, "transformer");
+        dt_weights *w = dt_weights_open(dir);
+        if (w) {
+            rc = flux2_layout_install(w) == 0 ? flux2_layout_infer_config(w, fc) : -1;
+            dt_weights_close(w);
+        }
+        free(dir);
+    }
+    free(cfg_path);
+    return rc;
+}
+
+static void klein_free(dt_pipeline *p) {
+    klein_state *s = p->fam;
+    if (!s) return;
+    if (s->tok) dt_tokenizer_free(s->tok);
+    if (s->te) dt_qwen3_free(s->te);
+    if (s->dit) flux2_free(s->dit);
+    if (s->vae) dt_vae_free(s->vae);
+    free(s->te_dir);
+    free(s->vae_dir);
+    free(s);
+    p->fam = NULL;
+}
+
+static int ensure_te(dt_pipeline *p) {
+    klein_state *s = p->fam;
+    if (s->te) return 0;
+    s->te = dt_qwen3_load(p->be, s->te_dir, s->max_tap > 0 ? s->max_tap : 1);
+    if (!s->te) return -1;
+    dt_qwen3_set_inv_freq_bf16(s->te, p->opts.te_inv_freq_bf16);
+    return 0;
+}
+
+static int ensure_dit_vae(dt_pipeline *p) {
+    klein_state *s = p->fam;
+    if (!s->dit) {
+        s->dit = flux2_load(p->be, p->root);
+        if (!s->dit) return -1;
+        flux2_set_graph(s->dit, p->opts.cuda_graph);
+    }
+    if (!s->vae) {
+        s->vae = dt_vae_load(p->be, s->vae_dir);
+        if (!s->vae) return -1;
+    }
+    const dt_vae_config *vc = dt_vae_get_config(s->vae);
+    const flux2_config *c = flux2_get_config(s->dit);
+    if (c->in_channels != vc->latent_channels * vc->patch * vc->patch) {
+        dt_set_error("%s: transformer in_channels %d != VAE latent channels %d x patch %d^2", p->root, c->in_channels,
+                     vc->latent_channels, vc->patch);
+        return -1;
+    }
+    if (c->n_axes != 4) { dt_set_error("%s: the pipeline needs 4 RoPE axes, the transformer has %d", p->root, c->n_axes); return -1; }
+    int bn_n;
+    const float *bm, *bv;
+    float eps;
+    dt_vae_bn_stats(s->vae, &bm, &bv, &bn_n, &eps);
+    if (bn_n != c->in_channels) {
+        dt_set_error("%s: VAE batch-norm has %d channels, the latents %d", p->root, bn_n, c->in_channels);
+        return -1;
+    }
+    return 0;
+}
+
+static int klein_load(dt_pipeline *p, const json *idx) {
+    klein_state *s = dt_calloc(1, sizeof *s);
+    p->fam = s;
+    const char *root = p->root;
+    int distilled = json_get_bool(idx, "is_distilled", 0);
+    char *tok_dir = dt_path_join(root, "tokenizer"), *sch_dir = dt_path_join(root, "scheduler");
+    s->te_dir = dt_path_join(root, "text_encoder");
+    s->vae_dir = dt_path_join(root, "vae");
+    int rc = -1;
+    s->tok = dt_tokenizer_load(tok_dir);
+    if (!s->tok) goto out;
+    /* the DiT's joint_attention_dim tells how many taps it expects: read its config first (or infer it from the
+     * tensor shapes for layouts shipped without config.json, e.g. mflux) */
+    if (read_dit_config(root, &s->fc)) goto out;
+    if (dt_qwen3_read_config(s->te_dir, &s->tcfg)) goto out;
+    const int hidden = s->tcfg.hidden, layers = s->tcfg.num_layers;
+    s->n_taps = p->opts.n_taps;
+    if (s->n_taps) {
+        memcpy(s->taps, p->opts.taps, sizeof(int) * s->n_taps);
+    } else {
+        if (s->fc.joint_dim % hidden || s->fc.joint_dim / hidden > DT_GEN_MAX_TAPS) {
+            dt_set_error("%s: joint_attention_dim %d is not a multiple of the text encoder's hidden size %d", root,
+                         s->fc.joint_dim, hidden);
+            goto out;
+        }
+        s->n_taps = default_taps(layers, s->fc.joint_dim / hidden, s->taps);
+    }
+    for (int i = 0; i < s->n_taps; i++) {
+        if (s->taps[i] < 0 || s->taps[i] > layers) {
+            dt_set_error("generate: text-encoder layer %d out of range 0..%d", s->taps[i], layers);
+            goto out;
+        }
+        if (s->taps[i] > s->max_tap) s->max_tap = s->taps[i];
+    }
+    if ((int64_t)s->n_taps * hidden != s->fc.joint_dim) {
+        dt_set_error("generate: %d taps x hidden %d = %lld features, but the transformer expects joint_attention_dim %d",
+                     s->n_taps, hidden, (long long)s->n_taps * hidden, s->fc.joint_dim);
+        goto out;
+    }
+    if (dt_path_exists(sch_dir)) { if (dt_sched_config_load(sch_dir, &s->sched)) goto out; }
+    else dt_sched_config_default(&s->sched);
+    if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
+
+    p->info.distilled = distilled;
+    p->info.default_steps = distilled ? 4 : 50;
+    p->info.default_guidance = 4.0f;
+    /* 16 for FLUX.2: VAE x8, then 2x2 patches; from the VAE config when it is loaded */
+    p->info.size_multiple = 16;
+    if (s->vae) {
+        const dt_vae_config *vc = dt_vae_get_config(s->vae);
+        p->info.size_multiple = vc->scale_factor * vc->patch;
+    } else {
+        dt_vae_config vc;
+        if (dt_vae_read_config(s->vae_dir, &vc) == 0) p->info.size_multiple = vc.scale_factor * vc.patch;
+        else goto out;
+    }
+    p->info.max_side = 8192;
+    rc = 0;
+out:
+    free(tok_dir);
+    free(sch_dir);
+    if (rc) klein_free(p);
+    return rc;
+}
+
+/* Encode one prompt to [T, n_taps * hidden] features (NULL on error). */
+static float *encode_prompt(klein_state *s, const char *prompt, int T, dt_gen_observer obs, void *ud, int observe_ids) {
+    const int hidden = s->tcfg.hidden;
+    int32_t *ids = dt_malloc(sizeof(int32_t) * T), *mask = dt_malloc(sizeof(int32_t) * T);
+    float *emb = NULL;
+    int real = dt_tokenize_chat(s->tok, prompt, T, ids, mask);
+    if (real < 0) goto out;
+    if (real == T) dt_log(1, "ditrun: note: the prompt fills all %d text tokens (it may have been truncated)\n", T);
+    if (observe_ids && obs) {
+        float *f = dt_malloc(sizeof(float) * T);
+        for (int i = 0; i < T; i++) f[i] = (float)ids[i];
+        dt_gen_observe(obs, ud, "input_ids", f, 2, 1, T, 0, 0);
+        for (int i = 0; i < T; i++) f[i] = (float)mask[i];
+        dt_gen_observe(obs, ud, "attention_mask", f, 2, 1, T, 0, 0);
+        free(f);
+    }
+    emb = dt_malloc(sizeof(float) * (size_t)T * s->n_taps * hidden);
+    if (dt_qwen3_encode(s->te, ids, mask, T, s->taps, s->n_taps, emb)) { free(emb); emb = NULL; }
+out:
+    free(ids);
+    free(mask);
+    return emb;
+}
+
+/* What the sampling loop's model callback needs. */
+typedef struct {
+    flux2_model *dit;
+    const float *pos, *neg, *img_ids, *txt_ids;
+    const float *timesteps;
+    int N, T, bf16;
+} klein_step_ctx;
+
+static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
+    klein_step_ctx *k = ctx;
+    /* the pipeline passes timestep/1000; in bf16 pipelines t is rounded to bf16 first */
+    float t = k->bf16 ? dt_bf16_round(dt_bf16_round(k->timesteps[i]) / 1000.0f) : k->timesteps[i] / 1000.0f;
+    return flux2_forward(k->dit, x, k->N, pass ? k->neg : k->pos, k->T, t, k->img_ids, k->txt_ids, v, NULL, NULL);
+}
+
+static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
+                          dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
+    klein_state *s = p->fam;
+    dt_backend *be = p->be;
+    const double t_start = dt_now();
+    double t0 = t_start;
+    int rc = -1;
+    const int T = g->max_seq_len, hidden = s->tcfg.hidden;
+    const int cfg = !p->info.distilled && g->guidance > 1.0f;
+    float *pos = NULL, *neg = NULL, *x = NULL, *v = NULL, *u = NULL, *img_ids = NULL, *txt_ids = NULL, *lat = NULL,
+          *lat_c = NULL, *lat_u = NULL, *img = NULL, *img01 = NULL, *sigmas = NULL, *timesteps = NULL;
+    uint8_t *rgb = NULL;
+    if (p->info.distilled && g->guidance != p->info.default_guidance && g->guidance != 1.0f)
+        dt_log(1, "ditrun: note: guidance is ignored by distilled models (is_distilled in model_index.json)\n");
+
+    /* ---- text: tokenizer + Qwen3 taps ---- */
+    if (ensure_te(p)) goto done;
+    tm->t_load += dt_now() - t0;
+    t0 = dt_now();
+    dt_log(1, "ditrun: encoding the prompt (%d tokens, taps", T);
+    for (int i = 0; i < s->n_taps; i++) dt_log(1, "%s%d", i ? "," : " ", s->taps[i]);
+    dt_log(1, ")%s\n", cfg ? " and the negative prompt" : "");
+    pos = encode_prompt(s, g->prompt, T, obs, ud, 1);
+    if (!pos) goto done;
+    dt_gen_observe(obs, ud, "prompt_embeds", pos, 3, 1, T, (int64_t)s->n_taps * hidden, 0);
+    if (cfg && !(neg = encode_prompt(s, g->negative_prompt, T, NULL, NULL, 0))) goto done;
+    if (p->opts.release_text_encoder) {
+        dt_qwen3_free(s->te);
+        s->te = NULL;
+    }
+    tm->t_encode = dt_now() - t0;
+    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+
+    /* ---- DiT + VAE (already resident unless released-encoder mode) ---- */
+    t0 = dt_now();
+    if (ensure_dit_vae(p)) goto done;
+    tm->t_load += dt_now() - t0;
+    const dt_vae_config *vc = dt_vae_get_config(s->vae);
+    const flux2_config *c = flux2_get_config(s->dit);
+    const int mult = vc->scale_factor * vc->patch;
+    const int H = g->height, W = g->width;
+    const int h = H / mult, w = W / mult, C = c->in_channels, N = h * w;
+    tm->height = H;
+    tm->width = W;
+    tm->steps = g->steps;
+
+    /* ---- noise (packed, normalized latent space [C, h, w]) ---- */
+    lat = dt_malloc(sizeof(float) * (size_t)C * N);
+    char layout[96];
+    snprintf(layout, sizeof layout, "[1, %d, %d, %d] for a %dx%d image", C, h, w, W, H);
+    int have = dt_gen_read_noise(g, lat, (int64_t)C * N, layout);
+    if (have < 0) goto done;
+    if (!have) dt_latents_noise(g->seed, C, h, w, lat);
+    x = dt_malloc(sizeof(float) * (size_t)N * C);
+    dt_latents_pack(lat, C, h, w, x);
+    img_ids = dt_malloc(sizeof(float) * (size_t)N * 4);
+    txt_ids = dt_malloc(sizeof(float) * (size_t)T * 4);
+    dt_latents_img_ids(h, w, 0.0f, img_ids);
+    dt_latents_txt_ids(T, txt_ids);
+
+    /* ---- schedule ---- */
+    sigmas = dt_malloc(sizeof(float) * (g->steps + 1));
+    timesteps = dt_malloc(sizeof(float) * g->steps);
+    if (dt_schedule_make(&s->sched, g->steps, N, sigmas, timesteps)) goto done;
+    dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
+    dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+
+    /* ---- denoising loop ---- */
+    v = dt_malloc(sizeof(float) * (size_t)N * C);
+    if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
+    /* the prompt features stay on the device for all steps */
+    if (flux2_text_resident(s->dit, pos, T)) goto done;
+    if (cfg && flux2_text_resident(s->dit, neg, T)) goto done;
+    klein_step_ctx kc = {s->dit, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16};
+    const int64_t shape[3] = {1, N, C};
+    dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
+                     .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND, .bf16_euler = kc.bf16,
+                     .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict, .ctx = &kc, .v = v, .u = u};
+    rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    flux2_text_resident(s->dit, NULL, 0);
+    if (rc) goto done;
+    rc = -1;
+    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+
+    /* ---- latents -> image ---- */
+    double tdec = dt_now();
+    lat_c = dt_malloc(sizeof(float) * (size_t)C * N);
+    dt_latents_unpack(x, C, h, w, lat_c);
+    const float *bn_mean, *bn_var;
+    int bn_n;
+    float bn_eps;
+    dt_vae_bn_stats(s->vae, &bn_mean, &bn_var, &bn_n, &bn_eps);
+    dt_latents_bn_denorm(lat_c, C, N, bn_mean, bn_var, bn_eps);
+    const int lc = vc->latent_channels;
+    lat_u = dt_malloc(sizeof(float) * (size_t)C * N);
+    dt_latents_unpatchify(lat_c, lc, h, w, lat_u);
+    dt_gen_observe(obs, ud, "latents_unpacked", lat_u, 4, 1, lc, 2 * h, 2 * w);
+    img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
+    if (dt_vae_decode(s->vae, lat_u, 2 * h, 2 * w, img)) goto done;
+    img01 = obs ? dt_malloc(sizeof(float) * 3 * (size_t)H * W) : NULL;
+    rgb = dt_malloc(3 * (size_t)H * W);
+    dt_vae_postprocess(img, H, W, img01, rgb);
+    if (img01) dt_gen_observe(obs, ud, "image_float", img01, 4, 1, H, W, 3);
+    tm->t_decode = dt_now() - tdec;
+    tm->t_total = dt_now() - t_start;
+    *rgb_out = rgb;
+    rgb = NULL;
+    *w_out = W;
+    *h_out = H;
+    rc = 0;
+done:
+    free(pos); free(neg); free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
+    free(lat_u); free(img); free(img01); free(sigmas); free(timesteps); free(rgb);
+    return rc;
+}
+
+const dt_family dt_family_klein = {"flux2-klein", klein_matches, klein_load, klein_free, klein_generate};

@@ -1,0 +1,45 @@
+/* sampler.h — the flow-matching Euler loop every family runs: for each step, the model's velocity
+ * (one pass, or two with classifier-free guidance), the guidance combination, the Euler update,
+ * per-step observation, timing, progress and cancellation. The model itself is a callback. */
+#ifndef DT_SAMPLER_H
+#define DT_SAMPLER_H
+
+#include <stddef.h>
+
+#include "pipeline/generate.h"
+
+/* How the two passes combine (v = velocity of the positive prompt, u = of the negative one). */
+typedef enum {
+    DT_CFG_FROM_UNCOND = 0,   /* u + g·(v − u)   (FLUX.2: diffusers Flux2KleinPipeline) */
+    DT_CFG_FROM_COND,         /* v + g·(v − u)   (Krea 2) */
+} dt_cfg_rule;
+
+/* v [n] = the model's velocity at step i for latents x [n]; pass 0 = the prompt, 1 = the negative prompt.
+ * 0 or -1 (dt_last_error). */
+typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, float *v);
+/* Optional, after step i's update of x (e.g. inpainting restores the kept region). */
+typedef void (*dt_after_step_fn)(void *ctx, int step, float *x);
+
+typedef struct {
+    int steps;                  /* steps to run: sigmas[first .. first + steps] */
+    int first;                  /* index of the first sigma (> 0 when a strength skips the noisiest steps) */
+    const float *sigmas;        /* [first + steps + 1] */
+    const float *timesteps;     /* [first + steps] (for the log) */
+    int cfg;                    /* two passes per step */
+    float guidance;
+    dt_cfg_rule rule;
+    int bf16_euler;             /* the Euler update as a bf16 pipeline does it */
+    size_t n;                   /* latent values (tokens × channels) */
+    const int64_t *obs_shape;   /* shape of the latents for "stepK.latents_packed" (3 dims) */
+    dt_predict_fn predict;
+    dt_after_step_fn after_step;
+    void *ctx;
+    float *v, *u;               /* scratch [n] each (u only with cfg) */
+} dt_sampler;
+
+/* Run the loop on x [n] in place. Progress and cancellation from g; per-step timings into tm.
+ * 0, -1 or DT_GEN_CANCELLED. */
+int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_request_start, dt_gen_timings *tm,
+              dt_gen_observer obs, void *ud);
+
+#endif
