@@ -239,6 +239,25 @@ int main(void) {
     free(info);
     rc = run("--help", err, sizeof err);
     T_CHECK("--help", rc == 0, "exit %d", rc);
+
+    /* generate --count: one load, N images with seeds S.. named OUT-1.png..; image k equals a one-shot run with seed S+k-1 */
+    snprintf(args, sizeof args, "generate --backend cpu -q --model %s/model -p 'a fox' --height 32 --width 48 "
+             "--max-sequence-length 16 --seed 5 --count 2 -o %s/many.png > %s/many.txt", fx, tmpdir, tmpdir);
+    rc = run(args, err, sizeof err);
+    snprintf(p1, sizeof p1, "%s/many.txt", tmpdir);
+    info = read_text(p1);
+    T_CHECK("generate --count timings", rc == 0 && info && strstr(info, "image 2/2 (seed 6)") && strstr(info, "first image"),
+            "exit %d: %s %s", rc, err, info ? info : "(none)");
+    free(info);
+    snprintf(args, sizeof args, "generate --backend cpu -q --model %s/model -p 'a fox' --height 32 --width 48 "
+             "--max-sequence-length 16 --seed 6 -o %s/one.png", fx, tmpdir);
+    rc = run(args, err, sizeof err);
+    snprintf(p1, sizeof p1, "%s/many-2.png", tmpdir);
+    snprintf(p2, sizeof p2, "%s/one.png", tmpdir);
+    snprintf(args, sizeof args, "cmp -s '%s' '%s'", p1, p2);
+    T_CHECK("generate --count image 2 == one-shot seed 6 (same bytes)", rc == 0 && system(args) == 0, "exit %d: %s", rc, err);
+    expect_error("generate --count with --save-latents", "generate -p x -o /tmp/x.png --count 2 --save-latents /tmp/y.st",
+                 "--count", NULL);
     free(cfg);
     snprintf(args, sizeof args, "rm -rf '%s'", tmpdir);
     if (system(args) != 0) printf("# cleanup failed\n");

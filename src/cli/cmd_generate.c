@@ -7,7 +7,7 @@
 #include "cli.h"
 #include "cli_model.h"
 #include "io/safetensors.h"
-#include "pipeline/generate.h"
+#include "pipeline/engine.h"
 #include "pipeline/png.h"
 
 static void usage(FILE *f) {
@@ -29,6 +29,8 @@ static void usage(FILE *f) {
             "  --max-sequence-length N     text tokens (default 512)\n"
             "  --text-encoder-layers a,b,c hidden-state taps (default 9,18,27 for 36-layer encoders; k*L/(n+1) in general)\n"
             "  --te-rope-bf16              text-encoder RoPE frequencies rounded to bf16 (as in the test fixtures)\n"
+            "  --count N                   N images from one load (seeds S, S+1, ...) written as OUT-1.png .. OUT-N.png;\n"
+            "                              prints each image's time and the first vs the warm ones\n"
             "  --save-latents FILE         write intermediates (prompt embeds, sigmas, per-step latents, unpacked\n"
             "                              latents, float image) to a safetensors file\n"
             "  --backend cpu|cuda|auto     (default auto: cuda when a GPU is usable)\n"
@@ -68,6 +70,68 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
     st_writer_add_f32(s->w, nm, ndim, shape, d);
 }
 
+/* The PNG with the generation's parameters as text chunks. */
+static int write_png(const char *path, const uint8_t *rgb, int w, int h, const dt_gen_params *p, int steps, const char *model) {
+    char seed[32], st[16], size[32], sw[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
+    snprintf(st, sizeof st, "%d", steps);
+    snprintf(size, sizeof size, "%dx%d", w, h);
+    snprintf(sw, sizeof sw, "ditrun %s", DITRUN_VERSION);
+    dt_png_text text[] = {{"prompt", p->prompt}, {"seed", seed}, {"steps", st}, {"size", size}, {"model", model},
+                          {"Software", sw}};
+    int rc = dt_png_write(path, rgb, w, h, text, (int)(sizeof text / sizeof text[0]));
+    if (rc == 0) dt_log(1, "ditrun: wrote %s\n", path);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --count N: one load, N images (seeds seed .. seed + N - 1) written as OUT-1.png .. OUT-N.png; per-image timings
+ * and the first image vs the median of the warm ones. */
+static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_params *p, const char *output, int count) {
+    double t0 = dt_now();
+    dt_pipeline *pl = dt_pipeline_load(be, lo);
+    if (!pl) return cli_error("%s", dt_last_error());
+    double t_load = dt_now() - t0;
+    dt_log(1, "ditrun: pipeline loaded in %.2f s\n", t_load);
+    size_t ol = strlen(output);
+    const char *dot = strrchr(output, '.');
+    size_t stem = dot && !strchr(dot, '/') ? (size_t)(dot - output) : ol;
+    double *tot = dt_malloc(sizeof(double) * (size_t)count);
+    int rc = 0;
+    const uint64_t seed0 = p->seed;
+    for (int i = 0; i < count && rc == 0; i++) {
+        p->seed = seed0 + (uint64_t)i;
+        uint8_t *rgb = NULL;
+        int w, h;
+        dt_gen_timings tm;
+        double ts = dt_now();
+        if (dt_pipeline_generate(pl, p, &rgb, &w, &h, &tm, NULL, NULL)) { rc = cli_error("%s", dt_last_error()); break; }
+        tot[i] = dt_now() - ts;
+        printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step), decode %.3f s, total %.3f s\n", i + 1,
+               count, (unsigned long long)p->seed, tm.t_encode, tm.t_denoise, tm.t_denoise / tm.steps, tm.t_decode, tot[i]);
+        size_t n = ol + 24;
+        char *path = dt_malloc(n);
+        snprintf(path, n, "%.*s-%d%s", (int)stem, output, i + 1, output + stem);
+        if (write_png(path, rgb, w, h, p, tm.steps, lo->model)) rc = cli_error("%s", dt_last_error());
+        free(path);
+        free(rgb);
+    }
+    if (rc == 0 && count > 1) {
+        qsort(tot + 1, (size_t)count - 1, sizeof(double), cmp_double);
+        int m = count - 1;
+        double med = m % 2 ? tot[1 + m / 2] : 0.5 * (tot[m / 2] + tot[m / 2 + 1]);
+        printf("load %.3f s; first image %.3f s; warm images: median %.3f s, min %.3f s, max %.3f s (%d)\n", t_load, tot[0],
+               med, tot[1], tot[count - 1], m);
+    }
+    free(tot);
+    dt_pipeline_free(pl);
+    return rc ? 1 : 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     dt_gen_params p;
     dt_gen_params_default(&p);
@@ -76,7 +140,7 @@ int cmd_generate(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     const char *output = NULL, *save = NULL;
-    int compare = 0;
+    int compare = 0, count = 1;
     long l;
     double d;
     for (int i = 1; i < argc; i++) {
@@ -110,6 +174,7 @@ int cmd_generate(int argc, char **argv) {
             }
             i++;
         }
+        else if (!strcmp(a, "--count")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; count = (int)l; i++; }
         else if (!strcmp(a, "--te-rope-bf16")) lo.te_inv_freq_bf16 = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
         else if (!strcmp(a, "--save-latents")) { if (!v) return cli_error("--save-latents needs a value"); save = v; i++; }
@@ -117,6 +182,8 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!p.prompt) return cli_error("generate: --prompt is required (see ditrun generate --help)");
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
+    if (count > 1 && (compare || save))
+        return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
     if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
         return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (!lo.model) {
@@ -127,6 +194,11 @@ int cmd_generate(int argc, char **argv) {
     dt_backend *be = cli_model_backend(&mo);
     if (!be) return 1;
     dt_log(1, "ditrun: backend %s\n", be->name);
+    if (count > 1) {
+        int r = generate_many(be, &lo, &p, output, count);
+        be->destroy(be);
+        return r;
+    }
     save_ctx sc = {save ? st_writer_new() : NULL, NULL, 0};
     uint8_t *rgb = NULL;
     int w = 0, h = 0;
@@ -162,17 +234,7 @@ int cmd_generate(int argc, char **argv) {
         free(lat8);
         free(rc2.lat);
     }
-    if (rc == 0) {
-        char seed[32], steps[16], size[32], sw[32];
-        snprintf(seed, sizeof seed, "%llu", (unsigned long long)p.seed);
-        snprintf(steps, sizeof steps, "%d", tm.steps);
-        snprintf(size, sizeof size, "%dx%d", w, h);
-        snprintf(sw, sizeof sw, "ditrun %s", DITRUN_VERSION);
-        dt_png_text text[] = {{"prompt", p.prompt}, {"seed", seed}, {"steps", steps}, {"size", size},
-                              {"model", lo.model}, {"Software", sw}};
-        rc = dt_png_write(output, rgb, w, h, text, (int)(sizeof text / sizeof text[0]));
-        if (rc == 0) dt_log(1, "ditrun: wrote %s\n", output);
-    }
+    if (rc == 0) rc = write_png(output, rgb, w, h, &p, tm.steps, lo.model);
     if (rc) cli_error("%s", dt_last_error());
     free(rgb);
     if (sc.w) st_writer_free(sc.w);
