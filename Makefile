@@ -1,10 +1,13 @@
 # ditrun — build, test, sanitize, fuzz.
-#   make            build/ditrun and build/libditrun.a (CUDA backend when nvcc is found)
+#   make            build/ditrun and build/libditrun.a, and the CUDA backend plugin build/libditrun_cuda.so when
+#                   nvcc is found (loaded at run time only when a CUDA backend is asked for: backends/cuda_plugin.h)
 #   make test       every test; ends with "N passed, N failed" (GPU tests skip without a GPU)
 #   make test-gpu   the same, but GPU tests must run (fail if no GPU)
 #   make test-asan  tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build)
 #   make fuzz       libFuzzer targets (clang) in build/fuzz/
 #   make CUDA=0     force a CPU-only build
+#   make install    PREFIX (default /usr/local), DESTDIR: bin/ditrun, lib/ditrun/libditrun_cuda.so (the CUDA plugin,
+#                   found by the program in ../lib/ditrun/), lib/libditrun.a, include/ditrun.h
 CC      ?= cc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
@@ -20,7 +23,7 @@ endif
 override CFLAGS += $(EXTRA_CFLAGS)
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
-LIB_C  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backends/cuda_stub/*' | sort)
+LIB_C  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_C  := $(shell find src/cli -name '*.c' | sort)
 CU_SRC := $(shell find src/backends/cuda -name '*.cu' 2>/dev/null | sort)
 CUDA ?= $(if $(and $(NVCC),$(CU_SRC)),1,0)
@@ -28,32 +31,52 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 TEST_C := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 TEST_SUPPORT_C := $(filter-out $(TEST_C),$(shell find tests -maxdepth 1 -name '*.c' | sort))
 
+# Programs hold the whole libditrun.a and export the core's functions, which the CUDA plugin calls.
+PLUGIN_HOST_LDFLAGS := -Wl,--whole-archive $(BUILD)/libditrun.a -Wl,--no-whole-archive \
+    '-Wl,--export-dynamic-symbol=dt_*' '-Wl,--export-dynamic-symbol=st_*' \
+    '-Wl,--export-dynamic-symbol=json_*' '-Wl,--export-dynamic-symbol=mlx_*'
+
 ifeq ($(CUDA),1)
   NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
   NVCCFLAGS += -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
-               -Isrc -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr -MMD -MP
-  override CFLAGS += -DDT_HAVE_CUDA=1
-  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -ldl
+               -Isrc -I$(BUILD)/gen -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr -MMD -MP
+  override CFLAGS += -DDT_HAVE_CUDA=1 -I$(BUILD)/gen
+  LDLIBS  += -ldl
+  # the plugin: every .cu object, its CUDA libraries found through its own run path; references to its own
+  # functions bound inside it (the programs export functions of the same names: backends/cuda_loader.c)
+  PLUGIN_LDLIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -ldl -lm -pthread
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+  PLUGIN  := $(BUILD)/libditrun_cuda.so
 else
-  LIB_C   += $(shell find src/backends/cuda_stub -name '*.c')
   CU_OBJ  :=
+  PLUGIN  :=
 endif
 
-LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(CU_OBJ)
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_C:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
+# ABI tag shared by the programs and the plugin: a checksum of every header (a stale plugin is refused)
+ABI_HDRS := $(shell find src include -name '*.h' | sort)
 
-.PHONY: all test test-gpu test-asan fuzz clean tests golden
-all: $(BUILD)/ditrun $(BUILD)/libditrun.a
+.PHONY: all test test-gpu test-asan fuzz clean tests golden install
+all: $(BUILD)/ditrun $(BUILD)/libditrun.a $(PLUGIN)
 
 $(BUILD)/libditrun.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/ditrun: $(CLI_OBJ) $(BUILD)/libditrun.a
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libditrun.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(PLUGIN_HOST_LDFLAGS) $(LDLIBS)
+
+$(BUILD)/libditrun_cuda.so: $(CU_OBJ)
+	$(CC) -shared -Wl,-Bsymbolic-functions -o $@ $(CU_OBJ) $(EXTRA_LDFLAGS) $(PLUGIN_LDLIBS)
+
+$(BUILD)/gen/dt_abi.h: $(ABI_HDRS)
+	@mkdir -p $(@D)
+	@echo "#define DT_ABI_TAG \"$$(cat $^ | cksum | cut -d' ' -f1)\"" > $@
+
+$(BUILD)/src/backends/cuda_loader.o $(BUILD)/src/backends/cuda/cuda_plugin.o: $(if $(PLUGIN),$(BUILD)/gen/dt_abi.h)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
@@ -65,9 +88,9 @@ $(BUILD)/%.o: %.cu
 
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libditrun.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libditrun.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(PLUGIN_HOST_LDFLAGS) $(LDLIBS)
 
-tests: $(TEST_BIN) $(BUILD)/ditrun
+tests: $(TEST_BIN) $(BUILD)/ditrun $(PLUGIN)
 
 test: tests
 	@BUILD=$(BUILD) sh tests/run_tests.sh
@@ -87,6 +110,14 @@ golden: $(BUILD)/ditrun
 	OPENBLAS_CORETYPE=Prescott $(BUILD)/ditrun generate --backend cpu -q --model tests/fixtures/model --prompt 'a red fox standing in fresh snow, golden hour' \
 	  --seed 7 --height 64 --width 64 --max-sequence-length 32 --output tests/golden/tiny-seed7.png
 	echo "glibc $$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" > tests/golden/tiny-seed7.platform
+
+PREFIX ?= /usr/local
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(BUILD)/ditrun $(DESTDIR)$(PREFIX)/bin/ditrun
+	install -m 644 $(BUILD)/libditrun.a $(DESTDIR)$(PREFIX)/lib/libditrun.a
+	install -m 644 include/ditrun.h $(DESTDIR)$(PREFIX)/include/ditrun.h
+	$(if $(PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/ditrun && install -m 755 $(PLUGIN) $(DESTDIR)$(PREFIX)/lib/ditrun/)
 
 clean:
 	rm -rf build build-asan
