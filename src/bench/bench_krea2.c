@@ -3,12 +3,12 @@
  *
  * The checkpoint is synthetic (krea2_synth_write at the preset geometry, cached in
  * $TMPDIR/ditrun-bench-cache like the FLUX.2 ones) or --model DIR. The whole forward is timed through
- * krea2_forward itself; everything inside a transformer block is timed on a device-only replica of the
- * block stack (k2r below) that issues exactly the ops of krea2.c (modulated norm = RMSNorm with the
- * folded weight + shift add against a ones matrix, q/k/v/gate GEMMs, head norm + RoPE, GQA attention
- * with the key-padding bias, sigmoid gate, out GEMM, gated residuals, SwiGLU MLP). The replica is
- * checked against the model: fed the model's stream after block 0, its blocks 1..L-1 must reproduce
- * the model's stream after the last block.
+ * krea2_forward itself; everything inside a transformer block is timed device-only on krea2.c's own
+ * block weights, activation set and block ops (krea2_block_op: modulated norm, q/k/v/gate GEMMs, head
+ * norm + RoPE, GQA attention with the key-padding bias, sigmoid gate, out GEMM, gated residuals, SwiGLU
+ * MLP), loaded a second time after the model is freed (k2r below). That replica is checked against the
+ * model: fed the model's stream after block 0, its blocks 1..L-1 must reproduce the model's stream after
+ * the last block.
  */
 #include "bench_krea2.h"
 
@@ -44,22 +44,9 @@ int bench_is_krea2_preset(const char *preset) { return preset && !strncmp(preset
 
 /* ------------------------------------------------------------------ the block replica */
 
-enum {
-    K2_ST_NORM1 = 0,  /* modulated norm: RMSNorm(s) * folded (1+w)(1+scale) + shift */
-    K2_ST_QKVG,       /* to_q, to_k, to_v, to_gate GEMMs */
-    K2_ST_QKNORM,     /* per-head RMSNorm of Q and K (no rotation) */
-    K2_ST_ROPE,       /* the same op with the rotation (replaces the previous one in prefixes) */
-    K2_ST_ATTN,       /* attention, GQA + key-padding bias */
-    K2_ST_GATE,       /* attn * sigmoid(gate) */
-    K2_ST_OUT,        /* to_out GEMM */
-    K2_ST_RESID1,     /* s += pregate * attn */
-    K2_ST_NORM2,      /* second modulated norm */
-    K2_ST_MLPIN,      /* ff.gate, ff.up GEMMs */
-    K2_ST_SWIGLU,     /* silu(gate) * up */
-    K2_ST_DOWN,       /* ff.down GEMM */
-    K2_ST_RESID2,     /* s += postgate * mlp */
-    K2_ST_FULL = K2_ST_RESID2
-};
+#define K2_ST_QKNORM KREA2_OP_QKNORM
+#define K2_ST_ROPE KREA2_OP_ROPE
+#define K2_ST_FULL (KREA2_OP_COUNT - 1)
 
 static const struct { const char *name; int cat; } k2_ops[K2B_N_OPS] = {
     {"modulated norm 1 (RMSNorm + shift)", BENCH_CAT_ELEM},
@@ -77,271 +64,80 @@ static const struct { const char *name; int cat; } k2_ops[K2B_N_OPS] = {
     {"gated residual 2", BENCH_CAT_ELEM},
 };
 
-typedef struct {
-    dt_linear *q, *k, *v, *gate, *out, *ffg, *ffu, *ffd;
-    dt_mat nq, nk;                 /* [1, hd] F32: 1 + w */
-    float *norm1, *norm2, *table;  /* host [D] 1 + w, [D] 1 + w, [6, D] */
-} k2r_block;
-
+/* The transformer blocks with krea2.c's own weights, activations and block ops, device-only. */
 typedef struct {
     dt_backend *be;
     dt_weights *w;
     krea2_config c;
-    dt_linear *t1, *t2, *tmodl;
-    k2r_block *b;
+    krea2_outer_w ow;
+    krea2_block_w *b;
     int nb;
     dt_linear_set lin;
-    /* activations for (n, t) */
-    int n, t, has_bias;
+    krea2_acts x;          /* activations for (n, t) */
+    krea2_block_io io;     /* the blocks' views of them */
     int64_t L;
-    dt_mat emb, th, temb, tg, tmod, modw, modv;
-    dt_mat s, a, q, k, v, g, o, h1, h2, ones, cos, sin, bias;
 } k2r;
 
-static dt_linear *k2r_linear(k2r *m, const char *name, int64_t out, int64_t in, int bias) {
-    dt_linear_src src;
-    if (dt_weights_linear(m->w, name, out, in, bias, &src) != 0) return NULL;
-    return dt_linear_set_add(&m->lin, &src);
+static void k2r_free(k2r *m) {
+    if (!m) return;
+    bench_sync_or_die(m->be);
+    krea2_acts_free(m->be, &m->x);
+    dt_linear_set_free(&m->lin);
+    krea2_outer_w_free(m->be, &m->ow);
+    for (int i = 0; m->b && i < m->nb; i++) krea2_block_w_free(m->be, &m->b[i]);
+    free(m->b);
+    if (m->w) dt_weights_close(m->w);
+    free(m);
 }
 
-static float *k2r_host(k2r *m, const char *name, int64_t n, float offset) {
-    float *p = dt_malloc(sizeof(float) * (size_t)n);
-    if (dt_weights_read_f32(m->w, name, p, n) != 0) { free(p); return NULL; }
-    for (int64_t i = 0; i < n; i++) p[i] += offset;
-    return p;
-}
-
-static void k2r_free(k2r *m);
-
-/* Load the timestep MLP, time_mod_proj and the first nb transformer blocks. */
-static k2r *k2r_load(dt_backend *be, const char *dir, const krea2_config *c, int nb) {
+/* Load the outer weights (timestep MLP, modulation) and every transformer block. */
+static k2r *k2r_load(dt_backend *be, const char *dir, const krea2_config *c) {
     k2r *m = dt_calloc(1, sizeof *m);
     m->be = be;
     m->lin.be = be;
     m->c = *c;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(m); return NULL; }
-    int64_t D = c->hidden, dkv = (int64_t)c->kv_heads * c->head_dim, F = c->intermediate;
-    char nm[256];
-#define K2LIN(dst, o, i, b) do { if (!((dst) = k2r_linear(m, nm, (o), (i), (b)))) goto fail; } while (0)
-    snprintf(nm, sizeof nm, "time_embed.linear_1"); K2LIN(m->t1, D, c->t_embed, 1);
-    snprintf(nm, sizeof nm, "time_embed.linear_2"); K2LIN(m->t2, D, D, 1);
-    snprintf(nm, sizeof nm, "time_mod_proj"); K2LIN(m->tmodl, 6 * D, D, 1);
-    m->b = dt_calloc((size_t)(nb > 0 ? nb : 1), sizeof *m->b);
-    for (int i = 0; i < nb; i++) {
-        k2r_block *b = &m->b[i];
+    if (krea2_outer_w_load(&m->lin, m->w, c, &m->ow)) goto fail;
+    m->b = dt_calloc((size_t)c->num_layers, sizeof *m->b);
+    for (int i = 0; i < c->num_layers; i++) {
         m->nb = i + 1;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_q", i); K2LIN(b->q, D, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_k", i); K2LIN(b->k, dkv, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_v", i); K2LIN(b->v, dkv, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_gate", i); K2LIN(b->gate, D, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.to_out.0", i); K2LIN(b->out, D, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.gate", i); K2LIN(b->ffg, F, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.up", i); K2LIN(b->ffu, F, D, 0);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.ff.down", i); K2LIN(b->ffd, D, F, 0);
-        float *p;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.norm_q.weight", i);
-        if (!(p = k2r_host(m, nm, c->head_dim, 1.0f))) goto fail;
-        b->nq = dt_param_upload(be, p, c->head_dim);
-        free(p);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.norm_k.weight", i);
-        if (!(p = k2r_host(m, nm, c->head_dim, 1.0f))) goto fail;
-        b->nk = dt_param_upload(be, p, c->head_dim);
-        free(p);
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.norm1.weight", i);
-        if (!(b->norm1 = k2r_host(m, nm, D, 1.0f))) goto fail;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.norm2.weight", i);
-        if (!(b->norm2 = k2r_host(m, nm, D, 1.0f))) goto fail;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.scale_shift_table", i);
-        if (!(b->table = k2r_host(m, nm, 6 * D, 0.0f))) goto fail;
+        if (krea2_block_w_load(&m->lin, m->w, c, i, &m->b[i])) goto fail;
     }
-#undef K2LIN
     return m;
 fail:
     k2r_free(m);
     return NULL;
 }
 
-static void free_mat(dt_backend *be, dt_mat *x) {
-    if (x->data) be->free(be, x);
-    memset(x, 0, sizeof *x);
-}
-
-static void k2r_free_bufs(k2r *m) {
-    dt_mat *mats[] = {&m->emb, &m->th, &m->temb, &m->tg, &m->tmod, &m->modw, &m->modv, &m->s, &m->a, &m->q, &m->k,
-                      &m->v, &m->g, &m->o, &m->h1, &m->h2, &m->ones, &m->cos, &m->sin, &m->bias};
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(m->be, mats[i]);
-}
-
-static void k2r_free(k2r *m) {
-    if (!m) return;
-    bench_sync_or_die(m->be);
-    k2r_free_bufs(m);
-    dt_linear_set_free(&m->lin);
-    for (int i = 0; m->b && i < m->nb; i++) {
-        free_mat(m->be, &m->b[i].nq);
-        free_mat(m->be, &m->b[i].nk);
-        free(m->b[i].norm1); free(m->b[i].norm2); free(m->b[i].table);
-    }
-    free(m->b);
-    if (m->w) dt_weights_close(m->w);
-    free(m);
-}
-
-/* Activations for n image + t text tokens, RoPE tables from pos [t+n, axes] (krea2.c build_rope), the
- * key-padding bias from mask (NULL: none) and the modulation vectors at `timestep`. */
+/* Activations for n image + t text tokens, RoPE tables from pos [t+n, axes], the key-padding bias from mask
+ * (NULL: none) and the modulation vectors at `timestep`, as krea2_forward sets them up. */
 static void k2r_alloc(k2r *m, int n, int t, const float *pos, const uint8_t *mask, float timestep) {
     dt_backend *be = m->be;
-    const krea2_config *c = &m->c;
-    dt_dtype act = be->act_dtype;
-    int64_t D = c->hidden, L = (int64_t)n + t, dkv = (int64_t)c->kv_heads * c->head_dim;
-    int nl = m->nb > 0 ? m->nb : 1;
-    k2r_free_bufs(m);
-    m->n = n; m->t = t; m->L = L;
-    m->emb = dt_alloc_or_die(be, 1, c->t_embed, act);
-    m->th = dt_alloc_or_die(be, 1, D, act);
-    m->temb = dt_alloc_or_die(be, 1, D, act);
-    m->tg = dt_alloc_or_die(be, 1, D, act);
-    m->tmod = dt_alloc_or_die(be, 1, 6 * D, act);
-    m->modw = dt_alloc_or_die(be, 2 * nl, D, DT_F32);
-    m->modv = dt_alloc_or_die(be, 4 * nl, D, act);
-    m->s = dt_alloc_or_die(be, L, D, act);
-    m->a = dt_alloc_or_die(be, L, D, act);
-    m->q = dt_alloc_or_die(be, L, D, act);
-    m->k = dt_alloc_or_die(be, L, dkv, act);
-    m->v = dt_alloc_or_die(be, L, dkv, act);
-    m->g = dt_alloc_or_die(be, L, D, act);
-    m->o = dt_alloc_or_die(be, L, D, act);
-    m->h1 = dt_alloc_or_die(be, L, c->intermediate, act);
-    m->h2 = dt_alloc_or_die(be, L, c->intermediate, act);
-    m->ones = dt_alloc_or_die(be, L, D, act);
-    m->cos = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
-    m->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
-    m->bias = dt_alloc_or_die(be, 1, L, DT_F32);
-    float *h = dt_malloc(sizeof(float) * (size_t)(L * D > L * c->head_dim ? L * D : L * c->head_dim));
-    for (int64_t i = 0; i < L * D; i++) h[i] = 1.0f;
-    be->upload(be, m->ones, h);
-    bench_fill_randn(be, m->s, 5, 1.0f);
-    /* RoPE: per axis a with d_a dims, w_k = 1 / theta^(2k/d_a) (float64), cos/sin rounded to f32, interleaved */
-    int hd = c->head_dim;
-    float *sn = dt_malloc(sizeof(float) * (size_t)(L * hd));
-    for (int64_t i = 0; i < L; i++) {
-        int off = 0;
-        for (int ax = 0; ax < c->n_axes; ax++) {
-            int d = c->axes[ax];
-            double p = (double)pos[i * c->n_axes + ax];
-            for (int k = 0; k < d / 2; k++) {
-                double ang = p * (1.0 / pow((double)c->rope_theta, (double)(2 * k) / d));
-                h[i * hd + off + 2 * k] = h[i * hd + off + 2 * k + 1] = (float)cos(ang);
-                sn[i * hd + off + 2 * k] = sn[i * hd + off + 2 * k + 1] = (float)sin(ang);
-            }
-            off += d;
-        }
-    }
-    be->upload(be, m->cos, h);
-    be->upload(be, m->sin, sn);
-    free(sn);
-    for (int64_t j = 0; j < L; j++) h[j] = (mask && j < t && !mask[j]) ? -INFINITY : 0.0f;
-    be->upload(be, m->bias, h);
-    m->has_bias = mask != NULL;
-    free(h);
-
-    /* timestep MLP and the folded modulation (krea2.c time_and_mods, blocks only) */
-    int half = c->t_embed / 2;
-    float *emb = dt_malloc(sizeof(float) * (size_t)c->t_embed);
-    float t1000 = timestep * 1000.0f, nlg = (float)(-log(1e4));
-    for (int i = 0; i < half; i++) {
-        float f = expf((nlg * (float)i) / (float)half);
-        emb[i] = cosf(t1000 * f);
-        emb[half + i] = sinf(t1000 * f);
-    }
-    be->upload(be, m->emb, emb);
-    free(emb);
-    be->linear(be, m->th, m->emb, m->t1);
-    be->act_mul(be, m->th, m->th, dt_mat_null(), DT_ACT_GELU_TANH);
-    be->linear(be, m->temb, m->th, m->t2);
-    be->act_mul(be, m->tg, m->temb, dt_mat_null(), DT_ACT_GELU_TANH);
-    be->linear(be, m->tmod, m->tg, m->tmodl);
-    float *tmod = dt_malloc(sizeof(float) * (size_t)(6 * D));
-    float *w = dt_calloc((size_t)(2 * nl * D), sizeof(float)), *vv = dt_calloc((size_t)(4 * nl * D), sizeof(float));
-    be->download(be, tmod, m->tmod);
-    for (int l = 0; l < m->nb; l++) {
-        const k2r_block *b = &m->b[l];
-        for (int64_t j = 0; j < D; j++) {
-            float mod[6];
-            for (int qq = 0; qq < 6; qq++) mod[qq] = tmod[qq * D + j] + b->table[qq * D + j];
-            w[(2 * l) * D + j] = b->norm1[j] * (1.0f + mod[0]);
-            w[(2 * l + 1) * D + j] = b->norm2[j] * (1.0f + mod[3]);
-            vv[(4 * l) * D + j] = mod[1];
-            vv[(4 * l + 1) * D + j] = mod[2];
-            vv[(4 * l + 2) * D + j] = mod[4];
-            vv[(4 * l + 3) * D + j] = mod[5];
-        }
-    }
-    be->upload(be, m->modw, w);
-    be->upload(be, m->modv, vv);
-    free(tmod); free(w); free(vv);
+    krea2_acts_free(be, &m->x);
+    if (krea2_acts_alloc(be, &m->c, n, t, &m->x)) die_bench();
+    m->L = (int64_t)n + t;
+    krea2_acts_positions(be, &m->c, &m->x, pos);
+    krea2_acts_mask(be, &m->x, mask);
+    krea2_time_mods(be, &m->c, &m->ow, m->b, &m->x, timestep);
+    m->io = krea2_acts_block(&m->c, &m->x);
+    bench_fill_randn(be, m->io.s, 5, 1.0f);
     bench_sync_or_die(be);
 }
 
-static void k2r_mod_norm(k2r *m, int wi, int vi) {
-    dt_backend *be = m->be;
-    be->rmsnorm(be, m->a, m->s, dt_mat_rows(m->modw, wi, 1), 0.0f, m->c.eps);
-    be->gated_add(be, m->a, dt_mat_rows(m->modv, vi, 1), m->ones);
-}
+static void k2r_op(k2r *m, int l, int k, int split) { krea2_block_op(m->be, &m->c, &m->b[l], &m->io, l, k, split); }
 
-/* One op of block l. split = 1: QK norm and RoPE as two separate passes (direct timing); split = 0:
- * K2_ST_ROPE is the fused norm + rotation that krea2.c runs (prefixes skip K2_ST_QKNORM then). */
-static void k2r_op(k2r *m, int l, int k, int split) {
-    dt_backend *be = m->be;
-    const krea2_config *c = &m->c;
-    const k2r_block *b = &m->b[l];
-    switch (k) {
-    case K2_ST_NORM1: k2r_mod_norm(m, 2 * l, 4 * l); break;
-    case K2_ST_QKVG:
-        be->linear(be, m->q, m->a, b->q);
-        be->linear(be, m->k, m->a, b->k);
-        be->linear(be, m->v, m->a, b->v);
-        be->linear(be, m->g, m->a, b->gate);
-        break;
-    case K2_ST_QKNORM:
-        be->head_norm_rope(be, m->q, c->heads, c->head_dim, b->nq, c->eps, dt_mat_null(), dt_mat_null(), DT_ROPE_NONE);
-        be->head_norm_rope(be, m->k, c->kv_heads, c->head_dim, b->nk, c->eps, dt_mat_null(), dt_mat_null(), DT_ROPE_NONE);
-        break;
-    case K2_ST_ROPE:
-        be->head_norm_rope(be, m->q, c->heads, c->head_dim, split ? dt_mat_null() : b->nq, c->eps, m->cos, m->sin,
-                           DT_ROPE_INTERLEAVED);
-        be->head_norm_rope(be, m->k, c->kv_heads, c->head_dim, split ? dt_mat_null() : b->nk, c->eps, m->cos, m->sin,
-                           DT_ROPE_INTERLEAVED);
-        break;
-    case K2_ST_ATTN:
-        be->attention(be, m->o, m->q, m->k, m->v, c->heads, c->kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
-                      m->has_bias ? m->bias : dt_mat_null(), 0);
-        break;
-    case K2_ST_GATE: be->act_mul(be, m->o, m->g, m->o, DT_ACT_SIGMOID); break;
-    case K2_ST_OUT: be->linear(be, m->a, m->o, b->out); break;
-    case K2_ST_RESID1: be->gated_add(be, m->s, dt_mat_rows(m->modv, 4 * l + 1, 1), m->a); break;
-    case K2_ST_NORM2: k2r_mod_norm(m, 2 * l + 1, 4 * l + 2); break;
-    case K2_ST_MLPIN:
-        be->linear(be, m->h1, m->a, b->ffg);
-        be->linear(be, m->h2, m->a, b->ffu);
-        break;
-    case K2_ST_SWIGLU: be->act_mul(be, m->h1, m->h1, m->h2, DT_ACT_SILU); break;
-    case K2_ST_DOWN: be->linear(be, m->a, m->h1, b->ffd); break;
-    case K2_ST_RESID2: be->gated_add(be, m->s, dt_mat_rows(m->modv, 4 * l + 3, 1), m->a); break;
-    }
-}
-
-/* Ops 0..last of block l, as the model runs them. */
+/* Ops 0..last of block l, as the model runs them (QK norm and RoPE fused once the prefix reaches RoPE). */
 static void k2r_block_prefix(k2r *m, int l, int last) {
     for (int k = 0; k <= last; k++) {
         if (k == K2_ST_QKNORM && last >= K2_ST_ROPE) continue;
-        k2r_op(m, l, k, 0);
+        if (k == K2_ST_QKNORM || k == K2_ST_ROPE) k2r_op(m, l, K2_ST_QKNORM, k == K2_ST_QKNORM);
+        else k2r_op(m, l, k, 0);
     }
 }
 
 static void k2r_blocks(k2r *m, int first, int count) {
-    for (int l = first; l < first + count && l < m->nb; l++) k2r_block_prefix(m, l, K2_ST_FULL);
+    for (int l = first; l < first + count && l < m->nb; l++) krea2_block(m->be, &m->c, &m->b[l], &m->io, l);
 }
 
 /* ------------------------------------------------------------------ context */
@@ -564,16 +360,16 @@ static int replica(k2_ctx *x) {
     bench_k2_report *r = x->r;
     const krea2_config *c = &r->c;
     bench_progress("loading the block replica (%d blocks) ...", c->num_layers);
-    x->rep = k2r_load(x->be, x->dir, c, c->num_layers);
+    x->rep = k2r_load(x->be, x->dir, c);
     if (!x->rep) return -1;
     k2r *m = x->rep;
     k2r_alloc(m, x->n, x->t, x->pos, x->mask, 0.5f);
     int64_t L = m->L, D = c->hidden;
     if (c->num_layers > 1 && x->trace_ok) {
         float *got = dt_malloc(sizeof(float) * (size_t)(L * D));
-        x->be->upload(x->be, m->s, x->trace0);
+        x->be->upload(x->be, m->io.s, x->trace0);
         k2r_blocks(m, 1, c->num_layers - 1);
-        x->be->download(x->be, got, m->s);
+        x->be->download(x->be, got, m->io.s);
         r->replica_checked = 1;
         r->replica_maxdiff = bench_max_abs_diff(got, x->trace_last, (size_t)(L * D));
         r->replica_absmax = bench_max_abs(x->trace_last, (size_t)(L * D));
@@ -588,19 +384,19 @@ static int replica(k2_ctx *x) {
     /* device-only: every block; the stream is restored outside the timed region */
     dt_mat s0 = dt_alloc_or_die(x->be, L, D, x->be->act_dtype);
     x->be->upload(x->be, s0, x->trace0);
-    x->be->copy(x->be, m->s, s0);
+    x->be->copy(x->be, m->io.s, s0);
     bench_timer tm;
     bench_timer_init(&tm, x->be);
     double *s = dt_malloc(sizeof(double) * x->reps);
     for (int rep = -(x->warmup > 0 ? x->warmup : 1); rep < x->reps; rep++) {
-        x->be->copy(x->be, m->s, s0);
+        x->be->copy(x->be, m->io.s, s0);
         bench_timer_start(&tm);
         k2r_blocks(m, 0, c->num_layers);
         double ms = bench_timer_stop(&tm);
         if (rep >= 0) s[rep] = ms;
     }
     r->blocks_dev = bench_stats(s, x->reps);
-    x->be->copy(x->be, m->s, s0);
+    x->be->copy(x->be, m->io.s, s0);
     bench_sync_or_die(x->be);
     x->be->free(x->be, &s0);
     bench_timer_free(&tm);
@@ -623,17 +419,17 @@ static void prefix_ledger(k2_ctx *x) {
         r->ops[k].name = k2_ops[k].name;
         r->ops[k].cat = k2_ops[k].cat;
     }
-    r->ops[K2_ST_QKVG].gflop = 2.0 * L * D * (2 * D + 2 * dkv) * 1e-9;
-    r->ops[K2_ST_OUT].gflop = 2.0 * L * D * D * 1e-9;
-    r->ops[K2_ST_MLPIN].gflop = 2.0 * L * D * 2 * F * 1e-9;
-    r->ops[K2_ST_DOWN].gflop = 2.0 * L * F * D * 1e-9;
-    r->ops[K2_ST_ATTN].gflop = r->gflop_block_attn;
+    r->ops[KREA2_OP_QKVG].gflop = 2.0 * L * D * (2 * D + 2 * dkv) * 1e-9;
+    r->ops[KREA2_OP_OUT].gflop = 2.0 * L * D * D * 1e-9;
+    r->ops[KREA2_OP_MLPIN].gflop = 2.0 * L * D * 2 * F * 1e-9;
+    r->ops[KREA2_OP_DOWN].gflop = 2.0 * L * F * D * 1e-9;
+    r->ops[KREA2_OP_ATTN].gflop = r->gflop_block_attn;
     /* least traffic (each input read once, each output written once; a fused modulated norm moves 2 L D) */
-    r->ops[K2_ST_NORM1].gbytes = r->ops[K2_ST_NORM2].gbytes = 2 * L * D * es * 1e-9;
+    r->ops[KREA2_OP_NORM1].gbytes = r->ops[KREA2_OP_NORM2].gbytes = 2 * L * D * es * 1e-9;
     r->ops[K2_ST_QKNORM].gbytes = 2 * L * (D + 2 * dkv) * es * 1e-9 - L * dkv * es * 1e-9;   /* Q and K in place */
-    r->ops[K2_ST_GATE].gbytes = 3 * L * D * es * 1e-9;
-    r->ops[K2_ST_RESID1].gbytes = r->ops[K2_ST_RESID2].gbytes = 3 * L * D * es * 1e-9;
-    r->ops[K2_ST_SWIGLU].gbytes = 3 * L * F * es * 1e-9;
+    r->ops[KREA2_OP_GATE].gbytes = 3 * L * D * es * 1e-9;
+    r->ops[KREA2_OP_RESID1].gbytes = r->ops[KREA2_OP_RESID2].gbytes = 3 * L * D * es * 1e-9;
+    r->ops[KREA2_OP_SWIGLU].gbytes = 3 * L * F * es * 1e-9;
     /* blocks per timed region: all on a GPU; on the CPU as few as exceed the cache */
     int B = nl;
     if (x->is_cpu) {
@@ -658,7 +454,7 @@ static void prefix_ledger(k2_ctx *x) {
     bench_progress("ledger: cumulative prefixes of a transformer block (%d stages x %d blocks, %d reps) ...", K2B_N_OPS, B,
                    x->reps);
     dt_mat s0 = dt_alloc_or_die(be, m->L, c->hidden, be->act_dtype);
-    be->copy(be, s0, m->s);
+    be->copy(be, s0, m->io.s);
     double *smp = dt_malloc(sizeof(double) * K2B_N_OPS * x->reps), *dir = dt_malloc(sizeof(double) * K2B_N_OPS * x->reps);
     bench_timer tm;
     bench_timer_init(&tm, be);
@@ -668,14 +464,14 @@ static void prefix_ledger(k2_ctx *x) {
     for (int i = 0; have_ev && i < nev; i++) ev[i] = be->event_create(be);
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         for (int k = 0; k < K2B_N_OPS; k++) {
-            be->copy(be, m->s, s0);
+            be->copy(be, m->io.s, s0);
             bench_timer_start(&tm);
             for (int b = 0; b < B; b++) k2r_block_prefix(m, b, k);
             double ms = bench_timer_stop(&tm) / B;
             if (rep >= 0) smp[k * x->reps + rep] = ms;
         }
         /* direct: an event before every op of the B blocks (QK norm and RoPE as separate passes) */
-        be->copy(be, m->s, s0);
+        be->copy(be, m->io.s, s0);
         bench_sync_or_die(be);
         for (int b = 0; b < B; b++)
             for (int k = 0; k < K2B_N_OPS; k++) {
@@ -720,8 +516,8 @@ static void prefix_ledger(k2_ctx *x) {
                    "systematically -0.13 ms); shares use the direct op times scaled to the block's prefix total", neg,
                 neg > 1 ? "s" : "");
     }
-    r->attn_inmodel_ms = r->ops[K2_ST_ATTN].ledger_ms;
-    be->copy(be, m->s, s0);
+    r->attn_inmodel_ms = r->ops[KREA2_OP_ATTN].ledger_ms;
+    be->copy(be, m->io.s, s0);
     bench_sync_or_die(be);
     be->free(be, &s0);
     bench_timer_free(&tm);
@@ -742,13 +538,13 @@ static void block_scaling(k2_ctx *x) {
     }
     bench_progress("ledger: block-count scaling (%d partial stacks x %d reps) ...", np, x->reps);
     dt_mat s0 = dt_alloc_or_die(be, m->L, r->c.hidden, be->act_dtype);
-    be->copy(be, s0, m->s);
+    be->copy(be, s0, m->io.s);
     bench_timer tm;
     bench_timer_init(&tm, be);
     double *smp = dt_malloc(sizeof(double) * (np ? np : 1) * x->reps);
     for (int rep = -x->warmup; rep < x->reps; rep++)
         for (int p = 0; p < np; p++) {
-            be->copy(be, m->s, s0);
+            be->copy(be, m->io.s, s0);
             bench_timer_start(&tm);
             k2r_blocks(m, 0, pts[p]);
             double ms = bench_timer_stop(&tm);
@@ -768,7 +564,7 @@ static void block_scaling(k2_ctx *x) {
     }
     double den = r->n_scale * sxx - sx * sx;
     r->block_slope_ms = r->n_scale >= 2 && den > 0 ? (r->n_scale * sxy - sx * sy) / den : r->blocks_dev.med / nl;
-    be->copy(be, m->s, s0);
+    be->copy(be, m->io.s, s0);
     bench_sync_or_die(be);
     be->free(be, &s0);
     bench_timer_free(&tm);
@@ -793,15 +589,15 @@ static void shares(k2_ctx *x) {
     for (int k = 0; k < r->n_ops; k++) cat[r->ops[k].cat] += r->ops[k].ledger_ms;
     const bench_op *o = r->ops;
     add_share(r, "transformer-block GEMMs (q/k/v/gate, out, MLP)", nl * cat[BENCH_CAT_GEMM], 0);
-    add_share(r, "q/k/v + gate", nl * o[K2_ST_QKVG].ledger_ms, 1);
-    add_share(r, "out", nl * o[K2_ST_OUT].ledger_ms, 1);
-    add_share(r, "MLP gate + up, down", nl * (o[K2_ST_MLPIN].ledger_ms + o[K2_ST_DOWN].ledger_ms), 1);
+    add_share(r, "q/k/v + gate", nl * o[KREA2_OP_QKVG].ledger_ms, 1);
+    add_share(r, "out", nl * o[KREA2_OP_OUT].ledger_ms, 1);
+    add_share(r, "MLP gate + up, down", nl * (o[KREA2_OP_MLPIN].ledger_ms + o[KREA2_OP_DOWN].ledger_ms), 1);
     add_share(r, "attention (GQA + key-padding mask)", nl * cat[BENCH_CAT_ATTN], 0);
     add_share(r, "elementwise (modulated norms, QK norm, RoPE, gate, SwiGLU, residuals)", nl * cat[BENCH_CAT_ELEM], 0);
-    add_share(r, "modulated norms (RMSNorm + shift add)", nl * (o[K2_ST_NORM1].ledger_ms + o[K2_ST_NORM2].ledger_ms), 1);
+    add_share(r, "modulated norms (RMSNorm + shift add)", nl * (o[KREA2_OP_NORM1].ledger_ms + o[KREA2_OP_NORM2].ledger_ms), 1);
     add_share(r, "QK norm + RoPE", nl * (o[K2_ST_QKNORM].ledger_ms + o[K2_ST_ROPE].ledger_ms), 1);
-    add_share(r, "gate multiply + SwiGLU", nl * (o[K2_ST_GATE].ledger_ms + o[K2_ST_SWIGLU].ledger_ms), 1);
-    add_share(r, "gated residuals", nl * (o[K2_ST_RESID1].ledger_ms + o[K2_ST_RESID2].ledger_ms), 1);
+    add_share(r, "gate multiply + SwiGLU", nl * (o[KREA2_OP_GATE].ledger_ms + o[KREA2_OP_SWIGLU].ledger_ms), 1);
+    add_share(r, "gated residuals", nl * (o[KREA2_OP_RESID1].ledger_ms + o[KREA2_OP_RESID2].ledger_ms), 1);
     double blocks_ledger = nl * (cat[0] + cat[1] + cat[2]);
     double rest = r->fwd_mask.med - r->blocks_dev.med;
     add_share(r, "rest: text fusion, embedders, modulation, final layer, host I/O", rest, 0);
@@ -838,9 +634,9 @@ static void time_gemm(k2_ctx *x, const char *name, int64_t K, int64_t N, int cou
     snprintf(nm, sizeof nm, pat, 0);
     if (dt_weights_linear(m->w, nm, -1, -1, -1, &src)) die_bench();
     for (int b = 0; b < m->nb && nb < 64; b++) {
-        const k2r_block *kb = &m->b[b];
-        dt_linear *l = strstr(pat, "to_q") ? kb->q : strstr(pat, "to_k") ? kb->k : strstr(pat, "to_out") ? kb->out
-                       : strstr(pat, "ff.gate") ? kb->ffg : kb->ffd;
+        const krea2_block_w *kb = &m->b[b];
+        dt_linear *l = strstr(pat, "to_q") ? kb->attn.q : strstr(pat, "to_k") ? kb->attn.k
+                       : strstr(pat, "to_out") ? kb->attn.out : strstr(pat, "ff.gate") ? kb->ff.gate : kb->ff.down;
         bor[nb++] = l;
     }
     bench_wset iso, ceil_set;
@@ -868,7 +664,7 @@ static void time_gemm(k2_ctx *x, const char *name, int64_t K, int64_t N, int cou
 /* The attention op of block 0 (sustained timing). */
 static void attn_block0(void *ud, int i) {
     (void)i;
-    k2r_op((k2r *)ud, 0, K2_ST_ATTN, 0);
+    k2r_op((k2r *)ud, 0, KREA2_OP_ATTN, 0);
 }
 
 static void utilization(k2_ctx *x) {
@@ -881,31 +677,31 @@ static void utilization(k2_ctx *x) {
     time_gemm(x, "to_q / to_gate", D, D, 2 * nl, "transformer_blocks.%d.attn.to_q", -1, 0);
     time_gemm(x, "to_k / to_v", D, dkv, 2 * nl, "transformer_blocks.%d.attn.to_k", -1, 0);
     /* the q/k/v/gate op's in-model time, split over its four GEMMs in proportion to their isolated times */
-    if (r->n_gemm == 2 && r->ops[K2_ST_QKVG].prefix.n) {
+    if (r->n_gemm == 2 && r->ops[KREA2_OP_QKVG].prefix.n) {
         double a = r->gemm[0].iso.med, b = r->gemm[1].iso.med, den = 2 * (a + b);
         if (den > 0) {
-            r->gemm[0].inmodel_ms = r->ops[K2_ST_QKVG].ledger_ms * a / den;
-            r->gemm[1].inmodel_ms = r->ops[K2_ST_QKVG].ledger_ms * b / den;
+            r->gemm[0].inmodel_ms = r->ops[KREA2_OP_QKVG].ledger_ms * a / den;
+            r->gemm[1].inmodel_ms = r->ops[KREA2_OP_QKVG].ledger_ms * b / den;
         }
     }
-    time_gemm(x, "to_out.0", D, D, nl, "transformer_blocks.%d.attn.to_out.0", K2_ST_OUT, 1.0);
-    time_gemm(x, "ff.gate / ff.up", D, F, 2 * nl, "transformer_blocks.%d.ff.gate", K2_ST_MLPIN, 0.5);
-    time_gemm(x, "ff.down", F, D, nl, "transformer_blocks.%d.ff.down", K2_ST_DOWN, 1.0);
+    time_gemm(x, "to_out.0", D, D, nl, "transformer_blocks.%d.attn.to_out.0", KREA2_OP_OUT, 1.0);
+    time_gemm(x, "ff.gate / ff.up", D, F, 2 * nl, "transformer_blocks.%d.ff.gate", KREA2_OP_MLPIN, 0.5);
+    time_gemm(x, "ff.down", F, D, nl, "transformer_blocks.%d.ff.down", KREA2_OP_DOWN, 1.0);
 
     /* attention alone, as in the model: GQA + key-padding bias */
     k2r *m = x->rep;
     r->attn_gflop = r->gflop_block_attn;
     bench_progress("utilization: attention [%lld tokens, %d/%d heads x %d, mask] ...", (long long)m->L, c->heads,
                    c->kv_heads, c->head_dim);
-    bench_fill_randn(be, m->q, 201, 1.0f);
-    bench_fill_randn(be, m->k, 202, 1.0f);
-    bench_fill_randn(be, m->v, 203, 1.0f);
+    bench_fill_randn(be, m->io.q, 201, 1.0f);
+    bench_fill_randn(be, m->io.k, 202, 1.0f);
+    bench_fill_randn(be, m->io.v, 203, 1.0f);
     bench_timer tm;
     bench_timer_init(&tm, be);
     double *s = dt_malloc(sizeof(double) * x->reps);
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         bench_timer_start(&tm);
-        k2r_op(m, 0, K2_ST_ATTN, 0);
+        k2r_op(m, 0, KREA2_OP_ATTN, 0);
         double ms = bench_timer_stop(&tm);
         if (rep >= 0) s[rep] = ms;
     }
@@ -1038,7 +834,7 @@ static void arms(k2_ctx *x) {
     bench_fill_randn(be, ac.q, 61, 1.0f);
     bench_fill_randn(be, ac.k, 62, 1.0f);
     bench_fill_randn(be, ac.v, 63, 1.0f);
-    ac.bias = x->rep->bias;   /* the model's key-padding bias for this workload */
+    ac.bias = x->rep->io.bias;   /* the model's key-padding bias for this workload */
     double tol = x->is_cpu ? 1e-5 : 2e-2;
 
     if (ac.hkv == ac.hq) {

@@ -23,67 +23,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    dt_linear *q, *k, *v, *gate, *out;   /* q/gate/out [dim, dim], k/v [kv*hd, dim] */
-    dt_mat norm_q, norm_k;               /* [1, hd] F32, already 1 + w (head_norm_rope has no offset) */
-    int heads, kv_heads, hd;
-} k2_attn;
-
-typedef struct {
-    dt_linear *gate, *up, *down;         /* [F, dim], [F, dim], [dim, F] */
-} k2_ff;
-
 typedef struct {                         /* Krea2TextFusionBlock: pre-norm, no RoPE, no modulation */
     dt_mat norm1, norm2;                 /* [1, E] F32 raw zero-centred weights (rmsnorm w_offset 1) */
-    k2_attn attn;
-    k2_ff ff;
+    krea2_attn_w attn;
+    krea2_ff_w ff;
 } k2_text_block;
-
-typedef struct {                         /* Krea2TransformerBlock */
-    float *norm1, *norm2;                /* host [D]: 1 + w */
-    float *table;                        /* host [6, D] scale_shift_table */
-    k2_attn attn;
-    k2_ff ff;
-} k2_block;
-
-/* Activation buffers for one (N, T) shape; kept between calls. Flat buffers are [1, cap] and
- * viewed as [rows, cols] with fview(). */
-typedef struct {
-    int n, t;
-    dt_mat emb;        /* [1, t_embed] timestep sinusoid */
-    dt_mat th;         /* [1, D] hidden of the timestep MLP */
-    dt_mat temb;       /* [1, D] */
-    dt_mat tg;         /* [1, D] GELU(temb) */
-    dt_mat tmod;       /* [1, 6D] time_mod_proj output */
-    dt_mat modw;       /* [2*layers + 1, D] F32: folded norm weights (norm1, norm2 per block, final) */
-    dt_mat modv;       /* [4*layers + 1, D] act: preshift, pregate, postshift, postgate per block, final shift */
-    dt_mat in_img;     /* [N, in] */
-    dt_mat s;          /* [L, D] joint stream, text rows first */
-    dt_mat ones;       /* [L, D] all ones (broadcast shift adds) */
-    dt_mat ts;         /* flat >= T*Y*E: layerwise text stream */
-    dt_mat tr;         /* flat >= T*E: refiner text stream */
-    dt_mat a, q, k, v, g, o, h1, h2;   /* flat scratch (sizes in ensure_bufs) */
-    dt_mat outm;       /* [N, out] */
-    dt_mat cos, sin;   /* [L, head_dim] F32 RoPE tables */
-    dt_mat bias;       /* [1, L] F32 key-padding bias */
-    float *ids;        /* host copy of the ids the tables were built from [L * n_axes] */
-    float *host_mod;   /* host [(6 * layers + 9) * D]: tmod, temb, folded weights, shifts/gates */
-} k2_bufs;
 
 struct krea2_model {
     dt_backend *be;
     dt_weights *w;
     krea2_config c;
-    dt_linear *img_in, *t_lin1, *t_lin2, *time_mod, *txt_lin1, *txt_lin2, *final_lin;
-    dt_mat txt_norm;                 /* [1, E] F32 raw (w_offset 1) */
+    krea2_outer_w o;                 /* embedders, timestep MLP, modulation, txt_in, final layer */
     float *proj;                     /* host [Y] text_fusion.projector weights */
-    float *final_norm;               /* host [D]: 1 + w */
-    float *final_table;              /* host [2, D] */
     k2_text_block *lw, *rf;          /* layerwise / refiner text fusion blocks */
-    k2_block *blk;
+    krea2_block_w *blk;
     dt_linear_set lin;               /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
-    k2_bufs buf;
+    krea2_acts buf;                  /* for the last (N, T); kept between calls */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -184,32 +140,33 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
 
 /* ------------------------------------------------------------------ loading */
 
-static dt_linear *load_linear(krea2_model *m, const char *name, int64_t out, int64_t in, int want_bias) {
-    return dt_linear_set_load(&m->lin, m->w, name, out, in, want_bias);
-}
-
 /* Host f32 copy of a float tensor with n elements (+ offset added to every element). NULL on error. */
-static float *read_host(krea2_model *m, const char *name, int64_t n, float offset) {
+static float *read_host(const dt_weights *w, const char *name, int64_t n, float offset) {
     float *p = dt_malloc(sizeof(float) * (size_t)n);
-    if (dt_weights_read_f32(m->w, name, p, n) != 0) { free(p); return NULL; }
+    if (dt_weights_read_f32(w, name, p, n) != 0) { free(p); return NULL; }
     if (offset != 0.0f)
         for (int64_t i = 0; i < n; i++) p[i] += offset;   /* torch: weight + 1.0 in f32 */
     return p;
 }
 
-static int load_param(krea2_model *m, const char *name, int64_t n, float offset, dt_mat *out) {
-    float *p = read_host(m, name, n, offset);
+static int load_param(dt_backend *be, const dt_weights *w, const char *name, int64_t n, float offset, dt_mat *out) {
+    float *p = read_host(w, name, n, offset);
     if (!p) return -1;
-    *out = dt_param_upload(m->be, p, n);
+    *out = dt_param_upload(be, p, n);
     free(p);
     return 0;
 }
 
-#define LIN(dst, nm, o, i, b) do { if (!((dst) = load_linear(m, (nm), (o), (i), (b)))) return -1; } while (0)
+static void free_mat(dt_backend *be, dt_mat *x) {
+    if (x->data) be->free(be, x);
+    memset(x, 0, sizeof *x);
+}
+
+#define LIN(dst, nm, o, i, b) do { if (!((dst) = dt_linear_set_load(lin, w, (nm), (o), (i), (b)))) return -1; } while (0)
 
 /* Krea2Attention + Krea2SwiGLU under PREFIX ("transformer_blocks.3", "text_fusion.refiner_blocks.0"). */
-static int load_attn_ff(krea2_model *m, const char *prefix, int64_t dim, int heads, int kv_heads, int64_t inter,
-                        k2_attn *at, k2_ff *ff) {
+static int load_attn_ff(dt_linear_set *lin, const dt_weights *w, const char *prefix, int64_t dim, int heads,
+                        int kv_heads, int64_t inter, krea2_attn_w *at, krea2_ff_w *ff) {
     char nm[512];
     int hd = (int)(dim / heads);
     int64_t dkv = (int64_t)kv_heads * hd;
@@ -222,41 +179,86 @@ static int load_attn_ff(krea2_model *m, const char *prefix, int64_t dim, int hea
     snprintf(nm, sizeof nm, "%s.attn.to_gate", prefix); LIN(at->gate, nm, dim, dim, 0);
     snprintf(nm, sizeof nm, "%s.attn.to_out.0", prefix); LIN(at->out, nm, dim, dim, 0);
     snprintf(nm, sizeof nm, "%s.attn.norm_q.weight", prefix);
-    if (load_param(m, nm, hd, 1.0f, &at->norm_q)) return -1;
+    if (load_param(lin->be, w, nm, hd, 1.0f, &at->norm_q)) return -1;
     snprintf(nm, sizeof nm, "%s.attn.norm_k.weight", prefix);
-    if (load_param(m, nm, hd, 1.0f, &at->norm_k)) return -1;
+    if (load_param(lin->be, w, nm, hd, 1.0f, &at->norm_k)) return -1;
     snprintf(nm, sizeof nm, "%s.ff.gate", prefix); LIN(ff->gate, nm, inter, dim, 0);
     snprintf(nm, sizeof nm, "%s.ff.up", prefix); LIN(ff->up, nm, inter, dim, 0);
     snprintf(nm, sizeof nm, "%s.ff.down", prefix); LIN(ff->down, nm, dim, inter, 0);
     return 0;
 }
 
-static int load_text_block(krea2_model *m, const char *prefix, k2_text_block *b) {
-    const krea2_config *c = &m->c;
+static void free_attn(dt_backend *be, krea2_attn_w *at) {
+    free_mat(be, &at->norm_q);
+    free_mat(be, &at->norm_k);
+}
+
+static int load_text_block(dt_linear_set *lin, const dt_weights *w, const krea2_config *c, const char *prefix,
+                           k2_text_block *b) {
     char nm[512];
     snprintf(nm, sizeof nm, "%s.norm1.weight", prefix);
-    if (load_param(m, nm, c->text_dim, 0.0f, &b->norm1)) return -1;
+    if (load_param(lin->be, w, nm, c->text_dim, 0.0f, &b->norm1)) return -1;
     snprintf(nm, sizeof nm, "%s.norm2.weight", prefix);
-    if (load_param(m, nm, c->text_dim, 0.0f, &b->norm2)) return -1;
-    return load_attn_ff(m, prefix, c->text_dim, c->text_heads, c->text_kv_heads, c->text_intermediate, &b->attn, &b->ff);
+    if (load_param(lin->be, w, nm, c->text_dim, 0.0f, &b->norm2)) return -1;
+    return load_attn_ff(lin, w, prefix, c->text_dim, c->text_heads, c->text_kv_heads, c->text_intermediate, &b->attn,
+                        &b->ff);
+}
+
+static void free_text_block(dt_backend *be, k2_text_block *b) {
+    free_mat(be, &b->norm1);
+    free_mat(be, &b->norm2);
+    free_attn(be, &b->attn);
+}
+
+int krea2_block_w_load(dt_linear_set *lin, const dt_weights *w, const krea2_config *c, int i, krea2_block_w *b) {
+    int64_t D = c->hidden;
+    char nm[512];
+    snprintf(nm, sizeof nm, "transformer_blocks.%d.norm1.weight", i);
+    if (!(b->norm1 = read_host(w, nm, D, 1.0f))) return -1;
+    snprintf(nm, sizeof nm, "transformer_blocks.%d.norm2.weight", i);
+    if (!(b->norm2 = read_host(w, nm, D, 1.0f))) return -1;
+    snprintf(nm, sizeof nm, "transformer_blocks.%d.scale_shift_table", i);
+    if (!(b->table = read_host(w, nm, 6 * D, 0.0f))) return -1;
+    snprintf(nm, sizeof nm, "transformer_blocks.%d", i);
+    return load_attn_ff(lin, w, nm, D, c->heads, c->kv_heads, c->intermediate, &b->attn, &b->ff);
+}
+
+void krea2_block_w_free(dt_backend *be, krea2_block_w *b) {
+    free_attn(be, &b->attn);
+    free(b->norm1);
+    free(b->norm2);
+    free(b->table);
+    b->norm1 = b->norm2 = b->table = NULL;
+}
+
+int krea2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const krea2_config *c, krea2_outer_w *o) {
+    int64_t D = c->hidden, E = c->text_dim;
+    LIN(o->img_in, "img_in", D, c->in_channels, 1);
+    LIN(o->t_lin1, "time_embed.linear_1", D, c->t_embed, 1);
+    LIN(o->t_lin2, "time_embed.linear_2", D, D, 1);
+    LIN(o->time_mod, "time_mod_proj", 6 * D, D, 1);
+    LIN(o->txt_lin1, "txt_in.linear_1", D, E, 1);
+    LIN(o->txt_lin2, "txt_in.linear_2", D, D, 1);
+    LIN(o->final_lin, "final_layer.linear", c->out_channels, D, 1);
+    if (load_param(lin->be, w, "txt_in.norm.weight", E, 0.0f, &o->txt_norm)) return -1;
+    if (!(o->final_norm = read_host(w, "final_layer.norm.weight", D, 1.0f))) return -1;
+    if (!(o->final_table = read_host(w, "final_layer.scale_shift_table", 2 * D, 0.0f))) return -1;
+    return 0;
+}
+#undef LIN
+
+void krea2_outer_w_free(dt_backend *be, krea2_outer_w *o) {
+    free_mat(be, &o->txt_norm);
+    free(o->final_norm);
+    free(o->final_table);
+    o->final_norm = o->final_table = NULL;
 }
 
 static int load_all(krea2_model *m) {
     const krea2_config *c = &m->c;
-    int64_t D = c->hidden, E = c->text_dim;
     char nm[512];
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
-
-    LIN(m->img_in, "img_in", D, c->in_channels, 1);
-    LIN(m->t_lin1, "time_embed.linear_1", D, c->t_embed, 1);
-    LIN(m->t_lin2, "time_embed.linear_2", D, D, 1);
-    LIN(m->time_mod, "time_mod_proj", 6 * D, D, 1);
-    LIN(m->txt_lin1, "txt_in.linear_1", D, E, 1);
-    LIN(m->txt_lin2, "txt_in.linear_2", D, D, 1);
-    LIN(m->final_lin, "final_layer.linear", c->out_channels, D, 1);
-    if (load_param(m, "txt_in.norm.weight", E, 0.0f, &m->txt_norm)) return -1;
-    if (!(m->final_norm = read_host(m, "final_layer.norm.weight", D, 1.0f))) return -1;
-    if (!(m->final_table = read_host(m, "final_layer.scale_shift_table", 2 * D, 0.0f))) return -1;
+    if (krea2_outer_w_load(&m->lin, m->w, c, &m->o)) return -1;
 
     /* projector: Linear(Y -> 1, bias=False), applied on the host-known weights with axpby */
     dt_linear_src ps;
@@ -267,28 +269,18 @@ static int load_all(krea2_model *m) {
     m->lw = dt_calloc((size_t)(c->n_layerwise ? c->n_layerwise : 1), sizeof *m->lw);
     for (int i = 0; i < c->n_layerwise; i++) {
         snprintf(nm, sizeof nm, "text_fusion.layerwise_blocks.%d", i);
-        if (load_text_block(m, nm, &m->lw[i])) return -1;
+        if (load_text_block(&m->lin, m->w, c, nm, &m->lw[i])) return -1;
     }
     m->rf = dt_calloc((size_t)(c->n_refiner ? c->n_refiner : 1), sizeof *m->rf);
     for (int i = 0; i < c->n_refiner; i++) {
         snprintf(nm, sizeof nm, "text_fusion.refiner_blocks.%d", i);
-        if (load_text_block(m, nm, &m->rf[i])) return -1;
+        if (load_text_block(&m->lin, m->w, c, nm, &m->rf[i])) return -1;
     }
     m->blk = dt_calloc((size_t)c->num_layers, sizeof *m->blk);
-    for (int i = 0; i < c->num_layers; i++) {
-        k2_block *b = &m->blk[i];
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.norm1.weight", i);
-        if (!(b->norm1 = read_host(m, nm, D, 1.0f))) return -1;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.norm2.weight", i);
-        if (!(b->norm2 = read_host(m, nm, D, 1.0f))) return -1;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d.scale_shift_table", i);
-        if (!(b->table = read_host(m, nm, 6 * D, 0.0f))) return -1;
-        snprintf(nm, sizeof nm, "transformer_blocks.%d", i);
-        if (load_attn_ff(m, nm, D, c->heads, c->kv_heads, c->intermediate, &b->attn, &b->ff)) return -1;
-    }
+    for (int i = 0; i < c->num_layers; i++)
+        if (krea2_block_w_load(&m->lin, m->w, c, i, &m->blk[i])) return -1;
     return 0;
 }
-#undef LIN
 
 krea2_model *krea2_load(dt_backend *be, const char *path) {
     char *dir = dt_weights_component_dir(path, "transformer");
@@ -316,54 +308,24 @@ fail:
     return NULL;
 }
 
-static void free_mat(dt_backend *be, dt_mat *x) {
-    if (x->data) be->free(be, x);
-    memset(x, 0, sizeof *x);
-}
-
-static void free_bufs(dt_backend *be, k2_bufs *b) {
-    dt_mat *mats[] = {&b->emb, &b->th, &b->temb, &b->tg, &b->tmod, &b->modw, &b->modv, &b->in_img, &b->s,
-                      &b->ones, &b->ts, &b->tr, &b->a, &b->q, &b->k, &b->v, &b->g, &b->o, &b->h1, &b->h2,
-                      &b->outm, &b->cos, &b->sin, &b->bias};
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
-    free(b->ids);
-    free(b->host_mod);
-    memset(b, 0, sizeof *b);
-}
-
-static void free_attn_ff(dt_backend *be, k2_attn *at) {
-    free_mat(be, &at->norm_q);
-    free_mat(be, &at->norm_k);
-}
-
 void krea2_free(krea2_model *m) {
     if (!m) return;
-    if (m->be) {
-        free_bufs(m->be, &m->buf);
-        dt_linear_set_free(&m->lin);
-        free_mat(m->be, &m->txt_norm);
-        for (int i = 0; m->lw && i < m->c.n_layerwise; i++) {
-            free_mat(m->be, &m->lw[i].norm1); free_mat(m->be, &m->lw[i].norm2); free_attn_ff(m->be, &m->lw[i].attn);
-        }
-        for (int i = 0; m->rf && i < m->c.n_refiner; i++) {
-            free_mat(m->be, &m->rf[i].norm1); free_mat(m->be, &m->rf[i].norm2); free_attn_ff(m->be, &m->rf[i].attn);
-        }
-        for (int i = 0; m->blk && i < m->c.num_layers; i++) free_attn_ff(m->be, &m->blk[i].attn);
-    }
-    for (int i = 0; m->blk && i < m->c.num_layers; i++) {
-        free(m->blk[i].norm1); free(m->blk[i].norm2); free(m->blk[i].table);
-    }
+    dt_backend *be = m->be;
+    krea2_acts_free(be, &m->buf);
+    dt_linear_set_free(&m->lin);
+    krea2_outer_w_free(be, &m->o);
+    for (int i = 0; m->lw && i < m->c.n_layerwise; i++) free_text_block(be, &m->lw[i]);
+    for (int i = 0; m->rf && i < m->c.n_refiner; i++) free_text_block(be, &m->rf[i]);
+    for (int i = 0; m->blk && i < m->c.num_layers; i++) krea2_block_w_free(be, &m->blk[i]);
     free(m->lw);
     free(m->rf);
     free(m->blk);
     free(m->proj);
-    free(m->final_norm);
-    free(m->final_table);
     if (m->w) dt_weights_close(m->w);
     free(m);
 }
 
-/* ------------------------------------------------------------------ buffers */
+/* ------------------------------------------------------------------ activations */
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -379,16 +341,17 @@ static dt_mat fview(dt_mat buf, int64_t rows, int64_t cols) {
     return v;
 }
 
-static int alloc_mat(dt_backend *be, dt_mat *x, int64_t rows, int64_t cols, dt_dtype t) {
-    return be->alloc(be, x, rows, cols, t);
+void krea2_acts_free(dt_backend *be, krea2_acts *b) {
+    dt_mat *mats[] = {&b->emb, &b->th, &b->temb, &b->tg, &b->tmod, &b->modw, &b->modv, &b->in_img, &b->s,
+                      &b->ones, &b->ts, &b->tr, &b->a, &b->q, &b->k, &b->v, &b->g, &b->o, &b->h1, &b->h2,
+                      &b->outm, &b->cos, &b->sin, &b->bias};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
+    free(b->ids);
+    free(b->host_mod);
+    memset(b, 0, sizeof *b);
 }
 
-static int ensure_bufs(krea2_model *m, int n, int t) {
-    k2_bufs *b = &m->buf;
-    if (b->s.data && b->n == n && b->t == t) return 0;
-    dt_backend *be = m->be;
-    free_bufs(be, b);
-    const krea2_config *c = &m->c;
+int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_acts *b) {
     dt_dtype act = be->act_dtype;
     int64_t D = c->hidden, L = (int64_t)n + t, E = c->text_dim, Y = c->text_layers;
     int64_t Lt = (int64_t)t * Y;
@@ -397,35 +360,22 @@ static int ensure_bufs(krea2_model *m, int n, int t) {
     int64_t kv = max64(L * dkv, Lt * tdkv);
     int64_t hid = max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)t * D);
     int nl = c->num_layers;
-    int rc = 0;
-    rc |= alloc_mat(be, &b->emb, 1, c->t_embed, act);
-    rc |= alloc_mat(be, &b->th, 1, D, act);
-    rc |= alloc_mat(be, &b->temb, 1, D, act);
-    rc |= alloc_mat(be, &b->tg, 1, D, act);
-    rc |= alloc_mat(be, &b->tmod, 1, 6 * D, act);
-    rc |= alloc_mat(be, &b->modw, 2 * nl + 1, D, DT_F32);
-    rc |= alloc_mat(be, &b->modv, 4 * nl + 1, D, act);
-    rc |= alloc_mat(be, &b->in_img, n, c->in_channels, act);
-    rc |= alloc_mat(be, &b->s, L, D, act);
-    rc |= alloc_mat(be, &b->ones, L, D, act);
-    rc |= alloc_mat(be, &b->ts, 1, Lt * E, act);
-    rc |= alloc_mat(be, &b->tr, 1, (int64_t)t * E, act);
-    rc |= alloc_mat(be, &b->a, 1, big, act);
-    rc |= alloc_mat(be, &b->q, 1, big, act);
-    rc |= alloc_mat(be, &b->k, 1, kv, act);
-    rc |= alloc_mat(be, &b->v, 1, kv, act);
-    rc |= alloc_mat(be, &b->g, 1, big, act);
-    rc |= alloc_mat(be, &b->o, 1, big, act);
-    rc |= alloc_mat(be, &b->h1, 1, hid, act);
-    rc |= alloc_mat(be, &b->h2, 1, hid, act);
-    rc |= alloc_mat(be, &b->outm, n, c->out_channels, act);
-    rc |= alloc_mat(be, &b->cos, L, c->head_dim, DT_F32);
-    rc |= alloc_mat(be, &b->sin, L, c->head_dim, DT_F32);
-    rc |= alloc_mat(be, &b->bias, 1, L, DT_F32);
-    if (rc) { free_bufs(be, b); return -1; }
+    struct { dt_mat *m; int64_t rows, cols; dt_dtype t; } all[] = {
+        {&b->emb, 1, c->t_embed, act},   {&b->th, 1, D, act},          {&b->temb, 1, D, act},
+        {&b->tg, 1, D, act},             {&b->tmod, 1, 6 * D, act},    {&b->modw, 2 * nl + 1, D, DT_F32},
+        {&b->modv, 4 * nl + 1, D, act},  {&b->in_img, n, c->in_channels, act},
+        {&b->s, L, D, act},              {&b->ones, L, D, act},        {&b->ts, 1, Lt * E, act},
+        {&b->tr, 1, (int64_t)t * E, act}, {&b->a, 1, big, act},        {&b->q, 1, big, act},
+        {&b->k, 1, kv, act},             {&b->v, 1, kv, act},          {&b->g, 1, big, act},
+        {&b->o, 1, big, act},            {&b->h1, 1, hid, act},        {&b->h2, 1, hid, act},
+        {&b->outm, n, c->out_channels, act}, {&b->cos, L, c->head_dim, DT_F32}, {&b->sin, L, c->head_dim, DT_F32},
+        {&b->bias, 1, L, DT_F32},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (be->alloc(be, all[i].m, all[i].rows, all[i].cols, all[i].t)) { krea2_acts_free(be, b); return -1; }
     b->n = n; b->t = t;
     b->ids = dt_malloc(sizeof(float) * (size_t)(L * c->n_axes));
-    b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see time_and_mods */
+    b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see krea2_time_mods */
     /* ones: upload one row, then double the filled prefix with copies */
     float *one = dt_malloc(sizeof(float) * (size_t)D);
     for (int64_t i = 0; i < D; i++) one[i] = 1.0f;
@@ -444,9 +394,8 @@ static int ensure_bufs(krea2_model *m, int n, int t) {
 /* RoPE tables for the [text, image] sequence (Krea2RotaryPosEmbed = FLUX's): per axis a with d_a
  * dims, ω_k = 1 / θ^(2k/d_a) in float64, angle = pos · ω_k in float64, cos/sin rounded to f32,
  * each frequency repeated for the interleaved pair (2k, 2k+1). */
-static void build_rope(krea2_model *m, const float *pos, int64_t L) {
-    const krea2_config *c = &m->c;
-    k2_bufs *b = &m->buf;
+void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *b, const float *pos) {
+    int64_t L = (int64_t)b->n + b->t;
     size_t nids = (size_t)(L * c->n_axes);
     if (!memcmp(b->ids, pos, sizeof(float) * nids)) return;   /* NaN-marked tables never match */
     int hd = c->head_dim;
@@ -470,12 +419,35 @@ static void build_rope(krea2_model *m, const float *pos, int64_t L) {
             off += d;
         }
     }
-    m->be->upload(m->be, b->cos, cs);
-    m->be->upload(m->be, b->sin, sn);
+    be->upload(be, b->cos, cs);
+    be->upload(be, b->sin, sn);
     free(cs);
     free(sn);
     free(omega);
     memcpy(b->ids, pos, sizeof(float) * nids);
+}
+
+void krea2_acts_mask(dt_backend *be, krea2_acts *b, const uint8_t *mask) {
+    b->masked = mask != NULL;
+    if (!mask) return;
+    int64_t L = (int64_t)b->n + b->t;
+    float *bh = dt_malloc(sizeof(float) * (size_t)L);
+    for (int64_t j = 0; j < L; j++) bh[j] = (j < b->t && !mask[j]) ? -INFINITY : 0.0f;
+    be->upload(be, b->bias, bh);
+    free(bh);
+}
+
+krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
+    int64_t L = (int64_t)x->n + x->t, D = c->hidden, dkv = (int64_t)c->kv_heads * c->head_dim, F = c->intermediate;
+    krea2_block_io io = {
+        .s = x->s,                   .a = fview(x->a, L, D),
+        .q = fview(x->q, L, D),      .g = fview(x->g, L, D),      .o = fview(x->o, L, D),
+        .k = fview(x->k, L, dkv),    .v = fview(x->v, L, dkv),
+        .h1 = fview(x->h1, L, F),    .h2 = fview(x->h2, L, F),
+        .cos = x->cos,               .sin = x->sin,               .bias = x->masked ? x->bias : dt_mat_null(),
+        .modw = x->modw,             .modv = x->modv,             .ones = x->ones,
+    };
+    return io;
 }
 
 /* ------------------------------------------------------------------ forward pieces */
@@ -483,27 +455,35 @@ static void build_rope(krea2_model *m, const float *pos, int64_t L) {
 /* Most heads per attention call in batched mode (CUDA grids put heads on gridDim.y <= 65535). */
 #define K2_MAX_BATCHED_HEADS 32768
 
-/* Krea2Attention on normed input x [R, dim] -> y [R, dim] (y may be x's buffer: x is consumed first).
- * nseq = 0: one sequence of R rows. nseq > 0: nseq independent sequences of R / nseq rows stored
- * sequence-position-major (row p * nseq + s is position p of sequence s; the layerwise text fusion
- * uses layer-major rows l * T + t). Then Q/K/V [R, H*hd] are reinterpreted as [R/nseq, nseq*H*hd]:
- * one attention call with nseq*H query heads and nseq*Hkv kv heads attends within each sequence
- * (q head s*H + h uses kv head s*Hkv + h/(H/Hkv), exactly the per-sequence GQA mapping).
- * cos/sin: RoPE tables (NULL data = no RoPE); bias: [1, R] key-padding bias or NULL data. */
-static void attention_block(krea2_model *m, const k2_attn *at, dt_mat x, dt_mat y, int64_t nseq, dt_mat cos,
-                            dt_mat sin, dt_mat bias) {
-    dt_backend *be = m->be;
-    k2_bufs *b = &m->buf;
-    int64_t R = x.rows, dim = x.cols, dkv = (int64_t)at->kv_heads * at->hd;
-    dt_mat q = fview(b->q, R, dim), k = fview(b->k, R, dkv), v = fview(b->v, R, dkv);
-    dt_mat g = fview(b->g, R, dim), o = fview(b->o, R, dim);
+/* The four projections of Krea2Attention: x [R, dim] -> q, g [R, dim], k, v [R, kv_heads*hd]. */
+static void attn_proj(dt_backend *be, const krea2_attn_w *at, dt_mat x, dt_mat q, dt_mat k, dt_mat v, dt_mat g) {
     be->linear(be, q, x, at->q);
     be->linear(be, k, x, at->k);
     be->linear(be, v, x, at->v);
     be->linear(be, g, x, at->gate);
-    dt_rope_mode mode = cos.data ? DT_ROPE_INTERLEAVED : DT_ROPE_NONE;
-    be->head_norm_rope(be, q, at->heads, at->hd, at->norm_q, m->c.eps, cos, sin, mode);
-    be->head_norm_rope(be, k, at->kv_heads, at->hd, at->norm_k, m->c.eps, cos, sin, mode);
+}
+
+/* Per-head RMSNorm of q and k with their weights (w_q / w_k; null data: none) and the rotation by cos/sin (mode). */
+static void attn_qk(dt_backend *be, const krea2_attn_w *at, float eps, dt_mat q, dt_mat k, dt_mat w_q, dt_mat w_k,
+                    dt_mat cos, dt_mat sin, dt_rope_mode mode) {
+    be->head_norm_rope(be, q, at->heads, at->hd, w_q, eps, cos, sin, mode);
+    be->head_norm_rope(be, k, at->kv_heads, at->hd, w_k, eps, cos, sin, mode);
+}
+
+/* Krea2Attention on normed input x [R, dim] -> y [R, dim] (y may be x's buffer: x is consumed first), on the
+ * flat scratch buffers of b. nseq = 0: one sequence of R rows. nseq > 0: nseq independent sequences of R / nseq rows
+ * stored sequence-position-major (row p * nseq + s is position p of sequence s; the layerwise text fusion
+ * uses layer-major rows l * T + t). Then Q/K/V [R, H*hd] are reinterpreted as [R/nseq, nseq*H*hd]:
+ * one attention call with nseq*H query heads and nseq*Hkv kv heads attends within each sequence
+ * (q head s*H + h uses kv head s*Hkv + h/(H/Hkv), exactly the per-sequence GQA mapping).
+ * bias: [1, R] key-padding bias or NULL data. No RoPE (the text fusion has none). */
+static void text_attention(dt_backend *be, const krea2_acts *b, const krea2_attn_w *at, float eps, dt_mat x, dt_mat y,
+                           int64_t nseq, dt_mat bias) {
+    int64_t R = x.rows, dim = x.cols, dkv = (int64_t)at->kv_heads * at->hd;
+    dt_mat q = fview(b->q, R, dim), k = fview(b->k, R, dkv), v = fview(b->v, R, dkv);
+    dt_mat g = fview(b->g, R, dim), o = fview(b->o, R, dim);
+    attn_proj(be, at, x, q, k, v, g);
+    attn_qk(be, at, eps, q, k, at->norm_q, at->norm_k, dt_mat_null(), dt_mat_null(), DT_ROPE_NONE);
     float scale = 1.0f / sqrtf((float)at->hd);
     if (nseq > 0) {
         int64_t len = R / nseq;
@@ -524,33 +504,24 @@ static void attention_block(krea2_model *m, const k2_attn *at, dt_mat x, dt_mat 
     be->linear(be, y, o, at->out);
 }
 
-/* Krea2SwiGLU on x [R, dim] -> y [R, dim] (y may be x's buffer). */
-static void ff_block(krea2_model *m, const k2_ff *ff, dt_mat x, dt_mat y, int64_t inter) {
-    dt_backend *be = m->be;
-    dt_mat h1 = fview(m->buf.h1, x.rows, inter), h2 = fview(m->buf.h2, x.rows, inter);
-    be->linear(be, h1, x, ff->gate);
-    be->linear(be, h2, x, ff->up);
+/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq: see text_attention). */
+static void text_block(dt_backend *be, const krea2_config *c, krea2_acts *b, const k2_text_block *tb, dt_mat s,
+                       int64_t nseq, dt_mat bias) {
+    dt_mat a = fview(b->a, s.rows, s.cols);
+    dt_mat h1 = fview(b->h1, s.rows, c->text_intermediate), h2 = fview(b->h2, s.rows, c->text_intermediate);
+    be->rmsnorm(be, a, s, tb->norm1, 1.0f, c->eps);
+    text_attention(be, b, &tb->attn, c->eps, a, a, nseq, bias);
+    be->gated_add(be, s, dt_mat_null(), a);
+    be->rmsnorm(be, a, s, tb->norm2, 1.0f, c->eps);
+    be->linear(be, h1, a, tb->ff.gate);   /* Krea2SwiGLU */
+    be->linear(be, h2, a, tb->ff.up);
     be->act_mul(be, h1, h1, h2, DT_ACT_SILU);
-    be->linear(be, y, h1, ff->down);
-}
-
-/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq: see attention_block). */
-static void text_block(krea2_model *m, const k2_text_block *tb, dt_mat s, int64_t nseq, dt_mat bias) {
-    dt_backend *be = m->be;
-    dt_mat a = fview(m->buf.a, s.rows, s.cols);
-    be->rmsnorm(be, a, s, tb->norm1, 1.0f, m->c.eps);
-    attention_block(m, &tb->attn, a, a, nseq, dt_mat_null(), dt_mat_null(), bias);
-    be->gated_add(be, s, dt_mat_null(), a);
-    be->rmsnorm(be, a, s, tb->norm2, 1.0f, m->c.eps);
-    ff_block(m, &tb->ff, a, a, m->c.text_intermediate);
+    be->linear(be, a, h1, tb->ff.down);
     be->gated_add(be, s, dt_mat_null(), a);
 }
 
-/* Timestep embedding + modulation vectors (host fold, one upload each for modw / modv). */
-static void time_and_mods(krea2_model *m, float timestep) {
-    dt_backend *be = m->be;
-    k2_bufs *b = &m->buf;
-    const krea2_config *c = &m->c;
+void krea2_time_mods(dt_backend *be, const krea2_config *c, const krea2_outer_w *o, const krea2_block_w *blk,
+                     krea2_acts *b, float timestep) {
     int64_t D = c->hidden;
     int half = c->t_embed / 2;
     /* Krea2TimestepEmbedding, f32 like the reference: f_i = exp(-ln(1e4) * i / half),
@@ -566,11 +537,11 @@ static void time_and_mods(krea2_model *m, float timestep) {
     }
     be->upload(be, b->emb, emb);
     free(emb);
-    be->linear(be, b->th, b->emb, m->t_lin1);
+    be->linear(be, b->th, b->emb, o->t_lin1);
     be->act_mul(be, b->th, b->th, dt_mat_null(), DT_ACT_GELU_TANH);
-    be->linear(be, b->temb, b->th, m->t_lin2);
+    be->linear(be, b->temb, b->th, o->t_lin2);
     be->act_mul(be, b->tg, b->temb, dt_mat_null(), DT_ACT_GELU_TANH);
-    be->linear(be, b->tmod, b->tg, m->time_mod);
+    be->linear(be, b->tmod, b->tg, o->time_mod);
 
     int nlay = c->num_layers;
     float *tmod = b->host_mod;                 /* [6D] */
@@ -580,13 +551,13 @@ static void time_and_mods(krea2_model *m, float timestep) {
     be->download(be, tmod, b->tmod);
     be->download(be, temb, b->temb);
     for (int l = 0; l < nlay; l++) {
-        const k2_block *blk = &m->blk[l];
+        const krea2_block_w *bl = &blk[l];
         for (int64_t j = 0; j < D; j++) {
             float mod[6];
-            for (int q = 0; q < 6; q++) mod[q] = tmod[q * D + j] + blk->table[q * D + j];
+            for (int q = 0; q < 6; q++) mod[q] = tmod[q * D + j] + bl->table[q * D + j];
             /* order: prescale, preshift, pregate, postscale, postshift, postgate */
-            w[(2 * l) * D + j] = blk->norm1[j] * (1.0f + mod[0]);
-            w[(2 * l + 1) * D + j] = blk->norm2[j] * (1.0f + mod[3]);
+            w[(2 * l) * D + j] = bl->norm1[j] * (1.0f + mod[0]);
+            w[(2 * l + 1) * D + j] = bl->norm2[j] * (1.0f + mod[3]);
             vv[(4 * l) * D + j] = mod[1];
             vv[(4 * l + 1) * D + j] = mod[2];
             vv[(4 * l + 2) * D + j] = mod[4];
@@ -595,20 +566,55 @@ static void time_and_mods(krea2_model *m, float timestep) {
     }
     /* Krea2FinalLayer: (temb + table) chunked -> scale = row 0, shift = row 1 (raw temb, no GELU) */
     for (int64_t j = 0; j < D; j++) {
-        float scale = temb[j] + m->final_table[j], shift = temb[j] + m->final_table[D + j];
-        w[(2 * nlay) * D + j] = m->final_norm[j] * (1.0f + scale);
+        float scale = temb[j] + o->final_table[j], shift = temb[j] + o->final_table[D + j];
+        w[(2 * nlay) * D + j] = o->final_norm[j] * (1.0f + scale);
         vv[(4 * nlay) * D + j] = shift;
     }
     be->upload(be, b->modw, w);
     be->upload(be, b->modv, vv);
 }
 
-/* y = RMSNorm(x) * folded weight row wi + shift row vi (the block's modulated norm). */
-static void mod_norm(krea2_model *m, dt_mat y, dt_mat x, int wi, int vi) {
-    dt_backend *be = m->be;
-    k2_bufs *b = &m->buf;
-    be->rmsnorm(be, y, x, dt_mat_rows(b->modw, wi, 1), 0.0f, m->c.eps);
-    be->gated_add(be, y, dt_mat_rows(b->modv, vi, 1), dt_mat_rows(b->ones, 0, x.rows));
+/* y = RMSNorm(x) * folded weight row wi + shift row vi (the modulated norm of the blocks and the final layer). */
+static void mod_norm(dt_backend *be, const krea2_config *c, dt_mat y, dt_mat x, dt_mat modw, dt_mat modv, dt_mat ones,
+                     int wi, int vi) {
+    be->rmsnorm(be, y, x, dt_mat_rows(modw, wi, 1), 0.0f, c->eps);
+    be->gated_add(be, y, dt_mat_rows(modv, vi, 1), dt_mat_rows(ones, 0, x.rows));
+}
+
+void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l,
+                    int k, int split) {
+    const krea2_attn_w *at = &w->attn;
+    dt_mat none = dt_mat_null();
+    switch (k) {
+    case KREA2_OP_NORM1: mod_norm(be, c, io->a, io->s, io->modw, io->modv, io->ones, 2 * l, 4 * l); break;
+    case KREA2_OP_QKVG: attn_proj(be, at, io->a, io->q, io->k, io->v, io->g); break;
+    case KREA2_OP_QKNORM:
+        attn_qk(be, at, c->eps, io->q, io->k, at->norm_q, at->norm_k, io->cos, io->sin,
+                split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED);
+        break;
+    case KREA2_OP_ROPE:
+        if (split) attn_qk(be, at, c->eps, io->q, io->k, none, none, io->cos, io->sin, DT_ROPE_INTERLEAVED);
+        break;
+    case KREA2_OP_ATTN:
+        be->attention(be, io->o, io->q, io->k, io->v, at->heads, at->kv_heads, at->hd, 1.0f / sqrtf((float)at->hd),
+                      io->bias, 0);
+        break;
+    case KREA2_OP_GATE: be->act_mul(be, io->o, io->g, io->o, DT_ACT_SIGMOID); break;   /* attn * sigmoid(to_gate(x)) */
+    case KREA2_OP_OUT: be->linear(be, io->a, io->o, at->out); break;
+    case KREA2_OP_RESID1: be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 1, 1), io->a); break;
+    case KREA2_OP_NORM2: mod_norm(be, c, io->a, io->s, io->modw, io->modv, io->ones, 2 * l + 1, 4 * l + 2); break;
+    case KREA2_OP_MLPIN:
+        be->linear(be, io->h1, io->a, w->ff.gate);
+        be->linear(be, io->h2, io->a, w->ff.up);
+        break;
+    case KREA2_OP_SWIGLU: be->act_mul(be, io->h1, io->h1, io->h2, DT_ACT_SILU); break;
+    case KREA2_OP_DOWN: be->linear(be, io->a, io->h1, w->ff.down); break;
+    case KREA2_OP_RESID2: be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 3, 1), io->a); break;
+    }
+}
+
+void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l) {
+    for (int k = 0; k < KREA2_OP_COUNT; k++) krea2_block_op(be, c, w, io, l, k, 0);
 }
 
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
@@ -629,21 +635,17 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
             return -1;
         }
     }
-    if (ensure_bufs(m, n_img, n_txt)) return -1;
     dt_backend *be = m->be;
-    k2_bufs *b = &m->buf;
-    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = n_txt, N = n_img, L = T + N;
-
-    time_and_mods(m, timestep);
-    build_rope(m, pos_ids, L);
-    dt_mat bias = dt_mat_null();
-    if (txt_mask) {
-        float *bh = dt_malloc(sizeof(float) * (size_t)L);
-        for (int64_t j = 0; j < L; j++) bh[j] = (j < T && !txt_mask[j]) ? -INFINITY : 0.0f;
-        be->upload(be, b->bias, bh);
-        free(bh);
-        bias = b->bias;
+    krea2_acts *b = &m->buf;
+    if (!(b->s.data && b->n == n_img && b->t == n_txt)) {
+        krea2_acts_free(be, b);
+        if (krea2_acts_alloc(be, c, n_img, n_txt, b)) return -1;
     }
+    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = n_txt, N = n_img;
+
+    krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
+    krea2_acts_positions(be, c, b, pos_ids);
+    krea2_acts_mask(be, b, txt_mask);
 
     /* ---- text fusion ---- */
     /* upload token-major [T*Y, E] into scratch, then reorder to layer-major rows l*T + t (Y strided copies) */
@@ -654,7 +656,7 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
         lv.ld = raw.ld * Y;
         be->copy(be, dt_mat_rows(ts, l * T, T), lv);
     }
-    for (int i = 0; i < c->n_layerwise; i++) text_block(m, &m->lw[i], ts, T, dt_mat_null());
+    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, T, dt_mat_null());
     /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*T + t] */
     dt_mat tr = fview(b->tr, T, E);
     for (int64_t l = 0; l < Y; l++) {
@@ -662,33 +664,27 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
         if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
         else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
     }
-    dt_mat tbias = txt_mask ? dt_mat_cols(bias, 0, T) : dt_mat_null();
-    for (int i = 0; i < c->n_refiner; i++) text_block(m, &m->rf[i], tr, 0, tbias);
+    dt_mat tbias = txt_mask ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();
+    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, tbias);
 
     /* ---- txt_in, img_in -> joint stream [text, image] ---- */
     dt_mat s = b->s;
     dt_mat txt_rows = dt_mat_rows(s, 0, T), img_rows = dt_mat_rows(s, T, N);
     {
         dt_mat a = fview(b->a, T, E), h = fview(b->h1, T, D);
-        be->rmsnorm(be, a, tr, m->txt_norm, 1.0f, c->eps);
-        be->linear(be, h, a, m->txt_lin1);
+        be->rmsnorm(be, a, tr, m->o.txt_norm, 1.0f, c->eps);
+        be->linear(be, h, a, m->o.txt_lin1);
         be->act_mul(be, h, h, dt_mat_null(), DT_ACT_GELU_TANH);
-        be->linear(be, txt_rows, h, m->txt_lin2);
+        be->linear(be, txt_rows, h, m->o.txt_lin2);
     }
     be->upload(be, b->in_img, img);
-    be->linear(be, img_rows, b->in_img, m->img_in);
+    be->linear(be, img_rows, b->in_img, m->o.img_in);
 
     /* ---- transformer blocks ---- */
-    dt_mat a = fview(b->a, L, D);
+    krea2_block_io io = krea2_acts_block(c, b);
     char name[32];
     for (int l = 0; l < c->num_layers; l++) {
-        const k2_block *blk = &m->blk[l];
-        mod_norm(m, a, s, 2 * l, 4 * l);
-        attention_block(m, &blk->attn, a, a, 0, b->cos, b->sin, bias);
-        be->gated_add(be, s, dt_mat_rows(b->modv, 4 * l + 1, 1), a);
-        mod_norm(m, a, s, 2 * l + 1, 4 * l + 2);
-        ff_block(m, &blk->ff, a, a, c->intermediate);
-        be->gated_add(be, s, dt_mat_rows(b->modv, 4 * l + 3, 1), a);
+        krea2_block(be, c, &m->blk[l], &io, l);
         if (trace) {
             snprintf(name, sizeof name, "block.%d", l);
             trace(trace_ud, name, s);
@@ -697,8 +693,8 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
 
     /* ---- final layer on the image rows ---- */
     dt_mat an = fview(b->a, N, D);
-    mod_norm(m, an, img_rows, 2 * c->num_layers, 4 * c->num_layers);
-    be->linear(be, b->outm, an, m->final_lin);
+    mod_norm(be, c, an, img_rows, b->modw, b->modv, b->ones, 2 * c->num_layers, 4 * c->num_layers);
+    be->linear(be, b->outm, an, m->o.final_lin);
     be->download(be, out, b->outm);
     return be->sync(be);
 }

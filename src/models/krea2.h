@@ -1,7 +1,7 @@
 /* krea2.h — the Krea 2 transformer (diffusers Krea2Transformer2DModel), written against the
  * backend op interface: text fusion over tapped text-encoder layers, a single-stream DiT with
  * grouped-query gated attention, SwiGLU MLPs and zero-centred RMSNorm. Geometry comes from
- * config.json. See ../shared/spec section 4 and docs/krea2-notes.md.
+ * config.json. See docs/krea2-notes.md.
  */
 #ifndef DT_KREA2_H
 #define DT_KREA2_H
@@ -11,6 +11,7 @@
 
 #include "backends/backend.h"
 #include "io/weights.h"
+#include "models/linear_set.h"
 
 #define KREA2_MAX_AXES 8
 
@@ -64,6 +65,119 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
  * Returns 0 or -1 (dt_last_error). */
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud);
+
+/* ---- the pieces of the forward that the bench drives too (src/bench), op by op ---- */
+
+/* Krea2Attention's weights (transformer and text-fusion blocks). */
+typedef struct {
+    dt_linear *q, *k, *v, *gate, *out;   /* q/gate/out [dim, dim], k/v [kv_heads*hd, dim] */
+    dt_mat norm_q, norm_k;               /* [1, hd] F32, already 1 + w (head_norm_rope has no offset) */
+    int heads, kv_heads, hd;
+} krea2_attn_w;
+
+/* Krea2SwiGLU's weights: gate, up [F, dim], down [dim, F]. */
+typedef struct {
+    dt_linear *gate, *up, *down;
+} krea2_ff_w;
+
+/* One transformer block (Krea2TransformerBlock). */
+typedef struct {
+    float *norm1, *norm2;                /* host [D]: 1 + w */
+    float *table;                        /* host [6, D] scale_shift_table */
+    krea2_attn_w attn;
+    krea2_ff_w ff;
+} krea2_block_w;
+
+/* The Linears and norms around the blocks (embedders, timestep MLP, time_mod_proj, txt_in, final layer). */
+typedef struct {
+    dt_linear *img_in, *t_lin1, *t_lin2, *time_mod;   /* [D, in], [D, t_embed], [D, D], [6D, D] */
+    dt_linear *txt_lin1, *txt_lin2, *final_lin;       /* [D, E], [D, D], [out, D] */
+    dt_mat txt_norm;                                  /* [1, E] F32 raw zero-centred weights (rmsnorm w_offset 1) */
+    float *final_norm;                                /* host [D]: 1 + w */
+    float *final_table;                               /* host [2, D] */
+} krea2_outer_w;
+
+/* Load transformer block i / the outer weights into lin (lin->be set). 0 or -1 (dt_last_error names the tensor);
+ * the *_free functions release what a load made (also after a failed one) except the Linears, which
+ * dt_linear_set_free destroys. */
+int krea2_block_w_load(dt_linear_set *lin, const dt_weights *w, const krea2_config *c, int i, krea2_block_w *out);
+void krea2_block_w_free(dt_backend *be, krea2_block_w *b);
+int krea2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const krea2_config *c, krea2_outer_w *out);
+void krea2_outer_w_free(dt_backend *be, krea2_outer_w *o);
+
+/* The activations of one (n image, t text token) forward, L = t + n. Flat buffers are [1, capacity], sized for
+ * both the text fusion ([t * text_layers, E] streams) and the joint stream; krea2_acts_block views them. */
+typedef struct {
+    int n, t;
+    dt_mat emb;        /* [1, t_embed] timestep sinusoid */
+    dt_mat th;         /* [1, D] hidden of the timestep MLP */
+    dt_mat temb;       /* [1, D] */
+    dt_mat tg;         /* [1, D] GELU(temb) */
+    dt_mat tmod;       /* [1, 6D] time_mod_proj output */
+    dt_mat modw;       /* [2*layers + 1, D] F32: folded norm weights (norm1, norm2 per block, final) */
+    dt_mat modv;       /* [4*layers + 1, D]: preshift, pregate, postshift, postgate per block, final shift */
+    dt_mat in_img;     /* [N, in] */
+    dt_mat s;          /* [L, D] joint stream, text rows first */
+    dt_mat ones;       /* [L, D] all ones (broadcast shift adds) */
+    dt_mat ts;         /* flat >= T*Y*E: layerwise text stream */
+    dt_mat tr;         /* flat >= T*E: refiner text stream */
+    dt_mat a, q, k, v, g, o, h1, h2;   /* flat scratch (sizes in krea2_acts_alloc) */
+    dt_mat outm;       /* [N, out] */
+    dt_mat cos, sin;   /* [L, head_dim] F32 RoPE tables */
+    dt_mat bias;       /* [1, L] F32 key-padding bias */
+    int masked;        /* bias holds a mask (krea2_acts_mask); 0: attention without one */
+    float *ids;        /* host copy of the positions the tables were built from [L * n_axes] */
+    float *host_mod;   /* host [(6 * layers + 9) * D]: tmod, temb, folded weights, shifts/gates */
+} krea2_acts;
+/* Allocate them (x zeroed or freed); 0 or -1 with the backend's error. krea2_acts_free frees what is allocated. */
+int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_acts *x);
+void krea2_acts_free(dt_backend *be, krea2_acts *x);
+/* RoPE tables for positions pos [L, n_axes] (rebuilt only when they change). */
+void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *x, const float *pos);
+/* The key-padding bias from mask [t] (1 = real token); NULL = no mask. */
+void krea2_acts_mask(dt_backend *be, krea2_acts *x, const uint8_t *mask);
+/* Timestep MLP and the modulation of every block and the final layer at `timestep`, folded on the host into
+ * modw / modv (blk: the config's num_layers blocks). */
+void krea2_time_mods(dt_backend *be, const krea2_config *c, const krea2_outer_w *o, const krea2_block_w *blk,
+                     krea2_acts *x, float timestep);
+
+/* What a transformer block works on: views of the activation set. */
+typedef struct {
+    dt_mat s;          /* [L, D] joint stream (updated in place) */
+    dt_mat a;          /* [L, D] modulated norm, then the attention / MLP output */
+    dt_mat q, g, o;    /* [L, D] queries, gate projection, attention output */
+    dt_mat k, v;       /* [L, kv_heads*hd] */
+    dt_mat h1, h2;     /* [L, F] MLP gate and up projections */
+    dt_mat cos, sin;   /* [L, hd] F32 RoPE tables */
+    dt_mat bias;       /* [1, L] F32 key-padding bias, or null data (no mask) */
+    dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
+    dt_mat ones;       /* [L, D] */
+} krea2_block_io;
+krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x);
+
+/* The ops of a transformer block in order (the bench times cumulative prefixes of them). */
+enum {
+    KREA2_OP_NORM1 = 0, /* modulated norm: RMSNorm(s) * folded (1+w)(1+scale) + shift */
+    KREA2_OP_QKVG,      /* to_q, to_k, to_v, to_gate GEMMs */
+    KREA2_OP_QKNORM,    /* per-head RMSNorm of Q and K (+ RoPE unless split) */
+    KREA2_OP_ROPE,      /* split only: the rotation as its own pass */
+    KREA2_OP_ATTN,      /* attention, GQA + key-padding bias */
+    KREA2_OP_GATE,      /* attn * sigmoid(gate) */
+    KREA2_OP_OUT,       /* to_out GEMM */
+    KREA2_OP_RESID1,    /* s += pregate * attn */
+    KREA2_OP_NORM2,     /* second modulated norm */
+    KREA2_OP_MLPIN,     /* ff.gate, ff.up GEMMs */
+    KREA2_OP_SWIGLU,    /* silu(gate) * up */
+    KREA2_OP_DOWN,      /* ff.down GEMM */
+    KREA2_OP_RESID2,    /* s += postgate * mlp */
+    KREA2_OP_COUNT
+};
+/* Op k of transformer block l (weights w) on io. split = 0: the model (QKNORM is the fused norm + RoPE pass,
+ * ROPE nothing); split = 1: QKNORM normalizes only and ROPE rotates only (two passes, for the bench's timing). */
+void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l,
+                    int k, int split);
+/* Transformer block l as the model runs it: its ops in order. */
+void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l);
 
 /* Geometry presets: "krea2" (the released model: Krea2Transformer2DModel defaults) and "krea2-tiny"
  * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_synth.c. */
