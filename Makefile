@@ -14,9 +14,9 @@ CFLAGS  ?= -O2 -g
 override CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Isrc -Iinclude -MMD -MP
 ifeq ($(STATIC_CPU_LIBS),1)
   # for machines without these -dev packages (the GPU machine): link them into the binaries
-  LDLIBS  += $(EXTRA_LDFLAGS) -Wl,-Bstatic -lopenblas -lpng -lz -lutf8proc -Wl,-Bdynamic -lm -pthread
+  LDLIBS  += $(EXTRA_LDFLAGS) -Wl,-Bstatic -lopenblas -lpng -ljpeg -lwebp -lz -lutf8proc -Wl,-Bdynamic -lm -pthread
 else
-  LDLIBS  += $(EXTRA_LDFLAGS) -lopenblas -lpng -lz -lutf8proc -lm -pthread
+  LDLIBS  += $(EXTRA_LDFLAGS) -lopenblas -lpng -ljpeg -lwebp -lz -lutf8proc -lm -pthread
 endif
 # EXTRA_CFLAGS / EXTRA_LDFLAGS: extra include and library folders (e.g. a machine without libutf8proc-dev:
 #   make EXTRA_CFLAGS=-I.devdeps/include EXTRA_LDFLAGS=-L.devdeps/lib)

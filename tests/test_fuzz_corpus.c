@@ -1,8 +1,8 @@
 /* test_fuzz_corpus.c — the fuzzers' kept inputs as regression tests in the normal build (and under
  * `make test-asan`): every file of fuzz/corpus/NAME and fuzz/regressions/NAME goes through the code its
  * fuzzer drives (JSON parser, safetensors reader, config parsers + loaders, tokenizer.json loader,
- * FLUX.2 layouts + load + forward + quantize + convert). Each input must load or fail with an error
- * message; a crash, leak or sanitizer report fails the program. */
+ * FLUX.2 layouts + load + forward + quantize + convert, image decoders + editing preprocessing). Each input
+ * must load or fail with an error message; a crash, leak or sanitizer report fails the program. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +21,7 @@
 #include "pipeline/tokenizer.h"
 #include "quant/quantize_file.h"
 #include "test.h"
+#include "../fuzz/fuzz_image_drive.h"
 
 static char tmpdir[256];
 static dt_backend *be;
@@ -115,6 +116,8 @@ static int one_tokenizer(const unsigned char *d, size_t n) {
     return 1;
 }
 
+static int one_image(const unsigned char *d, size_t n) { return fuzz_image_one(d, n); }
+
 static int one_layout(const unsigned char *d, size_t n) {
     char p[400], q[400], c[400];
     snprintf(p, sizeof p, "%s/layout.safetensors", tmpdir);
@@ -191,6 +194,7 @@ int main(void) {
     replay("model_config", one_model_config);
     replay("tokenizer", one_tokenizer);
     replay("layout", one_layout);
+    replay("image", one_image);
     be->destroy(be);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -1,0 +1,55 @@
+/* image.h — reading input images (PNG via libpng, JPEG via libjpeg-turbo, WebP via libwebp) from a file or
+ * a memory buffer, and converting them the way the reference (Pillow: Image.open(f).convert("RGB") / "L")
+ * does.
+ *
+ * A decoded image keeps the mode Pillow would open it in, because Pillow resizes each mode differently
+ * (image_resample.h): 1 channel (L, or bilevel "1" stored as 0/255), 2 (LA), 3 (RGB; palette images are
+ * expanded to their palette colours) or 4 (RGBA). `nearest` marks palette and bilevel sources, which
+ * Pillow resizes with nearest neighbour whatever filter is asked for.
+ *
+ * What is read: PNG 8-bit and lower (gray 1/2/4/8, gray+alpha, RGB, RGBA, palette 1..8 bits, tRNS ignored
+ * as Pillow's RGB conversion ignores it, Adam7 interlacing); baseline/progressive/arithmetic JPEG in gray
+ * or YCbCr/RGB; WebP lossy, lossless and with alpha (still images).
+ * What is refused, with one line naming the file: 16-bit PNG (Pillow turns 16-bit gray into clipped
+ * white and keeps only the high byte of 16-bit RGB: not an input to trust), CMYK/YCCK JPEG, animated
+ * WebP, truncated or corrupt data, anything else, and sizes over DT_IMAGE_MAX_SIDE per side or
+ * DT_IMAGE_MAX_PIXELS in all (checked from the header, before any pixel memory is allocated).
+ * Alpha is never composited: converting to RGB drops it (Pillow's convert("RGB")).
+ */
+#ifndef DT_IMAGE_H
+#define DT_IMAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DT_IMAGE_MAX_SIDE 32768
+#define DT_IMAGE_MAX_PIXELS ((int64_t)1 << 26)   /* 67 M pixels (8192 x 8192) */
+#define DT_IMAGE_MAX_FILE_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    int w, h;
+    int channels;   /* 1 L, 2 LA, 3 RGB, 4 RGBA */
+    int nearest;    /* 1: palette or bilevel source (Pillow resizes it with nearest neighbour) */
+    uint8_t *px;    /* [h, w, channels], row-major, malloc'd */
+} dt_image;
+
+/* Decode an image file (format from its first bytes). 0 ok, -1 error (dt_last_error names the file). */
+int dt_image_read_file(const char *path, dt_image *out);
+/* Decode an image held in memory; `name` (e.g. an upload's file name) is used in error messages. */
+int dt_image_decode(const uint8_t *data, size_t n, const char *name, dt_image *out);
+void dt_image_free(dt_image *im);
+
+/* A copy converted as Pillow's convert("RGB"): gray replicated, alpha dropped. rgb [h, w, 3] malloc'd. */
+uint8_t *dt_image_to_rgb(const dt_image *im);
+/* A copy converted as Pillow's convert("L"): colour -> (19595 R + 38470 G + 7471 B + 2^15) >> 16, alpha
+ * dropped. l [h, w] malloc'd. */
+uint8_t *dt_image_to_l(const dt_image *im);
+
+/* Per-format decoders (image_png.c, image_jpeg.c, image_webp.c), called by dt_image_decode. */
+int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, dt_image *out);
+int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, dt_image *out);
+int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, dt_image *out);
+/* 0 when w x h is an acceptable size, else -1 with the error set (shared by the decoders). */
+int dt_image_check_size(const char *name, const char *format, int64_t w, int64_t h);
+
+#endif
