@@ -1,5 +1,5 @@
 /* test_png.c — PNG writer/reader: pixel round trip, text chunks (ASCII tEXt and UTF-8 iTXt),
- * byte-identical output for identical input, the fixture image's pixels, and error paths. */
+ * byte-identical output for identical input (file and in-memory encoder), the fixture image's pixels, and error paths. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +84,15 @@ int main(void) {
     unsigned char *b2 = slurp(p2, &n2);
     T_CHECK("png_deterministic", rc == 0 && b1 && b2 && n1 == n2 && !memcmp(b1, b2, n1),
             "two writes of the same input differ (%zu vs %zu bytes)", n1, n2);
+    /* in memory: the same bytes as the file */
+    uint8_t *mem = NULL;
+    size_t nm = 0;
+    rc = dt_png_encode(img, W, H, text, nt, &mem, &nm);
+    T_CHECK("png_encode_equals_file", rc == 0 && b1 && nm == n1 && !memcmp(mem, b1, n1),
+            "rc %d, %zu bytes in memory vs %zu in the file: %s", rc, nm, n1, rc ? dt_last_error() : "bytes differ");
+    free(mem);
+    T_CHECK("png_encode_bad_key", dt_png_encode(img, W, H, (const dt_png_text[]){{"", "x"}}, 1, &mem, &nm) != 0 &&
+                                      mem == NULL && nm == 0, "empty key accepted");
     free(b1);
     free(b2);
 

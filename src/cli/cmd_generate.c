@@ -8,6 +8,7 @@
 #include "cli_model.h"
 #include "io/safetensors.h"
 #include "pipeline/engine.h"
+#include "pipeline/image_meta.h"
 #include "pipeline/png.h"
 
 static void usage(FILE *f) {
@@ -72,14 +73,9 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
 
 /* The PNG with the generation's parameters as text chunks. */
 static int write_png(const char *path, const uint8_t *rgb, int w, int h, const dt_gen_params *p, int steps, const char *model) {
-    char seed[32], st[16], size[32], sw[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
-    snprintf(st, sizeof st, "%d", steps);
-    snprintf(size, sizeof size, "%dx%d", w, h);
-    snprintf(sw, sizeof sw, "ditrun %s", DITRUN_VERSION);
-    dt_png_text text[] = {{"prompt", p->prompt}, {"seed", seed}, {"steps", st}, {"size", size}, {"model", model},
-                          {"Software", sw}};
-    int rc = dt_png_write(path, rgb, w, h, text, (int)(sizeof text / sizeof text[0]));
+    dt_image_meta meta;
+    dt_image_meta_fill(&meta, p, steps, w, h, model);
+    int rc = dt_png_write(path, rgb, w, h, meta.text, meta.n);
     if (rc == 0) dt_log(1, "ditrun: wrote %s\n", path);
     return rc;
 }

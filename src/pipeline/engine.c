@@ -137,36 +137,11 @@ int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g0, uint8_t **rgb,
     *rgb = NULL;
     *w = *h = 0;
     dt_gen_params g = *g0;
-    const dt_pipeline_info *in = &p->info;
-    if (!g.prompt) { dt_set_error("generate: a prompt is required"); return -1; }
-    if (!g.negative_prompt) g.negative_prompt = "";
-    if (g.steps == 0) g.steps = in->default_steps;
-    if (g.steps < 1 || g.steps > 1000) { dt_set_error("generate: steps %d out of range 1..1000", g.steps); return -1; }
-    if (g.guidance < 0) g.guidance = in->default_guidance;
-    if (!(g.guidance <= 100.0f)) { dt_set_error("generate: guidance %g out of range 0..100", g.guidance); return -1; }
-    if (g.max_seq_len == 0) g.max_seq_len = 512;
-    if (g.max_seq_len < 1 || g.max_seq_len > 32768) {
-        dt_set_error("generate: max sequence length %d out of range 1..32768", g.max_seq_len);
-        return -1;
-    }
-    if (g.width == 0) g.width = 1024;
-    if (g.height == 0) g.height = 1024;
-    const int mult = in->size_multiple;
-    if (g.width < mult || g.height < mult) {
-        dt_set_error("generate: image size %dx%d is smaller than %d pixels (this model's size multiple)", g.width, g.height,
-                     mult);
-        return -1;
-    }
-    if (g.width > in->max_side || g.height > in->max_side) {
-        dt_set_error("generate: image size %dx%d is over %d pixels a side (this model's limit)", g.width, g.height,
-                     in->max_side);
-        return -1;
-    }
-    int W = g.width / mult * mult, H = g.height / mult * mult;
-    if (W != g.width || H != g.height)
-        dt_log(1, "ditrun: warning: size %dx%d rounded down to %dx%d (multiples of %d)\n", g.width, g.height, W, H, mult);
-    g.width = W;
-    g.height = H;
+    int W0 = g.width ? g.width : 1024, H0 = g.height ? g.height : 1024;
+    if (dt_gen_params_resolve(&p->info, &g)) return -1;
+    if (W0 != g.width || H0 != g.height)
+        dt_log(1, "ditrun: warning: size %dx%d rounded down to %dx%d (multiples of %d)\n", W0, H0, g.width, g.height,
+               p->info.size_multiple);
     if (dt_gen_cancelled(&g)) return DT_GEN_CANCELLED;
     return p->family->generate(p, &g, rgb, w, h, tm, obs, ud);
 }

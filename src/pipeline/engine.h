@@ -29,6 +29,11 @@ void dt_pipeline_free(dt_pipeline *p);
 const dt_pipeline_info *dt_pipeline_get_info(const dt_pipeline *p);
 dt_backend *dt_pipeline_backend(const dt_pipeline *p);
 
+/* A request's defaults filled in from the pipeline's description (steps, guidance, text tokens, 1024x1024) and its
+ * ranges checked, without running it; width and height are floored to the size multiple. 0 or -1 (dt_last_error).
+ * dt_pipeline_generate resolves every request through this; a server checks requests with it before queueing. */
+int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g);
+
 /* Generate one image (see dt_generate for the outputs). 0, -1 (dt_last_error) or DT_GEN_CANCELLED. */
 int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
                          dt_gen_observer obs, void *obs_ud);

@@ -38,11 +38,33 @@ static int is_ascii(const char *s) {
     return 1;
 }
 
-/* The part of the writer that runs under setjmp; everything it needs is allocated by the caller. */
-static int write_body(png_structp png, png_infop info, FILE *fp, const uint8_t *rgb, int w, int h, png_textp txt,
-                      int n_text, png_bytep *rows) {
+/* In-memory output of dt_png_encode (libpng's write callback appends here). */
+typedef struct {
+    uint8_t *data;
+    size_t len, cap;
+} mem_sink;
+
+static void mem_write(png_structp png, png_bytep data, png_size_t n) {
+    mem_sink *m = (mem_sink *)png_get_io_ptr(png);
+    if (m->len + n > m->cap) {
+        size_t cap = m->cap ? m->cap : 65536;
+        while (cap < m->len + n) cap *= 2;
+        m->data = dt_realloc(m->data, cap);
+        m->cap = cap;
+    }
+    memcpy(m->data + m->len, data, n);
+    m->len += n;
+}
+
+static void mem_flush(png_structp png) { (void)png; }
+
+/* The part of the writer that runs under setjmp; everything it needs is allocated by the caller. The bytes go to
+ * fp, or to mem when fp is NULL. */
+static int write_body(png_structp png, png_infop info, FILE *fp, mem_sink *mem, const uint8_t *rgb, int w, int h,
+                      png_textp txt, int n_text, png_bytep *rows) {
     if (setjmp(png_jmpbuf(png))) return -1;
-    png_init_io(png, fp);
+    if (fp) png_init_io(png, fp);
+    else png_set_write_fn(png, mem, mem_write, mem_flush);
     png_set_compression_level(png, 6);
     png_set_compression_strategy(png, 0);   /* Z_DEFAULT_STRATEGY */
     png_set_filter(png, 0, PNG_ALL_FILTERS);
@@ -55,68 +77,100 @@ static int write_body(png_structp png, png_infop info, FILE *fp, const uint8_t *
     return 0;
 }
 
-int dt_png_write(const char *path, const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text) {
+/* The arguments of a write, checked before anything is created. what names the output in errors. */
+static int check_args(const char *what, int w, int h, const dt_png_text *text, int n_text) {
     if (w <= 0 || h <= 0 || w > 1000000 || h > 1000000) {
-        dt_set_error("%s: invalid PNG size %dx%d", path, w, h);
+        dt_set_error("%s: invalid PNG size %dx%d", what, w, h);
         return -1;
     }
     if (n_text < 0 || (n_text > 0 && !text)) {
-        dt_set_error("%s: invalid text list", path);
+        dt_set_error("%s: invalid text list", what);
         return -1;
     }
     for (int i = 0; i < n_text; i++) {
         if (!text[i].key || !key_ok(text[i].key)) {
-            dt_set_error("%s: invalid PNG text key '%s' (1..79 printable Latin-1 characters)", path,
+            dt_set_error("%s: invalid PNG text key '%s' (1..79 printable Latin-1 characters)", what,
                          text[i].key ? text[i].key : "(null)");
             return -1;
         }
         if (!text[i].value) {
-            dt_set_error("%s: PNG text '%s' has no value", path, text[i].key);
+            dt_set_error("%s: PNG text '%s' has no value", what, text[i].key);
             return -1;
         }
     }
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
-        dt_set_error("%s: cannot create: %s", path, strerror(errno));
-        return -1;
+    return 0;
+}
+
+/* libpng's text entries for a text list: tEXt for ASCII values, uncompressed iTXt (UTF-8) otherwise. */
+static void fill_text(png_textp txt, const dt_png_text *text, int n_text) {
+    for (int i = 0; i < n_text; i++) {
+        txt[i].key = (png_charp)text[i].key;
+        txt[i].text = (png_charp)text[i].value;
+        txt[i].text_length = strlen(text[i].value);
+        if (is_ascii(text[i].value)) {
+            txt[i].compression = PNG_TEXT_COMPRESSION_NONE;
+        } else {
+#ifdef PNG_iTXt_SUPPORTED
+            txt[i].compression = PNG_ITXT_COMPRESSION_NONE;
+            txt[i].lang = NULL;
+            txt[i].lang_key = NULL;
+            txt[i].itxt_length = txt[i].text_length;
+            txt[i].text_length = 0;
+#else
+            txt[i].compression = PNG_TEXT_COMPRESSION_NONE;
+#endif
+        }
     }
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, (png_voidp)path, png_err_cb, png_warn_cb);
+}
+
+/* One whole PNG to fp or (fp NULL) to mem: the libpng structures, the text list and the rows around write_body. */
+static int encode(const char *what, FILE *fp, mem_sink *mem, const uint8_t *rgb, int w, int h, const dt_png_text *text,
+                  int n_text) {
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, (png_voidp)what, png_err_cb, png_warn_cb);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     png_textp txt = n_text > 0 ? dt_calloc((size_t)n_text, sizeof *txt) : NULL;
     png_bytep *rows = dt_malloc((size_t)h * sizeof *rows);
     int rc = -1;
     if (!png || !info) {
-        dt_set_error("%s: cannot initialize libpng", path);
+        dt_set_error("%s: cannot initialize libpng", what);
     } else {
-        for (int i = 0; i < n_text; i++) {
-            txt[i].key = (png_charp)text[i].key;
-            txt[i].text = (png_charp)text[i].value;
-            txt[i].text_length = strlen(text[i].value);
-            if (is_ascii(text[i].value)) {
-                txt[i].compression = PNG_TEXT_COMPRESSION_NONE;
-            } else {
-#ifdef PNG_iTXt_SUPPORTED
-                txt[i].compression = PNG_ITXT_COMPRESSION_NONE;
-                txt[i].lang = NULL;
-                txt[i].lang_key = NULL;
-                txt[i].itxt_length = txt[i].text_length;
-                txt[i].text_length = 0;
-#else
-                txt[i].compression = PNG_TEXT_COMPRESSION_NONE;
-#endif
-            }
-        }
-        rc = write_body(png, info, fp, rgb, w, h, txt, n_text, rows);
+        fill_text(txt, text, n_text);
+        rc = write_body(png, info, fp, mem, rgb, w, h, txt, n_text, rows);
     }
     png_destroy_write_struct(png ? &png : NULL, info ? &info : NULL);
     free(rows);
     free(txt);
+    return rc;
+}
+
+int dt_png_write(const char *path, const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text) {
+    if (check_args(path, w, h, text, n_text)) return -1;
+    FILE *fp = fopen(path, "wb");
+    if (!fp) {
+        dt_set_error("%s: cannot create: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc = encode(path, fp, NULL, rgb, w, h, text, n_text);
     if (fclose(fp) != 0 && rc == 0) {
         dt_set_error("%s: write failed: %s", path, strerror(errno));
         rc = -1;
     }
     if (rc != 0) unlink(path);
     return rc;
+}
+
+int dt_png_encode(const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text, uint8_t **png, size_t *len) {
+    *png = NULL;
+    *len = 0;
+    if (check_args("(png in memory)", w, h, text, n_text)) return -1;
+    mem_sink m = {NULL, 0, 0};
+    if (encode("(png in memory)", NULL, &m, rgb, w, h, text, n_text)) {
+        free(m.data);
+        return -1;
+    }
+    *png = m.data;
+    *len = m.len;
+    return 0;
 }
 
 /* Reader state that must survive a longjmp lives in this struct (not in locals of the setjmp frame). */

@@ -8,6 +8,7 @@
 #ifndef DT_PNG_H
 #define DT_PNG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -17,6 +18,9 @@ typedef struct {
 
 /* Write rgb [h, w, 3] (row-major, 8-bit) to path. Returns 0 or -1 (dt_last_error names the file). */
 int dt_png_write(const char *path, const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text);
+
+/* The same bytes dt_png_write would write, in memory: *png = malloc'd, *len bytes. Returns 0 or -1. */
+int dt_png_encode(const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text, uint8_t **png, size_t *len);
 
 /* Read any PNG as 8-bit RGB: *rgb = malloc'd [h, w, 3] (alpha dropped, gray expanded, 16-bit
  * reduced). If text != NULL, *text / *n_text receive malloc'd copies of the text chunks (tEXt,

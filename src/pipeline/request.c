@@ -1,0 +1,33 @@
+/* request.c — an image request's defaults and ranges against a pipeline's description (engine.h), without
+ * running it: the engine resolves every request through it, and a server checks requests before queueing. */
+#include "pipeline/engine.h"
+
+int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
+    if (!g->prompt) { dt_set_error("generate: a prompt is required"); return -1; }
+    if (!g->negative_prompt) g->negative_prompt = "";
+    if (g->steps == 0) g->steps = in->default_steps;
+    if (g->steps < 1 || g->steps > 1000) { dt_set_error("generate: steps %d out of range 1..1000", g->steps); return -1; }
+    if (g->guidance < 0) g->guidance = in->default_guidance;
+    if (!(g->guidance <= 100.0f)) { dt_set_error("generate: guidance %g out of range 0..100", g->guidance); return -1; }
+    if (g->max_seq_len == 0) g->max_seq_len = 512;
+    if (g->max_seq_len < 1 || g->max_seq_len > 32768) {
+        dt_set_error("generate: max sequence length %d out of range 1..32768", g->max_seq_len);
+        return -1;
+    }
+    if (g->width == 0) g->width = 1024;
+    if (g->height == 0) g->height = 1024;
+    const int mult = in->size_multiple > 0 ? in->size_multiple : 1;
+    if (g->width < mult || g->height < mult) {
+        dt_set_error("generate: image size %dx%d is smaller than %d pixels (this model's size multiple)", g->width,
+                     g->height, mult);
+        return -1;
+    }
+    if (g->width > in->max_side || g->height > in->max_side) {
+        dt_set_error("generate: image size %dx%d is over %d pixels a side (this model's limit)", g->width, g->height,
+                     in->max_side);
+        return -1;
+    }
+    g->width = g->width / mult * mult;
+    g->height = g->height / mult * mult;
+    return 0;
+}
