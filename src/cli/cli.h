@@ -13,6 +13,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Shared helpers (cli_util.c). */
 int cli_error(const char *fmt, ...);                 /* prints "ditrun: error: ..." and returns 1 */

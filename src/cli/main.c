@@ -11,6 +11,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"generate", cmd_generate, "prompt in, PNG out (tokenizer, text encoder, sampler, DiT, VAE)"},
+    {"serve", cmd_serve, "keep a pipeline loaded and serve images over HTTP (OpenAI Images API, web page)"},
     {"forward", cmd_forward, "one transformer forward on inputs from a safetensors file"},
     {"info", cmd_info, "print a checkpoint's geometry, formats, tensor count and bytes"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},

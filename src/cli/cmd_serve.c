@@ -1,0 +1,110 @@
+/* cmd_serve.c — `ditrun serve`: the options of the HTTP server (serve/serve.h) and its start. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_model.h"
+#include "serve/serve.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ditrun serve [--model ROOT] [options]\n\n"
+            "Keeps a pipeline loaded and serves images over HTTP: POST /v1/images/generations (OpenAI Images API shape,\n"
+            "\"stream\": true for progress events), GET /health, /v1/models, /metrics, and a web page at GET /.\n"
+            "Without --model the bundled tiny model (tests/fixtures/model, random weights) is used.\n\n"
+            "options:\n"
+            "  --model ROOT                pipeline root (default: the bundled tiny model)\n"
+            "  --model-id NAME             the model's name in /v1/models and requests (default: ROOT's folder name)\n"
+            "  --host ADDR                 address to listen on (default 127.0.0.1: this machine only)\n"
+            "  --port N                    port (default 8080; 0 = any free port, printed in the \"listening on\" line)\n"
+            "  --max-queue N               requests that may wait for the model; past that 429 (default 16)\n"
+            "  --max-pixels N              width * height of one image at most (default 4194304 = 2048x2048)\n"
+            "  --max-steps N               steps of one request at most (default 100)\n"
+            "  --max-sequence-length N     text tokens of every request (default 512, as generate)\n"
+            "  --api-key-file FILE         every /v1 route needs \"Authorization: Bearer KEY\" with the key on FILE's\n"
+            "                              first line (/health, /metrics and the page stay open)\n"
+            "  --warmup WxH                generate one image of this size before /health reports ready (attention\n"
+            "                              plans, GEMM choices, kernels), e.g. 1024x1024 (default: none)\n"
+            "  --cors ORIGIN               allow browsers on ORIGIN (e.g. https://example.com) to call the API\n"
+            "                              (default: no CORS headers)\n"
+            "  --backend cpu|cuda|auto     (default auto: cuda when a GPU is usable)\n"
+            "  --threads N                 CPU threads (default: all cores)\n"
+            "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
+            "  --precision bf16|fp8        the DiT blocks' Linears (fp8: opt-in, see ditrun generate --help)\n"
+            "  --attn-precision bf16|fp8   the DiT blocks' attention (opt-in)\n"
+            "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
+            "  -q, --quiet / -v, --verbose\n\n"
+            "SIGTERM or SIGINT: stop accepting connections, finish the accepted requests, exit 0.\n");
+}
+
+/* The key on the first line of path (trailing spaces and line ends dropped): malloc'd, or NULL (error printed). */
+static char *read_key(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { cli_error("--api-key-file %s: %s", path, strerror(errno)); return NULL; }
+    char line[4096];
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    if (!got) { cli_error("--api-key-file %s: the file is empty", path); return NULL; }
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t')) line[--n] = 0;
+    if (n == 0) { cli_error("--api-key-file %s: the first line holds no key", path); return NULL; }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)line[i] < 0x21 || (unsigned char)line[i] > 0x7e) {
+            cli_error("--api-key-file %s: the key has a space or a non-printable character", path);
+            return NULL;
+        }
+    return dt_strdup(line);
+}
+
+int cmd_serve(int argc, char **argv) {
+    dt_serve_opts o;
+    dt_serve_opts_default(&o);
+    cli_model_opts mo;
+    cli_model_opts_default(&mo);
+    const char *key_file = NULL;
+    long l;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r = cli_model_opt(&mo, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a value"); o.load.model = v; i++; }
+        else if (!strcmp(a, "--model-id")) { if (!v || !*v) return cli_error("--model-id needs a value"); o.model_id = v; i++; }
+        else if (!strcmp(a, "--host")) { if (!v || !*v) return cli_error("--host needs a value"); o.host = v; i++; }
+        else if (!strcmp(a, "--port")) { if (cli_parse_int(a, v, 0, 65535, &l)) return 1; o.port = (int)l; i++; }
+        else if (!strcmp(a, "--max-queue")) { if (cli_parse_int(a, v, 0, 100000, &l)) return 1; o.max_queue = (int)l; i++; }
+        else if (!strcmp(a, "--max-pixels")) { if (cli_parse_int(a, v, 1, 1L << 40, &l)) return 1; o.max_pixels = l; i++; }
+        else if (!strcmp(a, "--max-steps")) { if (cli_parse_int(a, v, 1, 1000, &l)) return 1; o.max_steps = (int)l; i++; }
+        else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; o.max_seq_len = (int)l; i++; }
+        else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
+        else if (!strcmp(a, "--cors")) { if (!v || !*v) return cli_error("--cors needs an origin"); o.cors_origin = v; i++; }
+        else if (!strcmp(a, "--warmup")) {
+            int w = 0, h = 0;
+            char tail;
+            if (!v || sscanf(v, "%dx%d%c", &w, &h, &tail) != 2 || w < 1 || h < 1 || w > 16384 || h > 16384)
+                return cli_error("--warmup: '%s' is not a size like 1024x1024", v ? v : "");
+            o.warmup_w = w;
+            o.warmup_h = h;
+            i++;
+        }
+        else return cli_error("serve: unknown option '%s' (see ditrun serve --help)", a);
+    }
+    if (o.cors_origin && (strchr(o.cors_origin, '\r') || strchr(o.cors_origin, '\n')))
+        return cli_error("--cors: the origin has a line break");
+    if (!o.load.model) {
+        o.load.model = cli_bundled_model();
+        dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", o.load.model);
+    }
+    char *key = NULL;
+    if (key_file && !(key = read_key(key_file))) return 1;
+    o.api_key = key;
+    o.backend = mo.backend;
+    o.be = mo.be;
+    o.load.cuda_graph = mo.cuda_graph;
+    int rc = dt_serve_run(&o);
+    free(key);
+    return rc;
+}

@@ -1,0 +1,237 @@
+/* api.c — generation requests parsed and checked, answers and errors as JSON (api.h). Every check names the
+ * parameter it is about; nothing here touches files, sockets or the models. */
+#include "serve/api.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/json.h"
+
+void dt_api_error_set(dt_api_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+void dt_api_error_json(dt_strbuf *out, const dt_api_error *e) {
+    sb_puts(out, "{\"error\": {\"message\": ");
+    sb_json_cstr(out, e->message);
+    sb_puts(out, ", \"type\": ");
+    sb_json_cstr(out, e->type ? e->type : "server_error");
+    sb_puts(out, ", \"param\": ");
+    sb_json_cstr(out, e->param[0] ? e->param : NULL);
+    sb_puts(out, ", \"code\": null}}\n");
+}
+
+static int bad(dt_api_error *e, const char *param, const char *fmt, ...) DT_PRINTF(3, 4);
+static int bad(dt_api_error *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    e->type = "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *type_name(const json *j) {
+    switch (j->type) {
+    case JSON_NULL: return "null";
+    case JSON_BOOL: return "a boolean";
+    case JSON_NUMBER: return "a number";
+    case JSON_STRING: return "a string";
+    case JSON_ARRAY: return "an array";
+    default: return "an object";
+    }
+}
+
+/* An integer field in [lo, hi]: 0 ok (or absent: *out untouched, *given 0), -1 error set. */
+static int get_int(const json *root, const char *key, int64_t lo, int64_t hi, int64_t *out, int *given,
+                   dt_api_error *e) {
+    const json *j = json_get(root, key);
+    if (given) *given = 0;
+    if (!j || j->type == JSON_NULL) return 0;
+    if (j->type != JSON_NUMBER || !j->is_integer)
+        return bad(e, key, "'%s' must be an integer, not %s", key, j->type == JSON_NUMBER ? "a fraction" : type_name(j));
+    if (j->integer < lo || j->integer > hi)
+        return bad(e, key, "'%s' is %lld; it must be between %lld and %lld", key, (long long)j->integer, (long long)lo,
+                   (long long)hi);
+    *out = j->integer;
+    if (given) *given = 1;
+    return 0;
+}
+
+/* A string field: 0 (*out NULL when absent), -1 error set. Strings with NUL characters are refused. */
+static int get_str(const json *root, const char *key, const char **out, dt_api_error *e) {
+    const json *j = json_get(root, key);
+    *out = NULL;
+    if (!j || j->type == JSON_NULL) return 0;
+    if (j->type != JSON_STRING) return bad(e, key, "'%s' must be a string, not %s", key, type_name(j));
+    if (strlen(j->str) != j->len) return bad(e, key, "'%s' contains a NUL character", key);
+    *out = j->str;
+    return 0;
+}
+
+/* "WxH" with decimal integers; 0 and the numbers, -1 when it is not that shape. */
+static int parse_size(const char *s, int64_t *w, int64_t *h) {
+    int64_t v[2] = {0, 0};
+    const char *p = s;
+    for (int k = 0; k < 2; k++) {
+        if (*p < '0' || *p > '9') return -1;
+        int digits = 0;
+        while (*p >= '0' && *p <= '9') {
+            if (++digits > 9) return -1;
+            v[k] = v[k] * 10 + (*p++ - '0');
+        }
+        if (k == 0 && *p++ != 'x') return -1;
+    }
+    if (*p) return -1;
+    *w = v[0];
+    *h = v[1];
+    return 0;
+}
+
+/* Fields a request may carry. OpenAI's own fields that do not change a generation here are accepted and ignored. */
+static const char *const known_fields[] = {"prompt", "n", "size", "response_format", "seed", "steps", "guidance",
+                                           "negative_prompt", "stream", "model", "user", "quality", "style",
+                                           "output_format", "moderation", "background", NULL};
+
+static int check_request(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, dt_api_request *r,
+                         dt_api_error *e) {
+    if (root->type != JSON_OBJECT) return bad(e, NULL, "the request body must be a JSON object, not %s", type_name(root));
+    for (size_t i = 0; i < root->len; i++) {
+        int ok = 0;
+        for (int k = 0; known_fields[k] && !ok; k++) ok = !strcmp(root->keys[i], known_fields[k]);
+        if (!ok) {
+            char shown[40];
+            snprintf(shown, sizeof shown, "%s", root->keys[i]);
+            return bad(e, shown, "unknown parameter '%s'", shown);
+        }
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(root->keys[i], root->keys[k])) return bad(e, root->keys[i], "'%s' is given twice", root->keys[i]);
+    }
+    const char *s;
+    /* prompt */
+    if (get_str(root, "prompt", &s, e)) return -1;
+    if (!s) return bad(e, "prompt", "'prompt' is required");
+    if (!s[0]) return bad(e, "prompt", "'prompt' is empty");
+    r->prompt = dt_strdup(s);
+    if (get_str(root, "negative_prompt", &s, e)) return -1;
+    r->negative_prompt = dt_strdup(s ? s : "");
+    /* model: only the one this server has (a name, never a path) */
+    if (get_str(root, "model", &s, e)) return -1;
+    if (s && strcmp(s, lim->model_id ? lim->model_id : ""))
+        return bad(e, "model", "model '%.60s' is not served here (this server has '%s')", s, lim->model_id);
+    /* response_format: b64_json only (no file is ever stored on the server to link to) */
+    if (get_str(root, "response_format", &s, e)) return -1;
+    if (s && strcmp(s, "b64_json"))
+        return bad(e, "response_format", "response_format '%.40s' is not supported (only b64_json: images are not "
+                   "stored on the server)", s);
+    if (get_str(root, "output_format", &s, e)) return -1;
+    if (s && strcmp(s, "png")) return bad(e, "output_format", "output_format '%.40s' is not supported (only png)", s);
+    for (const char *const *f = (const char *const[]){"user", "quality", "style", "moderation", "background", NULL}; *f;
+         f++)
+        if (get_str(root, *f, &s, e)) return -1;
+    /* n */
+    int64_t v = 1;
+    if (get_int(root, "n", 1, DT_API_MAX_N, &v, NULL, e)) return -1;
+    r->n = (int)v;
+    /* size */
+    if (get_str(root, "size", &s, e)) return -1;
+    int64_t w = 1024, h = 1024;
+    if (s && strcmp(s, "auto")) {
+        if (parse_size(s, &w, &h)) return bad(e, "size", "'size' must look like 1024x768 (WIDTHxHEIGHT), not '%.40s'", s);
+        if (w <= 0 || h <= 0) return bad(e, "size", "'size' %lldx%lld: width and height must be positive", (long long)w,
+                                         (long long)h);
+    }
+    const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
+    if (w * h > lim->max_pixels)
+        return bad(e, "size", "'size' %lldx%lld is %lld pixels, over this server's limit of %lld", (long long)w,
+                   (long long)h, (long long)(w * h), (long long)lim->max_pixels);
+    if (w % mult || h % mult)
+        return bad(e, "size", "'size' %lldx%lld: width and height must be multiples of %d", (long long)w, (long long)h,
+                   mult);
+    if (w > lim->info.max_side || h > lim->info.max_side)
+        return bad(e, "size", "'size' %lldx%lld: this model allows at most %d pixels a side", (long long)w, (long long)h,
+                   lim->info.max_side);
+    r->width = (int)w;
+    r->height = (int)h;
+    /* steps, seed, guidance */
+    int given = 0;
+    v = 0;
+    if (get_int(root, "steps", 1, lim->max_steps, &v, &given, e)) return -1;
+    r->steps = (int)v;
+    if (!given && lim->info.default_steps > lim->max_steps)
+        return bad(e, "steps", "this model's default of %d steps is over this server's limit of %d: give 'steps'",
+                   lim->info.default_steps, lim->max_steps);
+    v = 0;
+    if (get_int(root, "seed", 0, INT64_MAX, &v, &r->seed_given, e)) return -1;
+    r->seed = r->seed_given ? (uint64_t)v : seed_if_absent;
+    const json *g = json_get(root, "guidance");
+    r->guidance = -1;
+    if (g && g->type != JSON_NULL) {
+        if (g->type != JSON_NUMBER) return bad(e, "guidance", "'guidance' must be a number, not %s", type_name(g));
+        if (!(g->number >= 0 && g->number <= 100))
+            return bad(e, "guidance", "'guidance' is %g; it must be between 0 and 100", g->number);
+        r->guidance = (float)g->number;
+        r->guidance_given = 1;
+    }
+    const json *st = json_get(root, "stream");
+    if (st && st->type != JSON_NULL) {
+        if (st->type != JSON_BOOL) return bad(e, "stream", "'stream' must be true or false, not %s", type_name(st));
+        r->stream = st->boolean;
+    }
+    /* the engine's own checks, as a last word (the model's limits) */
+    dt_gen_params gp;
+    dt_api_gen_params(r, lim, 0, &gp);
+    if (dt_gen_params_resolve(&lim->info, &gp)) return bad(e, NULL, "%s", dt_last_error());
+    return 0;
+}
+
+int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *lim, uint64_t seed_if_absent,
+                            dt_api_request *r, dt_api_error *e) {
+    memset(r, 0, sizeof *r);
+    if (len == 0) return bad(e, NULL, "the request has no body (a JSON object with at least 'prompt')");
+    json *root = json_parse(body, len, "request body");
+    if (!root) return bad(e, NULL, "%s", dt_last_error());
+    int rc = check_request(root, lim, seed_if_absent, r, e);
+    json_free(root);
+    if (rc) dt_api_request_free(r);
+    return rc;
+}
+
+void dt_api_request_free(dt_api_request *r) {
+    free(r->prompt);
+    free(r->negative_prompt);
+    memset(r, 0, sizeof *r);
+}
+
+void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i, dt_gen_params *g) {
+    dt_gen_params_default(g);
+    g->prompt = r->prompt;
+    g->negative_prompt = r->negative_prompt;
+    g->width = r->width;
+    g->height = r->height;
+    g->steps = r->steps;
+    g->seed = r->seed + (uint64_t)i;
+    g->guidance = r->guidance;
+    g->max_seq_len = lim->max_seq_len;
+}
+
+void dt_api_images_json(dt_strbuf *out, long long created, int n, uint8_t *const *png, const size_t *png_len,
+                        const uint64_t *seeds) {
+    sb_printf(out, "{\"created\": %lld, \"data\": [", created);
+    for (int i = 0; i < n; i++) {
+        sb_puts(out, i ? ", {\"b64_json\": \"" : "{\"b64_json\": \"");
+        sb_base64(out, png[i], png_len[i]);
+        sb_printf(out, "\", \"seed\": %llu}", (unsigned long long)seeds[i]);
+    }
+    sb_puts(out, "]}\n");
+}

@@ -1,0 +1,77 @@
+/* queue.h — image jobs and the bounded FIFO between the HTTP threads and the workers.
+ *
+ * A job is one generation request (1..8 images). The HTTP thread that received it creates it, pushes it and
+ * waits on it; a worker pops it, runs it and publishes progress, images and the end through the job, under the
+ * job's lock. Either side may drop its reference first (a client that disconnects, a worker that finishes):
+ * the last one frees the job. A disconnecting client sets the job's cancel flag, which the engine checks
+ * between steps (and a queued job is taken out of the queue). */
+#ifndef DT_SERVE_QUEUE_H
+#define DT_SERVE_QUEUE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "serve/api.h"
+#include "serve/strbuf.h"
+
+typedef enum { DT_JOB_QUEUED, DT_JOB_RUNNING, DT_JOB_DONE, DT_JOB_FAILED, DT_JOB_CANCELLED } dt_job_state;
+
+typedef struct dt_job dt_job;
+struct dt_job {
+    dt_api_request req;
+    volatile int cancel;            /* set by the HTTP side; read by the engine between steps */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;              /* signalled on every change below */
+    int refs;
+    dt_job_state state;
+    dt_strbuf events;               /* stream: Server-Sent Events written so far (the HTTP side sends them on) */
+    int n_done;                     /* images finished */
+    uint8_t **png;                  /* [req.n] PNG bytes of finished images */
+    size_t *png_len;
+    uint64_t *seeds;
+    dt_api_error error;             /* DT_JOB_FAILED */
+    double t_submit, t_start, t_end;/* dt_now() seconds */
+    double t_encode, t_denoise, t_decode;   /* sums over the images */
+    int worker;                     /* index of the worker that ran it */
+
+    dt_job *next;                   /* queue link */
+};
+
+/* A new job owning req (moved in), with one reference (the caller's). */
+dt_job *dt_job_new(dt_api_request *req);
+void dt_job_ref(dt_job *j);
+void dt_job_unref(dt_job *j);
+/* Publish under the job's lock and wake the waiters. */
+void dt_job_set_state(dt_job *j, dt_job_state s);
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;              /* workers wait for jobs */
+    dt_job *head, *tail;
+    int depth;                      /* jobs waiting (not running) */
+    int running;                    /* jobs the workers are running */
+    int max_depth;                  /* --max-queue */
+    int closed;                     /* no more jobs: workers leave once it is empty */
+    double ema_job_s;               /* recent seconds per job (for Retry-After) */
+} dt_queue;
+
+void dt_queue_init(dt_queue *q, int max_depth);
+void dt_queue_destroy(dt_queue *q);
+/* Append j (the queue takes a reference). 0, or -1 when max_depth jobs already wait, -2 when closed. */
+int dt_queue_push(dt_queue *q, dt_job *j);
+/* Take j out if it still waits (a cancelled request): 1 taken (its queue reference dropped), 0 not there. */
+int dt_queue_remove(dt_queue *q, dt_job *j);
+/* Wait for work: up to max jobs, the first in line and then the waiting jobs compatible with it (the same image
+ * size, steps and guidance: what one batched forward could run together). Each comes with the queue's reference,
+ * now the caller's. Returns how many; 0 when the queue is closed and empty. */
+int dt_queue_pop(dt_queue *q, dt_job **jobs, int max);
+/* A worker finished a job that took seconds s (for Retry-After estimates). */
+void dt_queue_job_done(dt_queue *q, double s);
+/* No more pushes; wakes the workers so they leave once the queue is empty. */
+void dt_queue_close(dt_queue *q);
+/* Seconds until a new job would likely start (at least 1). */
+int dt_queue_retry_after(dt_queue *q, int n_workers);
+void dt_queue_counts(dt_queue *q, int *depth, int *running);
+
+#endif

@@ -1,0 +1,160 @@
+/* serve.c — the server's life: bind, load and warm the workers (health 503 until then), serve, and on SIGTERM or
+ * SIGINT drain: stop accepting, finish every accepted job, answer it, exit 0 (serve.h). A second signal while
+ * draining stops at once. */
+#include "serve/serve.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve/server.h"
+
+void dt_serve_opts_default(dt_serve_opts *o) {
+    memset(o, 0, sizeof *o);
+    dt_pipeline_opts_default(&o->load);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->backend = "auto";
+    o->be.rope_fp32 = 1;
+    o->n_workers = 1;
+    o->max_queue = 16;
+    o->max_pixels = 2048 * 2048;
+    o->max_steps = 100;
+}
+
+uint64_t dt_server_seed(dt_server *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t x = s->rng;   /* xorshift64* */
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    s->rng = x;
+    pthread_mutex_unlock(&s->mu);
+    return (x * 0x2545F4914F6CDD1DULL) >> 32;   /* 0 .. 2^32-1: short enough to type into `ditrun generate --seed` */
+}
+
+/* The last folder name of the model root ("FLUX.2-klein-4B" for /models/FLUX.2-klein-4B/). */
+static void default_model_id(const char *root, char *out, size_t n) {
+    size_t len = strlen(root);
+    while (len > 1 && root[len - 1] == '/') len--;
+    size_t b = len;
+    while (b > 0 && root[b - 1] != '/') b--;
+    snprintf(out, n, "%.*s", (int)(len - b), root + b);
+    if (!out[0]) snprintf(out, n, "model");
+}
+
+/* Wait for a signal, up to ms milliseconds: the signal number, or 0. */
+static int wait_signal(const sigset_t *set, int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    int sig = sigtimedwait(set, NULL, &ts);
+    return sig > 0 ? sig : 0;
+}
+
+static void drain(dt_server *s) {
+    dt_server_state_set(s, DT_SRV_DRAINING);
+    dt_http_quiesce(s);                 /* no new connections */
+    dt_queue_close(&s->q);              /* workers finish what is queued, then leave */
+    dt_workers_join(s);
+    /* the HTTP threads hand the last answers over */
+    pthread_mutex_lock(&s->mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 30;
+    while (s->inflight > 0)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
+    int left = s->inflight;
+    pthread_mutex_unlock(&s->mu);
+    if (left) dt_log(1, "ditrun: %d request%s still open after 30 s; closing them\n", left, left > 1 ? "s" : "");
+    dt_http_stop(s);
+}
+
+int dt_serve_run(const dt_serve_opts *o) {
+    dt_server *s = dt_calloc(1, sizeof *s);
+    s->o = *o;
+    s->n_workers = o->n_workers < 1 ? 1 : o->n_workers > DT_SERVE_MAX_WORKERS ? DT_SERVE_MAX_WORKERS : o->n_workers;
+    if (o->model_id) snprintf(s->model_id, sizeof s->model_id, "%s", o->model_id);
+    else default_model_id(o->load.model, s->model_id, sizeof s->model_id);
+    s->lim.model_id = s->model_id;
+    s->lim.max_pixels = o->max_pixels;
+    s->lim.max_steps = o->max_steps;
+    s->lim.max_seq_len = o->max_seq_len;
+    s->t_start = dt_now();
+    s->created = (long long)time(NULL);
+    if (getrandom(&s->rng, sizeof s->rng, 0) != (ssize_t)sizeof s->rng || !s->rng)
+        s->rng = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    dt_queue_init(&s->q, o->max_queue);
+    dt_metrics_init(&s->m);
+    dt_server_state_set(s, DT_SRV_LOADING);
+
+    /* SIGTERM/SIGINT are taken by sigtimedwait below: blocked here, before any thread starts (threads inherit it) */
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1, port = 0;
+    if (dt_http_start(s, &port)) {
+        fprintf(stderr, "ditrun: error: %s\n", dt_last_error());
+        goto out;
+    }
+    const char *h = o->host;
+    int v6 = strchr(h, ':') != NULL;
+    printf("ditrun: listening on http://%s%s%s:%d\n", v6 ? "[" : "", h, v6 ? "]" : "", port);
+    fflush(stdout);
+    if (dt_workers_start(s)) {
+        fprintf(stderr, "ditrun: error: %s\n", dt_last_error());
+        dt_server_state_set(s, DT_SRV_FAILED);
+        dt_queue_close(&s->q);
+        dt_workers_join(s);
+        dt_http_stop(s);
+        goto out;
+    }
+    /* loading: until every worker is warm, one failed, or a signal */
+    int sig = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int loaded = s->n_loaded, failed = s->load_error[0] != 0;
+        pthread_mutex_unlock(&s->mu);
+        if (failed || loaded == s->n_workers) break;
+        if ((sig = wait_signal(&sigs, 100))) break;
+    }
+    if (s->load_error[0] || sig) {
+        if (s->load_error[0]) fprintf(stderr, "ditrun: error: %s\n", s->load_error);
+        else dt_log(1, "ditrun: signal %d while loading: stopping\n", sig);
+        dt_server_state_set(s, DT_SRV_FAILED);
+        dt_queue_close(&s->q);
+        dt_workers_join(s);
+        dt_http_stop(s);
+        rc = s->load_error[0] ? 1 : 0;
+        goto out;
+    }
+    dt_server_state_set(s, DT_SRV_READY);
+    dt_log(1, "ditrun: ready (%d worker%s, %.2f s after start)\n", s->n_workers, s->n_workers > 1 ? "s" : "",
+           dt_now() - s->t_start);
+    while (!(sig = wait_signal(&sigs, 1000))) {}
+    dt_log(1, "ditrun: %s: finishing the accepted requests (a second signal stops at once)\n",
+           sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    /* a second signal while draining stops the process: this thread is the only one that takes them, with the
+     * default action from here on */
+    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    drain(s);
+    dt_log(1, "ditrun: stopped\n");
+    rc = 0;
+out:
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    dt_metrics_destroy(&s->m);
+    dt_queue_destroy(&s->q);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return rc;
+}

@@ -1,0 +1,42 @@
+/* serve.h — `ditrun serve`: an HTTP server that keeps a pipeline loaded and answers OpenAI-style image requests.
+ *
+ * Layout of the layer: api.c (requests and answers as pure functions), queue.c (jobs and the bounded FIFO),
+ * worker.c (threads that own a backend and a pipeline each and run the jobs), sse.c (progress as Server-Sent
+ * Events), metrics.c (Prometheus text), http.c (libmicrohttpd: routing, limits, auth, CORS, waiting on jobs),
+ * web/index.html (the page at GET /, embedded at build time), serve.c (start, ready, drain on SIGTERM/SIGINT). */
+#ifndef DT_SERVE_H
+#define DT_SERVE_H
+
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "pipeline/generate.h"
+
+#define DT_SERVE_MAX_WORKERS 16
+
+typedef struct {
+    dt_pipeline_opts load;      /* load.model: the pipeline root */
+    const char *model_id;       /* the name /v1/models lists (default: the root's folder name) */
+    const char *host;           /* address to bind (default 127.0.0.1) */
+    int port;                   /* 0 = any free port (printed in the "listening on" line) */
+    const char *backend;        /* "cpu", "cuda", "auto" */
+    dt_backend_opts be;         /* every worker's backend options (be.device set per worker) */
+    int n_workers;              /* one per device; 1 on the CPU */
+    int devices[DT_SERVE_MAX_WORKERS];  /* device index of each worker */
+    int max_queue;              /* jobs that may wait; past that 429 */
+    int64_t max_pixels;         /* width * height of one image at most */
+    int max_steps;
+    int max_seq_len;            /* text tokens of every request (0 = 512, as generate) */
+    const char *api_key;        /* every /v1 route needs "Authorization: Bearer KEY" (NULL: open) */
+    int warmup_w, warmup_h;     /* one image of this size before /health turns ready (0: none) */
+    const char *cors_origin;    /* Access-Control-Allow-Origin (NULL: no CORS headers) */
+} dt_serve_opts;
+
+void dt_serve_opts_default(dt_serve_opts *o);
+
+/* Bind, print "ditrun: listening on http://HOST:PORT" on stdout, load and warm the pipelines (/health answers
+ * 503 until then), serve until SIGTERM or SIGINT, then stop accepting, finish the accepted jobs and return 0.
+ * Returns 1 when binding or loading fails (dt_last_error says what). */
+int dt_serve_run(const dt_serve_opts *o);
+
+#endif
