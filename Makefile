@@ -63,7 +63,7 @@ TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
 # ABI tag shared by the programs and the plugin: a checksum of every header (a stale plugin is refused)
 ABI_HDRS := $(shell find src include -name '*.h' | sort)
 
-.PHONY: all test test-gpu test-asan fuzz clean tests golden install
+.PHONY: all test test-gpu test-asan fuzz clean tests golden install install
 all: $(BUILD)/ditrun $(BUILD)/libditrun.a $(PLUGIN)
 
 $(BUILD)/libditrun.a: $(LIB_OBJ)
@@ -124,12 +124,16 @@ golden: $(BUILD)/ditrun
 	  --seed 7 --height 64 --width 64 --max-sequence-length 32 --output tests/golden/tiny-seed7.png
 	echo "glibc $$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" > tests/golden/tiny-seed7.platform
 
+# make install [PREFIX=/usr/local] [DESTDIR=]: the command, the library and its header, the CUDA plugin, and the
+# bundled tiny model
+# (share/ditrun/model: the default --model of generate and serve, and the tokenizer synth --pipeline copies).
 PREFIX ?= /usr/local
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/share/ditrun
 	install -m 755 $(BUILD)/ditrun $(DESTDIR)$(PREFIX)/bin/ditrun
 	install -m 644 $(BUILD)/libditrun.a $(DESTDIR)$(PREFIX)/lib/libditrun.a
 	install -m 644 include/ditrun.h $(DESTDIR)$(PREFIX)/include/ditrun.h
+	rm -rf $(DESTDIR)$(PREFIX)/share/ditrun/model && cp -R tests/fixtures/model $(DESTDIR)$(PREFIX)/share/ditrun/model
 	$(if $(PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/ditrun && install -m 755 $(PLUGIN) $(DESTDIR)$(PREFIX)/lib/ditrun/)
 
 clean:

@@ -96,6 +96,8 @@ int main(void) {
     const char *b = getenv("BUILD");
     snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
     if (access(exe, X_OK)) { T_SKIP("cli", "%s not built", exe); return T_DONE(); }
+    char *abs_exe = realpath(exe, NULL);   /* some cases run from another working directory */
+    if (abs_exe) { snprintf(exe, sizeof exe, "%s", abs_exe); free(abs_exe); }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ditrun-cli-XXXXXX");
     if (!mkdtemp(tmpdir)) { T_FAIL("cli", "mkdtemp failed"); return T_DONE(); }
     const char *fx = t_fixtures();
@@ -256,6 +258,23 @@ int main(void) {
     snprintf(p2, sizeof p2, "%s/one.png", tmpdir);
     snprintf(args, sizeof args, "cmp -s '%s' '%s'", p1, p2);
     T_CHECK("generate --count image 2 == one-shot seed 6 (same bytes)", rc == 0 && system(args) == 0, "exit %d: %s", rc, err);
+    /* the bundled model from any working directory, and from an installed layout (PREFIX/bin + PREFIX/share/ditrun/model,
+     * what `make install` writes); synth --pipeline from elsewhere too, with the file names diffusers loads */
+    char cwd_cmd[4096];
+    snprintf(cwd_cmd, sizeof cwd_cmd, "cd / && '%s' generate --backend cpu -q -p 'a fox' --height 32 --width 32 "
+             "--max-sequence-length 16 -o '%s/anywhere.png'", exe, tmpdir);
+    T_CHECK("bundled model from another working directory", system(cwd_cmd) == 0, "%s", cwd_cmd);
+    snprintf(cwd_cmd, sizeof cwd_cmd, "mkdir -p '%s/inst/bin' '%s/inst/share/ditrun' && cp '%s' '%s/inst/bin/' && "
+             "cp -R '%s/model' '%s/inst/share/ditrun/model' && cd / && '%s/inst/bin/ditrun' generate --backend cpu -q "
+             "-p 'a fox' --height 32 --width 32 --max-sequence-length 16 -o '%s/installed.png'",
+             tmpdir, tmpdir, exe, tmpdir, fx, tmpdir, tmpdir, tmpdir);
+    T_CHECK("bundled model of an installed layout", system(cwd_cmd) == 0, "%s", cwd_cmd);
+    snprintf(cwd_cmd, sizeof cwd_cmd, "cd / && '%s' synth --preset tiny --pipeline --output '%s/sp' >/dev/null 2>&1 && "
+             "test -f '%s/sp/transformer/diffusion_pytorch_model.safetensors' && test -f '%s/sp/vae/diffusion_pytorch_model.safetensors' "
+             "&& test -f '%s/sp/tokenizer/chat_template.jinja' && '%s' generate --backend cpu -q --model '%s/sp' -p 'a fox' "
+             "--height 32 --width 32 --max-sequence-length 16 -o '%s/sp.png'", exe, tmpdir, tmpdir, tmpdir, tmpdir, exe, tmpdir, tmpdir);
+    T_CHECK("synth --pipeline from another working directory, diffusers file names, generates", system(cwd_cmd) == 0, "%s", cwd_cmd);
+
     expect_error("generate --count with --save-latents", "generate -p x -o /tmp/x.png --count 2 --save-latents /tmp/y.st",
                  "--count", NULL);
     free(cfg);

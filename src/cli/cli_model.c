@@ -83,7 +83,8 @@ const char *cli_bundled_model(void) {
     static char path[4200];
     const char *env = getenv("DITRUN_DEFAULT_MODEL");
     if (env && *env) return env;
-    /* build/ditrun -> build/../tests/fixtures/model; else relative to the current directory */
+    /* next to the executable: build/ditrun -> tests/fixtures/model of the source tree; an installed
+     * PREFIX/bin/ditrun -> PREFIX/share/ditrun/model (make install); else relative to the current directory */
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -91,9 +92,12 @@ const char *cli_bundled_model(void) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;
-            snprintf(path, sizeof path, "%s/../tests/fixtures/model", exe);
-            struct stat st;
-            if (stat(path, &st) == 0) return path;
+            const char *rel[] = {"../tests/fixtures/model", "../share/ditrun/model"};
+            for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+                snprintf(path, sizeof path, "%s/%s", exe, rel[i]);
+                struct stat st;
+                if (stat(path, &st) == 0) return path;
+            }
         }
     }
     return "tests/fixtures/model";

@@ -26,7 +26,8 @@ const char *cli_fp8_what(const dt_backend_opts *o);
 int cli_model_family(const char *path);
 /* The --qpath spelling of a path (auto, mixed, fused, transient, cached). */
 const char *cli_qpath_name(int qpath);
-/* The bundled tiny pipeline (tests/fixtures/model next to the build folder, or $DITRUN_DEFAULT_MODEL). */
+/* The bundled tiny pipeline: $DITRUN_DEFAULT_MODEL, else tests/fixtures/model beside the build folder, else
+ * share/ditrun/model beside an installed bin/ (make install). */
 const char *cli_bundled_model(void);
 
 #endif

@@ -172,16 +172,22 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     dt_log(1, "ditrun: synthetic pipeline: transformer ...\n");
     snprintf(p, sizeof p, "%s/transformer", dir);
     if (flux2_synth_write(&c, p, bits, group, seed)) return -1;
+    /* diffusers' from_pretrained looks for diffusion_pytorch_model.safetensors in a model folder, so the reference
+     * pipeline can load the same folder for side-by-side runs (bf16 weights) */
+    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
+    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
     dt_log(1, "ditrun: synthetic pipeline: text encoder ...\n");
     snprintf(p, sizeof p, "%s/text_encoder", dir);
     if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
     dt_log(1, "ditrun: synthetic pipeline: VAE ...\n");
     snprintf(p, sizeof p, "%s/vae", dir);
     if (write_vae(p, &vg, seed + 2)) return -1;
-    /* tokenizer and scheduler: the bundled ones (the tiny vocabulary's ids are valid in any larger one) */
+    /* tokenizer (with its Qwen3 chat template, which the reference pipeline applies) and scheduler: the bundled
+     * ones (the tiny vocabulary's ids are valid in any larger one) */
     const char *files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
-                              {"scheduler", "scheduler_config.json"}};
-    for (int i = 0; i < 3; i++) {
+                              {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
+    for (int i = 0; i < 4; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
         if (mkdir_p(p)) return -1;
         snprintf(p, sizeof p, "%s/%s/%s", fixtures_model, files[i][0], files[i][1]);
