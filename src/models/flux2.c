@@ -21,9 +21,10 @@ typedef flux2_double_w flux2_double;
 
 typedef flux2_single_w flux2_single;
 
-/* Activation buffers for one (N, T) shape; kept between calls (stable for graph capture). */
+/* Activation buffers for one (N, T, KV) shape; kept between calls (stable for graph capture). N counts every image
+ * row (noise and appended reference tokens), KV the cached reference K|V rows behind qkv/p. */
 typedef struct {
-    int n, t;
+    int n, t, kv;
     flux2_acts x;
     float *ids;       /* host copy of the ids the tables were built from [(T+N) * n_axes] */
 } flux2_bufs;
@@ -48,6 +49,14 @@ struct flux2_model {
      * positive and the negative prompt of CFG), least recently used replaced. */
     struct { const float *host; int t; dt_mat dev; unsigned long use; } res[2];
     unsigned long res_clock;
+    /* reference tokens (flux2_set_refs): resident on the device; KV mode keeps each block's K|V after the
+     * reference-only pass (cache[0 .. num_layers) the double blocks, then the single blocks) */
+    struct {
+        int r, kv_cached, filled;
+        dt_mat tok;      /* [r, in] */
+        float *ids;      /* [r, n_axes] host */
+        dt_mat *cache;   /* [num_layers + num_single_layers] x [r, 2D] (KV mode) */
+    } ref;
 };
 
 /* ------------------------------------------------------------------ config */
@@ -248,6 +257,11 @@ void flux2_acts_free(dt_backend *be, flux2_acts *x) {
 
 void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int with_double, int with_single,
                       flux2_acts *x) {
+    flux2_acts_alloc_kv(be, c, n, t, 0, with_double, with_single, x);
+}
+
+void flux2_acts_alloc_kv(dt_backend *be, const flux2_config *c, int n, int t, int kv_rows, int with_double,
+                         int with_single, flux2_acts *x) {
     int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
     dt_dtype act = be->act_dtype;
     memset(x, 0, sizeof *x);
@@ -269,9 +283,11 @@ void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int w
      * the same strides and share one attention plan (cuDNN builds a plan per stride set: ~57 ms once per process,
      * PERF.md stop 16) */
     int64_t dcols[4] = {3 * D, D, 2 * F, F}, scols[2] = {3 * D + 2 * F, D + F};
+    /* rows: qkv and p get kv_rows more behind the t+n live ones (cached reference K|V, flux2_acts_alloc_kv) */
+    int64_t drows[4] = {L + kv_rows, L, L, L}, srows[2] = {L + kv_rows, L};
     int64_t align = 256 / (int64_t)dt_dtype_size(act), dn = 0, sn = 0;
-    for (int i = 0; i < 4; i++) dn += (L * dcols[i] + align - 1) / align * align;
-    for (int i = 0; i < 2; i++) sn += (L * scols[i] + align - 1) / align * align;
+    for (int i = 0; i < 4; i++) dn += (drows[i] * dcols[i] + align - 1) / align * align;
+    for (int i = 0; i < 2; i++) sn += (srows[i] * scols[i] + align - 1) / align * align;
     int64_t need = (with_double ? dn : 0) > (with_single ? sn : 0) ? dn : with_single ? sn : 0;
     if (need > 0) {
         x->blocks = dt_alloc_or_die(be, 1, need, act);
@@ -280,13 +296,13 @@ void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int w
         for (int i = 0; with_double && i < 4; i++) {
             dt_mat v = {(char *)x->blocks.data + (size_t)off * dt_dtype_size(act), L, dcols[i], dcols[i], act};
             *dm[i] = v;
-            off += (L * dcols[i] + align - 1) / align * align;
+            off += (drows[i] * dcols[i] + align - 1) / align * align;
         }
         off = 0;
         for (int i = 0; with_single && i < 2; i++) {
             dt_mat v = {(char *)x->blocks.data + (size_t)off * dt_dtype_size(act), L, scols[i], scols[i], act};
             *sm[i] = v;
-            off += (L * scols[i] + align - 1) / align * align;
+            off += (srows[i] * scols[i] + align - 1) / align * align;
         }
         if (with_double && with_single) {
             x->qkv = dt_mat_cols(x->p, 0, 3 * D);
@@ -312,11 +328,11 @@ flux2_outer_io flux2_acts_outer(const flux2_acts *x) {
 }
 flux2_double_io flux2_acts_double(const flux2_acts *x) {
     flux2_double_io io = {x->s, x->a, x->y, x->qkv, x->q, x->k, x->v, x->o, x->h, x->g,
-                          x->cos, x->sin, x->mod_img, x->mod_txt};
+                          x->cos, x->sin, x->mod_img, x->mod_txt, 0, dt_mat_null(), dt_mat_null()};
     return io;
 }
 flux2_single_io flux2_acts_single(const flux2_acts *x) {
-    flux2_single_io io = {x->s, x->a, x->y, x->p, x->c, x->cos, x->sin, x->mod_single};
+    flux2_single_io io = {x->s, x->a, x->y, x->p, x->c, x->cos, x->sin, x->mod_single, 0, dt_mat_null(), dt_mat_null()};
     return io;
 }
 
@@ -325,6 +341,8 @@ static void free_bufs(dt_backend *be, flux2_bufs *b) {
     free(b->ids);
     memset(b, 0, sizeof *b);
 }
+
+static void drop_refs(flux2_model *m);
 
 static void drop_graph(flux2_model *m) {
     if (m->graph) m->be->graph_destroy(m->be, m->graph);
@@ -368,6 +386,7 @@ void flux2_free(flux2_model *m) {
     if (!m) return;
     if (m->be) {
         drop_resident(m);
+        drop_refs(m);
         drop_graph(m);
         free_bufs(m->be, &m->buf);
         dt_linear_set_free(&m->lin);
@@ -395,32 +414,35 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
 
 /* ------------------------------------------------------------------ forward */
 
-static void ensure_bufs(flux2_model *m, int n, int t) {
+static void ensure_bufs(flux2_model *m, int n, int t, int kv) {
     flux2_bufs *b = &m->buf;
-    if (b->x.s.data && b->n == n && b->t == t) return;
+    if (b->x.s.data && b->n == n && b->t == t && b->kv == kv) return;
     drop_graph(m);   /* a captured graph refers to the old buffers */
     free_bufs(m->be, b);
-    b->n = n; b->t = t;
-    flux2_acts_alloc(m->be, &m->c, n, t, m->c.num_layers > 0, m->c.num_single_layers > 0, &b->x);
+    b->n = n; b->t = t; b->kv = kv;
+    flux2_acts_alloc_kv(m->be, &m->c, n, t, kv, m->c.num_layers > 0, m->c.num_single_layers > 0, &b->x);
 }
 
-/* RoPE tables for the joint [text, image] sequence (diffusers Flux2PosEmbed): per axis a of d_a dims,
- * omega_k = theta^(-2k/d_a) in float64, angle = f32(pos) * omega_k in float64, cos/sin rounded to f32,
- * each frequency repeated for the interleaved pair (2k, 2k+1). Rebuilt only when the ids change. */
-static void build_rope(flux2_model *m, const float *txt_ids, int t, const float *img_ids, int n) {
+/* RoPE tables for the joint [text, image, reference] sequence (diffusers Flux2PosEmbed; r = 0 without appended
+ * references): per axis a of d_a dims, omega_k = theta^(-2k/d_a) in float64, angle = f32(pos) * omega_k in float64,
+ * cos/sin rounded to f32, each frequency repeated for the interleaved pair (2k, 2k+1). Rebuilt only when the ids
+ * change. */
+static void build_rope(flux2_model *m, const float *txt_ids, int t, const float *img_ids, int n, const float *ref_ids,
+                       int r) {
     const flux2_config *c = &m->c;
     flux2_bufs *b = &m->buf;
-    int na = c->n_axes, hd = c->head_dim;
-    size_t nid = (size_t)(t + n) * na;
+    int na = c->n_axes, hd = c->head_dim, L = t + n + r;
+    size_t nid = (size_t)L * na;
     float *ids = dt_malloc(sizeof(float) * (nid ? nid : 1));
     memcpy(ids, txt_ids, sizeof(float) * t * na);
     memcpy(ids + (size_t)t * na, img_ids, sizeof(float) * n * na);
+    if (r > 0) memcpy(ids + (size_t)(t + n) * na, ref_ids, sizeof(float) * r * na);
     if (b->ids && !memcmp(b->ids, ids, sizeof(float) * nid)) { free(ids); return; }
     free(b->ids);
     b->ids = ids;
-    float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
-    float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
-    flux2_rope_tables(c, ids, t + n, cs, sn);
+    float *cs = dt_malloc(sizeof(float) * (size_t)L * hd);
+    float *sn = dt_malloc(sizeof(float) * (size_t)L * hd);
+    flux2_rope_tables(c, ids, L, cs, sn);
     m->be->upload(m->be, b->x.cos, cs);
     m->be->upload(m->be, b->x.sin, sn);
     free(cs);
@@ -495,6 +517,26 @@ static void block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_
     else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, att_scale, dt_mat_null(), 0);
 }
 
+/* ---- KV-cached references inside a block (flux2_set_refs with kv_cached): K and V are adjacent column blocks
+ * [D, 3D) of qkv (double) and p (single), so a block's reference K|V is one [r, 2D] matrix ---- */
+
+/* kv_store (the reference-only pass): every row's K|V after norm + RoPE into the block's cache. */
+static void kv_store(dt_backend *be, const flux2_config *c, dt_mat qkv, dt_mat store) {
+    if (store.data) be->copy(be, store, dt_mat_cols(qkv, c->hidden, 2 * c->hidden));
+}
+
+/* The attention's K and V: with cached reference rows, the block's cache is copied behind the live rows (which
+ * flux2_acts_alloc_kv allocated) and K/V are extended over them: keys [text | noise | reference]. */
+static void kv_extend(dt_backend *be, const flux2_config *c, int64_t kv_rows, dt_mat load, dt_mat *k, dt_mat *v) {
+    if (!kv_rows) return;
+    int64_t L = k->rows;
+    dt_mat kv = dt_mat_cols(*k, 0, 2 * c->hidden);   /* k's row pointer, K|V columns (v follows k) */
+    kv.rows = L + kv_rows;
+    be->copy(be, dt_mat_rows(kv, L, kv_rows), load);
+    k->rows += kv_rows;
+    v->rows += kv_rows;
+}
+
 /* The split projection's halves (c->sb_overlap): part 0 Q|K|V into p[:, :3D], part 1 the MLP-in into p[:, 3D:]. */
 static void split_proj(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                        int part) {
@@ -532,6 +574,7 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
         dt_rope_mode mode = split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED;
         be->head_norm_rope(be, q, H, hd, w->norm_q, eps, io->cos, io->sin, mode);
         be->head_norm_rope(be, kk, H, hd, w->norm_k, eps, io->cos, io->sin, mode);
+        kv_store(be, c, io->p, io->kv_store);
         break;
     }
     case FLUX2_SB_ROPE:
@@ -540,7 +583,10 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
             be->head_norm_rope(be, kk, H, hd, none, eps, io->cos, io->sin, DT_ROPE_INTERLEAVED);
         }
         break;
-    case FLUX2_SB_ATTN: block_attention(be, c, dt_mat_cols(io->c, 0, D), q, kk, v); break;
+    case FLUX2_SB_ATTN:
+        kv_extend(be, c, io->kv_rows, io->kv_load, &kk, &v);
+        block_attention(be, c, dt_mat_cols(io->c, 0, D), q, kk, v);
+        break;
     case FLUX2_SB_ACT:   /* SwiGLU of the MLP half into the second part of c (the concat is a column view) */
         if (!c->fuse_inputs)
             be->act_mul(be, dt_mat_cols(io->c, D, F), dt_mat_cols(io->p, 3 * D, F), dt_mat_cols(io->p, 3 * D + F, F),
@@ -645,7 +691,10 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
     be->head_norm_rope(be, dt_mat_rows(io->q, t, n), H, hd, w->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, dt_mat_rows(io->k, t, n), H, hd, w->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
-    block_attention(be, c, io->o, io->q, io->k, io->v);
+    kv_store(be, c, io->qkv, io->kv_store);
+    dt_mat k_att = io->k, v_att = io->v;
+    kv_extend(be, c, io->kv_rows, io->kv_load, &k_att, &v_att);
+    block_attention(be, c, io->o, io->q, k_att, v_att);
     /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
     dt_mat y_txt = dt_mat_rows(io->y, 0, t), y_img = dt_mat_rows(io->y, t, n);
     if (t > 0) {
@@ -665,19 +714,21 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
     if (t > 0 && join) dt_on_queue(be, 0, 1);
 }
 
-/* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are
- * in b->x.emb / b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out. No host
- * transfers and no allocation, so it can be captured into a graph. */
-static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void *ud) {
+/* The blocks of one forward on activations x (n image rows, t text rows), from the timestep MLP to the last single
+ * block; inputs in x->emb / x->in_img / x->in_txt and the RoPE tables. kv_rows, kv_load (per block, NULL: none): cached
+ * reference K|V the attention also sees; kv_store (per block, NULL: none): where each block's K|V go (the
+ * reference-only pass). Blocks are numbered double first, then single. No host transfers and no allocation. */
+static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t kv_rows, const dt_mat *kv_load,
+                       const dt_mat *kv_store, flux2_trace_fn trace, void *ud) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
-    flux2_bufs *b = &m->buf;
-    const flux2_acts *x = &b->x;
+    int nd = c->num_layers;
     flux2_outer_io oio = flux2_acts_outer(x);
-    dt_mat s_txt = dt_mat_rows(b->x.s, 0, t), s_img = dt_mat_rows(b->x.s, t, n);
+    dt_mat s_txt = dt_mat_rows(x->s, 0, t), s_img = dt_mat_rows(x->s, t, n);
 
     /* ---- double-stream blocks (flux2_double_block: the text stream on the side queue) ---- */
     flux2_double_io io = flux2_acts_double(x);
+    io.kv_rows = kv_rows;
     /* the first transient Linear of the first block can be prepared while the embedders run */
     if (c->num_layers > 0) dt_prefetch(be, m->db[0].to_qkv, dt_mat_null(), n);
     else if (c->num_single_layers > 0) dt_prefetch(be, flux2_single_first(&m->sb[0]), dt_mat_null(), (int64_t)n + t);
@@ -685,6 +736,8 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
     for (int i = 0; i < c->num_layers; i++) {
         int last = i == c->num_layers - 1;
         const dt_linear *next = !last ? m->db[i + 1].to_qkv : c->num_single_layers > 0 ? flux2_single_first(&m->sb[0]) : NULL;
+        if (kv_load) io.kv_load = kv_load[i];
+        if (kv_store) io.kv_store = kv_store[i];
         flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace, next, last ? (int64_t)n + t : n);
         if (trace) {
             char nm[64];
@@ -695,18 +748,91 @@ static void device_part(flux2_model *m, int n, int t, flux2_trace_fn trace, void
 
     /* ---- single-stream blocks on the joint stream ---- */
     flux2_single_io sio = flux2_acts_single(x);
+    sio.kv_rows = kv_rows;
     for (int i = 0; i < c->num_single_layers; i++) {
         const dt_linear *next = i + 1 < c->num_single_layers ? flux2_single_first(&m->sb[i + 1]) : NULL;
+        if (kv_load) sio.kv_load = kv_load[nd + i];
+        if (kv_store) sio.kv_store = kv_store[nd + i];
         flux2_single_block(be, c, &m->sb[i], &sio, next);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "single.%d", i);
-            trace(ud, nm, b->x.s);
+            trace(ud, nm, x->s);
         }
     }
+}
 
-    /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection ---- */
-    flux2_final(be, c, &m->o, &oio, n, t, trace, ud);
+/* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are in b->x.emb /
+ * b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out's first n_out rows (n image rows run
+ * through the blocks: the noise tokens, then appended reference tokens). No host transfers and no allocation, so it
+ * can be captured into a graph. */
+static void device_part(flux2_model *m, int n, int n_out, int t, flux2_trace_fn trace, void *ud) {
+    flux2_bufs *b = &m->buf;
+    run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, trace, ud);
+    /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection of the noise rows ---- */
+    flux2_outer_io oio = flux2_acts_outer(&b->x);
+    oio.out = dt_mat_rows(oio.out, 0, n_out);
+    flux2_final(m->be, &m->c, &m->o, &oio, n_out, t, trace, ud);
+}
+
+/* ------------------------------------------------------------------ reference tokens */
+
+static void drop_refs(flux2_model *m) {
+    dt_backend *be = m->be;
+    if (m->ref.tok.data) be->free(be, &m->ref.tok);
+    for (int i = 0; m->ref.cache && i < m->c.num_layers + m->c.num_single_layers; i++)
+        if (m->ref.cache[i].data) be->free(be, &m->ref.cache[i]);
+    free(m->ref.cache);
+    free(m->ref.ids);
+    memset(&m->ref, 0, sizeof m->ref);
+}
+
+int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached) {
+    const flux2_config *c = &m->c;
+    dt_backend *be = m->be;
+    drop_graph(m);   /* a captured forward had the previous references' rows and copies */
+    drop_refs(m);
+    if (!tokens || r <= 0) return 0;
+    if (!ids) { dt_set_error("flux2: reference tokens need their position ids"); return -1; }
+    if (be->alloc(be, &m->ref.tok, r, c->in_channels, be->act_dtype)) { drop_refs(m); return -1; }
+    be->upload(be, m->ref.tok, tokens);
+    m->ref.ids = dt_malloc(sizeof(float) * (size_t)r * c->n_axes);
+    memcpy(m->ref.ids, ids, sizeof(float) * (size_t)r * c->n_axes);
+    m->ref.r = r;
+    m->ref.kv_cached = kv_cached != 0;
+    if (kv_cached) {
+        int nb = c->num_layers + c->num_single_layers;
+        m->ref.cache = dt_calloc(nb ? nb : 1, sizeof(dt_mat));
+        for (int i = 0; i < nb; i++)
+            if (be->alloc(be, &m->ref.cache[i], r, 2 * (int64_t)c->hidden, be->act_dtype)) { drop_refs(m); return -1; }
+    }
+    return 0;
+}
+
+/* The KV mode's reference-only pass (Flux2KleinKVPipeline's step 0 "extract"): the reference tokens alone through
+ * the blocks at timestep 0 (ref_fixed_timestep: their own modulation), attending only to themselves, each block's
+ * K|V after norm + RoPE into m->ref.cache. Text and noise never reach these rows, so the result depends only on the
+ * references: it is computed once and every forward's attention reuses it. */
+static int kv_extract(flux2_model *m) {
+    const flux2_config *c = &m->c;
+    dt_backend *be = m->be;
+    int r = m->ref.r;
+    flux2_acts x;
+    flux2_acts_alloc(be, c, r, 0, c->num_layers > 0, c->num_single_layers > 0, &x);
+    float *emb = dt_malloc(sizeof(float) * c->tg_channels);
+    float *cs = dt_malloc(sizeof(float) * (size_t)r * c->head_dim), *sn = dt_malloc(sizeof(float) * (size_t)r * c->head_dim);
+    flux2_timestep_sinusoid(0.0f, c->tg_channels, emb);
+    flux2_rope_tables(c, m->ref.ids, r, cs, sn);
+    be->upload(be, x.emb, emb);
+    be->upload(be, x.cos, cs);
+    be->upload(be, x.sin, sn);
+    be->copy(be, x.in_img, m->ref.tok);
+    run_blocks(m, &x, r, 0, 0, NULL, m->ref.cache, NULL, NULL);
+    int rc = be->sync(be);
+    flux2_acts_free(be, &x);
+    free(emb); free(cs); free(sn);
+    if (rc == 0) m->ref.filled = 1;
+    return rc;
 }
 
 int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
@@ -715,16 +841,25 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     dt_backend *be = m->be;
     if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
     if (!(timestep == timestep)) { dt_set_error("flux2: timestep is NaN"); return -1; }
-    ensure_bufs(m, n, t);
+    /* references (flux2_set_refs): appended after the noise rows (ra), or as cached K|V rows (kv) */
+    int ra = m->ref.r && !m->ref.kv_cached ? m->ref.r : 0, kv = m->ref.kv_cached ? m->ref.r : 0;
+    if (kv && !m->ref.filled && kv_extract(m)) return -1;
+    int na = n + ra;
+    ensure_bufs(m, na, t, kv);
     flux2_bufs *b = &m->buf;
-    build_rope(m, txt_ids, t, img_ids, n);
+    build_rope(m, txt_ids, t, img_ids, n, m->ref.ids, ra);
 
-    /* host inputs: timestep sinusoid, latent tokens, text features */
+    /* host inputs: timestep sinusoid, latent tokens (+ the resident reference tokens), text features */
     float *emb = dt_malloc(sizeof(float) * c->tg_channels);
     flux2_timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
     be->upload(be, b->x.emb, emb);
     free(emb);
-    be->upload(be, b->x.in_img, img);
+    if (ra) {
+        be->upload(be, dt_mat_rows(b->x.in_img, 0, n), img);
+        be->copy(be, dt_mat_rows(b->x.in_img, n, ra), m->ref.tok);
+    } else {
+        be->upload(be, b->x.in_img, img);
+    }
     if (t > 0) {
         int slot = -1;
         for (int i = 0; i < 2; i++)
@@ -738,22 +873,22 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     }
 
     if (!m->use_graph || trace) {
-        device_part(m, n, t, trace, ud);
-    } else if (m->graph && m->graph_n == n && m->graph_t == t) {
+        device_part(m, na, n, t, trace, ud);
+    } else if (m->graph && m->graph_n == na && m->graph_t == t) {
         if (be->graph_launch(be, m->graph)) return -1;
-    } else if (m->warm_n == n && m->warm_t == t) {
+    } else if (m->warm_n == na && m->warm_t == t) {
         /* second call at this shape: capture the device part, then replay it */
         if (be->capture_begin(be)) return -1;
-        device_part(m, n, t, NULL, NULL);
+        device_part(m, na, n, t, NULL, NULL);
         m->graph = be->capture_end(be);
         if (!m->graph) return -1;
-        m->graph_n = n; m->graph_t = t;
+        m->graph_n = na; m->graph_t = t;
         if (be->graph_launch(be, m->graph)) return -1;
     } else {
-        device_part(m, n, t, NULL, NULL);   /* eager warm-up: scratch buffers reach their sizes */
-        m->warm_n = n; m->warm_t = t;
+        device_part(m, na, n, t, NULL, NULL);   /* eager warm-up: scratch buffers reach their sizes */
+        m->warm_n = na; m->warm_t = t;
     }
-    be->download(be, out, b->x.out);
+    be->download(be, out, dt_mat_rows(b->x.out, 0, n));
     if (be->sync(be) != 0) return -1;
     return 0;
 }

@@ -92,6 +92,10 @@ typedef struct {
  * as the bigger set: at 1024² with klein-4B's geometry that saves 368 MB. */
 void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int with_double, int with_single,
                       flux2_acts *x);
+/* The same with kv_rows more rows behind qkv and p (their views keep t+n rows): the rows where a block's cached
+ * reference K|V (flux2_double_io.kv_load) sit behind the live keys, so one attention sees both. */
+void flux2_acts_alloc_kv(dt_backend *be, const flux2_config *c, int n, int t, int kv_rows, int with_double,
+                         int with_single, flux2_acts *x);
 void flux2_acts_free(dt_backend *be, flux2_acts *x);
 
 /* Host-side inputs (shared with the bench): RoPE tables cos/sin [rows, head_dim] from position ids
@@ -145,6 +149,12 @@ typedef struct {
     dt_mat h, g;                /* [t+n, 2F], [t+n, F] MLP hidden and SwiGLU output */
     dt_mat cos, sin;            /* [t+n, hd] F32 RoPE tables */
     dt_mat mod_img, mod_txt;    /* [1, 6D] modulation vectors */
+    /* KV-cached references (both 0 / NULL data otherwise; see flux2_set_refs):
+     * kv_load [kv_rows, 2D]: this block's cached reference K|V, copied behind the t+n rows of qkv's K|V columns
+     * (allocated by flux2_acts_alloc_kv) before the attention, which then attends over t+n+kv_rows keys;
+     * kv_store [t+n, 2D]: receives every row's K|V after norm + RoPE (the text-free reference-only pass). */
+    int64_t kv_rows;
+    dt_mat kv_load, kv_store;
 } flux2_double_io;
 
 /* Run double block w on io: the text stream on the backend's side queue (stream_switch) where it has one.
@@ -169,6 +179,8 @@ typedef struct {
     dt_mat c;            /* [t+n, D + F]   [attention | SwiGLU] */
     dt_mat cos, sin;     /* [t+n, hd] F32 RoPE tables */
     dt_mat mod_single;   /* [1, 3D] modulation vector */
+    int64_t kv_rows;     /* KV-cached references: as flux2_double_io (K|V are p's columns [D, 3D)) */
+    dt_mat kv_load, kv_store;
 } flux2_single_io;
 
 /* The ops of a single block in order (the bench times cumulative prefixes of them). */
@@ -209,7 +221,7 @@ flux2_outer_io flux2_acts_outer(const flux2_acts *x);
 flux2_double_io flux2_acts_double(const flux2_acts *x);
 flux2_single_io flux2_acts_single(const flux2_acts *x);
 
-/* One forward pass.
+/* One forward pass (with the references of flux2_set_refs, if any).
  *   img      [N, in_channels]   packed latent tokens (f32 host)
  *   txt      [T, joint_dim]     text features (f32 host)
  *   timestep sigma in [0,1] (the model multiplies by 1000)
@@ -218,6 +230,18 @@ flux2_single_io flux2_acts_single(const flux2_acts *x);
  * Returns 0 or -1 (dt_last_error). */
 int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *trace_ud);
+
+/* ---- reference tokens (image editing) ----
+ * Set the reference images' packed latent tokens for the forwards that follow (they stay on the device):
+ *   tokens [r, in_channels] f32 host, ids [r, n_axes] position ids (T = 10 + 10k for reference k, row, col, 0).
+ * kv_cached = 0 (Flux2KleinPipeline): the reference tokens follow the noise tokens in the image stream of every
+ *   forward ([text | noise | reference]), with the step's modulation; only the noise rows are projected out.
+ * kv_cached = 1 (Flux2KleinKVPipeline): the next forward first runs the references alone (timestep 0, attending
+ *   only to themselves) and keeps each block's reference K|V after norm + RoPE; that forward and every later one
+ *   run only text + noise tokens, whose attention also sees the cached K|V. The cached K|V depend only on the
+ *   references and the weights, so CFG's passes share them.
+ * tokens = NULL or r = 0 removes the references. The host arrays are copied; 0 or -1 (dt_last_error). */
+int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached);
 
 /* Geometry presets: "klein-4b", "klein-9b" (spec section 0), "tiny" (the test fixture). 0 ok, -1 unknown. */
 int flux2_preset(const char *name, flux2_config *c);
