@@ -227,6 +227,36 @@ int main(void) {
         }
         st_close(o); st_close(r);
     }
+    /* reference tokens through forward: synth inputs with a 64x64 reference, appended and KV-cached (the two
+     * semantics give different velocities); --kv-refs without references and --ref-size for Krea 2 are errors */
+    snprintf(args, sizeof args, "forward --model %s/model --inputs %s/transformer_io.safetensors --backend cpu --kv-refs", fx, fx);
+    expect_error("forward --kv-refs without references", args, "--kv-refs", "in.ref_hidden_states");
+    expect_error("synth --ref-size for Krea 2", "synth --preset krea2-tiny --inputs x.st --ref-size 64", "--ref-size", "FLUX.2");
+    {
+        char in_p[600], o1[600], o2[600];
+        snprintf(in_p, sizeof in_p, "%s/refs_in.safetensors", tmpdir);
+        snprintf(o1, sizeof o1, "%s/refs_app.safetensors", tmpdir);
+        snprintf(o2, sizeof o2, "%s/refs_kv.safetensors", tmpdir);
+        snprintf(args, sizeof args, "synth --preset tiny --inputs %s --image-size 128 --text-tokens 16 --ref-size 64", in_p);
+        int r1 = run(args, err, sizeof err), r2 = 1, r3 = 1;
+        if (!r1) {
+            snprintf(args, sizeof args, "forward --model %s/model --inputs %s --output %s --backend cpu -q", fx, in_p, o1);
+            r2 = run(args, err, sizeof err);
+            snprintf(args, sizeof args, "forward --model %s/model --inputs %s --output %s --backend cpu -q --kv-refs --repeat 2", fx, in_p, o2);
+            r3 = run(args, err, sizeof err);
+        }
+        st_file *a = r2 ? NULL : st_open(o1), *b = r3 ? NULL : st_open(o2);
+        const st_tensor *ta = a ? st_find(a, "out.sample") : NULL, *tb = b ? st_find(b, "out.sample") : NULL;
+        double d = -1;
+        if (ta && tb && ta->numel == 64 * 32 && tb->numel == ta->numel) {
+            float *fa = st_to_f32(ta), *fb = st_to_f32(tb);
+            d = dt_rel_l2(fb, fa, (size_t)ta->numel);
+            free(fa); free(fb);
+        }
+        T_CHECK("forward with reference tokens: appended and KV-cached", d > 1e-4, "exit %d/%d/%d, rel L2 %g: %s", r1, r2,
+                r3, d, err);
+        st_close(a); st_close(b);
+    }
     snprintf(args, sizeof args, "info %s/model > %s/info.txt", fx, tmpdir);
     rc = run(args, err, sizeof err);
     snprintf(p1, sizeof p1, "%s/info.txt", tmpdir);

@@ -21,7 +21,9 @@ static void usage(FILE *f) {
             "     FLUX.2 also: one .safetensors file, BFL or mflux key layouts; without config.json the\n"
             "     geometry is inferred from the tensor shapes.\n\n"
             "inputs (FLUX.2): in.hidden_states [1,N,C], in.encoder_hidden_states [1,T,J], in.timestep [1],\n"
-            "                 in.img_ids [1,N,4], in.txt_ids [1,T,4] (I64 or F32)\n"
+            "                 in.img_ids [1,N,4], in.txt_ids [1,T,4] (I64 or F32); optional reference\n"
+            "                 image tokens in.ref_hidden_states [1,R,C] + in.ref_ids [1,R,4] (appended after the\n"
+            "                 image tokens, or KV-cached with --kv-refs)\n"
             "inputs (Krea 2): in.hidden_states, in.encoder_hidden_states [1,T,layers,dim], in.timestep,\n"
             "                 in.position_ids [T+N,3], in.encoder_attention_mask [1,T] (optional)\n\n"
             "options:\n"
@@ -40,6 +42,9 @@ static void usage(FILE *f) {
             "                       both timings)\n"
             "  --compare-qpath P    (FLUX.2) also run with quantized-Linear path P (e.g. --qpath mixed\n"
             "                       --compare-qpath transient) and report the relative L2 error between the two\n"
+            "  --kv-refs            FLUX.2: the reference tokens KV-cached (Flux2KleinKVPipeline: a reference-only pass\n"
+            "                       at timestep 0 in the first forward, later forwards reuse its K/V); the first\n"
+            "                       forward's time is reported on its own\n"
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
             "  --repeat N           run the forward N times and report the median time (default 1); on a GPU\n"
@@ -95,7 +100,7 @@ int cmd_forward(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL;
     cli_model_opts mo;
     cli_model_opts_default(&mo);
-    int trace = 0, no_mask = 0, compare = 0, cmp_qpath = -1;   /* cmp_qpath: --compare-qpath, -1 = none */
+    int trace = 0, no_mask = 0, compare = 0, cmp_qpath = -1, kv_refs = 0;   /* cmp_qpath: --compare-qpath, -1 = none */
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -109,6 +114,7 @@ int cmd_forward(int argc, char **argv) {
         else if (!strcmp(a, "--output")) { if (!v) return cli_error("--output needs a value"); output = v; i++; }
         else if (!strcmp(a, "--trace")) trace = 1;
         else if (!strcmp(a, "--no-mask")) no_mask = 1;
+        else if (!strcmp(a, "--kv-refs")) kv_refs = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
         else if (!strcmp(a, "--compare-qpath")) {
             if (!v) return cli_error("--compare-qpath needs a value (auto, mixed, fused, transient, cached)");
@@ -142,7 +148,8 @@ int cmd_forward(int argc, char **argv) {
     if (!be) { st_close(in); return 1; }
 
     int rc = 1;
-    float *img = NULL, *txt = NULL, *ts = NULL, *img_ids = NULL, *txt_ids = NULL, *out = NULL, *pos = NULL;
+    float *img = NULL, *txt = NULL, *ts = NULL, *img_ids = NULL, *txt_ids = NULL, *out = NULL, *pos = NULL, *ref = NULL,
+          *ref_ids = NULL;
     uint8_t *mask = NULL;
     flux2_model *fm = NULL;
     krea2_model *km = NULL;
@@ -168,6 +175,18 @@ int cmd_forward(int argc, char **argv) {
         if (cj != c->joint_dim) { dt_set_error("%s: in.encoder_hidden_states has %lld features but the model expects %d (joint_attention_dim)", inputs, (long long)cj, c->joint_dim); goto done; }
         if (shape2(t_iid, &r, &cc) || r != n || cc != c->n_axes) { dt_set_error("%s: in.img_ids must be [1, %lld, %d]", inputs, (long long)n, c->n_axes); goto done; }
         if (shape2(t_tid, &r, &cc) || r != tt || cc != c->n_axes) { dt_set_error("%s: in.txt_ids must be [1, %lld, %d]", inputs, (long long)tt, c->n_axes); goto done; }
+        const st_tensor *t_ref, *t_rid;
+        int64_t nref = 0;
+        if ((ref = input_f32(in, "in.ref_hidden_states", 0, &t_ref))) {
+            if (!(ref_ids = input_f32(in, "in.ref_ids", 1, &t_rid))) goto done;
+            if (shape2(t_ref, &nref, &cc) || cc != c->in_channels || nref > (1 << 24)) { dt_set_error("%s: in.ref_hidden_states must be [1, R, %d]", inputs, c->in_channels); goto done; }
+            if (shape2(t_rid, &r, &cc) || r != nref || cc != c->n_axes) { dt_set_error("%s: in.ref_ids must be [1, %lld, %d]", inputs, (long long)nref, c->n_axes); goto done; }
+            if (flux2_set_refs(fm, ref, ref_ids, (int)nref, kv_refs)) goto done;
+            dt_log(1, "ditrun: %lld reference tokens, %s\n", (long long)nref, kv_refs ? "KV-cached" : "appended");
+        } else if (kv_refs) {
+            dt_set_error("%s: --kv-refs but no in.ref_hidden_states", inputs);
+            goto done;
+        }
         size_t wb; char fmt[96];
         flux2_weight_info(fm, &wb, fmt, sizeof fmt);
         dt_log(1, "ditrun: loaded FLUX.2 transformer (D=%d, %d double + %d single blocks, %s, %.1f MB) in %.2f s on %s\n",
@@ -187,9 +206,11 @@ int cmd_forward(int argc, char **argv) {
             times[it] = dt_now() - t1;
             if (it > 0) dt_power_add(&pw);
         }
+        double first = times[0];
         qsort(times, repeat, sizeof(double), cmp_double);
-        dt_log(1, "ditrun: forward %lld image + %lld text tokens: %.2f ms (median of %ld)\n", (long long)n, (long long)tt,
-               times[repeat / 2] * 1e3, repeat);
+        dt_log(1, "ditrun: forward %lld image + %lld text tokens%s: %.2f ms (median of %ld)\n", (long long)n, (long long)tt,
+               !nref ? "" : kv_refs ? " (KV-cached references)" : " + appended references", times[repeat / 2] * 1e3, repeat);
+        if (kv_refs) dt_log(1, "ditrun: first forward, with the reference-only pass: %.2f ms\n", first * 1e3);
         { dt_power_summary ps = dt_power_end(&pw); cli_power_report(&ps, "forwards"); }
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
@@ -301,7 +322,7 @@ done:
     if (fm) flux2_free(fm);
     if (km) krea2_free(km);
     st_writer_free(w);
-    free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out); free(pos); free(mask);
+    free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out); free(pos); free(mask); free(ref); free(ref_ids);
     be->destroy(be);
     st_close(in);
     return rc;

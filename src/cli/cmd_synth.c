@@ -14,7 +14,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S] [--pipeline]\n"
-               "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--seed S]\n\n"
+               "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--ref-size PX] [--seed S]\n\n"
                "Writes DIR/config.json and DIR/model.safetensors with random weights at a real geometry\n"
                "(for tests, the bench and speed runs without downloading weights), or with --inputs a\n"
                "random `ditrun forward` input file (in.hidden_states, in.encoder_hidden_states, in.timestep,\n"
@@ -31,12 +31,16 @@ static void usage(FILE *f) {
                "                     bundled tokenizer and scheduler) for `ditrun generate`\n"
                "  --inputs FILE      write random forward inputs instead of a checkpoint\n"
                "  --image-size PX    image side in pixels for --inputs (default 1024; 16 pixels per token side)\n"
-               "  --text-tokens T    text tokens for --inputs (default 512)\n");
+               "  --text-tokens T    text tokens for --inputs (default 512)\n"
+               "  --ref-size PX      FLUX.2 --inputs: also one PX x PX reference image's tokens (in.ref_hidden_states\n"
+               "                     [1,R,C], in.ref_ids [1,R,4] with T = 10), which `ditrun forward` appends or\n"
+               "                     KV-caches (--kv-refs)\n");
 }
 
-/* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros). */
-static int write_inputs(const flux2_config *c, const char *path, int grid, int t, uint64_t seed) {
-    int64_t n = (int64_t)grid * grid;
+/* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros), and with
+ * ref_grid > 0 the tokens of one ref_grid x ref_grid reference image (ids T = 10, row, column, 0). */
+static int write_inputs(const flux2_config *c, const char *path, int grid, int t, int ref_grid, uint64_t seed) {
+    int64_t n = (int64_t)grid * grid, nr = (int64_t)ref_grid * ref_grid;
     float *img = malloc(sizeof(float) * n * c->in_channels), *txt = malloc(sizeof(float) * (t ? t : 1) * c->joint_dim);
     float *iid = calloc((size_t)n * 4, sizeof(float)), *tid = calloc((size_t)(t ? t : 1) * 4, sizeof(float));
     if (!img || !txt || !iid || !tid) { free(img); free(txt); free(iid); free(tid); return cli_error("synth: out of memory"); }
@@ -54,11 +58,24 @@ static int write_inputs(const flux2_config *c, const char *path, int grid, int t
     st_writer_add_f32(w, "in.img_ids", 3, sii, iid);
     st_writer_add_f32(w, "in.txt_ids", 3, sti, tid);
     st_writer_add_f32(w, "in.timestep", 1, s1, &ts);
+    float *ref = NULL, *rid = NULL;
+    if (nr > 0) {
+        ref = malloc(sizeof(float) * nr * c->in_channels);
+        rid = calloc((size_t)nr * 4, sizeof(float));
+        if (!ref || !rid) { free(ref); free(rid); st_writer_free(w); free(img); free(txt); free(iid); free(tid); return cli_error("synth: out of memory"); }
+        for (int64_t i = 0; i < nr * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; ref[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+        for (int64_t i = 0; i < nr; i++) { rid[i * 4] = 10; rid[i * 4 + 1] = (float)(i / ref_grid); rid[i * 4 + 2] = (float)(i % ref_grid); }
+        int64_t sr[3] = {1, nr, c->in_channels}, sri[3] = {1, nr, 4};
+        st_writer_add_f32(w, "in.ref_hidden_states", 3, sr, ref);
+        st_writer_add_f32(w, "in.ref_ids", 3, sri, rid);
+    }
     int rc = st_writer_save(w, path);
     st_writer_free(w);
-    free(img); free(txt); free(iid); free(tid);
+    free(img); free(txt); free(iid); free(tid); free(ref); free(rid);
     if (rc) return cli_error("%s", dt_last_error());
-    fprintf(stderr, "ditrun: wrote %s (%lld image + %d text tokens)\n", path, (long long)n, t);
+    fprintf(stderr, "ditrun: wrote %s (%lld image + %d text tokens", path, (long long)n, t);
+    if (nr > 0) fprintf(stderr, " + %lld reference tokens", (long long)nr);
+    fprintf(stderr, ")\n");
     return 0;
 }
 
@@ -108,7 +125,7 @@ int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL;
     const char *inputs = NULL;
     int pipeline = 0;
-    long bits = 0, group = 64, seed = 1, px = 1024, ntxt = 512;
+    long bits = 0, group = 64, seed = 1, px = 1024, ntxt = 512, ref_px = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -121,16 +138,18 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--inputs")) { if (!v) return cli_error("--inputs needs a value"); inputs = v; i++; }
         else if (!strcmp(a, "--image-size")) { if (cli_parse_int(a, v, 16, 16384, &px)) return 1; i++; }
         else if (!strcmp(a, "--text-tokens")) { if (cli_parse_int(a, v, 0, 65536, &ntxt)) return 1; i++; }
+        else if (!strcmp(a, "--ref-size")) { if (cli_parse_int(a, v, 16, 16384, &ref_px)) return 1; i++; }
         else return cli_error("synth: unknown option '%s' (see ditrun synth --help)", a);
     }
     if (!preset || (!out && !inputs)) return cli_error("synth: --preset and --output (or --inputs) are required (see ditrun synth --help)");
     if (bits != 0 && bits != 4 && bits != 8) return cli_error("--bits must be 0, 4 or 8");
     if (group != 32 && group != 64 && group != 128) return cli_error("--group-size must be 32, 64 or 128");
+    if (ref_px && (!inputs || !strncmp(preset, "krea2", 5))) return cli_error("--ref-size: FLUX.2 --inputs only");
     if (!strncmp(preset, "krea2", 5))
         return synth_krea2(preset, out, inputs, pipeline, (int)bits, (int)group, (uint64_t)seed, (int)(px / 16), (int)ntxt);
     flux2_config c;
     if (flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
-    if (inputs) return write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (uint64_t)seed);
+    if (inputs) return write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (int)(ref_px / 16), (uint64_t)seed);
     fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
             bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
     if (pipeline ? dt_synth_pipeline(preset, out, (int)bits, (int)group, (uint64_t)seed, cli_bundled_model())
