@@ -182,6 +182,14 @@ static void test_rng(void) {
     T_CHECK("randn_deterministic", !memcmp(a, b, N * sizeof(float)), "two draws differ");
     dt_randn(42, 0, 7, b, 1001);
     T_CHECK("randn_offset", !memcmp(a + 7, b, 1001 * sizeof(float)), "offset draw is not a slice of the sequence");
+    /* the large draw runs on several threads: it must equal the sequence drawn in small single-thread pieces */
+    int pieces_equal = 1;
+    for (size_t o = 0; o < N && pieces_equal; o += 9973) {
+        size_t cnt = N - o < 9973 ? N - o : 9973;
+        dt_randn(42, 0, o, b, cnt);
+        pieces_equal = !memcmp(a + o, b, cnt * sizeof(float));
+    }
+    T_CHECK("randn_threads_equal_pieces", pieces_equal, "a threaded draw differs from the same range drawn piecewise");
     dt_randn(43, 0, 0, b, 1000);
     int same = 0;
     for (int i = 0; i < 1000; i++) same += a[i] == b[i];

@@ -3,6 +3,8 @@
 #include "pipeline/latents.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -30,7 +32,7 @@ static inline double u32_to_unit(uint32_t x) {
     return ((double)x + 0.5) * (1.0 / 4294967296.0);   /* strictly inside (0, 1) */
 }
 
-void dt_randn(uint64_t seed, uint64_t stream, uint64_t offset, float *out, size_t n) {
+static void randn_range(uint64_t seed, uint64_t stream, uint64_t offset, float *out, size_t n) {
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     const double two_pi = 6.283185307179586476925286766559;
     size_t i = 0;
@@ -49,6 +51,41 @@ void dt_randn(uint64_t seed, uint64_t stream, uint64_t offset, float *out, size_
         }
         for (unsigned lane = (unsigned)(e & 3); lane < 4 && i < n; lane++, i++) out[i] = (float)z[lane];
     }
+}
+
+typedef struct {
+    uint64_t seed, stream, offset;
+    float *out;
+    size_t n;
+} randn_part;
+
+static void *randn_thread(void *arg) {
+    randn_part *p = arg;
+    randn_range(p->seed, p->stream, p->offset, p->out, p->n);
+    return NULL;
+}
+
+/* Element i depends only on (seed, stream, offset + i), so ranges can be drawn on several threads with the same
+ * values: a 1024² image's 0.5 M normals (log, sqrt, cos, sin in double) take ~15 ms on one core. */
+void dt_randn(uint64_t seed, uint64_t stream, uint64_t offset, float *out, size_t n) {
+    enum { MAX_THREADS = 16, PER_THREAD_MIN = 32768 };
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nt = n / PER_THREAD_MIN;
+    if (nt > (size_t)(ncpu > 0 ? ncpu : 1)) nt = (size_t)(ncpu > 0 ? ncpu : 1);
+    if (nt > MAX_THREADS) nt = MAX_THREADS;
+    if (nt < 2) { randn_range(seed, stream, offset, out, n); return; }
+    pthread_t th[MAX_THREADS];
+    randn_part part[MAX_THREADS];
+    size_t per = (n / nt + 3) & ~(size_t)3, i0 = 0;
+    size_t started = 0;
+    for (size_t t = 0; t < nt && i0 < n; t++) {
+        size_t cnt = t + 1 == nt || i0 + per > n ? n - i0 : per;
+        part[t] = (randn_part){seed, stream, offset + i0, out + i0, cnt};
+        if (t + 1 < nt && pthread_create(&th[t], NULL, randn_thread, &part[t]) == 0) started = t + 1;
+        else randn_range(seed, stream, offset + i0, out + i0, cnt);   /* the last range (or a failed start) here */
+        i0 += cnt;
+    }
+    for (size_t t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
 
 void dt_latents_noise(uint64_t seed, int c_packed, int h, int w, float *out) {
