@@ -2064,6 +2064,8 @@ int main(void) {
         test_attention("hd64", 300, 300, 4, 2, 64, 1, 1, 0);
         test_attention("hd16", 200, 200, 2, 1, 16, 0, 0, 0);
         test_attention("vae", 4096, 4096, 1, 1, 512, 0, 0, 1);
+        test_attention("vae 1024px (two 4096-row chunks of S)", 16384, 16384, 1, 1, 512, 0, 0, 1);
+        test_attention("vae odd chunks", 9001, 9001, 1, 1, 512, 0, 0, 0);
         printf("# section attn %.1f s\n", dt_now() - ts);
     }
     if (RUN("cudnn")) {   /* cuDNN fused attention (skips when libcudnn.so.9 cannot be loaded) */
@@ -2107,6 +2109,9 @@ int main(void) {
         test_conv2d(32, 512, 3, 37, 29, 0);
         test_conv2d(64, 32, 3, 24, 40, 1);
         test_conv2d(16, 16, 3, 8, 8, 0);
+        test_conv2d(128, 3, 3, 64, 64, 1);   /* conv_out: the direct few-output-channel kernel */
+        test_conv2d(96, 1, 3, 37, 29, 0);
+        test_conv2d(40, 4, 3, 19, 23, 1);
         test_group_norm(256, 64, 64, 32, 1);
         test_group_norm(128, 48, 40, 32, 0);
         test_group_norm(64, 5, 7, 32, 1);

@@ -634,7 +634,9 @@ static void attention_generic(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_ma
                               float scale, const float *kbias, int causal) {
     const int64_t Lq = q.rows, Lk = k.rows;
     const int64_t ldsp = (Lk + 7) / 8 * 8;
-    int64_t qc = ((int64_t)1 << 24) / ldsp;  /* S chunk <= 64 MB (large enough GEMMs, a modest scratch) */
+    /* S chunk <= 256 MB of f32: the P·V GEMM's output is [hd, chunk], so chunks of 1024 rows gave it only
+     * (hd/128)·8 output tiles (32 for the VAE's single 512-wide head over 16384 tokens: a quarter of the SMs) */
+    int64_t qc = ((int64_t)1 << 26) / ldsp;
     if (qc < 16) qc = 16;
     if (qc > Lq) qc = Lq;
     size_t sbytes = (size_t)qc * ldsp * 4, pbytes = (size_t)qc * ldsp * 2;
