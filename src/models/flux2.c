@@ -47,7 +47,7 @@ struct flux2_model {
     /* resident text features (flux2_text_resident): host buffers the caller keeps unchanged, uploaded once;
      * a forward whose txt matches one copies it on the device instead of uploading again. Two slots (the
      * positive and the negative prompt of CFG), least recently used replaced. */
-    struct { const float *host; int t; dt_mat dev; unsigned long use; } res[2];
+    struct { const void *host; int t; dt_mat dev; unsigned long use; } res[2];
     unsigned long res_clock;
     /* reference tokens (flux2_set_refs): resident on the device; KV mode keeps each block's K|V after the
      * reference-only pass (cache[0 .. num_layers) the double blocks, then the single blocks) */
@@ -362,23 +362,43 @@ static void drop_resident(flux2_model *m) {
     }
 }
 
-int flux2_text_resident(flux2_model *m, const float *txt, int t) {
-    if (!txt) { drop_resident(m); return 0; }
-    if (t <= 0) { dt_set_error("flux2: resident text needs at least one token (got %d)", t); return -1; }
+/* The resident slot for (key, t): the matching one, else the least recently used one (re-allocated when its
+ * token count differs). -1 on allocation failure. */
+static int resident_slot(flux2_model *m, const void *key, int t) {
     int slot = -1;
     for (int i = 0; i < 2; i++)
-        if (m->res[i].host == txt && m->res[i].t == t) slot = i;
+        if (m->res[i].host == key && m->res[i].t == t) slot = i;
     if (slot < 0) {
         slot = m->res[0].use <= m->res[1].use ? 0 : 1;
         if (m->res[slot].dev.data && m->res[slot].t != t) m->be->free(m->be, &m->res[slot].dev);
         if (!m->res[slot].dev.data) {
             if (m->be->alloc(m->be, &m->res[slot].dev, t, m->c.joint_dim, m->be->act_dtype)) return -1;
         }
-        m->res[slot].host = txt;
+        m->res[slot].host = key;
         m->res[slot].t = t;
     }
-    m->be->upload(m->be, m->res[slot].dev, txt);   /* always: a repeated call declares new contents */
     m->res[slot].use = ++m->res_clock;
+    return slot;
+}
+
+int flux2_text_resident(flux2_model *m, const float *txt, int t) {
+    if (!txt) { drop_resident(m); return 0; }
+    if (t <= 0) { dt_set_error("flux2: resident text needs at least one token (got %d)", t); return -1; }
+    int slot = resident_slot(m, txt, t);
+    if (slot < 0) return -1;
+    m->be->upload(m->be, m->res[slot].dev, txt);   /* always: a repeated call declares new contents */
+    return 0;
+}
+
+int flux2_text_resident_mat(flux2_model *m, const void *key, dt_mat src) {
+    if (!key || src.rows <= 0 || src.cols != m->c.joint_dim) {
+        dt_set_error("flux2: resident text from a [%lld, %lld] matrix, expected [tokens, %d] and a key",
+                     (long long)src.rows, (long long)src.cols, m->c.joint_dim);
+        return -1;
+    }
+    int slot = resident_slot(m, key, (int)src.rows);
+    if (slot < 0) return -1;
+    m->be->copy(m->be, m->res[slot].dev, src);
     return 0;
 }
 

@@ -62,6 +62,9 @@ void flux2_set_graph(flux2_model *m, int on);
  * it is resident (call again to re-upload after a change). Two prompts can be resident (CFG's positive and
  * negative; the least recently used is replaced). txt = NULL releases them. 0 or -1 (dt_last_error). */
 int flux2_text_resident(flux2_model *m, const float *txt, int t);
+/* The same from a backend matrix src [t, joint_dim] (the text encoder's output, already on the device): copied into
+ * a resident slot known by `key`, an address the caller then passes as txt to flux2_forward (never read there). */
+int flux2_text_resident_mat(flux2_model *m, const void *key, dt_mat src);
 
 /* ---- the activations of one (n image, t text token) forward, shared by flux2_forward and the bench ----
  * Rows of the [t+n, ...] buffers are the joint [text | image] sequence. */

@@ -271,20 +271,41 @@ void dt_qwen3_free(dt_qwen3 *m) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* Download x [T, D] and write it into out columns of every tap equal to `index`. */
-static void emit_taps(dt_qwen3 *m, dt_mat x, int index, const int *taps, int n_taps, int T, float *host, float *out) {
+/* Every tap equal to `index` gets x [T, D]: copied into its columns of the backend matrix out_dev [T, n_taps·D]
+ * when that is given, else downloaded (once) into its columns of the host array out [T, n_taps·D]. */
+static void emit_taps(dt_qwen3 *m, dt_mat x, int index, const int *taps, int n_taps, int T, float *host, float *out,
+                      dt_mat out_dev) {
     const int D = m->cfg.hidden;
     int downloaded = 0;
     for (int i = 0; i < n_taps; i++) {
         if (taps[i] != index) continue;
+        if (out_dev.data) { m->be->copy(m->be, dt_mat_cols(out_dev, (int64_t)i * D, D), x); continue; }
         if (!downloaded) { m->be->download(m->be, host, x); downloaded = 1; }
         for (int t = 0; t < T; t++)
             memcpy(out + ((size_t)t * n_taps + i) * D, host + (size_t)t * D, (size_t)D * sizeof(float));
     }
 }
 
+static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps, float *out,
+                  dt_mat out_dev);
+
 int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
                     float *out) {
+    return encode(m, ids, mask, T, taps, n_taps, out, dt_mat_null());
+}
+
+int dt_qwen3_encode_to(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
+                       dt_mat out) {
+    if (!out.data || out.rows != T || out.cols != (int64_t)n_taps * m->cfg.hidden) {
+        dt_set_error("qwen3 encode: the output matrix is [%lld, %lld], expected [%d, %lld]", (long long)out.rows,
+                     (long long)out.cols, T, (long long)n_taps * m->cfg.hidden);
+        return -1;
+    }
+    return encode(m, ids, mask, T, taps, n_taps, NULL, out);
+}
+
+static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps, float *out,
+                  dt_mat out_dev) {
     const dt_qwen3_config *c = &m->cfg;
     const char *what = dt_weights_path(m->w);
     dt_backend *be = m->be;
@@ -357,7 +378,7 @@ int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T,
         }
     }
     be->upload(be, x, host);
-    emit_taps(m, x, 0, taps, n_taps, T, host, out);
+    emit_taps(m, x, 0, taps, n_taps, T, host, out, out_dev);
 
     const float scale = (float)(1.0 / sqrt((double)hd));
     for (int l = 0; l < deepest; l++) {
@@ -383,9 +404,9 @@ int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T,
 
         if (l + 1 == c->num_layers) {   /* HF: the last hidden state is after the final norm */
             be->rmsnorm(be, h, x, m->final_norm, 0.0f, c->eps);
-            emit_taps(m, h, l + 1, taps, n_taps, T, host, out);
+            emit_taps(m, h, l + 1, taps, n_taps, T, host, out, out_dev);
         } else {
-            emit_taps(m, x, l + 1, taps, n_taps, T, host, out);
+            emit_taps(m, x, l + 1, taps, n_taps, T, host, out, out_dev);
         }
     }
     int rc = be->sync(be);

@@ -59,6 +59,11 @@ void dt_qwen3_set_inv_freq_bf16(dt_qwen3 *m, int on);
 int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
                     float *out);
 
+/* The same, into a backend matrix out [T, n_taps*D] (act dtype) that stays on the device (the DiT reads the
+ * features from there: no download and upload between the two models). */
+int dt_qwen3_encode_to(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
+                       dt_mat out);
+
 void dt_qwen3_free(dt_qwen3 *m);
 
 #endif

@@ -31,6 +31,9 @@ typedef struct {
     flux2_model *dit;           /* NULL until first needed with release_text_encoder */
     dt_vae *vae;
     dt_sched_config sched;
+    dt_mat txt[2];              /* the prompt's and the negative prompt's features [T, joint] on the device */
+    int txt_T;
+    char txt_key[2];            /* their keys as resident DiT text (flux2_text_resident_mat) */
 } klein_state;
 
 static int klein_matches(const char *cls) {
@@ -74,6 +77,8 @@ static void klein_free(dt_pipeline *p) {
     if (s->te) dt_qwen3_free(s->te);
     if (s->dit) flux2_free(s->dit);
     if (s->vae) dt_vae_free(s->vae);
+    for (int i = 0; i < 2; i++)
+        if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
     free(s->te_dir);
     free(s->vae_dir);
     free(s);
@@ -184,15 +189,25 @@ out:
     return rc;
 }
 
-/* Encode one prompt to [T, n_taps * hidden] features (NULL on error). */
-static float *encode_prompt(klein_state *s, const char *prompt, int T, dt_gen_observer obs, void *ud, int observe_ids) {
-    const int hidden = s->tcfg.hidden;
+/* Encode one prompt into s->txt[slot] [T, n_taps * hidden] on the device (it never visits the host unless an observer
+ * wants it). 0 or -1. */
+static int encode_prompt(dt_pipeline *p, int slot, const char *prompt, int T, dt_gen_observer obs, void *ud) {
+    klein_state *s = p->fam;
+    const int hidden = s->tcfg.hidden, F = s->n_taps * hidden;
+    if (s->txt_T != T) {
+        for (int i = 0; i < 2; i++)
+            if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
+        s->txt_T = 0;
+        for (int i = 0; i < 2; i++)
+            if (p->be->alloc(p->be, &s->txt[i], T, F, p->be->act_dtype)) return -1;
+        s->txt_T = T;
+    }
     int32_t *ids = dt_malloc(sizeof(int32_t) * T), *mask = dt_malloc(sizeof(int32_t) * T);
-    float *emb = NULL;
+    int rc = -1;
     int real = dt_tokenize_chat(s->tok, prompt, T, ids, mask);
     if (real < 0) goto out;
     if (real == T) dt_log(1, "ditrun: note: the prompt fills all %d text tokens (it may have been truncated)\n", T);
-    if (observe_ids && obs) {
+    if (obs && slot == 0) {
         float *f = dt_malloc(sizeof(float) * T);
         for (int i = 0; i < T; i++) f[i] = (float)ids[i];
         dt_gen_observe(obs, ud, "input_ids", f, 2, 1, T, 0, 0);
@@ -200,18 +215,25 @@ static float *encode_prompt(klein_state *s, const char *prompt, int T, dt_gen_ob
         dt_gen_observe(obs, ud, "attention_mask", f, 2, 1, T, 0, 0);
         free(f);
     }
-    emb = dt_malloc(sizeof(float) * (size_t)T * s->n_taps * hidden);
-    if (dt_qwen3_encode(s->te, ids, mask, T, s->taps, s->n_taps, emb)) { free(emb); emb = NULL; }
+    if (dt_qwen3_encode_to(s->te, ids, mask, T, s->taps, s->n_taps, s->txt[slot])) goto out;
+    if (obs && slot == 0) {
+        float *emb = dt_malloc(sizeof(float) * (size_t)T * F);
+        p->be->download(p->be, emb, s->txt[slot]);
+        dt_gen_observe(obs, ud, "prompt_embeds", emb, 3, 1, T, F, 0);
+        free(emb);
+    }
+    rc = 0;
 out:
     free(ids);
     free(mask);
-    return emb;
+    return rc;
 }
 
 /* What the sampling loop's model callback needs. */
 typedef struct {
     flux2_model *dit;
-    const float *pos, *neg, *img_ids, *txt_ids;
+    const float *pos, *neg;     /* resident text keys (never read as host data) */
+    const float *img_ids, *txt_ids;
     const float *timesteps;
     int N, T, bf16;
 } klein_step_ctx;
@@ -230,9 +252,9 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     const double t_start = dt_now();
     double t0 = t_start;
     int rc = -1;
-    const int T = g->max_seq_len, hidden = s->tcfg.hidden;
+    const int T = g->max_seq_len;
     const int cfg = !p->info.distilled && g->guidance > 1.0f;
-    float *pos = NULL, *neg = NULL, *x = NULL, *v = NULL, *u = NULL, *img_ids = NULL, *txt_ids = NULL, *lat = NULL,
+    float *x = NULL, *v = NULL, *u = NULL, *img_ids = NULL, *txt_ids = NULL, *lat = NULL,
           *lat_c = NULL, *lat_u = NULL, *img = NULL, *img01 = NULL, *sigmas = NULL, *timesteps = NULL;
     uint8_t *rgb = NULL;
     if (p->info.distilled && g->guidance != p->info.default_guidance && g->guidance != 1.0f)
@@ -245,10 +267,8 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     dt_log(1, "ditrun: encoding the prompt (%d tokens, taps", T);
     for (int i = 0; i < s->n_taps; i++) dt_log(1, "%s%d", i ? "," : " ", s->taps[i]);
     dt_log(1, ")%s\n", cfg ? " and the negative prompt" : "");
-    pos = encode_prompt(s, g->prompt, T, obs, ud, 1);
-    if (!pos) goto done;
-    dt_gen_observe(obs, ud, "prompt_embeds", pos, 3, 1, T, (int64_t)s->n_taps * hidden, 0);
-    if (cfg && !(neg = encode_prompt(s, g->negative_prompt, T, NULL, NULL, 0))) goto done;
+    if (encode_prompt(p, 0, g->prompt, T, obs, ud)) goto done;
+    if (cfg && encode_prompt(p, 1, g->negative_prompt, T, NULL, NULL)) goto done;
     if (p->opts.release_text_encoder) {
         dt_qwen3_free(s->te);
         s->te = NULL;
@@ -294,15 +314,15 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     v = dt_malloc(sizeof(float) * (size_t)N * C);
     if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
     /* the prompt features stay on the device for all steps */
-    if (flux2_text_resident(s->dit, pos, T)) goto done;
-    if (cfg && flux2_text_resident(s->dit, neg, T)) goto done;
+    const float *pos = (const float *)(const void *)&s->txt_key[0], *neg = (const float *)(const void *)&s->txt_key[1];
+    if (flux2_text_resident_mat(s->dit, pos, s->txt[0])) goto done;
+    if (cfg && flux2_text_resident_mat(s->dit, neg, s->txt[1])) goto done;
     klein_step_ctx kc = {s->dit, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16};
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND, .bf16_euler = kc.bf16,
                      .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict, .ctx = &kc, .v = v, .u = u};
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
-    flux2_text_resident(s->dit, NULL, 0);
     if (rc) goto done;
     rc = -1;
     if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
@@ -334,7 +354,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     *h_out = H;
     rc = 0;
 done:
-    free(pos); free(neg); free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
+    free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
     free(lat_u); free(img); free(img01); free(sigmas); free(timesteps); free(rgb);
     return rc;
 }
