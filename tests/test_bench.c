@@ -3,8 +3,9 @@
  * Runs `ditrun bench` at the tiny geometry on the CPU (and on CUDA when a GPU is usable) through the
  * library API and asserts the report is complete and sane: every ledger row present, the shares sum to
  * 100 % with the remainder, the replica matches flux2_forward, the utilization rows carry timings, the
- * A/B arms' outputs agree within their tolerances, and the JSON lines parse with every record there.
- * Then the CLI: a short run prints the markdown tables, and bad options fail with one line.
+ * A/B arms' outputs agree within their tolerances, and the JSON lines parse with every record there; the same for
+ * the Krea 2 family (krea2-tiny, and the fixture through --model). Then the CLI: a short run prints the markdown
+ * tables, and bad options fail with one line.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,15 +29,15 @@
 static void check_report(const char *tag, const bench_report *r, int reps, int is_cpu) {
     char nm[160];
 #define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
-    T_CHECK(NAME("%s: whole forward timed", tag), r->fwd_dev.n == reps && r->fwd_dev.med > 0 && r->fwd_model.n == reps &&
-            r->fwd_model.med > 0 && r->fwd_model_warm_ms > 0, "replica n=%d med=%g, model n=%d med=%g", r->fwd_dev.n,
-            r->fwd_dev.med, r->fwd_model.n, r->fwd_model.med);
-    double tol = (is_cpu ? REPLICA_TOL_CPU : REPLICA_TOL_GPU) * (r->fwd_absmax > 1 ? r->fwd_absmax : 1);
-    T_CHECK(NAME("%s: replica output = flux2_forward output", tag), r->fwd_maxdiff <= tol && r->fwd_absmax > 0,
-            "max |diff| %g (tol %g, max |out| %g)", r->fwd_maxdiff, tol, r->fwd_absmax);
+    T_CHECK(NAME("%s: whole forward timed", tag), r->flux2.fwd_dev.n == reps && r->flux2.fwd_dev.med > 0 && r->flux2.fwd_model.n == reps &&
+            r->flux2.fwd_model.med > 0 && r->flux2.fwd_model_warm_ms > 0, "replica n=%d med=%g, model n=%d med=%g", r->flux2.fwd_dev.n,
+            r->flux2.fwd_dev.med, r->flux2.fwd_model.n, r->flux2.fwd_model.med);
+    double tol = (is_cpu ? REPLICA_TOL_CPU : REPLICA_TOL_GPU) * (r->flux2.fwd_absmax > 1 ? r->flux2.fwd_absmax : 1);
+    T_CHECK(NAME("%s: replica output = flux2_forward output", tag), r->flux2.fwd_maxdiff <= tol && r->flux2.fwd_absmax > 0,
+            "max |diff| %g (tol %g, max |out| %g)", r->flux2.fwd_maxdiff, tol, r->flux2.fwd_absmax);
 
     /* ledger rows */
-    int ok = r->n_ops == BENCH_N_OPS;
+    int ok = r->n_ops == FLUX2_SB_COUNT;
     double sum = 0;
     for (int k = 0; ok && k < r->n_ops; k++) {
         if (!r->ops[k].name || r->ops[k].prefix.n != reps || !(r->ops[k].prefix.med > 0) || r->ops[k].direct.n != reps ||
@@ -45,23 +46,23 @@ static void check_report(const char *tag, const bench_report *r, int reps, int i
         sum += r->ops[k].ms;
     }
     T_CHECK(NAME("%s: ledger has every op of the single block", tag), ok, "n_ops %d", r->n_ops);
-    T_CHECK(NAME("%s: ledger ops add up to the block", tag), fabs(sum - r->single_ledger_ms) <= 1e-9 * (1 + sum),
-            "sum %g vs block %g", sum, r->single_ledger_ms);
+    T_CHECK(NAME("%s: ledger ops add up to the block", tag), fabs(sum - r->block_ledger_ms) <= 1e-9 * (1 + sum),
+            "sum %g vs block %g", sum, r->block_ledger_ms);
     double lsum = 0;
     int neg = 0;
     for (int k = 0; k < r->n_ops; k++) { lsum += r->ops[k].ledger_ms; if (r->ops[k].ledger_ms < 0) neg++; }
     T_CHECK(NAME("%s: shares' per-op basis adds up to the block, none negative", tag),
-            fabs(lsum - r->single_ledger_ms) <= 1e-6 * (1 + lsum) && !neg && r->shares_basis[0],
-            "sum %g vs block %g, %d negative (%s)", lsum, r->single_ledger_ms, neg, r->shares_basis);
+            fabs(lsum - r->block_ledger_ms) <= 1e-6 * (1 + lsum) && !neg && r->shares_basis[0],
+            "sum %g vs block %g, %d negative (%s)", lsum, r->block_ledger_ms, neg, r->shares_basis);
     T_CHECK(NAME("%s: GEMM and attention work counted", tag), r->ops[1].gflop > 0 && r->ops[4].gflop > 0 && r->ops[6].gflop > 0,
             "gflop %g %g %g", r->ops[1].gflop, r->ops[4].gflop, r->ops[6].gflop);
     int full = 0, empty = 0;
-    for (int i = 0; i < r->n_scale; i++) {
-        if (r->scale[i].nd == r->c.num_layers && r->scale[i].ns == r->c.num_single_layers) full = 1;
-        if (r->scale[i].nd == 0 && r->scale[i].ns == 0 && r->scale[i].t.med > 0) empty = 1;
+    for (int i = 0; i < r->flux2.n_scale; i++) {
+        if (r->flux2.scale[i].nd == r->flux2.c.num_layers && r->flux2.scale[i].ns == r->flux2.c.num_single_layers) full = 1;
+        if (r->flux2.scale[i].nd == 0 && r->flux2.scale[i].ns == 0 && r->flux2.scale[i].t.med > 0) empty = 1;
     }
-    T_CHECK(NAME("%s: block-count scaling points", tag), r->n_scale >= 3 && full && empty, "n_scale %d full %d empty %d",
-            r->n_scale, full, empty);
+    T_CHECK(NAME("%s: block-count scaling points", tag), r->flux2.n_scale >= 3 && full && empty, "n_scale %d full %d empty %d",
+            r->flux2.n_scale, full, empty);
 
     /* shares */
     const char *need[] = {"GEMM", "attention", "elementwise", "double blocks", "embedders", "unexplained remainder"};
@@ -149,7 +150,7 @@ static void check_json(const char *tag, const char *path, const bench_report *r)
     fclose(f);
     snprintf(nm, sizeof nm, "%s: every JSON line parses and every record is there", tag);
     T_CHECK(nm, !bad && n_setup == 1 && n_fwd == 2 && n_op == r->n_ops && n_share == r->n_shares && n_gemm == r->n_gemm &&
-            n_arm == r->n_arms && n_scale == r->n_scale && fabs(share_sum - 100) < 1e-3,
+            n_arm == r->n_arms && n_scale == r->flux2.n_scale && fabs(share_sum - 100) < 1e-3,
             "%d lines, %d bad, setup %d forward %d ops %d shares %d (sum %.4f) gemm %d arms %d scale %d", lines, bad, n_setup,
             n_fwd, n_op, n_share, share_sum, n_gemm, n_arm, n_scale);
 }
@@ -302,8 +303,8 @@ static void test_attn_fp8_replica(void) {
     int rc = run_tiny_cpu(r, BENCH_LEDGER, 1, DT_PREC_BF16, DT_PREC_FP8);
     if (rc) T_FAIL("bench --attn-precision fp8 (cpu, tiny)", "%s", dt_last_error());
     else T_CHECK("bench --attn-precision fp8: replica output = flux2_forward output, precision reported",
-                 r->fwd_maxdiff == 0 && r->fwd_absmax > 0 && strstr(r->precision, "attention fp8"),
-                 "max |diff| %g (max |out| %g), precision '%s'", r->fwd_maxdiff, r->fwd_absmax, r->precision);
+                 r->flux2.fwd_maxdiff == 0 && r->flux2.fwd_absmax > 0 && strstr(r->precision, "attention fp8"),
+                 "max |diff| %g (max |out| %g), precision '%s'", r->flux2.fwd_maxdiff, r->flux2.fwd_absmax, r->precision);
     free(r);
 }
 
@@ -330,19 +331,172 @@ static void test_fp8_ceilings(void) {
     free(r);
 }
 
+/* The Krea 2 family through the same bench_run (krea2-tiny, synthetic bf16 weights in a private cache folder): the
+ * whole forward with and without the text mask, the block functions checked against krea2_forward's traced blocks,
+ * the 13-op transformer-block ledger adding up, scaling, shares = 100 %, utilization of the 5 GEMM shapes and the
+ * masked GQA attention, the gqa and key-padding arms agreeing, JSON lines and markdown sections. */
+static void run_krea2_suite(const char *backend, int is_cpu) {
+    char nm[160], cache[512], jp[600];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    const char *tmp = getenv("TMPDIR");
+    snprintf(cache, sizeof cache, "%s/ditrun-test-bench-k2-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(jp, sizeof jp, "%s.jsonl", cache);
+    bench_opts o;
+    bench_opts_default(&o);
+    o.preset = "krea2-tiny";
+    o.backend = backend;
+    o.format = BENCH_FMT_BF16;
+    o.image_size = 64;
+    o.text_tokens = 12;
+    o.reps = 3;
+    o.warmup = 1;
+    o.l2_mb = 0.5;
+    o.cache_dir = cache;
+    bench_report *r = calloc(1, sizeof *r);
+    int lvl = dt_log_level;
+    dt_log_level = 0;
+    int rc = bench_run(&o, r);
+    dt_log_level = lvl;
+    if (rc) { T_FAIL(NAME("%s krea2: bench runs (krea2-tiny)", backend), "%s", dt_last_error()); free(r); return; }
+    T_CHECK(NAME("%s krea2: bench runs (krea2-tiny) as the Krea 2 family", backend), r->family == &bench_krea2_family,
+            "family %s", r->family ? r->family->name : "none");
+    const bench_krea2_part *p = &r->krea2;
+    T_CHECK(NAME("%s krea2: whole forward with and without mask timed, finite", backend), p->fwd_mask.n == 3 &&
+            p->fwd_nomask.n == 3 && p->fwd_mask.med > 0 && p->out_finite && p->mask_effect > 0 && p->n_valid < r->n_txt &&
+            p->blocks_dev.n == 3, "n %d/%d finite %d mask effect %g", p->fwd_mask.n, p->fwd_nomask.n, p->out_finite,
+            p->mask_effect);
+    double rtol = (is_cpu ? REPLICA_TOL_CPU : REPLICA_TOL_GPU) * (p->replica_absmax > 1 ? p->replica_absmax : 1);
+    T_CHECK(NAME("%s krea2: the bench's blocks = krea2_forward's blocks", backend), p->replica_checked &&
+            p->replica_maxdiff <= rtol && p->replica_absmax > 0, "max |diff| %g (max %g)", p->replica_maxdiff, p->replica_absmax);
+    int ok = r->n_ops == KREA2_OP_COUNT;
+    double sum = 0, lsum = 0;
+    for (int k = 0; ok && k < r->n_ops; k++) {
+        if (!r->ops[k].name || r->ops[k].prefix.n != 3 || !(r->ops[k].prefix.med > 0) || r->ops[k].direct.n != 3 || r->ops[k].ledger_ms < 0)
+            ok = 0;
+        sum += r->ops[k].ms;
+        lsum += r->ops[k].ledger_ms;
+    }
+    T_CHECK(NAME("%s krea2: ledger has the 13 ops of a block, adding up", backend), ok &&
+            fabs(sum - r->block_ledger_ms) <= 1e-9 * (1 + sum) && fabs(lsum - r->block_ledger_ms) <= 1e-6 * (1 + lsum),
+            "n_ops %d, sum %g / %g vs %g", r->n_ops, sum, lsum, r->block_ledger_ms);
+    T_CHECK(NAME("%s krea2: GEMM and attention work counted", backend), r->ops[KREA2_OP_QKVG].gflop > 0 &&
+            r->ops[KREA2_OP_ATTN].gflop > 0 && r->ops[KREA2_OP_MLPIN].gflop > 0 && r->ops[KREA2_OP_DOWN].gflop > 0, "gflop missing");
+    double all = 0;
+    for (int i = 0; i < r->n_shares; i++) if (!r->shares[i].level) all += r->shares[i].share;
+    T_CHECK(NAME("%s krea2: shares sum to 100%%", backend), r->n_shares >= 6 && fabs(all - 100.0) <= SHARE_SUM_TOL,
+            "sum %.9g%% (%d rows)", all, r->n_shares);
+    T_CHECK(NAME("%s krea2: block-count scaling", backend), p->n_scale >= 2 && p->scale_n[p->n_scale - 1] == p->c.num_layers,
+            "n_scale %d", p->n_scale);
+    ok = r->n_gemm == 5 && r->attn_iso.n == 3 && r->attn_calls == p->c.num_layers && r->copy_gbs > 0;
+    for (int i = 0; ok && i < r->n_gemm; i++) ok = r->gemm[i].iso.n == 3 && r->gemm[i].ceil.n == 3 && r->gemm[i].inmodel_ms > 0;
+    /* the q/k/v/gate op's time split over its two shapes (2 GEMMs each per block) adds back up to the op */
+    double qkvg = 2 * (r->gemm[0].inmodel_ms + r->gemm[1].inmodel_ms);
+    T_CHECK(NAME("%s krea2: utilization of every GEMM shape, attention, copy", backend), ok &&
+            fabs(qkvg - r->ops[KREA2_OP_QKVG].ledger_ms) <= 1e-9 * (1 + qkvg), "n_gemm %d, q/k/v/gate %g vs %g", r->n_gemm,
+            qkvg, r->ops[KREA2_OP_QKVG].ledger_ms);
+    int gqa = 0, mask = 0, bad = 0;
+    for (int i = 0; i < r->n_arms; i++) {
+        const bench_arm *a = &r->arms[i];
+        if (a->skipped) { bad++; continue; }
+        if (!strcmp(a->arm, "gqa")) gqa++;
+        if (!strcmp(a->arm, "mask")) mask++;
+        if (a->sa.n != 3 || a->sb.n != 3 || !(a->ratio > 0) || (!isinf(a->tol) && !(a->maxdiff <= a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1))))
+            bad++;
+    }
+    T_CHECK(NAME("%s krea2: arms gqa (native/repeated/pre-repeated) and mask (bias/compacted/none) agree", backend),
+            gqa == 2 && mask == 2 && !bad, "gqa %d mask %d bad %d", gqa, mask, bad);
+    rc = bench_report_json(r, jp);
+    FILE *f = rc ? NULL : fopen(jp, "r");
+    int lines = 0, badl = 0, ops = 0, fwd = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while (f && (len = getline(&line, &cap, f)) > 0) {
+        lines++;
+        json *j = json_parse(line, (size_t)len, jp);
+        const char *t = j ? json_get_str(j, "type") : NULL;
+        if (!t) badl++;
+        else if (!strcmp(t, "ledger_op")) ops++;
+        else if (!strcmp(t, "forward")) fwd++;
+        json_free(j);
+    }
+    free(line);
+    if (f) fclose(f);
+    T_CHECK(NAME("%s krea2: JSON lines parse", backend), f && !badl && ops == KREA2_OP_COUNT && fwd == 3 && lines > 20,
+            "lines %d bad %d ops %d forward %d", lines, badl, ops, fwd);
+    unlink(jp);
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *mf = open_memstream(&buf, &blen);
+    bench_report_markdown(r, mf);
+    fclose(mf);
+    const char *sec[] = {"## Whole forward", "## Ledger: one transformer block", "## Ledger: block-count scaling",
+                         "## Ledger: shares", "## Utilization", "## A/B arms", "**total**", "(Krea 2)"};
+    int missing = -1;
+    for (size_t i = 0; i < sizeof sec / sizeof sec[0]; i++) if (!strstr(buf, sec[i])) { missing = (int)i; break; }
+    T_CHECK(NAME("%s krea2: markdown has every section", backend), missing < 0, "missing '%s'", missing >= 0 ? sec[missing] : "");
+    free(buf);
+    /* the cached checkpoint */
+    const char *src = strchr(r->source, '(');
+    char dir[600] = "";
+    if (src) snprintf(dir, sizeof dir, "%.*s", (int)strlen(src + 1) - 1, src + 1);
+    if (dir[0]) bench_remove_checkpoint(dir);
+    rmdir(cache);
+    free(r);
+#undef NAME
+}
+
+/* --model picks the family from config.json: the Krea 2 fixture pipeline (ledger only, one repetition) runs as Krea 2
+ * and its block functions reproduce krea2_forward's blocks. */
+static void test_krea2_model_dir(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/krea2", t_fixtures());
+    bench_opts o;
+    bench_opts_default(&o);
+    o.model_dir = dir;
+    o.backend = "cpu";
+    o.image_size = 32;
+    o.text_tokens = 6;
+    o.reps = 1;
+    o.warmup = 0;
+    o.l2_mb = 0.5;
+    o.sections = BENCH_LEDGER;
+    bench_report *r = calloc(1, sizeof *r);
+    int lvl = dt_log_level;
+    dt_log_level = 0;
+    int rc = bench_run(&o, r);
+    dt_log_level = lvl;
+    if (rc) T_FAIL("bench --model (Krea 2 fixture)", "%s", dt_last_error());
+    else
+        T_CHECK("bench --model (Krea 2 fixture): the Krea 2 family, blocks = krea2_forward's, ledger of 13 ops",
+                r->family == &bench_krea2_family && !strcmp(r->preset, "checkpoint") && r->krea2.replica_checked &&
+                r->krea2.replica_maxdiff <= REPLICA_TOL_CPU * (r->krea2.replica_absmax > 1 ? r->krea2.replica_absmax : 1) &&
+                r->n_ops == KREA2_OP_COUNT && r->ops[0].prefix.n == 1,
+                "family %s, preset %s, checked %d, max |diff| %g, ops %d", r->family ? r->family->name : "none", r->preset,
+                r->krea2.replica_checked, r->krea2.replica_maxdiff, r->n_ops);
+    free(r);
+}
+
 int main(void) {
     test_interleaved_order();
     test_attn_fp8_replica();
     test_fp8_ceilings();
+    test_krea2_model_dir();
     const char *e = getenv("DITRUN_BENCH");
     if (!e || strcmp(e, "1")) {
         T_SKIP("bench suites", "set DITRUN_BENCH=1 to run them (tiny geometry, about a minute on CPU)");
         return T_DONE();
     }
     run_suite("cpu", 1);
-    if (dt_backend_cuda_available()) run_suite("cuda", 0);
-    else if (t_require_gpu_env()) T_FAIL("cuda: bench suites", "DITRUN_REQUIRE_GPU=1 but no usable GPU");
-    else T_SKIP("cuda: bench suites", "no usable CUDA GPU");
+    run_krea2_suite("cpu", 1);
+    if (dt_backend_cuda_available()) {
+        run_suite("cuda", 0);
+        run_krea2_suite("cuda", 0);
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda: bench suites", "DITRUN_REQUIRE_GPU=1 but no usable GPU");
+    } else {
+        T_SKIP("cuda: bench suites", "no usable CUDA GPU");
+    }
     run_cli();
     return T_DONE();
 }

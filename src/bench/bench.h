@@ -1,18 +1,20 @@
-/* bench.h — `ditrun bench`: one DiT denoise step measured from the inside, on any backend.
+/* bench.h — `ditrun bench`: one DiT denoise step measured from the inside, on any backend, for both model
+ * families (FLUX.2-klein and Krea 2).
  *
- * A bench run loads a FLUX.2 checkpoint (a real one, or a synthetic one written at a preset or custom
- * geometry and cached in $TMPDIR) and produces a bench_report:
- *   - whole forward: flux2_forward (in-model, wall clock incl. host I/O) and the bench's device-only
- *     replica of the same op sequence (bench_model.c), with the max |difference| of their outputs;
- *   - ledger: cumulative-prefix timing of the ops inside one single-stream block, block-count scaling
- *     of the forward, and the shares of the step (GEMMs, attention, elementwise, double blocks' extra,
- *     embedders/final layer, unexplained remainder) that add up to 100 %;
+ * A bench run loads a checkpoint (a real one, or a synthetic one written at a preset or custom geometry and
+ * cached in $TMPDIR) and produces a bench_report:
+ *   - whole forward: the model's own forward (flux2_forward / krea2_forward, wall clock incl. host I/O) and
+ *     the model's block functions run device-only on the bench's copy of the weights (FLUX.2: the whole
+ *     forward, its output compared with flux2_forward's; Krea 2: the transformer blocks, checked against the
+ *     model's traced block outputs, with and without the text mask);
+ *   - ledger: cumulative-prefix timing of the ops inside one block (FLUX.2's single-stream block, Krea 2's
+ *     transformer block), block-count scaling, and the shares of the step that add up to 100 %;
  *   - utilization: TFLOPS of every GEMM shape (in-model and isolated) and attention next to ceilings
  *     measured in the same run (dense bf16 GEMM at each shape in bursts and, on a GPU, under sustained load;
- *     device copy bandwidth) and a nominal peak; the floor those ceilings give (issue 7's definition);
+ *     device copy bandwidth) and a nominal peak; the floor those ceilings give;
  *   - the GPU's clock and power right after each timed forward (power_sample);
- *   - A/B arms, interleaved in one process: quantized paths, RoPE bf16/fp32, zero mask/none,
- *     native GQA/repeated KV, CUDA graph/eager, threads 1/all.
+ *   - A/B arms, interleaved in one process (FLUX.2: quantized paths, RoPE bf16/fp32, masks, cuDNN, fp8,
+ *     GQA, CUDA graph, prefetch, threads; Krea 2: GQA and key-padding variants of its attention).
  * Every timed region ends with a device synchronization (backend events, or sync + wall clock).
  */
 #ifndef DT_BENCH_H
@@ -23,14 +25,16 @@
 
 #include "backends/backend.h"
 #include "models/flux2.h"
+#include "models/krea2.h"
 
 enum { BENCH_FMT_F32 = 1, BENCH_FMT_BF16, BENCH_FMT_Q4, BENCH_FMT_Q8 };
 enum { BENCH_LEDGER = 1, BENCH_UTIL = 2, BENCH_ARMS = 4, BENCH_ALL = 7 };
 
 typedef struct {
-    const char *preset;        /* "klein-4b", "klein-9b", "tiny", "krea2" (NULL with model_dir) */
+    const char *preset;        /* "klein-4b", "klein-9b", "tiny", "krea2", "krea2-tiny" (NULL with model_dir) */
     const char *model_dir;     /* real checkpoint instead of synthetic weights */
-    /* geometry overrides (-1 = preset value) */
+    /* geometry overrides (-1 = preset value; Krea 2: heads or hidden (D = heads x 128), kv_heads, n_single =
+     * transformer blocks, mlp_ratio) */
     int hidden, heads, kv_heads, n_double, n_single;
     double mlp_ratio;          /* <= 0: preset */
     int format, group;         /* BENCH_FMT_*, quantization group (synthetic weights) */
@@ -55,7 +59,7 @@ typedef dt_power_summary bench_power;
 
 enum { BENCH_CAT_GEMM = 0, BENCH_CAT_ATTN, BENCH_CAT_ELEM };
 
-#define BENCH_N_OPS 8
+#define BENCH_MAX_OPS 16
 typedef struct {
     const char *name;          /* "adaLN norm", "proj GEMM", ... */
     int cat;                   /* BENCH_CAT_* */
@@ -68,11 +72,9 @@ typedef struct {
     double gbytes;             /* least bytes an elementwise op moves per block (read + write), 0 if n/a */
 } bench_op;
 
-typedef struct { int nd, ns; bench_stat t; } bench_scale;
-
 typedef struct {
     char name[80];
-    double ms, share;          /* share of the device-only forward, % */
+    double ms, share;          /* share of the step's total, % */
     int level;                 /* 0 = category, 1 = detail line (not summed) */
 } bench_share;
 
@@ -98,46 +100,83 @@ typedef struct {
     bench_stat sa, sb;         /* ms per sample */
     double ratio;              /* median B / median A */
     double maxdiff, ref_absmax;/* max |A - B| of the outputs, max |A| */
-    double tol;                /* agreement tolerance relative to ref_absmax */
+    double tol;                /* agreement tolerance relative to ref_absmax (INFINITY: differ by design) */
     int skipped;
     char note[200];
 } bench_arm;
 
+/* What a FLUX.2 run measures beyond the common part (bench_flux2.c). */
+typedef struct { int nd, ns; bench_stat t; } bench_scale;
+typedef struct {
+    flux2_config c;
+    int kv_heads;                      /* kv heads of the GQA arm */
+    bench_stat fwd_model, fwd_dev;     /* flux2_forward wall (ms), the block functions device-only (ms) */
+    double fwd_model_warm_ms, fwd_dev_warm_ms;
+    double fwd_maxdiff, fwd_absmax;    /* max |device-only out - flux2_forward out|, max |out| */
+    double gflop_gemm, gflop_attn;     /* per forward */
+    bench_scale scale[8];              /* device-only forwards with (double, single) blocks */
+    int n_scale;
+    double embed_ms, double_ms, single_slope_ms;
+} bench_flux2_part;
+
+/* What a Krea 2 run measures beyond the common part (bench_krea2.c). */
+#define BENCH_K2_MAX_SCALE 6
+typedef struct {
+    krea2_config c;
+    int n_valid;                           /* text tokens the mask keeps */
+    double weight_gb;
+    bench_stat fwd_mask, fwd_nomask;       /* krea2_forward wall clock (ms), with / without the text mask */
+    bench_stat blocks_dev;                 /* every transformer block, device-only (ms) */
+    double fwd_mask_warm_ms, fwd_nomask_warm_ms;
+    int out_finite;                        /* both outputs finite */
+    double out_absmax, mask_effect;        /* max |out|, max |out(mask) - out(no mask)| */
+    int replica_checked;                   /* blocks 1..L-1 fed the model's block.0 output */
+    double replica_maxdiff, replica_absmax;
+    double gflop_block_gemm, gflop_block_attn;   /* one transformer block */
+    double gflop_text, gflop_other;              /* text fusion; txt_in + img_in + timestep + final layer */
+    int scale_n[BENCH_K2_MAX_SCALE];             /* block-count scaling: blocks, time */
+    bench_stat scale_t[BENCH_K2_MAX_SCALE];
+    int n_scale;
+    double block_slope_ms;
+} bench_krea2_part;
+
+typedef struct bench_family bench_family;
+
 #define BENCH_MAX_NOTES 24
 typedef struct {
+    const bench_family *family;        /* the model family measured (its own sections of the report) */
     /* setup */
-    char backend[16], source[320], fmt[64], preset[32];
-    char precision[64];   /* "Linears bf16, attention bf16" (--precision / --attn-precision) */
-    flux2_config c;
-    int n_img, n_txt, image_size, reps, warmup, kv_heads;
+    char backend[16], source[320], fmt[96], preset[32];
+    char precision[64];   /* "Linears bf16, attention bf16" (--precision / --attn-precision; FLUX.2) */
+    int n_img, n_txt, image_size, reps, warmup;
     double synth_s, load_s, l2_mb;
-    /* whole forward */
-    bench_stat fwd_model, fwd_dev;     /* flux2_forward wall (ms), replica device-only (ms) */
-    double fwd_model_warm_ms, fwd_dev_warm_ms;
-    double fwd_maxdiff, fwd_absmax;
     bench_power power;                 /* the GPU's state right after each timed forward pair */
-    double gflop_gemm, gflop_attn;     /* per forward */
-    /* ledger */
-    bench_op ops[BENCH_N_OPS];
+    /* ledger: one block's ops */
+    bench_op ops[BENCH_MAX_OPS];
     int n_ops, prefix_blocks;
-    bench_scale scale[8];
-    int n_scale;
-    double embed_ms, double_ms, single_slope_ms, single_ledger_ms;
+    double block_ledger_ms;            /* the block's prefix total (= sum of the op increments) */
     bench_share shares[20];
     int n_shares;
     double remainder_ms, remainder_share, total_ms;
     char shares_basis[120];
+    char shares_of[64];                /* what total_ms is ("device-only forward") */
+    char shares_how[320];              /* how the blocks are counted (the shares' explanation) */
     /* utilization */
     bench_gemm gemm[16];
     int n_gemm;
     bench_stat attn_iso, attn_sus;     /* attention alone: bursts (synchronized per call) / sustained */
-    int attn_layers;                   /* attention calls per forward (the floor's count) */
+    int attn_calls;                    /* attention calls per forward (the floor's count) */
     int attn_fp8;                      /* attn_iso/attn_sus timed the fp8 attention (--attn-precision fp8) */
     double attn_gflop, attn_inmodel_ms;
+    char attn_what[96];                /* the attention row's name ("attention", "attention, GQA 48/12 + mask") */
     bench_stat copy;
     double copy_bytes, copy_gbs;
     double peak_tflops;
     char peak_src[64];
+    double fwd_gflop, fwd_ms;          /* work of one forward; the timed forward the utilization row shows */
+    char fwd_what[64];                 /* that forward's name */
+    double floor_ms;                   /* what the floor is compared with (<= 0: no floor line) */
+    char floor_what[64];
     /* arms */
     bench_arm arms[48];
     int n_arms;
@@ -145,10 +184,17 @@ typedef struct {
     int n_notes;
     double total_s;
     double mem_peak_gb;        /* backend memory peak (allocations through the backend) */
+    union {                    /* the family's own numbers */
+        bench_flux2_part flux2;
+        bench_krea2_part krea2;
+    };
 } bench_report;
 
 void bench_opts_default(bench_opts *o);
-/* Run the bench (progress on stderr). 0 ok, -1 error (dt_last_error). */
+/* The family of a preset name: 1 for Krea 2 ("krea2", "krea2-tiny"), 0 for FLUX.2. */
+int bench_is_krea2_preset(const char *preset);
+/* Run the bench (progress on stderr): FLUX.2 or Krea 2, from the preset or the checkpoint's config.json.
+ * 0 ok, -1 error (dt_last_error). */
 int bench_run(const bench_opts *o, bench_report *r);
 /* Markdown tables. */
 void bench_report_markdown(const bench_report *r, FILE *f);

@@ -1,19 +1,17 @@
 /* bench_arms.c — paired A/B arms, interleaved in one process (A B, B A, A B ...: ambient load hits both and
- * each variant runs in each position equally often),
- * each reported with median and spread, the ratio B/A and the max |A - B| of the outputs:
- *   qpath    fused qmm vs transient dequantize+GEMM vs cached dense weights, single-block GEMM shapes
- *            at several token counts (three backends on the same host weights);
+ * each variant runs in each position equally often), each reported with median and spread, the ratio B/A and the
+ * max |A - B| of the outputs: the runner (run_arm), the dispatch over the family's arms (--arms), and FLUX.2's
+ * arms:
+ *   qpath, fp8  isolated GEMMs (bench_arms_gemm.c);
  *   rope     head_norm_rope rotating in fp32 vs bf16 products (two backends);
  *   mask     attention with an all-zero additive key mask vs none;
  *   cudnn    attention through cuDNN's fused SDPA vs our own wgmma kernel (CUDA, when cuDNN loads);
  *   attn-fp8 the backend's fp8 attention (per-tensor e4m3 Q/K/V/P, quantization passes included) vs bf16;
- *   gqa      native grouped-query attention vs K/V repeated to every query head (copies + attention);
+ *   gqa      native grouped-query attention vs K/V repeated to every query head (bench_arms_attn.c);
  *   graph    the device-only forward replayed from a CUDA graph vs issued eagerly (build time apart);
  *   prefetch the device-only forward with the model's linear_prefetch hints vs without (CUDA: the transient
  *            4-bit dequantization ahead on a low-priority stream vs right before each GEMM);
  *   threads  one single block with 1 CPU thread vs all (CPU backend);
- *   fp8      GEMM with e4m3 weights/activations (--precision fp8's Linear) vs the dense bf16 GEMM at the model's
- *            main shapes, TFLOPS of each and the activation-quantization pass alone (CUDA);
  *   f8fuse   with --precision fp8: the device-only forward with the fp8 Linears' inputs written by the norm / SwiGLU
  *            and the gate folded into the GEMM vs separate quantizing passes and linear + gated_add.
  * Isolated arms rotate through distinct buffers so that one timed pass exceeds twice the cache.
@@ -26,19 +24,7 @@
 #include "bench_internal.h"
 #include "pipeline/latents.h"
 
-typedef struct {
-    const char *arm;
-    char what[96];
-    const char *names[4];
-    int nv;
-    double (*time)(void *ctx, int v);            /* one timed sample of variant v (ms) */
-    void (*output)(void *ctx, int v, float *out); /* the comparable output of variant v */
-    size_t out_n;
-    double tol;
-    char note[200];
-} arm_spec;
-
-static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
+void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
     bench_report *r = x->r;
     int reps = x->reps;
     bench_progress("arms: %s %s (%d variants, %d reps interleaved) ...", a->arm, a->what, a->nv, reps);
@@ -56,139 +42,27 @@ static void run_arm(bench_ctx *x, arm_spec *a, void *ctx) {
         row->maxdiff = bench_max_abs_diff(o1, o0, a->out_n);
         row->ref_absmax = absmax;
         row->tol = a->tol;
+        if (a->differ >> v & 1) {   /* timing only: the outputs are not comparable */
+            row->tol = INFINITY;
+            size_t l = strlen(row->note);
+            snprintf(row->note + l, sizeof row->note - l, "%soutputs differ by design", l ? "; " : "");
+        }
     }
     free(o0);
     free(o1);
     free(s);
 }
 
-static void skip_arm(bench_report *r, const char *arm, const char *a, const char *b, const char *why) {
+void skip_arm(bench_report *r, const char *arm, const char *a, const char *b, const char *why) {
     if (r->n_arms >= (int)(sizeof r->arms / sizeof r->arms[0])) return;
     bench_arm *row = bench_arm_row(&r->arms[r->n_arms++], arm, "", a, b, why);
     row->skipped = 1;
 }
 
-static dt_backend *make_backend(bench_ctx *x, dt_backend_opts o) {
+dt_backend *bench_backend_variant(bench_ctx *x, dt_backend_opts o) {
     dt_backend *be = dt_backend_create(x->r->backend, &o);
-    if (!be) {
-        fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
-        exit(1);
-    }
+    if (!be) bench_die();
     return be;
-}
-
-/* ------------------------------------------------------------------ qpath */
-
-typedef struct {
-    dt_backend *be[4];
-    bench_timer tm[4];
-    dt_linear *w[4][2][64];   /* [variant][shape][block] */
-    int nw[2];
-    dt_mat xm[4], ym[4];
-    int shape;
-    int64_t rows_out;         /* rows compared */
-} qpath_ctx;
-
-static double qpath_time(void *c, int v) {
-    qpath_ctx *q = c;
-    dt_backend *be = q->be[v];
-    bench_timer_start(&q->tm[v]);
-    for (int i = 0; i < q->nw[q->shape]; i++) be->linear(be, q->ym[v], q->xm[v], q->w[v][q->shape][i]);
-    return bench_timer_stop(&q->tm[v]) / q->nw[q->shape];
-}
-
-static void qpath_output(void *c, int v, float *out) {
-    qpath_ctx *q = c;
-    dt_backend *be = q->be[v];
-    be->linear(be, q->ym[v], q->xm[v], q->w[v][q->shape][0]);
-    be->download(be, out, dt_mat_rows(q->ym[v], 0, q->rows_out));
-}
-
-static void arm_qpath(bench_ctx *x) {
-    bench_report *r = x->r;
-    bm_model *bm = x->bm;
-    const flux2_config *c = &r->c;
-    int ns = c->num_single_layers;
-    dt_linear_src src[2];
-    if (ns == 0 || dt_weights_linear(bm->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj", -1, -1, -1, &src[0]) ||
-        dt_weights_linear(bm->w, "single_transformer_blocks.0.attn.to_out", -1, -1, -1, &src[1])) {
-        skip_arm(r, "qpath", "fused", "transient/cached/mixed", "no single blocks to take the GEMM shapes from");
-        return;
-    }
-    if (!src[0].bits) {
-        skip_arm(r, "qpath", "fused", "transient/cached/mixed", "dense weights: the quantized-path arm needs --format q4 or q8");
-        return;
-    }
-    qpath_ctx q;
-    memset(&q, 0, sizeof q);
-    dt_qpath paths[4] = {DT_QPATH_FUSED, DT_QPATH_TRANSIENT, DT_QPATH_CACHED, DT_QPATH_MIXED};
-    int nv = x->is_cpu ? 3 : 4;   /* mixed exists on CUDA only */
-    for (int s = 0; s < 2; s++) {
-        double each = (double)bench_src_bytes(&src[s]);
-        int k = (int)ceil(x->rot_bytes / each);
-        q.nw[s] = k < 1 ? 1 : k > ns ? ns : k > 64 ? 64 : k;
-    }
-    for (int v = 0; v < nv; v++) {
-        dt_backend_opts o = x->be->opts;
-        o.qpath = paths[v];
-        q.be[v] = make_backend(x, o);
-        bench_timer_init(&q.tm[v], q.be[v]);
-        for (int s = 0; s < 2; s++)
-            for (int i = 0; i < q.nw[s]; i++) {
-                char nm[128];
-                snprintf(nm, sizeof nm, s == 0 ? "single_transformer_blocks.%d.attn.to_qkv_mlp_proj" : "single_transformer_blocks.%d.attn.to_out", i);
-                dt_linear_src ls;
-                if (dt_weights_linear(bm->w, nm, -1, -1, -1, &ls) || !(q.w[v][s][i] = q.be[v]->linear_create(q.be[v], &ls))) {
-                    fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
-                    exit(1);
-                }
-            }
-    }
-    const char *note = x->is_cpu ? "the CPU backend dequantizes per tile whatever the qpath: the arms time the same code"
-                                 : "isolated; weights of distinct single blocks rotated";
-    for (int ti = 0; ti < x->n_arm_tokens; ti++) {
-        int64_t M = x->arm_tokens[ti];
-        for (int s = 0; s < 2; s++) {
-            int64_t K = src[s].in, N = src[s].out;
-            float *hx = dt_malloc(sizeof(float) * (size_t)M * K);
-            dt_randn(x->o->seed, 40 + s, 0, hx, (size_t)M * K);
-            for (int v = 0; v < nv; v++) {
-                q.xm[v] = dt_alloc_or_die(q.be[v], M, K, q.be[v]->act_dtype);
-                q.ym[v] = dt_alloc_or_die(q.be[v], M, N, q.be[v]->act_dtype);
-                q.be[v]->upload(q.be[v], q.xm[v], hx);
-            }
-            free(hx);
-            q.shape = s;
-            q.rows_out = M < 256 ? M : 256;
-            arm_spec a = {0};
-            a.arm = "qpath";
-            snprintf(a.what, sizeof a.what, "%s M=%lld K=%lld N=%lld (%d bufs)", s == 0 ? "proj" : "out", (long long)M,
-                     (long long)K, (long long)N, q.nw[s]);
-            a.names[0] = "fused";
-            a.names[1] = "transient";
-            a.names[2] = "cached";
-            a.names[3] = "mixed";
-            a.nv = nv;
-            a.time = qpath_time;
-            a.output = qpath_output;
-            a.out_n = (size_t)q.rows_out * N;
-            a.tol = x->is_cpu ? 1e-5 : 2e-2;   /* bf16 outputs, different accumulation orders on CUDA */
-            snprintf(a.note, sizeof a.note, "%s", note);
-            run_arm(x, &a, &q);
-            for (int v = 0; v < nv; v++) {
-                bench_sync_or_die(q.be[v]);
-                q.be[v]->free(q.be[v], &q.xm[v]);
-                q.be[v]->free(q.be[v], &q.ym[v]);
-            }
-        }
-    }
-    for (int v = 0; v < nv; v++) {
-        bench_sync_or_die(q.be[v]);
-        for (int s = 0; s < 2; s++)
-            for (int i = 0; i < q.nw[s]; i++) q.be[v]->linear_destroy(q.be[v], q.w[v][s][i]);
-        bench_timer_free(&q.tm[v]);
-        q.be[v]->destroy(q.be[v]);
-    }
 }
 
 /* ------------------------------------------------------------------ rope */
@@ -225,7 +99,7 @@ static void rope_output(void *p, int v, float *out) {
 
 static void arm_rope(bench_ctx *x) {
     bench_report *r = x->r;
-    const flux2_config *c = &r->c;
+    const flux2_config *c = &r->flux2.c;
     if (c->num_single_layers == 0) { skip_arm(r, "rope", "fp32", "bf16", "no single blocks"); return; }
     rope_ctx rc;
     memset(&rc, 0, sizeof rc);
@@ -239,9 +113,9 @@ static void arm_rope(bench_ctx *x) {
     for (int v = 0; v < 2; v++) {
         dt_backend_opts o = x->be->opts;
         o.rope_fp32 = v == 0;
-        dt_backend *be = make_backend(x, o);
+        dt_backend *be = bench_backend_variant(x, o);
         rc.bm[v] = bm_load(be, x->dir, 0, 1, 0, 0);
-        if (!rc.bm[v]) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
+        if (!rc.bm[v]) bench_die();
         bm_alloc(rc.bm[v], x->n, x->t, x->img_ids, x->txt_ids);
         bench_timer_init(&rc.tm[v], be);
         rc.src[v] = dt_alloc_or_die(be, L, D, be->act_dtype);
@@ -277,7 +151,7 @@ static void arm_rope(bench_ctx *x) {
 typedef struct {
     dt_backend *be;
     bench_timer tm;
-    dt_mat q, k, v, o, bias, kn, vn, kr, vr;
+    dt_mat q, k, v, o, bias;
     int hq, hkv, hd;
     float scale;
 } attn_ctx;
@@ -342,59 +216,20 @@ static void f8a_output(void *p, int v, float *out) {
     c->be->download(c->be, out, c->o);
 }
 
-/* K/V [L, hkv*hd] -> [L, hq*hd], query head h reading kv head h / g: viewing the repeated matrix as
- * [L*hkv, g*hd] rows, group member r of every kv head is one strided column block: g copies. */
-static void gqa_repeat(attn_ctx *c, dt_mat rep, dt_mat src) {
-    int g = c->hq / c->hkv;
-    int64_t L = src.rows;
-    dt_mat rv = dt_mat_reshape(rep, L * c->hkv, (int64_t)g * c->hd);
-    dt_mat sv = dt_mat_reshape(src, L * c->hkv, c->hd);
-    for (int r = 0; r < g; r++) c->be->copy(c->be, dt_mat_cols(rv, (int64_t)r * c->hd, c->hd), sv);
-}
-
-static void gqa_run(attn_ctx *c, int v) {
-    if (v == 0) {
-        c->be->attention(c->be, c->o, c->q, c->kn, c->vn, c->hq, c->hkv, c->hd, c->scale, dt_mat_null(), 0);
-    } else {
-        gqa_repeat(c, c->kr, c->kn);
-        gqa_repeat(c, c->vr, c->vn);
-        c->be->attention(c->be, c->o, c->q, c->kr, c->vr, c->hq, c->hq, c->hd, c->scale, dt_mat_null(), 0);
-    }
-}
-
-static double gqa_time(void *p, int v) {
-    attn_ctx *c = p;
-    bench_timer_start(&c->tm);
-    gqa_run(c, v);
-    return bench_timer_stop(&c->tm);
-}
-
-static void gqa_output(void *p, int v, float *out) {
-    attn_ctx *c = p;
-    gqa_run(c, v);
-    c->be->download(c->be, out, c->o);
-}
-
 static void arms_attention(bench_ctx *x) {
     bench_report *r = x->r;
-    const flux2_config *c = &r->c;
+    const flux2_config *c = &r->flux2.c;
     dt_backend *be = x->be;
     attn_ctx ac;
     memset(&ac, 0, sizeof ac);
     ac.be = be;
     ac.hq = c->heads;
-    ac.hkv = r->kv_heads;
+    ac.hkv = ac.hq;
     ac.hd = c->head_dim;
     ac.scale = 1.0f / sqrtf((float)c->head_dim);
-    int64_t L = (int64_t)x->n + x->t, D = c->hidden, Dkv = (int64_t)ac.hkv * ac.hd;
+    int64_t L = (int64_t)x->n + x->t, D = c->hidden;
     bench_timer_init(&ac.tm, be);
-    ac.q = dt_alloc_or_die(be, L, D, be->act_dtype);
-    ac.k = dt_alloc_or_die(be, L, D, be->act_dtype);
-    ac.v = dt_alloc_or_die(be, L, D, be->act_dtype);
-    ac.o = dt_alloc_or_die(be, L, D, be->act_dtype);
-    bench_fill_randn(be, ac.q, 61, 1.0f);
-    bench_fill_randn(be, ac.k, 62, 1.0f);
-    bench_fill_randn(be, ac.v, 63, 1.0f);
+    bench_attn_inputs(be, L, ac.hq, ac.hkv, ac.hd, 61, &ac.q, &ac.k, &ac.v, &ac.o);
     ac.bias = dt_alloc_or_die(be, 1, L, DT_F32);
     float *z = dt_calloc((size_t)L, sizeof(float));   /* the arm is an all-zero additive mask */
     be->upload(be, ac.bias, z);
@@ -467,32 +302,10 @@ static void arms_attention(bench_ctx *x) {
         run_arm(x, &f, &ac);
     }
 
-    if (ac.hkv == ac.hq) {
+    if (r->flux2.kv_heads == ac.hq)
         skip_arm(r, "gqa", "native", "repeated KV", "kv heads = heads (pass --kv-heads)");
-    } else {
-        ac.kn = dt_alloc_or_die(be, L, Dkv, be->act_dtype);
-        ac.vn = dt_alloc_or_die(be, L, Dkv, be->act_dtype);
-        bench_fill_randn(be, ac.kn, 64, 1.0f);
-        bench_fill_randn(be, ac.vn, 65, 1.0f);
-        ac.kr = ac.k;   /* reuse [L, D] buffers for the repeated heads */
-        ac.vr = ac.v;
-        arm_spec g = {0};
-        g.arm = "gqa";
-        snprintf(g.what, sizeof g.what, "attention L=%lld, %d q heads, %d kv heads x %d", (long long)L, ac.hq, ac.hkv, ac.hd);
-        g.names[0] = "native GQA";
-        g.names[1] = "repeated KV";
-        g.nv = 2;
-        g.time = gqa_time;
-        g.output = gqa_output;
-        g.out_n = (size_t)L * D;
-        g.tol = tol_exact;
-        snprintf(g.note, sizeof g.note, "isolated; repeated = %d strided copies of K and V + attention with %d kv heads",
-                 ac.hq / ac.hkv, ac.hq);
-        run_arm(x, &g, &ac);
-        bench_sync_or_die(be);
-        be->free(be, &ac.kn);
-        be->free(be, &ac.vn);
-    }
+    else
+        bench_arm_gqa(x, L, ac.hq, r->flux2.kv_heads, ac.hd, dt_mat_null(), 2, "");
     bench_sync_or_die(be);
     be->free(be, &ac.q); be->free(be, &ac.k); be->free(be, &ac.v); be->free(be, &ac.o); be->free(be, &ac.bias);
     bench_timer_free(&ac.tm);
@@ -533,7 +346,7 @@ static arm_spec fwd_arm_spec(bench_ctx *x, const char *arm, int nv, const char *
     a.nv = nv;
     a.time = fwd_arm_time;
     a.output = fwd_arm_output;
-    a.out_n = (size_t)x->n * x->r->c.out_channels;
+    a.out_n = (size_t)x->n * x->r->flux2.c.out_channels;
     a.tol = tol;
     return a;
 }
@@ -678,7 +491,7 @@ static double threads_time(void *p, int v) {
     dt_backend *be = c->bm[v]->be;
     be->copy(be, c->bm[v]->x.s, c->s0[v]);
     bench_timer_start(&c->tm[v]);
-    bm_single_stages(c->bm[v], 0, BM_ST_FULL);
+    bm_single_block(c->bm[v], 0);
     return bench_timer_stop(&c->tm[v]);
 }
 
@@ -686,28 +499,28 @@ static void threads_output(void *p, int v, float *out) {
     threads_ctx *c = p;
     dt_backend *be = c->bm[v]->be;
     be->copy(be, c->bm[v]->x.s, c->s0[v]);
-    bm_single_stages(c->bm[v], 0, BM_ST_FULL);
+    bm_single_block(c->bm[v], 0);
     be->download(be, out, c->bm[v]->x.s);
 }
 
 static void arm_threads(bench_ctx *x) {
     bench_report *r = x->r;
     if (!x->is_cpu) { skip_arm(r, "threads", "1 thread", "all", "CPU backend only"); return; }
-    if (r->c.num_single_layers == 0) { skip_arm(r, "threads", "1 thread", "all", "no single blocks"); return; }
+    if (r->flux2.c.num_single_layers == 0) { skip_arm(r, "threads", "1 thread", "all", "no single blocks"); return; }
     threads_ctx tc;
     memset(&tc, 0, sizeof tc);
     int nall = 0;
     for (int v = 0; v < 2; v++) {
         dt_backend_opts o = x->be->opts;
         o.threads = v == 0 ? 1 : 0;
-        dt_backend *be = make_backend(x, o);
+        dt_backend *be = bench_backend_variant(x, o);
         if (v == 1) nall = be->opts.threads;
         tc.bm[v] = bm_load(be, x->dir, 0, 1, 0, 0);
-        if (!tc.bm[v]) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
+        if (!tc.bm[v]) bench_die();
         bm_alloc(tc.bm[v], x->n, x->t, x->img_ids, x->txt_ids);
         bm_randomize(tc.bm[v], 71);
         int64_t L = (int64_t)x->n + x->t;
-        tc.s0[v] = dt_alloc_or_die(be, L, r->c.hidden, be->act_dtype);
+        tc.s0[v] = dt_alloc_or_die(be, L, r->flux2.c.hidden, be->act_dtype);
         be->copy(be, tc.s0[v], tc.bm[v]->x.s);
         bench_timer_init(&tc.tm[v], be);
     }
@@ -721,7 +534,7 @@ static void arm_threads(bench_ctx *x) {
     a.nv = 2;
     a.time = threads_time;
     a.output = threads_output;
-    a.out_n = (size_t)(x->n + x->t) * r->c.hidden;
+    a.out_n = (size_t)(x->n + x->t) * r->flux2.c.hidden;
     a.tol = 1e-4;
     snprintf(a.note, sizeof a.note, "%s", nall == 1 ? "only one core: both arms use 1 thread" : "in-model block");
     run_arm(x, &a, &tc);
@@ -734,121 +547,6 @@ static void arm_threads(bench_ctx *x) {
     }
 }
 
-/* ------------------------------------------------------------------ fp8 */
-
-typedef struct {
-    dt_backend *be;
-    bench_timer tm;
-    dt_linear *w[2][64];   /* [bf16, fp8][copy] */
-    int nw;
-    dt_mat xm, ym;
-    int64_t rows_out;
-} fp8_ctx;
-
-static double fp8_time(void *c, int v) {
-    fp8_ctx *f = c;
-    bench_timer_start(&f->tm);
-    for (int i = 0; i < f->nw; i++) f->be->linear(f->be, f->ym, f->xm, f->w[v][i]);
-    return bench_timer_stop(&f->tm) / f->nw;
-}
-
-static void fp8_output(void *c, int v, float *out) {
-    fp8_ctx *f = c;
-    f->be->linear(f->be, f->ym, f->xm, f->w[v][0]);
-    f->be->download(f->be, out, dt_mat_rows(f->ym, 0, f->rows_out));
-}
-
-static void arm_fp8(bench_ctx *x) {
-    bench_report *r = x->r;
-    dt_backend *be = x->be;
-    if (x->is_cpu) { skip_arm(r, "fp8", "bf16", "fp8", "CUDA only (the CPU backend emulates fp8 in f32)"); return; }
-    const flux2_config *c = &r->c;
-    const char *fmts[5] = {"single_transformer_blocks.%d.attn.to_qkv_mlp_proj", "single_transformer_blocks.%d.attn.to_out",
-                           "transformer_blocks.%d.attn.to_q", "transformer_blocks.%d.ff.linear_in",
-                           "transformer_blocks.%d.ff.linear_out"};
-    const char *tags[5] = {"single proj", "single out", "double q/k/v/out", "double ff in", "double ff out"};
-    const int counts[5] = {c->num_single_layers, c->num_single_layers, c->num_layers, c->num_layers, c->num_layers};
-    const int64_t M = (int64_t)x->n + x->t;
-    for (int s = 0; s < 5; s++) {
-        char nm[128];
-        dt_linear_src src;
-        snprintf(nm, sizeof nm, fmts[s], 0);
-        if (counts[s] < 1 || dt_weights_linear(x->bm->w, nm, -1, -1, -1, &src)) continue;
-        const int64_t N = src.out, K = src.in;
-        fp8_ctx f;
-        memset(&f, 0, sizeof f);
-        f.be = be;
-        int k = (int)ceil(x->rot_bytes / ((double)N * K));   /* fp8 bytes per copy: both sets exceed the cache */
-        f.nw = k < 1 ? 1 : k > counts[s] ? counts[s] : k > 64 ? 64 : k;
-        for (int i = 0; i < f.nw; i++) {
-            snprintf(nm, sizeof nm, fmts[s], i);
-            dt_linear_src ls, lb;
-            if (dt_weights_linear(x->bm->w, nm, -1, -1, -1, &ls)) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
-            uint16_t *hb = NULL;
-            lb = ls;
-            if (ls.bits) {   /* the bf16 arm is the dense GEMM: dequantize on the host (the fp8 arm converts from 4-bit) */
-                float *row = dt_malloc(sizeof(float) * (size_t)K);
-                hb = dt_malloc(sizeof(uint16_t) * (size_t)(N * K));
-                for (int64_t n = 0; n < N; n++) {
-                    dt_linear_src_rows_f32(&ls, n, 1, row);
-                    for (int64_t j = 0; j < K; j++) hb[n * K + j] = dt_f32_to_bf16(row[j]);
-                }
-                free(row);
-                lb.bits = 0; lb.group_size = 0; lb.dtype = DT_BF16; lb.data = hb; lb.scales = lb.biases = NULL;
-            }
-            lb.precision = DT_PREC_BF16;
-            ls.precision = DT_PREC_FP8;
-            f.w[0][i] = be->linear_create(be, &lb);
-            f.w[1][i] = be->linear_create(be, &ls);
-            free(hb);
-            if (!f.w[0][i] || !f.w[1][i]) { fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error()); exit(1); }
-        }
-        bench_timer_init(&f.tm, be);
-        f.xm = dt_alloc_or_die(be, M, K, be->act_dtype);
-        f.ym = dt_alloc_or_die(be, M, N, be->act_dtype);
-        bench_fill_randn(be, f.xm, x->o->seed + 90 + s, 1.0f);
-        f.rows_out = M < 256 ? M : 256;
-        arm_spec a = {0};
-        a.arm = "fp8";
-        snprintf(a.what, sizeof a.what, "%s M=%lld K=%lld N=%lld (%d bufs)", tags[s], (long long)M, (long long)K, (long long)N, f.nw);
-        a.names[0] = "bf16";
-        a.names[1] = "fp8";
-        a.nv = 2;
-        a.time = fp8_time;
-        a.output = fp8_output;
-        a.out_n = (size_t)f.rows_out * N;
-        a.tol = 0.25;   /* max |fp8 - bf16| / max |out|: e4m3 rounding of both operands (~3.7% rms, tails larger) */
-        snprintf(a.note, sizeof a.note, "isolated; distinct blocks' weights rotated; fp8 includes the activation quantization");
-        int row0 = r->n_arms;
-        run_arm(x, &a, &f);
-        double q_ms = -1;
-        if (be->fp8_quant) {
-            double t[20];
-            for (int i = -3; i < 20; i++) {
-                bench_timer_start(&f.tm);
-                be->fp8_quant(be, f.xm);
-                double ms = bench_timer_stop(&f.tm);
-                if (i >= 0) t[i] = ms;
-            }
-            q_ms = bench_stats(t, 20).med;
-        }
-        if (r->n_arms > row0) {
-            const bench_arm *ar = &r->arms[row0];
-            double fl = 2.0 * M * N * K;
-            bench_note(r, "fp8 arm, %s M=%lld K=%lld N=%lld: bf16 %.0f TFLOPS, fp8 %.0f TFLOPS (%.2fx faster); activation "
-                       "quantize %.3f ms (%.0f GB/s); scales: %s", tags[s], (long long)M, (long long)K, (long long)N,
-                       fl / (ar->sa.med * 1e-3) / 1e12, fl / (ar->sb.med * 1e-3) / 1e12, ar->sa.med / ar->sb.med, q_ms,
-                       q_ms > 0 ? 3.0 * M * K / (q_ms * 1e-3) / 1e9 : 0.0,
-                       be->fp8_scale_mode ? be->fp8_scale_mode(be) : "?");
-        }
-        bench_sync_or_die(be);
-        be->free(be, &f.xm);
-        be->free(be, &f.ym);
-        for (int i = 0; i < f.nw; i++) { be->linear_destroy(be, f.w[0][i]); be->linear_destroy(be, f.w[1][i]); }
-        bench_timer_free(&f.tm);
-    }
-}
-
 static int arm_on(const bench_ctx *x, const char *name) {
     if (!x->o->arms) return 1;
     size_t n = strlen(name);
@@ -857,14 +555,14 @@ static int arm_on(const bench_ctx *x, const char *name) {
     return 0;
 }
 
+const bench_arm_entry bench_flux2_arms[] = {
+    {"qpath", bench_arm_qpath}, {"rope", arm_rope},         {"attention", arms_attention}, {"graph", arm_graph},
+    {"prefetch", arm_prefetch}, {"threads", arm_threads},   {"fp8", bench_arm_fp8},        {"f8fuse", arm_f8fuse},
+    {NULL, NULL},
+};
+
 int bench_arms(bench_ctx *x) {
-    if (arm_on(x, "qpath")) arm_qpath(x);
-    if (arm_on(x, "rope")) arm_rope(x);
-    if (arm_on(x, "attention")) arms_attention(x);
-    if (arm_on(x, "graph")) arm_graph(x);
-    if (arm_on(x, "prefetch")) arm_prefetch(x);
-    if (arm_on(x, "threads")) arm_threads(x);
-    if (arm_on(x, "fp8")) arm_fp8(x);
-    if (arm_on(x, "f8fuse")) arm_f8fuse(x);
+    for (const bench_arm_entry *e = x->fam->arms; e && e->name; e++)
+        if (arm_on(x, e->name)) e->run(x);
     return 0;
 }

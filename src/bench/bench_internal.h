@@ -1,6 +1,8 @@
-/* bench_internal.h — shared pieces of the bench: timers that end with a device synchronization,
- * statistics, random device buffers, rotating weight sets, and the device-only replica of the
- * FLUX.2 forward (bench_model.c) that the ledger, the utilization and the arms issue ops from. */
+/* bench_internal.h — the bench's inside: the interface a model family offers the bench (bench_family: set-up,
+ * the model's own forward, one block's ops for the ledger, GEMM shapes and attention for the utilization, its
+ * arms and its own report sections; bench_flux2.c and bench_krea2.c), the run's shared state (bench_ctx), and
+ * the shared pieces: timers that end with a device synchronization, statistics, random device buffers,
+ * rotating weight sets, the FLUX.2 replica of bench_model.c and the A/B-arm runner. */
 #ifndef DT_BENCH_INTERNAL_H
 #define DT_BENCH_INTERNAL_H
 
@@ -33,34 +35,25 @@ bench_stat bench_time_sustained(dt_backend *be, int is_cpu, void (*op)(void *ud,
 #define BENCH_HEAT_MS 200.0
 /* Fill m with normal(0, sd) values (never zeros): host Philox normals uploaded. */
 void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd);
+/* Attention operands for L tokens: q, o [L, hq*hd] and k, v [L, hkv*hd], q/k/v random (seeds seed..seed+2). */
+void bench_attn_inputs(dt_backend *be, int64_t L, int hq, int hkv, int hd, uint64_t seed, dt_mat *q, dt_mat *k, dt_mat *v,
+                       dt_mat *o);
 double bench_max_abs_diff(const float *a, const float *b, size_t n);
 double bench_max_abs(const float *a, size_t n);
 /* Add a note to the report (printed under the tables). */
 void bench_note(bench_report *r, const char *fmt, ...) DT_PRINTF(2, 3);
+/* Exit with the last error (the bench cannot go on: a device or a loader failed mid-run). */
+void bench_die(void) __attribute__((noreturn));
 /* JSON-lines fields: "key":"escaped string"; ,"key":number (null when not finite); the six fields
  * PREFIX_{median,p10,p90,min,max}_ms and PREFIX_n of a statistic. */
 void bench_jstr(FILE *f, const char *key, const char *v);
 void bench_jnum(FILE *f, const char *key, double v);
 void bench_jstat(FILE *f, const char *prefix, bench_stat s);
-/* JSON lines shared by the FLUX.2 and Krea 2 reports: copy bandwidth, arms, notes. */
-void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double copy_gbs, const bench_arm *arms,
-                     int n_arms, const char (*notes)[240], int n_notes);
-/* Markdown pieces shared by the FLUX.2 and Krea 2 reports (bench_report.c): the prefix ledger's table (rows and
- * the total row labelled total_label), the GEMM utilization rows (with their header), and the A/B arms and notes
- * sections. */
-void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label);
-void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak);
-void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes);
+/* The setup table's last rows (repetitions, cache, synthetic checkpoint, load time by `loader`, memory peak). */
+void bench_md_setup_end(const bench_report *r, FILE *f, const char *loader);
 /* The GPU-state line (nothing when p->n = 0); what = the runs it follows. */
 void bench_md_power(FILE *f, const bench_power *p, const char *what);
-/* Issue 7's floor: every GEMM shape x its count at its ceiling (dense bf16, or the fp8 Linear for rows with
- * ceil_fp8) plus attn_calls attentions at the isolated rate (attn_fp8: of the fp8 attention), from the burst and (when every one was measured) the sustained ceilings, and the timed ms against each;
- * what = the name of the timed thing. Nothing without GEMMs or attention. */
-void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
-                    int attn_fp8, double ms, const char *what);
 void bench_json_power(FILE *f, const bench_power *p);
-/* The utilization table's GEMM rows as JSON lines (type "gemm"). */
-void bench_json_gemms(FILE *f, const bench_gemm *gemm, int n);
 /* Device copy bandwidth (the elementwise ops' reference): a bf16/f32 copy of ~4 x rot_bytes (64 MB .. 1 GB,
  * 256 MB on a CPU), warmup + reps timed copies; its statistic, bytes moved and GB/s. */
 void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
@@ -77,31 +70,12 @@ double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb);
 /* The nominal peak of the utilization tables: --peak-tflops, the H200's dense bf16 989 on a GPU, else none (0);
  * src names where it came from. */
 double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n);
-/* The workload both benches derive alike. Each of image size, text tokens, repetitions and warm-up comes from the
- * options, else from the defaults for the backend: CUDA 1024 px, 512 tokens, 20 reps, 3 warm-up; a CPU gets the
- * caller's smaller `cpu_dflt` ones and `scaled` lists the flags those amount to (" --image-size 64 ...", "" when
- * the options set everything). Then the image size is checked (a positive multiple of 16, else -1 and the error
- * set) and turned into an h x w latent grid; the cache size the rotations exceed and the nominal peak come from
- * bench_cache_mb and bench_peak_tflops. */
-typedef struct {
-    int img_size, txt, reps, warmup;   /* defaults for a CPU backend (bench_workload_resolve) or the result */
-} bench_workload_base;
-typedef struct {
-    bench_workload_base v;   /* the values used */
-    int h, w, n;             /* latent grid (16 px per token) and image tokens */
-    char scaled[300];        /* CPU: the flags the scaled-down defaults amount to */
-    double l2_mb, llc_mb;    /* bench_cache_mb: the size (MB) and the CPU's reported LLC when capped (else 0) */
-    double rot_bytes;        /* bytes one rotation exceeds: 2 x l2_mb */
-    double peak;             /* bench_peak_tflops (0: none) */
-    char peak_src[64];
-} bench_workload;
-int bench_workload_resolve(const bench_opts *o, int is_cpu, const bench_workload_base *cpu_dflt, bench_workload *w);
-/* Progress line on stderr. */
 /* An arm's variants 0..nv-1 timed interleaved: warmup + reps rounds, each running every variant once with the
  * order rotating every round (A B, B A, ...), so each variant takes each position equally often (under a power
  * cap the position in a back-to-back sequence alone moved an identical forward by 1.6%: PERF.md, stop 13).
  * time(ctx, v) returns one sample in ms. Returns the samples [nv][reps] (dt_malloc'd; the caller frees). */
 double *bench_time_interleaved(int nv, int reps, int warmup, double (*time)(void *ctx, int v), void *ctx);
+/* Progress line on stderr. */
 void bench_progress(const char *fmt, ...) DT_PRINTF(1, 2);
 
 /* ---- rotating weight sets (bench_util.c) ----
@@ -128,7 +102,7 @@ double bench_wset_time(bench_wset *ws, bench_timer *tm, dt_mat y, dt_mat x);
 /* The set's GEMMs under sustained load (bench_time_sustained, 2 x reps calls rotating through the set). */
 bench_stat bench_wset_time_sustained(bench_wset *ws, dt_mat y, dt_mat x, int reps, int is_cpu);
 
-/* ---- the device-only replica of the FLUX.2 forward (bench_model.c) ---- */
+/* ---- the FLUX.2 replica (bench_model.c): flux2.c's block functions on the bench's copy of the weights ---- */
 typedef struct {
     flux2_double_w w;                       /* the block's weights, run by flux2_double_block as in flux2.c */
     dt_linear_src to_qkv_src, add_qkv_src;  /* the stacked Q/K/V host sources (utilization table) */
@@ -152,19 +126,6 @@ typedef struct {
     flux2_acts x;               /* flux2.c's activation set (double / single buffers as blocks are loaded) */
 } bm_model;
 
-/* Stages of a single block for the cumulative-prefix ledger: the block's ops in order. */
-enum {
-    BM_ST_NORM = FLUX2_SB_NORM,     /* adaLN: layernorm_mod */
-    BM_ST_PROJ = FLUX2_SB_PROJ,     /* fused projection GEMM [L, D] -> [L, 3D+2F] */
-    BM_ST_QKNORM = FLUX2_SB_QKNORM, /* per-head RMSNorm of Q and K (head_norm_rope, no rotation) */
-    BM_ST_ROPE = FLUX2_SB_ROPE,     /* the same op with the rotation (replaces the previous one) */
-    BM_ST_ATTN = FLUX2_SB_ATTN,     /* attention */
-    BM_ST_ACT = FLUX2_SB_ACT,       /* SwiGLU */
-    BM_ST_OUT = FLUX2_SB_OUT,       /* output GEMM [L, D+F] -> [L, D] (+ gated residual when fused) */
-    BM_ST_RESID = FLUX2_SB_RESID,   /* gated residual (when not fused) */
-    BM_ST_FULL = FLUX2_SB_RESID
-};
-
 /* Load from a transformer folder: nd/ns = how many double/single blocks (-1 = all), embed = 1 to load
  * the embedders, modulations and final layer. to_f32 = 1 converts dense weights to f32 host copies. */
 bm_model *bm_load(dt_backend *be, const char *dir, int nd, int ns, int embed, int to_f32);
@@ -177,8 +138,8 @@ void bm_randomize(bm_model *m, uint64_t seed);
 /* Device ops only (no host transfer, no allocation): capturable. */
 void bm_pre(bm_model *m);                       /* timestep MLP, modulations, embedders */
 void bm_double_block(bm_model *m, int i, int join);
-void bm_single_stages(bm_model *m, int i, int last_stage);
-void bm_single_op(bm_model *m, int i, int k, int split);
+void bm_single_op(bm_model *m, int i, int k, int split);   /* flux2_single_op on single block i */
+void bm_single_block(bm_model *m, int i);                  /* its ops in order (QK norm and RoPE in one pass) */
 void bm_final(bm_model *m);                     /* final norm + proj_out into m->out */
 void bm_forward(bm_model *m, int nd, int ns);   /* pre + first nd doubles + first ns singles + final */
 
@@ -189,22 +150,150 @@ typedef struct {
 void bm_count_flops(const flux2_config *c, int n, int t, bm_flops *f);
 
 /* ---- what the parts of a run share (bench.c) ---- */
-typedef struct {
+typedef struct bench_ctx bench_ctx;
+struct bench_ctx {
     const bench_opts *o;
     bench_report *r;
+    const bench_family *fam;
     dt_backend *be;           /* the backend under test */
     int is_cpu;
-    bm_model *bm;             /* replica with every block, activations for (n, t), after a forward */
-    const char *dir;          /* checkpoint folder */
+    char *dir;                /* checkpoint folder */
+    json *cfg;                /* --model: its config.json (NULL for a preset) */
+    char cfg_path[4300];
     int n, t, h, w;           /* image tokens (h x w grid), text tokens */
-    float *img, *txt, *img_ids, *txt_ids;
     int reps, warmup;
     double rot_bytes;         /* rotations must exceed this many bytes (2 x cache) */
     int arm_tokens[8], n_arm_tokens;
-} bench_ctx;
+    /* FLUX.2 (bench_flux2.c): the replica with every block, activations for (n, t), after a forward; inputs */
+    bm_model *bm;
+    float *img, *txt, *img_ids, *txt_ids;
+    /* Krea 2 (bench_krea2.c): its replica, inputs and traces */
+    struct k2_state *k2;
+};
 
-int bench_ledger(bench_ctx *x);   /* bench_ledger.c: prefix ledger, block scaling, shares */
+/* ---- the interface of a model family: what the bench runs and asks ---- */
+
+/* One op of the ledger's block. */
+typedef struct { const char *name; int cat; } bench_op_desc;
+
+/* A GEMM shape of the forward for the utilization table (bench_perf.c times it). */
+typedef struct {
+    const char *name;
+    int64_t M, K, N;
+    int count;                /* per forward */
+    dt_linear *w[64];         /* the model's distinct Linears of this shape (borrowed; may be none) */
+    int nw;
+    dt_linear_src src;        /* the host source of one of them (more copies are made from it) */
+    int have_src;
+    int inmodel_op;           /* the ledger op running these GEMMs (-1: none); its time is split over the op's */
+    int per_block;            /* shapes in proportion to per_block x isolated time; per_block = GEMMs per block */
+    int fp8;                  /* the model runs them as fp8 Linears: the ceiling is the fp8 Linear */
+} bench_gemm_shape;
+
+/* The attention of one block for the utilization table. */
+typedef struct {
+    int hq, hkv, hd;
+    dt_mat bias;              /* the model's [1, L] key-padding bias, or null data */
+    int fp8;                  /* the model attends in fp8 */
+    int calls;                /* attention calls per forward */
+} bench_attn_shape;
+
+/* An arm of a family: run when --arms names it (or by default). */
+typedef struct { const char *name; void (*run)(bench_ctx *x); } bench_arm_entry;
+
+struct bench_family {
+    const char *name;                          /* "FLUX.2", "Krea 2" */
+    /* a run calls these in order (0 or -1 with the error set) */
+    int (*setup)(bench_ctx *x);                /* geometry, checkpoint (bench_checkpoint), workload (bench_workload),
+                                                * inputs, work per forward */
+    int (*whole_forward)(bench_ctx *x);        /* the model's own forward timed; its replica loaded and checked */
+    void (*release)(bench_ctx *x);             /* the replica and inputs freed */
+    /* the ledger's block (bench_ledger.c): the model's ops of one block, in order */
+    const char *block_kind;                    /* "single block", "transformer block" */
+    const char *ledger_note;                   /* a sentence under the ledger table, or NULL */
+    int n_ops;
+    const bench_op_desc *ops;
+    int op_qknorm, op_rope;                    /* op op_qknorm rotates too (one pass) in a prefix that reaches op_rope */
+    int hints;                                 /* the block functions issue prefetch hints (the ledger drops them) */
+    int (*blocks)(bench_ctx *x);               /* blocks of the ledger's kind loaded */
+    double (*block_bytes)(bench_ctx *x);       /* weight bytes of one (0: unknown) */
+    void (*op)(bench_ctx *x, int b, int k, int split);   /* op k of block b; split: QK norm and RoPE apart */
+    dt_mat (*stream)(bench_ctx *x);            /* the residual stream the ops update (restored around each region) */
+    void (*op_work)(bench_ctx *x, bench_op *ops);   /* GFLOP and least bytes of each op; notes on the ledger */
+    void (*scaling)(bench_ctx *x);             /* block-count scaling */
+    void (*shares)(bench_ctx *x);              /* the step's shares (bench_add_share), total_ms, shares_of/how */
+    /* utilization (bench_perf.c) */
+    int (*gemm_shapes)(bench_ctx *x, bench_gemm_shape *s, int max);
+    void (*attention)(bench_ctx *x, bench_attn_shape *a);
+    /* arms (bench_arms.c runs those --arms names; the list ends with a NULL name) */
+    const bench_arm_entry *arms;
+    /* report (bench_report.c prints the common sections around these) */
+    void (*md_head)(const bench_report *r, FILE *f);      /* title, setup table, whole forward */
+    void (*md_scaling)(const bench_report *r, FILE *f);
+    void (*json_head)(const bench_report *r, FILE *f);    /* setup, forward and power lines */
+    void (*json_scaling)(const bench_report *r, FILE *f);
+};
+extern const bench_family bench_flux2_family, bench_krea2_family;
+
+/* ---- helpers of the families' set-up (bench.c) ---- */
+/* The synthetic checkpoint DIR = cache/KEY (the cache: --cache-dir, else $TMPDIR/ditrun-bench-cache): reused when
+ * complete (unless --fresh), else written by write(x, folder) into a private folder and renamed into place (so
+ * concurrent runs never see half a checkpoint); r->synth_s its time. Returns DIR (malloc'd) or NULL. */
+char *bench_checkpoint(bench_ctx *x, const char *key, int (*write)(bench_ctx *x, const char *dir));
+/* Remove a checkpoint folder the bench wrote (its known files, then the folder). */
+void bench_remove_checkpoint(const char *dir);
+/* The workload: each of image size, text tokens, repetitions and warm-up from the options, else the defaults for
+ * the backend: CUDA 1024 px, 512 tokens, 20 reps, 3 warm-up; a CPU gets the family's smaller cpu_dflt ones (and a
+ * note saying so). arm_tokens_cpu > 0: the quantized-path arm's token counts too (CUDA 256..16384, that on a CPU).
+ * Sets x's n, t, h, w, reps, warmup, rot_bytes and the report's workload, cache and peak. 0 or -1 (bad size). */
+typedef struct { int img_size, txt, reps, warmup; } bench_workload_base;
+int bench_workload(bench_ctx *x, const bench_workload_base *cpu_dflt, int arm_tokens_cpu);
+const char *bench_fmt_name(int format);
+
+/* ---- the parts of a run (generic over the family) ---- */
+int bench_ledger(bench_ctx *x);   /* bench_ledger.c: prefix ledger, then the family's block scaling and shares */
 int bench_perf(bench_ctx *x);     /* bench_perf.c: utilization (GEMM shapes, attention, copy bandwidth) */
-int bench_arms(bench_ctx *x);     /* bench_arms.c: interleaved A/B arms */
+int bench_arms(bench_ctx *x);     /* bench_arms.c: the family's interleaved A/B arms */
+
+/* Ops 0..last of block b as the model runs them (QK norm and RoPE in one pass once the prefix reaches RoPE). */
+void bench_block_prefix(bench_ctx *x, int b, int last);
+/* Timed points: warmup + reps rounds, each running run(ud, p) for p = 0..np-1 between two events after
+ * prepare(ud, p) (may be NULL; outside the timing); out[p] their statistics. */
+void bench_time_points(bench_ctx *x, int np, void (*prepare)(void *ud, int p), void (*run)(void *ud, int p), void *ud,
+                       bench_stat *out);
+/* Least-squares slope of ys over xs (n points; 0 when fewer than 2 distinct xs). */
+double bench_slope(const double *xs, const double *ys, int n);
+/* A share row (bounded by the table) with its percentage of r->total_ms. */
+void bench_add_share(bench_report *r, const char *name, double ms, int level);
+
+/* ---- the A/B-arm runner (bench_arms.c) ---- */
+typedef struct {
+    const char *arm;
+    char what[96];
+    const char *names[4];
+    int nv;
+    double (*time)(void *ctx, int v);            /* one timed sample of variant v (ms) */
+    void (*output)(void *ctx, int v, float *out); /* the comparable output of variant v */
+    size_t out_n;
+    double tol;
+    unsigned differ;                             /* variants that compute something else by design (bit v) */
+    char note[200];
+} arm_spec;
+/* The variants timed interleaved, each B row compared with variant 0's output. */
+void run_arm(bench_ctx *x, arm_spec *a, void *ctx);
+void skip_arm(bench_report *r, const char *arm, const char *a, const char *b, const char *why);
+/* A second backend like the one under test with other options (exits on failure). */
+dt_backend *bench_backend_variant(bench_ctx *x, dt_backend_opts o);
+/* FLUX.2's arms (bench_arms.c; qpath and fp8 in bench_arms_gemm.c). */
+extern const bench_arm_entry bench_flux2_arms[];
+void bench_arm_qpath(bench_ctx *x);
+void bench_arm_fp8(bench_ctx *x);
+
+/* Attention arms both families run (bench_arms_attn.c): native grouped-query attention vs K/V repeated to every
+ * query head, on [L, .] random Q/K/V with the key bias (null data: none); nv = 3 adds the attention alone on
+ * pre-repeated K/V. */
+void bench_arm_gqa(bench_ctx *x, int64_t L, int hq, int hkv, int hd, dt_mat bias, int nv, const char *how);
+/* The text key-padding mask [t] (1 = real token) as the [1, L] bias vs compacted keys vs no mask (arm "mask"). */
+void bench_arm_key_padding(bench_ctx *x, int hq, int hkv, int hd, dt_mat bias, const uint8_t *mask);
 
 #endif

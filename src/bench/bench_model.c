@@ -58,14 +58,8 @@ void bm_free(bm_model *m) {
         m->be->sync(m->be);
         bm_free_acts(m);
         dt_linear_set_free(&m->lin);
-        for (int i = 0; m->db && i < m->nd; i++) {
-            dt_mat *n[] = {&m->db[i].w.norm_q, &m->db[i].w.norm_k, &m->db[i].w.norm_aq, &m->db[i].w.norm_ak};
-            for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
-        }
-        for (int i = 0; m->sb && i < m->ns; i++) {
-            if (m->sb[i].norm_q.data) m->be->free(m->be, &m->sb[i].norm_q);
-            if (m->sb[i].norm_k.data) m->be->free(m->be, &m->sb[i].norm_k);
-        }
+        for (int i = 0; m->db && i < m->nd; i++) flux2_double_w_free(m->be, &m->db[i].w);
+        for (int i = 0; m->sb && i < m->ns; i++) flux2_single_w_free(m->be, &m->sb[i]);
     }
     free(m->db);
     free(m->sb);
@@ -73,29 +67,18 @@ void bm_free(bm_model *m) {
     free(m);
 }
 
-/* RoPE tables exactly as flux2.c builds them (diffusers Flux2PosEmbed, interleaved pairs). */
-static void bm_rope(bm_model *m, const float *txt_ids, int t, const float *img_ids, int n) {
-    const flux2_config *c = &m->c;
-    int na = c->n_axes, hd = c->head_dim;
-    float *ids = dt_malloc(sizeof(float) * (size_t)(t + n) * na + 1);
-    if (t > 0) memcpy(ids, txt_ids, sizeof(float) * (size_t)t * na);
-    if (n > 0) memcpy(ids + (size_t)t * na, img_ids, sizeof(float) * (size_t)n * na);
-    float *cs = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
-    float *sn = dt_malloc(sizeof(float) * (size_t)(t + n) * hd);
-    flux2_rope_tables(c, ids, t + n, cs, sn);
-    m->be->upload(m->be, m->x.cos, cs);
-    m->be->upload(m->be, m->x.sin, sn);
-    free(ids);
-    free(cs);
-    free(sn);
-}
-
 void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_ids) {
     bm_free_acts(m);
     m->n = n;
     m->t = t;
     flux2_acts_alloc(m->be, &m->c, n, t, m->nd > 0, m->ns > 0, &m->x);
-    bm_rope(m, txt_ids, t, img_ids, n);
+    /* RoPE tables as flux2.c builds them, from the joint [text | image] ids */
+    int na = m->c.n_axes;
+    float *ids = dt_malloc(sizeof(float) * (size_t)(t + n) * na + 1);
+    if (t > 0) memcpy(ids, txt_ids, sizeof(float) * (size_t)t * na);
+    if (n > 0) memcpy(ids + (size_t)t * na, img_ids, sizeof(float) * (size_t)n * na);
+    flux2_acts_rope(m->be, &m->c, &m->x, ids, t + n);
+    free(ids);
 }
 
 
@@ -143,12 +126,8 @@ void bm_single_op(bm_model *m, int i, int k, int split) {
     flux2_single_op(m->be, &m->c, &m->sb[i], &io, k, split, i + 1 < m->ns ? flux2_single_first(&m->sb[i + 1]) : NULL);
 }
 
-void bm_single_stages(bm_model *m, int i, int last) {
-    for (int k = 0; k <= last; k++) {
-        if (k == BM_ST_QKNORM && last >= BM_ST_ROPE) continue;   /* the model's fused norm + RoPE pass */
-        if (k == BM_ST_QKNORM || k == BM_ST_ROPE) bm_single_op(m, i, BM_ST_QKNORM, k == BM_ST_QKNORM);
-        else bm_single_op(m, i, k, 0);
-    }
+void bm_single_block(bm_model *m, int i) {
+    for (int k = 0; k < FLUX2_SB_COUNT; k++) bm_single_op(m, i, k, 0);
 }
 
 void bm_final(bm_model *m) {

@@ -1,6 +1,7 @@
-/* bench_report.c — the bench report as markdown tables (stdout) and as JSON lines (--json FILE):
- * one object per line with a "type" key (setup, forward, ledger_op, scale, share, gemm, attention,
- * forward_util, copy, arm, note), every number of the report in it. */
+/* bench_report.c — the bench report as markdown tables (stdout) and as JSON lines (--json FILE): one object per
+ * line with a "type" key (setup, forward, power, ledger_op, scale, blocks, share, gemm, attention, forward_util,
+ * copy, arm, note), every number of the report in it. The sections every family has are printed here; the
+ * family's own ones (setup, whole forward, block-count scaling) by its bench_family functions. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,19 +14,14 @@ static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; 
 
 static const char *cat_name(int c) { return c == BENCH_CAT_GEMM ? "gemm" : c == BENCH_CAT_ATTN ? "attention" : "elementwise"; }
 
-static void pct_of_peak(const bench_report *r, double tf, char *buf, size_t n) {
-    if (r->peak_tflops > 0) snprintf(buf, n, "%.1f%%", 100.0 * tf / r->peak_tflops);
-    else snprintf(buf, n, "-");
-}
-
-/* ------------------------------------------------------------------ markdown pieces shared with bench_krea2.c */
+/* ------------------------------------------------------------------ markdown */
 
 static void peak_pct(double peak, double tf, char *buf, size_t n) {
     if (peak > 0) snprintf(buf, n, "%.1f%%", 100.0 * tf / peak);
     else snprintf(buf, n, "-");
 }
 
-void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label) {
+static void md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, double copy_gbs, const char *total_label) {
     fprintf(f, "| # | op | kind | prefix median ms | prefix p10-p90 | op ms | %% of block | direct ms (p10-p90) | GFLOP | "
                "TFLOPS | GB moved | GB/s | %% of copy BW |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double dsum = 0;
@@ -48,7 +44,7 @@ void bench_md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, do
     fprintf(f, "| | **%s** | | | | **%.4f** | 100%% | **%.4f** | | | | | |\n\n", total_label, block_ms, dsum);
 }
 
-void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak) {
+static void md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double peak) {
     char pk[32];
     fprintf(f, "| GEMM | M | K | N | per fwd | GFLOP | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | "
                "ceiling ms (dense bf16 GEMM; [fp8]: fp8 Linear) | ceiling TFLOPS | sustained ceiling ms (TFLOPS) | isolated speed / ceiling | isolated %% of peak | "
@@ -76,6 +72,13 @@ void bench_md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, double
     }
 }
 
+void bench_md_setup_end(const bench_report *r, FILE *f, const char *loader) {
+    fprintf(f, "| repetitions | %d timed (median, p10-p90), %d warm-up excluded |\n", r->reps, r->warmup);
+    fprintf(f, "| cache the rotations exceed | %.1f MB (x2) |\n", r->l2_mb);
+    if (r->synth_s > 0) fprintf(f, "| synthetic checkpoint written | %.1f s |\n", r->synth_s);
+    fprintf(f, "| load (%s) | %.1f s |\n| backend memory peak | %.2f GB |\n\n", loader, r->load_s, r->mem_peak_gb);
+}
+
 void bench_md_power(FILE *f, const bench_power *p, const char *what) {
     if (!p->n) return;
     fprintf(f, "GPU right after each %s: SM clock median %.0f MHz (%.0f-%.0f; maximum %d), power median %.0f W of the "
@@ -83,7 +86,7 @@ void bench_md_power(FILE *f, const bench_power *p, const char *what) {
             what, p->sm_mhz_med, p->sm_mhz_min, p->sm_mhz_max, p->sm_max_mhz, p->power_w_med, p->limit_w, p->capped, p->n);
 }
 
-void bench_json_gemms(FILE *f, const bench_gemm *gemm, int n) {
+static void json_gemms(FILE *f, const bench_gemm *gemm, int n) {
     for (int i = 0; i < n; i++) {
         const bench_gemm *g = &gemm[i];
         fprintf(f, "{"); bench_jstr(f, "type", "gemm"); fputc(',', f); bench_jstr(f, "name", g->name); bench_jnum(f, "M", g->M);
@@ -109,7 +112,7 @@ void bench_json_power(FILE *f, const bench_power *p) {
     fprintf(f, "}\n");
 }
 
-void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
+static void md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso, bench_stat attn_sus, int attn_calls,
                     int attn_fp8, double ms, const char *what) {
     double g_b = 0, g_s = 0, g_best = 0;
     int have_s = attn_sus.n > 0, n8 = 0;
@@ -146,7 +149,7 @@ void bench_md_floor(FILE *f, const bench_gemm *gemm, int n, bench_stat attn_iso,
     fprintf(f, "; elementwise passes, the transient dequantization and launch gaps are outside the floor.\n\n");
 }
 
-void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes) {
+static void md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char (*notes)[240], int n_notes) {
     if (n_arms) {
         fprintf(f, "## A/B arms (interleaved in one process, the order rotating every repetition: A B, B A, ...)\n\n| arm | workload | A | B | A median ms (p10-p90) | "
                    "B median ms (p10-p90) | B/A | max abs(A-B) | max abs(A) | agree | note |\n|---|---|---|---|---:|---:|---:|---:|---:|---|---|\n");
@@ -172,60 +175,23 @@ void bench_md_arms_notes(FILE *f, const bench_arm *arms, int n_arms, const char 
 }
 
 void bench_report_markdown(const bench_report *r, FILE *f) {
-    const flux2_config *c = &r->c;
-    fprintf(f, "# ditrun bench: %s on %s (%s)\n\n", r->preset, r->backend, r->fmt);
-    fprintf(f, "| setup | value |\n|---|---|\n");
-    fprintf(f, "| weights | %s |\n", r->source);
-    if (r->precision[0]) fprintf(f, "| DiT blocks' precision | %s |\n", r->precision);
-    fprintf(f, "| geometry | D %d = %d heads x %d, F %d, %d double + %d single blocks, in %d, joint %d |\n", c->hidden,
-            c->heads, c->head_dim, c->mlp_hidden, c->num_layers, c->num_single_layers, c->in_channels, c->joint_dim);
-    fprintf(f, "| workload | image %d px -> %d image tokens + %d text tokens = %d |\n", r->image_size, r->n_img, r->n_txt,
-            r->n_img + r->n_txt);
-    fprintf(f, "| work per forward | %.1f GFLOP GEMM + %.1f GFLOP attention |\n", r->gflop_gemm, r->gflop_attn);
-    fprintf(f, "| repetitions | %d timed (median, p10-p90), %d warm-up excluded |\n", r->reps, r->warmup);
-    fprintf(f, "| cache the rotations exceed | %.1f MB (x2) |\n", r->l2_mb);
-    if (r->synth_s > 0) fprintf(f, "| synthetic checkpoint written | %.1f s |\n", r->synth_s);
-    fprintf(f, "| load (flux2_load) | %.1f s |\n", r->load_s);
-    fprintf(f, "| backend memory peak | %.2f GB |\n\n", r->mem_peak_gb);
-
-    double gf = r->gflop_gemm + r->gflop_attn;
+    const bench_family *fam = r->family;
     char pk[32];
-    fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
-    fprintf(f, "| flux2_forward (in-model, wall clock incl. host uploads/download) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n",
-            r->fwd_model.med, r->fwd_model.p10, r->fwd_model.p90, r->fwd_model.min, r->fwd_model.max, tflops(gf, r->fwd_model.med));
-    fprintf(f, "| bench replica (device-only, same ops, events) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n\n", r->fwd_dev.med,
-            r->fwd_dev.p10, r->fwd_dev.p90, r->fwd_dev.min, r->fwd_dev.max, tflops(gf, r->fwd_dev.med));
-    char wr[48];
-    if (r->fwd_dev_warm_ms > 0) snprintf(wr, sizeof wr, "%.3f ms", r->fwd_dev_warm_ms);
-    else snprintf(wr, sizeof wr, "not run (--warmup 0)");
-    fprintf(f, "Warm-up (excluded): first flux2_forward %.3f ms, first replica forward %s. "
-               "Replica vs flux2_forward: max |diff| %.3g (max |out| %.3g).\n\n",
-            r->fwd_model_warm_ms, wr, r->fwd_maxdiff, r->fwd_absmax);
-    bench_md_power(f, &r->power, "timed pair");
-
+    fam->md_head(r, f);
     if (r->n_ops && r->ops[0].prefix.n) {
-        fprintf(f, "## Ledger: one single block, cumulative prefixes (in-model ops, %d blocks' weights per timed region)\n\n",
-                r->prefix_blocks);
-        bench_md_op_ledger(f, r->ops, r->n_ops, r->single_ledger_ms, r->copy_gbs, "single block");
+        fprintf(f, "## Ledger: one %s, cumulative prefixes (the model's block ops, %d blocks' weights per timed region)\n\n",
+                fam->block_kind, r->prefix_blocks);
+        md_op_ledger(f, r->ops, r->n_ops, r->block_ledger_ms, r->copy_gbs, fam->block_kind);
         fprintf(f, "Op ms = median(prefix k) - median(prefix k-1) (the shares use these unless noise made one "
                    "negative: see the shares' basis); RoPE = the extra cost of rotating inside the fused QK-norm op. Direct = the op alone between "
                    "two events, QK norm and RoPE as two separate passes. GB moved = least traffic (each input read, each "
-                   "output written once); TFLOPS and GB/s from the shares' per-op basis.\n\n");
+                   "output written once); TFLOPS and GB/s from the shares' per-op basis.%s%s\n\n",
+                fam->ledger_note ? " " : "", fam->ledger_note ? fam->ledger_note : "");
     }
-    if (r->n_scale) {
-        fprintf(f, "## Ledger: block-count scaling (device-only forward)\n\n| double blocks | single blocks | median ms | p10-p90 ms |\n"
-                   "|---:|---:|---:|---:|\n");
-        for (int i = 0; i < r->n_scale; i++)
-            fprintf(f, "| %d | %d | %.3f | %.3f-%.3f |\n", r->scale[i].nd, r->scale[i].ns, r->scale[i].t.med,
-                    r->scale[i].t.p10, r->scale[i].t.p90);
-        fprintf(f, "\nPer single block: %.4f ms in the forward (slope) vs %.4f ms from the prefix ledger; per double block "
-                   "%.4f ms; embedders + timestep/modulation + final layer %.4f ms.\n\n",
-                r->single_slope_ms, r->single_ledger_ms, r->double_ms, r->embed_ms);
-    }
+    fam->md_scaling(r, f);
     if (r->n_shares) {
-        fprintf(f, "## Ledger: shares of one step (device-only forward, %.3f ms)\n\nPer-op basis: %s; blocks scaled by "
-                   "count (double blocks as single-block equivalents plus their extra).\n\n| part | ms | share |\n|---|---:|---:|\n",
-                r->total_ms, r->shares_basis);
+        fprintf(f, "## Ledger: shares of one step (%s, %.3f ms)\n\nPer-op basis: %s; %s\n\n| part | ms | share |\n|---|---:|---:|\n",
+                r->shares_of, r->total_ms, r->shares_basis, r->shares_how);
         double sum = 0;
         for (int i = 0; i < r->n_shares; i++) {
             const bench_share *s = &r->shares[i];
@@ -235,34 +201,37 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
         fprintf(f, "| **total** | **%.3f** | **%.1f%%** |\n\n", r->total_ms, sum);
     }
     if (r->n_gemm || r->attn_iso.n || r->copy.n) {
-        fprintf(f, "## Utilization (nominal peak: %s%s)\n\n", r->peak_tflops > 0 ? "" : "", r->peak_src);
+        fprintf(f, "## Utilization (nominal peak: %s)\n\n", r->peak_src);
         if (r->peak_tflops > 0) fprintf(f, "Nominal peak %.0f TFLOPS (%s).\n\n", r->peak_tflops, r->peak_src);
-        bench_md_gemms(f, r->gemm, r->n_gemm, r->l2_mb, r->peak_tflops);
+        md_gemms(f, r->gemm, r->n_gemm, r->l2_mb, r->peak_tflops);
         fprintf(f, "\n| other | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | %% of peak |\n|---|---:|---:|---:|---:|---:|\n");
         if (r->attn_iso.n) {
-            pct_of_peak(r, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
-            fprintf(f, "| attention%s (%.2f GFLOP per layer) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_fp8 ? " fp8" : "",
-                    r->attn_gflop, r->attn_inmodel_ms,
-                    tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med, tflops(r->attn_gflop, r->attn_iso.med), pk);
+            peak_pct(r->peak_tflops, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
+            fprintf(f, "| %s (%.2f GFLOP per call) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_what, r->attn_gflop,
+                    r->attn_inmodel_ms, tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med,
+                    tflops(r->attn_gflop, r->attn_iso.med), pk);
         }
         if (r->attn_sus.n) {
-            pct_of_peak(r, tflops(r->attn_gflop, r->attn_sus.med), pk, sizeof pk);
+            peak_pct(r->peak_tflops, tflops(r->attn_gflop, r->attn_sus.med), pk, sizeof pk);
             fprintf(f, "| attention, sustained (back to back after a %.0f ms heater) | - | - | %.4f | %.3f | %s |\n",
                     BENCH_HEAT_MS, r->attn_sus.med, tflops(r->attn_gflop, r->attn_sus.med), pk);
         }
-        pct_of_peak(r, tflops(gf, r->fwd_dev.med), pk, sizeof pk);
-        fprintf(f, "| whole forward (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", gf, r->fwd_dev.med, tflops(gf, r->fwd_dev.med), pk);
+        peak_pct(r->peak_tflops, tflops(r->fwd_gflop, r->fwd_ms), pk, sizeof pk);
+        fprintf(f, "| %s (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", r->fwd_what, r->fwd_gflop, r->fwd_ms,
+                tflops(r->fwd_gflop, r->fwd_ms), pk);
         if (r->copy.n)
             fprintf(f, "\nDevice copy bandwidth: %.1f GB/s (read + write, %.0f MB moved, median %.3f ms).\n", r->copy_gbs,
                     r->copy_bytes / 1e6, r->copy.med);
-        fprintf(f, "In-model = timed inside the block sequence (ledger); isolated = the op alone, weights rotated "
-                   "through the listed distinct buffers; sustained = the dense ceiling or the attention run back to back "
-                   "after a %.0f ms heater, events around each call and no synchronization between them: the power "
-                   "state a forward runs in.\n\n", BENCH_HEAT_MS);
-        bench_md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, r->attn_layers, r->attn_fp8, r->fwd_dev.med,
-                       "Device-only forward");
+        fprintf(f, "In-model = timed inside the block sequence (ledger; an op of several GEMM shapes is split over them "
+                   "in proportion to their isolated times); isolated = the op alone, weights rotated through the listed "
+                   "distinct buffers, attention on random Q/K/V with the model's heads and key mask; sustained = the "
+                   "dense ceiling or the attention run back to back after a %.0f ms heater, events around each call and "
+                   "no synchronization between them: the power state a forward runs in.\n\n", BENCH_HEAT_MS);
+        if (r->floor_ms > 0)
+            md_floor(f, r->gemm, r->n_gemm, r->attn_iso, r->attn_sus, r->attn_calls, r->attn_fp8, r->floor_ms,
+                     r->floor_what);
     }
-    bench_md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);
+    md_arms_notes(f, r->arms, r->n_arms, r->notes, r->n_notes);
     fprintf(f, "Bench time %.1f s.\n", r->total_s);
 }
 
@@ -271,32 +240,7 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
 int bench_report_json(const bench_report *r, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) { dt_set_error("%s: cannot create (%s)", path, strerror(errno)); return -1; }
-    const flux2_config *c = &r->c;
-    double gf = r->gflop_gemm + r->gflop_attn;
-    fprintf(f, "{");
-    bench_jstr(f, "type", "setup"); fputc(',', f); bench_jstr(f, "preset", r->preset); fputc(',', f); bench_jstr(f, "backend", r->backend);
-    fputc(',', f); bench_jstr(f, "format", r->fmt); fputc(',', f); bench_jstr(f, "weights", r->source);
-    fputc(',', f); bench_jstr(f, "precision", r->precision);
-    bench_jnum(f, "hidden", c->hidden); bench_jnum(f, "heads", c->heads); bench_jnum(f, "head_dim", c->head_dim); bench_jnum(f, "kv_heads", r->kv_heads);
-    bench_jnum(f, "mlp_hidden", c->mlp_hidden); bench_jnum(f, "double_blocks", c->num_layers); bench_jnum(f, "single_blocks", c->num_single_layers);
-    bench_jnum(f, "image_size", r->image_size); bench_jnum(f, "image_tokens", r->n_img); bench_jnum(f, "text_tokens", r->n_txt);
-    bench_jnum(f, "reps", r->reps); bench_jnum(f, "warmup", r->warmup); bench_jnum(f, "cache_mb", r->l2_mb); bench_jnum(f, "synth_s", r->synth_s);
-    bench_jnum(f, "load_s", r->load_s); bench_jnum(f, "gflop_gemm", r->gflop_gemm); bench_jnum(f, "gflop_attention", r->gflop_attn);
-    bench_jnum(f, "peak_tflops", r->peak_tflops); bench_jnum(f, "bench_s", r->total_s);
-    bench_jnum(f, "mem_peak_gb", r->mem_peak_gb);
-    fprintf(f, "}\n");
-
-    fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", "flux2_forward"); fputc(',', f);
-    bench_jstr(f, "scope", "in-model, wall clock incl. host I/O");
-    bench_jstat(f, "t", r->fwd_model); bench_jnum(f, "warmup_ms", r->fwd_model_warm_ms); bench_jnum(f, "tflops", tflops(gf, r->fwd_model.med));
-    fprintf(f, "}\n");
-    fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", "replica"); fputc(',', f);
-    bench_jstr(f, "scope", "device-only, events");
-    bench_jstat(f, "t", r->fwd_dev); bench_jnum(f, "warmup_ms", r->fwd_dev_warm_ms); bench_jnum(f, "tflops", tflops(gf, r->fwd_dev.med));
-    bench_jnum(f, "maxdiff_vs_model", r->fwd_maxdiff); bench_jnum(f, "model_absmax", r->fwd_absmax);
-    fprintf(f, "}\n");
-    bench_json_power(f, &r->power);
-
+    r->family->json_head(r, f);
     for (int k = 0; k < r->n_ops; k++) {
         const bench_op *o = &r->ops[k];
         fprintf(f, "{"); bench_jstr(f, "type", "ledger_op"); bench_jnum(f, "index", k); fputc(',', f); bench_jstr(f, "name", o->name);
@@ -308,38 +252,49 @@ int bench_report_json(const bench_report *r, const char *path) {
         bench_jnum(f, "blocks_per_region", r->prefix_blocks);
         fprintf(f, "}\n");
     }
-    for (int i = 0; i < r->n_scale; i++) {
-        fprintf(f, "{"); bench_jstr(f, "type", "scale"); bench_jnum(f, "double_blocks", r->scale[i].nd); bench_jnum(f, "single_blocks", r->scale[i].ns);
-        bench_jstat(f, "t", r->scale[i].t);
-        fprintf(f, "}\n");
-    }
-    if (r->n_scale) {
-        fprintf(f, "{"); bench_jstr(f, "type", "blocks"); bench_jnum(f, "single_slope_ms", r->single_slope_ms);
-        bench_jnum(f, "single_ledger_ms", r->single_ledger_ms); bench_jnum(f, "double_ms", r->double_ms); bench_jnum(f, "embed_final_ms", r->embed_ms);
-        fprintf(f, "}\n");
-    }
+    r->family->json_scaling(r, f);
     for (int i = 0; i < r->n_shares; i++) {
         const bench_share *s = &r->shares[i];
         fprintf(f, "{"); bench_jstr(f, "type", "share"); fputc(',', f); bench_jstr(f, "name", s->name); bench_jnum(f, "level", s->level);
         bench_jnum(f, "ms", s->ms); bench_jnum(f, "share_pct", s->share); bench_jnum(f, "total_ms", r->total_ms);
-        bench_jnum(f, "is_remainder", !strcmp(s->name, "unexplained remainder")); fputc(',', f);
+        bench_jnum(f, "is_remainder", strstr(s->name, "unexplained remainder") != NULL); fputc(',', f);
         bench_jstr(f, "basis", r->shares_basis);
         fprintf(f, "}\n");
     }
-    bench_json_gemms(f, r->gemm, r->n_gemm);
+    json_gemms(f, r->gemm, r->n_gemm);
     if (r->attn_iso.n) {
         fprintf(f, "{"); bench_jstr(f, "type", "attention"); bench_jnum(f, "gflop", r->attn_gflop); bench_jnum(f, "inmodel_ms", r->attn_inmodel_ms);
         bench_jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);
         bench_jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
         if (r->attn_sus.n) { bench_jstat(f, "sustained", r->attn_sus); bench_jnum(f, "sustained_tflops", tflops(r->attn_gflop, r->attn_sus.med)); }
-        bench_jnum(f, "calls_per_forward", r->attn_layers);
+        bench_jnum(f, "calls_per_forward", r->attn_calls);
         fprintf(f, "}\n");
     }
-    fprintf(f, "{"); bench_jstr(f, "type", "forward_util"); bench_jnum(f, "gflop", gf); bench_jnum(f, "ms", r->fwd_dev.med);
-    bench_jnum(f, "tflops", tflops(gf, r->fwd_dev.med)); bench_jnum(f, "peak_tflops", r->peak_tflops); fputc(',', f);
+    fprintf(f, "{"); bench_jstr(f, "type", "forward_util"); fputc(',', f); bench_jstr(f, "name", r->fwd_what);
+    bench_jnum(f, "gflop", r->fwd_gflop); bench_jnum(f, "ms", r->fwd_ms);
+    bench_jnum(f, "tflops", tflops(r->fwd_gflop, r->fwd_ms)); bench_jnum(f, "peak_tflops", r->peak_tflops); fputc(',', f);
     bench_jstr(f, "peak_source", r->peak_src);
     fprintf(f, "}\n");
-    bench_json_tail(f, &r->copy, r->copy_bytes, r->copy_gbs, r->arms, r->n_arms, r->notes, r->n_notes);
+    if (r->copy.n) {
+        fprintf(f, "{"); bench_jstr(f, "type", "copy"); bench_jnum(f, "bytes", r->copy_bytes); bench_jstat(f, "t", r->copy);
+        bench_jnum(f, "gb_per_s", r->copy_gbs);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_arms; i++) {
+        const bench_arm *a = &r->arms[i];
+        fprintf(f, "{"); bench_jstr(f, "type", "arm"); fputc(',', f); bench_jstr(f, "arm", a->arm); fputc(',', f); bench_jstr(f, "workload", a->what);
+        fputc(',', f); bench_jstr(f, "a", a->a); fputc(',', f); bench_jstr(f, "b", a->b); bench_jnum(f, "skipped", a->skipped);
+        if (!a->skipped) {
+            bench_jstat(f, "a", a->sa); bench_jstat(f, "b", a->sb); bench_jnum(f, "ratio_b_over_a", a->ratio); bench_jnum(f, "maxdiff", a->maxdiff);
+            bench_jnum(f, "ref_absmax", a->ref_absmax); bench_jnum(f, "tol", a->tol);
+        }
+        fputc(',', f); bench_jstr(f, "note", a->note);
+        fprintf(f, "}\n");
+    }
+    for (int i = 0; i < r->n_notes; i++) {
+        fprintf(f, "{"); bench_jstr(f, "type", "note"); fputc(',', f); bench_jstr(f, "text", r->notes[i]);
+        fprintf(f, "}\n");
+    }
     if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }
     return 0;
 }

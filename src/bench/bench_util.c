@@ -13,11 +13,13 @@
 
 /* ------------------------------------------------------------------ timing */
 
+void bench_die(void) {
+    fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
+    exit(1);
+}
+
 void bench_sync_or_die(dt_backend *be) {
-    if (be->sync(be) != 0) {
-        fprintf(stderr, "ditrun: error: bench: %s\n", dt_last_error());
-        exit(1);
-    }
+    if (be->sync(be) != 0) bench_die();
 }
 
 void bench_timer_init(bench_timer *t, dt_backend *be) {
@@ -132,36 +134,6 @@ double bench_cache_mb(const bench_opts *o, int is_cpu, double *llc_mb) {
     return 32;
 }
 
-int bench_workload_resolve(const bench_opts *o, int is_cpu, const bench_workload_base *cpu_dflt, bench_workload *w) {
-    static const bench_workload_base cuda_dflt = {1024, 512, 20, 3};
-    const bench_workload_base *d = is_cpu ? cpu_dflt : &cuda_dflt;
-    const bench_workload_base given = {o->image_size, o->text_tokens, o->reps, o->warmup};
-    const char *flag[4] = {"--image-size", "--text-tokens", "--reps", "--warmup"};
-    const int unset[4] = {given.img_size <= 0, given.txt < 0, given.reps <= 0, given.warmup < 0};
-    const int gv[4] = {given.img_size, given.txt, given.reps, given.warmup};
-    const int dv[4] = {d->img_size, d->txt, d->reps, d->warmup};
-    int v[4];
-    w->scaled[0] = 0;
-    for (int i = 0; i < 4; i++) {
-        v[i] = unset[i] ? dv[i] : gv[i];
-        if (unset[i] && is_cpu) {
-            size_t len = strlen(w->scaled);
-            snprintf(w->scaled + len, sizeof w->scaled - len, " %s %d", flag[i], dv[i]);
-        }
-    }
-    w->v.img_size = v[0]; w->v.txt = v[1]; w->v.reps = v[2]; w->v.warmup = v[3];
-    if (w->v.img_size % 16 || w->v.img_size < 16) {
-        dt_set_error("bench: --image-size %d must be a positive multiple of 16", w->v.img_size);
-        return -1;
-    }
-    w->h = w->w = w->v.img_size / 16;
-    w->n = w->h * w->w;
-    w->l2_mb = bench_cache_mb(o, is_cpu, &w->llc_mb);
-    w->rot_bytes = 2.0 * w->l2_mb * 1e6;
-    w->peak = bench_peak_tflops(o, is_cpu, w->peak_src, sizeof w->peak_src);
-    return 0;
-}
-
 double bench_peak_tflops(const bench_opts *o, int is_cpu, char *src, size_t n) {
     if (o->peak_tflops > 0) { snprintf(src, n, "--peak-tflops"); return o->peak_tflops; }
     if (!is_cpu) { snprintf(src, n, "table: H200 dense bf16"); return 989; }
@@ -180,6 +152,17 @@ void bench_fill_randn(dt_backend *be, dt_mat m, uint64_t seed, float sd) {
     }
     be->upload(be, m, h);
     free(h);
+}
+
+void bench_attn_inputs(dt_backend *be, int64_t L, int hq, int hkv, int hd, uint64_t seed, dt_mat *q, dt_mat *k, dt_mat *v,
+                       dt_mat *o) {
+    *q = dt_alloc_or_die(be, L, (int64_t)hq * hd, be->act_dtype);
+    *k = dt_alloc_or_die(be, L, (int64_t)hkv * hd, be->act_dtype);
+    *v = dt_alloc_or_die(be, L, (int64_t)hkv * hd, be->act_dtype);
+    *o = dt_alloc_or_die(be, L, (int64_t)hq * hd, be->act_dtype);
+    bench_fill_randn(be, *q, seed, 1.0f);
+    bench_fill_randn(be, *k, seed + 1, 1.0f);
+    bench_fill_randn(be, *v, seed + 2, 1.0f);
 }
 
 double bench_max_abs_diff(const float *a, const float *b, size_t n) {
@@ -377,30 +360,6 @@ void bench_jstat(FILE *f, const char *p, bench_stat s) {
     snprintf(k, sizeof k, "%s_n", p); bench_jnum(f, k, s.n);
 }
 
-
-/* The lines both reports end with: copy bandwidth, the A/B arms, the notes. */
-void bench_json_tail(FILE *f, const bench_stat *copy, double copy_bytes, double copy_gbs, const bench_arm *arms,
-                     int n_arms, const char (*notes)[240], int n_notes) {
-    if (copy->n) {
-        fprintf(f, "{"); bench_jstr(f, "type", "copy"); bench_jnum(f, "bytes", copy_bytes); bench_jstat(f, "t", *copy); bench_jnum(f, "gb_per_s", copy_gbs);
-        fprintf(f, "}\n");
-    }
-    for (int i = 0; i < n_arms; i++) {
-        const bench_arm *a = &arms[i];
-        fprintf(f, "{"); bench_jstr(f, "type", "arm"); fputc(',', f); bench_jstr(f, "arm", a->arm); fputc(',', f); bench_jstr(f, "workload", a->what);
-        fputc(',', f); bench_jstr(f, "a", a->a); fputc(',', f); bench_jstr(f, "b", a->b); bench_jnum(f, "skipped", a->skipped);
-        if (!a->skipped) {
-            bench_jstat(f, "a", a->sa); bench_jstat(f, "b", a->sb); bench_jnum(f, "ratio_b_over_a", a->ratio); bench_jnum(f, "maxdiff", a->maxdiff);
-            bench_jnum(f, "ref_absmax", a->ref_absmax); bench_jnum(f, "tol", a->tol);
-        }
-        fputc(',', f); bench_jstr(f, "note", a->note);
-        fprintf(f, "}\n");
-    }
-    for (int i = 0; i < n_notes; i++) {
-        fprintf(f, "{"); bench_jstr(f, "type", "note"); fputc(',', f); bench_jstr(f, "text", notes[i]);
-        fprintf(f, "}\n");
-    }
-}
 
 void bench_copy_bandwidth(dt_backend *be, double rot_bytes, int is_cpu, int warmup, int reps, bench_stat *copy,
                           double *bytes, double *gbs) {

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "bench/bench.h"
-#include "bench/bench_krea2.h"
 #include "cli.h"
 #include "cli_model.h"
 
@@ -162,16 +161,6 @@ int cmd_bench(int argc, char **argv) {
         if (o.be.precision == DT_PREC_FP8) return cli_error("--precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
         if (o.be.attn_precision == DT_PREC_FP8)
             return cli_error("--attn-precision fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)");
-        bench_k2_report *k = calloc(1, sizeof *k);
-        if (!k) return cli_error("out of memory");
-        int rc = bench_krea2_run(&o, k);
-        if (rc == 0) {
-            bench_krea2_markdown(k, stdout);
-            fflush(stdout);
-            if (o.json_path && (rc = bench_krea2_json(k, o.json_path)) == 0) fprintf(stderr, "bench: wrote %s\n", o.json_path);
-        }
-        free(k);
-        return rc ? cli_error("%s", dt_last_error()) : 0;
     }
     bench_report *r = calloc(1, sizeof *r);
     if (!r) return cli_error("out of memory");

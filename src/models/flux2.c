@@ -204,6 +204,23 @@ int flux2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_conf
     return 0;
 }
 
+static void free_norm(dt_backend *be, dt_mat *m) {
+    if (m->data) be->free(be, m);
+    memset(m, 0, sizeof *m);
+}
+
+void flux2_double_w_free(dt_backend *be, flux2_double_w *w) {
+    free_norm(be, &w->norm_q);
+    free_norm(be, &w->norm_k);
+    free_norm(be, &w->norm_aq);
+    free_norm(be, &w->norm_ak);
+}
+
+void flux2_single_w_free(dt_backend *be, flux2_single_w *w) {
+    free_norm(be, &w->norm_q);
+    free_norm(be, &w->norm_k);
+}
+
 
 flux2_model *flux2_load(dt_backend *be, const char *path) {
     char *dir = dt_weights_component_dir(path, "transformer");
@@ -410,14 +427,8 @@ void flux2_free(flux2_model *m) {
         drop_graph(m);
         free_bufs(m->be, &m->buf);
         dt_linear_set_free(&m->lin);
-        for (int i = 0; m->db && i < m->c.num_layers; i++) {
-            dt_mat *n[] = {&m->db[i].norm_q, &m->db[i].norm_k, &m->db[i].norm_aq, &m->db[i].norm_ak};
-            for (int j = 0; j < 4; j++) if (n[j]->data) m->be->free(m->be, n[j]);
-        }
-        for (int i = 0; m->sb && i < m->c.num_single_layers; i++) {
-            if (m->sb[i].norm_q.data) m->be->free(m->be, &m->sb[i].norm_q);
-            if (m->sb[i].norm_k.data) m->be->free(m->be, &m->sb[i].norm_k);
-        }
+        for (int i = 0; m->db && i < m->c.num_layers; i++) flux2_double_w_free(m->be, &m->db[i]);
+        for (int i = 0; m->sb && i < m->c.num_single_layers; i++) flux2_single_w_free(m->be, &m->sb[i]);
     }
     free(m->db);
     free(m->sb);
@@ -451,7 +462,7 @@ static void build_rope(flux2_model *m, const float *txt_ids, int t, const float 
                        int r) {
     const flux2_config *c = &m->c;
     flux2_bufs *b = &m->buf;
-    int na = c->n_axes, hd = c->head_dim, L = t + n + r;
+    int na = c->n_axes, L = t + n + r;
     size_t nid = (size_t)L * na;
     float *ids = dt_malloc(sizeof(float) * (nid ? nid : 1));
     memcpy(ids, txt_ids, sizeof(float) * t * na);
@@ -460,13 +471,16 @@ static void build_rope(flux2_model *m, const float *txt_ids, int t, const float 
     if (b->ids && !memcmp(b->ids, ids, sizeof(float) * nid)) { free(ids); return; }
     free(b->ids);
     b->ids = ids;
-    float *cs = dt_malloc(sizeof(float) * (size_t)L * hd);
-    float *sn = dt_malloc(sizeof(float) * (size_t)L * hd);
-    flux2_rope_tables(c, ids, L, cs, sn);
-    m->be->upload(m->be, b->x.cos, cs);
-    m->be->upload(m->be, b->x.sin, sn);
-    free(cs);
-    free(sn);
+    flux2_acts_rope(m->be, c, &b->x, ids, L);
+}
+
+void flux2_acts_rope(dt_backend *be, const flux2_config *c, flux2_acts *x, const float *ids, int rows) {
+    float *tables = dt_malloc(sizeof(float) * 2 * (size_t)rows * c->head_dim + 1);
+    float *sn = tables + (size_t)rows * c->head_dim;
+    flux2_rope_tables(c, ids, rows, tables, sn);
+    be->upload(be, x->cos, tables);
+    be->upload(be, x->sin, sn);
+    free(tables);
 }
 
 /* Timestep sinusoid as diffusers computes it in float32: exponent_i = -ln(10000) * i / half,

@@ -254,4 +254,12 @@ int flux2_preset(const char *name, flux2_config *c);
  * bits = 0 writes bf16 weights; 4 or 8 writes MLX affine quantized Linears with `group` (norms bf16). */
 int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed);
 
+/* Free the norm weights a double / single block's load uploaded (its Linears belong to the linear set and go with
+ * dt_linear_set_free); also after a failed load. */
+void flux2_double_w_free(dt_backend *be, flux2_double_w *w);
+void flux2_single_w_free(dt_backend *be, flux2_single_w *w);
+/* Upload the RoPE tables of x (cos/sin [rows, head_dim]) built from joint position ids [rows, n_axes]
+ * (flux2_rope_tables). */
+void flux2_acts_rope(dt_backend *be, const flux2_config *c, flux2_acts *x, const float *ids, int rows);
+
 #endif
