@@ -1,8 +1,9 @@
 /* test_fuzz_corpus.c — the fuzzers' kept inputs as regression tests in the normal build (and under
  * `make test-asan`): every file of fuzz/corpus/NAME and fuzz/regressions/NAME goes through the code its
  * fuzzer drives (JSON parser, safetensors reader, config parsers + loaders, tokenizer.json loader,
- * FLUX.2 layouts + load + forward + quantize + convert, image decoders + editing preprocessing). Each input
- * must load or fail with an error message; a crash, leak or sanitizer report fails the program. */
+ * FLUX.2 layouts + load + forward + quantize + convert, image decoders + editing preprocessing, GGUF reader +
+ * block dequantization). Each input must load or fail with an error message; a crash, leak or sanitizer report
+ * fails the program. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "io/gguf.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
@@ -19,6 +21,7 @@
 #include "models/krea2.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
+#include "quant/ggml_quants.h"
 #include "quant/quantize_file.h"
 #include "test.h"
 #include "../fuzz/fuzz_image_drive.h"
@@ -151,6 +154,22 @@ static int one_layout(const unsigned char *d, size_t n) {
     return r;
 }
 
+static int one_gguf(const unsigned char *d, size_t n) {
+    gguf_file *f = gguf_open_memory(d, n, "corpus.gguf");
+    if (!f) return strstr(dt_last_error(), "corpus.gguf") ? 0 : -1;
+    int ok = 1;
+    for (size_t i = 0; i < gguf_count(f) && ok; i++) {
+        const st_tensor *t = gguf_at(f, i);
+        if (t->numel > (1 << 20)) continue;
+        float *v = dt_malloc(sizeof(float) * (size_t)(t->numel ? t->numel : 1));
+        if (dt_dtype_is_block(t->dtype)) ok = dt_ggml_dequant(t->dtype, t->data, t->numel, v) == 0;
+        else { free(v); v = st_to_f32(t); }
+        free(v);
+    }
+    gguf_close(f);
+    return ok ? 1 : -1;
+}
+
 static void replay(const char *name, int (*fn)(const unsigned char *, size_t)) {
     const char *kinds[2] = {"corpus", "regressions"};
     for (int k = 0; k < 2; k++) {
@@ -190,6 +209,7 @@ int main(void) {
     be = dt_backend_cpu_create(&(dt_backend_opts){.threads = 1});
     replay("json", one_json);
     replay("safetensors", one_safetensors);
+    replay("gguf", one_gguf);
     replay("config", one_config);
     replay("model_config", one_model_config);
     replay("tokenizer", one_tokenizer);

@@ -1,6 +1,7 @@
 /* common.c — dtype table, error slot, logging, checked allocation, f16 conversion, timers. */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
+#include "fp8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -8,14 +9,22 @@
 #include <stdlib.h>
 #include <time.h>
 
-static const struct { const char *name; size_t size; } dtype_table[DT_DTYPE_COUNT] = {
-    [DT_F32] = {"F32", 4},  [DT_F16] = {"F16", 2}, [DT_BF16] = {"BF16", 2}, [DT_U32] = {"U32", 4},
-    [DT_I32] = {"I32", 4},  [DT_I64] = {"I64", 8}, [DT_U8] = {"U8", 1},     [DT_BOOL] = {"BOOL", 1},
-    [DT_F64] = {"F64", 8},  [DT_I8] = {"I8", 1},   [DT_U16] = {"U16", 2},   [DT_I16] = {"I16", 2},
+/* name, bytes per element (0: block type), values per block, bytes per block (ggml-common.h's block structs) */
+static const struct { const char *name; size_t size; int belems; size_t bbytes; } dtype_table[DT_DTYPE_COUNT] = {
+    [DT_F32] = {"F32", 4, 1, 4},  [DT_F16] = {"F16", 2, 1, 2}, [DT_BF16] = {"BF16", 2, 1, 2}, [DT_U32] = {"U32", 4, 1, 4},
+    [DT_I32] = {"I32", 4, 1, 4},  [DT_I64] = {"I64", 8, 1, 8}, [DT_U8] = {"U8", 1, 1, 1},     [DT_BOOL] = {"BOOL", 1, 1, 1},
+    [DT_F64] = {"F64", 8, 1, 8},  [DT_I8] = {"I8", 1, 1, 1},   [DT_U16] = {"U16", 2, 1, 2},   [DT_I16] = {"I16", 2, 1, 2},
+    [DT_F8_E4M3] = {"F8_E4M3", 1, 1, 1}, [DT_F8_E5M2] = {"F8_E5M2", 1, 1, 1},
+    [DT_Q4_0] = {"Q4_0", 0, 32, 18},  [DT_Q4_1] = {"Q4_1", 0, 32, 20},   [DT_Q5_0] = {"Q5_0", 0, 32, 22},
+    [DT_Q5_1] = {"Q5_1", 0, 32, 24},  [DT_Q8_0] = {"Q8_0", 0, 32, 34},   [DT_Q4_K] = {"Q4_K", 0, 256, 144},
+    [DT_Q5_K] = {"Q5_K", 0, 256, 176}, [DT_Q6_K] = {"Q6_K", 0, 256, 210},
 };
 
 const char *dt_dtype_name(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].name : "?"; }
 size_t dt_dtype_size(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].size : 0; }
+int dt_dtype_is_block(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT && dtype_table[t].size == 0; }
+int dt_dtype_block_elems(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].belems : 1; }
+size_t dt_dtype_block_bytes(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].bbytes : 0; }
 
 static _Thread_local char err_buf[1024];
 
@@ -83,6 +92,8 @@ int dt_convert_to_f32(float *dst, const void *src, dt_dtype t, size_t n) {
     case DT_BF16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = dt_bf16_to_f32(s[i]); return 0; }
     case DT_F16: { const uint16_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = dt_f16_to_f32(s[i]); return 0; }
     case DT_F64: { const double *s = src; for (size_t i = 0; i < n; i++) dst[i] = (float)s[i]; return 0; }
+    case DT_F8_E4M3: { const uint8_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = dt_e4m3_to_f32(s[i]); return 0; }
+    case DT_F8_E5M2: { const uint8_t *s = src; for (size_t i = 0; i < n; i++) dst[i] = dt_e5m2_to_f32(s[i]); return 0; }
     default: return -1;
     }
 }

@@ -17,14 +17,25 @@
 extern "C" {
 #endif
 
-/* Element types found in safetensors files and used by backends. */
+/* Element types found in safetensors files and used by backends, then the block-quantized types of GGUF
+ * files (ggml's Q4_0 ... Q6_K: a tensor row is a sequence of fixed-size blocks of 32 or 256 values; their
+ * layouts and dequantization: quant/ggml_quants.h). F8_E4M3 / F8_E5M2 are the safetensors fp8 dtypes. */
 typedef enum {
     DT_F32 = 0, DT_F16, DT_BF16, DT_U32, DT_I32, DT_I64, DT_U8, DT_BOOL, DT_F64, DT_I8, DT_U16, DT_I16,
+    DT_F8_E4M3, DT_F8_E5M2,
+    DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K,
     DT_DTYPE_COUNT
 } dt_dtype;
 
-const char *dt_dtype_name(dt_dtype t);      /* "F32", "BF16", ... */
-size_t dt_dtype_size(dt_dtype t);           /* bytes per element */
+const char *dt_dtype_name(dt_dtype t);      /* "F32", "BF16", "F8_E4M3", "Q4_K", ... */
+size_t dt_dtype_size(dt_dtype t);           /* bytes per element; 0 for block types */
+int dt_dtype_is_block(dt_dtype t);          /* 1 for the GGUF block-quantized types */
+int dt_dtype_block_elems(dt_dtype t);       /* values per block (32 or 256); 1 for element types */
+size_t dt_dtype_block_bytes(dt_dtype t);    /* bytes per block; the element size for element types */
+/* Bytes of n consecutive values (n a multiple of the block size for block types). */
+static inline size_t dt_dtype_bytes(dt_dtype t, int64_t n) {
+    return (size_t)(n / dt_dtype_block_elems(t)) * dt_dtype_block_bytes(t);
+}
 
 /* ---- error reporting ---- */
 #if defined(__GNUC__)
@@ -60,7 +71,8 @@ static inline float dt_bf16_round(float f) { return dt_bf16_to_f32(dt_f32_to_bf1
 float dt_f16_to_f32(uint16_t h);
 uint16_t dt_f32_to_f16(float f);
 
-/* Convert n elements of a float-like dtype (F32/F16/BF16/F64) to f32. Returns -1 for other dtypes. */
+/* Convert n elements of a float-like dtype (F32/F16/BF16/F64/F8_E4M3/F8_E5M2) to f32 (exact).
+ * Returns -1 for other dtypes. */
 int dt_convert_to_f32(float *dst, const void *src, dt_dtype t, size_t n);
 
 /* Monotonic wall-clock seconds. */

@@ -1,5 +1,6 @@
 /* fp8.c — e4m3 conversion and per-row scaling (see fp8.h for the exact semantics). */
 #include "fp8.h"
+#include "common.h"
 
 #include <math.h>
 
@@ -32,6 +33,28 @@ float dt_e4m3_to_f32(uint8_t c) {
     if (e == 0) v = ldexpf((float)m, -9);
     else v = ldexpf((float)(8 + m), e - 10);
     return s ? -v : v;
+}
+
+float dt_e5m2_to_f32(uint8_t c) { return dt_f16_to_f32((uint16_t)(c << 8)); }
+
+uint8_t dt_f32_to_e5m2(float x) {
+    uint8_t sign = signbit(x) ? 0x80 : 0x00;
+    if (isnan(x)) return (uint8_t)(sign | 0x7F);
+    float a = fabsf(x);
+    if (a >= 61440.0f) return (uint8_t)(sign | 0x7C);            /* past the tie above 57344: ±inf */
+    int e, code;
+    (void)frexpf(a, &e);
+    e -= 1;                                                       /* a = 1.m * 2^e */
+    if (a == 0.0f) {
+        code = 0;
+    } else if (e < -14) {                                         /* subnormal: units of 2^-16 */
+        code = (int)rintf(ldexpf(a, 16));                         /* 0..4; 4 = smallest normal */
+    } else {
+        int m = (int)rintf(ldexpf(a, 2 - e)) - 4;                 /* 2 mantissa bits, RNE (exact scaling) */
+        if (m == 4) { m = 0; e += 1; }
+        code = ((e + 15) << 2) | m;
+    }
+    return (uint8_t)(sign | code);
 }
 
 float dt_fp8_amax(const float *x, int64_t n) {

@@ -1,4 +1,5 @@
-/* fp8.h — OCP FP8 E4M3 ("e4m3fn": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
+/* fp8.h — OCP FP8 (E5M2 conversions below; safetensors' F8_E4M3 / F8_E5M2 dtypes decode through these).
+ * E4M3 ("e4m3fn": 1 sign, 4 exponent bits with bias 7, 3 mantissa bits, no infinities,
  * 0x7F/0xFF = NaN, largest finite ±448, smallest subnormal 2^-9) and the per-row scaling both backends use
  * for the fp8 Linear (--precision fp8):
  *   scale  = amax / 448            (amax = max |v| over the row, NaNs skipped; amax == 0 gives scale 1)
@@ -20,6 +21,11 @@ extern "C" {
 uint8_t dt_f32_to_e4m3(float x);
 /* e4m3 code -> f32 (exact); 0x7F / 0xFF -> NaN. */
 float dt_e4m3_to_f32(uint8_t c);
+/* OCP FP8 E5M2 (1 sign, 5 exponent bits with bias 15, 2 mantissa bits: the top byte of an IEEE half, with
+ * infinities and NaNs) -> f32 (exact). */
+float dt_e5m2_to_f32(uint8_t c);
+/* f32 -> e5m2 code: round to nearest even, overflow (|x| >= 61440, past the last tie) -> ±inf, NaN stays NaN. */
+uint8_t dt_f32_to_e5m2(float x);
 /* max |x[i]| over n values (NaNs skipped). */
 float dt_fp8_amax(const float *x, int64_t n);
 /* Quantize one row of n values: codes[n] (may be NULL) and/or vals[n] (the e4m3 values as f32, unscaled;

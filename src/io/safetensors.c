@@ -40,9 +40,10 @@ static uint64_t hash_str(const char *s) {
     return h;
 }
 
+/* The safetensors dtypes (element types, F8_E4M3 / F8_E5M2 included); GGUF's block types are not among them. */
 static int dtype_from_name(const char *s, dt_dtype *out) {
     for (int t = 0; t < DT_DTYPE_COUNT; t++)
-        if (strcmp(s, dt_dtype_name((dt_dtype)t)) == 0) { *out = (dt_dtype)t; return 0; }
+        if (!dt_dtype_is_block((dt_dtype)t) && strcmp(s, dt_dtype_name((dt_dtype)t)) == 0) { *out = (dt_dtype)t; return 0; }
     return -1;
 }
 
