@@ -410,6 +410,27 @@ static void test_fixture(dt_backend *cpu, const fixture_case *fc, float **cpu_ou
         if (fc->n_taps == 3 && fc->taps[0] == 1 && fc->taps[1] == 2 && fc->taps[2] == 3)
             t_check_rel_l2("qwen3_host_ref_vs_fixture", sel, fc->ref, (size_t)fc->T * 3 * c->hidden, TOL_FIXTURE);
         free(sel);
+        /* the model keeps its activations between encodes of one length: a shorter prompt in between, then the same
+         * call again, must give the same values (bit for bit on the CPU), and encode_to (the device-side output
+         * the pipeline uses) the same values as the host output */
+        int Ts = fc->T > 3 ? fc->T - 3 : 1;
+        float *again = malloc(n * sizeof(float)), *shortb = malloc(n * sizeof(float));
+        int rc = dt_qwen3_encode(m, fc->ids, fc->mask ? fc->mask + 3 : NULL, Ts, taps, 5, shortb);
+        rc |= dt_qwen3_encode(m, fc->ids, fc->mask, fc->T, taps, 5, again);
+        T_CHECK("qwen3_reused_activations_same_result", rc == 0 && !memcmp(got, again, n * sizeof(float)),
+                "rc %d: a second encode after a shorter one differs", rc);
+        dt_mat dev = dt_alloc_or_die(cpu, fc->T, 5 * (int64_t)c->hidden, cpu->act_dtype);
+        rc = dt_qwen3_encode_to(m, fc->ids, fc->mask, fc->T, taps, 5, dev);
+        if (rc == 0) cpu->download(cpu, again, dev);
+        T_CHECK("qwen3_encode_to_equals_encode", rc == 0 && !memcmp(got, again, n * sizeof(float)), "rc %d: %s", rc,
+                dt_last_error());
+        dt_mat wrong = dt_alloc_or_die(cpu, fc->T, 4 * (int64_t)c->hidden, cpu->act_dtype);
+        T_CHECK("qwen3_encode_to_wrong_shape", dt_qwen3_encode_to(m, fc->ids, fc->mask, fc->T, taps, 5, wrong) != 0 &&
+                                                   strstr(dt_last_error(), "expected"), "%s", dt_last_error());
+        cpu->free(cpu, &dev);
+        cpu->free(cpu, &wrong);
+        free(again);
+        free(shortb);
     }
     free(got); free(want);
     dt_qwen3_free(m);

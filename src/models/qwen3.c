@@ -37,6 +37,18 @@ struct dt_qwen3 {
     dt_linear_src embed;         /* [vocab, D], dense or affine */
     dt_mat final_norm;           /* [1, D] F32, data NULL unless n_layers == num_layers */
     int inv_freq_bf16;           /* round RoPE inverse frequencies to bf16 (dt_qwen3_set_inv_freq_bf16) */
+    /* the activations of one encode, kept for the next one of the same length (a resident pipeline encodes every
+     * request: no allocation after the first, and no pool churn that moves other models' blocks) */
+    struct {
+        int T;
+        dt_mat x, h;             /* [T, D] residual stream; normed input / branch output */
+        dt_mat q, a;             /* [T, H·hd] queries; attention output */
+        dt_mat k, v;             /* [T, Hkv·hd] */
+        dt_mat g, u;             /* [T, I] MLP gate / up */
+        dt_mat cosm, sinm;       /* [T, hd] F32 RoPE tables */
+        dt_mat kbias;            /* [1, T] F32 key bias (padding mask) */
+        dt_mat zeros;            /* [T, H·hd] zeros (the outputs of rows before the first real token) */
+    } ws;
 };
 
 /* ---------------------------------------------------------------- config */
@@ -249,9 +261,43 @@ static void free_param(dt_backend *be, dt_mat *p) {
     *p = dt_mat_null();
 }
 
+static void free_ws(dt_qwen3 *m) {
+    dt_mat *mats[] = {&m->ws.x, &m->ws.h, &m->ws.q, &m->ws.a, &m->ws.k, &m->ws.v, &m->ws.g, &m->ws.u,
+                      &m->ws.cosm, &m->ws.sinm, &m->ws.kbias, &m->ws.zeros};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_param(m->be, mats[i]);
+    m->ws.T = 0;
+}
+
+/* The encode activations for T tokens (allocated when T changes). */
+static void ensure_ws(dt_qwen3 *m, int T) {
+    if (m->ws.T == T) return;
+    free_ws(m);
+    dt_backend *be = m->be;
+    const dt_qwen3_config *c = &m->cfg;
+    const dt_dtype act = be->act_dtype;
+    const int64_t D = c->hidden, Dq = (int64_t)c->heads * c->head_dim, Dkv = (int64_t)c->kv_heads * c->head_dim;
+    m->ws.x = dt_alloc_or_die(be, T, D, act);
+    m->ws.h = dt_alloc_or_die(be, T, D, act);
+    m->ws.q = dt_alloc_or_die(be, T, Dq, act);
+    m->ws.a = dt_alloc_or_die(be, T, Dq, act);
+    m->ws.k = dt_alloc_or_die(be, T, Dkv, act);
+    m->ws.v = dt_alloc_or_die(be, T, Dkv, act);
+    m->ws.g = dt_alloc_or_die(be, T, c->intermediate, act);
+    m->ws.u = dt_alloc_or_die(be, T, c->intermediate, act);
+    m->ws.cosm = dt_alloc_or_die(be, T, c->head_dim, DT_F32);
+    m->ws.sinm = dt_alloc_or_die(be, T, c->head_dim, DT_F32);
+    m->ws.kbias = dt_alloc_or_die(be, 1, T, DT_F32);
+    m->ws.zeros = dt_alloc_or_die(be, T, Dq, act);
+    float *z = dt_calloc((size_t)T * Dq, sizeof(float));
+    be->upload(be, m->ws.zeros, z);
+    free(z);
+    m->ws.T = T;
+}
+
 void dt_qwen3_free(dt_qwen3 *m) {
     if (!m) return;
     dt_backend *be = m->be;
+    free_ws(m);
     if (m->layers) {
         for (int l = 0; l < m->n_layers; l++) {
             qw_layer *L = &m->layers[l];
@@ -328,8 +374,7 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, c
             return -1;
         }
 
-    const int D = c->hidden, H = c->heads, Hkv = c->kv_heads, hd = c->head_dim, I = c->intermediate;
-    const dt_dtype act = be->act_dtype;
+    const int D = c->hidden, H = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
 
     /* Leading padding: queries before the first real token have no key to attend to. Their attention
      * output is set to zero (what PyTorch >= 2.5 SDPA returns for fully masked rows). */
@@ -353,29 +398,19 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, c
         }
     }
 
-    dt_mat x = dt_alloc_or_die(be, T, D, act);          /* residual stream [T, D] */
-    dt_mat h = dt_alloc_or_die(be, T, D, act);          /* normed input / branch output [T, D] */
-    dt_mat q = dt_alloc_or_die(be, T, (int64_t)H * hd, act);
-    dt_mat k = dt_alloc_or_die(be, T, (int64_t)Hkv * hd, act);
-    dt_mat v = dt_alloc_or_die(be, T, (int64_t)Hkv * hd, act);
-    dt_mat a = dt_alloc_or_die(be, T, (int64_t)H * hd, act);   /* attention output */
-    dt_mat g = dt_alloc_or_die(be, T, I, act);
-    dt_mat u = dt_alloc_or_die(be, T, I, act);
-    dt_mat cosm = dt_alloc_or_die(be, T, hd, DT_F32), sinm = dt_alloc_or_die(be, T, hd, DT_F32);
+    ensure_ws(m, T);
+    dt_mat x = m->ws.x, h = m->ws.h, q = m->ws.q, k = m->ws.k, v = m->ws.v, a = m->ws.a, g = m->ws.g, u = m->ws.u;
+    dt_mat cosm = m->ws.cosm, sinm = m->ws.sinm;
     be->upload(be, cosm, cosb);
     be->upload(be, sinm, sinb);
     dt_mat kbias = dt_mat_null(), zeros = dt_mat_null();
     if (mask && deepest > 0) {
         float *kb = dt_malloc((size_t)T * sizeof(float));
         for (int t = 0; t < T; t++) kb[t] = mask[t] ? 0.0f : -INFINITY;
-        kbias = dt_param_upload(be, kb, T);
+        kbias = m->ws.kbias;
+        be->upload(be, kbias, kb);
         free(kb);
-        if (first_real > 0) {
-            float *z = dt_calloc((size_t)first_real * H * hd, sizeof(float));
-            zeros = dt_alloc_or_die(be, first_real, (int64_t)H * hd, act);
-            be->upload(be, zeros, z);
-            free(z);
-        }
+        if (first_real > 0) zeros = dt_mat_rows(m->ws.zeros, 0, first_real);
     }
     be->upload(be, x, host);
     emit_taps(m, x, 0, taps, n_taps, T, host, out, out_dev);
@@ -411,8 +446,6 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, c
     }
     int rc = be->sync(be);
 
-    dt_mat *mats[] = {&x, &h, &q, &k, &v, &a, &g, &u, &cosm, &sinm, &kbias, &zeros};
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_param(be, mats[i]);
     free(host);
     free(cosb);
     free(sinb);
