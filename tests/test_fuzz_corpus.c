@@ -2,8 +2,8 @@
  * `make test-asan`): every file of fuzz/corpus/NAME and fuzz/regressions/NAME goes through the code its
  * fuzzer drives (JSON parser, safetensors reader, config parsers + loaders, tokenizer.json loader,
  * FLUX.2 layouts + load + forward + quantize + convert, image decoders + editing preprocessing, GGUF reader +
- * block dequantization). Each input must load or fail with an error message; a crash, leak or sanitizer report
- * fails the program. */
+ * block dequantization, the server's generation requests). Each input must load or fail with an error message; a
+ * crash, leak or sanitizer report fails the program. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +24,7 @@
 #include "quant/ggml_quants.h"
 #include "quant/quantize_file.h"
 #include "test.h"
+#include "../fuzz/fuzz_api_drive.h"
 #include "../fuzz/fuzz_image_drive.h"
 
 static char tmpdir[256];
@@ -120,6 +121,7 @@ static int one_tokenizer(const unsigned char *d, size_t n) {
 }
 
 static int one_image(const unsigned char *d, size_t n) { return fuzz_image_one(d, n); }
+static int one_api(const unsigned char *d, size_t n) { return fuzz_api_one(d, n); }
 
 static int one_layout(const unsigned char *d, size_t n) {
     char p[400], q[400], c[400];
@@ -215,6 +217,7 @@ int main(void) {
     replay("tokenizer", one_tokenizer);
     replay("layout", one_layout);
     replay("image", one_image);
+    replay("api", one_api);
     be->destroy(be);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -20,6 +20,10 @@ dt_job *dt_job_new(dt_api_request *req) {
     sb_init(&j->events);
     j->png = dt_calloc((size_t)j->req.n, sizeof *j->png);
     j->png_len = dt_calloc((size_t)j->req.n, sizeof *j->png_len);
+    j->rgb = dt_calloc((size_t)j->req.n, sizeof *j->rgb);
+    j->width = dt_calloc((size_t)j->req.n, sizeof *j->width);
+    j->height = dt_calloc((size_t)j->req.n, sizeof *j->height);
+    j->steps = dt_calloc((size_t)j->req.n, sizeof *j->steps);
     j->seeds = dt_calloc((size_t)j->req.n, sizeof *j->seeds);
     j->t_submit = dt_now();
     j->worker = -1;
@@ -38,9 +42,16 @@ void dt_job_unref(dt_job *j) {
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
-    for (int i = 0; i < j->req.n; i++) free(j->png[i]);
+    for (int i = 0; i < j->req.n; i++) {
+        free(j->png[i]);
+        free(j->rgb[i]);
+    }
     free(j->png);
     free(j->png_len);
+    free(j->rgb);
+    free(j->width);
+    free(j->height);
+    free(j->steps);
     free(j->seeds);
     sb_free(&j->events);
     dt_api_request_free(&j->req);

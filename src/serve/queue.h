@@ -27,8 +27,11 @@ struct dt_job {
     dt_job_state state;
     dt_strbuf events;               /* stream: Server-Sent Events written so far (the HTTP side sends them on) */
     int n_done;                     /* images finished */
-    uint8_t **png;                  /* [req.n] PNG bytes of finished images */
+    uint8_t **png;                  /* [req.n] PNG bytes of finished images (stream: the worker encodes them) */
     size_t *png_len;
+    uint8_t **rgb;                  /* [req.n] pixels [h, w, 3] of finished images whose PNG the HTTP thread encodes
+                                     * (so that the worker goes on with the next job meanwhile) */
+    int *width, *height, *steps;    /* [req.n] of each finished image */
     uint64_t *seeds;
     dt_api_error error;             /* DT_JOB_FAILED */
     double t_submit, t_start, t_end;/* dt_now() seconds */

@@ -47,13 +47,35 @@ void sb_printf(dt_strbuf *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
+/* Length of the valid UTF-8 sequence at s (n bytes left), or 0 when it is not one (RFC 3629: no overlongs, no
+ * surrogates, nothing past U+10FFFF). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+    if (c >= 0xF5 || len == 0 || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (c == 0xE0 && s[1] < 0xA0) return 0;     /* overlong */
+    if (c == 0xED && s[1] >= 0xA0) return 0;    /* surrogates */
+    if (c == 0xF0 && s[1] < 0x90) return 0;     /* overlong */
+    if (c == 0xF4 && s[1] >= 0x90) return 0;    /* past U+10FFFF */
+    return len;
+}
+
 void sb_json_str(dt_strbuf *b, const char *s, size_t n) {
     reserve(b, n + 2);
     sb_putn(b, "\"", 1);
     size_t run = 0;   /* bytes copied as they are, flushed before each escape */
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f) { run++; continue; }
+        if (c >= 0x80) {
+            size_t len = utf8_len((const unsigned char *)s + i, n - i);
+            if (len) { run += len; i += len; continue; }
+        } else if (c >= 0x20 && c != '"' && c != '\\' && c != 0x7f) {
+            run++;
+            i++;
+            continue;
+        }
         sb_putn(b, s + i - run, run);
         run = 0;
         char esc[8];
@@ -64,9 +86,13 @@ void sb_json_str(dt_strbuf *b, const char *s, size_t n) {
         case '\r': sb_putn(b, "\\r", 2); break;
         case '\t': sb_putn(b, "\\t", 2); break;
         default:
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            sb_putn(b, esc, 6);
+            if (c >= 0x80) sb_putn(b, "\\ufffd", 6);   /* a byte that is not valid UTF-8 */
+            else {
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                sb_putn(b, esc, 6);
+            }
         }
+        i++;
     }
     sb_putn(b, s + n - run, run);
     sb_putn(b, "\"", 1);

@@ -19,7 +19,8 @@ void sb_reset(dt_strbuf *b);                                  /* len = 0, memory
 void sb_putn(dt_strbuf *b, const char *s, size_t n);
 void sb_puts(dt_strbuf *b, const char *s);
 void sb_printf(dt_strbuf *b, const char *fmt, ...) DT_PRINTF(2, 3);
-/* s (n bytes of UTF-8) as a quoted JSON string: ", \, control characters escaped; bytes >= 0x80 copied as they are */
+/* s (n bytes) as a quoted JSON string: ", \, control characters escaped, valid UTF-8 copied as it is, each byte
+ * that is not valid UTF-8 written as U+FFFD (so the output is always valid JSON) */
 void sb_json_str(dt_strbuf *b, const char *s, size_t n);
 void sb_json_cstr(dt_strbuf *b, const char *s);               /* NULL writes null */
 void sb_base64(dt_strbuf *b, const uint8_t *data, size_t n);  /* RFC 4648, with padding */

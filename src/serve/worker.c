@@ -1,6 +1,7 @@
 /* worker.c — the worker threads: each creates its own backend, loads the pipeline, warms it up at the --warmup
  * size, reports ready, then runs jobs from the queue until it closes: every image through the resident engine
- * (progress and cancellation between steps), encoded to PNG with the same text chunks as `ditrun generate`. */
+ * (progress and cancellation between steps). A streamed image is encoded to PNG here; the others are handed over as
+ * pixels and encoded by the HTTP thread that answers (http.c), while this worker runs the next job. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -65,12 +66,13 @@ static void run_job(dt_worker *w, dt_job *j) {
         int iw = 0, ih = 0;
         dt_gen_timings tm;
         int rc = dt_pipeline_generate(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL);
-        if (rc == 0) {
+        if (rc == 0 && j->req.stream) {   /* the stream carries the PNG; otherwise the HTTP thread encodes it */
             dt_image_meta meta;
             dt_image_meta_fill(&meta, &g, tm.steps, iw, ih, s->o.load.model);
             rc = dt_png_encode(rgb, iw, ih, meta.text, meta.n, &png, &png_len);
+            free(rgb);
+            rgb = NULL;
         }
-        free(rgb);
         pthread_mutex_lock(&j->mu);
         if (rc == DT_GEN_CANCELLED) {
             end = DT_JOB_CANCELLED;
@@ -81,6 +83,11 @@ static void run_job(dt_worker *w, dt_job *j) {
         } else {
             j->png[i] = png;
             j->png_len[i] = png_len;
+            j->rgb[i] = rgb;
+            rgb = NULL;
+            j->width[i] = iw;
+            j->height[i] = ih;
+            j->steps[i] = tm.steps;
             j->seeds[i] = g.seed;
             j->n_done = i + 1;
             j->t_encode += tm.t_encode;
@@ -93,6 +100,7 @@ static void run_job(dt_worker *w, dt_job *j) {
         }
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
+        free(rgb);
         if (rc == 0) dt_metrics_image(&s->m, tm.t_encode + tm.t_denoise + tm.t_decode);
     }
     pthread_mutex_lock(&j->mu);
