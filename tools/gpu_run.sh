@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -566,6 +566,19 @@ if has krea2; then
     log "bench krea2 rc=$?"
 fi
 log "total $(( $(date +%s) - t0 )) s"
+only() { case " $what " in *" $1 "*) return 0;; esac; return 1; }   # sections that "all" leaves out
+if only serve || only serveload; then  # ditrun serve (tools/serve_bench.sh): start->ready, first image, warm
+    # server-side time per 1024^2 4-step image and client latency at concurrency 1, images/s at 1/4/8, per arm (q4,
+    # bf16, q4 + --precision fp8); serveload: the same for q4 plus a LOAD_SECONDS (default 540) run at concurrency 8
+    if ldd $B | grep -q "not found"; then log "ditrun lacks shared libraries: $(ldd $B | grep 'not found' | tr '\n' ' ')"; fi
+    if only serveload; then
+        ARMS=${ARMS:-q4} LOAD_SECONDS=${LOAD_SECONDS:-540} OUT=$OUT W=$W DITRUN=$B bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
+    else
+        LOAD_SECONDS=0 OUT=$OUT W=$W DITRUN=$B bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
+    fi
+    cat "$OUT/serve-summary.txt" >> "$OUT/summary.txt"
+fi
+
 if [ "${PACK:-0}" = 1 ]; then   # at most 8 files come back from the device: one archive of the logs
     # archived outside $OUT first (a log still being written, such as the caller's redirect, must not stop it)
     (cd "$OUT" && tar czf /tmp/ditrun-logs.tgz --exclude='*.png' --exclude=summary.txt --exclude=run.log . ; \

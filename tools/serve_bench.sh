@@ -1,0 +1,166 @@
+#!/bin/bash
+# tools/serve_bench.sh — `ditrun serve` measured on a GPU machine, with nothing but bash, curl and awk (python3 only
+# for the optional diffusers side-by-side). On a synthetic klein-4B pipeline (made here if missing) at SIZE², STEPS
+# steps, for each precision arm:
+#   - start to ready (load + warm-up at --warmup SIZExSIZE), and the first image after ready;
+#   - without --warmup: start to ready and the first image (what the warm-up saves);
+#   - concurrency 1: server-side times per image (Server-Timing: generate = encode + denoise + decode, png) and the
+#     client-observed latency (curl's time_total), medians, and their difference;
+#   - images/s at concurrency 1, 4 and 8;
+#   - a load run: LOAD_SECONDS of requests at concurrency 8 (parallel curl), failures counted, device memory
+#     (/metrics and nvidia-smi) sampled every 10 s: it must stay flat.
+# Then, when DIFFUSERS_SRC names a folder holding diffusers/, the reference's warm time on a bf16 pipeline of the
+# same geometry (tools/diffusers_klein_time.py, eager and torch.compile).
+#
+#   usage: bash tools/serve_bench.sh            (env below; results in $OUT/serve-summary.txt)
+#   DITRUN=./build/ditrun  W=/dev/shm/ditrun (work folder: pipelines)  OUT=/tmp/ditrun-out
+#   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)
+#   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8)  LOAD_SECONDS=600 (0: no load run)
+#   LOAD_ARM=q4  DIFFUSERS_SRC=...  DIFFUSERS_RUNS=10
+#   BACKEND=cuda  PIPELINE=DIR (use this pipeline for every arm instead of synthetic ones; e.g. a CPU dry run:
+#   BACKEND=cpu PIPELINE=tests/fixtures/model SIZE=64 ARMS=q4 LOAD_SECONDS=20 bash tools/serve_bench.sh)
+set -u -o pipefail
+B=${DITRUN:-./build/ditrun}
+W=${W:-/dev/shm/ditrun}
+OUT=${OUT:-/tmp/ditrun-out}
+SIZE=${SIZE:-1024}
+STEPS=${STEPS:-4}
+N1=${N1:-20}
+NC=${NC:-32}
+ARMS=${ARMS:-q4 bf16 q4-fp8}
+LOAD_SECONDS=${LOAD_SECONDS:-600}
+LOAD_ARM=${LOAD_ARM:-q4}
+BACKEND=${BACKEND:-cuda}
+mkdir -p "$W" "$OUT"
+SUM=$OUT/serve-summary.txt
+log() { echo "$*" | tee -a "$SUM"; }
+now() { date +%s.%N; }
+median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+BODY="{\"prompt\": \"a red fox standing in fresh snow, golden hour\", \"size\": \"${SIZE}x${SIZE}\", \"steps\": $STEPS, \"seed\": 7}"
+echo "$BODY" > "$W/body.json"
+
+pipeline() {  # pipeline q4|bf16: the folder of a synthetic klein-4B pipeline with those weights (made once)
+    [ -n "${PIPELINE:-}" ] && { echo "$PIPELINE"; return 0; }
+    local d=$W/p4-$1 bits=4
+    [ "$1" = bf16 ] && bits=0
+    if [ ! -f "$d/model_index.json" ]; then
+        $B synth --preset klein-4b --pipeline --bits $bits --group-size 64 --output "$d" > "$OUT/synth-$1.log" 2>&1 ||
+            { echo "synth $1 failed: $(tail -1 "$OUT/synth-$1.log")" >&2; return 1; }
+    fi
+    echo "$d"
+}
+
+SRV_PID=; PORT=; READY=
+start() {  # start NAME MODEL [serve options]: sets SRV_PID, PORT and READY (seconds from start to ready)
+    local name=$1 model=$2; shift 2
+    local t0; t0=$(now)
+    $B serve --model "$model" --backend "$BACKEND" --port 0 --max-queue 64 "$@" > "$OUT/serve-$name.out" 2> "$OUT/serve-$name.log" &
+    SRV_PID=$!
+    PORT=
+    for _ in $(seq 600); do
+        PORT=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$OUT/serve-$name.out")
+        [ -n "$PORT" ] && break
+        kill -0 $SRV_PID 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -n "$PORT" ] || { echo "server $name did not start: $(tail -3 "$OUT/serve-$name.log")" >&2; return 1; }
+    for _ in $(seq 3000); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")" = 200 ] && break
+        kill -0 $SRV_PID 2>/dev/null || { echo "server $name died: $(tail -3 "$OUT/serve-$name.log")" >&2; return 1; }
+        sleep 0.1
+    done
+    READY=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.2f", b - a}')
+}
+STOP_RC=
+stop() {  # SIGTERM the server, wait: sets STOP_RC (its exit status; 0 = drained cleanly)
+    kill -TERM "$SRV_PID" 2>/dev/null
+    wait "$SRV_PID"
+    STOP_RC=$?
+}
+one() {  # one request: "client_s generate_ms png_ms status"
+    local h; h=$(mktemp)
+    local r; r=$(curl -s -o /dev/null -D "$h" -w '%{time_total} %{http_code}' -X POST -H 'Content-Type: application/json' \
+        --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
+    local gen png
+    gen=$(sed -n 's/.*generate;dur=\([0-9.]*\).*/\1/p' "$h")
+    png=$(sed -n 's/.*png;dur=\([0-9.]*\).*/\1/p' "$h")
+    rm -f "$h"
+    echo "${r% *} ${gen:-nan} ${png:-nan} ${r#* }"
+}
+rate() {  # rate C N: images/s of N requests at concurrency C, and the failures
+    local t0 t1 codes
+    t0=$(now)
+    codes=$(seq "$2" | xargs -P "$1" -I{} curl -s -o /dev/null -w '%{http_code}\n' -X POST \
+        --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
+    t1=$(now)
+    local bad; bad=$(echo "$codes" | grep -vc '^200$')
+    awk -v n="$2" -v a="$t0" -v b="$t1" -v c="$1" -v bad="$bad" 'BEGIN {printf "concurrency %d: %d requests in %.2f s = %.3f images/s, %d failed\n", c, n, b - a, n / (b - a), bad}'
+}
+metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+gpu_mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
+
+log "=== ditrun serve bench: klein-4B synthetic pipeline, ${SIZE}x${SIZE}, $STEPS steps ($(date -u +%F\ %T) UTC, $($B --version))"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUM"
+for arm in $ARMS; do
+    weights=${arm%%-*}
+    extra=()
+    case $arm in *-fp8) extra+=(--precision fp8);; esac
+    model=$(pipeline "$weights") || continue
+    # without warm-up: what the first request pays
+    start "$arm-cold" "$model" "${extra[@]}" || continue
+    ready=$READY
+    first=$(one); second=$(one)
+    log "[$arm] no --warmup: start->ready ${ready} s; first image: client ${first%% *} s (generate $(echo "$first" | cut -d' ' -f2) ms); second: client ${second%% *} s"
+    stop
+    log "[$arm] cold server stopped: exit $STOP_RC"
+    # with warm-up
+    start "$arm" "$model" --warmup "${SIZE}x${SIZE}" "${extra[@]}" || continue
+    ready=$READY
+    first=$(one)
+    log "[$arm] --warmup ${SIZE}x${SIZE}: start->ready ${ready} s; first image after ready: client ${first%% *} s (generate $(echo "$first" | cut -d' ' -f2) ms, png $(echo "$first" | cut -d' ' -f3) ms)"
+    : > "$OUT/c1-$arm.txt"
+    for _ in $(seq "$N1"); do one >> "$OUT/c1-$arm.txt"; done
+    c=$(awk '{print $1 * 1000}' "$OUT/c1-$arm.txt" | median)
+    g=$(awk '{print $2}' "$OUT/c1-$arm.txt" | median)
+    p=$(awk '{print $3}' "$OUT/c1-$arm.txt" | median)
+    bad=$(awk '$4 != 200' "$OUT/c1-$arm.txt" | wc -l)
+    log "[$arm] concurrency 1, $N1 requests (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png = $(awk -v c="$c" -v g="$g" -v p="$p" 'BEGIN {printf "%.1f", c - g - p}') ms; $bad failed"
+    for cc in 1 4 8; do log "[$arm] $(rate $cc "$NC")"; done
+    log "[$arm] server-side per image (ditrun_image_seconds): $(metric ditrun_image_seconds_sum) s over $(metric ditrun_image_seconds_count) images; device memory $(metric 'ditrun_device_memory_bytes{worker="0"}') B (peak $(metric 'ditrun_device_memory_peak_bytes{worker="0"}') B)"
+    if [ "$arm" = "$LOAD_ARM" ] && [ "$LOAD_SECONDS" -gt 0 ]; then
+        log "[$arm] load run: $LOAD_SECONDS s at concurrency 8"
+        end=$(( $(date +%s) + LOAD_SECONDS ))
+        loaders=()
+        for k in $(seq 8); do
+            ( while [ "$(date +%s)" -lt $end ]; do
+                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST --data-binary @"$W/body.json" \
+                    "http://127.0.0.1:$PORT/v1/images/generations"
+              done > "$OUT/load-$k.codes" ) &
+            loaders+=($!)
+        done
+        : > "$OUT/load-mem.txt"
+        while [ "$(date +%s)" -lt $end ]; do
+            echo "$(date +%s) $(metric 'ditrun_device_memory_bytes{worker="0"}') $(gpu_mem)" >> "$OUT/load-mem.txt"
+            sleep 10
+        done
+        wait "${loaders[@]}"
+        total=$(cat "$OUT"/load-*.codes | wc -l)
+        bad=$(cat "$OUT"/load-*.codes | grep -vc '^200$')
+        log "[$arm] load run: $total requests, $bad failed, $(awk -v n="$total" -v s="$LOAD_SECONDS" 'BEGIN {printf "%.3f", n / s}') images/s"
+        log "[$arm] device memory during the load run (bytes from /metrics, MiB from nvidia-smi): first $(head -1 "$OUT/load-mem.txt" | cut -d' ' -f2-), last $(tail -1 "$OUT/load-mem.txt" | cut -d' ' -f2-), min/max MiB $(awk '{print $3}' "$OUT/load-mem.txt" | sort -n | sed -n '1p;$p' | tr '\n' '/')"
+    fi
+    stop
+    log "[$arm] server stopped: exit $STOP_RC"
+    grep -E "loaded|warm-up|ready" "$OUT/serve-$arm.log" | sed "s/^/[$arm] /" | tee -a "$SUM"
+done
+
+if [ -n "${DIFFUSERS_SRC:-}" ]; then
+    model=$(pipeline bf16) && for mode in eager compile; do
+        flag=(); [ $mode = compile ] && flag=(--compile)
+        python3 "$(dirname "$0")/diffusers_klein_time.py" --model "$model" --size "$SIZE" --steps "$STEPS" \
+            --runs "${DIFFUSERS_RUNS:-10}" --seed 7 --noise-out "$OUT/noise-$SIZE.safetensors" "${flag[@]}" \
+            2> "$OUT/diffusers-$mode.log" | sed "s/^/[diffusers $mode] /" | tee -a "$SUM"
+    done
+    log "(the same noise through ditrun: $B generate --model $model --noise $OUT/noise-$SIZE.safetensors --steps $STEPS ...)"
+fi
+log "=== done; logs in $OUT"
