@@ -446,7 +446,24 @@ static void test_queue_and_cancel(void) {
 
 static void test_drain(void) {
     server s;
-    if (server_start(&s, "drain", "")) { T_FAIL("serve: start (drain)", "see %s", s.log); return; }
+    /* a warm-up long enough to be seen: /health and generations answer 503 until it is done */
+    if (server_start(&s, "drain", "--warmup 192x192")) { T_FAIL("serve: start (drain)", "see %s", s.log); return; }
+    char *hb = NULL, *gb = NULL, why[400], why2[400];
+    int h503 = http(&s, "GET", "/health", NULL, NULL, &hb, NULL);
+    int g503 = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"size\": \"16x16\", \"steps\": 1}",
+                    NULL, &gb, NULL);
+    T_CHECK("serve: while warming up, /health and generations -> 503 with a JSON error",
+            h503 == 503 && g503 == 503 && error_shape(hb, NULL, why, sizeof why) && error_shape(gb, NULL, why2, sizeof why2)
+                && strstr(hb, "\"status\": \"loading\""),
+            "health %d %s; generation %d %s", h503, why, g503, why2);
+    free(hb);
+    free(gb);
+    int ready = 0;
+    for (int i = 0; i < 1200 && !ready; i++) {
+        ready = http(&s, "GET", "/health", NULL, NULL, NULL, NULL) == 200;
+        if (!ready) sleep_ms(100);
+    }
+    T_CHECK("serve: /health turns 200 after the warm-up", ready, "still not ready after 120 s");
     char outf[600], cmd[2048];
     snprintf(outf, sizeof outf, "%s/drain.out", tmpdir);
     snprintf(cmd, sizeof cmd, "exec curl -s -o %s -w '%%{http_code}' -X POST --data-binary '{\"prompt\": \"drain\", "

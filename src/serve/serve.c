@@ -4,6 +4,8 @@
 #include "serve/serve.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,11 +50,25 @@ static void default_model_id(const char *root, char *out, size_t n) {
     if (!out[0]) snprintf(out, n, "model");
 }
 
+/* SIGTERM/SIGINT: the handler (whichever thread the kernel picks, including threads libraries started before main)
+ * writes the signal number into a pipe that the main thread polls; a second signal while draining exits at once. */
+static int sig_pipe[2] = {-1, -1};
+static volatile sig_atomic_t draining_now;
+
+static void on_signal(int sig) {
+    if (draining_now) _exit(128 + sig);
+    unsigned char b = (unsigned char)sig;
+    int saved = errno;
+    if (write(sig_pipe[1], &b, 1) < 0) {}
+    errno = saved;
+}
+
 /* Wait for a signal, up to ms milliseconds: the signal number, or 0. */
-static int wait_signal(const sigset_t *set, int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    int sig = sigtimedwait(set, NULL, &ts);
-    return sig > 0 ? sig : 0;
+static int wait_signal(int ms) {
+    struct pollfd p = {sig_pipe[0], POLLIN, 0};
+    if (poll(&p, 1, ms) <= 0) return 0;
+    unsigned char b = 0;
+    return read(sig_pipe[0], &b, 1) == 1 ? b : 0;
 }
 
 static void drain(dt_server *s) {
@@ -93,12 +109,17 @@ int dt_serve_run(const dt_serve_opts *o) {
     dt_metrics_init(&s->m);
     dt_server_state_set(s, DT_SRV_LOADING);
 
-    /* SIGTERM/SIGINT are taken by sigtimedwait below: blocked here, before any thread starts (threads inherit it) */
-    sigset_t sigs, old;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK)) {
+        fprintf(stderr, "ditrun: error: serve: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    struct sigaction sa, old_term, old_int;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
     signal(SIGPIPE, SIG_IGN);
 
     int rc = 1, port = 0;
@@ -125,7 +146,7 @@ int dt_serve_run(const dt_serve_opts *o) {
         int loaded = s->n_loaded, failed = s->load_error[0] != 0;
         pthread_mutex_unlock(&s->mu);
         if (failed || loaded == s->n_workers) break;
-        if ((sig = wait_signal(&sigs, 100))) break;
+        if ((sig = wait_signal(100))) break;
     }
     if (s->load_error[0] || sig) {
         if (s->load_error[0]) fprintf(stderr, "ditrun: error: %s\n", s->load_error);
@@ -140,17 +161,20 @@ int dt_serve_run(const dt_serve_opts *o) {
     dt_server_state_set(s, DT_SRV_READY);
     dt_log(1, "ditrun: ready (%d worker%s, %.2f s after start)\n", s->n_workers, s->n_workers > 1 ? "s" : "",
            dt_now() - s->t_start);
-    while (!(sig = wait_signal(&sigs, 1000))) {}
+    while (!(sig = wait_signal(1000))) {}
     dt_log(1, "ditrun: %s: finishing the accepted requests (a second signal stops at once)\n",
            sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    /* a second signal while draining stops the process: this thread is the only one that takes them, with the
-     * default action from here on */
-    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    draining_now = 1;
     drain(s);
     dt_log(1, "ditrun: stopped\n");
     rc = 0;
 out:
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGINT, &old_int, NULL);
+    draining_now = 0;
+    close(sig_pipe[0]);
+    close(sig_pipe[1]);
+    sig_pipe[0] = sig_pipe[1] = -1;
     dt_metrics_destroy(&s->m);
     dt_queue_destroy(&s->q);
     pthread_cond_destroy(&s->cv);
