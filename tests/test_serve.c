@@ -83,6 +83,18 @@ static int server_start(server *s, const char *name, const char *extra) {
     return s->port ? 0 : -1;
 }
 
+static int http(const server *s, const char *method, const char *path, const char *body, const char *extra, char **out,
+                char **hdr);
+
+/* Wait until /health answers 200 (loaded and warm): 0, or -1 after 120 s. */
+static int server_ready(const server *s) {
+    for (int i = 0; i < 1200; i++) {
+        if (http(s, "GET", "/health", NULL, NULL, NULL, NULL) == 200) return 0;
+        sleep_ms(100);
+    }
+    return -1;
+}
+
 /* SIGTERM and wait: the exit status (or 128 + signal, or -1 after 60 s: then SIGKILL). */
 static int server_stop(server *s) {
     if (s->pid <= 0) return -1;
@@ -367,7 +379,7 @@ static void test_auth(void) {
     char extra[800];
     snprintf(extra, sizeof extra, "--api-key-file %s", keyf);
     server s;
-    if (server_start(&s, "auth", extra)) { T_FAIL("serve: start with --api-key-file", "see %s", s.log); return; }
+    if (server_start(&s, "auth", extra) || server_ready(&s)) { T_FAIL("serve: start with --api-key-file", "see %s", s.log); return; }
     char *body = NULL, why[400];
     int c1 = http(&s, "GET", "/v1/models", NULL, NULL, &body, NULL);
     T_CHECK("serve: auth on, no key -> 401 with a JSON error", c1 == 401 && error_shape(body, NULL, why, sizeof why),
@@ -405,7 +417,7 @@ static pid_t slow_request(const server *s, int steps) {
 
 static void test_queue_and_cancel(void) {
     server s;
-    if (server_start(&s, "queue", "--max-queue 1 --cors http://page.example")) {
+    if (server_start(&s, "queue", "--max-queue 1 --cors http://page.example") || server_ready(&s)) {
         T_FAIL("serve: start with --max-queue 1", "see %s", s.log);
         return;
     }
@@ -458,12 +470,7 @@ static void test_drain(void) {
             "health %d %s; generation %d %s", h503, why, g503, why2);
     free(hb);
     free(gb);
-    int ready = 0;
-    for (int i = 0; i < 1200 && !ready; i++) {
-        ready = http(&s, "GET", "/health", NULL, NULL, NULL, NULL) == 200;
-        if (!ready) sleep_ms(100);
-    }
-    T_CHECK("serve: /health turns 200 after the warm-up", ready, "still not ready after 120 s");
+    T_CHECK("serve: /health turns 200 after the warm-up", server_ready(&s) == 0, "still not ready after 120 s");
     char outf[600], cmd[2048];
     snprintf(outf, sizeof outf, "%s/drain.out", tmpdir);
     snprintf(cmd, sizeof cmd, "exec curl -s -o %s -w '%%{http_code}' -X POST --data-binary '{\"prompt\": \"drain\", "
@@ -521,7 +528,7 @@ static int load(const server *s, int n, int c) {
 
 static void test_load(void) {
     server s;
-    if (server_start(&s, "load", "--max-queue 64")) { T_FAIL("serve: start (load)", "see %s", s.log); return; }
+    if (server_start(&s, "load", "--max-queue 64") || server_ready(&s)) { T_FAIL("serve: start (load)", "see %s", s.log); return; }
     double t0 = dt_now();
     int bad1 = load(&s, LOAD_WARM, LOAD_CONCURRENCY);
     long rss1 = rss_kb(s.pid);
@@ -535,7 +542,13 @@ static void test_load(void) {
     T_CHECK(name, bad1 + bad2 == 0, "%d failed", bad1 + bad2);
     snprintf(name, sizeof name, "serve: resident memory after %d vs %d requests: %+.1f%% (%ld -> %ld kB) < %.0f%%",
              LOAD_WARM, LOAD_REQUESTS, growth * 100, rss1, rss2, RSS_GROWTH_TOL * 100);
+#if defined(__SANITIZE_ADDRESS__)
+    T_SKIP(name, "AddressSanitizer keeps freed memory in quarantine (a leak shows as LeakSanitizer's exit status of the "
+                 "server instead)");
+    (void)growth;
+#else
     T_CHECK(name, rss1 > 0 && growth < RSS_GROWTH_TOL, "grew %.1f%%", growth * 100);
+#endif
     T_CHECK("serve: load server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
@@ -553,12 +566,8 @@ int main(void) {
         return T_DONE();
     }
     T_PASS("serve: listening on an ephemeral port");
-    int code = 0;
-    for (int i = 0; i < 300 && code != 200; i++) {
-        code = http(&s, "GET", "/health", NULL, NULL, NULL, NULL);
-        if (code != 200) sleep_ms(100);
-    }
-    T_CHECK("serve: /health turns 200", code == 200, "status %d", code);
+    T_CHECK("serve: /health turns 200", server_ready(&s) == 0, "not ready after 120 s");
+    int code;
     char *body = NULL;
     code = http(&s, "GET", "/v1/models", NULL, NULL, &body, NULL);
     T_CHECK("serve: /v1/models lists the model", code == 200 && body && strstr(body, "\"id\": \"model\""), "status %d %s",
