@@ -15,15 +15,16 @@
 #include "io/weights.h"
 #include "models/flux2.h"
 #include "models/flux2_layouts.h"
+#include "fuzz_tmp.h"
 #include "quant/quantize_file.h"
 
-static char dir[64], path[96], conv[96], quant[96];
+static char dir[512], path[600], conv[600], quant[600], conv_cfg[600];
 static dt_backend *be;
 
 static void init(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    snprintf(dir, sizeof dir, "/tmp/fuzz_layout_XXXXXX");
-    if (!mkdtemp(dir)) abort();
+    snprintf(dir, sizeof dir, "%s", fuzz_tmpdir("layout"));
+    snprintf(conv_cfg, sizeof conv_cfg, "%s/config.json", dir);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(conv, sizeof conv, "%s/converted.safetensors", dir);
     snprintf(quant, sizeof quant, "%s/q4.safetensors", dir);
@@ -82,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dt_quant_stats st;
     (void)dt_quantize_checkpoint(path, quant, &o, &st);
     unlink(conv);
+    unlink(conv_cfg);   /* convert writes config.json beside its output; the next input may be another model */
     unlink(quant);
     return 0;
 }

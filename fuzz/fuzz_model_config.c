@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "fuzz_tmp.h"
 #include "io/json.h"
 #include "models/flux2.h"
 #include "models/krea2.h"
@@ -25,15 +26,14 @@ enum { C_FLUX2, C_KREA2, C_QWEN3, C_VAE, C_SCHED, C_COUNT };
 static const char *fixture_file[C_COUNT] = {
     "model/transformer/diffusion_pytorch_model.safetensors", "krea2/transformer/diffusion_pytorch_model.safetensors",
     "model/text_encoder/model.safetensors", "model/vae/diffusion_pytorch_model.safetensors", NULL};
-static char dirs[C_COUNT][128], cfg_path[C_COUNT][160];
+static char dirs[C_COUNT][600], cfg_path[C_COUNT][640];
 static int have_weights[C_COUNT];
 static dt_backend *be;
 
 static void init(void) {
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     dt_log_level = 0;
-    char root[] = "/tmp/fuzz_model_config_XXXXXX";
-    if (!mkdtemp(root)) abort();
+    const char *root = fuzz_tmpdir("model-config");
     const char *fx = getenv("DITRUN_FIXTURES");
     if (!fx || !*fx) fx = "tests/fixtures";
     for (int c = 0; c < C_COUNT; c++) {

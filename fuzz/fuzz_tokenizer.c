@@ -9,19 +9,18 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "fuzz_tmp.h"
 #include "pipeline/tokenizer.h"
 
 static const char TEXT[] =
     "Hello world  don't I'LL 1234 caf\xC3\xA9 e\xCC\x81 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\xA6\x8A\t\r\n\n end "
     "<|im_start|>user\nhi<|im_end|>\n<think></think>   ";
 
-static char path[64];
+static char path[600];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!path[0]) {
-        char dir[] = "/tmp/fuzz_tokenizer_XXXXXX";
-        if (!mkdtemp(dir)) abort();
-        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        snprintf(path, sizeof path, "%s/tokenizer.json", fuzz_tmpdir("tokenizer"));
     }
     FILE *f = fopen(path, "wb");
     if (!f) abort();

@@ -7,9 +7,12 @@
 #ifndef DT_TEST_H
 #define DT_TEST_H
 
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "core/common.h"
 
@@ -41,6 +44,24 @@ static inline int t_check_rel_l2(const char *name, const float *got, const float
 static inline const char *t_fixtures(void) {
     const char *e = getenv("DITRUN_FIXTURES");
     return e && *e ? e : "tests/fixtures";
+}
+
+/* A fresh folder for a test's files: $TMPDIR/ditrun-TAG-XXXXXX (TMPDIR defaults to /tmp; tests/run_tests.sh points
+ * it at a private folder and fails a program that leaves anything there). Returns 0, or -1 when it cannot. */
+static inline int t_tmpdir(char *buf, size_t n, const char *tag) {
+    const char *t = getenv("TMPDIR");
+    snprintf(buf, n, "%s/ditrun-%s-XXXXXX", t && *t ? t : "/tmp", tag);
+    return mkdtemp(buf) ? 0 : -1;
+}
+
+static inline int t_rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    remove(p);   /* best effort: keep going */
+    return 0;
+}
+/* Removes a folder and everything under it (symbolic links are removed, not followed). */
+static inline void t_rmtree(const char *dir) {
+    if (dir && *dir) nftw(dir, t_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* GPU tests: skip (with a reason) unless a GPU is usable; with DITRUN_REQUIRE_GPU=1 a missing GPU fails. */

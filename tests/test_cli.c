@@ -98,8 +98,7 @@ int main(void) {
     if (access(exe, X_OK)) { T_SKIP("cli", "%s not built", exe); return T_DONE(); }
     char *abs_exe = realpath(exe, NULL);   /* some cases run from another working directory */
     if (abs_exe) { snprintf(exe, sizeof exe, "%s", abs_exe); free(abs_exe); }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ditrun-cli-XXXXXX");
-    if (!mkdtemp(tmpdir)) { T_FAIL("cli", "mkdtemp failed"); return T_DONE(); }
+    if (t_tmpdir(tmpdir, sizeof tmpdir, "cli")) { T_FAIL("cli", "mkdtemp failed"); return T_DONE(); }
     const char *fx = t_fixtures();
     char args[4096], p1[600], p2[1200], out[700];
     char *cfg = NULL;
@@ -308,7 +307,6 @@ int main(void) {
     expect_error("generate --count with --save-latents", "generate -p x -o /tmp/x.png --count 2 --save-latents /tmp/y.st",
                  "--count", NULL);
     free(cfg);
-    snprintf(args, sizeof args, "rm -rf '%s'", tmpdir);
-    if (system(args) != 0) printf("# cleanup failed\n");
+    t_rmtree(tmpdir);
     return T_DONE();
 }

@@ -60,8 +60,7 @@ int main(void) {
     const char *b = getenv("BUILD");
     char exe[512];
     snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ditrun-startup-XXXXXX");
-    if (!mkdtemp(tmpdir)) { T_FAIL("startup", "mkdtemp failed"); return T_DONE(); }
+    if (t_tmpdir(tmpdir, sizeof tmpdir, "startup")) { T_FAIL("startup", "mkdtemp failed"); return T_DONE(); }
     const char *fx = t_fixtures();
 
     T_CHECK("no CUDA library mapped at start", any_cuda_mapped() == 0, "maps name a CUDA library before any backend");
@@ -128,8 +127,6 @@ int main(void) {
 #else
     T_SKIP("dt_backend_cuda_available loads the CUDA plugin", "built without CUDA");
 #endif
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) printf("# cleanup of %s failed\n", tmpdir);
+    t_rmtree(tmpdir);
     return T_DONE();
 }

@@ -204,8 +204,7 @@ static char *make_big_tokenizer(size_t *len, int *nvocab) {
 int main(void) {
     char path[512];
     const char *fx = t_fixtures();
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_tokenizer_XXXXXX");
-    if (!mkdtemp(tmpdir)) { T_FAIL("mkdtemp", "cannot create a temp folder"); return T_DONE(); }
+    if (t_tmpdir(tmpdir, sizeof tmpdir, "tokenizer")) { T_FAIL("mkdtemp", "cannot create a temp folder"); return T_DONE(); }
 
     snprintf(path, sizeof path, "%s/model/tokenizer", fx);
     double t0 = dt_now();
@@ -459,6 +458,6 @@ int main(void) {
     json_free(cases);
     json_free(pc);
     dt_tokenizer_free(tok);
-    rmdir(tmpdir);
+    t_rmtree(tmpdir);
     return T_DONE();
 }
