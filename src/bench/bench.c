@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bench_internal.h"
+#include "core/outfile.h"
 #include "io/json.h"
 
 void bench_opts_default(bench_opts *o) {
@@ -51,11 +52,7 @@ static int dir_complete(const char *dir) {
 static int mark_complete(const char *dir) {
     char p[4200];
     snprintf(p, sizeof p, "%s/.bench-complete", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", p, strerror(errno)); return -1; }
-    fprintf(f, "ok\n");
-    fclose(f);
-    return 0;
+    return dt_write_file(p, "ok\n", 3);
 }
 
 void bench_remove_checkpoint(const char *dir) {
@@ -89,9 +86,12 @@ char *bench_checkpoint(bench_ctx *x, const char *key, int (*write)(bench_ctx *x,
     bench_remove_checkpoint(tmpd);
     double t0 = dt_now();
     bench_progress("writing synthetic %s checkpoint %s ...", bench_fmt_name(x->o->format), dir);
-    if (write(x, tmpd) || mark_complete(tmpd)) { bench_remove_checkpoint(tmpd); return NULL; }
+    int track = dt_temp_track(tmpd, 1);   /* an interrupt removes the half-written folder */
+    if (write(x, tmpd) || mark_complete(tmpd)) { bench_remove_checkpoint(tmpd); dt_temp_forget(track); return NULL; }
     if (x->o->fresh || !dir_complete(dir)) bench_remove_checkpoint(dir);   /* replace a stale or incomplete folder */
-    if (rename(tmpd, dir)) {
+    int moved = rename(tmpd, dir);
+    dt_temp_forget(track);
+    if (moved) {
         bench_remove_checkpoint(tmpd);
         if (!dir_complete(dir)) { dt_set_error("%s: cannot move the synthetic checkpoint into place (%s)", dir, strerror(errno)); return NULL; }
         bench_progress("another run wrote %s first; using it", dir);

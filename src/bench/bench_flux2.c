@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 
 #include "bench_internal.h"
+#include "core/infile.h"
+#include "core/outfile.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "pipeline/latents.h"
@@ -23,18 +25,13 @@ static int write_f32_copy(const char *src_dir, const char *dst_dir) {
     char p[4200], q[4200];
     snprintf(p, sizeof p, "%s/config.json", src_dir);
     snprintf(q, sizeof q, "%s/config.json", dst_dir);
-    FILE *fi = fopen(p, "rb"), *fo = fopen(q, "wb");
-    if (!fi || !fo) {
-        if (fi) fclose(fi);
-        if (fo) fclose(fo);
-        dt_set_error("%s: cannot copy config.json", dst_dir);
-        return -1;
-    }
-    char buf[4096];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, fi)) > 0) fwrite(buf, 1, k, fo);
+    FILE *fi = dt_fopen_input(p);   /* a small file, copied whole */
+    if (!fi) return -1;
+    char buf[65536];
+    size_t k = fread(buf, 1, sizeof buf, fi);
     fclose(fi);
-    if (fclose(fo)) { dt_set_error("%s: write failed", q); return -1; }
+    if (k == sizeof buf) { dt_set_error("%s: larger than %zu bytes", p, sizeof buf); return -1; }
+    if (dt_write_file(q, buf, k)) return -1;
     dt_weights *w = dt_weights_open(src_dir);
     if (!w) return -1;
     snprintf(q, sizeof q, "%s/model.safetensors", dst_dir);
@@ -71,9 +68,11 @@ static int write_checkpoint(bench_ctx *x, const char *dir) {
     char bdir[1600];
     snprintf(bdir, sizeof bdir, "%s.bf16", dir);
     bench_progress("(f32: written as bf16 in %s, then converted)", bdir);
+    int track = dt_temp_track(bdir, 1);   /* an interrupt removes it */
     int rc = flux2_synth_write(c, bdir, 0, 64, x->o->seed);
     if (rc == 0) rc = write_f32_copy(bdir, dir);
     bench_remove_checkpoint(bdir);
+    dt_temp_forget(track);
     return rc;
 }
 

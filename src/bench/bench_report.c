@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench_internal.h"
+#include "core/outfile.h"
 
 /* GFLOP per millisecond = TFLOP/s */
 static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
@@ -238,8 +239,9 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
 /* ------------------------------------------------------------------ JSON lines */
 
 int bench_report_json(const bench_report *r, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", path, strerror(errno)); return -1; }
+    dt_outfile *of = dt_outfile_open(path);   /* a temporary renamed into place when complete */
+    if (!of) return -1;
+    FILE *f = dt_outfile_fp(of);
     r->family->json_head(r, f);
     for (int k = 0; k < r->n_ops; k++) {
         const bench_op *o = &r->ops[k];
@@ -295,6 +297,5 @@ int bench_report_json(const bench_report *r, const char *path) {
         fprintf(f, "{"); bench_jstr(f, "type", "note"); fputc(',', f); bench_jstr(f, "text", r->notes[i]);
         fprintf(f, "}\n");
     }
-    if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }
-    return 0;
+    return dt_outfile_commit(of);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../core/common.h"
+#include "../core/infile.h"
 
 typedef struct {
     const unsigned char *s;
@@ -352,8 +353,8 @@ json *json_parse(const char *text, size_t len, const char *what) {
 }
 
 json *json_parse_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { dt_set_error("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    FILE *f = dt_fopen_input(path);   /* a regular file (a FIFO or device is refused without waiting) */
+    if (!f) return NULL;
     sbuf sb = {0};
     char buf[65536];
     size_t n;

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../core/infile.h"
+#include "../core/outfile.h"
 #include "json.h"
 
 #define ST_MAX_HEADER (100u * 1024u * 1024u) /* same limit as the reference implementation */
@@ -256,11 +258,10 @@ out:
 }
 
 st_file *st_open(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { dt_set_error("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    int fd = dt_open_input(path);   /* a regular file (a FIFO or device is refused without waiting) */
+    if (fd < 0) return NULL;
     struct stat sb;
     if (fstat(fd, &sb) != 0) { dt_set_error("%s: cannot stat: %s", path, strerror(errno)); close(fd); return NULL; }
-    if (!S_ISREG(sb.st_mode)) { dt_set_error("%s: not a regular file", path); close(fd); return NULL; }
     st_file *f = dt_calloc(1, sizeof *f);
     f->path = dt_strdup(path);
     f->size = (size_t)sb.st_size;
@@ -479,13 +480,6 @@ static uint64_t tab_header(const w_table *t, strbuf *out) {
     return off;
 }
 
-static char *tmp_name(const char *path) {
-    size_t n = strlen(path);
-    char *t = dt_malloc(n + 16);
-    snprintf(t, n + 16, "%s.tmp%ld", path, (long)getpid());
-    return t;
-}
-
 struct st_writer { w_table t; };
 
 st_writer *st_writer_new(void) { return dt_calloc(1, sizeof(st_writer)); }
@@ -505,21 +499,21 @@ void st_writer_set_metadata(st_writer *w, const char *key, const char *value) { 
 
 int st_writer_save(st_writer *w, const char *path) {
     if (w->t.err[0]) { dt_set_error("%s: cannot write: %s", path, w->t.err); return -1; }
-    char *tmp = tmp_name(path);
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) { dt_set_error("%s: cannot create: %s", path, strerror(errno)); free(tmp); return -1; }
+    dt_outfile *of = dt_outfile_open(path);   /* a temporary renamed over the target when complete */
+    if (!of) return -1;
+    FILE *fp = dt_outfile_fp(of);
     strbuf hdr = {0};
     tab_header(&w->t, &hdr);
     int ok = fwrite(hdr.b, 1, hdr.n, fp) == hdr.n;
     free(hdr.b);
     for (size_t i = 0; ok && i < w->t.n; i++)
         if (w->t.e[i].nbytes) ok = fwrite(w->t.e[i].data, 1, (size_t)w->t.e[i].nbytes, fp) == w->t.e[i].nbytes;
-    int err = errno;
-    if (fclose(fp) != 0 && ok) { ok = 0; err = errno; }
-    if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
-    if (!ok) { dt_set_error("%s: write failed: %s", path, strerror(err)); unlink(tmp); }
-    free(tmp);
-    return ok ? 0 : -1;
+    if (!ok) {
+        dt_set_error("%s: write failed: %s", path, strerror(errno));
+        dt_outfile_abort(of);
+        return -1;
+    }
+    return dt_outfile_commit(of);
 }
 
 void st_writer_free(st_writer *w) {
@@ -531,7 +525,8 @@ void st_writer_free(st_writer *w) {
 /* ---- streaming writer ---- */
 struct st_stream {
     w_table t;
-    char *path, *tmp;
+    char *path;
+    dt_outfile *of;   /* a temporary renamed over the target by st_stream_close */
     FILE *fp;
     int begun, failed;
     uint64_t total, written;
@@ -547,14 +542,10 @@ static void stream_fail(st_stream *s, const char *fmt, const char *arg) {
 
 st_stream *st_stream_open(const char *path) {
     st_stream *s = dt_calloc(1, sizeof *s);
+    s->of = dt_outfile_open(path);
+    if (!s->of) { free(s); return NULL; }
     s->path = dt_strdup(path);
-    s->tmp = tmp_name(path);
-    s->fp = fopen(s->tmp, "wb");
-    if (!s->fp) {
-        dt_set_error("%s: cannot create: %s", path, strerror(errno));
-        free(s->path); free(s->tmp); free(s);
-        return NULL;
-    }
+    s->fp = dt_outfile_fp(s->of);
     return s;
 }
 
@@ -595,13 +586,17 @@ int st_stream_close(st_stream *s) {
         snprintf(msg, sizeof msg, "%" PRIu64 " of %" PRIu64 " declared bytes", s->written, s->total);
         stream_fail(s, "incomplete tensor data: only %s were written", msg);
     }
-    int err = 0;
-    if (fclose(s->fp) != 0) err = errno;
-    if (!s->failed && err) stream_fail(s, "write failed: %s", strerror(err));
-    if (!s->failed && rename(s->tmp, s->path) != 0) stream_fail(s, "cannot rename temporary file: %s", strerror(errno));
-    int rc = s->failed ? -1 : 0;
-    if (rc) unlink(s->tmp);
+    int rc = -1;
+    if (s->failed) dt_outfile_abort(s->of);
+    else rc = dt_outfile_commit(s->of);
     tab_free(&s->t);
-    free(s->path); free(s->tmp); free(s);
+    free(s->path); free(s);
     return rc;
+}
+
+void st_stream_abort(st_stream *s) {
+    if (!s) return;
+    dt_outfile_abort(s->of);
+    tab_free(&s->t);
+    free(s->path); free(s);
 }

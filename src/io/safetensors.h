@@ -6,7 +6,9 @@
  * tensors not overlapping). Tensor data are zero-copy views into the mapping.
  * Every error message names the file and the tensor/problem in one line.
  *
- * Writer: collects named f32/other tensors and writes a valid file (used for outputs and tests).
+ * Writer: collects named f32/other tensors and writes a valid file (used for outputs and tests). Both writers
+ * write through core/outfile.h: a temporary beside the target, renamed over it only when complete, removed on
+ * any error or interrupt (an existing target is never truncated).
  */
 #ifndef DT_SAFETENSORS_H
 #define DT_SAFETENSORS_H
@@ -70,5 +72,6 @@ void st_stream_set_metadata(st_stream *s, const char *key, const char *value);
 int st_stream_begin_data(st_stream *s);                     /* writes the header */
 int st_stream_write(st_stream *s, const void *data, size_t nbytes); /* appends bytes of the next tensor(s) */
 int st_stream_close(st_stream *s);                          /* checks every declared byte was written */
+void st_stream_abort(st_stream *s);                         /* discards the output (target untouched), keeps the error */
 
 #endif

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../core/infile.h"
 #include "../quant/mlx_affine.h"
 
 struct dt_weights {
@@ -162,7 +163,13 @@ static int open_with_index(dt_weights *w, const char *dir, const char *index_pat
     for (size_t i = 0; i < files.n; i++) {
         char *p = join_path(dir, files.v[i]);
         if (!is_file(p)) {
-            dt_set_error("%s: shard '%s' listed in weight_map does not exist (missing file %s)", index_path, files.v[i], p);
+            struct stat sb;
+            if (stat(p, &sb) == 0)
+                dt_set_error("%s: shard '%s' listed in weight_map is not a regular file (%s is %s)", index_path, files.v[i],
+                             p, S_ISDIR(sb.st_mode) ? "a folder" : "not a file");
+            else if (errno == ENOENT)
+                dt_set_error("%s: shard '%s' listed in weight_map does not exist (missing file %s)", index_path, files.v[i], p);
+            else dt_set_error("%s: shard '%s' listed in weight_map: %s: %s", index_path, files.v[i], p, strerror(errno));
             free(p);
             goto out;
         }
@@ -242,14 +249,11 @@ out:
 }
 
 dt_weights *dt_weights_open(const char *path) {
-    struct stat sb;
-    if (!path || stat(path, &sb) != 0) {
-        dt_set_error("%s: cannot open weights: %s", path ? path : "(null)", strerror(errno));
-        return NULL;
-    }
+    int kind = dt_input_kind(path);   /* 0 file, 1 folder; missing, a loop, a FIFO: an error naming why */
+    if (kind < 0) return NULL;
     dt_weights *w = dt_calloc(1, sizeof *w);
     w->path = dt_strdup(path);
-    if (S_ISDIR(sb.st_mode)) {
+    if (kind == 1) {
         if (open_folder(w, path)) goto fail;
         char *cp = join_path(path, "config.json");
         if (is_file(cp)) {

@@ -12,6 +12,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/outfile.h"
+#include "io/config_file.h"
+
 #define BFL_PREFIX "model.diffusion_model."
 #define MAX_BLOCKS 4096
 
@@ -385,6 +388,7 @@ int flux2_convert_to_diffusers(const char *input, const char *output, int *writt
     int rc = -1, n = 0, *is_norm = NULL;
     char **names = NULL, *file = NULL, *cfg_path = NULL, *text = NULL;
     st_stream *s = NULL;
+    dt_outdir *stage = NULL;
     const st_tensor **out = NULL;
     flux2_layout l = flux2_layout_detect(w);
     if (l == FLUX2_LAYOUT_UNKNOWN) {
@@ -403,12 +407,22 @@ int flux2_convert_to_diffusers(const char *input, const char *output, int *writt
         if (sl) snprintf(cfg_path, dl + 16, "%.*s/config.json", (int)dl, output);
         else snprintf(cfg_path, dl + 16, "config.json");
     } else {
-        if (mkdir(output, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", output, strerror(errno)); goto done; }
-        size_t ol = strlen(output) + 48;
+        /* a new folder is built beside and renamed into place when complete; an existing one gets its two files
+         * replaced, each through a temporary */
+        struct stat sb;
+        const char *into = output;
+        if (stat(output, &sb) != 0) {
+            if (!(stage = dt_outdir_begin(output))) goto done;
+            into = dt_outdir_path(stage);
+        } else if (!S_ISDIR(sb.st_mode)) {
+            dt_set_error("%s: exists and is not a folder (a FILE.safetensors output must end in .safetensors)", output);
+            goto done;
+        }
+        size_t ol = strlen(into) + 48;
         file = dt_malloc(ol);
         cfg_path = dt_malloc(ol);
-        snprintf(file, ol, "%s/diffusion_pytorch_model.safetensors", output);
-        snprintf(cfg_path, ol, "%s/config.json", output);
+        snprintf(file, ol, "%s/diffusion_pytorch_model.safetensors", into);
+        snprintf(cfg_path, ol, "%s/config.json", into);
     }
     /* every diffusers tensor of the geometry, with its quantization companions */
     n = flux2_diffusers_names(&c, &names, &is_norm);
@@ -446,6 +460,14 @@ int flux2_convert_to_diffusers(const char *input, const char *output, int *writt
             (*skipped)++;
         }
     }
+    /* before any writing: neither output is an input, a config.json already there describes this model */
+    text = flux2_config_json(&c, qbits, qgroup);
+    json *ours = json_parse(text, strlen(text), "generated config.json");
+    const char *inputs[1] = {input};
+    int bad = !ours || dt_output_not_input(file, inputs, 1) || dt_output_not_input(cfg_path, inputs, 1) ||
+              dt_config_beside_ok(cfg_path, ours) || dt_output_check(cfg_path);
+    json_free(ours);
+    if (bad) goto done;
     s = st_stream_open(file);
     if (!s) goto done;
     for (int k = 0; k < nout; k++) st_stream_declare(s, out[k]->name, out[k]->dtype, out[k]->ndim, out[k]->shape);
@@ -462,15 +484,17 @@ int flux2_convert_to_diffusers(const char *input, const char *output, int *writt
     int r = st_stream_close(s);
     s = NULL;
     if (r) goto done;
-    text = flux2_config_json(&c, qbits, qgroup);
-    FILE *f = fopen(cfg_path, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", cfg_path, strerror(errno)); goto done; }
-    fputs(text, f);
-    if (fclose(f)) { dt_set_error("%s: write failed", cfg_path); goto done; }
+    if (dt_write_file(cfg_path, text, strlen(text))) goto done;
+    if (stage) {
+        int r2 = dt_outdir_commit(stage);
+        stage = NULL;
+        if (r2) goto done;
+    }
     *written = nout;
     rc = 0;
 done:
-    if (s) st_stream_close(s);
+    if (s) st_stream_abort(s);   /* an error before the end: nothing replaced */
+    dt_outdir_abort(stage);
     free(out);
     flux2_names_free(names, is_norm, n);
     free(file);

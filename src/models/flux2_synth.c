@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/outfile.h"
 #include "flux2.h"
 #include "synth.h"
 
@@ -66,8 +67,9 @@ static void list_tensors(const flux2_config *c, synth_list *l) {
 static int write_config(const flux2_config *c, const char *dir, int bits, int group) {
     char p[4200];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", p, strerror(errno)); return -1; }
+    dt_outfile *of = dt_outfile_open(p);   /* a temporary renamed into place when complete */
+    if (!of) return -1;
+    FILE *f = dt_outfile_fp(of);
     fprintf(f, "{\n  \"_class_name\": \"Flux2Transformer2DModel\",\n  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [",
             c->head_dim);
     for (int a = 0; a < c->n_axes; a++) fprintf(f, "%s%d", a ? ", " : "", c->axes[a]);
@@ -78,8 +80,7 @@ static int write_config(const flux2_config *c, const char *dir, int bits, int gr
             c->num_layers, c->num_single_layers, c->rope_theta, c->tg_channels);
     if (bits) fprintf(f, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
     fprintf(f, "\n}\n");
-    if (fclose(f)) { dt_set_error("%s: write failed", p); return -1; }
-    return 0;
+    return dt_outfile_commit(of);
 }
 
 int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed) {

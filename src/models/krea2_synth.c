@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/outfile.h"
 #include "krea2.h"
 #include "synth.h"
 
@@ -105,8 +106,9 @@ static void list_tensors(const krea2_config *c, synth_list *l) {
 static int write_config(const krea2_config *c, const char *dir, int bits, int group) {
     char p[4200];
     snprintf(p, sizeof p, "%s/config.json", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", p, strerror(errno)); return -1; }
+    dt_outfile *of = dt_outfile_open(p);   /* a temporary renamed into place when complete */
+    if (!of) return -1;
+    FILE *f = dt_outfile_fp(of);
     fprintf(f, "{\n  \"_class_name\": \"Krea2Transformer2DModel\",\n  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [",
             c->head_dim);
     for (int a = 0; a < c->n_axes; a++) fprintf(f, "%s%d", a ? ", " : "", c->axes[a]);
@@ -120,8 +122,7 @@ static int write_config(const krea2_config *c, const char *dir, int bits, int gr
             c->text_kv_heads, c->t_embed);
     if (bits) fprintf(f, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
     fprintf(f, "\n}\n");
-    if (fclose(f)) { dt_set_error("%s: write failed", p); return -1; }
-    return 0;
+    return dt_outfile_commit(of);
 }
 
 int krea2_synth_write(const krea2_config *c, const char *dir, int bits, int group, uint64_t seed) {

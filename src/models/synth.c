@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/outfile.h"
 #include "io/safetensors.h"
 
 static void add(synth_list *l, const char *name, int ndim, const int64_t *shape, int q, float center, float amp) {
@@ -127,10 +128,4 @@ int synth_write(const synth_list *l, const char *path, int bits, int group, dt_d
     return rc;
 }
 
-int synth_write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", path, strerror(errno)); return -1; }
-    fputs(text, f);
-    if (fclose(f)) { dt_set_error("%s: write failed", path); return -1; }
-    return 0;
-}
+int synth_write_text(const char *path, const char *text) { return dt_write_file(path, text, strlen(text)); }

@@ -1,4 +1,5 @@
-/* png.c — deterministic RGB8 PNG writer with text chunks, and an RGB8 reader (libpng). */
+/* png.c — deterministic RGB8 PNG writer with text chunks, and an RGB8 reader (libpng). The file writer goes
+ * through core/outfile.h (a temporary renamed over the target when complete); the reader opens only regular files. */
 #include "pipeline/png.h"
 
 #include <errno.h>
@@ -6,13 +7,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/common.h"
+#include "core/infile.h"
+#include "core/outfile.h"
 
 static void png_err_cb(png_structp png, png_const_charp msg) {
     const char *path = (const char *)png_get_error_ptr(png);
-    dt_set_error("%s: PNG error: %s", path ? path : "(png)", msg);
+    int err = errno;
+    if (!strcmp(msg, "Write Error") && err) dt_set_error("%s: write failed: %s", path ? path : "(png)", strerror(err));
+    else dt_set_error("%s: PNG error: %s", path ? path : "(png)", msg);
     png_longjmp(png, 1);
 }
 
@@ -145,18 +149,13 @@ static int encode(const char *what, FILE *fp, mem_sink *mem, const uint8_t *rgb,
 
 int dt_png_write(const char *path, const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text) {
     if (check_args(path, w, h, text, n_text)) return -1;
-    FILE *fp = fopen(path, "wb");
-    if (!fp) {
-        dt_set_error("%s: cannot create: %s", path, strerror(errno));
-        return -1;
-    }
-    int rc = encode(path, fp, NULL, rgb, w, h, text, n_text);
-    if (fclose(fp) != 0 && rc == 0) {
-        dt_set_error("%s: write failed: %s", path, strerror(errno));
-        rc = -1;
-    }
-    if (rc != 0) unlink(path);
-    return rc;
+    dt_outfile *of = dt_outfile_open(path);
+    if (!of) return -1;
+    errno = 0;
+    if (encode(path, dt_outfile_fp(of), NULL, rgb, w, h, text, n_text) == 0)
+        return dt_outfile_commit(of);   /* flush, fsync, rename over the target */
+    dt_outfile_abort(of);               /* the target, if any, is untouched */
+    return -1;
 }
 
 int dt_png_encode(const uint8_t *rgb, int w, int h, const dt_png_text *text, int n_text, uint8_t **png, size_t *len) {
@@ -231,11 +230,8 @@ static int read_body(png_structp png, png_infop info, FILE *fp, read_state *st, 
 int dt_png_read(const char *path, uint8_t **rgb, int *w, int *h, dt_png_text **text, int *n_text) {
     *rgb = NULL;
     if (text) { *text = NULL; *n_text = 0; }
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        dt_set_error("%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
+    FILE *fp = dt_fopen_input(path);
+    if (!fp) return -1;
     unsigned char sig[8];
     if (fread(sig, 1, 8, fp) != 8 || png_sig_cmp(sig, 0, 8) != 0) {
         fclose(fp);

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/infile.h"
+#include "core/outfile.h"
 #include "models/flux2.h"
 #include "models/synth.h"
 
@@ -23,18 +25,18 @@ static int mkdir_p(const char *d) {
 }
 
 static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) { dt_set_error("%s: cannot read (%s)", src, strerror(errno)); return -1; }
-    FILE *out = fopen(dst, "wb");
-    if (!out) { fclose(in); dt_set_error("%s: cannot create (%s)", dst, strerror(errno)); return -1; }
+    FILE *in = dt_fopen_input(src);
+    if (!in) return -1;
+    dt_outfile *of = dt_outfile_open(dst);
+    if (!of) { fclose(in); return -1; }
     char buf[65536];
     size_t n;
-    int rc = 0;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) { rc = -1; dt_set_error("%s: write failed", dst); break; }
+    int ok = 1;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, dt_outfile_fp(of)) == n;
+    if (ok && ferror(in)) { dt_set_error("%s: read error", src); fclose(in); dt_outfile_abort(of); return -1; }
     fclose(in);
-    if (fclose(out)) rc = -1;
-    return rc;
+    if (!ok) { dt_set_error("%s: write failed: %s", dst, strerror(errno)); dt_outfile_abort(of); return -1; }
+    return dt_outfile_commit(of);
 }
 
 static int write_text_encoder(const char *dir, const te_geom *g, int bits, int group, uint64_t seed) {

@@ -13,6 +13,7 @@
 #include <utf8proc.h>
 
 #include "../core/common.h"
+#include "../core/infile.h"
 #include "../io/json.h"
 
 /* The Qwen2 pre-tokenizer regex, and the cl100k variant that differs only by \p{N}{1,3}. */
@@ -1044,11 +1045,11 @@ static int load_config(dt_tokenizer *t, const char *cfgpath) {
 
 dt_tokenizer *dt_tokenizer_load(const char *dir_or_file) {
     if (!dir_or_file || !*dir_or_file) { dt_set_error("tokenizer: no path given"); return NULL; }
-    struct stat st;
-    if (stat(dir_or_file, &st) != 0) { dt_set_error("%s: no such file or folder", dir_or_file); return NULL; }
+    int kind = dt_input_kind(dir_or_file);   /* 0 file, 1 folder; a FIFO, a loop or a missing path: an error */
+    if (kind < 0) return NULL;
     size_t pl = strlen(dir_or_file);
     char *file, *cfg;
-    if (S_ISDIR(st.st_mode)) {
+    if (kind == 1) {
         file = dt_malloc(pl + 32);
         cfg = dt_malloc(pl + 32);
         snprintf(file, pl + 32, "%s/tokenizer.json", dir_or_file);

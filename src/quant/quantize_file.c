@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../core/outfile.h"
+#include "../io/config_file.h"
 #include "../io/weights.h"
 
 #define BLOCK_ELEMS (1 << 20)   /* f32 elements per row block (4 MB) */
@@ -127,52 +129,6 @@ static int quantize_tensor(st_stream *s, const st_tensor *t, const dt_quant_opts
 
 /* ------------------------------------------------------------------ config.json beside the output */
 
-static void put_str(FILE *f, const char *s, size_t len) {
-    fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
-static void put_json(FILE *f, const json *j, int depth) {
-    switch (j->type) {
-    case JSON_NULL: fputs("null", f); break;
-    case JSON_BOOL: fputs(j->boolean ? "true" : "false", f); break;
-    case JSON_NUMBER:
-        if (j->is_integer) fprintf(f, "%lld", (long long)j->integer);
-        else {   /* shortest form that reads back exactly */
-            char b[40];
-            snprintf(b, sizeof b, "%.15g", j->number);
-            if (strtod(b, NULL) != j->number) snprintf(b, sizeof b, "%.17g", j->number);
-            fputs(b, f);
-        }
-        break;
-    case JSON_STRING: put_str(f, j->str, j->len); break;
-    case JSON_ARRAY:
-        fputc('[', f);
-        for (size_t i = 0; i < j->len; i++) { if (i) fputs(", ", f); put_json(f, j->items[i], depth + 1); }
-        fputc(']', f);
-        break;
-    case JSON_OBJECT:
-        fputs("{", f);
-        for (size_t i = 0; i < j->len; i++) {
-            fprintf(f, "%s\n%*s", i ? "," : "", 2 * (depth + 1), "");
-            put_str(f, j->keys[i], strlen(j->keys[i]));
-            fputs(": ", f);
-            put_json(f, j->items[i], depth + 1);
-        }
-        fprintf(f, "\n%*s}", 2 * depth, "");
-        break;
-    }
-}
-
 static char *dir_of(const char *path) {
     const char *sl = strrchr(path, '/');
     if (!sl) return dt_strdup(".");
@@ -183,32 +139,39 @@ static char *dir_of(const char *path) {
     return d;
 }
 
-/* Writes DIR(output)/config.json = the input config without its quantization entries + ours.
- * Refuses to overwrite the input's own config.json. Returns 1 written, 0 skipped, -1 error. */
-static int write_config(const json *cfg, const char *in_dir, const char *output, const dt_quant_opts *o, FILE *log) {
-    char *od = dir_of(output), cp[PATH_MAX + 16], ip[PATH_MAX + 16], r1[PATH_MAX], r2[PATH_MAX];
-    snprintf(cp, sizeof cp, "%s/config.json", od);
+/* DIR(output)/config.json (cp), or NULL when it would be the input's own config.json (never overwritten). */
+static char *config_beside(const char *in_dir, const char *output, FILE *log) {
+    char *od = dir_of(output), ip[PATH_MAX + 16], r1[PATH_MAX], r2[PATH_MAX];
+    size_t n = strlen(od) + 16;
+    char *cp = dt_malloc(n);
+    snprintf(cp, n, "%s/config.json", od);
     snprintf(ip, sizeof ip, "%s/config.json", in_dir);
     free(od);
     if (realpath(cp, r1) && realpath(ip, r2) && !strcmp(r1, r2)) {
         fprintf(log, "ditrun: note: not writing %s: it is the input's own config.json\n", cp);
-        return 0;
+        free(cp);
+        return NULL;
     }
-    FILE *f = fopen(cp, "w");
-    if (!f) { dt_set_error("%s: cannot create (%s)", cp, strerror(errno)); return -1; }
+    return cp;
+}
+
+/* Writes cp = the input config without its quantization entries + ours (through a temporary). 0 or -1. */
+static int write_config(const json *cfg, const char *cp, const dt_quant_opts *o) {
+    dt_outfile *of = dt_outfile_open(cp);
+    if (!of) return -1;
+    FILE *f = dt_outfile_fp(of);
     fputs("{", f);
     int n = 0;
     for (size_t i = 0; i < cfg->len; i++) {
         if (!strcmp(cfg->keys[i], "quantization") || !strcmp(cfg->keys[i], "quantization_config")) continue;
         fprintf(f, "%s\n  ", n++ ? "," : "");
-        put_str(f, cfg->keys[i], strlen(cfg->keys[i]));
+        json_write_string(f, cfg->keys[i], strlen(cfg->keys[i]));
         fputs(": ", f);
-        put_json(f, cfg->items[i], 1);
+        json_write(f, cfg->items[i], 1);
     }
     fprintf(f, "%s\n  \"quantization\": {\"group_size\": %d, \"bits\": %d, \"mode\": \"affine\"}\n}\n", n ? "," : "",
             o->group, o->bits);
-    if (fclose(f)) { dt_set_error("%s: write failed", cp); return -1; }
-    return 1;
+    return dt_outfile_commit(of);
 }
 
 /* ------------------------------------------------------------------ the whole checkpoint */
@@ -253,10 +216,19 @@ int dt_quantize_checkpoint(const char *input, const char *output, const dt_quant
     char *is_q = dt_calloc(n ? n : 1, 1);
     tensor_report *rep = dt_calloc(n ? n : 1, sizeof *rep);
     int nrep = 0, rc = -1;
+    st_stream *s = NULL;
+    char *cp = NULL, *made_dir = NULL;
+    /* before any work: the outputs are not inputs, a config.json already beside the output is this model's */
+    const char *inputs[2] = {input, dir};
+    const json *cfg = dt_weights_config(w);
+    if (dt_output_not_input(output, inputs, 2)) goto done;
     char *od = dir_of(output);
-    if (mkdir(od, 0755) == 0) dt_log(2, "%s: created\n", od);   /* one missing level is created */
-    free(od);
-    st_stream *s = st_stream_open(output);
+    if (mkdir(od, 0755) == 0) { dt_log(2, "%s: created\n", od); made_dir = od; }   /* one missing level is created */
+    else free(od);
+    if (o->write_config && cfg && cfg->type == JSON_OBJECT && (cp = config_beside(dir, output, log)) &&
+        (dt_output_not_input(cp, inputs, 2) || dt_config_beside_ok(cp, cfg) || dt_output_check(cp)))
+        goto done;
+    s = st_stream_open(output);   /* the temporary beside the output exists from here on */
     if (!s) goto done;
     char nm[1024];
     for (size_t i = 0; i < n; i++) {
@@ -322,16 +294,17 @@ int dt_quantize_checkpoint(const char *input, const char *output, const dt_quant
         for (int k = 0; k < show; k++)
             fprintf(log, "  %-56s [%6lld, %6lld]  rel err %.4e\n", rep[k].name, (long long)rep[k].out, (long long)rep[k].in, rep[k].rel);
     }
-    const json *cfg = dt_weights_config(w);
-    if (o->write_config && cfg && cfg->type == JSON_OBJECT) {
-        int wc = write_config(cfg, dir, output, o, log);
-        if (wc < 0) goto done;
-        st->wrote_config = wc;
+    if (cp) {
+        if (write_config(cfg, cp, o)) goto done;
+        st->wrote_config = 1;
     }
     st->seconds = dt_now() - t0;
     rc = 0;
 done:
-    if (s) st_stream_close(s);
+    if (s) st_stream_abort(s);   /* an error before the end: the temporary goes, an existing output stays */
+    if (rc && made_dir) rmdir(made_dir);
+    free(made_dir);
+    free(cp);
     for (int k = 0; k < nrep; k++) free(rep[k].name);
     free(rep);
     free(is_q);
