@@ -19,6 +19,13 @@ int cmd_serve(int argc, char **argv);
 int cli_error(const char *fmt, ...);                 /* prints "ditrun: error: ..." and returns 1 */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);   /* 0 ok, else error printed */
 int cli_parse_float(const char *opt, const char *s, double *out);
+/* Before the work starts: OUT can be written (core/outfile.h: its folder exists and accepts a file, it is not a
+ * folder or a block device) and is not the same file as IN1 / IN2 or a file under them (NULL: none).
+ * 0 ok; else prints the error and returns 1. */
+int cli_check_output(const char *out, const char *in1, const char *in2);
+/* Before the work starts: the input at path exists and is a regular file (want_file) or a file or folder, not a FIFO,
+ * device or loop (core/infile.h). 0 ok; else prints the error and returns 1. */
+int cli_check_input(const char *path, int want_file);
 
 /* Logs one line on the GPU's clock and power across repeated timed runs (nothing when the summary is empty):
  * median SM clock and power, how many samples were power-capped. what = the runs ("forwards"). */

@@ -67,10 +67,9 @@ int cli_model_family(const char *path) {
     char cfgp[4200];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
     free(dir);
-    FILE *f = fopen(cfgp, "rb");
-    if (!f) return CLI_FAMILY_FLUX2;  /* no config: the FLUX.2 loader reports what is missing */
-    fclose(f);
-    json *j = json_parse_file(cfgp);
+    struct stat st;
+    if (stat(cfgp, &st) != 0) return CLI_FAMILY_FLUX2;  /* no config: the FLUX.2 loader reports what is missing */
+    json *j = json_parse_file(cfgp);   /* a FIFO or folder named config.json is refused, without waiting */
     if (!j) return -1;
     const char *cls = json_get_str(j, "_class_name");
     int fam = CLI_FAMILY_FLUX2;

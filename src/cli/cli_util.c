@@ -5,6 +5,8 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "core/infile.h"
+#include "core/outfile.h"
 
 int cli_error(const char *fmt, ...) {
     va_list ap;
@@ -32,6 +34,19 @@ int cli_parse_float(const char *opt, const char *s, double *out) {
     double v = strtod(s, &end);
     if (errno || end == s || *end || v != v) { cli_error("option %s: '%s' is not a number", opt, s); return -1; }
     *out = v;
+    return 0;
+}
+
+int cli_check_output(const char *out, const char *in1, const char *in2) {
+    const char *inputs[2] = {in1, in2};
+    if (dt_output_check(out) || dt_output_not_input(out, inputs, 2)) return cli_error("%s", dt_last_error());
+    return 0;
+}
+
+int cli_check_input(const char *path, int want_file) {
+    int kind = dt_input_kind(path);
+    if (kind < 0) return cli_error("%s", dt_last_error());
+    if (want_file && kind == 1) return cli_error("%s: is a folder, not a regular file", path);
     return 0;
 }
 

@@ -35,6 +35,7 @@ int cmd_convert(int argc, char **argv) {
     }
     if (!in || !out) { usage(stderr); return cli_error("convert: --input and --output are required"); }
     if (strcmp(to, "diffusers")) return cli_error("convert: --to '%s' is not supported (diffusers)", to);
+    if (cli_check_input(in, 0)) return 1;   /* a FIFO, a loop, a missing path: the real reason, before any work */
     int written, skipped;
     double t0 = dt_now();
     if (flux2_convert_to_diffusers(in, out, &written, &skipped)) return cli_error("%s", dt_last_error());

@@ -137,6 +137,8 @@ int cmd_forward(int argc, char **argv) {
     if (compare && cmp_qpath >= 0) return cli_error("--compare-bf16 and --compare-qpath: one comparison at a time");
     if (cmp_qpath >= 0 && cli_model_family(model) != CLI_FAMILY_FLUX2)
         return cli_error("--compare-qpath: FLUX.2 models only");
+    if (cli_check_input(inputs, 1) || cli_check_input(model, 0)) return 1;   /* before loading anything */
+    if (output && cli_check_output(output, model, inputs)) return 1;
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());
     if (any_fp8 && family != CLI_FAMILY_FLUX2)
@@ -161,6 +163,7 @@ int cmd_forward(int argc, char **argv) {
     if (!(img = input_f32(in, "in.hidden_states", 1, &t_img)) || shape2(t_img, &n, &cin)) goto done;
     if (!(ts = input_f32(in, "in.timestep", 1, &t_ts))) goto done;
     if (t_ts->numel != 1) { dt_set_error("%s: in.timestep must hold one value (batch 1), has %lld", inputs, (long long)t_ts->numel); goto done; }
+    if (!isfinite(ts[0])) { dt_set_error("%s: in.timestep is %g; it must be a finite number", inputs, (double)ts[0]); goto done; }
     if (!(txt = input_f32(in, "in.encoder_hidden_states", 1, &t_txt))) goto done;
 
     if (family == CLI_FAMILY_FLUX2) {

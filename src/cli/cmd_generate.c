@@ -21,7 +21,9 @@ static void usage(FILE *f) {
             "  --model ROOT                pipeline root (default: the bundled tiny model)\n"
             "  -p, --prompt TEXT           the prompt (required)\n"
             "  -o, --output FILE           PNG to write (required)\n"
-            "  --height H, --width W       image size in pixels (default 1024x1024; rounded down to multiples of 16)\n"
+            "  --height H, --width W       image size in pixels (default 1024x1024), rounded down to a multiple of the\n"
+            "                              model's VAE factor x patch size (16 for FLUX.2-klein) and at most the model's\n"
+            "                              largest side (8192 for FLUX.2-klein)\n"
             "  --steps N                   denoising steps (default 4 for distilled models, 50 otherwise)\n"
             "  --seed S                    noise seed (default 0); same seed = same image on every backend\n"
             "  --guidance G                classifier-free guidance for non-distilled models (default 4.0)\n"
@@ -85,6 +87,17 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* --count N's k-th output: OUT.png -> OUT-k.png (malloc'd). */
+static char *numbered_output(const char *output, int k) {
+    size_t ol = strlen(output);
+    const char *dot = strrchr(output, '.');
+    size_t stem = dot && !strchr(dot, '/') ? (size_t)(dot - output) : ol;
+    size_t n = ol + 24;
+    char *path = dt_malloc(n);
+    snprintf(path, n, "%.*s-%d%s", (int)stem, output, k, output + stem);
+    return path;
+}
+
 /* --count N: one load, N images (seeds seed .. seed + N - 1) written as OUT-1.png .. OUT-N.png; per-image timings
  * and the first image vs the median of the warm ones. */
 static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_params *p, const char *output, int count) {
@@ -93,9 +106,6 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
     if (!pl) return cli_error("%s", dt_last_error());
     double t_load = dt_now() - t0;
     dt_log(1, "ditrun: pipeline loaded in %.2f s\n", t_load);
-    size_t ol = strlen(output);
-    const char *dot = strrchr(output, '.');
-    size_t stem = dot && !strchr(dot, '/') ? (size_t)(dot - output) : ol;
     double *tot = dt_malloc(sizeof(double) * (size_t)count);
     int rc = 0;
     const uint64_t seed0 = p->seed;
@@ -109,9 +119,7 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
         tot[i] = dt_now() - ts;
         printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step), decode %.3f s, total %.3f s\n", i + 1,
                count, (unsigned long long)p->seed, tm.t_encode, tm.t_denoise, tm.t_denoise / tm.steps, tm.t_decode, tot[i]);
-        size_t n = ol + 24;
-        char *path = dt_malloc(n);
-        snprintf(path, n, "%.*s-%d%s", (int)stem, output, i + 1, output + stem);
+        char *path = numbered_output(output, i + 1);
         if (write_png(path, rgb, w, h, p, tm.steps, lo->model)) rc = cli_error("%s", dt_last_error());
         free(path);
         free(rgb);
@@ -163,8 +171,11 @@ int cmd_generate(int argc, char **argv) {
             while (*s) {
                 char *end;
                 long t = strtol(s, &end, 10);
-                if (end == s || t < 0 || t > 4096 || lo.n_taps == DT_GEN_MAX_TAPS || (*end && *end != ','))
+                if (end == s || (*end && *end != ','))
                     return cli_error("--text-encoder-layers: '%s' is not a comma-separated list of layer numbers", v);
+                if (t < 0 || t > 4096) return cli_error("--text-encoder-layers: layer %ld is out of range 0..4096", t);
+                if (lo.n_taps == DT_GEN_MAX_TAPS)
+                    return cli_error("--text-encoder-layers: '%s' lists more than %d layers", v, DT_GEN_MAX_TAPS);
                 lo.taps[lo.n_taps++] = (int)t;
                 s = *end ? end + 1 : end;
             }
@@ -185,6 +196,16 @@ int cmd_generate(int argc, char **argv) {
     if (!lo.model) {
         lo.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", lo.model);
+    }
+    /* before loading anything: the noise file is a file, every output can be written and none is an input */
+    if (p.noise_file && cli_check_input(p.noise_file, 1)) return 1;
+    if (save && cli_check_output(save, lo.model, p.noise_file)) return 1;
+    if (count == 1 && cli_check_output(output, lo.model, p.noise_file)) return 1;
+    for (int k = 1; k <= (count > 1 ? count : 0); k++) {
+        char *path = numbered_output(output, k);
+        int bad = cli_check_output(path, lo.model, p.noise_file);
+        free(path);
+        if (bad) return 1;
     }
     lo.cuda_graph = mo.cuda_graph;
     dt_backend *be = cli_model_backend(&mo);

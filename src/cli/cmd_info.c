@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "core/infile.h"
 #include "io/weights.h"
 #include "models/flux2.h"
 #include "models/flux2_layouts.h"
+#include "models/krea2.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun info PATH\n\n"
@@ -18,8 +20,10 @@ static void usage(FILE *f) {
 
 static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
 
-/* Summarise one set of tensors. Returns 0 or -1 (error set). */
+/* Summarise one set of tensors. Returns 0, 1 when it was printed but its config is invalid (error set), or -1 when
+ * it cannot be read (error set). */
 static int describe(const char *label, const char *path) {
+    int invalid = 0;
     dt_weights *w = dt_weights_open(path);
     if (!w) return -1;
     /* BFL / mflux transformers: diffusers names and, without config.json, the geometry from the shapes */
@@ -75,6 +79,16 @@ static int describe(const char *label, const char *path) {
             printf("  parameters   %.4f B\n", params / 1e9);
         } else {
             printf("  geometry     (config invalid: %s)\n", dt_last_error());
+            invalid = 1;
+        }
+    } else if (cfg && cls && !strcmp(cls, "Krea2Transformer2DModel")) {
+        krea2_config c;
+        if (krea2_config_parse(cfg, "config.json", &c) == 0)
+            printf("  geometry     D=%d (%d heads x %d, %d kv), %d blocks, MLP %d, in %d, text %d x %d layers\n", c.hidden,
+                   c.heads, c.head_dim, c.kv_heads, c.num_layers, c.intermediate, c.in_channels, c.text_dim, c.text_layers);
+        else {
+            printf("  geometry     (config invalid: %s)\n", dt_last_error());
+            invalid = 1;
         }
     } else if (cfg) {
         const char *keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -94,7 +108,56 @@ static int describe(const char *label, const char *path) {
     printf("\n");
     if (qlin) printf("  quantized    %d Linears, MLX affine %d-bit, group %d%s\n", qlin, qbits, qgroup, mixed ? " (mixed)" : "");
     else printf("  quantized    none (dense)\n");
+    if (invalid) {   /* keep the config's error, naming the component */
+        char why[900];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        dt_set_error("%s: invalid config: %s", dt_weights_path(w), why);
+    }
     dt_weights_close(w);
+    return invalid;
+}
+
+/* A pipeline root: every component model_index.json lists ([library, class]) must be there; transformer,
+ * text_encoder and vae are described. Returns the exit code (1 with an error line when one is missing or invalid,
+ * after printing what is there). */
+static int describe_pipeline(const char *path, const char *index) {
+    json *idx = json_parse_file(index);
+    if (!idx) return cli_error("%s", dt_last_error());
+    if (idx->type != JSON_OBJECT) { json_free(idx); return cli_error("%s: not a JSON object", index); }
+    const char *cls = json_get_str(idx, "_class_name");
+    printf("pipeline: %s (%s, distilled: %s)\n", path, cls ? cls : "?", json_get_bool(idx, "is_distilled", 0) ? "yes" : "no");
+    char p[4200], problem[1200] = "";
+    int found = 0;
+    static const char *described[] = {"transformer", "text_encoder", "vae"};
+    for (size_t c = 0; c < sizeof described / sizeof described[0]; c++) {
+        snprintf(p, sizeof p, "%s/%s", path, described[c]);
+        if (!is_dir(p)) continue;
+        int r = describe(described[c], p);
+        if (r < 0) { json_free(idx); return cli_error("%s", dt_last_error()); }
+        if (r > 0 && !problem[0]) snprintf(problem, sizeof problem, "%s", dt_last_error());
+        found++;
+    }
+    snprintf(p, sizeof p, "%s/tokenizer/tokenizer.json", path);
+    struct stat st;
+    if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) printf("tokenizer: %s\n", p);
+    /* components listed as [library, class] (optional ones are [null, null]) */
+    for (size_t i = 0; i < idx->len && !problem[0]; i++) {
+        const json *v = idx->items[i];
+        const char *k = idx->keys[i];
+        if (k[0] == '_' || v->type != JSON_ARRAY || v->len != 2 || json_at(v, 1)->type != JSON_STRING) continue;
+        snprintf(p, sizeof p, "%s/%s", path, k);
+        if (strchr(k, '/') || !is_dir(p)) {
+            snprintf(problem, sizeof problem, "%.400s: component '%.100s' (%.100s) listed in model_index.json has no folder",
+                     path, k, json_at(v, 1)->str);
+        } else if (!strcmp(k, "tokenizer")) {
+            snprintf(p, sizeof p, "%s/tokenizer/tokenizer.json", path);
+            if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
+                snprintf(problem, sizeof problem, "%.400s: the tokenizer folder has no tokenizer.json", path);
+        }
+    }
+    json_free(idx);
+    if (!found && !problem[0]) return cli_error("%s: pipeline root without transformer/, text_encoder/ or vae/ folders", path);
+    if (problem[0]) return cli_error("%s", problem);
     return 0;
 }
 
@@ -107,33 +170,15 @@ int cmd_info(int argc, char **argv) {
         path = argv[i];
     }
     if (!path) { usage(stderr); return cli_error("info: PATH is required"); }
-    struct stat st;
-    if (stat(path, &st) != 0) return cli_error("%s: no such file or directory", path);
-    if (is_dir(path)) {
+    int kind = dt_input_kind(path);   /* 0 file, 1 folder; a loop, a FIFO, a missing path: the real reason */
+    if (kind < 0) return cli_error("%s", dt_last_error());
+    if (kind == 1) {
         char p[4200];
         snprintf(p, sizeof p, "%s/model_index.json", path);
-        FILE *f = fopen(p, "rb");
-        if (f) {
-            fclose(f);
-            json *idx = json_parse_file(p);
-            if (!idx) return cli_error("%s", dt_last_error());
-            const char *cls = json_get_str(idx, "_class_name");
-            printf("pipeline: %s (%s, distilled: %s)\n", path, cls ? cls : "?", json_get_bool(idx, "is_distilled", 0) ? "yes" : "no");
-            json_free(idx);
-            const char *comps[] = {"transformer", "text_encoder", "vae"};
-            int found = 0;
-            for (size_t c = 0; c < 3; c++) {
-                snprintf(p, sizeof p, "%s/%s", path, comps[c]);
-                if (!is_dir(p)) continue;
-                if (describe(comps[c], p)) return cli_error("%s", dt_last_error());
-                found++;
-            }
-            snprintf(p, sizeof p, "%s/tokenizer/tokenizer.json", path);
-            if ((f = fopen(p, "rb"))) { fclose(f); printf("tokenizer: %s\n", p); }
-            if (!found) return cli_error("%s: pipeline root without transformer/, text_encoder/ or vae/ folders", path);
-            return 0;
-        }
+        struct stat st;
+        if (lstat(p, &st) == 0) return describe_pipeline(path, p);
     }
-    if (describe("model", path)) return cli_error("%s", dt_last_error());
+    int r = describe("model", path);
+    if (r != 0) return cli_error("%s", dt_last_error());
     return 0;
 }

@@ -78,6 +78,7 @@ int cmd_quantize(int argc, char **argv) {
     if (!in || !out) { usage(stderr); return cli_error("quantize: --input and --output are required"); }
     size_t ol = strlen(out);
     if (ol < 12 || strcmp(out + ol - 12, ".safetensors")) return cli_error("quantize: --output must name a .safetensors file (got '%s')", out);
+    if (cli_check_input(in, 0)) return 1;   /* a FIFO, a loop, a missing path: the real reason, before any work */
     if (o.report) fprintf(stderr, "ditrun: quantizing %s to q%d g%d (%s rule) -> %s\n", in, o.bits, o.group,
                           o.rule == MLX_RULE_MINMAX ? "minmax" : "mlx", out);
     dt_quant_stats st;

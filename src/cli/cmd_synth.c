@@ -1,13 +1,13 @@
 /* cmd_synth.c — `ditrun synth`: write a synthetic FLUX.2 or Krea 2 checkpoint (random weights) at a preset
  * geometry, or random forward inputs for one. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include <stdlib.h>
-
 #include "cli.h"
-#include "io/safetensors.h"
 #include "cli_model.h"
+#include "core/outfile.h"
+#include "io/safetensors.h"
 #include "models/flux2.h"
 #include "models/krea2.h"
 #include "pipeline/synth_pipeline.h"
@@ -23,7 +23,8 @@ static void usage(FILE *f) {
                "[1,N,64], in.encoder_hidden_states [1,T,layers,dim], in.timestep, in.position_ids [T+N,3] and\n"
                "in.encoder_attention_mask [1,T] (U8, the pipeline's [prompt | padding | suffix] layout).\n\n"
                "  --preset NAME      klein-4b, klein-9b, tiny, krea2 (12.9 B, real geometry) or krea2-tiny\n"
-               "  --output DIR       folder to create\n"
+               "  --output DIR       folder to create (must not exist or be empty; written beside it and renamed into\n"
+               "                     place when complete, so an error or an interrupt leaves nothing)\n"
                "  --bits B           0 = bf16 weights (default), 4 or 8 = MLX affine quantized Linears\n"
                "  --group-size N     quantization group (32, 64, 128; default 64)\n"
                "  --seed S           random seed (default 1)\n"
@@ -108,16 +109,16 @@ static int write_inputs_krea2(const krea2_config *c, const char *path, int grid,
     return 0;
 }
 
-static int synth_krea2(const char *preset, const char *out, const char *inputs, int pipeline, int bits, int group,
-                       uint64_t seed, int grid, int ntxt) {
+/* out: the folder named by --output (messages), dir: where to write it (its temporary folder). */
+static int synth_krea2(const char *preset, const char *out, const char *dir, const char *inputs, int pipeline, int bits,
+                       int group, uint64_t seed, int grid, int ntxt) {
     krea2_config c;
     if (krea2_preset(preset, &c)) return cli_error("%s", dt_last_error());
     if (pipeline) return cli_error("synth: --pipeline is FLUX.2 only (Krea 2 presets write the transformer folder)");
     if (inputs) return write_inputs_krea2(&c, inputs, grid, ntxt, seed);
     fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
             bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
-    if (krea2_synth_write(&c, out, bits, group, seed)) return cli_error("%s", dt_last_error());
-    fprintf(stderr, "ditrun: done\n");
+    if (krea2_synth_write(&c, dir, bits, group, seed)) return cli_error("%s", dt_last_error());
     return 0;
 }
 
@@ -142,19 +143,36 @@ int cmd_synth(int argc, char **argv) {
         else return cli_error("synth: unknown option '%s' (see ditrun synth --help)", a);
     }
     if (!preset || (!out && !inputs)) return cli_error("synth: --preset and --output (or --inputs) are required (see ditrun synth --help)");
+    if (out && inputs)
+        return cli_error("synth: --output DIR writes a checkpoint, --inputs FILE forward inputs: give one of them");
+    if (inputs && cli_check_output(inputs, NULL, NULL)) return 1;
     if (bits != 0 && bits != 4 && bits != 8) return cli_error("--bits must be 0, 4 or 8");
     if (group != 32 && group != 64 && group != 128) return cli_error("--group-size must be 32, 64 or 128");
     if (ref_px && (!inputs || !strncmp(preset, "krea2", 5))) return cli_error("--ref-size: FLUX.2 --inputs only");
-    if (!strncmp(preset, "krea2", 5))
-        return synth_krea2(preset, out, inputs, pipeline, (int)bits, (int)group, (uint64_t)seed, (int)(px / 16), (int)ntxt);
-    flux2_config c;
-    if (flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
-    if (inputs) return write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (int)(ref_px / 16), (uint64_t)seed);
-    fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
-            bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
-    if (pipeline ? dt_synth_pipeline(preset, out, (int)bits, (int)group, (uint64_t)seed, cli_bundled_model())
-                 : flux2_synth_write(&c, out, (int)bits, (int)group, (uint64_t)seed))
-        return cli_error("%s", dt_last_error());
-    fprintf(stderr, "ditrun: done\n");
-    return 0;
+    /* a checkpoint folder is built as a temporary folder beside --output and renamed into place when complete:
+     * an error or an interrupt leaves nothing (an existing non-empty folder is refused, never mixed into) */
+    dt_outdir *stage = NULL;
+    if (out && !(stage = dt_outdir_begin(out))) return cli_error("%s", dt_last_error());
+    const char *dir = stage ? dt_outdir_path(stage) : NULL;
+    int rc;
+    if (!strncmp(preset, "krea2", 5)) {
+        rc = synth_krea2(preset, out, dir, inputs, pipeline, (int)bits, (int)group, (uint64_t)seed, (int)(px / 16), (int)ntxt);
+    } else {
+        flux2_config c;
+        if (flux2_preset(preset, &c)) rc = cli_error("%s", dt_last_error());
+        else if (inputs) rc = write_inputs(&c, inputs, (int)(px / 16), (int)ntxt, (int)(ref_px / 16), (uint64_t)seed);
+        else {
+            fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
+                    bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
+            rc = (pipeline ? dt_synth_pipeline(preset, dir, (int)bits, (int)group, (uint64_t)seed, cli_bundled_model())
+                           : flux2_synth_write(&c, dir, (int)bits, (int)group, (uint64_t)seed))
+                     ? cli_error("%s", dt_last_error()) : 0;
+        }
+    }
+    if (stage) {
+        if (rc == 0 && dt_outdir_commit(stage)) rc = cli_error("%s", dt_last_error());
+        else if (rc != 0) dt_outdir_abort(stage);
+    }
+    if (rc == 0 && out) fprintf(stderr, "ditrun: done\n");
+    return rc;
 }

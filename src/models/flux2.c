@@ -100,7 +100,13 @@ int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
         dt_set_error("%s: mlp_ratio/rope_theta/eps out of range", what);
         return -1;
     }
-    c->hidden = c->heads * c->head_dim;
+    const int64_t hidden = (int64_t)c->heads * c->head_dim;   /* each factor is at most 2^20: no int product */
+    if (hidden > FLUX2_MAX_HIDDEN) {
+        dt_set_error("%s: num_attention_heads %d x attention_head_dim %d = %lld is over the supported width %d", what,
+                     c->heads, c->head_dim, (long long)hidden, FLUX2_MAX_HIDDEN);
+        return -1;
+    }
+    c->hidden = (int)hidden;
     c->mlp_hidden = (int)(c->hidden * ratio);
     if (c->head_dim % 2) { dt_set_error("%s: attention_head_dim must be even", what); return -1; }
     const json *axes = json_get(cfg, "axes_dims_rope");
@@ -113,6 +119,11 @@ int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
             const json *a = json_at(axes, i);
             if (!a || a->type != JSON_NUMBER || !a->is_integer || a->integer <= 0 || a->integer % 2) {
                 dt_set_error("%s: axes_dims_rope[%d] must be a positive even integer", what, i);
+                return -1;
+            }
+            if (a->integer > c->head_dim) {
+                dt_set_error("%s: axes_dims_rope[%d] = %lld is larger than attention_head_dim %d", what, i,
+                             (long long)a->integer, c->head_dim);
                 return -1;
             }
             c->axes[i] = (int)a->integer;
@@ -874,7 +885,7 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
-    if (!(timestep == timestep)) { dt_set_error("flux2: timestep is NaN"); return -1; }
+    if (!isfinite(timestep)) { dt_set_error("flux2: timestep is %g; it must be a finite number", (double)timestep); return -1; }
     /* references (flux2_set_refs): appended after the noise rows (ra), or as cached K|V rows (kv) */
     int ra = m->ref.r && !m->ref.kv_cached ? m->ref.r : 0, kv = m->ref.kv_cached ? m->ref.r : 0;
     if (kv && !m->ref.filled && kv_extract(m)) return -1;

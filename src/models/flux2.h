@@ -34,6 +34,10 @@ typedef struct {
                              * ops apart (the bf16 ledger times them one by one) */
 } flux2_config;
 
+/* The widest model accepted (heads x head_dim; klein-9B is 4096): far past any real checkpoint, small enough that
+ * products of widths and token counts stay well inside 64 bits. */
+#define FLUX2_MAX_HIDDEN 65536
+
 /* Parse config.json; every missing/invalid field is an error naming `what` (the file). */
 int flux2_config_parse(const json *cfg, const char *what, flux2_config *c);
 

@@ -81,7 +81,13 @@ int krea2_config_parse(const json *cfg, const char *what, krea2_config *c) {
         get_float(cfg, what, "rope_theta", &c->rope_theta) || get_float(cfg, what, "norm_eps", &c->eps))
         return -1;
     c->out_channels = c->in_channels;   /* Krea2Transformer2DModel: out_channels = in_channels */
-    c->hidden = c->heads * c->head_dim;
+    const int64_t hidden = (int64_t)c->heads * c->head_dim;   /* each factor is at most 2^20: no int product */
+    if (hidden > KREA2_MAX_HIDDEN) {
+        dt_set_error("%s: num_attention_heads %d x attention_head_dim %d = %lld is over the supported width %d", what,
+                     c->heads, c->head_dim, (long long)hidden, KREA2_MAX_HIDDEN);
+        return -1;
+    }
+    c->hidden = (int)hidden;
     if (c->t_embed % 2) { dt_set_error("%s: timestep_embed_dim must be even", what); return -1; }
     if (c->head_dim % 2) { dt_set_error("%s: attention_head_dim must be even", what); return -1; }
     if (c->heads % c->kv_heads) {

@@ -37,6 +37,10 @@ typedef struct {
     float eps;              /* norm_eps of every RMSNorm */
 } krea2_config;
 
+/* The widest model accepted (heads x head_dim; Krea 2 is 6144): products of widths and token counts stay well
+ * inside 64 bits. */
+#define KREA2_MAX_HIDDEN 65536
+
 /* Parse config.json; a missing/invalid field is an error naming `what` (the file) and the field. */
 int krea2_config_parse(const json *cfg, const char *what, krea2_config *c);
 

@@ -127,8 +127,12 @@ static int parse_config(const json *j, const char *what, dt_vae_config *c) {
         } else if (ps->type == JSON_NUMBER && ps->is_integer) {
             p0 = p1 = ps->integer;
         }
-        if (p0 != p1 || p0 < 1 || p0 > 16) {
+        if (p0 != p1) {
             dt_set_error("%s: patch_size must be square (got %lld x %lld)", what, (long long)p0, (long long)p1);
+            return -1;
+        }
+        if (p0 < 1 || p0 > 16) {
+            dt_set_error("%s: patch_size %lld is out of range (1..16)", what, (long long)p0);
             return -1;
         }
         c->patch = (int)p0;

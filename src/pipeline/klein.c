@@ -44,7 +44,7 @@ static int klein_matches(const char *cls) {
  * where n = joint_attention_dim / text hidden size (the number of taps the DiT expects). */
 static int default_taps(int layers, int n, int *taps) {
     for (int k = 1; k <= n; k++) {
-        taps[k - 1] = k * layers / (n + 1);
+        taps[k - 1] = (int)((int64_t)k * layers / (n + 1));   /* layers may be up to 2^30 */
         if (taps[k - 1] < 1) taps[k - 1] = 1;
     }
     return n;

@@ -2,6 +2,7 @@
  * construction with FLUX.2's empirical mu, and the Euler update. */
 #include "pipeline/scheduler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -118,6 +119,14 @@ double dt_compute_empirical_mu(int64_t n_image_tokens, int n_steps) {
     return a * (double)n_steps + b;
 }
 
+int64_t dt_schedule_max_image_tokens(void) {
+    /* mu = a2·N + b2 above 4300 tokens; the reference rounds e^mu to float32, finite while mu <= ln(FLT_MAX) */
+    const double a2 = 0.00016927, b2 = 0.45666666;
+    int64_t n = (int64_t)((log((double)FLT_MAX) - b2) / a2);
+    while (n > 1 && !isfinite((float)exp(dt_compute_empirical_mu(n, 1)))) n--;
+    return n;
+}
+
 int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_tokens, float *sigmas,
                      float *timesteps) {
     if (n_steps < 1 || n_steps > 100000) {
@@ -126,6 +135,14 @@ int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_to
     }
     if (n_image_tokens < 1) {
         dt_set_error("scheduler: image token count must be positive (got %lld)", (long long)n_image_tokens);
+        return -1;
+    }
+    if (cfg->use_dynamic_shifting && cfg->time_shift_type == DT_TIME_SHIFT_EXPONENTIAL &&
+        n_image_tokens > dt_schedule_max_image_tokens()) {
+        dt_set_error("scheduler: %lld image tokens is more than the schedule holds: its shift e^mu overflows float32 "
+                     "above %lld image tokens (e.g. %lldx%lld latent patches)", (long long)n_image_tokens,
+                     (long long)dt_schedule_max_image_tokens(), (long long)sqrt((double)dt_schedule_max_image_tokens()),
+                     (long long)sqrt((double)dt_schedule_max_image_tokens()));
         return -1;
     }
     /* numpy linspace(1, 1/n, n) in float64: start + i·step, last element exactly `stop`. */

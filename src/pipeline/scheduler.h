@@ -39,10 +39,15 @@ int dt_sched_config_load(const char *path, dt_sched_config *c);
 /* FLUX.2 `compute_empirical_mu` (image tokens N, steps n), in float64. */
 double dt_compute_empirical_mu(int64_t n_image_tokens, int n_steps);
 
+/* The most image tokens the dynamic exponential shift holds: above it e^mu (rounded to float32, as the reference
+ * does) overflows and every sigma would be NaN (521,451 tokens, about 722x722 latent patches). */
+int64_t dt_schedule_max_image_tokens(void);
+
 /* The schedule for n_steps steps and n_image_tokens image tokens (latent grid h·w after packing):
  *   sigmas    [n_steps + 1]  shifted sigmas, sigmas[n_steps] = 0
  *   timesteps [n_steps]      1000·sigma (num_train_timesteps·sigma)
- * 0 ok, -1 error (n_steps < 1, n_image_tokens < 1). */
+ * 0 ok, -1 error (n_steps < 1, n_image_tokens < 1, or more than dt_schedule_max_image_tokens() with the dynamic
+ * exponential shift, the error saying the limit). */
 int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_tokens, float *sigmas,
                      float *timesteps);
 

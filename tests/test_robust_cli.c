@@ -1,0 +1,460 @@
+/* test_robust_cli.c — the ditrun command with hostile paths and sizes: an output that is one of the inputs is
+ * refused and the input kept (forward, generate, quantize, convert); an output path that cannot be written fails
+ * before any work (one error line, nothing loaded); FIFO inputs are refused at once (info, forward, tokenize,
+ * generate, quantize); SIGINT in the middle of quantize, convert and synth leaves no temporary and no half folder
+ * (and keeps an existing output); symbolic-link loops, over-long names, infinite timesteps, huge images and absurd
+ * configs get one clear line naming the problem, never a crash or an undefined-behaviour report (make test-asan). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "io/safetensors.h"
+#include "models/flux2.h"
+#include "pipeline/scheduler.h"
+#include "test.h"
+
+static char exe[512], tmp[512];
+
+/* Runs `ditrun ARGS` through the shell; stderr into err. Returns the exit status (128+signal when killed). */
+static int run(const char *args, char *err, size_t errlen) {
+    char cmd[8192], errf[700];
+    snprintf(errf, sizeof errf, "%s/stderr.txt", tmp);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s %s >/dev/null 2>%s", exe, args, errf);
+    int st = system(cmd);
+    FILE *f = fopen(errf, "r");
+    size_t n = f ? fread(err, 1, errlen - 1, f) : 0;
+    err[n] = 0;
+    if (f) fclose(f);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+/* Exit 1 with exactly one line, "ditrun: error: ...", holding both needles (NULL: any). */
+static void expect_error(const char *name, const char *args, const char *n1, const char *n2) {
+    char err[16384];
+    int rc = run(args, err, sizeof err);
+    int lines = 0;
+    for (char *p = err; *p; p++) lines += *p == '\n';
+    if (rc != 1) T_FAIL(name, "exit status %d (want 1); stderr: %s", rc, err);
+    else if (strncmp(err, "ditrun: error: ", 15) || lines != 1) T_FAIL(name, "want one error line, got: %s", err);
+    else if ((n1 && !strstr(err, n1)) || (n2 && !strstr(err, n2)))
+        T_FAIL(name, "message lacks '%s' / '%s': %s", n1 ? n1 : "", n2 ? n2 : "", err);
+    else T_PASS(name);
+}
+
+static int sh(const char *fmt, const char *a, const char *b) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, fmt, a, b);
+    return system(cmd);
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    *n = fread(b, 1, (size_t)len, f);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* 1 when path still holds exactly `want` (n bytes). */
+static int same_bytes(const char *path, const char *want, size_t n) {
+    size_t m = 0;
+    char *b = slurp(path, &m);
+    int ok = b && m == n && !memcmp(b, want, n);
+    free(b);
+    return ok;
+}
+
+/* Hidden entries of dir (temporaries are ".NAME.PID-N.tmp"), their first name in first. */
+static int hidden_entries(const char *dir, char *first, size_t flen) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int n = 0;
+    first[0] = 0;
+    while ((e = readdir(d)))
+        if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            if (!n) snprintf(first, flen, "%s", e->d_name);
+            n++;
+        }
+    closedir(d);
+    return n;
+}
+
+/* ------------------------------------------------------------------ outputs that are inputs */
+
+static void outputs_equal_inputs(const char *fx) {
+    char model[700], inputs[700], w[800], args[4096];
+    snprintf(model, sizeof model, "%s/model", tmp);
+    sh("cp -r %s/model %s", fx, tmp);
+    snprintf(inputs, sizeof inputs, "%s/io.safetensors", tmp);
+    sh("cp %s/transformer_io.safetensors %s", fx, inputs);
+    snprintf(w, sizeof w, "%s/transformer/diffusion_pytorch_model.safetensors", model);
+    size_t n_in = 0, n_w = 0;
+    char *in0 = slurp(inputs, &n_in), *w0 = slurp(w, &n_w);
+
+    snprintf(args, sizeof args, "forward --model %s --inputs %s --output %s --backend cpu", model, inputs, inputs);
+    expect_error("forward --output = --inputs: refused", args, "is the input", NULL);
+    snprintf(args, sizeof args, "forward --model %s --inputs %s --output %s --backend cpu", model, inputs, w);
+    expect_error("forward --output = a weights file of --model: refused", args, "a file of the input", NULL);
+    snprintf(args, sizeof args, "generate --model %s -p fox -o %s --backend cpu --height 64 --width 64", model, w);
+    expect_error("generate -o = a weights file of --model: refused", args, "a file of the input", NULL);
+    snprintf(args, sizeof args, "generate --model %s -p fox -o %s/out.png --save-latents %s --backend cpu", model, tmp, w);
+    expect_error("generate --save-latents = a weights file of --model: refused", args, "a file of the input", NULL);
+    snprintf(args, sizeof args, "quantize --input %s --output %s -q", w, w);
+    expect_error("quantize --output = --input: refused", args, "is the input", NULL);
+    snprintf(args, sizeof args, "convert --input %s --output %s -q", w, w);
+    expect_error("convert --output = --input: refused", args, "is the input", NULL);
+    T_CHECK("the inputs are untouched", in0 && w0 && same_bytes(inputs, in0, n_in) && same_bytes(w, w0, n_w), "an input changed");
+    free(in0);
+    free(w0);
+
+    /* a config.json of another model beside the output is neither overwritten nor used */
+    char od[700], cfg[760], out[760];
+    snprintf(od, sizeof od, "%s/other", tmp);
+    mkdir(od, 0755);
+    snprintf(cfg, sizeof cfg, "%s/config.json", od);
+    const char *other = "{\"_class_name\": \"AutoencoderKLFlux2\", \"latent_channels\": 32}\n";
+    FILE *f = fopen(cfg, "w");
+    fputs(other, f);
+    fclose(f);
+    snprintf(out, sizeof out, "%s/q4.safetensors", od);
+    snprintf(args, sizeof args, "quantize --input %s/transformer --output %s -q", model, out);
+    expect_error("quantize beside another model's config.json: refused", args, "config.json", "another model");
+    snprintf(out, sizeof out, "%s/conv.safetensors", od);
+    snprintf(args, sizeof args, "convert --input %s/transformer --output %s -q", model, out);
+    expect_error("convert beside another model's config.json: refused", args, "config.json", "another model");
+    struct stat sb;
+    snprintf(out, sizeof out, "%s/q4.safetensors", od);
+    T_CHECK("that config.json kept, nothing written", same_bytes(cfg, other, strlen(other)) && stat(out, &sb) != 0,
+            "config changed or an output appeared");
+    /* the same model's config beside the output (a second run) is replaced */
+    snprintf(out, sizeof out, "%s/q4/model.safetensors", tmp);
+    snprintf(args, sizeof args, "quantize --input %s/transformer --output %s -q", model, out);
+    char err[8192];
+    int rc1 = run(args, err, sizeof err);
+    snprintf(args, sizeof args, "quantize --input %s/transformer --output %s --bits 8 -q", model, out);
+    int rc2 = run(args, err, sizeof err);
+    snprintf(cfg, sizeof cfg, "%s/q4/config.json", tmp);
+    size_t n = 0;
+    char *c = slurp(cfg, &n);
+    T_CHECK("quantize again into the same folder updates its own config.json", rc1 == 0 && rc2 == 0 && c &&
+                strstr(c, "\"bits\": 8"), "exit %d/%d: %s", rc1, rc2, err);
+    free(c);
+}
+
+/* ------------------------------------------------------------------ outputs checked before the work */
+
+static void outputs_checked_first(const char *fx) {
+    char args[4096];
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/no/such/dir/x.png --backend cpu", fx, tmp);
+    expect_error("generate -o into a missing folder: fails before loading", args, "does not exist", "x.png");
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/x.png --save-latents %s/none/l.safetensors --backend cpu",
+             fx, tmp, tmp);
+    expect_error("generate --save-latents into a missing folder: fails before loading", args, "does not exist", NULL);
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s --backend cpu", fx, tmp);
+    expect_error("generate -o a folder: fails before loading", args, "a folder", NULL);
+    snprintf(args, sizeof args, "forward --model %s/model --inputs %s/transformer_io.safetensors --output %s/none/o.st "
+             "--backend cpu", fx, fx, tmp);
+    expect_error("forward --output into a missing folder: fails before loading", args, "does not exist", NULL);
+    snprintf(args, sizeof args, "bench --preset tiny --backend cpu --json %s/none/b.jsonl", tmp);
+    expect_error("bench --json into a missing folder: fails before the bench", args, "does not exist", NULL);
+    snprintf(args, sizeof args, "synth --preset tiny --inputs %s/none/in.safetensors", tmp);
+    expect_error("synth --inputs into a missing folder: fails first", args, "does not exist", NULL);
+    snprintf(args, sizeof args, "synth --preset tiny --output %s/a --inputs %s/b.safetensors", tmp, tmp);
+    expect_error("synth --output with --inputs: refused (one job at a time)", args, "--output", "--inputs");
+    snprintf(args, sizeof args, "synth --preset tiny --output %s", fx);
+    expect_error("synth into a non-empty folder: refused", args, "not empty", NULL);
+}
+
+/* ------------------------------------------------------------------ FIFO inputs */
+
+static void fifo_inputs(const char *fx) {
+    char fifo[700], args[4096];
+    snprintf(fifo, sizeof fifo, "%s/in.fifo", tmp);
+    if (mkfifo(fifo, 0644)) { T_FAIL("fifo", "mkfifo: %s", strerror(errno)); return; }
+    struct { const char *name, *fmt; } cases[] = {
+        {"info FIFO: refused at once", "info %s"},
+        {"forward --inputs FIFO: refused at once", "forward --model %s/model --inputs %s --backend cpu"},
+        {"tokenize --tokenizer FIFO: refused at once", "tokenize --tokenizer %s hello"},
+        {"generate --noise FIFO: refused at once", "generate --model %s/model -p fox -o %s/x.png --noise %s --backend cpu"},
+        {"quantize --input FIFO: refused at once", "quantize --input %s --output %s/q.safetensors -q"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* a hang would be ended by run()'s `timeout 60` (exit 124), a failure here */
+        switch (i) {
+        case 1: snprintf(args, sizeof args, cases[i].fmt, fx, fifo); break;
+        case 3: snprintf(args, sizeof args, cases[i].fmt, fx, tmp, fifo); break;
+        case 4: snprintf(args, sizeof args, cases[i].fmt, fifo, tmp); break;
+        default: snprintf(args, sizeof args, cases[i].fmt, fifo); break;
+        }
+        expect_error(cases[i].name, args, "FIFO", NULL);
+    }
+    unlink(fifo);
+}
+
+/* ------------------------------------------------------------------ interrupted writers */
+
+/* Starts `ditrun ARGV...` with stdout/stderr to files; returns its pid. */
+static pid_t spawn(char *const argv[]) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/spawn.log", tmp);
+        int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execv(exe, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits (up to 60 s) until `dir` holds a temporary (a hidden entry), then sends SIGINT. Returns the wait status
+ * or -1 when the process ended before a temporary was seen. */
+static int interrupt_when_writing(pid_t pid, const char *dir, double extra_s) {
+    char first[300];
+    for (int i = 0; i < 60000; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) return -1;
+        if (hidden_entries(dir, first, sizeof first) > 0) {
+            struct timespec ts = {0, (long)(extra_s * 1e9)};
+            nanosleep(&ts, NULL);
+            kill(pid, SIGINT);
+            waitpid(pid, &st, 0);
+            return st;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static void interrupted_writers(void) {
+    /* a FLUX.2 checkpoint of ~100 MB (D = 1024, one block of each kind): quantize and convert take long enough to be
+     * interrupted in the middle */
+    char big[700], out[700], outf[900], first[300];
+    snprintf(big, sizeof big, "%s/big", tmp);
+    flux2_config c;
+    flux2_preset("tiny", &c);
+    c.heads = 8;
+    c.hidden = c.heads * c.head_dim;
+    c.mlp_hidden = 3 * c.hidden;
+    c.num_layers = c.num_single_layers = 1;
+    c.in_channels = c.out_channels = 128;
+    c.joint_dim = 1024;
+    if (flux2_synth_write(&c, big, 0, 64, 3)) { T_FAIL("interrupted writers", "synth: %s", dt_last_error()); return; }
+    snprintf(out, sizeof out, "%s/iout", tmp);
+    mkdir(out, 0755);
+    snprintf(outf, sizeof outf, "%s/model.safetensors", out);
+    FILE *f = fopen(outf, "w");
+    fputs("OLD OUTPUT", f);
+    fclose(f);
+
+    char *qargv[] = {exe, "quantize", "--input", big, "--output", outf, "--no-config", "--threads", "1", "-q", NULL};
+    int st = interrupt_when_writing(spawn(qargv), out, 0.05);
+    int left = hidden_entries(out, first, sizeof first);
+    if (st == -1) T_SKIP("SIGINT during quantize", "it finished before a temporary was seen");
+    else T_CHECK("SIGINT during quantize: no temporary, the old output kept, dies of SIGINT",
+                 WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && same_bytes(outf, "OLD OUTPUT", 10),
+                 "status %d, %d temporaries (%s)", st, left, first);
+
+    char *cargv[] = {exe, "convert", "--input", big, "--output", outf, "-q", NULL};
+    st = interrupt_when_writing(spawn(cargv), out, 0.0);
+    left = hidden_entries(out, first, sizeof first);
+    if (st == -1) T_SKIP("SIGINT during convert", "it finished before a temporary was seen");
+    else T_CHECK("SIGINT during convert: no temporary, the old output kept, dies of SIGINT",
+                 WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && same_bytes(outf, "OLD OUTPUT", 10),
+                 "status %d, %d temporaries (%s)", st, left, first);
+
+    /* synth of a klein-4B geometry (7.8 GB if it ran to the end): interrupted early, nothing remains */
+    char sdir[800];
+    snprintf(sdir, sizeof sdir, "%s/synth-k4", out);
+    char *sargv[] = {exe, "synth", "--preset", "klein-4b", "--output", sdir, NULL};
+    st = interrupt_when_writing(spawn(sargv), out, 0.3);
+    left = hidden_entries(out, first, sizeof first);
+    struct stat sb;
+    if (st == -1) T_FAIL("SIGINT during synth", "it ended before its temporary folder was seen");
+    else T_CHECK("SIGINT during synth: no temporary folder, no half folder, dies of SIGINT",
+                 WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && stat(sdir, &sb) != 0,
+                 "status %d, %d temporaries (%s), folder %s", st, left, first, stat(sdir, &sb) ? "absent" : "PRESENT");
+
+    /* a synth that fails (here: the bundled tokenizer it copies is missing) leaves no folder either */
+    char args[4096], err[8192];
+    snprintf(sdir, sizeof sdir, "%s/synth-fail", out);
+    snprintf(args, sizeof args, "synth --preset tiny --pipeline --output %s", sdir);
+    char nomodel[700];
+    snprintf(nomodel, sizeof nomodel, "%s/no-such-model", tmp);
+    setenv("DITRUN_DEFAULT_MODEL", nomodel, 1);   /* where synth --pipeline copies the tokenizer from */
+    int rc = run(args, err, sizeof err);
+    unsetenv("DITRUN_DEFAULT_MODEL");
+    left = hidden_entries(out, first, sizeof first);
+    T_CHECK("a failed synth leaves no folder", rc == 1 && stat(sdir, &sb) != 0 && left == 0, "exit %d, folder %s, %d temporaries: %s",
+            rc, stat(sdir, &sb) ? "absent" : "PRESENT", left, err);
+    snprintf(sdir, sizeof sdir, "%s/synth-ok", out);
+    snprintf(args, sizeof args, "synth --preset tiny --output %s", sdir);
+    rc = run(args, err, sizeof err);
+    snprintf(outf, sizeof outf, "%s/model.safetensors", sdir);
+    T_CHECK("synth into a new folder: complete", rc == 0 && stat(outf, &sb) == 0 && hidden_entries(out, first, sizeof first) == 0,
+            "exit %d: %s", rc, err);
+}
+
+/* ------------------------------------------------------------------ sizes, configs, messages */
+
+/* In the JSON file at path, the value of "key" (a number or an array) becomes `value`. */
+static void set_json_value(const char *path, const char *key, const char *value) {
+    size_t n = 0;
+    char *s = slurp(path, &n), pat[200];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *k = s ? strstr(s, pat) : NULL;
+    if (!k) { free(s); printf("# %s: no key %s\n", path, key); return; }
+    char *v = k + strlen(pat);
+    while (*v == ' ') v++;
+    char *e = v;
+    if (*e == '[') { while (*e && *e != ']') e++; if (*e) e++; }
+    else while (*e && *e != ',' && *e != '\n' && *e != '}') e++;
+    FILE *f = fopen(path, "wb");
+    fwrite(s, 1, (size_t)(v - s), f);
+    fputs(value, f);
+    fputs(e, f);
+    fclose(f);
+    free(s);
+}
+
+/* A copy of the bundled model (in tmp/name) with one config key of `file` replaced. */
+static void patched_model(const char *fx, const char *name, const char *file, const char *key, const char *value,
+                          char *dir, size_t dlen) {
+    snprintf(dir, dlen, "%s/%s", tmp, name);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp -r %s/model %s", fx, dir);
+    if (system(cmd)) return;
+    snprintf(cmd, sizeof cmd, "%s/%s", dir, file);
+    set_json_value(cmd, key, value);
+}
+
+static void sizes_and_messages(const char *fx) {
+    char args[4096], dir[700], p[2400];
+    /* timestep = inf */
+    {
+        snprintf(p, sizeof p, "%s/transformer_io.safetensors", fx);
+        st_file *io = st_open(p);
+        st_writer *w = st_writer_new();
+        for (size_t i = 0; io && i < st_count(io); i++) {
+            const st_tensor *t = st_at(io, i);
+            if (strncmp(t->name, "in.", 3)) continue;
+            if (!strcmp(t->name, "in.timestep")) {
+                float inf = 1.0f / 0.0f;
+                st_writer_add_f32(w, t->name, t->ndim, t->shape, &inf);
+            } else st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+        }
+        snprintf(p, sizeof p, "%s/inf.safetensors", tmp);
+        st_writer_save(w, p);
+        st_writer_free(w);
+        st_close(io);
+        snprintf(args, sizeof args, "forward --model %s/model --inputs %s --backend cpu", fx, p);
+        expect_error("forward with timestep = inf: refused", args, "in.timestep", "finite");
+    }
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/big.png --height 16384 --width 16384 --backend cpu -q",
+             fx, tmp);
+    expect_error("generate 16384x16384: the limit in the error", args, "16384", "8192");
+    /* the schedule's own bound */
+    dt_sched_config sc;
+    dt_sched_config_default(&sc);
+    float sig[5], ts[4];
+    int64_t mx = dt_schedule_max_image_tokens();
+    int r1 = dt_schedule_make(&sc, 4, 1 << 20, sig, ts);
+    char msg[64];
+    snprintf(msg, sizeof msg, "%lld", (long long)mx);
+    T_CHECK("schedule over its range: the limit in the error", r1 == -1 && strstr(dt_last_error(), msg), "rc %d: %s", r1,
+            dt_last_error());
+    int r2 = dt_schedule_make(&sc, 4, mx, sig, ts);
+    int finite = r2 == 0;
+    for (int i = 0; i < 5 && finite; i++) finite = isfinite(sig[i]) && sig[i] >= 0 && sig[i] <= 1;
+    T_CHECK("schedule at its largest size: finite sigmas in [0, 1]", finite, "rc %d", r2);
+
+    /* absurd configs: one line, no overflow */
+    patched_model(fx, "wide", "transformer/config.json", "num_attention_heads", "1048576", dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/transformer/config.json", dir);
+    set_json_value(p, "attention_head_dim", "4096");
+    snprintf(args, sizeof args, "forward --model %s --inputs %s/transformer_io.safetensors --backend cpu", dir, fx);
+    expect_error("heads x head_dim = 2^32: refused with the limit", args, "4294967296", "65536");
+    patched_model(fx, "deep", "text_encoder/config.json", "num_hidden_layers", "1073741824", dir, sizeof dir);
+    snprintf(args, sizeof args, "generate --model %s -p fox -o %s/deep.png --backend cpu -q --height 64 --width 64", dir, tmp);
+    expect_error("text encoder with 2^30 layers: one error line, no overflow", args, NULL, NULL);
+    patched_model(fx, "vaepatch", "vae/config.json", "patch_size", "0", dir, sizeof dir);
+    snprintf(args, sizeof args, "generate --model %s -p fox -o %s/v.png --backend cpu -q --height 64 --width 64", dir, tmp);
+    expect_error("VAE patch_size 0: out of range (not 'square')", args, "patch_size 0", "out of range");
+    snprintf(args, sizeof args, "generate -p fox -o %s/t.png --text-encoder-layers 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", tmp);
+    expect_error("too many taps: says how many", args, "more than 16", NULL);
+
+    /* info: an invalid config or a missing component is exit 1 */
+    patched_model(fx, "badcfg", "transformer/config.json", "num_layers", "-3", dir, sizeof dir);
+    snprintf(args, sizeof args, "info %s", dir);
+    char err[8192];
+    int rc = run(args, err, sizeof err);
+    T_CHECK("info on an invalid config: exit 1 naming it", rc == 1 && strstr(err, "num_layers"), "exit %d: %s", rc, err);
+    snprintf(dir, sizeof dir, "%s/novae", tmp);
+    snprintf(p, sizeof p, "cp -r %s/model %s && rm -rf %s/vae", fx, dir, dir);
+    if (system(p)) printf("# cp failed\n");
+    snprintf(args, sizeof args, "info %s", dir);
+    rc = run(args, err, sizeof err);
+    T_CHECK("info on a pipeline missing a listed component: exit 1 naming it", rc == 1 && strstr(err, "'vae'"), "exit %d: %s",
+            rc, err);
+
+    /* paths: loops and over-long names say so */
+    char l1[700], l2[700];
+    snprintf(l1, sizeof l1, "%s/loop1", tmp);
+    snprintf(l2, sizeof l2, "%s/loop2", tmp);
+    if (symlink("loop2", l1) || symlink("loop1", l2)) printf("# symlink failed\n");
+    snprintf(args, sizeof args, "info %s", l1);
+    expect_error("info on a symbolic-link loop: says so", args, "Too many levels of symbolic links", NULL);
+    snprintf(args, sizeof args, "forward --model %s/model --inputs %s --backend cpu", fx, l1);
+    expect_error("forward --inputs on a symbolic-link loop: says so", args, "Too many levels of symbolic links", NULL);
+    char longp[1200];
+    snprintf(longp, sizeof longp, "%s/", tmp);
+    size_t n = strlen(longp);
+    memset(longp + n, 'a', 300);
+    longp[n + 300] = 0;
+    snprintf(args, sizeof args, "info %s", longp);
+    expect_error("info on an over-long name: says so", args, "File name too long", NULL);
+
+    /* an index naming "." as a shard */
+    snprintf(dir, sizeof dir, "%s/dotshard", tmp);
+    mkdir(dir, 0755);
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors.index.json", dir);
+    FILE *f = fopen(p, "w");
+    fputs("{\"weight_map\": {\"x_embedder.weight\": \".\"}}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "info %s", dir);
+    expect_error("index with shard '.': not a regular file", args, "'.'", "not a regular file");
+}
+
+int main(void) {
+    const char *b = getenv("BUILD");
+    snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
+    if (access(exe, X_OK)) { T_SKIP("robust cli", "%s not built", exe); return T_DONE(); }
+    if (t_tmpdir(tmp, sizeof tmp, "robust-cli")) { T_FAIL("tmpdir", "cannot create"); return T_DONE(); }
+    const char *fx = t_fixtures();
+    dt_log_level = 0;
+    outputs_equal_inputs(fx);
+    outputs_checked_first(fx);
+    fifo_inputs(fx);
+    sizes_and_messages(fx);
+    interrupted_writers();
+    t_rmtree(tmp);
+    return T_DONE();
+}
