@@ -63,7 +63,7 @@ TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
 # ABI tag shared by the programs and the plugin: a checksum of every header (a stale plugin is refused)
 ABI_HDRS := $(shell find src include -name '*.h' | sort)
 
-.PHONY: all test test-gpu test-asan fuzz clean tests golden install install
+.PHONY: all test test-gpu test-asan fuzz clean tests golden install
 all: $(BUILD)/ditrun $(BUILD)/libditrun.a $(PLUGIN)
 
 $(BUILD)/libditrun.a: $(LIB_OBJ)

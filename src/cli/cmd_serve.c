@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "core/infile.h"
 #include "serve/serve.h"
 
 static void usage(FILE *f) {
@@ -41,8 +42,8 @@ static void usage(FILE *f) {
 
 /* The key on the first line of path (trailing spaces and line ends dropped): malloc'd, or NULL (error printed). */
 static char *read_key(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { cli_error("--api-key-file %s: %s", path, strerror(errno)); return NULL; }
+    FILE *f = dt_fopen_input(path);   /* a FIFO or device is refused without waiting */
+    if (!f) { cli_error("--api-key-file %s", dt_last_error()); return NULL; }
     char line[4096];
     char *got = fgets(line, sizeof line, f);
     fclose(f);

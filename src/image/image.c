@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "core/infile.h"
 
 int dt_image_check_size(const char *name, const char *format, int64_t w, int64_t h) {
     if (w < 1 || h < 1) {
@@ -39,11 +40,8 @@ int dt_image_decode(const uint8_t *data, size_t n, const char *name, dt_image *o
 
 int dt_image_read_file(const char *path, dt_image *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        dt_set_error("%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
+    FILE *f = dt_fopen_input(path);   /* a regular file (a FIFO or device is refused without waiting) */
+    if (!f) return -1;
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
     if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
