@@ -552,6 +552,34 @@ static void test_load(void) {
     T_CHECK("serve: load server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
+/* Bad command lines: exit 1 with one "ditrun: error:" line naming the problem (and no server left running). */
+static void test_bad_options(void) {
+    static const struct { const char *args, *needle; } cases[] = {
+        {"--max-queue 0", "--max-queue"},
+        {"--warmup big", "--warmup"},
+        {"--port 70000", "--port"},
+        {"--api-key-file /nonexistent/key.txt", "/nonexistent/key.txt"},
+        {"--model /nonexistent/model", "/nonexistent/model"},
+        {"--host name.invalid", "name.invalid"},
+        {"--frobnicate", "--frobnicate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[2048], errf[600], name[160];
+        snprintf(errf, sizeof errf, "%s/options.err", tmpdir);
+        snprintf(cmd, sizeof cmd, "timeout 60 %s serve --port 0 --backend cpu -q %s >/dev/null 2>%s", exe, cases[i].args,
+                 errf);
+        int st = system(cmd);
+        char *err = slurp(errf, NULL);
+        int lines = 0;
+        for (char *p = err; p && *p; p++) lines += *p == '\n';
+        snprintf(name, sizeof name, "serve: '%s' -> exit 1 with one error line", cases[i].args);
+        T_CHECK(name, WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "ditrun: error:") &&
+                          strstr(err, cases[i].needle) && lines == 1,
+                "status %d, stderr: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, err ? err : "");
+        free(err);
+    }
+}
+
 int main(void) {
     const char *build = getenv("BUILD");
     snprintf(exe, sizeof exe, "%s/ditrun", build && *build ? build : "build");
@@ -587,6 +615,7 @@ int main(void) {
             "status %d", code);
     free(body);
     T_CHECK("serve: main server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+    test_bad_options();
     test_auth();
     test_queue_and_cancel();
     test_drain();

@@ -76,7 +76,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--model-id")) { if (!v || !*v) return cli_error("--model-id needs a value"); o.model_id = v; i++; }
         else if (!strcmp(a, "--host")) { if (!v || !*v) return cli_error("--host needs a value"); o.host = v; i++; }
         else if (!strcmp(a, "--port")) { if (cli_parse_int(a, v, 0, 65535, &l)) return 1; o.port = (int)l; i++; }
-        else if (!strcmp(a, "--max-queue")) { if (cli_parse_int(a, v, 0, 100000, &l)) return 1; o.max_queue = (int)l; i++; }
+        else if (!strcmp(a, "--max-queue")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; o.max_queue = (int)l; i++; }
         else if (!strcmp(a, "--max-pixels")) { if (cli_parse_int(a, v, 1, 1L << 40, &l)) return 1; o.max_pixels = l; i++; }
         else if (!strcmp(a, "--max-steps")) { if (cli_parse_int(a, v, 1, 1000, &l)) return 1; o.max_steps = (int)l; i++; }
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; o.max_seq_len = (int)l; i++; }
