@@ -15,7 +15,7 @@
 #   usage: bash tools/serve_bench.sh            (env below; results in $OUT/serve-summary.txt)
 #   DITRUN=./build/ditrun  W=/dev/shm/ditrun (work folder: pipelines)  OUT=/tmp/ditrun-out
 #   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)
-#   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8)  LOAD_SECONDS=600 (0: no load run)
+#   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8; ARMS= with DIFFUSERS_SRC: the reference only)  LOAD_SECONDS=600 (0: no load run)
 #   LOAD_ARM=q4  DIFFUSERS_SRC=...  DIFFUSERS_RUNS=10
 #   BACKEND=cuda  PIPELINE=DIR (use this pipeline for every arm instead of synthetic ones; e.g. a CPU dry run:
 #   BACKEND=cpu PIPELINE=tests/fixtures/model SIZE=64 ARMS=q4 LOAD_SECONDS=20 bash tools/serve_bench.sh)
@@ -27,7 +27,7 @@ SIZE=${SIZE:-1024}
 STEPS=${STEPS:-4}
 N1=${N1:-20}
 NC=${NC:-32}
-ARMS=${ARMS:-q4 bf16 q4-fp8}
+ARMS=${ARMS-q4 bf16 q4-fp8}
 LOAD_SECONDS=${LOAD_SECONDS:-600}
 LOAD_ARM=${LOAD_ARM:-q4}
 BACKEND=${BACKEND:-cuda}
