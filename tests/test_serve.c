@@ -3,7 +3,7 @@
  * come in order; every bad-request class gets its status and a JSON error object; auth off and on; 429 past
  * --max-queue; a client that goes away cancels its job and the next request is served; SIGTERM finishes the
  * running request and exits 0; 200 requests at concurrency 8 without a failure and with resident memory growing
- * under 10% after the first 20. */
+ * under 10% after the first 20; on a GPU machine, the server on the CUDA backend (skipped without one). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/backend.h"
 #include "io/json.h"
 #include "pipeline/png.h"
 #include "test.h"
@@ -552,6 +553,48 @@ static void test_load(void) {
     T_CHECK("serve: load server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
+/* The GPU's image differs from the CPU's by bf16 rounding: 99% of pixels within +-3 (as tests/test_generate.c). */
+#define GPU_PX_TOL 3
+#define GPU_PX_FRAC 0.99
+
+/* The server on the CUDA backend (its worker thread creates the backend): an image close to the CPU's. */
+static void test_cuda(void) {
+    if (!dt_backend_cuda_available()) {
+        if (t_require_gpu_env()) T_FAIL("serve: cuda", "DITRUN_REQUIRE_GPU=1 but no CUDA GPU is usable");
+        else T_SKIP("serve: cuda", "no CUDA GPU available on this machine");
+        return;
+    }
+    server s;
+    if (server_start(&s, "cuda", "--backend cuda") || server_ready(&s)) {
+        T_FAIL("serve: start on cuda", "see %s", s.log);
+        return;
+    }
+    char *body = NULL, got[600], ref[600];
+    int code = http(&s, "POST", "/v1/images/generations",
+                    "{\"prompt\": \"a red fox\", \"size\": \"64x48\", \"steps\": 2, \"seed\": 5}", NULL, &body, NULL);
+    size_t n = 0;
+    unsigned char *png = answer_png(body, 0, &n);
+    snprintf(got, sizeof got, "%s/cuda.png", tmpdir);
+    snprintf(ref, sizeof ref, "%s/cuda-ref.png", tmpdir);
+    if (png) spit(got, (const char *)png, n);
+    uint8_t *a = NULL, *b = NULL;
+    int wa = 0, ha = 0, wb = 0, hb = 0;
+    int ok = code == 200 && png && generate("a red fox", 64, 48, 2, 5, ref) == 0 &&
+             dt_png_read(got, &a, &wa, &ha, NULL, NULL) == 0 && dt_png_read(ref, &b, &wb, &hb, NULL, NULL) == 0 &&
+             wa == 64 && ha == 48 && wb == 64 && hb == 48;
+    size_t close = 0, total = 64 * 48 * 3;
+    for (size_t i = 0; ok && i < total; i++) close += abs((int)a[i] - (int)b[i]) <= GPU_PX_TOL;
+    char name[160];
+    snprintf(name, sizeof name, "serve: cuda image vs the CPU's: %.2f%% of values within +-%d (>= %.0f%%)",
+             ok ? 100.0 * (double)close / (double)total : 0.0, GPU_PX_TOL, GPU_PX_FRAC * 100);
+    T_CHECK(name, ok && (double)close >= GPU_PX_FRAC * (double)total, "status %d: %s", code, ok ? "too different" : "no image");
+    free(a);
+    free(b);
+    free(png);
+    free(body);
+    T_CHECK("serve: cuda server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
 /* Bad command lines: exit 1 with one "ditrun: error:" line naming the problem (and no server left running). */
 static void test_bad_options(void) {
     static const struct { const char *args, *needle; } cases[] = {
@@ -620,6 +663,7 @@ int main(void) {
     test_queue_and_cancel();
     test_drain();
     test_load();
+    test_cuda();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (!t_failed && system(cmd)) {}
