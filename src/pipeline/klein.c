@@ -264,9 +264,10 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (ensure_te(p)) goto done;
     tm->t_load += dt_now() - t0;
     t0 = dt_now();
-    dt_log(1, "ditrun: encoding the prompt (%d tokens, taps", T);
-    for (int i = 0; i < s->n_taps; i++) dt_log(1, "%s%d", i ? "," : " ", s->taps[i]);
-    dt_log(1, ")%s\n", cfg ? " and the negative prompt" : "");
+    const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
+    dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", T);
+    for (int i = 0; i < s->n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", s->taps[i]);
+    dt_log(lv, ")%s\n", cfg ? " and the negative prompt" : "");
     if (encode_prompt(p, 0, g->prompt, T, obs, ud)) goto done;
     if (cfg && encode_prompt(p, 1, g->negative_prompt, T, NULL, NULL)) goto done;
     if (p->opts.release_text_encoder) {

@@ -33,7 +33,8 @@ int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_re
         snprintf(nm, sizeof nm, "step%d.latents_packed", k);
         if (obs && s->obs_shape)
             dt_gen_observe(obs, ud, nm, x, 3, s->obs_shape[0], s->obs_shape[1], s->obs_shape[2], 0);
-        dt_log(1, "ditrun: step %d/%d  t=%.1f  %.3f s\n", k + 1, s->steps, s->timesteps[i], dt);
+        /* a caller with a progress callback (a server, an API user) reports steps itself: the line only when verbose */
+        dt_log(g->progress ? 2 : 1, "ditrun: step %d/%d  t=%.1f  %.3f s\n", k + 1, s->steps, s->timesteps[i], dt);
         if (g->progress && g->progress(g->progress_ud, k + 1, s->steps, dt_now() - t_request_start)) {
             dt_set_error("generate: cancelled after step %d of %d", k + 1, s->steps);
             return DT_GEN_CANCELLED;
