@@ -268,6 +268,26 @@ int main(void) {
     info = read_text(p1);
     T_CHECK("info q4 folder", rc == 0 && info && strstr(info, "4-bit") && strstr(info, "group 32"), "exit %d, output: %s", rc, info ? info : "(none)");
     free(info);
+    /* convert --format: an fp8 and a GGUF file of the fixture, described by info */
+    {
+        static const struct { const char *format, *file, *want1, *want2; } conv[] = {
+            {"fp8", "k.safetensors", "fp8 e4m3, weight scales per tensor", "input_scale present"},
+            {"gguf-q4_k", "k.gguf", "GGUF v3 (general.architecture flux)", "GGUF blocks: Q4_K x"},
+            {"sdcpp-q8_0", "s.gguf", "GGUF v3", "GGUF blocks: Q8_0 x"},
+        };
+        for (size_t k = 0; k < sizeof conv / sizeof conv[0]; k++) {
+            char nm[96];
+            snprintf(args, sizeof args, "convert -q --input %s/model --output %s/%s --format %s && %s info %s/%s > %s/info.txt",
+                     fx, tmpdir, conv[k].file, conv[k].format, exe, tmpdir, conv[k].file, tmpdir);
+            rc = run(args, err, sizeof err);
+            info = read_text(p1);
+            snprintf(nm, sizeof nm, "convert --format %s + info", conv[k].format);
+            T_CHECK(nm, rc == 0 && info && strstr(info, conv[k].want1) && strstr(info, conv[k].want2) && strstr(info, "D=256"),
+                    "exit %d (%s), output: %s", rc, err, info ? info : "(none)");
+            free(info);
+        }
+        expect_error("convert unknown format", "convert --input x --output y --format gguf-q3_k", "unknown --format", "gguf-q3_k");
+    }
     rc = run("--help", err, sizeof err);
     T_CHECK("--help", rc == 0, "exit %d", rc);
 

@@ -55,6 +55,18 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     return 0;
 }
 
+int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--lora-side")) { l->side = 1; return 1; }
+    if (strcmp(a, "--lora")) return 0;
+    if (!v) { cli_error("--lora needs a value (FILE[:SCALE])"); return -1; }
+    if (l->n == CLI_MAX_LORAS) { cli_error("--lora: at most %d adapters", CLI_MAX_LORAS); return -1; }
+    if (dt_lora_spec_parse(v, &l->loras[l->n])) { cli_error("%s", dt_last_error()); return -1; }
+    l->n++;
+    (*i)++;
+    return 1;
+}
+
 dt_backend *cli_model_backend(const cli_model_opts *o) {
     dt_backend *be = dt_backend_create(o->backend, &o->be);
     if (!be) cli_error("%s", dt_last_error());

@@ -4,6 +4,7 @@
 #define DT_CLI_MODEL_H
 
 #include "backends/backend.h"
+#include "models/lora.h"
 
 typedef struct {
     const char *backend;      /* "auto", "cpu", "cuda" */
@@ -12,6 +13,17 @@ typedef struct {
 } cli_model_opts;
 
 enum { CLI_FAMILY_FLUX2 = 1, CLI_FAMILY_KREA2 = 2 };
+
+/* --lora FILE[:SCALE] (repeatable) and --lora-side: LoRA adapters for the DiT (models/lora.h). */
+#define CLI_MAX_LORAS 8
+typedef struct {
+    dt_lora_spec loras[CLI_MAX_LORAS];
+    int n;
+    int side;      /* --lora-side: side products for dense weights too (comparisons) */
+} cli_lora_opts;
+/* Consumes argv[*i] (and its value) when it is --lora or --lora-side: 1 consumed, 0 not, -1 bad value. */
+int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i);
+
 
 void cli_model_opts_default(cli_model_opts *o);
 /* Consumes argv[*i] (and its value) if it is a shared option: returns 1 if consumed, 0 if not

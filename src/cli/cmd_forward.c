@@ -30,6 +30,10 @@ static void usage(FILE *f) {
             "  --model DIR          model folder (required)\n"
             "  --inputs FILE        input tensors (required)\n"
             "  --output FILE        where to write out.sample (without it nothing is written: timing runs)\n"
+            "  --lora FILE[:SCALE]  (FLUX.2) a LoRA adapter (repeatable, up to 8; SCALE default 1): PEFT/diffusers,\n"
+            "                       kohya/ai-toolkit or BFL-named safetensors; merged into dense weights, a low-rank\n"
+            "                       side product on quantized ones (q4/q8, fp8, GGUF)\n"
+            "  --lora-side          adapters as side products on dense weights too (instead of merging)\n"
             "  --backend NAME       cpu, cuda or auto (default auto: cuda when a GPU is present)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --qpath P            quantized Linear path on CUDA: auto, mixed, fused, transient, cached (default auto)\n"
@@ -100,12 +104,14 @@ int cmd_forward(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *output = NULL;
     cli_model_opts mo;
     cli_model_opts_default(&mo);
+    static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
     int trace = 0, no_mask = 0, compare = 0, cmp_qpath = -1, kv_refs = 0;   /* cmp_qpath: --compare-qpath, -1 = none */
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_model_opt(&mo, argc, argv, &i);
+        if (!r) r = cli_lora_opt(&lor, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -169,7 +175,8 @@ int cmd_forward(int argc, char **argv) {
     if (family == CLI_FAMILY_FLUX2) {
         if (shape2(t_txt, &tt, &cj)) goto done;
         if (!(img_ids = input_f32(in, "in.img_ids", 1, &t_iid)) || !(txt_ids = input_f32(in, "in.txt_ids", 1, &t_tid))) goto done;
-        fm = flux2_load(be, model);
+        flux2_load_opts flo = {lor.loras, lor.n, lor.side};
+        fm = flux2_load_ex(be, model, &flo);
         if (!fm) goto done;
         flux2_set_graph(fm, mo.cuda_graph);
         const flux2_config *c = flux2_get_config(fm);
@@ -226,7 +233,7 @@ int cmd_forward(int argc, char **argv) {
             flux2_free(fm);
             if (compare) be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
             else be->opts.qpath = (dt_qpath)cmp_qpath;
-            fm = flux2_load(be, model);
+            fm = flux2_load_ex(be, model, &(flux2_load_opts){lor.loras, lor.n, lor.side});
             be->opts.precision = prec0;
             be->opts.attn_precision = aprec0;
             be->opts.qpath = qp0;
@@ -276,6 +283,7 @@ int cmd_forward(int argc, char **argv) {
             for (int64_t i = 0; i < tt; i++) mask[i] = mf[i] != 0;
             free(mf);
         }
+        if (lor.n) { dt_set_error("forward: --lora is supported for FLUX.2 transformers (this is Krea 2)"); goto done; }
         km = krea2_load(be, model);
         if (!km) goto done;
         const krea2_config *c = krea2_get_config(km);

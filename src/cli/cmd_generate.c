@@ -47,6 +47,10 @@ static void usage(FILE *f) {
             "                              bf16 and report the relative L2 error of the final latents (the PNG\n"
             "                              written is the fp8 one)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
+            "  --lora FILE[:SCALE]         a LoRA adapter for the DiT (repeatable, up to 8; SCALE default 1):\n"
+            "                              PEFT/diffusers, kohya/ai-toolkit or BFL-named safetensors; merged into dense\n"
+            "                              weights, a low-rank side product on quantized ones (q4/q8, fp8, GGUF)\n"
+            "  --lora-side                 apply adapters as side products on dense weights too (instead of merging)\n"
             "  -q, --quiet / -v, --verbose\n");
 }
 
@@ -141,6 +145,7 @@ int cmd_generate(int argc, char **argv) {
     dt_gen_params_default(&p);
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
+    static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     const char *output = NULL, *save = NULL;
@@ -150,6 +155,7 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_model_opt(&mo, argc, argv, &i);
+        if (!r) r = cli_lora_opt(&lor, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -208,6 +214,9 @@ int cmd_generate(int argc, char **argv) {
         if (bad) return 1;
     }
     lo.cuda_graph = mo.cuda_graph;
+    lo.loras = lor.loras;
+    lo.n_loras = lor.n;
+    lo.lora_side = lor.side;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) return 1;
     dt_log(1, "ditrun: backend %s\n", be->name);

@@ -14,7 +14,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun info PATH\n\n"
                "PATH: a pipeline root (model_index.json + component folders), a component folder\n"
-               "(config.json + safetensors, sharded or not) or a single .safetensors file.\n"
+               "(config.json + safetensors, sharded or not) or a single .safetensors or .gguf file.\n"
                "Prints per component: class, geometry, tensor count, bytes, dtypes and quantized Linears.\n");
 }
 
@@ -31,12 +31,31 @@ static int describe(const char *label, const char *path) {
     if (layout != FLUX2_LAYOUT_UNKNOWN && flux2_layout_install(w)) dt_clear_error();
     size_t n = dt_weights_count(w), bytes = 0, per_dtype[DT_DTYPE_COUNT] = {0}, bytes_dtype[DT_DTYPE_COUNT] = {0};
     int qlin = 0, qbits = 0, qgroup = 0, mixed = 0;
+    int f8lin[2] = {0, 0}, f8chan = 0, f8input = 0, f8unscaled = 0, blk[DT_DTYPE_COUNT] = {0}, nblk = 0, comfy_quant = 0;
     for (size_t i = 0; i < n; i++) {
         const st_tensor *t = dt_weights_at(w, i);
         bytes += t->nbytes;
         per_dtype[t->dtype]++;
         bytes_dtype[t->dtype] += t->nbytes;
         size_t len = strlen(t->name);
+        if (len > 12 && !strcmp(t->name + len - 12, ".comfy_quant")) comfy_quant++;
+        if ((t->dtype == DT_F8_E4M3 || t->dtype == DT_F8_E5M2 || dt_dtype_is_block(t->dtype)) && t->ndim == 2 && len > 7 &&
+            !strcmp(t->name + len - 7, ".weight")) {
+            char base[512];
+            snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
+            dt_linear_src src;
+            if (dt_weights_linear(w, base, -1, -1, 0, &src) == 0) {
+                if (dt_linear_src_blocks(&src)) { blk[src.dtype]++; nblk++; }
+                else {
+                    f8lin[src.dtype == DT_F8_E5M2]++;
+                    f8chan += src.w_scales != NULL;
+                    f8input += src.input_scale != 0;
+                    if (!src.w_scales && src.w_scale == 1.0f) f8unscaled++;
+                }
+            } else {
+                dt_clear_error();
+            }
+        }
         if (t->dtype == DT_U32 && len > 7 && !strcmp(t->name + len - 7, ".weight")) {
             char base[512];
             snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
@@ -48,6 +67,9 @@ static int describe(const char *label, const char *path) {
         }
     }
     printf("%s: %s\n", label, dt_weights_path(w));
+    const char *arch = dt_weights_metadata(w, "general.architecture");
+    printf("  format       %s%s%s%s\n", dt_weights_container(w), arch ? " (general.architecture " : "", arch ? arch : "",
+           arch ? ")" : "");
     const json *cfg = dt_weights_config(w);
     const char *cls = cfg ? json_get_str(cfg, "_class_name") : NULL;
     if (!cls && cfg) {
@@ -107,7 +129,20 @@ static int describe(const char *label, const char *path) {
         if (per_dtype[d]) printf(" %s x%zu (%.1f MB)", dt_dtype_name((dt_dtype)d), per_dtype[d], bytes_dtype[d] / 1e6);
     printf("\n");
     if (qlin) printf("  quantized    %d Linears, MLX affine %d-bit, group %d%s\n", qlin, qbits, qgroup, mixed ? " (mixed)" : "");
-    else printf("  quantized    none (dense)\n");
+    for (int e = 0; e < 2; e++)
+        if (f8lin[e])
+            printf("  quantized    %d Linears fp8 %s, weight scales %s%s%s%s\n", f8lin[e], e ? "e5m2" : "e4m3",
+                   f8chan ? "per output channel" : "per tensor", f8unscaled ? " (some none: scale 1)" : "",
+                   f8input ? "; input_scale present (not used: activations are scaled per token)" : "",
+                   dt_weights_metadata(w, "_quantization_metadata") || comfy_quant || dt_weights_find(w, "model.diffusion_model.scaled_fp8") ||
+                           dt_weights_find(w, "scaled_fp8") ? "; ComfyUI quantization markers" : "");
+    if (nblk) {
+        printf("  quantized    %d Linears GGUF blocks:", nblk);
+        for (int d = 0; d < DT_DTYPE_COUNT; d++)
+            if (blk[d]) printf(" %s x%d", dt_dtype_name((dt_dtype)d), blk[d]);
+        printf("\n");
+    }
+    if (!qlin && !f8lin[0] && !f8lin[1] && !nblk) printf("  quantized    none (dense)\n");
     if (invalid) {   /* keep the config's error, naming the component */
         char why[900];
         snprintf(why, sizeof why, "%s", dt_last_error());

@@ -4,6 +4,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "gguf.h"
 
+#include "../core/infile.h"
+#include "../core/outfile.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -462,11 +465,11 @@ void gguf_close(gguf_file *f) {
 }
 
 gguf_file *gguf_open(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { dt_set_error("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    int fd = dt_open_input(path);   /* a regular file (a FIFO or device is refused without waiting) */
+    if (fd < 0) return NULL;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        dt_set_error("%s: not a regular file", path);
+    if (fstat(fd, &sb) != 0) {
+        dt_set_error("%s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return NULL;
     }
@@ -543,7 +546,8 @@ typedef struct {
 } ws_kv;
 
 struct gguf_stream {
-    char *path, *tmp;
+    char *path;
+    dt_outfile *of;        /* a temporary renamed over the target by gguf_stream_close (core/outfile.h) */
     FILE *fp;
     ws_kv *kv;
     int nkv;
@@ -562,17 +566,12 @@ static void ws_fail(gguf_stream *s, const char *fmt, const char *a) {
 }
 
 gguf_stream *gguf_stream_open(const char *path) {
+    dt_outfile *of = dt_outfile_open(path);
+    if (!of) return NULL;
     gguf_stream *s = dt_calloc(1, sizeof *s);
     s->path = dt_strdup(path);
-    size_t n = strlen(path) + 8;
-    s->tmp = dt_malloc(n);
-    snprintf(s->tmp, n, "%s.tmp", path);
-    s->fp = fopen(s->tmp, "wb");
-    if (!s->fp) {
-        dt_set_error("%s: cannot create: %s", s->tmp, strerror(errno));
-        free(s->path); free(s->tmp); free(s);
-        return NULL;
-    }
+    s->of = of;
+    s->fp = dt_outfile_fp(of);
     return s;
 }
 
@@ -718,13 +717,12 @@ int gguf_stream_write(gguf_stream *s, const void *data, size_t nbytes) {
 static void ws_free(gguf_stream *s) {
     for (int i = 0; i < s->nkv; i++) { free(s->kv[i].key); free(s->kv[i].str); free(s->kv[i].arr); }
     for (int i = 0; i < s->nt; i++) free(s->t[i].name);
-    free(s->kv); free(s->t); free(s->path); free(s->tmp); free(s);
+    free(s->kv); free(s->t); free(s->path); free(s);
 }
 
 void gguf_stream_abort(gguf_stream *s) {
     if (!s) return;
-    if (s->fp) fclose(s->fp);
-    remove(s->tmp);
+    dt_outfile_abort(s->of);
     ws_free(s);
 }
 
@@ -738,13 +736,13 @@ int gguf_stream_close(gguf_stream *s) {
         s->written = 0;
     }
     if (!s->failed && s->cur < s->nt) ws_fail(s, "tensor '%s' was declared but not fully written", s->t[s->cur].name);
-    if (fclose(s->fp) != 0 && !s->failed) ws_fail(s, "close failed: %s", strerror(errno));
-    s->fp = NULL;
-    if (!s->failed && rename(s->tmp, s->path) != 0) ws_fail(s, "cannot rename the finished file: %s", strerror(errno));
-    int rc = s->failed ? -1 : 0;
-    if (rc) {
+    int rc;
+    if (s->failed) {
+        dt_outfile_abort(s->of);
         dt_set_error("%s: %s", s->path, s->err);
-        remove(s->tmp);
+        rc = -1;
+    } else {
+        rc = dt_outfile_commit(s->of);   /* flush, fsync, rename (its own error) */
     }
     ws_free(s);
     return rc;

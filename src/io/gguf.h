@@ -46,8 +46,8 @@ int gguf_type_of(dt_dtype t);
 const char *gguf_type_name(uint32_t id);
 
 /* ---- streaming writer: metadata and tensor declarations first, then each tensor's bytes in declaration
- * order (padding is added between tensors). Written to PATH.tmp and renamed over PATH by gguf_stream_close,
- * so a failed write never leaves a truncated PATH. ---- */
+ * order (padding is added between tensors). Written through core/outfile.h (a temporary renamed over PATH by
+ * gguf_stream_close), so a failed write never leaves a truncated PATH. ---- */
 typedef struct gguf_stream gguf_stream;
 gguf_stream *gguf_stream_open(const char *path);
 void gguf_stream_meta_str(gguf_stream *s, const char *key, const char *value);
@@ -59,6 +59,6 @@ void gguf_stream_declare(gguf_stream *s, const char *name, dt_dtype dtype, int n
 int gguf_stream_begin_data(gguf_stream *s);                     /* writes header, metadata and tensor infos */
 int gguf_stream_write(gguf_stream *s, const void *data, size_t nbytes);
 int gguf_stream_close(gguf_stream *s);                          /* checks every declared byte; 0 or -1 */
-void gguf_stream_abort(gguf_stream *s);                         /* removes PATH.tmp, frees */
+void gguf_stream_abort(gguf_stream *s);                         /* drops the output (PATH untouched), frees */
 
 #endif

@@ -1,25 +1,32 @@
-/* weights.c — a model component's tensors as found on disk: one .safetensors file, or a folder of them
- * (diffusers single file / sharded with *.safetensors.index.json, mflux 0.safetensors, 1.safetensors...
+/* weights.c — a model component's tensors as found on disk: one .safetensors or .gguf file, or a folder of
+ * them (diffusers single file / sharded with *.safetensors.index.json, mflux 0.safetensors, 1.safetensors...
  * with model.safetensors.index.json). Builds one name -> tensor hash table over all files, keeps
- * config.json, and resolves dense vs MLX affine-quantized Linear weights. */
+ * config.json, and resolves the Linear weight forms (dense, MLX affine, fp8, GGUF blocks). */
 #define _POSIX_C_SOURCE 200809L
 #include "weights.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "../core/infile.h"
+#include "../core/fp8.h"
+#include "../quant/ggml_quants.h"
 #include "../quant/mlx_affine.h"
+#include "gguf.h"
 
 struct dt_weights {
     char *path;
     st_file **files;
     size_t nfiles;
+    gguf_file **gfiles;
+    size_t ngfiles;
+    char container[64];
     json *config;
     const st_tensor **all;   /* every tensor, file by file in header order */
     size_t count;
@@ -92,6 +99,8 @@ void dt_weights_close(dt_weights *w) {
     if (!w) return;
     for (size_t i = 0; i < w->nfiles; i++) st_close(w->files[i]);
     free(w->files);
+    for (size_t i = 0; i < w->ngfiles; i++) gguf_close(w->gfiles[i]);
+    free(w->gfiles);
     json_free(w->config);
     free(w->all);
     free(w->slots);
@@ -107,6 +116,13 @@ void dt_weights_close(dt_weights *w) {
 }
 
 static int add_file(dt_weights *w, const char *path) {
+    if (ends_with(path, ".gguf")) {
+        gguf_file *g = gguf_open(path);
+        if (!g) return -1;
+        w->gfiles = dt_realloc(w->gfiles, (w->ngfiles + 1) * sizeof *w->gfiles);
+        w->gfiles[w->ngfiles++] = g;
+        return 0;
+    }
     st_file *f = st_open(path);
     if (!f) return -1;
     w->files = dt_realloc(w->files, (w->nfiles + 1) * sizeof *w->files);
@@ -118,14 +134,17 @@ static int add_file(dt_weights *w, const char *path) {
 static int build_index(dt_weights *w) {
     size_t total = 0;
     for (size_t i = 0; i < w->nfiles; i++) total += st_count(w->files[i]);
+    for (size_t i = 0; i < w->ngfiles; i++) total += gguf_count(w->gfiles[i]);
     w->all = dt_calloc(total ? total : 1, sizeof *w->all);
     w->nslots = 16;
     while (w->nslots < 2 * total) w->nslots *= 2;
     w->slots = dt_calloc(w->nslots, sizeof *w->slots);
     size_t mask = w->nslots - 1;
-    for (size_t fi = 0; fi < w->nfiles; fi++) {
-        for (size_t k = 0; k < st_count(w->files[fi]); k++) {
-            const st_tensor *t = st_at(w->files[fi], k);
+    for (size_t fi = 0; fi < w->nfiles + w->ngfiles; fi++) {
+        int gg = fi >= w->nfiles;
+        size_t cnt = gg ? gguf_count(w->gfiles[fi - w->nfiles]) : st_count(w->files[fi]);
+        for (size_t k = 0; k < cnt; k++) {
+            const st_tensor *t = gg ? gguf_at(w->gfiles[fi - w->nfiles], k) : st_at(w->files[fi], k);
             size_t h = (size_t)hash_str(t->name) & mask;
             while (w->slots[h]) {
                 const st_tensor *o = w->all[w->slots[h] - 1];
@@ -138,6 +157,11 @@ static int build_index(dt_weights *w) {
             w->all[w->count] = t;
             w->slots[h] = ++w->count;
         }
+    }
+    if (w->nfiles) snprintf(w->container, sizeof w->container, "safetensors");
+    if (w->ngfiles) {
+        size_t l = strlen(w->container);
+        snprintf(w->container + l, sizeof w->container - l, "%sGGUF v%u", l ? " + " : "", gguf_version(w->gfiles[0]));
     }
     return 0;
 }
@@ -194,16 +218,21 @@ out:
     return rc;
 }
 
+/* The *.safetensors files of dir (or, when it has none, its *.gguf files) and its *.safetensors.index.json. */
 static int list_safetensors(const char *dir, strlist *st, strlist *indexes) {
     DIR *d = opendir(dir);
     if (!d) { dt_set_error("%s: cannot open folder: %s", dir, strerror(errno)); return -1; }
+    strlist gg = {0};
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue;
         if (ends_with(e->d_name, ".safetensors")) sl_push(st, dt_strdup(e->d_name));
         else if (indexes && ends_with(e->d_name, ".safetensors.index.json")) sl_push(indexes, dt_strdup(e->d_name));
+        else if (ends_with(e->d_name, ".gguf")) sl_push(&gg, dt_strdup(e->d_name));
     }
     closedir(d);
+    if (!st->n && gg.n) { *st = gg; gg = (strlist){0}; }
+    sl_free(&gg);
     if (st->n > 1) qsort(st->v, st->n, sizeof *st->v, natural_cmp);
     if (indexes && indexes->n > 1) qsort(indexes->v, indexes->n, sizeof *indexes->v, natural_cmp);
     return 0;
@@ -224,7 +253,7 @@ static int open_folder(dt_weights *w, const char *dir) {
         free(ip);
         goto out;
     }
-    if (!st.n) { dt_set_error("%s: no .safetensors files in this folder", dir); goto out; }
+    if (!st.n) { dt_set_error("%s: no .safetensors (or .gguf) files in this folder", dir); goto out; }
     /* a single canonical file wins over stray extra files (variants such as *.fp16.safetensors,
      * test outputs); otherwise every file is a shard */
     const char *canon = sl_has(&st, "diffusion_pytorch_model.safetensors") ? "diffusion_pytorch_model.safetensors"
@@ -296,8 +325,14 @@ const char *dt_weights_metadata(const dt_weights *w, const char *key) {
         const char *v = st_metadata(w->files[i], key);
         if (v) return v;
     }
+    for (size_t i = 0; i < w->ngfiles; i++) {
+        const char *v = gguf_meta(w->gfiles[i], key);
+        if (v) return v;
+    }
     return NULL;
 }
+
+const char *dt_weights_container(const dt_weights *w) { return w->container; }
 
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     size_t n = (size_t)snprintf(buf, cap, "[");
@@ -356,6 +391,62 @@ static int bits_hint(const dt_weights *w) {
 
 static int good_group(int64_t g) { return g == 32 || g == 64 || g == 128; }
 
+/* One value of a scale tensor (F32/BF16/F16/F64) as f32. */
+static float scale_at(const st_tensor *t, int64_t i) {
+    float v = 0;
+    dt_convert_to_f32(&v, (const char *)t->data + (size_t)i * dt_dtype_size(t->dtype), t->dtype, 1);
+    return v;
+}
+
+/* fp8 weight scales (NAME.weight_scale, ComfyUI's NAME.scale_weight) and the static input scale. */
+static int fp8_scales(const dt_weights *w, const char *name, dt_linear_src *src) {
+    static const char *const wkeys[] = {"weight_scale", "scale_weight"}, *const ikeys[] = {"input_scale", "scale_input"};
+    char key[1024];
+    for (int pass = 0; pass < 2; pass++) {
+        const char *const *keys = pass ? ikeys : wkeys;
+        for (int k = 0; k < 2; k++) {
+            snprintf(key, sizeof key, "%s.%s", name, keys[k]);
+            const st_tensor *t = dt_weights_find(w, key);
+            if (!t) continue;
+            int fl = t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16 || t->dtype == DT_F64;
+            int per_row = !pass && t->numel == src->out && src->out > 1 && (t->ndim == 1 || (t->ndim == 2 && t->shape[1] == 1));
+            if (!fl || (t->numel != 1 && !per_row) || t->ndim > 2) {
+                char a[128];
+                fmt_shape(a, sizeof a, t->ndim, t->shape);
+                dt_set_error("%s: linear '%s': '%s' is %s %s; expected one float%s", t->file, name, key,
+                             dt_dtype_name(t->dtype), a, pass ? "" : " (per tensor) or one per output channel");
+                return -1;
+            }
+            if (pass) {
+                src->input_scale = scale_at(t, 0);
+            } else if (per_row) {
+                if (t->dtype == DT_F64) {
+                    dt_set_error("%s: linear '%s': per-channel '%s' must be F32, BF16 or F16", t->file, name, key);
+                    return -1;
+                }
+                src->w_scales = t->data;
+                src->w_scales_dtype = t->dtype;
+            } else {
+                src->w_scale = scale_at(t, 0);
+            }
+            float v = pass ? src->input_scale : per_row ? scale_at(t, 0) : src->w_scale;
+            if (!(v == v) || v == INFINITY || v == -INFINITY) {
+                dt_set_error("%s: linear '%s': '%s' is not finite", t->file, name, key);
+                return -1;
+            }
+            break;
+        }
+    }
+    return 0;
+}
+
+float dt_linear_src_fp8_scale(const dt_linear_src *s, int64_t r) {
+    if (!s->w_scales) return s->w_scale;
+    float v = 0;
+    dt_convert_to_f32(&v, (const char *)s->w_scales + (size_t)r * dt_dtype_size(s->w_scales_dtype), s->w_scales_dtype, 1);
+    return v;
+}
+
 int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_t in, int want_bias,
                       dt_linear_src *src) {
     char key[1024];
@@ -370,7 +461,9 @@ int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_
     src->name = wt->name;
     src->data = wt->data;
     src->dtype = wt->dtype;
-    if (wt->dtype == DT_F32 || wt->dtype == DT_F16 || wt->dtype == DT_BF16) {
+    src->w_scale = 1.0f;
+    if (wt->dtype == DT_F32 || wt->dtype == DT_F16 || wt->dtype == DT_BF16 || wt->dtype == DT_F8_E4M3 ||
+        wt->dtype == DT_F8_E5M2 || dt_dtype_is_block(wt->dtype)) {
         if ((out > 0 && wt->shape[0] != out) || (in > 0 && wt->shape[1] != in)) {
             char a[128], b[128]; int64_t e[2] = {out > 0 ? out : wt->shape[0], in > 0 ? in : wt->shape[1]};
             fmt_shape(a, sizeof a, 2, wt->shape); fmt_shape(b, sizeof b, 2, e);
@@ -380,6 +473,7 @@ int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_
         src->out = wt->shape[0];
         src->in = wt->shape[1];
         src->bits = 0;
+        if (dt_linear_src_fp8(src) && fp8_scales(w, name, src)) return -1;
     } else if (wt->dtype == DT_U32) {
         char ks[1024], kb[1024];
         snprintf(ks, sizeof ks, "%s.scales", name);
@@ -454,7 +548,8 @@ int dt_weights_linear(const dt_weights *w, const char *name, int64_t out, int64_
         src->scales = sc->data;
         src->biases = bi->data;
     } else {
-        dt_set_error("%s: linear '%s': weight dtype %s is neither float nor packed U32", wt->file, name, dt_dtype_name(wt->dtype));
+        dt_set_error("%s: linear '%s': weight dtype %s is not a Linear weight form (float, fp8, packed U32, GGUF blocks)",
+                     wt->file, name, dt_dtype_name(wt->dtype));
         return -1;
     }
     if (want_bias) {
@@ -479,7 +574,8 @@ dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nro
     dt_linear_src v = *s;
     v.out = nrows;
     if (s->bits == 0) {
-        v.data = (const char *)s->data + (size_t)(r0 * s->in) * dt_dtype_size(s->dtype);
+        v.data = (const char *)s->data + (size_t)r0 * dt_dtype_bytes(s->dtype, s->in);
+        if (s->w_scales) v.w_scales = (const char *)s->w_scales + (size_t)r0 * dt_dtype_size(s->w_scales_dtype);
     } else {
         const size_t groups = (size_t)(s->in / s->group_size), ses = dt_dtype_size(s->sb_dtype);
         v.data = (const char *)s->data + (size_t)r0 * (size_t)(s->in * s->bits / 32) * 4;
@@ -491,9 +587,20 @@ dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nro
 }
 
 void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst) {
+    if (dt_linear_src_blocks(s)) {
+        const size_t rb = dt_dtype_bytes(s->dtype, s->in);
+        for (int64_t r = 0; r < nrows; r++)
+            dt_ggml_dequant(s->dtype, (const char *)s->data + (size_t)(r0 + r) * rb, s->in, dst + r * s->in);
+        return;
+    }
     if (s->bits == 0) {
         size_t es = dt_dtype_size(s->dtype);
         dt_convert_to_f32(dst, (const char *)s->data + (size_t)(r0 * s->in) * es, s->dtype, (size_t)(nrows * s->in));
+        if (dt_linear_src_fp8(s))   /* value(code) · scale, one f32 product */
+            for (int64_t r = 0; r < nrows; r++) {
+                const float sc = dt_linear_src_fp8_scale(s, r0 + r);
+                for (int64_t k = 0; k < s->in; k++) dst[r * s->in + k] *= sc;
+            }
         return;
     }
     const int64_t words = s->in * s->bits / 32, groups = s->in / s->group_size;
@@ -515,10 +622,10 @@ char *dt_weights_component_dir(const char *path, const char *name) {
         strlist st = {0};
         if (list_safetensors(path, &st, NULL) == 0 && st.n) { sl_free(&st); return dt_strdup(path); }
         sl_free(&st);
-    } else if (is_file(path) && ends_with(path, ".safetensors")) {
+    } else if (is_file(path) && (ends_with(path, ".safetensors") || ends_with(path, ".gguf"))) {
         return dt_strdup(path);
     }
-    dt_set_error("%s: no '%s' folder and no .safetensors files here", path, name);
+    dt_set_error("%s: no '%s' folder and no .safetensors or .gguf files here", path, name);
     return NULL;
 }
 
@@ -566,7 +673,7 @@ static st_tensor *derive_header(const dt_weights *w, const char *name, const st_
     int64_t row_elems = 1;
     for (int d = 1; d < src->ndim; d++) row_elems *= src->shape[d];
     t->numel = rows * row_elems;
-    t->nbytes = (size_t)t->numel * dt_dtype_size(src->dtype);
+    t->nbytes = src->shape[0] ? (size_t)rows * (src->nbytes / (size_t)src->shape[0]) : 0;   /* block types too */
     return t;
 }
 
@@ -583,6 +690,18 @@ const st_tensor *dt_weights_add_view(dt_weights *w, const char *name, const st_t
     st_tensor *t = derive_header(w, name, src, nrows);
     if (!t) return NULL;
     t->data = (const char *)src->data + (size_t)row0 * row_bytes(src);
+    return add_derived(w, t, NULL);
+}
+
+const st_tensor *dt_weights_add_alias(dt_weights *w, const char *name, const st_tensor *src) {
+    if (!name || !*name || !src) { dt_set_error("%s: alias without a name or a source", w->path); return NULL; }
+    if (dt_weights_find(w, name)) {
+        dt_set_error("%s: cannot add tensor '%s' (alias of '%s'): the name already exists", w->path, name, src->name);
+        return NULL;
+    }
+    st_tensor *t = dt_calloc(1, sizeof *t);
+    *t = *src;
+    t->name = dt_strdup(name);
     return add_derived(w, t, NULL);
 }
 

@@ -1,17 +1,22 @@
 /* weights.h — a model component's tensors as users have them on disk.
  *
  * dt_weights_open(PATH) accepts:
- *   - a single .safetensors file;
+ *   - a single .safetensors or .gguf file (GGUF: io/gguf.h, tensors with their row-major shapes);
  *   - a folder with one or more *.safetensors files (diffusers `transformer/`, mflux shards
- *     `0.safetensors, 1.safetensors, ...`), using `*.safetensors.index.json` when present
+ *     `0.safetensors, 1.safetensors, ...`; or, when it has none, *.gguf files), using `*.safetensors.index.json` when present
  *     (every file named in its weight_map must exist; every listed tensor must be found there);
  *   - for a pipeline root, callers pass ROOT/transformer themselves (see dt_weights_component_dir).
  * config.json in the folder (if any) is parsed and kept (dt_weights_config).
  *
- * Linear weights come in two forms, resolved by dt_weights_linear():
+ * Linear weights come in these forms, resolved by dt_weights_linear():
  *   dense     NAME.weight  F32/F16/BF16 [out, in]
  *   affine    NAME.weight  U32 [out, in*bits/32] + NAME.scales + NAME.biases [out, in/group]
  *             (MLX groupwise affine; bits 4 or 8; group inferred from shapes; w = scale*q + bias)
+ *   fp8       NAME.weight  F8_E4M3/F8_E5M2 [out, in], w = value(code) · scale with the scale from
+ *             NAME.weight_scale or NAME.scale_weight (ComfyUI's spelling): one value (per tensor) or [out]
+ *             (per output channel); none: 1. NAME.input_scale / NAME.scale_input, the file's static activation
+ *             scale, is read for reports only (activations are scaled per token at run time)
+ *   blocks    NAME.weight  a GGUF block type Q4_0..Q6_K [out, in] (quant/ggml_quants.h)
  *   plus an optional NAME.bias [out] (float).
  */
 #ifndef DT_WEIGHTS_H
@@ -39,10 +44,25 @@ typedef struct {
     dt_dtype sb_dtype;         /* affine: dtype of scales and biases (BF16/F16/F32) */
     const void *scales;        /* affine: [out, in/group_size] */
     const void *biases;        /* affine: [out, in/group_size] */
+    float w_scale;             /* fp8: the per-tensor scale (1 when the file has none) */
+    const void *w_scales;      /* fp8: per-output-channel scales [out] (NULL: w_scale for every row) */
+    dt_dtype w_scales_dtype;   /* fp8: their dtype (F32/BF16/F16) */
+    float input_scale;         /* fp8: the file's static activation scale, 0 when absent (reports only) */
     dt_dtype bias_dtype;       /* dtype of the optional Linear bias */
     const void *bias;          /* optional [out], NULL when the Linear has no bias */
     dt_precision precision;    /* requested run precision (dt_weights_linear sets DT_PREC_BF16) */
 } dt_linear_src;
+
+/* bits == 0 forms by dtype */
+static inline int dt_linear_src_dense(const dt_linear_src *s) {
+    return !s->bits && (s->dtype == DT_F32 || s->dtype == DT_F16 || s->dtype == DT_BF16);
+}
+static inline int dt_linear_src_fp8(const dt_linear_src *s) {
+    return !s->bits && (s->dtype == DT_F8_E4M3 || s->dtype == DT_F8_E5M2);
+}
+static inline int dt_linear_src_blocks(const dt_linear_src *s) { return !s->bits && dt_dtype_is_block(s->dtype); }
+/* Scale of row r of an fp8 Linear. */
+float dt_linear_src_fp8_scale(const dt_linear_src *s, int64_t r);
 
 dt_weights *dt_weights_open(const char *path);
 void dt_weights_close(dt_weights *w);
@@ -51,8 +71,10 @@ const json *dt_weights_config(const dt_weights *w);   /* config.json object or N
 size_t dt_weights_count(const dt_weights *w);
 const st_tensor *dt_weights_at(const dt_weights *w, size_t i);
 const st_tensor *dt_weights_find(const dt_weights *w, const char *name);  /* NULL if absent */
-/* safetensors metadata value from the first file that has it, or NULL */
+/* safetensors (or GGUF) metadata value from the first file that has it, or NULL */
 const char *dt_weights_metadata(const dt_weights *w, const char *key);
+/* The container format of the files: "safetensors", "GGUF v3", ... (both when mixed). */
+const char *dt_weights_container(const dt_weights *w);
 
 /* Tensor that must exist with exactly the given shape (ndim entries). Error names file+tensor. */
 const st_tensor *dt_weights_get(const dt_weights *w, const char *name, int ndim, const int64_t *shape);
@@ -75,6 +97,8 @@ char *dt_weights_component_dir(const char *path, const char *name);
 /* NAME = rows [row0, row0+nrows) of SRC along dimension 0 (zero copy: a view into SRC's bytes).
  * NULL with an error if NAME already exists or the rows are outside SRC. */
 const st_tensor *dt_weights_add_view(dt_weights *w, const char *name, const st_tensor *src, int64_t row0, int64_t nrows);
+/* NAME = SRC itself under another name (any shape, scalars included; zero copy). */
+const st_tensor *dt_weights_add_alias(dt_weights *w, const char *name, const st_tensor *src);
 /* NAME = the given row ranges of SRC, concatenated in that order into a buffer owned by w (a copy:
  * for small reorderings such as the swapped halves of BFL's final modulation). */
 const st_tensor *dt_weights_add_rows(dt_weights *w, const char *name, const st_tensor *src, int nranges,
@@ -91,7 +115,7 @@ void dt_weights_release(const dt_weights *w, const st_tensor *t);
 /* Rows [r0, r0+nrows) of a Linear as a Linear of its own (zero copy: views into s's bytes, bias included). */
 dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nrows);
 
-/* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for dense and affine. */
+/* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for every form above. */
 void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst);
 
 #endif

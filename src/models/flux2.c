@@ -11,6 +11,8 @@
 #include "flux2.h"
 #include "linear_set.h"
 #include "flux2_layouts.h"
+#include "lora.h"
+#include "lora_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +32,8 @@ typedef struct {
 } flux2_bufs;
 
 struct flux2_model {
-    dt_backend *be;
+    dt_backend *be;       /* the caller's backend, or the LoRA wrapper around it when adapters are loaded */
+    dt_lora_set *lora;    /* loaded adapters (NULL: none) */
     dt_weights *w;
     flux2_config c;
     flux2_outer_w o;      /* embedders, timestep MLP, modulation, final layer */
@@ -181,10 +184,9 @@ int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
     char nm[256];
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
     if (c->sb_overlap) {   /* two Linears on row views of the one tensor */
-        dt_linear_src src;
-        if (dt_weights_linear(w, nm, 3 * D + 2 * F, D, -1, &src)) return -1;
-        dt_linear_src qkv = dt_linear_src_rows(&src, 0, 3 * D), mlp = dt_linear_src_rows(&src, 3 * D, 2 * F);
-        if (!(out->qkv = dt_linear_set_add(lin, &qkv)) || !(out->mlp_in = dt_linear_set_add(lin, &mlp))) return -1;
+        if (!(out->qkv = dt_linear_set_load_rows(lin, w, nm, 3 * D + 2 * F, D, 0, 3 * D)) ||
+            !(out->mlp_in = dt_linear_set_load_rows(lin, w, nm, 3 * D + 2 * F, D, 3 * D, 2 * F)))
+            return -1;
     } else if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) {
         return -1;
     }
@@ -233,7 +235,25 @@ void flux2_single_w_free(dt_backend *be, flux2_single_w *w) {
 }
 
 
-flux2_model *flux2_load(dt_backend *be, const char *path) {
+flux2_model *flux2_load(dt_backend *be, const char *path) { return flux2_load_ex(be, path, NULL); }
+
+/* Adapters: the catalogue of this checkpoint's module names, the files read through it, and (when any is given)
+ * the model's ops through the LoRA backend wrapper, which adds the side products of quantized Linears. */
+static int load_loras(flux2_model *m, const flux2_load_opts *o) {
+    dt_lora_catalogue *cat = flux2_lora_catalogue(m->w, &m->c);
+    m->lora = dt_lora_load(o->loras, o->n_loras, cat);
+    dt_lora_catalogue_free(cat);
+    if (!m->lora) return -1;
+    dt_backend *wb = dt_lora_backend_wrap(m->be);
+    if (!wb) return -1;
+    m->be = wb;
+    m->lin.be = wb;
+    m->lin.lora = m->lora;
+    m->lin.lora_side = o->lora_side;
+    return 0;
+}
+
+flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_opts *o) {
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     flux2_model *m = dt_calloc(1, sizeof *m);
@@ -256,6 +276,7 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
 
     const flux2_config *c = &m->c;
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
+    if (o && o->n_loras > 0 && load_loras(m, o)) goto fail;
 
     if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
 
@@ -268,6 +289,13 @@ flux2_model *flux2_load(dt_backend *be, const char *path) {
     m->sb = dt_calloc(c->num_single_layers, sizeof *m->sb);
     for (int i = 0; i < c->num_single_layers; i++) {
         if (flux2_single_w_load(&m->lin, m->w, c, i, &m->sb[i])) goto fail;
+    }
+    if (m->lora) {
+        if (dt_lora_check_used(m->lora)) goto fail;
+        int files, modules, targets;
+        dt_lora_summary(m->lora, &files, &modules, &targets);
+        dt_log(2, "lora: %d file(s), %d adapter modules on %d model modules: %d Linears merged, %d with side products\n",
+               files, modules, targets, m->lin.lora_merged, m->lin.lora_sides);
     }
     return m;
 fail:
@@ -444,6 +472,8 @@ void flux2_free(flux2_model *m) {
     free(m->db);
     free(m->sb);
     if (m->w) dt_weights_close(m->w);
+    if (m->be && dt_lora_backend_is_wrapper(m->be)) m->be->destroy(m->be);   /* the wrapper only, not the caller's */
+    dt_lora_free(m->lora);
     free(m);
 }
 

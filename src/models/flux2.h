@@ -8,6 +8,7 @@
 #include "backends/backend.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
+#include "models/lora.h"
 
 typedef struct {
     int in_channels;        /* latent channels per token (128 for klein) */
@@ -50,6 +51,15 @@ typedef void (*flux2_trace_fn)(void *ud, const char *name, dt_mat m);
 /* Load from a transformer folder (config.json + safetensors), a quantized folder, or a pipeline
  * root holding transformer/. NULL on error (dt_last_error). */
 flux2_model *flux2_load(dt_backend *be, const char *path);
+/* Load options (flux2_load: none of them). */
+typedef struct {
+    const dt_lora_spec *loras;   /* LoRA adapters (models/lora.h), all applied; n_loras of them */
+    int n_loras;
+    int lora_side;               /* 1: side products for dense weights too instead of merging (comparisons) */
+} flux2_load_opts;
+/* flux2_load with options (o may be NULL). With adapters the model runs through a LoRA backend wrapper of be
+ * (models/lora_backend.h; freed with the model). */
+flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_opts *o);
 void flux2_free(flux2_model *m);
 const flux2_config *flux2_get_config(const flux2_model *m);
 /* Bytes of weights as stored, and a short description of the formats ("bf16", "q4 g64", ...). */

@@ -69,13 +69,17 @@ static int block_index(const char *s, int *idx, const char **rest) {
     return 1;
 }
 
-/* Splits NAME into base and parameter suffix (weight, bias, scales, biases, scale). */
+/* Splits NAME into base and parameter suffix (weight, bias, scales, biases, scale, and fp8 files' weight_scale,
+ * scale_weight, input_scale, scale_input). */
 static int split_suffix(const char *name, char *base, size_t cap, const char **suffix) {
     const char *dot = strrchr(name, '.');
     if (!dot) return 0;
     const char *suf = dot + 1;
-    if (strcmp(suf, "weight") && strcmp(suf, "bias") && strcmp(suf, "scales") && strcmp(suf, "biases") && strcmp(suf, "scale"))
-        return 0;
+    static const char *const known[] = {"weight", "bias", "scales", "biases", "scale",
+                                        "weight_scale", "scale_weight", "input_scale", "scale_input"};   /* fp8 scales */
+    size_t k = 0;
+    while (k < sizeof known / sizeof known[0] && strcmp(suf, known[k])) k++;
+    if (k == sizeof known / sizeof known[0]) return 0;
     size_t n = (size_t)(dot - name);
     if (n + 1 > cap) return 0;
     memcpy(base, name, n);
@@ -178,6 +182,7 @@ int flux2_map_key(flux2_layout l, const char *name, flux2_key_map out[3]) {
 
 static int install_one(dt_weights *w, const st_tensor *t, const flux2_key_map *m) {
     if (dt_weights_find(w, m->name)) return 0;   /* a stored tensor of that name wins */
+    if (t->numel == 1 && t->ndim <= 1) return dt_weights_add_alias(w, m->name, t) ? 0 : -1;   /* per-tensor fp8 scales */
     int64_t rows = t->ndim >= 1 ? t->shape[0] : 0;
     if (m->part == FLUX2_PART_WHOLE) return dt_weights_add_view(w, m->name, t, 0, rows) ? 0 : -1;
     if (m->part == FLUX2_PART_SWAP) {

@@ -1,5 +1,9 @@
-/* linear_set.c — one list of a model's prepared Linears and the description of their formats. */
+/* linear_set.c — one list of a model's prepared Linears, the description of their formats, and LoRA adapters
+ * applied as they load (merged into dense weights, side products otherwise). */
 #include "linear_set.h"
+
+#include "lora.h"
+#include "lora_backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,17 +38,12 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src0) {
     s->all[s->n++] = l;
     char f[32];
     if (src->bits) snprintf(f, sizeof f, "q%d g%d", src->bits, src->group_size);
+    else if (dt_linear_src_fp8(src)) snprintf(f, sizeof f, "%s", src->dtype == DT_F8_E4M3 ? "e4m3" : "e5m2");
+    else if (dt_linear_src_blocks(src)) snprintf(f, sizeof f, "%s", dt_dtype_name(src->dtype));
     else snprintf(f, sizeof f, "%s", src->dtype == DT_BF16 ? "bf16" : src->dtype == DT_F16 ? "f16" : "f32");
     fmt_add(s, f);
     if (src->precision == DT_PREC_FP8) fmt_add(s, "fp8");
     return l;
-}
-
-dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
-                              int want_bias) {
-    dt_linear_src src;
-    if (dt_weights_linear(w, name, out, in, want_bias, &src) != 0) return NULL;
-    return dt_linear_set_add(s, &src);
 }
 
 static void *own(dt_linear_set *s, size_t bytes) {
@@ -52,6 +51,83 @@ static void *own(dt_linear_set *s, size_t bytes) {
     s->owned = dt_realloc(s->owned, sizeof *s->owned * (size_t)(s->nowned + 1));
     s->owned[s->nowned++] = p;
     return p;
+}
+
+/* Collects the adapters' updates of module `name`, placed at row `offset` of the Linear being built. */
+static int gather(dt_linear_set *s, const char *name, int64_t offset, dt_lora_placed *p, int cap, int n) {
+    int k;
+    const dt_lora_update *u = dt_lora_updates(s->lora, name, &k);
+    for (int i = 0; i < k && n < cap; i++) p[n++] = (dt_lora_placed){&u[i], offset};
+    return n;
+}
+
+/* Adds src (rows [r0, r0 + src->out) of the adapters' row numbering) with the placed updates. */
+static dt_linear *add_lora(dt_linear_set *s, const dt_linear_src *src, const dt_lora_placed *p, int np, int64_t r0) {
+    if (!np) return dt_linear_set_add(s, src);
+    const int64_t N = src->out, K = src->in;
+    dt_linear *l;
+    if (dt_linear_src_dense(src) && !s->lora_side) {
+        /* merged: W + s·B·A in f32, rounded once to the file's dtype */
+        float *f = dt_malloc(sizeof(float) * (size_t)(N * K));
+        dt_linear_src_rows_f32(src, 0, N, f);
+        dt_lora_merge(p, np, r0, N, K, f);
+        dt_linear_src m = *src;
+        if (src->dtype == DT_F32) {
+            s->owned = dt_realloc(s->owned, sizeof *s->owned * (size_t)(s->nowned + 1));
+            s->owned[s->nowned++] = f;
+            m.data = f;
+        } else {
+            uint16_t *h = own(s, sizeof(uint16_t) * (size_t)(N * K));
+            for (int64_t i = 0; i < N * K; i++) h[i] = src->dtype == DT_BF16 ? dt_f32_to_bf16(f[i]) : dt_f32_to_f16(f[i]);
+            free(f);
+            m.data = h;
+        }
+        l = dt_linear_set_add(s, &m);
+        if (l) s->lora_merged++;
+    } else {
+        float *A, *B;
+        int64_t R = dt_lora_side(p, np, r0, N, K, &A, &B);
+        l = dt_linear_set_add(s, src);
+        if (l && R) {
+            if (!dt_lora_backend_is_wrapper(s->be)) {
+                dt_set_error("linear '%s': an adapter on %s weights needs the LoRA backend wrapper", src->name ? src->name : "?",
+                             dt_linear_src_dense(src) ? "dense" : "quantized");
+                l = NULL;
+            } else if (dt_lora_backend_attach(s->be, l, A, B, R)) {
+                l = NULL;
+            } else {
+                s->lora_sides++;
+            }
+        }
+        free(A);
+        free(B);
+    }
+    if (l) fmt_add(s, "lora");
+    return l;
+}
+
+dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
+                              int want_bias) {
+    dt_linear_src src;
+    if (dt_weights_linear(w, name, out, in, want_bias, &src) != 0) return NULL;
+    dt_lora_placed p[64];
+    int np = s->lora ? gather(s, name, 0, p, 64, 0) : 0;
+    return add_lora(s, &src, p, np, 0);
+}
+
+dt_linear *dt_linear_set_load_rows(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
+                                   int64_t r0, int64_t nrows) {
+    dt_linear_src src;
+    if (dt_weights_linear(w, name, out, in, -1, &src) != 0) return NULL;
+    if (r0 < 0 || nrows <= 0 || r0 + nrows > src.out) {
+        dt_set_error("linear '%s': rows [%lld, %lld) outside its %lld rows", name, (long long)r0, (long long)(r0 + nrows),
+                     (long long)src.out);
+        return NULL;
+    }
+    dt_linear_src v = dt_linear_src_rows(&src, r0, nrows);
+    dt_lora_placed p[64];
+    int np = s->lora ? gather(s, name, 0, p, 64, 0) : 0;
+    return add_lora(s, &v, p, np, r0);
 }
 
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
@@ -72,8 +148,7 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
     st.out = out * n;
     st.in = in;
     if (same) {
-        size_t es = dt_dtype_size(src[0].dtype);
-        size_t row = src[0].bits ? (size_t)(in * src[0].bits / 32) * 4 : (size_t)in * es;
+        size_t row = src[0].bits ? (size_t)(in * src[0].bits / 32) * 4 : dt_dtype_bytes(src[0].dtype, in);
         char *d = own(s, row * (size_t)out * (size_t)n);
         for (int i = 0; i < n; i++) memcpy(d + row * (size_t)out * (size_t)i, src[i].data, row * (size_t)out);
         st.data = d;
@@ -87,6 +162,18 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
             st.scales = sc;
             st.biases = bi;
         }
+        if (dt_linear_src_fp8(&src[0])) {   /* one scale for all rows, or a per-channel vector of the parts' */
+            int one = 1;
+            for (int i = 0; i < n; i++) one &= !src[i].w_scales && src[i].w_scale == src[0].w_scale;
+            if (!one) {
+                float *sc = own(s, sizeof(float) * (size_t)out * (size_t)n);
+                for (int i = 0; i < n; i++)
+                    for (int64_t r = 0; r < out; r++) sc[i * out + r] = dt_linear_src_fp8_scale(&src[i], r);
+                st.w_scales = sc;
+                st.w_scales_dtype = DT_F32;
+                st.w_scale = 1.0f;
+            }
+        }
     } else {   /* mixed formats: f32 dense */
         float *d = own(s, sizeof(float) * (size_t)in * (size_t)out * (size_t)n);
         for (int i = 0; i < n; i++) dt_linear_src_rows_f32(&src[i], 0, out, d + (size_t)i * (size_t)out * (size_t)in);
@@ -95,6 +182,8 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
         st.dtype = DT_F32;
         st.data = d;
         st.scales = st.biases = NULL;
+        st.w_scales = NULL;
+        st.w_scale = 1.0f;
     }
     if (any_bias) {   /* f32 stacked bias; parts without one contribute zeros */
         float *bb = own(s, sizeof(float) * (size_t)out * (size_t)n);
@@ -111,7 +200,10 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
         st.bias_dtype = DT_F32;
     }
     if (stacked) *stacked = st;
-    return dt_linear_set_add(s, &st);
+    dt_lora_placed p[64];
+    int np = 0;
+    for (int i = 0; s->lora && i < n; i++) np = gather(s, names[i], (int64_t)i * out, p, 64, np);
+    return add_lora(s, &st, p, np, 0);
 }
 
 void dt_linear_set_free(dt_linear_set *s) {

@@ -1,6 +1,12 @@
-/* linear_set.h — the Linears of one model: resolved from a checkpoint (dense or MLX affine),
+/* linear_set.h — the Linears of one model: resolved from a checkpoint (dense, MLX affine, fp8, GGUF blocks),
  * prepared by the backend, kept in one list for cleanup, with a short description of the weight
- * formats seen ("bf16", "q4 g64", "bf16+q4 g32", "q4 g64+fp8", ...; "+fp8" when some run in fp8). Shared by every model loader and the bench. */
+ * formats seen ("bf16", "q4 g64", "bf16+q4 g32", "q4 g64+fp8", "bf16+e4m3", "bf16+Q4_K", ...; "+fp8" when some run
+ * in fp8, "+lora" when adapters apply). Shared by every model loader and the bench.
+ *
+ * LoRA adapters (lora set): each Linear loaded by name takes the updates of its module (models/lora.h), rows of
+ * stacked and sliced Linears included: dense weights are merged into a copy (W + s·B·A, rounded once to the
+ * file's dtype), other forms keep their weights and get the low-rank side product (models/lora_backend.h: be
+ * must then be the LoRA backend wrapper). */
 #ifndef DT_LINEAR_SET_H
 #define DT_LINEAR_SET_H
 
@@ -16,13 +22,20 @@ typedef struct {
     int nowned;
     int dense_f32;     /* 1: dense bf16/f16 weights are converted to f32 host copies first (the bench's f32 format) */
     dt_precision precision;   /* applied to Linears added from now on (models: their DiT blocks' Linears) */
+    struct dt_lora_set *lora; /* adapters for the Linears loaded from now on (NULL: none) */
+    int lora_side;            /* 1: side products for dense weights too, instead of merging (tests, comparisons) */
+    int lora_merged, lora_sides;   /* Linears that took an update, by how */
 } dt_linear_set;
 
 /* Resolve NAME ([out, in]; <= 0 = from the file; want_bias as dt_weights_linear) and prepare it.
  * NULL on error (dt_last_error names the file and tensor). */
 dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
                               int want_bias);
-/* Prepare an already resolved Linear. NULL on error. */
+/* Rows [r0, r0 + nrows) of Linear NAME as a Linear of its own (a split fused projection), adapters' rows
+ * included. NULL on error. */
+dt_linear *dt_linear_set_load_rows(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
+                                   int64_t r0, int64_t nrows);
+/* Prepare an already resolved Linear (no adapters). NULL on error. */
 dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src);
 /* One Linear out of n Linears with the same input, stacked along the output ([n * out, in]; e.g. the
  * separate to_q / to_k / to_v of a checkpoint as one QKV projection). Sources of one format are stacked as

@@ -103,12 +103,21 @@ dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
     p->opts = *o;
     p->root = dt_strdup(o->model);
     p->opts.model = p->root;
+    if (o->n_loras > 0) {   /* the DiT may load later (release_text_encoder): keep our own copy of the adapter list */
+        dt_lora_spec *l = dt_malloc(sizeof *l * (size_t)o->n_loras);
+        memcpy(l, o->loras, sizeof *l * (size_t)o->n_loras);
+        p->opts.loras = l;
+    } else {
+        p->opts.loras = NULL;
+        p->opts.n_loras = 0;
+    }
     p->class_name = dt_strdup(cls ? cls : "");
     p->family = fam;
     p->info.family = fam->name;
     p->info.class_name = p->class_name;
     if (fam->load(p, idx)) {
         json_free(idx);
+        free((void *)p->opts.loras);
         free(p->root);
         free(p->class_name);
         free(p);
@@ -121,6 +130,7 @@ dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
 void dt_pipeline_free(dt_pipeline *p) {
     if (!p) return;
     p->family->free(p);
+    free((void *)p->opts.loras);
     free(p->root);
     free(p->class_name);
     free(p);

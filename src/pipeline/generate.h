@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "models/lora.h"
 
 #define DT_GEN_MAX_TAPS 16
 
@@ -19,6 +20,9 @@ typedef struct {
     int cuda_graph;             /* replay the DiT forward as a CUDA graph after the first steps */
     int release_text_encoder;   /* free the text encoder after each prompt and reload it for the next: peak memory
                                  * is the larger of text encoder and DiT + VAE instead of their sum (one-shot runs) */
+    const dt_lora_spec *loras;  /* LoRA adapters for the DiT, n_loras of them (copied by dt_pipeline_load) */
+    int n_loras;
+    int lora_side;              /* side products for dense weights too instead of merging (comparisons) */
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);

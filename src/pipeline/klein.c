@@ -97,7 +97,8 @@ static int ensure_te(dt_pipeline *p) {
 static int ensure_dit_vae(dt_pipeline *p) {
     klein_state *s = p->fam;
     if (!s->dit) {
-        s->dit = flux2_load(p->be, p->root);
+        flux2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
+        s->dit = flux2_load_ex(p->be, p->root, &lo);
         if (!s->dit) return -1;
         flux2_set_graph(s->dit, p->opts.cuda_graph);
     }

@@ -1,9 +1,9 @@
 /* cpu_linear.c — Linear layers on the CPU: y[M,N] = x[M,K] · Wᵀ (+ bias), W [N,K].
  *
  * Weights stay as the zero-copy host views of dt_linear_src (mmap'd files): F32 dense weights go
- * straight into cblas_sgemm; F16/BF16 dense and MLX affine 4/8-bit weights are converted one tile
- * of rows at a time (dt_linear_src_rows_f32) into scratch and multiplied into the matching
- * output columns, so the model is never expanded to f32 as a whole.
+ * straight into cblas_sgemm; F16/BF16 dense, MLX affine 4/8-bit, fp8 (value · scale) and GGUF block
+ * weights are converted one tile of rows at a time (dt_linear_src_rows_f32) into scratch and multiplied
+ * into the matching output columns, so the model is never expanded to f32 as a whole.
  *   small M (<= CPU_SMALL_M, e.g. modulation vectors): each pool thread converts its own chunk of
  *     weight rows and runs a single-threaded sgemm for those output columns;
  *   large M: a ~8 MB tile is converted by the pool, then one multi-threaded sgemm consumes it.
@@ -54,7 +54,7 @@ dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src) {
         return NULL;
     }
     if (src->bits == 0) {
-        if (src->dtype != DT_F32 && src->dtype != DT_F16 && src->dtype != DT_BF16) {
+        if (!dt_linear_src_dense(src) && !dt_linear_src_fp8(src) && !dt_linear_src_blocks(src)) {
             dt_set_error("cpu backend: linear '%s': unsupported weight dtype %s", src->name ? src->name : "?",
                          dt_dtype_name(src->dtype));
             return NULL;

@@ -1,0 +1,434 @@
+/* test_lora.c — LoRA adapters on the bundled FLUX.2 model (CPU):
+ *   - one random update written in the three key layouts (PEFT/diffusers with metadata alpha, kohya with .alpha
+ *     tensors, BFL-named with fused qkv / linear1 and the final modulation's halves in BFL order) gives the same
+ *     forward; scale 0 gives the base model;
+ *   - merged (dense weights) and side-product paths agree within bf16 rounding, also for the split single-block
+ *     projection (DITRUN_SB_OVERLAP);
+ *   - the merged model equals a checkpoint merged by this test itself (naive loops over the known module mapping,
+ *     W + s·B·A rounded to bf16), for one forward and a whole 64x64 generate;
+ *   - quantized bases (MLX q4, GGUF Q4_K, fp8) take side products equal to the same weights dense + merged;
+ *   - bad adapters (unmatched names, rank/shape mismatch, A without B, DoRA, text-encoder keys) fail clearly. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "flux2_fixture_io.h"
+#include "io/weights.h"
+#include "models/flux2_export.h"
+#include "pipeline/generate.h"
+
+/* Identical updates written differently: the merged weights are bit-identical (same f32 products, power-of-two
+ * scales), so only nothing may differ; the tolerance covers summation-order noise. */
+#define SAME_UPDATE_TOL 1e-6
+/* Merged (W + s·B·A rounded once to bf16) vs side product (exact W, f32 low-rank term): the bf16 rounding of the
+ * merged weights (relative 2^-9 per weight) seen through one forward. */
+#define MERGE_VS_SIDE_TOL 3e-3
+/* Our merge vs the test's own naive merge: both round the same f32/f64 sums to bf16; a sum within an f32 ulp of
+ * a bf16 rounding boundary may round the other way in a few weights. */
+#define INDEPENDENT_MERGE_TOL 1e-4
+/* Side product on quantized weights vs the same weights dense (F32) with the update merged exactly: f32 both. */
+#define SIDE_EXACT_TOL 2e-5
+
+enum { D = 256, F = 768, IN = 32, R = 4, R6 = 2 };
+
+static char tmp[] = "/tmp/ditrun_lora_XXXXXX";
+static char fixture_model[512];
+
+static uint32_t seed = 7;
+static float frand(void) { seed = seed * 1664525u + 1013904223u; return ((float)(seed >> 8) / 16777216.0f - 0.5f) * 2.0f; }
+static float *rnd(size_t n, float amp) { float *v = dt_malloc(sizeof(float) * n); for (size_t i = 0; i < n; i++) v[i] = frand() * amp; return v; }
+
+/* The update: module k has A [r, in] and B [out, r] (BFL row order), applied with scale 0.5. */
+typedef struct { const char *bfl, *kohya, *diff; int64_t out, in; int r; float *A, *B; } module;
+static module mods[] = {
+    {"double_blocks.0.img_attn.qkv", "double_blocks_0_img_attn_qkv", NULL, 3 * D, D, R, NULL, NULL},
+    {"double_blocks.0.txt_attn.proj", "double_blocks_0_txt_attn_proj", "transformer_blocks.0.attn.to_add_out", D, D, R, NULL, NULL},
+    {"double_blocks.0.img_mlp.0", "double_blocks_0_img_mlp_0", "transformer_blocks.0.ff.linear_in", 2 * F, D, R, NULL, NULL},
+    {"single_blocks.0.linear1", "single_blocks_0_linear1", "single_transformer_blocks.0.attn.to_qkv_mlp_proj", 3 * D + 2 * F, D, R, NULL, NULL},
+    {"single_blocks.1.linear2", "single_blocks_1_linear2", "single_transformer_blocks.1.attn.to_out", D, D + F, R, NULL, NULL},
+    {"final_layer.adaLN_modulation.1", "final_layer_adaLN_modulation_1", "norm_out.linear", 2 * D, D, R6, NULL, NULL},
+    {"img_in", "img_in", "x_embedder", D, IN, R, NULL, NULL},
+};
+#define NMOD ((int)(sizeof mods / sizeof mods[0]))
+
+static const char *tpath(const char *name) {
+    static char b[8][600];
+    static int k;
+    k = (k + 1) & 7;
+    snprintf(b[k], sizeof b[k], "%s/%s", tmp, name);
+    return b[k];
+}
+
+static void add(st_writer *w, const char *name, int64_t r, int64_t c, const float *v) {
+    int64_t sh[2] = {r, c};
+    st_writer_add_f32(w, name, 2, sh, v);
+}
+
+/* B rows [r0, r0 + n) of module m, times s */
+static float *brows(const module *m, int64_t r0, int64_t n, float s) {
+    float *b = dt_malloc(sizeof(float) * (size_t)(n * m->r));
+    for (int64_t i = 0; i < n * m->r; i++) b[i] = m->B[r0 * m->r + i] * s;
+    return b;
+}
+
+/* diffusers: transformer. prefix, lora_A/lora_B, alpha 2 in metadata (norm_out: alpha_pattern 1) -> scale 0.5 */
+static void write_diffusers(const char *path) {
+    st_writer *w = st_writer_new();
+    char nm[300];
+    for (int k = 0; k < NMOD; k++) {
+        const module *m = &mods[k];
+        if (k == 0) {
+            static const char *qkv[3] = {"to_q", "to_k", "to_v"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(nm, sizeof nm, "transformer.transformer_blocks.0.attn.%s.lora_A.weight", qkv[j]);
+                add(w, nm, m->r, m->in, m->A);
+                snprintf(nm, sizeof nm, "transformer.transformer_blocks.0.attn.%s.lora_B.weight", qkv[j]);
+                float *b = brows(m, j * D, D, 1);
+                add(w, nm, D, m->r, b);
+                free(b);
+            }
+            continue;
+        }
+        snprintf(nm, sizeof nm, "transformer.%s.lora_A.weight", m->diff);
+        add(w, nm, m->r, m->in, m->A);
+        snprintf(nm, sizeof nm, "transformer.%s.lora_B.weight", m->diff);
+        float *b = dt_malloc(sizeof(float) * (size_t)(m->out * m->r));
+        if (k == 5) {   /* diffusers norm_out rows: scale | shift = BFL's second half, then its first */
+            memcpy(b, m->B + (m->out / 2) * m->r, sizeof(float) * (size_t)(m->out / 2 * m->r));
+            memcpy(b + (m->out / 2) * m->r, m->B, sizeof(float) * (size_t)(m->out / 2 * m->r));
+        } else {
+            memcpy(b, m->B, sizeof(float) * (size_t)(m->out * m->r));
+        }
+        add(w, nm, m->out, m->r, b);
+        free(b);
+    }
+    st_writer_set_metadata(w, "lora_adapter_metadata",
+                           "{\"transformer.r\": 4, \"transformer.lora_alpha\": 2, \"transformer.alpha_pattern\": {\"norm_out.linear\": 1}}");
+    st_writer_save(w, path);
+    st_writer_free(w);
+}
+
+/* kohya: lora_unet_ + BFL names with underscores, lora_down/lora_up, alpha tensors r/2 -> scale 0.5 */
+static void write_kohya(const char *path) {
+    st_writer *w = st_writer_new();
+    char nm[300];
+    for (int k = 0; k < NMOD; k++) {
+        const module *m = &mods[k];
+        snprintf(nm, sizeof nm, "lora_unet_%s.lora_down.weight", m->kohya);
+        add(w, nm, m->r, m->in, m->A);
+        snprintf(nm, sizeof nm, "lora_unet_%s.lora_up.weight", m->kohya);
+        add(w, nm, m->out, m->r, m->B);
+        snprintf(nm, sizeof nm, "lora_unet_%s.alpha", m->kohya);
+        float a = (float)m->r / 2;
+        st_writer_add_f32(w, nm, 0, NULL, &a);
+    }
+    st_writer_save(w, path);
+    st_writer_free(w);
+}
+
+/* BFL names (ai-toolkit's diffusion_model. prefix), lora_A/lora_B, no alpha (scale 1): B pre-scaled by 0.5 */
+static void write_bfl(const char *path) {
+    st_writer *w = st_writer_new();
+    char nm[300];
+    for (int k = 0; k < NMOD; k++) {
+        const module *m = &mods[k];
+        snprintf(nm, sizeof nm, "diffusion_model.%s.lora_A.weight", m->bfl);
+        add(w, nm, m->r, m->in, m->A);
+        snprintf(nm, sizeof nm, "diffusion_model.%s.lora_B.weight", m->bfl);
+        float *b = brows(m, 0, m->out, 0.5f);
+        add(w, nm, m->out, m->r, b);
+        free(b);
+    }
+    st_writer_save(w, path);
+    st_writer_free(w);
+}
+
+/* forward of MODEL with adapters; malloc'd out.sample or NULL (error in dt_last_error) */
+static float *fwd(const char *model, const char *lora, float scale, int side, size_t *n) {
+    fx_inputs fi;
+    if (fx_load_inputs(&fi)) return NULL;
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){.rope_fp32 = 1});
+    dt_lora_spec spec;
+    flux2_load_opts o = {0};
+    if (lora) {
+        char arg[700];
+        snprintf(arg, sizeof arg, "%s:%g", lora, scale);
+        if (dt_lora_spec_parse(arg, &spec)) { be->destroy(be); fx_free_inputs(&fi); return NULL; }
+        o.loras = &spec;
+        o.n_loras = 1;
+        o.lora_side = side;
+    }
+    float *out = NULL;
+    flux2_model *m = flux2_load_ex(be, model, &o);
+    if (m) {
+        *n = (size_t)fi.n * flux2_get_config(m)->out_channels;
+        out = dt_malloc(sizeof(float) * *n);
+        if (flux2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.img_ids, fi.txt_ids, out, NULL, NULL)) { free(out); out = NULL; }
+        flux2_free(m);
+    }
+    be->destroy(be);
+    fx_free_inputs(&fi);
+    return out;
+}
+
+static void cmp(const char *name, float *a, float *b, size_t n, double tol) {
+    if (!a || !b) T_FAIL(name, "forward failed: %s", dt_last_error());
+    else t_check_rel_l2(name, a, b, n, tol);
+}
+
+/* The fixture transformer with the update merged by naive loops (double sums), rounded to bf16, written as
+ * DIR/transformer/{config.json, diffusion_pytorch_model.safetensors}, the other pipeline parts linked. */
+static int write_merged_pipeline(const char *dir) {
+    char p[700], q[700];
+    mkdir(dir, 0755);
+    static const char *parts[] = {"model_index.json", "scheduler", "text_encoder", "tokenizer", "vae"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", fixture_model, parts[i]);
+        char *abs = realpath(p, NULL);
+        snprintf(q, sizeof q, "%s/%s", dir, parts[i]);
+        if (!abs || symlink(abs, q)) { free(abs); return -1; }
+        free(abs);
+    }
+    snprintf(q, sizeof q, "%s/transformer", dir);
+    mkdir(q, 0755);
+    snprintf(p, sizeof p, "%s/transformer/config.json", fixture_model);
+    snprintf(q, sizeof q, "%s/transformer/config.json", dir);
+    FILE *a = fopen(p, "rb"), *b = fopen(q, "wb");
+    char buf[4096];
+    size_t k;
+    while (a && b && (k = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, k, b);
+    if (a) fclose(a);
+    if (b) fclose(b);
+    snprintf(p, sizeof p, "%s/transformer/diffusion_pytorch_model.safetensors", fixture_model);
+    st_file *f = st_open(p);
+    if (!f) return -1;
+    st_writer *w = st_writer_new();
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        /* which module rows this tensor is: diffusers name -> (module, first BFL row, swapped) */
+        int mk = -1;
+        int64_t r0 = 0;
+        int swap = 0;
+        size_t len = strlen(t->name);
+        for (int m = 0; m < NMOD && mk < 0; m++) {
+            char want[300];
+            if (m == 0) {
+                static const char *qkv[3] = {"to_q", "to_k", "to_v"};
+                for (int j = 0; j < 3; j++) {
+                    snprintf(want, sizeof want, "transformer_blocks.0.attn.%s.weight", qkv[j]);
+                    if (!strcmp(t->name, want)) { mk = 0; r0 = j * D; }
+                }
+                continue;
+            }
+            snprintf(want, sizeof want, "%s.weight", mods[m].diff);
+            if (!strcmp(t->name, want)) { mk = m; swap = m == 5; }
+        }
+        if (mk < 0 || len < 7) {
+            st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+            continue;
+        }
+        const module *m = &mods[mk];
+        int64_t rows = t->shape[0], cols = t->shape[1];
+        float *v = st_to_f32(t);
+        uint16_t *h = dt_malloc(sizeof(uint16_t) * (size_t)(rows * cols));
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t br = r0 + r;   /* BFL row of diffusers row r */
+            if (swap) br = r < rows / 2 ? r + rows / 2 : r - rows / 2;
+            for (int64_t c = 0; c < cols; c++) {
+                double s = 0;
+                for (int k2 = 0; k2 < m->r; k2++) s += (double)m->B[br * m->r + k2] * m->A[k2 * m->in + c];
+                h[r * cols + c] = dt_f32_to_bf16((float)((double)v[r * cols + c] + 0.5 * s));
+            }
+        }
+        st_writer_add(w, t->name, DT_BF16, 2, t->shape, h);
+        free(v);
+        free(h);
+    }
+    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    int rc = st_writer_save(w, q);
+    st_writer_free(w);
+    st_close(f);
+    return rc;
+}
+
+static void expect_load_error(const char *name, const char *file, const char *w1, const char *w2) {
+    size_t n;
+    dt_clear_error();
+    float *o = fwd(fixture_model, file, 1, 0, &n);
+    const char *e = dt_last_error();
+    T_CHECK(name, !o && strstr(e, w1) && (!w2 || strstr(e, w2)), "%s (error: '%s'; wanted '%s' %s)", o ? "LOADED" : "failed", e,
+            w1, w2 ? w2 : "");
+    free(o);
+}
+
+/* a small adapter file with the given tensors (A then B per module; shapes given) */
+static void write_pair(const char *path, const char *a_name, int64_t ar, int64_t ac, const char *b_name, int64_t br, int64_t bc) {
+    st_writer *w = st_writer_new();
+    float *a = rnd((size_t)(ar * ac), 0.1f), *b = rnd((size_t)(br * bc), 0.1f);
+    if (a_name) add(w, a_name, ar, ac, a);
+    if (b_name) add(w, b_name, br, bc, b);
+    st_writer_save(w, path);
+    st_writer_free(w);
+    free(a);
+    free(b);
+}
+
+int main(void) {
+    (void)fx_forward_check;   /* (shared header; this test compares forwards itself) */
+    if (!mkdtemp(tmp)) { T_FAIL("lora_tmpdir", "mkdtemp"); return T_DONE(); }
+    dt_log_level = 0;
+    snprintf(fixture_model, sizeof fixture_model, "%s/model", t_fixtures());
+
+    /* FILE[:SCALE] */
+    {
+        dt_lora_spec s;
+        int ok = !dt_lora_spec_parse("a.safetensors", &s) && !strcmp(s.path, "a.safetensors") && s.scale == 1.0f &&
+                 !dt_lora_spec_parse("dir:x/a.safetensors:0.75", &s) && !strcmp(s.path, "dir:x/a.safetensors") && s.scale == 0.75f &&
+                 !dt_lora_spec_parse("c:/x", &s) && !strcmp(s.path, "c:/x") && s.scale == 1.0f &&
+                 !dt_lora_spec_parse("b.safetensors:-1e0", &s) && s.scale == -1.0f && dt_lora_spec_parse(":0.5", &s) == -1 &&
+                 dt_lora_spec_parse("x:inf", &s) == -1 && dt_lora_spec_parse("", &s) == -1;
+        T_CHECK("lora_spec_parse", ok, "FILE[:SCALE] parsing");
+    }
+    for (int k = 0; k < NMOD; k++) {
+        mods[k].A = rnd((size_t)(mods[k].r * mods[k].in), 1.0f / 16);
+        mods[k].B = rnd((size_t)(mods[k].out * mods[k].r), 0.6f);
+    }
+    const char *fd = tpath("diffusers.safetensors"), *fk = tpath("kohya.safetensors"), *fb = tpath("bfl.safetensors");
+    write_diffusers(fd);
+    write_kohya(fk);
+    write_bfl(fb);
+    size_t n = 0;
+    float *base = fwd(fixture_model, NULL, 0, 0, &n);
+    float *od = fwd(fixture_model, fd, 1, 0, &n), *ok_ = fwd(fixture_model, fk, 1, 0, &n), *ob = fwd(fixture_model, fb, 1, 0, &n);
+    if (!base || !od) { T_FAIL("lora_forward", "%s", dt_last_error()); return T_DONE(); }
+    T_CHECK("lora_changes_the_output", dt_rel_l2(od, base, n) > 0.02, "adapter effect only %.3g", dt_rel_l2(od, base, n));
+    cmp("lora_same_update_kohya_vs_diffusers", ok_, od, n, SAME_UPDATE_TOL);
+    cmp("lora_same_update_bfl_vs_diffusers", ob, od, n, SAME_UPDATE_TOL);
+    float *z = fwd(fixture_model, fk, 0, 0, &n);
+    cmp("lora_scale0_is_base", z, base, n, 0);
+    free(z);
+    /* merged vs side product, per layout */
+    const char *files[3] = {fd, fk, fb}, *lay[3] = {"diffusers", "kohya", "bfl"};
+    float *merged[3] = {od, ok_, ob};
+    for (int i = 0; i < 3; i++) {
+        char nm[96];
+        float *s = fwd(fixture_model, files[i], 1, 1, &n);
+        snprintf(nm, sizeof nm, "lora_merged_vs_side_%s", lay[i]);
+        cmp(nm, s, merged[i], n, MERGE_VS_SIDE_TOL);
+        free(s);
+    }
+    /* the split single-block projection (two Linears on its rows) takes the same rows of the update */
+    {
+        setenv("DITRUN_SB_OVERLAP", "2", 1);
+        float *sm = fwd(fixture_model, fk, 1, 0, &n), *ss = fwd(fixture_model, fk, 1, 1, &n);
+        unsetenv("DITRUN_SB_OVERLAP");
+        cmp("lora_split_projection_merged", sm, ok_, n, SAME_UPDATE_TOL);
+        cmp("lora_split_projection_side", ss, ok_, n, MERGE_VS_SIDE_TOL);
+        free(sm);
+        free(ss);
+    }
+    /* independent merge: this test's own W + 0.5·B·A in bf16, one forward and a whole image */
+    {
+        const char *mp = tpath("merged");
+        if (write_merged_pipeline(mp)) T_FAIL("lora_independent_merge_write", "%s", dt_last_error());
+        float *ref = fwd(mp, NULL, 0, 0, &n);
+        cmp("lora_merged_equals_independent_merge", od, ref, n, INDEPENDENT_MERGE_TOL);
+        free(ref);
+        dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){.rope_fp32 = 1});
+        dt_gen_params g;
+        dt_gen_params_default(&g);
+        g.prompt = "a red fox in fresh snow";
+        g.width = g.height = 64;
+        g.seed = 3;
+        g.max_seq_len = 32;
+        dt_pipeline_opts lo;
+        dt_pipeline_opts_default(&lo);
+        lo.model = fixture_model;
+        dt_lora_spec spec;
+        dt_lora_spec_parse(fd, &spec);
+        lo.loras = &spec;
+        lo.n_loras = 1;
+        uint8_t *img1 = NULL, *img2 = NULL, *img0 = NULL;
+        int w1, h1, w2, h2, w0, h0;
+        int r1 = dt_generate(be, &lo, &g, &img1, &w1, &h1, NULL, NULL, NULL);
+        lo.model = mp;
+        lo.loras = NULL;
+        lo.n_loras = 0;
+        int r2 = dt_generate(be, &lo, &g, &img2, &w2, &h2, NULL, NULL, NULL);
+        lo.model = fixture_model;
+        int r0 = dt_generate(be, &lo, &g, &img0, &w0, &h0, NULL, NULL, NULL);
+        int maxd = 0, maxb = 0;
+        for (int i = 0; !r1 && !r2 && !r0 && i < w1 * h1 * 3; i++) {
+            int d = abs((int)img1[i] - (int)img2[i]), db = abs((int)img1[i] - (int)img0[i]);
+            maxd = d > maxd ? d : maxd;
+            maxb = db > maxb ? db : maxb;
+        }
+        /* pixels: the forwards above agree to INDEPENDENT_MERGE_TOL; through 4 steps and the VAE that moves a
+         * pixel by at most one step of 255 */
+        T_CHECK("lora_generate_equals_independent_merge", !r1 && !r2 && w1 == w2 && h1 == h2 && maxd <= 1 && maxb > 8,
+                "rc %d/%d, max pixel difference %d (vs the model without adapter: %d)", r1, r2, maxd, maxb);
+        free(img0);
+        free(img1);
+        free(img2);
+        be->destroy(be);
+    }
+    /* quantized bases: side products == the same weights dense (F32) with the update merged */
+    {
+        static const struct { const char *name; const char *src; flux2_export_opts o; const char *ext; } q[] = {
+            {"mlx_q4", "transformer-q4", {0}, NULL},
+            {"gguf_q4_k", NULL, {1, DT_Q4_K, 1, 0}, "gguf"},
+            {"fp8", NULL, {0, DT_F8_E4M3, 0, 0}, "safetensors"},
+        };
+        for (int i = 0; i < 3; i++) {
+            char qm[700], nm[128];
+            int written;
+            if (q[i].src) snprintf(qm, sizeof qm, "%s/%s", t_fixtures(), q[i].src);
+            else {
+                snprintf(qm, sizeof qm, "%s/base-%s.%s", tmp, q[i].name, q[i].ext);
+                if (flux2_export(fixture_model, qm, &q[i].o, &written)) { T_FAIL(q[i].name, "%s", dt_last_error()); continue; }
+            }
+            const char *dense = tpath("dense.gguf");
+            flux2_export_opts f32 = {1, DT_F32, 1, 0};
+            if (flux2_export(qm, dense, &f32, &written)) { T_FAIL(q[i].name, "%s", dt_last_error()); continue; }
+            /* (side products everywhere: these files keep some Linears bf16, which would otherwise be merged) */
+            float *qs = fwd(qm, files[i], 1, 1, &n), *dm = fwd(dense, files[i], 1, 0, &n), *qb = fwd(qm, NULL, 0, 0, &n);
+            snprintf(nm, sizeof nm, "lora_side_on_%s_equals_dense_merged (%s layout)", q[i].name, lay[i]);
+            cmp(nm, qs, dm, n, SIDE_EXACT_TOL);
+            snprintf(nm, sizeof nm, "lora_side_on_%s_changes_the_output", q[i].name);
+            T_CHECK(nm, qs && qb && dt_rel_l2(qs, qb, n) > 0.02, "adapter effect %.3g", qs && qb ? dt_rel_l2(qs, qb, n) : -1.0);
+            free(qs);
+            free(dm);
+            free(qb);
+        }
+    }
+    /* bad adapters */
+    {
+        const char *p = tpath("bad.safetensors");
+        write_pair(p, "transformer.transformer_blocks.0.attn.to_zz.lora_A.weight", R, D,
+                   "transformer.transformer_blocks.0.attn.to_zz.lora_B.weight", D, R);
+        expect_load_error("lora_error_unmatched_module", p, "match no module", "to_zz.lora_A.weight");
+        write_pair(p, "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", R, 32,
+                   "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", 64, R);
+        expect_load_error("lora_error_text_encoder_keys", p, "match no module", "lora_te1_");
+        write_pair(p, "transformer.x_embedder.lora_A.weight", R, IN, "transformer.x_embedder.lora_B.weight", D, R - 1);
+        expect_load_error("lora_error_rank_mismatch", p, "rank mismatch", "x_embedder");
+        write_pair(p, "transformer.x_embedder.lora_A.weight", R, IN + 1, "transformer.x_embedder.lora_B.weight", D, R);
+        expect_load_error("lora_error_shape_mismatch", p, "shape mismatch", "x_embedder");
+        write_pair(p, "transformer.x_embedder.lora_A.weight", R, IN, NULL, 0, 0);
+        expect_load_error("lora_error_a_without_b", p, "but no lora_B", "x_embedder");
+        write_pair(p, "transformer.x_embedder.lora_A.weight", R, IN, "transformer.x_embedder.dora_scale", 1, D);
+        expect_load_error("lora_error_dora", p, "not a plain LoRA", "dora_scale");
+        expect_load_error("lora_error_missing_file", tpath("nope.safetensors"), "nope.safetensors", NULL);
+    }
+    for (int k = 0; k < NMOD; k++) { free(mods[k].A); free(mods[k].B); }
+    free(base);
+    free(od);
+    free(ok_);
+    free(ob);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd)) {}
+    return T_DONE();
+}
