@@ -25,7 +25,7 @@ static void u64(buf *o, uint64_t v) { unsigned char b[8]; for (int i = 0; i < 8;
 static void str(buf *o, const char *s) { u64(o, strlen(s)); put(o, s, strlen(s)); }
 static void pad(buf *o, size_t a) { while (o->n % a) put(o, "", 1); }
 
-typedef struct { const char *name; uint32_t nd; uint64_t ne[4]; uint32_t type; uint64_t off; } tinfo;
+typedef struct { const char *name; uint32_t nd; uint64_t ne[5]; uint32_t type; uint64_t off; } tinfo;   /* ne[4]: the 5-D case */
 
 /* header + kvs (already serialized in kv, nkv of them) + tensor infos + padding + data_bytes of 0x11 */
 static buf make(uint32_t version, uint64_t nt_claim, const tinfo *ti, int nt, uint64_t nkv, const buf *kv, size_t data_bytes) {

@@ -164,6 +164,11 @@ static void create_error(const char *target, int err) {
         char *dir = dir_of(target);
         dt_set_error("%s: cannot create: folder '%s' does not exist", target, dir);
         free(dir);
+    } else if (err == EACCES || err == EROFS || err == EPERM) {
+        /* the file is written beside its target and renamed: its folder must take a new file */
+        char *dir = dir_of(target);
+        dt_set_error("%s: cannot create a file in folder '%s': %s", target, dir, strerror(err));
+        free(dir);
     } else {
         dt_set_error("%s: cannot create: %s", target, strerror(err));
     }

@@ -237,6 +237,15 @@ dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer) {
         dt_set_error("%s: max_layer %d exceeds num_hidden_layers %d", what, max_layer, m->cfg.num_layers);
         goto fail;
     }
+    {   /* the deepest layer asked for must be in the weights before anything is allocated per layer */
+        char name[QW_NAME_MAX];
+        snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", m->prefix, max_layer - 1);
+        if (!dt_weights_find(w, name)) {
+            dt_set_error("%s: layer %d is needed (num_hidden_layers %d) but the weights have no '%s'", what, max_layer - 1,
+                         m->cfg.num_layers, name);
+            goto fail;
+        }
+    }
     m->n_layers = max_layer;
     m->layers = dt_calloc((size_t)max_layer, sizeof *m->layers);
     for (int l = 0; l < max_layer; l++)
