@@ -174,18 +174,21 @@ static void create_error(const char *target, int err) {
     }
 }
 
-/* Creates a new temporary file beside `beside`; *tmp gets its name. Returns the fd or -1 (errno set). */
-static int create_temp(const char *beside, char **tmp) {
+/* Creates a new temporary file beside `beside`; *tmp gets its name, *slot its registration (made before the file
+ * exists, so an interrupt right after the creation still removes it). Returns the fd or -1 (errno set). */
+static int create_temp(const char *beside, char **tmp, int *slot) {
     for (int attempt = 0; attempt < 100; attempt++) {
         *tmp = temp_name(beside);
+        *slot = live_add(*tmp, 0);
         int fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0 || errno != EEXIST) {
-            if (fd < 0) { int e = errno; free(*tmp); *tmp = NULL; errno = e; }
-            return fd;
-        }
+        if (fd >= 0) return fd;
+        int e = errno;
+        live_remove(*slot);
+        *slot = -1;
         free(*tmp);
+        *tmp = NULL;
+        if (e != EEXIST) { errno = e; return -1; }
     }
-    *tmp = NULL;
     errno = EEXIST;
     return -1;
 }
@@ -251,13 +254,12 @@ dt_outfile *dt_outfile_open(const char *path) {
         f->final = kind == 1 ? realpath(path, NULL) : NULL;   /* a symbolic link: replace the file it names */
         if (!f->final) f->final = dt_strdup(path);
         install_handlers();
-        fd = create_temp(f->final, &f->tmp);
+        fd = create_temp(f->final, &f->tmp, &f->slot);
         if (fd < 0) {
             create_error(path, errno);
             free(f->final); free(f->target); free(f);
             return NULL;
         }
-        f->slot = live_add(f->tmp, 0);
         if (kind == 1) {   /* the new file keeps the old one's permissions (and owner, where allowed) */
             if (fchmod(fd, st.st_mode & 07777) != 0) dt_log(2, "%s: cannot keep the permissions\n", path);
             if (geteuid() == 0 && fchown(fd, st.st_uid, st.st_gid) != 0) dt_log(2, "%s: cannot keep the owner\n", path);
@@ -351,12 +353,16 @@ static int dir_target_ok(const char *path) {
     return 0;
 }
 
-/* mkdir of a fresh temporary folder beside target. Returns 0 with *tmp set, or -1 (error set). */
-static int create_temp_dir(const char *target, char **tmp) {
+/* mkdir of a fresh temporary folder beside target, registered before it exists. Returns 0 with *tmp and *slot
+ * set, or -1 (error set). */
+static int create_temp_dir(const char *target, char **tmp, int *slot) {
     for (int attempt = 0; attempt < 100; attempt++) {
         *tmp = temp_name(target);
+        *slot = live_add(*tmp, 1);
         if (mkdir(*tmp, 0777) == 0) return 0;
         int e = errno;
+        live_remove(*slot);
+        *slot = -1;
         free(*tmp);
         *tmp = NULL;
         if (e != EEXIST) { create_error(target, e); return -1; }
@@ -373,8 +379,7 @@ dt_outdir *dt_outdir_begin(const char *target) {
     /* a trailing slash would put the temporary inside the target */
     size_t n = strlen(d->target);
     while (n > 1 && d->target[n - 1] == '/') d->target[--n] = 0;
-    if (create_temp_dir(d->target, &d->tmp)) { free(d->target); free(d); return NULL; }
-    d->slot = live_add(d->tmp, 1);
+    if (create_temp_dir(d->target, &d->tmp, &d->slot)) { free(d->target); free(d); return NULL; }
     return d;
 }
 
@@ -416,12 +421,14 @@ int dt_output_check(const char *path) {
         return 0;
     }
     char *real = kind == 1 ? realpath(path, NULL) : NULL, *tmp = NULL;
-    int fd = create_temp(real ? real : path, &tmp);
+    int slot = -1;
+    int fd = create_temp(real ? real : path, &tmp, &slot);
     int e = errno;
     free(real);
     if (fd < 0) { create_error(path, e); return -1; }
     close(fd);
     unlink(tmp);
+    live_remove(slot);
     free(tmp);
     return 0;
 }
@@ -431,8 +438,10 @@ int dt_output_dir_check(const char *path) {
     char *copy = dt_strdup(path), *tmp = NULL;
     size_t n = strlen(copy);
     while (n > 1 && copy[n - 1] == '/') copy[--n] = 0;
-    int rc = create_temp_dir(copy, &tmp);
+    int slot = -1;
+    int rc = create_temp_dir(copy, &tmp, &slot);
     if (rc == 0) rmdir(tmp);
+    live_remove(slot);
     free(tmp);
     free(copy);
     return rc;
