@@ -203,6 +203,10 @@ struct dt_backend {
                        int silu);
     /* y [C, 4*H*W] = nearest-neighbour 2x upsample of x [C, H*W]. */
     void (*upsample2x)(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
+    /* RMS norm over the channels of each pixel (the Qwen-Image VAE's RMS_norm, F.normalize over C):
+     * y[c, p] = x[c, p] / max(||x[:, p]||₂, 1e-12) · sqrt(C) · gamma[c] on x [C, H*W]; gamma [1, C] F32
+     * (NULL data = 1); silu = 1 applies SiLU to the result. y may alias x. */
+    void (*channel_rmsnorm)(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);
 
     /* ---- optional (NULL when unsupported) ---- */
     /* Timing: an event records the position in the queue; elapsed_ms waits for both. */

@@ -3,6 +3,9 @@
  * layer pre-norm attention (per-head q/k RMSNorm before half-split RoPE, GQA, causal + key padding
  * mask) and a SwiGLU MLP, each with a residual add. Hidden states at the requested taps are
  * downloaded and concatenated along features.
+ * The text model of Qwen3-VL (modeling_qwen3_vl.py, Qwen3VLTextModel) is the same network: its
+ * checkpoints differ only in key prefix (`language_model.`, `model.language_model.`) and in a config
+ * nested under `text_config` whose RoPE is multi-axis (see qwen3.h: for text it is plain RoPE).
  */
 #include "qwen3.h"
 
@@ -79,7 +82,39 @@ static int check_rope_type(const json *obj, const char *what, const char *field)
     return 0;
 }
 
+/* Multi-axis RoPE (Qwen3-VL `mrope_section`, interleaved or chunked): each of the hd/2 rotation frequencies
+ * inv_freq[i] is taken from one of three position axes (t, h, w). Text tokens carry the same position on all
+ * three axes, so every frequency sees that one position: the rotation is the plain RoPE of the same inv_freq.
+ * The sections only have to cover at most hd/2 frequencies (the rest come from the t axis in transformers). */
+static int check_mrope(const json *obj, const char *what, const char *field, int head_dim) {
+    if (!obj || obj->type != JSON_OBJECT) return 0;
+    const json *sec = json_get(obj, "mrope_section");
+    if (!sec || sec->type == JSON_NULL) return 0;
+    if (sec->type != JSON_ARRAY || sec->len < 1 || sec->len > 4) {
+        dt_set_error("%s: %s.mrope_section must be an array of 1..4 integers", what, field);
+        return -1;
+    }
+    int64_t sum = 0;
+    for (size_t i = 0; i < sec->len; i++) {
+        const json *e = json_at(sec, i);
+        if (!e || e->type != JSON_NUMBER || !e->is_integer || e->integer < 0 || e->integer > (1 << 20)) {
+            dt_set_error("%s: %s.mrope_section[%zu] is not a non-negative integer", what, field, i);
+            return -1;
+        }
+        sum += e->integer;
+    }
+    if (sum > head_dim / 2) {
+        dt_set_error("%s: %s.mrope_section sums to %lld, more than head_dim/2 = %d rotation frequencies", what, field,
+                     (long long)sum, head_dim / 2);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_config(const json *cj, const char *what, dt_qwen3_config *c) {
+    /* Qwen3-VL (Qwen3VLModel / Qwen3VLForConditionalGeneration): the text model's geometry is text_config */
+    const json *tc = json_get(cj, "text_config");
+    if (tc && tc->type == JSON_OBJECT) cj = tc;
     if (cfg_int(cj, what, "hidden_size", 0, 1, &c->hidden) || cfg_int(cj, what, "num_hidden_layers", 0, 1, &c->num_layers) ||
         cfg_int(cj, what, "num_attention_heads", 0, 1, &c->heads) ||
         cfg_int(cj, what, "intermediate_size", 0, 1, &c->intermediate) || cfg_int(cj, what, "vocab_size", 0, 1, &c->vocab))
@@ -94,6 +129,13 @@ static int parse_config(const json *cj, const char *what, dt_qwen3_config *c) {
     c->rope_theta = theta;
     if (check_rope_type(rp, what, "rope_parameters") || check_rope_type(json_get(cj, "rope_scaling"), what, "rope_scaling"))
         return -1;
+    if (check_mrope(rp, what, "rope_parameters", c->head_dim) ||
+        check_mrope(json_get(cj, "rope_scaling"), what, "rope_scaling", c->head_dim))
+        return -1;
+    if (json_get_bool(cj, "attention_bias", 0)) {
+        dt_set_error("%s: attention_bias = true is not supported (Qwen3 projections have no bias)", what);
+        return -1;
+    }
     if (!(c->eps > 0) || !isfinite(c->eps)) { dt_set_error("%s: rms_norm_eps must be positive", what); return -1; }
     return 0;
 }
@@ -194,14 +236,24 @@ static int load_layer(dt_qwen3 *m, int li, qw_layer *L) {
 static int resolve_geometry(const dt_weights *w, const char **prefix, char *embed_name, dt_linear_src *embed,
                             dt_qwen3_config *cfg) {
     const char *what = dt_weights_path(w);
-    if (dt_weights_find(w, "model.embed_tokens.weight")) *prefix = "model.";
-    else if (dt_weights_find(w, "embed_tokens.weight")) *prefix = "";
-    else {
-        dt_set_error("%s: tensor 'model.embed_tokens.weight' (or mflux 'embed_tokens.weight') not found", what);
+    /* Hugging Face Qwen3, mflux, Qwen3-VL text model (Qwen3VLModel), Qwen3-VL with its LM head */
+    static const char *const prefixes[] = {"model.", "", "language_model.", "model.language_model."};
+    *prefix = NULL;
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes && !*prefix; i++) {
+        snprintf(embed_name, QW_NAME_MAX, "%sembed_tokens.weight", prefixes[i]);
+        if (dt_weights_find(w, embed_name)) *prefix = prefixes[i];
+    }
+    if (!*prefix) {
+        dt_set_error("%s: tensor 'model.embed_tokens.weight' (or mflux 'embed_tokens.weight', Qwen3-VL "
+                     "'language_model.embed_tokens.weight') not found", what);
         return -1;
     }
     snprintf(embed_name, QW_NAME_MAX, "%sembed_tokens", *prefix);
     const json *cj = dt_weights_config(w);
+    if (!cj && strstr(*prefix, "language_model.")) {
+        dt_set_error("%s: a Qwen3-VL text encoder needs its config.json (its RoPE theta and geometry)", what);
+        return -1;
+    }
     if (cj) {
         char cwhat[1024];
         snprintf(cwhat, sizeof cwhat, "%s/config.json", what);
@@ -341,12 +393,17 @@ static void emit_taps(dt_qwen3 *m, dt_mat x, int index, const int *taps, int n_t
     }
 }
 
-static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps, float *out,
-                  dt_mat out_dev);
+static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, const int32_t *pos, int T, const int *taps,
+                  int n_taps, float *out, dt_mat out_dev);
 
 int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
                     float *out) {
-    return encode(m, ids, mask, T, taps, n_taps, out, dt_mat_null());
+    return encode(m, ids, mask, NULL, T, taps, n_taps, out, dt_mat_null());
+}
+
+int dt_qwen3_encode_at(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, const int32_t *pos, int T,
+                       const int *taps, int n_taps, float *out) {
+    return encode(m, ids, mask, pos, T, taps, n_taps, out, dt_mat_null());
 }
 
 int dt_qwen3_encode_to(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
@@ -356,11 +413,11 @@ int dt_qwen3_encode_to(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int
                      (long long)out.cols, T, (long long)n_taps * m->cfg.hidden);
         return -1;
     }
-    return encode(m, ids, mask, T, taps, n_taps, NULL, out);
+    return encode(m, ids, mask, NULL, T, taps, n_taps, NULL, out);
 }
 
-static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps, float *out,
-                  dt_mat out_dev) {
+static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, const int32_t *pos, int T, const int *taps,
+                  int n_taps, float *out, dt_mat out_dev) {
     const dt_qwen3_config *c = &m->cfg;
     const char *what = dt_weights_path(m->w);
     dt_backend *be = m->be;
@@ -377,6 +434,11 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, c
         }
         if (taps[i] > deepest) deepest = taps[i];
     }
+    for (int t = 0; t < T; t++)
+        if (pos && (pos[t] < 0 || pos[t] > (1 << 24))) {
+            dt_set_error("%s: position %d of token %d is outside 0..2^24", what, (int)pos[t], t);
+            return -1;
+        }
     for (int t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= c->vocab) {
             dt_set_error("%s: token id %d at position %d outside the vocabulary [0, %d)", what, (int)ids[t], t, c->vocab);
@@ -400,7 +462,7 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, c
         double inv_freq = pow(c->rope_theta, -2.0 * i / hd);
         if (m->inv_freq_bf16) inv_freq = dt_bf16_round((float)inv_freq);
         for (int t = 0; t < T; t++) {
-            double ang = (double)t * inv_freq;
+            double ang = (double)(pos ? pos[t] : t) * inv_freq;
             float cv = (float)cos(ang), sv = (float)sin(ang);
             cosb[(size_t)t * hd + i] = cosb[(size_t)t * hd + i + half] = cv;
             sinb[(size_t)t * hd + i] = sinb[(size_t)t * hd + i + half] = sv;

@@ -1,12 +1,17 @@
 /* qwen3.h — the Qwen3 text encoder (transformers Qwen3ForCausalLM, decoder only, no lm_head),
  * written against the backend op interface. Used by the FLUX.2-klein pipeline: the prompt
  * features are the concatenation of a few intermediate hidden states (spec section 2.1).
+ * Also the text model of Qwen3-VL (Qwen3VLModel's language_model, the Krea 2 text encoder): the same
+ * layers; its multi-axis RoPE (mrope_section) is the plain RoPE below for text, whose three position
+ * axes are equal (verified in NOTES.md); the vision tower is never loaded.
  *
  * Checkpoints: a text_encoder folder with config.json and safetensors shards. Keys are either
- * Hugging Face (`model.embed_tokens.weight`, `model.layers.N...`, `model.norm.weight`) or mflux
- * (the same without the `model.` prefix). Linears and the embedding may be dense (F32/F16/BF16)
- * or MLX affine quantized (`.weight` U32 + `.scales` + `.biases`); norms are float.
- * When config.json is absent the geometry is inferred from tensor shapes (eps 1e-6, theta 1e6).
+ * Hugging Face (`model.embed_tokens.weight`, `model.layers.N...`, `model.norm.weight`), mflux
+ * (the same without the `model.` prefix) or Qwen3-VL (`language_model.` or `model.language_model.`
+ * prefix, geometry in config.json's `text_config`). Linears and the embedding may be dense
+ * (F32/F16/BF16) or MLX affine quantized (`.weight` U32 + `.scales` + `.biases`); norms are float.
+ * When config.json is absent the geometry is inferred from tensor shapes (eps 1e-6, theta 1e6;
+ * Qwen3-VL folders must have their config.json).
  */
 #ifndef DT_QWEN3_H
 #define DT_QWEN3_H
@@ -63,6 +68,11 @@ int dt_qwen3_encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T,
  * features from there: no download and upload between the two models). */
 int dt_qwen3_encode_to(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, int T, const int *taps, int n_taps,
                        dt_mat out);
+
+/* dt_qwen3_encode with explicit RoPE positions pos [T] (>= 0; NULL = 0..T-1), e.g. positions that count only
+ * real tokens when padding sits in the middle of the sequence (Krea 2). */
+int dt_qwen3_encode_at(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, const int32_t *pos, int T,
+                       const int *taps, int n_taps, float *out);
 
 void dt_qwen3_free(dt_qwen3 *m);
 

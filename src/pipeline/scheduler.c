@@ -1,5 +1,5 @@
 /* scheduler.c — flow-matching Euler schedule (spec 2.3): config parsing, sigma/timestep
- * construction with FLUX.2's empirical mu, and the Euler update. */
+ * construction with FLUX.2's empirical mu or a given mu (Krea 2), and the Euler update. */
 #include "pipeline/scheduler.h"
 
 #include <float.h>
@@ -127,6 +127,12 @@ int64_t dt_schedule_max_image_tokens(void) {
     return n;
 }
 
+double dt_calculate_shift(const dt_sched_config *cfg, int64_t n_image_tokens) {
+    const double m = (cfg->max_shift - cfg->base_shift) / (double)(cfg->max_image_seq_len - cfg->base_image_seq_len);
+    const double b = cfg->base_shift - m * (double)cfg->base_image_seq_len;
+    return (double)n_image_tokens * m + b;
+}
+
 int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_tokens, float *sigmas,
                      float *timesteps) {
     if (n_steps < 1 || n_steps > 100000) {
@@ -145,10 +151,22 @@ int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_to
                      (long long)sqrt((double)dt_schedule_max_image_tokens()));
         return -1;
     }
+    return dt_schedule_make_mu(cfg, n_steps, dt_compute_empirical_mu(n_image_tokens, n_steps), sigmas, timesteps);
+}
+
+int dt_schedule_make_mu(const dt_sched_config *cfg, int n_steps, double mu, float *sigmas, float *timesteps) {
+    if (n_steps < 1 || n_steps > 100000) {
+        dt_set_error("scheduler: steps must be in 1..100000 (got %d)", n_steps);
+        return -1;
+    }
+    if (!isfinite(mu) ||
+        (cfg->use_dynamic_shifting && cfg->time_shift_type == DT_TIME_SHIFT_EXPONENTIAL && !isfinite((float)exp(mu)))) {
+        dt_set_error("scheduler: time shift mu %g is out of range (e^mu must be a finite float32)", mu);
+        return -1;
+    }
     /* numpy linspace(1, 1/n, n) in float64: start + i·step, last element exactly `stop`. */
     const double start = 1.0, stop = 1.0 / (double)n_steps;
     const double step = n_steps > 1 ? (stop - start) / (double)(n_steps - 1) : 0.0;
-    const double mu = dt_compute_empirical_mu(n_image_tokens, n_steps);
     const float e_mu = (float)exp(mu), mu_f = (float)mu;
     const float shift = (float)cfg->shift, shift_m1 = (float)(cfg->shift - 1.0);
     for (int i = 0; i < n_steps; i++) {

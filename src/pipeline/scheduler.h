@@ -51,6 +51,13 @@ int64_t dt_schedule_max_image_tokens(void);
 int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_tokens, float *sigmas,
                      float *timesteps);
 
+/* The same for a given time shift mu (the dynamic-shifting forms; a non-dynamic config ignores mu). */
+int dt_schedule_make_mu(const dt_sched_config *cfg, int n_steps, double mu, float *sigmas, float *timesteps);
+
+/* diffusers `calculate_shift` (FLUX.1 / Krea 2), in float64: mu linear in the image token count N through
+ * (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift) of cfg. */
+double dt_calculate_shift(const dt_sched_config *cfg, int64_t n_image_tokens);
+
 /* Euler step in float32: x[n] += (sigma_next − sigma) · v[n]. */
 void dt_euler_step(float *x, const float *v, size_t n, float sigma, float sigma_next);
 /* The same step as a bf16 pipeline does it: dt rounded to bf16, the product dt·v rounded to bf16,

@@ -238,6 +238,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->conv2d = cpu_conv2d;
     be->group_norm = cpu_group_norm;
     be->upsample2x = cpu_upsample2x;
+    be->channel_rmsnorm = cpu_channel_rmsnorm;
     be->event_create = cpu_event_create;
     be->event_record = cpu_event_record;
     be->event_elapsed_ms = cpu_event_elapsed_ms;

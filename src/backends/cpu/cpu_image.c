@@ -4,6 +4,8 @@
  *   group_norm  statistics over (C/groups) x HW accumulated per channel in double, two passes
  *               (mean, then centred squares), affine, optional fused SiLU
  *   upsample2x  nearest neighbour
+ *   channel_rmsnorm  per pixel over the channels: sums of squares in double, accumulated channel by
+ *               channel over a band of pixels (contiguous rows), then one scaling pass
  */
 #include <cblas.h>
 #include <math.h>
@@ -235,4 +237,57 @@ void cpu_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
     up_ctx t = { cpu_f32(y, "upsample2x"), cpu_f32(x, "upsample2x"), y.ld, x.ld, h, w };
     CPU_REQUIRE(t.y != t.x, "upsample2x", "y must not alias x");
     dt_pool_run(cpu_of(be)->pool, x.rows * h, cpu_grain(4 * (int64_t)w, 1 << 16), up_task, &t);
+}
+
+/* ---------------- channel RMS norm ---------------- */
+#define CRN_BAND 256   /* pixels per task: the band's sums stay in a small stack array */
+
+typedef struct {
+    float *y; const float *x; int64_t ldy, ldx, C, hw;
+    const float *gamma;
+    float scale;        /* sqrt(C) */
+    int silu;
+} crn_ctx;
+
+static void crn_task(void *vctx, int64_t b0, int64_t b1, int tid) {
+    (void)tid;
+    crn_ctx *t = vctx;
+    double ss[CRN_BAND];
+    float inv[CRN_BAND];
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t p0 = b * CRN_BAND, np = t->hw - p0 < CRN_BAND ? t->hw - p0 : CRN_BAND;
+        for (int64_t j = 0; j < np; j++) ss[j] = 0.0;
+        for (int64_t c = 0; c < t->C; c++) {
+            const float *xr = t->x + c * t->ldx + p0;
+            for (int64_t j = 0; j < np; j++) ss[j] += (double)xr[j] * xr[j];
+        }
+        for (int64_t j = 0; j < np; j++) {
+            double n = sqrt(ss[j]);
+            inv[j] = (float)(1.0 / (n > 1e-12 ? n : 1e-12));
+        }
+        for (int64_t c = 0; c < t->C; c++) {
+            const float *xr = t->x + c * t->ldx + p0;
+            float *yr = t->y + c * t->ldy + p0;
+            const float g = t->gamma ? t->gamma[c] : 1.0f;
+            for (int64_t j = 0; j < np; j++) {
+                float v = xr[j] * inv[j] * t->scale * g;
+                yr[j] = t->silu ? v / (1.0f + expf(-v)) : v;
+            }
+        }
+    }
+}
+
+void cpu_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu) {
+    CPU_REQUIRE(y.rows == x.rows && y.cols == x.cols, "channel_rmsnorm", "y [%lld, %lld] for x [%lld, %lld]",
+                (long long)y.rows, (long long)y.cols, (long long)x.rows, (long long)x.cols);
+    crn_ctx t = { cpu_f32(y, "channel_rmsnorm"), cpu_f32(x, "channel_rmsnorm"), y.ld, x.ld, x.rows, x.cols, NULL,
+                  sqrtf((float)x.rows), silu };
+    if (gamma.data) {
+        t.gamma = cpu_f32(gamma, "channel_rmsnorm");
+        CPU_REQUIRE(gamma.cols == x.rows, "channel_rmsnorm", "gamma has %lld entries for %lld channels",
+                    (long long)gamma.cols, (long long)x.rows);
+    }
+    if (x.rows == 0 || x.cols == 0) return;
+    const int64_t bands = (x.cols + CRN_BAND - 1) / CRN_BAND;
+    dt_pool_run(cpu_of(be)->pool, bands, cpu_grain(x.rows * CRN_BAND * 2, 1 << 16), crn_task, &t);
 }

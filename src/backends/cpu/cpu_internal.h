@@ -98,5 +98,6 @@ void cpu_conv_destroy(dt_backend *be, dt_conv *c);
 void cpu_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
 void cpu_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu);
 void cpu_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
+void cpu_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);
 
 #endif

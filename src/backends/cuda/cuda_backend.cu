@@ -543,6 +543,11 @@ static void tr_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
     g_tr.real.upsample2x(be, y, x, h, w);
     tr_end(be, "upsample2x", t0, "C=%lld %dx%d", (long long)x.rows, h, w);
 }
+static void tr_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat g, int silu) {
+    double t0 = tr_begin();
+    g_tr.real.channel_rmsnorm(be, y, x, g, silu);
+    tr_end(be, "channel_rmsnorm", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
 static void tr_copy(dt_backend *be, dt_mat d, dt_mat s) {
     double t0 = tr_begin();
     g_tr.real.copy(be, d, s);
@@ -636,6 +641,7 @@ static void trace_install(dt_backend *be) {
     be->conv2d = tr_conv2d;
     be->group_norm = tr_group_norm;
     be->upsample2x = tr_upsample2x;
+    be->channel_rmsnorm = tr_channel_rmsnorm;
     be->copy = tr_copy;
     be->upload = tr_upload;
     be->download = tr_download;
@@ -880,6 +886,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->conv2d = dtc_conv2d;
     be->group_norm = dtc_group_norm;
     be->upsample2x = dtc_upsample2x;
+    be->channel_rmsnorm = dtc_channel_rmsnorm;
     be->event_create = be_event_create;
     be->event_record = be_event_record;
     be->event_elapsed_ms = be_event_elapsed_ms;

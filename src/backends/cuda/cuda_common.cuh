@@ -303,6 +303,7 @@ void dtc_conv_destroy(dt_backend *be, dt_conv *c);
 void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
 void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu);
 void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
+void dtc_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);
 
 /* ------------------------------------------------------------------ host helpers */
 static inline int dtc_is_bf16(const dt_mat &m) { return m.dtype == DT_BF16; }

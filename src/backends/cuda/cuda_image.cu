@@ -5,7 +5,9 @@
  *               y[cout, P] = W[cout, cin*k*k] · col[cin*k*k, P]; bias added per output channel.
  *   group_norm  fp32 partial sums per (group, chunk) block, combined in double, then one normalise pass
  *               (gamma/beta, optional fused SiLU).
- *   upsample2x  nearest neighbour. */
+ *   upsample2x  nearest neighbour.
+ *   channel_rmsnorm  one thread per pixel walks the channels twice (sum of squares in fp32, then scale); a warp
+ *               reads 32 neighbouring pixels of one channel row, so every load is coalesced. */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -410,6 +412,40 @@ void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w) {
     CK_LAUNCH("upsample2x");
 }
 
+/* ------------------------------------------------------------------ channel RMS norm */
+__global__ void k_channel_rmsnorm(dmat y, dmat x, int64_t C, int64_t HW, const float *gamma, float scale, int silu) {
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < HW; p += (int64_t)gridDim.x * blockDim.x) {
+        float ss = 0.f;
+        for (int64_t c = 0; c < C; c++) {
+            float v = dm_get(x, c, p);
+            ss += v * v;
+        }
+        const float inv = 1.f / fmaxf(sqrtf(ss), 1e-12f);
+        for (int64_t c = 0; c < C; c++) {
+            float v = dm_get(x, c, p) * inv * scale * (gamma ? gamma[c] : 1.f);
+            if (silu) {
+                if (y.isbf) v = bfr(v);
+                v = v / (1.f + __expf(-v));
+            }
+            dm_set(y, c, p, v);
+        }
+    }
+}
+
+void dtc_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "channel_rmsnorm: y [%lld,%lld] for x [%lld,%lld]",
+                (long long)y.rows, (long long)y.cols, (long long)x.rows, (long long)x.cols);
+    DTC_REQUIRE(!gamma.data || (gamma.dtype == DT_F32 && gamma.cols == x.rows),
+                "channel_rmsnorm: gamma must be F32 [1, %lld]", (long long)x.rows);
+    if (x.rows <= 0 || x.cols <= 0) return;
+    int64_t b = (x.cols + 127) / 128;
+    if (b > (int64_t)st->sm_count * 64) b = (int64_t)st->sm_count * 64;
+    k_channel_rmsnorm<<<(unsigned)b, 128, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), x.rows, x.cols,
+                                                           (const float *)gamma.data, sqrtf((float)x.rows), silu);
+    CK_LAUNCH("channel_rmsnorm");
+}
+
 /* ------------------------------------------------------------------ preloading (see cuda_common.cuh) */
 void dtc_preload_image(dtc_state *st) {
     (void)st;
@@ -422,4 +458,5 @@ void dtc_preload_image(dtc_state *st) {
     dtc_preload_fn((const void *)k_im2col8);
     dtc_preload_fn((const void *)k_gn_partial8);
     dtc_preload_fn((const void *)k_gn_apply8);
+    dtc_preload_fn((const void *)k_channel_rmsnorm);
 }
