@@ -515,6 +515,33 @@ static void test_group_norm(int C, int HW, int groups, int silu, float offset) {
     free(x); free(ga); free(bt); free(ref);
 }
 
+/* Channel RMS norm (F.normalize over C, times sqrt(C) and gamma), one all-zero pixel column (clamped norm: 0,
+ * not NaN), optional SiLU, out of place on strided views and in place. */
+static void test_channel_rmsnorm(int C, int HW, int silu, int with_gamma) {
+    char name[96];
+    snprintf(name, sizeof name, "channel_rmsnorm C=%d HW=%d%s%s", C, HW, silu ? " +silu" : "", with_gamma ? " gamma" : "");
+    float *x = rand_vec((size_t)C * HW, -2, 2), *ga = rand_vec((size_t)C, 0.5f, 1.5f);
+    for (int c = 0; c < C; c++) x[(size_t)c * HW + HW / 2] = 0.0f;
+    double *ref = malloc((size_t)C * HW * sizeof(double));
+    for (int j = 0; j < HW; j++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[(size_t)c * HW + j] * x[(size_t)c * HW + j];
+        double n = sqrt(ss) > 1e-12 ? sqrt(ss) : 1e-12;
+        for (int c = 0; c < C; c++) {
+            double y = x[(size_t)c * HW + j] / n * sqrt((double)C) * (with_gamma ? ga[c] : 1.0);
+            ref[(size_t)c * HW + j] = silu ? y / (1 + exp(-y)) : y;
+        }
+    }
+    tm tx = tm_up(x, C, HW, 4), ty = tm_new(C, HW, 2), tg = tm_up(ga, 1, C, 0);
+    be->channel_rmsnorm(be, ty.v, tx.v, with_gamma ? tg.v : dt_mat_null(), silu);
+    check(name, ty, ref);
+    be->channel_rmsnorm(be, tx.v, tx.v, with_gamma ? tg.v : dt_mat_null(), silu);
+    strcat(name, " in place");
+    check(name, tx, ref);
+    tm_free(&tx); tm_free(&ty); tm_free(&tg);
+    free(x); free(ga); free(ref);
+}
+
 static void test_upsample(void) {
     const int C = 5, h = 7, w = 9;
     float *x = rand_vec((size_t)C * h * w, -1, 1);
@@ -700,6 +727,8 @@ int main(int argc, char **argv) {
     test_group_norm(64, 480, 32, 0, 0.0f);
     test_group_norm(64, 480, 32, 1, 0.0f);
     test_group_norm(32, 1000, 8, 0, 50.0f);             /* large mean: stats must stay accurate */
+    test_channel_rmsnorm(96, 1000, 1, 1);
+    test_channel_rmsnorm(3, 517, 0, 0);
     test_upsample();
 
     {   /* events */

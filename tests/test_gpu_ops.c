@@ -1592,6 +1592,24 @@ static void test_upsample(int Ch, int h, int w) {
     G->free(G, &gx); G->free(G, &gy); C->free(C, &cx); C->free(C, &cy);
 }
 
+static void test_channel_rmsnorm(int Ch, int h, int w, int silu) {
+    char name[160];
+    snprintf(name, sizeof name, "channel_rmsnorm C=%d %dx%d%s", Ch, h, w, silu ? " +silu" : "");
+    int64_t HW = (int64_t)h * w;
+    float *hx = rand_bf((size_t)Ch * HW, -2.f, 6.f), *hg = rand_bf((size_t)Ch, 0.5f, 1.5f);
+    for (int c = 0; c < Ch; c++) hx[(size_t)c * HW] = 0.0f;   /* an all-zero pixel: clamped norm, 0 out */
+    dt_mat gx = upa(G, hx, Ch, HW), gy = dt_alloc_or_die(G, Ch, HW, DT_BF16), gg = dt_param_upload(G, hg, Ch);
+    poison(G, gy);
+    G->channel_rmsnorm(G, gy, gx, gg, silu);
+    dt_mat cx = up(C, hx, Ch, HW, DT_F32), cy = dt_alloc_or_die(C, Ch, HW, DT_F32), cg = dt_param_upload(C, hg, Ch);
+    C->channel_rmsnorm(C, cy, cx, cg, silu);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)Ch * HW, TOL_EW);
+    free(got); free(ref); free(hx); free(hg);
+    G->free(G, &gx); G->free(G, &gy); G->free(G, &gg);
+    C->free(C, &cx); C->free(C, &cy); C->free(C, &cg);
+}
+
 /* Timings (not assertions) of the VAE's big ops: conv2d 3x3 at its largest shapes (TFLOPS), group_norm+SiLU and
  * upsample2x (GB/s over the bytes they must move). */
 static void time_image(void) {
@@ -2117,6 +2135,9 @@ int main(void) {
         test_group_norm(64, 5, 7, 32, 1);
         test_upsample(64, 32, 48);
         test_upsample(3, 5, 7);
+        test_channel_rmsnorm(384, 64, 64, 1);
+        test_channel_rmsnorm(96, 48, 40, 0);
+        test_channel_rmsnorm(3, 5, 7, 1);
         time_image();
         printf("# section image %.1f s\n", dt_now() - ts);
     }

@@ -1,4 +1,4 @@
-/* cmd_generate.c — `ditrun generate`: prompt in, PNG out (the FLUX.2-klein pipeline). */
+/* cmd_generate.c — `ditrun generate`: prompt in, PNG out (FLUX.2-klein or Krea 2 pipelines). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,23 +14,28 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: ditrun generate [--model ROOT] --prompt TEXT --output OUT.png [options]\n\n"
-            "Generates an image with a FLUX.2-klein pipeline folder (model_index.json, tokenizer/, text_encoder/,\n"
-            "transformer/, vae/, scheduler/). Without --model the bundled tiny model (tests/fixtures/model,\n"
-            "random weights) is used.\n\n"
+            "Generates an image with a FLUX.2-klein or Krea 2 pipeline folder (model_index.json, tokenizer/,\n"
+            "text_encoder/, transformer/, vae/, scheduler/); the family comes from model_index.json. Without --model\n"
+            "the bundled tiny model (tests/fixtures/model, random weights) is used.\n\n"
             "options:\n"
             "  --model ROOT                pipeline root (default: the bundled tiny model)\n"
             "  -p, --prompt TEXT           the prompt (required)\n"
             "  -o, --output FILE           PNG to write (required)\n"
-            "  --height H, --width W       image size in pixels (default 1024x1024), rounded down to a multiple of the\n"
-            "                              model's VAE factor x patch size (16 for FLUX.2-klein) and at most the model's\n"
-            "                              largest side (8192 for FLUX.2-klein)\n"
-            "  --steps N                   denoising steps (default 4 for distilled models, 50 otherwise)\n"
+            "  --height H, --width W       image size in pixels (default 1024x1024), rounded to a multiple of the\n"
+            "                              model's VAE factor x patch size (16 for both families: FLUX.2-klein rounds\n"
+            "                              down; Krea 2 rounds up, as its reference pipeline) and at most the model's\n"
+            "                              largest side (8192)\n"
+            "  --steps N                   denoising steps (default: FLUX.2 4 for distilled models, 50 otherwise;\n"
+            "                              Krea 2 8 for distilled checkpoints, 28 otherwise)\n"
             "  --seed S                    noise seed (default 0); same seed = same image on every backend\n"
-            "  --guidance G                classifier-free guidance for non-distilled models (default 4.0)\n"
+            "  --guidance G                classifier-free guidance (FLUX.2: non-distilled models only, default 4.0;\n"
+            "                              Krea 2: cond + G*(cond - uncond) whenever G > 0, default 4.5, 0 distilled)\n"
             "  --negative-prompt TEXT      CFG negative prompt (default empty, as the reference)\n"
-            "  --noise FILE                read the initial noise from FILE (tensor in.initial_latents [1,C,h,w])\n"
+            "  --noise FILE                read the initial noise from FILE (tensor in.initial_latents [1,C,h,w]:\n"
+            "                              FLUX.2 the packed grid, Krea 2 the VAE latent grid before packing)\n"
             "  --max-sequence-length N     text tokens (default 512)\n"
-            "  --text-encoder-layers a,b,c hidden-state taps (default 9,18,27 for 36-layer encoders; k*L/(n+1) in general)\n"
+            "  --text-encoder-layers a,b,c hidden-state taps (FLUX.2 default 9,18,27 for 36-layer encoders, k*L/(n+1)\n"
+            "                              in general; Krea 2 default: model_index.json text_encoder_select_layers)\n"
             "  --te-rope-bf16              text-encoder RoPE frequencies rounded to bf16 (as in the test fixtures)\n"
             "  --count N                   N images from one load (seeds S, S+1, ...) written as OUT-1.png .. OUT-N.png;\n"
             "                              prints each image's time and the first vs the warm ones\n"

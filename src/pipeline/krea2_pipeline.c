@@ -369,3 +369,16 @@ done:
     free(sigmas); free(timesteps); free(img); free(img01); free(rgb);
     return rc;
 }
+
+int dt_krea2_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                      dt_gen_observer obs, void *obs_ud) {
+    double t0 = dt_now();
+    dt_krea2_pipe *k = dt_krea2_pipe_open(be, p->model, p->taps, p->n_taps, p->te_inv_freq_bf16);
+    if (!k) return -1;
+    dt_krea2_pipe_release_text_encoder(k, 1);
+    double t_open = dt_now() - t0;
+    int rc = dt_krea2_pipe_generate(k, p, rgb, w, h, tm, obs, obs_ud);
+    if (rc == 0 && tm) tm->t_load += t_open;
+    dt_krea2_pipe_free(k);
+    return rc;
+}

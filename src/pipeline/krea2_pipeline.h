@@ -40,4 +40,9 @@ void dt_krea2_pipe_release_text_encoder(dt_krea2_pipe *k, int on);
 int dt_krea2_pipe_generate(dt_krea2_pipe *k, const dt_gen_params *p, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
                            dt_gen_observer obs, void *obs_ud);
 
+/* One-shot: open, generate one image with the text encoder released before the transformer loads, free
+ * (what dt_generate does for a Krea 2 root). */
+int dt_krea2_generate(dt_backend *be, const dt_gen_params *p, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                      dt_gen_observer obs, void *obs_ud);
+
 #endif
