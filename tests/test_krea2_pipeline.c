@@ -3,14 +3,22 @@
  *   text    the template block, positions and Qwen3-VL taps: mid.prompt_embeds, mid.prompt_mask
  *   vae     the Qwen-Image decoder on the reference's final latents: out.image_float, out.image_u8
  *   whole   dt_krea2_pipe_generate with --noise: every intermediate and the PNG's pixels
+ * and cases the reference did not run, checked against what must hold:
+ *   padding a longer max_sequence_length: every real token's features equal the reference's (positions
+ *           count only real tokens), every padding row equals the reference's padding rows
+ *   distilled the same weights as an is_distilled pipeline with other taps at a non-square, rounded-up size:
+ *           sigmas from the formula with mu 1.15, 8 steps without guidance, step 0 = one Euler step of an
+ *           independent transformer call on the pipeline's own inputs, the image size
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/backend.h"
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "models/krea2.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
@@ -27,6 +35,19 @@
 #define K2_CPU_TOL 1e-4
 /* VAE decoder alone on the reference's final latents, f32 both: summation order of the convolutions. */
 #define K2_VAE_TOL 1e-4
+/* CUDA (bf16 activations) vs the f32 reference: ~2^-9 per rounding. Text encoder and VAE alone: as the other
+ * bf16 model tests. The whole pipeline: the guided velocity cond + 4.5·(cond − uncond) weighs the two passes'
+ * rounding by up to 5.5 and 4.5, over 4 steps (FLUX.2's unguided pipeline test allows 2e-2). */
+#define K2_GPU_PART_TOL 1e-2
+#define K2_GPU_TOL 3e-2
+/* The same encoder on the same tokens at the same positions, only more padding keys (all masked): f32
+ * summation order only. */
+#define K2_PAD_TOL 1e-5
+/* Step 0 recomputed from the pipeline's own inputs with the same CPU kernels: only the Euler update's
+ * rounding could differ. */
+#define K2_STEP_TOL 1e-6
+/* Sigmas vs the formula in double: the f32 evaluation is a few ulp away. */
+#define K2_SIGMA_TOL 1e-6
 /* PNG pixels: the reference's uint8 within +-1 (a value near a rounding boundary may round the other way)
  * for at least this fraction of values. */
 #define K2_PX_FRAC 0.999
@@ -59,7 +80,7 @@ static void free_case(k2_case *k) {
     st_close(k->io);
 }
 
-static void test_text(dt_backend *be, k2_case *k, const char *tag, int bf16_inv_freq) {
+static void test_text(dt_backend *be, k2_case *k, const char *tag, int bf16_inv_freq, double tol) {
     char p[600], name[200];
     snprintf(p, sizeof p, "%s/tokenizer", k->root);
     dt_tokenizer *tok = dt_tokenizer_load(p);
@@ -94,7 +115,7 @@ static void test_text(dt_backend *be, k2_case *k, const char *tag, int bf16_inv_
             T_CHECK(name, bad < 0, "first difference at token %d", bad);
             printf("# %s: %d tokens, %d real\n", tag, T, real);
             snprintf(name, sizeof name, "%s mid.prompt_embeds", tag);
-            t_check_rel_l2(name, emb, r, (size_t)re->numel, K2_TEXT_TOL);
+            t_check_rel_l2(name, emb, r, (size_t)re->numel, tol);
             free(r);
             free(mr);
         }
@@ -105,24 +126,25 @@ static void test_text(dt_backend *be, k2_case *k, const char *tag, int bf16_inv_
     dt_tokenizer_free(tok);
 }
 
-/* u8 [n] vs reference u8: fraction within +-1 */
-static void check_pixels(const char *name, const uint8_t *got, const st_tensor *ref, size_t n) {
+/* u8 [n] vs reference u8: at least px_frac of the values within +-px_tol */
+static void check_pixels(const char *name, const uint8_t *got, const st_tensor *ref, size_t n, int px_tol,
+                         double px_frac) {
     if (!ref || ref->numel != (int64_t)n) { T_FAIL(name, "reference out.image_u8 missing or of another size"); return; }
     const uint8_t *r = ref->data;
     size_t ok = 0, worst = 0;
     int wd = 0;
     for (size_t i = 0; i < n; i++) {
         int d = abs((int)got[i] - (int)r[i]);
-        ok += d <= 1;
+        ok += d <= px_tol;
         if (d > wd) { wd = d; worst = i; }
     }
-    T_CHECK(name, ok >= K2_PX_FRAC * n, "%zu of %zu within +-1; worst [%zu] got %d want %d", ok, n, worst, got[worst],
-            r[worst]);
-    printf("# %s: %.4f%% within +-1, max difference %d\n", name, 100.0 * ok / n, wd);
+    T_CHECK(name, ok >= px_frac * n, "%zu of %zu within +-%d; worst [%zu] got %d want %d", ok, n, px_tol, worst,
+            got[worst], r[worst]);
+    printf("# %s: %.4f%% within +-%d, max difference %d\n", name, 100.0 * ok / n, px_tol, wd);
 }
 
 /* The decoder on the reference's last step: unpack 2x2 (krea2 pipeline's layout), de-normalize, decode. */
-static void test_vae(dt_backend *be, k2_case *k, const char *tag) {
+static void test_vae(dt_backend *be, k2_case *k, const char *tag, double tol, int px_tol, double px_frac) {
     char name[200];
     snprintf(name, sizeof name, "%s vae load", tag);
     dt_qvae *v = dt_qvae_load(be, k->root);
@@ -154,9 +176,9 @@ static void test_vae(dt_backend *be, k2_case *k, const char *tag) {
         dt_vae_postprocess(img, H, W, f01, u8);
         float *r = st_to_f32(rf);
         snprintf(name, sizeof name, "%s vae out.image_float", tag);
-        t_check_rel_l2(name, f01, r, (size_t)3 * H * W, K2_VAE_TOL);
-        snprintf(name, sizeof name, "%s vae out.image_u8 within +-1", tag);
-        check_pixels(name, u8, ru, (size_t)3 * H * W);
+        t_check_rel_l2(name, f01, r, (size_t)3 * H * W, tol);
+        snprintf(name, sizeof name, "%s vae out.image_u8 within +-%d", tag, px_tol);
+        check_pixels(name, u8, ru, (size_t)3 * H * W, px_tol, px_frac);
         free(r);
     }
     free(tok); free(lat); free(img); free(f01); free(u8);
@@ -184,7 +206,7 @@ static void obs(void *ud, const char *name, const float *d, int ndim, const int6
     c->compared++;
 }
 
-static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol) {
+static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol, int px_tol, double px_frac) {
     char name[200], io[600];
     snprintf(name, sizeof name, "%s pipeline", tag);
     snprintf(io, sizeof io, "%s/krea2_pipeline_io.safetensors", t_fixtures());
@@ -210,23 +232,203 @@ static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol) 
     } else {
         snprintf(name, sizeof name, "%s intermediates compared", tag);
         T_CHECK(name, oc.compared >= p.steps + 5, "only %d reference tensors compared", oc.compared);
-        snprintf(name, sizeof name, "%s out.image_u8 within +-1", tag);
-        check_pixels(name, rgb, st_find(k->io, "out.image_u8"), (size_t)w * h * 3);
+        snprintf(name, sizeof name, "%s out.image_u8 within +-%d", tag, px_tol);
+        check_pixels(name, rgb, st_find(k->io, "out.image_u8"), (size_t)w * h * 3, px_tol, px_frac);
     }
     free(rgb);
     dt_krea2_pipe_free(kp);
 }
 
+/* Longer padding: rows [0, R) real (prefix remainder + prompt), then padding, then the suffix. */
+static void test_padding(dt_backend *be, k2_case *k, int extra) {
+    char p[600], name[200];
+    snprintf(name, sizeof name, "padding +%d tokens", extra);
+    snprintf(p, sizeof p, "%s/tokenizer", k->root);
+    dt_tokenizer *tok = dt_tokenizer_load(p);
+    snprintf(p, sizeof p, "%s/text_encoder", k->root);
+    dt_qwen3 *te = tok ? dt_qwen3_load(be, p, 0) : NULL;
+    if (!te) { T_FAIL(name, "%s", dt_last_error()); dt_tokenizer_free(tok); return; }
+    dt_qwen3_set_inv_freq_bf16(te, 1);
+    const int msl = (int)json_get_int(k->cj, "max_sequence_length", 0);
+    float *emb = NULL;
+    uint8_t *mask = NULL;
+    int T = 0;
+    const st_tensor *re = st_find(k->io, "mid.prompt_embeds"), *rm = st_find(k->io, "mid.prompt_mask");
+    if (dt_krea2_encode_prompt(te, tok, json_get_str(k->cj, "prompt"), msl + extra, k->taps, k->n_taps, &emb, &mask, &T)) {
+        T_FAIL(name, "%s", dt_last_error());
+    } else if (!re || !rm || T != re->shape[1] + extra) {
+        T_FAIL(name, "%d tokens, expected the reference's + %d", T, extra);
+    } else {
+        const int Tr = (int)re->shape[1];
+        const size_t row = (size_t)re->shape[2] * re->shape[3];
+        float *r = st_to_f32(re), *mr = st_to_f32(rm);
+        int R = 0, n_suf = 0;
+        while (R < Tr && mr[R] != 0) R++;
+        for (int t = Tr - 1; t >= 0 && mr[t] != 0; t--) n_suf++;
+        int mask_ok = 1;
+        for (int t = 0; t < T; t++) mask_ok &= mask[t] == (t < R || t >= T - n_suf);
+        T_CHECK(name, mask_ok && R < Tr - n_suf, "mask is not [%d real | padding | %d suffix]", R, n_suf);
+        /* the same rows of ours and the reference's, row by row: real, one padding row against all ours, suffix */
+        float *got = dt_malloc(sizeof(float) * row * (size_t)T), *want = dt_malloc(sizeof(float) * row * (size_t)T);
+        size_t n = 0;
+        for (int t = 0; t < T; t++) {
+            int tr = t < R ? t : t >= T - n_suf ? t - extra : R;   /* padding rows are all alike */
+            memcpy(got + n, emb + (size_t)t * row, sizeof(float) * row);
+            memcpy(want + n, r + (size_t)tr * row, sizeof(float) * row);
+            n += row;
+        }
+        snprintf(name, sizeof name, "padding +%d tokens: every row as the reference's", extra);
+        t_check_rel_l2(name, got, want, n, K2_PAD_TOL);
+        free(got); free(want); free(r); free(mr);
+    }
+    free(emb);
+    free(mask);
+    dt_qwen3_free(te);
+    dt_tokenizer_free(tok);
+}
+
+typedef struct {
+    float *sigmas, *emb, *mask, *step0;
+    int T, N, C, steps;
+} grab_ctx;
+
+static void grab(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    grab_ctx *g = ud;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    float **dst = !strcmp(name, "sigmas") ? &g->sigmas : !strcmp(name, "prompt_embeds") ? &g->emb
+                : !strcmp(name, "prompt_mask") ? &g->mask : !strcmp(name, "step0.latents_packed") ? &g->step0 : NULL;
+    if (!strcmp(name, "sigmas")) g->steps = (int)n - 1;
+    if (!strcmp(name, "prompt_mask")) g->T = (int)n;
+    if (!strcmp(name, "step0.latents_packed")) { g->N = (int)shape[1]; g->C = (int)shape[2]; }
+    if (!dst) return;
+    free(*dst);
+    *dst = dt_malloc(sizeof(float) * (size_t)n);
+    memcpy(*dst, d, sizeof(float) * (size_t)n);
+}
+
+static void test_distilled(dt_backend *be, k2_case *k) {
+    char dir[256], p[600], q[600];
+    snprintf(dir, sizeof dir, "/tmp/ditrun-k2d-%d", (int)getpid());
+    snprintf(p, sizeof p, "rm -rf %s && mkdir -p %s", dir, dir);
+    if (system(p)) { T_FAIL("distilled setup", "cannot create %s", dir); return; }
+    static const char *comps[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", k->root, comps[i]);
+        char *abs = realpath(p, NULL);
+        snprintf(q, sizeof q, "%s/%s", dir, comps[i]);
+        if (!abs || symlink(abs, q)) { T_FAIL("distilled setup", "cannot link %s", q); free(abs); return; }
+        free(abs);
+    }
+    snprintf(p, sizeof p, "%s/model_index.json", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) { T_FAIL("distilled setup", "cannot write %s", p); return; }
+    fputs("{\"_class_name\": \"Krea2Pipeline\", \"is_distilled\": true, \"patch_size\": 2,\n"
+          " \"text_encoder_select_layers\": [0, 3, 4]}\n", f);
+    fclose(f);
+    /* noise [z, 64/4, 96/4] of our own, passed as --noise */
+    const int z = 4, lh = 16, lw = 24;
+    float *noise = dt_malloc(sizeof(float) * z * lh * lw);
+    for (int i = 0; i < z * lh * lw; i++) noise[i] = (float)sin(0.37 * i) * 1.3f;
+    char nf[300];
+    snprintf(nf, sizeof nf, "%s/noise.safetensors", dir);
+    st_writer *w = st_writer_new();
+    st_writer_add_f32(w, "in.initial_latents", 4, (int64_t[]){1, z, lh, lw}, noise);
+    int wrc = st_writer_save(w, nf);
+    st_writer_free(w);
+    dt_krea2_pipe *kp = wrc ? NULL : dt_krea2_pipe_open(be, dir, NULL, 0, 1);
+    if (!kp) { T_FAIL("distilled open", "%s", dt_last_error()); free(noise); return; }
+    dt_gen_params gp;
+    dt_gen_params_default(&gp);
+    gp.model = dir;
+    gp.prompt = "a red kite over a green field";
+    gp.height = 60;   /* rounded up to 64 */
+    gp.width = 96;
+    gp.max_seq_len = 40;
+    gp.noise_file = nf;
+    grab_ctx g = {0};
+    uint8_t *rgb = NULL;
+    int W = 0, H = 0;
+    if (dt_krea2_pipe_generate(kp, &gp, &rgb, &W, &H, NULL, grab, &g)) {
+        T_FAIL("distilled generate", "%s", dt_last_error());
+    } else {
+        T_CHECK("distilled image size rounded up", W == 96 && H == 64, "%dx%d", W, H);
+        double worst = 0;
+        for (int i = 0; g.sigmas && i < g.steps; i++) {
+            double s = g.steps > 1 ? 1.0 + i * (1.0 / g.steps - 1.0) / (g.steps - 1) : 1.0, e = exp(1.15);
+            worst = fmax(worst, fabs(g.sigmas[i] - e / (e + (1.0 / s - 1.0))));
+        }
+        T_CHECK("distilled: 8 steps, sigmas with mu 1.15", g.steps == 8 && worst <= K2_SIGMA_TOL, "%d steps, worst %.3g",
+                g.steps, worst);
+        /* step 0 by hand: x1 = x0 + (s1 - s0) · v(x0), one transformer pass (guidance 0) */
+        krea2_model *m = krea2_load(be, dir);
+        const int T = g.T, N = g.N, C = g.C;
+        if (!m || !g.step0 || N != (lh / 2) * (lw / 2) || C != z * 4) {
+            T_FAIL("distilled step 0", "%s", m ? "step 0 not observed" : dt_last_error());
+        } else {
+            float *x0 = dt_malloc(sizeof(float) * (size_t)N * C), *v = dt_malloc(sizeof(float) * (size_t)N * C);
+            float *ids = dt_calloc((size_t)(T + N) * 3, sizeof(float));
+            uint8_t *mk = dt_malloc((size_t)T);
+            for (int t = 0; t < T; t++) mk[t] = g.mask[t] != 0;
+            for (int r = 0; r < lh / 2; r++)
+                for (int c = 0; c < lw / 2; c++) {
+                    float *row = ids + ((size_t)T + (size_t)r * (lw / 2) + c) * 3;
+                    row[1] = (float)r;
+                    row[2] = (float)c;
+                    for (int ch = 0; ch < z; ch++)
+                        for (int dy = 0; dy < 2; dy++)
+                            for (int dx = 0; dx < 2; dx++)
+                                x0[((size_t)r * (lw / 2) + c) * C + ch * 4 + dy * 2 + dx] =
+                                    noise[((size_t)ch * lh + 2 * r + dy) * lw + 2 * c + dx];
+                }
+            if (krea2_forward(m, x0, N, g.emb, T, g.sigmas[0], ids, mk, v, NULL, NULL)) {
+                T_FAIL("distilled step 0", "%s", dt_last_error());
+            } else {
+                for (size_t e = 0; e < (size_t)N * C; e++) x0[e] += (g.sigmas[1] - g.sigmas[0]) * v[e];
+                t_check_rel_l2("distilled step 0 = one unguided Euler step", g.step0, x0, (size_t)N * C, K2_STEP_TOL);
+            }
+            free(x0); free(v); free(ids); free(mk);
+        }
+        krea2_free(m);
+    }
+    free(rgb);
+    free(noise);
+    free(g.sigmas); free(g.emb); free(g.mask); free(g.step0);
+    dt_krea2_pipe_free(kp);
+    snprintf(p, sizeof p, "rm -rf %s", dir);
+    if (system(p)) printf("# could not remove %s\n", dir);
+}
+
 int main(void) {
+    dt_log_level = 0;   /* keep the pipeline's progress lines out of the test log */
     k2_case k;
     if (load_case(&k)) { T_FAIL("krea2 pipeline fixture", "%s", dt_last_error()); return T_DONE(); }
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     /* the reference text encoder had its RoPE inverse frequencies rounded to bf16 (buffers cast with
      * the model), as the FLUX.2 fixtures; with f32 frequencies the same encoder is 6e-4 away */
-    test_text(cpu, &k, "cpu", 1);
-    test_vae(cpu, &k, "cpu");
-    test_whole(cpu, &k, "cpu", K2_CPU_TOL);
+    test_text(cpu, &k, "cpu", 1, K2_TEXT_TOL);
+    test_vae(cpu, &k, "cpu", K2_VAE_TOL, 1, K2_PX_FRAC);
+    test_whole(cpu, &k, "cpu", K2_CPU_TOL, 1, K2_PX_FRAC);
+    test_padding(cpu, &k, 37);
+    test_distilled(cpu, &k);
     cpu->destroy(cpu);
+    if (dt_backend_cuda_available()) {
+        dt_backend_opts o = {0};
+        o.rope_fp32 = 1;
+        dt_backend *cuda = dt_backend_cuda_create(&o);
+        if (!cuda) {
+            T_FAIL("cuda krea2 pipeline", "%s", dt_last_error());
+        } else {
+            test_text(cuda, &k, "cuda", 1, K2_GPU_PART_TOL);
+            test_vae(cuda, &k, "cuda", K2_GPU_PART_TOL, 3, 0.99);
+            test_whole(cuda, &k, "cuda", K2_GPU_TOL, 3, 0.99);
+            cuda->destroy(cuda);
+        }
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda krea2 pipeline", "DITRUN_REQUIRE_GPU=1 but no CUDA GPU is usable");
+    } else {
+        T_SKIP("cuda krea2 pipeline", "no CUDA GPU available on this machine");
+    }
     free_case(&k);
     return T_DONE();
 }
