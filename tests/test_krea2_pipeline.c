@@ -2,7 +2,7 @@
  * Krea2Pipeline on the tiny fixture pipeline tests/fixtures/krea2, float32):
  *   text    the template block, positions and Qwen3-VL taps: mid.prompt_embeds, mid.prompt_mask
  *   vae     the Qwen-Image decoder on the reference's final latents: out.image_float, out.image_u8
- *   whole   dt_krea2_pipe_generate with --noise: every intermediate and the PNG's pixels
+ *   whole   the engine on the Krea 2 root with --noise: every intermediate and the PNG's pixels
  * and cases the reference did not run, checked against what must hold:
  *   padding a longer max_sequence_length: every real token's features equal the reference's (positions
  *           count only real tokens), every padding row equals the reference's padding rows
@@ -22,7 +22,7 @@
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
-#include "pipeline/krea2_pipeline.h"
+#include "pipeline/engine.h"
 #include "pipeline/krea2_prompt.h"
 #include "pipeline/tokenizer.h"
 #include "test.h"
@@ -210,12 +210,18 @@ static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol, 
     char name[200], io[600];
     snprintf(name, sizeof name, "%s pipeline", tag);
     snprintf(io, sizeof io, "%s/krea2_pipeline_io.safetensors", t_fixtures());
-    T_CHECK("krea2 root detected", dt_krea2_is_pipeline(k->root), "%s/model_index.json not recognised", k->root);
-    dt_krea2_pipe *kp = dt_krea2_pipe_open(be, k->root, NULL, 0, 1);
-    if (!kp) { T_FAIL(name, "%s", dt_last_error()); return; }
+    dt_pipeline_opts o;
+    dt_pipeline_opts_default(&o);
+    o.model = k->root;
+    o.te_inv_freq_bf16 = 1;   /* as the reference text encoder (see main) */
+    dt_pipeline *pl = dt_pipeline_load(be, &o);
+    if (!pl) { T_FAIL(name, "%s", dt_last_error()); return; }
+    const dt_pipeline_info *in = dt_pipeline_get_info(pl);
+    T_CHECK("krea2 family picked from model_index.json", !strcmp(in->family, "krea2") && in->default_steps == 28 &&
+            in->default_guidance == 4.5f && in->size_multiple == 8, "family %s, %d steps, guidance %g, multiple %d",
+            in->family, in->default_steps, in->default_guidance, in->size_multiple);
     dt_gen_params p;
     dt_gen_params_default(&p);
-    p.model = k->root;
     p.prompt = json_get_str(k->cj, "prompt");
     p.negative_prompt = json_get_str(k->cj, "negative_prompt");
     p.height = (int)json_get_int(k->cj, "height", 0);
@@ -227,7 +233,7 @@ static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol, 
     obs_ctx oc = {k->io, tol, tag, 0};
     uint8_t *rgb = NULL;
     int w = 0, h = 0;
-    if (dt_krea2_pipe_generate(kp, &p, &rgb, &w, &h, NULL, obs, &oc)) {
+    if (dt_pipeline_generate(pl, &p, &rgb, &w, &h, NULL, obs, &oc)) {
         T_FAIL(name, "%s", dt_last_error());
     } else {
         snprintf(name, sizeof name, "%s intermediates compared", tag);
@@ -236,7 +242,7 @@ static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol, 
         check_pixels(name, rgb, st_find(k->io, "out.image_u8"), (size_t)w * h * 3, px_tol, px_frac);
     }
     free(rgb);
-    dt_krea2_pipe_free(kp);
+    dt_pipeline_free(pl);
 }
 
 /* Longer padding: rows [0, R) real (prefix remainder + prompt), then padding, then the suffix. */
@@ -336,11 +342,14 @@ static void test_distilled(dt_backend *be, k2_case *k) {
     st_writer_add_f32(w, "in.initial_latents", 4, (int64_t[]){1, z, lh, lw}, noise);
     int wrc = st_writer_save(w, nf);
     st_writer_free(w);
-    dt_krea2_pipe *kp = wrc ? NULL : dt_krea2_pipe_open(be, dir, NULL, 0, 1);
-    if (!kp) { T_FAIL("distilled open", "%s", dt_last_error()); free(noise); return; }
+    dt_pipeline_opts o;
+    dt_pipeline_opts_default(&o);
+    o.model = dir;
+    o.te_inv_freq_bf16 = 1;
+    dt_pipeline *pl = wrc ? NULL : dt_pipeline_load(be, &o);
+    if (!pl) { T_FAIL("distilled open", "%s", dt_last_error()); free(noise); return; }
     dt_gen_params gp;
     dt_gen_params_default(&gp);
-    gp.model = dir;
     gp.prompt = "a red kite over a green field";
     gp.height = 60;   /* rounded up to 64 */
     gp.width = 96;
@@ -349,7 +358,7 @@ static void test_distilled(dt_backend *be, k2_case *k) {
     grab_ctx g = {0};
     uint8_t *rgb = NULL;
     int W = 0, H = 0;
-    if (dt_krea2_pipe_generate(kp, &gp, &rgb, &W, &H, NULL, grab, &g)) {
+    if (dt_pipeline_generate(pl, &gp, &rgb, &W, &H, NULL, grab, &g)) {
         T_FAIL("distilled generate", "%s", dt_last_error());
     } else {
         T_CHECK("distilled image size rounded up", W == 96 && H == 64, "%dx%d", W, H);
@@ -394,7 +403,7 @@ static void test_distilled(dt_backend *be, k2_case *k) {
     free(rgb);
     free(noise);
     free(g.sigmas); free(g.emb); free(g.mask); free(g.step0);
-    dt_krea2_pipe_free(kp);
+    dt_pipeline_free(pl);
     snprintf(p, sizeof p, "rm -rf %s", dir);
     if (system(p)) printf("# could not remove %s\n", dir);
 }

@@ -10,7 +10,7 @@
 #include "io/safetensors.h"
 #include "pipeline/family.h"
 
-static const dt_family *const families[] = {&dt_family_klein};
+static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2};
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o) { memset(o, 0, sizeof *o); }
 
@@ -150,8 +150,8 @@ int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g0, uint8_t **rgb,
     int W0 = g.width ? g.width : 1024, H0 = g.height ? g.height : 1024;
     if (dt_gen_params_resolve(&p->info, &g)) return -1;
     if (W0 != g.width || H0 != g.height)
-        dt_log(1, "ditrun: warning: size %dx%d rounded down to %dx%d (multiples of %d)\n", W0, H0, g.width, g.height,
-               p->info.size_multiple);
+        dt_log(1, "ditrun: %s: size %dx%d rounded %s to %dx%d (multiples of %d)\n", p->info.size_round_up ? "note" : "warning",
+               W0, H0, p->info.size_round_up ? "up" : "down", g.width, g.height, p->info.size_multiple);
     if (dt_gen_cancelled(&g)) return DT_GEN_CANCELLED;
     return p->family->generate(p, &g, rgb, w, h, tm, obs, ud);
 }

@@ -20,6 +20,7 @@ typedef struct {
     int default_steps;
     float default_guidance;     /* what guidance < 0 means */
     int size_multiple;          /* width and height are floored to multiples of this */
+    int size_round_up;          /* 1: rounded up instead (Krea 2, as its reference pipeline) */
     int max_side;               /* the largest width/height the schedule and the positions allow */
 } dt_pipeline_info;
 
@@ -30,7 +31,8 @@ const dt_pipeline_info *dt_pipeline_get_info(const dt_pipeline *p);
 dt_backend *dt_pipeline_backend(const dt_pipeline *p);
 
 /* A request's defaults filled in from the pipeline's description (steps, guidance, text tokens, 1024x1024) and its
- * ranges checked, without running it; width and height are floored to the size multiple. 0 or -1 (dt_last_error).
+ * ranges checked, without running it; width and height are floored to the size multiple (rounded up when the
+ * pipeline's size_round_up is set). 0 or -1 (dt_last_error).
  * dt_pipeline_generate resolves every request through this; a server checks requests with it before queueing. */
 int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g);
 

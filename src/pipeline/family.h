@@ -1,5 +1,5 @@
 /* family.h — what a model family provides to the engine (pipeline/engine.c), and the state the engine
- * shares with it. One file per family implements it: klein.c (FLUX.2-klein), ...
+ * shares with it. One file per family implements it: klein.c (FLUX.2-klein), krea2_family.c (Krea 2), ...
  *
  * A family loads its components into its own state (dt_pipeline.fam), fills dt_pipeline.info, and runs
  * requests: text encoding, noise, schedule, the shared sampling loop (pipeline/sampler.h), decoding. */
@@ -35,6 +35,7 @@ struct dt_family {
 };
 
 extern const dt_family dt_family_klein;
+extern const dt_family dt_family_krea2;
 
 /* Small helpers shared by the families. */
 char *dt_path_join(const char *a, const char *b);                 /* "a/b", malloc'd */

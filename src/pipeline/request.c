@@ -17,6 +17,10 @@ int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
     if (g->width == 0) g->width = 1024;
     if (g->height == 0) g->height = 1024;
     const int mult = in->size_multiple > 0 ? in->size_multiple : 1;
+    if (in->size_round_up && g->width > 0 && g->height > 0 && g->width <= 65536 && g->height <= 65536) {
+        g->width = (g->width + mult - 1) / mult * mult;   /* as the reference (Krea 2): any size from 1 pixel */
+        g->height = (g->height + mult - 1) / mult * mult;
+    }
     if (g->width < mult || g->height < mult) {
         dt_set_error("generate: image size %dx%d is smaller than %d pixels (this model's size multiple)", g->width,
                      g->height, mult);

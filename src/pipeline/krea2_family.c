@@ -1,0 +1,337 @@
+/* krea2_family.c — the Krea 2 family of the engine (diffusers Krea2Pipeline):
+ * Qwen-Image template -> Qwen3-VL hidden-state taps (krea2_prompt.h) -> noise [z, h, w] packed p×p ->
+ * flow-matching Euler loop over the Krea 2 transformer (time shift mu from the image token count, or the
+ * fixed 1.15 of distilled checkpoints; guidance cond + g·(cond − uncond) whenever g > 0, with the negative
+ * prompt) -> unpack, de-normalize by latents_mean / latents_std -> Qwen-Image VAE decoder -> 8-bit RGB.
+ *
+ * model_index.json (`_class_name: Krea2Pipeline`) carries `text_encoder_select_layers` (the taps),
+ * `is_distilled` and `patch_size`. Every component's geometry is read and cross-checked at load.
+ * Resident like klein.c: tokenizer, text encoder (layers up to the deepest tap), transformer and VAE stay
+ * loaded; with opts.release_text_encoder the encoder is loaded per prompt and freed before the rest loads.
+ * Defaults (the reference's): 28 steps and guidance 4.5, or 8 steps and guidance 0 when distilled; sizes
+ * rounded up to multiples of vae_scale_factor·patch_size; --noise is in.initial_latents [1, z, H/s, W/s],
+ * the latent grid before packing. Observed: prompt_embeds [1,T,taps,D], prompt_mask [1,T], sigmas,
+ * timesteps, stepK.latents_packed [1,N,z·p²], latents_unpacked [1,z,H/s,W/s] (de-normalized), image_float. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/krea2.h"
+#include "models/qwen3.h"
+#include "models/vae_flux2.h"   /* dt_vae_postprocess: diffusers image post-processing */
+#include "models/vae_qwenimage.h"
+#include "pipeline/family.h"
+#include "pipeline/krea2_prompt.h"
+#include "pipeline/latents.h"
+#include "pipeline/sampler.h"
+#include "pipeline/scheduler.h"
+#include "pipeline/tokenizer.h"
+
+#define K2_DISTILLED_MU 1.15        /* the pipeline's fixed time shift for distilled checkpoints */
+#define K2_DEFAULT_GUIDANCE 4.5f
+#define K2_DEFAULT_STEPS 28
+#define K2_DISTILLED_STEPS 8
+/* The pipeline's taps when model_index.json has none (Qwen3-VL-4B, 36 layers). */
+static const int k2_default_taps[] = {2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35};
+
+typedef struct {
+    char *te_dir;
+    int taps[DT_GEN_MAX_TAPS], n_taps, max_tap;
+    int distilled, patch;
+    dt_tokenizer *tok;
+    dt_sched_config sched;
+    dt_qwen3_config tcfg;
+    krea2_config dcfg;
+    dt_qvae_config vcfg;
+    dt_qwen3 *te;             /* NULL between prompts with release_text_encoder */
+    krea2_model *dit;         /* NULL until first needed with release_text_encoder */
+    dt_qvae *vae;
+} k2_state;
+
+static int k2_matches(const char *cls) { return !strcmp(cls, "Krea2Pipeline"); }
+
+static int read_index(k2_state *k, const json *j, const char *path) {
+    k->distilled = json_get_bool(j, "is_distilled", 0);
+    int64_t ps = json_get_int(j, "patch_size", 2);
+    if (ps < 1 || ps > 16) { dt_set_error("%s: patch_size %lld outside 1..16", path, (long long)ps); return -1; }
+    k->patch = (int)ps;
+    if (k->n_taps) return 0;
+    const json *t = json_get(j, "text_encoder_select_layers");
+    if (!t || t->type == JSON_NULL) {
+        k->n_taps = (int)(sizeof k2_default_taps / sizeof *k2_default_taps);
+        memcpy(k->taps, k2_default_taps, sizeof k2_default_taps);
+        return 0;
+    }
+    if (t->type != JSON_ARRAY || t->len < 1 || t->len > DT_GEN_MAX_TAPS) {
+        dt_set_error("%s: text_encoder_select_layers must list 1..%d layer numbers", path, DT_GEN_MAX_TAPS);
+        return -1;
+    }
+    for (size_t i = 0; i < t->len; i++) {
+        const json *e = json_at(t, i);
+        if (!e || e->type != JSON_NUMBER || !e->is_integer || e->integer < 0 || e->integer > 4096) {
+            dt_set_error("%s: text_encoder_select_layers[%zu] is not a layer number", path, i);
+            return -1;
+        }
+        k->taps[k->n_taps++] = (int)e->integer;
+    }
+    return 0;
+}
+
+static int read_dit_config(const char *root, krea2_config *c) {
+    char *p = dt_path_join(root, "transformer/config.json");
+    json *j = json_parse_file(p);
+    int rc = -1;
+    if (j) {
+        const char *cls = json_get_str(j, "_class_name");
+        if (cls && strcmp(cls, "Krea2Transformer2DModel"))
+            dt_set_error("%s: _class_name is '%s', expected Krea2Transformer2DModel", p, cls);
+        else
+            rc = krea2_config_parse(j, p, c);
+    }
+    json_free(j);
+    free(p);
+    return rc;
+}
+
+static void k2_free(dt_pipeline *p) {
+    k2_state *k = p->fam;
+    if (!k) return;
+    if (k->tok) dt_tokenizer_free(k->tok);
+    if (k->te) dt_qwen3_free(k->te);
+    if (k->dit) krea2_free(k->dit);
+    if (k->vae) dt_qvae_free(k->vae);
+    free(k->te_dir);
+    free(k);
+    p->fam = NULL;
+}
+
+static int ensure_te(dt_pipeline *p) {
+    k2_state *k = p->fam;
+    if (k->te) return 0;
+    k->te = dt_qwen3_load(p->be, k->te_dir, k->max_tap > 0 ? k->max_tap : 1);
+    if (!k->te) return -1;
+    dt_qwen3_set_inv_freq_bf16(k->te, p->opts.te_inv_freq_bf16);
+    return 0;
+}
+
+static int ensure_dit_vae(dt_pipeline *p) {
+    k2_state *k = p->fam;
+    if (!k->dit && !(k->dit = krea2_load(p->be, p->root))) return -1;
+    if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
+    return 0;
+}
+
+static int k2_load(dt_pipeline *p, const json *idx) {
+    k2_state *k = dt_calloc(1, sizeof *k);
+    p->fam = k;
+    const char *root = p->root;
+    char *idx_path = dt_path_join(root, "model_index.json"), *tokd = dt_path_join(root, "tokenizer"),
+         *sch = dt_path_join(root, "scheduler");
+    k->te_dir = dt_path_join(root, "text_encoder");
+    int rc = -1;
+    k->n_taps = p->opts.n_taps;
+    if (k->n_taps < 0 || k->n_taps > DT_GEN_MAX_TAPS) { dt_set_error("generate: %d text-encoder taps", k->n_taps); goto out; }
+    if (k->n_taps) memcpy(k->taps, p->opts.taps, sizeof(int) * (size_t)k->n_taps);
+    if (read_index(k, idx, idx_path)) goto out;
+    if (!(k->tok = dt_tokenizer_load(tokd)) || dt_sched_config_load(sch, &k->sched)) goto out;
+    if (dt_qwen3_read_config(k->te_dir, &k->tcfg) || read_dit_config(root, &k->dcfg) || dt_qvae_read_config(root, &k->vcfg))
+        goto out;
+    for (int i = 0; i < k->n_taps; i++) {
+        if (k->taps[i] < 0 || k->taps[i] > k->tcfg.num_layers) {
+            dt_set_error("%s: text-encoder layer %d outside 0..%d", root, k->taps[i], k->tcfg.num_layers);
+            goto out;
+        }
+        if (k->taps[i] > k->max_tap) k->max_tap = k->taps[i];
+    }
+    if (k->n_taps != k->dcfg.text_layers || k->tcfg.hidden != k->dcfg.text_dim) {
+        dt_set_error("%s: %d text-encoder taps of width %d, but the transformer reads num_text_layers %d of "
+                     "text_hidden_dim %d", root, k->n_taps, k->tcfg.hidden, k->dcfg.text_layers, k->dcfg.text_dim);
+        goto out;
+    }
+    if (k->dcfg.in_channels != k->vcfg.z_dim * k->patch * k->patch) {
+        dt_set_error("%s: transformer in_channels %d != VAE z_dim %d x patch_size %d^2", root, k->dcfg.in_channels,
+                     k->vcfg.z_dim, k->patch);
+        goto out;
+    }
+    if (k->dcfg.n_axes != 3) {
+        dt_set_error("%s: the Krea 2 pipeline builds 3 RoPE coordinates (t, h, w); the transformer has %d axes", root,
+                     k->dcfg.n_axes);
+        goto out;
+    }
+    if (k->sched.use_dynamic_shifting && !k->distilled && k->sched.max_image_seq_len == k->sched.base_image_seq_len) {
+        dt_set_error("%s: scheduler base_image_seq_len and max_image_seq_len are equal (no time shift line)", root);
+        goto out;
+    }
+    if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
+    p->info.distilled = k->distilled;
+    p->info.default_steps = k->distilled ? K2_DISTILLED_STEPS : K2_DEFAULT_STEPS;
+    p->info.default_guidance = k->distilled ? 0.0f : K2_DEFAULT_GUIDANCE;
+    p->info.size_multiple = k->vcfg.scale_factor * k->patch;
+    p->info.size_round_up = 1;   /* Krea2Pipeline rounds height and width up */
+    p->info.max_side = 8192;
+    rc = 0;
+out:
+    free(idx_path);
+    free(tokd);
+    free(sch);
+    if (rc) k2_free(p);
+    return rc;
+}
+
+/* lat [z, h, w] -> tokens [(h/p)·(w/p), z·p·p]: token (r, c), feature ch·p² + dy·p + dx (diffusers _pack_latents) */
+static void pack(const float *lat, int z, int h, int w, int p, float *tok) {
+    const int gh = h / p, gw = w / p, F = z * p * p;
+    for (int r = 0; r < gh; r++)
+        for (int c = 0; c < gw; c++)
+            for (int ch = 0; ch < z; ch++)
+                for (int dy = 0; dy < p; dy++)
+                    for (int dx = 0; dx < p; dx++)
+                        tok[((size_t)r * gw + c) * F + (size_t)(ch * p + dy) * p + dx] =
+                            lat[((size_t)ch * h + (size_t)(r * p + dy)) * w + (size_t)(c * p + dx)];
+}
+
+static void unpack(const float *tok, int z, int h, int w, int p, float *lat) {
+    const int gh = h / p, gw = w / p, F = z * p * p;
+    for (int r = 0; r < gh; r++)
+        for (int c = 0; c < gw; c++)
+            for (int ch = 0; ch < z; ch++)
+                for (int dy = 0; dy < p; dy++)
+                    for (int dx = 0; dx < p; dx++)
+                        lat[((size_t)ch * h + (size_t)(r * p + dy)) * w + (size_t)(c * p + dx)] =
+                            tok[((size_t)r * gw + c) * F + (size_t)(ch * p + dy) * p + dx];
+}
+
+/* What the sampling loop's model callback needs. */
+typedef struct {
+    krea2_model *dit;
+    const float *pos, *neg, *ids;     /* text features [T, taps, D] (prompt, negative), positions [T + N, 3] */
+    const uint8_t *pmask, *nmask;     /* [T] */
+    const float *timesteps;
+    float ntt;                        /* num_train_timesteps */
+    int N, T, bf16;
+} k2_step_ctx;
+
+static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
+    k2_step_ctx *c = ctx;
+    /* the pipeline passes t / num_train_timesteps in the latents' dtype */
+    float t = c->timesteps[i] / c->ntt;
+    if (c->bf16) t = dt_bf16_round(t);
+    return krea2_forward(c->dit, x, c->N, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v, NULL,
+                         NULL);
+}
+
+static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
+                       dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
+    k2_state *k = p->fam;
+    dt_backend *be = p->be;
+    const double t_start = dt_now();
+    double t0 = t_start;
+    int rc = -1;
+    float *pos = NULL, *neg = NULL, *lat = NULL, *x = NULL, *v = NULL, *u = NULL, *ids = NULL, *sigmas = NULL,
+          *timesteps = NULL, *img = NULL, *img01 = NULL;
+    uint8_t *pmask = NULL, *nmask = NULL, *rgb = NULL;
+    const int cfg = g->guidance > 0.0f;
+    const int vsf = k->vcfg.scale_factor, P = k->patch, z = k->vcfg.z_dim;
+    const int H = g->height, W = g->width, lh = H / vsf, lw = W / vsf, gh = lh / P, gw = lw / P, N = gh * gw;
+    const int C = k->dcfg.in_channels;
+    tm->height = H;
+    tm->width = W;
+    tm->steps = g->steps;
+
+    /* ---- text ---- */
+    if (ensure_te(p)) goto done;
+    tm->t_load += dt_now() - t0;
+    t0 = dt_now();
+    dt_log(1, "ditrun: encoding the prompt (%d tokens, taps", g->max_seq_len);
+    for (int i = 0; i < k->n_taps; i++) dt_log(1, "%s%d", i ? "," : " ", k->taps[i]);
+    dt_log(1, ")%s\n", cfg ? " and the negative prompt" : "");
+    int T = 0, Tn = 0;
+    if (dt_krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &pos, &pmask, &T)) goto done;
+    dt_gen_observe(obs, ud, "prompt_embeds", pos, 4, 1, T, k->n_taps, k->tcfg.hidden);
+    if (obs) {
+        float *f = dt_malloc(sizeof(float) * (size_t)T);
+        for (int i = 0; i < T; i++) f[i] = pmask[i];
+        dt_gen_observe(obs, ud, "prompt_mask", f, 2, 1, T, 0, 0);
+        free(f);
+    }
+    if (cfg && dt_krea2_encode_prompt(k->te, k->tok, g->negative_prompt, g->max_seq_len, k->taps, k->n_taps, &neg,
+                                      &nmask, &Tn))
+        goto done;
+    if (cfg && Tn != T) { dt_set_error("krea2: the negative prompt has %d tokens, the prompt %d", Tn, T); goto done; }
+    if (p->opts.release_text_encoder) {
+        dt_qwen3_free(k->te);
+        k->te = NULL;
+    }
+    tm->t_encode = dt_now() - t0;
+    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+
+    /* ---- transformer + VAE (already resident unless released-encoder mode) ---- */
+    t0 = dt_now();
+    if (ensure_dit_vae(p)) goto done;
+    tm->t_load += dt_now() - t0;
+
+    /* ---- noise [z, lh, lw] -> tokens [N, C]; positions [T + N, 3]: text rows 0, image rows (0, row, col) ---- */
+    lat = dt_malloc(sizeof(float) * (size_t)z * lh * lw);
+    char layout[128];
+    snprintf(layout, sizeof layout, "[1, %d, %d, %d], the latent grid before packing, for a %dx%d image", z, lh, lw, W, H);
+    int have = dt_gen_read_noise(g, lat, (int64_t)z * lh * lw, layout);
+    if (have < 0) goto done;
+    if (!have) dt_latents_noise(g->seed, z, lh, lw, lat);
+    x = dt_malloc(sizeof(float) * (size_t)N * C);
+    pack(lat, z, lh, lw, P, x);
+    ids = dt_calloc((size_t)(T + N) * 3, sizeof(float));
+    for (int r = 0; r < gh; r++)
+        for (int c = 0; c < gw; c++) {
+            float *q = ids + ((size_t)T + (size_t)r * gw + c) * 3;
+            q[1] = (float)r;
+            q[2] = (float)c;
+        }
+
+    /* ---- schedule ---- */
+    const double mu = k->distilled ? K2_DISTILLED_MU : dt_calculate_shift(&k->sched, N);
+    sigmas = dt_malloc(sizeof(float) * (size_t)(g->steps + 1));
+    timesteps = dt_malloc(sizeof(float) * (size_t)g->steps);
+    if (dt_schedule_make_mu(&k->sched, g->steps, mu, sigmas, timesteps)) goto done;
+    dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
+    dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+
+    /* ---- denoising loop ---- */
+    v = dt_malloc(sizeof(float) * (size_t)N * C);
+    if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
+    k2_step_ctx kc = {k->dit, pos, neg, ids, pmask, nmask, timesteps, (float)k->sched.num_train_timesteps, N, T,
+                      be->act_dtype == DT_BF16};
+    const int64_t shape[3] = {1, N, C};
+    dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
+                     .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .bf16_euler = kc.bf16, .n = (size_t)N * C,
+                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u};
+    rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    if (rc) goto done;
+    rc = -1;
+    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+
+    /* ---- latents -> image ---- */
+    double tdec = dt_now();
+    unpack(x, z, lh, lw, P, lat);
+    dt_qvae_denormalize(&k->vcfg, lat, (int64_t)lh * lw);
+    dt_gen_observe(obs, ud, "latents_unpacked", lat, 4, 1, z, lh, lw);
+    img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
+    if (dt_qvae_decode(k->vae, lat, lh, lw, img)) goto done;
+    img01 = obs ? dt_malloc(sizeof(float) * 3 * (size_t)H * W) : NULL;
+    rgb = dt_malloc(3 * (size_t)H * W);
+    dt_vae_postprocess(img, H, W, img01, rgb);
+    if (img01) dt_gen_observe(obs, ud, "image_float", img01, 4, 1, H, W, 3);
+    tm->t_decode = dt_now() - tdec;
+    tm->t_total = dt_now() - t_start;
+    *rgb_out = rgb;
+    rgb = NULL;
+    *w_out = W;
+    *h_out = H;
+    rc = 0;
+done:
+    free(pos); free(neg); free(pmask); free(nmask); free(lat); free(x); free(v); free(u); free(ids);
+    free(sigmas); free(timesteps); free(img); free(img01); free(rgb);
+    return rc;
+}
+
+const dt_family dt_family_krea2 = {"krea2", k2_matches, k2_load, k2_free, k2_generate};
