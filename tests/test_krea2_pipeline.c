@@ -9,7 +9,10 @@
  *   distilled the same weights as an is_distilled pipeline with other taps at a non-square, rounded-up size:
  *           sigmas from the formula with mu 1.15, 8 steps without guidance, step 0 = one Euler step of an
  *           independent transformer call on the pipeline's own inputs, the image size
+ *   synth   `synth --preset krea2-tiny --pipeline` (bf16 and q4) loads and generates a finite, non-flat image
+ *   errors  noise of the wrong size, a tap count the transformer does not read: one clear error each
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,7 @@
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/engine.h"
+#include "pipeline/synth_pipeline.h"
 #include "pipeline/krea2_prompt.h"
 #include "pipeline/tokenizer.h"
 #include "test.h"
@@ -408,6 +412,92 @@ static void test_distilled(dt_backend *be, k2_case *k) {
     if (system(p)) printf("# could not remove %s\n", dir);
 }
 
+typedef struct { double lo, hi; int finite; } range_ctx;
+
+static void range_obs(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    range_ctx *r = ud;
+    if (strcmp(name, "image_float")) return;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    r->lo = 1e30; r->hi = -1e30; r->finite = 1;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(d[i])) r->finite = 0;
+        if (d[i] < r->lo) r->lo = d[i];
+        if (d[i] > r->hi) r->hi = d[i];
+    }
+}
+
+static void test_synth(dt_backend *be, k2_case *k, int bits) {
+    char dir[256], name[200], cmd[600];
+    snprintf(dir, sizeof dir, "/tmp/ditrun-k2s-%d-%d", (int)getpid(), bits);
+    snprintf(name, sizeof name, "synth krea2-tiny pipeline %s", bits ? "q4" : "bf16");
+    if (dt_synth_krea2_pipeline("krea2-tiny", dir, bits, 32, 5, k->root)) { T_FAIL(name, "%s", dt_last_error()); return; }
+    dt_pipeline_opts o;
+    dt_pipeline_opts_default(&o);
+    o.model = dir;
+    dt_pipeline *pl = dt_pipeline_load(be, &o);
+    if (!pl) {
+        T_FAIL(name, "%s", dt_last_error());
+    } else {
+        dt_gen_params g;
+        dt_gen_params_default(&g);
+        g.prompt = "a small house";
+        g.width = 48;
+        g.height = 32;
+        g.steps = 2;
+        g.max_seq_len = 24;
+        uint8_t *rgb = NULL;
+        int w = 0, h = 0;
+        range_ctx r = {0, 0, 0};
+        int rc = dt_pipeline_generate(pl, &g, &rgb, &w, &h, NULL, range_obs, &r);
+        T_CHECK(name, rc == 0 && w == 48 && h == 32 && r.finite && r.hi - r.lo > 0.01,
+                "rc %d (%s), %dx%d, image in [%g, %g]%s", rc, rc ? dt_last_error() : "", w, h, r.lo, r.hi,
+                r.finite ? "" : ", not finite");
+        free(rgb);
+        dt_pipeline_free(pl);
+    }
+    snprintf(cmd, sizeof cmd, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    FILE *f = fopen(cmd, "rb");
+    snprintf(name, sizeof name, "synth krea2-tiny %s: diffusers weight file names", bits ? "q4" : "bf16");
+    T_CHECK(name, f != NULL, "%s missing", cmd);
+    if (f) fclose(f);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) printf("# could not remove %s\n", dir);
+}
+
+static void test_errors(dt_backend *be, k2_case *k) {
+    dt_pipeline_opts o;
+    dt_pipeline_opts_default(&o);
+    o.model = k->root;
+    o.n_taps = 2;
+    o.taps[0] = 1;
+    o.taps[1] = 2;
+    dt_pipeline *pl = dt_pipeline_load(be, &o);
+    T_CHECK("error: two taps for a transformer reading three", !pl && strstr(dt_last_error(), "num_text_layers"),
+            "%s", pl ? "loaded" : dt_last_error());
+    dt_pipeline_free(pl);
+    o.n_taps = 0;
+    o.release_text_encoder = 1;
+    pl = dt_pipeline_load(be, &o);
+    if (!pl) { T_FAIL("error: noise of another size", "%s", dt_last_error()); return; }
+    float noise[10] = {0};
+    dt_gen_params g;
+    dt_gen_params_default(&g);
+    g.prompt = "x";
+    g.width = g.height = 64;
+    g.steps = 1;
+    g.max_seq_len = 8;
+    g.noise = noise;
+    g.noise_len = 10;
+    uint8_t *rgb = NULL;
+    int w, h;
+    int rc = dt_pipeline_generate(pl, &g, &rgb, &w, &h, NULL, NULL, NULL);
+    T_CHECK("error: noise of another size", rc == -1 && strstr(dt_last_error(), "[1, 4, 16, 16]"), "rc %d: %s", rc,
+            dt_last_error());
+    free(rgb);
+    dt_pipeline_free(pl);
+}
+
 int main(void) {
     dt_log_level = 0;   /* keep the pipeline's progress lines out of the test log */
     k2_case k;
@@ -420,6 +510,9 @@ int main(void) {
     test_whole(cpu, &k, "cpu", K2_CPU_TOL, 1, K2_PX_FRAC);
     test_padding(cpu, &k, 37);
     test_distilled(cpu, &k);
+    test_synth(cpu, &k, 0);
+    test_synth(cpu, &k, 4);
+    test_errors(cpu, &k);
     cpu->destroy(cpu);
     if (dt_backend_cuda_available()) {
         dt_backend_opts o = {0};

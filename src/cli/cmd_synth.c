@@ -28,8 +28,11 @@ static void usage(FILE *f) {
                "  --bits B           0 = bf16 weights (default), 4 or 8 = MLX affine quantized Linears\n"
                "  --group-size N     quantization group (32, 64, 128; default 64)\n"
                "  --seed S           random seed (default 1)\n"
-               "  --pipeline         write a whole pipeline folder (transformer, Qwen3 text encoder, VAE,\n"
-               "                     bundled tokenizer and scheduler) for `ditrun generate`\n"
+               "  --pipeline         write a whole pipeline folder for `ditrun generate`: FLUX.2 presets the\n"
+               "                     transformer, a Qwen3 text encoder and the FLUX.2 VAE; Krea 2 presets the\n"
+               "                     transformer, a Qwen3-VL text encoder (Qwen3-VL-4B text geometry for krea2)\n"
+               "                     and the Qwen-Image VAE, in the layouts diffusers loads; both with the\n"
+               "                     bundled tokenizer and scheduler\n"
                "  --inputs FILE      write random forward inputs instead of a checkpoint\n"
                "  --image-size PX    image side in pixels for --inputs (default 1024; 16 pixels per token side)\n"
                "  --text-tokens T    text tokens for --inputs (default 512)\n"
@@ -114,8 +117,20 @@ static int synth_krea2(const char *preset, const char *out, const char *dir, con
                        int group, uint64_t seed, int grid, int ntxt) {
     krea2_config c;
     if (krea2_preset(preset, &c)) return cli_error("%s", dt_last_error());
-    if (pipeline) return cli_error("synth: --pipeline is FLUX.2 only (Krea 2 presets write the transformer folder)");
     if (inputs) return write_inputs_krea2(&c, inputs, grid, ntxt, seed);
+    if (pipeline) {
+        /* tokenizer and scheduler from the bundled tiny Krea 2 pipeline, beside the bundled FLUX.2 one */
+        char root[4300];
+        const char *m = cli_bundled_model();
+        size_t n = strlen(m);
+        if (n >= 6 && !strcmp(m + n - 6, "/model")) snprintf(root, sizeof root, "%.*s/krea2", (int)(n - 6), m);
+        else snprintf(root, sizeof root, "tests/fixtures/krea2");
+        fprintf(stderr, "ditrun: writing a synthetic %s pipeline (%s) to %s ...\n", preset,
+                bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
+        if (dt_synth_krea2_pipeline(preset, out, bits, group, seed, root)) return cli_error("%s", dt_last_error());
+        fprintf(stderr, "ditrun: done\n");
+        return 0;
+    }
     fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
             bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
     if (krea2_synth_write(&c, dir, bits, group, seed)) return cli_error("%s", dt_last_error());

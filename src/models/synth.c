@@ -18,6 +18,7 @@ static void add(synth_list *l, const char *name, int ndim, const int64_t *shape,
     synth_tensor *t = &l->t[l->n++];
     memset(t, 0, sizeof *t);
     t->name = dt_strdup(name);
+    if (ndim < 1 || ndim > 5) { fprintf(stderr, "ditrun: synth: tensor %s has %d dims (1..5 supported)\n", name, ndim); abort(); }
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     t->quantizable = q;

@@ -12,7 +12,7 @@
 typedef struct {
     char *name;          /* full tensor name (for Linears: NAME.weight; quantized adds .scales/.biases) */
     int ndim;
-    int64_t shape[4];
+    int64_t shape[5];    /* up to 5 dims (3-D conv kernels) */
     int quantizable;     /* a Linear weight [out, in] that may be written quantized */
     float center, amp;   /* values uniform in [center - amp, center + amp] */
 } synth_tensor;

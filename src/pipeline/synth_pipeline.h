@@ -1,4 +1,4 @@
-/* synth_pipeline.h — write a synthetic FLUX.2-klein pipeline folder with random weights. */
+/* synth_pipeline.h — write a synthetic FLUX.2-klein or Krea 2 pipeline folder with random weights. */
 #ifndef DT_SYNTH_PIPELINE_H
 #define DT_SYNTH_PIPELINE_H
 
@@ -8,5 +8,11 @@
  * encoder, group `group`); the VAE is f32. Tokenizer and scheduler config are copied from
  * fixtures_model (the bundled tiny pipeline root). 0 ok, -1 error (dt_last_error). */
 int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed, const char *fixtures_model);
+
+/* Krea 2 (synth_krea2.c). preset: krea2 (the released geometry: Krea 2 transformer, Qwen3-VL-4B text model,
+ * Qwen-Image VAE) or krea2-tiny (tests/fixtures/krea2). bits as above (transformer and text encoder); the VAE
+ * is f32. Tokenizer and scheduler config are copied from krea2_root (the bundled tiny Krea 2 pipeline). */
+int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
+                            const char *krea2_root);
 
 #endif

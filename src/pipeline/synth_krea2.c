@@ -1,0 +1,264 @@
+/* synth_krea2.c — a whole synthetic Krea 2 pipeline folder (random weights at a real geometry):
+ * the Krea 2 transformer (krea2_synth_write), a Qwen3-VL text encoder (Qwen3VLModel layout, text layers
+ * only), the Qwen-Image VAE decoder (AutoencoderKLQwenImage layout: causal 3-D kernels), plus the bundled
+ * tokenizer and Krea 2 scheduler config. Weight files are named as diffusers and transformers name them
+ * (transformer/ and vae/: diffusion_pytorch_model.safetensors; text_encoder/: model.safetensors), so the
+ * reference can load the same folder (its own bf16 after dequantizing any 4/8-bit Linears). */
+#include "synth_pipeline.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "models/krea2.h"
+#include "models/synth.h"
+
+typedef struct {
+    int hidden, layers, heads, kv, hd, inter, vocab, sec[3];
+    const char *vision;          /* vision_config JSON (never run; kept so the reference can build the model) */
+} k2_te_geom;
+
+typedef struct {
+    int base, z, nmult, mult[4], nres;
+    int tdown[3];                /* temperal_downsample */
+} k2_vae_geom;
+
+/* Qwen-Image VAE latents statistics (AutoencoderKLQwenImage defaults, z_dim 16). */
+static const float k2_latents_mean[16] = {-0.7571f, -0.7089f, -0.9113f, 0.1075f, -0.1745f, 0.9653f, -0.1517f, 1.5508f,
+                                          0.4134f,  -0.0715f, 0.5517f,  -0.3632f, -0.1922f, -0.9497f, 0.2503f, -0.2921f};
+static const float k2_latents_std[16] = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
+                                         3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
+
+static int mkdir_p(const char *d) {
+    if (mkdir(d, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", d, strerror(errno)); return -1; }
+    return 0;
+}
+
+static int copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) { dt_set_error("%s: cannot read (%s)", src, strerror(errno)); return -1; }
+    FILE *out = fopen(dst, "wb");
+    if (!out) { fclose(in); dt_set_error("%s: cannot create (%s)", dst, strerror(errno)); return -1; }
+    char buf[65536];
+    size_t n;
+    int rc = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) { rc = -1; dt_set_error("%s: write failed", dst); break; }
+    fclose(in);
+    if (fclose(out)) rc = -1;
+    return rc;
+}
+
+static int write_text_encoder(const char *dir, const k2_te_geom *g, int bits, int group, uint64_t seed) {
+    if (mkdir_p(dir)) return -1;
+    char p[8500], cfg[4096], nm[256], quant[96] = "";
+    if (bits) snprintf(quant, sizeof quant, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"Qwen3VLModel\"],\n  \"model_type\": \"qwen3_vl\",\n  \"tie_word_embeddings\": true,\n"
+             "  \"image_token_id\": 151655,\n  \"video_token_id\": 151656,\n  \"vision_start_token_id\": 151652,\n"
+             "  \"vision_end_token_id\": 151653,\n  \"text_config\": {\n    \"model_type\": \"qwen3_vl_text\",\n"
+             "    \"attention_bias\": false,\n    \"hidden_act\": \"silu\",\n    \"hidden_size\": %d,\n"
+             "    \"num_hidden_layers\": %d,\n    \"num_attention_heads\": %d,\n    \"num_key_value_heads\": %d,\n"
+             "    \"head_dim\": %d,\n    \"intermediate_size\": %d,\n    \"vocab_size\": %d,\n"
+             "    \"max_position_embeddings\": 262144,\n    \"rms_norm_eps\": 1e-06,\n    \"tie_word_embeddings\": true,\n"
+             "    \"rope_theta\": 5000000,\n    \"rope_scaling\": {\"mrope_interleaved\": true, \"mrope_section\": [%d, %d, %d], "
+             "\"rope_type\": \"default\"}\n  },\n  \"vision_config\": %s%s\n}\n",
+             g->hidden, g->layers, g->heads, g->kv, g->hd, g->inter, g->vocab, g->sec[0], g->sec[1], g->sec[2], g->vision,
+             quant);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (synth_write_text(p, cfg)) return -1;
+    synth_list l = {0};
+    int64_t D = g->hidden, hd = g->hd;
+    synth_add_linear(&l, "language_model.embed_tokens", g->vocab, D, 0);
+    l.t[l.n - 1].amp = 1.0f;
+    for (int i = 0; i < g->layers; i++) {
+        snprintf(nm, sizeof nm, "language_model.layers.%d.input_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.post_attention_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.q_proj", i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.k_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.v_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.o_proj", i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.q_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.k_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.mlp.gate_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.mlp.up_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "language_model.layers.%d.mlp.down_proj", i); synth_add_linear(&l, nm, D, g->inter, 0);
+    }
+    synth_add(&l, "language_model.norm.weight", 1, &D, 1.0f, 0.2f);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
+    synth_list_free(&l);
+    return rc;
+}
+
+/* A causal 3-D conv NAME [cout, cin, kt, k, k] (kt = 1 for 1×1×1) or, with kt = 0, a 2-D one [cout, cin, k, k]. */
+static void add_conv(synth_list *l, const char *name, int64_t cout, int64_t cin, int kt, int k) {
+    char nm[400];
+    int64_t s3[5] = {cout, cin, kt, k, k}, s2[4] = {cout, cin, k, k};
+    snprintf(nm, sizeof nm, "%s.weight", name);
+    if (kt) synth_add(l, nm, 5, s3, 0.0f, 1.7320508f / sqrtf((float)(cin * k * k)));
+    else synth_add(l, nm, 4, s2, 0.0f, 1.7320508f / sqrtf((float)(cin * k * k)));
+    snprintf(nm, sizeof nm, "%s.bias", name);
+    synth_add(l, nm, 1, &cout, 0.0f, 0.02f);
+}
+
+/* RMS_norm gamma [c, 1, 1, 1] (resnets, norm_out) or [c, 1, 1] (attention) */
+static void add_gamma(synth_list *l, const char *name, int64_t c, int image) {
+    char nm[400];
+    int64_t s[4] = {c, 1, 1, 1};
+    snprintf(nm, sizeof nm, "%s.gamma", name);
+    synth_add(l, nm, image ? 3 : 4, s, 1.0f, 0.1f);
+}
+
+static void add_resnet(synth_list *l, const char *name, int64_t cin, int64_t cout) {
+    char nm[300];
+    snprintf(nm, sizeof nm, "%s.norm1", name); add_gamma(l, nm, cin, 0);
+    snprintf(nm, sizeof nm, "%s.conv1", name); add_conv(l, nm, cout, cin, 3, 3);
+    snprintf(nm, sizeof nm, "%s.norm2", name); add_gamma(l, nm, cout, 0);
+    snprintf(nm, sizeof nm, "%s.conv2", name); add_conv(l, nm, cout, cout, 3, 3);
+    if (cin != cout) { snprintf(nm, sizeof nm, "%s.conv_shortcut", name); add_conv(l, nm, cout, cin, 1, 1); }
+}
+
+static int write_vae(const char *dir, const k2_vae_geom *g, uint64_t seed) {
+    if (mkdir_p(dir)) return -1;
+    char p[8500], cfg[4096], mult[64] = "", td[64] = "", mean[512] = "", sd[512] = "";
+    for (int i = 0; i < g->nmult; i++) {
+        size_t n = strlen(mult);
+        snprintf(mult + n, sizeof mult - n, "%s%d", i ? ", " : "", g->mult[i]);
+        if (i < g->nmult - 1) {
+            n = strlen(td);
+            snprintf(td + n, sizeof td - n, "%s%s", i ? ", " : "", g->tdown[i] ? "true" : "false");
+        }
+    }
+    for (int i = 0; i < g->z; i++) {   /* the released statistics (z 16), or a spread of them for other z */
+        size_t n = strlen(mean);
+        snprintf(mean + n, sizeof mean - n, "%s%.4f", i ? ", " : "", (double)k2_latents_mean[i % 16]);
+        n = strlen(sd);
+        snprintf(sd + n, sizeof sd - n, "%s%.4f", i ? ", " : "", (double)k2_latents_std[i % 16]);
+    }
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"_class_name\": \"AutoencoderKLQwenImage\",\n  \"attn_scales\": [],\n  \"base_dim\": %d,\n"
+             "  \"dim_mult\": [%s],\n  \"dropout\": 0.0,\n  \"input_channels\": 3,\n  \"latents_mean\": [%s],\n"
+             "  \"latents_std\": [%s],\n  \"num_res_blocks\": %d,\n  \"temperal_downsample\": [%s],\n  \"z_dim\": %d\n}\n",
+             g->base, mult, mean, sd, g->nres, td, g->z);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (synth_write_text(p, cfg)) return -1;
+    /* decoder channels as the reference builds them: base·[mult[-1], mult reversed] */
+    int64_t dims[6];
+    dims[0] = (int64_t)g->base * g->mult[g->nmult - 1];
+    for (int i = 0; i < g->nmult; i++) dims[i + 1] = (int64_t)g->base * g->mult[g->nmult - 1 - i];
+    synth_list l = {0};
+    char nm[300];
+    const int64_t top = dims[0];
+    add_conv(&l, "post_quant_conv", g->z, g->z, 1, 1);
+    add_conv(&l, "decoder.conv_in", top, g->z, 3, 3);
+    add_resnet(&l, "decoder.mid_block.resnets.0", top, top);
+    add_gamma(&l, "decoder.mid_block.attentions.0.norm", top, 1);
+    add_conv(&l, "decoder.mid_block.attentions.0.to_qkv", 3 * top, top, 0, 1);
+    add_conv(&l, "decoder.mid_block.attentions.0.proj", top, top, 0, 1);
+    add_resnet(&l, "decoder.mid_block.resnets.1", top, top);
+    for (int b = 0; b < g->nmult; b++) {
+        int64_t in = b > 0 ? dims[b] / 2 : dims[b], out = dims[b + 1];
+        for (int r = 0; r <= g->nres; r++) {
+            snprintf(nm, sizeof nm, "decoder.up_blocks.%d.resnets.%d", b, r);
+            add_resnet(&l, nm, r == 0 ? in : out, out);
+        }
+        if (b < g->nmult - 1) {
+            snprintf(nm, sizeof nm, "decoder.up_blocks.%d.upsamplers.0.resample.1", b);
+            add_conv(&l, nm, out / 2, out, 0, 3);
+            if (g->tdown[g->nmult - 2 - b]) {   /* upsample3d: the temporal conv (never run on one frame) */
+                snprintf(nm, sizeof nm, "decoder.up_blocks.%d.upsamplers.0.time_conv", b);
+                int64_t s[5] = {2 * out, out, 3, 1, 1}, c2 = 2 * out;
+                char wn[320];
+                snprintf(wn, sizeof wn, "%s.weight", nm);
+                synth_add(&l, wn, 5, s, 0.0f, 0.02f);
+                snprintf(wn, sizeof wn, "%s.bias", nm);
+                synth_add(&l, wn, 1, &c2, 0.0f, 0.02f);
+            }
+        }
+    }
+    add_gamma(&l, "decoder.norm_out", dims[g->nmult], 0);
+    add_conv(&l, "decoder.conv_out", 3, dims[g->nmult], 3, 3);
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
+    int rc = synth_write(&l, p, 0, 64, DT_F32, seed);
+    synth_list_free(&l);
+    return rc;
+}
+
+static const char k2_vision_real[] =
+    "{\"model_type\": \"qwen3_vl\", \"deepstack_visual_indexes\": [5, 11, 17], \"depth\": 24, "
+    "\"hidden_act\": \"gelu_pytorch_tanh\", \"hidden_size\": 1024, \"in_channels\": 3, \"intermediate_size\": 4096, "
+    "\"num_heads\": 16, \"num_position_embeddings\": 2304, \"out_hidden_size\": 2560, \"patch_size\": 16, "
+    "\"spatial_merge_size\": 2, \"temporal_patch_size\": 2}";
+static const char k2_vision_tiny[] =
+    "{\"model_type\": \"qwen3_vl\", \"deepstack_visual_indexes\": [0], \"depth\": 1, \"hidden_act\": \"gelu_pytorch_tanh\", "
+    "\"hidden_size\": 32, \"in_channels\": 3, \"intermediate_size\": 64, \"num_heads\": 2, \"num_position_embeddings\": 64, "
+    "\"out_hidden_size\": 64, \"patch_size\": 16, \"spatial_merge_size\": 2, \"temporal_patch_size\": 2}";
+
+int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
+                            const char *krea2_root) {
+    krea2_config c;
+    if (krea2_preset(preset, &c)) return -1;
+    k2_te_geom te;
+    k2_vae_geom vg;
+    int taps[16], n_taps;
+    if (!strcmp(preset, "krea2")) {
+        /* Qwen/Qwen3-VL-4B-Instruct text_config; the Qwen-Image VAE; Krea2Pipeline's default taps */
+        te = (k2_te_geom){2560, 36, 32, 8, 128, 9728, 151936, {24, 20, 20}, k2_vision_real};
+        vg = (k2_vae_geom){96, 16, 4, {1, 2, 4, 4}, 2, {0, 1, 1}};
+        n_taps = 12;
+        for (int i = 0; i < n_taps; i++) taps[i] = 2 + 3 * i;
+    } else {
+        /* tests/fixtures/krea2 */
+        te = (k2_te_geom){64, 4, 4, 2, 16, 192, 705, {2, 3, 3}, k2_vision_tiny};
+        vg = (k2_vae_geom){16, 4, 3, {1, 2, 2}, 1, {0, 1}};
+        n_taps = 3;
+        taps[0] = 1; taps[1] = 2; taps[2] = 4;
+    }
+    if (c.text_layers != n_taps || c.text_dim != te.hidden || c.in_channels != 4 * vg.z) {
+        dt_set_error("synthetic pipeline: preset '%s' geometry is inconsistent", preset);
+        return -1;
+    }
+    char p[4200], q[4200], idx[1024], tl[128] = "";
+    if (mkdir_p(dir)) return -1;
+    for (int i = 0; i < n_taps; i++) {
+        size_t n = strlen(tl);
+        snprintf(tl + n, sizeof tl - n, "%s%d", i ? ", " : "", taps[i]);
+    }
+    snprintf(idx, sizeof idx,
+             "{\n  \"_class_name\": \"Krea2Pipeline\",\n  \"is_distilled\": false,\n  \"patch_size\": 2,\n"
+             "  \"text_encoder_select_layers\": [%s],\n"
+             "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
+             "  \"text_encoder\": [\"transformers\", \"Qwen3VLModel\"],\n"
+             "  \"tokenizer\": [\"transformers\", \"TokenizersBackend\"],\n"
+             "  \"transformer\": [\"diffusers\", \"Krea2Transformer2DModel\"],\n"
+             "  \"vae\": [\"diffusers\", \"AutoencoderKLQwenImage\"]\n}\n", tl);
+    snprintf(p, sizeof p, "%s/model_index.json", dir);
+    if (synth_write_text(p, idx)) return -1;
+    dt_log(1, "ditrun: synthetic Krea 2 pipeline: transformer ...\n");
+    snprintf(p, sizeof p, "%s/transformer", dir);
+    if (krea2_synth_write(&c, p, bits, group, seed)) return -1;
+    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
+    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
+    dt_log(1, "ditrun: synthetic Krea 2 pipeline: text encoder ...\n");
+    snprintf(p, sizeof p, "%s/text_encoder", dir);
+    if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
+    dt_log(1, "ditrun: synthetic Krea 2 pipeline: VAE ...\n");
+    snprintf(p, sizeof p, "%s/vae", dir);
+    if (write_vae(p, &vg, seed + 2)) return -1;
+    /* tokenizer and scheduler: the bundled Krea 2 ones (the tiny vocabulary's ids are valid in any larger one) */
+    const char *files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
+                              {"scheduler", "scheduler_config.json"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
+        if (mkdir_p(p)) return -1;
+        snprintf(p, sizeof p, "%s/%s/%s", krea2_root, files[i][0], files[i][1]);
+        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
+        if (copy_file(p, q)) return -1;
+    }
+    return 0;
+}
