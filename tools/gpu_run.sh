@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload|krea2gen]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -577,6 +577,35 @@ if only serve || only serveload; then  # ditrun serve (tools/serve_bench.sh): st
         LOAD_SECONDS=0 OUT=$OUT W=$W DITRUN=$B bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
     fi
     cat "$OUT/serve-summary.txt" >> "$OUT/summary.txt"
+fi
+
+if only krea2gen; then  # (not in "all") Krea 2 end to end at 1024^2 on the synthetic real-geometry q4 pipeline (Krea 2 transformer,
+    # Qwen3-VL-4B text model, Qwen-Image VAE): the 28-step CFG schedule and the 8-step distilled one, first image and
+    # warm images from one load (--count), then diffusers' Krea2Pipeline on the same folders in bf16 (tools/
+    # krea2_reference.py; needs DIFFUSERS_SRC = a folder holding a copy of diffusers' src/diffusers)
+    t1=$(date +%s)
+    [ -d "$W/kr2p4" ] || $B synth --preset krea2 --pipeline --bits 4 --group-size 64 --output "$W/kr2p4" > /dev/null 2>&1
+    if [ ! -d "$W/kr2p4d" ]; then   # the distilled twin: the same components, is_distilled true
+        mkdir -p "$W/kr2p4d"
+        for c in tokenizer text_encoder transformer vae scheduler; do ln -s "$W/kr2p4/$c" "$W/kr2p4d/$c"; done
+        sed 's/"is_distilled": false/"is_distilled": true/' "$W/kr2p4/model_index.json" > "$W/kr2p4d/model_index.json"
+    fi
+    log "krea2 synthetic pipeline: $(( $(date +%s) - t1 )) s ($(du -sh "$W/kr2p4" | cut -f1))"
+    P="a red fox standing in fresh snow, golden hour"
+    for m in kr2p4 kr2p4d; do
+        [ $m = kr2p4 ] && what_k2="28 steps, CFG 4.5" || what_k2="8 steps, distilled"
+        log "ditrun generate Krea 2 q4 1024^2, $what_k2"
+        $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/$m.png" --seed 7 --count "${KREA2_COUNT:-3}" 2>&1 \
+            | grep -E "^image|^load|first|warm|peak|error" | tee -a "$OUT/summary.txt"
+    done
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
+        for m in kr2p4 kr2p4d; do
+            timeout 1200 python3 tools/krea2_reference.py --model "$W/$m" --diffusers-src "$DIFFUSERS_SRC" --prompt "$P" \
+                --count "${KREA2_COUNT:-3}" --output "$OUT/ref_$m.png" 2>&1 | grep -E "^reference|Error|error" | tee -a "$OUT/summary.txt"
+        done
+    else
+        log "krea2 reference skipped: DIFFUSERS_SRC does not hold diffusers/"
+    fi
 fi
 
 if [ "${PACK:-0}" = 1 ]; then   # at most 8 files come back from the device: one archive of the logs
