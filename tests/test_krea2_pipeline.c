@@ -465,7 +465,41 @@ static void test_synth(dt_backend *be, k2_case *k, int bits) {
     if (system(cmd)) printf("# could not remove %s\n", dir);
 }
 
+/* A copy of the fixture's text encoder config with one edit (symlinked weights): the load must fail naming it. */
+static void te_config_error(dt_backend *be, k2_case *k, const char *from, const char *to, const char *want, const char *what) {
+    char dir[256], p[700], q[700];
+    snprintf(dir, sizeof dir, "/tmp/ditrun-k2te-%d", (int)getpid());
+    snprintf(p, sizeof p, "rm -rf %s && mkdir -p %s", dir, dir);
+    if (system(p)) { T_FAIL(what, "cannot create %s", dir); return; }
+    snprintf(p, sizeof p, "%s/text_encoder/model.safetensors", k->root);
+    char *abs = realpath(p, NULL);
+    snprintf(q, sizeof q, "%s/model.safetensors", dir);
+    int ok = abs && symlink(abs, q) == 0;
+    free(abs);
+    snprintf(p, sizeof p, "%s/text_encoder/config.json", k->root);
+    FILE *in = fopen(p, "rb");
+    char buf[8192];
+    size_t n = in ? fread(buf, 1, sizeof buf - 1, in) : 0;
+    if (in) fclose(in);
+    buf[n] = 0;
+    char *at = strstr(buf, from);
+    snprintf(q, sizeof q, "%s/config.json", dir);
+    FILE *out = ok && at ? fopen(q, "wb") : NULL;
+    if (!out) { T_FAIL(what, "cannot prepare the edited config"); return; }
+    fprintf(out, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+    fclose(out);
+    dt_qwen3 *m = dt_qwen3_load(be, dir, 0);
+    T_CHECK(what, !m && strstr(dt_last_error(), want), "%s", m ? "loaded" : dt_last_error());
+    dt_qwen3_free(m);
+    snprintf(p, sizeof p, "rm -rf %s", dir);
+    if (system(p)) printf("# could not remove %s\n", dir);
+}
+
 static void test_errors(dt_backend *be, k2_case *k) {
+    te_config_error(be, k, "\"attention_bias\": false", "\"attention_bias\": true", "attention_bias",
+                    "error: Qwen3-VL config with attention_bias");
+    te_config_error(be, k, "\"mrope_section\": [\n        2,", "\"mrope_section\": [\n        9,", "mrope_section",
+                    "error: mrope_section wider than head_dim/2");
     dt_pipeline_opts o;
     dt_pipeline_opts_default(&o);
     o.model = k->root;

@@ -114,10 +114,13 @@ static int describe(const char *label, const char *path) {
         }
     } else if (cfg) {
         const char *keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                              "intermediate_size", "vocab_size", "latent_channels", "num_layers", "attention_head_dim"};
+                              "intermediate_size", "vocab_size", "latent_channels", "num_layers", "attention_head_dim",
+                              "base_dim", "z_dim", "num_text_layers", "text_hidden_dim"};
+        /* Qwen3-VL text encoders keep the text model's geometry under text_config */
+        const json *tc = json_get(cfg, "text_config"), *gc = tc && tc->type == JSON_OBJECT ? tc : cfg;
         int any = 0;
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-            const json *v = json_get(cfg, keys[k]);
+            const json *v = json_get(gc, keys[k]);
             if (v && v->type == JSON_NUMBER) { printf("%s%s=%g", any ? ", " : "  config       ", keys[k], v->number); any = 1; }
         }
         if (any) printf("\n");
