@@ -127,9 +127,7 @@ static int synth_krea2(const char *preset, const char *out, const char *dir, con
         else snprintf(root, sizeof root, "tests/fixtures/krea2");
         fprintf(stderr, "ditrun: writing a synthetic %s pipeline (%s) to %s ...\n", preset,
                 bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
-        if (dt_synth_krea2_pipeline(preset, out, bits, group, seed, root)) return cli_error("%s", dt_last_error());
-        fprintf(stderr, "ditrun: done\n");
-        return 0;
+        return dt_synth_krea2_pipeline(preset, dir, bits, group, seed, root) ? cli_error("%s", dt_last_error()) : 0;
     }
     fprintf(stderr, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", preset,
             bits ? (bits == 4 ? "q4" : "q8") : "bf16", out);
