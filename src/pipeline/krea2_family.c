@@ -243,9 +243,10 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     if (ensure_te(p)) goto done;
     tm->t_load += dt_now() - t0;
     t0 = dt_now();
-    dt_log(1, "ditrun: encoding the prompt (%d tokens, taps", g->max_seq_len);
-    for (int i = 0; i < k->n_taps; i++) dt_log(1, "%s%d", i ? "," : " ", k->taps[i]);
-    dt_log(1, ")%s\n", cfg ? " and the negative prompt" : "");
+    const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
+    dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", g->max_seq_len);
+    for (int i = 0; i < k->n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", k->taps[i]);
+    dt_log(lv, ")%s\n", cfg ? " and the negative prompt" : "");
     int T = 0, Tn = 0;
     if (dt_krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &pos, &pmask, &T)) goto done;
     dt_gen_observe(obs, ud, "prompt_embeds", pos, 4, 1, T, k->n_taps, k->tcfg.hidden);
