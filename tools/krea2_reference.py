@@ -131,6 +131,11 @@ def main():
     r = te.load_state_dict(load_state(os.path.join(root, "text_encoder"), torch, dev, dt), strict=False)
     if any(not k.startswith("visual.") for k in r.missing_keys):
         sys.exit(f"reference: error: text encoder weights missing: {r.missing_keys[:5]}")
+    # as from_pretrained(torch_dtype=bf16) does: the model's _keep_in_fp32_modules (its norms) stay float32
+    keep = set(getattr(transformer, "_keep_in_fp32_modules", None) or [])
+    for name, prm in transformer.named_parameters():
+        if keep & set(name.split(".")):
+            prm.data = prm.data.float()
     transformer.eval()
     vae.eval()
     te.eval()
