@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backends/backend.h"
+#include "backends/backend_cuda.h"
 #include "io/safetensors.h"
 #include "models/flux2.h"
 #include "test.h"
@@ -118,7 +118,7 @@ static float *fixture_forward(dt_backend *be, const char *model_dir, fixture_inp
 }
 
 /* --precision fp8: the Linears fed by a norm or SwiGLU through norm_linear / act_linear_gated (flux2_config's
- * fuse_inputs, the default) against the separate ops (DITRUN_FP8_FUSE=0). CPU: its fused ops are the separate
+ * fuse_inputs, the default) against the separate ops (opts.fp8_unfused). CPU: its fused ops are the separate
  * ops, so the two forwards agree bit for bit (a wrong modulation chunk or column view in the model's fused calls
  * fails). CUDA: the gate folded into the fp8 GEMM rounds each residual update once instead of three times, so
  * within tol. Both: the fp8 forward is FLUX2_CPU_TOL..0.3 from the reference (the fp8 path ran: the f32 CPU forward
@@ -134,10 +134,10 @@ static void fp8_fused_inputs(dt_backend *be, const char *tag, double tol) {
     int n1 = 0, n2 = 0;
     snprintf(name, sizeof name, "%s fp8 forward, fused inputs", tag);
     float *fused = fixture_forward(be, model, &fi, name, &n1);
-    setenv("DITRUN_FP8_FUSE", "0", 1);
+    be->opts.fp8_unfused = 1;
     snprintf(name, sizeof name, "%s fp8 forward, separate ops", tag);
     float *sep = fixture_forward(be, model, &fi, name, &n2);
-    unsetenv("DITRUN_FP8_FUSE");
+    be->opts.fp8_unfused = 0;
     be->opts.precision = saved;
     if (fused && sep && n1 == n2) {
         snprintf(name, sizeof name, "%s fp8 forward: fused inputs vs separate ops", tag);
@@ -242,15 +242,14 @@ static void cuda_two_queues(void) {
     float *res[2] = {NULL, NULL};
     size_t n = 0;
     for (int serial = 0; serial < 2; serial++) {
-        /* the single blocks' projection split and overlapped where two queues exist (the same GEMM shapes in both) */
-        if (serial) setenv("DITRUN_CUDA_STREAMS", "0", 1);
-        setenv("DITRUN_SB_OVERLAP", "1", 1);
+        dt_cuda_opts co;
+        dt_cuda_opts_from_env(&co);
+        co.serial = serial;   /* stream_switch ignored: one queue */
         dt_backend_opts o = {0};
         o.rope_fp32 = 1;
+        o.cuda = &co;
         dt_backend *be = dt_backend_cuda_create(&o);
-        unsetenv("DITRUN_CUDA_STREAMS");
         flux2_model *m = be ? flux2_load(be, model) : NULL;
-        unsetenv("DITRUN_SB_OVERLAP");
         if (!m) { T_FAIL("cuda two queues", "%s", dt_last_error()); if (be) be->destroy(be); break; }
         n = (size_t)fi.n * flux2_get_config(m)->out_channels;
         res[serial] = dt_malloc(sizeof(float) * n);
@@ -276,16 +275,18 @@ static void cuda_two_queues(void) {
 }
 
 /* --attn-precision fp8 on CUDA: accepted with cuDNN >= 9.19, refused with an older one (9.14's fp8 SDPA is
- * intermittently wrong: NOTES.md) with the reason in the error, accepted with DITRUN_FP8_ATTN_UNSAFE=1. */
+ * intermittently wrong: NOTES.md) with the reason in the error, accepted with the fp8_attn_unsafe option. */
 static void cuda_fp8_attention_off(void) {
     char model[512];
     snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
     for (int unsafe = 0; unsafe < 2; unsafe++) {
-        if (unsafe) setenv("DITRUN_FP8_ATTN_UNSAFE", "1", 1);
+        dt_cuda_opts co;
+        dt_cuda_opts_from_env(&co);
+        co.fp8_attn_unsafe = unsafe;
         dt_backend_opts o = {0};
         o.attn_precision = DT_PREC_FP8;
+        o.cuda = &co;
         dt_backend *be = dt_backend_cuda_create(&o);
-        unsetenv("DITRUN_FP8_ATTN_UNSAFE");
         if (!be) { T_FAIL("cuda fp8 attention off", "%s", dt_last_error()); return; }
         flux2_model *m = flux2_load(be, model);
         int ver = dt_backend_cuda_cudnn_info(be, NULL);
@@ -296,7 +297,7 @@ static void cuda_fp8_attention_off(void) {
                     strstr(dt_last_error(), "intermittently wrong") && strstr(dt_last_error(), "DITRUN_CUDNN_LIB"), "%s",
                     m ? "loaded" : dt_last_error());
         else
-            T_CHECK("cuda --attn-precision fp8 accepted with DITRUN_FP8_ATTN_UNSAFE=1", m != NULL, "%s", dt_last_error());
+            T_CHECK("cuda --attn-precision fp8 accepted with the fp8_attn_unsafe option", m != NULL, "%s", dt_last_error());
         if (m) flux2_free(m);
         be->destroy(be);
     }
@@ -446,10 +447,6 @@ int main(void) {
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
     acts_sharing(cpu);
     fixtures_on(cpu, FLUX2_CPU_TOL, "cpu");
-    /* the single blocks' projection as two Linears on row views of the tensor (dense and 4/8-bit rows) */
-    setenv("DITRUN_SB_OVERLAP", "1", 1);
-    fixtures_on(cpu, FLUX2_CPU_TOL, "cpu split projection");
-    unsetenv("DITRUN_SB_OVERLAP");
     resident_text(cpu, "cpu", 0);
     fp8_fused_inputs(cpu, "cpu", 0);
     cpu->destroy(cpu);
@@ -461,9 +458,6 @@ int main(void) {
         if (!cuda) T_FAIL("cuda backend", "%s", dt_last_error());
         else {
             fixtures_on(cuda, FLUX2_GPU_TOL, "cuda");
-            setenv("DITRUN_SB_OVERLAP", "1", 1);   /* split projection, attention beside the MLP half */
-            fixtures_on(cuda, FLUX2_GPU_TOL, "cuda split projection + overlap");
-            unsetenv("DITRUN_SB_OVERLAP");
             resident_text(cuda, "cuda", 0);
             resident_text(cuda, "cuda", 1);
             fp8_fused_inputs(cuda, "cuda", FP8_FUSE_TOL);

@@ -9,6 +9,7 @@
 
 #include "backends/backend.h"
 #include "core/fp8.h"
+#include "quant/dequant.h"
 #include "test.h"
 
 /* Tolerances.

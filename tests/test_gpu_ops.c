@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <time.h>
 
-#include "backends/backend.h"
+#include "backends/backend_cuda.h"
 #include "test.h"
 
 /* Tolerances (relative L2 against the f32 CPU backend).
@@ -69,6 +69,7 @@ static float *rand_bf(size_t n, float lo, float hi) {   /* random values represe
 }
 
 static dt_backend *G, *C;   /* GPU, CPU */
+static dt_cuda_opts *CO;     /* G's live options: a test pins a variant around its calls and restores it */
 
 static dt_mat up(dt_backend *be, const float *h, int64_t rows, int64_t cols, dt_dtype t) {
     dt_mat m = dt_alloc_or_die(be, rows, cols, t);
@@ -185,14 +186,15 @@ static wsrc make_weights(int64_t N, int64_t K, int bits, int group, int with_bia
 }
 static void free_weights(wsrc *w) { free(w->wbf); free(w->packed); free(w->scales); free(w->biases); free(w->bias); }
 
-/* A Linear of w created under quantized path qp, with the knob env=val set during the creation (env NULL: none);
- * the backend's qpath option is restored. */
-static dt_linear *linear_as(const wsrc *w, dt_qpath qp, const char *env, const char *val) {
+/* A Linear of w created under quantized path qp (f32_math: the mixed GEMM's f32 dequantization even for
+ * bf16-exact scales); the backend's options are restored. */
+static dt_linear *linear_as(const wsrc *w, dt_qpath qp, int f32_math) {
     dt_qpath saved = G->opts.qpath;
+    int saved_math = CO->qgemm_f32_math;
     G->opts.qpath = qp;
-    if (env) setenv(env, val, 1);
+    CO->qgemm_f32_math = f32_math;
     dt_linear *l = G->linear_create(G, &w->src);
-    if (env) unsetenv(env);
+    CO->qgemm_f32_math = saved_math;
     G->opts.qpath = saved;
     return l;
 }
@@ -281,14 +283,11 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
     int64_t ns;
     float *ref8 = cpu_linear_subset(hx, M, K, &s8, &ns);
     float *refb = cpu_linear_subset(hx, M, K, &w.src, &ns);
-    char env0[64] = "", env1[64] = "";   /* knobs given to the whole run are restored after each mode */
-    if (getenv("DITRUN_FP8_SCALES")) snprintf(env0, sizeof env0, "%s", getenv("DITRUN_FP8_SCALES"));
-    if (getenv("DITRUN_FP8_FAST_ACCUM")) snprintf(env1, sizeof env1, "%s", getenv("DITRUN_FP8_FAST_ACCUM"));
     /* modes: 0 default (outer-vector scales, fast accumulation), 1 accurate accumulation, 2 epilogue scales
      * (accurate) */
     for (int mode = 0; mode < 3; mode++) {
-        if (mode == 2) setenv("DITRUN_FP8_SCALES", "epilogue", 1);
-        if (mode >= 1) setenv("DITRUN_FP8_FAST_ACCUM", "0", 1);
+        CO->fp8_epilogue_scales = mode == 2;
+        CO->fp8_accurate_accum = mode >= 1;
         poison(G, y);
         G->linear(G, y, x, g8);
         float *got = gpu_subset(y);
@@ -305,10 +304,7 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
             time_linear(name, y, x, g8, M, N, K);
         }
         free(got);
-        if (env0[0]) setenv("DITRUN_FP8_SCALES", env0, 1);
-        else unsetenv("DITRUN_FP8_SCALES");
-        if (env1[0]) setenv("DITRUN_FP8_FAST_ACCUM", env1, 1);
-        else unsetenv("DITRUN_FP8_FAST_ACCUM");
+        CO->fp8_epilogue_scales = CO->fp8_accurate_accum = 0;
     }
     if (timeit) {
         snprintf(name, sizeof name, "bf16 M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);
@@ -400,9 +396,9 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
     dt_mat ys = dt_alloc_or_die(G, M, N2, DT_BF16);
     G->act_linear_gated(G, x1, c1, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
     dt_act_linear_gated_composed(G, x2, c2, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
-    setenv("DITRUN_FP8_FUSE", "0", 1);
+    G->opts.fp8_unfused = 1;
     G->act_linear_gated(G, x3, c3, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
-    unsetenv("DITRUN_FP8_FUSE");
+    G->opts.fp8_unfused = 0;
     float *q1 = down(G, x1), *q2 = down(G, x2), *q3 = down(G, x3);
     md = max_abs_diff(q1, q2, (size_t)M * N2, &at);
     snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld: fused == act_mul + linear_gated_add "
@@ -431,13 +427,13 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
         t_check_rel_l2(name, got, ref, (size_t)ns * N2, TOL_FP8_GATE);
         free(hcc); free(ref); free(got);
     }
-    if (timeit) {   /* fused vs DITRUN_FP8_FUSE=0, interleaved */
+    if (timeit) {   /* fused vs opts.fp8_unfused, interleaved */
         void *e0 = G->event_create(G), *e1 = G->event_create(G);
         double t[2][2][15];
         for (int i = 0; i < 18; i++) {
             for (int v = 0; v < 2; v++) {
                 int var = (i + v) % 2;   /* rotated order */
-                if (var) setenv("DITRUN_FP8_FUSE", "0", 1);
+                G->opts.fp8_unfused = var;
                 G->event_record(G, e0);
                 G->norm_linear(G, y1, x, sh, sc, eps, g1, a1);
                 G->event_record(G, e1);
@@ -446,7 +442,7 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
                 G->act_linear_gated(G, x1, c1, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
                 G->event_record(G, e1);
                 float t1 = G->event_elapsed_ms(G, e0, e1);
-                if (var) unsetenv("DITRUN_FP8_FUSE");
+                G->opts.fp8_unfused = 0;
                 if (i >= 3) { t[var][0][i - 3] = t0; t[var][1][i - 3] = t1; }
             }
         }
@@ -512,20 +508,22 @@ static const char *qpath_name(dt_qpath p) {
 /* One quantized shape: CACHED (dequantized at create), FUSED and TRANSIENT (same packed linear, path switched at
  * call time) and MIXED (re-laid at create for the sm_90a mixed-input GEMM; where the device or geometry cannot use
  * it the Linear keeps the packed layout and auto's path), each against the CPU, and the paths against each other. */
-/* GEMM algorithm tuning persists: a backend that tuned a Linear's shape writes the choice to DITRUN_GEMM_CACHE,
+/* GEMM algorithm tuning persists: a backend that tuned a Linear's shape writes the choice to its gemm_cache file,
  * a second backend reads it back (same algorithm: the same output bits). */
 static void test_gemm_tune_cache(void) {
     char path[64];
     snprintf(path, sizeof path, "/tmp/ditrun-gemm-algos-%d.txt", (int)getpid());
     unlink(path);
-    setenv("DITRUN_GEMM_CACHE", path, 1);
-    unsetenv("DITRUN_GEMM_TUNE");
+    dt_cuda_opts co = *CO;
+    co.gemm_tune = 1;
+    snprintf(co.gemm_cache, sizeof co.gemm_cache, "%s", path);
     const int64_t M = 2048, K = 1024, N = 2048;   /* 8.6 GFLOP, 2048 tokens: tuned */
     wsrc w = make_weights(N, K, 0, 0, 0);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f), *out[2] = {NULL, NULL};
     for (int b = 0; b < 2; b++) {
         dt_backend_opts o = {0};
         o.rope_fp32 = 1;
+        o.cuda = &co;
         dt_backend *be = dt_backend_cuda_create(&o);
         if (!be) { T_FAIL("gemm tuning cache", "backend: %s", dt_last_error()); break; }
         dt_linear *l = be->linear_create(be, &w.src);
@@ -541,13 +539,12 @@ static void test_gemm_tune_cache(void) {
             int found = 0;
             while (f && fgets(line, sizeof line, f)) found |= strstr(line, " 2048 2048 1024 ") != NULL;
             if (f) fclose(f);
-            T_CHECK("gemm tuning: the tuned choice is written to DITRUN_GEMM_CACHE", found, "no line for m=n=2048 k=1024 in %s", path);
+            T_CHECK("gemm tuning: the tuned choice is written to the gemm_cache file", found, "no line for m=n=2048 k=1024 in %s", path);
         }
     }
     if (out[0] && out[1]) t_check_rel_l2("gemm tuning: a second backend reuses the persisted choice (same output)", out[1], out[0], (size_t)(M * N), 0.0);
     free(out[0]); free(out[1]); free(hx);
     free_weights(&w);
-    unsetenv("DITRUN_GEMM_CACHE");
     unlink(path);
 }
 
@@ -601,15 +598,14 @@ static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gat
 
 static void test_linear_quant(int64_t M, int64_t K, int64_t N, int bits, int group, int with_bias, int timeit) {
     char base[160], name[200];
-    const char *math = getenv("DITRUN_QGEMM_MATH"), *epi = getenv("DITRUN_QGEMM_EPI"), *kern = getenv("DITRUN_QGEMM_KERNEL");
-    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s%s%s%s", bits, group, (long long)M, (long long)K,
-             (long long)N, with_bias ? " +bias" : "", math ? " (mixed math f32)" : "", epi ? " (mixed epilogue direct)" : "",
-             kern ? " (mixed kernel ss)" : "");
+    snprintf(base, sizeof base, "linear q%d g%d M=%lld K=%lld N=%lld%s%s%s", bits, group, (long long)M, (long long)K,
+             (long long)N, with_bias ? " +bias" : "", CO->qgemm_f32_math ? " (mixed math f32)" : "",
+             CO->qgemm_direct_epilogue ? " (mixed epilogue direct)" : "");
     wsrc w = make_weights(N, K, bits, group, with_bias);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
     dt_qpath saved = G->opts.qpath;
-    dt_linear *gc = linear_as(&w, DT_QPATH_CACHED, NULL, NULL), *gp = linear_as(&w, DT_QPATH_FUSED, NULL, NULL);
-    dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL);
+    dt_linear *gc = linear_as(&w, DT_QPATH_CACHED, 0), *gp = linear_as(&w, DT_QPATH_FUSED, 0);
+    dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, 0);
     if (!gc || !gp || !gm) { T_FAIL(base, "linear_create: %s", dt_last_error()); return; }
     dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
     int64_t ns;
@@ -650,7 +646,7 @@ static void test_linear_mixed_f32out(int64_t M, int64_t K, int64_t N) {
     snprintf(name, sizeof name, "linear q4 g64 M=%lld K=%lld N=%lld +bias f32 out", (long long)M, (long long)K, (long long)N);
     wsrc w = make_weights(N, K, 4, 64, 1);
     float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
-    dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL), *gc = linear_as(&w, DT_QPATH_CACHED, NULL, NULL);
+    dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, 0), *gc = linear_as(&w, DT_QPATH_CACHED, 0);
     if (!gm || !gc) { T_FAIL(name, "linear_create: %s", dt_last_error()); return; }
     dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_F32);
     int64_t ns;
@@ -673,9 +669,9 @@ static void test_linear_mixed_f32out(int64_t M, int64_t K, int64_t N) {
     free_weights(&w);
 }
 
-/* Timing study of the mixed-input GEMM (run with DITRUN_GPU_ONLY=qgemm only): token tiles 128 / 192, and the
- * FAKE variant that skips the dequantization math (how much of the time the dequantization costs), against
- * the transient path and dense bf16 on the same shapes; correctness of each against the transient output. */
+/* Timing study of the mixed-input GEMM (run with DITRUN_GPU_ONLY=qgemm only): bf16x2 vs f32 dequantization and the
+ * staged vs direct epilogue, against the transient path on the same shapes; correctness of each against the
+ * transient output. */
 static void study_qgemm(void) {
     const int64_t shapes[][3] = {{4608, 3072, 27648}, {4608, 12288, 3072}, {4096, 3072, 18432}, {4608, 3072, 9216}};
     for (int si = 0; si < 4; si++) {
@@ -683,7 +679,7 @@ static void study_qgemm(void) {
         wsrc w = make_weights(N, K, 4, 64, 0);
         float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
         dt_qpath saved = G->opts.qpath;
-        dt_linear *gt = linear_as(&w, DT_QPATH_TRANSIENT, NULL, NULL), *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL);
+        dt_linear *gt = linear_as(&w, DT_QPATH_TRANSIENT, 0), *gm = linear_as(&w, DT_QPATH_MIXED, 0);
         G->opts.qpath = DT_QPATH_TRANSIENT;
         dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
         char name[160];
@@ -691,34 +687,23 @@ static void study_qgemm(void) {
         float *ref = down(G, y);
         snprintf(name, sizeof name, "study transient %lldx%lldx%lld", (long long)M, (long long)K, (long long)N);
         time_linear(name, y, x, gt, M, N, K);
-        /* variants: kernel (RS default, SS), token tile, dequantization math (both chosen at create: own Linears),
-         * and the no-math FAKE */
-        dt_linear *gf = linear_as(&w, DT_QPATH_MIXED, "DITRUN_QGEMM_MATH", "f32");
-        dt_linear *gr = linear_as(&w, DT_QPATH_MIXED, "DITRUN_QGEMM_KERNEL", "ss");
-        struct { const char *nm, *nt, *fake, *epi; dt_linear *l; } v[] = {
-            {"rs bf16", NULL, NULL, NULL, gm}, {"rs bf16 direct-epilogue", NULL, NULL, "direct", gm},
-            {"rs bf16 nt128", "128", NULL, NULL, gm}, {"rs f32", NULL, NULL, NULL, gf},
-            {"rs fake", NULL, "1", NULL, gm}, {"ss bf16", NULL, NULL, NULL, gr}};
-        for (int vi = 0; vi < 6; vi++) {
-            if (v[vi].epi) setenv("DITRUN_QGEMM_EPI", v[vi].epi, 1); else unsetenv("DITRUN_QGEMM_EPI");
-            if (v[vi].nt) setenv("DITRUN_QGEMM_NT", v[vi].nt, 1); else unsetenv("DITRUN_QGEMM_NT");
-            if (v[vi].fake) setenv("DITRUN_QGEMM_FAKE", v[vi].fake, 1); else unsetenv("DITRUN_QGEMM_FAKE");
+        /* variants: dequantization math (chosen at create: a Linear of its own) and the epilogue (per call) */
+        dt_linear *gf = linear_as(&w, DT_QPATH_MIXED, 1);
+        struct { const char *nm; int direct; dt_linear *l; } v[] = {
+            {"bf16", 0, gm}, {"bf16 direct-epilogue", 1, gm}, {"f32", 0, gf}};
+        for (int vi = 0; vi < 3; vi++) {
+            CO->qgemm_direct_epilogue = v[vi].direct;
             dt_linear *lw = v[vi].l;
             snprintf(name, sizeof name, "study mixed %s %lldx%lldx%lld", v[vi].nm, (long long)M, (long long)K, (long long)N);
             poison(G, y);
             G->linear(G, y, x, lw);
-            if (!v[vi].fake) {
-                float *o = down(G, y);
-                t_check_rel_l2(name, o, ref, (size_t)(M * N), TOL_QPATH);
-                free(o);
-            }
+            float *o = down(G, y);
+            t_check_rel_l2(name, o, ref, (size_t)(M * N), TOL_QPATH);
+            free(o);
             time_linear(name, y, x, lw, M, N, K);
         }
-        unsetenv("DITRUN_QGEMM_EPI");
+        CO->qgemm_direct_epilogue = 0;
         G->linear_destroy(G, gf);
-        G->linear_destroy(G, gr);
-        unsetenv("DITRUN_QGEMM_NT");
-        unsetenv("DITRUN_QGEMM_FAKE");
         G->opts.qpath = saved;
         free(ref); free(hx);
         G->free(G, &x); G->free(G, &y);
@@ -864,21 +849,19 @@ static void study_qk_context(void) {
  * 700 W power cap during a forward (SM clock ~1550 MHz instead of 1980), so burst timings flatter the kernels
  * that spend the most energy per FLOP. After a 300 ms heater, rounds run every arm 5 times in turn (events
  * around each arm); the median over the rounds per arm. Arms: cuBLASLt on cached bf16 weights, the transient
- * path (dequantize + cuBLASLt), the mixed GEMM (bf16 math), its no-math skeleton, and the SS kernel's. */
+ * path (dequantize + cuBLASLt), the mixed GEMM (bf16 math). */
 static void study_qgemm_cap(void) {
     const int64_t shapes[][3] = {{4608, 3072, 27648}, {4608, 12288, 3072}};
     for (int si = 0; si < 2; si++) {
         int64_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
         wsrc w = make_weights(N, K, 4, 64, 0);
         float *hx = rand_bf((size_t)M * K, -1.f, 1.f);
-        dt_linear *gc = linear_as(&w, DT_QPATH_CACHED, NULL, NULL), *gt = linear_as(&w, DT_QPATH_TRANSIENT, NULL, NULL);
-        dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, NULL, NULL);
-        dt_linear *gs = linear_as(&w, DT_QPATH_MIXED, "DITRUN_QGEMM_KERNEL", "ss");
+        dt_linear *gc = linear_as(&w, DT_QPATH_CACHED, 0), *gt = linear_as(&w, DT_QPATH_TRANSIENT, 0);
+        dt_linear *gm = linear_as(&w, DT_QPATH_MIXED, 0);
         dt_mat x = upa(G, hx, M, K), y = dt_alloc_or_die(G, M, N, DT_BF16);
-        struct { const char *nm; dt_linear *l; int fake; } arm[] = {
-            {"cuBLASLt cached bf16", gc, 0}, {"transient (dequant + cuBLASLt)", gt, 0}, {"mixed rs bf16", gm, 0},
-            {"mixed rs no-math skeleton", gm, 1}, {"mixed ss no-math skeleton", gs, 1}};
-        enum { NA = 5, ROUNDS = 9, PER = 5 };
+        struct { const char *nm; dt_linear *l; } arm[] = {
+            {"cuBLASLt cached bf16", gc}, {"transient (dequant + cuBLASLt)", gt}, {"mixed bf16", gm}};
+        enum { NA = 3, ROUNDS = 9, PER = 5 };
         double t[NA][ROUNDS];
         void *ev[NA + 1];
         for (int i = 0; i <= NA; i++) ev[i] = G->event_create(G);
@@ -887,13 +870,11 @@ static void study_qgemm_cap(void) {
         for (int r = 0; r < ROUNDS; r++) {
             G->event_record(G, ev[0]);
             for (int a = 0; a < NA; a++) {
-                if (arm[a].fake) setenv("DITRUN_QGEMM_FAKE", "1", 1); else unsetenv("DITRUN_QGEMM_FAKE");
                 for (int k = 0; k < PER; k++) G->linear(G, y, x, arm[a].l);
                 G->event_record(G, ev[a + 1]);
             }
             for (int a = 0; a < NA; a++) t[a][r] = G->event_elapsed_ms(G, ev[a], ev[a + 1]) / PER;
         }
-        unsetenv("DITRUN_QGEMM_FAKE");
         for (int a = 0; a < NA; a++) {
             double ms = median(t[a], ROUNDS);
             printf("TIME sustained %lldx%lldx%lld %-32s %8.4f ms  %6.1f TFLOPS\n", (long long)M, (long long)K,
@@ -901,14 +882,15 @@ static void study_qgemm_cap(void) {
         }
         for (int i = 0; i <= NA; i++) G->event_destroy(G, ev[i]);
         G->free(G, &x); G->free(G, &y);
-        G->linear_destroy(G, gc); G->linear_destroy(G, gt); G->linear_destroy(G, gm); G->linear_destroy(G, gs);
+        G->linear_destroy(G, gc); G->linear_destroy(G, gt); G->linear_destroy(G, gm);
         free(hx);
         free_weights(&w);
     }
 }
 
 /* A/B of the elementwise kernels at klein-4B shapes (run with DITRUN_GPU_ONLY=ewab only): SwiGLU through the
- * 16-byte-chunk kernel vs the generic elementwise kernel, on the model's strided views (a, b: column halves of the
+ * 16-byte-chunk kernel vs the generic elementwise kernel (the same views shifted by one element, so not 16-byte
+ * aligned: what makes act_mul take the generic kernel), on the model's strided views (a, b: column halves of the
  * [L, 3D+2F] projection; y: the second part of [L, D+F]), and layernorm_mod with f32 and bf16 input for
  * reference. Rounds interleave the arms; medians of 15 rounds x 5 runs. */
 static void study_ew_ab(void) {
@@ -918,6 +900,8 @@ static void study_ew_ab(void) {
     dt_mat sh = upa(G, h, 1, D), sc = upa(G, h + D, 1, D);
     dt_mat p = dt_alloc_or_die(G, L, P, DT_BF16), c = dt_alloc_or_die(G, L, D + F, DT_BF16);
     dt_mat ga = dt_mat_cols(p, 3 * D, F), gb = dt_mat_cols(p, 3 * D + F, F), gy = dt_mat_cols(c, D, F);
+    dt_mat ga1 = dt_mat_cols(p, 3 * D + 1, F - 1), gb1 = dt_mat_cols(p, 3 * D + F + 1, F - 1),
+           gy1 = dt_mat_cols(c, D + 1, F - 1);   /* not 16-byte aligned: the generic kernel */
     for (int64_t r0 = 0; r0 < L; r0 += 512) {   /* fill p with copies of random rows */
         int64_t n = L - r0 < 512 ? L - r0 : 512;
         for (int64_t k = 0; k + D <= P; k += D) G->copy(G, dt_mat_rows(dt_mat_cols(p, k, D), r0, n), dt_mat_rows(dt_mat_cols(s, 0, D), r0, n));
@@ -932,16 +916,15 @@ static void study_ew_ab(void) {
     for (int r = -1; r < ROUNDS; r++) {
         G->event_record(G, ev[0]);
         for (int k = 0; k < NA; k++) {
-            if (k < 2) setenv("DITRUN_CUDA_ACT16", k == 0 ? "0" : "1", 1);
             for (int i = 0; i < PER; i++) {
-                if (k < 2) G->act_mul(G, gy, ga, gb, DT_ACT_SILU);
+                if (k == 0) G->act_mul(G, gy1, ga1, gb1, DT_ACT_SILU);
+                else if (k == 1) G->act_mul(G, gy, ga, gb, DT_ACT_SILU);
                 else G->layernorm_mod(G, a, k == 2 ? s : sb, sh, sc, 1e-6f);
             }
             G->event_record(G, ev[k + 1]);
         }
         if (r >= 0) for (int k = 0; k < NA; k++) t[k][r] = G->event_elapsed_ms(G, ev[k], ev[k + 1]) / PER;
     }
-    unsetenv("DITRUN_CUDA_ACT16");
     const double bytes[NA] = {6.0 * L * F, 6.0 * L * F, 6.0 * L * D, 4.0 * L * D};
     for (int k = 0; k < NA; k++) {
         double ms = median(t[k], ROUNDS);
@@ -1102,26 +1085,26 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
     }
     dt_mat o = dt_alloc_or_die(G, L, D, DT_BF16);
     float scale = 1.f / sqrtf((float)hd);
-    const char *fa[2] = {"cudnn", "own"};
+    const dt_cuda_attn fa[2] = {DT_CUDA_ATTN_CUDNN, DT_CUDA_ATTN_OWN};
     void *e0 = G->event_create(G), *e1 = G->event_create(G);
     double t[2][25];
     long long c0 = 0, c1 = 0;
     dt_backend_cuda_cudnn_info(G, &c0);
-    setenv("DITRUN_CUDA_FA", "cudnn", 1);   /* the first call at a new key builds the plan: host cost */
+    CO->attn = DT_CUDA_ATTN_CUDNN;   /* the first call at a new key builds the plan: host cost */
     double tf = dt_now();
     G->attention(G, o, q, k, v, heads, hkv, hd, scale, gb, causal);
     G->sync(G);
     tf = dt_now() - tf;
     for (int it = -3; it < 25; it++)
         for (int a = 0; a < 2; a++) {
-            setenv("DITRUN_CUDA_FA", fa[a], 1);
+            CO->attn = fa[a];
             G->event_record(G, e0);
             G->attention(G, o, q, k, v, heads, hkv, hd, scale, gb, causal);
             G->event_record(G, e1);
             double ms = G->event_elapsed_ms(G, e0, e1);
             if (it >= 0) t[a][it] = ms;
         }
-    unsetenv("DITRUN_CUDA_FA");
+    CO->attn = DT_CUDA_ATTN_AUTO;
     dt_backend_cuda_cudnn_info(G, &c1);
     snprintf(name, sizeof name, "attention cudnn-vs-own L=%d %d/%dx%d ld=%lld%s%s", L, heads, hkv, hd, (long long)W,
              pad ? " pad100" : "", causal ? " causal" : "");
@@ -1132,7 +1115,7 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
         double flops = 4.0 * L * (double)L * heads * hd * (causal ? 0.5 : 1.0), ms[2];
         for (int a = 0; a < 2; a++) {
             ms[a] = median(t[a], 25);
-            printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (%s)\n", name, ms[a], flops / (ms[a] * 1e-3) / 1e12, fa[a]);
+            printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (%s)\n", name, ms[a], flops / (ms[a] * 1e-3) / 1e12, a ? "own" : "cudnn");
         }
         printf("TIME %-44s %8.3f (own / cudnn time)\n", name, ms[1] / ms[0]);
     }
@@ -1297,7 +1280,7 @@ static void test_cudnn_graph(void) {
     dt_mat buf = upa(G, h, L, 3 * D), o = dt_alloc_or_die(G, L, D, DT_BF16);
     dt_mat q = dt_mat_cols(buf, 0, D), k = dt_mat_cols(buf, D, D), v = dt_mat_cols(buf, 2 * D, D);
     float scale = 1.f / sqrtf((float)hd);
-    setenv("DITRUN_CUDA_FA", "cudnn", 1);
+    CO->attn = DT_CUDA_ATTN_CUDNN;
     long long c0 = 0, c1 = 0, c2 = 0;
     dt_backend_cuda_cudnn_info(G, &c0);
     G->attention(G, o, q, k, v, heads, heads, hd, scale, dt_mat_null(), 0);
@@ -1308,7 +1291,7 @@ static void test_cudnn_graph(void) {
     if (rc == 0) G->attention(G, o, q, k, v, heads, heads, hd, scale, dt_mat_null(), 0);
     void *gr = rc == 0 ? G->capture_end(G) : NULL;
     dt_backend_cuda_cudnn_info(G, &c2);
-    unsetenv("DITRUN_CUDA_FA");
+    CO->attn = DT_CUDA_ATTN_AUTO;
     if (c1 == c0) {
         T_SKIP("attention cudnn graph capture", "cuDNN rejected the graph");
     } else if (!gr) {
@@ -1333,7 +1316,7 @@ static void test_cudnn(void) {
         return;
     }
     printf("# cudnn version %d\n", ver);
-    setenv("DITRUN_CUDA_FA", "cudnn", 1);
+    CO->attn = DT_CUDA_ATTN_CUDNN;
     want_cudnn = 1;
     test_attention("cudnn dit", 4608, 4608, 24, 24, 128, 0, 0, 1);
     test_attention("cudnn krea-gqa", 4608, 4608, 48, 12, 128, 0, 0, 1);
@@ -1346,7 +1329,7 @@ static void test_cudnn(void) {
     test_attention("cudnn qwen3", 512, 512, 32, 8, 128, 1, 0, 0);
     test_attention("cudnn qwen3", 300, 300, 32, 8, 128, 1, 1, 0);
     want_cudnn = 0;
-    unsetenv("DITRUN_CUDA_FA");
+    CO->attn = DT_CUDA_ATTN_AUTO;
     time_cudnn_vs_own(4608, 24, 24, 0, 0);
     time_cudnn_vs_own(4608, 32, 32, 0, 0);
     time_cudnn_vs_own(16896, 24, 24, 0, 0);
@@ -1652,24 +1635,21 @@ static void time_image(void) {
     G->event_destroy(G, e0); G->event_destroy(G, e1);
 }
 
-/* Same-dtype copies: contiguous (cudaMemcpyAsync), 16-byte-aligned strided views (copy kernel vs
- * cudaMemcpy2DAsync), checked exactly, and timed (GB/s = bytes read + written). */
+/* Same-dtype copies: contiguous (cudaMemcpyAsync), 16-byte-aligned strided views (copy kernel), unaligned views
+ * (cudaMemcpy2DAsync), checked exactly, and timed (GB/s = bytes read + written). */
 static void test_time_copy(void) {
     const int64_t M = 1000, N = 3000;
     float *h = rand_bf((size_t)M * N, -5.f, 5.f);
     dt_mat a = dt_alloc_or_die(G, M, N + 40, DT_BF16), av = dt_mat_cols(a, 24, N);
     dt_mat b = dt_alloc_or_die(G, M, N + 16, DT_BF16), bv = dt_mat_cols(b, 8, N);
     G->upload(G, av, h);
-    for (int mode = 0; mode < 2; mode++) {
-        if (mode) setenv("DITRUN_CUDA_COPY", "2d", 1);
+    {
         poison(G, bv);
         G->copy(G, bv, av);
         float *got = down(G, bv);
-        t_check_rel_l2(mode ? "copy bf16 strided views (cudaMemcpy2D)" : "copy bf16 strided views (kernel)", got, h,
-                       (size_t)M * N, 0.0);
+        t_check_rel_l2("copy bf16 strided views (kernel)", got, h, (size_t)M * N, 0.0);
         free(got);
     }
-    unsetenv("DITRUN_CUDA_COPY");
     dt_mat cv = dt_mat_cols(b, 1, N - 1), avu = dt_mat_cols(a, 25, N - 1);   /* unaligned: cudaMemcpy2D */
     poison(G, cv);
     G->copy(G, cv, avu);
@@ -1682,20 +1662,18 @@ static void test_time_copy(void) {
     free(h);
     /* timings: 472 MB contiguous; a [4608, 3072] column view of [4608, 9216] */
     void *e0 = G->event_create(G), *e1 = G->event_create(G);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 2; k++) {
         int64_t rows = k == 0 ? 57600 : 4608, cols = k == 0 ? 4096 : 3072, ld = k == 0 ? 4096 : 9216;
         dt_mat src = dt_alloc_or_die(G, rows, ld, DT_BF16), dst = dt_alloc_or_die(G, rows, ld, DT_BF16);
         dt_mat sv = dt_mat_cols(src, k == 0 ? 0 : 3072, cols), dv = dt_mat_cols(dst, 0, cols);
-        if (k == 2) setenv("DITRUN_CUDA_COPY", "2d", 1);
         double t[20];
         for (int r = 0; r < 23; r++) {
             if (r >= 3) G->event_record(G, e0);
             G->copy(G, dv, sv);
             if (r >= 3) { G->event_record(G, e1); t[r - 3] = G->event_elapsed_ms(G, e0, e1); }
         }
-        unsetenv("DITRUN_CUDA_COPY");
         double ms = median(t, 20);
-        const char *nm = k == 0 ? "copy bf16 contiguous 472 MB" : k == 1 ? "copy bf16 view [4608,3072] kernel" : "copy bf16 view [4608,3072] memcpy2D";
+        const char *nm = k == 0 ? "copy bf16 contiguous 472 MB" : "copy bf16 view [4608,3072] kernel";
         printf("TIME %-44s %8.4f ms  %7.0f GB/s\n", nm, ms, 2.0 * rows * cols * 2 / (ms * 1e-3) / 1e9);
         G->free(G, &src); G->free(G, &dst);
     }
@@ -1928,9 +1906,10 @@ int main(void) {
     G = dt_backend_cuda_create(&o);
     double t_create = dt_now() - tc0;
     if (!G) { printf("FAIL gpu_ops: cuda backend: %s\n", dt_last_error()); return 1; }
+    CO = dt_backend_cuda_opts(G);
     C = dt_backend_cpu_create(&o);
     if (!C) { printf("FAIL gpu_ops: cpu backend: %s\n", dt_last_error()); return 1; }
-    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: first, linear, quant, attn, ew, image, misc, attn3,
+    const char *only = getenv("DITRUN_GPU_ONLY");  /* optional filter: first, linear, quant, attn, ew, image, misc, attnown,
                                                    * cudnn, sdpa8 */
 #define RUN(group) (!only || !*only || strstr(only, group))
 
@@ -2031,32 +2010,27 @@ int main(void) {
         test_linear_quant(333, 128, 256, 8, 128, 0, 0);
         test_linear_quant(129, 64, 128, 4, 64, 1, 0);
         test_linear_quant(1000, 512, 640, 8, 32, 0, 0);
-        setenv("DITRUN_QGEMM_MATH", "f32", 1);   /* the mixed GEMM's f32 dequantization (scales not bf16-exact) */
+        CO->qgemm_f32_math = 1;   /* the mixed GEMM's f32 dequantization (scales not bf16-exact) */
         test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
         test_linear_quant(200, 1024, 384, 4, 32, 0, 0);
-        unsetenv("DITRUN_QGEMM_MATH");
+        CO->qgemm_f32_math = 0;
         test_linear_mixed_f32out(300, 1024, 640);
-        setenv("DITRUN_QGEMM_EPI", "direct", 1);   /* the per-element epilogue (also taken for unaligned y) */
+        CO->qgemm_direct_epilogue = 1;   /* the per-element epilogue (also taken for unaligned y) */
         test_linear_mixed_f32out(300, 1024, 640);
         test_linear_quant(200, 1024, 384, 4, 32, 1, 0);
         test_linear_gated(512, 9216, 3072, 4, 1, 1, 0);
-        unsetenv("DITRUN_QGEMM_EPI");
-        setenv("DITRUN_QGEMM_KERNEL", "ss", 1);   /* the shared-memory-A kernel and its row-chunk layout */
-        test_linear_quant(4608, 3072, 3072, 4, 64, 1, 0);
-        test_linear_quant(333, 128, 256, 8, 128, 0, 0);
-        test_linear_quant(200, 1024, 384, 4, 32, 1, 0);
-        unsetenv("DITRUN_QGEMM_KERNEL");
+        CO->qgemm_direct_epilogue = 0;
         printf("# section quant %.1f s\n", dt_now() - ts);
     }
     if (RUN("attn")) {
         double ts = dt_now();
         test_attention("dit", 4608, 4608, 24, 24, 128, 0, 0, 1);   /* the default: cuDNN when it loads */
         /* masks on the sm_90 wgmma kernel: the cost over no mask should be a few % */
-        setenv("DITRUN_CUDA_FA", "own", 1);
+        CO->attn = DT_CUDA_ATTN_OWN;
         double t_none = test_attention("dit/own", 4608, 4608, 24, 24, 128, 0, 0, 1);
         double t_zero = test_attention("dit/own", 4608, 4608, 24, 24, 128, 0, 5, 1);
         double t_pad = test_attention("krea-pad/own", 4608, 4608, 24, 24, 128, 0, 4, 1);
-        unsetenv("DITRUN_CUDA_FA");
+        CO->attn = DT_CUDA_ATTN_AUTO;
         if (t_none > 0)
             printf("TIME %-44s %8.3f (zero mask) %8.3f (last 100 keys masked)\n", "attention 4608x24x128 mask/none",
                    t_zero / t_none, t_pad / t_none);
@@ -2072,13 +2046,11 @@ int main(void) {
         test_attention("gqa", 512, 512, 32, 8, 128, 1, 3, 1);
         test_attention("bias", 300, 700, 4, 4, 128, 0, 2, 0);
         test_attention("dit-2048px", 16896, 16896, 24, 24, 128, 0, 0, 1);
-        setenv("DITRUN_CUDA_FA", "wg3", 1);   /* our wgmma kernel without ping-pong */
-        test_attention("gqa/wg3", 777, 777, 8, 2, 128, 1, 1, 0);
-        setenv("DITRUN_CUDA_FA", "mma", 1);   /* the sm_80 mma.sync kernel (used off sm_90) */
+        CO->attn = DT_CUDA_ATTN_MMA;   /* the sm_80 mma.sync kernel (used off sm_90) */
         test_attention("dit/mma", 4608, 4608, 24, 24, 128, 0, 0, 1);
         test_attention("gqa/mma", 777, 777, 8, 2, 128, 1, 1, 0);
         test_attention("gqa/mma", 512, 512, 32, 8, 128, 1, 3, 0);
-        unsetenv("DITRUN_CUDA_FA");
+        CO->attn = DT_CUDA_ATTN_AUTO;
         test_attention("hd64", 300, 300, 4, 2, 64, 1, 1, 0);
         test_attention("hd16", 200, 200, 2, 1, 16, 0, 0, 0);
         test_attention("vae", 4096, 4096, 1, 1, 512, 0, 0, 1);
@@ -2098,18 +2070,18 @@ int main(void) {
                     G->attention_fp8_off && (strstr(G->attention_fp8_off, "intermittently wrong") ||
                     strstr(G->attention_fp8_off, "not loadable")), "reason: %s",
                     G->attention_fp8_off ? G->attention_fp8_off : "(none)");
-            T_SKIP("attention fp8 op tests", "fp8 attention is off (cuDNN < 9.19); DITRUN_CUDNN_LIB=<cuDNN >= 9.19> or "
-                   "DITRUN_FP8_ATTN_UNSAFE=1 runs them");
+            T_SKIP("attention fp8 op tests", "fp8 attention is off (cuDNN < 9.19); DITRUN_CUDNN_LIB=<cuDNN >= 9.19> runs "
+                   "them");
         } else {
             test_attention_fp8(4608, 4608, 24, 24, 128, 1, "");   /* klein-4B 1024² */
             test_attention_fp8(777, 777, 8, 2, 128, 0, "");       /* GQA, odd length */
             test_attention_fp8(300, 700, 4, 4, 64, 0, "");        /* cross lengths, head dim 64 */
             test_attention_fp8(16896, 16896, 24, 24, 128, 1, ""); /* klein-4B 2048² */
             /* the result must not depend on what cuDNN's workspace held before (0xff before each call through a
-             * debug knob of the backend): stop 14's first hypothesis for its wrong first call, refuted (NOTES.md) */
-            setenv("DITRUN_CUDNN_WS_POISON", "1", 1);
+             * test option of the backend): stop 14's first hypothesis for its wrong first call, refuted (NOTES.md) */
+            CO->cudnn_ws_poison = 1;
             test_attention_fp8(4608, 4608, 24, 24, 128, 0, " (cuDNN workspace poisoned)");
-            unsetenv("DITRUN_CUDNN_WS_POISON");
+            CO->cudnn_ws_poison = 0;
             test_attention_fp8_graph();
             test_attention_fp8_repeat(3, 4);   /* cuDNN 9.14's intermittent errors (NOTES.md) must not be back */
         }
@@ -2117,7 +2089,7 @@ int main(void) {
     }
     if (RUN("f8rep")) {   /* repeated fp8 calls on the same inputs must agree (cuDNN 9.14's defect; gpu_run.sh f8rep) */
         const char *e = getenv("DITRUN_F8REP_ROUNDS");
-        if (!G->attention_fp8) T_SKIP("attention fp8 repeated calls", "fp8 attention is off (cuDNN < 9.19); set DITRUN_FP8_ATTN_UNSAFE=1");
+        if (!G->attention_fp8) T_SKIP("attention fp8 repeated calls", "fp8 attention is off (cuDNN < 9.19); DITRUN_CUDNN_LIB=<cuDNN >= 9.19> runs them");
         else test_attention_fp8_repeat(e && atoi(e) > 0 ? atoi(e) : 6, 4);
     }
     if (RUN("image")) {
@@ -2141,24 +2113,16 @@ int main(void) {
         time_image();
         printf("# section image %.1f s\n", dt_now() - ts);
     }
-    if (RUN("attn3")) {   /* our wgmma kernel: ping-pong (own) and plain (wg3), at the model's shapes */
+    if (RUN("attnown")) {   /* our own wgmma kernel (ping-pong) at the model's shapes, where the default takes cuDNN */
         double ts = dt_now();
-        const char *vars[2] = {"own", "wg3"};
-        for (int i = 0; i < 2; i++) {
-            char tag[64];
-            setenv("DITRUN_CUDA_FA", vars[i], 1);
-            snprintf(tag, sizeof tag, "dit/%s", vars[i]);
-            test_attention(tag, 4608, 4608, 24, 24, 128, 0, 0, 1);
-            snprintf(tag, sizeof tag, "gqa/%s", vars[i]);
-            test_attention(tag, 777, 777, 8, 2, 128, 1, 1, 0);
-            test_attention(tag, 512, 512, 32, 8, 128, 1, 3, 0);
-            snprintf(tag, sizeof tag, "bias/%s", vars[i]);
-            test_attention(tag, 300, 700, 4, 4, 128, 0, 2, 0);
-            snprintf(tag, sizeof tag, "dit-2048px/%s", vars[i]);
-            test_attention(tag, 16896, 16896, 24, 24, 128, 0, 0, 1);
-        }
-        unsetenv("DITRUN_CUDA_FA");
-        printf("# section attn3 %.1f s\n", dt_now() - ts);
+        CO->attn = DT_CUDA_ATTN_OWN;
+        test_attention("dit/own", 4608, 4608, 24, 24, 128, 0, 0, 1);
+        test_attention("gqa/own", 777, 777, 8, 2, 128, 1, 1, 0);
+        test_attention("gqa/own", 512, 512, 32, 8, 128, 1, 3, 0);
+        test_attention("bias/own", 300, 700, 4, 4, 128, 0, 2, 0);
+        test_attention("dit-2048px/own", 16896, 16896, 24, 24, 128, 0, 0, 1);
+        CO->attn = DT_CUDA_ATTN_AUTO;
+        printf("# section attnown %.1f s\n", dt_now() - ts);
     }
     size_t cur, peak;
     G->mem_stats(G, &cur, &peak);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "io/weights.h"
+#include "quant/dequant.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "io/weights.h"
+#include "quant/dequant.h"
 #include "test.h"
 
 /* Tolerances for dequantized vs original weights. A uniform quantizer with step d has RMS error d/sqrt(12);

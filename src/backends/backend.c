@@ -16,6 +16,15 @@ dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts) {
     return NULL;
 }
 
+void dt_linear_log_path(const dt_backend *be, const dt_linear_src *src, const char *path) {
+    if (!be->opts.verbose) return;
+    char fmt[32];
+    if (src->bits) snprintf(fmt, sizeof fmt, "q%d g%d", src->bits, src->group_size);
+    else snprintf(fmt, sizeof fmt, "%s", src->dtype == DT_BF16 ? "bf16" : src->dtype == DT_F16 ? "f16" : "f32");
+    fprintf(stderr, "ditrun: %s: linear %s [%lld, %lld] %s%s: %s\n", be->name, src->name ? src->name : "?",
+            (long long)src->out, (long long)src->in, fmt, src->bias ? " +bias" : "", path);
+}
+
 dt_mat dt_alloc_or_die(dt_backend *be, int64_t rows, int64_t cols, dt_dtype dtype) {
     dt_mat m;
     if (be->alloc(be, &m, rows, cols, dtype) != 0) {

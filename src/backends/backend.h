@@ -56,17 +56,27 @@ typedef enum {
 typedef enum { DT_ROPE_NONE = 0, DT_ROPE_INTERLEAVED, DT_ROPE_HALF } dt_rope_mode;
 typedef enum { DT_ACT_SILU = 0, DT_ACT_GELU_TANH, DT_ACT_GELU_ERF, DT_ACT_SIGMOID } dt_act;
 
-/* Options given when creating a backend. */
+struct dt_cuda_opts;   /* the CUDA backend's own options (backends/backend_cuda.h) */
+
+/* Options given when creating a backend: typed run-time choices, set by the caller (CLI flags, the API, tests,
+ * the bench); no backend reads the environment per op. A zero-filled struct is a valid default (rope_fp32 = 0
+ * aside: callers set it to 1, the measured default). */
 typedef struct {
     int threads;            /* CPU threads (0 = all cores) */
     int device;             /* CUDA device index */
     dt_qpath qpath;         /* quantized Linear path */
-    int rope_fp32;          /* CUDA: rotate in fp32 instead of bf16 products (1 = fp32) */
+    int rope_fp32;          /* rotate in f32 (1) or with bf16 products (0; CUDA only, the CPU always uses f32) */
     dt_precision precision; /* precision models request for their large Linears (DiT blocks); each
                              * Linear's own request is dt_linear_src.precision (see linear_create) */
     dt_precision attn_precision; /* requested precision of the DiT's attention (models that have an fp8 variant,
                                   * FLUX.2, call attention_fp8 when DT_PREC_FP8); read by models at load */
-    int verbose;
+    int fp8_unfused;        /* A/B arm of precision fp8 (default 0): the fp8 Linears quantize their input in a pass of
+                             * their own and a gated residual runs as linear + gated_add, instead of taking e4m3
+                             * activations from the producing norm / SwiGLU (norm_linear, act_linear_gated) and
+                             * folding the gate into the GEMM. Read by models at load and by backends per call. */
+    const struct dt_cuda_opts *cuda;   /* CUDA backend options (NULL: dt_cuda_opts_from_env); on a created CUDA
+                                        * backend, its live copy (dt_backend_cuda_opts) */
+    int verbose;            /* -v: one line per prepared Linear (its execution path), device facts */
 } dt_backend_opts;
 
 /* The GPU's clock and power state at one moment (power_sample). */
@@ -78,6 +88,13 @@ typedef struct {
     int temp_c;
 } dt_power_sample;
 
+/* The backend: a table of function pointers in five groups.
+ *   1. memory and weights     every backend
+ *   2. core ops               every backend; the CPU backend is the reference the others are tested against
+ *   3. fused ops              one op where a backend can do two in one pass; each has its composed form below
+ *                             the struct (what the CPU backend runs), so models call them unconditionally
+ *   4. execution (optional)   queues, graph capture, prefetch hints: NULL where the backend has one queue
+ *   5. profiling (optional)   timing events, clock and power, the fp8 Linear's internals for the bench */
 typedef struct dt_backend dt_backend;
 struct dt_backend {
     const char *name;       /* "cpu", "cuda" */
@@ -87,7 +104,7 @@ struct dt_backend {
 
     void (*destroy)(dt_backend *be);
 
-    /* ---- memory ---- */
+    /* ---- 1. memory and weights ---- */
     /* Allocate a contiguous rows x cols matrix of dtype (act_dtype or F32). 0 ok, -1 error. */
     int (*alloc)(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype);
     void (*free)(dt_backend *be, dt_mat *m);
@@ -101,11 +118,11 @@ struct dt_backend {
      * plus its cache of freed blocks, i.e. what it took from cudaMalloc; for reports). */
     void (*mem_stats)(dt_backend *be, size_t *current, size_t *peak);
 
-    /* ---- weights ---- */
     /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error.
      * src->precision == DT_PREC_FP8: weights become e4m3 codes with one f32 scale per output channel
      * (amax/448, dequantized in f32 first), activations are quantized per row at run time (core/fp8.h);
-     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16). */
+     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16).
+     * With opts.verbose the backend logs one line naming the Linear and the path it takes. */
     dt_linear *(*linear_create)(dt_backend *be, const dt_linear_src *src);
     void (*linear_destroy)(dt_backend *be, dt_linear *w);
     /* 2-D convolution weights w [cout, cin, k, k] f32 host, bias [cout] (may be NULL), stride 1,
@@ -113,36 +130,9 @@ struct dt_backend {
     dt_conv *(*conv_create)(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
     void (*conv_destroy)(dt_backend *be, dt_conv *c);
 
-    /* ---- ops ---- */
+    /* ---- 2. core ops ---- */
     /* y[M,N] = x[M,K] · Wᵀ (+ bias). W is [N,K]. y must not alias x. */
     void (*linear)(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
-
-    /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ): a Linear whose output goes straight into a gated residual (the output
-     * projections of the FLUX blocks). gate [1, N] act or F32 broadcast over rows; x must not alias a.
-     * Optional (NULL: the model runs linear into a scratch, then gated_add). */
-    void (*linear_gated_add)(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
-
-    /* Optional hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through
-     * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the
-     * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a
-     * low-priority stream). The gate's values must be final when this is called. Results are the same with or
-     * without the hint; a hint no Linear matches costs only its own work. */
-    void (*linear_prefetch)(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
-
-    /* y[M,N] = layernorm_mod(x[M,D], shift, scale, eps) · Wᵀ (+ bias): the norm into a (scratch [M, D], act
-     * dtype), then linear. A backend may feed W without writing a (CUDA, fp8 Linears: the norm writes the e4m3
-     * activation codes and row scales the fp8 GEMM reads, the same values linear would compute from a), so a's
-     * contents are undefined afterwards. Every backend has it (dt_norm_linear_composed: the two ops). */
-    void (*norm_linear)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
-                        const dt_linear *w, dt_mat a);
-
-    /* x[M,N] += gate ⊙ (c[M,K] · Wᵀ) after c[:, lead:] = act(a) ⊙ b (a, b [M, K-lead]; c[:, :lead] as given):
-     * act_mul into c's columns from `lead` on, then dt_linear_gated (gate NULL data: plain add). A backend may
-     * feed W without writing c[:, lead:] (CUDA, fp8 Linears: one pass from c[:, :lead], a and b to the e4m3 codes
-     * and row scales of the whole row), so those columns are undefined afterwards. Every backend has it
-     * (dt_act_linear_gated_composed; y is its scratch [M, N] where linear_gated_add is NULL). */
-    void (*act_linear_gated)(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
-                             const dt_linear *w, dt_mat gate, dt_mat y);
 
     /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps.
      * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */
@@ -195,7 +185,7 @@ struct dt_backend {
     /* y[N, M] = x[M, N]ᵀ. */
     void (*transpose)(dt_backend *be, dt_mat y, dt_mat x);
 
-    /* ---- image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). ---- */
+    /* Image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). */
     /* y [cout, H*W] = conv(x [cin, H*W]) with stride 1, same-size output (pad = k/2). */
     void (*conv2d)(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
     /* GroupNorm over [C, HW] with `groups`, affine gamma/beta [1, C] F32; optional fused SiLU. */
@@ -208,12 +198,29 @@ struct dt_backend {
      * (NULL data = 1); silu = 1 applies SiLU to the result. y may alias x. */
     void (*channel_rmsnorm)(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);
 
-    /* ---- optional (NULL when unsupported) ---- */
-    /* Timing: an event records the position in the queue; elapsed_ms waits for both. */
-    void *(*event_create)(dt_backend *be);
-    void (*event_record)(dt_backend *be, void *ev);
-    float (*event_elapsed_ms)(dt_backend *be, void *start, void *end);
-    void (*event_destroy)(dt_backend *be, void *ev);
+    /* ---- 3. fused ops (composed forms: below the struct) ---- */
+    /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ): a Linear whose output goes straight into a gated residual (the output
+     * projections of the FLUX blocks). gate [1, N] act or F32 broadcast over rows; x must not alias a.
+     * Optional (NULL: callers use dt_linear_gated, linear into a scratch, then gated_add). */
+    void (*linear_gated_add)(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
+
+    /* y[M,N] = layernorm_mod(x[M,D], shift, scale, eps) · Wᵀ (+ bias): the norm into a (scratch [M, D], act
+     * dtype), then linear. A backend may feed W without writing a (CUDA, fp8 Linears: the norm writes the e4m3
+     * activation codes and row scales the fp8 GEMM reads, the same values linear would compute from a), so a's
+     * contents are undefined afterwards. Every backend sets it (dt_norm_linear_composed where it fuses nothing). */
+    void (*norm_linear)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
+                        const dt_linear *w, dt_mat a);
+
+    /* x[M,N] += gate ⊙ (c[M,K] · Wᵀ) after c[:, lead:] = act(a) ⊙ b (a, b [M, K-lead]; c[:, :lead] as given):
+     * act_mul into c's columns from `lead` on, then dt_linear_gated (gate NULL data: plain add). A backend may
+     * feed W without writing c[:, lead:] (CUDA, fp8 Linears: one pass from c[:, :lead], a and b to the e4m3 codes
+     * and row scales of the whole row), so those columns are undefined afterwards. Every backend sets it
+     * (dt_act_linear_gated_composed where it fuses nothing; y is its scratch [M, N] where linear_gated_add is
+     * NULL). */
+    void (*act_linear_gated)(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                             const dt_linear *w, dt_mat gate, dt_mat y);
+
+    /* ---- 4. execution (optional: NULL when unsupported) ---- */
     /* Graph capture of the ops issued between capture_begin and capture_end (fixed shapes and
      * buffers); graph_launch replays it. Allocation inside a capture is not allowed. */
     int (*capture_begin)(dt_backend *be);
@@ -225,16 +232,56 @@ struct dt_backend {
      * queues may run concurrently, so the caller must give them disjoint data. Work must be back on queue 0
      * and joined (a switch to 0 with wait = 1) before download, sync, event timing or capture_end. */
     void (*stream_switch)(dt_backend *be, int q, int wait);
+    /* Hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through
+     * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the
+     * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a
+     * low-priority stream). The gate's values must be final when this is called. Results are the same with or
+     * without the hint; a hint no Linear matches costs only its own work. */
+    void (*linear_prefetch)(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
+
+    /* ---- 5. profiling (optional: NULL when unsupported) ---- */
+    /* Timing: an event records the position in the queue; elapsed_ms waits for both. */
+    void *(*event_create)(dt_backend *be);
+    void (*event_record)(dt_backend *be, void *ev);
+    float (*event_elapsed_ms)(dt_backend *be, void *start, void *end);
+    void (*event_destroy)(dt_backend *be, void *ev);
+    /* The device's clock and power now (CUDA: NVML); -1 when unavailable. Timings mean little without it:
+     * a sustained forward on an H200 runs at its power cap, ~20% under the clock of a short burst. */
+    int (*power_sample)(dt_backend *be, dt_power_sample *p);
     /* fp8 Linear internals for the bench: the activation quantization pass alone on x [M, K] (what an fp8
      * linear does before its GEMM), and how the GEMM applies the scales ("outer-vector (cuBLASLt)", ...). */
     void (*fp8_quant)(dt_backend *be, dt_mat x);
     const char *(*fp8_scale_mode)(dt_backend *be);
-    /* The device's clock and power now (CUDA: NVML); -1 when unavailable. Timings mean little without it:
-     * a sustained forward on an H200 runs at its power cap, ~20% under the clock of a short burst. */
-    int (*power_sample)(dt_backend *be, dt_power_sample *p);
 };
 
+/* ---- the fused ops' composed forms (backend.c): what a backend without the fused kernel runs ---- */
+/* x += gate ⊙ (a · Wᵀ): the backend's fused linear_gated_add, else linear into y (a scratch of x's shape) and
+ * gated_add. */
+static inline void dt_linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate, dt_mat y) {
+    if (be->linear_gated_add) {
+        be->linear_gated_add(be, x, a, w, gate);
+    } else {
+        be->linear(be, y, a, w);
+        be->gated_add(be, x, gate, y);
+    }
+}
+/* norm_linear and act_linear_gated as two ops each. */
+void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
+                             const dt_linear *w, dt_mat a);
+void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
+                                  const dt_linear *w, dt_mat gate, dt_mat y);
 
+/* ---- the optional execution ops, as no-ops where a backend lacks them ---- */
+/* linear_prefetch where the backend has it (w NULL: nothing). */
+static inline void dt_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
+    if (be->linear_prefetch && w) be->linear_prefetch(be, w, gate, rows);
+}
+/* Queue for the next ops (stream_switch; a no-op on one-queue backends). */
+static inline void dt_on_queue(dt_backend *be, int q, int wait) {
+    if (be->stream_switch) be->stream_switch(be, q, wait);
+}
+
+/* ---- profiling helpers ---- */
 /* The clock and power state across repeated timed runs: dt_power_begin (max samples; a backend without
  * power_sample gives an empty summary), dt_power_add after each run, dt_power_end for the summary (frees). */
 typedef struct {
@@ -251,48 +298,24 @@ void dt_power_begin(dt_power_acc *a, dt_backend *be, int max);
 void dt_power_add(dt_power_acc *a);
 dt_power_summary dt_power_end(dt_power_acc *a);
 
-/* Create backends. NULL with dt_last_error() set when unavailable. */
+/* ---- creation ---- */
+/* Create backends. NULL with dt_last_error() set when unavailable. (CUDA's own options and facts:
+ * backends/backend_cuda.h.) */
 dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);
 dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts);   /* stub returning NULL without CUDA */
 int dt_backend_cuda_available(void);                               /* 1 if a CUDA GPU can be used */
-/* cuDNN fused attention on a CUDA backend: the loaded cuDNN version (0 = not loadable, not a CUDA backend, or a
- * build without CUDA); *calls = attention calls cuDNN has run on it. */
-int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls);
 /* By name: "cpu", "cuda", or "auto" (cuda when available, else cpu). */
 dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts);
+
+/* With opts.verbose: one line naming a prepared Linear, its stored format and the execution path the backend chose
+ * for it ("dense bf16", "transient: dequantized before each GEMM", ...). Called by the backends' linear_create. */
+void dt_linear_log_path(const dt_backend *be, const dt_linear_src *src, const char *path);
 
 /* Convenience: allocate or exit with the backend's error. */
 dt_mat dt_alloc_or_die(dt_backend *be, int64_t rows, int64_t cols, dt_dtype dtype);
 /* Upload a host f32 vector as a [1, n] F32 param matrix. */
 dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n);
 static inline dt_mat dt_mat_null(void) { dt_mat m = {0}; return m; }
-
-/* x += gate ⊙ (a · Wᵀ): the backend's fused linear_gated_add, else linear into y (a scratch of x's shape) and
- * gated_add. */
-static inline void dt_linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate, dt_mat y) {
-    if (be->linear_gated_add) {
-        be->linear_gated_add(be, x, a, w, gate);
-    } else {
-        be->linear(be, y, a, w);
-        be->gated_add(be, x, gate, y);
-    }
-}
-
-/* norm_linear and act_linear_gated as two ops each (what every backend does unless it fuses them). */
-void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
-                             const dt_linear *w, dt_mat a);
-void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
-                                  const dt_linear *w, dt_mat gate, dt_mat y);
-
-/* linear_prefetch where the backend has it (w NULL: nothing). */
-static inline void dt_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
-    if (be->linear_prefetch && w) be->linear_prefetch(be, w, gate, rows);
-}
-
-/* Queue for the next ops (stream_switch; a no-op on one-queue backends). */
-static inline void dt_on_queue(dt_backend *be, int q, int wait) {
-    if (be->stream_switch) be->stream_switch(be, q, wait);
-}
 
 #ifdef __cplusplus
 }

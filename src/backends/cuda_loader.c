@@ -1,5 +1,5 @@
 /* cuda_loader.c — the core side of the CUDA backend plugin (backends/cuda_plugin.h): finds libditrun_cuda.so,
- * dlopen()s it the first time a CUDA backend is asked for, checks its ABI tag and forwards the three CUDA entry
+ * dlopen()s it the first time a CUDA backend is asked for, checks its ABI tag and forwards the CUDA entry
  * points to it. In a build without CUDA (no nvcc) the same entry points say so. Nothing here touches the CUDA
  * libraries, so a process that never asks for a CUDA backend never maps them. */
 #include "backends/cuda_plugin.h"
@@ -119,6 +119,11 @@ int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls) {
     return g_plugin->cudnn_info(be, calls);
 }
 
+dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be) {
+    if (!g_plugin || !be || !be->name || strcmp(be->name, "cuda")) return NULL;
+    return g_plugin->opts(be);
+}
+
 #else /* built without CUDA */
 
 int dt_backend_cuda_available(void) { return 0; }
@@ -133,6 +138,11 @@ int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls) {
     (void)be;
     if (calls) *calls = 0;
     return 0;
+}
+
+dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be) {
+    (void)be;
+    return NULL;
 }
 
 #endif

@@ -12,7 +12,7 @@
 #ifndef DT_CUDA_PLUGIN_H
 #define DT_CUDA_PLUGIN_H
 
-#include "backends/backend.h"
+#include "backends/backend_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +25,7 @@ typedef struct {
     int (*available)(void);
     dt_backend *(*create)(const dt_backend_opts *opts);
     int (*cudnn_info)(dt_backend *be, long long *calls);
+    dt_cuda_opts *(*opts)(dt_backend *be);
 } dt_cuda_plugin;
 
 #ifdef __cplusplus

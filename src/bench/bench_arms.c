@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/backend_cuda.h"
 #include "bench_internal.h"
 #include "pipeline/latents.h"
 
@@ -156,12 +157,17 @@ typedef struct {
     float scale;
 } attn_ctx;
 
-/* Both variants on our own kernel (CUDA: the default sends unmasked attention to cuDNN): the cost of the mask. */
-static void mask_run(attn_ctx *c, int v) {
-    setenv("DITRUN_CUDA_FA", "own", 1);
-    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, v ? c->bias : dt_mat_null(), 0);
-    unsetenv("DITRUN_CUDA_FA");
+/* One attention call with the CUDA backend's kernel choice pinned to pick (other backends: as they are). */
+static void attention_pinned(attn_ctx *c, dt_cuda_attn pick, dt_mat bias) {
+    dt_cuda_opts *co = dt_backend_cuda_opts(c->be);
+    dt_cuda_attn saved = co ? co->attn : DT_CUDA_ATTN_AUTO;
+    if (co) co->attn = pick;
+    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, bias, 0);
+    if (co) co->attn = saved;
 }
+
+/* Both variants on our own kernel (CUDA: the default sends unmasked attention to cuDNN): the cost of the mask. */
+static void mask_run(attn_ctx *c, int v) { attention_pinned(c, DT_CUDA_ATTN_OWN, v ? c->bias : dt_mat_null()); }
 
 static double mask_time(void *p, int v) {
     attn_ctx *c = p;
@@ -176,12 +182,8 @@ static void mask_output(void *p, int v, float *out) {
     c->be->download(c->be, out, c->o);
 }
 
-/* cuDNN's fused SDPA (v = 1) vs our own default kernel (v = 0), chosen per call through DITRUN_CUDA_FA. */
-static void dnn_run(attn_ctx *c, int v) {
-    setenv("DITRUN_CUDA_FA", v ? "cudnn" : "own", 1);
-    c->be->attention(c->be, c->o, c->q, c->k, c->v, c->hq, c->hq, c->hd, c->scale, dt_mat_null(), 0);
-    unsetenv("DITRUN_CUDA_FA");
-}
+/* cuDNN's fused SDPA (v = 1) vs our own default kernel (v = 0), chosen per call through the backend's options. */
+static void dnn_run(attn_ctx *c, int v) { attention_pinned(c, v ? DT_CUDA_ATTN_CUDNN : DT_CUDA_ATTN_OWN, dt_mat_null()); }
 
 static double dnn_time(void *p, int v) {
     attn_ctx *c = p;
@@ -245,7 +247,7 @@ static void arms_attention(bench_ctx *x) {
     a.output = mask_output;
     a.out_n = (size_t)L * D;
     a.tol = tol_exact;
-    snprintf(a.note, sizeof a.note, "isolated; key_bias [1, L] of zeros; CUDA: both on our kernel (DITRUN_CUDA_FA=own)");
+    snprintf(a.note, sizeof a.note, "isolated; key_bias [1, L] of zeros; CUDA: both on our kernel");
     run_arm(x, &a, &ac);
 
     long long dnn0 = 0, dnn1 = 0;
@@ -416,7 +418,7 @@ static void arm_prefetch(bench_ctx *x) {
     dt_backend *be = x->be;
     if (!be->linear_prefetch) {
         skip_arm(r, "prefetch", "no hints", "hints", "the backend prefetches nothing");
-        bench_note(r, "prefetch arm skipped: the %s backend has no linear_prefetch (CUDA: DITRUN_CUDA_PREFETCH=0)",
+        bench_note(r, "prefetch arm skipped: the %s backend has no linear_prefetch (CUDA: option no_prefetch)",
                    r->backend);
         return;
     }
@@ -439,25 +441,25 @@ static void arm_prefetch(bench_ctx *x) {
 /* ------------------------------------------------------------------ f8fuse */
 
 /* v = 0: the fp8 Linears quantize their inputs in passes of their own and the gated residual runs as linear +
- * gated_add (the model's fuse_inputs off, DITRUN_FP8_FUSE=0 for the backend's linear_gated_add); v = 1: the
+ * gated_add (the model's fuse_inputs off, opts.fp8_unfused for the backend's linear_gated_add); v = 1: the
  * default of --precision fp8 (norm_linear / act_linear_gated, the gate folded into the GEMM). */
 static void f8fuse_run(fwd_arm_ctx *p, int v) {
     int saved = p->bm->c.fuse_inputs;
     if (!v) {
         p->bm->c.fuse_inputs = 0;
-        setenv("DITRUN_FP8_FUSE", "0", 1);
+        p->bm->be->opts.fp8_unfused = 1;
     }
     bm_forward(p->bm, p->bm->nd, p->bm->ns);
     if (!v) {
         p->bm->c.fuse_inputs = saved;
-        unsetenv("DITRUN_FP8_FUSE");
+        p->bm->be->opts.fp8_unfused = 0;
     }
 }
 
 static void arm_f8fuse(bench_ctx *x) {
     bench_report *r = x->r;
     if (!x->bm->c.fuse_inputs) {
-        skip_arm(r, "f8fuse", "separate ops", "fused inputs", getenv("DITRUN_FP8_FUSE") ? "DITRUN_FP8_FUSE=0 is set"
+        skip_arm(r, "f8fuse", "separate ops", "fused inputs", x->be->opts.fp8_unfused ? "the fp8_unfused option is set"
                                                                                       : "needs --precision fp8");
         return;
     }

@@ -297,7 +297,7 @@ static void op_work(bench_ctx *x, bench_op *ops) {
     else if (x->bm->c.fuse_inputs)
         bench_note(r, "ledger: with --precision fp8 the adaLN norm runs inside the projection op (norm_linear) and the "
                    "SwiGLU inside the output op (act_linear_gated), so their own rows read ~0 and the GEMM rows carry "
-                   "them (DITRUN_FP8_FUSE=0 separates them)");
+                   "them (the f8fuse arm times them apart)");
 }
 
 /* Block-count scaling of the device-only forward: 0 double + 0 single blocks (embedders and final layer), all

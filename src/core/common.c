@@ -115,3 +115,10 @@ double dt_rel_l2(const float *a, const float *b, size_t n) {
     if (den == 0) return num == 0 ? 0 : INFINITY;
     return sqrt(num / den);
 }
+
+int dt_precision_from_name(const char *name, dt_precision *out) {
+    if (name && !strcmp(name, "bf16")) *out = DT_PREC_BF16;
+    else if (name && !strcmp(name, "fp8")) *out = DT_PREC_FP8;
+    else return -1;
+    return 0;
+}

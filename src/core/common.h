@@ -37,6 +37,13 @@ static inline size_t dt_dtype_bytes(dt_dtype t, int64_t n) {
     return (size_t)(n / dt_dtype_block_elems(t)) * dt_dtype_block_bytes(t);
 }
 
+/* How a backend runs a Linear or an attention (a run-time choice, not a property of the file): bf16 (f32 on
+ * the CPU) or fp8 (e4m3 weights with one scale per output channel, e4m3 activations with one dynamic scale per
+ * row; CPU: the same rounding emulated in f32). */
+typedef enum { DT_PREC_BF16 = 0, DT_PREC_FP8 = 1 } dt_precision;
+/* "bf16" / "fp8" -> *out; 0, or -1 for anything else (NULL included), *out untouched. */
+int dt_precision_from_name(const char *name, dt_precision *out);
+
 /* ---- error reporting ---- */
 #if defined(__GNUC__)
 #define DT_PRINTF(a, b) __attribute__((format(printf, a, b)))

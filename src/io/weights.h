@@ -27,12 +27,6 @@
 
 typedef struct dt_weights dt_weights;
 
-/* How a backend runs a Linear: bf16 (f32 on the CPU) or fp8 (e4m3 weights with one scale per output
- * channel, e4m3 activations with one dynamic scale per row; CPU: the same rounding emulated in f32). */
-typedef enum { DT_PREC_BF16 = 0, DT_PREC_FP8 = 1 } dt_precision;
-/* "bf16" / "fp8" -> *out; 0, or -1 for anything else (NULL included), *out untouched. */
-int dt_precision_from_name(const char *name, dt_precision *out);
-
 /* Host description of a Linear's weights (zero-copy views into the mapped files). */
 typedef struct {
     const char *name;          /* NAME (without .weight) */
@@ -50,7 +44,7 @@ typedef struct {
     float input_scale;         /* fp8: the file's static activation scale, 0 when absent (reports only) */
     dt_dtype bias_dtype;       /* dtype of the optional Linear bias */
     const void *bias;          /* optional [out], NULL when the Linear has no bias */
-    dt_precision precision;    /* requested run precision (dt_weights_linear sets DT_PREC_BF16) */
+    dt_precision precision;    /* requested run precision (core/common.h; dt_weights_linear sets DT_PREC_BF16) */
 } dt_linear_src;
 
 /* bits == 0 forms by dtype */
@@ -115,7 +109,6 @@ void dt_weights_release(const dt_weights *w, const st_tensor *t);
 /* Rows [r0, r0+nrows) of a Linear as a Linear of its own (zero copy: views into s's bytes, bias included). */
 dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nrows);
 
-/* Dequantize rows [r0, r0+nrows) of a Linear to f32 dst [nrows, in]. Works for every form above. */
-void dt_linear_src_rows_f32(const dt_linear_src *s, int64_t r0, int64_t nrows, float *dst);
+/* (Its rows as f32 values, whatever the form: dt_linear_src_rows_f32, quant/dequant.h.) */
 
 #endif

@@ -183,13 +183,7 @@ int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
     int64_t D = c->hidden, F = c->mlp_hidden;
     char nm[256];
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
-    if (c->sb_overlap) {   /* two Linears on row views of the one tensor */
-        if (!(out->qkv = dt_linear_set_load_rows(lin, w, nm, 3 * D + 2 * F, D, 0, 3 * D)) ||
-            !(out->mlp_in = dt_linear_set_load_rows(lin, w, nm, 3 * D + 2 * F, D, 3 * D, 2 * F)))
-            return -1;
-    } else if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) {
-        return -1;
-    }
+    if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) return -1;
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
     if (!(out->out = dt_linear_set_load(lin, w, nm, D, D + F, -1))) return -1;
     snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
@@ -612,14 +606,6 @@ static void kv_extend(dt_backend *be, const flux2_config *c, int64_t kv_rows, dt
     v->rows += kv_rows;
 }
 
-/* The split projection's halves (c->sb_overlap): part 0 Q|K|V into p[:, :3D], part 1 the MLP-in into p[:, 3D:]. */
-static void split_proj(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
-                       int part) {
-    int64_t D = c->hidden, F = c->mlp_hidden;
-    if (part == 0) be->linear(be, dt_mat_cols(io->p, 0, 3 * D), io->a, w->qkv);
-    else be->linear(be, dt_mat_cols(io->p, 3 * D, 2 * F), io->a, w->mlp_in);
-}
-
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                      int k, int split, const dt_linear *next) {
     int H = c->heads, hd = c->head_dim;
@@ -629,17 +615,11 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
     dt_mat q = dt_mat_cols(io->p, 0, D), kk = dt_mat_cols(io->p, D, D), v = dt_mat_cols(io->p, 2 * D, D);
     switch (k) {
     case FLUX2_SB_NORM:
-        if (!(c->fuse_inputs && w->qkv_mlp)) be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
+        if (!c->fuse_inputs) be->layernorm_mod(be, io->a, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps);
         break;
     case FLUX2_SB_PROJ:
-        if (w->qkv_mlp && c->fuse_inputs) {
-            be->norm_linear(be, io->p, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps, w->qkv_mlp, io->a);
-        } else if (w->qkv_mlp) {
-            be->linear(be, io->p, io->a, w->qkv_mlp);
-        } else {
-            split_proj(be, c, w, io, 0);
-            split_proj(be, c, w, io, 1);
-        }
+        if (c->fuse_inputs) be->norm_linear(be, io->p, io->s, chunk(ms, 0, D), chunk(ms, 1, D), eps, w->qkv_mlp, io->a);
+        else be->linear(be, io->p, io->a, w->qkv_mlp);
         /* the output projection's weights and the next block's projection can be made ready during the
          * attention (backends that prefetch; the projection's slot is free once its GEMM has run) */
         dt_prefetch(be, w->out, be->linear_gated_add ? chunk(ms, 2, D) : none, io->s.rows);
@@ -687,38 +667,13 @@ int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *wha
                      be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
         return -1;
     }
-    const char *fz = getenv("DITRUN_FP8_FUSE");   /* =0: the fp8 Linears' inputs through the separate ops (A/B) */
-    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !(fz && fz[0] == '0');
-    const char *e = getenv("DITRUN_SB_OVERLAP");
-    if (e && !strcmp(e, "1")) c->sb_overlap = be->stream_switch ? 1 : 2;
-    else c->sb_overlap = e && !strcmp(e, "2") ? 2 : 0;
+    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !be->opts.fp8_unfused;
     return 0;
 }
 
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                         const dt_linear *next) {
-    if (!w->qkv || c->sb_overlap != 1) {
-        for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, w, io, k, 0, next);
-        return;
-    }
-    int64_t D = c->hidden;
-    dt_mat none = dt_mat_null(), ms = io->mod_single;
-    flux2_single_op(be, c, w, io, FLUX2_SB_NORM, 0, next);
-    split_proj(be, c, w, io, 0);
-    /* the output projection's weights ahead (backends that prefetch), while both queues run */
-    dt_prefetch(be, w->out, be->linear_gated_add ? chunk(ms, 2, D) : none, io->s.rows);
-    /* side queue, after Q|K|V: Q/K norm + RoPE and the attention into c[:, :D]; main queue meanwhile: the MLP
-     * half into p[:, 3D:] and its SwiGLU into c[:, D:] (disjoint columns) */
-    dt_on_queue(be, 1, 1);
-    flux2_single_op(be, c, w, io, FLUX2_SB_QKNORM, 0, next);
-    flux2_single_op(be, c, w, io, FLUX2_SB_ATTN, 0, next);
-    dt_on_queue(be, 0, 0);
-    split_proj(be, c, w, io, 1);
-    dt_prefetch(be, next, none, io->s.rows);
-    flux2_single_op(be, c, w, io, FLUX2_SB_ACT, 0, next);
-    dt_on_queue(be, 0, 1);   /* the output projection reads both halves of c */
-    flux2_single_op(be, c, w, io, FLUX2_SB_OUT, 0, next);
-    flux2_single_op(be, c, w, io, FLUX2_SB_RESID, 0, next);
+    for (int k = 0; k < FLUX2_SB_COUNT; k++) flux2_single_op(be, c, w, io, k, 0, next);
 }
 
 /* y = layernorm_mod(x) · Wᵀ through a: one backend op when c->fuse_inputs, else the two. */

@@ -27,9 +27,6 @@ typedef struct {
     int guidance_embeds;    /* must be 0 for klein */
     int attn_fp8;           /* run-time choice, not from config.json: the blocks' attention through the backend's
                              * attention_fp8 (flux2_runtime_choices sets it from opts.attn_precision) */
-    int sb_overlap;         /* run-time choice (flux2_runtime_choices): 0 the single blocks' fused projection; 1 split
-                             * into Q|K|V and MLP-in with the attention on the side queue beside the MLP half; 2 split,
-                             * in order on one queue */
     int fuse_inputs;        /* run-time choice (flux2_runtime_choices): the Linears fed by a norm or an activation go
                              * through norm_linear / act_linear_gated (fp8 Linears: no quantizing pass); 0 keeps the
                              * ops apart (the bf16 ledger times them one by one) */
@@ -183,8 +180,7 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
 
 /* ---- one single-stream block, shared by flux2_forward and the bench's replica ---- */
 typedef struct {
-    dt_linear *qkv_mlp;   /* [3D + 2F, D] fused Q|K|V|MLP-in projection (NULL when split) */
-    dt_linear *qkv, *mlp_in;   /* split (c->sb_overlap): its rows [0, 3D) and [3D, 3D + 2F) (NULL when fused) */
+    dt_linear *qkv_mlp;   /* [3D + 2F, D] fused Q|K|V|MLP-in projection */
     dt_linear *out;       /* [D, D + F] fused attention-out | MLP-out projection */
     dt_mat norm_q, norm_k;
 } flux2_single_w;
@@ -217,19 +213,16 @@ enum {
  * NULL): the next block's projection, prefetched with this block's output projection after PROJ. */
 void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                      int k, int split, const dt_linear *next);
-/* Load single block i's weights into lin (the projection split when c->sb_overlap); 0 or -1 (dt_last_error). */
+/* Load single block i's weights into lin; 0 or -1 (dt_last_error). */
 int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out);
 /* The block's first Linear (a prefetch hint for whatever runs before it). */
-static inline const dt_linear *flux2_single_first(const flux2_single_w *w) { return w->qkv_mlp ? w->qkv_mlp : w->qkv; }
+static inline const dt_linear *flux2_single_first(const flux2_single_w *w) { return w->qkv_mlp; }
 /* The config's run-time choices (flux2_load and the bench's replica, before loading the blocks): attn_fp8 from
- * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and the single
- * blocks' schedule sb_overlap from DITRUN_SB_OVERLAP: unset or 0 the fused projection (the default: PERF.md, stop
- * 15), 1 split + the attention beside the MLP half (backends with two queues; others run it in order), 2 split in
- * order; fuse_inputs with --precision fp8 (DITRUN_FP8_FUSE=0: off). */
+ * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and fuse_inputs
+ * with --precision fp8 unless be->opts.fp8_unfused. (A schedule that split the single blocks' projection and ran
+ * the attention on the side queue beside the MLP half measured no faster: PERF.md, stop 15.) */
 int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *what);
-/* Single block w as the model runs it: flux2_single_op's ops in order, or with c->sb_overlap == 1 the Q/K norm and the
- * attention on the side queue while the main queue runs the MLP half (the main queue waits for them before the
- * output projection). next: as flux2_single_op. */
+/* Single block w as the model runs it: flux2_single_op's ops in order. next: as flux2_single_op. */
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                         const dt_linear *next);
 

@@ -12,6 +12,7 @@
 
 #include "backends/backend.h"
 #include "io/weights.h"
+#include "quant/dequant.h"
 
 typedef struct {
     dt_backend *be;

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/dequant.h"
+
 #define QW_NAME_MAX 128
 
 enum { QW_Q, QW_K, QW_V, QW_O, QW_GATE, QW_UP, QW_DOWN, QW_NLIN };

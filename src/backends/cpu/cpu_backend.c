@@ -142,12 +142,13 @@ static float cpu_event_elapsed_ms(dt_backend *be, void *start, void *end) {
 }
 static void cpu_event_destroy(dt_backend *be, void *ev) { (void)be; free(ev); }
 
-/* OpenBLAS (DYNAMIC_ARCH) picks its kernels from CPUID when the library loads; on CPUs it does not know
- * (e.g. recent Xeons seen through some hypervisors) it falls back to its generic SSE3 "Prescott" kernels,
- * several times slower. The choice cannot be changed after load, so say once how to fix it. */
+/* OpenBLAS (DYNAMIC_ARCH) picks its kernels from CPUID when the library loads (or from OPENBLAS_CORETYPE, which
+ * OpenBLAS reads itself); on CPUs it does not know (e.g. recent Xeons seen through some hypervisors) it falls back
+ * to its generic SSE3 "Prescott" kernels, several times slower. The choice cannot be changed after load, so say
+ * once how to fix it. */
 static void warn_generic_blas(void) {
     static int warned;
-    if (warned || getenv("OPENBLAS_CORETYPE")) return;
+    if (warned) return;
     const char *core = openblas_get_corename();
     static const char *generic[] = { "Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
                                      "Coppermine", "Northwood", "Banias" };

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "quant/dequant.h"
 #include "threadpool.h"
 
 typedef struct {

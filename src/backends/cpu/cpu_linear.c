@@ -85,6 +85,9 @@ dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src) {
             return NULL;
         }
     }
+    dt_linear_log_path(be, src, src->precision == DT_PREC_FP8 ? "fp8 emulated in f32 (e4m3 weights, per-row e4m3 activations)"
+                                : src->bits ? "dequantized to f32 per tile of rows, then sgemm"
+                                : "f32 sgemm on the stored weights (converted per tile when not f32)");
     return w;
 }
 

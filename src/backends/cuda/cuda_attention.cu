@@ -282,15 +282,15 @@ __device__ __forceinline__ uint32_t fw_off(int r, int c, int half_bytes) {
  * on the stage's "full" mbarrier); warpgroups 1 and 2 are consumers (64 query rows each) that wait on "full",
  * compute S = Q·Kᵀ, the online softmax (running max and sum per row, exp2 with the scale folded in) and
  * O += P·V, and arrive on the stage's "empty" mbarrier. With no block-wide barrier the two consumers drift apart, so one's softmax overlaps the other's
- * tensor-core work; PINGPONG additionally alternates their S products with two named barriers. Registers are
- * rebalanced with setmaxnreg (producer 24, consumers 240). */
+ * tensor-core work; "ping-pong" additionally alternates their S products with two named barriers (without it the
+ * kernel measured 366-432 TFLOPS instead of 424-487 on the H200: PERF.md). Registers are rebalanced with setmaxnreg
+ * (producer 24, consumers 240). */
 #define F3_THREADS 384
 #define F3_STAGES 3
 #define F3_SMEM (1024 + 32768 + F3_STAGES * 65536 + 64)
 
 
-template <int PINGPONG>
-__global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
+__global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg(fw_args a) {
 #ifdef DTC_HAVE_WGMMA
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -385,11 +385,11 @@ __global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
         for (int i = 0; i < 64; i++) o[i] = 0.f;
         reg_fence(o, 64);
         float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-        if (PINGPONG && cw == 1 && ntiles > 0) named_bar_arrive(1, 256);
+        if (cw == 1 && ntiles > 0) named_bar_arrive(1, 256);
         for (int t = 0; t < ntiles; t++) {
             const int st = t % F3_STAGES;
             mbar_wait(full(st), (uint32_t)((t / F3_STAGES) & 1));
-            if (PINGPONG) named_bar_sync(cw == 0 ? 1 : 2, 256);
+            named_bar_sync(cw == 0 ? 1 : 2, 256);
             float s[64];
 #pragma unroll
             for (int i = 0; i < 64; i++) s[i] = 0.f;
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(F3_THREADS, 1) k_flash128_wg3(fw_args a) {
                 wgmma_m64n128_ss(s, da, db, kk > 0);
             }
             wg_commit();
-            if (PINGPONG) {
+            {
                 if (cw == 0) named_bar_arrive(2, 256);
                 else if (t + 1 < ntiles) named_bar_arrive(1, 256);
             }
@@ -515,7 +515,7 @@ __global__ void k_transpose_v(__nv_bfloat16 *vt, int64_t ldvt, const __nv_bfloat
     }
 }
 
-/* Key-bias preparation for variants 3/4 (one block of 1024 threads, 8 tiles of 128 keys per round): kb2[key] =
+/* Key-bias preparation for the wgmma kernel (one block of 1024 threads, 8 tiles of 128 keys per round): kb2[key] =
  * bias[key] * log2(e) (-inf for keys >= Lk) for key < ntiles * 128, and the list of tiles that are not entirely
  * -inf, ascending, entry = tile * 2 + (tile has a nonzero bias). A padding mask thus costs nothing on its all-zero
  * tiles, and its fully masked tiles are never loaded. */
@@ -544,12 +544,11 @@ __global__ void __launch_bounds__(1024) k_bias_tiles(const float *kbias, int Lk,
     if (tid == 0) *ntl = cnt;
 }
 
-static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat16 *v, int64_t ldv, int hkv, int variant) {
-    static bool attr[5] = {false, false, false, false, false};   /* variants 3 (plain) and 4 (ping-pong) */
-    if (!attr[variant]) {  /* raise the shared-memory limit of the variant used, once */
-        if (variant == 3) CK(cudaFuncSetAttribute(k_flash128_wg3<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, F3_SMEM));
-        if (variant == 4) CK(cudaFuncSetAttribute(k_flash128_wg3<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, F3_SMEM));
-        attr[variant] = true;
+static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat16 *v, int64_t ldv, int hkv) {
+    static bool attr = false;
+    if (!attr) {  /* raise the kernel's shared-memory limit, once */
+        CK(cudaFuncSetAttribute(k_flash128_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, F3_SMEM));
+        attr = true;
     }
     const int64_t ldvt = (int64_t)(a0.Lk + FW_BC - 1) / FW_BC * FW_BC;
     __nv_bfloat16 *vt = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_vt, (size_t)hkv * FA_HD * ldvt * 2);
@@ -577,8 +576,7 @@ static void flash_wg_launch(dtc_state *st, const fa_args &a0, const __nv_bfloat1
         a.ntl = tl + nt;
     }
     dim3 grid((unsigned)((a.Lq + FW_BR - 1) / FW_BR), (unsigned)a.hq);
-    if (variant == 3) k_flash128_wg3<0><<<grid, F3_THREADS, F3_SMEM, st->q.stream>>>(a);
-    else k_flash128_wg3<1><<<grid, F3_THREADS, F3_SMEM, st->q.stream>>>(a);
+    k_flash128_wg<<<grid, F3_THREADS, F3_SMEM, st->q.stream>>>(a);
     CK_LAUNCH("flash_attention_wgmma");
 }
 
@@ -588,9 +586,7 @@ __global__ void k_softmax_rows(const float *S, int64_t lds, __nv_bfloat16 *P, in
 void dtc_preload_attention(dtc_state *st) {
     (void)st;
     dtc_preload_fn((const void *)k_flash128<4>);
-    dtc_preload_fn((const void *)k_flash128<8>);
-    dtc_preload_fn((const void *)k_flash128_wg3<0>);
-    dtc_preload_fn((const void *)k_flash128_wg3<1>);
+    dtc_preload_fn((const void *)k_flash128_wg);
     dtc_preload_fn((const void *)k_transpose_v);
     dtc_preload_fn((const void *)k_bias_tiles);
     dtc_preload_fn((const void *)k_softmax_rows);
@@ -640,8 +636,7 @@ static void attention_generic(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_ma
     if (qc < 16) qc = 16;
     if (qc > Lq) qc = Lq;
     size_t sbytes = (size_t)qc * ldsp * 4, pbytes = (size_t)qc * ldsp * 2;
-    const char *tre = getenv("DITRUN_CUDA_TRACE");
-    const int tr = tre && *tre && *tre != '0';   /* host time of each step of the first chunk */
+    const int tr = st->o.trace > 0;   /* host time of each step of the first chunk */
     double tt[5];
     tt[0] = dt_now();
     char *buf = (char *)dtc_scratch_get(st, &st->s_attn, sbytes + pbytes + 256);
@@ -714,23 +709,17 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         a.group = hq / hkv;
         a.scale_log2 = scale * 1.4426950408889634f;
         a.causal = causal;
-        /* DITRUN_CUDA_FA_WARPS=8: 128-row blocks (benchmark knob; default 4 warps, 64 rows) */
-        /* sm_90: the wgmma kernel with ping-pong (fastest of ours measured on the H200: 424 TFLOPS at 24 heads x
-         * 4608 tokens, 487 at 16896; mma.sync: 280; two simpler wgmma variants, 366 / 432, were removed in
-         * stop 11). Benchmark knobs: DITRUN_CUDA_FA=wg3 without ping-pong, =mma the mma.sync kernel;
-         * DITRUN_CUDA_FA_WARPS=8 the mma.sync 128-row variant. */
-        const char *fk = getenv("DITRUN_CUDA_FA");
-        /* =cudnn: cuDNN's fused SDPA (cuda_cudnn.cu); unset: cuDNN where it measured faster (no key bias), if
-         * it loads; =own: our default kernel below */
-        if (dtc_cudnn_attention(st, o, q, k, v, hq, hkv, scale, kb, causal, fk) == 0) return;
-        if (st->cc_major == 9 && st->cc_minor == 0 && !(fk && fk[0] == 'm')) {
-            const int var = fk && !strcmp(fk, "wg3") ? 3 : 4;
-            flash_wg_launch(st, a, (const __nv_bfloat16 *)v.data, v.ld, hkv, var);
+        /* o.attn (backend_cuda.h): AUTO = cuDNN's fused SDPA (cuda_cudnn.cu) where it measured faster (no key bias)
+         * and loads, else ours; sm_90: the wgmma kernel with ping-pong (fastest of ours measured on the H200: 424
+         * TFLOPS at 24 heads x 4608 tokens, 487 at 16896; without ping-pong 366-432, the mma.sync kernel 280:
+         * PERF.md), other GPUs (or o.attn = MMA): the mma.sync kernel */
+        const dt_cuda_attn pick = st->o.attn;
+        if (dtc_cudnn_attention(st, o, q, k, v, hq, hkv, scale, kb, causal, pick) == 0) return;
+        if (st->cc_major == 9 && st->cc_minor == 0 && pick != DT_CUDA_ATTN_MMA) {
+            flash_wg_launch(st, a, (const __nv_bfloat16 *)v.data, v.ld, hkv);
             return;
         }
-        const char *nw = getenv("DITRUN_CUDA_FA_WARPS");
-        if (nw && nw[0] == '8') flash_launch<8>(st, a);
-        else flash_launch<4>(st, a);
+        flash_launch<4>(st, a);
         return;
     }
     if (k.rows <= 0) {  /* no keys: every row sees nothing -> 0 */

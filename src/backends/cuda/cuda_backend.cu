@@ -340,7 +340,7 @@ static int be_capture_begin(dt_backend *be) {
 static void be_stream_switch(dt_backend *be, int q, int wait) {
     dtc_state *st = dtc(be);
     DTC_REQUIRE(q == 0 || q == 1, "stream_switch: queue %d (0 or 1)", q);
-    if (st->streams_off) return;
+    if (st->o.serial) return;
     if (!st->alt.stream) {
         if (st->capturing || q == 0) return;
         CK(cudaStreamCreateWithPriority(&st->alt.stream, cudaStreamNonBlocking, st->queue_prio));
@@ -421,14 +421,14 @@ void dtc_preload_kernels(dtc_state *st) {
     dtc_preload_qgemm(st);
 }
 
-/* ------------------------------------------------------------------ tracing (DITRUN_CUDA_TRACE) */
-/* DITRUN_CUDA_TRACE=1: each op's host time (launch work: lazy kernel loading, cuBLASLt heuristics, cudaMalloc,
- * ...); =2: each op followed by a stream synchronize, so the time is host + device. Ops over
- * DITRUN_CUDA_TRACE_MS (default 0.5) are printed as they happen; a per-op summary is printed at destroy.
- * =3: device time of each op in the running queue (CUDA events before and after it, no synchronization, so
+/* ------------------------------------------------------------------ tracing (o.trace) */
+/* o.trace = 1: each op's host time (launch work: lazy kernel loading, cuBLASLt heuristics, cudaMalloc,
+ * ...); = 2: each op followed by a stream synchronize, so the time is host + device. Ops over o.trace_ms are
+ * printed as they happen; a per-op summary is printed at destroy.
+ * = 3: device time of each op in the running queue (CUDA events before and after it, no synchronization, so
  * caches and overlap are as in a real run; not while a graph is captured), summed per op and shape and
  * printed at destroy, largest total first.
- * The real ops sit behind the vtable; this only wraps them when the variable is set. */
+ * The real ops sit behind the vtable; this only wraps them when tracing is on. */
 struct trace_stat {
     int n = 0;
     double total = 0, maxv = 0;
@@ -622,15 +622,14 @@ static int tr_sync(dt_backend *be) {
 }
 
 static void trace_install(dt_backend *be) {
-    const char *e = getenv("DITRUN_CUDA_TRACE");
-    if (!e || !*e || *e == '0') return;
+    const dtc_state *st = dtc(be);
+    if (st->o.trace <= 0) return;
     if (!g_tr.stats) {
-        g_tr.level = atoi(e) >= 3 ? 3 : atoi(e) >= 2 ? 2 : 1;
+        g_tr.level = st->o.trace >= 3 ? 3 : st->o.trace;
         g_tr.pending = new std::vector<trace_ev>();
         g_tr.spare = new std::vector<cudaEvent_t>();
         g_tr.dev = new std::map<std::string, trace_stat>();
-        const char *t = getenv("DITRUN_CUDA_TRACE_MS");
-        g_tr.thr_ms = t && *t ? atof(t) : 0.5;
+        g_tr.thr_ms = st->o.trace_ms;
         g_tr.stats = new std::map<std::string, trace_stat>();
     }
     g_tr.real = *be;
@@ -782,10 +781,14 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         dt_set_error("cuda: device %d does not exist (%d device(s) found)", o.device, n);
         return NULL;
     }
+    dt_cuda_opts co;
+    if (o.cuda) co = *o.cuda;
+    else if (dt_cuda_opts_from_env(&co)) return NULL;
     dt_backend *be = (dt_backend *)calloc(1, sizeof(dt_backend));
     if (!be) { dt_set_error("cuda: out of host memory"); return NULL; }
     dtc_state *st = new dtc_state();
     memset(st, 0, sizeof *st);
+    st->o = co;
     be->impl = st;
     st->device = o.device;
     st->verbose = o.verbose;
@@ -803,18 +806,13 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     st->cc_minor = prop.minor;
     st->smem_optin = prop.sharedMemPerBlockOptin;
     st->pool = new dtc_pool();
-    {
-        /* DITRUN_CUDA_PREFETCH: 1 (default) transient prefetch on a lowest-priority stream, the queues at the
-         * highest; 2 the same at equal priorities; 3 the slots without hints (A/B arms); 0 off (every
-         * dequantization on its queue) */
-        const char *pf = getenv("DITRUN_CUDA_PREFETCH");
-        st->pf_mode = pf && pf[0] == '0' ? 0 : pf && pf[0] == '2' ? 2 : pf && pf[0] == '3' ? 3 : 1;
-    }
+    /* the transient prefetch (default) runs on a lowest-priority stream, the queues at the highest; with
+     * o.no_prefetch every dequantization runs on its queue */
     int prio_least = 0, prio_greatest = 0;
     CREATE_CK(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest));
-    st->queue_prio = st->pf_mode == 1 ? prio_greatest : prio_least;
+    st->queue_prio = !st->o.no_prefetch ? prio_greatest : prio_least;
     CREATE_CK(cudaStreamCreateWithPriority(&st->q.stream, cudaStreamNonBlocking, st->queue_prio));
-    if (st->pf_mode) {
+    if (!st->o.no_prefetch) {
         CREATE_CK(cudaStreamCreateWithPriority(&st->pf_stream, cudaStreamNonBlocking, prio_least));
         CREATE_CK(cudaEventCreateWithFlags(&st->pf_pos, cudaEventDisableTiming));
         CREATE_CK(cudaEventCreateWithFlags(&st->pf_last, cudaEventDisableTiming));
@@ -853,19 +851,18 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->linear_gated_add = dtc_linear_gated_add;
     be->norm_linear = dtc_norm_linear;
     be->act_linear_gated = dtc_act_linear_gated;
-    if (st->pf_mode && st->pf_mode != 3) be->linear_prefetch = dtc_linear_prefetch;   /* 3: slots, no hints (study) */
+    if (!st->o.no_prefetch) be->linear_prefetch = dtc_linear_prefetch;
     be->layernorm_mod = dtc_layernorm_mod;
     be->rmsnorm = dtc_rmsnorm;
     be->head_norm_rope = dtc_head_norm_rope;
     be->attention = dtc_attention;
     /* fp8 attention is cuDNN's fp8 SDPA, which 9.14 computes intermittently wrong on the H200 and 9.19 right
-     * (NOTES.md, stop 15): on with cuDNN >= 9.19 (DITRUN_CUDNN_LIB picks the library), else off with the reason;
-     * DITRUN_FP8_ATTN_UNSAFE=1 turns it on anyway (measurements). Probing loads cuDNN now instead of at the first
+     * (NOTES.md): on with cuDNN >= 9.19 (o.cudnn_lib picks the library), else off with the reason;
+     * o.fp8_attn_unsafe turns it on anyway (measurements). Probing loads cuDNN now instead of at the first
      * attention (every model's forward uses it). */
     {
-        const char *f8a = getenv("DITRUN_FP8_ATTN_UNSAFE");
         const int ver = dtc_cudnn_version(st);
-        if ((f8a && *f8a == '1') || ver >= 91900) {
+        if (st->o.fp8_attn_unsafe || ver >= 91900) {
             be->attention_fp8 = dtc_attention_fp8;
         } else {
             if (ver)
@@ -900,21 +897,22 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->fp8_scale_mode = be_fp8_scale_mode;
     be->stream_switch = be_stream_switch;
     {
-        const char *so = getenv("DITRUN_CUDA_STREAMS");   /* =0: ignore stream_switch (serial, for A/B) */
-        st->streams_off = so && so[0] == '0';
-    }
-    {
         /* Load every kernel of the backend now (lazy module loading would otherwise load each one at its first
          * launch, inside the first forward / encode / decode) and raise their shared-memory limits. */
         double t0 = dt_now();
-        const char *pe = getenv("DITRUN_CUDA_PRELOAD");   /* =0: leave loading lazy (to measure the difference) */
-        if (st->cc_major == 9 && st->cc_minor == 0 && !(pe && pe[0] == '0')) dtc_preload_kernels(st);
+        if (st->cc_major == 9 && st->cc_minor == 0) dtc_preload_kernels(st);
         st->t_preload = dt_now() - t0;
         if (o.verbose) fprintf(stderr, "ditrun: cuda: kernels preloaded in %.1f ms\n", st->t_preload * 1e3);
     }
     if (o.qpath == DT_QPATH_MIXED && !dtc_qgemm_eligible(st, 128, 64, 4, 64))
-        fprintf(stderr, "ditrun: cuda: --qpath mixed needs an sm_90 GPU with TMA (this one is compute %d.%d, or "
-                        "DITRUN_CUDA_QGEMM=0): quantized Linears take the auto path\n", st->cc_major, st->cc_minor);
+        fprintf(stderr, "ditrun: cuda: --qpath mixed needs an sm_90 GPU with TMA (this one is compute %d.%d): "
+                        "quantized Linears take the auto path\n", st->cc_major, st->cc_minor);
     trace_install(be);
+    be->opts.cuda = &st->o;
     return be;
+}
+
+extern "C" dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be) {
+    if (!be || !be->name || strcmp(be->name, "cuda")) return nullptr;
+    return &dtc(be)->o;
 }

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backends/backend.h"
+#include "backends/backend_cuda.h"
 
 /* ------------------------------------------------------------------ errors */
 [[noreturn]] void dtc_fatal(const char *call, const char *file, int line, const char *msg);
@@ -85,6 +85,8 @@ struct dtc_queue {
 };
 
 struct dtc_state {
+    dt_cuda_opts o;         /* the backend's options (backend_cuda.h; tests and bench arms may change the per-call
+                               fields between ops through dt_backend_cuda_opts) */
     int device;
     int sm_count;
     int cc_major, cc_minor;
@@ -105,15 +107,12 @@ struct dtc_state {
     int verbose;
     /* stream_switch (cuda_backend.cu): the queue not in use; a switch swaps q and alt */
     int cur_queue;          /* 0 main, 1 side */
-    int streams_off;        /* DITRUN_CUDA_STREAMS=0: switches are ignored (serial A/B arm) */
     dtc_queue alt;
     cudaEvent_t ev_switch;
     /* Transient-weight prefetch (cuda_linear.cu, linear_prefetch): on the main queue the transient Linears'
      * dequantized weights live in two slots; a prefetch hint dequantizes the next Linear into the free slot on
-     * pf_stream (lower priority than the queues), overlapping the ops queued before it. */
-    int pf_mode;            /* DITRUN_CUDA_PREFETCH: 0 off, 1 on (low-priority stream, default), 2 on at equal
-                               priority, 3 the slots without hints (A/B arms) */
-    cudaStream_t pf_stream;
+     * pf_stream (lower priority than the queues), overlapping the ops queued before it. Off with o.no_prefetch. */
+    cudaStream_t pf_stream; /* NULL when the prefetch is off */
     int queue_prio;         /* priority of the two queues' streams */
     cudaEvent_t pf_pos;     /* the main queue's position when a prefetch was issued */
     cudaEvent_t pf_last;    /* after the last prefetch (join) */
@@ -129,14 +128,11 @@ struct dtc_state {
     } pf[2];
     int graphs_made;        /* graphs captured so far: scratch growth before the first frees the old buffer */
     dtc_pinned pin_up, pin_down;   /* host staging of upload / download */
-    /* GEMM algorithm choice (cuda_linear.cu): 1 = time cuBLASLt's top heuristic candidates once per shape
-     * (DITRUN_GEMM_TUNE=0 turns it off); choices persist in gemm_cache_path ("" = in memory only) */
-    int gemm_tune;
-    char gemm_cache_path[512];
+    /* GEMM algorithm choice (cuda_linear.cu): o.gemm_tune, choices persisted in o.gemm_cache */
     char gpu_id[160];       /* device name, cc, SMs, cuBLASLt version: the persisted choices' validity key */
     char f8a_off[320];      /* why attention_fp8 is off (dt_backend.attention_fp8_off), "" when on */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
-    double trace_malloc_ms; /* DITRUN_CUDA_TRACE: print cudaMalloc calls at least this long (0 = off) */
+    double trace_malloc_ms; /* o.trace: print cudaMalloc calls at least this long (0 = off) */
     void *nvml_dev;         /* NVML handle of this device (cuda_power.cu), found on first use */
 };
 
@@ -171,7 +167,7 @@ int dtc_power_sample(dtc_state *st, dt_power_sample *p);
 /* ------------------------------------------------------------------ GEMM (cuda_linear.cu) */
 /* Column-major cuBLASLt product D[m,n] = alpha * op(A)[m,k] * op(B)[k,n] (+ bias[m] when bias != NULL).
  * A/B are bf16; D is bf16 or f32 (dtype). ta/tb: 1 = transposed. Leading dimensions in elements. */
-/* Algorithm choice settings from the environment (DITRUN_GEMM_TUNE, DITRUN_GEMM_CACHE); see cuda_linear.cu. */
+/* The device key of the persisted algorithm choices (o.gemm_tune, o.gemm_cache); see cuda_linear.cu. */
 void dtc_gemm_tune_init(dtc_state *st, const char *device_name);
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
@@ -185,8 +181,6 @@ struct dtc_qg_w {
     int64_t N, K;
     int bits, group;
     int sb_bf16;       /* 4-bit with bf16-exact scales/biases: dequantized with bf16x2 arithmetic */
-    int ss;            /* layout and kernel: 1 = row chunks for the shared-memory (SS) kernel, 0 = fragment order
-                          for the register-A (RS) kernel */
 };
 /* Epilogue of dtc_qgemm: y = (x·Wᵀ + bias) ⊙ gate (+ y when accumulate); NULL members are skipped. */
 struct dtc_qg_epi {
@@ -194,8 +188,7 @@ struct dtc_qg_epi {
     const void *gate;            /* [N], bf16 or f32 (gate_f32) */
     int gate_f32, accumulate;
 };
-/* 1 when this device and Linear geometry can use it (sm_90, N % 128, K % 64, group 16·2^i; DITRUN_CUDA_QGEMM=0
- * disables it). */
+/* 1 when this device and Linear geometry can use it (sm_90, N % 128, K % 64, group 16·2^i). */
 int dtc_qgemm_eligible(const dtc_state *st, int64_t N, int64_t K, int bits, int group);
 /* Re-lay MLX-packed device weights qw [N, K·bits/32] and sb [N, K/group] into dst (pool allocations); -1 on OOM.
  * sb_bf16_exact: every scale and bias is exactly a bf16 value (the bf16x2 dequantization is then exact). */
@@ -258,11 +251,11 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
                    dt_mat key_bias, int causal);
 void dtc_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale);
 /* Attention (head dim 128, bf16, q/k/v/o as dtc_attention's fast path takes them) through cuDNN's fused SDPA
- * (cuda_cudnn.cu). fa = $DITRUN_CUDA_FA: "cudnn" forces it (fatal if cuDNN cannot be loaded), another value
- * selects our kernels, unset = the measured default. Returns 0 when cuDNN ran it, 1 when the caller must
- * (nothing queued). kbias: F32 [1, Lk] additive key bias or NULL. */
+ * (cuda_cudnn.cu). pick (o.attn): CUDNN forces it (fatal if cuDNN cannot be loaded), OWN / MMA select our
+ * kernels, AUTO = the measured default. Returns 0 when cuDNN ran it, 1 when the caller must (nothing queued).
+ * kbias: F32 [1, Lk] additive key bias or NULL. */
 int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, float scale,
-                        const float *kbias, int causal, const char *fa);
+                        const float *kbias, int causal, dt_cuda_attn pick);
 int dtc_cudnn_version(dtc_state *st);       /* cudnnGetVersion() of the loaded library, 0 = unavailable */
 long long dtc_cudnn_calls(dtc_state *st);   /* attention calls run by cuDNN so far */
 void dtc_cudnn_destroy(dtc_state *st);

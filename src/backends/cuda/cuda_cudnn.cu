@@ -1,6 +1,6 @@
 /* cuda_cudnn.cu — attention through cuDNN's fused flash attention (SDPA forward, inference: no stats).
  *
- * cuDNN is loaded at run time (dlopen "libcudnn.so.9", or the path in DITRUN_CUDNN_LIB), never linked, so
+ * cuDNN is loaded at run time (dlopen "libcudnn.so.9", or the path in the options' cudnn_lib), never linked, so
  * builds and machines without it keep working: the path then reports "unavailable" and dtc_attention uses our
  * own kernels. The operation graph is the one cudnn-frontend's composite SDPA node lowers into for cuDNN 9:
  *   S = Q·Kᵀ (matmul, fp32) → S·scale (pointwise, scale passed by value) [→ S + key_bias] [→ causal select]
@@ -11,10 +11,10 @@
  * pointers go into a variant pack built per call. While a CUDA graph is being captured only cached plans run
  * (building a plan may allocate or compile), otherwise the caller falls back to our kernel.
  *
- * Knobs: DITRUN_CUDA_FA=cudnn forces this path (fatal if cuDNN cannot be loaded; a graph cuDNN rejects still
- * falls back, with one warning), DITRUN_CUDA_FA=own (or wg3/mma) our kernels, DITRUN_CUDNN=0 turns the
- * default off, DITRUN_CUDNN_LIB=PATH loads another libcudnn.so.9 (its engine libraries must be findable),
- * DITRUN_CUDNN_DEBUG=1 prints the loading, each plan (engine, workspace) and each rejection. */
+ * Options (backend_cuda.h): attn = DT_CUDA_ATTN_CUDNN forces this path (fatal if cuDNN cannot be loaded; a graph
+ * cuDNN rejects still falls back, with one warning), OWN / MMA our kernels; cudnn_lib loads another
+ * libcudnn.so.9 (its engine libraries must be findable); cudnn_debug prints the loading, each plan (engine,
+ * workspace) and each rejection. */
 #include <dlfcn.h>
 #include <math.h>
 #include <string.h>
@@ -35,9 +35,9 @@
 #ifndef DTC_HAVE_CUDNN_H
 /* ------------------------------------------------------------------ toolkit without cuDNN headers */
 int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, float scale,
-                        const float *kbias, int causal, const char *fa) {
+                        const float *kbias, int causal, dt_cuda_attn pick) {
     (void)st; (void)o; (void)q; (void)k; (void)v; (void)hq; (void)hkv; (void)scale; (void)kbias; (void)causal;
-    if (fa && !strcmp(fa, "cudnn")) DTC_REQUIRE(0, "DITRUN_CUDA_FA=cudnn: this build has no cuDNN headers");
+    DTC_REQUIRE(pick != DT_CUDA_ATTN_CUDNN, "attention through cuDNN was asked for: this build has no cuDNN headers");
     return 1;
 }
 void dtc_cudnn_destroy(dtc_state *st) { (void)st; }
@@ -55,7 +55,7 @@ static struct {
     std::once_flag once;
     void *dl;
     size_t version;  /* cudnnGetVersion(), 0 = not loaded */
-    char why[256];   /* why not */
+    char why[768];   /* why not (room for a library path of 512 bytes) */
     decltype(&cudnnGetVersion) GetVersion;
     decltype(&cudnnCreate) Create;
     decltype(&cudnnDestroy) Destroy;
@@ -70,26 +70,20 @@ static struct {
     decltype(&cudnnBackendExecute) Execute;
 } g_dnn;
 
-static int dnn_debug(void) {
-    static int d = -1;
-    if (d < 0) {
-        const char *e = getenv("DITRUN_CUDNN_DEBUG");
-        d = e && *e && *e != '0';
-    }
-    return d;
-}
-/* Diagnostics of the cuDNN path: verbose level (-v), or always with DITRUN_CUDNN_DEBUG=1. */
+/* Diagnostics of the cuDNN path: verbose level (-v), or always once a backend of the process was created with
+ * the cudnn_debug option. */
+static int g_dnn_debug;
 #define DNN_LOG(...)                                                                  \
     do {                                                                              \
-        if (dnn_debug()) { fprintf(stderr, "ditrun: cudnn: " __VA_ARGS__); fputc('\n', stderr); } \
+        if (g_dnn_debug) { fprintf(stderr, "ditrun: cudnn: " __VA_ARGS__); fputc('\n', stderr); } \
         else dt_log(2, "cudnn: " __VA_ARGS__);                                        \
     } while (0)
 
-static void dnn_load(void) {
-    const char *env = getenv("DITRUN_CUDNN_LIB");
-    const char *tried = env && *env ? env : "libcudnn.so.9";
+/* lib: the library to try first ("" or NULL: the system's libcudnn.so.9, which is also the fallback). */
+static void dnn_load(const char *lib) {
+    const char *tried = lib && *lib ? lib : "libcudnn.so.9";
     g_dnn.dl = dlopen(tried, RTLD_NOW | RTLD_LOCAL);
-    if (!g_dnn.dl && env && *env) {
+    if (!g_dnn.dl && lib && *lib) {
         tried = "libcudnn.so.9";
         g_dnn.dl = dlopen(tried, RTLD_NOW | RTLD_LOCAL);
     }
@@ -154,7 +148,7 @@ struct dtc_cudnn {
     dtc_scratch ws[2];    /* workspace per queue (stream_switch) */
     dtc_scratch f8[2];    /* fp8 attention per queue: codes of q, k, v, the f16/e4m3 output (if used), the scalars */
     int f8_otype;         /* fp8 attention's output type: -1 not yet known, 0 bf16, 1 f16, 2 e4m3 (the first that
-                           * cuDNN accepts; DITRUN_CUDNN_FP8_OUT=bf16|f16|e4m3 forces one) */
+                           * cuDNN accepts; Hopper builds only e4m3) */
     int init_failed;
     std::vector<dnn_plan> plans;
     long long calls;
@@ -165,7 +159,8 @@ static const char *dnn_err(cudnnStatus_t s) { return g_dnn.GetErrorString ? g_dn
 
 /* The backend's cuDNN handle, created at the first use (bound to the backend's stream); nullptr if unavailable. */
 static dtc_cudnn *dnn_get(dtc_state *st) {
-    std::call_once(g_dnn.once, dnn_load);
+    if (st->o.cudnn_debug) g_dnn_debug = 1;
+    std::call_once(g_dnn.once, [st] { dnn_load(st->o.cudnn_lib); });
     if (!g_dnn.version) return nullptr;
     if (!st->cudnn) {
         st->cudnn = new dtc_cudnn();
@@ -552,9 +547,8 @@ static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids
         dtc_scratch *w = &c->ws[st->cur_queue ? 1 : 0];
         if (st->capturing && (size_t)p->ws > w->size) return 1;  /* no allocation while capturing */
         ws = dtc_scratch_get(st, w, (size_t)p->ws);
-        /* fp8 (test knob): DITRUN_CUDNN_WS_POISON=1 fills the workspace with 0xff first (the result must not change) */
-        const char *poison = p->fp8 ? getenv("DITRUN_CUDNN_WS_POISON") : nullptr;
-        if (poison && *poison == '1') CK(cudaMemsetAsync(ws, 0xff, (size_t)p->ws, st->q.stream));
+        /* fp8, test option cudnn_ws_poison: the workspace filled with 0xff first (the result must not change) */
+        if (p->fp8 && st->o.cudnn_ws_poison) CK(cudaMemsetAsync(ws, 0xff, (size_t)p->ws, st->q.stream));
     }
     if (c->bound != st->q.stream) {  /* the backend switched queues since the last call */
         cudnnStatus_t s = g_dnn.SetStream(c->h, st->q.stream);
@@ -581,29 +575,18 @@ static int dnn_run(dtc_state *st, dtc_cudnn *c, dnn_plan *p, const int64_t *uids
     return 0;
 }
 
-/* Policy without DITRUN_CUDA_FA: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14, H200,
+/* Policy of DT_CUDA_ATTN_AUTO: cuDNN where it measured faster (PERF.md, 2026-11-30, cuDNN 9.14, H200,
  * interleaved): no mask 1.41-1.59x our wgmma kernel at 1536-16896 tokens (24-48 heads, GQA 48/12), causal
  * 1.50x at 4608 and 1.15x at 512 (32/8). With a key bias it only ties (Krea 2's padded GQA: 1.193 vs
- * 1.197 ms) and gives NaN where every key of a row is masked (we give 0): our kernel keeps those.
- * DITRUN_CUDNN=0 turns the default off. */
-static int dnn_default_on(int bias, int causal) {
-    (void)causal;
-    static int off = -1;
-    if (off < 0) {
-        const char *e = getenv("DITRUN_CUDNN");
-        off = e && *e == '0';
-    }
-    return !off && !bias;
-}
-
+ * 1.197 ms) and gives NaN where every key of a row is masked (we give 0): our kernel keeps those. */
 int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, float scale,
-                        const float *kbias, int causal, const char *fa) {
-    const int forced = fa && !strcmp(fa, "cudnn");
-    if (fa && *fa && !forced) return 1;                     /* one of our kernels was asked for */
-    if (!forced && !dnn_default_on(kbias != nullptr, causal)) return 1;
+                        const float *kbias, int causal, dt_cuda_attn pick) {
+    const int forced = pick == DT_CUDA_ATTN_CUDNN;
+    if (pick != DT_CUDA_ATTN_AUTO && !forced) return 1;     /* one of our kernels was asked for */
+    if (!forced && kbias) return 1;
     dtc_cudnn *c = dnn_get(st);
     if (!c) {
-        DTC_REQUIRE(!forced, "DITRUN_CUDA_FA=cudnn: cuDNN is unavailable (%s)",
+        DTC_REQUIRE(!forced, "attention through cuDNN was asked for, but cuDNN is unavailable (%s)",
                     g_dnn.why[0] ? g_dnn.why : "cudnnCreate failed; DITRUN_CUDNN_DEBUG=1 says more");
         return 1;
     }
@@ -617,7 +600,7 @@ int dtc_cudnn_attention(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
     dnn_plan *p = dnn_plan_for(st, c, key);
     if (!p) {
         if (forced && !c->warned && !st->capturing) {
-            fprintf(stderr, "ditrun: warning: DITRUN_CUDA_FA=cudnn: cuDNN rejected attention Lq=%lld Lk=%lld %d/%d heads%s%s; "
+            fprintf(stderr, "ditrun: warning: attention through cuDNN was asked for, but it rejected Lq=%lld Lk=%lld %d/%d heads%s%s; "
                     "using our kernel (DITRUN_CUDNN_DEBUG=1 says why)\n", (long long)key.Lq, (long long)key.Lk, hq, hkv,
                     kbias ? " bias" : "", causal ? " causal" : "");
             c->warned = 1;
@@ -658,12 +641,6 @@ int dtc_cudnn_attention_fp8(dtc_state *st, dt_mat o, dt_mat q, dt_mat k, dt_mat 
     /* O: bf16 straight into o where cuDNN can write it (16-byte aligned rows), else f16 or e4m3 + one conversion */
     dnn_plan *p = nullptr;
     const int direct_ok = o.ld % 8 == 0 && dtc_aligned16(o.data);
-    if (c->f8_otype < 0) {
-        const char *e = getenv("DITRUN_CUDNN_FP8_OUT");
-        if (e && !strcmp(e, "bf16")) c->f8_otype = 0;
-        else if (e && !strcmp(e, "f16")) c->f8_otype = 1;
-        else if (e && !strcmp(e, "e4m3")) c->f8_otype = 2;
-    }
     for (int ot = c->f8_otype < 0 ? 0 : c->f8_otype; ot <= 2 && !p; ot++) {
         if (ot == 0 && !direct_ok) continue;
         key.otype = ot;

@@ -148,12 +148,6 @@ __global__ void k_copy16(uint4 *d, int64_t ldd, const uint4 *s, int64_t lds, int
     }
 }
 
-/* DITRUN_CUDA_COPY=2d: strided same-dtype copies through cudaMemcpy2DAsync instead of k_copy16 (benchmark knob) */
-static int copy_use_2d(void) {
-    const char *e = getenv("DITRUN_CUDA_COPY");
-    return e && !strcmp(e, "2d");
-}
-
 void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src) {
     DTC_REQUIRE(dst.rows == src.rows && dst.cols == src.cols, "copy: shape mismatch [%lld,%lld] <- [%lld,%lld]",
                 (long long)dst.rows, (long long)dst.cols, (long long)src.rows, (long long)src.cols);
@@ -172,7 +166,7 @@ void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src) {
             return;
         }
         if (rb % 16 == 0 && dtc_aligned16(dst.data) && dtc_aligned16(src.data) && ((size_t)dst.ld * es) % 16 == 0 &&
-            ((size_t)src.ld * es) % 16 == 0 && !copy_use_2d()) {
+            ((size_t)src.ld * es) % 16 == 0) {
             const int64_t cw = (int64_t)(rb / 16);
             dim3 grid, block;
             chunk_grid(st, dst.rows, cw, &grid, &block);
@@ -339,9 +333,8 @@ int dtc_act_e4m3(dtc_state *st, dt_mat lead, dt_mat a, dt_mat b, dt_act act, uin
 template <int ACT>
 static void act_mul_t(dtc_state *st, dt_mat y, dt_mat a, dt_mat b) {
     const int has_b = b.data != nullptr;
-    const char *e = getenv("DITRUN_CUDA_ACT16");   /* =0: the generic elementwise kernel (A/B knob) */
     if (y.dtype == DT_BF16 && a.dtype == DT_BF16 && (!has_b || b.dtype == DT_BF16) && vec_ok(y) && vec_ok(a) &&
-        vec_ok(b) && y.rows > 0 && y.cols > 0 && !(e && e[0] == '0')) {
+        vec_ok(b) && y.rows > 0 && y.cols > 0) {
         dim3 grid, block;
         const int64_t cw = y.cols / 8;
         chunk_grid(st, y.rows, cw, &grid, &block);

@@ -8,12 +8,12 @@
  * itself (norm_linear, act_linear_gated: cuda_elementwise.cu's *_e4m3 kernels, then dtc_fp8_gemm_q).
  * Gated residual (linear_gated_add): the gate multiplies the per-channel weight scales and the residual is the
  * GEMM's C (beta = 1), one GEMM and one rounding of x + gate·y (fp8_gemm_gated).
- * GEMM: one cuBLASLt e4m3 x e4m3 product, fp32 accumulation (fast accumulation unless DITRUN_FP8_FAST_ACCUM=0),
+ * GEMM: one cuBLASLt e4m3 x e4m3 product, fp32 accumulation (fast accumulation unless option fp8_accurate_accum),
  * bf16 (or f32) output,
  * "TN" (both operands K-major: W [N,K] and xq [M,K] row-major, as Hopper's fp8 kernels require), with the two
  * scale vectors applied by cuBLASLt's outer-vector scaling (A/B_SCALE_MODE = OUTER_VEC_32F: weight scales
  * along m = N, activation scales along n = M) and the bias epilogue. If cuBLASLt offers no algorithm for
- * that (or DITRUN_FP8_SCALES=epilogue), the product is written unscaled and one elementwise pass applies
+ * that (or with option fp8_epilogue_scales), the product is written unscaled and one elementwise pass applies
  * y = acc * sx[row] * sw[col] + bias (mode "epilogue"). Codes and scales are computed with the same f32
  * expressions as core/fp8.c (448/amax by IEEE division, one product, RNE + saturation), so both backends
  * produce identical e4m3 values. */
@@ -453,20 +453,15 @@ static int f8_build(dtc_state *st, const f8_key &key, const void *sw, const void
     return 0;
 }
 
-static int env_fp8_epilogue(void) {
-    const char *v = getenv("DITRUN_FP8_SCALES");
-    return v && !strcmp(v, "epilogue");
-}
+/* Scales in a pass of their own instead of cuBLASLt's outer-vector mode (option fp8_epilogue_scales). */
+static int fp8_epilogue_forced(const dtc_state *st) { return st->o.fp8_epilogue_scales; }
 /* Fast accumulation (cuBLASLt's FAST_ACCUM: no periodic promotion of the tensor cores' partial sums) is the
- * default: −2.6 ms per 1024² fp8 forward at the same forward error (PERF.md, stop 16); DITRUN_FP8_FAST_ACCUM=0
+ * default: −2.6 ms per 1024² fp8 forward at the same forward error (PERF.md, stop 16); option fp8_accurate_accum
  * selects the accurate mode. */
-static int env_fp8_fast(void) {
-    const char *v = getenv("DITRUN_FP8_FAST_ACCUM");
-    return !(v && !strcmp(v, "0"));
-}
+static int fp8_fast(const dtc_state *st) { return !st->o.fp8_accurate_accum; }
 
 const char *dtc_fp8_scale_mode(dtc_state *st) {
-    if (env_fp8_epilogue()) return "epilogue (forced by DITRUN_FP8_SCALES)";
+    if (fp8_epilogue_forced(st)) return "epilogue (forced by the fp8_epilogue_scales option)";
     dtc_fp8_cache *c = st->fp8_cache;
     if (!c || c->n_outer_ok + c->n_outer_fail == 0) return "untested";
     if (!c->n_outer_fail) return "outer-vector (cuBLASLt)";
@@ -503,10 +498,10 @@ __global__ void k_fp8_gate_scale(float *d, const float *sw, const void *gate, in
  * as C = D = x with beta = 1. 0 = queued; -1 = not available here (no bias allowed, outer-vector scaling and an
  * algorithm for it needed; nothing queued). The sum is rounded once (the two-op path rounds y, gate·y and x + ..). */
 static int fp8_gemm_gated(dtc_state *st, dt_mat x, const uint8_t *xq, const float *sx, const dtc_fp8_w *f, dt_mat gate) {
-    if (env_fp8_epilogue() || (gate.data && gate.dtype != DT_BF16 && gate.dtype != DT_F32)) return -1;
+    if (fp8_epilogue_forced(st) || (gate.data && gate.dtype != DT_BF16 && gate.dtype != DT_F32)) return -1;
     f8_key key;
     key.dtd = (int)x.dtype;
-    key.fast = env_fp8_fast();
+    key.fast = fp8_fast(st);
     key.ad = fp8_align(x.data);
     key.acc = 1;
     key.outer = 1;
@@ -545,7 +540,7 @@ static void fp8_gemm(dtc_state *st, dt_mat y, const uint8_t *xq, const float *sx
                      const __nv_bfloat16 *bias) {
     f8_key key;
     key.dtd = (int)y.dtype;
-    key.fast = env_fp8_fast();
+    key.fast = fp8_fast(st);
     key.ad = fp8_align(y.data);
     key.acc = 0;
     key.m = f->N;
@@ -562,7 +557,7 @@ static void fp8_gemm(dtc_state *st, dt_mat y, const uint8_t *xq, const float *sx
         return e0;
     };
     f8_entry *ep = nullptr;
-    if (!env_fp8_epilogue()) {
+    if (!fp8_epilogue_forced(st)) {
         key.outer = 1;
         key.has_bias = bias && y.dtype == DT_BF16;
         ep = f8_get(st, key, f->s, sx, bias);

@@ -9,9 +9,7 @@
  *              split-K over the reduction for small grids.
  * All three dequantize w = fmaf(scale, q, bias) in fp32 and round to bf16, so they agree up to the GEMM's
  * summation order. */
-#include <errno.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <map>
@@ -21,20 +19,19 @@
 
 /* ------------------------------------------------------------------ cuBLASLt helper */
 /* Algorithm choice. cuBLASLt's heuristic ranks its kernels by a model, and its first pick is not always the
- * fastest at our shapes. With tuning on (default; DITRUN_GEMM_TUNE=0 turns it off) the first call at a new
+ * fastest at our shapes. With tuning on (default; option gemm_tune = 0 turns it off) the first call at a new
  * shape/stride/alignment of a Linear's GEMM of >= 2 GFLOP and >= 1024 tokens (the products a denoising loop
  * repeats; one-shot work such as the text encoder, the VAE convolutions and the attention fallback keeps the
  * heuristic's pick: timing would cost it more than it saves) times up to GEMM_TUNE_CANDIDATES candidates on the
  * call's own operands (1 warm-up + GEMM_TUNE_REPS timed runs each, CUDA events) and keeps the fastest. Choices
- * are appended to a text file (DITRUN_GEMM_CACHE=path; default $XDG_CACHE_HOME or ~/.cache /ditrun/gemm-algos.txt;
- * DITRUN_GEMM_CACHE=none keeps them in memory) whose lines name the device and cuBLASLt version they hold for,
- * so later processes skip the timing. A persisted algorithm is re-checked with cublasLtMatmulAlgoCheck. Never
- * times while a CUDA graph is being captured (the heuristic's first pick is used and not remembered). */
+ * are appended to a text file (option gemm_cache; docs/environment.md: DITRUN_GEMM_CACHE, default
+ * $XDG_CACHE_HOME or ~/.cache /ditrun/gemm-algos.txt; "" keeps them in memory) whose lines name the device and
+ * cuBLASLt version they hold for, so later processes skip the timing. A persisted algorithm is re-checked with
+ * cublasLtMatmulAlgoCheck. Never times while a CUDA graph is being captured (the heuristic's first pick is used and
+ * not remembered). (Timing the candidates under sustained load, at the power cap, chose other algorithms at 6 of 8
+ * shapes for the same forward time: PERF.md, stop 12.) */
 #define GEMM_TUNE_CANDIDATES 8
-#define GEMM_TUNE_CANDIDATES_MAX 16   /* DITRUN_GEMM_TUNE=sustained looks at more candidates */
 #define GEMM_TUNE_REPS 3
-#define GEMM_TUNE_ROUNDS 5            /* sustained: interleaved rounds after the heater, median per candidate */
-#define GEMM_TUNE_HEAT_MS 150.0       /* sustained: run the first candidate this long first (power cap reached) */
 #define GEMM_TUNE_MIN_FLOP 2e9
 #define GEMM_TUNE_MIN_TOKENS 1024   /* Linears of >= 1024 tokens (the DiT's image stream), not text encoders/VAE */
 
@@ -72,30 +69,10 @@ void dtc_gemm_cache_free(dtc_state *st) {
 }
 
 void dtc_gemm_tune_init(dtc_state *st, const char *device_name) {
-    const char *t = getenv("DITRUN_GEMM_TUNE");
-    /* 0 off; 1 burst timing (default); 2 ("sustained"): time the candidates under sustained load, where the
-     * H200 runs at its 700 W power cap (SM clock ~1550 MHz instead of 1980), interleaved in rounds */
-    st->gemm_tune = t && t[0] == '0' ? 0 : t && (!strcmp(t, "sustained") || !strcmp(t, "2")) ? 2 : 1;
     snprintf(st->gpu_id, sizeof st->gpu_id, "%s|cc%d.%d|%dsm|lt%zu|ws%zu", device_name, st->cc_major, st->cc_minor,
              st->sm_count, cublasLtGetVersion(), st->lt_ws_size);
     for (char *c = st->gpu_id; *c; c++)
         if (*c == ' ') *c = '_';
-    st->gemm_cache_path[0] = 0;
-    const char *p = getenv("DITRUN_GEMM_CACHE");
-    if (p) {
-        if (strcmp(p, "none") && p[0]) snprintf(st->gemm_cache_path, sizeof st->gemm_cache_path, "%s", p);
-        return;
-    }
-    char dir[400];
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && xdg[0]) snprintf(dir, sizeof dir, "%s", xdg);
-    else if (home && home[0]) snprintf(dir, sizeof dir, "%s/.cache", home);
-    else return;
-    mkdir(dir, 0755);
-    size_t n = strlen(dir);
-    snprintf(dir + n, sizeof dir - n, "/ditrun");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return;  /* not writable: in memory only */
-    snprintf(st->gemm_cache_path, sizeof st->gemm_cache_path, "%s/gemm-algos.txt", dir);
 }
 
 static void key_line(const dtc_state *st, const gemm_key &k, char *buf, size_t size) {
@@ -108,8 +85,8 @@ static void key_line(const dtc_state *st, const gemm_key &k, char *buf, size_t s
 static void gemm_cache_load(dtc_state *st) {
     dtc_gemm_cache *c = st->gemm_cache;
     c->loaded = true;
-    if (!st->gemm_cache_path[0]) return;
-    FILE *f = fopen(st->gemm_cache_path, "r");
+    if (!st->o.gemm_cache[0]) return;
+    FILE *f = fopen(st->o.gemm_cache, "r");
     if (!f) return;
     char line[1024], id[200];
     while (fgets(line, sizeof line, f)) {
@@ -133,8 +110,8 @@ static void gemm_cache_load(dtc_state *st) {
 }
 
 static void gemm_cache_append(dtc_state *st, const gemm_key &k, const cublasLtMatmulAlgo_t &a) {
-    if (!st->gemm_cache_path[0]) return;
-    FILE *f = fopen(st->gemm_cache_path, "a");
+    if (!st->o.gemm_cache[0]) return;
+    FILE *f = fopen(st->o.gemm_cache, "a");
     if (!f) return;
     char kl[400];
     key_line(st, k, kl, sizeof kl);
@@ -169,44 +146,6 @@ static float time_algo(dtc_state *st, gemm_entry &e, const cublasLtMatmulAlgo_t 
     CK(cudaEventDestroy(t0));
     CK(cudaEventDestroy(t1));
     return ms / GEMM_TUNE_REPS;
-}
-
-/* Sustained timing of n candidates (DITRUN_GEMM_TUNE=sustained): the first candidate runs for
- * GEMM_TUNE_HEAT_MS so the GPU sits at its power cap, then GEMM_TUNE_ROUNDS rounds time every candidate
- * (GEMM_TUNE_REPS runs each) in turn; ms[i] = the median over the rounds (-1: refused). */
-static void time_algos_sustained(dtc_state *st, gemm_entry &e, const cublasLtMatmulHeuristicResult_t *res, int n,
-                                 const void *alpha, const void *A, const void *B, void *D, float beta, float *ms) {
-    float first = time_algo(st, e, &res[0].algo, alpha, A, B, D, beta);
-    int heat = first > 0.f ? (int)(GEMM_TUNE_HEAT_MS / first) : 0;
-    if (heat > 2000) heat = 2000;
-    for (int r = 0; r < heat; r++)
-        CKLT(lt_matmul(st, e, &res[0].algo, alpha, A, B, D, &beta));
-    float t[GEMM_TUNE_CANDIDATES_MAX][GEMM_TUNE_ROUNDS];
-    bool ok[GEMM_TUNE_CANDIDATES_MAX];
-    cudaEvent_t ev[GEMM_TUNE_CANDIDATES_MAX + 1];
-    for (int i = 0; i <= n; i++) CK(cudaEventCreate(&ev[i]));
-    for (int i = 0; i < n; i++)   /* refused candidates are found once, outside the timed rounds */
-        ok[i] = lt_matmul(st, e, &res[i].algo, alpha, A, B, D, &beta) == CUBLAS_STATUS_SUCCESS;
-    for (int r = 0; r < GEMM_TUNE_ROUNDS; r++) {
-        CK(cudaEventRecord(ev[0], st->q.stream));
-        for (int i = 0; i < n; i++) {
-            for (int k = 0; ok[i] && k < GEMM_TUNE_REPS; k++)
-                CKLT(lt_matmul(st, e, &res[i].algo, alpha, A, B, D, &beta));
-            CK(cudaEventRecord(ev[i + 1], st->q.stream));
-        }
-        CK(cudaEventSynchronize(ev[n]));
-        for (int i = 0; i < n; i++) {
-            float x = 0.f;
-            CK(cudaEventElapsedTime(&x, ev[i], ev[i + 1]));
-            t[i][r] = x / GEMM_TUNE_REPS;
-        }
-    }
-    for (int i = 0; i <= n; i++) CK(cudaEventDestroy(ev[i]));
-    for (int i = 0; i < n; i++) {
-        if (!ok[i]) { ms[i] = -1.f; continue; }
-        std::sort(t[i], t[i] + GEMM_TUNE_ROUNDS);
-        ms[i] = t[i][GEMM_TUNE_ROUNDS / 2];
-    }
 }
 
 static int ptr_align(const void *p) {
@@ -250,7 +189,7 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
         CKLT(cublasLtMatrixLayoutCreate(&e.la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
         CKLT(cublasLtMatrixLayoutCreate(&e.lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
         CKLT(cublasLtMatrixLayoutCreate(&e.ld, dt, m, n, ldd));
-        if (!st->gemm_cache->loaded && st->gemm_tune) gemm_cache_load(st);  /* DITRUN_GEMM_TUNE=0: heuristic only */
+        if (!st->gemm_cache->loaded && st->o.gemm_tune) gemm_cache_load(st);  /* gemm_tune 0: heuristic only */
         bool chosen = false;
         auto pit = st->gemm_cache->persisted.find(key);
         if (pit != st->gemm_cache->persisted.end()) {
@@ -272,10 +211,10 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
             CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32));
             CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32));
             CKLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32));
-            cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES_MAX];
-            const int want = st->gemm_tune == 2 ? GEMM_TUNE_CANDIDATES_MAX : GEMM_TUNE_CANDIDATES;
+            cublasLtMatmulHeuristicResult_t res[GEMM_TUNE_CANDIDATES];
+            const int want = GEMM_TUNE_CANDIDATES;
             int cnt = 0;
-            const bool tune = tunable && st->gemm_tune && !st->capturing &&
+            const bool tune = tunable && st->o.gemm_tune && !st->capturing &&
                               2.0 * (double)m * (double)n * (double)k >= GEMM_TUNE_MIN_FLOP && n >= GEMM_TUNE_MIN_TOKENS;
             cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, e.op, e.la, e.lb, e.ld, e.ld, pref,
                                                                tune ? want : 1, res, &cnt);
@@ -313,15 +252,10 @@ static int gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t
                     if (!Dt) { cudaGetLastError(); Dt = nullptr; }
                     else CK(cudaMemsetAsync(Dt, 0x3c, (size_t)ldd * (size_t)n * dt_dtype_size(dtype_d), st->q.stream));
                 }
-                float tms[GEMM_TUNE_CANDIDATES_MAX];
-                if (Dt && st->gemm_tune == 2) time_algos_sustained(st, e, res, cnt, &alpha, A, B, Dt, beta, tms);
                 for (int i = 0; Dt && i < cnt; i++) {
-                    float ms = st->gemm_tune == 2 ? tms[i] : time_algo(st, e, &res[i].algo, &alpha, A, B, Dt, beta);
+                    float ms = time_algo(st, e, &res[i].algo, &alpha, A, B, Dt, beta);
                     if (i == 0) first = ms;
                     if (ms > 0.f && (best < 0.f || ms < best)) { best = ms; bi = i; }
-                    if (st->verbose && st->gemm_tune == 2)
-                        fprintf(stderr, "ditrun: cuda: gemm m=%lld n=%lld k=%lld candidate %d: %.4f ms\n", (long long)m,
-                                (long long)n, (long long)k, i, ms);
                 }
                 if (accumulate && Dt) {
                     CK(cudaStreamSynchronize(st->q.stream));
@@ -420,10 +354,10 @@ static dt_qpath qpath_for(const dt_backend *be, int64_t rows);
  * main queue's work issued so far (so the gate is final and the slot's last GEMM has finished); the Linear that
  * matches (same w and gate) waits for it and runs its GEMM from the slot. A Linear without a matching prefetch
  * dequantizes into a slot on the main queue as before. pf_stream has the lowest priority and the queues the
- * highest (DITRUN_CUDA_PREFETCH=1), so the dequantization fills the SMs that the queued kernels leave idle (wave
+ * highest (unless o.no_prefetch), so the dequantization fills the SMs that the queued kernels leave idle (wave
  * tails, launch gaps) instead of delaying them. Results are bit-identical with and without prefetching. */
 static int pf_usable(const dtc_state *st, const dt_linear *w) {
-    return st->pf_mode && st->cur_queue == 0 && w->qw && !w->w && (size_t)w->out * w->in * 2 <= st->pf[0].buf.size &&
+    return st->pf_stream && st->cur_queue == 0 && w->qw && !w->w && (size_t)w->out * w->in * 2 <= st->pf[0].buf.size &&
            (size_t)w->out * w->in * 2 <= st->pf[1].buf.size;
 }
 
@@ -556,6 +490,22 @@ static void drop_packed(dtc_state *st, dt_linear *w) {
     w->sb = nullptr;
 }
 
+/* The execution path of a prepared Linear, for the -v line (dt_linear_log_path). */
+static const char *linear_path_name(const dt_backend *be, const dt_linear *w, const dt_linear_src *src) {
+    if (w->f8) return "fp8: e4m3 weights with per-channel scales, cuBLASLt e4m3 GEMM";
+    if (w->w && !src->bits)
+        return src->precision == DT_PREC_FP8 ? "dense bf16 (fp8 asked for; the fp8 GEMM needs in and out % 16)"
+                                             : "dense bf16, cuBLASLt";
+    if (w->w) return "cached: dequantized to bf16 once at load, cuBLASLt";
+    if (w->mx.q) return "mixed: packed weights dequantized in registers inside our wgmma GEMM";
+    switch (be->opts.qpath) {
+    case DT_QPATH_FUSED: return "fused: our qmm GEMM dequantizes each tile (transient where its layout does not fit)";
+    case DT_QPATH_TRANSIENT: return "transient: dequantized to bf16 before each cuBLASLt GEMM";
+    default:
+        return "transient: dequantized to bf16 before each cuBLASLt GEMM (fused qmm at <= 64 rows)";
+    }
+}
+
 #define LIN_ALLOC(ptr, bytes)                                                                   \
     do {                                                                                        \
         *(void **)&(ptr) = dtc_pool_alloc(st, (bytes));                                         \
@@ -634,7 +584,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
             drop_packed(st, w);
         } else {
             /* grow the transient scratch (or the prefetch slots) now, so graph capture never allocates */
-            if (st->pf_mode) {
+            if (st->pf_stream) {
                 dtc_scratch_reserve(st, &st->pf[0].buf, (size_t)N * K * 2);
                 dtc_scratch_reserve(st, &st->pf[1].buf, (size_t)N * K * 2);
             } else {
@@ -652,6 +602,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         free(hb);
     }
     CK(cudaStreamSynchronize(st->q.stream));
+    if (be->opts.verbose) dt_linear_log_path(be, src, linear_path_name(be, w, src));
     return w;
 }
 
@@ -942,11 +893,8 @@ static void linear_fused(dtc_state *st, dt_mat y, dt_mat x, const dt_linear *w) 
 
 /* ------------------------------------------------------------------ linear dispatch */
 /* fp8 Linears take their activations from the producing op (norm_linear, act_linear_gated) and fold the gated
- * residual into the GEMM; DITRUN_FP8_FUSE=0 turns both off (A/B knob: the quantizing pass and linear + gated_add). */
-static int fp8_fuse_on(void) {
-    const char *e = getenv("DITRUN_FP8_FUSE");
-    return !(e && e[0] == '0');
-}
+ * residual into the GEMM; opts.fp8_unfused turns both off (A/B arm: the quantizing pass and linear + gated_add). */
+static int fp8_fuse_on(const dt_backend *be) { return !be->opts.fp8_unfused; }
 
 /* The quantized-weight path for a product of `rows` tokens: the requested one, or (auto) the fused qmm for
  * mat-vec-like sizes and transient dequantization above. CACHED and MIXED Linears leave the packed form at load
@@ -1021,22 +969,21 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
     DTC_REQUIRE(!gate.data || gate.cols == x.cols, "linear_gated_add: gate has %lld columns, x %lld",
                 (long long)gate.cols, (long long)x.cols);
     if (a.rows <= 0) return;
-    const char *fo = getenv("DITRUN_CUDA_FUSE_GATE");   /* =0: always linear + gated_add (A/B knob) */
-    if (w->f8 && fp8_fuse_on() && (a.dtype == DT_BF16 || a.dtype == DT_F32) && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
+    if (w->f8 && fp8_fuse_on(be) && (a.dtype == DT_BF16 || a.dtype == DT_F32) && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
         /* fp8: the gate folded into the weight scales, the residual as the GEMM's C (dtc_fp8_gemm_q) */
         float *sx;
         uint8_t *xq = dtc_fp8_quant_act(st, a, &sx);
         dtc_fp8_gemm_q(be, x, xq, sx, w->f8, w->bias, gate, 1);
         return;
     }
-    if (w->mx.q && !(fo && fo[0] == '0') && a.dtype == DT_BF16 && (x.dtype == DT_BF16 || x.dtype == DT_F32) &&
+    if (w->mx.q && a.dtype == DT_BF16 && (x.dtype == DT_BF16 || x.dtype == DT_F32) &&
         (!gate.data || gate.dtype == DT_BF16 || gate.dtype == DT_F32)) {
         /* mixed-input GEMM: bias, gate and the residual add in its epilogue, weights untouched */
         dtc_qg_epi e = {w->bias, gate.data, gate.dtype == DT_F32, 1};
         if (dtc_qgemm(st, x, a, &w->mx, &e) == 0) return;
     }
     /* packed weights only (w->qw: not dense, not dequantized at load, not fp8) */
-    int ok = !(fo && fo[0] == '0') && gate.data && !w->bias && w->qw && qpath_for(be, a.rows) == DT_QPATH_TRANSIENT &&
+    int ok = gate.data && !w->bias && w->qw && qpath_for(be, a.rows) == DT_QPATH_TRANSIENT &&
              x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
              (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
              x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
@@ -1060,7 +1007,7 @@ void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat sc
                 "norm_linear: y[%lld,%lld] = LN(x[%lld,%lld]) · W[%lld,%lld]ᵀ via a[%lld,%lld]: shape mismatch",
                 (long long)y.rows, (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)w->out,
                 (long long)w->in, (long long)a.rows, (long long)a.cols);
-    if (w->f8 && fp8_fuse_on() && x.rows > 0 && (y.dtype == DT_BF16 || y.dtype == DT_F32)) {
+    if (w->f8 && fp8_fuse_on(be) && x.rows > 0 && (y.dtype == DT_BF16 || y.dtype == DT_F32)) {
         float *sx;
         uint8_t *xq = dtc_fp8_act_scratch(st, x.rows, x.cols, &sx);
         if (dtc_layernorm_mod_e4m3(st, x, shift, scale, eps, xq, sx) == 0) {
@@ -1083,7 +1030,7 @@ void dtc_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_m
     DTC_REQUIRE(c.cols == w->in && x.cols == w->out && x.rows == c.rows,
                 "act_linear_gated: x[%lld,%lld] += c[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)x.rows,
                 (long long)x.cols, (long long)c.rows, (long long)c.cols, (long long)w->out, (long long)w->in);
-    if (w->f8 && fp8_fuse_on() && c.rows > 0 && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
+    if (w->f8 && fp8_fuse_on(be) && c.rows > 0 && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
         float *sx;
         uint8_t *xq = dtc_fp8_act_scratch(st, c.rows, c.cols, &sx);
         if (dtc_act_e4m3(st, dt_mat_cols(c, 0, lead), a, b, act, xq, sx) == 0) {

@@ -12,5 +12,6 @@ const dt_cuda_plugin dt_cuda_plugin_entry = {
     dt_backend_cuda_available,
     dt_backend_cuda_create,
     dt_backend_cuda_cudnn_info,
+    dt_backend_cuda_opts,
 };
 }

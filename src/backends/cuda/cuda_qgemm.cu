@@ -16,12 +16,12 @@
  * rows each; tile 128 weight rows x NT (192 or 128) tokens. Epilogue: + bias[n], · gate[n], + y (accumulate),
  * bf16 or f32.
  *
- * A second kernel (k_qgemm_ss, DITRUN_QGEMM_KERNEL=ss) dequantizes in a warpgroup of its own into a shared-memory
- * A tile and runs shared-memory wgmmas; it measured slower (its three converter warps cannot keep up; PERF.md).
+ * (A variant that dequantized in a warpgroup of its own into a shared-memory A tile, consumers running
+ * shared-memory wgmmas like a dense GEMM, measured slower: 517-524 TFLOPS, converter-bound; PERF.md, stop 11.)
  *
  * Measured on the H200 (PERF.md, stop 11): 600-640 TFLOPS at the klein-4B shapes, against 770-790 for the
  * transient path (dequantize pass + cuBLASLt); the dequantization in the main loop is not hidden behind the
- * tensor cores (DITRUN_QGEMM_FAKE=1, no dequantization math: 690-730). So the mixed path saves memory (no bf16
+ * tensor cores (the same kernel without the dequantization math ran at 690-730). So the mixed path saves memory (no bf16
  * copy of any weight, 0.6 GB less peak at 1024²), not time (forward 66.5 vs 57.7 ms). */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -119,7 +119,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return d;
 }
 
-/* A 4-bit pair: nibbles at bits [4k, 4k+4) and [4k+16, 4k+20) of q as bf16 s·q + b (both kernels' bf16x2 math:
+/* A 4-bit pair: nibbles at bits [4k, 4k+4) and [4k+16, 4k+20) of q as bf16 s·q + b (the kernel's bf16x2 math:
  * the mask-and-or makes the exact bf16 pair 128 + q, the subtraction is exact, the fma rounds once; s2 / b2 hold
  * the scale and bias twice). */
 __device__ __forceinline__ uint32_t q4pair_bf16(uint32_t q, int k, uint32_t s2, uint32_t b2) {
@@ -128,7 +128,7 @@ __device__ __forceinline__ uint32_t q4pair_bf16(uint32_t q, int k, uint32_t s2, 
     __nv_bfloat162 r = __hfma2(y, *(__nv_bfloat162 *)&s2, *(__nv_bfloat162 *)&b2);
     return *(uint32_t *)&r;
 }
-/* One BITS-bit value at bit offset pos of word w as f32 s·q + b (both kernels' f32 math): the value is moved into
+/* One BITS-bit value at bit offset pos of word w as f32 s·q + b (the kernel's f32 math): the value is moved into
  * the mantissa of 2^23 (lop3 for 4 bits, prmt of byte pos/8 for 8 bits) and 2^23 subtracted, exactly. */
 template <int BITS>
 __device__ __forceinline__ float q_f32(uint32_t w, int pos, float s, float b) {
@@ -140,7 +140,6 @@ __device__ __forceinline__ float q_f32(uint32_t w, int pos, float s, float b) {
 #define QG_F32 0    /* scale·q + bias as an f32 fma, rounded to bf16 (any scale dtype; the transient path's numbers) */
 #define QG_BF16 1   /* 4-bit with bf16-exact scales and biases: (q + 128 - 128) exact in bf16, then one bf16x2 fma
                      * per register (one rounding of the exact product-sum; f32 then bf16 rounds twice) */
-#define QG_FAKE 2   /* experiment only (DITRUN_QGEMM_FAKE=1): the bits as they are, no dequantization */
 
 /* A fragment of k16 step j (4 registers) from the slab's words: rows r0 / r1 of the thread's warp, columns
  * c = 2·(lane%4) + {0,1} and c + 8. Element slot e: e = 4·(c ≥ 8) + 2·(row is r1) + (c odd); register k holds
@@ -148,10 +147,7 @@ __device__ __forceinline__ float q_f32(uint32_t w, int pos, float s, float b) {
 template <int BITS, int MODE>
 __device__ __forceinline__ void qg_convert(uint32_t *a, const uint32_t *w, int j, uint4 s) {
 #ifdef DTC_HAVE_WGMMA
-    if (MODE == QG_FAKE) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) a[i] = w[j] ^ (uint32_t)i;
-    } else if (MODE == QG_BF16 && BITS == 4) {
+    if (MODE == QG_BF16 && BITS == 4) {
 #pragma unroll
         for (int k = 0; k < 4; k++) a[k] = q4pair_bf16(w[j], k, (k & 1) ? s.z : s.x, (k & 1) ? s.w : s.y);
     } else {
@@ -169,7 +165,7 @@ __device__ __forceinline__ void qg_convert(uint32_t *a, const uint32_t *w, int j
 #endif
 }
 
-/* The producer thread of both kernels: streams slab s of the block's x tile (TMA), packed weights and their
+/* The producer thread: streams slab s of the block's x tile (TMA), packed weights and their
  * (scale, bias) entries (bulk copies) into stage s % STAGES once the consumers released its previous use. */
 template <int STAGES, int XS, int WS, class XF, class WF, class SF, class FF, class EF>
 __device__ __forceinline__ void qg_produce(const CUtensorMap *xmap, const qg_args &a, int m0, int rb, XF xs, WF ws,
@@ -191,7 +187,7 @@ __device__ __forceinline__ void qg_produce(const CUtensorMap *xmap, const qg_arg
 #endif
 }
 
-/* The epilogue of both kernels. d: a consumer thread's accumulators of its warp's 16 weight rows (row, row + 8 of
+/* The epilogue. d: a consumer thread's accumulators of its warp's 16 weight rows (row, row + 8 of
  * the block's 128) x NT tokens in the wgmma D layout; ctid: the thread's index among the 256 consumers.
  * y[tok, n] = (d + bias[n]) · gate[n] (+ y[tok, n]). Staged (a.staged): the tile goes through the shared
  * memory at base (the stage ring, free once both consumer warpgroups passed their last slab: the caller's ring
@@ -365,169 +361,6 @@ __global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm(const __grid_constant__
 #endif
 }
 
-/* ------------------------------------------------------------------ the SS kernel (alternative) */
-/* Warp-specialised, dequantization in its own warpgroup: warpgroup 0 converts each slab's packed rows (row-major
- * chunks, one thread per weight row) into a 128-byte-swizzled bf16 A tile in shared memory (two buffers) while
- * its thread 0 also issues the TMA / bulk copies; warpgroups 1 and 2 run shared-memory wgmmas (A = that tile,
- * B = the x tile) as in a dense GEMM, so the conversion overlaps the tensor cores instead of sharing the
- * consumer warps' issue slots. Packed layout: [N/128][K/64][128 rows][64·BITS/32 words]; in a 4-bit word the
- * nibbles hold columns 0,2,4,6,1,3,5,7 so that one mask-and-or yields a bf16 pair of adjacent columns. */
-#define QS_ABUF 3
-template <int BITS, int NT>
-struct qs_cfg {
-    static constexpr int XS = NT * QG_BK * 2;
-    static constexpr int WS = QG_ROWS * QG_BK * BITS / 8;
-    static constexpr int AS = QG_ROWS * QG_BK * 2;            /* the dequantized A tile: 16 KB */
-    static constexpr int STAGE = XS + WS + QG_SB_BYTES;
-    static constexpr int STAGES = (210 * 1024 - QS_ABUF * AS) / STAGE > 6 ? 6 : (210 * 1024 - QS_ABUF * AS) / STAGE;
-    static constexpr int SMEM = 1024 + STAGES * STAGE + QS_ABUF * AS + (2 * STAGES + 2 * QS_ABUF) * 8;
-    static_assert(STAGES * STAGE + QS_ABUF * AS >= NT * (QG_ROWS + 4) * 4,
-                  "the epilogue's staging tile must fit in the stages and A buffers (all free by then)");
-};
-
-/* Bit offset of column c (0..32/BITS-1) of a word in the SS layout. */
-__host__ __device__ __forceinline__ int qs_bitpos(int bits, int c) {
-    return bits == 4 ? 4 * ((c & 1) ? 4 + (c >> 1) : (c >> 1)) : 8 * c;
-}
-
-template <int BITS, int NT, int MODE>
-__global__ void __launch_bounds__(QG_THREADS, 1) k_qgemm_ss(const __grid_constant__ CUtensorMap xmap, qg_args a) {
-#ifdef DTC_HAVE_WGMMA
-    using C = qs_cfg<BITS, NT>;
-    extern __shared__ unsigned char smem_raw[];
-    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    auto xs = [&](int st) { return base + (uint32_t)st * C::XS; };
-    auto as = [&](int b) { return base + (uint32_t)C::STAGES * C::XS + (uint32_t)b * C::AS; };
-    auto ws = [&](int st) { return base + (uint32_t)C::STAGES * C::XS + (uint32_t)QS_ABUF * C::AS + (uint32_t)st * C::WS; };
-    auto sbs = [&](int st) {
-        return base + (uint32_t)C::STAGES * (C::XS + C::WS) + (uint32_t)QS_ABUF * C::AS + (uint32_t)st * QG_SB_BYTES;
-    };
-    const uint32_t bars = base + (uint32_t)C::STAGES * C::STAGE + (uint32_t)QS_ABUF * C::AS;
-    auto full = [&](int st) { return bars + (uint32_t)st * 8u; };
-    auto empty = [&](int st) { return bars + (uint32_t)(C::STAGES + st) * 8u; };
-    auto afull = [&](int b) { return bars + (uint32_t)(2 * C::STAGES + b) * 8u; };
-    auto aempty = [&](int b) { return bars + (uint32_t)(2 * C::STAGES + QS_ABUF + b) * 8u; };
-
-    const int tid = threadIdx.x, wg = tid >> 7;
-    const int m0 = blockIdx.x * NT, rb = blockIdx.y;
-    const int ns = a.K / QG_BK;
-    if (tid == 0) {
-        for (int st = 0; st < C::STAGES; st++) {
-            mbar_init(full(st), 1);
-            /* released by the consumers alone: the converters' reads of a stage precede their afull arrival,
-             * which precedes the consumers' use */
-            mbar_init(empty(st), 256);
-        }
-        for (int b = 0; b < QS_ABUF; b++) {
-            mbar_init(afull(b), 96);
-            mbar_init(aempty(b), 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (wg == 0) {
-        /* ---------------- warp 0: TMA / bulk copies; warps 1-3: converters ---------------- */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 64;\n" ::: "memory");
-        if (tid == 0) qg_produce<C::STAGES, C::XS, C::WS>(&xmap, a, m0, rb, xs, ws, sbs, full, empty); else if (tid >= 32) {
-            constexpr int WPR = QG_BK * BITS / 32;   /* packed words per row and slab: 8 (4-bit) or 16 (8-bit) */
-            const int ct = tid - 32;                 /* 96 converters: row ct, and row 96 + ct for the first 32 */
-            for (int s = 0; s < ns; s++) {
-                const int st = s % C::STAGES, b = s % QS_ABUF;
-                mbar_wait(full(st), (uint32_t)((s / C::STAGES) & 1));
-                if (s >= QS_ABUF) mbar_wait(aempty(b), (uint32_t)((s / QS_ABUF - 1) & 1));
-                for (int r = ct; r < QG_ROWS; r += 96) {
-                    uint32_t w[WPR];
-#pragma unroll
-                    for (int i = 0; i < WPR; i += 4)
-                        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                                     : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
-                                     : "r"(ws(st) + (uint32_t)(r * WPR + i) * 4u));
-                    const uint32_t arow = as(b) + (uint32_t)r * 128u;
-                    uint32_t sv = 0, bv = 0;
-#pragma unroll
-                    for (int c = 0; c < 8; c++) {   /* 16-byte chunk c: columns 8c .. 8c+7 */
-                        if (c == 0 || (a.group < QG_BK && (c * 8) % a.group == 0)) {
-                            const int gl = a.group < QG_BK ? (c * 8) / a.group : 0;
-                            asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(sv), "=r"(bv) : "r"(sbs(st) + (uint32_t)(gl * QG_ROWS + r) * 8u));
-                        }
-                        uint32_t o[4];
-                        if (MODE == QG_FAKE) {
-#pragma unroll
-                            for (int m = 0; m < 4; m++) o[m] = w[(c * BITS) / 4] ^ (uint32_t)m;
-                        } else if (MODE == QG_BF16 && BITS == 4) {
-#pragma unroll
-                            for (int m = 0; m < 4; m++) o[m] = q4pair_bf16(w[c], m, sv, bv);
-                        } else {
-                            const float sc = __uint_as_float(sv), bi = __uint_as_float(bv);
-                            float f[8];
-#pragma unroll
-                            for (int e = 0; e < 8; e++)
-                                f[e] = q_f32<BITS>(BITS == 4 ? w[c] : w[2 * c + (e >> 2)], BITS == 4 ? qs_bitpos(4, e) : 8 * (e & 3), sc, bi);
-#pragma unroll
-                            for (int m = 0; m < 4; m++) o[m] = bf2(f[2 * m], f[2 * m + 1]);
-                        }
-                        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(arow + (uint32_t)(((c ^ (r & 7)) << 4))),
-                                     "r"(o[0]), "r"(o[1]), "r"(o[2]), "r"(o[3])
-                                     : "memory");
-                    }
-                }
-                fence_proxy_async();   /* the tensor cores read the tile through the async proxy */
-                mbar_arrive(afull(b));
-            }
-        }
-    } else {
-        /* ---------------- consumers: 64 weight rows x NT tokens each ---------------- */
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-        const int cw = wg - 1, lane = tid & 31, wl = (tid >> 5) & 3;
-        const int g = lane >> 2, t4 = lane & 3;
-        const int row = cw * 64 + wl * 16 + g;
-        float d[NT / 2];
-#pragma unroll
-        for (int i = 0; i < NT / 2; i++) d[i] = 0.f;
-        reg_fence(d, NT / 2);
-        for (int s = 0; s < ns; s++) {
-            const int st = s % C::STAGES, b = s % QS_ABUF;
-            mbar_wait(full(st), (uint32_t)((s / C::STAGES) & 1));
-            mbar_wait(afull(b), (uint32_t)((s / QS_ABUF) & 1));
-            wg_fence();
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint64_t da = wg_desc(as(b) + (uint32_t)cw * 8192u + (uint32_t)(j * 32));
-                const uint64_t db = wg_desc(xs(st) + (uint32_t)(j * 32));
-                if (NT == 256) wgmma_m64n256_ss(d, da, db);
-                else wgmma_m64n128_ss_acc(d, da, db);
-            }
-            wg_commit();
-            wg_wait1();   /* slab s-1 retired: release its x stage and A buffer */
-            reg_fence(d, NT / 2);
-            if (s >= 1) {
-                mbar_arrive(empty((s - 1) % C::STAGES));
-                mbar_arrive(aempty((s - 1) % QS_ABUF));
-            }
-        }
-        wg_wait0();
-        reg_fence(d, NT / 2);
-        /* ---------------- epilogue ---------------- */
-        qg_epilogue<NT>(d, a, smem_raw, base, m0, rb, row, t4, tid - 128);
-    }
-#endif
-}
-
-/* SS layout packing: one thread per destination word. */
-/* SS layout: weight row n and first column k0 of packed word i. */
-template <int BITS>
-__device__ __forceinline__ void qs_coords(int64_t i, int64_t K, int64_t *n, int64_t *k0) {
-    const int64_t ns = K / QG_BK;
-    const int wpr = QG_BK * BITS / 32, chunk = QG_ROWS * wpr;
-    const int64_t ci = i / chunk;
-    const int in = (int)(i - ci * chunk);
-    const int64_t rb = ci / ns, s = ci - rb * ns;
-    const int r = in / wpr, wi = in - r * wpr;
-    *n = rb * QG_ROWS + r;
-    *k0 = s * QG_BK + (int64_t)wi * (32 / BITS);
-}
-
 /* One dequantized weight (the low BITS bits of qv) of row n, (scale, bias) entry sbi of the [N/128][ng][128]
  * array, times rowscale[n] when given: the fallback paths' bf16 value. */
 __device__ __forceinline__ __nv_bfloat16 qg_dequant_one(uint32_t qv, int bits, const float2 *sb, int64_t sbi, int64_t n,
@@ -537,34 +370,6 @@ __device__ __forceinline__ __nv_bfloat16 qg_dequant_one(uint32_t qv, int bits, c
     float v = fmaf(p.x, (float)(qv & ((1u << bits) - 1u)), p.y);
     if (rowscale) v *= rs_f32 ? ((const float *)rowscale)[n] : __bfloat162float(((const __nv_bfloat16 *)rowscale)[n]);
     return __float2bfloat16_rn(v);
-}
-
-template <int BITS>
-__global__ void k_qs_pack(uint32_t *dst, const uint32_t *src, int64_t N, int64_t K) {
-    const int64_t words = N * K * BITS / 32;
-    const int epw = 32 / BITS;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n, k0;
-        qs_coords<BITS>(i, K, &n, &k0);
-        const uint32_t wv = src[n * (K * BITS / 32) + k0 / epw];   /* the same columns, MLX order */
-        uint32_t out = 0;
-        for (int c = 0; c < epw; c++) out |= ((wv >> (BITS * c)) & ((1u << BITS) - 1u)) << qs_bitpos(BITS, c);
-        dst[i] = out;
-    }
-}
-
-/* Fallback dequantization from the SS layout to dense bf16 [N, K]. */
-template <int BITS>
-__global__ void k_qs_dequant(__nv_bfloat16 *dst, const uint32_t *q, const float2 *sb, int64_t N, int64_t K, int group,
-                             int sb_bf16, const void *rowscale, int rs_f32) {
-    const int64_t words = N * K * BITS / 32, ng = K / group;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < words; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t n, k0;
-        qs_coords<BITS>(i, K, &n, &k0);
-        for (int c = 0; c < 32 / BITS; c++)
-            dst[n * K + k0 + c] = qg_dequant_one(q[i] >> qs_bitpos(BITS, c), BITS, sb, (n / QG_ROWS) * ng + k0 / group, n,
-                                                 sb_bf16, rowscale, rs_f32);
-    }
 }
 
 /* ------------------------------------------------------------------ re-layout at load */
@@ -655,8 +460,6 @@ static encode_tiled_fn encoder(void) {
 }
 
 int dtc_qgemm_eligible(const dtc_state *st, int64_t N, int64_t K, int bits, int group) {
-    const char *e = getenv("DITRUN_CUDA_QGEMM");   /* =0: never use the mixed-input GEMM (A/B knob) */
-    if (e && e[0] == '0') return 0;
     if (st->cc_major != 9 || st->cc_minor != 0 || !encoder()) return 0;
     if (bits != 4 && bits != 8) return 0;
     if (N % QG_ROWS || K % QG_BK || K >= (1LL << 31) || N >= (1LL << 31)) return 0;
@@ -680,15 +483,10 @@ int dtc_qgemm_pack(dtc_state *st, dtc_qg_w *dst, const uint32_t *qw, const float
     dst->K = K;
     dst->bits = bits;
     dst->group = group;
-    const char *m = getenv("DITRUN_QGEMM_MATH");   /* =f32: the f32 dequantization even for bf16 scales (A/B knob) */
-    dst->sb_bf16 = bits == 4 && sb_bf16_exact && !(m && !strcmp(m, "f32"));
-    const char *kv = getenv("DITRUN_QGEMM_KERNEL");   /* =ss: the shared-memory-A kernel (A/B knob; slower) */
-    dst->ss = kv && !strcmp(kv, "ss");
+    /* option qgemm_f32_math: the f32 dequantization even for bf16-exact scales */
+    dst->sb_bf16 = bits == 4 && sb_bf16_exact && !st->o.qgemm_f32_math;
     const unsigned blocks = (unsigned)(st->sm_count * 8);
-    if (dst->ss) {
-        if (bits == 4) k_qs_pack<4><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
-        else k_qs_pack<8><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
-    } else if (bits == 4) k_qg_pack<4><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
+    if (bits == 4) k_qg_pack<4><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
     else k_qg_pack<8><<<blocks, 256, 0, st->q.stream>>>(dst->q, qw, N, K);
     CK_LAUNCH("qgemm_pack");
     k_qg_pack_sb<<<blocks, 256, 0, st->q.stream>>>(dst->sb, sb, N, ng, dst->sb_bf16);
@@ -705,45 +503,35 @@ void dtc_qgemm_free(dtc_state *st, dtc_qg_w *w) {
 
 void dtc_qgemm_dequant(dtc_state *st, __nv_bfloat16 *dst, const dtc_qg_w *w, const void *rowscale, int rs_f32) {
     const unsigned blocks = (unsigned)(st->sm_count * 16);
-    auto kern = w->ss ? (w->bits == 4 ? k_qs_dequant<4> : k_qs_dequant<8>) : (w->bits == 4 ? k_qg_dequant<4> : k_qg_dequant<8>);
+    auto kern = w->bits == 4 ? k_qg_dequant<4> : k_qg_dequant<8>;
     kern<<<blocks, 256, 0, st->q.stream>>>(dst, w->q, w->sb, w->N, w->K, w->group, w->sb_bf16, rowscale, rs_f32);
     CK_LAUNCH("qgemm_dequant");
 }
 
-/* Launches one instantiation (RS kernel: ss = 0, SS: 1), raising its shared-memory limit on first use. */
-/* Launches one instantiation (SS = 0: the RS kernel, 1: the SS kernel; NT = 0: the large token tile, 192 for
- * RS and 256 for SS, else 128), raising its shared-memory limit on first use. */
-template <int BITS, int MODE, int SS, int NT>
+/* Launches one instantiation (token tile NT: 192 or 128), raising its shared-memory limit on first use. */
+template <int BITS, int MODE, int NT>
 static void q_launch(dtc_state *st, const CUtensorMap &map, const qg_args &a) {
     static int attr = 0;
-    constexpr int nt = NT ? NT : SS ? 256 : 192;
-    auto kern = [] {
-        if constexpr (SS) return k_qgemm_ss<BITS, nt, MODE>;
-        else return k_qgemm<BITS, nt, MODE>;
-    }();
-    int smem;
-    if constexpr (SS) smem = qs_cfg<BITS, nt>::SMEM;
-    else smem = qg_cfg<BITS, nt>::SMEM;
+    auto kern = k_qgemm<BITS, NT, MODE>;
+    const int smem = qg_cfg<BITS, NT>::SMEM;
     if (!attr) {
         CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr = 1;
     }
-    dim3 grid((unsigned)((a.M + nt - 1) / nt), (unsigned)(a.N / QG_ROWS));
+    dim3 grid((unsigned)((a.M + NT - 1) / NT), (unsigned)(a.N / QG_ROWS));
     kern<<<grid, QG_THREADS, smem, st->q.stream>>>(map, a);
     CK_LAUNCH("qgemm");
 }
 
-template <int BITS, int MODE, int SS>
+template <int BITS, int MODE>
 static void q_launch_nt(dtc_state *st, const CUtensorMap &map, const qg_args &a, int small) {
-    if (small) q_launch<BITS, MODE, SS, 128>(st, map, a);
-    else q_launch<BITS, MODE, SS, 0>(st, map, a);
+    if (small) q_launch<BITS, MODE, 128>(st, map, a);
+    else q_launch<BITS, MODE, 192>(st, map, a);
 }
 
 /* Token tile: 192 unless 128 fills the SMs' waves (and the last tile) clearly better. (256 would need 128
  * accumulators per thread: ptxas then serialises the wgmmas under the 168-register cap of 384 threads.) */
 static int pick_nt(const dtc_state *st, int64_t M, int64_t N, int big) {
-    const char *e = getenv("DITRUN_QGEMM_NT");
-    if (e && (atoi(e) == 128 || atoi(e) == big)) return atoi(e);
     auto eff = [&](int nt) {
         double tiles = (double)((M + nt - 1) / nt) * (double)(N / QG_ROWS);
         double waves = tiles / st->sm_count, full = (double)(int64_t)(waves + 0.999999);
@@ -759,7 +547,7 @@ int dtc_qgemm(dtc_state *st, dt_mat y, dt_mat x, const dtc_qg_w *w, const dtc_qg
     if (!enc || x.dtype != DT_BF16 || (y.dtype != DT_BF16 && y.dtype != DT_F32)) return -1;
     if (x.ld % 8 || !dtc_aligned16(x.data) || x.rows >= (1LL << 31) || x.cols != w->K || y.cols != w->N) return -1;
     CUtensorMap map;
-    const int nt = pick_nt(st, x.rows, w->N, w->ss ? 256 : 192);
+    const int nt = pick_nt(st, x.rows, w->N, 192);
     cuuint64_t gdim[2] = {(cuuint64_t)w->K, (cuuint64_t)x.rows};
     cuuint64_t gstride[1] = {(cuuint64_t)x.ld * 2};
     cuuint32_t box[2] = {QG_BK, (cuuint32_t)nt};
@@ -783,27 +571,15 @@ int dtc_qgemm(dtc_state *st, dt_mat y, dt_mat x, const dtc_qg_w *w, const dtc_qg
     a.K = (int)w->K;
     a.group = w->group;
     {
-        const char *se = getenv("DITRUN_QGEMM_EPI");   /* =direct: per-element stores from registers (A/B knob) */
+        /* option qgemm_direct_epilogue: per-element stores from registers (what unaligned outputs take anyway) */
         const int esz = y.dtype == DT_BF16 ? 2 : 4;
-        a.staged = !(se && !strcmp(se, "direct")) && dtc_aligned16(y.data) && (y.ld * esz) % 16 == 0;
+        a.staged = !st->o.qgemm_direct_epilogue && dtc_aligned16(y.data) && (y.ld * esz) % 16 == 0;
     }
-    const char *fk = getenv("DITRUN_QGEMM_FAKE");
-    const int fake = fk && fk[0] == '1', small = nt == 128;
-    /* 4-bit: FAKE (experiment), bf16x2 math (bf16-exact scales) or f32 math; 8-bit: f32 math */
-    const int mode = w->bits == 8 ? QG_F32 : fake ? QG_FAKE : w->sb_bf16 ? QG_BF16 : QG_F32;
-    if (w->bits == 8) {
-        if (w->ss) q_launch_nt<8, QG_F32, 1>(st, map, a, small);
-        else q_launch_nt<8, QG_F32, 0>(st, map, a, small);
-    } else if (mode == QG_FAKE) {
-        if (w->ss) q_launch_nt<4, QG_FAKE, 1>(st, map, a, small);
-        else q_launch_nt<4, QG_FAKE, 0>(st, map, a, small);
-    } else if (mode == QG_BF16) {
-        if (w->ss) q_launch_nt<4, QG_BF16, 1>(st, map, a, small);
-        else q_launch_nt<4, QG_BF16, 0>(st, map, a, small);
-    } else {
-        if (w->ss) q_launch_nt<4, QG_F32, 1>(st, map, a, small);
-        else q_launch_nt<4, QG_F32, 0>(st, map, a, small);
-    }
+    const int small = nt == 128;
+    /* 4-bit: bf16x2 math (bf16-exact scales) or f32 math; 8-bit: f32 math */
+    if (w->bits == 8) q_launch_nt<8, QG_F32>(st, map, a, small);
+    else if (w->sb_bf16) q_launch_nt<4, QG_BF16>(st, map, a, small);
+    else q_launch_nt<4, QG_F32>(st, map, a, small);
     return 0;
 }
 
@@ -815,11 +591,6 @@ void dtc_preload_qgemm(dtc_state *st) {
     dtc_preload_fn((const void *)k_qgemm<4, 128, QG_F32>);
     dtc_preload_fn((const void *)k_qgemm<8, 192, QG_F32>);
     dtc_preload_fn((const void *)k_qgemm<8, 128, QG_F32>);
-    dtc_preload_fn((const void *)k_qgemm_ss<4, 256, QG_BF16>);
-    dtc_preload_fn((const void *)k_qgemm_ss<4, 128, QG_BF16>);
-    dtc_preload_fn((const void *)k_qgemm_ss<4, 256, QG_F32>);
-    dtc_preload_fn((const void *)k_qgemm_ss<8, 256, QG_F32>);
-    dtc_preload_fn((const void *)k_qs_pack<4>);
     dtc_preload_fn((const void *)k_qg_pack<4>);
     dtc_preload_fn((const void *)k_qg_pack<8>);
     dtc_preload_fn((const void *)k_qg_pack_sb);

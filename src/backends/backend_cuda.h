@@ -1,0 +1,74 @@
+/* backend_cuda.h — the CUDA backend's own options and facts, for the callers that choose among its variants
+ * (CLI, API, bench, tests). Plain C, no CUDA types: it compiles in builds without CUDA too (the stub answers).
+ *
+ * dt_cuda_opts is given at creation through dt_backend_opts.cuda (NULL: dt_cuda_opts_from_env). The backend
+ * keeps its own copy; dt_backend_cuda_opts returns it, so tests and bench arms can pin a variant between two
+ * ops. Fields marked "per call" are read by each op and may be changed that way; "per Linear" ones when a
+ * Linear is created; the rest only at creation. No field is read from the environment by the backend: the few
+ * environment variables that remain are mapped in one place, dt_cuda_opts_from_env (backend_env.c), and listed
+ * in docs/environment.md. */
+#ifndef DT_BACKEND_CUDA_H
+#define DT_BACKEND_CUDA_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which attention kernel runs a bf16 attention with head dim 128 (other shapes take the generic path). */
+typedef enum {
+    DT_CUDA_ATTN_AUTO = 0,   /* cuDNN's fused SDPA where it measured faster (no key bias) and loads, else ours */
+    DT_CUDA_ATTN_OWN,        /* our own flash kernel (sm_90: wgmma with ping-pong; others: mma.sync) */
+    DT_CUDA_ATTN_CUDNN,      /* cuDNN's fused SDPA; fatal when cuDNN cannot be loaded */
+    DT_CUDA_ATTN_MMA,        /* our portable mma.sync kernel even on sm_90 (what other GPUs run; for tests) */
+} dt_cuda_attn;
+
+typedef struct dt_cuda_opts {
+    /* ---- read at creation ---- */
+    char cudnn_lib[512];      /* cuDNN library to load ("": the system's libcudnn.so.9; the first backend of a
+                               * process that loads cuDNN decides) */
+    int cudnn_debug;          /* 1: print each cuDNN plan build and rejection */
+    int fp8_attn_unsafe;      /* 1: offer attention_fp8 even with a cuDNN older than 9.19, whose fp8 SDPA gave
+                               * intermittently wrong outputs (NOTES.md; measurements only) */
+    int gemm_tune;            /* 1: time cuBLASLt's top candidates once per large GEMM shape (default); 0: its
+                               * heuristic's first pick */
+    char gemm_cache[512];     /* file persisting the tuned choices ("": in memory only) */
+    int no_prefetch;          /* 1: dequantize each transient 4/8-bit Linear right before its GEMM (no hints, no
+                               * low-priority stream) */
+    int serial;               /* 1: ignore stream_switch (one queue; the two-queue schedule's A/B) */
+    int trace;                /* per-op trace printed at destroy: 0 off, 1 host time, 2 host + device time
+                               * (synchronizing), 3 device time in the running queue (events) */
+    double trace_ms;          /* trace 1-2: print calls at least this long as they happen (default 0.5 ms) */
+    /* ---- per Linear ---- */
+    int qgemm_f32_math;       /* --qpath mixed: dequantize in f32 even where the scales are bf16-exact */
+    /* ---- per call ---- */
+    dt_cuda_attn attn;        /* attention kernel choice */
+    int qgemm_direct_epilogue; /* --qpath mixed: per-element stores from registers instead of the shared-memory
+                                * staged epilogue (also taken for unaligned outputs) */
+    int fp8_accurate_accum;   /* fp8 GEMMs with cuBLASLt's periodic promotion of partial sums (default: fast
+                               * accumulation, -2.6 ms per 1024² forward at the same error) */
+    int fp8_epilogue_scales;  /* fp8 GEMMs unscaled, the scales applied in a pass of their own (the fallback where
+                               * cuBLASLt has no outer-vector algorithm) */
+    int cudnn_ws_poison;      /* fp8 attention: fill cuDNN's workspace with 0xff before each call (a test: the
+                               * result must not change) */
+} dt_cuda_opts;
+
+/* The defaults: every field 0 except gemm_tune = 1 and trace_ms = 0.5 (no cache file, no library path). */
+void dt_cuda_opts_default(dt_cuda_opts *o);
+/* The defaults plus the environment variables of docs/environment.md (DITRUN_CUDNN_LIB, DITRUN_GEMM_TUNE,
+ * DITRUN_GEMM_CACHE with its XDG_CACHE_HOME / HOME default, DITRUN_CUDA_TRACE, DITRUN_CUDA_TRACE_MS,
+ * DITRUN_CUDNN_DEBUG). 0, or -1 with dt_last_error naming a variable whose value is not understood (o then holds
+ * the defaults for it). The only function of the backends that reads the environment. */
+int dt_cuda_opts_from_env(dt_cuda_opts *o);
+
+/* A CUDA backend's live options (NULL for any other backend, and in builds without CUDA). */
+dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be);
+/* cuDNN fused attention on a CUDA backend: the loaded cuDNN version (0 = not loadable, not a CUDA backend, or a
+ * build without CUDA); *calls = attention calls cuDNN has run on it. */
+int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
