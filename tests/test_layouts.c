@@ -1,5 +1,5 @@
 /* test_layouts.c — FLUX.2 checkpoints in the layouts users have (src/models/flux2_layouts.c):
- * from the tiny fixture's diffusers weights the test builds, by the documented key rules (spec 1.9 and 3),
+ * from the tiny fixture's diffusers weights the test builds, by the key rules of src/models/flux2_layouts.h,
  *   - an original BFL single file (fused qkv, shift|scale final modulation, `.scale` norms), without and
  *     with config.json, bare and under ComfyUI's "model.diffusion_model." prefix, dense and quantized;
  *   - mflux folders: shards 0/1/2.safetensors + model.safetensors.index.json with mflux key names, no
@@ -91,7 +91,7 @@ static int build_layout(st_writer *w, const char *src, target_layout to, const c
         st_close(f);
         return 0;
     }
-    /* BFL (spec 1.9) */
+    /* BFL */
     snprintf(out, sizeof out, "%simg_in", prefix); LIN(out, "x_embedder");
     snprintf(out, sizeof out, "%stxt_in", prefix); LIN(out, "context_embedder");
     snprintf(out, sizeof out, "%stime_in.in_layer", prefix); LIN(out, "time_guidance_embed.timestep_embedder.linear_1");

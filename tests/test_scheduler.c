@@ -1,4 +1,4 @@
-/* test_scheduler.c — scheduler (sigmas/timesteps vs the fixture and the spec's 1024²/512² numbers),
+/* test_scheduler.c — scheduler (sigmas/timesteps vs the fixture and the empirical mu's values at 1024²/512²),
  * Philox noise (known answers, determinism, moments), packing/ids, patchify and the pipeline's
  * latent post-processing (unpack + BN de-normalization + unpatchify) against the fixture. */
 #include <math.h>
@@ -90,7 +90,8 @@ static void test_schedule(const dt_sched_config *cfg, st_file *io) {
     free(rs);
     free(rt);
 
-    /* spec 2.3: 1024² (N = 4096) and 512² (N = 1024), 4 steps */
+    /* FLUX.2's empirical mu (diffusers pipeline_flux2.py compute_empirical_mu) at 1024² (N = 4096) and
+     * 512² (N = 1024), 4 steps */
     double mu = dt_compute_empirical_mu(4096, 4);
     T_CHECK("empirical_mu_1024", fabs(mu - 2.2911799) < 1e-7, "mu %.9f", mu);
     T_CHECK("empirical_mu_large", fabs(dt_compute_empirical_mu(8192, 4) - (0.00016927 * 8192 + 0.45666666)) < 1e-12,

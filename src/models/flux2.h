@@ -1,6 +1,6 @@
 /* flux2.h — the FLUX.2-klein transformer (diffusers Flux2Transformer2DModel), written against
  * the backend op interface. Geometry comes from config.json (or the quantized folder's config).
- * See ../shared/spec section 1 and NOTES.md.
+ * NOTES.md holds the model facts (residual layout, modulation order, RoPE axes) the code relies on.
  */
 #ifndef DT_FLUX2_H
 #define DT_FLUX2_H
@@ -253,7 +253,8 @@ int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt,
  * tokens = NULL or r = 0 removes the references. The host arrays are copied; 0 or -1 (dt_last_error). */
 int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached);
 
-/* Geometry presets: "klein-4b", "klein-9b" (spec section 0), "tiny" (the test fixture). 0 ok, -1 unknown. */
+/* Geometry presets: "klein-4b", "klein-9b" (their published config.json geometry), "tiny" (the test fixture).
+ * 0 ok, -1 unknown. */
 int flux2_preset(const char *name, flux2_config *c);
 
 /* Write a synthetic checkpoint folder DIR/{config.json, model.safetensors} with random weights of the

@@ -1,9 +1,10 @@
 /* flux2_layouts.c — BFL and mflux FLUX.2 checkpoints presented under diffusers names, and the
  * geometry inferred from tensor shapes when a checkpoint comes without config.json.
- * Key rules: spec section 1.9 (BFL) and section 3 (mflux). The fused BFL qkv [3D, D] becomes three
- * zero-copy row views (rows of a row-major matrix are contiguous; the same holds for the packed U32
- * weight, scales and biases of a quantized file); the final modulation's halves (BFL shift|scale,
- * diffusers scale|shift) are copied once into a small buffer owned by the dt_weights. */
+ * Key rules: BFL names as in the original FLUX.2 code and ComfyUI, mflux names as its converter writes them
+ * (both listed in flux2_layouts.h). The fused BFL qkv [3D, D] becomes three zero-copy row views (rows of a
+ * row-major matrix are contiguous; the same holds for the packed U32 weight, scales and biases of a quantized
+ * file); the final modulation's halves (BFL shift|scale, diffusers scale|shift) are copied once into a small
+ * buffer owned by the dt_weights. */
 #include "flux2_layouts.h"
 
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* flux2_layouts.h — FLUX.2 transformer checkpoints in the key layouts users have, presented to the
- * loader under diffusers names (spec sections 1.8, 1.9, 3):
+ * loader under diffusers names (the rules below):
  *   diffusers  x_embedder, transformer_blocks.N.attn.to_q, ... (the loader's own names)
  *   BFL        img_in, double_blocks.N.img_attn.qkv (fused q|k|v rows), single_blocks.N.linear1,
  *              final_layer.adaLN_modulation.1 (shift|scale, i.e. halves swapped vs diffusers), ...

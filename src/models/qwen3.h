@@ -1,6 +1,6 @@
 /* qwen3.h — the Qwen3 text encoder (transformers Qwen3ForCausalLM, decoder only, no lm_head),
  * written against the backend op interface. Used by the FLUX.2-klein pipeline: the prompt
- * features are the concatenation of a few intermediate hidden states (spec section 2.1).
+ * features are the concatenation of a few intermediate hidden states (layers 9, 18 and 27 for klein: NOTES.md).
  * Also the text model of Qwen3-VL (Qwen3VLModel's language_model, the Krea 2 text encoder): the same
  * layers; its multi-axis RoPE (mrope_section) is the plain RoPE below for text, whose three position
  * axes are equal (verified in NOTES.md); the vision tower is never loaded.

@@ -1,4 +1,4 @@
-/* vae_flux2.c — AutoencoderKLFlux2 decoder on backend ops (spec 2.6):
+/* vae_flux2.c — AutoencoderKLFlux2 decoder on backend ops (diffusers autoencoder_kl_flux2.py):
  *   post_quant_conv 1×1 → conv_in 3×3 → mid block (resnet, single-head attention, resnet)
  *   → up blocks (reversed channels, layers_per_block+1 resnets, nearest 2× + conv except the last)
  *   → GroupNorm + SiLU → conv_out.

@@ -1,5 +1,5 @@
-/* vae_flux2.h — the decoder half of diffusers AutoencoderKLFlux2 (spec 2.6), written against the
- * backend op interface, plus the latent batch-norm statistics and the image post-processing.
+/* vae_flux2.h — the decoder half of diffusers AutoencoderKLFlux2 (models/autoencoders/autoencoder_kl_flux2.py),
+ * written against the backend op interface, plus the latent batch-norm statistics and the image post-processing.
  *
  * Geometry always comes from the folder's config.json (block_out_channels, layers_per_block,
  * norm_num_groups, latent_channels, mid_block_add_attention, use_post_quant_conv, batch_norm_eps).

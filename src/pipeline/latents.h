@@ -1,6 +1,6 @@
-/* latents.h — latent-space bookkeeping of the FLUX.2 pipeline (spec 2.2, 2.5): portable seeded
- * Gaussian noise, packing [C,h,w] <-> tokens [h·w, C], position ids, batch-norm (de)normalization
- * and (un)patchify between the packed 4c-channel grid and the VAE latent.
+/* latents.h — latent-space bookkeeping of the FLUX.2 pipeline (diffusers pipelines/flux2: latent preparation
+ * and decoding): portable seeded Gaussian noise, packing [C,h,w] <-> tokens [h·w, C], position ids,
+ * batch-norm (de)normalization and (un)patchify between the packed 4c-channel grid and the VAE latent.
  *
  * Noise: Philox-4x32-10 (Salmon et al. 2011; key = seed, counter = (block lo, block hi, stream lo,
  * stream hi)) gives four 32-bit words per block; word -> uniform u = (x + 0.5)·2^-32 in (0,1);

@@ -1,5 +1,5 @@
-/* scheduler.c — flow-matching Euler schedule (spec 2.3): config parsing, sigma/timestep
- * construction with FLUX.2's empirical mu or a given mu (Krea 2), and the Euler update. */
+/* scheduler.c — flow-matching Euler schedule (diffusers FlowMatchEulerDiscreteScheduler): config parsing,
+ * sigma/timestep construction with FLUX.2's empirical mu or a given mu (Krea 2), and the Euler update. */
 #include "pipeline/scheduler.h"
 
 #include <float.h>

@@ -1,5 +1,6 @@
-/* scheduler.h — FlowMatchEulerDiscreteScheduler as used by the FLUX.2-klein pipeline (spec 2.3):
- * the sigma/timestep schedule (dynamic "empirical mu" shifting or a fixed shift) and the Euler step.
+/* scheduler.h — FlowMatchEulerDiscreteScheduler as used by the FLUX.2-klein pipeline (diffusers
+ * schedulers/scheduling_flow_match_euler_discrete.py): the sigma/timestep schedule (dynamic "empirical mu"
+ * shifting or a fixed shift) and the Euler step.
  *
  * Numerics follow diffusers: input sigmas linspace(1, 1/n, n) in float64 rounded to float32, the
  * shift evaluated in float32 (e^mu rounded to float32 first), timesteps = 1000·sigma in float32,

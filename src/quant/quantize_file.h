@@ -2,8 +2,9 @@
  *
  * Every 2-D float `NAME.weight` whose input width is a multiple of the group (and that no --keep pattern
  * matches) becomes NAME.weight U32 [out, in*bits/32] + NAME.scales + NAME.biases BF16 [out, in/group]
- * (spec section 3); every other tensor (norms, biases, 1-D and conv weights, already-packed weights) is
- * copied unchanged. Metadata: quantization = {"group_size":G,"bits":B,"mode":"affine"}, format = mlx.
+ * (MLX's rule: 2-D Linear weights whose input size the group divides); every other tensor (norms, biases,
+ * 1-D and conv weights, already-packed weights) is copied unchanged.
+ * Metadata: quantization = {"group_size":G,"bits":B,"mode":"affine"}, format = mlx.
  * Streaming: tensors are read one at a time from the mapped input in blocks of rows and written with
  * st_stream; the input pages are released after each tensor, so memory stays near one tensor's
  * scales + a block of f32 rows whatever the checkpoint size. When the input folder has config.json, a

@@ -5,7 +5,7 @@
  * Elementwise ops run one of two kernels: a vectorised one (8 elements = one 16-byte bf16 load per thread)
  * when every operand's rows are 16-byte aligned, otherwise a scalar one that handles any strides and
  * F32/BF16 mixes. Norms use one block per row (fp32 statistics, the row kept in registers).
- * Rounding imitates the bf16 torch reference where it rounds intermediates (see the spec, 1.10). */
+ * Rounding imitates the bf16 torch reference where it rounds intermediates. */
 #include <math.h>
 #include <string.h>
 
