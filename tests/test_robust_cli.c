@@ -1,9 +1,12 @@
 /* test_robust_cli.c — the ditrun command with hostile paths and sizes: an output that is one of the inputs is
  * refused and the input kept (forward, generate, quantize, convert); an output path that cannot be written fails
  * before any work (one error line, nothing loaded); FIFO inputs are refused at once (info, forward, tokenize,
- * generate, quantize); SIGINT in the middle of quantize, convert and synth leaves no temporary and no half folder
+ * generate, quantize, convert, bench, serve, --lora); SIGINT in the middle of quantize, convert (diffusers names and
+ * GGUF q4_K) and synth (a checkpoint and a whole pipeline) leaves no temporary and no half folder
  * (and keeps an existing output); symbolic-link loops, over-long names, infinite timesteps, huge images and absurd
- * configs get one clear line naming the problem, never a crash or an undefined-behaviour report (make test-asan). */
+ * configs get one clear line naming the problem, never a crash or an undefined-behaviour report (make test-asan);
+ * convert --format (GGUF, fp8) obeys the same rules; info describes every component and exits 1 on an invalid config
+ * or a missing component. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,11 +26,12 @@
 
 static char exe[512], tmp[512];
 
-/* Runs `ditrun ARGS` through the shell; stderr into err. Returns the exit status (128+signal when killed). */
-static int run(const char *args, char *err, size_t errlen) {
+/* Runs `ditrun ARGS` through the shell; stdout into the file outf, stderr into err. Returns the exit status
+ * (128+signal when killed). */
+static int run_to(const char *args, const char *outf, char *err, size_t errlen) {
     char cmd[8192], errf[700];
     snprintf(errf, sizeof errf, "%s/stderr.txt", tmp);
-    snprintf(cmd, sizeof cmd, "timeout 60 %s %s >/dev/null 2>%s", exe, args, errf);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s %s >%s 2>%s", exe, args, outf, errf);
     int st = system(cmd);
     FILE *f = fopen(errf, "r");
     size_t n = f ? fread(err, 1, errlen - 1, f) : 0;
@@ -36,6 +40,8 @@ static int run(const char *args, char *err, size_t errlen) {
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return WEXITSTATUS(st);
 }
+
+static int run(const char *args, char *err, size_t errlen) { return run_to(args, "/dev/null", err, errlen); }
 
 /* Exit 1 with exactly one line, "ditrun: error: ...", holding both needles (NULL: any). */
 static void expect_error(const char *name, const char *args, const char *n1, const char *n2) {
@@ -182,28 +188,107 @@ static void outputs_checked_first(const char *fx) {
 
 /* ------------------------------------------------------------------ FIFO inputs */
 
+/* tpl with {FX}, {TMP} and {IN} replaced by fx, tmp and in. */
+static void subst(char *out, size_t n, const char *tpl, const char *fx, const char *in) {
+    size_t o = 0;
+    while (*tpl && o + 1 < n) {
+        const char *rep = NULL;
+        size_t skip = 0;
+        if (!strncmp(tpl, "{FX}", 4)) { rep = fx; skip = 4; }
+        else if (!strncmp(tpl, "{TMP}", 5)) { rep = tmp; skip = 5; }
+        else if (!strncmp(tpl, "{IN}", 4)) { rep = in; skip = 4; }
+        if (rep) { o += (size_t)snprintf(out + o, n - o, "%s", rep); tpl += skip; }
+        else out[o++] = *tpl++;
+        if (o >= n) o = n - 1;
+    }
+    out[o] = 0;
+}
+
 static void fifo_inputs(const char *fx) {
     char fifo[700], args[4096];
     snprintf(fifo, sizeof fifo, "%s/in.fifo", tmp);
     if (mkfifo(fifo, 0644)) { T_FAIL("fifo", "mkfifo: %s", strerror(errno)); return; }
-    struct { const char *name, *fmt; } cases[] = {
-        {"info FIFO: refused at once", "info %s"},
-        {"forward --inputs FIFO: refused at once", "forward --model %s/model --inputs %s --backend cpu"},
-        {"tokenize --tokenizer FIFO: refused at once", "tokenize --tokenizer %s hello"},
-        {"generate --noise FIFO: refused at once", "generate --model %s/model -p fox -o %s/x.png --noise %s --backend cpu"},
-        {"quantize --input FIFO: refused at once", "quantize --input %s --output %s/q.safetensors -q"},
+    static const struct { const char *name, *tpl; } cases[] = {
+        {"info FIFO: refused at once", "info {IN}"},
+        {"forward --inputs FIFO: refused at once", "forward --model {FX}/model --inputs {IN} --backend cpu"},
+        {"forward --model FIFO: refused at once", "forward --model {IN} --inputs {FX}/transformer_io.safetensors --backend cpu"},
+        {"forward --lora FIFO: refused at once",
+         "forward --model {FX}/model --inputs {FX}/transformer_io.safetensors --lora {IN} --backend cpu"},
+        {"tokenize --tokenizer FIFO: refused at once", "tokenize --tokenizer {IN} hello"},
+        {"generate --noise FIFO: refused at once", "generate --model {FX}/model -p fox -o {TMP}/x.png --noise {IN} --backend cpu"},
+        {"generate --model FIFO: refused at once", "generate --model {IN} -p fox -o {TMP}/x.png --backend cpu"},
+        {"generate --lora FIFO: refused at once", "generate --model {FX}/model -p fox -o {TMP}/x.png --lora {IN}:0.5 --backend cpu"},
+        {"quantize --input FIFO: refused at once", "quantize --input {IN} --output {TMP}/q.safetensors -q"},
+        {"convert --input FIFO: refused at once", "convert --input {IN} --output {TMP}/c.gguf --format gguf-q8_0 -q"},
+        {"bench --model FIFO: refused at once", "bench --model {IN} --backend cpu"},
+        {"serve --model FIFO: refused before listening", "serve --model {IN} --port 0"},
+        {"serve --api-key-file FIFO: refused before listening", "serve --model {FX}/model --api-key-file {IN} --port 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         /* a hang would be ended by run()'s `timeout 60` (exit 124), a failure here */
-        switch (i) {
-        case 1: snprintf(args, sizeof args, cases[i].fmt, fx, fifo); break;
-        case 3: snprintf(args, sizeof args, cases[i].fmt, fx, tmp, fifo); break;
-        case 4: snprintf(args, sizeof args, cases[i].fmt, fifo, tmp); break;
-        default: snprintf(args, sizeof args, cases[i].fmt, fifo); break;
-        }
+        subst(args, sizeof args, cases[i].tpl, fx, fifo);
         expect_error(cases[i].name, args, "FIFO", NULL);
     }
+    /* a missing adapter or model is said before anything loads (no "backend" or "encoding" line first) */
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/x.png --lora %s/none.safetensors --backend cpu", fx,
+             tmp, tmp);
+    expect_error("generate --lora missing: said before any work", args, "none.safetensors", "no such file");
+    snprintf(args, sizeof args, "serve --model %s/none --port 0", tmp);
+    expect_error("serve --model missing: said before listening", args, "none", "no such file");
     unlink(fifo);
+}
+
+/* ------------------------------------------------------------------ the newer formats: GGUF, fp8 */
+
+static void format_outputs(const char *fx) {
+    char args[4096], g[700], w[800], model[700], err[8192];
+    snprintf(model, sizeof model, "%s/fmt-model", tmp);
+    sh("cp -r %s/model %s", fx, model);
+    snprintf(w, sizeof w, "%s/transformer/diffusion_pytorch_model.safetensors", model);
+    snprintf(g, sizeof g, "%s/fmt.gguf", tmp);
+    snprintf(args, sizeof args, "convert --input %s --output %s --format gguf-q4_k -q", w, g);
+    int rc = run(args, err, sizeof err);
+    T_CHECK("convert --format gguf-q4_k: written", rc == 0, "exit %d: %s", rc, err);
+    size_t n_w = 0, n_g = 0;
+    char *w0 = slurp(w, &n_w), *g0 = slurp(g, &n_g);
+    snprintf(args, sizeof args, "convert --input %s --output %s --format gguf-q8_0 -q", g, g);
+    expect_error("convert --format gguf over its own GGUF input: refused", args, "is the input", NULL);
+    snprintf(args, sizeof args, "convert --input %s --output %s --format fp8 -q", w, w);
+    expect_error("convert --format fp8 over its own input: refused", args, "is the input", NULL);
+    snprintf(args, sizeof args, "convert --input %s --output %s --format gguf-q4_0 -q", model, w);
+    expect_error("convert --format gguf onto a file of the input folder: refused", args, "a file of the input", NULL);
+    snprintf(args, sizeof args, "convert --input %s --output %s/none/x.gguf --format gguf-q4_0 -q", w, tmp);
+    expect_error("convert --format gguf into a missing folder: fails first", args, "does not exist", NULL);
+    T_CHECK("the inputs of the refused conversions are untouched", w0 && g0 && same_bytes(w, w0, n_w) && same_bytes(g, g0, n_g),
+            "an input changed");
+    free(w0);
+    free(g0);
+
+    /* a truncated GGUF given as the model: one line naming the file and the truncation */
+    char tr[700];
+    snprintf(tr, sizeof tr, "%s/trunc.gguf", tmp);
+    if (truncate(g, n_g / 2) == 0 && rename(g, tr) == 0) {
+        snprintf(args, sizeof args, "forward --model %s --inputs %s/transformer_io.safetensors --backend cpu", tr, fx);
+        expect_error("forward --model a truncated GGUF: says so", args, "trunc.gguf", "truncated");
+        snprintf(args, sizeof args, "info %s", tr);
+        expect_error("info on a truncated GGUF: says so", args, "trunc.gguf", "truncated");
+    } else T_FAIL("truncated GGUF", "truncate: %s", strerror(errno));
+    unlink(tr);
+    t_rmtree(model);
+
+    /* the size multiple is the VAE's factor x patch (the tiny model's VAE upsamples 4x: 8, not 16) */
+    char png[700];
+    snprintf(png, sizeof png, "%s/small.png", tmp);
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s --height 40 --width 56 --backend cpu -q", fx, png);
+    rc = run(args, err, sizeof err);
+    size_t n = 0;
+    unsigned char *b = (unsigned char *)slurp(png, &n);
+    int pw = b && n > 24 ? (b[16] << 24 | b[17] << 16 | b[18] << 8 | b[19]) : -1;
+    int ph = b && n > 24 ? (b[20] << 24 | b[21] << 16 | b[22] << 8 | b[23]) : -1;
+    T_CHECK("generate 56x40 with a 4x VAE: a 56x40 image (multiples of 8, not 16)", rc == 0 && pw == 56 && ph == 40,
+            "exit %d, %dx%d: %s", rc, pw, ph, err);
+    free(b);
+    unlink(png);
 }
 
 /* ------------------------------------------------------------------ interrupted writers */
@@ -281,6 +366,19 @@ static void interrupted_writers(void) {
                  WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && same_bytes(outf, "OLD OUTPUT", 10),
                  "status %d, %d temporaries (%s)", st, left, first);
 
+    char goutf[900];
+    snprintf(goutf, sizeof goutf, "%s/model.gguf", out);
+    f = fopen(goutf, "w");
+    fputs("OLD OUTPUT", f);
+    fclose(f);
+    char *gargv[] = {exe, "convert", "--input", big, "--output", goutf, "--format", "gguf-q4_k", "-q", NULL};
+    st = interrupt_when_writing(spawn(gargv), out, 0.0);
+    left = hidden_entries(out, first, sizeof first);
+    if (st == -1) T_SKIP("SIGINT during convert --format gguf-q4_k", "it finished before a temporary was seen");
+    else T_CHECK("SIGINT during convert --format gguf-q4_k: no temporary, the old output kept, dies of SIGINT",
+                 WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && same_bytes(goutf, "OLD OUTPUT", 10),
+                 "status %d, %d temporaries (%s)", st, left, first);
+
     /* synth of a klein-4B geometry (7.8 GB if it ran to the end): interrupted early, nothing remains */
     char sdir[800];
     snprintf(sdir, sizeof sdir, "%s/synth-k4", out);
@@ -290,6 +388,16 @@ static void interrupted_writers(void) {
     struct stat sb;
     if (st == -1) T_FAIL("SIGINT during synth", "it ended before its temporary folder was seen");
     else T_CHECK("SIGINT during synth: no temporary folder, no half folder, dies of SIGINT",
+                 WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && stat(sdir, &sb) != 0,
+                 "status %d, %d temporaries (%s), folder %s", st, left, first, stat(sdir, &sb) ? "absent" : "PRESENT");
+
+    /* the same for a whole pipeline (transformer, text encoder, VAE, tokenizer, scheduler) */
+    snprintf(sdir, sizeof sdir, "%s/synth-pipe", out);
+    char *pargv[] = {exe, "synth", "--preset", "klein-4b", "--pipeline", "--bits", "4", "--output", sdir, NULL};
+    st = interrupt_when_writing(spawn(pargv), out, 0.3);
+    left = hidden_entries(out, first, sizeof first);
+    if (st == -1) T_FAIL("SIGINT during synth --pipeline", "it ended before its temporary folder was seen");
+    else T_CHECK("SIGINT during synth --pipeline: no temporary folder, no half folder, dies of SIGINT",
                  WIFSIGNALED(st) && WTERMSIG(st) == SIGINT && left == 0 && stat(sdir, &sb) != 0,
                  "status %d, %d temporaries (%s), folder %s", st, left, first, stat(sdir, &sb) ? "absent" : "PRESENT");
 
@@ -333,6 +441,17 @@ static void set_json_value(const char *path, const char *key, const char *value)
     fputs(e, f);
     fclose(f);
     free(s);
+}
+
+/* A copy of the fixture pipeline fx/src (in tmp/name) with one config key of `file` replaced (key NULL: none). */
+static void patched_copy(const char *fx, const char *src, const char *name, const char *file, const char *key,
+                         const char *value, char *dir, size_t dlen) {
+    snprintf(dir, dlen, "%s/%s", tmp, name);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp -r %s/%s %s", fx, src, dir);
+    if (system(cmd) || !key) return;
+    snprintf(cmd, sizeof cmd, "%s/%s", dir, file);
+    set_json_value(cmd, key, value);
 }
 
 /* A copy of the bundled model (in tmp/name) with one config key of `file` replaced. */
@@ -401,20 +520,6 @@ static void sizes_and_messages(const char *fx) {
     snprintf(args, sizeof args, "generate -p fox -o %s/t.png --text-encoder-layers 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", tmp);
     expect_error("too many taps: says how many", args, "more than 16", NULL);
 
-    /* info: an invalid config or a missing component is exit 1 */
-    patched_model(fx, "badcfg", "transformer/config.json", "num_layers", "-3", dir, sizeof dir);
-    snprintf(args, sizeof args, "info %s", dir);
-    char err[8192];
-    int rc = run(args, err, sizeof err);
-    T_CHECK("info on an invalid config: exit 1 naming it", rc == 1 && strstr(err, "num_layers"), "exit %d: %s", rc, err);
-    snprintf(dir, sizeof dir, "%s/novae", tmp);
-    snprintf(p, sizeof p, "cp -r %s/model %s && rm -rf %s/vae", fx, dir, dir);
-    if (system(p)) printf("# cp failed\n");
-    snprintf(args, sizeof args, "info %s", dir);
-    rc = run(args, err, sizeof err);
-    T_CHECK("info on a pipeline missing a listed component: exit 1 naming it", rc == 1 && strstr(err, "'vae'"), "exit %d: %s",
-            rc, err);
-
     /* paths: loops and over-long names say so */
     char l1[700], l2[700];
     snprintf(l1, sizeof l1, "%s/loop1", tmp);
@@ -443,6 +548,89 @@ static void sizes_and_messages(const char *fx) {
     expect_error("index with shard '.': not a regular file", args, "'.'", "not a regular file");
 }
 
+/* ------------------------------------------------------------------ info: described and checked */
+
+/* `ditrun info DIR` on a copy of a fixture pipeline broken by `how` (a shell command run in the copy, or a config
+ * key set): exit 1 with one line holding both needles, and stdout still describing the component `still` (NULL: no
+ * check). */
+static void info_refuses(const char *name, const char *src, const char *how, const char *file, const char *key,
+                         const char *value, const char *n1, const char *n2, const char *still) {
+    static int k;
+    char dir[700], sub[32], cmd[2000], args[1600], outf[700], err[8192];
+    snprintf(sub, sizeof sub, "info%d", k++);
+    patched_copy(t_fixtures(), src, sub, file, key, value, dir, sizeof dir);
+    if (how) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s", dir, how);
+        if (system(cmd)) printf("# %s failed\n", cmd);
+    }
+    snprintf(args, sizeof args, "info %s", dir);
+    snprintf(outf, sizeof outf, "%s/info.txt", tmp);
+    int rc = run_to(args, outf, err, sizeof err);
+    size_t n = 0;
+    char *out = slurp(outf, &n), want[64];
+    snprintf(want, sizeof want, "%s: ", still ? still : "");
+    int lines = 0;
+    for (char *p = err; *p; p++) lines += *p == '\n';
+    if (rc != 1 || lines != 1 || strncmp(err, "ditrun: error: ", 15)) T_FAIL(name, "exit %d (want 1 and one line): %s", rc, err);
+    else if (!strstr(err, n1) || (n2 && !strstr(err, n2))) T_FAIL(name, "message lacks '%s' / '%s': %s", n1, n2 ? n2 : "", err);
+    else if (still && (!out || !strstr(out, want))) T_FAIL(name, "'%s' not described: %s", still, out ? out : "(no output)");
+    else T_PASS(name);
+    free(out);
+    unlink(outf);
+    t_rmtree(dir);
+}
+
+static void info_checks(const char *fx) {
+    char args[1600], outf[700], err[8192];
+    snprintf(outf, sizeof outf, "%s/info.txt", tmp);
+    /* whole pipelines: every component's geometry from the parsers the pipeline loads them with */
+    static const struct { const char *src, *want[5]; } ok[] = {
+        {"model", {"D=256 (2 heads x 128)", "geometry     D=32 (4 heads x 16, 2 kv), 4 layers", "latent 8 x patch 2",
+                   "4x upsampling", "scheduler: dynamic shifting"}},
+        {"krea2", {"Krea2Transformer2DModel", "geometry     D=64 (4 heads x 16, 2 kv), 4 layers", "base 16, z 4, dim_mult (1,2,2)",
+                   "4x upsampling", "scheduler: dynamic shifting"}},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        snprintf(args, sizeof args, "info %s/%s", fx, ok[i].src);
+        int rc = run_to(args, outf, err, sizeof err);
+        size_t n = 0;
+        char *out = slurp(outf, &n), name[200];
+        const char *missing = NULL;
+        for (int w = 0; w < 5 && !missing; w++)
+            if (!out || !strstr(out, ok[i].want[w])) missing = ok[i].want[w];
+        snprintf(name, sizeof name, "info %s pipeline: exit 0, every component described", ok[i].src);
+        T_CHECK(name, rc == 0 && !err[0] && !missing, "exit %d, lacks '%s': %s%s", rc, missing ? missing : "", err,
+                out ? out : "");
+        free(out);
+    }
+    snprintf(args, sizeof args, "info %s/model/text_encoder/model.safetensors", fx);
+    int rc = run_to(args, outf, err, sizeof err);
+    T_CHECK("info on a lone text-encoder file (no config.json): exit 0", rc == 0 && !err[0], "exit %d: %s", rc, err);
+    unlink(outf);
+
+    info_refuses("info: invalid transformer config: exit 1 naming it", "model", NULL, "transformer/config.json", "num_layers",
+                 "-3", "num_layers", "transformer: invalid config", "vae");
+    info_refuses("info: invalid text-encoder config: exit 1 naming it", "model", NULL, "text_encoder/config.json",
+                 "num_hidden_layers", "-2", "num_hidden_layers", "text_encoder/config.json", "vae");
+    info_refuses("info: invalid VAE config: exit 1 naming it", "model", NULL, "vae/config.json", "latent_channels", "0",
+                 "latent_channels", "vae", "text_encoder");
+    info_refuses("info: invalid Qwen-Image VAE config: exit 1 naming it", "krea2", NULL, "vae/config.json", "z_dim", "0",
+                 "z_dim", "vae", "transformer");
+    info_refuses("info: invalid scheduler config: exit 1 naming it", "model", NULL, "scheduler/scheduler_config.json",
+                 "time_shift_type", "\"cubic\"", "time_shift_type", "scheduler_config.json", "vae");
+    info_refuses("info: a pipeline missing a listed component: exit 1 naming it", "model", "rm -r vae", NULL, NULL, NULL,
+                 "'vae'", "folder", "text_encoder");
+    info_refuses("info: a component without weights: exit 1 naming it", "model", "rm vae/*.safetensors", NULL, NULL, NULL,
+                 "vae", "no .safetensors", "text_encoder");
+    info_refuses("info: no tokenizer.json: exit 1", "model", "rm tokenizer/tokenizer.json", NULL, NULL, NULL, "tokenizer.json",
+                 NULL, "vae");
+    info_refuses("info: Krea 2 without its scheduler: exit 1", "krea2",
+                 "rm -r scheduler && sed -i '/\"scheduler\"/,/]/d' model_index.json", NULL, NULL, NULL, "scheduler_config.json",
+                 NULL, "vae");
+    info_refuses("info: component folders without model_index.json: exit 1 saying so", "model", "rm model_index.json", NULL,
+                 NULL, NULL, "model_index.json", NULL, NULL);
+}
+
 int main(void) {
     const char *b = getenv("BUILD");
     snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
@@ -453,7 +641,9 @@ int main(void) {
     outputs_equal_inputs(fx);
     outputs_checked_first(fx);
     fifo_inputs(fx);
+    format_outputs(fx);
     sizes_and_messages(fx);
+    info_checks(fx);
     interrupted_writers();
     t_rmtree(tmp);
     return T_DONE();

@@ -62,6 +62,7 @@ int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i) {
     if (!v) { cli_error("--lora needs a value (FILE[:SCALE])"); return -1; }
     if (l->n == CLI_MAX_LORAS) { cli_error("--lora: at most %d adapters", CLI_MAX_LORAS); return -1; }
     if (dt_lora_spec_parse(v, &l->loras[l->n])) { cli_error("%s", dt_last_error()); return -1; }
+    if (cli_check_input(l->loras[l->n].path, 1)) return -1;   /* missing, a folder, a FIFO: said before any work */
     l->n++;
     (*i)++;
     return 1;

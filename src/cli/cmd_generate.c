@@ -208,8 +208,9 @@ int cmd_generate(int argc, char **argv) {
         lo.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", lo.model);
     }
-    /* before loading anything: the noise file is a file, every output can be written and none is an input */
-    if (p.noise_file && cli_check_input(p.noise_file, 1)) return 1;
+    /* before loading anything: the model is a file or folder, the noise file a file, every output can be written
+     * and none is an input */
+    if (cli_check_input(lo.model, 0) || (p.noise_file && cli_check_input(p.noise_file, 1))) return 1;
     if (save && cli_check_output(save, lo.model, p.noise_file)) return 1;
     if (count == 1 && cli_check_output(output, lo.model, p.noise_file)) return 1;
     for (int k = 1; k <= (count > 1 ? count : 0); k++) {

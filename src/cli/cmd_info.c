@@ -1,4 +1,7 @@
-/* cmd_info.c — `ditrun info PATH`: what a checkpoint holds (components, geometry, formats, bytes). */
+/* cmd_info.c — `ditrun info PATH`: what a checkpoint holds (components, geometry, formats, bytes). Every component
+ * it recognises (FLUX.2 / Krea 2 transformer, Qwen3 / Qwen3-VL text encoder, FLUX.2 / Qwen-Image VAE, scheduler)
+ * has its config checked by the parser the pipeline uses; an invalid config, an unreadable component or a pipeline
+ * folder missing a component exits 1 with one error line, after everything else that can be described is printed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +13,10 @@
 #include "models/flux2.h"
 #include "models/flux2_layouts.h"
 #include "models/krea2.h"
+#include "models/qwen3.h"
+#include "models/vae_flux2.h"
+#include "models/vae_qwenimage.h"
+#include "pipeline/scheduler.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun info PATH\n\n"
@@ -19,11 +26,41 @@ static void usage(FILE *f) {
 }
 
 static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
+static int is_file(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISREG(st.st_mode); }
+
+/* Text encoders and VAEs: the geometry line from the parser the pipeline loads them with. Returns 1 when that
+ * parser refuses the config (error set), 0 when printed, -1 when the component is of no kind it knows. */
+static int describe_encoder_or_vae(const char *label, const char *path, const char *cls) {
+    int text = !strcmp(label, "text_encoder") || (cls && !strncmp(cls, "Qwen3", 5));
+    int vae = !text && (!strcmp(label, "vae") || (cls && !strncmp(cls, "AutoencoderKL", 13)));
+    if (text) {
+        dt_qwen3_config q;
+        if (dt_qwen3_read_config(path, &q)) return 1;
+        printf("  geometry     D=%d (%d heads x %d, %d kv), %d layers, MLP %d, vocab %d; rope theta %g, eps %g\n", q.hidden,
+               q.heads, q.head_dim, q.kv_heads, q.num_layers, q.intermediate, q.vocab, q.rope_theta, q.eps);
+        return 0;
+    }
+    if (!vae || !is_dir(path)) return -1;   /* a lone VAE file has no config.json to check */
+    if (cls && !strcmp(cls, "AutoencoderKLQwenImage")) {
+        static dt_qvae_config q;   /* (static: 2 KB of latent statistics) */
+        if (dt_qvae_read_config(path, &q)) return 1;
+        printf("  geometry     base %d, z %d, dim_mult (", q.base_dim, q.z_dim);
+        for (int i = 0; i < q.n_mult; i++) printf("%s%d", i ? "," : "", q.dim_mult[i]);
+        printf("), %d res blocks, %dx upsampling\n", q.num_res_blocks, q.scale_factor);
+        return 0;
+    }
+    dt_vae_config v;
+    if (dt_vae_read_config(path, &v)) return 1;
+    printf("  geometry     latent %d x patch %d, blocks (", v.latent_channels, v.patch);
+    for (int i = 0; i < v.n_blocks; i++) printf("%s%d", i ? "," : "", v.block_out[i]);
+    printf("), %d layers per block, %d groups, %dx upsampling\n", v.layers_per_block, v.norm_groups, v.scale_factor);
+    return 0;
+}
 
 /* Summarise one set of tensors. Returns 0, 1 when it was printed but its config is invalid (error set), or -1 when
  * it cannot be read (error set). */
 static int describe(const char *label, const char *path) {
-    int invalid = 0;
+    int invalid = 0, known;
     dt_weights *w = dt_weights_open(path);
     if (!w) return -1;
     /* BFL / mflux transformers: diffusers names and, without config.json, the geometry from the shapes */
@@ -112,6 +149,9 @@ static int describe(const char *label, const char *path) {
             printf("  geometry     (config invalid: %s)\n", dt_last_error());
             invalid = 1;
         }
+    } else if ((known = describe_encoder_or_vae(label, path, cls)) >= 0) {
+        if (known) printf("  geometry     (config invalid: %s)\n", dt_last_error());
+        invalid = known;
     } else if (cfg) {
         const char *keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                               "intermediate_size", "vocab_size", "latent_channels", "num_layers", "attention_head_dim",
@@ -155,46 +195,59 @@ static int describe(const char *label, const char *path) {
     return invalid;
 }
 
-/* A pipeline root: every component model_index.json lists ([library, class]) must be there; transformer,
- * text_encoder and vae are described. Returns the exit code (1 with an error line when one is missing or invalid,
- * after printing what is there). */
+/* Keeps the first problem found (the one line info ends with). */
+static void note_problem(char *problem, size_t n, const char *msg) {
+    if (!problem[0]) snprintf(problem, n, "%s", msg);
+}
+
+/* A pipeline root: transformer, text_encoder and vae are described, the scheduler config checked, and every
+ * component a pipeline needs (and every one model_index.json lists as [library, class]) must be there. Returns the
+ * exit code: 1 with one error line naming the first problem, after printing everything that could be read. */
 static int describe_pipeline(const char *path, const char *index) {
     json *idx = json_parse_file(index);
     if (!idx) return cli_error("%s", dt_last_error());
     if (idx->type != JSON_OBJECT) { json_free(idx); return cli_error("%s: not a JSON object", index); }
     const char *cls = json_get_str(idx, "_class_name");
+    int krea2 = cls && !strncmp(cls, "Krea2", 5);
     printf("pipeline: %s (%s, distilled: %s)\n", path, cls ? cls : "?", json_get_bool(idx, "is_distilled", 0) ? "yes" : "no");
-    char p[4200], problem[1200] = "";
-    int found = 0;
+    char p[4200], problem[1200] = "", msg[1200];
     static const char *described[] = {"transformer", "text_encoder", "vae"};
     for (size_t c = 0; c < sizeof described / sizeof described[0]; c++) {
         snprintf(p, sizeof p, "%s/%s", path, described[c]);
-        if (!is_dir(p)) continue;
-        int r = describe(described[c], p);
-        if (r < 0) { json_free(idx); return cli_error("%s", dt_last_error()); }
-        if (r > 0 && !problem[0]) snprintf(problem, sizeof problem, "%s", dt_last_error());
-        found++;
+        if (!is_dir(p)) {
+            snprintf(msg, sizeof msg, "%.400s: no '%s' folder (a pipeline root has transformer/, text_encoder/, vae/, "
+                     "tokenizer/%s)", path, described[c], krea2 ? ", scheduler/" : " and optionally scheduler/");
+            note_problem(problem, sizeof problem, msg);
+            continue;
+        }
+        if (describe(described[c], p)) note_problem(problem, sizeof problem, dt_last_error());
     }
     snprintf(p, sizeof p, "%s/tokenizer/tokenizer.json", path);
-    struct stat st;
-    if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) printf("tokenizer: %s\n", p);
+    if (is_file(p)) printf("tokenizer: %s\n", p);
+    else {
+        snprintf(msg, sizeof msg, "%.400s: no tokenizer/tokenizer.json", path);
+        note_problem(problem, sizeof problem, msg);
+    }
+    snprintf(p, sizeof p, "%s/scheduler", path);
+    if (is_dir(p) || krea2) {   /* FLUX.2-klein runs on the scheduler defaults without one; Krea 2 needs its own */
+        dt_sched_config sc;
+        if (dt_sched_config_load(p, &sc)) note_problem(problem, sizeof problem, dt_last_error());
+        else if (sc.use_dynamic_shifting) printf("scheduler: dynamic shifting, %d train timesteps\n", sc.num_train_timesteps);
+        else printf("scheduler: shift %g, %d train timesteps\n", sc.shift, sc.num_train_timesteps);
+    }
     /* components listed as [library, class] (optional ones are [null, null]) */
-    for (size_t i = 0; i < idx->len && !problem[0]; i++) {
+    for (size_t i = 0; i < idx->len; i++) {
         const json *v = idx->items[i];
         const char *k = idx->keys[i];
         if (k[0] == '_' || v->type != JSON_ARRAY || v->len != 2 || json_at(v, 1)->type != JSON_STRING) continue;
         snprintf(p, sizeof p, "%s/%s", path, k);
         if (strchr(k, '/') || !is_dir(p)) {
-            snprintf(problem, sizeof problem, "%.400s: component '%.100s' (%.100s) listed in model_index.json has no folder",
-                     path, k, json_at(v, 1)->str);
-        } else if (!strcmp(k, "tokenizer")) {
-            snprintf(p, sizeof p, "%s/tokenizer/tokenizer.json", path);
-            if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
-                snprintf(problem, sizeof problem, "%.400s: the tokenizer folder has no tokenizer.json", path);
+            snprintf(msg, sizeof msg, "%.400s: component '%.100s' (%.100s) listed in model_index.json has no folder", path,
+                     k, json_at(v, 1)->str);
+            note_problem(problem, sizeof problem, msg);
         }
     }
     json_free(idx);
-    if (!found && !problem[0]) return cli_error("%s: pipeline root without transformer/, text_encoder/ or vae/ folders", path);
     if (problem[0]) return cli_error("%s", problem);
     return 0;
 }
@@ -215,6 +268,10 @@ int cmd_info(int argc, char **argv) {
         snprintf(p, sizeof p, "%s/model_index.json", path);
         struct stat st;
         if (lstat(p, &st) == 0) return describe_pipeline(path, p);
+        snprintf(p, sizeof p, "%s/transformer", path);
+        if (is_dir(p))
+            return cli_error("%s: a folder with transformer/ but no model_index.json (a pipeline root needs one; or give "
+                             "a component folder)", path);
     }
     int r = describe("model", path);
     if (r != 0) return cli_error("%s", dt_last_error());

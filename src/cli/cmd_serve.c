@@ -99,6 +99,9 @@ int cmd_serve(int argc, char **argv) {
         o.load.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", o.load.model);
     }
+    int kind = dt_input_kind(o.load.model);   /* a missing path, a FIFO, a file: said before listening */
+    if (kind < 0) return cli_error("--model %s", dt_last_error());
+    if (kind == 0) return cli_error("--model %s: not a folder (a pipeline root holds model_index.json)", o.load.model);
     char *key = NULL;
     if (key_file && !(key = read_key(key_file))) return 1;
     o.api_key = key;
