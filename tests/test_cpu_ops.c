@@ -457,10 +457,16 @@ static void test_small_elementwise(void) {
 }
 
 /* ================================ image ops ================================ */
-static void test_conv2d(int cin, int cout, int k, int pad, int h, int w, int with_bias) {
-    char name[96];
-    snprintf(name, sizeof name, "conv2d %d->%d k=%d pad=%d %dx%d%s", cin, cout, k, pad, h, w, with_bias ? " +bias" : "");
-    const int ho = h + 2 * pad - k + 1, wo = w + 2 * pad - k + 1;
+/* conv2d (strided = 0: stride 1, symmetric pad pt) or conv2d_strided against a direct double-precision sum. */
+static void conv_case(int cin, int cout, int k, int stride, int pt, int pl, int pb, int pr, int h, int w, int with_bias,
+                      int strided) {
+    char name[128];
+    if (strided)
+        snprintf(name, sizeof name, "conv2d_strided %d->%d k=%d /%d pads %d,%d,%d,%d %dx%d%s", cin, cout, k, stride, pt,
+                 pl, pb, pr, h, w, with_bias ? " +bias" : "");
+    else
+        snprintf(name, sizeof name, "conv2d %d->%d k=%d pad=%d %dx%d%s", cin, cout, k, pt, h, w, with_bias ? " +bias" : "");
+    const int ho = (h + pt + pb - k) / stride + 1, wo = (w + pl + pr - k) / stride + 1;
     float *x = rand_vec((size_t)cin * h * w, -1, 1), *wt = rand_vec((size_t)cout * cin * k * k, -0.2f, 0.2f),
           *bias = rand_vec((size_t)cout, -1, 1);
     double *ref = malloc((size_t)cout * ho * wo * sizeof(double));
@@ -471,19 +477,24 @@ static void test_conv2d(int cin, int cout, int k, int pad, int h, int w, int wit
                 for (int ci = 0; ci < cin; ci++)
                     for (int ky = 0; ky < k; ky++)
                         for (int kx = 0; kx < k; kx++) {
-                            int iy = oy + ky - pad, ix = ox + kx - pad;
+                            int iy = oy * stride + ky - pt, ix = ox * stride + kx - pl;
                             if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
                             s += (double)wt[((co * cin + ci) * k + ky) * k + kx] * x[(size_t)ci * h * w + iy * w + ix];
                         }
                 ref[((size_t)co * ho + oy) * wo + ox] = s;
             }
-    dt_conv *cv = be->conv_create(be, wt, with_bias ? bias : NULL, cout, cin, k, pad);
+    dt_conv *cv = be->conv_create(be, wt, with_bias ? bias : NULL, cout, cin, k, strided ? 0 : pt);
     tm tx = tm_up(x, cin, (int64_t)h * w, 4), ty = tm_new(cout, (int64_t)ho * wo, 2);
-    be->conv2d(be, ty.v, tx.v, cv, h, w);
+    if (strided) be->conv2d_strided(be, ty.v, tx.v, cv, h, w, stride, pt, pl, pb, pr);
+    else be->conv2d(be, ty.v, tx.v, cv, h, w);
     check(name, ty, ref);
     be->conv_destroy(be, cv);
     tm_free(&tx); tm_free(&ty);
     free(x); free(wt); free(bias); free(ref);
+}
+
+static void test_conv2d(int cin, int cout, int k, int pad, int h, int w, int with_bias) {
+    conv_case(cin, cout, k, 1, pad, pad, pad, pad, h, w, with_bias, 0);
 }
 
 static void test_group_norm(int C, int HW, int groups, int silu, float offset) {
@@ -724,6 +735,13 @@ int main(int argc, char **argv) {
     test_conv2d(16, 8, 1, 0, 20, 24, 1);
     test_conv2d(6, 5, 3, 0, 9, 8, 0);                   /* valid padding: smaller output */
     test_conv2d(512, 4, 3, 1, 48, 64, 1);               /* im2col in several row bands */
+    /* the VAE encoder's Downsample2D: pad bottom/right by one, 3x3 stride 2 (even and odd sizes) */
+    conv_case(8, 6, 3, 2, 0, 0, 1, 1, 16, 12, 1, 1);
+    conv_case(5, 7, 3, 2, 0, 0, 1, 1, 9, 13, 0, 1);
+    conv_case(512, 4, 3, 2, 0, 0, 1, 1, 96, 128, 1, 1);  /* several row bands */
+    conv_case(4, 3, 3, 1, 1, 1, 1, 1, 7, 5, 1, 1);       /* stride 1 through the strided op = conv2d */
+    conv_case(3, 5, 3, 3, 2, 0, 1, 2, 11, 10, 1, 1);     /* stride 3, four different pads */
+    conv_case(6, 4, 1, 2, 0, 0, 0, 0, 10, 8, 1, 1);      /* 1x1 stride 2 */
     test_group_norm(64, 480, 32, 0, 0.0f);
     test_group_norm(64, 480, 32, 1, 0.0f);
     test_group_norm(32, 1000, 8, 0, 50.0f);             /* large mean: stats must stay accurate */

@@ -1540,6 +1540,30 @@ static void test_conv2d(int cin, int cout, int k, int h, int w, int with_bias) {
     G->conv_destroy(G, gc); C->conv_destroy(C, cc);
 }
 
+/* conv2d_strided (the VAE encoder's Downsample2D: stride 2, bottom/right padding) vs the CPU reference. */
+static void test_conv2d_strided(int cin, int cout, int k, int h, int w, int stride, int pt, int pl, int pb, int pr) {
+    char name[160];
+    snprintf(name, sizeof name, "conv2d_strided %d->%d k%d %dx%d /%d pads %d,%d,%d,%d", cin, cout, k, h, w, stride, pt, pl,
+             pb, pr);
+    const int ho = (h + pt + pb - k) / stride + 1, wo = (w + pl + pr - k) / stride + 1;
+    int64_t HW = (int64_t)h * w, HWo = (int64_t)ho * wo;
+    float *hx = rand_bf((size_t)cin * HW, -2.f, 2.f);
+    float *hw = rand_bf((size_t)cout * cin * k * k, -0.1f, 0.1f), *hb = rand_bf((size_t)cout, -1.f, 1.f);
+    dt_conv *gc = G->conv_create(G, hw, hb, cout, cin, k, 0);
+    dt_conv *cc = C->conv_create(C, hw, hb, cout, cin, k, 0);
+    if (!gc || !cc) { T_FAIL(name, "conv_create: %s", dt_last_error()); return; }
+    dt_mat gx = upa(G, hx, cin, HW), gy = dt_alloc_or_die(G, cout, HWo, DT_BF16);
+    poison(G, gy);
+    G->conv2d_strided(G, gy, gx, gc, h, w, stride, pt, pl, pb, pr);
+    dt_mat cx = up(C, hx, cin, HW, DT_F32), cy = dt_alloc_or_die(C, cout, HWo, DT_F32);
+    C->conv2d_strided(C, cy, cx, cc, h, w, stride, pt, pl, pb, pr);
+    float *got = down(G, gy), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)cout * HWo, TOL_GEMM);
+    free(got); free(ref); free(hx); free(hw); free(hb);
+    G->free(G, &gx); G->free(G, &gy); C->free(C, &cx); C->free(C, &cy);
+    G->conv_destroy(G, gc); C->conv_destroy(C, cc);
+}
+
 static void test_group_norm(int Ch, int h, int w, int groups, int silu) {
     char name[160];
     snprintf(name, sizeof name, "group_norm C=%d %dx%d g%d%s", Ch, h, w, groups, silu ? " +silu" : "");
@@ -2102,6 +2126,11 @@ int main(void) {
         test_conv2d(128, 3, 3, 64, 64, 1);   /* conv_out: the direct few-output-channel kernel */
         test_conv2d(96, 1, 3, 37, 29, 0);
         test_conv2d(40, 4, 3, 19, 23, 1);
+        test_conv2d_strided(128, 128, 3, 64, 64, 2, 0, 0, 1, 1);   /* Downsample2D */
+        test_conv2d_strided(64, 64, 3, 37, 29, 2, 0, 0, 1, 1);     /* odd sizes */
+        test_conv2d_strided(1024, 8, 3, 256, 256, 2, 0, 0, 1, 1);  /* im2col in two pixel chunks (K = 9216) */
+        test_conv2d_strided(16, 8, 3, 20, 18, 3, 2, 0, 1, 2);      /* another stride, four different pads */
+        test_conv2d_strided(128, 3, 3, 32, 32, 1, 1, 1, 1, 1);     /* stride 1 + same padding given per call, 3 outputs */
         test_group_norm(256, 64, 64, 32, 1);
         test_group_norm(128, 48, 40, 32, 0);
         test_group_norm(64, 5, 7, 32, 1);

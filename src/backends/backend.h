@@ -188,6 +188,11 @@ struct dt_backend {
     /* Image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). */
     /* y [cout, H*W] = conv(x [cin, H*W]) with stride 1, same-size output (pad = k/2). */
     void (*conv2d)(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
+    /* y [cout, ho*wo] = conv(x [cin, h*w]) with stride `stride` and zero padding pad_top/left/bottom/right
+     * given here (the conv's own pad is not used), ho = (h + pad_top + pad_bottom - k)/stride + 1, wo likewise
+     * (integer division). The VAE encoder's Downsample2D: stride 2, pads (0, 0, 1, 1) (bottom and right only). */
+    void (*conv2d_strided)(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int stride,
+                           int pad_top, int pad_left, int pad_bottom, int pad_right);
     /* GroupNorm over [C, HW] with `groups`, affine gamma/beta [1, C] F32; optional fused SiLU. */
     void (*group_norm)(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps,
                        int silu);

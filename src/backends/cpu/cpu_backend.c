@@ -237,6 +237,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->copy = cpu_copy;
     be->transpose = cpu_transpose;
     be->conv2d = cpu_conv2d;
+    be->conv2d_strided = cpu_conv2d_strided;
     be->group_norm = cpu_group_norm;
     be->upsample2x = cpu_upsample2x;
     be->channel_rmsnorm = cpu_channel_rmsnorm;

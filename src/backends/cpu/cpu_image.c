@@ -1,6 +1,7 @@
 /* cpu_image.c — VAE image ops on the CPU. Images are [C, H*W] (channel-major, one image).
  *   conv2d      stride 1, square kernel k, zero padding pad: im2col of a band of output rows
  *               (bounded scratch, ~32 MB) + multi-threaded sgemm with weights [cout, cin*k*k]
+ *   conv2d_strided  the same with any stride and per-side zero padding (the encoder's Downsample2D)
  *   group_norm  statistics over (C/groups) x HW accumulated per channel in double, two passes
  *               (mean, then centred squares), affine, optional fused SiLU
  *   upsample2x  nearest neighbour
@@ -56,14 +57,14 @@ void cpu_conv_destroy(dt_backend *be, dt_conv *cv) {
 typedef struct {
     const float *x; int64_t ldx;
     float *col;                     /* [cin*k*k, np] */
-    int h, w, k, pad, wo;
+    int h, w, k, stride, pt, pl, wo;
     int64_t oy0, noy;               /* band of output rows */
 } im2col_ctx;
 
 static void im2col_task(void *vctx, int64_t r0, int64_t r1, int tid) {
     (void)tid;
     im2col_ctx *t = vctx;
-    const int k = t->k, wo = t->wo;
+    const int k = t->k, wo = t->wo, s = t->stride;
     const int64_t np = t->noy * wo;
     for (int64_t rr = r0; rr < r1; rr++) {      /* rr = (ci*k + ky)*k + kx */
         const int kx = (int)(rr % k), ky = (int)((rr / k) % k);
@@ -72,16 +73,20 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1, int tid) {
         float *dst = t->col + rr * np;
         for (int64_t oy = t->oy0; oy < t->oy0 + t->noy; oy++) {
             float *d = dst + (oy - t->oy0) * wo;
-            const int64_t iy = oy + ky - t->pad;
+            const int64_t iy = oy * s + ky - t->pt;
             if (iy < 0 || iy >= t->h) { memset(d, 0, (size_t)wo * sizeof(float)); continue; }
             const float *srow = xc + iy * t->w;
-            /* valid ox: 0 <= ox + kx - pad < w */
-            int lo = t->pad - kx, hi = t->w + t->pad - kx;      /* [lo, hi) */
-            if (lo < 0) lo = 0;
+            /* valid ox: 0 <= ox*s + kx - pl < w  <=>  ceil((pl - kx)/s) <= ox < ceil((w + pl - kx)/s) */
+            const int a = t->pl - kx, b = t->w + t->pl - kx;
+            int lo = a <= 0 ? 0 : (a + s - 1) / s, hi = b <= 0 ? 0 : (b + s - 1) / s;      /* [lo, hi) */
             if (hi > wo) hi = wo;
-            if (hi < lo) hi = lo;
+            if (lo > hi) lo = hi;
             for (int ox = 0; ox < lo; ox++) d[ox] = 0.0f;
-            for (int ox = lo; ox < hi; ox++) d[ox] = srow[ox + kx - t->pad];
+            if (s == 1) {
+                for (int ox = lo; ox < hi; ox++) d[ox] = srow[ox + kx - t->pl];
+            } else {
+                for (int ox = lo; ox < hi; ox++) d[ox] = srow[ox * s + kx - t->pl];
+            }
             for (int ox = hi; ox < wo; ox++) d[ox] = 0.0f;
         }
     }
@@ -99,19 +104,24 @@ static void cbias_task(void *vctx, int64_t c0, int64_t c1, int tid) {
     }
 }
 
-void cpu_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *cv, int h, int w) {
+/* y [cout, ho*wo] = conv(x [cin, h*w]) with stride s and zero padding pt/pl/pb/pr. */
+static void conv_run(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *cv, int h, int w, int s, int pt, int pl,
+                     int pb, int pr, const char *op) {
     cpu_impl *c = cpu_of(be);
-    const float *X = cpu_f32(x, "conv2d");
-    float *Y = cpu_f32(y, "conv2d");
-    const int ho = h + 2 * cv->pad - cv->k + 1, wo = w + 2 * cv->pad - cv->k + 1;
+    const float *X = cpu_f32(x, op);
+    float *Y = cpu_f32(y, op);
+    CPU_REQUIRE(s >= 1 && pt >= 0 && pl >= 0 && pb >= 0 && pr >= 0, "conv2d", "stride %d pads %d %d %d %d", s, pt, pl, pb, pr);
+    const int ho = h + pt + pb >= cv->k ? (h + pt + pb - cv->k) / s + 1 : 0;
+    const int wo = w + pl + pr >= cv->k ? (w + pl + pr - cv->k) / s + 1 : 0;
     CPU_REQUIRE(h > 0 && w > 0 && ho > 0 && wo > 0 && x.rows == cv->cin && x.cols == (int64_t)h * w &&
                 y.rows == cv->cout && y.cols == (int64_t)ho * wo, "conv2d",
-                "x [%lld, %lld] y [%lld, %lld] for %dx%d image, conv %d->%d k %d pad %d", (long long)x.rows,
-                (long long)x.cols, (long long)y.rows, (long long)y.cols, h, w, cv->cin, cv->cout, cv->k, cv->pad);
+                "x [%lld, %lld] y [%lld, %lld] for %dx%d image, conv %d->%d k %d stride %d pads %d %d %d %d",
+                (long long)x.rows, (long long)x.cols, (long long)y.rows, (long long)y.cols, h, w, cv->cin, cv->cout,
+                cv->k, s, pt, pl, pb, pr);
     CPU_REQUIRE(X != Y, "conv2d", "y must not alias x");
     CPU_REQUIRE(x.ld <= INT32_MAX && y.ld <= INT32_MAX, "conv2d", "image too large");
     const int64_t ckk = (int64_t)cv->cin * cv->k * cv->k;
-    if (cv->k == 1 && cv->pad == 0) {          /* 1x1: plain product, no im2col */
+    if (cv->k == 1 && s == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0) {   /* 1x1: plain product, no im2col */
         cpu_blas_threads(c, c->threads);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, cv->cout, (int)(ho * wo), cv->cin, 1.0f, cv->w,
                     cv->cin, X, (int)x.ld, 0.0f, Y, (int)y.ld);
@@ -124,7 +134,7 @@ void cpu_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *cv, int h, in
             const int64_t noy = ho - oy0 < band ? ho - oy0 : band;
             const int64_t np = noy * wo;
             CPU_REQUIRE(np <= INT32_MAX, "conv2d", "band too large");
-            im2col_ctx t = { X, x.ld, col, h, w, cv->k, cv->pad, wo, oy0, noy };
+            im2col_ctx t = { X, x.ld, col, h, w, cv->k, s, pt, pl, wo, oy0, noy };
             dt_pool_run(c->pool, ckk, cpu_grain(np, 1 << 15), im2col_task, &t);
             cpu_blas_threads(c, c->threads);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, cv->cout, (int)np, (int)ckk, 1.0f, cv->w, (int)ckk,
@@ -135,6 +145,15 @@ void cpu_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *cv, int h, in
         cbias_ctx t = { Y, y.ld, (int64_t)ho * wo, cv->bias };
         dt_pool_run(c->pool, cv->cout, cpu_grain((int64_t)ho * wo, 1 << 16), cbias_task, &t);
     }
+}
+
+void cpu_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *cv, int h, int w) {
+    conv_run(be, y, x, cv, h, w, 1, cv->pad, cv->pad, cv->pad, cv->pad, "conv2d");
+}
+
+void cpu_conv2d_strided(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *cv, int h, int w, int stride, int pad_top,
+                        int pad_left, int pad_bottom, int pad_right) {
+    conv_run(be, y, x, cv, h, w, stride, pad_top, pad_left, pad_bottom, pad_right, "conv2d_strided");
 }
 
 /* ---------------- GroupNorm ---------------- */

@@ -97,6 +97,8 @@ void cpu_transpose(dt_backend *be, dt_mat y, dt_mat x);
 dt_conv *cpu_conv_create(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
 void cpu_conv_destroy(dt_backend *be, dt_conv *c);
 void cpu_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
+void cpu_conv2d_strided(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int stride, int pad_top,
+                        int pad_left, int pad_bottom, int pad_right);
 void cpu_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu);
 void cpu_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
 void cpu_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);

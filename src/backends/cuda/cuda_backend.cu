@@ -533,6 +533,12 @@ static void tr_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int 
     g_tr.real.conv2d(be, y, x, c, h, w);
     tr_end(be, "conv2d", t0, "%lld->%lld %dx%d", (long long)x.rows, (long long)y.rows, h, w);
 }
+static void tr_conv2d_strided(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int s, int pt, int pl,
+                              int pb, int pr) {
+    double t0 = tr_begin();
+    g_tr.real.conv2d_strided(be, y, x, c, h, w, s, pt, pl, pb, pr);
+    tr_end(be, "conv2d_strided", t0, "%lld->%lld %dx%d /%d", (long long)x.rows, (long long)y.rows, h, w, s);
+}
 static void tr_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat g, dt_mat b, float eps, int silu) {
     double t0 = tr_begin();
     g_tr.real.group_norm(be, y, x, groups, g, b, eps, silu);
@@ -638,6 +644,7 @@ static void trace_install(dt_backend *be) {
     be->linear = tr_linear;
     be->attention = tr_attention;
     be->conv2d = tr_conv2d;
+    be->conv2d_strided = tr_conv2d_strided;
     be->group_norm = tr_group_norm;
     be->upsample2x = tr_upsample2x;
     be->channel_rmsnorm = tr_channel_rmsnorm;
@@ -881,6 +888,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->copy = dtc_copy;
     be->transpose = dtc_transpose;
     be->conv2d = dtc_conv2d;
+    be->conv2d_strided = dtc_conv2d_strided;
     be->group_norm = dtc_group_norm;
     be->upsample2x = dtc_upsample2x;
     be->channel_rmsnorm = dtc_channel_rmsnorm;

@@ -294,6 +294,8 @@ void dtc_add_col_bias(dtc_state *st, dt_mat m, const float *bias);
 dt_conv *dtc_conv_create(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
 void dtc_conv_destroy(dt_backend *be, dt_conv *c);
 void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
+void dtc_conv2d_strided(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int stride, int pad_top,
+                        int pad_left, int pad_bottom, int pad_right);
 void dtc_group_norm(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu);
 void dtc_upsample2x(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
 void dtc_channel_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);

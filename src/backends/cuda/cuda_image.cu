@@ -3,6 +3,7 @@
  *               cuBLASLt GEMM on the input directly; k x k convs
  *               build im2col columns (bf16, in chunks of pixels to bound memory) and run a cuBLASLt GEMM
  *               y[cout, P] = W[cout, cin*k*k] · col[cin*k*k, P]; bias added per output channel.
+ *   conv2d_strided  the same with any stride and per-side zero padding (im2col over output pixels).
  *   group_norm  fp32 partial sums per (group, chunk) block, combined in double, then one normalise pass
  *               (gamma/beta, optional fused SiLU).
  *   upsample2x  nearest neighbour.
@@ -51,16 +52,17 @@ void dtc_conv_destroy(dt_backend *be, dt_conv *c) {
     free(c);
 }
 
-/* col[kidx, p] (ld = ldc) for pixels p0 .. p0+np-1; kidx = (ci*k + kh)*k + kw. */
-__global__ void k_im2col(__nv_bfloat16 *col, int64_t ldc, dmat x, int cin, int k, int pad, int H, int W, int64_t p0,
-                         int64_t np) {
+/* col[kidx, p] (ld = ldc) for output pixels p0 .. p0+np-1 of a Wo-wide output; kidx = (ci*k + kh)*k + kw; the
+ * source pixel is (py*stride + kh - pt, px*stride + kw - pl), zero outside the H x W input. */
+__global__ void k_im2col(__nv_bfloat16 *col, int64_t ldc, dmat x, int cin, int k, int stride, int pt, int pl, int H,
+                         int W, int Wo, int64_t p0, int64_t np) {
     int64_t total = (int64_t)cin * k * k * np;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t kidx = i / np, p = i - kidx * np;
         int kw = (int)(kidx % k), kh = (int)((kidx / k) % k), ci = (int)(kidx / (k * k));
         int64_t pix = p0 + p;
-        int py = (int)(pix / W), px = (int)(pix - (int64_t)py * W);
-        int sy = py + kh - pad, sx = px + kw - pad;
+        int py = (int)(pix / Wo), px = (int)(pix - (int64_t)py * Wo);
+        int sy = py * stride + kh - pt, sx = px * stride + kw - pl;
         float v = 0.f;
         if (sy >= 0 && sy < H && sx >= 0 && sx < W) v = dm_get(x, ci, (int64_t)sy * W + sx);
         col[kidx * ldc + p] = __float2bfloat16_rn(v);
@@ -138,49 +140,56 @@ __global__ void k_conv_small_cout(dmat y, const __nv_bfloat16 *x, int64_t ldx, c
 }
 
 template <int CO>
-static void conv_small_cout(dtc_state *st, dt_mat y, dt_mat x, const dt_conv *c, int h, int w) {
+static void conv_small_cout(dtc_state *st, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int pad) {
     const int64_t HW = (int64_t)h * w;
     const size_t smem = (size_t)CO * c->cin * c->k * c->k * sizeof(float);
     k_conv_small_cout<CO><<<(unsigned)((HW + 255) / 256), 256, smem, st->q.stream>>>(
-        dtc_dm(y), (const __nv_bfloat16 *)x.data, x.ld, c->w, c->bias, c->cin, c->k, c->pad, h, w);
+        dtc_dm(y), (const __nv_bfloat16 *)x.data, x.ld, c->w, c->bias, c->cin, c->k, pad, h, w);
     CK_LAUNCH("conv_small_cout");
 }
 
-void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w) {
+/* y [cout, ho*wo] = conv(x [cin, h*w]) with stride s and zero padding pt/pl/pb/pr. */
+static void conv_run(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int s, int pt, int pl, int pb,
+                     int pr) {
     dtc_state *st = dtc(be);
-    const int64_t HW = (int64_t)h * w;
+    DTC_REQUIRE(s >= 1 && pt >= 0 && pl >= 0 && pb >= 0 && pr >= 0, "conv2d: stride %d pads %d %d %d %d", s, pt, pl,
+                pb, pr);
+    const int ho = h + pt + pb >= c->k ? (h + pt + pb - c->k) / s + 1 : 0;
+    const int wo = w + pl + pr >= c->k ? (w + pl + pr - c->k) / s + 1 : 0;
+    const int64_t HW = (int64_t)h * w, HWo = (int64_t)ho * wo;
+    DTC_REQUIRE(h > 0 && w > 0 && ho > 0 && wo > 0, "conv2d: %dx%d image, k=%d stride %d pads %d %d %d %d", h, w, c->k,
+                s, pt, pl, pb, pr);
     DTC_REQUIRE(x.rows == c->cin && x.cols == HW, "conv2d: x is [%lld,%lld], expected [%d,%lld]", (long long)x.rows,
                 (long long)x.cols, c->cin, (long long)HW);
-    DTC_REQUIRE(y.rows == c->cout && y.cols == HW, "conv2d: y is [%lld,%lld], expected [%d,%lld]", (long long)y.rows,
-                (long long)y.cols, c->cout, (long long)HW);
-    DTC_REQUIRE(h + 2 * c->pad - c->k + 1 == h && w + 2 * c->pad - c->k + 1 == w,
-                "conv2d: k=%d pad=%d does not keep the size", c->k, c->pad);
+    DTC_REQUIRE(y.rows == c->cout && y.cols == HWo, "conv2d: y is [%lld,%lld], expected [%d,%lld]", (long long)y.rows,
+                (long long)y.cols, c->cout, (long long)HWo);
     DTC_REQUIRE(y.dtype == DT_BF16 || y.dtype == DT_F32, "conv2d: y dtype %s", dt_dtype_name(y.dtype));
-    if (HW <= 0) return;
+    const int same = s == 1 && ho == h && wo == w && pt == pl && pl == pb && pb == pr;
     const int64_t K = (int64_t)c->cin * c->k * c->k;
-    if (c->cout <= 4 && c->k > 1 && x.dtype == DT_BF16 && (size_t)c->cout * K * sizeof(float) <= 48 * 1024 &&
+    if (same && c->cout <= 4 && c->k > 1 && x.dtype == DT_BF16 && (size_t)c->cout * K * sizeof(float) <= 48 * 1024 &&
         HW / 256 < 0x7fffffff) {
         switch (c->cout) {
-        case 1: conv_small_cout<1>(st, y, x, c, h, w); break;
-        case 2: conv_small_cout<2>(st, y, x, c, h, w); break;
-        case 3: conv_small_cout<3>(st, y, x, c, h, w); break;
-        default: conv_small_cout<4>(st, y, x, c, h, w); break;
+        case 1: conv_small_cout<1>(st, y, x, c, h, w, pt); break;
+        case 2: conv_small_cout<2>(st, y, x, c, h, w, pt); break;
+        case 3: conv_small_cout<3>(st, y, x, c, h, w, pt); break;
+        default: conv_small_cout<4>(st, y, x, c, h, w, pt); break;
         }
         return;   /* bias added inside */
     }
-    if (c->k == 1 && x.dtype == DT_BF16) {
+    if (c->k == 1 && same && pt == 0 && x.dtype == DT_BF16) {
         /* yᵀ[HW, cout] = xᵀ[HW, cin] · Wᵀ[cin, cout] */
         dtc_gemm(st, 0, 0, HW, c->cout, K, x.data, x.ld, c->w, K, y.data, y.ld, y.dtype, 1.f, nullptr);
     } else {
         int64_t P = ((int64_t)1 << 27) / K;  /* <= 256 MB of bf16 columns */
-        if (P > HW) P = HW;
+        if (P > HWo) P = HWo;
         P = (P + 7) / 8 * 8;
         if (P < 64) P = 64;
         __nv_bfloat16 *col = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_conv, (size_t)K * P * 2);
-        /* bf16 input, rows of whole 8-pixel groups: the vectorised im2col (bands start at multiples of 8) */
-        const int vec = x.dtype == DT_BF16 && w % 8 == 0 && K < 65536 && dtc_aligned16(x.data) && x.ld % 8 == 0;
-        for (int64_t p0 = 0; p0 < HW; p0 += P) {
-            int64_t np = HW - p0 < P ? HW - p0 : P;
+        /* bf16 input, same-size stride-1 conv, rows of whole 8-pixel groups: the vectorised im2col (bands start at
+         * multiples of 8) */
+        const int vec = same && x.dtype == DT_BF16 && w % 8 == 0 && K < 65536 && dtc_aligned16(x.data) && x.ld % 8 == 0;
+        for (int64_t p0 = 0; p0 < HWo; p0 += P) {
+            int64_t np = HWo - p0 < P ? HWo - p0 : P;
             int64_t total = K * np;
             int64_t b = (total + 255) / 256;
             if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
@@ -190,9 +199,10 @@ void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int
                 if (maxbx < 1) maxbx = 1;
                 if (bx > maxbx) bx = maxbx;
                 k_im2col8<<<dim3((unsigned)bx, (unsigned)K), 256, 0, st->q.stream>>>(
-                    col, P, (const __nv_bfloat16 *)x.data, x.ld, c->k, c->pad, h, w, p0, np);
+                    col, P, (const __nv_bfloat16 *)x.data, x.ld, c->k, pt, h, w, p0, np);
             } else {
-                k_im2col<<<(unsigned)b, 256, 0, st->q.stream>>>(col, P, dtc_dm(x), c->cin, c->k, c->pad, h, w, p0, np);
+                k_im2col<<<(unsigned)b, 256, 0, st->q.stream>>>(col, P, dtc_dm(x), c->cin, c->k, s, pt, pl, h, w, wo,
+                                                                   p0, np);
             }
             CK_LAUNCH("im2col");
             void *yp = (char *)y.data + (size_t)p0 * dt_dtype_size(y.dtype);
@@ -200,6 +210,17 @@ void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int
         }
     }
     if (c->bias) dtc_add_col_bias(st, y, c->bias);
+}
+
+void dtc_conv2d(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w) {
+    DTC_REQUIRE(h + 2 * c->pad - c->k + 1 == h && w + 2 * c->pad - c->k + 1 == w,
+                "conv2d: k=%d pad=%d does not keep the size", c->k, c->pad);
+    conv_run(be, y, x, c, h, w, 1, c->pad, c->pad, c->pad, c->pad);
+}
+
+void dtc_conv2d_strided(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int stride, int pad_top,
+                        int pad_left, int pad_bottom, int pad_right) {
+    conv_run(be, y, x, c, h, w, stride, pad_top, pad_left, pad_bottom, pad_right);
 }
 
 /* ------------------------------------------------------------------ group norm */
