@@ -84,7 +84,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case C_FLUX2: if (have_weights[c]) flux2_free(flux2_load(be, dirs[c])); break;
     case C_KREA2: if (have_weights[c]) krea2_free(krea2_load(be, dirs[c])); break;
     case C_QWEN3: if (have_weights[c]) dt_qwen3_free(dt_qwen3_load(be, dirs[c], 0)); break;
-    case C_VAE: if (have_weights[c]) dt_vae_free(dt_vae_load(be, dirs[c])); break;
+    case C_VAE:
+        if (have_weights[c]) {
+            dt_vae *v = dt_vae_load(be, dirs[c]);
+            if (v) (void)dt_vae_load_encoder(v);   /* the encoder's own keys (block_out_channels, down_block_types) */
+            dt_vae_free(v);
+        }
+        break;
     case C_SCHED: {
         dt_sched_config sc;
         if (dt_sched_config_load(cfg_path[c], &sc) == 0) {

@@ -4,6 +4,8 @@
  *   → GroupNorm + SiLU → conv_out.
  * Every GroupNorm uses eps 1e-6 (diffusers Decoder: resnet_eps, attention norm and conv_norm_out).
  * Activations are images [C, H·W] (channel-major); the attention works on tokens [H·W, C].
+ * The blocks shared with the encoder (resnet, attention, GroupNorm, conv loading) are defined here and
+ * declared in vae_flux2_internal.h; the encoder itself is vae_flux2_encoder.c.
  */
 #include "models/vae_flux2.h"
 
@@ -14,43 +16,7 @@
 
 #include "core/common.h"
 #include "io/weights.h"
-
-#define VAE_GN_EPS 1e-6f
-
-typedef struct {
-    dt_mat gamma, beta;   /* [1, C] F32 params */
-} gnorm;
-
-typedef struct {
-    int cin, cout;
-    gnorm n1, n2;
-    dt_conv *conv1, *conv2, *shortcut;   /* shortcut: 1×1, only when cin != cout */
-} resnet;
-
-typedef struct {
-    gnorm norm;
-    dt_linear *q, *k, *v, *o;            /* [C, C] with bias */
-} attn;
-
-typedef struct {
-    int cin, cout, n_res;
-    resnet *res;
-    dt_conv *up_conv;                    /* NULL for the last block */
-} up_block;
-
-struct dt_vae {
-    dt_backend *be;
-    dt_weights *w;                       /* kept open: Linear weights may be zero-copy views */
-    dt_vae_config cfg;
-    float *bn_mean, *bn_var;             /* [latent_channels·patch²] */
-    int bn_n;
-    dt_conv *post_quant, *conv_in, *conv_out;
-    resnet mid_res[2];
-    attn mid_attn;
-    up_block up[DT_VAE_MAX_BLOCKS];
-    gnorm norm_out;
-    int conv_layout;                     /* 0 unknown, 1 PyTorch [o,i,kh,kw], 2 MLX [o,kh,kw,i] */
-};
+#include "models/vae_flux2_internal.h"
 
 /* ---------------- config ---------------- */
 
@@ -143,7 +109,7 @@ static int parse_config(const json *j, const char *what, dt_vae_config *c) {
 
 /* ---------------- weight loading ---------------- */
 
-static int load_gnorm(dt_vae *v, const char *name, int C, gnorm *g) {
+int vae_load_gnorm(dt_vae *v, const char *name, int C, gnorm *g) {
     char buf[256];
     float *tmp = dt_malloc((size_t)C * sizeof(float));
     snprintf(buf, sizeof buf, "%s.weight", name);
@@ -156,13 +122,14 @@ static int load_gnorm(dt_vae *v, const char *name, int C, gnorm *g) {
     return 0;
 }
 
-static void free_gnorm(dt_backend *be, gnorm *g) {
+void vae_free_gnorm(dt_backend *be, gnorm *g) {
     if (g->gamma.data) be->free(be, &g->gamma);
     if (g->beta.data) be->free(be, &g->beta);
 }
 
-/* A k×k conv NAME with weight [cout, cin, k, k] (PyTorch) or [cout, k, k, cin] (MLX) and bias [cout]. */
-static dt_conv *load_conv(dt_vae *v, const char *name, int cout, int cin, int k) {
+/* A k×k conv NAME with weight [cout, cin, k, k] (PyTorch) or [cout, k, k, cin] (MLX) and bias [cout]; the first
+ * `rows` output channels are kept. */
+dt_conv *vae_load_conv(dt_vae *v, const char *name, int cout, int cin, int k, int rows) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s.weight", name);
     const st_tensor *t = dt_weights_find(v->w, buf);
@@ -208,14 +175,15 @@ static dt_conv *load_conv(dt_vae *v, const char *name, int cout, int cin, int k)
     snprintf(buf, sizeof buf, "%s.bias", name);
     if (dt_weights_read_f32(v->w, buf, bias, cout)) { free(wt); free(bias); return NULL; }
     dt_clear_error();
-    dt_conv *c = v->be->conv_create(v->be, wt, bias, cout, cin, k, k / 2);
+    if (rows < 1 || rows > cout) rows = cout;
+    dt_conv *c = v->be->conv_create(v->be, wt, bias, rows, cin, k, k / 2);   /* rows are the leading [rows, cin·k·k] */
     free(wt);
     free(bias);
     if (!c && !strcmp(dt_last_error(), "unknown error")) dt_set_error("%s: backend could not create conv '%s'", dt_weights_path(v->w), name);
     return c;
 }
 
-static dt_linear *load_linear(dt_vae *v, const char *name, int C) {
+dt_linear *vae_load_linear(dt_vae *v, const char *name, int C) {
     dt_linear_src src;
     if (dt_weights_linear(v->w, name, C, C, 1, &src)) return NULL;
     dt_clear_error();
@@ -224,52 +192,72 @@ static dt_linear *load_linear(dt_vae *v, const char *name, int C) {
     return l;
 }
 
-static int load_resnet(dt_vae *v, const char *prefix, int cin, int cout, resnet *r) {
+int vae_load_resnet(dt_vae *v, const char *prefix, int cin, int cout, resnet *r) {
     char buf[256];
     r->cin = cin;
     r->cout = cout;
     snprintf(buf, sizeof buf, "%s.norm1", prefix);
-    if (load_gnorm(v, buf, cin, &r->n1)) return -1;
+    if (vae_load_gnorm(v, buf, cin, &r->n1)) return -1;
     snprintf(buf, sizeof buf, "%s.conv1", prefix);
-    if (!(r->conv1 = load_conv(v, buf, cout, cin, 3))) return -1;
+    if (!(r->conv1 = vae_load_conv(v, buf, cout, cin, 3, cout))) return -1;
     snprintf(buf, sizeof buf, "%s.norm2", prefix);
-    if (load_gnorm(v, buf, cout, &r->n2)) return -1;
+    if (vae_load_gnorm(v, buf, cout, &r->n2)) return -1;
     snprintf(buf, sizeof buf, "%s.conv2", prefix);
-    if (!(r->conv2 = load_conv(v, buf, cout, cout, 3))) return -1;
+    if (!(r->conv2 = vae_load_conv(v, buf, cout, cout, 3, cout))) return -1;
     if (cin != cout) {
         snprintf(buf, sizeof buf, "%s.conv_shortcut", prefix);
-        if (!(r->shortcut = load_conv(v, buf, cout, cin, 1))) return -1;
+        if (!(r->shortcut = vae_load_conv(v, buf, cout, cin, 1, cout))) return -1;
     }
     return 0;
 }
 
-static void free_resnet(dt_backend *be, resnet *r) {
-    free_gnorm(be, &r->n1);
-    free_gnorm(be, &r->n2);
+void vae_free_resnet(dt_backend *be, resnet *r) {
+    vae_free_gnorm(be, &r->n1);
+    vae_free_gnorm(be, &r->n2);
     if (r->conv1) be->conv_destroy(be, r->conv1);
     if (r->conv2) be->conv_destroy(be, r->conv2);
     if (r->shortcut) be->conv_destroy(be, r->shortcut);
 }
 
+void vae_free_attn(dt_backend *be, attn *a) {
+    vae_free_gnorm(be, &a->norm);
+    dt_linear *ls[4] = {a->q, a->k, a->v, a->o};
+    for (int i = 0; i < 4; i++)
+        if (ls[i]) be->linear_destroy(be, ls[i]);
+}
+
+int vae_load_attn(dt_vae *v, const char *prefix, int C, attn *a) {
+    char buf[256], obuf[256];
+    snprintf(buf, sizeof buf, "%s.attentions.0.group_norm", prefix);
+    if (vae_load_gnorm(v, buf, C, &a->norm)) return -1;
+    const char *names[3] = {"to_q", "to_k", "to_v"};
+    dt_linear **dst[3] = {&a->q, &a->k, &a->v};
+    for (int i = 0; i < 3; i++) {
+        snprintf(buf, sizeof buf, "%s.attentions.0.%s", prefix, names[i]);
+        if (!(*dst[i] = vae_load_linear(v, buf, C))) return -1;
+    }
+    snprintf(obuf, sizeof obuf, "%s.attentions.0.to_out.0.weight", prefix);
+    snprintf(buf, sizeof buf, dt_weights_find(v->w, obuf) ? "%s.attentions.0.to_out.0" : "%s.attentions.0.to_out", prefix);
+    return (a->o = vae_load_linear(v, buf, C)) ? 0 : -1;
+}
+
 void dt_vae_free(dt_vae *v) {
     if (!v) return;
     dt_backend *be = v->be;
+    vae_encoder_free(v);
     if (v->post_quant) be->conv_destroy(be, v->post_quant);
     if (v->conv_in) be->conv_destroy(be, v->conv_in);
     if (v->conv_out) be->conv_destroy(be, v->conv_out);
-    for (int i = 0; i < 2; i++) free_resnet(be, &v->mid_res[i]);
-    free_gnorm(be, &v->mid_attn.norm);
-    dt_linear *ls[4] = {v->mid_attn.q, v->mid_attn.k, v->mid_attn.v, v->mid_attn.o};
-    for (int i = 0; i < 4; i++)
-        if (ls[i]) be->linear_destroy(be, ls[i]);
+    for (int i = 0; i < 2; i++) vae_free_resnet(be, &v->mid_res[i]);
+    vae_free_attn(be, &v->mid_attn);
     for (int b = 0; b < DT_VAE_MAX_BLOCKS; b++) {
         if (v->up[b].res) {
-            for (int i = 0; i < v->up[b].n_res; i++) free_resnet(be, &v->up[b].res[i]);
+            for (int i = 0; i < v->up[b].n_res; i++) vae_free_resnet(be, &v->up[b].res[i]);
             free(v->up[b].res);
         }
         if (v->up[b].up_conv) be->conv_destroy(be, v->up[b].up_conv);
     }
-    free_gnorm(be, &v->norm_out);
+    vae_free_gnorm(be, &v->norm_out);
     free(v->bn_mean);
     free(v->bn_var);
     if (v->w) dt_weights_close(v->w);
@@ -309,25 +297,15 @@ dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
     if (dt_weights_read_f32(v->w, "bn.running_mean", v->bn_mean, v->bn_n)) goto fail;
     if (dt_weights_read_f32(v->w, "bn.running_var", v->bn_var, v->bn_n)) goto fail;
 
-    if (c->post_quant_conv && !(v->post_quant = load_conv(v, "post_quant_conv", c->latent_channels,
-                                                          c->latent_channels, 1)))
+    if (c->post_quant_conv && !(v->post_quant = vae_load_conv(v, "post_quant_conv", c->latent_channels,
+                                                          c->latent_channels, 1, c->latent_channels)))
         goto fail;
-    if (!(v->conv_in = load_conv(v, "decoder.conv_in", top, c->latent_channels, 3))) goto fail;
+    if (!(v->conv_in = vae_load_conv(v, "decoder.conv_in", top, c->latent_channels, 3, top))) goto fail;
     for (int i = 0; i < 2; i++) {
         snprintf(buf, sizeof buf, "decoder.mid_block.resnets.%d", i);
-        if (load_resnet(v, buf, top, top, &v->mid_res[i])) goto fail;
+        if (vae_load_resnet(v, buf, top, top, &v->mid_res[i])) goto fail;
     }
-    if (c->mid_attention) {
-        attn *a = &v->mid_attn;
-        if (load_gnorm(v, "decoder.mid_block.attentions.0.group_norm", top, &a->norm)) goto fail;
-        if (!(a->q = load_linear(v, "decoder.mid_block.attentions.0.to_q", top))) goto fail;
-        if (!(a->k = load_linear(v, "decoder.mid_block.attentions.0.to_k", top))) goto fail;
-        if (!(a->v = load_linear(v, "decoder.mid_block.attentions.0.to_v", top))) goto fail;
-        const char *oname = dt_weights_find(v->w, "decoder.mid_block.attentions.0.to_out.0.weight")
-                                ? "decoder.mid_block.attentions.0.to_out.0"
-                                : "decoder.mid_block.attentions.0.to_out";
-        if (!(a->o = load_linear(v, oname, top))) goto fail;
-    }
+    if (c->mid_attention && vae_load_attn(v, "decoder.mid_block", top, &v->mid_attn)) goto fail;
     int prev = top;
     for (int b = 0; b < c->n_blocks; b++) {
         up_block *u = &v->up[b];
@@ -337,16 +315,16 @@ dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
         u->res = dt_calloc((size_t)u->n_res, sizeof *u->res);
         for (int i = 0; i < u->n_res; i++) {
             snprintf(buf, sizeof buf, "decoder.up_blocks.%d.resnets.%d", b, i);
-            if (load_resnet(v, buf, i == 0 ? u->cin : u->cout, u->cout, &u->res[i])) goto fail;
+            if (vae_load_resnet(v, buf, i == 0 ? u->cin : u->cout, u->cout, &u->res[i])) goto fail;
         }
         if (b < c->n_blocks - 1) {
             snprintf(buf, sizeof buf, "decoder.up_blocks.%d.upsamplers.0.conv", b);
-            if (!(u->up_conv = load_conv(v, buf, u->cout, u->cout, 3))) goto fail;
+            if (!(u->up_conv = vae_load_conv(v, buf, u->cout, u->cout, 3, u->cout))) goto fail;
         }
         prev = u->cout;
     }
-    if (load_gnorm(v, "decoder.conv_norm_out", c->block_out[0], &v->norm_out)) goto fail;
-    if (!(v->conv_out = load_conv(v, "decoder.conv_out", c->out_channels, c->block_out[0], 3))) goto fail;
+    if (vae_load_gnorm(v, "decoder.conv_norm_out", c->block_out[0], &v->norm_out)) goto fail;
+    if (!(v->conv_out = vae_load_conv(v, "decoder.conv_out", c->out_channels, c->block_out[0], 3, c->out_channels))) goto fail;
     free(dir);
     return v;
 fail:
@@ -366,27 +344,21 @@ void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int
 
 /* ---------------- forward ---------------- */
 
-/* Three rotating image buffers, each `cap` elements; views are reshaped per stage. */
-typedef struct {
-    dt_mat buf[3];
-    int x, t, y;   /* indices: current activation, scratch, output */
-} act3;
-
-static dt_mat view(const act3 *a, int idx, int64_t rows, int64_t cols) {
+dt_mat vae_view(const vae_act3 *a, int idx, int64_t rows, int64_t cols) {
     return dt_mat_reshape(a->buf[idx], rows, cols);
 }
 
-static void swap_xy(act3 *a) { int s = a->x; a->x = a->y; a->y = s; }
+void vae_swap_xy(vae_act3 *a) { int s = a->x; a->x = a->y; a->y = s; }
 
 /* x [cin, hw] -> x [cout, hw]:  out = shortcut(x) + conv2(silu(gn2(conv1(silu(gn1(x)))))) */
-static void run_resnet(dt_vae *v, const resnet *r, act3 *a, int h, int w) {
+void vae_run_resnet(dt_vae *v, const resnet *r, vae_act3 *a, int h, int w) {
     dt_backend *be = v->be;
     const int64_t hw = (int64_t)h * w;
     const int G = v->cfg.norm_groups;
-    dt_mat X = view(a, a->x, r->cin, hw), T = view(a, a->t, r->cin, hw), Y = view(a, a->y, r->cout, hw);
+    dt_mat X = vae_view(a, a->x, r->cin, hw), T = vae_view(a, a->t, r->cin, hw), Y = vae_view(a, a->y, r->cout, hw);
     be->group_norm(be, T, X, G, r->n1.gamma, r->n1.beta, VAE_GN_EPS, 1);
     be->conv2d(be, Y, T, r->conv1, h, w);
-    T = view(a, a->t, r->cout, hw);
+    T = vae_view(a, a->t, r->cout, hw);
     be->group_norm(be, T, Y, G, r->n2.gamma, r->n2.beta, VAE_GN_EPS, 1);
     be->conv2d(be, Y, T, r->conv2, h, w);
     if (r->shortcut) {
@@ -395,24 +367,23 @@ static void run_resnet(dt_vae *v, const resnet *r, act3 *a, int h, int w) {
     } else {
         be->gated_add(be, Y, dt_mat_null(), X);
     }
-    swap_xy(a);
+    vae_swap_xy(a);
 }
 
 /* x [C, hw] += to_out(attention(q, k, v of GN(x) tokens)) with one head of size C. */
-static void run_attention(dt_vae *v, act3 *a, dt_mat *qkvo, int C, int64_t hw) {
+void vae_run_attention(dt_vae *v, const attn *at, vae_act3 *a, dt_mat *qkvo, int C, int64_t hw) {
     dt_backend *be = v->be;
-    const attn *at = &v->mid_attn;
-    dt_mat X = view(a, a->x, C, hw), T = view(a, a->t, C, hw);
-    dt_mat tokens = view(a, a->y, hw, C);            /* [hw, C] */
+    dt_mat X = vae_view(a, a->x, C, hw), T = vae_view(a, a->t, C, hw);
+    dt_mat tokens = vae_view(a, a->y, hw, C);            /* [hw, C] */
     be->group_norm(be, T, X, v->cfg.norm_groups, at->norm.gamma, at->norm.beta, VAE_GN_EPS, 0);
     be->transpose(be, tokens, T);
     be->linear(be, qkvo[0], tokens, at->q);
     be->linear(be, qkvo[1], tokens, at->k);
     be->linear(be, qkvo[2], tokens, at->v);
     be->attention(be, qkvo[3], qkvo[0], qkvo[1], qkvo[2], 1, 1, C, 1.0f / sqrtf((float)C), dt_mat_null(), 0);
-    dt_mat out = view(a, a->t, hw, C);               /* [hw, C] (GN result no longer needed) */
+    dt_mat out = vae_view(a, a->t, hw, C);               /* [hw, C] (GN result no longer needed) */
     be->linear(be, out, qkvo[3], at->o);
-    dt_mat back = view(a, a->y, C, hw);
+    dt_mat back = vae_view(a, a->y, C, hw);
     be->transpose(be, back, out);
     be->gated_add(be, X, dt_mat_null(), back);
 }
@@ -438,50 +409,50 @@ int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb) {
     }
     if ((int64_t)c->out_channels * hw > cap) cap = (int64_t)c->out_channels * hw;
 
-    act3 a = {.x = 0, .t = 1, .y = 2};
+    vae_act3 a = {.x = 0, .t = 1, .y = 2};
     for (int i = 0; i < 3; i++) a.buf[i] = dt_alloc_or_die(be, 1, cap, be->act_dtype);
     int h = H, w = W;
     hw = (int64_t)h * w;
 
     /* latent -> post_quant_conv -> conv_in */
-    dt_mat L = view(&a, a.t, c->latent_channels, hw);
+    dt_mat L = vae_view(&a, a.t, c->latent_channels, hw);
     be->upload(be, L, latent);
     if (v->post_quant) {
-        be->conv2d(be, view(&a, a.y, c->latent_channels, hw), L, v->post_quant, h, w);
-        L = view(&a, a.y, c->latent_channels, hw);
+        be->conv2d(be, vae_view(&a, a.y, c->latent_channels, hw), L, v->post_quant, h, w);
+        L = vae_view(&a, a.y, c->latent_channels, hw);
     }
-    be->conv2d(be, view(&a, a.x, top, hw), L, v->conv_in, h, w);
+    be->conv2d(be, vae_view(&a, a.x, top, hw), L, v->conv_in, h, w);
 
     /* mid block */
-    run_resnet(v, &v->mid_res[0], &a, h, w);
+    vae_run_resnet(v, &v->mid_res[0], &a, h, w);
     if (c->mid_attention) {
         dt_mat qkvo[4];
         for (int i = 0; i < 4; i++) qkvo[i] = dt_alloc_or_die(be, hw, top, be->act_dtype);
-        run_attention(v, &a, qkvo, top, hw);
+        vae_run_attention(v, &v->mid_attn, &a, qkvo, top, hw);
         for (int i = 0; i < 4; i++) be->free(be, &qkvo[i]);
     }
-    run_resnet(v, &v->mid_res[1], &a, h, w);
+    vae_run_resnet(v, &v->mid_res[1], &a, h, w);
 
     /* up blocks */
     for (int b = 0; b < c->n_blocks; b++) {
         const up_block *u = &v->up[b];
-        for (int i = 0; i < u->n_res; i++) run_resnet(v, &u->res[i], &a, h, w);
+        for (int i = 0; i < u->n_res; i++) vae_run_resnet(v, &u->res[i], &a, h, w);
         if (u->up_conv) {
-            dt_mat T = view(&a, a.t, u->cout, 4 * (int64_t)h * w);
-            be->upsample2x(be, T, view(&a, a.x, u->cout, (int64_t)h * w), h, w);
+            dt_mat T = vae_view(&a, a.t, u->cout, 4 * (int64_t)h * w);
+            be->upsample2x(be, T, vae_view(&a, a.x, u->cout, (int64_t)h * w), h, w);
             h *= 2;
             w *= 2;
-            be->conv2d(be, view(&a, a.y, u->cout, (int64_t)h * w), T, u->up_conv, h, w);
-            swap_xy(&a);
+            be->conv2d(be, vae_view(&a, a.y, u->cout, (int64_t)h * w), T, u->up_conv, h, w);
+            vae_swap_xy(&a);
         }
     }
     hw = (int64_t)h * w;
 
     /* GroupNorm + SiLU -> conv_out */
-    dt_mat T = view(&a, a.t, c->block_out[0], hw);
-    be->group_norm(be, T, view(&a, a.x, c->block_out[0], hw), c->norm_groups, v->norm_out.gamma, v->norm_out.beta,
+    dt_mat T = vae_view(&a, a.t, c->block_out[0], hw);
+    be->group_norm(be, T, vae_view(&a, a.x, c->block_out[0], hw), c->norm_groups, v->norm_out.gamma, v->norm_out.beta,
                    VAE_GN_EPS, 1);
-    dt_mat Y = view(&a, a.y, c->out_channels, hw);
+    dt_mat Y = vae_view(&a, a.y, c->out_channels, hw);
     be->conv2d(be, Y, T, v->conv_out, h, w);
     be->download(be, rgb, Y);
     int rc = be->sync(be);

@@ -48,6 +48,21 @@ void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int
  * 0 ok, -1 error. */
 int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb);
 
+/* ---- encoder (vae_flux2_encoder.c): optional, text-to-image never loads it ----
+ * Geometry from config.json: block_out_channels (the encoder never uses decoder_block_out_channels),
+ * layers_per_block resnets per DownEncoderBlock2D, a stride-2 Downsample2D (pad bottom/right by one, 3×3
+ * conv) after every block but the last, mid block (resnet, attention, resnet), GroupNorm + SiLU, conv_out to
+ * 2·latent_channels, quant_conv (use_quant_conv). The posterior mode is the mean: the first latent_channels
+ * channels. Its downsampling factor must equal the decoder's scale_factor. */
+
+/* Load the encoder's weights now (dt_vae_encode does it on first use). 0 ok, -1 error. */
+int dt_vae_load_encoder(dt_vae *v);
+
+/* Encode rgb [3, H, W] (f32 host, nominal range [−1, 1]; H, W positive multiples of scale_factor) into
+ * latent [latent_channels, H/s, W/s] (f32 host; s = scale_factor): the posterior mode (mean), before
+ * patchify and batch-norm. 0 ok, -1 error. */
+int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent);
+
 /* Post-processing as diffusers' image processor: p = clamp(x/2 + 0.5, 0, 1) per element of
  * x [3, H, W]; img01 [H, W, 3] receives p (may be NULL), u8 [H, W, 3] receives
  * round-half-even(p·255) (may be NULL). */
