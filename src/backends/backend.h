@@ -309,6 +309,7 @@ dt_power_summary dt_power_end(dt_power_acc *a);
 dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts);
 dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts);   /* stub returning NULL without CUDA */
 int dt_backend_cuda_available(void);                               /* 1 if a CUDA GPU can be used */
+int dt_backend_cuda_device_count(void);                            /* CUDA devices visible (0 without CUDA) */
 /* By name: "cpu", "cuda", or "auto" (cuda when available, else cpu). */
 dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts);
 

@@ -1,7 +1,8 @@
 /* cuda_loader.c — the core side of the CUDA backend plugin (backends/cuda_plugin.h): finds libditrun_cuda.so,
- * dlopen()s it the first time a CUDA backend is asked for, checks its ABI tag and forwards the CUDA entry
- * points to it. In a build without CUDA (no nvcc) the same entry points say so. Nothing here touches the CUDA
- * libraries, so a process that never asks for a CUDA backend never maps them. */
+ * dlopen()s it the first time a CUDA backend is asked for, checks its ABI tag and forwards the CUDA entry points
+ * (backend, device count, live options, cuDNN facts, the NCCL communicator) to it. In a build without CUDA (no nvcc)
+ * the same entry points say so. Nothing here touches the CUDA libraries, so a process that never asks for a CUDA
+ * backend never maps them. */
 #include "backends/cuda_plugin.h"
 
 #include <stdio.h>
@@ -124,7 +125,31 @@ dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be) {
     return g_plugin->opts(be);
 }
 
+int dt_backend_cuda_device_count(void) {
+    const dt_cuda_plugin *p = plugin();
+    return p ? p->device_count() : 0;
+}
+
+dt_comm *dt_comm_nccl_create(dt_backend *const *ranks, int n) {
+    const dt_cuda_plugin *p = plugin();
+    if (!p) {
+        dt_set_error("cuda: %s", g_why);
+        return NULL;
+    }
+    return p->comm_create(ranks, n);
+}
+
 #else /* built without CUDA */
+
+int dt_backend_cuda_device_count(void) { return 0; }
+
+dt_comm *dt_comm_nccl_create(dt_backend *const *ranks, int n) {
+    (void)ranks;
+    (void)n;
+    dt_set_error("this ditrun was built without CUDA (nvcc not found at build time): no NCCL communicator");
+    return NULL;
+}
+
 
 int dt_backend_cuda_available(void) { return 0; }
 

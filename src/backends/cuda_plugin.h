@@ -13,6 +13,7 @@
 #define DT_CUDA_PLUGIN_H
 
 #include "backends/backend_cuda.h"
+#include "backends/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,6 +27,8 @@ typedef struct {
     dt_backend *(*create)(const dt_backend_opts *opts);
     int (*cudnn_info)(dt_backend *be, long long *calls);
     dt_cuda_opts *(*opts)(dt_backend *be);
+    int (*device_count)(void);
+    dt_comm *(*comm_create)(dt_backend *const *ranks, int n);   /* the NCCL communicator (backends/comm.h) */
 } dt_cuda_plugin;
 
 #ifdef __cplusplus

@@ -378,11 +378,12 @@ flux2_outer_io flux2_acts_outer(const flux2_acts *x) {
 }
 flux2_double_io flux2_acts_double(const flux2_acts *x) {
     flux2_double_io io = {x->s, x->a, x->y, x->qkv, x->q, x->k, x->v, x->o, x->h, x->g,
-                          x->cos, x->sin, x->mod_img, x->mod_txt, 0, dt_mat_null(), dt_mat_null()};
+                          x->cos, x->sin, x->mod_img, x->mod_txt, 0, dt_mat_null(), dt_mat_null(), NULL, NULL};
     return io;
 }
 flux2_single_io flux2_acts_single(const flux2_acts *x) {
-    flux2_single_io io = {x->s, x->a, x->y, x->p, x->c, x->cos, x->sin, x->mod_single, 0, dt_mat_null(), dt_mat_null()};
+    flux2_single_io io = {x->s, x->a, x->y, x->p, x->c, x->cos, x->sin, x->mod_single, 0, dt_mat_null(), dt_mat_null(),
+                          NULL, NULL};
     return io;
 }
 
@@ -472,6 +473,13 @@ void flux2_free(flux2_model *m) {
 }
 
 const flux2_config *flux2_get_config(const flux2_model *m) { return &m->c; }
+
+void flux2_model_weights(const flux2_model *m, const flux2_outer_w **outer, const flux2_double_w **db,
+                         const flux2_single_w **sb) {
+    *outer = &m->o;
+    *db = m->db;
+    *sb = m->sb;
+}
 
 void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fmt_len) {
     if (bytes) *bytes = m->weight_bytes;
@@ -580,10 +588,14 @@ void flux2_final(dt_backend *be, const flux2_config *c, const flux2_outer_w *w, 
 }
 
 /* The blocks' joint attention: bf16 (the reference) or, with --attn-precision fp8, the backend's fp8 attention. */
-static void block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_mat q, dt_mat k, dt_mat v) {
+void flux2_block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int heads) {
     const float att_scale = 1.0f / sqrtf((float)c->head_dim);
-    if (c->attn_fp8) be->attention_fp8(be, o, q, k, v, c->heads, c->heads, c->head_dim, att_scale);
-    else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, att_scale, dt_mat_null(), 0);
+    if (c->attn_fp8) be->attention_fp8(be, o, q, k, v, heads, heads, c->head_dim, att_scale);
+    else be->attention(be, o, q, k, v, heads, heads, c->head_dim, att_scale, dt_mat_null(), 0);
+}
+
+static void block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_mat q, dt_mat k, dt_mat v) {
+    flux2_block_attention(be, c, o, q, k, v, c->heads);
 }
 
 /* ---- KV-cached references inside a block (flux2_set_refs with kv_cached): K and V are adjacent column blocks
@@ -639,6 +651,10 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
         }
         break;
     case FLUX2_SB_ATTN:
+        if (io->attn) {
+            io->attn(io->attn_ud, dt_mat_cols(io->c, 0, D), q, kk, v);
+            break;
+        }
         kv_extend(be, c, io->kv_rows, io->kv_load, &kk, &v);
         block_attention(be, c, dt_mat_cols(io->c, 0, D), q, kk, v);
         break;
@@ -721,10 +737,14 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
     be->head_norm_rope(be, dt_mat_rows(io->q, t, n), H, hd, w->norm_q, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, dt_mat_rows(io->k, t, n), H, hd, w->norm_k, eps, cos_i, sin_i, DT_ROPE_INTERLEAVED);
     if (t > 0) dt_on_queue(be, 0, 1);   /* attention needs the text rows */
-    kv_store(be, c, io->qkv, io->kv_store);
-    dt_mat k_att = io->k, v_att = io->v;
-    kv_extend(be, c, io->kv_rows, io->kv_load, &k_att, &v_att);
-    block_attention(be, c, io->o, io->q, k_att, v_att);
+    if (io->attn) {
+        io->attn(io->attn_ud, io->o, io->q, io->k, io->v);
+    } else {
+        kv_store(be, c, io->qkv, io->kv_store);
+        dt_mat k_att = io->k, v_att = io->v;
+        kv_extend(be, c, io->kv_rows, io->kv_load, &k_att, &v_att);
+        block_attention(be, c, io->o, io->q, k_att, v_att);
+    }
     /* output projections + gated residual; feed-forward (SwiGLU: first half of linear_in is the gate) */
     dt_mat y_txt = dt_mat_rows(io->y, 0, t), y_img = dt_mat_rows(io->y, t, n);
     if (t > 0) {

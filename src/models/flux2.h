@@ -154,6 +154,11 @@ typedef struct {
 int flux2_double_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_double_w *out,
                         dt_linear_src *qkv_src, dt_linear_src *add_qkv_src);
 
+/* A replacement for a block's attention (the sequence-parallel forward, flux2_sp.c): o [rows, D] = attention of the
+ * block's q, k, v [rows, D] (after the Q/K norm and RoPE; rows = the caller's [text | image] rows), issued on the
+ * backend's main queue where the block's own attention would run. */
+typedef void (*flux2_attn_hook)(void *ud, dt_mat o, dt_mat q, dt_mat k, dt_mat v);
+
 /* The activations it works on; rows are the joint [text (t) | image (n)] sequence. */
 typedef struct {
     dt_mat s;                   /* [t+n, D]  residual stream (updated in place) */
@@ -169,6 +174,8 @@ typedef struct {
      * kv_store [t+n, 2D]: receives every row's K|V after norm + RoPE (the text-free reference-only pass). */
     int64_t kv_rows;
     dt_mat kv_load, kv_store;
+    flux2_attn_hook attn;       /* NULL: the block's own attention (and kv_load/kv_store); else this is called instead */
+    void *attn_ud;
 } flux2_double_io;
 
 /* Run double block w on io: the text stream on the backend's side queue (stream_switch) where it has one.
@@ -194,6 +201,8 @@ typedef struct {
     dt_mat mod_single;   /* [1, 3D] modulation vector */
     int64_t kv_rows;     /* KV-cached references: as flux2_double_io (K|V are p's columns [D, 3D)) */
     dt_mat kv_load, kv_store;
+    flux2_attn_hook attn;  /* as flux2_double_io */
+    void *attn_ud;
 } flux2_single_io;
 
 /* The ops of a single block in order (the bench times cumulative prefixes of them). */
@@ -225,6 +234,15 @@ int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *wha
 /* Single block w as the model runs it: flux2_single_op's ops in order. next: as flux2_single_op. */
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                         const dt_linear *next);
+
+/* The blocks' attention over `heads` heads of q, k, v (o, q [Lq, heads*hd], k, v [Lk, heads*hd]): the backend's attention,
+ * or its fp8 attention with c->attn_fp8. */
+void flux2_block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int heads);
+
+/* The loaded weights of a model (the split forward, flux2_sp.c, runs the blocks itself): the outer Linears and the
+ * c->num_layers double / c->num_single_layers single blocks. */
+void flux2_model_weights(const flux2_model *m, const flux2_outer_w **outer, const flux2_double_w **db,
+                         const flux2_single_w **sb);
 
 /* The block functions' views of an activation set. */
 flux2_outer_io flux2_acts_outer(const flux2_acts *x);

@@ -738,6 +738,15 @@ static void be_destroy(dt_backend *be) {
     free(be);
 }
 
+extern "C" int dt_backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 extern "C" int dt_backend_cuda_available(void) {
     static int cached = -1;
     if (cached >= 0) return cached;

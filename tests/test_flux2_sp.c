@@ -1,0 +1,257 @@
+/* test_flux2_sp.c — the split (sequence-parallel) FLUX.2 forward on the CPU, N ranks as threads (models/flux2_sp.h):
+ * its output against flux2_forward's on the same inputs — the tiny fixture (2 heads) with N = 1, 2, and a synthetic
+ * 6-head model with N = 2, 3, 4 (4 ranks: heads 2+2+1+1) on token counts that do not divide by N, with appended and
+ * KV-cached reference tokens, resident text, repeated forwards and shape changes, fp8 Linears; and the errors (more
+ * ranks than heads or than image tokens, a rank count out of range). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "models/flux2_sp.h"
+#include "test.h"
+
+/* Split vs unsplit, f32 CPU: the same ops per row and the keys in the same order, but OpenBLAS picks its kernels and
+ * blocking by the row count, so GEMMs of L/N rows may sum in another order (~1 ulp per GEMM); measured ~1e-7. A wrong
+ * row, head or offset gives >= 1e-1. */
+#define SP_CPU_TOL 1e-5
+/* fp8 Linears quantize each activation row to e4m3 (steps of 2^-3 relative): an ulp of difference upstream can move a
+ * value across a rounding boundary, which changes that product by up to 6%. Rare, so the whole output stays close. */
+#define SP_FP8_TOL 1e-3
+
+typedef struct {
+    int n, t, r;                 /* image (noise) tokens, text tokens, reference tokens */
+    float *img, *txt, *img_ids, *txt_ids, *ref, *ref_ids;
+} inputs;
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ULL;
+static float urand(void) {   /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / (1 << 23))) - 1.0f;
+}
+
+static void make_inputs(const flux2_config *c, int n, int t, int r, inputs *in) {
+    memset(in, 0, sizeof *in);
+    in->n = n; in->t = t; in->r = r;
+    in->img = malloc(sizeof(float) * n * c->in_channels);
+    in->txt = malloc(sizeof(float) * (t ? t : 1) * c->joint_dim);
+    in->img_ids = calloc((size_t)n * 4, sizeof(float));
+    in->txt_ids = calloc((size_t)(t ? t : 1) * 4, sizeof(float));
+    for (int i = 0; i < n * c->in_channels; i++) in->img[i] = urand();
+    for (int i = 0; i < t * c->joint_dim; i++) in->txt[i] = urand();
+    for (int i = 0; i < n; i++) { in->img_ids[i * 4 + 1] = (float)(i / 7); in->img_ids[i * 4 + 2] = (float)(i % 7); }
+    for (int i = 0; i < t; i++) in->txt_ids[i * 4 + 3] = (float)i;
+    if (r) {
+        in->ref = malloc(sizeof(float) * r * c->in_channels);
+        in->ref_ids = calloc((size_t)r * 4, sizeof(float));
+        for (int i = 0; i < r * c->in_channels; i++) in->ref[i] = urand();
+        for (int i = 0; i < r; i++) {
+            in->ref_ids[i * 4] = 10.0f;
+            in->ref_ids[i * 4 + 1] = (float)(i / 5);
+            in->ref_ids[i * 4 + 2] = (float)(i % 5);
+        }
+    }
+}
+
+static void free_inputs(inputs *in) {
+    free(in->img); free(in->txt); free(in->img_ids); free(in->txt_ids); free(in->ref); free(in->ref_ids);
+}
+
+static dt_backend *cpu(dt_precision prec) {
+    dt_backend_opts o = {0};
+    o.threads = 2;
+    o.precision = prec;
+    return dt_backend_cpu_create(&o);
+}
+
+/* The unsplit forward on a fresh model (refs: 0 none, 1 appended, 2 KV-cached). */
+static float *single(const char *model, dt_precision prec, const inputs *in, float ts, int refs) {
+    dt_backend *be = cpu(prec);
+    flux2_model *m = flux2_load(be, model);
+    float *out = NULL;
+    if (m) {
+        const flux2_config *c = flux2_get_config(m);
+        out = malloc(sizeof(float) * in->n * c->out_channels);
+        if ((refs && flux2_set_refs(m, in->ref, in->ref_ids, in->r, refs == 2)) ||
+            flux2_forward(m, in->img, in->n, in->txt, in->t, ts, in->img_ids, in->txt_ids, out, NULL, NULL)) {
+            printf("# single forward: %s\n", dt_last_error());
+            free(out);
+            out = NULL;
+        }
+        flux2_free(m);
+    } else {
+        printf("# single load: %s\n", dt_last_error());
+    }
+    be->destroy(be);
+    return out;
+}
+
+/* The split forward with N ranks vs the unsplit one. */
+static void compare(const char *name, const char *model, int N, dt_precision prec, const inputs *in, float ts, int refs,
+                    double tol) {
+    float *ref = single(model, prec, in, ts, refs);
+    dt_backend *be = cpu(prec);
+    flux2_sp_opts o = {N, {0}, 0};
+    flux2_sp *sp = flux2_sp_load(be, model, &o);
+    if (!ref || !sp) {
+        T_FAIL(name, "load: %s", dt_last_error());
+    } else {
+        const flux2_config *c = flux2_sp_get_config(sp);
+        float *out = malloc(sizeof(float) * in->n * c->out_channels);
+        if ((refs && flux2_sp_set_refs(sp, in->ref, in->ref_ids, in->r, refs == 2)) ||
+            flux2_sp_forward(sp, in->img, in->n, in->txt, in->t, ts, in->img_ids, in->txt_ids, out))
+            T_FAIL(name, "forward: %s", dt_last_error());
+        else
+            t_check_rel_l2(name, out, ref, (size_t)in->n * c->out_channels, tol);
+        free(out);
+    }
+    flux2_sp_free(sp);
+    be->destroy(be);
+    free(ref);
+}
+
+/* A 6-head synthetic transformer (head dim 32) in dir: heads divide by 2 and 3, not by 4. */
+static int write_six_heads(const char *dir) {
+    flux2_config c;
+    flux2_preset("tiny", &c);
+    c.heads = 6;
+    c.head_dim = 32;
+    for (int i = 0; i < 4; i++) c.axes[i] = 8;
+    c.hidden = c.heads * c.head_dim;
+    c.mlp_hidden = 3 * c.hidden;
+    c.num_layers = 2;
+    c.num_single_layers = 2;
+    return flux2_synth_write(&c, dir, 0, 64, 23);
+}
+
+static void rm_model(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir); unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir); unlink(p);
+    rmdir(dir);
+}
+
+int main(void) {
+    char fixture[512], six[512], name[160];
+    snprintf(fixture, sizeof fixture, "%s/model", t_fixtures());
+    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(six, sizeof six, "%s/ditrun-sp-six-%d", tmp, (int)getpid());
+
+    /* the fixture model: 2 heads, 64 image + 16 text tokens (the fixture's inputs' shapes) */
+    flux2_config tiny;
+    flux2_preset("tiny", &tiny);
+    inputs in;
+    make_inputs(&tiny, 64, 16, 0, &in);
+    compare("sp forward: fixture model, 1 rank == unsplit", fixture, 1, DT_PREC_BF16, &in, 0.7f, 0, SP_CPU_TOL);
+    compare("sp forward: fixture model, 2 ranks == unsplit", fixture, 2, DT_PREC_BF16, &in, 0.7f, 0, SP_CPU_TOL);
+    free_inputs(&in);
+    make_inputs(&tiny, 63, 15, 0, &in);
+    compare("sp forward: fixture model, 2 ranks, 63 image + 15 text tokens (odd) == unsplit", fixture, 2, DT_PREC_BF16,
+            &in, 0.3f, 0, SP_CPU_TOL);
+    free_inputs(&in);
+
+    if (write_six_heads(six)) {
+        T_FAIL("sp forward: synthetic 6-head model", "write: %s", dt_last_error());
+        return T_DONE();
+    }
+    flux2_config c6;
+    flux2_preset("tiny", &c6);   /* in/joint/out channels as written */
+    for (int N = 2; N <= 4; N++) {
+        make_inputs(&c6, 37, 10, 0, &in);   /* 37 and 10 divide by none of 2, 3, 4 */
+        snprintf(name, sizeof name, "sp forward: 6 heads, %d ranks (heads %s), 37 image + 10 text tokens == unsplit", N,
+                 N == 2 ? "3+3" : N == 3 ? "2+2+2" : "2+2+1+1");
+        compare(name, six, N, DT_PREC_BF16, &in, 0.55f, 0, SP_CPU_TOL);
+        free_inputs(&in);
+    }
+    make_inputs(&c6, 37, 2, 0, &in);
+    compare("sp forward: 4 ranks, 2 text tokens (ranks without text rows) == unsplit", six, 4, DT_PREC_BF16, &in, 0.9f,
+            0, SP_CPU_TOL);
+    free_inputs(&in);
+    make_inputs(&c6, 5, 0, 0, &in);
+    compare("sp forward: 4 ranks, 5 image tokens, no text == unsplit", six, 4, DT_PREC_BF16, &in, 0.2f, 0, SP_CPU_TOL);
+    free_inputs(&in);
+
+    /* references: appended (split with the image rows, only noise rows projected) and KV-cached (split extract pass) */
+    make_inputs(&c6, 29, 7, 11, &in);
+    compare("sp forward: 3 ranks, 29 noise + 11 appended reference tokens == unsplit", six, 3, DT_PREC_BF16, &in, 0.6f,
+            1, SP_CPU_TOL);
+    compare("sp forward: 3 ranks, 11 KV-cached reference tokens == unsplit", six, 3, DT_PREC_BF16, &in, 0.6f, 2,
+            SP_CPU_TOL);
+    compare("sp forward: 4 ranks, 11 KV-cached reference tokens == unsplit", six, 4, DT_PREC_BF16, &in, 0.6f, 2,
+            SP_CPU_TOL);
+    free_inputs(&in);
+
+    /* fp8 Linears (the CPU's emulation of --precision fp8) */
+    make_inputs(&c6, 37, 10, 0, &in);
+    compare("sp forward: 3 ranks, fp8 Linears == unsplit fp8", six, 3, DT_PREC_FP8, &in, 0.55f, 0, SP_FP8_TOL);
+    free_inputs(&in);
+
+    /* one loaded split model across forwards: resident text, repeats, shape changes, references set and removed */
+    {
+        dt_backend *be = cpu(DT_PREC_BF16);
+        flux2_sp_opts o = {3, {0}, 0};
+        flux2_sp *sp = flux2_sp_load(be, six, &o);
+        inputs a, b;
+        make_inputs(&c6, 37, 10, 9, &a);
+        make_inputs(&c6, 22, 13, 0, &b);
+        float *ra = single(six, DT_PREC_BF16, &a, 0.4f, 0), *rb = single(six, DT_PREC_BF16, &b, 0.8f, 0);
+        float *rk = single(six, DT_PREC_BF16, &a, 0.4f, 2);
+        float *o1 = malloc(sizeof(float) * 37 * 32), *o2 = malloc(sizeof(float) * 37 * 32);
+        int ok = sp && ra && rb && rk;
+        ok = ok && flux2_sp_text_resident(sp, a.txt, a.t) == 0;
+        ok = ok && flux2_sp_forward(sp, a.img, a.n, a.txt, a.t, 0.4f, a.img_ids, a.txt_ids, o1) == 0;
+        if (ok) t_check_rel_l2("sp forward: resident text == unsplit", o1, ra, 37 * 32, SP_CPU_TOL);
+        ok = ok && flux2_sp_forward(sp, b.img, b.n, b.txt, b.t, 0.8f, b.img_ids, b.txt_ids, o2) == 0;
+        if (ok) t_check_rel_l2("sp forward: another shape on the same ranks == unsplit", o2, rb, 22 * 32, SP_CPU_TOL);
+        ok = ok && flux2_sp_set_refs(sp, a.ref, a.ref_ids, a.r, 1) == 0 && flux2_sp_set_refs(sp, NULL, NULL, 0, 0) == 0;
+        ok = ok && flux2_sp_forward(sp, a.img, a.n, a.txt, a.t, 0.4f, a.img_ids, a.txt_ids, o2) == 0;
+        if (ok) T_CHECK("sp forward: back to the first shape, references set and removed: the same output bit for bit",
+                        !memcmp(o1, o2, sizeof(float) * 37 * 32), "outputs differ");
+        ok = ok && flux2_sp_set_refs(sp, a.ref, a.ref_ids, a.r, 1) == 0;
+        ok = ok && flux2_sp_set_refs(sp, a.ref, a.ref_ids, a.r, 1) == 0 && flux2_sp_set_refs(sp, a.ref, a.ref_ids, a.r, 2) == 0;
+        ok = ok && flux2_sp_forward(sp, a.img, a.n, a.txt, a.t, 0.4f, a.img_ids, a.txt_ids, o2) == 0;
+        if (ok) t_check_rel_l2("sp forward: KV references after appended ones on the same ranks == unsplit", o2, rk,
+                               37 * 32, SP_CPU_TOL);
+        ok = ok && flux2_sp_forward(sp, a.img, a.n, a.txt, a.t, 0.4f, a.img_ids, a.txt_ids, o1) == 0;
+        if (ok) T_CHECK("sp forward: a second forward with the cached references: the same output bit for bit",
+                        !memcmp(o1, o2, sizeof(float) * 37 * 32), "outputs differ");
+        if (!ok) T_FAIL("sp forward: one model across forwards", "%s", dt_last_error());
+        flux2_sp_free(sp);
+        be->destroy(be);
+        free(ra); free(rb); free(rk); free(o1); free(o2);
+        free_inputs(&a);
+        free_inputs(&b);
+    }
+
+    /* errors */
+    {
+        dt_backend *be = cpu(DT_PREC_BF16);
+        flux2_sp_opts o = {3, {0}, 0};
+        flux2_sp *sp = flux2_sp_load(be, fixture, &o);
+        T_CHECK("sp errors: 3 ranks for 2 heads refused", !sp && strstr(dt_last_error(), "2 attention heads"), "%s",
+                sp ? "loaded" : dt_last_error());
+        flux2_sp_free(sp);
+        o.ranks = 0;
+        sp = flux2_sp_load(be, fixture, &o);
+        T_CHECK("sp errors: 0 ranks refused", !sp && strstr(dt_last_error(), "--sequence-parallel 0"), "%s",
+                sp ? "loaded" : dt_last_error());
+        o.ranks = FLUX2_SP_MAX_RANKS + 1;
+        sp = flux2_sp_load(be, fixture, &o);
+        T_CHECK("sp errors: too many ranks refused", !sp && strstr(dt_last_error(), "ranks"), "%s",
+                sp ? "loaded" : dt_last_error());
+        o.ranks = 2;
+        sp = flux2_sp_load(be, "/nonexistent/model", &o);
+        T_CHECK("sp errors: a missing model folder is named", !sp && strstr(dt_last_error(), "/nonexistent/model"), "%s",
+                sp ? "loaded" : dt_last_error());
+        o.ranks = 4;
+        sp = flux2_sp_load(be, six, &o);
+        float img[3 * 32] = {0}, ids[3 * 4] = {0}, out[3 * 32];
+        int rc = sp ? flux2_sp_forward(sp, img, 3, NULL, 0, 0.5f, ids, NULL, out) : 0;
+        T_CHECK("sp errors: 3 image tokens over 4 ranks refused", sp && rc == -1 && strstr(dt_last_error(), "3 image tokens"),
+                "%s", sp ? dt_last_error() : "not loaded");
+        flux2_sp_free(sp);
+        be->destroy(be);
+    }
+    rm_model(six);
+    return T_DONE();
+}
