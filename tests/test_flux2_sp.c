@@ -91,7 +91,7 @@ static void compare(const char *name, const char *model, int N, dt_precision pre
                     double tol) {
     float *ref = single(model, prec, in, ts, refs);
     dt_backend *be = cpu(prec);
-    flux2_sp_opts o = {N, {0}, 0};
+    flux2_sp_opts o = {.ranks = N};
     flux2_sp *sp = flux2_sp_load(be, model, &o);
     if (!ref || !sp) {
         T_FAIL(name, "load: %s", dt_last_error());
@@ -189,7 +189,7 @@ int main(void) {
     /* one loaded split model across forwards: resident text, repeats, shape changes, references set and removed */
     {
         dt_backend *be = cpu(DT_PREC_BF16);
-        flux2_sp_opts o = {3, {0}, 0};
+        flux2_sp_opts o = {.ranks = 3};
         flux2_sp *sp = flux2_sp_load(be, six, &o);
         inputs a, b;
         make_inputs(&c6, 37, 10, 9, &a);
@@ -226,7 +226,7 @@ int main(void) {
     /* errors */
     {
         dt_backend *be = cpu(DT_PREC_BF16);
-        flux2_sp_opts o = {3, {0}, 0};
+        flux2_sp_opts o = {.ranks = 3};
         flux2_sp *sp = flux2_sp_load(be, fixture, &o);
         T_CHECK("sp errors: 3 ranks for 2 heads refused", !sp && strstr(dt_last_error(), "2 attention heads"), "%s",
                 sp ? "loaded" : dt_last_error());

@@ -129,3 +129,9 @@ const char *cli_fp8_what(const dt_backend_opts *o) {
     const int lin = o->precision == DT_PREC_FP8, att = o->attn_precision == DT_PREC_FP8;
     return lin && att ? "Linears + attention" : lin ? "Linears" : att ? "attention" : "none";
 }
+
+void cli_sp_note(const dt_backend *be, int ranks) {
+    if (ranks > 1 && !strcmp(be->name, "cpu"))
+        dt_log(1, "ditrun: note: --sequence-parallel %d on the cpu backend: %d thread ranks taking turns on the cores "
+                  "(the split schedule for tests; not faster)\n", ranks, ranks);
+}

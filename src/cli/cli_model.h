@@ -32,6 +32,8 @@ void cli_model_opts_default(cli_model_opts *o);
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 /* Create the backend; prints the error and returns NULL on failure. */
 dt_backend *cli_model_backend(const cli_model_opts *o);
+/* A note (log level 1) when --sequence-parallel N > 1 runs on the CPU backend: N thread ranks, not faster. */
+void cli_sp_note(const dt_backend *be, int ranks);
 /* Which parts run in fp8 under these options: "Linears", "attention", "Linears + attention" or "none". */
 const char *cli_fp8_what(const dt_backend_opts *o);
 /* Family of the transformer at PATH (folder, pipeline root or file with config.json beside). */

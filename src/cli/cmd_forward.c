@@ -10,6 +10,7 @@
 #include "cli_model.h"
 #include "io/safetensors.h"
 #include "models/flux2.h"
+#include "models/flux2_sp.h"
 #include "models/krea2.h"
 
 static void usage(FILE *f) {
@@ -55,6 +56,10 @@ static void usage(FILE *f) {
             "                       also its SM clock and power after each run (a sustained run may sit at the\n"
             "                       power cap, below the clock a single run sees)\n"
             "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2)\n"
+            "  --sequence-parallel N  FLUX.2: the forward split over N GPUs (NCCL; on the CPU backend N thread ranks),\n"
+            "                       docs/sequence-parallel.md\n"
+            "  --compare-unsplit    with --sequence-parallel: also run the unsplit forward (one GPU) and report the\n"
+            "                       relative L2 difference of out.sample and both timings (the speed-up)\n"
             "  -q, --quiet          no progress output\n"
             "  -h, --help           this help\n");
 }
@@ -106,7 +111,8 @@ int cmd_forward(int argc, char **argv) {
     cli_model_opts_default(&mo);
     static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
     int trace = 0, no_mask = 0, compare = 0, cmp_qpath = -1, kv_refs = 0;   /* cmp_qpath: --compare-qpath, -1 = none */
-    long repeat = 1;
+    int cmp_unsplit = 0;
+    long repeat = 1, ranks = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -133,6 +139,8 @@ int cmd_forward(int argc, char **argv) {
             i++;
         }
         else if (!strcmp(a, "--repeat")) { if (cli_parse_int(a, v, 1, 100000, &repeat)) return 1; i++; }
+        else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, FLUX2_SP_MAX_RANKS, &ranks)) return 1; i++; }
+        else if (!strcmp(a, "--compare-unsplit")) cmp_unsplit = 1;
         else return cli_error("forward: unknown option '%s' (see ditrun forward --help)", a);
     }
     if (!model || !inputs)
@@ -147,6 +155,11 @@ int cmd_forward(int argc, char **argv) {
     if (output && cli_check_output(output, model, inputs)) return 1;
     int family = cli_model_family(model);
     if (family < 0) return cli_error("%s", dt_last_error());
+    if (ranks > 1 && family != CLI_FAMILY_FLUX2) return cli_error("--sequence-parallel: FLUX.2 models only");
+    if (cmp_unsplit && ranks < 2) return cli_error("--compare-unsplit needs --sequence-parallel N with N >= 2");
+    if (ranks > 1 && (trace || compare || cmp_qpath >= 0))
+        return cli_error("--sequence-parallel: %s is not available with a split forward",
+                         trace ? "--trace" : compare ? "--compare-bf16" : "--compare-qpath");
     if (any_fp8 && family != CLI_FAMILY_FLUX2)
         return cli_error("%s fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)",
                          mo.be.precision == DT_PREC_FP8 ? "--precision" : "--attn-precision");
@@ -160,6 +173,7 @@ int cmd_forward(int argc, char **argv) {
           *ref_ids = NULL;
     uint8_t *mask = NULL;
     flux2_model *fm = NULL;
+    flux2_sp *spm = NULL;   /* --sequence-parallel N > 1: the split forward instead of fm */
     krea2_model *km = NULL;
     st_writer *w = st_writer_new();
     const st_tensor *t_img, *t_txt, *t_ts, *t_iid, *t_tid;
@@ -176,10 +190,16 @@ int cmd_forward(int argc, char **argv) {
         if (shape2(t_txt, &tt, &cj)) goto done;
         if (!(img_ids = input_f32(in, "in.img_ids", 1, &t_iid)) || !(txt_ids = input_f32(in, "in.txt_ids", 1, &t_tid))) goto done;
         flux2_load_opts flo = {lor.loras, lor.n, lor.side};
-        fm = flux2_load_ex(be, model, &flo);
-        if (!fm) goto done;
-        flux2_set_graph(fm, mo.cuda_graph);
-        const flux2_config *c = flux2_get_config(fm);
+        if (ranks > 1) {
+            cli_sp_note(be, (int)ranks);
+            flux2_sp_opts so = {(int)ranks, {0}, 0, flo};
+            if (!(spm = flux2_sp_load(be, model, &so))) goto done;
+            if (mo.cuda_graph) dt_log(1, "ditrun: note: --cuda-graph is not used with --sequence-parallel (eager)\n");
+        } else {
+            if (!(fm = flux2_load_ex(be, model, &flo))) goto done;
+            flux2_set_graph(fm, mo.cuda_graph);
+        }
+        const flux2_config *c = spm ? flux2_sp_get_config(spm) : flux2_get_config(fm);
         int64_t r, cc;
         if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }
         if (cj != c->joint_dim) { dt_set_error("%s: in.encoder_hidden_states has %lld features but the model expects %d (joint_attention_dim)", inputs, (long long)cj, c->joint_dim); goto done; }
@@ -191,14 +211,17 @@ int cmd_forward(int argc, char **argv) {
             if (!(ref_ids = input_f32(in, "in.ref_ids", 1, &t_rid))) goto done;
             if (shape2(t_ref, &nref, &cc) || cc != c->in_channels || nref > (1 << 24)) { dt_set_error("%s: in.ref_hidden_states must be [1, R, %d]", inputs, c->in_channels); goto done; }
             if (shape2(t_rid, &r, &cc) || r != nref || cc != c->n_axes) { dt_set_error("%s: in.ref_ids must be [1, %lld, %d]", inputs, (long long)nref, c->n_axes); goto done; }
-            if (flux2_set_refs(fm, ref, ref_ids, (int)nref, kv_refs)) goto done;
+            if (spm ? flux2_sp_set_refs(spm, ref, ref_ids, (int)nref, kv_refs)
+                    : flux2_set_refs(fm, ref, ref_ids, (int)nref, kv_refs))
+                goto done;
             dt_log(1, "ditrun: %lld reference tokens, %s\n", (long long)nref, kv_refs ? "KV-cached" : "appended");
         } else if (kv_refs) {
             dt_set_error("%s: --kv-refs but no in.ref_hidden_states", inputs);
             goto done;
         }
-        size_t wb; char fmt[96];
-        flux2_weight_info(fm, &wb, fmt, sizeof fmt);
+        size_t wb = 0; char fmt[96];
+        if (fm) flux2_weight_info(fm, &wb, fmt, sizeof fmt);
+        else snprintf(fmt, sizeof fmt, "split over %ld ranks (%s)", ranks, flux2_sp_comm_name(spm));
         dt_log(1, "ditrun: loaded FLUX.2 transformer (D=%d, %d double + %d single blocks, %s, %.1f MB) in %.2f s on %s\n",
                c->hidden, c->num_layers, c->num_single_layers, fmt, wb / 1e6, dt_now() - t0, be->name);
         out = dt_malloc(sizeof(float) * (size_t)(n * c->out_channels));
@@ -206,31 +229,44 @@ int cmd_forward(int argc, char **argv) {
         double *times = dt_malloc(sizeof(double) * repeat);
         /* the text features stay on the device across repeats, as in the denoising loop; each timed forward
          * still uploads the latents, timestep and ids and downloads the output */
-        if (tt > 0 && flux2_text_resident(fm, txt, (int)tt)) { free(times); goto done; }
+        if (tt > 0 && (spm ? flux2_sp_text_resident(spm, txt, (int)tt) : flux2_text_resident(fm, txt, (int)tt))) {
+            free(times);
+            goto done;
+        }
         dt_power_acc pw;
         dt_power_begin(&pw, be, repeat > 1 ? (int)repeat - 1 : 0);
         for (long it = 0; it < repeat; it++) {
             double t1 = dt_now();
-            if (flux2_forward(fm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out,
-                              trace && it == 0 ? trace_cb : NULL, &tc)) { free(times); dt_power_end(&pw); goto done; }
+            int frc = spm ? flux2_sp_forward(spm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out)
+                          : flux2_forward(fm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out,
+                                          trace && it == 0 ? trace_cb : NULL, &tc);
+            if (frc) { free(times); dt_power_end(&pw); goto done; }
             times[it] = dt_now() - t1;
             if (it > 0) dt_power_add(&pw);
         }
         double first = times[0];
         qsort(times, repeat, sizeof(double), cmp_double);
-        dt_log(1, "ditrun: forward %lld image + %lld text tokens%s: %.2f ms (median of %ld)\n", (long long)n, (long long)tt,
-               !nref ? "" : kv_refs ? " (KV-cached references)" : " + appended references", times[repeat / 2] * 1e3, repeat);
+        const double med = times[repeat / 2];
+        char split[64] = "";
+        if (spm) snprintf(split, sizeof split, " split over %ld ranks", ranks);
+        dt_log(1, "ditrun: forward %lld image + %lld text tokens%s%s: %.2f ms (median of %ld)\n", (long long)n,
+               (long long)tt, !nref ? "" : kv_refs ? " (KV-cached references)" : " + appended references", split,
+               med * 1e3, repeat);
         if (kv_refs) dt_log(1, "ditrun: first forward, with the reference-only pass: %.2f ms\n", first * 1e3);
         { dt_power_summary ps = dt_power_end(&pw); cli_power_report(&ps, "forwards"); }
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
-        if (compare || cmp_qpath >= 0) {   /* the same forward with bf16 Linears (fp8 quality) or another qpath */
+        if (compare || cmp_qpath >= 0 || cmp_unsplit) {
+            /* the same forward with bf16 Linears (fp8 quality), another qpath, or unsplit (sequence parallelism) */
             int64_t no = n * c->out_channels;
+            const float *ref_tok = ref;   /* the reference tokens (the name is reused below for the other output) */
             float *ref = dt_malloc(sizeof(float) * (size_t)no);
             const dt_precision prec0 = be->opts.precision, aprec0 = be->opts.attn_precision;
             const dt_qpath qp0 = be->opts.qpath;
             flux2_free(fm);
+            flux2_sp_free(spm);
+            spm = NULL;
             if (compare) be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
             else be->opts.qpath = (dt_qpath)cmp_qpath;
             fm = flux2_load_ex(be, model, &(flux2_load_opts){lor.loras, lor.n, lor.side});
@@ -239,6 +275,10 @@ int cmd_forward(int argc, char **argv) {
             be->opts.qpath = qp0;
             if (!fm) { free(ref); goto done; }
             flux2_set_graph(fm, mo.cuda_graph);
+            if (nref && flux2_set_refs(fm, ref_tok, ref_ids, (int)nref, kv_refs)) {
+                free(ref);
+                goto done;
+            }
             double *tb = dt_malloc(sizeof(double) * repeat);
             for (long it = 0; it < repeat; it++) {
                 double t1 = dt_now();
@@ -255,7 +295,11 @@ int cmd_forward(int argc, char **argv) {
                 if (!(fabs(d) <= worst)) { worst = fabs(d); wi = i; }
             }
             double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
-            if (compare) {
+            if (cmp_unsplit) {
+                printf("split (%ld ranks) vs unsplit forward: rel_l2 %.3g, worst |diff| %.4g at %lld (%.4g vs %.4g); "
+                       "median %.2f ms vs %.2f ms unsplit: %.2fx\n", ranks, rel, worst, (long long)wi, out[wi], ref[wi],
+                       med * 1e3, tb[repeat / 2] * 1e3, tb[repeat / 2] / med);
+            } else if (compare) {
                 dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
                 printf("fp8 vs bf16 forward (%s): rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
                        "fp8 could be the default only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be),
@@ -331,6 +375,7 @@ int cmd_forward(int argc, char **argv) {
 done:
     if (rc) cli_error("%s", dt_last_error());
     if (fm) flux2_free(fm);
+    flux2_sp_free(spm);
     if (km) krea2_free(km);
     st_writer_free(w);
     free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out); free(pos); free(mask); free(ref); free(ref_ids);

@@ -56,6 +56,9 @@ static void usage(FILE *f) {
             "                              PEFT/diffusers, kohya/ai-toolkit or BFL-named safetensors; merged into dense\n"
             "                              weights, a low-rank side product on quantized ones (q4/q8, fp8, GGUF)\n"
             "  --lora-side                 apply adapters as side products on dense weights too (instead of merging)\n"
+            "  --sequence-parallel N       split the DiT's forward over N GPUs (devices 0..N-1 from the backend's;\n"
+            "                              NCCL, libnccl.so.2, loaded at run time); on the CPU backend N thread ranks\n"
+            "                              (the same schedule, for tests: not faster). docs/sequence-parallel.md\n"
             "  -q, --quiet / -v, --verbose\n");
 }
 
@@ -192,6 +195,7 @@ int cmd_generate(int argc, char **argv) {
             }
             i++;
         }
+        else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; lo.sequence_parallel = (int)l; i++; }
         else if (!strcmp(a, "--count")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; count = (int)l; i++; }
         else if (!strcmp(a, "--te-rope-bf16")) lo.te_inv_freq_bf16 = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
@@ -226,6 +230,7 @@ int cmd_generate(int argc, char **argv) {
     dt_backend *be = cli_model_backend(&mo);
     if (!be) return 1;
     dt_log(1, "ditrun: backend %s\n", be->name);
+    cli_sp_note(be, lo.sequence_parallel);
     if (count > 1) {
         int r = generate_many(be, &lo, &p, output, count);
         be->destroy(be);

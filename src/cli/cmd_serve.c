@@ -36,8 +36,50 @@ static void usage(FILE *f) {
             "  --precision bf16|fp8        the DiT blocks' Linears (fp8: opt-in, see ditrun generate --help)\n"
             "  --attn-precision bf16|fp8   the DiT blocks' attention (opt-in)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
+            "  --devices all|I,J,...       CUDA: one worker per listed GPU (all: every visible GPU), each with its own\n"
+            "                              copy of the pipeline, behind the one queue (default: device 0)\n"
+            "  --sequence-parallel N       each worker's DiT forward split over N GPUs (NCCL, libnccl.so.2): the\n"
+            "                              devices are taken N at a time (--devices all on 4 GPUs with N = 2: 2 workers\n"
+            "                              of 2 GPUs); on the CPU backend N thread ranks (tests). docs/sequence-parallel.md\n"
             "  -q, --quiet / -v, --verbose\n\n"
             "SIGTERM or SIGINT: stop accepting connections, finish the accepted requests, exit 0.\n");
+}
+
+/* --devices all|I,J,...: the CUDA device list into d (at most DT_SERVE_MAX_WORKERS). The count, or -1 (error printed). */
+static int parse_devices(const char *v, const char *backend, int *d) {
+    if (!v || !*v) { cli_error("--devices needs a value (all, or GPU indices like 0,1)"); return -1; }
+    if (!strcmp(backend, "cpu")) {
+        cli_error("--devices picks GPUs; the cpu backend runs one worker (use --backend cuda)");
+        return -1;
+    }
+    int have = dt_backend_cuda_available() ? dt_backend_cuda_device_count() : 0;
+    if (have <= 0) {
+        cli_error("--devices %s: no usable CUDA GPU (%s)", v, dt_backend_cuda_available() ? "none visible" : "no CUDA");
+        return -1;
+    }
+    int n = 0;
+    if (!strcmp(v, "all")) {
+        for (int i = 0; i < have && n < DT_SERVE_MAX_WORKERS; i++) d[n++] = i;
+        return n;
+    }
+    for (const char *p = v; *p;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > 4096 || (*end && *end != ',')) {
+            cli_error("--devices: '%s' is not 'all' or a comma-separated list of GPU indices", v);
+            return -1;
+        }
+        if (x >= have) {
+            cli_error("--devices: GPU %ld does not exist (%d visible: 0..%d)", x, have, have - 1);
+            return -1;
+        }
+        for (int i = 0; i < n; i++)
+            if (d[i] == x) { cli_error("--devices: GPU %ld is listed twice", x); return -1; }
+        if (n == DT_SERVE_MAX_WORKERS) { cli_error("--devices: at most %d GPUs", DT_SERVE_MAX_WORKERS); return -1; }
+        d[n++] = (int)x;
+        p = *end ? end + 1 : end;
+    }
+    return n;
 }
 
 /* The key on the first line of path (trailing spaces and line ends dropped): malloc'd, or NULL (error printed). */
@@ -64,7 +106,7 @@ int cmd_serve(int argc, char **argv) {
     dt_serve_opts_default(&o);
     cli_model_opts mo;
     cli_model_opts_default(&mo);
-    const char *key_file = NULL;
+    const char *key_file = NULL, *devices = NULL;
     long l;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -81,6 +123,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-steps")) { if (cli_parse_int(a, v, 1, 1000, &l)) return 1; o.max_steps = (int)l; i++; }
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; o.max_seq_len = (int)l; i++; }
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
+        else if (!strcmp(a, "--devices")) { if (!v) return cli_error("--devices needs a value (all, or GPU indices like 0,1)"); devices = v; i++; }
+        else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; o.load.sequence_parallel = (int)l; i++; }
         else if (!strcmp(a, "--cors")) { if (!v || !*v) return cli_error("--cors needs an origin"); o.cors_origin = v; i++; }
         else if (!strcmp(a, "--warmup")) {
             int w = 0, h = 0;
@@ -102,6 +146,18 @@ int cmd_serve(int argc, char **argv) {
     int kind = dt_input_kind(o.load.model);   /* a missing path, a FIFO, a file: said before listening */
     if (kind < 0) return cli_error("--model %s", dt_last_error());
     if (kind == 0) return cli_error("--model %s: not a folder (a pipeline root holds model_index.json)", o.load.model);
+    /* workers: one per device, or per group of N devices with --sequence-parallel N */
+    const int ranks = o.load.sequence_parallel > 1 ? o.load.sequence_parallel : 1;
+    int nd = ranks;
+    if (devices) {
+        if ((nd = parse_devices(devices, mo.backend, o.devices)) < 0) return 1;
+        if (nd % ranks)
+            return cli_error("--devices lists %d GPU%s, not a multiple of --sequence-parallel %d", nd, nd == 1 ? "" : "s",
+                             ranks);
+    } else {
+        for (int r = 0; r < ranks; r++) o.devices[r] = r;
+    }
+    o.n_workers = nd / ranks;
     char *key = NULL;
     if (key_file && !(key = read_key(key_file))) return 1;
     o.api_key = key;

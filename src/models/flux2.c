@@ -481,6 +481,8 @@ void flux2_model_weights(const flux2_model *m, const flux2_outer_w **outer, cons
     *sb = m->sb;
 }
 
+dt_backend *flux2_model_backend(const flux2_model *m) { return m->be; }
+
 void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fmt_len) {
     if (bytes) *bytes = m->weight_bytes;
     if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->lin.fmt);

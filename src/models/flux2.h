@@ -243,6 +243,8 @@ void flux2_block_attention(dt_backend *be, const flux2_config *c, dt_mat o, dt_m
  * c->num_layers double / c->num_single_layers single blocks. */
 void flux2_model_weights(const flux2_model *m, const flux2_outer_w **outer, const flux2_double_w **db,
                          const flux2_single_w **sb);
+/* The backend the model's Linears run on: the one it was loaded on, or its LoRA wrapper (same memory and queues). */
+dt_backend *flux2_model_backend(const flux2_model *m);
 
 /* The block functions' views of an activation set. */
 flux2_outer_io flux2_acts_outer(const flux2_acts *x);

@@ -40,9 +40,10 @@ typedef struct {
 struct flux2_sp_rank {
     flux2_sp *sp;
     int rank;
-    dt_backend *be;
+    dt_backend *be;       /* this rank's backend (buffers, the communicator) */
     int own_be;
     flux2_model *model;
+    dt_backend *ops;      /* the backend the model's ops run on: be, or the model's LoRA wrapper of it */
     const flux2_outer_w *ow;
     const flux2_double_w *db;
     const flux2_single_w *sb;
@@ -73,6 +74,7 @@ struct flux2_sp {
     sp_rank rank[FLUX2_SP_MAX_RANKS];
     int heads[FLUX2_SP_MAX_RANKS], head0[FLUX2_SP_MAX_RANKS];
     const char *path;
+    flux2_load_opts load;   /* during flux2_sp_load */
     /* jobs for ranks 1..N-1 */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -211,7 +213,7 @@ static void exchange(sp_rank *r, const dt_comm_msg *send, int ns, const dt_comm_
 static void sp_attention(void *ud, dt_mat o, dt_mat q, dt_mat k, dt_mat v) {
     sp_rank *r = ud;
     flux2_sp *sp = r->sp;
-    dt_backend *be = r->be;
+    dt_backend *be = r->ops;
     const sp_pass *p = r->pass;
     const int N = sp->n, me = r->rank, hd = r->c.head_dim;
     const int64_t L = (int64_t)p->t + p->n, lr = (int64_t)r->t + r->n, hr = (int64_t)sp->heads[me] * hd;
@@ -287,7 +289,7 @@ static void upload_image_rows(dt_backend *be, dt_mat dst, const sp_pass *p, int 
 static void pass_rank(sp_rank *r, void *arg) {
     const sp_pass *p = arg;
     flux2_sp *sp = r->sp;
-    dt_backend *be = r->be;
+    dt_backend *be = r->ops;
     const flux2_config *c = &r->c;
     const int N = sp->n, me = r->rank, na = c->n_axes;
     int t0, n0;
@@ -363,8 +365,9 @@ static void pass_rank(sp_rank *r, void *arg) {
 static void load_rank(sp_rank *r, void *arg) {
     (void)arg;
     if (r->rank == 0) return;   /* rank 0 loaded first, alone (its errors are the caller's) */
-    r->model = flux2_load(r->be, r->sp->path);
+    r->model = flux2_load_ex(r->be, r->sp->path, &r->sp->load);
     if (!r->model) { rank_fail(r, dt_last_error()); return; }
+    r->ops = flux2_model_backend(r->model);
     r->c = *flux2_get_config(r->model);
     flux2_model_weights(r->model, &r->ow, &r->db, &r->sb);
 }
@@ -435,8 +438,10 @@ flux2_sp *flux2_sp_load(dt_backend *be, const char *path, const flux2_sp_opts *o
     r0->sp = sp;
     r0->be = be;
     /* rank 0 first, here: its errors (a bad folder, a bad config) come out as they would on one GPU */
-    r0->model = flux2_load(be, path);
+    sp->load = o->load;
+    r0->model = flux2_load_ex(be, path, &sp->load);
     if (!r0->model) { flux2_sp_free(sp); return NULL; }
+    r0->ops = flux2_model_backend(r0->model);
     sp->c = r0->c = *flux2_get_config(r0->model);
     flux2_model_weights(r0->model, &r0->ow, &r0->db, &r0->sb);
     if (N > sp->c.heads) {

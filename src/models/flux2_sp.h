@@ -19,6 +19,7 @@ typedef struct {
     int ranks;                          /* N >= 1 */
     int devices[FLUX2_SP_MAX_RANKS];    /* CUDA device of rank r (rank 0's must be the given backend's); */
     int n_devices;                      /* 0: the backend's device + r */
+    flux2_load_opts load;               /* LoRA adapters, applied on every rank as flux2_load_ex does */
 } flux2_sp_opts;
 
 typedef struct flux2_sp flux2_sp;

@@ -98,6 +98,11 @@ dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
         json_free(idx);
         return NULL;
     }
+    if (o->sequence_parallel > 1 && !fam->sequence_parallel) {
+        dt_set_error("%s: --sequence-parallel is not implemented for %s pipelines", o->model, fam->name);
+        json_free(idx);
+        return NULL;
+    }
     dt_pipeline *p = dt_calloc(1, sizeof *p);
     p->be = be;
     p->opts = *o;

@@ -32,6 +32,7 @@ struct dt_family {
     /* One request: g is already defaulted/validated by the engine (prompt set, steps > 0, size multiples). */
     int (*generate)(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
                     dt_gen_observer obs, void *ud);
+    int sequence_parallel;      /* 1: the family honours opts.sequence_parallel (the engine refuses it otherwise) */
 };
 
 extern const dt_family dt_family_klein;

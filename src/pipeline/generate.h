@@ -10,6 +10,7 @@
 #include "models/lora.h"
 
 #define DT_GEN_MAX_TAPS 16
+#define DT_GEN_MAX_RANKS 16     /* sequence-parallel ranks (models/flux2_sp.h) */
 
 /* Load-time choices of a pipeline (they decide what is loaded and how). */
 typedef struct {
@@ -23,6 +24,10 @@ typedef struct {
     const dt_lora_spec *loras;  /* LoRA adapters for the DiT, n_loras of them (copied by dt_pipeline_load) */
     int n_loras;
     int lora_side;              /* side products for dense weights too instead of merging (comparisons) */
+    int sequence_parallel;      /* N > 1: the DiT's forward split over N ranks (docs/sequence-parallel.md): N GPUs on
+                                 * CUDA, N thread ranks on the CPU backend; 0 or 1: unsplit */
+    int sp_devices[DT_GEN_MAX_RANKS];   /* CUDA device of rank r; n_sp_devices = 0: the backend's device + r */
+    int n_sp_devices;
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);

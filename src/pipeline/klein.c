@@ -13,6 +13,7 @@
 
 #include "models/flux2.h"
 #include "models/flux2_layouts.h"
+#include "models/flux2_sp.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
 #include "pipeline/family.h"
@@ -20,6 +21,8 @@
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
+
+_Static_assert(DT_GEN_MAX_RANKS == FLUX2_SP_MAX_RANKS, "dt_pipeline_opts.sp_devices holds one device per rank");
 
 typedef struct {
     char *te_dir, *vae_dir;
@@ -29,6 +32,7 @@ typedef struct {
     int taps[DT_GEN_MAX_TAPS], n_taps, max_tap;
     flux2_config fc;            /* the DiT's geometry (read before loading it) */
     flux2_model *dit;           /* NULL until first needed with release_text_encoder */
+    flux2_sp *sp;               /* instead of dit with opts.sequence_parallel > 1: the DiT split over ranks */
     dt_vae *vae;
     dt_sched_config sched;
     dt_mat txt[2];              /* the prompt's and the negative prompt's features [T, joint] on the device */
@@ -76,6 +80,7 @@ static void klein_free(dt_pipeline *p) {
     if (s->tok) dt_tokenizer_free(s->tok);
     if (s->te) dt_qwen3_free(s->te);
     if (s->dit) flux2_free(s->dit);
+    flux2_sp_free(s->sp);
     if (s->vae) dt_vae_free(s->vae);
     for (int i = 0; i < 2; i++)
         if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
@@ -96,9 +101,15 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     klein_state *s = p->fam;
-    if (!s->dit) {
-        flux2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
-        s->dit = flux2_load_ex(p->be, p->root, &lo);
+    flux2_load_opts flo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
+    if (p->opts.sequence_parallel > 1 && !s->sp) {
+        flux2_sp_opts so = {p->opts.sequence_parallel, {0}, p->opts.n_sp_devices, flo};
+        memcpy(so.devices, p->opts.sp_devices, sizeof(int) * DT_GEN_MAX_RANKS);
+        s->sp = flux2_sp_load(p->be, p->root, &so);
+        if (!s->sp) return -1;
+        if (p->opts.cuda_graph) dt_log(1, "ditrun: note: --cuda-graph is not used with --sequence-parallel (eager)\n");
+    } else if (p->opts.sequence_parallel <= 1 && !s->dit) {
+        s->dit = flux2_load_ex(p->be, p->root, &flo);
         if (!s->dit) return -1;
         flux2_set_graph(s->dit, p->opts.cuda_graph);
     }
@@ -107,7 +118,7 @@ static int ensure_dit_vae(dt_pipeline *p) {
         if (!s->vae) return -1;
     }
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
-    const flux2_config *c = flux2_get_config(s->dit);
+    const flux2_config *c = s->sp ? flux2_sp_get_config(s->sp) : flux2_get_config(s->dit);
     if (c->in_channels != vc->latent_channels * vc->patch * vc->patch) {
         dt_set_error("%s: transformer in_channels %d != VAE latent channels %d x patch %d^2", p->root, c->in_channels,
                      vc->latent_channels, vc->patch);
@@ -233,6 +244,7 @@ out:
 /* What the sampling loop's model callback needs. */
 typedef struct {
     flux2_model *dit;
+    flux2_sp *sp;               /* or the split DiT */
     const float *pos, *neg;     /* resident text keys (never read as host data) */
     const float *img_ids, *txt_ids;
     const float *timesteps;
@@ -243,7 +255,9 @@ static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
     klein_step_ctx *k = ctx;
     /* the pipeline passes timestep/1000; in bf16 pipelines t is rounded to bf16 first */
     float t = k->bf16 ? dt_bf16_round(dt_bf16_round(k->timesteps[i]) / 1000.0f) : k->timesteps[i] / 1000.0f;
-    return flux2_forward(k->dit, x, k->N, pass ? k->neg : k->pos, k->T, t, k->img_ids, k->txt_ids, v, NULL, NULL);
+    const float *txt = pass ? k->neg : k->pos;
+    if (k->sp) return flux2_sp_forward(k->sp, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v);
+    return flux2_forward(k->dit, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v, NULL, NULL);
 }
 
 static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
@@ -283,7 +297,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (ensure_dit_vae(p)) goto done;
     tm->t_load += dt_now() - t0;
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
-    const flux2_config *c = flux2_get_config(s->dit);
+    const flux2_config *c = s->sp ? flux2_sp_get_config(s->sp) : flux2_get_config(s->dit);
     const int mult = vc->scale_factor * vc->patch;
     const int H = g->height, W = g->width;
     const int h = H / mult, w = W / mult, C = c->in_channels, N = h * w;
@@ -317,9 +331,12 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
     /* the prompt features stay on the device for all steps */
     const float *pos = (const float *)(const void *)&s->txt_key[0], *neg = (const float *)(const void *)&s->txt_key[1];
-    if (flux2_text_resident_mat(s->dit, pos, s->txt[0])) goto done;
-    if (cfg && flux2_text_resident_mat(s->dit, neg, s->txt[1])) goto done;
-    klein_step_ctx kc = {s->dit, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16};
+    if (s->sp ? flux2_sp_text_resident_mat(s->sp, pos, s->txt[0]) : flux2_text_resident_mat(s->dit, pos, s->txt[0]))
+        goto done;
+    if (cfg && (s->sp ? flux2_sp_text_resident_mat(s->sp, neg, s->txt[1])
+                      : flux2_text_resident_mat(s->dit, neg, s->txt[1])))
+        goto done;
+    klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16};
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND, .bf16_euler = kc.bf16,
@@ -361,4 +378,4 @@ done:
     return rc;
 }
 
-const dt_family dt_family_klein = {"flux2-klein", klein_matches, klein_load, klein_free, klein_generate};
+const dt_family dt_family_klein = {"flux2-klein", klein_matches, klein_load, klein_free, klein_generate, 1};

@@ -21,8 +21,9 @@ typedef struct {
     int port;                   /* 0 = any free port (printed in the "listening on" line) */
     const char *backend;        /* "cpu", "cuda", "auto" */
     dt_backend_opts be;         /* every worker's backend options (be.device set per worker) */
-    int n_workers;              /* one per device; 1 on the CPU */
-    int devices[DT_SERVE_MAX_WORKERS];  /* device index of each worker */
+    int n_workers;              /* one per device, or per group of load.sequence_parallel devices; 1 on the CPU */
+    int devices[DT_SERVE_MAX_WORKERS];  /* the CUDA devices: worker w runs on devices[w*N .. w*N + N-1] (N =
+                                         * load.sequence_parallel, or 1), its DiT split over them when N > 1 */
     int max_queue;              /* jobs that may wait; past that 429 */
     int64_t max_pixels;         /* width * height of one image at most */
     int max_steps;

@@ -4,6 +4,7 @@
  * pixels and encoded by the HTTP thread that answers (http.c), while this worker runs the next job. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "pipeline/image_meta.h"
@@ -123,15 +124,25 @@ static void run_job(dt_worker *w, dt_job *j) {
 static int load(dt_worker *w) {
     dt_server *s = w->srv;
     dt_backend_opts bo = s->o.be;
-    bo.device = s->o.devices[w->index];
+    dt_pipeline_opts lo = s->o.load;
+    const int ranks = lo.sequence_parallel > 1 ? lo.sequence_parallel : 1;   /* this worker's devices */
+    bo.device = s->o.devices[w->index * ranks];
+    for (int r = 0; r < ranks && ranks > 1; r++) lo.sp_devices[r] = s->o.devices[w->index * ranks + r];
+    lo.n_sp_devices = ranks > 1 ? ranks : 0;
     w->be = dt_backend_create(s->o.backend, &bo);
     if (!w->be) return -1;
     double t0 = dt_now();
-    w->pl = dt_pipeline_load(w->be, &s->o.load);
+    w->pl = dt_pipeline_load(w->be, &lo);
     if (!w->pl) return -1;
     const dt_pipeline_info *in = dt_pipeline_get_info(w->pl);
-    dt_log(1, "ditrun: worker %d: %s (%s) loaded on %s in %.2f s\n", w->index, s->model_id, in->family, w->be->name,
-           dt_now() - t0);
+    char where[160] = "";
+    if (!strcmp(w->be->name, "cuda")) {
+        int k = snprintf(where, sizeof where, " device%s", ranks > 1 ? "s" : "");
+        for (int r = 0; r < ranks && k < (int)sizeof where - 8; r++)
+            k += snprintf(where + k, sizeof where - (size_t)k, "%s%d", r ? "+" : " ", s->o.devices[w->index * ranks + r]);
+    }
+    dt_log(1, "ditrun: worker %d: %s (%s) loaded on %s%s in %.2f s\n", w->index, s->model_id, in->family, w->be->name,
+           where, dt_now() - t0);
     if (s->o.warmup_w > 0) {
         dt_gen_params g;
         dt_gen_params_default(&g);
