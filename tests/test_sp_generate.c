@@ -169,6 +169,43 @@ static int run(const char *args, char *err, size_t errlen) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+/* `ditrun ARGS` with stdout into out: exit status. */
+static int run_out(const char *args, char *out, size_t outlen) {
+    char cmd[4096], outf[600];
+    snprintf(outf, sizeof outf, "%s/stdout.txt", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s >%s 2>/dev/null", exe, args, outf);
+    int st = system(cmd);
+    FILE *f = fopen(outf, "r");
+    size_t n = f ? fread(out, 1, outlen - 1, f) : 0;
+    out[n] = 0;
+    if (f) fclose(f);
+    unlink(outf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void cli_forward_tests(void) {
+    char args[2048], out[4096], err[4096];
+    const char *fx = t_fixtures();
+    snprintf(args, sizeof args, "forward --backend cpu --model %s/model --inputs %s/transformer_io.safetensors "
+             "--sequence-parallel 2 --compare-unsplit --repeat 2", fx, fx);
+    int rc = run_out(args, out, sizeof out);
+    const char *p = strstr(out, "split (2 ranks) vs unsplit forward: rel_l2 ");
+    double rel = p ? atof(p + strlen("split (2 ranks) vs unsplit forward: rel_l2 ")) : -1;
+    T_CHECK("cli: forward --sequence-parallel 2 --compare-unsplit reports the difference and the speed-up",
+            rc == 0 && p && rel >= 0 && rel <= SP_GEN_TOL && strstr(out, "unsplit: "), "exit %d, rel %.3g: %s", rc, rel,
+            out);
+    snprintf(args, sizeof args, "forward --backend cpu --model %s/model --inputs %s/transformer_io.safetensors "
+             "--compare-unsplit", fx, fx);
+    rc = run(args, err, sizeof err);
+    T_CHECK("cli: forward --compare-unsplit without --sequence-parallel refused", rc == 1 &&
+            strstr(err, "--compare-unsplit needs --sequence-parallel"), "exit %d: %s", rc, err);
+    snprintf(args, sizeof args, "forward --backend cpu --model %s/model --inputs %s/transformer_io.safetensors "
+             "--sequence-parallel 2 --trace --output %s/t.st", fx, fx, tmpdir);
+    rc = run(args, err, sizeof err);
+    T_CHECK("cli: forward --sequence-parallel with --trace refused", rc == 1 && strstr(err, "--trace is not available"),
+            "exit %d: %s", rc, err);
+}
+
 static void cli_tests(const char *fixture_root) {
     char args[2048], err[4096], a[600], b[600];
     snprintf(a, sizeof a, "%s/sp1.png", tmpdir);
@@ -288,5 +325,6 @@ int main(void) {
     }
     be->destroy(be);
     cli_tests(fixture_root);
+    cli_forward_tests();
     return T_DONE();
 }

@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload|krea2gen]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|sp|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload|krea2gen]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -605,6 +605,71 @@ if only krea2gen; then  # (not in "all") Krea 2 end to end at 1024^2 on the synt
         done
     else
         log "krea2 reference skipped: DIFFUSERS_SRC does not hold diffusers/"
+    fi
+fi
+
+if only sp; then  # several GPUs (docs/sequence-parallel.md): NCCL tests, split forwards vs one GPU, 4-step images on
+    # 1/2/4 GPUs, data-parallel serving at concurrency 16. On an nvidia-h200-x2 or -x4 machine: bash tools/gpu_run.sh sp
+    export NCCL_NVLS_ENABLE=0   # NVLink multicast stays off on these machines (ditrun uses point-to-point only)
+    ngpu=$(nvidia-smi -L | wc -l)
+    nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+    log "sp: $ngpu GPUs; link matrix (NV# = NVLink):"; tee -a "$OUT/summary.txt" < "$OUT/topo.txt"
+    if ! ldconfig -p | grep -q libnccl.so.2; then   # the CUDA toolkit's or PyTorch's copy (nvidia-nccl-cu13)
+        f=$(ls /usr/local/cuda*/lib*/libnccl.so.2 /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 \
+            2>/dev/null | head -1)
+        [ -n "$f" ] && export LD_LIBRARY_PATH=$(dirname "$f"):$LD_LIBRARY_PATH
+    fi
+    log "sp: libnccl.so.2 from: $(ldconfig -p | grep -m1 libnccl.so.2 | sed 's/.*=> //') ${f:-} "
+    req=0; [ "$ngpu" -ge 2 ] && req=1
+    timeout 900 env DITRUN_REQUIRE_MULTI_GPU=$req build/tests/test_gpu_sp > "$OUT/test-gpu-sp.log" 2>&1
+    log "sp: test_gpu_sp rc=$?"; grep -E "^(PASS|FAIL|SKIP|#)" "$OUT/test-gpu-sp.log" | tee -a "$OUT/summary.txt"
+    [ -d "$W/k4q4" ] || $B synth --preset klein-4b --bits 4 --group-size 64 --output "$W/k4q4" 2>/dev/null
+    for px in 2048 4096; do
+        [ -f "$W/in4_$px.st" ] || $B synth --preset klein-4b --inputs "$W/in4_$px.st" --image-size $px 2>/dev/null
+    done
+    # one forward split over N GPUs vs one GPU: rel L2 (must be <= 1e-2) and the speed-up (targets 1.7x / 3x at 2048^2)
+    for N in 2 3 4; do
+        [ "$N" -le "$ngpu" ] || continue
+        line=$($B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_2048.st" --sequence-parallel $N \
+               --compare-unsplit --repeat 7 2>&1 | grep -E "split|error" | tr '\n' ' ')
+        log "sp forward 2048^2 q4 on $N GPUs: $line"
+    done
+    if [ "$ngpu" -ge 4 ]; then
+        line=$($B forward --backend cuda --model "$W/k4q4" --inputs "$W/in4_4096.st" --sequence-parallel 4 \
+               --compare-unsplit --repeat 3 2>&1 | grep -E "split|error|peak" | tr '\n' ' ')
+        log "sp forward 4096^2 q4 on 4 GPUs: $line"
+    fi
+    # whole 2048^2 images, 4 steps (text encoder and VAE on the first GPU): first and warm image times
+    [ -d "$W/p4" ] || $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4" > /dev/null 2>&1
+    for N in 1 2 4; do
+        [ "$N" -le "$ngpu" ] || continue
+        spo=""; [ "$N" -gt 1 ] && spo="--sequence-parallel $N"
+        $B generate --backend cuda --model "$W/p4" -p a_red_fox_in_snow -o "$W/sp.png" --height 2048 --width 2048 \
+            --count 4 $spo > "$OUT/sp-gen$N.log" 2>&1
+        log "sp generate 2048^2 4 steps on $N GPU(s): $(grep -E "^image 4|warm images|error" "$OUT/sp-gen$N.log" | tr '\n' ' ')"
+    done
+    # data-parallel serving: images/s at concurrency 16 (1024^2, 4 steps) on --devices 0 and --devices all
+    serve_rate() {  # serve_rate DEVICES: one server, 48 requests at concurrency 16 after a warm-up; prints images/s
+        local devs=$1 so="$W/sp-serve.out" port="" pid i t1 t2
+        $B serve --backend cuda --model "$W/p4" --port 0 --devices "$devs" --warmup 1024x1024 --max-queue 64 \
+            > "$so" 2> "$OUT/sp-serve-$devs.log" &
+        pid=$!
+        for i in $(seq 600); do
+            port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$so")
+            [ -n "$port" ] && grep -q "ditrun: ready" "$OUT/sp-serve-$devs.log" && break
+            kill -0 $pid 2>/dev/null || break; sleep 0.5
+        done
+        [ -n "$port" ] || { echo "no server ($(tail -1 "$OUT/sp-serve-$devs.log"))"; kill $pid 2>/dev/null; return; }
+        req='{"prompt": "a red fox in fresh snow", "size": "1024x1024", "steps": 4}'
+        t1=$(date +%s.%N)
+        seq 48 | xargs -P 16 -I{} curl -s -o /dev/null -m 600 -X POST -d "$req" "http://127.0.0.1:$port/v1/images/generations"
+        t2=$(date +%s.%N)
+        kill -TERM $pid; wait $pid
+        echo "$t1 $t2" | awk '{printf "%.2f images/s (48 in %.1f s)", 48 / ($2 - $1), $2 - $1}'
+    }
+    r1=$(serve_rate 0); log "sp serve --devices 0, concurrency 16: $r1"
+    if [ "$ngpu" -ge 2 ]; then
+        rn=$(serve_rate all); log "sp serve --devices all ($ngpu GPUs), concurrency 16: $rn (target >= 0.9 x $ngpu x one GPU's)"
     fi
 fi
 

@@ -275,7 +275,8 @@ int cmd_forward(int argc, char **argv) {
             be->opts.qpath = qp0;
             if (!fm) { free(ref); goto done; }
             flux2_set_graph(fm, mo.cuda_graph);
-            if (nref && flux2_set_refs(fm, ref_tok, ref_ids, (int)nref, kv_refs)) {
+            if ((nref && flux2_set_refs(fm, ref_tok, ref_ids, (int)nref, kv_refs)) ||
+                (cmp_unsplit && tt > 0 && flux2_text_resident(fm, txt, (int)tt))) {   /* as the split arm had */
                 free(ref);
                 goto done;
             }

@@ -335,4 +335,5 @@ done:
     return rc;
 }
 
-const dt_family dt_family_krea2 = {"krea2", k2_matches, k2_load, k2_free, k2_generate};
+/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it) */
+const dt_family dt_family_krea2 = {"krea2", k2_matches, k2_load, k2_free, k2_generate, 0};
