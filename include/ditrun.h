@@ -81,6 +81,8 @@ typedef struct {
     int n_text_encoder_layers;
     int cuda_graph;                     /* replay the DiT forward as a CUDA graph */
     int release_text_encoder;           /* free the text encoder between prompts (less memory, slower) */
+    int sequence_parallel;              /* N > 1: the DiT split over N GPUs (the engine's device and the next N-1;
+                                         * NCCL) or N CPU thread ranks; call load, generate and free from one thread */
 } ditrun_load_opts;
 typedef struct {
     const char *family;                 /* "flux2-klein", "krea2", ... */

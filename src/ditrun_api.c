@@ -100,6 +100,7 @@ ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *
     memcpy(lo.taps, o->text_encoder_layers, sizeof(int) * (size_t)lo.n_taps);
     lo.cuda_graph = o->cuda_graph;
     lo.release_text_encoder = o->release_text_encoder;
+    lo.sequence_parallel = o->sequence_parallel;
     dt_pipeline *p = dt_pipeline_load(e->be, &lo);
     if (!p) return NULL;
     ditrun_pipeline *r = dt_calloc(1, sizeof *r);

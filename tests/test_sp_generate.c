@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ditrun.h"
 #include "image/image.h"
 #include "models/flux2.h"
 #include "pipeline/engine.h"
@@ -324,6 +325,33 @@ int main(void) {
         result_free(&r2);
     }
     be->destroy(be);
+
+    /* the public API: ditrun_load_opts.sequence_parallel */
+    {
+        ditrun_engine *e = ditrun_engine_create("cpu", 2);
+        ditrun_load_opts lo = ditrun_load_defaults();
+        lo.model = fixture_root;
+        ditrun_pipeline *p1 = e ? ditrun_pipeline_load(e, &lo) : NULL;
+        lo.sequence_parallel = 2;
+        ditrun_pipeline *p2 = e ? ditrun_pipeline_load(e, &lo) : NULL;
+        ditrun_generate_opts o = ditrun_generate_defaults();
+        o.prompt = "a red fox";
+        o.width = 72;
+        o.height = 56;
+        o.max_sequence_length = 23;
+        o.seed = 8;
+        ditrun_image a = {0}, b = {0};
+        int ok = p1 && p2 && ditrun_pipeline_generate(p1, &o, &a) == 0 && ditrun_pipeline_generate(p2, &o, &b) == 0 &&
+                 a.width == b.width && a.height == b.height;
+        int px = ok ? max_pixel_diff(a.rgb, b.rgb, (size_t)a.width * a.height * 3) : -1;
+        T_CHECK("api: ditrun_load_opts.sequence_parallel = 2 == unsplit image", ok && px <= SP_PIXEL_TOL,
+                "pixels off by %d: %s", px, ditrun_last_error());
+        ditrun_image_free(&a);
+        ditrun_image_free(&b);
+        ditrun_pipeline_free(p1);
+        ditrun_pipeline_free(p2);
+        ditrun_engine_free(e);
+    }
     cli_tests(fixture_root);
     cli_forward_tests();
     return T_DONE();
