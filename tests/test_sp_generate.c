@@ -324,6 +324,16 @@ int main(void) {
         result_free(&r1);
         result_free(&r2);
     }
+    /* a family without a split forward refuses it at load */
+    {
+        char k2[600];
+        snprintf(k2, sizeof k2, "%s/krea2", t_fixtures());
+        dt_pipeline *p = load(be, k2, 2);
+        T_CHECK("sp generate: a Krea 2 pipeline refuses --sequence-parallel, naming it",
+                !p && strstr(dt_last_error(), "--sequence-parallel is not implemented for krea2"), "%s",
+                p ? "loaded" : dt_last_error());
+        dt_pipeline_free(p);
+    }
     be->destroy(be);
 
     /* the public API: ditrun_load_opts.sequence_parallel */
