@@ -83,6 +83,9 @@ typedef struct {
     int release_text_encoder;           /* free the text encoder between prompts (less memory, slower) */
     int sequence_parallel;              /* N > 1: the DiT split over N GPUs (the engine's device and the next N-1;
                                          * NCCL) or N CPU thread ranks; call load, generate and free from one thread */
+    const char *const *loras;           /* LoRA adapters for the DiT as "FILE[:SCALE]" (FLUX.2-klein), n_loras of
+                                         * them (at most 8): merged into dense weights, side products on quantized */
+    int n_loras;
 } ditrun_load_opts;
 typedef struct {
     const char *family;                 /* "flux2-klein", "krea2", ... */

@@ -101,7 +101,17 @@ ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *
     lo.cuda_graph = o->cuda_graph;
     lo.release_text_encoder = o->release_text_encoder;
     lo.sequence_parallel = o->sequence_parallel;
-    dt_pipeline *p = dt_pipeline_load(e->be, &lo);
+    if (o->n_loras < 0 || o->n_loras > 8 || (o->n_loras && !o->loras)) {
+        dt_set_error("pipeline: %d LoRA adapters (0..8, with their names)", o->n_loras);
+        return NULL;
+    }
+    dt_lora_spec *specs = o->n_loras ? dt_calloc((size_t)o->n_loras, sizeof *specs) : NULL;
+    for (int i = 0; i < o->n_loras; i++)
+        if (dt_lora_spec_parse(o->loras[i], &specs[i])) { free(specs); return NULL; }
+    lo.loras = specs;
+    lo.n_loras = o->n_loras;
+    dt_pipeline *p = dt_pipeline_load(e->be, &lo);   /* (copies the adapter list) */
+    free(specs);
     if (!p) return NULL;
     ditrun_pipeline *r = dt_calloc(1, sizeof *r);
     r->p = p;

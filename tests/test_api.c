@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ditrun.h"
 #include "io/safetensors.h"
@@ -82,6 +83,54 @@ int main(void) {
     o.prompt = NULL;
     T_CHECK("generate without prompt fails", ditrun_generate(e, &o, &img) != 0 && strstr(ditrun_last_error(), "prompt"),
             "error: %s", ditrun_last_error());
+    /* LoRA adapters through the load options: a bad list or file is refused; a real adapter changes the image */
+    {
+        ditrun_load_opts lo = ditrun_load_defaults();
+        lo.model = p;
+        const char *bad[1] = {"/nonexistent/adapter.safetensors:0.5"};
+        lo.loras = bad;
+        lo.n_loras = 1;
+        ditrun_pipeline *pp = ditrun_pipeline_load(e, &lo);
+        T_CHECK("pipeline lora missing file", !pp && strstr(ditrun_last_error(), "/nonexistent/adapter.safetensors"),
+                "error: %s", ditrun_last_error());
+        ditrun_pipeline_free(pp);
+        lo.n_loras = 9;
+        pp = ditrun_pipeline_load(e, &lo);
+        T_CHECK("pipeline lora count", !pp && strstr(ditrun_last_error(), "LoRA"), "error: %s", ditrun_last_error());
+        ditrun_pipeline_free(pp);
+        char ap[600];
+        snprintf(ap, sizeof ap, "/tmp/ditrun_api_lora_%d.safetensors", (int)getpid());
+        st_writer *w = st_writer_new();
+        float a[4 * 32], b[256 * 4];
+        for (int i = 0; i < 4 * 32; i++) a[i] = (float)((i * 37) % 11 - 5) * 0.02f;
+        for (int i = 0; i < 256 * 4; i++) b[i] = (float)((i * 13) % 7 - 3) * 0.2f;
+        int64_t sa[2] = {4, 32}, sb[2] = {256, 4};
+        st_writer_add_f32(w, "transformer.x_embedder.lora_A.weight", 2, sa, a);
+        st_writer_add_f32(w, "transformer.x_embedder.lora_B.weight", 2, sb, b);
+        st_writer_save(w, ap);
+        st_writer_free(w);
+        const char *good[1] = {ap};
+        lo.loras = good;
+        lo.n_loras = 1;
+        pp = ditrun_pipeline_load(e, &lo);
+        lo.n_loras = 0;
+        ditrun_pipeline *p0 = ditrun_pipeline_load(e, &lo);
+        ditrun_generate_opts go = ditrun_generate_defaults();
+        go.prompt = "a fox";
+        go.width = go.height = 64;
+        go.max_sequence_length = 32;
+        ditrun_image i1 = {0}, i0 = {0};
+        int r1 = pp ? ditrun_pipeline_generate(pp, &go, &i1) : -1, r0 = p0 ? ditrun_pipeline_generate(p0, &go, &i0) : -1;
+        long diff = 0;
+        for (int i = 0; !r1 && !r0 && i < 64 * 64 * 3; i++) diff += abs((int)i1.rgb[i] - (int)i0.rgb[i]);
+        T_CHECK("pipeline lora changes the image", !r1 && !r0 && diff > 64 * 64, "rc %d/%d, summed difference %ld: %s", r1,
+                r0, diff, ditrun_last_error());
+        ditrun_image_free(&i1);
+        ditrun_image_free(&i0);
+        ditrun_pipeline_free(pp);
+        ditrun_pipeline_free(p0);
+        remove(ap);
+    }
     ditrun_engine_free(e);
     return T_DONE();
 }

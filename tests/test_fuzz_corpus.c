@@ -2,8 +2,8 @@
  * `make test-asan`): every file of fuzz/corpus/NAME and fuzz/regressions/NAME goes through the code its
  * fuzzer drives (JSON parser, safetensors reader, config parsers + loaders, tokenizer.json loader,
  * FLUX.2 layouts + load + forward + quantize + convert, image decoders + editing preprocessing, GGUF reader +
- * block dequantization, the server's generation requests). Each input must load or fail with an error message; a
- * crash, leak or sanitizer report fails the program. */
+ * block dequantization, LoRA adapters on the tiny model, the server's generation requests). Each input must load
+ * or fail with an error message; a crash, leak or sanitizer report fails the program. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +123,27 @@ static int one_tokenizer(const unsigned char *d, size_t n) {
 static int one_image(const unsigned char *d, size_t n) { return fuzz_image_one(d, n); }
 static int one_api(const unsigned char *d, size_t n) { return fuzz_api_one(d, n); }
 
+/* an adapter on the tiny fixture: load (merge, or side products for an odd first byte) + a 2-token forward */
+static int one_lora(const unsigned char *d, size_t n) {
+    char p[400], model[400];
+    snprintf(p, sizeof p, "%s/adapter.safetensors", tmpdir);
+    snprintf(model, sizeof model, "%s/model", t_fixtures());
+    if (write_all(p, d, n)) return -1;
+    dt_lora_spec spec;
+    if (dt_lora_spec_parse(p, &spec)) return -1;
+    flux2_load_opts o = {&spec, 1, n && (d[0] & 1)};
+    flux2_model *m = flux2_load_ex(be, model, &o);
+    if (!m) return strstr(dt_last_error(), "adapter.safetensors") ? 0 : -1;
+    const flux2_config *c = flux2_get_config(m);
+    float *img = calloc((size_t)2 * c->in_channels, sizeof(float)), *txt = calloc((size_t)c->joint_dim, sizeof(float));
+    float *iid = calloc((size_t)2 * c->n_axes, sizeof(float)), *tid = calloc((size_t)c->n_axes, sizeof(float));
+    float *out = calloc((size_t)2 * c->out_channels, sizeof(float));
+    int r = flux2_forward(m, img, 2, txt, 1, 0.5f, iid, tid, out, NULL, NULL) == 0 ? 1 : -1;
+    free(img); free(txt); free(iid); free(tid); free(out);
+    flux2_free(m);
+    return r;
+}
+
 static int one_layout(const unsigned char *d, size_t n) {
     char p[400], q[400], c[400];
     snprintf(p, sizeof p, "%s/layout.safetensors", tmpdir);
@@ -212,6 +233,7 @@ int main(void) {
     replay("json", one_json);
     replay("safetensors", one_safetensors);
     replay("gguf", one_gguf);
+    replay("lora", one_lora);
     replay("config", one_config);
     replay("model_config", one_model_config);
     replay("tokenizer", one_tokenizer);

@@ -7,6 +7,8 @@
  *   - the merged model equals a checkpoint merged by this test itself (naive loops over the known module mapping,
  *     W + s·B·A rounded to bf16), for one forward and a whole 64x64 generate;
  *   - quantized bases (MLX q4, GGUF Q4_K, fp8) take side products equal to the same weights dense + merged;
+ *   - Krea 2: an adapter in diffusers and kohya spelling of its module names gives the same forward, merged and
+ *     side product agree;
  *   - bad adapters (unmatched names, rank/shape mismatch, A without B, DoRA, text-encoder keys) fail clearly. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include "flux2_fixture_io.h"
 #include "io/weights.h"
 #include "models/flux2_export.h"
+#include "models/krea2.h"
 #include "pipeline/generate.h"
 
 /* Identical updates written differently: the merged weights are bit-identical (same f32 products, power-of-two
@@ -253,6 +256,38 @@ static int write_merged_pipeline(const char *dir) {
     return rc;
 }
 
+
+/* Krea 2 fixture forward (krea2_io.safetensors inputs, with its mask) with an optional adapter */
+static float *k2fwd(const char *lora, int side, size_t *n) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/krea2_io.safetensors", t_fixtures());
+    st_file *io = st_open(p);
+    if (!io) return NULL;
+    const st_tensor *h = st_find(io, "in.hidden_states"), *e = st_find(io, "in.encoder_hidden_states");
+    float *img = st_to_f32(h), *txt = st_to_f32(e), *pos = st_to_f32(st_find(io, "in.position_ids"));
+    float *mf = st_to_f32(st_find(io, "in.encoder_attention_mask")), *tsv = st_to_f32(st_find(io, "in.timestep"));
+    int N = (int)h->shape[1], T = (int)e->shape[1];
+    uint8_t *mask = dt_malloc((size_t)T);
+    for (int i = 0; i < T; i++) mask[i] = mf[i] != 0;
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){.rope_fp32 = 1});
+    dt_lora_spec spec;
+    krea2_load_opts o = {0};
+    if (lora && !dt_lora_spec_parse(lora, &spec)) { o.loras = &spec; o.n_loras = 1; o.lora_side = side; }
+    snprintf(p, sizeof p, "%s/krea2", t_fixtures());
+    krea2_model *m = krea2_load_ex(be, p, &o);
+    float *out = NULL;
+    if (m) {
+        *n = (size_t)N * (size_t)h->shape[2];
+        out = dt_malloc(sizeof(float) * *n);
+        if (krea2_forward(m, img, N, txt, T, tsv[0], pos, mask, out, NULL, NULL)) { free(out); out = NULL; }
+        krea2_free(m);
+    }
+    be->destroy(be);
+    free(img); free(txt); free(pos); free(mf); free(tsv); free(mask);
+    st_close(io);
+    return out;
+}
+
 static void expect_load_error(const char *name, const char *file, const char *w1, const char *w2) {
     size_t n;
     dt_clear_error();
@@ -402,6 +437,38 @@ int main(void) {
             free(dm);
             free(qb);
         }
+    }
+    /* Krea 2: the checkpoint's own module names, diffusers and kohya spelling */
+    {
+        const char *dk = tpath("k2-diffusers.safetensors"), *kk = tpath("k2-kohya.safetensors");
+        static const struct { const char *name; int64_t out, in; } km[] = {
+            {"transformer_blocks.0.attn.to_q", 512, 512}, {"transformer_blocks.1.ff.down", 512, 512},
+            {"text_fusion.refiner_blocks.0.attn.to_v", 32, 64}};
+        st_writer *wd = st_writer_new(), *wk = st_writer_new();
+        char nm[400], u[200];
+        for (int i = 0; i < 3; i++) {
+            float *a = rnd((size_t)(2 * km[i].in), 1.0f / 16), *b = rnd((size_t)(km[i].out * 2), 0.6f);
+            snprintf(nm, sizeof nm, "transformer.%s.lora_A.weight", km[i].name); add(wd, nm, 2, km[i].in, a);
+            snprintf(nm, sizeof nm, "transformer.%s.lora_B.weight", km[i].name); add(wd, nm, km[i].out, 2, b);
+            size_t j = 0;
+            for (; km[i].name[j]; j++) u[j] = km[i].name[j] == '.' ? '_' : km[i].name[j];
+            u[j] = 0;
+            snprintf(nm, sizeof nm, "lora_transformer_%s.lora_down.weight", u); add(wk, nm, 2, km[i].in, a);
+            snprintf(nm, sizeof nm, "lora_transformer_%s.lora_up.weight", u); add(wk, nm, km[i].out, 2, b);
+            free(a);
+            free(b);
+        }
+        st_writer_save(wd, dk);
+        st_writer_save(wk, kk);
+        st_writer_free(wd);
+        st_writer_free(wk);
+        size_t kn = 0;
+        float *k0 = k2fwd(NULL, 0, &kn), *kd = k2fwd(dk, 0, &kn), *kkk = k2fwd(kk, 0, &kn), *ks = k2fwd(dk, 1, &kn);
+        T_CHECK("lora_krea2_changes_the_output", k0 && kd && dt_rel_l2(kd, k0, kn) > 0.01, "%s",
+                k0 && kd ? "no effect" : dt_last_error());
+        cmp("lora_krea2_kohya_vs_diffusers", kkk, kd, kn, SAME_UPDATE_TOL);
+        cmp("lora_krea2_merged_vs_side", ks, kd, kn, MERGE_VS_SIDE_TOL);
+        free(k0); free(kd); free(kkk); free(ks);
     }
     /* bad adapters */
     {

@@ -2,7 +2,7 @@
 # tools/gpu_run.sh — one call on the GPU machine: build, the GPU test suite, and the timings that
 # PERF.md records (forward of synthetic klein-4B/9B checkpoints at 512^2/1024^2/2048^2 per q-path,
 # a synthetic-pipeline generate at 1024^2, and the bench). Everything is logged under $OUT.
-#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|sp|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload|krea2gen]...
+#   usage (device): bash tools/gpu_run.sh [all|test|time|bench|gen|graph|krea2|sp|formats|tune|trace|fp8|mixed|study|qarm|mixcmp|attnctx|tunecap|qcap|ewab|prefetch|pfab|pfgraph|pfbig|fp8attn|sbov|f8rep|benchq|cudnn919|gen919|qkctx|f8fuse|fin16|bounds16|arm16|gentrace|serve|serveload|krea2gen]...
 set -o pipefail
 OUT=${OUT:-/tmp/ditrun-out}; mkdir -p "$OUT"
 W=${DITRUN_WORK:-/dev/shm/ditrun}; mkdir -p "$W"
@@ -671,6 +671,48 @@ if only sp; then  # several GPUs (docs/sequence-parallel.md): NCCL tests, split 
     if [ "$ngpu" -ge 2 ]; then
         rn=$(serve_rate all); log "sp serve --devices all ($ngpu GPUs), concurrency 16: $rn (target >= 0.9 x $ngpu x one GPU's)"
     fi
+fi
+
+if only formats; then  # the files users have: klein-4B 1024^2 forwards from a BFL-layout fp8 file and Q8_0 / Q4_K GGUF
+    # files beside the MLX q4 and bf16 checkpoints (peak GPU memory in each line), then a rank-32 LoRA on q4 (side
+    # product) and bf16 (merged), and the GPU tests of these formats (test_gpu_formats)
+    prep4
+    t1=$(date +%s)
+    [ -f "$W/k4fp8.safetensors" ] || $B convert -q --input "$W/k4bf16" --output "$W/k4fp8.safetensors" --format fp8
+    [ -f "$W/k4q8_0.gguf" ] || $B convert -q --input "$W/k4bf16" --output "$W/k4q8_0.gguf" --format gguf-q8_0
+    [ -f "$W/k4q4_k.gguf" ] || $B convert -q --input "$W/k4bf16" --output "$W/k4q4_k.gguf" --format gguf-q4_k
+    [ -f "$W/lora32.safetensors" ] || $B synth --preset klein-4b --lora "$W/lora32.safetensors" --lora-rank 32 2>/dev/null
+    log "formats: files written in $(( $(date +%s) - t1 )) s: $(ls -la "$W"/k4fp8.safetensors "$W"/k4q8_0.gguf "$W"/k4q4_k.gguf | awk '{print $5, $9}' | tr '\n' ' ')"
+    $B info "$W/k4fp8.safetensors" | grep -E "format|quantized" | tee -a "$OUT/summary.txt"
+    $B info "$W/k4q4_k.gguf" | grep -E "format|quantized" | tee -a "$OUT/summary.txt"
+    for i in 1 2; do   # two rounds, order rotated by the round (power-cap order bias: NOTES.md)
+        fwd "klein-4B bf16 1024^2 ($i)" "$W/k4bf16" "$W/in4_1024.st" 20
+        fwd "klein-4B MLX q4 1024^2 ($i)" "$W/k4q4" "$W/in4_1024.st" 20
+        fwd "klein-4B fp8 file (BFL layout) 1024^2 ($i)" "$W/k4fp8.safetensors" "$W/in4_1024.st" 20
+        fwd "klein-4B GGUF Q8_0 1024^2 ($i)" "$W/k4q8_0.gguf" "$W/in4_1024.st" 20
+        fwd "klein-4B GGUF Q4_K 1024^2 ($i)" "$W/k4q4_k.gguf" "$W/in4_1024.st" 20
+        fwd "klein-4B MLX q4 + LoRA r32 (side product) 1024^2 ($i)" "$W/k4q4" "$W/in4_1024.st" 20 --lora "$W/lora32.safetensors"
+        fwd "klein-4B GGUF Q4_K + LoRA r32 (side product) 1024^2 ($i)" "$W/k4q4_k.gguf" "$W/in4_1024.st" 20 --lora "$W/lora32.safetensors"
+        fwd "klein-4B bf16 + LoRA r32 (merged) 1024^2 ($i)" "$W/k4bf16" "$W/in4_1024.st" 20 --lora "$W/lora32.safetensors"
+    done
+    # the same weights through each path: fp8 file vs bf16 forward error, GGUF vs bf16 (the files' own rounding)
+    for f in k4fp8.safetensors k4q8_0.gguf k4q4_k.gguf; do
+        $B forward --backend cuda --model "$W/$f" --inputs "$W/in4_1024.st" --output "$W/out_$f.st" -q
+    done
+    $B forward --backend cuda --model "$W/k4bf16" --inputs "$W/in4_1024.st" --output "$W/out_bf16.st" -q
+    for f in k4fp8.safetensors k4q8_0.gguf k4q4_k.gguf; do
+        python3 - "$W/out_$f.st" "$W/out_bf16.st" "$f" <<'PYEOF' | tee -a "$OUT/summary.txt"
+import json, math, struct, sys
+def sample(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); s, e = h['out.sample']['data_offsets']
+    raw = b[8 + n + s:8 + n + e]; return struct.unpack('<%df' % (len(raw) // 4), raw)
+a, r = sample(sys.argv[1]), sample(sys.argv[2])
+print('%s vs bf16 forward: rel L2 %.4g' % (sys.argv[3], math.sqrt(sum((x - y) ** 2 for x, y in zip(a, r)) / sum(y * y for y in r))))
+PYEOF
+    done
+    timeout 300 env DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_formats > "$OUT/test-gpu-formats.log" 2>&1
+    grep -E "FAIL|SKIP|ms|GB" "$OUT/test-gpu-formats.log" | head -40 | tee -a "$OUT/summary.txt"
+    log "gpu formats tests: $(grep -c '^PASS' "$OUT/test-gpu-formats.log") passed, $(grep -c '^FAIL' "$OUT/test-gpu-formats.log") failed"
 fi
 
 if [ "${PACK:-0}" = 1 ]; then   # at most 8 files come back from the device: one archive of the logs

@@ -31,7 +31,7 @@ static void usage(FILE *f) {
             "  --model DIR          model folder (required)\n"
             "  --inputs FILE        input tensors (required)\n"
             "  --output FILE        where to write out.sample (without it nothing is written: timing runs)\n"
-            "  --lora FILE[:SCALE]  (FLUX.2) a LoRA adapter (repeatable, up to 8; SCALE default 1): PEFT/diffusers,\n"
+            "  --lora FILE[:SCALE]  a LoRA adapter (repeatable, up to 8; SCALE default 1): PEFT/diffusers,\n"
             "                       kohya/ai-toolkit or BFL-named safetensors; merged into dense weights, a low-rank\n"
             "                       side product on quantized ones (q4/q8, fp8, GGUF)\n"
             "  --lora-side          adapters as side products on dense weights too (instead of merging)\n"
@@ -328,8 +328,7 @@ int cmd_forward(int argc, char **argv) {
             for (int64_t i = 0; i < tt; i++) mask[i] = mf[i] != 0;
             free(mf);
         }
-        if (lor.n) { dt_set_error("forward: --lora is supported for FLUX.2 transformers (this is Krea 2)"); goto done; }
-        km = krea2_load(be, model);
+        km = krea2_load_ex(be, model, &(krea2_load_opts){lor.loras, lor.n, lor.side});
         if (!km) goto done;
         const krea2_config *c = krea2_get_config(km);
         if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }

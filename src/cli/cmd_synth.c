@@ -14,7 +14,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S] [--pipeline]\n"
-               "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--ref-size PX] [--seed S]\n\n"
+               "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--ref-size PX] [--seed S]\n"
+               "       ditrun synth --preset NAME --lora FILE [--lora-rank R] [--seed S]\n\n"
                "Writes DIR/config.json and DIR/model.safetensors with random weights at a real geometry\n"
                "(for tests, the bench and speed runs without downloading weights), or with --inputs a\n"
                "random `ditrun forward` input file (in.hidden_states, in.encoder_hidden_states, in.timestep,\n"
@@ -38,7 +39,10 @@ static void usage(FILE *f) {
                "  --text-tokens T    text tokens for --inputs (default 512)\n"
                "  --ref-size PX      FLUX.2 --inputs: also one PX x PX reference image's tokens (in.ref_hidden_states\n"
                "                     [1,R,C], in.ref_ids [1,R,4] with T = 10), which `ditrun forward` appends or\n"
-               "                     KV-caches (--kv-refs)\n");
+               "                     KV-caches (--kv-refs)\n"
+               "  --lora FILE        FLUX.2: write a random LoRA adapter (PEFT / diffusers keys, bf16) for every Linear\n"
+               "                     of the blocks instead (for `--lora` speed runs)\n"
+               "  --lora-rank R      its rank (default 32)\n");
 }
 
 /* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros), and with
@@ -137,7 +141,8 @@ static int synth_krea2(const char *preset, const char *out, const char *dir, con
 
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL;
-    const char *inputs = NULL;
+    const char *inputs = NULL, *lora = NULL;
+    long lora_rank = 32;
     int pipeline = 0;
     long bits = 0, group = 64, seed = 1, px = 1024, ntxt = 512, ref_px = 0;
     for (int i = 1; i < argc; i++) {
@@ -153,7 +158,18 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--image-size")) { if (cli_parse_int(a, v, 16, 16384, &px)) return 1; i++; }
         else if (!strcmp(a, "--text-tokens")) { if (cli_parse_int(a, v, 0, 65536, &ntxt)) return 1; i++; }
         else if (!strcmp(a, "--ref-size")) { if (cli_parse_int(a, v, 16, 16384, &ref_px)) return 1; i++; }
+        else if (!strcmp(a, "--lora")) { if (!v) return cli_error("--lora needs a value (FILE)"); lora = v; i++; }
+        else if (!strcmp(a, "--lora-rank")) { if (cli_parse_int(a, v, 1, 4096, &lora_rank)) return 1; i++; }
         else return cli_error("synth: unknown option '%s' (see ditrun synth --help)", a);
+    }
+    if (lora) {
+        flux2_config c;
+        if (!preset || out || inputs) return cli_error("synth: --lora FILE takes --preset and none of --output / --inputs");
+        if (flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
+        if (cli_check_output(lora, NULL, NULL)) return 1;
+        if (flux2_synth_lora(&c, lora, (int)lora_rank, (uint64_t)seed)) return cli_error("%s", dt_last_error());
+        fprintf(stderr, "ditrun: wrote a random rank-%ld LoRA adapter for %s to %s\n", lora_rank, preset, lora);
+        return 0;
     }
     if (!preset || (!out && !inputs)) return cli_error("synth: --preset and --output (or --inputs) are required (see ditrun synth --help)");
     if (out && inputs)

@@ -25,6 +25,10 @@
 #include "json.h"
 #include "safetensors.h"
 
+#ifdef __cplusplus
+extern "C" {   /* (the CUDA backend reads Linear sources through these) */
+#endif
+
 typedef struct dt_weights dt_weights;
 
 /* Host description of a Linear's weights (zero-copy views into the mapped files). */
@@ -111,4 +115,7 @@ dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nro
 
 /* (Its rows as f32 values, whatever the form: dt_linear_src_rows_f32, quant/dequant.h.) */
 
+#ifdef __cplusplus
+}
+#endif
 #endif

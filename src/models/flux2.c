@@ -276,6 +276,14 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
 
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     if (flux2_runtime_choices(be, &m->c, what)) goto fail;
+    const st_tensor *sb0 = dt_weights_find(m->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight");
+    if (sb0 && (sb0->dtype == DT_F8_E4M3 || sb0->dtype == DT_F8_E5M2) && be->opts.precision != DT_PREC_FP8) {
+        /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers (norms,
+         * SwiGLU) write the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
+        dt_backend as_fp8 = *be;
+        as_fp8.opts.precision = DT_PREC_FP8;
+        if (flux2_runtime_choices(&as_fp8, &m->c, what)) goto fail;
+    }
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;

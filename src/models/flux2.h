@@ -281,6 +281,9 @@ int flux2_preset(const char *name, flux2_config *c);
  * given geometry (uniform, variance 1/in per Linear), streamed tensor by tensor (memory ~ one tensor).
  * bits = 0 writes bf16 weights; 4 or 8 writes MLX affine quantized Linears with `group` (norms bf16). */
 int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed);
+/* A random LoRA adapter file (PEFT / diffusers keys, bf16, alpha = rank) for every Linear of the blocks of geometry
+ * c (benchmarks of the side product at a real geometry). 0 or -1. */
+int flux2_synth_lora(const flux2_config *c, const char *path, int rank, uint64_t seed);
 
 /* Free the norm weights a double / single block's load uploaded (its Linears belong to the linear set and go with
  * dt_linear_set_free); also after a failed load. */

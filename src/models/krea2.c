@@ -17,6 +17,8 @@
  */
 #include "krea2.h"
 #include "linear_set.h"
+#include "lora.h"
+#include "lora_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +32,8 @@ typedef struct {                         /* Krea2TextFusionBlock: pre-norm, no R
 } k2_text_block;
 
 struct krea2_model {
-    dt_backend *be;
+    dt_backend *be;                  /* the caller's backend, or the LoRA wrapper around it */
+    dt_lora_set *lora;               /* loaded adapters (NULL: none) */
     dt_weights *w;
     krea2_config c;
     krea2_outer_w o;                 /* embedders, timestep MLP, modulation, txt_in, final layer */
@@ -288,7 +291,9 @@ static int load_all(krea2_model *m) {
     return 0;
 }
 
-krea2_model *krea2_load(dt_backend *be, const char *path) {
+krea2_model *krea2_load(dt_backend *be, const char *path) { return krea2_load_ex(be, path, NULL); }
+
+krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_opts *o) {
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     krea2_model *m = dt_calloc(1, sizeof *m);
@@ -307,7 +312,19 @@ krea2_model *krea2_load(dt_backend *be, const char *path) {
         goto fail;
     }
     if (krea2_config_parse(cfg, what, &m->c)) goto fail;
+    if (o && o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
+        dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
+        m->lora = dt_lora_load(o->loras, o->n_loras, cat);
+        dt_lora_catalogue_free(cat);
+        if (!m->lora) goto fail;
+        dt_backend *wb = dt_lora_backend_wrap(m->be);
+        if (!wb) goto fail;
+        m->be = m->lin.be = wb;
+        m->lin.lora = m->lora;
+        m->lin.lora_side = o->lora_side;
+    }
     if (load_all(m)) goto fail;
+    if (m->lora && dt_lora_check_used(m->lora)) goto fail;
     return m;
 fail:
     krea2_free(m);
@@ -328,6 +345,8 @@ void krea2_free(krea2_model *m) {
     free(m->blk);
     free(m->proj);
     if (m->w) dt_weights_close(m->w);
+    if (be && dt_lora_backend_is_wrapper(be)) be->destroy(be);   /* the wrapper only, not the caller's */
+    dt_lora_free(m->lora);
     free(m);
 }
 

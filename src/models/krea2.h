@@ -12,6 +12,7 @@
 #include "backends/backend.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
+#include "models/lora.h"
 
 #define KREA2_MAX_AXES 8
 
@@ -53,6 +54,14 @@ typedef void (*krea2_trace_fn)(void *ud, const char *name, dt_mat m);
 /* Load from a transformer folder (config.json + safetensors, dense or MLX-quantized Linears) or a
  * pipeline root holding transformer/. NULL on error (dt_last_error names file and tensor). */
 krea2_model *krea2_load(dt_backend *be, const char *path);
+/* Load options: LoRA adapters on its Linears (models/lora.h; keys by the checkpoint's module names, diffusers
+ * or kohya spelling), merged into dense weights or side products through a backend wrapper as for FLUX.2. */
+typedef struct {
+    const dt_lora_spec *loras;
+    int n_loras;
+    int lora_side;
+} krea2_load_opts;
+krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_opts *o);
 void krea2_free(krea2_model *m);
 const krea2_config *krea2_get_config(const krea2_model *m);
 /* Bytes of weights as stored, and a short description of the formats ("bf16", "bf16+q4 g64", ...). */

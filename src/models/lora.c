@@ -12,6 +12,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 
 int dt_lora_spec_parse(const char *arg, dt_lora_spec *spec) {
     memset(spec, 0, sizeof *spec);
@@ -147,6 +148,21 @@ void dt_lora_catalogue_add(dt_lora_catalogue *c, const char *name, int64_t out, 
 void dt_lora_catalogue_add_module(dt_lora_catalogue *c, const char *name, int64_t out, int64_t in) {
     dt_lora_piece p = {name, 0, 0, out};
     dt_lora_catalogue_add(c, name, out, in, 1, &p);
+}
+
+dt_lora_catalogue *dt_lora_catalogue_from_weights(const dt_weights *w) {
+    dt_lora_catalogue *c = dt_lora_catalogue_new();
+    for (size_t i = 0; i < dt_weights_count(w); i++) {
+        const st_tensor *t = dt_weights_at(w, i);
+        size_t len = strlen(t->name);
+        if (t->ndim != 2 || len < 8 || strcmp(t->name + len - 7, ".weight") || len - 7 >= 512) continue;
+        char base[512];
+        snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
+        dt_linear_src s;
+        if (dt_weights_linear(w, base, -1, -1, 0, &s) == 0) dt_lora_catalogue_add_module(c, base, s.out, s.in);
+        else dt_clear_error();
+    }
+    return c;
 }
 
 /* ------------------------------------------------------------------ loaded set */

@@ -49,6 +49,11 @@ void dt_lora_catalogue_add(dt_lora_catalogue *c, const char *name, int64_t out, 
 /* The common case: NAME updates all rows of the module of the same name. */
 void dt_lora_catalogue_add_module(dt_lora_catalogue *c, const char *name, int64_t out, int64_t in);
 
+/* Every Linear weight of w (each 2-D NAME.weight that resolves as a Linear) as a module of its own name: the
+ * catalogue of a model whose loaders ask for the checkpoint's own names (Krea 2). */
+struct dt_weights;
+dt_lora_catalogue *dt_lora_catalogue_from_weights(const struct dt_weights *w);
+
 /* ---- loaded adapters ---- */
 typedef struct {
     int64_t row0, rows;     /* rows of the target module's weight */

@@ -43,7 +43,7 @@ static void side(lora_be *s, dt_mat y, dt_mat x, const dt_linear *w, dt_mat gate
     int q = s->queue & 1;
     dt_mat t = scratch(s, &s->t[q], x.rows, w->R);
     in->linear(in, t, x, w->A);
-    if (in->linear_gated_add && gate.data) {
+    if (in->linear_gated_add) {   /* (CUDA: one accumulating GEMM when there is no gate) */
         in->linear_gated_add(in, y, t, w->B, gate);
     } else {
         dt_mat p = scratch(s, &s->y[q], x.rows, w->out);

@@ -204,6 +204,12 @@ void dtc_qgemm_dequant(dtc_state *st, __nv_bfloat16 *dst, const dtc_qg_w *w, con
 /* ------------------------------------------------------------------ fp8 Linear (cuda_fp8.cu) */
 /* 1 when the fp8 GEMM can take this Linear (in % 16 == 0, out % 16 == 0). */
 int dtc_fp8_eligible(const dt_linear_src *src);
+/* GGUF blocks (cuda_ggml.cu): whether a block type is supported, and dequantization of N rows of K values to bf16
+ * dst [N, K] (rows scaled by rowscale [N] when given: bf16, or f32 when rs_f32), bit-identical to
+ * bf16(quant/ggml_quants.h's reference). */
+int dtc_ggml_supported(dt_dtype t);
+void dtc_ggml_dequant(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, const uint8_t *src, dt_dtype t, int64_t N,
+                      int64_t K, const void *rowscale, int rs_f32);
 /* e4m3 weights [out, in] + per-output-channel scales from any source format; NULL with error set. */
 dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src);
 void dtc_fp8_weight_free(dtc_state *st, dtc_fp8_w *f);

@@ -129,6 +129,38 @@ dtc_fp8_w *dtc_fp8_weight_create(dtc_state *st, const dt_linear_src *src) {
     f->q = (uint8_t *)dtc_pool_alloc(st, (size_t)N * K);
     f->s = (float *)dtc_pool_alloc(st, (size_t)N * sizeof(float));
     if (!f->q || !f->s) { dtc_fp8_weight_free(st, f); return NULL; }
+    if (src->dtype == DT_F8_E4M3 && !src->bits) {
+        /* an e4m3 file: its codes as stored, its scale (per tensor or per channel) as the per-channel vector */
+        float *hs = (float *)malloc((size_t)N * sizeof(float));
+        if (!hs) { dt_set_error("cuda: out of host memory"); dtc_fp8_weight_free(st, f); return NULL; }
+        for (int64_t r = 0; r < N; r++) hs[r] = dt_linear_src_fp8_scale(src, r);
+        CK(cudaMemcpyAsync(f->q, src->data, (size_t)N * K, cudaMemcpyHostToDevice, st->q.stream));
+        CK(cudaMemcpyAsync(f->s, hs, (size_t)N * sizeof(float), cudaMemcpyHostToDevice, st->q.stream));
+        CK(cudaStreamSynchronize(st->q.stream));
+        free(hs);
+        return f;
+    }
+    if (src->bits == 0 && !dt_linear_src_dense(src)) {
+        /* e5m2 files, GGUF blocks: dequantized exactly on the host in row chunks, then the f32 path below (one e4m3
+         * rounding with per-channel scales) */
+        int64_t rows = ((int64_t)1 << 24) / K;
+        if (rows < 1) rows = 1;
+        if (rows > N) rows = N;
+        float *h = (float *)malloc((size_t)(rows * K) * sizeof(float));
+        void *stage = dtc_pool_alloc(st, (size_t)(rows * K) * sizeof(float));
+        if (!h || !stage) { free(h); dtc_pool_free(st, stage); dtc_fp8_weight_free(st, f); return NULL; }
+        for (int64_t r0 = 0; r0 < N; r0 += rows) {
+            int64_t nr = N - r0 < rows ? N - r0 : rows;
+            dt_linear_src_rows_f32(src, r0, nr, h);
+            CK(cudaMemcpyAsync(stage, h, (size_t)(nr * K) * sizeof(float), cudaMemcpyHostToDevice, st->q.stream));
+            k_fp8_weight<0><<<(unsigned)nr, 256, 0, st->q.stream>>>(stage, nullptr, K, 1, f->q + r0 * K, f->s + r0);
+            CK_LAUNCH("fp8_weight");
+            CK(cudaStreamSynchronize(st->q.stream));   /* h and the stage are reused */
+        }
+        free(h);
+        dtc_pool_free(st, stage);
+        return f;
+    }
     if (src->bits == 0) {
         int sk = src->dtype == DT_F32 ? 0 : src->dtype == DT_F16 ? 1 : src->dtype == DT_BF16 ? 2 : -1;
         if (sk < 0) {

@@ -297,6 +297,8 @@ struct dt_linear {
     dtc_fp8_w *f8;      /* fp8 weights (cuda_fp8.cu) instead of w/qw, or NULL */
     dtc_qg_w mx;        /* qpath mixed: fragment-ordered packed weights (cuda_qgemm.cu) instead of qw/sb; mx.q NULL
                            when unused */
+    uint8_t *gq;        /* GGUF blocks as the file has them [out rows of in/QK blocks] (cuda_ggml.cu), or NULL */
+    dt_dtype gtype;     /* their block type */
 };
 
 /* Exact small-integer -> float without the (slow) I2F conversion unit: 2^23 + u has u in its mantissa. */
@@ -336,6 +338,10 @@ __global__ void k_dequant(__nv_bfloat16 *dst, const uint32_t *qw, const float2 *
 /* rowscale: NULL, or a [N] vector (bf16, or f32 when rs_f32) multiplied into each dequantized row. */
 static void dequant_launch(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, const dt_linear *w,
                            const void *rowscale = nullptr, int rs_f32 = 0) {
+    if (w->gq) {   /* GGUF blocks */
+        dtc_ggml_dequant(st, stream, dst, w->gq, w->gtype, w->out, w->in, rowscale, rs_f32);
+        return;
+    }
     int64_t chunks = w->out * (w->in / 8);
     int64_t b = (chunks + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
@@ -357,7 +363,7 @@ static dt_qpath qpath_for(const dt_backend *be, int64_t rows);
  * highest (unless o.no_prefetch), so the dequantization fills the SMs that the queued kernels leave idle (wave
  * tails, launch gaps) instead of delaying them. Results are bit-identical with and without prefetching. */
 static int pf_usable(const dtc_state *st, const dt_linear *w) {
-    return st->pf_stream && st->cur_queue == 0 && w->qw && !w->w && (size_t)w->out * w->in * 2 <= st->pf[0].buf.size &&
+    return st->pf_stream && st->cur_queue == 0 && (w->qw || w->gq) && !w->w && (size_t)w->out * w->in * 2 <= st->pf[0].buf.size &&
            (size_t)w->out * w->in * 2 <= st->pf[1].buf.size;
 }
 
@@ -475,6 +481,7 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     dtc_pool_free(st, w->w);
     dtc_pool_free(st, w->qw);
     dtc_pool_free(st, w->sb);
+    dtc_pool_free(st, w->gq);
     dtc_pool_free(st, w->bias);
     dtc_fp8_weight_free(st, w->f8);
     dtc_qgemm_free(st, &w->mx);
@@ -526,9 +533,49 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
     w->bits = src->bits;
     w->group = src->group_size;
     const int64_t N = src->out, K = src->in;
-    if (src->precision == DT_PREC_FP8 && dtc_fp8_eligible(src)) {
+    /* fp8 files run on the fp8 GEMM as stored (no bf16 copy); --precision fp8 converts other forms */
+    if ((src->precision == DT_PREC_FP8 || dt_linear_src_fp8(src)) && dtc_fp8_eligible(src)) {
         w->f8 = dtc_fp8_weight_create(st, src);
         if (!w->f8) { free(w); return NULL; }
+    } else if (dt_linear_src_blocks(src)) {   /* GGUF: the blocks on the device, dequantized before the GEMM */
+        if (!dtc_ggml_supported(src->dtype) || K % 32) {
+            dt_set_error("cuda: linear %s: unsupported GGUF block type %s (in %lld)", nm, dt_dtype_name(src->dtype), (long long)K);
+            free(w);
+            return NULL;
+        }
+        const size_t bytes = dt_dtype_bytes(src->dtype, K) * (size_t)N;
+        LIN_ALLOC(w->gq, bytes);
+        w->gtype = src->dtype;
+        CK(cudaMemcpyAsync(w->gq, src->data, bytes, cudaMemcpyHostToDevice, st->q.stream));
+        if (be->opts.qpath == DT_QPATH_CACHED) {
+            LIN_ALLOC(w->w, (size_t)N * K * 2);
+            dequant_launch(st, st->q.stream, w->w, w);
+            CK(cudaStreamSynchronize(st->q.stream));
+            dtc_pool_free(st, w->gq);
+            w->gq = nullptr;
+        } else if (st->pf_mode) {   /* the transient scratch (or the prefetch slots) now: graph capture never allocates */
+            dtc_scratch_reserve(st, &st->pf[0].buf, (size_t)N * K * 2);
+            dtc_scratch_reserve(st, &st->pf[1].buf, (size_t)N * K * 2);
+        } else {
+            dtc_scratch_get(st, &st->q.s_qdeq, (size_t)N * K * 2);
+        }
+    } else if (dt_linear_src_fp8(src)) {   /* an fp8 Linear the fp8 GEMM cannot take (in/out % 16): bf16 */
+        LIN_ALLOC(w->w, (size_t)N * K * 2);
+        int64_t rows = ((int64_t)1 << 24) / K;
+        if (rows < 1) rows = 1;
+        if (rows > N) rows = N;
+        float *h = (float *)malloc((size_t)(rows * K) * sizeof(float));
+        void *stage = dtc_pool_alloc(st, (size_t)(rows * K) * sizeof(float));
+        if (!h || !stage) { free(h); dtc_pool_free(st, stage); dtc_linear_destroy(be, w); return NULL; }
+        for (int64_t r0 = 0; r0 < N; r0 += rows) {
+            int64_t nr = N - r0 < rows ? N - r0 : rows;
+            dt_linear_src_rows_f32(src, r0, nr, h);
+            CK(cudaMemcpyAsync(stage, h, (size_t)(nr * K) * sizeof(float), cudaMemcpyHostToDevice, st->q.stream));
+            dtc_convert_to_bf16(st, w->w + r0 * K, stage, DT_F32, nr * K);
+            CK(cudaStreamSynchronize(st->q.stream));   /* h and the stage are reused */
+        }
+        free(h);
+        dtc_pool_free(st, stage);
     } else if (src->bits == 0) {
         if (src->dtype != DT_F32 && src->dtype != DT_F16 && src->dtype != DT_BF16) {
             dt_set_error("cuda: linear %s: unsupported weight dtype %s", nm, dt_dtype_name(src->dtype));
@@ -944,7 +991,7 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w) {
         dense_gemm(st, y, x, tmp, w);
         return;
     }
-    if (qpath_for(be, x.rows) == DT_QPATH_FUSED) {
+    if (w->qw && qpath_for(be, x.rows) == DT_QPATH_FUSED) {   /* (MLX layout only; GGUF blocks go transient) */
         int ok = w->in % QMM_BK == 0 && w->group >= 32 && x.ld % 8 == 0 && dtc_aligned16(x.data) && x.rows < (1LL << 30) &&
                  w->out < (1LL << 30);
         if (ok) {
@@ -982,8 +1029,8 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
         dtc_qg_epi e = {w->bias, gate.data, gate.dtype == DT_F32, 1};
         if (dtc_qgemm(st, x, a, &w->mx, &e) == 0) return;
     }
-    /* packed weights only (w->qw: not dense, not dequantized at load, not fp8) */
-    int ok = gate.data && !w->bias && w->qw && qpath_for(be, a.rows) == DT_QPATH_TRANSIENT &&
+    /* packed weights only (w->qw or w->gq: not dense, not dequantized at load, not fp8) */
+    int ok = gate.data && !w->bias && (w->qw || w->gq) && qpath_for(be, a.rows) == DT_QPATH_TRANSIENT &&
              x.dtype == DT_BF16 && a.dtype == DT_BF16 &&
              (gate.dtype == DT_BF16 || gate.dtype == DT_F32) &&
              x.ld % 8 == 0 && a.ld % 8 == 0 && dtc_aligned16(x.data) && dtc_aligned16(a.data);
@@ -993,6 +1040,11 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
                      1, 1) == 0)
             return;
     }
+    /* no gate (a plain x += a·Wᵀ, e.g. a LoRA side product's second GEMM) on dense weights: accumulate directly */
+    if (!gate.data && w->w && !w->bias && x.dtype == DT_BF16 && a.dtype == DT_BF16 && x.ld % 8 == 0 && a.ld % 8 == 0 &&
+        dtc_aligned16(x.data) && dtc_aligned16(a.data) &&
+        gemm_run(st, 1, 0, w->out, a.rows, w->in, w->w, w->in, a.data, a.ld, x.data, x.ld, DT_BF16, 1.f, nullptr, 1, 1) == 0)
+        return;
     void *yp = dtc_scratch_get(st, &st->q.s_lga, (size_t)x.rows * x.cols * 2);
     dt_mat y = {yp, x.rows, x.cols, x.cols, DT_BF16};
     dtc_linear(be, y, a, w);
