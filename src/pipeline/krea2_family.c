@@ -117,7 +117,8 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
-    if (!k->dit && !(k->dit = krea2_load(p->be, p->root))) return -1;
+    krea2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
+    if (!k->dit && !(k->dit = krea2_load_ex(p->be, p->root, &lo))) return -1;
     if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
     return 0;
 }
