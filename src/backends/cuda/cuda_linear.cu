@@ -553,7 +553,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
             CK(cudaStreamSynchronize(st->q.stream));
             dtc_pool_free(st, w->gq);
             w->gq = nullptr;
-        } else if (st->pf_mode) {   /* the transient scratch (or the prefetch slots) now: graph capture never allocates */
+        } else if (st->pf_stream) {   /* the transient scratch (or the prefetch slots) now: graph capture never allocates */
             dtc_scratch_reserve(st, &st->pf[0].buf, (size_t)N * K * 2);
             dtc_scratch_reserve(st, &st->pf[1].buf, (size_t)N * K * 2);
         } else {
