@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "backends/backend_cuda.h"
+#include "quant/dequant.h"
 
 /* ------------------------------------------------------------------ errors */
 [[noreturn]] void dtc_fatal(const char *call, const char *file, int line, const char *msg);
