@@ -5,6 +5,7 @@
 #   make test-gpu   the same, but GPU tests must run (fail if no GPU)
 #   make test-asan  tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build)
 #   make fuzz       libFuzzer targets (clang) in build/fuzz/
+#   make dev        the kernel studies and tools of dev/ in build/dev/ (run by hand on a GPU machine; not tests)
 #   make CUDA=0     force a CPU-only build
 #   make install    PREFIX (default /usr/local), DESTDIR: bin/ditrun, lib/ditrun/libditrun_cuda.so (the CUDA plugin,
 #                   found by the program in ../lib/ditrun/), lib/libditrun.a, include/ditrun.h
@@ -32,6 +33,7 @@ CUDA ?= $(if $(and $(NVCC),$(CU_SRC)),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 TEST_C := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 TEST_SUPPORT_C := $(filter-out $(TEST_C),$(shell find tests -maxdepth 1 -name '*.c' | sort))
+DEV_C  := $(shell find dev -maxdepth 1 -name '*.c' 2>/dev/null | sort)
 
 # Programs hold the whole libditrun.a and export the core's functions, which the CUDA plugin calls.
 PLUGIN_HOST_LDFLAGS := -Wl,--whole-archive $(BUILD)/libditrun.a -Wl,--no-whole-archive \
@@ -59,11 +61,12 @@ PAGE_C   := $(BUILD)/gen/serve_page_html.c
 LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(PAGE_C:.c=.o)
 CLI_OBJ  := $(CLI_C:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
+DEV_BIN  := $(DEV_C:dev/%.c=$(BUILD)/dev/%)
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
 # ABI tag shared by the programs and the plugin: a checksum of every header (a stale plugin is refused)
 ABI_HDRS := $(shell find src include -name '*.h' | sort)
 
-.PHONY: all test test-gpu test-asan fuzz clean tests golden install
+.PHONY: all test test-gpu test-asan fuzz clean tests golden install dev
 all: $(BUILD)/ditrun $(BUILD)/libditrun.a $(PLUGIN)
 
 $(BUILD)/libditrun.a: $(LIB_OBJ)
@@ -104,6 +107,13 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libditrun.a
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(PLUGIN_HOST_LDFLAGS) $(LDLIBS)
 
 tests: $(TEST_BIN) $(BUILD)/ditrun $(PLUGIN)
+
+# dev/: one program per kernel study (tests/gpu_ops.h's helpers) and small tools such as stcmp
+$(BUILD)/dev/%: dev/%.c $(BUILD)/libditrun.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(PLUGIN_HOST_LDFLAGS) $(LDLIBS)
+
+dev: $(DEV_BIN) $(PLUGIN)
 
 test: tests
 	@BUILD=$(BUILD) sh tests/run_tests.sh

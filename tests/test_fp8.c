@@ -1,5 +1,5 @@
 /* test_fp8.c — the fp8 (e4m3) semantics on the CPU: conversion edge values, per-row scaling, and the CPU
- * backend's fp8 Linear (the emulation the CUDA fp8 Linear is tested against in test_gpu_ops) against a
+ * backend's fp8 Linear (the emulation the CUDA fp8 Linear is tested against in test_gpu_linear) against a
  * double-precision evaluation of the same formula and against the f32 Linear. */
 #include <math.h>
 #include <stdint.h>

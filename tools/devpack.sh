@@ -1,14 +1,24 @@
 #!/bin/sh
-# tools/devpack.sh — build ditrun and the test programs for the GPU machine (CUDA backend, CPU
-# libraries linked statically since that machine lacks their -dev packages), strip them and pack
-# them into .devpack/build.tar.xz (a few MB), which tools/gpu_run.sh unpacks there. The CUDA backend is the
-# plugin build/libditrun_cuda.so beside build/ditrun (the programs load it when a CUDA backend is asked for).
+# tools/devpack.sh — build ditrun, the test programs and dev/'s studies and tools for the GPU machine (CUDA backend,
+# CPU libraries linked statically since that machine lacks their -dev packages), strip them and pack them into
+# .devpack/NAME.tar.xz (a few MB; NAME defaults to build), which tools/gpu_run.sh unpacks there as ./NAME/. The
+# CUDA backend is the plugin NAME/libditrun_cuda.so beside NAME/ditrun (the programs load it when a CUDA backend is
+# asked for).
+#   sh tools/devpack.sh            this tree, as build (what every gpu_run.sh section runs)
+#   sh tools/devpack.sh before     another name, e.g. for `gpu_run.sh ab before build`: run it in a checkout of
+#                                  the other tree (git worktree add /tmp/before REV), then copy its
+#                                  .devpack/before.tar.xz into this tree's .devpack/
 set -e
+NAME=${1:-build}
 make -j"$(nproc)" BUILD=build-dev STATIC_CPU_LIBS=1 all tests
-rm -rf /tmp/ditrun-pack && mkdir -p /tmp/ditrun-pack/build/tests .devpack
-cp build-dev/ditrun build-dev/libditrun_cuda.so /tmp/ditrun-pack/build/
-for f in build-dev/tests/test_*; do case "$f" in *.d) ;; *) cp "$f" /tmp/ditrun-pack/build/tests/;; esac; done
-strip /tmp/ditrun-pack/build/ditrun /tmp/ditrun-pack/build/tests/*
-strip --strip-unneeded /tmp/ditrun-pack/build/libditrun_cuda.so
-(cd /tmp/ditrun-pack && tar cf - build | xz -T1 -6 --lzma2=dict=192MiB) > .devpack/build.tar.xz
-ls -la .devpack/build.tar.xz
+make -j"$(nproc)" BUILD=build-dev STATIC_CPU_LIBS=1 dev 2>/dev/null || true   # trees before dev/ have no such target
+rm -rf /tmp/ditrun-pack && mkdir -p "/tmp/ditrun-pack/$NAME/tests" "/tmp/ditrun-pack/$NAME/dev" .devpack
+cp build-dev/ditrun build-dev/libditrun_cuda.so "/tmp/ditrun-pack/$NAME/"
+for f in build-dev/tests/test_* build-dev/dev/*; do
+    [ -f "$f" ] || continue
+    case "$f" in *.d|*.o) ;; *) cp "$f" "/tmp/ditrun-pack/$NAME/${f#build-dev/}";; esac
+done
+strip "/tmp/ditrun-pack/$NAME/ditrun" "/tmp/ditrun-pack/$NAME"/tests/* $(ls "/tmp/ditrun-pack/$NAME"/dev/* 2>/dev/null)
+strip --strip-unneeded "/tmp/ditrun-pack/$NAME/libditrun_cuda.so"
+(cd /tmp/ditrun-pack && tar cf - "$NAME" | xz -T1 -6 --lzma2=dict=192MiB) > ".devpack/$NAME.tar.xz"
+ls -la ".devpack/$NAME.tar.xz"
