@@ -48,7 +48,7 @@
     } while (0)
 
 /* ------------------------------------------------------------------ state */
-struct dtc_pool;     /* caching allocator (cuda_backend.cu) */
+struct dtc_pool;     /* caching allocator (cuda_pool.cu) */
 struct dtc_gemm_cache;
 struct dtc_cudnn;     /* cuDNN handle and SDPA plan cache (cuda_cudnn.cu) */
 struct dtc_fp8_cache;  /* cuda_fp8.cu */
@@ -63,7 +63,7 @@ struct dtc_scratch {
     int nretired;
 };
 
-/* A page-locked host staging buffer (cuda_backend.cu: upload / download). */
+/* A page-locked host staging buffer (cuda_transfer.cu: upload / download). */
 struct dtc_pinned {
     void *p;
     size_t size;
@@ -106,11 +106,11 @@ struct dtc_state {
     dtc_fp8_cache *fp8_cache;
     int capturing;
     int verbose;
-    /* stream_switch (cuda_backend.cu): the queue not in use; a switch swaps q and alt */
+    /* stream_switch (cuda_queues.cu): the queue not in use; a switch swaps q and alt */
     int cur_queue;          /* 0 main, 1 side */
     dtc_queue alt;
     cudaEvent_t ev_switch;
-    /* Transient-weight prefetch (cuda_linear.cu, linear_prefetch): on the main queue the transient Linears'
+    /* Transient-weight prefetch (cuda_prefetch.cu, linear_prefetch): on the main queue the transient Linears'
      * dequantized weights live in two slots; a prefetch hint dequantizes the next Linear into the free slot on
      * pf_stream (lower priority than the queues), overlapping the ops queued before it. Off with o.no_prefetch. */
     cudaStream_t pf_stream; /* NULL when the prefetch is off */
@@ -129,7 +129,7 @@ struct dtc_state {
     } pf[2];
     int graphs_made;        /* graphs captured so far: scratch growth before the first frees the old buffer */
     dtc_pinned pin_up, pin_down;   /* host staging of upload / download */
-    /* GEMM algorithm choice (cuda_linear.cu): o.gemm_tune, choices persisted in o.gemm_cache */
+    /* GEMM algorithm choice (cuda_gemm.cu): o.gemm_tune, choices persisted in o.gemm_cache */
     char gpu_id[160];       /* device name, cc, SMs, cuBLASLt version: the persisted choices' validity key */
     char f8a_off[320];      /* why attention_fp8 is off (dt_backend.attention_fp8_off), "" when on */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
@@ -139,7 +139,35 @@ struct dtc_state {
 
 static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
 
-/* Memory (cuda_backend.cu). */
+/* The vtable entries of the backend's pieces (cuda_backend.cu installs them): memory (cuda_pool.cu), copies
+ * (cuda_transfer.cu), events / queues / graphs (cuda_queues.cu), the trace decorator (cuda_trace.cu). */
+int dtc_mat_alloc(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype);
+void dtc_mat_free(dt_backend *be, dt_mat *m);
+void dtc_mem_stats(dt_backend *be, size_t *current, size_t *peak);
+void dtc_upload(dt_backend *be, dt_mat m, const float *src);
+void dtc_download(dt_backend *be, float *dst, dt_mat m);
+int dtc_sync(dt_backend *be);
+void *dtc_event_create(dt_backend *be);
+void dtc_event_record(dt_backend *be, void *ev);
+float dtc_event_elapsed_ms(dt_backend *be, void *start, void *end);
+void dtc_event_destroy(dt_backend *be, void *ev);
+int dtc_be_power_sample(dt_backend *be, dt_power_sample *p);
+const char *dtc_be_fp8_scale_mode(dt_backend *be);
+int dtc_capture_begin(dt_backend *be);
+void *dtc_capture_end(dt_backend *be);
+int dtc_graph_launch(dt_backend *be, void *graph);
+void dtc_graph_destroy(dt_backend *be, void *graph);
+void dtc_stream_switch(dt_backend *be, int q, int wait);
+void dtc_trace_install(dt_backend *be);     /* wraps the ops when o.trace > 0 */
+void dtc_trace_report(dtc_state *st);       /* prints the trace's summary (at destroy) */
+
+/* Memory (cuda_pool.cu). */
+void dtc_pool_create(dtc_state *st);
+void dtc_pool_destroy(dtc_state *st);       /* frees every block, live or cached */
+int dtc_pool_malloc_stats(dtc_state *st, int *n, double *seconds);   /* cudaMalloc calls and their host time */
+void dtc_scratch_release(dtc_state *st, dtc_scratch *s);
+void dtc_queue_release(dtc_state *st, dtc_queue *q);   /* a queue's scratch buffers and workspace */
+void dtc_pinned_release(dtc_pinned *b);     /* cuda_transfer.cu */
 void *dtc_pool_alloc(dtc_state *st, size_t bytes);   /* NULL on out of memory (error set) */
 void dtc_pool_free(dtc_state *st, void *p);
 void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes);  /* fatal on OOM */
@@ -155,6 +183,7 @@ void dtc_preload_attention(dtc_state *st);
 void dtc_preload_elementwise(dtc_state *st);
 void dtc_preload_image(dtc_state *st);
 void dtc_preload_linear(dtc_state *st);
+void dtc_preload_qmm(dtc_state *st);
 void dtc_preload_fp8(dtc_state *st);
 void dtc_preload_qgemm(dtc_state *st);
 static inline void dtc_preload_fn(const void *f) {
@@ -165,14 +194,21 @@ static inline void dtc_preload_fn(const void *f) {
 /* Clock and power through NVML (cuda_power.cu); -1 when unavailable. */
 int dtc_power_sample(dtc_state *st, dt_power_sample *p);
 
-/* ------------------------------------------------------------------ GEMM (cuda_linear.cu) */
+/* ------------------------------------------------------------------ GEMM (cuda_gemm.cu) */
 /* Column-major cuBLASLt product D[m,n] = alpha * op(A)[m,k] * op(B)[k,n] (+ bias[m] when bias != NULL).
  * A/B are bf16; D is bf16 or f32 (dtype). ta/tb: 1 = transposed. Leading dimensions in elements. */
-/* The device key of the persisted algorithm choices (o.gemm_tune, o.gemm_cache); see cuda_linear.cu. */
+/* The device key of the persisted algorithm choices (o.gemm_tune, o.gemm_cache); see cuda_gemm.cu. */
 void dtc_gemm_tune_init(dtc_state *st, const char *device_name);
 void dtc_gemm(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
               const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha,
               const void *bias_bf16);
+/* The same with accumulate = 1 (D += alpha·op(A)op(B): beta = 1, C = D) and tunable = 1 (a Linear's product, whose
+ * algorithm may be timed). Returns 0, or -1 when cuBLASLt has no algorithm for an accumulating product (the caller
+ * falls back; a plain product without one is fatal). */
+int dtc_gemm_run(dtc_state *st, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+                 const void *B, int64_t ldb, void *D, int64_t ldd, dt_dtype dtype_d, float alpha, const void *bias_bf16,
+                 int accumulate, int tunable);
+void dtc_gemm_cache_free(dtc_state *st);
 
 /* ------------------------------------------------------------------ mixed-input GEMM (cuda_qgemm.cu) */
 /* 4/8-bit weights in fragment order (see cuda_qgemm.cu): q packed, sb = (scale, bias) as [N/128][K/group][128]. */

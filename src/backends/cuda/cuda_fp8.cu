@@ -32,7 +32,7 @@ struct dtc_fp8_w {
 /* (f2e4m3, e4m3x8: cuda_common.cuh) */
 /* (block_max of non-negative values: cuda_common.cuh; NaNs are skipped by fmaxf) */
 
-/* Exact small-integer -> float (as in cuda_linear.cu). */
+/* Exact small-integer -> float (as in cuda_linear.cuh). */
 __device__ __forceinline__ float fp8_u2f(uint32_t u) { return __uint_as_float(0x4B000000u | u) - 8388608.f; }
 
 /* Weight source element (row r of the chunk, column k) in f32. SRC: 0 f32, 1 f16, 2 bf16, 4/8 MLX bits. */

@@ -1,0 +1,197 @@
+/* cuda_pool.cu — the CUDA backend's device memory: a caching pool over cudaMalloc (blocks keyed by rounded size,
+ * best fit up to 25% larger, current and peak bytes), grow-only scratch buffers for op temporaries (kept alive for
+ * captured graphs), a queue's per-queue buffers, and the alloc / free / mem_stats entries of the vtable. */
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "cuda_common.cuh"
+
+/* ------------------------------------------------------------------ pool */
+struct dtc_pool {
+    std::mutex mu;
+    std::unordered_map<void *, size_t> live;  /* pointer -> block size */
+    std::multimap<size_t, void *> freeb;      /* cached free blocks by size */
+    size_t current = 0, cached = 0;
+    size_t peak = 0;                          /* most bytes held at once: live blocks + cached free ones */
+    int n_malloc = 0;                         /* cudaMalloc calls and their host time */
+    double t_malloc = 0;
+};
+
+static size_t pool_round(size_t b) {
+    if (b == 0) b = 1;
+    if (b <= ((size_t)1 << 20)) return (b + 511) & ~(size_t)511;          /* small: 512-byte steps */
+    if (b <= ((size_t)64 << 20)) return (b + ((1 << 20) - 1)) & ~(size_t)((1 << 20) - 1);  /* 1 MiB steps */
+    return (b + ((size_t)(8 << 20) - 1)) & ~(size_t)((8 << 20) - 1);      /* 8 MiB steps */
+}
+
+static void pool_release_cached(dtc_pool *p) {
+    for (auto &kv : p->freeb) cudaFree(kv.second);
+    p->freeb.clear();
+    p->cached = 0;
+}
+
+void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
+    dtc_pool *p = st->pool;
+    size_t rb = pool_round(bytes);
+    std::lock_guard<std::mutex> lk(p->mu);
+    void *ptr = nullptr;
+    /* best fit among the cached blocks, up to 25% larger than asked (phases of a pipeline ask for slightly
+     * different sizes; a fresh cudaMalloc costs far more than the slack) */
+    auto it = p->freeb.lower_bound(rb);
+    if (it != p->freeb.end() && it->first <= rb + rb / 4) {
+        ptr = it->second;
+        rb = it->first;
+        p->freeb.erase(it);
+        p->cached -= rb;
+    } else {
+        double t0 = dt_now();
+        cudaError_t e = cudaMalloc(&ptr, rb);
+        double dt = dt_now() - t0;
+        p->n_malloc++;
+        p->t_malloc += dt;
+        if (st->trace_malloc_ms > 0 && dt * 1e3 >= st->trace_malloc_ms)
+            fprintf(stderr, "ditrun: cuda trace: cudaMalloc     %9.3f ms  %.1f MB\n", dt * 1e3, rb / 1048576.0);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            pool_release_cached(p);  /* give cached blocks back and retry once */
+            e = cudaMalloc(&ptr, rb);
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                size_t fr = 0, tot = 0;
+                cudaMemGetInfo(&fr, &tot);
+                dt_set_error("cuda: out of device memory allocating %zu bytes (in use %zu, free %zu of %zu): %s", bytes,
+                             p->current, fr, tot, cudaGetErrorString(e));
+                return nullptr;
+            }
+        }
+    }
+    p->live[ptr] = rb;
+    p->current += rb;
+    if (p->current + p->cached > p->peak) p->peak = p->current + p->cached;
+    return ptr;
+}
+
+void dtc_pool_free(dtc_state *st, void *ptr) {
+    if (!ptr) return;
+    dtc_pool *p = st->pool;
+    std::lock_guard<std::mutex> lk(p->mu);
+    auto it = p->live.find(ptr);
+    if (it == p->live.end()) {
+        fprintf(stderr, "ditrun: cuda: free of a pointer not allocated by this backend (%p)\n", ptr);
+        exit(1);
+    }
+    size_t rb = it->second;
+    p->live.erase(it);
+    p->current -= rb;
+    /* Stream-ordered reuse: blocks are freed (and re-allocated) from the main queue's order only; the side queue
+     * and the prefetch stream use grow-only scratch, and scratch_grow synchronizes before it frees. */
+    p->freeb.emplace(rb, ptr);
+    p->cached += rb;
+}
+
+static void scratch_grow(dtc_state *st, dtc_scratch *s, size_t want) {
+    if (s->ptr && !st->graphs_made && !st->capturing) {
+        /* no graph can hold the old buffer: free it (after the queues are done with it) before allocating, so
+         * growth while a model loads (each Linear a bit larger) does not leave a trail of dead buffers */
+        CK(cudaStreamSynchronize(st->q.stream));
+        if (st->alt.stream) CK(cudaStreamSynchronize(st->alt.stream));
+        if (st->pf_stream) CK(cudaStreamSynchronize(st->pf_stream));
+        dtc_pool_free(st, s->ptr);
+        {
+            std::lock_guard<std::mutex> lk(st->pool->mu);
+            pool_release_cached(st->pool);   /* give it back to the device, not to the pool's cache */
+        }
+        s->ptr = nullptr;
+        s->size = 0;
+    }
+    void *np = dtc_pool_alloc(st, want);
+    if (!np) {
+        fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error());
+        exit(1);
+    }
+    if (s->ptr) {  /* keep the old one alive: a captured graph may still use it */
+        s->retired = (void **)realloc(s->retired, sizeof(void *) * (size_t)(s->nretired + 1));
+        if (!s->retired) { fprintf(stderr, "ditrun: error: out of host memory\n"); exit(1); }
+        s->retired[s->nretired++] = s->ptr;
+    }
+    s->ptr = np;
+    s->size = want;
+}
+
+void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes) {
+    if (bytes <= s->size && s->ptr) return s->ptr;
+    scratch_grow(st, s, bytes + bytes / 8);
+    return s->ptr;
+}
+
+void dtc_scratch_reserve(dtc_state *st, dtc_scratch *s, size_t bytes) {
+    if (bytes > s->size || !s->ptr) scratch_grow(st, s, bytes);
+}
+
+void dtc_scratch_release(dtc_state *st, dtc_scratch *s) {
+    for (int i = 0; i < s->nretired; i++) dtc_pool_free(st, s->retired[i]);
+    free(s->retired);
+    if (s->ptr) dtc_pool_free(st, s->ptr);
+    memset(s, 0, sizeof *s);
+}
+
+/* A queue's scratch buffers and workspace (its stream is destroyed last, after the pool). */
+void dtc_queue_release(dtc_state *st, dtc_queue *q) {
+    dtc_scratch *all[] = {&q->s_qdeq, &q->s_split, &q->s_cast, &q->s_gate, &q->s_lga, &q->s_fp8, &q->s_fp8g};
+    for (dtc_scratch *s : all) dtc_scratch_release(st, s);
+    if (q->lt_ws) cudaFree(q->lt_ws);
+    q->lt_ws = nullptr;
+}
+
+/* ------------------------------------------------------------------ vtable: memory */
+int dtc_mat_alloc(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype) {
+    if (dtype != DT_BF16 && dtype != DT_F32) {
+        dt_set_error("cuda: alloc: unsupported dtype %s (BF16 or F32)", dt_dtype_name(dtype));
+        return -1;
+    }
+    if (rows < 0 || cols < 0) {
+        dt_set_error("cuda: alloc: bad shape [%lld, %lld]", (long long)rows, (long long)cols);
+        return -1;
+    }
+    size_t bytes = (size_t)rows * (size_t)cols * dt_dtype_size(dtype);
+    void *p = dtc_pool_alloc(dtc(be), bytes);
+    if (!p) return -1;
+    m->data = p;
+    m->rows = rows;
+    m->cols = cols;
+    m->ld = cols;
+    m->dtype = dtype;
+    return 0;
+}
+
+void dtc_mat_free(dt_backend *be, dt_mat *m) {
+    if (!m || !m->data) return;
+    dtc_pool_free(dtc(be), m->data);
+    m->data = nullptr;
+}
+
+void dtc_mem_stats(dt_backend *be, size_t *current, size_t *peak) {
+    dtc_pool *p = dtc(be)->pool;
+    std::lock_guard<std::mutex> lk(p->mu);
+    if (current) *current = p->current;
+    if (peak) *peak = p->peak;
+}
+
+void dtc_pool_create(dtc_state *st) { st->pool = new dtc_pool(); }
+
+void dtc_pool_destroy(dtc_state *st) {
+    if (!st->pool) return;
+    for (auto &kv : st->pool->live) cudaFree(kv.first);
+    pool_release_cached(st->pool);
+    delete st->pool;
+    st->pool = nullptr;
+}
+
+int dtc_pool_malloc_stats(dtc_state *st, int *n, double *seconds) {
+    if (!st->pool) return 0;
+    std::lock_guard<std::mutex> lk(st->pool->mu);
+    *n = st->pool->n_malloc;
+    *seconds = st->pool->t_malloc;
+    return 1;
+}
