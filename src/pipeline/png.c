@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "core/common.h"
 #include "core/infile.h"
@@ -69,9 +70,12 @@ static int write_body(png_structp png, png_infop info, FILE *fp, mem_sink *mem, 
     if (setjmp(png_jmpbuf(png))) return -1;
     if (fp) png_init_io(png, fp);
     else png_set_write_fn(png, mem, mem_write, mem_flush);
-    png_set_compression_level(png, 6);
-    png_set_compression_strategy(png, 0);   /* Z_DEFAULT_STRATEGY */
-    png_set_filter(png, 0, PNG_ALL_FILTERS);
+    /* Paeth on every row, then zlib level 1 with run-length matching only (Z_RLE): on a 1024² photo 5.4x faster
+     * than level 6 with libpng's per-row choice among all filters, and 3% smaller; 20% larger on flat screenshots
+     * (PERF.md, PNG encoding). A served image waits for this encode, so its time is latency. */
+    png_set_compression_level(png, 1);
+    png_set_compression_strategy(png, Z_RLE);
+    png_set_filter(png, 0, PNG_FILTER_PAETH);
     png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     if (n_text > 0) png_set_text(png, info, txt, n_text);
