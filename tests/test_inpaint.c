@@ -1,16 +1,16 @@
 /* test_inpaint.c — the inpainting arithmetic (pipeline/inpaint.h): kept steps for a strength (float64 as the
- * reference), scale_noise, the mask on the packed grid (bilinear, half-pixel centres), the per-step restoration,
- * and the restoration against the inpaint fixture: in the kept region (mask 0) the reference's latents after each
+ * reference), scale_noise, the per-step restoration, and the restoration against the inpaint fixture (with the
+ * mask on the packed grid from image/edit_prep.h): in the kept region (mask 0) the reference's latents after each
  * step are the init latents re-noised at the next sigma, and the init latents themselves after the last step. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io/json.h"
+#include "image/edit_prep.h"
 #include "io/safetensors.h"
 #include "pipeline/inpaint.h"
 #include "pipeline/latents.h"
-#include "pipeline/png.h"
 #include "pipeline/scheduler.h"
 #include "test.h"
 
@@ -60,45 +60,27 @@ static void mixing(void) {
             lat2[1], lat2[2], lat2[4], lat2[5]);
 }
 
-static void mask_grid(void) {
-    /* a linear ramp is reproduced exactly at the source coordinates: scale·(d + 0.5) − 0.5, clamped to [0, in − 1] */
-    int H = 5, W = 7, h = 2, w = 3;
-    float src[35], out[6];
-    for (int y = 0; y < H; y++)
-        for (int x = 0; x < W; x++) src[y * W + x] = 10.0f * y + x;
-    dt_inpaint_mask_tokens(src, H, W, h, w, out);
-    /* rows: 2.5·0.5−0.5 = 0.75, 2.5·1.5−0.5 = 3.25; columns: 7/3·(c+0.5)−0.5 = 0.6667, 3, 5.3333 */
-    double want[6];
-    double ys[2] = {0.75, 3.25}, xs[3] = {7.0 / 3 * 0.5 - 0.5, 7.0 / 3 * 1.5 - 0.5, 7.0 / 3 * 2.5 - 0.5};
-    for (int y = 0; y < 2; y++)
-        for (int x = 0; x < 3; x++) want[y * 3 + x] = 10 * ys[y] + xs[x];
-    double err = 0;
-    for (int i = 0; i < 6; i++) err = fmax(err, fabs(out[i] - want[i]));
-    T_CHECK("mask to the packed grid: bilinear at half-pixel centres", err < 1e-5, "max error %g", err);
-    /* upsampling clamps at the edges: 1 x 2 -> 1 x 4 gives a, a + 0.25 (b − a), a + 0.75 (b − a), b */
-    float two[2] = {0, 1}, four[4];
-    dt_inpaint_mask_tokens(two, 1, 2, 1, 4, four);
-    T_CHECK("mask grid: clamped source index below 0 and above in - 1",
-            four[0] == 0 && four[1] == 0.25f && four[2] == 0.75f && four[3] == 1, "%g %g %g %g", four[0], four[1],
-            four[2], four[3]);
-}
-
-/* The fixture: mask.png (white = repaint) binarized at 0.5 and brought to the 8x9 grid; in the tokens it keeps
- * entirely (mask 0), the reference's latents after the last step are the init latents, and after each earlier step
- * the init latents re-noised at the next sigma with in.noise. */
+/* The fixture: mask.png (white = repaint) prepared for the init image ref9.png (dt_prep_mask: binarized, on the 8x9
+ * packed grid); in the tokens it keeps entirely (mask 0), the reference's latents after the last step are the init
+ * latents, and after each earlier step the init latents re-noised at the next sigma with in.noise. */
 static void fixture(void) {
-    char p[600];
+    char p[600], mp[600];
     snprintf(p, sizeof p, "%s/edit/inpaint_io.safetensors", t_fixtures());
     st_file *io = st_open(p);
-    snprintf(p, sizeof p, "%s/edit/mask.png", t_fixtures());
-    uint8_t *rgb = NULL;
-    int W = 0, H = 0;
-    if (!io || dt_png_read(p, &rgb, &W, &H, NULL, NULL)) { T_FAIL("inpaint fixture", "%s", dt_last_error()); st_close(io); return; }
+    snprintf(p, sizeof p, "%s/edit/ref9.png", t_fixtures());
+    snprintf(mp, sizeof mp, "%s/edit/mask.png", t_fixtures());
+    dt_image init = {0}, mk = {0};
+    dt_prep_image prep = {0};
+    float *m = NULL;
+    const int multiple = 8;   /* the tiny VAE: 2 x vae_scale_factor 4 */
+    if (!io || dt_image_read_file(p, &init) || dt_image_read_file(mp, &mk) || dt_prep_init_image(&init, p, multiple, &prep) ||
+        dt_prep_mask(&mk, mp, init.w, init.h, prep.w, prep.h, multiple, NULL, &m)) {
+        T_FAIL("inpaint fixture", "%s", dt_last_error());
+        st_close(io); dt_image_free(&init); dt_image_free(&mk); dt_prep_image_free(&prep);
+        return;
+    }
     const st_tensor *nz = st_find(io, "in.noise");
     int C = (int)nz->shape[1], h = (int)nz->shape[2], w = (int)nz->shape[3], N = h * w, steps = 4, ts, nr;
-    float *mask = malloc(sizeof(float) * (size_t)H * W), *m = malloc(sizeof(float) * N);
-    for (int i = 0; i < H * W; i++) mask[i] = rgb[3 * i] / 255.0f >= 0.5f ? 1.0f : 0.0f;   /* gray: R = G = B */
-    dt_inpaint_mask_tokens(mask, H, W, h, w, m);
     float *nf = st_to_f32(nz), *noise = malloc(sizeof(float) * (size_t)N * C);
     dt_latents_pack(nf, C, h, w, noise);
     float sig[5], tsv[4];
@@ -111,15 +93,15 @@ static void fixture(void) {
     T_CHECK("inpaint fixture: the mask keeps and repaints tokens", ok && kept > 0 && repaint > 0 && nr == 3,
             "%d kept, %d repainted, %d steps", kept, repaint, nr);
     const st_tensor *last = st_find(io, "mid.step2.latents_packed");
-    float *init = last ? st_to_f32(last) : NULL;   /* kept tokens: the init latents */
-    for (int k = 0; ok && init && k < nr - 1; k++) {
+    float *init_lat = last ? st_to_f32(last) : NULL;   /* kept tokens: the init latents */
+    for (int k = 0; ok && init_lat && k < nr - 1; k++) {
         char nm[128], rn[64];
         snprintf(rn, sizeof rn, "mid.step%d.latents_packed", k);
         const st_tensor *t = st_find(io, rn);
         float *ref = st_to_f32(t), *got = malloc(sizeof(float) * (size_t)N * C);
         memcpy(got, ref, sizeof(float) * (size_t)N * C);
         /* recompute the kept rows from init and noise at sigma[t_start + k + 1]; the repainted rows stay as they are */
-        dt_inpaint_restore(got, init, noise, m, N, C, sig[ts + k + 1], 0);
+        dt_inpaint_restore(got, init_lat, noise, m, N, C, sig[ts + k + 1], 0);
         float *a = malloc(sizeof(float) * (size_t)kept * C), *b = malloc(sizeof(float) * (size_t)kept * C);
         int j = 0;
         for (int i = 0; i < N; i++)
@@ -132,15 +114,15 @@ static void fixture(void) {
         t_check_rel_l2(nm, a, b, (size_t)kept * C, MIX_TOL);
         free(a); free(b); free(ref); free(got);
     }
-    if (!init) T_FAIL("inpaint fixture", "mid.step2.latents_packed missing");
-    free(init); free(nf); free(noise); free(mask); free(m); free(rgb);
+    if (!init_lat) T_FAIL("inpaint fixture", "mid.step2.latents_packed missing");
+    free(init_lat); free(nf); free(noise); free(m);
+    dt_image_free(&init); dt_image_free(&mk); dt_prep_image_free(&prep);
     st_close(io);
 }
 
 int main(void) {
     steps_for_strength();
     mixing();
-    mask_grid();
     fixture();
     return T_DONE();
 }

@@ -1,5 +1,5 @@
-/* inpaint.c — inpainting arithmetic (inpaint.h): kept steps for a strength, scale_noise, the mask on the packed
- * latent grid and the per-step restoration of the kept region. */
+/* inpaint.c — inpainting arithmetic (inpaint.h): kept steps for a strength, scale_noise and the per-step
+ * restoration of the kept region. */
 #include "pipeline/inpaint.h"
 
 #include "core/common.h"
@@ -24,37 +24,6 @@ void dt_scale_noise(float *out, const float *x, const float *noise, size_t n, fl
     for (size_t i = 0; i < n; i++) {
         float a = sigma * noise[i], b = keep * x[i];
         out[i] = a + b;
-    }
-}
-
-/* Source coordinate of output index d for a resize of `in` samples to `out` (half-pixel centres, clamped at 0),
- * as torch computes it in float: the index below, the one above (clamped) and the weight of the one above. */
-static void bilinear_src(int d, int in, int out, int *i0, int *i1, float *l1) {
-    float scale = (float)in / (float)out;
-    float src = scale * ((float)d + 0.5f) - 0.5f;
-    if (src < 0.0f) src = 0.0f;
-    int a = (int)src;
-    if (a > in - 1) a = in - 1;
-    *i0 = a;
-    *i1 = a + (a < in - 1 ? 1 : 0);
-    *l1 = src - (float)a;
-}
-
-void dt_inpaint_mask_tokens(const float *mask, int H, int W, int h, int w, float *out) {
-    for (int y = 0; y < h; y++) {
-        int y0, y1;
-        float ly1;
-        bilinear_src(y, H, h, &y0, &y1, &ly1);
-        float ly0 = 1.0f - ly1;
-        for (int x = 0; x < w; x++) {
-            int x0, x1;
-            float lx1;
-            bilinear_src(x, W, w, &x0, &x1, &lx1);
-            float lx0 = 1.0f - lx1;
-            const float *r0 = mask + (size_t)y0 * W, *r1 = mask + (size_t)y1 * W;
-            float top = lx0 * r0[x0] + lx1 * r0[x1], bot = lx0 * r1[x0] + lx1 * r1[x1];
-            out[(size_t)y * w + x] = ly0 * top + ly1 * bot;
-        }
     }
 }
 

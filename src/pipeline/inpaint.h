@@ -1,7 +1,7 @@
 /* inpaint.h — the inpainting arithmetic of the FLUX.2-klein pipeline (diffusers Flux2KleinInpaintPipeline, with
  * FlowMatchEulerDiscreteScheduler.scale_noise): which steps of the schedule run for a strength, the noise mixed with
- * the init image's latents at the first kept timestep, the mask brought to the packed latent grid, and the kept
- * region restored after each step from the init latents re-noised at the next timestep.
+ * the init image's latents at the first kept timestep, and the kept region restored after each step from the init
+ * latents re-noised at the next timestep (the mask on the packed latent grid comes from image/edit_prep.h).
  *
  * Latents here are packed tokens [N, C] (N = h·w, token = row·w + col) in the normalized latent space; the mask is
  * one value per token (1 = repaint, 0 = keep). Float32 throughout, each product and sum rounded as torch does. */
@@ -17,11 +17,6 @@ int dt_inpaint_steps(int steps, double strength, int *t_start, int *n_run);
 
 /* Flow-matching forward process: out[i] = sigma · noise[i] + (1 − sigma) · x[i] (out may alias x or noise). */
 void dt_scale_noise(float *out, const float *x, const float *noise, size_t n, float sigma);
-
-/* The mask [H, W] (pixels, values in [0, 1]: the preprocessed, binarized mask) brought to the packed grid
- * [h, w] by bilinear interpolation without antialiasing, half-pixel centres (torch's interpolate(mode="bilinear",
- * align_corners=False)); out [h·w] in token order. */
-void dt_inpaint_mask_tokens(const float *mask, int H, int W, int h, int w, float *out);
 
 /* After a step: x = (1 − m) · init' + m · x per token (mask m [N], broadcast over the C channels), where init' is
  * the init latents re-noised with `noise` at sigma_next (the schedule's next sigma), or the init latents
