@@ -22,6 +22,7 @@
 #ifndef DITRUN_H
 #define DITRUN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -48,6 +49,15 @@ int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision);
  * cancel the request. */
 typedef int (*ditrun_progress_fn)(void *user, int step, int steps, double elapsed_s);
 
+/* An input image for editing: a file (path), or PNG/JPEG/WebP bytes in memory (data, size; name, if set, is used in
+ * error messages). */
+typedef struct {
+    const char *path;
+    const void *data;
+    size_t size;
+    const char *name;
+} ditrun_image_input;
+
 typedef struct {
     const char *model;          /* pipeline root (ditrun_generate only; a pipeline knows its own) */
     const char *prompt;
@@ -62,6 +72,14 @@ typedef struct {
     ditrun_progress_fn progress;/* optional, called after each step */
     void *progress_user;
     const volatile int *cancel; /* optional: set non-zero (any thread) to stop the request between steps */
+    /* image editing (FLUX.2-klein; a Flux2KleinKVPipeline model caches the references' attention keys/values): */
+    const ditrun_image_input *images;      /* reference images in order (n_images, at most 16); width/height left
+                                            * at 0 come from the first one (resized to 1024x1024 pixels of area when
+                                            * larger, cropped to the size multiple) */
+    int n_images;
+    const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
+    const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
+    float strength;                        /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */
@@ -92,6 +110,8 @@ typedef struct {
     int distilled, default_steps;
     float default_guidance;
     int size_multiple, max_side;        /* sizes are floored to size_multiple; max_side pixels at most */
+    int editing;                        /* takes reference images and inpainting inputs */
+    int kv_refs;                        /* caches the references' attention keys/values (Flux2KleinKVPipeline) */
 } ditrun_pipeline_info;
 
 ditrun_load_opts ditrun_load_defaults(void);

@@ -1,10 +1,12 @@
 /* ditrun_api.c — the public API (include/ditrun.h) over the internal layers. */
 #include "ditrun.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/backend.h"
+#include "image/image.h"
 #include "models/flux2.h"
 #include "pipeline/engine.h"
 
@@ -54,6 +56,56 @@ ditrun_generate_opts ditrun_generate_defaults(void) {
     return o;
 }
 
+/* A request's editing images decoded (each error names the file or the given name). */
+typedef struct {
+    dt_image refs[DT_GEN_MAX_REFS], init, mask;
+    const char *ref_names[DT_GEN_MAX_REFS];
+    int n;
+} api_images;
+
+static int decode_input(const ditrun_image_input *in, const char *what, dt_image *out, const char **name) {
+    if (in->path) {
+        *name = in->path;
+        return dt_image_read_file(in->path, out);
+    }
+    *name = in->name ? in->name : what;
+    if (!in->data || !in->size) { dt_set_error("%s: no image data (path or data + size)", *name); return -1; }
+    return dt_image_decode(in->data, in->size, *name, out);
+}
+
+static void api_images_free(api_images *a) {
+    for (int i = 0; i < a->n; i++) dt_image_free(&a->refs[i]);
+    dt_image_free(&a->init);
+    dt_image_free(&a->mask);
+}
+
+/* Decode o's images into a and point p at them. 0 or -1. */
+static int api_images_load(const ditrun_generate_opts *o, api_images *a, dt_gen_params *p) {
+    memset(a, 0, sizeof *a);
+    if (o->n_images < 0 || o->n_images > DT_GEN_MAX_REFS || (o->n_images && !o->images)) {
+        dt_set_error("generate: %d reference images (at most %d)", o->n_images, DT_GEN_MAX_REFS);
+        return -1;
+    }
+    for (; a->n < o->n_images; a->n++) {
+        char nm[48];
+        snprintf(nm, sizeof nm, "reference image %d", a->n + 1);
+        if (decode_input(&o->images[a->n], nm, &a->refs[a->n], &a->ref_names[a->n])) return -1;
+        if (!o->images[a->n].path && !o->images[a->n].name) a->ref_names[a->n] = NULL;   /* "reference image k" */
+    }
+    p->refs = a->refs;
+    p->ref_names = a->ref_names;
+    p->n_refs = a->n;
+    if (o->init_image) {
+        if (decode_input(o->init_image, "init image", &a->init, &p->init_name)) return -1;
+        p->init_image = &a->init;
+    }
+    if (o->mask) {
+        if (decode_input(o->mask, "mask", &a->mask, &p->mask_name)) return -1;
+        p->mask = &a->mask;
+    }
+    return 0;
+}
+
 /* The public request as the engine's. */
 static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     dt_gen_params_default(p);
@@ -70,6 +122,7 @@ static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     p->progress = o->progress;
     p->progress_ud = o->progress_user;
     p->cancel = o->cancel;
+    p->strength = o->strength;
 }
 
 int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_image *out) {
@@ -79,7 +132,11 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
     dt_pipeline_opts_default(&lo);
     lo.model = o->model;
     memset(out, 0, sizeof *out);
-    return dt_generate(e->be, &lo, &p, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+    api_images im;
+    int rc = api_images_load(o, &im, &p);
+    if (rc == 0) rc = dt_generate(e->be, &lo, &p, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+    api_images_free(&im);
+    return rc;
 }
 
 ditrun_load_opts ditrun_load_defaults(void) {
@@ -127,7 +184,7 @@ void ditrun_pipeline_free(ditrun_pipeline *p) {
 ditrun_pipeline_info ditrun_pipeline_describe(const ditrun_pipeline *p) {
     const dt_pipeline_info *i = dt_pipeline_get_info(p->p);
     ditrun_pipeline_info r = {i->family, i->distilled, i->default_steps, i->default_guidance, i->size_multiple,
-                              i->max_side};
+                              i->max_side, i->editing, i->kv_refs};
     return r;
 }
 
@@ -135,7 +192,11 @@ int ditrun_pipeline_generate(ditrun_pipeline *p, const ditrun_generate_opts *o, 
     dt_gen_params g;
     to_params(o, &g);
     memset(out, 0, sizeof *out);
-    return dt_pipeline_generate(p->p, &g, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+    api_images im;
+    int rc = api_images_load(o, &im, &g);
+    if (rc == 0) rc = dt_pipeline_generate(p->p, &g, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+    api_images_free(&im);
+    return rc;
 }
 
 void ditrun_image_free(ditrun_image *img) {

@@ -260,6 +260,36 @@ int main(void) {
                 r3, d, err);
         st_close(a); st_close(b);
     }
+    /* editing inputs: what goes with what, the strength's range, broken images and a mask of another size, each
+     * one error line naming the option or the file; the output file is not written */
+    {
+        char png[600], ed[1024], cmd[2048];
+        snprintf(png, sizeof png, "%s/edit-out.png", tmpdir);
+        snprintf(ed, sizeof ed, "generate --model %s/model -p x -o %s --backend cpu --max-sequence-length 32 -q", fx, png);
+        snprintf(cmd, sizeof cmd, "%s --mask %s/edit/mask.png", ed, fx);
+        expect_error("generate --mask without --init-image", cmd, "--mask", "--init-image");
+        snprintf(cmd, sizeof cmd, "%s --init-image %s/edit/ref9.png", ed, fx);
+        expect_error("generate --init-image without --mask", cmd, "--init-image", "--mask");
+        snprintf(cmd, sizeof cmd, "%s --image %s/edit/ref0.png --strength 0.5", ed, fx);
+        expect_error("generate --strength without --init-image", cmd, "--strength", "--init-image");
+        snprintf(cmd, sizeof cmd, "%s --init-image %s/edit/ref9.png --mask %s/edit/mask.png --strength 0", ed, fx, fx);
+        expect_error("generate --strength 0", cmd, "--strength", "(0, 1]");
+        snprintf(cmd, sizeof cmd, "%s --init-image %s/edit/ref9.png --mask %s/edit/mask.png --strength 1.5", ed, fx, fx);
+        expect_error("generate --strength 1.5", cmd, "--strength", "(0, 1]");
+        snprintf(cmd, sizeof cmd, "%s --image tests/images/bad_truncated_rgb_png.png", ed);
+        expect_error("generate --image truncated PNG", cmd, "bad_truncated_rgb_png.png", NULL);
+        snprintf(cmd, sizeof cmd, "%s --image %s/edit/no-such-image.png", ed, fx);
+        expect_error("generate --image missing file", cmd, "no-such-image.png", NULL);
+        snprintf(cmd, sizeof cmd, "%s --init-image %s/edit/ref9.png --mask %s/edit/ref0.png", ed, fx, fx);
+        expect_error("generate mask of another size than the init image", cmd, "ref0.png", NULL);
+        snprintf(cmd, sizeof cmd, "%s --image tests/images/gray1.png", ed);
+        expect_error("generate --image too small a reference", cmd, "gray1.png", NULL);
+        snprintf(cmd, sizeof cmd, "generate --model %s/model -p x -o %s/edit/ref0.png --backend cpu -q --image %s/edit/ref0.png",
+                 fx, fx, fx);
+        expect_error("generate -o the same file as --image", cmd, "ref0.png", NULL);
+        struct stat st;
+        T_CHECK("editing errors wrote no output file", stat(png, &st) != 0, "%s exists", png);
+    }
     snprintf(args, sizeof args, "info %s/model > %s/info.txt", fx, tmpdir);
     rc = run(args, err, sizeof err);
     snprintf(p1, sizeof p1, "%s/info.txt", tmpdir);

@@ -1,18 +1,25 @@
-/* test_edit.c — the transformer and sampling side of image editing against tests/fixtures/edit (diffusers'
- * Flux2KleinPipeline with reference images and Flux2KleinKVPipeline on the tiny model): the reference's own packed
- * reference tokens and ids (mid.ref_latents_packed / mid.ref_ids) go into flux2_set_refs, the noise is
- * in.initial_latents, and every step's latents and the decoded image are compared. CPU always; CUDA (when a GPU is
- * usable) against the CPU run. Also the bookkeeping: appended references give the same velocity as a forward on the
- * concatenated tokens, and removing them restores the reference-free forward bit for bit. */
+/* test_edit.c — image editing against tests/fixtures/edit (diffusers' Flux2KleinPipeline with reference images,
+ * Flux2KleinInpaintPipeline and Flux2KleinKVPipeline on the tiny model):
+ *   - the whole pipeline through the engine (images decoded, prepared, VAE-encoded; sampling; decoding) for every
+ *     case: reference tokens and ids, every step's latents and the image against the reference's;
+ *   - the transformer and sampling side alone, fed the reference's own tokens and ids (mid.ref_latents_packed /
+ *     mid.ref_ids), so an encoder error cannot hide a sampling one;
+ *   - the bookkeeping: appended references give the same velocity as a forward on the concatenated tokens, KV ones
+ *     another, the KV cache is reused as is, removing the references restores the plain forward bit for bit.
+ * CPU always; CUDA (when a GPU is usable) against the CPU runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/flux2.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
+#include "pipeline/engine.h"
 #include "pipeline/latents.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
@@ -23,6 +30,8 @@
 /* CUDA bf16 activations vs the CPU f32 run, per step: ~2^-9 per rounding through the DiT; the same bound as the
  * transformer's GPU test. */
 #define EDIT_GPU_TOL 1e-2
+/* The pipeline's reference tokens and ids vs the reference's: the VAE encoder in f32, summation order only. */
+#define EDIT_REF_TOL 1e-4
 /* Appended references vs the same tokens concatenated by hand on the CPU: the same ops on the same rows, only the
  * final projection's GEMM has fewer rows (BLAS may block it differently). */
 #define EDIT_CONCAT_TOL 1e-6
@@ -316,6 +325,193 @@ static void bookkeeping(dt_backend *cpu, dt_backend *cuda) {
     for (int k = 0; k < BK_COUNT; k++) { free(o[k]); free(g[k]); }
 }
 
+/* ---- the whole pipeline through the engine ---- */
+
+/* A pipeline root whose model_index.json says Flux2KleinKVPipeline, the fixture's components linked in. */
+static int make_kv_root(char *dir, size_t n) {
+    char src[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(dir, n, "/tmp/ditrun-kv-%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/model", t_fixtures());
+    if (!realpath(path, src) || mkdir(dir, 0755)) return -1;
+    static const char *parts[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        char from[PATH_MAX + 64], to[PATH_MAX + 64];
+        snprintf(from, sizeof from, "%s/%s", src, parts[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, parts[i]);
+        if (symlink(from, to)) return -1;
+    }
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"is_distilled\": true}\n", f);
+    return fclose(f);
+}
+
+static void remove_kv_root(const char *dir) {
+    static const char *parts[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler", "model_index.json"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        char p[PATH_MAX + 64];
+        snprintf(p, sizeof p, "%s/%s", dir, parts[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+typedef struct {
+    st_file *ref;          /* the case's fixture (NULL: only keep the latents) */
+    const char *tag;
+    double tol;
+    int steps_seen, refs_seen;
+    float *lat;            /* [8][per] every step's latents */
+    size_t per;
+} pipe_obs;
+
+static void pipe_observe(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    pipe_obs *o = ud;
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    char rn[96], tn[192];
+    int step = -1;
+    if (sscanf(name, "step%d.latents_packed", &step) == 1 && step >= 0 && step < 8 && n == o->per) {
+        memcpy(o->lat + (size_t)step * o->per, d, sizeof(float) * n);
+        o->steps_seen++;
+    } else if (strcmp(name, "ref_latents_packed") && strcmp(name, "ref_ids")) {
+        return;
+    }
+    snprintf(rn, sizeof rn, "mid.%s", name);
+    const st_tensor *t = o->ref ? st_find(o->ref, rn) : NULL;
+    if (!t) return;
+    snprintf(tn, sizeof tn, "%s %s", o->tag, rn);
+    if (t->numel != (int64_t)n) { T_FAIL(tn, "%zu values, the reference has %lld", n, (long long)t->numel); return; }
+    float *r = st_to_f32(t);
+    t_check_rel_l2(tn, d, r, n, step >= 0 ? o->tol : EDIT_REF_TOL);
+    if (step < 0) o->refs_seen++;
+    free(r);
+}
+
+typedef struct {
+    const char *name;      /* edit_cases.json key and <name>_io.safetensors */
+    const char *refs[2];   /* reference image files in tests/fixtures/edit */
+    int n_refs;
+    const char *init, *mask;
+    int kv;                /* run on the Flux2KleinKVPipeline root */
+} pipe_case;
+
+/* One case through the engine on be; per-step latents into lat (per values each). The image (or NULL). */
+static uint8_t *pipe_run(dt_backend *be, const pipe_case *pc, const char *kv_root, st_file *io, const char *tag,
+                         double tol, float *lat, size_t per, int *steps_seen, int *refs_seen) {
+    char p[600], root[520], io_p[600], paths[4][600];
+    snprintf(p, sizeof p, "%s/edit/edit_cases.json", t_fixtures());
+    json *cj = json_parse_file(p);
+    const json *cs = cj ? json_get(cj, pc->name) : NULL;
+    snprintf(root, sizeof root, "%s/model", t_fixtures());
+    snprintf(io_p, sizeof io_p, "%s/edit/%s_io.safetensors", t_fixtures(), pc->name);
+    dt_image ims[4];
+    memset(ims, 0, sizeof ims);
+    const char *names[2] = {NULL, NULL};
+    int ok = cs != NULL;
+    for (int i = 0; ok && i < pc->n_refs; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/edit/%s", t_fixtures(), pc->refs[i]);
+        names[i] = paths[i];
+        ok = dt_image_read_file(paths[i], &ims[i]) == 0;
+    }
+    if (ok && pc->init) {
+        snprintf(paths[2], sizeof paths[2], "%s/edit/%s", t_fixtures(), pc->init);
+        snprintf(paths[3], sizeof paths[3], "%s/edit/%s", t_fixtures(), pc->mask);
+        ok = dt_image_read_file(paths[2], &ims[2]) == 0 && dt_image_read_file(paths[3], &ims[3]) == 0;
+    }
+    uint8_t *rgb = NULL;
+    if (ok) {
+        dt_pipeline_opts lo;
+        dt_pipeline_opts_default(&lo);
+        lo.model = pc->kv ? kv_root : root;
+        lo.te_inv_freq_bf16 = 1;   /* the reference text encoder had its buffers cast to bf16 */
+        const json *taps = json_get(cs, "text_encoder_out_layers");
+        for (size_t i = 0; taps && i < taps->len && lo.n_taps < DT_GEN_MAX_TAPS; i++)
+            lo.taps[lo.n_taps++] = (int)json_at(taps, i)->integer;
+        dt_gen_params g;
+        dt_gen_params_default(&g);
+        g.prompt = json_get_str(cs, "prompt");
+        g.height = (int)json_get_int(cs, "height", 0);
+        g.width = (int)json_get_int(cs, "width", 0);
+        g.steps = (int)json_get_int(cs, "steps", 0);
+        g.max_seq_len = (int)json_get_int(cs, "max_sequence_length", 0);
+        g.noise_file = io_p;
+        g.refs = ims;
+        g.ref_names = names;
+        g.n_refs = pc->n_refs;
+        if (pc->init) {
+            g.init_image = &ims[2];
+            g.mask = &ims[3];
+            g.init_name = paths[2];
+            g.mask_name = paths[3];
+            g.strength = (float)json_get_num(cs, "strength", 0);
+            g.guidance = (float)json_get_num(cs, "guidance_scale", -1);
+        }
+        pipe_obs o = {io, tag, tol, 0, 0, lat, per};
+        int w = 0, h = 0;
+        if (dt_generate(be, &lo, &g, &rgb, &w, &h, NULL, pipe_observe, &o)) {
+            printf("# %s: %s\n", tag, dt_last_error());
+            rgb = NULL;
+        }
+        *steps_seen = o.steps_seen;
+        *refs_seen = o.refs_seen;
+    } else {
+        printf("# %s: %s\n", tag, dt_last_error());
+    }
+    for (int i = 0; i < 4; i++) dt_image_free(&ims[i]);
+    json_free(cj);
+    return rgb;
+}
+
+static void pipe_case_run(const pipe_case *pc, const char *kv_root, dt_backend *cpu, dt_backend *cuda) {
+    char io_p[600], nm[160], tag[96];
+    snprintf(io_p, sizeof io_p, "%s/edit/%s_io.safetensors", t_fixtures(), pc->name);
+    st_file *io = st_open(io_p);
+    const st_tensor *u8 = io ? st_find(io, "out.image_u8") : NULL, *s0 = io ? st_find(io, "mid.step0.latents_packed") : NULL;
+    if (!u8 || !s0) { snprintf(nm, sizeof nm, "%s pipeline", pc->name); T_FAIL(nm, "fixture incomplete"); st_close(io); return; }
+    int nsteps = 0;
+    for (int k = 0; k < 8; k++) {
+        char rn[64];
+        snprintf(rn, sizeof rn, "mid.step%d.latents_packed", k);
+        if (st_find(io, rn)) nsteps = k + 1;
+    }
+    size_t per = (size_t)s0->numel, npx = (size_t)u8->numel;
+    float *lat = calloc(8 * per, sizeof(float));
+    int seen = 0, refs = 0;
+    snprintf(tag, sizeof tag, "%s pipeline cpu", pc->name);
+    uint8_t *rgb = pipe_run(cpu, pc, kv_root, io, tag, EDIT_CPU_TOL, lat, per, &seen, &refs);
+    snprintf(nm, sizeof nm, "%s: every step and the reference tokens compared", tag);
+    int want_refs = st_find(io, "mid.ref_ids") ? 2 : 0;
+    T_CHECK(nm, rgb && seen == nsteps && refs == want_refs, "%s; %d of %d steps, %d of %d reference tensors",
+            rgb ? "ran" : "failed", seen, nsteps, refs, want_refs);
+    if (rgb) {
+        snprintf(nm, sizeof nm, "%s image within +-1 for >= 99.9%%", tag);
+        check_pixels(nm, rgb, io, npx, 1, 0.999);
+    }
+    if (cuda && rgb) {
+        float *glat = calloc(8 * per, sizeof(float));
+        int gs = 0, gr = 0;
+        snprintf(tag, sizeof tag, "%s pipeline cuda", pc->name);
+        uint8_t *grgb = pipe_run(cuda, pc, kv_root, NULL, tag, EDIT_GPU_TOL, glat, per, &gs, &gr);
+        snprintf(nm, sizeof nm, "%s ran", tag);
+        T_CHECK(nm, grgb && gs == nsteps, "%d of %d steps", gs, nsteps);
+        for (int k = 0; grgb && k < nsteps; k++) {
+            snprintf(nm, sizeof nm, "%s step %d latents vs cpu", tag, k);
+            t_check_rel_l2(nm, glat + (size_t)k * per, lat + (size_t)k * per, per, EDIT_GPU_TOL);
+        }
+        if (grgb) {
+            snprintf(nm, sizeof nm, "%s image within +-3 for >= 99%%", tag);
+            check_pixels(nm, grgb, io, npx, 3, 0.99);
+        }
+        free(grgb);
+        free(glat);
+    }
+    free(rgb);
+    free(lat);
+    st_close(io);
+}
+
 int main(void) {
     dt_log_level = 0;
     static const edit_case cases[] = {
@@ -337,6 +533,16 @@ int main(void) {
     }
     bookkeeping(cpu, cuda);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], cpu, cuda);
+    static const pipe_case pipes[] = {
+        {"edit1", {"ref0.png"}, 1, NULL, NULL, 0},
+        {"edit2", {"ref0.png", "ref1.png"}, 2, NULL, NULL, 0},
+        {"inpaint", {NULL}, 0, "ref9.png", "mask.png", 0},
+        {"kv1", {"ref0.png"}, 1, NULL, NULL, 1},
+    };
+    char kv_root[256];
+    if (make_kv_root(kv_root, sizeof kv_root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) pipe_case_run(&pipes[i], kv_root, cpu, cuda);
+    remove_kv_root(kv_root);
     if (cuda) cuda->destroy(cuda);
     cpu->destroy(cpu);
     return T_DONE();

@@ -32,7 +32,15 @@ static void usage(FILE *f) {
             "                              Krea 2: cond + G*(cond - uncond) whenever G > 0, default 4.5, 0 distilled)\n"
             "  --negative-prompt TEXT      CFG negative prompt (default empty, as the reference)\n"
             "  --noise FILE                read the initial noise from FILE (tensor in.initial_latents [1,C,h,w]:\n"
-            "                              FLUX.2 the packed grid, Krea 2 the VAE latent grid before packing)\n"
+            "                              FLUX.2 the packed grid, Krea 2 the VAE latent grid before packing; for\n"
+            "                              inpainting the Gaussian noise before it is mixed with the init image)\n"
+            "  --image FILE                FLUX.2: a reference image to edit from (PNG, JPEG or WebP; repeatable, in\n"
+            "                              order, up to 16); without --height/--width the first one sets the size (over\n"
+            "                              1024x1024 pixels it is resized to that area, then cropped to multiples of 16)\n"
+            "  --init-image FILE           FLUX.2 inpainting: the image to edit (sets the output size) ...\n"
+            "  --mask FILE                 ... and its mask, the same size (white = repaint, black = keep)\n"
+            "  --strength S                inpainting: how much to repaint, in (0, 1] (default 0.8): the noisiest\n"
+            "                              (1 - S) of the steps are skipped\n"
             "  --max-sequence-length N     text tokens (default 512)\n"
             "  --text-encoder-layers a,b,c hidden-state taps (FLUX.2 default 9,18,27 for 36-layer encoders, k*L/(n+1)\n"
             "                              in general; Krea 2 default: model_index.json text_encoder_select_layers)\n"
@@ -131,6 +139,10 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
         tot[i] = dt_now() - ts;
         printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step), decode %.3f s, total %.3f s\n", i + 1,
                count, (unsigned long long)p->seed, tm.t_encode, tm.t_denoise, tm.t_denoise / tm.steps, tm.t_decode, tot[i]);
+        if (p->n_refs || p->init_image) printf("  images (preparation + VAE encoder) %.3f s\n", tm.t_images);
+        printf("  steps:");
+        for (int k = 0; k < tm.steps && k < 256; k++) printf(" %.4f", tm.t_step[k]);
+        printf(" s\n");
         char *path = numbered_output(output, i + 1);
         if (write_png(path, rgb, w, h, p, tm.steps, lo->model)) rc = cli_error("%s", dt_last_error());
         free(path);
@@ -148,8 +160,39 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
     return rc ? 1 : 0;
 }
 
+/* The editing inputs of a request, decoded from their files (each error names its file). */
+typedef struct {
+    const char *ref_paths[DT_GEN_MAX_REFS];
+    dt_image refs[DT_GEN_MAX_REFS], init, mask;
+    int n_refs;
+    const char *init_path, *mask_path;
+} edit_files;
+
+static int edit_files_load(edit_files *e, dt_gen_params *p) {
+    for (int i = 0; i < e->n_refs; i++)
+        if (dt_image_read_file(e->ref_paths[i], &e->refs[i])) return -1;
+    if (e->init_path && dt_image_read_file(e->init_path, &e->init)) return -1;
+    if (e->mask_path && dt_image_read_file(e->mask_path, &e->mask)) return -1;
+    p->refs = e->refs;
+    p->ref_names = e->ref_paths;
+    p->n_refs = e->n_refs;
+    p->init_image = e->init_path ? &e->init : NULL;
+    p->init_name = e->init_path;
+    p->mask = e->mask_path ? &e->mask : NULL;
+    p->mask_name = e->mask_path;
+    return 0;
+}
+
+static void edit_files_free(edit_files *e) {
+    for (int i = 0; i < e->n_refs; i++) dt_image_free(&e->refs[i]);
+    dt_image_free(&e->init);
+    dt_image_free(&e->mask);
+}
+
 int cmd_generate(int argc, char **argv) {
     dt_gen_params p;
+    edit_files ef;
+    memset(&ef, 0, sizeof ef);
     dt_gen_params_default(&p);
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
@@ -177,6 +220,20 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { if (cli_parse_int(a, v, 0, 0x7fffffffffffffffL, &l)) return 1; p.seed = (uint64_t)l; i++; }
         else if (!strcmp(a, "--guidance")) { if (cli_parse_float(a, v, &d)) return 1; if (d < 0 || d > 100) return cli_error("--guidance must be in [0, 100]"); p.guidance = (float)d; i++; }
         else if (!strcmp(a, "--noise")) { if (!v) return cli_error("--noise needs a value"); p.noise_file = v; i++; }
+        else if (!strcmp(a, "--image")) {
+            if (!v) return cli_error("--image needs a file");
+            if (ef.n_refs == DT_GEN_MAX_REFS) return cli_error("--image: at most %d reference images", DT_GEN_MAX_REFS);
+            ef.ref_paths[ef.n_refs++] = v;
+            i++;
+        }
+        else if (!strcmp(a, "--init-image")) { if (!v) return cli_error("--init-image needs a file"); ef.init_path = v; i++; }
+        else if (!strcmp(a, "--mask")) { if (!v) return cli_error("--mask needs a file"); ef.mask_path = v; i++; }
+        else if (!strcmp(a, "--strength")) {
+            if (cli_parse_float(a, v, &d)) return 1;
+            if (!(d > 0 && d <= 1)) return cli_error("--strength %s is out of range (0, 1]", v);
+            p.strength = (float)d;
+            i++;
+        }
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; p.max_seq_len = (int)l; i++; }
         else if (!strcmp(a, "--text-encoder-layers")) {
             if (!v) return cli_error("--text-encoder-layers needs a value like 9,18,27");
@@ -208,6 +265,10 @@ int cmd_generate(int argc, char **argv) {
         return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
     if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
         return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
+    if (ef.mask_path && !ef.init_path) return cli_error("generate: --mask needs --init-image (the image to inpaint)");
+    if (ef.init_path && !ef.mask_path)
+        return cli_error("generate: --init-image needs --mask (white = repaint, black = keep)");
+    if (p.strength != 0 && !ef.init_path) return cli_error("generate: --strength applies to inpainting (--init-image with --mask)");
     if (!lo.model) {
         lo.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", lo.model);
@@ -223,17 +284,34 @@ int cmd_generate(int argc, char **argv) {
         free(path);
         if (bad) return 1;
     }
+    /* ... nor one of the editing images, which are then decoded (each error names its file) */
+    const char *ins[DT_GEN_MAX_REFS + 2];
+    int n_ins = 0;
+    for (int k = 0; k < ef.n_refs; k++) ins[n_ins++] = ef.ref_paths[k];
+    if (ef.init_path) ins[n_ins++] = ef.init_path;
+    if (ef.mask_path) ins[n_ins++] = ef.mask_path;
+    for (int k = 0; k < n_ins; k++) {
+        if (cli_check_input(ins[k], 1) || (save && cli_check_output(save, ins[k], NULL))) return 1;
+        for (int o = count > 1 ? 1 : 0; o <= (count > 1 ? count : 0); o++) {
+            char *path = o ? numbered_output(output, o) : NULL;
+            int bad = cli_check_output(o ? path : output, ins[k], NULL);
+            free(path);
+            if (bad) return 1;
+        }
+    }
+    if (edit_files_load(&ef, &p)) { edit_files_free(&ef); return cli_error("%s", dt_last_error()); }
     lo.cuda_graph = mo.cuda_graph;
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
     dt_backend *be = cli_model_backend(&mo);
-    if (!be) return 1;
+    if (!be) { edit_files_free(&ef); return 1; }
     dt_log(1, "ditrun: backend %s\n", be->name);
     cli_sp_note(be, lo.sequence_parallel);
     if (count > 1) {
         int r = generate_many(be, &lo, &p, output, count);
         be->destroy(be);
+        edit_files_free(&ef);
         return r;
     }
     save_ctx sc = {save ? st_writer_new() : NULL, NULL, 0};
@@ -277,5 +355,6 @@ int cmd_generate(int argc, char **argv) {
     if (sc.w) st_writer_free(sc.w);
     free(sc.lat);
     be->destroy(be);
+    edit_files_free(&ef);
     return rc ? 1 : 0;
 }

@@ -152,9 +152,9 @@ int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g0, uint8_t **rgb,
     *rgb = NULL;
     *w = *h = 0;
     dt_gen_params g = *g0;
-    int W0 = g.width ? g.width : 1024, H0 = g.height ? g.height : 1024;
+    int W0 = g.width, H0 = g.height;
     if (dt_gen_params_resolve(&p->info, &g)) return -1;
-    if (W0 != g.width || H0 != g.height)
+    if ((W0 && W0 != g.width) || (H0 && H0 != g.height))
         dt_log(1, "ditrun: %s: size %dx%d rounded %s to %dx%d (multiples of %d)\n", p->info.size_round_up ? "note" : "warning",
                W0, H0, p->info.size_round_up ? "up" : "down", g.width, g.height, p->info.size_multiple);
     if (dt_gen_cancelled(&g)) return DT_GEN_CANCELLED;

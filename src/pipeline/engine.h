@@ -22,6 +22,8 @@ typedef struct {
     int size_multiple;          /* width and height are floored to multiples of this */
     int size_round_up;          /* 1: rounded up instead (Krea 2, as its reference pipeline) */
     int max_side;               /* the largest width/height the schedule and the positions allow */
+    int editing;                /* takes reference images and inpainting inputs (dt_gen_params.refs, init_image) */
+    int kv_refs;                /* references are KV-cached (Flux2KleinKVPipeline) */
 } dt_pipeline_info;
 
 /* Load every component of the pipeline at o->model on be. NULL on error (dt_last_error names the file). */
@@ -32,7 +34,10 @@ dt_backend *dt_pipeline_backend(const dt_pipeline *p);
 
 /* A request's defaults filled in from the pipeline's description (steps, guidance, text tokens, 1024x1024) and its
  * ranges checked, without running it; width and height are floored to the size multiple (rounded up when the
- * pipeline's size_round_up is set). 0 or -1 (dt_last_error).
+ * pipeline's size_round_up is set). With editing inputs a side left at 0 stays 0 (the family takes it from the first
+ * reference; inpainting from the init image), and the inputs are checked together (a mask needs an init image and
+ * the other way round, strength in (0, 1] and only with an init image, at most DT_GEN_MAX_REFS references).
+ * 0 or -1 (dt_last_error).
  * dt_pipeline_generate resolves every request through this; a server checks requests with it before queueing. */
 int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g);
 

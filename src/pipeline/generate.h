@@ -8,9 +8,12 @@
 
 #include "backends/backend.h"
 #include "models/lora.h"
+#include "image/image.h"
 
 #define DT_GEN_MAX_TAPS 16
 #define DT_GEN_MAX_RANKS 16     /* sequence-parallel ranks (models/flux2_sp.h) */
+#define DT_GEN_MAX_REFS 16      /* reference images per request */
+#define DT_GEN_DEFAULT_STRENGTH 0.8f   /* inpainting strength when none is given (the reference's default) */
 
 /* Load-time choices of a pipeline (they decide what is loaded and how). */
 typedef struct {
@@ -51,17 +54,29 @@ typedef struct {
     dt_gen_progress progress;   /* optional */
     void *progress_ud;
     const volatile int *cancel; /* optional: checked between steps; non-zero cancels */
+    /* image editing (pipelines whose info.editing is set), decoded images (image/image.h) the caller keeps: */
+    const dt_image *refs;       /* reference images in order (n_refs, 0..DT_GEN_MAX_REFS); a size not given comes
+                                 * from the first one (after its preparation) */
+    const char *const *ref_names;   /* their names in messages (file names; NULL: "reference image k") */
+    int n_refs;
+    const dt_image *init_image; /* inpainting: the image to edit (sets the output size; height/width are ignored) */
+    const dt_image *mask;       /* inpainting: white = repaint, the init image's size */
+    const char *init_name, *mask_name;   /* their names in messages (NULL: "init image", "mask") */
+    float strength;             /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);
 
 /* Observer of intermediate results (tests, --save-latents): names "input_ids", "attention_mask",
- * "prompt_embeds", "sigmas", "timesteps", "stepK.latents_packed", "latents_unpacked", "image_float".
+ * "prompt_embeds", "sigmas", "timesteps", "stepK.latents_packed" (K counts the steps that run), "latents_unpacked",
+ * "image_float"; with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
+ * token: for inpainting the init image's first).
  * data is host f32, n elements; shape [d0, d1, d2, d3] with ndim entries. */
 typedef void (*dt_gen_observer)(void *ud, const char *name, const float *data, int ndim, const int64_t *shape);
 
 typedef struct {
     double t_load, t_encode, t_denoise, t_decode, t_total;  /* seconds */
+    double t_images;                                        /* editing: image preparation + VAE encoding */
     double t_step[256];                                     /* per step (first 256) */
     int steps;
     int height, width;

@@ -2,6 +2,9 @@
  * chat-template tokens -> Qwen3 hidden-state taps -> seeded noise in packed latent space ->
  * Euler steps over the DiT with the klein schedule (CFG with the negative prompt for base models) ->
  * unpack, batch-norm de-normalization, unpatchify -> VAE decoder -> 8-bit RGB.
+ * Editing (klein_edit.h): reference images' tokens go into the DiT with every step (appended after the noise, or
+ * KV-cached for Flux2KleinKVPipeline); inpainting (Flux2KleinInpaintPipeline) starts at the strength's first kept
+ * step from the noise mixed with the init latents and restores the kept region after each step (inpaint.h).
  *
  * Resident: tokenizer, text encoder (the layers up to the deepest tap), DiT and VAE stay loaded. With
  * opts.release_text_encoder (one-shot runs) the text encoder is loaded for each prompt and freed before
@@ -17,6 +20,8 @@
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
 #include "pipeline/family.h"
+#include "pipeline/inpaint.h"
+#include "pipeline/klein_edit.h"
 #include "pipeline/latents.h"
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
@@ -41,7 +46,7 @@ typedef struct {
 } klein_state;
 
 static int klein_matches(const char *cls) {
-    return !strcmp(cls, "Flux2KleinPipeline");
+    return !strcmp(cls, "Flux2KleinPipeline") || !strcmp(cls, "Flux2KleinKVPipeline");
 }
 
 /* Default taps: the reference's (9, 18, 27) for Qwen3's 36 layers, i.e. k·L/(n+1) for k = 1..n,
@@ -193,6 +198,8 @@ static int klein_load(dt_pipeline *p, const json *idx) {
         else goto out;
     }
     p->info.max_side = 8192;
+    p->info.editing = 1;
+    p->info.kv_refs = !strcmp(p->class_name, "Flux2KleinKVPipeline");
     rc = 0;
 out:
     free(tok_dir);
@@ -241,7 +248,7 @@ out:
     return rc;
 }
 
-/* What the sampling loop's model callback needs. */
+/* What the sampling loop's model callback needs (and, inpainting, its after-step restoration). */
 typedef struct {
     flux2_model *dit;
     flux2_sp *sp;               /* or the split DiT */
@@ -249,7 +256,16 @@ typedef struct {
     const float *img_ids, *txt_ids;
     const float *timesteps;
     int N, T, bf16;
+    const float *sigmas, *init, *noise, *mask;   /* inpainting: init latents and noise [N, C], mask [N] */
+    int C, last;                                 /* last: the index of the final step */
 } klein_step_ctx;
+
+/* Inpainting after step i: the kept region back to the init latents re-noised at the next sigma (or the init
+ * latents themselves after the last step). */
+static void klein_restore(void *ctx, int i, float *x) {
+    klein_step_ctx *k = ctx;
+    dt_inpaint_restore(x, k->init, k->noise, k->mask, k->N, k->C, k->sigmas[i + 1], i == k->last);
+}
 
 static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
     klein_step_ctx *k = ctx;
@@ -258,6 +274,11 @@ static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
     const float *txt = pass ? k->neg : k->pos;
     if (k->sp) return flux2_sp_forward(k->sp, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v);
     return flux2_forward(k->dit, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v, NULL, NULL);
+}
+
+/* The references on whichever DiT runs (the split one with --sequence-parallel). */
+static int set_refs(klein_state *s, const float *tok, const float *ids, int r, int kv) {
+    return s->sp ? flux2_sp_set_refs(s->sp, tok, ids, r, kv) : flux2_set_refs(s->dit, tok, ids, r, kv);
 }
 
 static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
@@ -270,10 +291,28 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     const int T = g->max_seq_len;
     const int cfg = !p->info.distilled && g->guidance > 1.0f;
     float *x = NULL, *v = NULL, *u = NULL, *img_ids = NULL, *txt_ids = NULL, *lat = NULL,
-          *lat_c = NULL, *lat_u = NULL, *img = NULL, *img01 = NULL, *sigmas = NULL, *timesteps = NULL;
+          *lat_c = NULL, *lat_u = NULL, *img = NULL, *img01 = NULL, *sigmas = NULL, *timesteps = NULL, *noise = NULL;
     uint8_t *rgb = NULL;
+    klein_edit ed = {0};
+    int refs_set = 0;
     if (p->info.distilled && g->guidance != p->info.default_guidance && g->guidance != 1.0f)
         dt_log(1, "ditrun: note: guidance is ignored by distilled models (is_distilled in model_index.json)\n");
+
+    /* ---- editing inputs: checked and prepared first (a bad image fails before any model runs); they may set the
+     * output size ---- */
+    const int inpaint = g->init_image != NULL, edit = inpaint || g->n_refs > 0;
+    ed.H = g->height;
+    ed.W = g->width;
+    if (edit) {
+        double ti = dt_now();
+        if (klein_edit_prepare(g, p->info.size_multiple, &ed)) goto done;
+        tm->t_images = dt_now() - ti;
+        if (ed.W > p->info.max_side || ed.H > p->info.max_side) {
+            dt_set_error("generate: image size %dx%d is over %d pixels a side (this model's limit)", ed.W, ed.H,
+                         p->info.max_side);
+            goto done;
+        }
+    }
 
     /* ---- text: tokenizer + Qwen3 taps ---- */
     if (ensure_te(p)) goto done;
@@ -298,9 +337,21 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     tm->t_load += dt_now() - t0;
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
     const flux2_config *c = s->sp ? flux2_sp_get_config(s->sp) : flux2_get_config(s->dit);
-    const int mult = vc->scale_factor * vc->patch;
-    const int H = g->height, W = g->width;
-    const int h = H / mult, w = W / mult, C = c->in_channels, N = h * w;
+    const int mult = vc->scale_factor * vc->patch, C = c->in_channels;
+
+    /* ---- editing inputs encoded (prepared before the text encoder ran) ---- */
+    if (edit) {
+        double ti = dt_now();
+        if (klein_edit_encode(s->vae, C, &ed)) goto done;
+        tm->t_images += dt_now() - ti;
+        dt_log(1, "ditrun: %d reference tokens%s (%.2f s)\n", ed.r, inpaint ? ", inpainting" : "", tm->t_images);
+        if (inpaint && p->info.kv_refs)
+            dt_log(1, "ditrun: note: inpainting follows Flux2KleinInpaintPipeline (references appended, not KV-cached)\n");
+        dt_gen_observe(obs, ud, "ref_latents_packed", ed.ref_tok, 3, 1, ed.r, C, 0);
+        dt_gen_observe(obs, ud, "ref_ids", ed.ref_ids, 3, 1, ed.r, 4, 0);
+    }
+    const int H = ed.H, W = ed.W;
+    const int h = H / mult, w = W / mult, N = h * w;
     tm->height = H;
     tm->width = W;
     tm->steps = g->steps;
@@ -319,29 +370,45 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     dt_latents_img_ids(h, w, 0.0f, img_ids);
     dt_latents_txt_ids(T, txt_ids);
 
-    /* ---- schedule ---- */
+    /* ---- schedule (its shift from the noise tokens only) ---- */
     sigmas = dt_malloc(sizeof(float) * (g->steps + 1));
     timesteps = dt_malloc(sizeof(float) * g->steps);
     if (dt_schedule_make(&s->sched, g->steps, N, sigmas, timesteps)) goto done;
     dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
     dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+    /* inpainting: the strength's steps; the noise mixed with the init latents at the first kept sigma */
+    int first = 0, run = g->steps;
+    if (inpaint) {
+        if (dt_inpaint_steps(g->steps, g->strength, &first, &run)) goto done;
+        noise = dt_malloc(sizeof(float) * (size_t)N * C);
+        memcpy(noise, x, sizeof(float) * (size_t)N * C);
+        dt_scale_noise(x, ed.init_tok, noise, (size_t)N * C, sigmas[first]);
+        tm->steps = run;
+    }
 
     /* ---- denoising loop ---- */
     v = dt_malloc(sizeof(float) * (size_t)N * C);
     if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
-    /* the prompt features stay on the device for all steps */
+    /* the prompt features and the reference tokens stay on the device for all steps (KV-cached references for
+     * Flux2KleinKVPipeline; inpainting follows Flux2KleinInpaintPipeline, which appends them) */
     const float *pos = (const float *)(const void *)&s->txt_key[0], *neg = (const float *)(const void *)&s->txt_key[1];
     if (s->sp ? flux2_sp_text_resident_mat(s->sp, pos, s->txt[0]) : flux2_text_resident_mat(s->dit, pos, s->txt[0]))
         goto done;
     if (cfg && (s->sp ? flux2_sp_text_resident_mat(s->sp, neg, s->txt[1])
                       : flux2_text_resident_mat(s->dit, neg, s->txt[1])))
         goto done;
-    klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16};
+    if (ed.r && set_refs(s, ed.ref_tok, ed.ref_ids, ed.r, p->info.kv_refs && !inpaint)) goto done;
+    refs_set = ed.r > 0;
+    klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16,
+                         sigmas, ed.init_tok, noise, ed.mask_tok, C, first + run - 1};
     const int64_t shape[3] = {1, N, C};
-    dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
+    dt_sampler sm = {.steps = run, .first = first, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND, .bf16_euler = kc.bf16,
-                     .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict, .ctx = &kc, .v = v, .u = u};
+                     .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict,
+                     .after_step = inpaint ? klein_restore : NULL, .ctx = &kc, .v = v, .u = u};
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    if (refs_set) set_refs(s, NULL, NULL, 0, 0);
+    refs_set = 0;
     if (rc) goto done;
     rc = -1;
     if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
@@ -373,8 +440,10 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     *h_out = H;
     rc = 0;
 done:
+    if (refs_set) set_refs(s, NULL, NULL, 0, 0);
+    klein_edit_free(&ed);
     free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
-    free(lat_u); free(img); free(img01); free(sigmas); free(timesteps); free(rgb);
+    free(lat_u); free(img); free(img01); free(sigmas); free(timesteps); free(rgb); free(noise);
     return rc;
 }
 

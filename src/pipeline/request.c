@@ -2,6 +2,33 @@
  * running it: the engine resolves every request through it, and a server checks requests before queueing. */
 #include "pipeline/engine.h"
 
+/* The editing inputs together: what goes with what, the strength and the number of references. */
+static int check_edit(const dt_pipeline_info *in, dt_gen_params *g) {
+    if (!in->editing) {
+        dt_set_error("generate: this pipeline (%s) takes no reference images or inpainting inputs", in->class_name);
+        return -1;
+    }
+    if (g->n_refs < 0 || g->n_refs > DT_GEN_MAX_REFS || (g->n_refs && !g->refs)) {
+        dt_set_error("generate: %d reference images (at most %d)", g->n_refs, DT_GEN_MAX_REFS);
+        return -1;
+    }
+    if (g->mask && !g->init_image) { dt_set_error("generate: a mask (--mask) needs the image to inpaint (--init-image)"); return -1; }
+    if (g->init_image && !g->mask) {
+        dt_set_error("generate: inpainting (--init-image) needs a mask (--mask; white = repaint, black = keep)");
+        return -1;
+    }
+    if (g->strength != 0 && !g->init_image) {
+        dt_set_error("generate: --strength %g applies to inpainting (--init-image with --mask)", g->strength);
+        return -1;
+    }
+    if (g->init_image && g->strength == 0) g->strength = DT_GEN_DEFAULT_STRENGTH;
+    if (g->init_image && !(g->strength > 0 && g->strength <= 1)) {
+        dt_set_error("generate: --strength %g is out of range (0, 1]", g->strength);
+        return -1;
+    }
+    return 0;
+}
+
 int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
     if (!g->prompt) { dt_set_error("generate: a prompt is required"); return -1; }
     if (!g->negative_prompt) g->negative_prompt = "";
@@ -14,14 +41,16 @@ int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
         dt_set_error("generate: max sequence length %d out of range 1..32768", g->max_seq_len);
         return -1;
     }
-    if (g->width == 0) g->width = 1024;
-    if (g->height == 0) g->height = 1024;
+    const int edit = g->n_refs != 0 || g->init_image || g->mask;
+    if (edit && check_edit(in, g)) return -1;
+    if (!edit && g->width == 0) g->width = 1024;
+    if (!edit && g->height == 0) g->height = 1024;
     const int mult = in->size_multiple > 0 ? in->size_multiple : 1;
     if (in->size_round_up && g->width > 0 && g->height > 0 && g->width <= 65536 && g->height <= 65536) {
         g->width = (g->width + mult - 1) / mult * mult;   /* as the reference (Krea 2): any size from 1 pixel */
         g->height = (g->height + mult - 1) / mult * mult;
     }
-    if (g->width < mult || g->height < mult) {
+    if ((g->width && g->width < mult) || (g->height && g->height < mult)) {
         dt_set_error("generate: image size %dx%d is smaller than %d pixels (this model's size multiple)", g->width,
                      g->height, mult);
         return -1;

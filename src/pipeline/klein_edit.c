@@ -1,0 +1,79 @@
+/* klein_edit.c — a FLUX.2-klein request's reference images and inpainting inputs prepared, encoded and packed
+ * (klein_edit.h). */
+#include "pipeline/klein_edit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image/edit_prep.h"
+#include "pipeline/ref_tokens.h"
+
+void klein_edit_free(klein_edit *e) {
+    for (int i = 0; i < e->n_imgs; i++) dt_prep_image_free(&e->imgs[i]);
+    free(e->imgs);
+    free(e->ref_tok);
+    free(e->ref_ids);
+    free(e->init_tok);
+    free(e->mask_tok);
+    memset(e, 0, sizeof *e);
+}
+
+int klein_edit_prepare(const dt_gen_params *g, int multiple, klein_edit *e) {
+    char nm[48];
+    /* the images in token order: inpainting's init image first (T = 10), then the references */
+    e->imgs = dt_calloc((size_t)g->n_refs + 1, sizeof *e->imgs);
+    e->n_imgs = 0;
+    /* every reference checked before any is prepared (the reference checks them all first) */
+    for (int i = 0; i < g->n_refs; i++) {
+        snprintf(nm, sizeof nm, "reference image %d", i + 1);
+        if (dt_prep_check_reference(&g->refs[i], g->ref_names && g->ref_names[i] ? g->ref_names[i] : nm)) goto fail;
+    }
+    if (g->init_image) {
+        const char *iname = g->init_name ? g->init_name : "init image", *mname = g->mask_name ? g->mask_name : "mask";
+        if (dt_prep_init_image(g->init_image, iname, multiple, &e->imgs[0])) goto fail;
+        e->n_imgs = 1;
+        const int w = e->imgs[0].w, h = e->imgs[0].h;
+        if ((e->W && e->W != w) || (e->H && e->H != h))
+            dt_log(1, "ditrun: note: inpainting keeps the init image's size %dx%d (the requested %dx%d is ignored)\n", w,
+                   h, e->W, e->H);
+        e->W = w;
+        e->H = h;
+        if (dt_prep_mask(g->mask, mname, g->init_image->w, g->init_image->h, w, h, multiple, NULL, &e->mask_tok))
+            goto fail;
+    }
+    for (int i = 0; i < g->n_refs; i++) {
+        snprintf(nm, sizeof nm, "reference image %d", i + 1);
+        if (dt_prep_reference(&g->refs[i], g->ref_names && g->ref_names[i] ? g->ref_names[i] : nm, multiple,
+                              &e->imgs[e->n_imgs]))
+            goto fail;
+        e->n_imgs++;
+    }
+    if (!g->init_image) dt_prep_output_size(e->imgs, e->n_imgs, &e->H, &e->W);
+    return 0;
+fail:
+    klein_edit_free(e);
+    return -1;
+}
+
+int klein_edit_encode(dt_vae *vae, int C, klein_edit *e) {
+    dt_ref_tokens rt = {0};
+    if (dt_ref_tokens_encode(vae, e->imgs, e->n_imgs, &rt)) return -1;
+    if (rt.channels != C) {
+        dt_set_error("generate: the VAE gives %d latent channels per token, the transformer takes %d", rt.channels, C);
+        dt_ref_tokens_free(&rt);
+        return -1;
+    }
+    e->r = rt.n_tokens;
+    e->ref_tok = rt.tokens;
+    e->ref_ids = rt.ids;
+    rt.tokens = rt.ids = NULL;
+    if (e->mask_tok) {   /* inpainting: the init latents are image 0's tokens (also the first reference) */
+        const size_t ni = (size_t)rt.grid_h[0] * rt.grid_w[0] * C;
+        e->init_tok = dt_malloc(sizeof(float) * ni);
+        memcpy(e->init_tok, e->ref_tok, sizeof(float) * ni);
+    }
+    dt_ref_tokens_free(&rt);
+    for (int i = 0; i < e->n_imgs; i++) dt_prep_image_free(&e->imgs[i]);
+    return 0;
+}
