@@ -26,4 +26,12 @@ void dt_image_meta_fill(dt_image_meta *m, const dt_gen_params *g, int steps, int
         snprintf(m->guidance, sizeof m->guidance, "%g", (double)g->guidance);
         add(m, "guidance", m->guidance);
     }
+    if (g->n_refs > 0) {
+        snprintf(m->refs, sizeof m->refs, "%d", g->n_refs);
+        add(m, "reference_images", m->refs);
+    }
+    if (g->init_image) {
+        snprintf(m->strength, sizeof m->strength, "%g", (double)(g->strength > 0 ? g->strength : DT_GEN_DEFAULT_STRENGTH));
+        add(m, "strength", m->strength);
+    }
 }

@@ -98,17 +98,41 @@ static int parse_size(const char *s, int64_t *w, int64_t *h) {
     return 0;
 }
 
-/* Fields a request may carry. OpenAI's own fields that do not change a generation here are accepted and ignored. */
+/* A requested size against the server's and the model's limits. 0 or -1 and *e set. */
+static int check_size(const dt_api_limits *lim, int64_t w, int64_t h, dt_api_error *e) {
+    const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
+    if (w * h > lim->max_pixels)
+        return bad(e, "size", "'size' %lldx%lld is %lld pixels, over this server's limit of %lld", (long long)w,
+                   (long long)h, (long long)(w * h), (long long)lim->max_pixels);
+    if (w % mult || h % mult)
+        return bad(e, "size", "'size' %lldx%lld: width and height must be multiples of %d", (long long)w, (long long)h,
+                   mult);
+    if (w > lim->info.max_side || h > lim->info.max_side)
+        return bad(e, "size", "'size' %lldx%lld: this model allows at most %d pixels a side", (long long)w, (long long)h,
+                   lim->info.max_side);
+    return 0;
+}
+
+/* Fields a request may carry. OpenAI's own fields that do not change a generation here are accepted and ignored.
+ * Edits also take these (the images come as file parts, not fields). */
 static const char *const known_fields[] = {"prompt", "n", "size", "response_format", "seed", "steps", "guidance",
                                            "negative_prompt", "stream", "model", "user", "quality", "style",
                                            "output_format", "moderation", "background", NULL};
+static const char *const edit_fields[] = {"strength", "input_fidelity", NULL};
 
-static int check_request(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, dt_api_request *r,
-                         dt_api_error *e) {
+static int known(const char *key, int edit) {
+    for (int k = 0; known_fields[k]; k++)
+        if (!strcmp(key, known_fields[k])) return 1;
+    for (int k = 0; edit && edit_fields[k]; k++)
+        if (!strcmp(key, edit_fields[k])) return 1;
+    return 0;
+}
+
+int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, int edit,
+                        dt_api_request *r, dt_api_error *e) {
     if (root->type != JSON_OBJECT) return bad(e, NULL, "the request body must be a JSON object, not %s", type_name(root));
     for (size_t i = 0; i < root->len; i++) {
-        int ok = 0;
-        for (int k = 0; known_fields[k] && !ok; k++) ok = !strcmp(root->keys[i], known_fields[k]);
+        int ok = known(root->keys[i], edit);
         if (!ok) {
             char shown[40];
             snprintf(shown, sizeof shown, "%s", root->keys[i]);
@@ -136,31 +160,24 @@ static int check_request(const json *root, const dt_api_limits *lim, uint64_t se
                    "stored on the server)", s);
     if (get_str(root, "output_format", &s, e)) return -1;
     if (s && strcmp(s, "png")) return bad(e, "output_format", "output_format '%.40s' is not supported (only png)", s);
-    for (const char *const *f = (const char *const[]){"user", "quality", "style", "moderation", "background", NULL}; *f;
-         f++)
+    for (const char *const *f = (const char *const[]){"user", "quality", "style", "moderation", "background",
+                                                      "input_fidelity", NULL}; *f; f++)
         if (get_str(root, *f, &s, e)) return -1;
     /* n */
     int64_t v = 1;
     if (get_int(root, "n", 1, DT_API_MAX_N, &v, NULL, e)) return -1;
     r->n = (int)v;
-    /* size */
+    /* size (edits: "auto" by default, the first image's prepared size: width = height = 0 here) */
     if (get_str(root, "size", &s, e)) return -1;
-    int64_t w = 1024, h = 1024;
-    if (s && strcmp(s, "auto")) {
+    int64_t w = edit ? 0 : 1024, h = edit ? 0 : 1024;
+    if (s && !strcmp(s, "auto") && edit) {
+        w = h = 0;
+    } else if (s && strcmp(s, "auto")) {
         if (parse_size(s, &w, &h)) return bad(e, "size", "'size' must look like 1024x768 (WIDTHxHEIGHT), not '%.40s'", s);
         if (w <= 0 || h <= 0) return bad(e, "size", "'size' %lldx%lld: width and height must be positive", (long long)w,
                                          (long long)h);
     }
-    const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
-    if (w * h > lim->max_pixels)
-        return bad(e, "size", "'size' %lldx%lld is %lld pixels, over this server's limit of %lld", (long long)w,
-                   (long long)h, (long long)(w * h), (long long)lim->max_pixels);
-    if (w % mult || h % mult)
-        return bad(e, "size", "'size' %lldx%lld: width and height must be multiples of %d", (long long)w, (long long)h,
-                   mult);
-    if (w > lim->info.max_side || h > lim->info.max_side)
-        return bad(e, "size", "'size' %lldx%lld: this model allows at most %d pixels a side", (long long)w, (long long)h,
-                   lim->info.max_side);
+    if ((w || h) && check_size(lim, w, h, e)) return -1;
     r->width = (int)w;
     r->height = (int)h;
     /* steps, seed, guidance */
@@ -183,6 +200,16 @@ static int check_request(const json *root, const dt_api_limits *lim, uint64_t se
         r->guidance = (float)g->number;
         r->guidance_given = 1;
     }
+    if (edit) {
+        const json *sj = json_get(root, "strength");
+        if (sj && sj->type != JSON_NULL) {
+            if (sj->type != JSON_NUMBER) return bad(e, "strength", "'strength' must be a number, not %s", type_name(sj));
+            if (!(sj->number > 0 && sj->number <= 1))
+                return bad(e, "strength", "'strength' is %g; it must be in (0, 1]", sj->number);
+            if (!r->inpaint) return bad(e, "strength", "'strength' applies to inpainting (send a 'mask')");
+            r->strength = (float)sj->number;
+        }
+    }
     const json *st = json_get(root, "stream");
     if (st && st->type != JSON_NULL) {
         if (st->type != JSON_BOOL) return bad(e, "stream", "'stream' must be true or false, not %s", type_name(st));
@@ -201,7 +228,7 @@ int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *l
     if (len == 0) return bad(e, NULL, "the request has no body (a JSON object with at least 'prompt')");
     json *root = json_parse(body, len, "request body");
     if (!root) return bad(e, NULL, "%s", dt_last_error());
-    int rc = check_request(root, lim, seed_if_absent, r, e);
+    int rc = dt_api_check_fields(root, lim, seed_if_absent, 0, r, e);
     json_free(root);
     if (rc) dt_api_request_free(r);
     return rc;
@@ -210,6 +237,14 @@ int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *l
 void dt_api_request_free(dt_api_request *r) {
     free(r->prompt);
     free(r->negative_prompt);
+    for (int i = 0; i < r->n_refs; i++) {
+        dt_image_free(&r->refs[i]);
+        free(r->ref_names[i]);
+    }
+    dt_image_free(&r->init);
+    dt_image_free(&r->mask);
+    free(r->init_name);
+    free(r->mask_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -223,6 +258,18 @@ void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i,
     g->seed = r->seed + (uint64_t)i;
     g->guidance = r->guidance;
     g->max_seq_len = lim->max_seq_len;
+    if (r->edit) {
+        g->refs = r->refs;
+        g->ref_names = (const char *const *)r->ref_names;
+        g->n_refs = r->n_refs;
+        if (r->inpaint) {
+            g->init_image = &r->init;
+            g->mask = &r->mask;
+            g->init_name = r->init_name;
+            g->mask_name = r->mask_name;
+            g->strength = r->strength;
+        }
+    }
 }
 
 void dt_api_images_json(dt_strbuf *out, long long created, int n, uint8_t *const *png, const size_t *png_len,

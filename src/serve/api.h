@@ -1,18 +1,24 @@
 /* api.h — the HTTP API's requests and answers as pure functions (no sockets, no threads): an OpenAI Images API
- * generation request (JSON) parsed and checked into a request the workers run, the JSON of answers and errors.
- * The libFuzzer target fuzz/fuzz_api.c drives dt_api_parse_generation. */
+ * generation request (JSON) or edit request (multipart form fields, collected by api_edit.c) parsed and checked
+ * into a request the workers run, the JSON of answers and errors. The libFuzzer targets fuzz/fuzz_api.c and
+ * fuzz/fuzz_api_edit.c drive dt_api_parse_generation and dt_api_form_add + dt_api_parse_edit. */
 #ifndef DT_SERVE_API_H
 #define DT_SERVE_API_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "image/image.h"
+#include "io/json.h"
 #include "pipeline/engine.h"
 #include "serve/strbuf.h"
 
 #define DT_API_MAX_N 8              /* images per request */
 #define DT_API_BODY_LIMIT (1u << 20)            /* generations: 1 MiB of JSON */
 #define DT_API_EDIT_BODY_LIMIT (32u << 20)      /* edits: 32 MiB of multipart form data (images) */
+#define DT_API_MAX_PARTS 64         /* form parts of an edit request */
+#define DT_API_MAX_FIELD (64u << 10)            /* bytes of one text field of an edit request */
+#define DT_API_MAX_IMAGE_PIXELS ((int64_t)4096 * 4096)  /* decoded pixels of one uploaded image */
 
 /* What the server allows, and what the loaded model is. */
 typedef struct {
@@ -34,6 +40,15 @@ typedef struct {
     float guidance;                 /* < 0 = the model's default */
     int guidance_given;
     int stream;                     /* answer as Server-Sent Events */
+    /* edits (POST /v1/images/edits): the decoded uploads, owned by the request */
+    int edit;
+    dt_image refs[DT_GEN_MAX_REFS]; /* reference images in order (n_refs) */
+    char *ref_names[DT_GEN_MAX_REFS];   /* their upload file names (for messages) */
+    int n_refs;
+    int inpaint;                    /* a mask was sent: the first image is inpainted (init), the rest are references */
+    dt_image init, mask;            /* mask: L, white = repaint (an uploaded mask with transparency: transparent = repaint) */
+    char *init_name, *mask_name;
+    float strength;                 /* 0 = the engine's default */
 } dt_api_request;
 
 /* An error answer: HTTP status and the OpenAI error object {"message", "type", "param"}. */
@@ -54,6 +69,39 @@ void dt_api_error_json(dt_strbuf *out, const dt_api_error *e);
 int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *lim, uint64_t seed_if_absent,
                             dt_api_request *r, dt_api_error *e);
 void dt_api_request_free(dt_api_request *r);
+
+/* An edit request's multipart form as libmicrohttpd's post processor hands it over: each part in pieces. */
+typedef struct {
+    char *key, *filename;           /* filename NULL: a plain field */
+    dt_strbuf data;
+} dt_api_part;
+
+typedef struct {
+    dt_api_part parts[DT_API_MAX_PARTS];
+    int n;
+    size_t bytes;                   /* every part's data together */
+} dt_api_form;
+
+void dt_api_form_init(dt_api_form *f);
+void dt_api_form_free(dt_api_form *f);
+/* One piece of the part named key: off is the piece's offset within its part (0 starts a new part). 0, or -1 and
+ * *e set (400: over DT_API_MAX_PARTS parts, a text field over DT_API_MAX_FIELD bytes, a part without a name). */
+int dt_api_form_add(dt_api_form *f, const char *key, const char *filename, const char *data, uint64_t off,
+                    size_t size, dt_api_error *e);
+
+/* Parse and check a POST /v1/images/edits form (OpenAI shape): `image[]` (or `image`) files in order (at most
+ * DT_GEN_MAX_REFS; each decoded from memory: PNG, JPEG or WebP), optional `mask` (then the first image is inpainted
+ * and the others are references), `prompt`, `n`, `size` ("auto" or absent: the first image's prepared size),
+ * `response_format`, and the extensions `seed`, `steps`, `guidance`, `strength`, `negative_prompt`, `stream`.
+ * The images are checked as the engine will (sizes, aspect ratio, the mask's size) and the output size against
+ * the limits. 0 and *r filled (free with dt_api_request_free), or -1 and *e says what is wrong (status 400). */
+int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t seed_if_absent, dt_api_request *r,
+                      dt_api_error *e);
+
+/* The checks shared by both request kinds (api.c), on a JSON object of fields; edit: the fields of an edit request
+ * (strength, size "auto" by default) with r's images already decoded. 0 or -1 and *e set. */
+int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, int edit,
+                        dt_api_request *r, dt_api_error *e);
 
 /* The engine request of image i (0..n-1) of r: pointers into r, which must outlive it. */
 void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i, dt_gen_params *g);

@@ -42,8 +42,12 @@ typedef struct {
     int route, post, v1;
     const char *label;          /* metrics route label */
     dt_strbuf body;
-    size_t limit;
+    size_t limit, received;     /* body bytes allowed, and received so far */
     int too_big;
+    struct MHD_PostProcessor *pp;   /* edits: libmicrohttpd's multipart parser, feeding form */
+    dt_api_form form;
+    int form_bad;               /* the form was refused (form_err) */
+    dt_api_error form_err;
     int answered;               /* a response is queued */
     int status;
     dt_job *job;
@@ -282,16 +286,19 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
-static enum MHD_Result post_generation(req_ctx *r, struct MHD_Connection *c) {
+/* 503 while loading or shutting down: the answer queued (MHD result in *ret), or 0 when the server is ready. */
+static int not_ready(req_ctx *r, struct MHD_Connection *c, enum MHD_Result *ret) {
+    int st = dt_server_state_get(r->srv);
+    if (st == DT_SRV_READY) return 0;
+    *ret = st == DT_SRV_LOADING ? fail(r, c, 503, NULL, "Retry-After", "5", "the models are loading and warming up")
+                                : fail(r, c, 503, NULL, NULL, NULL, "the server is shutting down");
+    return 1;
+}
+
+/* Queue a checked request (taken), wait for it while watching the client, answer (a stream, or the images). */
+static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_request *req) {
     dt_server *s = r->srv;
-    int st = dt_server_state_get(s);
-    if (st == DT_SRV_LOADING) return fail(r, c, 503, NULL, "Retry-After", "5", "the models are loading and warming up");
-    if (st != DT_SRV_READY) return fail(r, c, 503, NULL, NULL, NULL, "the server is shutting down");
-    dt_api_request req;
-    dt_api_error e;
-    if (dt_api_parse_generation(r->body.data ? r->body.data : "", r->body.len, &s->lim, dt_server_seed(s), &req, &e))
-        return answer_error(r, c, &e, NULL, NULL);
-    r->job = dt_job_new(&req);
+    r->job = dt_job_new(req);
     int q = dt_queue_push(&s->q, r->job);
     if (q == -1) {
         char ra[16];
@@ -353,11 +360,51 @@ static enum MHD_Result post_generation(req_ctx *r, struct MHD_Connection *c) {
     return answer(r, c, 200, "application/json", &b, "Server-Timing", timing, NULL, NULL);
 }
 
-/* POST /v1/images/edits: the body has been received within its limit (32 MiB of multipart form data); image
- * editing is not available in this engine yet. */
+static enum MHD_Result post_generation(req_ctx *r, struct MHD_Connection *c) {
+    enum MHD_Result ret;
+    if (not_ready(r, c, &ret)) return ret;
+    dt_api_request req;
+    dt_api_error e;
+    if (dt_api_parse_generation(r->body.data ? r->body.data : "", r->body.len, &r->srv->lim, dt_server_seed(r->srv),
+                                &req, &e))
+        return answer_error(r, c, &e, NULL, NULL);
+    return run_request(r, c, &req);
+}
+
+/* POST /v1/images/edits: the multipart form (collected by libmicrohttpd's post processor within 32 MiB), its
+ * images decoded and checked here, then queued as a generation with reference images / inpainting. */
 static enum MHD_Result post_edit(req_ctx *r, struct MHD_Connection *c) {
-    return fail(r, c, 501, NULL, NULL, NULL, "image editing is not available in this build of ditrun yet (only "
-                                            "/v1/images/generations)");
+    enum MHD_Result ret;
+    if (not_ready(r, c, &ret)) return ret;
+    if (r->form_bad) return answer_error(r, c, &r->form_err, NULL, NULL);
+    dt_api_request req;
+    dt_api_error e;
+    int rc = dt_api_parse_edit(&r->form, &r->srv->lim, dt_server_seed(r->srv), &req, &e);
+    dt_api_form_free(&r->form);   /* the uploads are decoded: their bytes are not needed any more */
+    if (rc) return answer_error(r, c, &e, NULL, NULL);
+    return run_request(r, c, &req);
+}
+
+/* libmicrohttpd's post processor hands over the form's parts in pieces. */
+static enum MHD_Result on_form_piece(void *cls, enum MHD_ValueKind kind, const char *key, const char *filename,
+                                     const char *content_type, const char *transfer_encoding, const char *data,
+                                     uint64_t off, size_t size) {
+    (void)kind;
+    (void)content_type;
+    (void)transfer_encoding;
+    req_ctx *r = cls;
+    if (r->form_bad) return MHD_NO;
+    if (dt_api_form_add(&r->form, key, filename, data, off, size, &r->form_err)) {
+        r->form_bad = 1;
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+static void form_refused(req_ctx *r, const char *what) {
+    if (r->form_bad) return;
+    r->form_bad = 1;
+    dt_api_error_set(&r->form_err, 400, "invalid_request_error", NULL, "the multipart/form-data body is %s", what);
 }
 
 /* ---- libmicrohttpd callbacks ---- */
@@ -406,6 +453,12 @@ static enum MHD_Result first_call(req_ctx *r, struct MHD_Connection *c, const ch
             return fail(r, c, 413, NULL, NULL, NULL, "the request body is %s bytes; at most %zu are accepted here", cl,
                         r->limit);
     }
+    if (r->route == R_EDITS) {
+        r->pp = MHD_create_post_processor(c, 64 * 1024, on_form_piece, r);
+        if (!r->pp)
+            return fail(r, c, 400, NULL, NULL, NULL, "an edit request is a multipart/form-data body (image[] files, "
+                        "prompt, optional mask, ...)");
+    }
     return MHD_YES;
 }
 
@@ -433,13 +486,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!r->too_big && r->body.len + *upload_size > r->limit) {
+        r->received += *upload_size;
+        if (!r->too_big && r->received > r->limit) {
             r->too_big = 1;
             sb_free(&r->body);
+            dt_api_form_free(&r->form);
         }
-        if (!r->too_big) sb_putn(&r->body, upload, *upload_size);
+        if (!r->too_big && r->pp) {
+            if (!r->form_bad && MHD_post_process(r->pp, upload, *upload_size) != MHD_YES) form_refused(r, "malformed");
+        } else if (!r->too_big) {
+            sb_putn(&r->body, upload, *upload_size);
+        }
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (r->pp) {   /* the whole body is in: the parser must have reached its end */
+        if (MHD_destroy_post_processor(r->pp) != MHD_YES) form_refused(r, "incomplete or malformed");
+        r->pp = NULL;
     }
     if (r->too_big)
         return fail(r, c, 413, NULL, NULL, NULL, "the request body is over %zu bytes, the most accepted here", r->limit);
@@ -473,6 +536,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     }
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status < 400) status = 499;
     dt_metrics_request(&s->m, r->label ? r->label : "other", status);
+    if (r->pp) MHD_destroy_post_processor(r->pp);
+    dt_api_form_free(&r->form);
     sb_free(&r->body);
     free(r);
     pthread_mutex_lock(&s->mu);

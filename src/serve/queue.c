@@ -123,7 +123,7 @@ int dt_queue_remove(dt_queue *q, dt_job *j) {
 }
 
 static int compatible(const dt_job *a, const dt_job *b) {
-    return a->req.width == b->req.width && a->req.height == b->req.height && a->req.steps == b->req.steps &&
+    return !a->req.edit && !b->req.edit && a->req.width == b->req.width && a->req.height == b->req.height && a->req.steps == b->req.steps &&
            a->req.guidance == b->req.guidance;
 }
 

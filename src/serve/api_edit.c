@@ -1,0 +1,232 @@
+/* api_edit.c — POST /v1/images/edits requests (api.h): the multipart form's parts collected as libmicrohttpd's post
+ * processor hands them over, the uploads decoded from memory and checked as the engine will check them, the text
+ * fields turned into typed JSON and checked by the same code as a generation request. Nothing here touches files,
+ * sockets or the models. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image/edit_prep.h"
+#include "serve/api.h"
+
+static int bad(dt_api_error *e, const char *param, const char *fmt, ...) DT_PRINTF(3, 4);
+static int bad(dt_api_error *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    e->type = "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---- the form ---- */
+
+void dt_api_form_init(dt_api_form *f) { memset(f, 0, sizeof *f); }
+
+void dt_api_form_free(dt_api_form *f) {
+    for (int i = 0; i < f->n; i++) {
+        free(f->parts[i].key);
+        free(f->parts[i].filename);
+        sb_free(&f->parts[i].data);
+    }
+    memset(f, 0, sizeof *f);
+}
+
+static int is_image_key(const char *k) { return !strcmp(k, "image[]") || !strcmp(k, "image") || !strcmp(k, "mask"); }
+
+int dt_api_form_add(dt_api_form *f, const char *key, const char *filename, const char *data, uint64_t off,
+                    size_t size, dt_api_error *e) {
+    if (!key || !key[0]) return bad(e, NULL, "a form part has no name");
+    dt_api_part *p = f->n ? &f->parts[f->n - 1] : NULL;
+    /* a new part: the first piece of one (off 0), unless the last part has this name and nothing yet (a first
+     * empty piece libmicrohttpd may hand over before the data) */
+    int fresh = !p || strcmp(p->key, key) || (off == 0 && p->data.len > 0);
+    if (fresh) {
+        if (f->n == DT_API_MAX_PARTS) return bad(e, NULL, "the form has more than %d parts", DT_API_MAX_PARTS);
+        p = &f->parts[f->n++];
+        p->key = dt_strdup(key);
+        p->filename = filename ? dt_strdup(filename) : NULL;
+        sb_init(&p->data);
+    }
+    if (off != p->data.len) return bad(e, key, "form part '%.40s' arrived out of order", key);
+    if (!is_image_key(key) && p->data.len + size > DT_API_MAX_FIELD)
+        return bad(e, key, "form field '%.40s' is over %u bytes", key, DT_API_MAX_FIELD);
+    if (size) sb_putn(&p->data, data, size);
+    f->bytes += size;
+    return 0;
+}
+
+/* ---- the fields as typed JSON ---- */
+
+/* A whole decimal integer (optional sign, at most 18 digits). */
+static int is_integer(const char *s) {
+    const char *p = s + (*s == '-' || *s == '+');
+    size_t n = strspn(p, "0123456789");
+    return n > 0 && n <= 18 && !p[n];
+}
+
+/* A finite number as strtod reads it, the whole string. */
+static int is_number(const char *s, double *v) {
+    if (!*s) return 0;
+    char *end = NULL;
+    *v = strtod(s, &end);
+    return end && !*end && isfinite(*v);
+}
+
+/* One text field into the JSON object being built: integers and numbers as numbers, stream as a boolean where the
+ * text is one (anything else stays a string, and the shared checks name the type they wanted). */
+static void field_json(dt_strbuf *j, const dt_api_part *p) {
+    const char *k = p->key, *v = p->data.len ? p->data.data : "";
+    double d;
+    sb_json_cstr(j, k);
+    sb_puts(j, ": ");
+    if ((!strcmp(k, "n") || !strcmp(k, "seed") || !strcmp(k, "steps")) && is_integer(v)) sb_puts(j, v[0] == '+' ? v + 1 : v);
+    else if ((!strcmp(k, "guidance") || !strcmp(k, "strength")) && is_number(v, &d)) sb_printf(j, "%.17g", d);
+    else if (!strcmp(k, "stream") && (!strcmp(v, "true") || !strcmp(v, "false"))) sb_puts(j, v);
+    else sb_json_str(j, v, p->data.len);
+}
+
+/* ---- the images ---- */
+
+/* An uploaded mask with transparency follows the OpenAI API (fully transparent = edit): it becomes an L mask,
+ * white where alpha is 0. Any other mask is used as `--mask` takes it (white = repaint). */
+static void mask_from_alpha(dt_image *m) {
+    if (m->channels != 2 && m->channels != 4) return;
+    const size_t n = (size_t)m->w * m->h;
+    int transparent = 0;
+    for (size_t i = 0; i < n && !transparent; i++) transparent = m->px[i * m->channels + m->channels - 1] < 255;
+    if (!transparent) return;
+    uint8_t *l = dt_malloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++) l[i] = m->px[i * m->channels + m->channels - 1] == 0 ? 255 : 0;
+    free(m->px);
+    m->px = l;
+    m->channels = 1;
+    m->nearest = 0;
+}
+
+static int decode_upload(const dt_api_part *p, const char *what, const char *param, dt_image *out, char **name,
+                         dt_api_error *e) {
+    char nm[200];
+    if (p->filename && p->filename[0]) snprintf(nm, sizeof nm, "%s '%.120s'", what, p->filename);
+    else snprintf(nm, sizeof nm, "%s", what);
+    if (!p->data.len) return bad(e, param, "%s is empty", nm);
+    if (dt_image_decode((const uint8_t *)p->data.data, p->data.len, nm, out)) return bad(e, param, "%s", dt_last_error());
+    if ((int64_t)out->w * out->h > DT_API_MAX_IMAGE_PIXELS) {
+        bad(e, param, "%s is %dx%d; this server takes at most %lld pixels per image", nm, out->w, out->h,
+            (long long)DT_API_MAX_IMAGE_PIXELS);
+        dt_image_free(out);
+        return -1;
+    }
+    *name = dt_strdup(nm);
+    return 0;
+}
+
+/* Decode the uploads into r: image parts in order (the first is the init image when a mask came), the mask. */
+static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *e) {
+    const dt_api_part *mask = NULL;
+    int n_img = 0;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *p = &f->parts[i];
+        if (!strcmp(p->key, "mask")) {
+            if (mask) return bad(e, "mask", "'mask' is given twice");
+            mask = p;
+        } else if (is_image_key(p->key)) {
+            n_img++;
+        }
+    }
+    if (!n_img) return bad(e, "image", "an edit needs at least one image ('image[]' file parts)");
+    r->inpaint = mask != NULL;
+    if (n_img - r->inpaint > DT_GEN_MAX_REFS)
+        return bad(e, "image", "%d images: at most %d references%s", n_img, DT_GEN_MAX_REFS,
+                   r->inpaint ? " besides the image to inpaint" : "");
+    int k = 0;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *p = &f->parts[i];
+        if (!is_image_key(p->key) || p == mask) continue;
+        char what[48];
+        if (r->inpaint && k == 0) {
+            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &r->init, &r->init_name, e)) return -1;
+        } else {
+            snprintf(what, sizeof what, "image %d", k + 1);
+            if (decode_upload(p, what, "image", &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
+            r->n_refs++;
+        }
+        k++;
+    }
+    if (mask) {
+        if (decode_upload(mask, "mask", "mask", &r->mask, &r->mask_name, e)) return -1;
+        mask_from_alpha(&r->mask);
+    }
+    r->edit = 1;
+    return 0;
+}
+
+/* What the engine will check before any model runs, answered here as a 400: every reference's sides and aspect
+ * ratio, the mask's size, and the output size against the server's limits. */
+static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_error *e) {
+    for (int i = 0; i < r->n_refs; i++)
+        if (dt_prep_check_reference(&r->refs[i], r->ref_names[i])) return bad(e, "image", "%s", dt_last_error());
+    const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
+    int w = r->width, h = r->height;
+    const dt_image *first = r->inpaint ? &r->init : &r->refs[0];
+    if (r->inpaint) {
+        if (r->mask.w != r->init.w || r->mask.h != r->init.h)
+            return bad(e, "mask", "the mask is %dx%d; it must have the size of the image to inpaint (%dx%d)", r->mask.w,
+                       r->mask.h, r->init.w, r->init.h);
+        w = h = 0;   /* inpainting keeps the init image's size */
+    }
+    if (!w || !h) {
+        int aw, ah;
+        dt_prep_area_size(first->w, first->h, &aw, &ah);
+        if (!w) w = aw / mult * mult;
+        if (!h) h = ah / mult * mult;
+        if (w < mult || h < mult)
+            return bad(e, "image", "%s gives a %dx%d image; at least %d pixels a side are needed",
+                       r->inpaint ? r->init_name : r->ref_names[0], w, h, mult);
+        if ((int64_t)w * h > lim->max_pixels)
+            return bad(e, "image", "the output would be %dx%d = %lld pixels, over this server's limit of %lld", w, h,
+                       (long long)w * h, (long long)lim->max_pixels);
+    }
+    return 0;
+}
+
+int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t seed_if_absent, dt_api_request *r,
+                      dt_api_error *e) {
+    memset(r, 0, sizeof *r);
+    if (!lim->info.editing)
+        return bad(e, NULL, "this model (%s) does not edit images; only /v1/images/generations",
+                   lim->info.family ? lim->info.family : "?");
+    /* the text fields as one JSON object (a name given twice is refused by the shared checks) */
+    dt_strbuf j;
+    sb_init(&j);
+    sb_puts(&j, "{");
+    int nf = 0;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *p = &f->parts[i];
+        if (is_image_key(p->key)) continue;
+        if (strlen(p->key) > 40) {
+            sb_free(&j);
+            return bad(e, NULL, "unknown parameter '%.40s...'", p->key);
+        }
+        if (memchr(p->data.data ? p->data.data : "", 0, p->data.len)) {
+            sb_free(&j);
+            return bad(e, p->key, "'%s' contains a NUL character", p->key);
+        }
+        if (nf++) sb_puts(&j, ", ");
+        field_json(&j, p);
+    }
+    sb_puts(&j, "}");
+    json *root = json_parse(j.data, j.len, "edit request fields");
+    sb_free(&j);
+    if (!root) return bad(e, NULL, "%s", dt_last_error());
+    int rc = decode_images(f, r, e);
+    if (rc == 0) rc = dt_api_check_fields(root, lim, seed_if_absent, 1, r, e);
+    if (rc == 0) rc = check_images(lim, r, e);
+    json_free(root);
+    if (rc) dt_api_request_free(r);
+    return rc;
+}
