@@ -39,7 +39,7 @@ if [ ! -f "$LIBA" ] || [ -n "$(find src -name '*.[ch]' -newer "$LIBA" | head -1)
   ar rcs "$LIBA" "$OUT"/obj/*.o
 fi
 set -x
-for t in layout model_config api lora; do
+for t in layout model_config api lora api_edit; do
   if [ -f "fuzz/fuzz_$t.c" ]; then
     $CC $FLAGS -Iinclude -o "$OUT/fuzz_$t" "fuzz/fuzz_$t.c" "$LIBA" $LIBS
   fi

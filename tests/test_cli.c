@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "pipeline/png.h"
 #include "test.h"
 
 static char exe[512], tmpdir[256];
@@ -54,6 +55,21 @@ static void expect_error(const char *name, const char *args, const char *needle1
     else if ((needle1 && !strstr(err, needle1)) || (needle2 && !strstr(err, needle2)))
         T_FAIL(name, "message lacks '%s'/'%s': %s", needle1 ? needle1 : "", needle2 ? needle2 : "", err);
     else T_PASS(name);
+}
+
+static void spit_file(const char *path, const char *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (f) { fwrite(data, 1, n, f); fclose(f); }
+}
+
+/* A w x h RGB PNG (a gradient) at path. */
+static void write_test_png(const char *path, int w, int h) {
+    uint8_t *rgb = malloc((size_t)w * h * 3), *png = NULL;
+    for (int i = 0; i < w * h * 3; i++) rgb[i] = (uint8_t)(i * 7);
+    size_t n = 0;
+    if (dt_png_encode(rgb, w, h, NULL, 0, &png, &n) == 0) spit_file(path, (const char *)png, n);
+    free(rgb);
+    free(png);
 }
 
 /* Write a copy of the fixture transformer without tensor `drop` (NULL: all) into dir. */
@@ -287,8 +303,74 @@ int main(void) {
         snprintf(cmd, sizeof cmd, "generate --model %s/model -p x -o %s/edit/ref0.png --backend cpu -q --image %s/edit/ref0.png",
                  fx, fx, fx);
         expect_error("generate -o the same file as --image", cmd, "ref0.png", NULL);
+        /* every unusable image: one line naming the file, exit 1, nothing written */
+        char small[600], wide[600];
+        snprintf(small, sizeof small, "%s/side63.png", tmpdir);
+        snprintf(wide, sizeof wide, "%s/aspect9.png", tmpdir);
+        write_test_png(small, 63, 80);
+        write_test_png(wide, 9 * 64 + 8, 64);
+        const struct { const char *name, *file; } bad[] = {
+            {"truncated JPEG", "tests/images/bad_truncated_rgb420_jpg.jpg"},
+            {"truncated progressive JPEG", "tests/images/bad_truncated_progressive_jpg.jpg"},
+            {"truncated WebP", "tests/images/bad_truncated_lossy_webp.webp"},
+            {"16-bit PNG", "tests/images/bad_rgb16.png"},
+            {"16-bit gray PNG", "tests/images/bad_gray16.png"},
+            {"CMYK JPEG", "tests/images/bad_cmyk.jpg"},
+            {"animated WebP", "tests/images/bad_animated.webp"},
+            {"a 63-pixel side", small},
+            {"aspect ratio over 8", wide},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            char nm[160];
+            snprintf(nm, sizeof nm, "generate --image %s", bad[k].name);
+            snprintf(cmd, sizeof cmd, "%s --image %s", ed, bad[k].file);
+            const char *base = strrchr(bad[k].file, '/');
+            expect_error(nm, cmd, base ? base + 1 : bad[k].file, NULL);
+        }
+        snprintf(cmd, sizeof cmd, "%s --init-image tests/images/bad_cmyk.jpg --mask %s/edit/mask.png", ed, fx);
+        expect_error("generate --init-image CMYK JPEG", cmd, "bad_cmyk.jpg", NULL);
+        snprintf(cmd, sizeof cmd, "%s --init-image %s/edit/ref9.png --mask tests/images/bad_truncated_rgb_png.png", ed, fx);
+        expect_error("generate --mask truncated PNG", cmd, "bad_truncated_rgb_png.png", NULL);
+        snprintf(cmd, sizeof cmd, "%s --init-image %s/edit/ref9.png --mask %s/edit/mask.png --strength much", ed, fx, fx);
+        expect_error("generate --strength not a number", cmd, "--strength", NULL);
         struct stat st;
         T_CHECK("editing errors wrote no output file", stat(png, &st) != 0, "%s exists", png);
+        /* an existing output file is left as it was */
+        spit_file(png, "keep me", 7);
+        snprintf(cmd, sizeof cmd, "%s --image tests/images/bad_cmyk.jpg", ed);
+        expect_error("generate --image CMYK JPEG over an existing output", cmd, "bad_cmyk.jpg", NULL);
+        char keep[16] = "";
+        FILE *kf = fopen(png, "rb");
+        size_t kn = kf ? fread(keep, 1, sizeof keep - 1, kf) : 0;
+        if (kf) fclose(kf);
+        T_CHECK("an editing error leaves the existing output file as it was", kn == 7 && !memcmp(keep, "keep me", 7),
+                "%zu bytes: '%s'", kn, keep);
+        unlink(png);
+    }
+    /* one fixture case through the command line: edit1 (one reference, the size from it, the reference's noise)
+     * -> PNG values within +-1 of the reference's image for >= 99.9% */
+    {
+        char png[600], cmd[2048], io[600];
+        snprintf(png, sizeof png, "%s/edit1.png", tmpdir);
+        snprintf(io, sizeof io, "%s/edit/edit1_io.safetensors", fx);
+        snprintf(cmd, sizeof cmd, "generate --model %s/model --backend cpu -q --te-rope-bf16 --text-encoder-layers 1,2,3 "
+                 "--max-sequence-length 32 --steps 4 -p 'turn the fox into a snow leopard' --image %s/edit/ref0.png "
+                 "--noise %s -o %s", fx, fx, io, png);
+        char err2[4096];
+        int rc2 = run(cmd, err2, sizeof err2);
+        uint8_t *rgb = NULL;
+        int w = 0, h = 0;
+        st_file *f = st_open(io);
+        const st_tensor *u8 = f ? st_find(f, "out.image_u8") : NULL;
+        int ok = rc2 == 0 && u8 && u8->ndim == 4 && dt_png_read(png, &rgb, &w, &h, NULL, NULL) == 0 &&
+                 h == u8->shape[1] && w == u8->shape[2];
+        size_t close = 0, total = ok ? (size_t)w * h * 3 : 0;
+        for (size_t k = 0; k < total; k++) close += abs((int)rgb[k] - (int)((const uint8_t *)u8->data)[k]) <= 1;
+        T_CHECK("generate --image (edit1 through the CLI): values within +-1 of the reference for >= 99.9%",
+                ok && (double)close >= 0.999 * (double)total, "rc %d, %dx%d, %zu of %zu close: %s", rc2, w, h, close,
+                total, err2);
+        free(rgb);
+        st_close(f);
     }
     snprintf(args, sizeof args, "info %s/model > %s/info.txt", fx, tmpdir);
     rc = run(args, err, sizeof err);

@@ -2,7 +2,7 @@
  * `make test-asan`): every file of fuzz/corpus/NAME and fuzz/regressions/NAME goes through the code its
  * fuzzer drives (JSON parser, safetensors reader, config parsers + loaders, tokenizer.json loader,
  * FLUX.2 layouts + load + forward + quantize + convert, image decoders + editing preprocessing, GGUF reader +
- * block dequantization, LoRA adapters on the tiny model, the server's generation requests). Each input must load
+ * block dequantization, LoRA adapters on the tiny model, the server's generation and edit requests). Each input must load
  * or fail with an error message; a crash, leak or sanitizer report fails the program. */
 #include <dirent.h>
 #include <stdio.h>
@@ -25,6 +25,7 @@
 #include "quant/quantize_file.h"
 #include "test.h"
 #include "../fuzz/fuzz_api_drive.h"
+#include "../fuzz/fuzz_api_edit_drive.h"
 #include "../fuzz/fuzz_image_drive.h"
 
 static char tmpdir[256];
@@ -122,6 +123,7 @@ static int one_tokenizer(const unsigned char *d, size_t n) {
 
 static int one_image(const unsigned char *d, size_t n) { return fuzz_image_one(d, n); }
 static int one_api(const unsigned char *d, size_t n) { return fuzz_api_one(d, n); }
+static int one_api_edit(const unsigned char *d, size_t n) { return fuzz_api_edit_one(d, n); }
 
 /* an adapter on the tiny fixture: load (merge, or side products for an odd first byte) + a 2-token forward */
 static int one_lora(const unsigned char *d, size_t n) {
@@ -240,6 +242,7 @@ int main(void) {
     replay("layout", one_layout);
     replay("image", one_image);
     replay("api", one_api);
+    replay("api_edit", one_api_edit);
     be->destroy(be);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -342,7 +342,6 @@ static void test_bad_requests(const server *s) {
         {"unknown route", "GET", "/v1/nothing", NULL, 404, NULL},
         {"wrong method on a GET route", "POST", "/health", "{}", 405, NULL},
         {"wrong method on a POST route", "GET", "/v1/images/generations", NULL, 405, NULL},
-        {"edits not implemented yet", "POST", "/v1/images/edits", "x", 501, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *body = NULL, name[128], why[400];
@@ -371,6 +370,146 @@ static void test_bad_requests(const server *s) {
     /* still serving after all that */
     int code = http(s, "GET", "/health", NULL, NULL, NULL, NULL);
     T_CHECK("serve: healthy after the bad requests", code == 200, "status %d", code);
+}
+
+/* ---- POST /v1/images/edits ---- */
+
+/* `ditrun generate` with editing arguments (args) into path: 0 ok. */
+static int generate_edit(const char *prompt, const char *args, const char *path) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --backend cpu --threads 1 -q --max-sequence-length 8 "
+             "--prompt '%s' %s --output %s", exe, model, prompt, args, path);
+    return system(cmd);
+}
+
+/* An edit request (curl -F args) whose first image must equal `ditrun generate` with cli_args, pixel for pixel (and
+ * byte for byte: the same PNG text chunks). */
+static void edit_equals_generate(const server *s, const char *name, const char *form, const char *cli_args, int ew,
+                                 int eh) {
+    char *body = NULL, ref[600], got[600], nm[200];
+    int code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+    size_t n = 0;
+    unsigned char *png = answer_png(body, 0, &n);
+    snprintf(ref, sizeof ref, "%s/edit-ref.png", tmpdir);
+    snprintf(got, sizeof got, "%s/edit-got.png", tmpdir);
+    unlink(ref);
+    if (png) spit(got, (const char *)png, n);
+    int grc = generate_edit("a snow leopard", cli_args, ref);
+    uint8_t *a = NULL, *b = NULL;
+    int wa = 0, ha = 0, wb = 0, hb = 0;
+    int ok = code == 200 && png && grc == 0 && dt_png_read(got, &a, &wa, &ha, NULL, NULL) == 0 &&
+             dt_png_read(ref, &b, &wb, &hb, NULL, NULL) == 0;
+    snprintf(nm, sizeof nm, "serve edits: %s: %dx%d, the pixels of generate's", name, ew, eh);
+    T_CHECK(nm, ok && wa == ew && ha == eh && wb == ew && hb == eh && !memcmp(a, b, (size_t)ew * eh * 3),
+            "status %d, generate %d, %dx%d vs %dx%d: %.200s", code, grc, wa, ha, wb, hb, ok ? "pixels differ" : body);
+    snprintf(nm, sizeof nm, "serve edits: %s: the PNG bytes of generate's", name);
+    T_CHECK(nm, ok && file_equals(ref, png, n), "the PNGs differ");
+    free(a);
+    free(b);
+    free(png);
+    free(body);
+}
+
+/* A small RGB image file of w x h (a gradient). */
+static void write_png(const char *path, int w, int h) {
+    uint8_t *rgb = malloc((size_t)w * h * 3), *png = NULL;
+    for (int i = 0; i < w * h * 3; i++) rgb[i] = (uint8_t)(i * 7);
+    size_t n = 0;
+    if (dt_png_encode(rgb, w, h, NULL, 0, &png, &n) == 0) spit(path, (const char *)png, n);
+    free(rgb);
+    free(png);
+}
+
+static void test_edits(const server *s) {
+    char fx[600], form[2048], args[2048];
+    snprintf(fx, sizeof fx, "%s/edit", t_fixtures());
+    /* one reference: the output takes its prepared size (100x77 -> 96x72) */
+    snprintf(form, sizeof form, "-F 'image[]=@%s/ref0.png' -F 'prompt=a snow leopard' -F seed=5 -F steps=2", fx);
+    snprintf(args, sizeof args, "--image %s/ref0.png --seed 5 --steps 2", fx);
+    edit_equals_generate(s, "one reference", form, args, 96, 72);
+    /* two references in order (RGB, RGBA), a size of our choice, 'image' as the field name */
+    snprintf(form, sizeof form, "-F 'image=@%s/ref0.png' -F 'image=@%s/ref1.png' -F 'prompt=a snow leopard' -F seed=7 "
+             "-F steps=2 -F size=64x48", fx, fx);
+    snprintf(args, sizeof args, "--image %s/ref0.png --image %s/ref1.png --seed 7 --steps 2 --width 64 --height 48", fx, fx);
+    edit_equals_generate(s, "two references at 64x48", form, args, 64, 48);
+    /* inpainting: the first image with the mask (white = repaint), the init image's size */
+    snprintf(form, sizeof form, "-F 'image[]=@%s/ref9.png' -F 'mask=@%s/mask.png' -F 'prompt=a snow leopard' -F seed=3 "
+             "-F steps=4 -F strength=0.6", fx, fx);
+    snprintf(args, sizeof args, "--init-image %s/ref9.png --mask %s/mask.png --strength 0.6 --seed 3 --steps 4", fx, fx);
+    edit_equals_generate(s, "inpainting", form, args, 72, 64);
+
+    /* refused: 400 with the API's error object naming the parameter */
+    char small[600], wide[600], big[600];
+    snprintf(small, sizeof small, "%s/side63.png", tmpdir);
+    snprintf(wide, sizeof wide, "%s/aspect9.png", tmpdir);
+    snprintf(big, sizeof big, "%s/big.bin", tmpdir);
+    write_png(small, 63, 80);
+    write_png(wide, 9 * 64 + 8, 64);
+    static const struct { const char *name, *form; const char *param; } bad[] = {
+        {"truncated PNG", "-F 'image[]=@tests/images/bad_truncated_rgb_png.png'", "image"},
+        {"truncated JPEG", "-F 'image[]=@tests/images/bad_truncated_rgb420_jpg.jpg'", "image"},
+        {"truncated WebP", "-F 'image[]=@tests/images/bad_truncated_lossy_webp.webp'", "image"},
+        {"16-bit PNG", "-F 'image[]=@tests/images/bad_rgb16.png'", "image"},
+        {"CMYK JPEG", "-F 'image[]=@tests/images/bad_cmyk.jpg'", "image"},
+        {"not an image", "-F 'image[]=@tests/images/bad_not_image.png'", "image"},
+        {"a 63-pixel side", "-F 'image[]=@SMALL'", "image"},
+        {"aspect ratio over 8", "-F 'image[]=@WIDE'", "image"},
+        {"a mask of another size", "-F 'image[]=@FX/ref9.png' -F 'mask=@FX/ref0.png'", "mask"},
+        {"strength without a mask", "-F 'image[]=@FX/ref0.png' -F strength=0.5", "strength"},
+        {"strength 0", "-F 'image[]=@FX/ref9.png' -F 'mask=@FX/mask.png' -F strength=0", "strength"},
+        {"strength 1.5", "-F 'image[]=@FX/ref9.png' -F 'mask=@FX/mask.png' -F strength=1.5", "strength"},
+        {"no image", "", "image"},
+        {"an empty image", "-F 'image[]=@/dev/null;filename=empty.png'", "image"},
+        {"n not a number", "-F 'image[]=@FX/ref0.png' -F n=two", "n"},
+        {"size not WxH", "-F 'image[]=@FX/ref0.png' -F size=big", "size"},
+        {"unknown parameter", "-F 'image[]=@FX/ref0.png' -F noise_file=/etc/passwd", "noise_file"},
+        {"prompt given twice", "-F 'image[]=@FX/ref0.png' -F prompt=y", "prompt"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char f[1024], nm[160], why[400], *body = NULL;
+        size_t o = 0;
+        for (const char *p = bad[i].form; *p && o < sizeof f - 700;) {   /* SMALL, WIDE, FX placeholders */
+            if (!strncmp(p, "SMALL", 5)) { o += (size_t)snprintf(f + o, sizeof f - o, "%s", small); p += 5; }
+            else if (!strncmp(p, "WIDE", 4)) { o += (size_t)snprintf(f + o, sizeof f - o, "%s", wide); p += 4; }
+            else if (!strncmp(p, "FX", 2)) { o += (size_t)snprintf(f + o, sizeof f - o, "%s", fx); p += 2; }
+            else f[o++] = *p++;
+        }
+        f[o] = 0;
+        snprintf(form, sizeof form, "%s -F 'prompt=x' -F steps=1", f);
+        int code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+        snprintf(nm, sizeof nm, "serve edits: %s -> 400 naming '%s'", bad[i].name, bad[i].param);
+        T_CHECK(nm, code == 400 && error_shape(body, bad[i].param, why, sizeof why), "status %d, body %s", code, why);
+        free(body);
+    }
+    /* not a form: 400; a JSON body is not an edit request */
+    char *body = NULL, why[400];
+    int code = http(s, "POST", "/v1/images/edits", "{\"prompt\": \"x\"}", "-H 'Content-Type: application/json'", &body,
+                    NULL);
+    T_CHECK("serve edits: a JSON body -> 400 with a JSON error", code == 400 && error_shape(body, NULL, why, sizeof why),
+            "status %d, body %s", code, why);
+    free(body);
+    /* a multipart body cut short (no closing boundary): 400 */
+    const char *cut = "--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nx\r\n--XyZ\r\nContent-Disposition: "
+                      "form-data; name=\"image[]\"; filename=\"a.png\"\r\n\r\n\x89PNG";
+    code = http(s, "POST", "/v1/images/edits", cut, "-H 'Content-Type: multipart/form-data; boundary=XyZ'", &body, NULL);
+    T_CHECK("serve edits: a multipart body cut short -> 400 with a JSON error",
+            code == 400 && error_shape(body, NULL, why, sizeof why),
+            "status %d, body %s", code, why);
+    free(body);
+    /* over 32 MiB: 413 before the body is read */
+    FILE *bf = fopen(big, "wb");
+    if (bf) {
+        if (ftruncate(fileno(bf), (32 << 20) + 4096)) {}
+        fclose(bf);
+    }
+    snprintf(form, sizeof form, "-F 'image[]=@%s' -F prompt=x", big);
+    code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+    T_CHECK("serve edits: a body over 32 MiB -> 413 with a JSON error", code == 413 && error_shape(body, NULL, why, sizeof why),
+            "status %d, body %s", code, why);
+    free(body);
+    unlink(big);
+    code = http(s, "GET", "/health", NULL, NULL, NULL, NULL);
+    T_CHECK("serve edits: healthy after the bad requests", code == 200, "status %d", code);
 }
 
 static void test_auth(void) {
@@ -650,6 +789,7 @@ int main(void) {
     test_images(&s);
     test_stream(&s);
     test_bad_requests(&s);
+    test_edits(&s);
     code = http(&s, "GET", "/metrics", NULL, NULL, &body, NULL);
     T_CHECK("serve: /metrics counts requests by status and has the latency histogram and device memory",
             code == 200 && body && strstr(body, "ditrun_requests_total{route=\"/v1/images/generations\",status=\"400\"}") &&
