@@ -1,5 +1,6 @@
 /* test_cli.c — the ditrun command end to end: bad input gets one clear error line and exit 1
  * (never a crash), good input works. Runs $BUILD/ditrun (default build/ditrun). */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "pipeline/png.h"
 #include "test.h"
@@ -439,6 +441,27 @@ int main(void) {
              "&& test -f '%s/sp/tokenizer/chat_template.jinja' && '%s' generate --backend cpu -q --model '%s/sp' -p 'a fox' "
              "--height 32 --width 32 --max-sequence-length 16 -o '%s/sp.png'", exe, tmpdir, tmpdir, tmpdir, tmpdir, exe, tmpdir, tmpdir);
     T_CHECK("synth --pipeline from another working directory, diffusers file names, generates", system(cwd_cmd) == 0, "%s", cwd_cmd);
+    /* the synthetic pipeline's VAE has an encoder: it edits (one reference, the size from it) */
+    char sp_rel[600], sp_ref[PATH_MAX], sp_cmd[PATH_MAX + 2048];
+    snprintf(sp_rel, sizeof sp_rel, "%s/edit/ref0.png", fx);
+    if (!realpath(sp_rel, sp_ref)) snprintf(sp_ref, sizeof sp_ref, "%s", sp_rel);
+    snprintf(sp_cmd, sizeof sp_cmd, "cd / && '%s' generate --backend cpu -q --model '%s/sp' -p 'a fox' "
+             "--max-sequence-length 16 --image '%s' -o '%s/sp-edit.png'", exe, tmpdir, sp_ref, tmpdir);
+    int sp_rc = system(sp_cmd);
+    snprintf(p1, sizeof p1, "%s/sp-edit.png", tmpdir);
+    uint8_t *sp_rgb = NULL;
+    int sp_w = 0, sp_h = 0;
+    /* the multiple is 2 x the VAE's scale factor, 2^(blocks - 1), from the config the synth wrote */
+    snprintf(p2, sizeof p2, "%s/sp/vae/config.json", tmpdir);
+    json *spc = json_parse_file(p2);
+    const json *boc = spc ? json_get(spc, "block_out_channels") : NULL;
+    int sp_mult = boc && boc->len > 0 ? 2 << (boc->len - 1) : 0;
+    json_free(spc);
+    T_CHECK("synth --pipeline edits: --image sets the size (the reference floored to 2 x the VAE scale factor)",
+            sp_rc == 0 && sp_mult > 0 && dt_png_read(p1, &sp_rgb, &sp_w, &sp_h, NULL, NULL) == 0 &&
+                sp_w == 100 / sp_mult * sp_mult && sp_h == 77 / sp_mult * sp_mult,
+            "%s -> %dx%d (multiple %d)", sp_cmd, sp_w, sp_h, sp_mult);
+    free(sp_rgb);
 
     expect_error("generate --count with --save-latents", "generate -p x -o /tmp/x.png --count 2 --save-latents /tmp/y.st",
                  "--count", NULL);

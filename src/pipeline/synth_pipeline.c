@@ -1,5 +1,5 @@
 /* synth_pipeline.c — a whole synthetic FLUX.2-klein pipeline folder (random weights at a real
- * geometry): transformer (flux2_synth_write), Qwen3 text encoder, VAE decoder, plus the bundled
+ * geometry): transformer (flux2_synth_write), Qwen3 text encoder, VAE (decoder and encoder), plus the bundled
  * tokenizer and scheduler config. Lets `ditrun generate` run end to end at klein-4B/9B size
  * without downloading weights (speed runs, memory checks). */
 #include "synth_pipeline.h"
@@ -102,19 +102,21 @@ static void add_resnet(synth_list *l, const char *name, int64_t cin, int64_t cou
 
 static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
     if (mkdir_p(dir)) return -1;
-    char p[8500], cfg[2048], blk[128] = "", types[512] = "";
+    char p[8500], cfg[2048], blk[128] = "", types[512] = "", dtypes[512] = "";
     for (int i = 0; i < g->nblk; i++) {
         size_t n = strlen(blk);
         snprintf(blk + n, sizeof blk - n, "%s%d", i ? ", " : "", g->blk[i]);
         n = strlen(types);
         snprintf(types + n, sizeof types - n, "%s\"UpDecoderBlock2D\"", i ? ", " : "");
+        n = strlen(dtypes);
+        snprintf(dtypes + n, sizeof dtypes - n, "%s\"DownEncoderBlock2D\"", i ? ", " : "");
     }
     snprintf(cfg, sizeof cfg,
              "{\n  \"_class_name\": \"AutoencoderKLFlux2\",\n  \"act_fn\": \"silu\",\n  \"batch_norm_eps\": 0.0001,\n"
-             "  \"block_out_channels\": [%s],\n  \"in_channels\": 3,\n  \"out_channels\": 3,\n  \"latent_channels\": %d,\n"
+             "  \"block_out_channels\": [%s],\n  \"down_block_types\": [%s],\n  \"in_channels\": 3,\n  \"out_channels\": 3,\n  \"latent_channels\": %d,\n"
              "  \"layers_per_block\": %d,\n  \"mid_block_add_attention\": true,\n  \"norm_num_groups\": %d,\n"
              "  \"patch_size\": [2, 2],\n  \"up_block_types\": [%s],\n  \"use_post_quant_conv\": true,\n  \"use_quant_conv\": true\n}\n",
-             blk, g->latent, g->lpb, g->groups, types);
+             blk, dtypes, g->latent, g->lpb, g->groups, types);
     snprintf(p, sizeof p, "%s/config.json", dir);
     if (synth_write_text(p, cfg)) return -1;
     synth_list l = {0};
@@ -143,6 +145,29 @@ static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
     }
     add_gn(&l, "decoder.conv_norm_out", g->blk[0]);
     add_conv(&l, "decoder.conv_out", 3, g->blk[0], 3);
+    /* the encoder (reference images and inpainting): conv_in, down blocks (layers_per_block resnets, a stride-2
+     * conv between blocks), mid block, conv_out to 2 x latent channels, quant_conv */
+    add_conv(&l, "encoder.conv_in", g->blk[0], 3, 3);
+    prev = g->blk[0];
+    for (int b = 0; b < g->nblk; b++) {
+        int64_t out = g->blk[b];
+        for (int r = 0; r < g->lpb; r++) {
+            snprintf(nm, sizeof nm, "encoder.down_blocks.%d.resnets.%d", b, r);
+            add_resnet(&l, nm, r == 0 ? prev : out, out);
+        }
+        if (b < g->nblk - 1) { snprintf(nm, sizeof nm, "encoder.down_blocks.%d.downsamplers.0.conv", b); add_conv(&l, nm, out, out, 3); }
+        prev = out;
+    }
+    add_resnet(&l, "encoder.mid_block.resnets.0", top, top);
+    add_gn(&l, "encoder.mid_block.attentions.0.group_norm", top);
+    synth_add_linear(&l, "encoder.mid_block.attentions.0.to_q", top, top, 1);
+    synth_add_linear(&l, "encoder.mid_block.attentions.0.to_k", top, top, 1);
+    synth_add_linear(&l, "encoder.mid_block.attentions.0.to_v", top, top, 1);
+    synth_add_linear(&l, "encoder.mid_block.attentions.0.to_out.0", top, top, 1);
+    add_resnet(&l, "encoder.mid_block.resnets.1", top, top);
+    add_gn(&l, "encoder.conv_norm_out", top);
+    add_conv(&l, "encoder.conv_out", 2 * lat, top, 3);
+    add_conv(&l, "quant_conv", 2 * lat, 2 * lat, 1);
     snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
     int rc = synth_write(&l, p, 0, 64, DT_F32, seed);
     synth_list_free(&l);
