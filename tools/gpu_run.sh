@@ -20,6 +20,8 @@
 #               DIFFUSERS_SRC holds diffusers' sources
 #     formats   klein-4B 1024² forwards from an fp8 file (BFL layout), GGUF Q8_0 / Q4_K files, LoRA side products and
 #               merges, their error vs bf16, and test_gpu_formats
+#     edit      image editing on the synthetic klein-4B q4 pipeline: 1024² with one 1024² reference, 4 steps, warm
+#               (appended and KV-cached: step times), and the reference side by side when DIFFUSERS_SRC is set
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -263,6 +265,46 @@ if has krea2gen; then  # Krea 2 end to end at 1024^2 on the synthetic real-geome
         done
     else
         log "krea2 reference skipped: DIFFUSERS_SRC does not hold diffusers/"
+    fi
+fi
+
+if has edit; then  # PERF: image editing on the synthetic klein-4B q4 pipeline: a 1024^2 output with one 1024^2
+    # reference, 4 steps, warm (generate --count); KV-cached references (Flux2KleinKVPipeline: steps 2-4 vs a
+    # full-reference step); then the reference (tools/diffusers_klein_edit_time.py: diffusers Flux2KleinPipeline
+    # with image=, bf16, eager and torch.compile, and its KV pipeline) on the same folder and reference image, when
+    # DIFFUSERS_SRC names a folder holding diffusers/
+    t1=$(date +%s)
+    [ -f "$W/p4e/vae/diffusion_pytorch_model.safetensors" ] && grep -q quant_conv "$W/p4e/vae/diffusion_pytorch_model.safetensors" \
+        || { rm -rf "$W/p4e"; $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4e" > /dev/null 2>&1; }
+    if [ ! -d "$W/p4ekv" ]; then   # the same components as Flux2KleinKVPipeline
+        mkdir -p "$W/p4ekv"
+        for d in tokenizer text_encoder transformer vae scheduler; do ln -s "$W/p4e/$d" "$W/p4ekv/$d"; done
+        sed 's/"Flux2KleinPipeline"/"Flux2KleinKVPipeline"/' "$W/p4e/model_index.json" > "$W/p4ekv/model_index.json"
+    fi
+    [ -f "$W/ref1024.png" ] || $B generate --backend cuda --model "$W/p4e" -p "a red fox" --seed 3 -q -o "$W/ref1024.png"
+    log "edit: synthetic pipeline with a VAE encoder + reference image: $(( $(date +%s) - t1 )) s"
+    EP="turn the fox into a snow leopard"
+    for m in p4e p4ekv; do
+        [ $m = p4e ] && log "ditrun edit 1024^2 + one 1024^2 reference, appended (every step: text + noise + reference)" \
+                     || log "ditrun edit, KV-cached reference (step 1: reference-only pass + step; steps 2-4: text + noise)"
+        $B generate --backend cuda --model "$W/$m" -p "$EP" --image "$W/ref1024.png" \
+            --count "${EDIT_COUNT:-6}" -o "$OUT/edit_$m.png" 2>&1 | grep -E "^image|steps:|images|first|warm|peak|error" \
+            | tee -a "$OUT/summary.txt"
+    done
+    log "ditrun text-to-image 1024^2 on the same pipeline, for scale"
+    $B generate --backend cuda --model "$W/p4e" -p "a snow leopard" --count 3 -o "$OUT/edit_t2i.png" 2>&1 \
+        | grep -E "^image|steps:|warm|error" | tee -a "$OUT/summary.txt"
+    for t in test_edit test_edit_engine; do
+        timeout 300 env DITRUN_REQUIRE_GPU=1 ./build/tests/$t 2>&1 | grep -E "FAIL|cuda" | tail -40 | tee -a "$OUT/summary.txt"
+    done
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
+        for arm in "" "--compile" "--kv" "--kv --compile"; do
+            timeout 1500 python3 tools/diffusers_klein_edit_time.py --model "$W/p4e" --image "$W/ref1024.png" --size 1024 \
+                --steps 4 --runs "${EDIT_RUNS:-10}" --seed 7 $arm 2> "$OUT/diffusers-edit${arm// /}.log" \
+                | sed "s/^/[reference $arm] /" | tee -a "$OUT/summary.txt"
+        done
+    else
+        log "edit reference skipped: DIFFUSERS_SRC does not hold diffusers/"
     fi
 fi
 
