@@ -79,7 +79,7 @@ typedef struct {
     int n_images;
     const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
     const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
-    float strength;                        /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
+    double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */

@@ -445,7 +445,7 @@ static uint8_t *pipe_run(dt_backend *be, const pipe_case *pc, const char *kv_roo
             g.mask = &ims[3];
             g.init_name = paths[2];
             g.mask_name = paths[3];
-            g.strength = (float)json_get_num(cs, "strength", 0);
+            g.strength = json_get_num(cs, "strength", 0);
             g.guidance = (float)json_get_num(cs, "guidance_scale", -1);
         }
         pipe_obs o = {io, tag, tol, 0, 0, lat, per};

@@ -231,7 +231,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--strength")) {
             if (cli_parse_float(a, v, &d)) return 1;
             if (!(d > 0 && d <= 1)) return cli_error("--strength %s is out of range (0, 1]", v);
-            p.strength = (float)d;
+            p.strength = d;
             i++;
         }
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; p.max_seq_len = (int)l; i++; }

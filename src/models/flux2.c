@@ -46,7 +46,7 @@ struct flux2_model {
      * with the same (N, T) (the first one, eager, lets every scratch buffer reach its size) and replayed */
     int use_graph;
     void *graph;
-    int graph_n, graph_t, warm_n, warm_t;
+    int graph_n, graph_t, graph_nout, warm_n, warm_t, warm_nout;   /* the shape: rows, text rows, projected rows */
     /* resident text features (flux2_text_resident): host buffers the caller keeps unchanged, uploaded once;
      * a forward whose txt matches one copies it on the device instead of uploading again. Two slots (the
      * positive and the negative prompt of CFG), least recently used replaced. */
@@ -55,10 +55,11 @@ struct flux2_model {
     /* reference tokens (flux2_set_refs): resident on the device; KV mode keeps each block's K|V after the
      * reference-only pass (cache[0 .. num_layers) the double blocks, then the single blocks) */
     struct {
-        int r, kv_cached, filled;
-        dt_mat tok;      /* [r, in] */
-        float *ids;      /* [r, n_axes] host */
-        dt_mat *cache;   /* [num_layers + num_single_layers] x [r, 2D] (KV mode) */
+        int r, kv_cached, filled;   /* r = 0: no references in the forwards (the buffers below may stay allocated) */
+        dt_mat tok;      /* [rows, in]: rows = the last reference geometry's token count, kept for the next request */
+        float *ids;      /* [rows, n_axes] host */
+        dt_mat *cache;   /* [num_layers + num_single_layers] x [rows, 2D] (KV mode; NULL otherwise) */
+        flux2_acts x;    /* KV mode: the reference-only pass's activations [rows] */
     } ref;
 };
 
@@ -406,7 +407,7 @@ static void drop_refs(flux2_model *m);
 static void drop_graph(flux2_model *m) {
     if (m->graph) m->be->graph_destroy(m->be, m->graph);
     m->graph = NULL;
-    m->warm_n = m->warm_t = -1;
+    m->warm_n = m->warm_t = m->warm_nout = -1;
 }
 
 void flux2_set_graph(flux2_model *m, int on) {
@@ -842,30 +843,50 @@ static void drop_refs(flux2_model *m) {
     if (m->ref.tok.data) be->free(be, &m->ref.tok);
     for (int i = 0; m->ref.cache && i < m->c.num_layers + m->c.num_single_layers; i++)
         if (m->ref.cache[i].data) be->free(be, &m->ref.cache[i]);
+    if (m->ref.x.s.data) flux2_acts_free(be, &m->ref.x);
     free(m->ref.cache);
     free(m->ref.ids);
     memset(&m->ref, 0, sizeof m->ref);
 }
 
-int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached) {
+/* Device buffers for r reference tokens (KV mode: every block's K|V and the reference-only pass's activations):
+ * the previous request's when its geometry was the same (nothing allocated, a captured graph stays valid), else
+ * new ones. 0 or -1 (dt_last_error). */
+static int refs_ensure(flux2_model *m, int r, int kv_cached) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
-    drop_graph(m);   /* a captured forward had the previous references' rows and copies */
+    const int nb = c->num_layers + c->num_single_layers;
+    if (m->ref.tok.data && m->ref.tok.rows == r && (m->ref.cache != NULL) == (kv_cached != 0)) return 0;
+    drop_graph(m);   /* a captured forward refers to the old buffers */
     drop_refs(m);
-    if (!tokens || r <= 0) return 0;
-    if (!ids) { dt_set_error("flux2: reference tokens need their position ids"); return -1; }
-    if (be->alloc(be, &m->ref.tok, r, c->in_channels, be->act_dtype)) { drop_refs(m); return -1; }
-    be->upload(be, m->ref.tok, tokens);
+    if (be->alloc(be, &m->ref.tok, r, c->in_channels, be->act_dtype)) goto fail;
     m->ref.ids = dt_malloc(sizeof(float) * (size_t)r * c->n_axes);
+    if (kv_cached) {
+        m->ref.cache = dt_calloc(nb ? nb : 1, sizeof(dt_mat));
+        for (int i = 0; i < nb; i++)
+            if (be->alloc(be, &m->ref.cache[i], r, 2 * (int64_t)c->hidden, be->act_dtype)) goto fail;
+        flux2_acts_alloc(be, c, r, 0, c->num_layers > 0, c->num_single_layers > 0, &m->ref.x);
+    }
+    return 0;
+fail:
+    drop_refs(m);
+    return -1;
+}
+
+int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached) {
+    const flux2_config *c = &m->c;
+    if (!tokens || r <= 0) {   /* none: the buffers stay for a later request of the same geometry */
+        m->ref.r = 0;
+        m->ref.filled = 0;
+        return 0;
+    }
+    if (!ids) { dt_set_error("flux2: reference tokens need their position ids"); return -1; }
+    if (refs_ensure(m, r, kv_cached)) return -1;
+    m->be->upload(m->be, m->ref.tok, tokens);
     memcpy(m->ref.ids, ids, sizeof(float) * (size_t)r * c->n_axes);
     m->ref.r = r;
     m->ref.kv_cached = kv_cached != 0;
-    if (kv_cached) {
-        int nb = c->num_layers + c->num_single_layers;
-        m->ref.cache = dt_calloc(nb ? nb : 1, sizeof(dt_mat));
-        for (int i = 0; i < nb; i++)
-            if (be->alloc(be, &m->ref.cache[i], r, 2 * (int64_t)c->hidden, be->act_dtype)) { drop_refs(m); return -1; }
-    }
+    m->ref.filled = 0;   /* KV mode: the next forward runs the reference-only pass for these tokens */
     return 0;
 }
 
@@ -877,19 +898,17 @@ static int kv_extract(flux2_model *m) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     int r = m->ref.r;
-    flux2_acts x;
-    flux2_acts_alloc(be, c, r, 0, c->num_layers > 0, c->num_single_layers > 0, &x);
+    flux2_acts *x = &m->ref.x;   /* [r] rows, kept with the references (refs_ensure) */
     float *emb = dt_malloc(sizeof(float) * c->tg_channels);
     float *cs = dt_malloc(sizeof(float) * (size_t)r * c->head_dim), *sn = dt_malloc(sizeof(float) * (size_t)r * c->head_dim);
     flux2_timestep_sinusoid(0.0f, c->tg_channels, emb);
     flux2_rope_tables(c, m->ref.ids, r, cs, sn);
-    be->upload(be, x.emb, emb);
-    be->upload(be, x.cos, cs);
-    be->upload(be, x.sin, sn);
-    be->copy(be, x.in_img, m->ref.tok);
-    run_blocks(m, &x, r, 0, 0, NULL, m->ref.cache, NULL, NULL);
+    be->upload(be, x->emb, emb);
+    be->upload(be, x->cos, cs);
+    be->upload(be, x->sin, sn);
+    be->copy(be, x->in_img, m->ref.tok);
+    run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL);
     int rc = be->sync(be);
-    flux2_acts_free(be, &x);
     free(emb); free(cs); free(sn);
     if (rc == 0) m->ref.filled = 1;
     return rc;
@@ -934,19 +953,19 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
 
     if (!m->use_graph || trace) {
         device_part(m, na, n, t, trace, ud);
-    } else if (m->graph && m->graph_n == na && m->graph_t == t) {
+    } else if (m->graph && m->graph_n == na && m->graph_t == t && m->graph_nout == n) {
         if (be->graph_launch(be, m->graph)) return -1;
-    } else if (m->warm_n == na && m->warm_t == t) {
+    } else if (m->warm_n == na && m->warm_t == t && m->warm_nout == n) {
         /* second call at this shape: capture the device part, then replay it */
         if (be->capture_begin(be)) return -1;
         device_part(m, na, n, t, NULL, NULL);
         m->graph = be->capture_end(be);
         if (!m->graph) return -1;
-        m->graph_n = na; m->graph_t = t;
+        m->graph_n = na; m->graph_t = t; m->graph_nout = n;
         if (be->graph_launch(be, m->graph)) return -1;
     } else {
         device_part(m, na, n, t, NULL, NULL);   /* eager warm-up: scratch buffers reach their sizes */
-        m->warm_n = na; m->warm_t = t;
+        m->warm_n = na; m->warm_t = t; m->warm_nout = n;
     }
     be->download(be, out, dt_mat_rows(b->x.out, 0, n));
     if (be->sync(be) != 0) return -1;

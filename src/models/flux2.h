@@ -270,7 +270,9 @@ int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt,
  *   only to themselves) and keeps each block's reference K|V after norm + RoPE; that forward and every later one
  *   run only text + noise tokens, whose attention also sees the cached K|V. The cached K|V depend only on the
  *   references and the weights, so CFG's passes share them.
- * tokens = NULL or r = 0 removes the references. The host arrays are copied; 0 or -1 (dt_last_error). */
+ * tokens = NULL or r = 0 removes the references. The host arrays are copied; 0 or -1 (dt_last_error).
+ * The device buffers (tokens, KV mode's cache and its pass's activations) stay allocated after removal: a later call
+ * with the same token count and mode reuses them (no allocation, a captured CUDA graph stays valid). */
 int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached);
 
 /* Geometry presets: "klein-4b", "klein-9b" (their published config.json geometry), "tiny" (the test fixture).

@@ -13,7 +13,7 @@
 #define DT_GEN_MAX_TAPS 16
 #define DT_GEN_MAX_RANKS 16     /* sequence-parallel ranks (models/flux2_sp.h) */
 #define DT_GEN_MAX_REFS 16      /* reference images per request */
-#define DT_GEN_DEFAULT_STRENGTH 0.8f   /* inpainting strength when none is given (the reference's default) */
+#define DT_GEN_DEFAULT_STRENGTH 0.8    /* inpainting strength when none is given (the reference's default) */
 
 /* Load-time choices of a pipeline (they decide what is loaded and how). */
 typedef struct {
@@ -62,7 +62,8 @@ typedef struct {
     const dt_image *init_image; /* inpainting: the image to edit (sets the output size; height/width are ignored) */
     const dt_image *mask;       /* inpainting: white = repaint, the init image's size */
     const char *init_name, *mask_name;   /* their names in messages (NULL: "init image", "mask") */
-    float strength;             /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH */
+    double strength;            /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH (a double: the
+                                 * kept steps are floor(steps - steps·strength) in float64, as the reference computes) */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);

@@ -31,7 +31,7 @@ void dt_image_meta_fill(dt_image_meta *m, const dt_gen_params *g, int steps, int
         add(m, "reference_images", m->refs);
     }
     if (g->init_image) {
-        snprintf(m->strength, sizeof m->strength, "%g", (double)(g->strength > 0 ? g->strength : DT_GEN_DEFAULT_STRENGTH));
+        snprintf(m->strength, sizeof m->strength, "%g", g->strength > 0 ? g->strength : DT_GEN_DEFAULT_STRENGTH);
         add(m, "strength", m->strength);
     }
 }

@@ -207,7 +207,7 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
             if (!(sj->number > 0 && sj->number <= 1))
                 return bad(e, "strength", "'strength' is %g; it must be in (0, 1]", sj->number);
             if (!r->inpaint) return bad(e, "strength", "'strength' applies to inpainting (send a 'mask')");
-            r->strength = (float)sj->number;
+            r->strength = sj->number;
         }
     }
     const json *st = json_get(root, "stream");

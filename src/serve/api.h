@@ -48,7 +48,7 @@ typedef struct {
     int inpaint;                    /* a mask was sent: the first image is inpainted (init), the rest are references */
     dt_image init, mask;            /* mask: L, white = repaint (an uploaded mask with transparency: transparent = repaint) */
     char *init_name, *mask_name;
-    float strength;                 /* 0 = the engine's default */
+    double strength;                /* 0 = the engine's default */
 } dt_api_request;
 
 /* An error answer: HTTP status and the OpenAI error object {"message", "type", "param"}. */

@@ -1,0 +1,361 @@
+/* test_edit_engine.c — image editing through the engine (dt_pipeline_load / dt_pipeline_generate on the tiny fixture
+ * pipeline), checked by properties that hold for any model, size or image rather than against stored outputs (the
+ * fixture comparisons are test_edit.c's):
+ *   - three references (grayscale, RGBA, RGB) of sizes the fixtures do not have: the output takes the first one's
+ *     prepared size; each image's tokens are those it gets alone, with T = 10, 20, 30 and its own grid; a grayscale
+ *     image encodes as its RGB replica and an RGBA one as its RGB part (alpha dropped, not composited);
+ *   - inpainting at strengths other than the fixture's: the steps that run are the reference's
+ *     steps - int(steps - steps * strength) (float64), and after the last step the kept region (mask 0 on the packed
+ *     grid) holds the init image's latents exactly;
+ *   - memory: the second and third image of the same geometry leave the backend holding no more than after the
+ *     first (current and peak bytes; on CUDA the peak is what was taken from the device), appended and KV-cached.
+ * Every size is read from the image files and the VAE's config. CPU always; CUDA too when a GPU is usable. */
+#include <limits.h>
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "image/edit_prep.h"
+#include "image/image.h"
+#include "io/json.h"
+#include "pipeline/engine.h"
+#include "pipeline/png.h"
+#include "test.h"
+
+/* Tokens of the same image encoded alone and together with others: the same convolutions on the same pixels. */
+#define TOKENS_TOL 1e-6
+
+static char tmp[512], root[600];
+
+/* ---- files ---- */
+
+static int write_gray_png(const char *path, const uint8_t *l, int w, int h) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    png_structp p = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(p);
+    if (setjmp(png_jmpbuf(p))) { png_destroy_write_struct(&p, &info); fclose(f); return -1; }
+    png_init_io(p, f);
+    png_set_IHDR(p, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_GRAY, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(p, info);
+    for (int y = 0; y < h; y++) png_write_row(p, (png_const_bytep)(l + (size_t)y * w));
+    png_write_end(p, NULL);
+    png_destroy_write_struct(&p, &info);
+    return fclose(f);
+}
+
+static int write_rgb_png(const char *path, const uint8_t *rgb, int w, int h) {
+    uint8_t *png = NULL;
+    size_t n = 0;
+    if (dt_png_encode(rgb, w, h, NULL, 0, &png, &n)) return -1;
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(png, 1, n, f) == n;
+    if (f) fclose(f);
+    free(png);
+    return ok ? 0 : -1;
+}
+
+/* 2 x the VAE's scale factor (2^(blocks - 1)), from the fixture's vae/config.json. */
+static int vae_multiple(void) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/vae/config.json", root);
+    json *j = json_parse_file(p);
+    const json *b = j ? json_get(j, "block_out_channels") : NULL;
+    int m = b && b->len > 0 ? 2 << (b->len - 1) : 0;
+    json_free(j);
+    return m;
+}
+
+/* ---- one request, observed ---- */
+
+typedef struct {
+    float *ref_tok, *ref_ids;   /* copies of ref_latents_packed [R, C] and ref_ids [R, 4] */
+    int64_t r, c;
+    float *last;                /* the last step's latents [N, C] */
+    int64_t n_last;
+    int steps_seen;
+} obs;
+
+static void observe(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    obs *o = ud;
+    if (!strcmp(name, "ref_latents_packed") && ndim == 3) {
+        o->r = shape[1];
+        o->c = shape[2];
+        o->ref_tok = realloc(o->ref_tok, sizeof(float) * (size_t)(o->r * o->c));
+        memcpy(o->ref_tok, d, sizeof(float) * (size_t)(o->r * o->c));
+    } else if (!strcmp(name, "ref_ids") && ndim == 3) {
+        o->ref_ids = realloc(o->ref_ids, sizeof(float) * (size_t)(shape[1] * 4));
+        memcpy(o->ref_ids, d, sizeof(float) * (size_t)(shape[1] * 4));
+    } else if (!strncmp(name, "step", 4) && strstr(name, ".latents_packed") && ndim == 3) {
+        o->n_last = shape[1] * shape[2];
+        o->last = realloc(o->last, sizeof(float) * (size_t)o->n_last);
+        memcpy(o->last, d, sizeof(float) * (size_t)o->n_last);
+        o->steps_seen++;
+    }
+}
+
+static void obs_free(obs *o) {
+    free(o->ref_tok);
+    free(o->ref_ids);
+    free(o->last);
+    memset(o, 0, sizeof *o);
+}
+
+/* Edit with the given reference files (and optionally an init image + mask at strength). 0 or -1. */
+static int run(dt_pipeline *pl, const char *const *refs, int n_refs, const char *init, const char *mask,
+               double strength, int steps, uint64_t seed, obs *o, int *w, int *h) {
+    dt_image im[8], ini = {0}, mk = {0};
+    memset(im, 0, sizeof im);
+    int rc = -1;
+    for (int i = 0; i < n_refs; i++)
+        if (dt_image_read_file(refs[i], &im[i])) goto out;
+    if (init && (dt_image_read_file(init, &ini) || dt_image_read_file(mask, &mk))) goto out;
+    dt_gen_params g;
+    dt_gen_params_default(&g);
+    g.prompt = "a snow leopard";
+    g.steps = steps;
+    g.seed = seed;
+    g.max_seq_len = 16;
+    g.refs = im;
+    g.n_refs = n_refs;
+    if (init) {
+        g.init_image = &ini;
+        g.mask = &mk;
+        g.strength = strength;
+    }
+    uint8_t *rgb = NULL;
+    rc = dt_pipeline_generate(pl, &g, &rgb, w, h, NULL, o ? observe : NULL, o);
+    free(rgb);
+out:
+    if (rc) printf("# edit: %s\n", dt_last_error());
+    for (int i = 0; i < n_refs; i++) dt_image_free(&im[i]);
+    dt_image_free(&ini);
+    dt_image_free(&mk);
+    return rc;
+}
+
+/* ---- three references ---- */
+
+static void three_references(dt_pipeline *pl, const char *tag) {
+    char gray[700], gray_rgb[700], rgba[700], rgba_rgb[700], rgb[700], nm[200];
+    snprintf(gray, sizeof gray, "%s/gray.png", tmp);
+    snprintf(gray_rgb, sizeof gray_rgb, "%s/gray-as-rgb.png", tmp);
+    snprintf(rgba, sizeof rgba, "%s/edit/ref1.png", t_fixtures());
+    snprintf(rgba_rgb, sizeof rgba_rgb, "%s/ref1-rgb.png", tmp);
+    snprintf(rgb, sizeof rgb, "%s/edit/ref0.png", t_fixtures());
+    /* a grayscale image of a size no fixture has (taller than wide), and its RGB replica; ref1 without its alpha */
+    const int gw = 88, gh = 140;
+    uint8_t *l = malloc((size_t)gw * gh), *l3 = malloc((size_t)gw * gh * 3);
+    for (int y = 0; y < gh; y++)
+        for (int x = 0; x < gw; x++) l[y * gw + x] = (uint8_t)((x * 5 + y * 3 + ((x * y) % 17) * 7) & 255);
+    for (int i = 0; i < gw * gh; i++) l3[3 * i] = l3[3 * i + 1] = l3[3 * i + 2] = l[i];
+    dt_image a = {0};
+    int files = write_gray_png(gray, l, gw, gh) == 0 && write_rgb_png(gray_rgb, l3, gw, gh) == 0 &&
+                dt_image_read_file(rgba, &a) == 0 && a.channels == 4;
+    uint8_t *a_rgb = files ? dt_image_to_rgb(&a) : NULL;
+    files = files && write_rgb_png(rgba_rgb, a_rgb, a.w, a.h) == 0;
+    free(a_rgb);
+    dt_image_free(&a);
+    free(l);
+    free(l3);
+    snprintf(nm, sizeof nm, "%s: test images written (gray %dx%d, ref1 RGBA)", tag, gw, gh);
+    T_CHECK(nm, files, "cannot write into %s", tmp);
+    if (!files) return;
+
+    const int mult = vae_multiple();
+    const char *all[3] = {gray, rgba, rgb};
+    obs o3 = {0}, one[3], rep[2];
+    memset(one, 0, sizeof one);
+    memset(rep, 0, sizeof rep);
+    int w = 0, h = 0, w1, h1;
+    int ok = run(pl, all, 3, NULL, NULL, 0, 1, 1, &o3, &w, &h) == 0;
+    for (int k = 0; ok && k < 3; k++) ok = run(pl, &all[k], 1, NULL, NULL, 0, 1, 1, &one[k], &w1, &h1) == 0;
+    const char *reps[2] = {gray_rgb, rgba_rgb};
+    for (int k = 0; ok && k < 2; k++) ok = run(pl, &reps[k], 1, NULL, NULL, 0, 1, 1, &rep[k], &w1, &h1) == 0;
+    snprintf(nm, sizeof nm, "%s: three references (gray, RGBA, RGB) edit", tag);
+    T_CHECK(nm, ok && mult > 0, "failed (multiple %d)", mult);
+    if (!ok || mult <= 0) goto out;
+    /* the output size: the first reference's, floored to the multiple (under the 1024^2 area rule: no resize) */
+    snprintf(nm, sizeof nm, "%s: the output takes the first reference's prepared size %dx%d", tag, gw / mult * mult,
+             gh / mult * mult);
+    T_CHECK(nm, w == gw / mult * mult && h == gh / mult * mult, "%dx%d", w, h);
+    /* each image's tokens: those it gets alone, in order; ids (10 + 10k, row, col, 0) over its own grid */
+    int64_t at = 0;
+    int ids_ok = 1, sizes_ok = 1;
+    for (int k = 0; k < 3; k++) {
+        dt_image im = {0};
+        dt_image_read_file(all[k], &im);
+        int aw, ah;
+        dt_prep_area_size(im.w, im.h, &aw, &ah);
+        const int gy = ah / mult, gx = aw / mult;
+        dt_image_free(&im);
+        sizes_ok &= one[k].r == (int64_t)gy * gx && one[k].c == o3.c;
+        if (!sizes_ok || at + one[k].r > o3.r) break;
+        snprintf(nm, sizeof nm, "%s: reference %d's tokens among three = alone", tag, k + 1);
+        t_check_rel_l2(nm, o3.ref_tok + at * o3.c, one[k].ref_tok, (size_t)(one[k].r * o3.c), TOKENS_TOL);
+        for (int y = 0; y < gy; y++)
+            for (int x = 0; x < gx; x++) {
+                const float *id = o3.ref_ids + (at + (int64_t)y * gx + x) * 4;
+                ids_ok &= id[0] == (float)(10 + 10 * k) && id[1] == (float)y && id[2] == (float)x && id[3] == 0.0f;
+            }
+        at += one[k].r;
+    }
+    snprintf(nm, sizeof nm, "%s: token counts are each image's grid, all three in order", tag);
+    T_CHECK(nm, sizes_ok && at == o3.r, "%lld of %lld tokens accounted for", (long long)at, (long long)o3.r);
+    snprintf(nm, sizeof nm, "%s: ids (10 + 10k, row, col, 0) over each image's grid", tag);
+    T_CHECK(nm, ids_ok && sizes_ok, "an id differs");
+    snprintf(nm, sizeof nm, "%s: a grayscale reference encodes as its RGB replica", tag);
+    T_CHECK(nm, rep[0].r == one[0].r && !memcmp(rep[0].ref_tok, one[0].ref_tok, sizeof(float) * (size_t)(one[0].r * o3.c)),
+            "tokens differ");
+    snprintf(nm, sizeof nm, "%s: an RGBA reference encodes as its RGB part (alpha dropped)", tag);
+    T_CHECK(nm, rep[1].r == one[1].r && !memcmp(rep[1].ref_tok, one[1].ref_tok, sizeof(float) * (size_t)(one[1].r * o3.c)),
+            "tokens differ");
+out:
+    obs_free(&o3);
+    for (int k = 0; k < 3; k++) obs_free(&one[k]);
+    for (int k = 0; k < 2; k++) obs_free(&rep[k]);
+}
+
+/* ---- inpainting strengths ---- */
+
+static void strengths(dt_pipeline *pl, const char *tag) {
+    char init[700], mask[700], nm[200];
+    snprintf(init, sizeof init, "%s/edit/ref9.png", t_fixtures());
+    snprintf(mask, sizeof mask, "%s/edit/mask.png", t_fixtures());
+    const int mult = vae_multiple(), steps = 10;
+    const double ss[] = {0.3, 0.7, 1.0};
+    dt_image ini = {0}, mk = {0};
+    float *m_lat = NULL;
+    int ok = mult > 0 && dt_image_read_file(init, &ini) == 0 && dt_image_read_file(mask, &mk) == 0;
+    int ow = 0, oh = 0;
+    if (ok) {
+        int aw, ah;
+        dt_prep_area_size(ini.w, ini.h, &aw, &ah);
+        ow = aw / mult * mult;
+        oh = ah / mult * mult;
+        ok = dt_prep_mask(&mk, mask, ini.w, ini.h, ow, oh, mult, NULL, &m_lat) == 0;
+    }
+    snprintf(nm, sizeof nm, "%s: inpainting inputs read", tag);
+    T_CHECK(nm, ok, "%s", dt_last_error());
+    for (size_t k = 0; ok && k < sizeof ss / sizeof ss[0]; k++) {
+        obs o = {0};
+        int w = 0, h = 0;
+        int rc = run(pl, NULL, 0, init, mask, ss[k], steps, 11, &o, &w, &h);
+        /* the reference: init = min(steps * strength, steps), t_start = int(max(steps - init, 0)) in float64 */
+        double in = steps * ss[k] < steps ? steps * ss[k] : steps;
+        int want = steps - (int)(steps - in > 0 ? steps - in : 0);
+        snprintf(nm, sizeof nm, "%s: strength %g of %d steps runs %d, at the init image's size %dx%d", tag, ss[k], steps,
+                 want, ow, oh);
+        T_CHECK(nm, rc == 0 && o.steps_seen == want && w == ow && h == oh, "rc %d, %d steps, %dx%d", rc, o.steps_seen, w, h);
+        /* kept tokens (mask 0) hold the init latents (the first tokens of ref_latents_packed) after the last step */
+        const int64_t n_tok = (int64_t)(oh / mult) * (ow / mult);
+        int kept = 0, exact = 1, repaint_differs = 0;
+        for (int64_t t = 0; rc == 0 && o.last && o.ref_tok && o.r >= n_tok && t < n_tok; t++) {
+            int same = !memcmp(o.last + t * o.c, o.ref_tok + t * o.c, sizeof(float) * (size_t)o.c);
+            if (m_lat[t] == 0.0f) {
+                kept++;
+                exact &= same;
+            } else if (m_lat[t] == 1.0f) {
+                repaint_differs += !same;
+            }
+        }
+        snprintf(nm, sizeof nm, "%s: strength %g: the %d kept tokens equal the init latents, repainted ones differ",
+                 tag, ss[k], kept);
+        T_CHECK(nm, rc == 0 && kept > 0 && exact && repaint_differs > 0, "kept %d exact %d, %d repainted differ", kept,
+                exact, repaint_differs);
+        obs_free(&o);
+    }
+    free(m_lat);
+    dt_image_free(&ini);
+    dt_image_free(&mk);
+}
+
+/* ---- memory ---- */
+
+static void steady_memory(dt_pipeline *pl, dt_backend *be, const char *tag) {
+    char ref[700], nm[200];
+    snprintf(ref, sizeof ref, "%s/edit/ref0.png", t_fixtures());
+    const char *refs[1] = {ref};
+    int w, h;
+    size_t cur1 = 0, peak1 = 0, cur3 = 0, peak3 = 0;
+    int ok = run(pl, refs, 1, NULL, NULL, 0, 2, 1, NULL, &w, &h) == 0;
+    if (ok && be->mem_stats) be->mem_stats(be, &cur1, &peak1);
+    for (int i = 2; ok && i <= 3; i++) ok = run(pl, refs, 1, NULL, NULL, 0, 2, (uint64_t)i, NULL, &w, &h) == 0;
+    if (ok && be->mem_stats) be->mem_stats(be, &cur3, &peak3);
+    snprintf(nm, sizeof nm, "%s: images 2 and 3 of one reference geometry hold no more memory than image 1 (%zu / peak %zu "
+             "bytes)", tag, cur1, peak1);
+    T_CHECK(nm, ok && be->mem_stats && cur3 == cur1 && peak3 == peak1, "after image 1 %zu / %zu, after image 3 %zu / %zu",
+            cur1, peak1, cur3, peak3);
+}
+
+/* A pipeline root like the fixture's whose model_index.json says Flux2KleinKVPipeline (components linked). */
+static int make_kv_root(char *dir, size_t n) {
+    char src[PATH_MAX], path[PATH_MAX + 64];
+    snprintf(dir, n, "%s/kv", tmp);
+    if (!realpath(root, src) || mkdir(dir, 0755)) return -1;
+    static const char *parts[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        char from[PATH_MAX + 64], to[PATH_MAX + 64];
+        snprintf(from, sizeof from, "%s/%s", src, parts[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, parts[i]);
+        if (symlink(from, to)) return -1;
+    }
+    snprintf(path, sizeof path, "%s/model_index.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"is_distilled\": true}\n", f);
+    return fclose(f);
+}
+
+static void on_backend(dt_backend *be, const char *kv_root) {
+    char tag[64];
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = root;
+    dt_pipeline *pl = dt_pipeline_load(be, &lo);
+    snprintf(tag, sizeof tag, "%s edit", be->name);
+    T_CHECK(tag, pl != NULL, "load: %s", dt_last_error());
+    if (!pl) return;
+    three_references(pl, tag);
+    strengths(pl, tag);
+    steady_memory(pl, be, tag);
+    dt_pipeline_free(pl);
+    lo.model = kv_root;
+    pl = dt_pipeline_load(be, &lo);
+    snprintf(tag, sizeof tag, "%s KV edit", be->name);
+    T_CHECK(tag, pl != NULL, "load: %s", dt_last_error());
+    if (!pl) return;
+    steady_memory(pl, be, tag);
+    dt_pipeline_free(pl);
+}
+
+int main(void) {
+    dt_log_level = 0;
+    snprintf(root, sizeof root, "%s/model", t_fixtures());
+    if (t_tmpdir(tmp, sizeof tmp, "edit-engine")) { T_FAIL("tmpdir", "cannot create one"); return T_DONE(); }
+    char kv_root[700];
+    if (make_kv_root(kv_root, sizeof kv_root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
+    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
+    on_backend(cpu, kv_root);
+    cpu->destroy(cpu);
+    if (dt_backend_cuda_available()) {
+        dt_backend_opts o = {0};
+        o.rope_fp32 = 1;
+        dt_backend *cuda = dt_backend_cuda_create(&o);
+        if (!cuda) T_FAIL("cuda backend", "%s", dt_last_error());
+        else {
+            on_backend(cuda, kv_root);
+            cuda->destroy(cuda);
+        }
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda edit engine", "DITRUN_REQUIRE_GPU=1 but no CUDA GPU is usable");
+    } else {
+        T_SKIP("cuda edit engine", "no CUDA GPU available on this machine");
+    }
+    t_rmtree(tmp);
+    return T_DONE();
+}
