@@ -7,6 +7,8 @@
  *   - inpainting at strengths other than the fixture's: the steps that run are the reference's
  *     steps - int(steps - steps * strength) (float64), and after the last step the kept region (mask 0 on the packed
  *     grid) holds the init image's latents exactly;
+ *   - sequence parallelism: an edit, a KV edit and an inpainting with the DiT split over 2 CPU thread ranks equal
+ *     the unsplit ones;
  *   - memory: the second and third image of the same geometry leave the backend holding no more than after the
  *     first (current and peak bytes; on CUDA the peak is what was taken from the device), appended and KV-cached.
  * Every size is read from the image files and the VAE's config. CPU always; CUDA too when a GPU is usable. */
@@ -27,6 +29,9 @@
 
 /* Tokens of the same image encoded alone and together with others: the same convolutions on the same pixels. */
 #define TOKENS_TOL 1e-6
+/* An edit with the DiT split over CPU thread ranks vs unsplit: the same ops, the attention's rows regrouped (the
+ * bound of the sequence-parallel generation tests). */
+#define SP_EDIT_TOL 1e-5
 
 static char tmp[512], root[600];
 
@@ -311,6 +316,37 @@ static int make_kv_root(char *dir, size_t n) {
     return fclose(f);
 }
 
+/* ---- split over ranks ---- */
+
+static void split_equals_unsplit(dt_backend *be, const char *model, const char *what, int inpaint) {
+    char ref[700], init[700], mask[700], nm[200];
+    snprintf(ref, sizeof ref, "%s/edit/ref0.png", t_fixtures());
+    snprintf(init, sizeof init, "%s/edit/ref9.png", t_fixtures());
+    snprintf(mask, sizeof mask, "%s/edit/mask.png", t_fixtures());
+    const char *refs[1] = {ref};
+    obs o[2];
+    memset(o, 0, sizeof o);
+    int rc[2] = {-1, -1}, w, h;
+    for (int k = 0; k < 2; k++) {
+        dt_pipeline_opts lo;
+        dt_pipeline_opts_default(&lo);
+        lo.model = model;
+        lo.sequence_parallel = k ? 2 : 0;
+        dt_pipeline *pl = dt_pipeline_load(be, &lo);
+        if (pl) rc[k] = run(pl, inpaint ? NULL : refs, inpaint ? 0 : 1, inpaint ? init : NULL, mask, 0.75, 3, 4, &o[k],
+                            &w, &h);
+        else printf("# %s\n", dt_last_error());
+        dt_pipeline_free(pl);
+    }
+    snprintf(nm, sizeof nm, "%s %s split over 2 thread ranks = unsplit (final latents)", be->name, what);
+    if (rc[0] == 0 && rc[1] == 0 && o[0].n_last == o[1].n_last && o[0].last && o[1].last)
+        t_check_rel_l2(nm, o[1].last, o[0].last, (size_t)o[0].n_last, SP_EDIT_TOL);
+    else
+        T_FAIL(nm, "rc %d / %d, %lld / %lld values", rc[0], rc[1], (long long)o[0].n_last, (long long)o[1].n_last);
+    obs_free(&o[0]);
+    obs_free(&o[1]);
+}
+
 static void on_backend(dt_backend *be, const char *kv_root) {
     char tag[64];
     dt_pipeline_opts lo;
@@ -341,6 +377,9 @@ int main(void) {
     if (make_kv_root(kv_root, sizeof kv_root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     on_backend(cpu, kv_root);
+    split_equals_unsplit(cpu, root, "edit", 0);
+    split_equals_unsplit(cpu, kv_root, "KV edit", 0);
+    split_equals_unsplit(cpu, root, "inpainting", 1);
     cpu->destroy(cpu);
     if (dt_backend_cuda_available()) {
         dt_backend_opts o = {0};
