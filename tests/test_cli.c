@@ -167,6 +167,38 @@ int main(void) {
                 "rc %d, rel %g, stdout: %s", rc, rel, buf);
     }
 
+    /* -v: one summary line per stored format and path of the transformer's Linears (dt_linear_paths), printed once at
+     * load; with --precision fp8 the blocks' Linears move to an fp8 line and the counts still add up to every Linear */
+    {
+        char err[8192], err8[8192];
+        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu -v",
+                 fx, fx);
+        int rc = run(args, err, sizeof err);
+        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu -v "
+                 "--precision fp8", fx, fx);
+        int rc8 = run(args, err8, sizeof err8);
+        int lines = 0, lines8 = 0, n = 0, n8 = 0, fp8_lines = 0;
+        for (const char *q = err; (q = strstr(q, "ditrun: cpu: transformer: ")); q++) {
+            lines++;
+            n += atoi(q + strlen("ditrun: cpu: transformer: "));
+        }
+        for (const char *q = err8; (q = strstr(q, "ditrun: cpu: transformer: ")); q++) {
+            const char *eol = strchr(q, '\n');
+            lines8++;
+            n8 += atoi(q + strlen("ditrun: cpu: transformer: "));
+            const char *f = strstr(q, "fp8 emulated");
+            fp8_lines += f && (!eol || f < eol);
+        }
+        T_CHECK("forward -v: one line for the q4 Linears, naming format and path",
+                rc == 0 && lines == 1 && n > 0 && strstr(err, " Linears q4 g32: dequantized to f32 per tile"), "rc %d: %s", rc, err);
+        T_CHECK("forward -v --precision fp8: an fp8 line beside the q4 one, every Linear counted once",
+                rc8 == 0 && lines8 == 2 && fp8_lines == 1 && n8 == n, "rc %d, %d lines, %d vs %d Linears: %s", rc8, lines8, n8,
+                n, err8);
+        snprintf(args, sizeof args, "forward --model %s/transformer-q4 --inputs %s/transformer_io.safetensors --backend cpu", fx, fx);
+        rc = run(args, err, sizeof err);
+        T_CHECK("forward without -v: no Linear summary", rc == 0 && !strstr(err, "Linears"), "rc %d: %s", rc, err);
+    }
+
     /* ---- malformed model folders ---- */
     snprintf(p1, sizeof p1, "%s/noconfig", tmpdir);
     /* without config.json the geometry is inferred from the shapes (tests/test_layouts.c); with the

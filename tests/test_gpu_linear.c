@@ -582,6 +582,34 @@ static void test_prefetch(void) {
     free_weights(&wa); free_weights(&wb); free_weights(&wc);
 }
 
+/* linear_path names the path each prepared Linear takes (the -v summary): dense bf16, the 4-bit paths chosen at create
+ * (transient, cached, mixed where the GPU has it), fp8 asked for, and fp8 asked for on a shape the fp8 GEMM cannot
+ * take (kept in bf16). */
+static void test_linear_paths(void) {
+    wsrc wq = make_weights(256, 256, 4, 64, 0), wd = make_weights(256, 256, 0, 0, 0), wo = make_weights(100, 256, 0, 0, 0);
+    struct { const char *nm; const wsrc *w; dt_qpath qp; dt_precision prec; const char *want; } c[] = {
+        {"bf16", &wd, DT_QPATH_AUTO, DT_PREC_BF16, "dense bf16, cuBLASLt"},
+        {"q4 auto", &wq, DT_QPATH_AUTO, DT_PREC_BF16, "transient: dequantized to bf16 before each cuBLASLt GEMM"},
+        {"q4 cached", &wq, DT_QPATH_CACHED, DT_PREC_BF16, "cached: dequantized to bf16 once at load"},
+        {"q4 fp8", &wq, DT_QPATH_AUTO, DT_PREC_FP8, "fp8: e4m3 weights with per-channel scales"},
+        {"bf16 fp8 out 100", &wo, DT_QPATH_AUTO, DT_PREC_FP8, "dense bf16 (fp8 asked for"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        dt_linear_src src = c[i].w->src;
+        src.precision = c[i].prec;
+        dt_qpath saved = G->opts.qpath;
+        G->opts.qpath = c[i].qp;
+        dt_linear *l = G->linear_create(G, &src);
+        G->opts.qpath = saved;
+        const char *p = l && G->linear_path ? G->linear_path(G, l) : NULL;
+        char name[96];
+        snprintf(name, sizeof name, "linear_path %s", c[i].nm);
+        T_CHECK(name, p && strstr(p, c[i].want), "got '%s', want '%s...'", p ? p : "(none)", c[i].want);
+        if (l) G->linear_destroy(G, l);
+    }
+    free_weights(&wq); free_weights(&wd); free_weights(&wo);
+}
+
 int main(void) {
     int rc = gpu_ops_open("gpu_linear", NULL);
     if (rc >= 0) return rc;
@@ -590,6 +618,7 @@ int main(void) {
     if (only && !strcmp(only, "prefetch")) test_prefetch();
     if (RUN("linear")) {
         double ts = dt_now();
+        test_linear_paths();
         test_linear_dense(4608, 3072, 3072, 0, 1);
         test_linear_dense(4608, 3072, 27648, 0, 1);
         test_linear_dense(4608, 12288, 3072, 0, 1);

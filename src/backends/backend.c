@@ -16,13 +16,37 @@ dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts) {
     return NULL;
 }
 
-void dt_linear_log_path(const dt_backend *be, const dt_linear_src *src, const char *path) {
+void dt_linear_src_format(const dt_linear_src *src, char *buf, size_t n) {
+    if (src->bits) snprintf(buf, n, "q%d g%d", src->bits, src->group_size);
+    else if (dt_linear_src_fp8(src)) snprintf(buf, n, "%s", src->dtype == DT_F8_E4M3 ? "e4m3" : "e5m2");
+    else if (dt_linear_src_blocks(src)) snprintf(buf, n, "%s", dt_dtype_name(src->dtype));
+    else snprintf(buf, n, "%s", src->dtype == DT_BF16 ? "bf16" : src->dtype == DT_F16 ? "f16" : "f32");
+}
+
+void dt_linear_paths_add(dt_linear_paths *t, dt_backend *be, const dt_linear_src *src, const dt_linear *w) {
+    char fmt[sizeof t->kind[0].fmt];
+    dt_linear_src_format(src, fmt, sizeof fmt);
+    const char *path = be->linear_path ? be->linear_path(be, w) : "(the backend does not say)";
+    for (int i = 0; i < t->nkind; i++)
+        if (!strcmp(t->kind[i].fmt, fmt) && !strncmp(t->kind[i].path, path, sizeof t->kind[i].path - 1)) {
+            t->kind[i].n++;
+            return;
+        }
+    if (t->nkind == DT_LINEAR_PATHS_MAX) {
+        t->other++;
+        return;
+    }
+    snprintf(t->kind[t->nkind].fmt, sizeof t->kind[0].fmt, "%s", fmt);
+    snprintf(t->kind[t->nkind].path, sizeof t->kind[0].path, "%s", path);
+    t->kind[t->nkind++].n = 1;
+}
+
+void dt_linear_paths_log(const dt_linear_paths *t, const dt_backend *be, const char *what) {
     if (!be->opts.verbose) return;
-    char fmt[32];
-    if (src->bits) snprintf(fmt, sizeof fmt, "q%d g%d", src->bits, src->group_size);
-    else snprintf(fmt, sizeof fmt, "%s", src->dtype == DT_BF16 ? "bf16" : src->dtype == DT_F16 ? "f16" : "f32");
-    fprintf(stderr, "ditrun: %s: linear %s [%lld, %lld] %s%s: %s\n", be->name, src->name ? src->name : "?",
-            (long long)src->out, (long long)src->in, fmt, src->bias ? " +bias" : "", path);
+    for (int i = 0; i < t->nkind; i++)
+        fprintf(stderr, "ditrun: %s: %s: %d Linear%s %s: %s\n", be->name, what, t->kind[i].n, t->kind[i].n == 1 ? "" : "s",
+                t->kind[i].fmt, t->kind[i].path);
+    if (t->other) fprintf(stderr, "ditrun: %s: %s: %d Linears of further kinds\n", be->name, what, t->other);
 }
 
 dt_mat dt_alloc_or_die(dt_backend *be, int64_t rows, int64_t cols, dt_dtype dtype) {

@@ -76,7 +76,7 @@ typedef struct {
                              * folding the gate into the GEMM. Read by models at load and by backends per call. */
     const struct dt_cuda_opts *cuda;   /* CUDA backend options (NULL: dt_cuda_opts_from_env); on a created CUDA
                                         * backend, its live copy (dt_backend_cuda_opts) */
-    int verbose;            /* -v: one line per prepared Linear (its execution path), device facts */
+    int verbose;            /* -v: device facts; models log the paths of their Linears at load (dt_linear_paths) */
 } dt_backend_opts;
 
 /* The GPU's clock and power state at one moment (power_sample). */
@@ -121,10 +121,13 @@ struct dt_backend {
     /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error.
      * src->precision == DT_PREC_FP8: weights become e4m3 codes with one f32 scale per output channel
      * (amax/448, dequantized in f32 first), activations are quantized per row at run time (core/fp8.h);
-     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16).
-     * With opts.verbose the backend logs one line naming the Linear and the path it takes. */
+     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16). */
     dt_linear *(*linear_create)(dt_backend *be, const dt_linear_src *src);
     void (*linear_destroy)(dt_backend *be, dt_linear *w);
+    /* How a prepared Linear runs, in words ("dense bf16, cuBLASLt", "transient: dequantized to bf16 before each
+     * cuBLASLt GEMM", ...): what the -v summary of a model's Linears names (dt_linear_paths). The string lives as
+     * long as the Linear. */
+    const char *(*linear_path)(dt_backend *be, const dt_linear *w);
     /* 2-D convolution weights w [cout, cin, k, k] f32 host, bias [cout] (may be NULL), stride 1,
      * zero padding `pad`. */
     dt_conv *(*conv_create)(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
@@ -313,9 +316,20 @@ int dt_backend_cuda_device_count(void);                            /* CUDA devic
 /* By name: "cpu", "cuda", or "auto" (cuda when available, else cpu). */
 dt_backend *dt_backend_create(const char *name, const dt_backend_opts *opts);
 
-/* With opts.verbose: one line naming a prepared Linear, its stored format and the execution path the backend chose
- * for it ("dense bf16", "transient: dequantized before each GEMM", ...). Called by the backends' linear_create. */
-void dt_linear_log_path(const dt_backend *be, const dt_linear_src *src, const char *path);
+/* The -v summary of a model's Linears: how many of each stored format take each path (linear_path). A model loader
+ * adds every Linear it prepares and logs the tally once at the end of its load, with opts.verbose, e.g.
+ *   ditrun: cuda: transformer: 40 Linears q4 g64: transient: dequantized to bf16 before each cuBLASLt GEMM
+ * Kinds beyond DT_LINEAR_PATHS_MAX are counted together. */
+#define DT_LINEAR_PATHS_MAX 16
+typedef struct {
+    struct { char fmt[24]; char path[128]; int n; } kind[DT_LINEAR_PATHS_MAX];
+    int nkind, other;
+} dt_linear_paths;
+void dt_linear_paths_add(dt_linear_paths *t, dt_backend *be, const dt_linear_src *src, const dt_linear *w);
+void dt_linear_paths_log(const dt_linear_paths *t, const dt_backend *be, const char *what);
+/* The stored format of a Linear's weights as the summaries name it: "bf16", "f16", "f32", "q4 g64", "e4m3",
+ * "e5m2", or a GGUF block type ("Q4_K"). */
+void dt_linear_src_format(const dt_linear_src *src, char *buf, size_t n);
 
 /* Convenience: allocate or exit with the backend's error. */
 dt_mat dt_alloc_or_die(dt_backend *be, int64_t rows, int64_t cols, dt_dtype dtype);

@@ -300,6 +300,7 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
         dt_log(2, "lora: %d file(s), %d adapter modules on %d model modules: %d Linears merged, %d with side products\n",
                files, modules, targets, m->lin.lora_merged, m->lin.lora_sides);
     }
+    dt_linear_set_log(&m->lin, "transformer");
     return m;
 fail:
     flux2_free(m);

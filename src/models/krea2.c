@@ -325,6 +325,7 @@ krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_op
     }
     if (load_all(m)) goto fail;
     if (m->lora && dt_lora_check_used(m->lora)) goto fail;
+    dt_linear_set_log(&m->lin, "transformer");
     return m;
 fail:
     krea2_free(m);

@@ -37,11 +37,9 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src0) {
     s->all = dt_realloc(s->all, sizeof *s->all * (size_t)(s->n + 1));
     s->all[s->n++] = l;
     char f[32];
-    if (src->bits) snprintf(f, sizeof f, "q%d g%d", src->bits, src->group_size);
-    else if (dt_linear_src_fp8(src)) snprintf(f, sizeof f, "%s", src->dtype == DT_F8_E4M3 ? "e4m3" : "e5m2");
-    else if (dt_linear_src_blocks(src)) snprintf(f, sizeof f, "%s", dt_dtype_name(src->dtype));
-    else snprintf(f, sizeof f, "%s", src->dtype == DT_BF16 ? "bf16" : src->dtype == DT_F16 ? "f16" : "f32");
+    dt_linear_src_format(src, f, sizeof f);
     fmt_add(s, f);
+    dt_linear_paths_add(&s->paths, s->be, src, l);
     if (src->precision == DT_PREC_FP8) fmt_add(s, "fp8");
     return l;
 }
@@ -206,12 +204,18 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
     return add_lora(s, &st, p, np, 0);
 }
 
+void dt_linear_set_log(const dt_linear_set *s, const char *what) {
+    if (!s->be || !s->be->opts.verbose) return;
+    dt_linear_paths_log(&s->paths, s->be, what);
+}
+
 void dt_linear_set_free(dt_linear_set *s) {
     for (int i = 0; i < s->n; i++) s->be->linear_destroy(s->be, s->all[i]);
     free(s->all);
     s->all = NULL;
     s->n = 0;
     s->fmt[0] = 0;
+    memset(&s->paths, 0, sizeof s->paths);
     for (int i = 0; i < s->nowned; i++) free(s->owned[i]);
     free(s->owned);
     s->owned = NULL;

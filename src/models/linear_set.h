@@ -26,6 +26,7 @@ typedef struct {
     struct dt_lora_set *lora; /* adapters for the Linears loaded from now on (NULL: none) */
     int lora_side;            /* 1: side products for dense weights too, instead of merging (tests, comparisons) */
     int lora_merged, lora_sides;   /* Linears that took an update, by how */
+    dt_linear_paths paths;    /* how many of each format take each path (the -v summary) */
 } dt_linear_set;
 
 /* Resolve NAME ([out, in]; <= 0 = from the file; want_bias as dt_weights_linear) and prepare it.
@@ -45,6 +46,9 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src);
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
                                       int64_t out, int64_t in, dt_linear_src *stacked);
 /* (stacked, when not NULL, receives the stacked host source; valid until dt_linear_set_free) */
+/* With the backend's opts.verbose: the -v summary of the set's Linears (dt_linear_paths_log), one line per stored
+ * format and path; `what` names the component ("transformer"). */
+void dt_linear_set_log(const dt_linear_set *s, const char *what);
 /* Destroy every Linear of the set (s->be must be set) and reset it. */
 void dt_linear_set_free(dt_linear_set *s);
 

@@ -63,6 +63,11 @@ static dt_linear *w_create(dt_backend *be, const dt_linear_src *src) {
     return w;
 }
 
+static const char *w_path(dt_backend *be, const dt_linear *w) {
+    dt_backend *in = lb(be)->inner;
+    return in->linear_path ? in->linear_path(in, w->base) : "(the backend does not say)";
+}
+
 static void w_destroy(dt_backend *be, dt_linear *w) {
     if (!w) return;
     dt_backend *in = lb(be)->inner;
@@ -132,6 +137,7 @@ dt_backend *dt_lora_backend_wrap(dt_backend *inner) {
     be->destroy = w_destroy_backend;
     be->linear_create = w_create;
     be->linear_destroy = w_destroy;
+    be->linear_path = w_path;
     be->linear = w_linear;
     be->linear_gated_add = inner->linear_gated_add ? w_linear_gated_add : NULL;
     be->linear_prefetch = inner->linear_prefetch ? w_prefetch : NULL;

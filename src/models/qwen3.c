@@ -208,7 +208,7 @@ static int load_norm(dt_qwen3 *m, const char *name, int64_t n, dt_mat *dst) {
     return 0;
 }
 
-static int load_layer(dt_qwen3 *m, int li, qw_layer *L) {
+static int load_layer(dt_qwen3 *m, int li, qw_layer *L, dt_linear_paths *paths) {
     const dt_qwen3_config *c = &m->cfg;
     const int64_t D = c->hidden, qd = (int64_t)c->heads * c->head_dim, kvd = (int64_t)c->kv_heads * c->head_dim;
     const int64_t shape[QW_NLIN][2] = {
@@ -221,6 +221,7 @@ static int load_layer(dt_qwen3 *m, int li, qw_layer *L) {
         s.name = L->names[i];
         L->lin[i] = m->be->linear_create(m->be, &s);
         if (!L->lin[i]) return -1;
+        dt_linear_paths_add(paths, m->be, &s, L->lin[i]);
     }
     char name[QW_NAME_MAX];
     snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", m->prefix, li);
@@ -302,8 +303,10 @@ dt_qwen3 *dt_qwen3_load(dt_backend *be, const char *dir, int max_layer) {
     }
     m->n_layers = max_layer;
     m->layers = dt_calloc((size_t)max_layer, sizeof *m->layers);
+    dt_linear_paths paths = {0};
     for (int l = 0; l < max_layer; l++)
-        if (load_layer(m, l, &m->layers[l])) goto fail;
+        if (load_layer(m, l, &m->layers[l], &paths)) goto fail;
+    dt_linear_paths_log(&paths, be, "text encoder");
     if (max_layer == m->cfg.num_layers) {
         char name[QW_NAME_MAX];
         snprintf(name, sizeof name, "%snorm.weight", m->prefix);

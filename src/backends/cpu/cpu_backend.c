@@ -220,6 +220,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->mem_stats = cpu_mem_stats;
     be->linear_create = cpu_linear_create;
     be->linear_destroy = cpu_linear_destroy;
+    be->linear_path = cpu_linear_path;
     be->conv_create = cpu_conv_create;
     be->conv_destroy = cpu_conv_destroy;
     be->linear = cpu_linear;

@@ -77,6 +77,7 @@ static inline double cpu_sumsq_d(const float *x, int64_t n, double c) {
 /* cpu_linear.c */
 dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src);
 void cpu_linear_destroy(dt_backend *be, dt_linear *w);
+const char *cpu_linear_path(dt_backend *be, const dt_linear *w);
 void cpu_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 /* cpu_attention.c */
 void cpu_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,

@@ -28,6 +28,7 @@ struct dt_linear {
     float *bias;           /* [N] f32, or NULL */
     uint8_t *q8;           /* fp8: e4m3 codes [N, K], or NULL */
     float *s8;             /* fp8: per-output-channel scales [N] */
+    const char *path;      /* how it runs, in words (linear_path) */
 };
 
 /* fp8 weights: rows converted by the pool (each thread its own f32 row buffer). */
@@ -85,10 +86,15 @@ dt_linear *cpu_linear_create(dt_backend *be, const dt_linear_src *src) {
             return NULL;
         }
     }
-    dt_linear_log_path(be, src, src->precision == DT_PREC_FP8 ? "fp8 emulated in f32 (e4m3 weights, per-row e4m3 activations)"
-                                : src->bits ? "dequantized to f32 per tile of rows, then sgemm"
-                                : "f32 sgemm on the stored weights (converted per tile when not f32)");
+    w->path = src->precision == DT_PREC_FP8 ? "fp8 emulated in f32 (e4m3 weights, per-row e4m3 activations)"
+              : src->bits ? "dequantized to f32 per tile of rows, then sgemm"
+              : "f32 sgemm on the stored weights (converted per tile when not f32)";
     return w;
+}
+
+const char *cpu_linear_path(dt_backend *be, const dt_linear *w) {
+    (void)be;
+    return w->path;
 }
 
 void cpu_linear_destroy(dt_backend *be, dt_linear *w) {

@@ -187,6 +187,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->mem_stats = dtc_mem_stats;
     be->linear_create = dtc_linear_create;
     be->linear_destroy = dtc_linear_destroy;
+    be->linear_path = dtc_linear_path;
     be->conv_create = dtc_conv_create;
     be->conv_destroy = dtc_conv_destroy;
     be->linear = dtc_linear;

@@ -289,6 +289,7 @@ int dtc_host_scales(const dt_linear_src *src, float2 *h, int64_t n);
 void dtc_prefetch_forget(dtc_state *st);
 dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src);
 void dtc_linear_destroy(dt_backend *be, dt_linear *w);
+const char *dtc_linear_path(dt_backend *be, const dt_linear *w);
 
 void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
                    dt_mat key_bias, int causal);

@@ -19,6 +19,7 @@ struct dt_linear {
                            when unused */
     uint8_t *gq;        /* GGUF blocks as the file has them [out rows of in/QK blocks] (cuda_ggml.cu), or NULL */
     dt_dtype gtype;     /* their block type */
+    const char *path;   /* how it runs, in words (linear_path) */
 };
 
 /* Exact small-integer -> float without the (slow) I2F conversion unit: 2^23 + u has u in its mantissa. */

@@ -103,9 +103,14 @@ static void drop_packed(dtc_state *st, dt_linear *w) {
     w->sb = nullptr;
 }
 
-/* The execution path of a prepared Linear, for the -v line (dt_linear_log_path). */
+/* The execution path of a prepared Linear, in words (linear_path: the -v summary of a model's Linears). */
 static const char *linear_path_name(const dt_backend *be, const dt_linear *w, const dt_linear_src *src) {
-    if (w->f8) return "fp8: e4m3 weights with per-channel scales, cuBLASLt e4m3 GEMM";
+    if (w->f8)
+        return dt_linear_src_fp8(src) ? "fp8: the file's e4m3 codes and scales, cuBLASLt e4m3 GEMM"
+                                      : "fp8: e4m3 weights with per-channel scales, cuBLASLt e4m3 GEMM";
+    if (w->gq) return "GGUF blocks on the GPU, dequantized to bf16 before each cuBLASLt GEMM (transient)";
+    if (w->w && dt_linear_src_blocks(src)) return "cached: GGUF blocks dequantized to bf16 once at load, cuBLASLt";
+    if (w->w && dt_linear_src_fp8(src)) return "dense bf16 (an fp8 file widened: the fp8 GEMM needs in and out % 16)";
     if (w->w && !src->bits)
         return src->precision == DT_PREC_FP8 ? "dense bf16 (fp8 asked for; the fp8 GEMM needs in and out % 16)"
                                              : "dense bf16, cuBLASLt";
@@ -255,8 +260,13 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
         free(hb);
     }
     CK(cudaStreamSynchronize(st->q.stream));
-    if (be->opts.verbose) dt_linear_log_path(be, src, linear_path_name(be, w, src));
+    w->path = linear_path_name(be, w, src);
     return w;
+}
+
+const char *dtc_linear_path(dt_backend *be, const dt_linear *w) {
+    (void)be;
+    return w->path;
 }
 
 /* preloading (see cuda_common.cuh) */
