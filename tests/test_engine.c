@@ -68,7 +68,7 @@ int main(void) {
     /* the same request three times on one load: identical to the one-shot pixels every time, and after the first
      * image the backend's peak memory does not grow (activations and scratch are reused) */
     size_t n = (size_t)64 * 64 * 3, peak1 = 0, peak3 = 0;
-    int all_same = 1;
+    int all_same = 1, cached[3] = {-1, -1, -1};
     for (int r = 0; r < 3; r++) {
         uint8_t *img = NULL;
         int w, h;
@@ -79,6 +79,7 @@ int main(void) {
         int rc = dt_pipeline_generate(p, &g, &img, &w, &h, &tm, NULL, NULL);
         if (rc) { T_FAIL("resident generate", "request %d: %s", r, dt_last_error()); all_same = 0; break; }
         all_same &= w == 64 && h == 64 && same(img, one, n);
+        cached[r] = tm.prompts_cached;
         if (r == 0)
             T_CHECK("progress once per step, in order", pl.calls == 4 && pl.last_steps == 4 && pl.in_order && tm.steps == 4,
                     "%d calls, last %d/%d, in order %d", pl.calls, pl.last_step, pl.last_steps, pl.in_order);
@@ -88,6 +89,28 @@ int main(void) {
     g.progress = NULL;
     T_CHECK("resident requests equal the one-shot image", all_same, "pixels differ");
     T_CHECK("no memory growth after the first image", peak3 == peak1, "peak %zu after the first, %zu after the third", peak1, peak3);
+    /* the prompt's features are reused by the next request with the same text and length (same pixels, above) */
+    T_CHECK("the same prompt again: its features reused", cached[0] == 0 && cached[1] == 1 && cached[2] == 1,
+            "prompts cached %d %d %d", cached[0], cached[1], cached[2]);
+    {   /* another prompt encodes (another image); back to the first encodes again and gives the first image; the
+         * same text at another length encodes */
+        dt_gen_timings t1, t2, t3;
+        uint8_t *i1 = NULL, *i2 = NULL, *i3 = NULL;
+        int w, h;
+        g.prompt = "a lighthouse on a cliff at dusk";
+        int rc1 = dt_pipeline_generate(p, &g, &i1, &w, &h, &t1, NULL, NULL);
+        g.prompt = "a red fox standing in fresh snow";
+        int rc2 = dt_pipeline_generate(p, &g, &i2, &w, &h, &t2, NULL, NULL);
+        g.max_seq_len = 40;
+        int rc3 = dt_pipeline_generate(p, &g, &i3, &w, &h, &t3, NULL, NULL);
+        g.max_seq_len = 32;
+        T_CHECK("prompt features: another prompt, back, another length", !rc1 && !rc2 && !rc3 && !same(i1, one, n) &&
+                    same(i2, one, n) && t1.prompts_cached == 0 && t2.prompts_cached == 0 && t3.prompts_cached == 0,
+                "rc %d %d %d, cached %d %d %d", rc1, rc2, rc3, t1.prompts_cached, t2.prompts_cached, t3.prompts_cached);
+        free(i1);
+        free(i2);
+        free(i3);
+    }
 
     /* another seed gives another image; the same seed again the first one (no state leaks between requests) */
     uint8_t *b = NULL, *c = NULL;

@@ -78,6 +78,7 @@ typedef void (*dt_gen_observer)(void *ud, const char *name, const float *data, i
 typedef struct {
     double t_load, t_encode, t_denoise, t_decode, t_total;  /* seconds */
     double t_images;                                        /* editing: image preparation + VAE encoding */
+    int prompts_cached;         /* prompts (positive, negative) whose features the previous request left (not encoded) */
     double t_step[256];                                     /* per step (first 256) */
     int steps;
     int height, width;

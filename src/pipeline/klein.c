@@ -43,6 +43,8 @@ typedef struct {
     dt_mat txt[2];              /* the prompt's and the negative prompt's features [T, joint] on the device */
     int txt_T;
     char txt_key[2];            /* their keys as resident DiT text (flux2_text_resident_mat) */
+    char *txt_prompt[2];        /* the text whose features txt[slot] holds (NULL: none valid); a request with the
+                                 * same text and length reuses them instead of running the text encoder again */
 } klein_state;
 
 static int klein_matches(const char *cls) {
@@ -87,8 +89,10 @@ static void klein_free(dt_pipeline *p) {
     if (s->dit) flux2_free(s->dit);
     flux2_sp_free(s->sp);
     if (s->vae) dt_vae_free(s->vae);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
+        free(s->txt_prompt[i]);
+    }
     free(s->te_dir);
     free(s->vae_dir);
     free(s);
@@ -208,14 +212,24 @@ out:
     return rc;
 }
 
+/* Whether s->txt[slot] already holds the features of prompt at length T (an observer wants the tokens too: no). */
+static int prompt_cached(const klein_state *s, int slot, const char *prompt, int T, dt_gen_observer obs) {
+    return !obs && prompt && s->txt_T == T && s->txt_prompt[slot] && !strcmp(s->txt_prompt[slot], prompt);
+}
+
 /* Encode one prompt into s->txt[slot] [T, n_taps * hidden] on the device (it never visits the host unless an observer
  * wants it). 0 or -1. */
 static int encode_prompt(dt_pipeline *p, int slot, const char *prompt, int T, dt_gen_observer obs, void *ud) {
     klein_state *s = p->fam;
     const int hidden = s->tcfg.hidden, F = s->n_taps * hidden;
+    free(s->txt_prompt[slot]);   /* (valid again only once the encode below succeeded) */
+    s->txt_prompt[slot] = NULL;
     if (s->txt_T != T) {
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
             if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
+            free(s->txt_prompt[i]);
+            s->txt_prompt[i] = NULL;
+        }
         s->txt_T = 0;
         for (int i = 0; i < 2; i++)
             if (p->be->alloc(p->be, &s->txt[i], T, F, p->be->act_dtype)) return -1;
@@ -241,6 +255,7 @@ static int encode_prompt(dt_pipeline *p, int slot, const char *prompt, int T, dt
         dt_gen_observe(obs, ud, "prompt_embeds", emb, 3, 1, T, F, 0);
         free(emb);
     }
+    s->txt_prompt[slot] = dt_strdup(prompt);
     rc = 0;
 out:
     free(ids);
@@ -314,17 +329,21 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
         }
     }
 
-    /* ---- text: tokenizer + Qwen3 taps ---- */
-    if (ensure_te(p)) goto done;
+    /* ---- text: tokenizer + Qwen3 taps (a prompt the previous request encoded at this length is reused) ---- */
+    const int keep_pos = prompt_cached(s, 0, g->prompt, T, obs);
+    const int keep_neg = !cfg || prompt_cached(s, 1, g->negative_prompt, T, NULL);
+    tm->prompts_cached = keep_pos + (cfg && keep_neg);
+    if (!(keep_pos && keep_neg) && ensure_te(p)) goto done;
     tm->t_load += dt_now() - t0;
     t0 = dt_now();
     const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
     dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", T);
     for (int i = 0; i < s->n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", s->taps[i]);
-    dt_log(lv, ")%s\n", cfg ? " and the negative prompt" : "");
-    if (encode_prompt(p, 0, g->prompt, T, obs, ud)) goto done;
-    if (cfg && encode_prompt(p, 1, g->negative_prompt, T, NULL, NULL)) goto done;
-    if (p->opts.release_text_encoder) {
+    dt_log(lv, ")%s%s\n", cfg ? " and the negative prompt" : "",
+           keep_pos && keep_neg ? ": the previous request's features" : "");
+    if (!keep_pos && encode_prompt(p, 0, g->prompt, T, obs, ud)) goto done;
+    if (!keep_neg && encode_prompt(p, 1, g->negative_prompt, T, NULL, NULL)) goto done;
+    if (p->opts.release_text_encoder && s->te) {
         dt_qwen3_free(s->te);
         s->te = NULL;
     }
