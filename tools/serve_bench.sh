@@ -5,7 +5,9 @@
 #   - start to ready (load + warm-up at --warmup SIZExSIZE), and the first image after ready;
 #   - without --warmup: start to ready and the first image (what the warm-up saves);
 #   - concurrency 1: server-side times per image (Server-Timing: generate = encode + denoise + decode, png) and the
-#     client-observed latency (curl's time_total), medians, and their difference;
+#     client-observed latency (curl's time_total), medians, and their difference; once with a new prompt in every
+#     request (the text encoder runs, as in the reference's timing) and once repeating one prompt (the engine
+#     reuses the previous request's prompt features);
 #   - images/s at concurrency 1, 4 and 8;
 #   - a load run: LOAD_SECONDS of requests at concurrency 8 (parallel curl), failures counted, device memory
 #     (/metrics and nvidia-smi) sampled every 10 s: it must stay flat.
@@ -77,10 +79,10 @@ stop() {  # SIGTERM the server, wait: sets STOP_RC (its exit status; 0 = drained
     wait "$SRV_PID"
     STOP_RC=$?
 }
-one() {  # one request: "client_s generate_ms png_ms status"
+one() {  # one [BODY_FILE] request: "client_s generate_ms png_ms status" (default body: $W/body.json)
     local h; h=$(mktemp)
     local r; r=$(curl -s -o /dev/null -D "$h" -w '%{time_total} %{http_code}' -X POST -H 'Content-Type: application/json' \
-        --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
+        --data-binary @"${1:-$W/body.json}" "http://127.0.0.1:$PORT/v1/images/generations")
     local gen png
     gen=$(sed -n 's/.*generate;dur=\([0-9.]*\).*/\1/p' "$h")
     png=$(sed -n 's/.*png;dur=\([0-9.]*\).*/\1/p' "$h")
@@ -118,13 +120,22 @@ for arm in $ARMS; do
     ready=$READY
     first=$(one)
     log "[$arm] --warmup ${SIZE}x${SIZE}: start->ready ${ready} s; first image after ready: client ${first%% *} s (generate $(echo "$first" | cut -d' ' -f2) ms, png $(echo "$first" | cut -d' ' -f3) ms)"
-    : > "$OUT/c1-$arm.txt"
-    for _ in $(seq "$N1"); do one >> "$OUT/c1-$arm.txt"; done
-    c=$(awk '{print $1 * 1000}' "$OUT/c1-$arm.txt" | median)
-    g=$(awk '{print $2}' "$OUT/c1-$arm.txt" | median)
-    p=$(awk '{print $3}' "$OUT/c1-$arm.txt" | median)
-    bad=$(awk '$4 != 200' "$OUT/c1-$arm.txt" | wc -l)
-    log "[$arm] concurrency 1, $N1 requests (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png = $(awk -v c="$c" -v g="$g" -v p="$p" 'BEGIN {printf "%.1f", c - g - p}') ms; $bad failed"
+    for kind in new-prompt same-prompt; do
+        : > "$OUT/c1-$arm-$kind.txt"
+        for i in $(seq "$N1"); do
+            body=$W/body.json
+            if [ $kind = new-prompt ]; then   # another text each time: the text encoder runs for every request
+                body=$W/body-new.json
+                sed "s/golden hour/golden hour, take $i of $arm/" "$W/body.json" > "$body"
+            fi
+            one "$body" >> "$OUT/c1-$arm-$kind.txt"
+        done
+        c=$(awk '{print $1 * 1000}' "$OUT/c1-$arm-$kind.txt" | median)
+        g=$(awk '{print $2}' "$OUT/c1-$arm-$kind.txt" | median)
+        p=$(awk '{print $3}' "$OUT/c1-$arm-$kind.txt" | median)
+        bad=$(awk '$4 != 200' "$OUT/c1-$arm-$kind.txt" | wc -l)
+        log "[$arm] concurrency 1, $N1 requests, $kind (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png = $(awk -v c="$c" -v g="$g" -v p="$p" 'BEGIN {printf "%.1f", c - g - p}') ms; $bad failed"
+    done
     for cc in 1 4 8; do log "[$arm] $(rate $cc "$NC")"; done
     log "[$arm] server-side per image (ditrun_image_seconds): $(metric ditrun_image_seconds_sum) s over $(metric ditrun_image_seconds_count) images; device memory $(metric 'ditrun_device_memory_bytes{worker="0"}') B (peak $(metric 'ditrun_device_memory_peak_bytes{worker="0"}') B)"
     if [ "$arm" = "$LOAD_ARM" ] && [ "$LOAD_SECONDS" -gt 0 ]; then
