@@ -631,6 +631,64 @@ static void info_checks(const char *fx) {
                  NULL, NULL, "model_index.json", NULL, NULL);
 }
 
+/* ------------------------------------------------------------------ full and read-only filesystems */
+
+/* In a private mount namespace (unshare -rm: nothing is mounted outside it), a tmpfs of `size` at tmp/fs holding
+ * `target` = "OLD", made read-only when ro; `ditrun ARGS` ({FS} = that folder) must fail with one line holding
+ * `want`, leave "OLD" in the target and nothing else in the folder. Returns 0, or 77 when namespaces are not
+ * permitted here (the caller skips). */
+static int fs_case(const char *name, const char *size, int ro, const char *target, const char *args_tpl, const char *want) {
+    char fs[700], args[2048], script[8192], outf[700], errf[700];
+    snprintf(fs, sizeof fs, "%s/fs", tmp);
+    mkdir(fs, 0755);
+    snprintf(outf, sizeof outf, "%s/fs.out", tmp);
+    snprintf(errf, sizeof errf, "%s/fs.err", tmp);
+    subst(args, sizeof args, args_tpl, t_fixtures(), fs);
+    snprintf(script, sizeof script,
+             "timeout 120 unshare -rm sh -c 'mount -t tmpfs -o size=%s none %s 2>/dev/null || exit 77; printf OLD > %s/%s; "
+             "%s%s%s%s %s 2>%s; echo \"$?|$(cat %s/%s)|$(ls -A %s | tr \"\\n\" \" \")\" > %s' 2>/dev/null",
+             size, fs, fs, target, ro ? "mount -o remount,ro " : "", ro ? fs : "", ro ? "; " : "", exe, args, errf, fs, target,
+             fs, outf);
+    int st = system(script);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) { rmdir(fs); return 77; }
+    size_t n = 0, m = 0;
+    char *out = slurp(outf, &n), *err = slurp(errf, &m), want_out[400];
+    snprintf(want_out, sizeof want_out, "1|OLD|%s \n", target);
+    int lines = 0;
+    for (char *q = err; q && *q; q++) lines += *q == '\n';
+    T_CHECK(name, out && err && !strcmp(out, want_out) && lines == 1 && strstr(err, want),
+            "got '%s' (want '%s'), stderr: %s", out ? out : "(none)", want_out, err ? err : "(none)");
+    free(out);
+    free(err);
+    unlink(outf);
+    unlink(errf);
+    rmdir(fs);
+    return 0;
+}
+
+static void full_and_readonly(void) {
+    static const struct { const char *name, *size; int ro; const char *target, *args, *want; } cases[] = {
+        {"generate on a full filesystem: 'No space left', the old PNG kept, no temporary", "8k", 0, "x.png",
+         "generate --model {FX}/model -p fox -o {IN}/x.png --height 64 --width 64 --backend cpu -q", "No space left"},
+        {"quantize on a full filesystem: the old file kept, no temporary", "64k", 0, "q.safetensors",
+         "quantize --input {FX}/model/transformer --output {IN}/q.safetensors --no-config -q", "No space left"},
+        {"convert --format gguf on a full filesystem: the old file kept, no temporary", "64k", 0, "g.gguf",
+         "convert --input {FX}/model/transformer --output {IN}/g.gguf --format gguf-q8_0 -q", "No space left"},
+        {"forward on a full filesystem: the old output kept, no temporary", "8k", 0, "o.safetensors",
+         "forward --model {FX}/model --inputs {FX}/transformer_io.safetensors --output {IN}/o.safetensors --backend cpu -q",
+         "No space left"},
+        {"generate onto a read-only filesystem: refused before any work, the old PNG kept", "64k", 1, "x.png",
+         "generate --model {FX}/model -p fox -o {IN}/x.png --height 64 --width 64 --backend cpu -q", "Read-only file system"},
+        {"quantize onto a read-only filesystem: refused, the old file kept", "64k", 1, "q.safetensors",
+         "quantize --input {FX}/model/transformer --output {IN}/q.safetensors --no-config -q", "Read-only file system"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (fs_case(cases[i].name, cases[i].size, cases[i].ro, cases[i].target, cases[i].args, cases[i].want) == 77) {
+            T_SKIP("full and read-only filesystems", "unshare -rm (a private mount namespace) is not permitted here");
+            return;
+        }
+}
+
 int main(void) {
     const char *b = getenv("BUILD");
     snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
@@ -644,6 +702,7 @@ int main(void) {
     format_outputs(fx);
     sizes_and_messages(fx);
     info_checks(fx);
+    full_and_readonly();
     interrupted_writers();
     t_rmtree(tmp);
     return T_DONE();

@@ -37,21 +37,6 @@ static int mkdir_p(const char *d) {
     return 0;
 }
 
-static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) { dt_set_error("%s: cannot read (%s)", src, strerror(errno)); return -1; }
-    FILE *out = fopen(dst, "wb");
-    if (!out) { fclose(in); dt_set_error("%s: cannot create (%s)", dst, strerror(errno)); return -1; }
-    char buf[65536];
-    size_t n;
-    int rc = 0;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) { rc = -1; dt_set_error("%s: write failed", dst); break; }
-    fclose(in);
-    if (fclose(out)) rc = -1;
-    return rc;
-}
-
 static int write_text_encoder(const char *dir, const k2_te_geom *g, int bits, int group, uint64_t seed) {
     if (mkdir_p(dir)) return -1;
     char p[8500], cfg[4096], nm[256], quant[96] = "";
@@ -258,7 +243,7 @@ int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int g
         if (mkdir_p(p)) return -1;
         snprintf(p, sizeof p, "%s/%s/%s", krea2_root, files[i][0], files[i][1]);
         snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
-        if (copy_file(p, q)) return -1;
+        if (dt_synth_copy_file(p, q)) return -1;
     }
     return 0;
 }

@@ -24,7 +24,7 @@ static int mkdir_p(const char *d) {
     return 0;
 }
 
-static int copy_file(const char *src, const char *dst) {
+int dt_synth_copy_file(const char *src, const char *dst) {
     FILE *in = dt_fopen_input(src);
     if (!in) return -1;
     dt_outfile *of = dt_outfile_open(dst);
@@ -219,7 +219,7 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
         if (mkdir_p(p)) return -1;
         snprintf(p, sizeof p, "%s/%s/%s", fixtures_model, files[i][0], files[i][1]);
         snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
-        if (copy_file(p, q)) return -1;
+        if (dt_synth_copy_file(p, q)) return -1;
     }
     return 0;
 }

@@ -15,4 +15,8 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
 int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
                             const char *krea2_root);
 
+/* Copies the regular file src (a FIFO or device is refused) to dst through a temporary renamed into place.
+ * 0 ok, -1 error (dt_last_error). */
+int dt_synth_copy_file(const char *src, const char *dst);
+
 #endif
