@@ -490,6 +490,19 @@ static void sizes_and_messages(const char *fx) {
     snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/big.png --height 16384 --width 16384 --backend cpu -q",
              fx, tmp);
     expect_error("generate 16384x16384: the limit in the error", args, "16384", "8192");
+    /* past the schedule's bound: refused when the request is resolved, before the prompt is encoded (no -q: the
+     * "encoding" line would show it), the limit in the error; for FLUX.2's empirical shift and Krea 2's line */
+    static const struct { const char *model, *limit; } big[] = {{"model", "521451"}, {"krea2", "image tokens"}};
+    for (int i = 0; i < 2; i++) {
+        char err[8192], name[200];
+        snprintf(args, sizeof args, "generate --model %s/%s -p fox -o %s/big.png --height 8192 --width 8192 --backend cpu",
+                 fx, big[i].model, tmp);
+        int rc = run(args, err, sizeof err);
+        snprintf(name, sizeof name, "generate 8192x8192 on the %s fixture: over the schedule, refused before any work",
+                 big[i].model);
+        T_CHECK(name, rc == 1 && strstr(err, "more than this model's schedule holds") && strstr(err, big[i].limit) &&
+                          !strstr(err, "encoding"), "exit %d: %s", rc, err);
+    }
     /* the schedule's own bound */
     dt_sched_config sc;
     dt_sched_config_default(&sc);

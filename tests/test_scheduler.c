@@ -287,6 +287,33 @@ static void test_fixture_latents(st_file *io) {
     dt_weights_close(vw);
 }
 
+/* The calculate_shift form's size bound: e^mu finite in float32 at the bound, not one token above it (mu grows by
+ * (max_shift - base_shift) / (max_len - base_len) per token, ~1.7e-4, far more than float32's relative spacing),
+ * and no bound for a fixed or linear shift. */
+static void test_shift_bound(void) {
+    dt_sched_config c;
+    dt_sched_config_default(&c);
+    c.base_shift = 0.5;
+    c.max_shift = 1.15;
+    c.base_image_seq_len = 256;
+    c.max_image_seq_len = 4096;
+    int64_t k = dt_calculate_shift_max_tokens(&c);
+    float at = (float)exp(dt_calculate_shift(&c, k)), above = (float)exp(dt_calculate_shift(&c, k + 1));
+    T_CHECK("calculate_shift bound: finite at it, infinite one token above", k > 4096 && isfinite(at) && !isfinite(above),
+            "bound %lld: e^mu %g there, %g above", (long long)k, at, above);
+    float sig[3], ts[2];
+    T_CHECK("calculate_shift bound: the schedule is made at it",
+            dt_schedule_make_mu(&c, 2, dt_calculate_shift(&c, k), sig, ts) == 0 && isfinite(sig[0]) && isfinite(sig[1]),
+            "%s", dt_last_error());
+    dt_sched_config lin = c, fixed = c, flat = c;
+    lin.time_shift_type = DT_TIME_SHIFT_LINEAR;
+    fixed.use_dynamic_shifting = 0;
+    flat.max_shift = flat.base_shift;
+    T_CHECK("calculate_shift bound: none for a linear, fixed or flat shift",
+            !dt_calculate_shift_max_tokens(&lin) && !dt_calculate_shift_max_tokens(&fixed) &&
+                !dt_calculate_shift_max_tokens(&flat), "a bound was given");
+}
+
 int main(void) {
     dt_sched_config cfg;
     test_config(&cfg);
@@ -296,6 +323,7 @@ int main(void) {
         return T_DONE();
     }
     test_schedule(&cfg, io);
+    test_shift_bound();
     test_rng();
     test_pack();
     test_fixture_latents(io);

@@ -24,6 +24,7 @@ typedef struct {
     int max_side;               /* the largest width/height the schedule and the positions allow */
     int editing;                /* takes reference images and inpainting inputs (dt_gen_params.refs, init_image) */
     int kv_refs;                /* references are KV-cached (Flux2KleinKVPipeline) */
+    int64_t max_image_tokens;   /* the most (W / size_multiple)·(H / size_multiple) its time shift holds; 0 = no bound */
 } dt_pipeline_info;
 
 /* Load every component of the pipeline at o->model on be. NULL on error (dt_last_error names the file). */

@@ -204,6 +204,8 @@ static int klein_load(dt_pipeline *p, const json *idx) {
     p->info.max_side = 8192;
     p->info.editing = 1;
     p->info.kv_refs = !strcmp(p->class_name, "Flux2KleinKVPipeline");
+    if (s->sched.use_dynamic_shifting && s->sched.time_shift_type == DT_TIME_SHIFT_EXPONENTIAL)
+        p->info.max_image_tokens = dt_schedule_max_image_tokens();
     rc = 0;
 out:
     free(tok_dir);

@@ -171,6 +171,7 @@ static int k2_load(dt_pipeline *p, const json *idx) {
     p->info.size_multiple = k->vcfg.scale_factor * k->patch;
     p->info.size_round_up = 1;   /* Krea2Pipeline rounds height and width up */
     p->info.max_side = 8192;
+    p->info.max_image_tokens = k->distilled ? 0 : dt_calculate_shift_max_tokens(&k->sched);
     rc = 0;
 out:
     free(idx_path);

@@ -1,5 +1,7 @@
 /* request.c — an image request's defaults and ranges against a pipeline's description (engine.h), without
  * running it: the engine resolves every request through it, and a server checks requests before queueing. */
+#include <math.h>
+
 #include "pipeline/engine.h"
 
 /* The editing inputs together: what goes with what, the strength and the number of references. */
@@ -62,5 +64,13 @@ int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
     }
     g->width = g->width / mult * mult;
     g->height = g->height / mult * mult;
+    const int64_t tokens = (int64_t)(g->width / mult) * (g->height / mult);
+    if (in->max_image_tokens > 0 && tokens > in->max_image_tokens) {
+        const int side = (int)sqrt((double)in->max_image_tokens) * mult;
+        dt_set_error("generate: image size %dx%d is %lld image tokens, more than this model's schedule holds (%lld: its "
+                     "time shift e^mu overflows float32 above that; a square image up to %dx%d)", g->width, g->height,
+                     (long long)tokens, (long long)in->max_image_tokens, side, side);
+        return -1;
+    }
     return 0;
 }

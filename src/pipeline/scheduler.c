@@ -133,6 +133,18 @@ double dt_calculate_shift(const dt_sched_config *cfg, int64_t n_image_tokens) {
     return (double)n_image_tokens * m + b;
 }
 
+int64_t dt_calculate_shift_max_tokens(const dt_sched_config *cfg) {
+    if (!cfg->use_dynamic_shifting || cfg->time_shift_type != DT_TIME_SHIFT_EXPONENTIAL) return 0;
+    const double m = (cfg->max_shift - cfg->base_shift) / (double)(cfg->max_image_seq_len - cfg->base_image_seq_len);
+    const double b = cfg->base_shift - m * (double)cfg->base_image_seq_len;
+    const double n = (log((double)FLT_MAX) - b) / m;
+    if (!(m > 0.0) || !(n < 4e18)) return 0;
+    if (n < 1.0) return 1;   /* (dt_schedule_make_mu reports such a config for any size) */
+    int64_t k = (int64_t)n;
+    while (k > 1 && !isfinite((float)exp(dt_calculate_shift(cfg, k)))) k--;
+    return k;
+}
+
 int dt_schedule_make(const dt_sched_config *cfg, int n_steps, int64_t n_image_tokens, float *sigmas,
                      float *timesteps) {
     if (n_steps < 1 || n_steps > 100000) {

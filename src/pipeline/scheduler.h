@@ -59,6 +59,10 @@ int dt_schedule_make_mu(const dt_sched_config *cfg, int n_steps, double mu, floa
  * (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift) of cfg. */
 double dt_calculate_shift(const dt_sched_config *cfg, int64_t n_image_tokens);
 
+/* The most image tokens a calculate_shift schedule of cfg holds with the dynamic exponential shift (e^mu finite in
+ * float32); 0 when nothing bounds it (a fixed or linear shift, or a line that does not grow with N). */
+int64_t dt_calculate_shift_max_tokens(const dt_sched_config *cfg);
+
 /* Euler step in float32: x[n] += (sigma_next − sigma) · v[n]. */
 void dt_euler_step(float *x, const float *v, size_t n, float sigma, float sigma_next);
 /* The same step as a bf16 pipeline does it: dt rounded to bf16, the product dt·v rounded to bf16,
