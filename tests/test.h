@@ -46,11 +46,16 @@ static inline const char *t_fixtures(void) {
     return e && *e ? e : "tests/fixtures";
 }
 
+/* The folder for a test's own files: $TMPDIR, or /tmp without one. */
+static inline const char *t_tmp_root(void) {
+    const char *t = getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
+
 /* A fresh folder for a test's files: $TMPDIR/ditrun-TAG-XXXXXX (TMPDIR defaults to /tmp; tests/run_tests.sh points
  * it at a private folder and fails a program that leaves anything there). Returns 0, or -1 when it cannot. */
 static inline int t_tmpdir(char *buf, size_t n, const char *tag) {
-    const char *t = getenv("TMPDIR");
-    snprintf(buf, n, "%s/ditrun-%s-XXXXXX", t && *t ? t : "/tmp", tag);
+    snprintf(buf, n, "%s/ditrun-%s-XXXXXX", t_tmp_root(), tag);
     return mkdtemp(buf) ? 0 : -1;
 }
 

@@ -180,7 +180,7 @@ int main(void) {
         T_CHECK("pipeline lora count", !pp && strstr(ditrun_last_error(), "LoRA"), "error: %s", ditrun_last_error());
         ditrun_pipeline_free(pp);
         char ap[600];
-        snprintf(ap, sizeof ap, "/tmp/ditrun_api_lora_%d.safetensors", (int)getpid());
+        snprintf(ap, sizeof ap, "%s/ditrun_api_lora_%d.safetensors", t_tmp_root(), (int)getpid());
         st_writer *w = st_writer_new();
         float a[4 * 32], b[256 * 4];
         for (int i = 0; i < 4 * 32; i++) a[i] = (float)((i * 37) % 11 - 5) * 0.02f;

@@ -40,7 +40,7 @@ static const struct { const char *format; flux2_export_opts o; const char *ext; 
     {"gguf-bf16", {1, DT_BF16, 1, 0}, "gguf", 1e-5, "bf16"},
 };
 
-static char tmp[] = "/tmp/ditrun_formats_XXXXXX";
+static char tmp[512];
 
 /* forward of MODEL on the fixture inputs; malloc'd out.sample or NULL; fmt (may be NULL) gets the formats */
 static float *forward(const char *model, size_t *n, char *fmt, size_t fmt_len) {
@@ -74,7 +74,7 @@ static const char *path(const char *name, const char *ext) {
 
 int main(void) {
     (void)fx_forward_check;   /* (shared header; this test compares forwards itself) */
-    if (!mkdtemp(tmp)) { T_FAIL("formats_tmpdir", "mkdtemp"); return T_DONE(); }
+    if (t_tmpdir(tmp, sizeof tmp, "formats")) { T_FAIL("formats_tmpdir", "mkdtemp"); return T_DONE(); }
     dt_log_level = 0;
     char model[512], name[160], fmt[128];
     snprintf(model, sizeof model, "%s/model", t_fixtures());

@@ -119,7 +119,7 @@ static void golden(void) {
     char exe[512], cmd[2048], out[256];
     snprintf(exe, sizeof exe, "%s/ditrun", b && *b ? b : "build");
     if (access(exe, X_OK)) { T_SKIP("golden png", "%s not built", exe); return; }
-    snprintf(out, sizeof out, "/tmp/ditrun-golden-%d.png", (int)getpid());
+    snprintf(out, sizeof out, "%s/ditrun-golden-%d.png", t_tmp_root(), (int)getpid());
     /* OPENBLAS_CORETYPE=Prescott: the generic x86-64 kernels, the same summation order on every CPU,
      * so the bytes do not depend on which kernels OpenBLAS would pick for this processor */
     snprintf(cmd, sizeof cmd, "OPENBLAS_CORETYPE=Prescott %s generate --backend cpu -q --model %s/model --prompt 'a red fox standing in fresh snow, golden hour' "

@@ -57,8 +57,8 @@ static void expect_fail(const char *name, const buf *o, const char *word) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/ditrun_gguf_XXXXXX", path[600];
-    if (!mkdtemp(dir)) { T_FAIL("gguf_tmpdir", "mkdtemp"); return T_DONE(); }
+    char dir[512], path[600];
+    if (t_tmpdir(dir, sizeof dir, "gguf")) { T_FAIL("gguf_tmpdir", "mkdtemp"); return T_DONE(); }
     snprintf(path, sizeof path, "%s/t.gguf", dir);
 
     /* ---- writer -> reader round trip ---- */

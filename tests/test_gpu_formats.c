@@ -252,8 +252,8 @@ int main(void) {
     fp8_file_linear(DT_F8_E5M2, 0);
 
     /* whole forwards of the fixture in these formats, and with an adapter */
-    char tmp[] = "/tmp/ditrun_gpu_formats_XXXXXX", model[512], p[700], q4[600];
-    if (!mkdtemp(tmp)) { T_FAIL("gpu_formats_tmpdir", "mkdtemp"); return T_DONE(); }
+    char tmp[512], model[512], p[700], q4[600];
+    if (t_tmpdir(tmp, sizeof tmp, "gpu-formats")) { T_FAIL("gpu_formats_tmpdir", "mkdtemp"); return T_DONE(); }
     snprintf(model, sizeof model, "%s/model", t_fixtures());
     snprintf(q4, sizeof q4, "%s/transformer-q4", t_fixtures());
     static const struct { const char *name, *file; flux2_export_opts o; double tol; } mc[] = {
