@@ -279,6 +279,48 @@ static void strengths(dt_pipeline *pl, const char *tag) {
     dt_image_free(&mk);
 }
 
+/* Inpainting with two references of different sizes: one batch at the first one's floored size (the reference's
+ * image_reference list), so both get the same grid: ids T = 20 and 30 over the first reference's rows and columns,
+ * after the init image's T = 10 tokens; the second reference's tokens are those of its own crop box. */
+static void inpaint_two_references(dt_pipeline *pl, const char *tag) {
+    char init[700], mask[700], r0[700], r1[700], nm[200];
+    snprintf(init, sizeof init, "%s/edit/ref9.png", t_fixtures());
+    snprintf(mask, sizeof mask, "%s/edit/mask.png", t_fixtures());
+    snprintf(r0, sizeof r0, "%s/edit/ref0.png", t_fixtures());
+    snprintf(r1, sizeof r1, "%s/edit/ref1.png", t_fixtures());
+    const int mult = vae_multiple();
+    dt_image i9 = {0}, a = {0}, b = {0};
+    int ok = mult > 0 && !dt_image_read_file(init, &i9) && !dt_image_read_file(r0, &a) && !dt_image_read_file(r1, &b);
+    snprintf(nm, sizeof nm, "%s: inpainting with two references: inputs read", tag);
+    T_CHECK(nm, ok, "%s", dt_last_error());
+    if (!ok) goto out;
+    {
+        int aw, ah;
+        dt_prep_area_size(i9.w, i9.h, &aw, &ah);
+        const int64_t n_init = (int64_t)(ah / mult) * (aw / mult);
+        const int gw = a.w / mult, gh = a.h / mult;   /* the batch grid: the first reference's, no area rule */
+        const char *refs[2] = {r0, r1};
+        obs o = {0};
+        int w, h;
+        int rc = run(pl, refs, 2, init, mask, 1.0, 2, 5, &o, &w, &h);
+        int ids_ok = rc == 0 && o.ref_ids && o.r == n_init + 2 * (int64_t)gw * gh;
+        for (int k = 0; ids_ok && k < 2; k++)
+            for (int64_t t = 0; ids_ok && t < (int64_t)gw * gh; t++) {
+                const float *id = o.ref_ids + 4 * (n_init + k * (int64_t)gw * gh + t);
+                ids_ok = id[0] == 20.0f + 10.0f * k && id[1] == (float)(t / gw) && id[2] == (float)(t % gw) && id[3] == 0;
+            }
+        snprintf(nm, sizeof nm, "%s: inpainting with references %dx%d and %dx%d: both on the first one's %dx%d grid", tag,
+                 a.w, a.h, b.w, b.h, gw, gh);
+        T_CHECK(nm, ids_ok, "rc %d, %lld reference tokens (init %lld + 2 x %d)", rc, (long long)o.r, (long long)n_init,
+                gw * gh);
+        obs_free(&o);
+    }
+out:
+    dt_image_free(&i9);
+    dt_image_free(&a);
+    dt_image_free(&b);
+}
+
 /* ---- memory ---- */
 
 static void steady_memory(dt_pipeline *pl, dt_backend *be, const char *tag) {
@@ -358,6 +400,7 @@ static void on_backend(dt_backend *be, const char *kv_root) {
     if (!pl) return;
     three_references(pl, tag);
     strengths(pl, tag);
+    inpaint_two_references(pl, tag);
     steady_memory(pl, be, tag);
     dt_pipeline_free(pl);
     lo.model = kv_root;

@@ -415,6 +415,50 @@ static void test_inpaint(void) {
     dt_image_free(&mask);
 }
 
+/* Inpainting's reference batch: every reference center-cropped (never resized) to the first one's floored size with
+ * PIL's crop box: left = floor((w - fw) / 2) (Python's floor division: a 101-wide image in a 128-wide box starts at
+ * column 14 of the box, not 13), black outside the image. Exact values: nothing is interpolated. */
+static void test_inpaint_reference_batch(void) {
+    const int FW = 128, FH = 96;
+    struct { int w, h, ch; } cases[] = {{101, 77, 3}, {300, 200, 1}, {128, 96, 4}, {90, 150, 3}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int w = cases[c].w, h = cases[c].h, ch = cases[c].ch;
+        dt_image im = {.w = w, .h = h, .channels = ch, .px = malloc((size_t)w * h * ch)};
+        for (int i = 0; i < w * h * ch; i++) im.px[i] = (uint8_t)(1 + (i * 37 + i / 7) % 250);   /* never 0 */
+        dt_prep_image pp;
+        char name[96];
+        snprintf(name, sizeof name, "inpainting reference batch: %dx%d (%d channels) in a %dx%d box", w, h, ch, FW, FH);
+        if (dt_prep_reference_in_batch(&im, "ref.png", FW, FH, &pp)) {
+            T_FAIL(name, "%s", dt_last_error());
+            dt_image_free(&im);
+            continue;
+        }
+        uint8_t *u = malloc((size_t)FW * FH * 3), *rgb = dt_image_to_rgb(&im);
+        denorm(&pp, u);
+        const int dx = w - FW, dy = h - FH;
+        const int left = dx >= 0 ? dx / 2 : -((-dx + 1) / 2), top = dy >= 0 ? dy / 2 : -((-dy + 1) / 2);
+        int bad = 0;
+        for (int y = 0; y < FH && !bad; y++)
+            for (int x = 0; x < FW && !bad; x++)
+                for (int k = 0; k < 3; k++) {
+                    const int sx = left + x, sy = top + y;
+                    const int want = sx < 0 || sy < 0 || sx >= w || sy >= h ? 0 : rgb[((size_t)sy * w + sx) * 3 + k];
+                    if (u[((size_t)y * FW + x) * 3 + k] != want) { bad = 1; break; }
+                }
+        T_CHECK(name, pp.w == FW && pp.h == FH && !bad, "size %dx%d, values differ from the crop box", pp.w, pp.h);
+        free(u);
+        free(rgb);
+        dt_prep_image_free(&pp);
+        dt_image_free(&im);
+    }
+    dt_image small = {.w = 63, .h = 100, .channels = 3, .px = calloc(63 * 100 * 3, 1)};
+    dt_prep_image pp;
+    int rc = dt_prep_reference_in_batch(&small, "tiny.png", FW, FH, &pp);
+    T_CHECK("inpainting reference batch: a 63-pixel side refused", rc != 0 && strstr(dt_last_error(), "tiny.png"), "rc %d",
+            rc);
+    dt_image_free(&small);
+}
+
 int main(void) {
     vec = st_open(path("vectors.safetensors"));
     if (!vec) {
@@ -427,6 +471,7 @@ int main(void) {
     test_normalize();
     test_reference_rule();
     test_inpaint();
+    test_inpaint_reference_batch();
     st_close(vec);
     return T_DONE();
 }

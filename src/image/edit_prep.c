@@ -95,6 +95,37 @@ int dt_prep_reference(const dt_image *im, const char *name, int multiple, dt_pre
     return 0;
 }
 
+/* Python's floor division (PIL's crop box of a smaller image has a negative left/top, rounded toward -inf). */
+static int floor_div2(int v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
+
+int dt_prep_reference_in_batch(const dt_image *im, const char *name, int fw, int fh, dt_prep_image *out) {
+    memset(out, 0, sizeof *out);
+    if (fw < 1 || fh < 1) {
+        dt_set_error("%s: invalid batch size %dx%d for inpainting references", name, fw, fh);
+        return -1;
+    }
+    if (dt_prep_check_reference(im, name)) return -1;
+    uint8_t *rgb = dt_image_to_rgb(im);
+    uint8_t *box = dt_calloc((size_t)3 * (size_t)fw * (size_t)fh, 1);   /* black where the box leaves the image */
+    const int left = floor_div2(im->w - fw), top = floor_div2(im->h - fh);
+    for (int y = 0; y < fh; y++) {
+        const int sy = top + y;
+        if (sy < 0 || sy >= im->h) continue;
+        for (int x = 0; x < fw; x++) {
+            const int sx = left + x;
+            if (sx < 0 || sx >= im->w) continue;
+            memcpy(box + 3 * ((size_t)y * fw + x), rgb + 3 * ((size_t)sy * im->w + sx), 3);
+        }
+    }
+    out->w = fw;
+    out->h = fh;
+    out->rgb = dt_malloc((size_t)3 * (size_t)fw * (size_t)fh * sizeof(float));
+    dt_prep_normalize(box, fw, fh, out->rgb);
+    free(box);
+    free(rgb);
+    return 0;
+}
+
 void dt_prep_output_size(const dt_prep_image *refs, int n_refs, int *height, int *width) {
     if (n_refs < 1) return;
     if (*height <= 0) *height = refs[0].h;

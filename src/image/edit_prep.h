@@ -17,6 +17,8 @@
  * Output size (dt_prep_output_size): a side the user did not give comes from the first reference's
  * processed size.
  *
+ * Inpainting with two or more references: dt_prep_reference_in_batch (one batch at the first one's size).
+ *
  * Inpainting (dt_prep_init_image, dt_prep_mask): the init image sets the output size (the pipeline
  * ignores height/width): step 2 as above (Lanczos to the area), then w, h floored to `multiple`, and
  * the image *stretched* (Lanczos, not cropped) to that size, RGB, [-1, 1]. The mask must have the init
@@ -49,6 +51,12 @@ void dt_prep_area_size(int w, int h, int *rw, int *rh);
 int dt_prep_check_reference(const dt_image *im, const char *name);
 /* Steps 1-4 for one reference. 0 ok, -1 error (dt_last_error names the file). */
 int dt_prep_reference(const dt_image *im, const char *name, int multiple, dt_prep_image *out);
+
+/* Inpainting with two or more references (the reference pipeline prepares them as one batch): no area rule, every
+ * reference center-cropped to fw x fh — the first reference's size floored to `multiple` — with PIL's crop box
+ * (left = floor((w − fw) / 2), top likewise; black where the box leaves a smaller image), RGB, [-1, 1]. Step 1's
+ * checks still apply. 0 ok, -1 error. */
+int dt_prep_reference_in_batch(const dt_image *im, const char *name, int fw, int fh, dt_prep_image *out);
 
 /* Output size with references: *height / *width that are 0 on entry take refs[0]'s processed size
  * (nothing changes when n_refs is 0). */

@@ -42,10 +42,15 @@ int klein_edit_prepare(const dt_gen_params *g, int multiple, klein_edit *e) {
         if (dt_prep_mask(g->mask, mname, g->init_image->w, g->init_image->h, w, h, multiple, NULL, &e->mask_tok))
             goto fail;
     }
+    /* inpainting with several references: one batch at the first one's floored size, as the reference prepares its
+     * image_reference list (one reference: on its own, as in plain editing) */
+    const int batch = g->init_image && g->n_refs >= 2;
+    const int bw = batch ? g->refs[0].w / multiple * multiple : 0, bh = batch ? g->refs[0].h / multiple * multiple : 0;
     for (int i = 0; i < g->n_refs; i++) {
         snprintf(nm, sizeof nm, "reference image %d", i + 1);
-        if (dt_prep_reference(&g->refs[i], g->ref_names && g->ref_names[i] ? g->ref_names[i] : nm, multiple,
-                              &e->imgs[e->n_imgs]))
+        const char *rn = g->ref_names && g->ref_names[i] ? g->ref_names[i] : nm;
+        if (batch ? dt_prep_reference_in_batch(&g->refs[i], rn, bw, bh, &e->imgs[e->n_imgs])
+                  : dt_prep_reference(&g->refs[i], rn, multiple, &e->imgs[e->n_imgs]))
             goto fail;
         e->n_imgs++;
     }
