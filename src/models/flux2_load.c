@@ -1,0 +1,255 @@
+/* flux2_load.c — the FLUX.2-klein transformer's config (diffusers Flux2Transformer2DModel's config.json) and weights:
+ * the blocks' and the outer layers' Linears and norms through the model's Linear set (any checkpoint layout and
+ * weight form, LoRA adapters merged or as side products), and flux2_load / flux2_load_ex. The forward: flux2.c. */
+#include "flux2_internal.h"
+#include "flux2_layouts.h"
+#include "lora_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ config */
+
+static int get_pos_int(const json *cfg, const char *what, const char *key, int dflt, int *out) {
+    const json *v = json_get(cfg, key);
+    if (!v || v->type == JSON_NULL) {
+        if (dflt < 0) { dt_set_error("%s: missing '%s'", what, key); return -1; }
+        *out = dflt;
+        return 0;
+    }
+    if (v->type != JSON_NUMBER || !v->is_integer || v->integer <= 0 || v->integer > (1 << 20)) {
+        dt_set_error("%s: '%s' must be a positive integer", what, key);
+        return -1;
+    }
+    *out = (int)v->integer;
+    return 0;
+}
+
+int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!cfg || cfg->type != JSON_OBJECT) { dt_set_error("%s: config is not a JSON object", what); return -1; }
+    int patch = 1;
+    if (get_pos_int(cfg, what, "in_channels", -1, &c->in_channels) || get_pos_int(cfg, what, "num_layers", -1, &c->num_layers) ||
+        get_pos_int(cfg, what, "num_single_layers", -1, &c->num_single_layers) ||
+        get_pos_int(cfg, what, "num_attention_heads", -1, &c->heads) ||
+        get_pos_int(cfg, what, "attention_head_dim", -1, &c->head_dim) ||
+        get_pos_int(cfg, what, "joint_attention_dim", -1, &c->joint_dim) ||
+        get_pos_int(cfg, what, "timestep_guidance_channels", 256, &c->tg_channels) ||
+        get_pos_int(cfg, what, "patch_size", 1, &patch))
+        return -1;
+    if (get_pos_int(cfg, what, "out_channels", c->in_channels, &c->out_channels)) return -1;
+    if (patch != 1) { dt_set_error("%s: patch_size %d is not supported (FLUX.2 uses 1)", what, patch); return -1; }
+    if (c->tg_channels % 2) { dt_set_error("%s: timestep_guidance_channels must be even", what); return -1; }
+    double ratio = json_get_num(cfg, "mlp_ratio", 3.0);
+    c->rope_theta = (float)json_get_num(cfg, "rope_theta", 2000.0);
+    c->eps = (float)json_get_num(cfg, "eps", 1e-6);
+    c->guidance_embeds = json_get_bool(cfg, "guidance_embeds", 0);
+    if (c->guidance_embeds) { dt_set_error("%s: guidance_embeds=true (FLUX.2-dev) is not supported; klein has none", what); return -1; }
+    if (!(ratio > 0 && ratio < 64) || !(c->rope_theta > 0) || !(c->eps > 0 && c->eps < 1)) {
+        dt_set_error("%s: mlp_ratio/rope_theta/eps out of range", what);
+        return -1;
+    }
+    const int64_t hidden = (int64_t)c->heads * c->head_dim;   /* each factor is at most 2^20: no int product */
+    if (hidden > FLUX2_MAX_HIDDEN) {
+        dt_set_error("%s: num_attention_heads %d x attention_head_dim %d = %lld is over the supported width %d", what,
+                     c->heads, c->head_dim, (long long)hidden, FLUX2_MAX_HIDDEN);
+        return -1;
+    }
+    c->hidden = (int)hidden;
+    c->mlp_hidden = (int)(c->hidden * ratio);
+    if (c->head_dim % 2) { dt_set_error("%s: attention_head_dim must be even", what); return -1; }
+    const json *axes = json_get(cfg, "axes_dims_rope");
+    if (!axes) { c->n_axes = 4; for (int i = 0; i < 4; i++) c->axes[i] = c->head_dim / 4; }
+    else {
+        if (axes->type != JSON_ARRAY || axes->len < 1 || axes->len > 8) { dt_set_error("%s: axes_dims_rope must be an array of 1..8 integers", what); return -1; }
+        c->n_axes = (int)axes->len;
+        int sum = 0;
+        for (int i = 0; i < c->n_axes; i++) {
+            const json *a = json_at(axes, i);
+            if (!a || a->type != JSON_NUMBER || !a->is_integer || a->integer <= 0 || a->integer % 2) {
+                dt_set_error("%s: axes_dims_rope[%d] must be a positive even integer", what, i);
+                return -1;
+            }
+            if (a->integer > c->head_dim) {
+                dt_set_error("%s: axes_dims_rope[%d] = %lld is larger than attention_head_dim %d", what, i,
+                             (long long)a->integer, c->head_dim);
+                return -1;
+            }
+            c->axes[i] = (int)a->integer;
+            sum += c->axes[i];
+        }
+        if (sum != c->head_dim) { dt_set_error("%s: axes_dims_rope sums to %d but attention_head_dim is %d", what, sum, c->head_dim); return -1; }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ loading */
+
+
+static int norm_upload(dt_backend *be, const dt_weights *w, int hd, const char *name, dt_mat *out) {
+    float *tmp = dt_malloc(sizeof(float) * hd);
+    int rc = dt_weights_read_f32(w, name, tmp, hd);
+    if (rc == 0) *out = dt_param_upload(be, tmp, hd);
+    free(tmp);
+    return rc;
+}
+
+int flux2_double_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_double_w *out,
+                        dt_linear_src *qkv_src, dt_linear_src *add_qkv_src) {
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    char qn[3][256], nm[256];
+    const char *parts[3] = {qn[0], qn[1], qn[2]};
+    const char *img[3] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+    const char *txt[3] = {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"};
+    /* Q, K and V projections as one GEMM each for the image and the text stream */
+    for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, img[j]);
+    if (!(out->to_qkv = dt_linear_set_load_stacked(lin, w, parts, 3, D, D, qkv_src))) return -1;
+    for (int j = 0; j < 3; j++) snprintf(qn[j], sizeof qn[j], "transformer_blocks.%d.%s", i, txt[j]);
+    if (!(out->add_qkv = dt_linear_set_load_stacked(lin, w, parts, 3, D, D, add_qkv_src))) return -1;
+    struct { dt_linear **dst; const char *suffix; int64_t o, in; } l[] = {
+        {&out->to_out, "attn.to_out.0", D, D},        {&out->to_add_out, "attn.to_add_out", D, D},
+        {&out->ff_in, "ff.linear_in", 2 * F, D},      {&out->ff_out, "ff.linear_out", D, F},
+        {&out->ffc_in, "ff_context.linear_in", 2 * F, D}, {&out->ffc_out, "ff_context.linear_out", D, F},
+    };
+    for (size_t j = 0; j < sizeof l / sizeof l[0]; j++) {
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.%s", i, l[j].suffix);
+        if (!(*l[j].dst = dt_linear_set_load(lin, w, nm, l[j].o, l[j].in, -1))) return -1;
+    }
+    struct { dt_mat *dst; const char *suffix; } n[] = {
+        {&out->norm_q, "norm_q"}, {&out->norm_k, "norm_k"}, {&out->norm_aq, "norm_added_q"}, {&out->norm_ak, "norm_added_k"},
+    };
+    for (size_t j = 0; j < sizeof n / sizeof n[0]; j++) {
+        snprintf(nm, sizeof nm, "transformer_blocks.%d.attn.%s.weight", i, n[j].suffix);
+        if (norm_upload(lin->be, w, c->head_dim, nm, n[j].dst)) return -1;
+    }
+    return 0;
+}
+
+int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, int i, flux2_single_w *out) {
+    int64_t D = c->hidden, F = c->mlp_hidden;
+    char nm[256];
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
+    if (!(out->qkv_mlp = dt_linear_set_load(lin, w, nm, 3 * D + 2 * F, D, -1))) return -1;
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.to_out", i);
+    if (!(out->out = dt_linear_set_load(lin, w, nm, D, D + F, -1))) return -1;
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+    if (norm_upload(lin->be, w, c->head_dim, nm, &out->norm_q)) return -1;
+    snprintf(nm, sizeof nm, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+    if (norm_upload(lin->be, w, c->head_dim, nm, &out->norm_k)) return -1;
+    return 0;
+}
+
+int flux2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_config *c, flux2_outer_w *out) {
+    int64_t D = c->hidden;
+    struct { dt_linear **dst; const char *name; int64_t o, in; } l[] = {
+        {&out->x_emb, "x_embedder", D, c->in_channels},
+        {&out->ctx_emb, "context_embedder", D, c->joint_dim},
+        {&out->t_lin1, "time_guidance_embed.timestep_embedder.linear_1", D, c->tg_channels},
+        {&out->t_lin2, "time_guidance_embed.timestep_embedder.linear_2", D, D},
+        {&out->mod_img, "double_stream_modulation_img.linear", 6 * D, D},
+        {&out->mod_txt, "double_stream_modulation_txt.linear", 6 * D, D},
+        {&out->mod_single, "single_stream_modulation.linear", 3 * D, D},
+        {&out->norm_out, "norm_out.linear", 2 * D, D},
+        {&out->proj_out, "proj_out", c->out_channels, D},
+    };
+    for (size_t j = 0; j < sizeof l / sizeof l[0]; j++)
+        if (!(*l[j].dst = dt_linear_set_load(lin, w, l[j].name, l[j].o, l[j].in, -1))) return -1;
+    return 0;
+}
+
+static void free_norm(dt_backend *be, dt_mat *m) {
+    if (m->data) be->free(be, m);
+    memset(m, 0, sizeof *m);
+}
+
+void flux2_double_w_free(dt_backend *be, flux2_double_w *w) {
+    free_norm(be, &w->norm_q);
+    free_norm(be, &w->norm_k);
+    free_norm(be, &w->norm_aq);
+    free_norm(be, &w->norm_ak);
+}
+
+void flux2_single_w_free(dt_backend *be, flux2_single_w *w) {
+    free_norm(be, &w->norm_q);
+    free_norm(be, &w->norm_k);
+}
+
+
+flux2_model *flux2_load(dt_backend *be, const char *path) { return flux2_load_ex(be, path, NULL); }
+
+/* Adapters: the catalogue of this checkpoint's module names, the files read through it, and (when any is given)
+ * the model's ops through the LoRA backend wrapper, which adds the side products of quantized Linears. */
+static int load_loras(flux2_model *m, const flux2_load_opts *o) {
+    dt_lora_catalogue *cat = flux2_lora_catalogue(m->w, &m->c);
+    m->lora = dt_lora_load(o->loras, o->n_loras, cat);
+    dt_lora_catalogue_free(cat);
+    if (!m->lora) return -1;
+    dt_backend *wb = dt_lora_backend_wrap(m->be);
+    if (!wb) return -1;
+    m->be = wb;
+    m->lin.be = wb;
+    m->lin.lora = m->lora;
+    m->lin.lora_side = o->lora_side;
+    return 0;
+}
+
+flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_opts *o) {
+    char *dir = dt_weights_component_dir(path, "transformer");
+    if (!dir) return NULL;
+    flux2_model *m = dt_calloc(1, sizeof *m);
+    m->be = be;
+    m->lin.be = be;
+    m->w = dt_weights_open(dir);
+    if (!m->w) { free(dir); free(m); return NULL; }
+    if (flux2_layout_install(m->w)) { free(dir); flux2_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
+    const json *cfg = dt_weights_config(m->w);
+    char what[4200];
+    snprintf(what, sizeof what, "%s/config.json", dir);
+    free(dir);
+    if (!cfg) { dt_set_error("%s: missing (a FLUX.2 transformer folder needs its config.json)", what); goto fail; }
+    const char *cls = json_get_str(cfg, "_class_name");
+    if (cls && strcmp(cls, "Flux2Transformer2DModel")) {
+        dt_set_error("%s: _class_name is '%s', expected Flux2Transformer2DModel", what, cls);
+        goto fail;
+    }
+    if (flux2_config_parse(cfg, what, &m->c)) goto fail;
+
+    const flux2_config *c = &m->c;
+    for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
+    if (o && o->n_loras > 0 && load_loras(m, o)) goto fail;
+
+    if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
+
+    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
+    if (flux2_runtime_choices(be, &m->c, what)) goto fail;
+    const st_tensor *sb0 = dt_weights_find(m->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight");
+    if (sb0 && (sb0->dtype == DT_F8_E4M3 || sb0->dtype == DT_F8_E5M2) && be->opts.precision != DT_PREC_FP8) {
+        /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers (norms,
+         * SwiGLU) write the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
+        dt_backend as_fp8 = *be;
+        as_fp8.opts.precision = DT_PREC_FP8;
+        if (flux2_runtime_choices(&as_fp8, &m->c, what)) goto fail;
+    }
+    m->db = dt_calloc(c->num_layers, sizeof *m->db);
+    for (int i = 0; i < c->num_layers; i++) {
+        if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;
+    }
+    m->sb = dt_calloc(c->num_single_layers, sizeof *m->sb);
+    for (int i = 0; i < c->num_single_layers; i++) {
+        if (flux2_single_w_load(&m->lin, m->w, c, i, &m->sb[i])) goto fail;
+    }
+    if (m->lora) {
+        if (dt_lora_check_used(m->lora)) goto fail;
+        int files, modules, targets;
+        dt_lora_summary(m->lora, &files, &modules, &targets);
+        dt_log(2, "lora: %d file(s), %d adapter modules on %d model modules: %d Linears merged, %d with side products\n",
+               files, modules, targets, m->lin.lora_merged, m->lin.lora_sides);
+    }
+    dt_linear_set_log(&m->lin, "transformer");
+    return m;
+fail:
+    flux2_free(m);
+    return NULL;
+}
