@@ -270,7 +270,7 @@ int main(void) {
     snprintf(p, sizeof p, "%s/lora.safetensors", tmp);
     flux2_config tiny;
     flux2_preset("tiny", &tiny);
-    if (flux2_synth_lora(&tiny, p, 8, 3)) T_FAIL("gpu_formats_lora_file", "%s", dt_last_error());
+    if (flux2_synth_lora(&tiny, p, &(flux2_synth_lora_opts){8, 3, FLUX2_LORA_DIFFUSERS, 0})) T_FAIL("gpu_formats_lora_file", "%s", dt_last_error());
     model_case("gpu_forward_lora_side_on_mlx_q4", q4, p, 0, TOL_FORWARD);
     model_case("gpu_forward_lora_merged_bf16", model, p, 0, TOL_FORWARD);
     model_case("gpu_forward_lora_side_bf16", model, p, 1, TOL_FORWARD);

@@ -7,7 +7,9 @@
 #include "cli.h"
 #include "cli_model.h"
 #include "core/outfile.h"
+#include "io/json.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 #include "models/flux2.h"
 #include "models/krea2.h"
 #include "pipeline/synth_pipeline.h"
@@ -15,7 +17,8 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S] [--pipeline]\n"
                "       ditrun synth --preset NAME --inputs FILE [--image-size PX] [--text-tokens T] [--ref-size PX] [--seed S]\n"
-               "       ditrun synth --preset NAME --lora FILE [--lora-rank R] [--seed S]\n\n"
+               "       ditrun synth (--preset NAME | --model DIR) --lora FILE [--lora-rank R] [--lora-layout L]\n"
+               "                    [--lora-modulation] [--seed S]\n\n"
                "Writes DIR/config.json and DIR/model.safetensors with random weights at a real geometry\n"
                "(for tests, the bench and speed runs without downloading weights), or with --inputs a\n"
                "random `ditrun forward` input file (in.hidden_states, in.encoder_hidden_states, in.timestep,\n"
@@ -40,9 +43,18 @@ static void usage(FILE *f) {
                "  --ref-size PX      FLUX.2 --inputs: also one PX x PX reference image's tokens (in.ref_hidden_states\n"
                "                     [1,R,C], in.ref_ids [1,R,4] with T = 10), which `ditrun forward` appends or\n"
                "                     KV-caches (--kv-refs)\n"
-               "  --lora FILE        FLUX.2: write a random LoRA adapter (PEFT / diffusers keys, bf16) for every Linear\n"
-               "                     of the blocks instead (for `--lora` speed runs)\n"
-               "  --lora-rank R      its rank (default 32)\n");
+               "  --lora FILE        FLUX.2: write a random LoRA adapter instead (bf16, alpha = rank/2, the update a tenth\n"
+               "                     of a unit-variance Linear): every Linear of the blocks, img_in, txt_in, time_in and\n"
+               "                     final_layer.linear (for `--lora` tests, speed runs and tools/lora_reference.py)\n"
+               "  --model DIR        --lora: the geometry of DIR's transformer config.json (pipeline root or transformer\n"
+               "                     folder) instead of --preset\n"
+               "  --lora-rank R      its rank (default 32)\n"
+               "  --lora-layout L    its key layout: diffusers (default; PEFT keys, alpha in the lora_adapter_metadata\n"
+               "                     header), kohya (lora_unet_double_blocks_0_img_attn_qkv.lora_down/.lora_up/.alpha) or\n"
+               "                     bfl (diffusion_model.double_blocks.0.img_attn.qkv.lora_A/.lora_B, fused q|k|v and\n"
+               "                     linear1, no alpha); the three layouts of one rank and seed are the same update\n"
+               "  --lora-modulation  also the modulation Linears and final_layer.adaLN_modulation.1 (diffusers' kohya\n"
+               "                     converter drops these; its BFL one maps the last without swapping its halves)\n");
 }
 
 /* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros), and with
@@ -139,11 +151,44 @@ static int synth_krea2(const char *preset, const char *out, const char *dir, con
     return 0;
 }
 
+/* The FLUX.2 geometry of a model folder (pipeline root or transformer folder): its transformer config.json. */
+static int model_geometry(const char *model, flux2_config *c) {
+    char *dir = dt_weights_component_dir(model, "transformer");
+    if (!dir) return -1;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    free(dir);
+    json *cfg = json_parse_file(p);
+    if (!cfg) return -1;
+    const char *cls = json_get_str(cfg, "_class_name");
+    int rc;
+    if (cls && strcmp(cls, "Flux2Transformer2DModel")) {
+        dt_set_error("%s: _class_name is '%s'; --lora adapters are written for Flux2Transformer2DModel", p, cls);
+        rc = -1;
+    } else {
+        rc = flux2_config_parse(cfg, p, c);
+    }
+    json_free(cfg);
+    return rc;
+}
+
+/* --lora FILE: a random adapter for the geometry of --preset or --model */
+static int synth_lora(const char *preset, const char *model, const char *path, const flux2_synth_lora_opts *o) {
+    flux2_config c;
+    if (model ? model_geometry(model, &c) : flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
+    if (cli_check_output(path, model, NULL)) return 1;
+    if (flux2_synth_lora(&c, path, o)) return cli_error("%s", dt_last_error());
+    static const char *const names[] = {"diffusers", "kohya", "bfl"};
+    fprintf(stderr, "ditrun: wrote a random rank-%d LoRA adapter (%s layout%s) for %s to %s\n", o->rank,
+            names[o->layout], o->modulation ? ", with the modulation Linears" : "", model ? model : preset, path);
+    return 0;
+}
+
 int cmd_synth(int argc, char **argv) {
-    const char *preset = NULL, *out = NULL;
-    const char *inputs = NULL, *lora = NULL;
+    const char *preset = NULL, *out = NULL, *model = NULL;
+    const char *inputs = NULL, *lora = NULL, *layout = NULL;
     long lora_rank = 32;
-    int pipeline = 0;
+    int pipeline = 0, modulation = 0;
     long bits = 0, group = 64, seed = 1, px = 1024, ntxt = 512, ref_px = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -160,17 +205,23 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--ref-size")) { if (cli_parse_int(a, v, 16, 16384, &ref_px)) return 1; i++; }
         else if (!strcmp(a, "--lora")) { if (!v) return cli_error("--lora needs a value (FILE)"); lora = v; i++; }
         else if (!strcmp(a, "--lora-rank")) { if (cli_parse_int(a, v, 1, 4096, &lora_rank)) return 1; i++; }
+        else if (!strcmp(a, "--lora-layout")) {
+            if (!v) return cli_error("--lora-layout needs a value (diffusers, kohya, bfl)");
+            layout = v; i++;
+        }
+        else if (!strcmp(a, "--lora-modulation")) modulation = 1;
+        else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a value"); model = v; i++; }
         else return cli_error("synth: unknown option '%s' (see ditrun synth --help)", a);
     }
     if (lora) {
-        flux2_config c;
-        if (!preset || out || inputs) return cli_error("synth: --lora FILE takes --preset and none of --output / --inputs");
-        if (flux2_preset(preset, &c)) return cli_error("%s", dt_last_error());
-        if (cli_check_output(lora, NULL, NULL)) return 1;
-        if (flux2_synth_lora(&c, lora, (int)lora_rank, (uint64_t)seed)) return cli_error("%s", dt_last_error());
-        fprintf(stderr, "ditrun: wrote a random rank-%ld LoRA adapter for %s to %s\n", lora_rank, preset, lora);
-        return 0;
+        if (!preset == !model || out || inputs)
+            return cli_error("synth: --lora FILE takes one of --preset / --model and none of --output / --inputs");
+        flux2_synth_lora_opts o = {(int)lora_rank, (uint64_t)seed, FLUX2_LORA_DIFFUSERS, modulation};
+        if (layout && flux2_lora_layout_parse(layout, &o.layout)) return cli_error("--lora-layout: %s", dt_last_error());
+        return synth_lora(preset, model, lora, &o);
     }
+    if (layout || modulation || model)
+        return cli_error("synth: --lora-layout, --lora-modulation and --model go with --lora FILE");
     if (!preset || (!out && !inputs)) return cli_error("synth: --preset and --output (or --inputs) are required (see ditrun synth --help)");
     if (out && inputs)
         return cli_error("synth: --output DIR writes a checkpoint, --inputs FILE forward inputs: give one of them");

@@ -1,7 +1,6 @@
 /* flux2_synth.c — FLUX.2-klein geometry presets and synthetic checkpoints with random weights
  * (for tests at the real geometry, the bench and GPU runs; no real weights are needed). */
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,58 +101,4 @@ int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int grou
     int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
     synth_list_free(&l);
     return rc;
-}
-
-/* A random LoRA adapter (PEFT / diffusers layout, bf16, alpha = rank) for every Linear of the blocks of geometry
- * c: A [rank, in] ~ U(-1, 1)/sqrt(in), B [out, rank] ~ U(-0.01, 0.01). Streamed: memory ~ one tensor. */
-int flux2_synth_lora(const flux2_config *c, const char *path, int rank, uint64_t seed) {
-    if (rank < 1 || rank > 4096) { dt_set_error("synth lora: rank %d (1..4096)", rank); return -1; }
-    const int64_t D = c->hidden, F = c->mlp_hidden;
-    struct { char name[160]; int64_t out, in; } *m = NULL;
-    int n = 0;
-    static const char *const dl[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
-                                     "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"};
-    m = dt_calloc((size_t)(c->num_layers * 12 + c->num_single_layers * 2 + 1), sizeof *m);
-#define MOD(o, i, ...) do { snprintf(m[n].name, sizeof m[n].name, __VA_ARGS__); m[n].out = (o); m[n].in = (i); n++; } while (0)
-    for (int b = 0; b < c->num_layers; b++) {
-        for (int k = 0; k < 8; k++) MOD(D, D, "transformer_blocks.%d.%s", b, dl[k]);
-        MOD(2 * F, D, "transformer_blocks.%d.ff.linear_in", b);
-        MOD(D, F, "transformer_blocks.%d.ff.linear_out", b);
-        MOD(2 * F, D, "transformer_blocks.%d.ff_context.linear_in", b);
-        MOD(D, F, "transformer_blocks.%d.ff_context.linear_out", b);
-    }
-    for (int b = 0; b < c->num_single_layers; b++) {
-        MOD(3 * D + 2 * F, D, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", b);
-        MOD(D, D + F, "single_transformer_blocks.%d.attn.to_out", b);
-    }
-#undef MOD
-    st_stream *s = st_stream_open(path);
-    if (!s) { free(m); return -1; }
-    char nm[200], meta[96];
-    for (int i = 0; i < n; i++) {
-        int64_t sa[2] = {rank, m[i].in}, sb[2] = {m[i].out, rank};
-        snprintf(nm, sizeof nm, "transformer.%s.lora_A.weight", m[i].name);
-        st_stream_declare(s, nm, DT_BF16, 2, sa);
-        snprintf(nm, sizeof nm, "transformer.%s.lora_B.weight", m[i].name);
-        st_stream_declare(s, nm, DT_BF16, 2, sb);
-    }
-    snprintf(meta, sizeof meta, "{\"transformer.r\": %d, \"transformer.lora_alpha\": %d}", rank, rank);
-    st_stream_set_metadata(s, "lora_adapter_metadata", meta);
-    int rc = st_stream_begin_data(s);
-    uint64_t st = seed * 0x9E3779B97F4A7C15ull + 11;
-    for (int i = 0; i < n && !rc; i++)
-        for (int ab = 0; ab < 2 && !rc; ab++) {
-            int64_t cnt = ab ? m[i].out * rank : rank * m[i].in;
-            float amp = ab ? 0.01f : 1.0f / sqrtf((float)m[i].in);
-            uint16_t *h = dt_malloc(sizeof(uint16_t) * (size_t)cnt);
-            for (int64_t k = 0; k < cnt; k++) {
-                st = st * 6364136223846793005ull + 1442695040888963407ull;
-                h[k] = dt_f32_to_bf16(amp * (float)((double)(st >> 40) / 8388608.0 - 1.0));
-            }
-            rc = st_stream_write(s, h, sizeof(uint16_t) * (size_t)cnt);
-            free(h);
-        }
-    free(m);
-    if (rc) { st_stream_abort(s); return -1; }
-    return st_stream_close(s);
 }
