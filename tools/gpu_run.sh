@@ -22,6 +22,9 @@
 #               merges, their error vs bf16, and test_gpu_formats
 #     edit      image editing on the synthetic klein-4B q4 pipeline: 1024² with one 1024² reference, 4 steps, warm
 #               (appended and KV-cached: step times), and the reference side by side when DIFFUSERS_SRC is set
+#     lora      LoRA adapters against the reference: each key layout (synth --lora-layout) on the bundled tiny model,
+#               ditrun CPU/CUDA (merged, side product) vs diffusers' load_lora_weights (tools/lora_reference.py,
+#               float32), the final modulation's halves, MLX q8/q4 copies; needs DIFFUSERS_SRC for the reference
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -406,6 +409,81 @@ if has formats; then  # the files users have: klein-4B 1024^2 forwards from a BF
     timeout 300 env DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_formats > "$OUT/test-gpu-formats.log" 2>&1
     grep -E "FAIL|SKIP|ms|GB" "$OUT/test-gpu-formats.log" | head -40 | tee -a "$OUT/summary.txt"
     log "gpu formats tests: $(grep -c '^PASS' "$OUT/test-gpu-formats.log") passed, $(grep -c '^FAIL' "$OUT/test-gpu-formats.log") failed"
+fi
+
+if has lora; then  # LoRA against the reference: a random adapter in each key layout (synth --lora-layout, rank 8) on
+    # the bundled tiny model; ditrun generate on the CPU and CUDA, merged and --lora-side, on fixed noise (the 64x64 noise
+    # of tests/fixtures/pipeline_io.safetensors); diffusers' Flux2KleinPipeline + load_lora_weights on the same folder,
+    # noise and adapter in float32 (tools/lora_reference.py); the pixels compared: CPU ±1 for 99.9% of the values, CUDA
+    # ±3 for 99% (tests/test_generate.c's tolerances). One line per case in summary.txt. Then --lora-modulation (adds
+    # the modulation Linears and BFL's final_layer.adaLN_modulation.1) and MLX q8/q4 copies of the transformer (ditrun
+    # quantize: side products on quantized weights vs the reference on the same weights dequantized). The reference
+    # needs DIFFUSERS_SRC (a folder holding diffusers/) and python3 with torch, transformers, peft, pillow, safetensors;
+    # without them the ditrun images are compared with ditrun's CPU side product (exact f32 update) instead.
+    LM=tests/fixtures/model; LN=tests/fixtures/pipeline_io.safetensors; LW=$W/lora; LP="a red fox standing in fresh snow, golden hour"
+    rm -rf "$LW"; mkdir -p "$LW"
+    LREF=0; LPY=python3   # the first python3 with the reference's packages (the image's torch venv when PATH lacks it)
+    for p in python3 /opt/torch/.venv/bin/python3; do
+        command -v $p > /dev/null && $p -c "import torch, peft, PIL, safetensors, transformers" 2>/dev/null && LPY=$p && break
+    done
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ] && $LPY -c "import torch, peft, PIL, safetensors, transformers" 2>/dev/null; then
+        LREF=1
+    else
+        log "lora: no reference (DIFFUSERS_SRC without diffusers/, or python3 lacks torch/peft/pillow/safetensors/transformers)"
+    fi
+    lora_case() {  # lora_case TAG MODEL ADAPTER|- [reference options]: ditrun cpu/cuda x merged/side, the reference, one line
+        local tag=$1 model=$2 ad=$3; shift 3
+        local la=() sides=("") line ref be side f tol frac
+        [ "$ad" != - ] && la=(--lora "$ad") && sides=("" --lora-side)
+        for be in cpu cuda; do
+            for side in "${sides[@]}"; do
+                f=$LW/$tag-$be${side:+-side}
+                $B generate --backend $be --model "$model" -p "$LP" --height 64 --width 64 --steps 4 --max-sequence-length 32 \
+                    --noise "$LN" "${la[@]}" $side -q -o "$f.png" > "$f.log" 2>&1 || echo "FAILED: $(tail -1 "$f.log")" > "$f.log"
+            done
+        done
+        ref=$LW/$tag-cpu${la:+-side}.png; line="lora [$tag] vs ditrun cpu side (no reference):"
+        if [ $LREF = 1 ]; then
+            ref=$LW/$tag-ref.png; line="lora [$tag] vs reference:"
+            timeout 600 $LPY tools/lora_reference.py generate --model "$model" --noise "$LN" "${la[@]}" --prompt "$LP" \
+                --height 64 --width 64 --steps 4 --max-sequence-length 32 --output "$ref" "$@" > "$LW/$tag-ref.log" 2>&1 \
+                || line+=" REFERENCE FAILED ($(grep -E "rror" "$LW/$tag-ref.log" | tail -1 | cut -c1-200))"
+            line+=" [$(grep -oE "[0-9]+ Linears adapted|halves swapped \([0-9]+\)" "$LW/$tag-ref.log" | paste -sd, -)]"
+        fi
+        for be in cpu cuda; do
+            for side in "${sides[@]}"; do
+                f=$LW/$tag-$be${side:+-side}
+                [ "$f.png" = "$ref" ] && continue
+                if grep -q FAILED "$f.log"; then line+=" | $be${side:+ side}: $(cut -c1-120 "$f.log")"; continue; fi
+                tol=1; frac=0.999; [ $be = cuda ] && tol=3 && frac=0.99
+                line+=" | $($LPY tools/lora_reference.py compare "$f.png" "$ref" --tol $tol --frac $frac --brief \
+                    --label "$be${side:+ side}" 2>&1 | tail -1)"
+            done
+        done
+        log "$line"
+    }
+    lora_case none "$LM" -
+    for l in diffusers kohya bfl; do
+        $B synth --model "$LM" --lora "$LW/$l.safetensors" --lora-layout $l --lora-rank 8 --seed 7 2>> "$LW/synth.log"
+        $B synth --model "$LM" --lora "$LW/mod-$l.safetensors" --lora-layout $l --lora-rank 8 --seed 7 --lora-modulation \
+            2>> "$LW/synth.log"
+    done
+    for l in diffusers kohya bfl; do lora_case $l "$LM" "$LW/$l.safetensors"; done
+    for l in diffusers kohya bfl; do lora_case mod-$l "$LM" "$LW/mod-$l.safetensors"; done
+    lora_case mod-bfl-swapped "$LM" "$LW/mod-bfl.safetensors" --bfl-final-swap
+    log "lora: expected OK everywhere but mod-kohya (diffusers' kohya converter drops the 4 modulation modules: 21 of 25" \
+        "Linears adapted) and mod-bfl on the CPU (its BFL converter maps final_layer.adaLN_modulation.1 onto norm_out.linear" \
+        "without swapping shift|scale; mod-bfl-swapped gives it the swapped halves)"
+    for bits in 8 4; do   # MLX copies of the transformer: the adapter as side products on quantized weights
+        q=$LW/q$bits; mkdir -p "$q/transformer"
+        for c in model_index.json scheduler text_encoder tokenizer vae; do ln -s "$(realpath "$LM/$c")" "$q/$c"; done
+        if $B quantize -q --input "$LM/transformer" --output "$q/transformer/model.safetensors" --bits $bits --group-size 32 \
+            > "$LW/quantize$bits.log" 2>&1; then
+            lora_case q$bits-diffusers "$q" "$LW/diffusers.safetensors"
+        else
+            log "lora: ditrun quantize --bits $bits of the bundled transformer failed: $(tail -1 "$LW/quantize$bits.log")"
+        fi
+    done
 fi
 
 log "total $(( $(date +%s) - t0 )) s"
