@@ -447,7 +447,8 @@ if has lora; then  # LoRA against the reference: a random adapter in each key la
             ref=$LW/$tag-ref.png; line="lora [$tag] vs reference:"
             timeout 600 $LPY tools/lora_reference.py generate --model "$model" --noise "$LN" "${la[@]}" --prompt "$LP" \
                 --height 64 --width 64 --steps 4 --max-sequence-length 32 --output "$ref" "$@" > "$LW/$tag-ref.log" 2>&1 \
-                || line+=" REFERENCE FAILED ($(grep -E "rror" "$LW/$tag-ref.log" | tail -1 | cut -c1-200))"
+                || { line+=" REFERENCE FAILED ($(grep -E "rror" "$LW/$tag-ref.log" | tail -1 | cut -c1-200))"
+                     cp "$LW/$tag-ref.log" "$OUT/lora-$tag-ref.log"; }   # the whole traceback comes back
             line+=" [$(grep -oE "[0-9]+ Linears adapted|halves swapped \([0-9]+\)" "$LW/$tag-ref.log" | paste -sd, -)]"
         fi
         for be in cpu cuda; do
