@@ -1,12 +1,12 @@
 /* test_robust_cli.c — the ditrun command with hostile paths and sizes: an output that is one of the inputs is
- * refused and the input kept (forward, generate, quantize, convert); an output path that cannot be written fails
- * before any work (one error line, nothing loaded); FIFO inputs are refused at once (info, forward, tokenize,
- * generate, quantize, convert, bench, serve, --lora); SIGINT in the middle of quantize, convert (diffusers names and
- * GGUF q4_K) and synth (a checkpoint and a whole pipeline) leaves no temporary and no half folder
- * (and keeps an existing output); symbolic-link loops, over-long names, infinite timesteps, huge images and absurd
- * configs get one clear line naming the problem, never a crash or an undefined-behaviour report (make test-asan);
- * convert --format (GGUF, fp8) obeys the same rules; info describes every component and exits 1 on an invalid config
- * or a missing component. */
+ * refused and the input kept (forward, generate and its editing images, quantize, convert and convert --format); an
+ * output path that cannot be written fails before any work (one error line, nothing loaded); a full filesystem keeps
+ * the old output and a read-only one is refused; FIFO inputs are refused at once (info, forward, tokenize, generate,
+ * quantize, convert, bench, serve, --lora, editing images); SIGINT in the middle of quantize, convert (diffusers
+ * names and GGUF q4_K) and synth (a checkpoint and a whole pipeline) leaves no temporary and no half folder (and
+ * keeps an existing output); symbolic-link loops, over-long names, infinite timesteps, sizes past the schedule,
+ * huge images and absurd configs get one clear line naming the problem, never a crash or an undefined-behaviour
+ * report (make test-asan); info describes every component and exits 1 on an invalid config or a missing one. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -122,6 +122,18 @@ static void outputs_equal_inputs(const char *fx) {
     expect_error("generate --save-latents = a weights file of --model: refused", args, "a file of the input", NULL);
     snprintf(args, sizeof args, "quantize --input %s --output %s -q", w, w);
     expect_error("quantize --output = --input: refused", args, "is the input", NULL);
+    char img[700];
+    snprintf(img, sizeof img, "%s/ref.png", tmp);
+    sh("cp %s/pipeline_image.png %s", fx, img);
+    size_t n_img = 0;
+    char *img0 = slurp(img, &n_img);
+    snprintf(args, sizeof args, "generate --model %s -p fox -o %s --image %s --backend cpu", model, img, img);
+    expect_error("generate -o = --image: refused", args, "is the input", NULL);
+    snprintf(args, sizeof args, "generate --model %s -p fox -o %s/e.png --init-image %s --mask %s --save-latents %s "
+             "--backend cpu", model, tmp, img, img, img);
+    expect_error("generate --save-latents = --init-image: refused", args, "is the input", NULL);
+    T_CHECK("the reference image is untouched", img0 && same_bytes(img, img0, n_img), "it changed");
+    free(img0);
     snprintf(args, sizeof args, "convert --input %s --output %s -q", w, w);
     expect_error("convert --output = --input: refused", args, "is the input", NULL);
     T_CHECK("the inputs are untouched", in0 && w0 && same_bytes(inputs, in0, n_in) && same_bytes(w, w0, n_w), "an input changed");
@@ -218,6 +230,11 @@ static void fifo_inputs(const char *fx) {
         {"generate --noise FIFO: refused at once", "generate --model {FX}/model -p fox -o {TMP}/x.png --noise {IN} --backend cpu"},
         {"generate --model FIFO: refused at once", "generate --model {IN} -p fox -o {TMP}/x.png --backend cpu"},
         {"generate --lora FIFO: refused at once", "generate --model {FX}/model -p fox -o {TMP}/x.png --lora {IN}:0.5 --backend cpu"},
+        {"generate --image FIFO: refused at once", "generate --model {FX}/model -p fox -o {TMP}/x.png --image {IN} --backend cpu"},
+        {"generate --init-image FIFO: refused at once",
+         "generate --model {FX}/model -p fox -o {TMP}/x.png --init-image {IN} --mask {FX}/pipeline_image.png --backend cpu"},
+        {"generate --mask FIFO: refused at once",
+         "generate --model {FX}/model -p fox -o {TMP}/x.png --init-image {FX}/pipeline_image.png --mask {IN} --backend cpu"},
         {"quantize --input FIFO: refused at once", "quantize --input {IN} --output {TMP}/q.safetensors -q"},
         {"convert --input FIFO: refused at once", "convert --input {IN} --output {TMP}/c.gguf --format gguf-q8_0 -q"},
         {"bench --model FIFO: refused at once", "bench --model {IN} --backend cpu"},
