@@ -504,6 +504,21 @@ static void sizes_and_messages(const char *fx) {
         snprintf(args, sizeof args, "forward --model %s/model --inputs %s --backend cpu", fx, p);
         expect_error("forward with timestep = inf: refused", args, "in.timestep", "finite");
     }
+    /* initial noise holding a NaN (the tiny model at 64x64: [1, 32, 8, 8]) */
+    {
+        static float noise[32 * 8 * 8];
+        for (int i = 0; i < 32 * 8 * 8; i++) noise[i] = (float)((i * 7919) % 200 - 100) / 50.0f;
+        noise[77] = 0.0f / 0.0f;
+        int64_t shape[4] = {1, 32, 8, 8};
+        st_writer *w = st_writer_new();
+        st_writer_add_f32(w, "in.initial_latents", 4, shape, noise);
+        snprintf(p, sizeof p, "%s/nan-noise.safetensors", tmp);
+        st_writer_save(w, p);
+        st_writer_free(w);
+        snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/n.png --noise %s --height 64 --width 64 "
+                 "--backend cpu -q", fx, tmp, p);
+        expect_error("generate --noise holding a NaN: refused naming the value", args, "value 77", "finite");
+    }
     snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/big.png --height 16384 --width 16384 --backend cpu -q",
              fx, tmp);
     expect_error("generate 16384x16384: the limit in the error", args, "16384", "8192");

@@ -2,6 +2,7 @@
  * validates and defaults each request, and hands it to the family; plus the one-shot dt_generate. */
 #include "engine.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,16 @@ void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float
     obs(ud, name, d, ndim, shape);
 }
 
+/* 1 when every value is finite; else -1 naming the first other one (a NaN or infinity would make the whole image NaN). */
+static int noise_finite(const float *x, int64_t n, const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            dt_set_error("%s: initial noise value %lld is %g; it must be finite", what, (long long)i, (double)x[i]);
+            return -1;
+        }
+    return 1;
+}
+
 int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char *layout) {
     if (g->noise) {
         if (g->noise_len != n) {
@@ -47,7 +58,7 @@ int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char 
             return -1;
         }
         memcpy(out, g->noise, sizeof(float) * (size_t)n);
-        return 1;
+        return noise_finite(out, n, "the given noise");
     }
     if (!g->noise_file) return 0;
     st_file *nf = st_open(g->noise_file);
@@ -62,7 +73,7 @@ int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char 
     memcpy(out, f, sizeof(float) * (size_t)n);
     free(f);
     st_close(nf);
-    return 1;
+    return noise_finite(out, n, g->noise_file);
 }
 
 int dt_gen_cancelled(const dt_gen_params *g) {
