@@ -13,8 +13,9 @@
 #     bench     ditrun bench klein-4B 1024² and 512² (ledger, utilization and floor, arms)
 #     kernels   the kernel timings of dev/ (elementwise and copies, VAE ops, cuDNN vs own attention, first calls)
 #     krea2     Krea 2 q4 1024² forwards (masked and not) and its bench
-#     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generate with two build folders, alternating, then
-#               a checksum and the rel L2 of every output of B against A (bit-identical where the path is the same)
+#     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generates (one-shot, --count 4) with two build
+#               folders, alternating, then a checksum and the rel L2 of every output of B against A, the generate's
+#               intermediates included (bit-identical where the path is the same)
 #     serve, serveload   ditrun serve's numbers (tools/serve_bench.sh; serveload adds a long run at concurrency 8)
 #     krea2gen  Krea 2 end to end at 1024² (28-step CFG and 8-step distilled), with diffusers beside it when
 #               DIFFUSERS_SRC holds diffusers' sources
@@ -216,18 +217,19 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
             $B forward --backend cuda --model "$W/$model" --inputs "$W/in4_1024.st" --output "$W/ab-$d-$tag.st" \
                 --repeat 1 $extra > /dev/null 2>&1
         done
-        for i in 1 2; do
-            $B generate --backend cuda --model "$W/p4" -p "$PROMPT" -o "$W/ab-$d-gen.png" --seed 7 2>&1 \
-                | grep -E "total|error" | sed "s/^/[$d] /" | tee -a "$OUT/summary.txt"
-        done
+        $B generate --backend cuda --model "$W/p4" -p "$PROMPT" -o "$W/ab-$d-gen.png" --seed 7 \
+            --save-latents "$W/ab-$d-gen.st" 2>&1 | grep -E "total|error" | sed "s/^/[$d] one-shot /" | tee -a "$OUT/summary.txt"
+        $B generate --backend cuda --model "$W/p4" -p "$PROMPT" -o "$W/ab-$d-count.png" --seed 7 --count 4 2>&1 \
+            | grep -E "^load|first|warm|error" | sed "s/^/[$d] --count 4 /" | tee -a "$OUT/summary.txt"
     done
     STCMP=./$Bd/dev/stcmp; [ -x "$STCMP" ] || STCMP=./$A/dev/stcmp
-    for tag in q4 bf16 fp8; do
+    for tag in q4 bf16 fp8 gen; do   # gen: the generate's intermediates (prompt embeds, per-step latents, float image)
         log "ab output $tag: $(sha256sum "$W/ab-$A-$tag.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-$tag.st" | cut -c1-16) [$Bd]"
         [ -x "$STCMP" ] && "$STCMP" "$W/ab-$A-$tag.st" "$W/ab-$Bd-$tag.st" | tee -a "$OUT/summary.txt"
     done
+    # (PNG bytes also depend on the encoder's settings; the pixels are compared through the float image above)
     log "ab image: $(sha256sum "$W/ab-$A-gen.png" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-gen.png" | cut -c1-16) [$Bd]" \
-        "$(cmp -s "$W/ab-$A-gen.png" "$W/ab-$Bd-gen.png" && echo '(identical)' || echo '(differ)')"
+        "$(cmp -s "$W/ab-$A-gen.png" "$W/ab-$Bd-gen.png" && echo '(identical bytes)' || echo '(bytes differ)')"
     unset DITRUN_GEMM_CACHE
 fi
 if has serve || has serveload; then  # ditrun serve (tools/serve_bench.sh): start->ready, first image, warm
