@@ -85,7 +85,7 @@ static void *rank_main(void *p) {
 static void run(int n, int rounds, int bad_rank, int *rc_any, int *errors, char *err, size_t errn) {
     dt_backend_opts bo = {0};
     bo.threads = 1;
-    dt_backend *be[DT_COMM_MAX_RANKS];
+    dt_backend *be[DT_COMM_MAX_RANKS] = {0};   /* (ranks past n stay NULL) */
     for (int r = 0; r < n; r++) be[r] = dt_backend_cpu_create(&bo);
     dt_comm *c = dt_comm_create(be, n);
     rank_arg a[DT_COMM_MAX_RANKS];
