@@ -40,6 +40,22 @@ static inline int t_check_rel_l2(const char *name, const float *got, const float
     return 0;
 }
 
+/* A whole file read into memory, NUL-terminated (so text can be used as a string); *n (may be NULL) gets its size.
+ * NULL when it cannot be opened. */
+static inline char *t_slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc(len > 0 ? (size_t)len + 1 : 1);
+    size_t got = len > 0 ? fread(b, 1, (size_t)len, f) : 0;
+    b[got] = 0;
+    fclose(f);
+    if (n) *n = got;
+    return b;
+}
+
 /* Fixture folder: $DITRUN_FIXTURES or tests/fixtures (tests run from the repository root). */
 static inline const char *t_fixtures(void) {
     const char *e = getenv("DITRUN_FIXTURES");

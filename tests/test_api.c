@@ -8,18 +8,6 @@
 #include "io/safetensors.h"
 #include "test.h"
 
-static void *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *b = malloc(len > 0 ? (size_t)len : 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
 /* Editing through the API: a reference from a file and the same bytes from memory give the same image, whose size
  * comes from the reference; inpainting takes the init image's size; a resident pipeline gives the same image again
  * and, after an editing request, the same text-to-image pixels as before it; inconsistent inputs are errors. */
@@ -30,7 +18,7 @@ static void editing(ditrun_engine *e) {
     snprintf(ref9, sizeof ref9, "%s/edit/ref9.png", t_fixtures());
     snprintf(mask, sizeof mask, "%s/edit/mask.png", t_fixtures());
     size_t n0 = 0, n9 = 0, nm = 0;
-    void *b0 = read_all(ref0, &n0), *b9 = read_all(ref9, &n9), *bm = read_all(mask, &nm);
+    void *b0 = t_slurp(ref0, &n0), *b9 = t_slurp(ref9, &n9), *bm = t_slurp(mask, &nm);
     ditrun_generate_opts o = ditrun_generate_defaults();
     o.model = root;
     o.prompt = "turn the fox into a snow leopard";

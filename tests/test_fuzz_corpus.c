@@ -31,18 +31,6 @@
 static char tmpdir[256];
 static dt_backend *be;
 
-static unsigned char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = dt_malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
 static int write_all(const char *path, const void *d, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
@@ -210,7 +198,7 @@ static void replay(const char *name, int (*fn)(const unsigned char *, size_t)) {
             char p[600];
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
             size_t n = 0;
-            unsigned char *d = read_all(p, &n);
+            unsigned char *d = (unsigned char *)t_slurp(p, &n);
             if (!d) continue;
             dt_clear_error();
             int r = fn(d, n);

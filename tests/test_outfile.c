@@ -30,23 +30,8 @@ static void write_text(const char *path, const char *text) {
     if (f) { fputs(text, f); fclose(f); }
 }
 
-/* malloc'd contents of a file (NULL when unreadable); *n gets the size. */
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    size_t got = fread(b, 1, (size_t)len, f);
-    b[got] = 0;
-    fclose(f);
-    if (n) *n = got;
-    return b;
-}
-
 static int file_is(const char *path, const char *text) {
-    char *b = slurp(path, NULL);
+    char *b = t_slurp(path, NULL);
     int ok = b && !strcmp(b, text);
     free(b);
     return ok;

@@ -62,23 +62,10 @@ static int sh(const char *fmt, const char *a, const char *b) {
     return system(cmd);
 }
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 /* 1 when path still holds exactly `want` (n bytes). */
 static int same_bytes(const char *path, const char *want, size_t n) {
     size_t m = 0;
-    char *b = slurp(path, &m);
+    char *b = t_slurp(path, &m);
     int ok = b && m == n && !memcmp(b, want, n);
     free(b);
     return ok;
@@ -110,7 +97,7 @@ static void outputs_equal_inputs(const char *fx) {
     sh("cp %s/transformer_io.safetensors %s", fx, inputs);
     snprintf(w, sizeof w, "%s/transformer/diffusion_pytorch_model.safetensors", model);
     size_t n_in = 0, n_w = 0;
-    char *in0 = slurp(inputs, &n_in), *w0 = slurp(w, &n_w);
+    char *in0 = t_slurp(inputs, &n_in), *w0 = t_slurp(w, &n_w);
 
     snprintf(args, sizeof args, "forward --model %s --inputs %s --output %s --backend cpu", model, inputs, inputs);
     expect_error("forward --output = --inputs: refused", args, "is the input", NULL);
@@ -126,7 +113,7 @@ static void outputs_equal_inputs(const char *fx) {
     snprintf(img, sizeof img, "%s/ref.png", tmp);
     sh("cp %s/pipeline_image.png %s", fx, img);
     size_t n_img = 0;
-    char *img0 = slurp(img, &n_img);
+    char *img0 = t_slurp(img, &n_img);
     snprintf(args, sizeof args, "generate --model %s -p fox -o %s --image %s --backend cpu", model, img, img);
     expect_error("generate -o = --image: refused", args, "is the input", NULL);
     snprintf(args, sizeof args, "generate --model %s -p fox -o %s/e.png --init-image %s --mask %s --save-latents %s "
@@ -168,7 +155,7 @@ static void outputs_equal_inputs(const char *fx) {
     int rc2 = run(args, err, sizeof err);
     snprintf(cfg, sizeof cfg, "%s/q4/config.json", tmp);
     size_t n = 0;
-    char *c = slurp(cfg, &n);
+    char *c = t_slurp(cfg, &n);
     T_CHECK("quantize again into the same folder updates its own config.json", rc1 == 0 && rc2 == 0 && c &&
                 strstr(c, "\"bits\": 8"), "exit %d/%d: %s", rc1, rc2, err);
     free(c);
@@ -267,7 +254,7 @@ static void format_outputs(const char *fx) {
     int rc = run(args, err, sizeof err);
     T_CHECK("convert --format gguf-q4_k: written", rc == 0, "exit %d: %s", rc, err);
     size_t n_w = 0, n_g = 0;
-    char *w0 = slurp(w, &n_w), *g0 = slurp(g, &n_g);
+    char *w0 = t_slurp(w, &n_w), *g0 = t_slurp(g, &n_g);
     snprintf(args, sizeof args, "convert --input %s --output %s --format gguf-q8_0 -q", g, g);
     expect_error("convert --format gguf over its own GGUF input: refused", args, "is the input", NULL);
     snprintf(args, sizeof args, "convert --input %s --output %s --format fp8 -q", w, w);
@@ -299,7 +286,7 @@ static void format_outputs(const char *fx) {
     snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s --height 40 --width 56 --backend cpu -q", fx, png);
     rc = run(args, err, sizeof err);
     size_t n = 0;
-    unsigned char *b = (unsigned char *)slurp(png, &n);
+    unsigned char *b = (unsigned char *)t_slurp(png, &n);
     int pw = b && n > 24 ? (b[16] << 24 | b[17] << 16 | b[18] << 8 | b[19]) : -1;
     int ph = b && n > 24 ? (b[20] << 24 | b[21] << 16 | b[22] << 8 | b[23]) : -1;
     T_CHECK("generate 56x40 with a 4x VAE: a 56x40 image (multiples of 8, not 16)", rc == 0 && pw == 56 && ph == 40,
@@ -443,7 +430,7 @@ static void interrupted_writers(void) {
 /* In the JSON file at path, the value of "key" (a number or an array) becomes `value`. */
 static void set_json_value(const char *path, const char *key, const char *value) {
     size_t n = 0;
-    char *s = slurp(path, &n), pat[200];
+    char *s = t_slurp(path, &n), pat[200];
     snprintf(pat, sizeof pat, "\"%s\":", key);
     char *k = s ? strstr(s, pat) : NULL;
     if (!k) { free(s); printf("# %s: no key %s\n", path, key); return; }
@@ -612,7 +599,7 @@ static void info_refuses(const char *name, const char *src, const char *how, con
     snprintf(outf, sizeof outf, "%s/info.txt", tmp);
     int rc = run_to(args, outf, err, sizeof err);
     size_t n = 0;
-    char *out = slurp(outf, &n), want[64];
+    char *out = t_slurp(outf, &n), want[64];
     snprintf(want, sizeof want, "%s: ", still ? still : "");
     int lines = 0;
     for (char *p = err; *p; p++) lines += *p == '\n';
@@ -639,7 +626,7 @@ static void info_checks(const char *fx) {
         snprintf(args, sizeof args, "info %s/%s", fx, ok[i].src);
         int rc = run_to(args, outf, err, sizeof err);
         size_t n = 0;
-        char *out = slurp(outf, &n), name[200];
+        char *out = t_slurp(outf, &n), name[200];
         const char *missing = NULL;
         for (int w = 0; w < 5 && !missing; w++)
             if (!out || !strstr(out, ok[i].want[w])) missing = ok[i].want[w];
@@ -697,7 +684,7 @@ static int fs_case(const char *name, const char *size, int ro, const char *targe
     int st = system(script);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77) { rmdir(fs); return 77; }
     size_t n = 0, m = 0;
-    char *out = slurp(outf, &n), *err = slurp(errf, &m), want_out[400];
+    char *out = t_slurp(outf, &n), *err = t_slurp(errf, &m), want_out[400];
     snprintf(want_out, sizeof want_out, "1|OLD|%s \n", target);
     int lines = 0;
     for (char *q = err; q && *q; q++) lines += *q == '\n';

@@ -33,20 +33,6 @@ typedef struct {
     char log[600];
 } server;
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    size_t got = fread(b, 1, (size_t)len, f);
-    b[got] = 0;
-    fclose(f);
-    if (n) *n = got;
-    return b;
-}
-
 static void spit(const char *path, const char *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (f) { fwrite(data, 1, n, f); fclose(f); }
@@ -71,7 +57,7 @@ static int server_start(server *s, const char *name, const char *extra) {
     }
     s->port = 0;
     for (int i = 0; i < 300 && !s->port; i++) {   /* up to 30 s */
-        char *o = slurp(out, NULL);
+        char *o = t_slurp(out, NULL);
         const char *p = o ? strstr(o, "listening on http://127.0.0.1:") : NULL;
         if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
         free(o);
@@ -133,8 +119,8 @@ static int http(const server *s, const char *method, const char *path, const cha
         if (fscanf(p, "%d", &code) != 1) code = 0;
         pclose(p);
     }
-    if (out) *out = slurp(outf, NULL);
-    if (hdr) *hdr = slurp(hdrf, NULL);
+    if (out) *out = t_slurp(outf, NULL);
+    if (hdr) *hdr = t_slurp(hdrf, NULL);
     unlink(bodyf);
     unlink(outf);
     unlink(hdrf);
@@ -208,7 +194,7 @@ static unsigned char *answer_png(const char *body, int i, size_t *n) {
 
 static int file_equals(const char *path, const unsigned char *data, size_t n) {
     size_t m = 0;
-    char *f = slurp(path, &m);
+    char *f = t_slurp(path, &m);
     int eq = f && m == n && !memcmp(f, data, n);
     free(f);
     return eq;
@@ -626,9 +612,9 @@ static void test_drain(void) {
     waitpid(c, &st, 0);
     char codef[700];
     snprintf(codef, sizeof codef, "%s.code", outf);
-    char *code = slurp(codef, NULL);
+    char *code = t_slurp(codef, NULL);
     size_t n = 0;
-    char *body = slurp(outf, NULL);
+    char *body = t_slurp(outf, NULL);
     unsigned char *png = answer_png(body, 0, &n);
     T_CHECK("serve: SIGTERM finishes the running request (200 with its image) and exits 0",
             running && rc == 0 && code && !strcmp(code, "200") && png && n > 8,
@@ -659,7 +645,7 @@ static int load(const server *s, int n, int c) {
     snprintf(cmd, sizeof cmd, "seq %d | xargs -P %d -I{} curl -s -m 60 -o /dev/null -w '%%{http_code}\\n' -X POST "
              "--data-binary @%s http://127.0.0.1:%d/v1/images/generations > %s", n, c, bodyf, s->port, codes);
     if (system(cmd)) return n;
-    char *t = slurp(codes, NULL);
+    char *t = t_slurp(codes, NULL);
     int ok = 0;
     for (char *l = t ? strtok(t, "\n") : NULL; l; l = strtok(NULL, "\n")) ok += !strcmp(l, "200");
     free(t);
@@ -751,7 +737,7 @@ static void test_bad_options(void) {
         snprintf(cmd, sizeof cmd, "timeout 60 %s serve --port 0 --backend cpu -q %s >/dev/null 2>%s", exe, cases[i].args,
                  errf);
         int st = system(cmd);
-        char *err = slurp(errf, NULL);
+        char *err = t_slurp(errf, NULL);
         int lines = 0;
         for (char *p = err; p && *p; p++) lines += *p == '\n';
         snprintf(name, sizeof name, "serve: '%s' -> exit 1 with one error line", cases[i].args);

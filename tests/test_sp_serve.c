@@ -22,20 +22,6 @@
 
 static char exe[512], tmpdir[512], model[512];
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    size_t got = fread(b, 1, (size_t)len, f);
-    b[got] = 0;
-    fclose(f);
-    if (n) *n = got;
-    return b;
-}
-
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -61,7 +47,7 @@ static int server_start(server *s, const char *extra) {
     }
     s->port = 0;
     for (int i = 0; i < 300; i++) {   /* up to 30 s */
-        char *o = slurp(s->out, NULL), *l = slurp(s->log, NULL);
+        char *o = t_slurp(s->out, NULL), *l = t_slurp(s->log, NULL);
         const char *p = o ? strstr(o, "listening on http://127.0.0.1:") : NULL;
         if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
         int ready = l && strstr(l, "ditrun: ready");
@@ -124,7 +110,7 @@ static unsigned char *serve_png(const server *s, const char *body, size_t *n) {
              bodyf, outf, s->port);
     unsigned char *png = NULL;
     if (system(cmd) == 0) {
-        char *a = slurp(outf, NULL);
+        char *a = t_slurp(outf, NULL);
         json *j = a ? json_parse(a, strlen(a), "answer") : NULL;
         const json *d = j ? json_at(json_get(j, "data"), 0) : NULL;
         const char *b = d ? json_get_str(d, "b64_json") : NULL;
@@ -151,7 +137,7 @@ static int serve_fails(const char *args, char *err, size_t n) {
     snprintf(errf, sizeof errf, "%s/sp-serve-err.txt", tmpdir);
     snprintf(cmd, sizeof cmd, "timeout 60 %s serve --model %s --port 0 %s >/dev/null 2>%s", exe, model, args, errf);
     int st = system(cmd);
-    char *e = slurp(errf, NULL);
+    char *e = t_slurp(errf, NULL);
     snprintf(err, n, "%s", e ? e : "");
     free(e);
     unlink(errf);
@@ -172,13 +158,13 @@ int main(void) {
 
     server s;
     if (server_start(&s, "--sequence-parallel 2")) {
-        char *l = slurp(s.log, NULL);
+        char *l = t_slurp(s.log, NULL);
         T_FAIL("serve --sequence-parallel 2: starts", "%s", l ? l : "(no log)");
         free(l);
     } else {
         size_t n = 0;
         unsigned char *png = serve_png(&s, "{\"prompt\": \"a red fox\", \"size\": \"40x24\", \"steps\": 2, \"seed\": 5}", &n);
-        char *log = slurp(s.log, NULL);
+        char *log = t_slurp(s.log, NULL);
         T_CHECK("serve --sequence-parallel 2: the worker's DiT runs on 2 thread ranks",
                 log && strstr(log, "sequence parallel: 2 ranks (threads)"), "log: %s", log ? log : "");
         free(log);
@@ -188,7 +174,7 @@ int main(void) {
         snprintf(got, sizeof got, "%s/sp-served.png", tmpdir);
         int g2 = generate("--sequence-parallel 2", split), g1 = generate("", whole);
         size_t m = 0;
-        char *ref = slurp(split, &m);
+        char *ref = t_slurp(split, &m);
         T_CHECK("serve --sequence-parallel 2: the PNG is byte-identical to generate --sequence-parallel 2's",
                 png && g2 == 0 && ref && m == n && !memcmp(ref, png, n), "%zu bytes served, generate rc %d (%zu bytes)",
                 n, g2, m);

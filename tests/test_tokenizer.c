@@ -36,20 +36,6 @@ static int same_ids(const char *name, const int32_t *got, int ng, const int32_t 
     return 0;
 }
 
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    if (fread(b, 1, (size_t)len, f) != (size_t)len) { free(b); fclose(f); return NULL; }
-    b[len] = 0;
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
 static int write_all(const char *path, const char *s, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
@@ -268,7 +254,7 @@ int main(void) {
     /* ---- merges as "a b" strings: identical results ---- */
     size_t flen = 0, slen = 0;
     snprintf(path, sizeof path, "%s/model/tokenizer/tokenizer.json", fx);
-    char *orig = read_all(path, &flen);
+    char *orig = t_slurp(path, &flen);
     char *strm = orig ? merges_to_strings(orig, flen, &slen) : NULL;
     char sdir[300], spath[400];
     snprintf(sdir, sizeof sdir, "%s/strmerges", tmpdir);
