@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "io/safetensors.h"
+#include "models/qwen3.h"
 #include "pipeline/family.h"
 
 static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2};
@@ -74,6 +75,14 @@ int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char 
     free(f);
     st_close(nf);
     return noise_finite(out, n, g->noise_file);
+}
+
+int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, dt_qwen3 **te) {
+    if (*te) return 0;
+    *te = dt_qwen3_load(p->be, dir, max_tap > 0 ? max_tap : 1);
+    if (!*te) return -1;
+    dt_qwen3_set_inv_freq_bf16(*te, p->opts.te_inv_freq_bf16);
+    return 0;
 }
 
 int dt_gen_cancelled(const dt_gen_params *g) {

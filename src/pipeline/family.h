@@ -48,5 +48,9 @@ void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float
 int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char *layout);
 /* Non-zero when the request has been cancelled (flag set); sets the error. */
 int dt_gen_cancelled(const dt_gen_params *g);
+/* Load *te from dir (Qwen3 / Qwen3-VL text model, layers up to max_tap, at least 1) with the pipeline's options,
+ * unless it is loaded already. 0 or -1 (dt_last_error). */
+struct dt_qwen3;
+int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, struct dt_qwen3 **te);
 
 #endif

@@ -101,11 +101,7 @@ static void klein_free(dt_pipeline *p) {
 
 static int ensure_te(dt_pipeline *p) {
     klein_state *s = p->fam;
-    if (s->te) return 0;
-    s->te = dt_qwen3_load(p->be, s->te_dir, s->max_tap > 0 ? s->max_tap : 1);
-    if (!s->te) return -1;
-    dt_qwen3_set_inv_freq_bf16(s->te, p->opts.te_inv_freq_bf16);
-    return 0;
+    return dt_family_ensure_text_encoder(p, s->te_dir, s->max_tap, &s->te);
 }
 
 static int ensure_dit_vae(dt_pipeline *p) {

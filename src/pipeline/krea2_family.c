@@ -108,11 +108,7 @@ static void k2_free(dt_pipeline *p) {
 
 static int ensure_te(dt_pipeline *p) {
     k2_state *k = p->fam;
-    if (k->te) return 0;
-    k->te = dt_qwen3_load(p->be, k->te_dir, k->max_tap > 0 ? k->max_tap : 1);
-    if (!k->te) return -1;
-    dt_qwen3_set_inv_freq_bf16(k->te, p->opts.te_inv_freq_bf16);
-    return 0;
+    return dt_family_ensure_text_encoder(p, k->te_dir, k->max_tap, &k->te);
 }
 
 static int ensure_dit_vae(dt_pipeline *p) {
