@@ -19,18 +19,24 @@ static inline int fuzz_api_valid_json(dt_strbuf *b) {
     return j != NULL;
 }
 
+/* The fixed limits both request fuzzers check against: a klein-4B-like distilled model (the edit fuzzer turns
+ * editing on). */
+static inline void fuzz_api_limits(dt_api_limits *lim) {
+    memset(lim, 0, sizeof *lim);
+    lim->model_id = "FLUX.2-klein-4B";
+    lim->info.family = "flux2-klein";
+    lim->info.default_steps = 4;
+    lim->info.default_guidance = 1.0f;
+    lim->info.distilled = 1;
+    lim->info.size_multiple = 16;
+    lim->info.max_side = 4096;
+    lim->max_pixels = 2048 * 2048;
+    lim->max_steps = 50;
+}
+
 static inline int fuzz_api_one(const uint8_t *data, size_t size) {
     dt_api_limits lim;
-    memset(&lim, 0, sizeof lim);
-    lim.model_id = "FLUX.2-klein-4B";
-    lim.info.family = "flux2-klein";
-    lim.info.default_steps = 4;
-    lim.info.default_guidance = 1.0f;
-    lim.info.distilled = 1;
-    lim.info.size_multiple = 16;
-    lim.info.max_side = 4096;
-    lim.max_pixels = 2048 * 2048;
-    lim.max_steps = 50;
+    fuzz_api_limits(&lim);
     dt_api_request r;
     dt_api_error e;
     dt_strbuf b;

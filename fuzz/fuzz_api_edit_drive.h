@@ -16,14 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_api_drive.h"
 #include "io/json.h"
 #include "serve/api.h"
-
-static inline int fuzz_edit_valid_json(dt_strbuf *b) {
-    json *j = json_parse(b->data, b->len, "answer");
-    json_free(j);
-    return j != NULL;
-}
 
 /* Feed one part (name line + data) to the form in pieces of `piece` bytes (0: whole). 0 or -1 (refused). */
 static inline int fuzz_edit_part(dt_api_form *f, const uint8_t *p, size_t n, size_t piece, dt_api_error *e) {
@@ -52,17 +47,8 @@ static inline int fuzz_edit_part(dt_api_form *f, const uint8_t *p, size_t n, siz
 
 static inline int fuzz_api_edit_one(const uint8_t *data, size_t size) {
     dt_api_limits lim;
-    memset(&lim, 0, sizeof lim);
-    lim.model_id = "FLUX.2-klein-4B";
-    lim.info.family = "flux2-klein";
-    lim.info.default_steps = 4;
-    lim.info.default_guidance = 1.0f;
-    lim.info.distilled = 1;
-    lim.info.size_multiple = 16;
-    lim.info.max_side = 4096;
+    fuzz_api_limits(&lim);
     lim.info.editing = 1;
-    lim.max_pixels = 2048 * 2048;
-    lim.max_steps = 50;
     size_t piece = size ? (data[0] ? 1 + data[0] % 61 : 0) : 0;
     const uint8_t *p = size ? data + 1 : data, *end = data + size;
     dt_api_form f;
@@ -84,7 +70,7 @@ static inline int fuzz_api_edit_one(const uint8_t *data, size_t size) {
     dt_api_form_free(&f);
     if (rc) {
         dt_api_error_json(&b, &e);
-        int ok = e.status == 400 && e.message[0] && fuzz_edit_valid_json(&b);
+        int ok = e.status == 400 && e.message[0] && fuzz_api_valid_json(&b);
         sb_free(&b);
         return ok ? 0 : -1;
     }
