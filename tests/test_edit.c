@@ -30,6 +30,12 @@
 /* CUDA bf16 activations vs the CPU f32 run, per step: ~2^-9 per rounding through the DiT; the same bound as the
  * transformer's GPU test. */
 #define EDIT_GPU_TOL 1e-2
+/* One CUDA forward vs the CPU's on the bookkeeping inputs, whose noise rows are zero: their velocity comes from biases,
+ * text and references alone (small values), so bf16 activations show more relative error than on a pipeline step
+ * (measured 1.8-2.0e-2 on the H200, 2026-12-01, with and without references). Reference handling must add nothing of
+ * its own: each case's error stays within EDIT_GPU_FWD_RATIO of the reference-free forward's. */
+#define EDIT_GPU_FWD_TOL 3e-2
+#define EDIT_GPU_FWD_RATIO 1.25
 /* The pipeline's reference tokens and ids vs the reference's: the VAE encoder in f32, summation order only. */
 #define EDIT_REF_TOL 1e-4
 /* Appended references vs the same tokens concatenated by hand on the CPU: the same ops on the same rows, only the
@@ -147,12 +153,9 @@ static uint8_t *sample(dt_backend *be, const edit_case *ec, const case_data *d, 
     dt_latents_img_ids(d->h, d->w, 0.0f, img_ids);
     dt_latents_txt_ids(d->T, txt_ids);
     if (flux2_set_refs(dit, d->ref_tok, d->ref_ids, d->r, ec->kv) || flux2_text_resident(dit, d->txt, d->T)) goto out;
-    int bf16 = be->act_dtype == DT_BF16;
-    for (int i = 0; i < steps; i++) {
-        float t_in = bf16 ? dt_bf16_round(dt_bf16_round(ts[i]) / 1000.0f) : ts[i] / 1000.0f;
-        if (flux2_forward(dit, x, N, d->txt, d->T, t_in, img_ids, txt_ids, v, NULL, NULL)) goto out;
-        if (bf16) dt_euler_step_bf16(x, v, (size_t)N * C, sig[i], sig[i + 1]);
-        else dt_euler_step(x, v, (size_t)N * C, sig[i], sig[i + 1]);
+    for (int i = 0; i < steps; i++) {   /* the schedule in float32 on every backend, as the engine */
+        if (flux2_forward(dit, x, N, d->txt, d->T, ts[i] / 1000.0f, img_ids, txt_ids, v, NULL, NULL)) goto out;
+        dt_euler_step(x, v, (size_t)N * C, sig[i], sig[i + 1]);
         memcpy(lat + (size_t)i * N * C, x, sizeof(float) * (size_t)N * C);
     }
     /* latents -> image as the pipeline: unpack, batch-norm de-normalization, unpatchify, VAE decode */
@@ -315,10 +318,14 @@ static void bookkeeping(dt_backend *cpu, dt_backend *cuda) {
         } else if (cuda) {
             static const char *what[BK_COUNT] = {"no references", "concatenated tokens", "appended references",
                                                  "KV-cached references", "KV cache reused", "references removed"};
+            const double plain = dt_rel_l2(g[BK_PLAIN], o[BK_PLAIN], e);
             for (int k = 0; k < BK_COUNT; k++) {
                 char nm[128];
                 snprintf(nm, sizeof nm, "cuda forward vs cpu: %s", what[k]);
-                t_check_rel_l2(nm, g[k], o[k], e, EDIT_GPU_TOL);
+                t_check_rel_l2(nm, g[k], o[k], e, EDIT_GPU_FWD_TOL);
+                double d = dt_rel_l2(g[k], o[k], e);
+                snprintf(nm, sizeof nm, "cuda forward vs cpu: %s: no error beyond the reference-free forward's", what[k]);
+                T_CHECK(nm, d <= EDIT_GPU_FWD_RATIO * plain, "rel L2 %.3g vs %.3g without references", d, plain);
             }
         }
     }

@@ -16,8 +16,9 @@
 
 /* CPU f32 vs the float32 reference: summation order only (observed ~4e-7). */
 #define GEN_CPU_TOL 1e-4
-/* CUDA bf16 activations vs the f32 reference: ~2^-9 per rounding over 4 steps of the DiT. */
-#define GEN_GPU_TOL 2e-2
+/* CUDA bf16 activations vs the f32 reference: ~2^-9 per rounding through the text encoder and 4 steps of the DiT (the
+ * schedule itself float32). Measured on the H200 (2026-12-01): prompt embeds 6.5e-3, latents <= 2.0e-3, image 4.9e-3. */
+#define GEN_GPU_TOL 1e-2
 
 typedef struct {
     st_file *ref;

@@ -40,10 +40,11 @@
 /* VAE decoder alone on the reference's final latents, f32 both: summation order of the convolutions. */
 #define K2_VAE_TOL 1e-4
 /* CUDA (bf16 activations) vs the f32 reference: ~2^-9 per rounding. Text encoder and VAE alone: as the other
- * bf16 model tests. The whole pipeline: the guided velocity cond + 4.5·(cond − uncond) weighs the two passes'
- * rounding by up to 5.5 and 4.5, over 4 steps (FLUX.2's unguided pipeline test allows 2e-2). */
+ * bf16 model tests. The whole pipeline (the guided velocity cond + 4.5·(cond − uncond) weighs the two passes' rounding
+ * by up to 5.5 and 4.5, over 4 steps; the schedule float32): measured on the H200 (2026-12-01) prompt embeds 6.9e-3,
+ * latents 2.1e-3 … 5.4e-3, image 2.3e-3 — the issue's 1e-2 holds for both. */
 #define K2_GPU_PART_TOL 1e-2
-#define K2_GPU_TOL 3e-2
+#define K2_GPU_TOL 1e-2
 /* The same encoder on the same tokens at the same positions, only more padding keys (all masked): f32
  * summation order only. */
 #define K2_PAD_TOL 1e-5

@@ -153,10 +153,6 @@ static void test_schedule(const dt_sched_config *cfg, st_file *io) {
     float x[3] = {1, 2, 3}, v[3] = {0.5f, -1, 2};
     dt_euler_step(x, v, 3, 1.0f, 0.75f);
     T_CHECK("euler_step", x[0] == 1 - 0.125f && x[1] == 2.25f && x[2] == 2.5f, "%g %g %g", x[0], x[1], x[2]);
-    float xb[2] = {1.0f, -3.0f}, vb[2] = {0.3f, 1.7f};
-    dt_euler_step_bf16(xb, vb, 2, 0.96738392f, 0.90814394f);
-    int bf_ok = xb[0] == dt_bf16_round(xb[0]) && xb[1] == dt_bf16_round(xb[1]) && fabsf(xb[0] - 0.98223f) < 0.01f;
-    T_CHECK("euler_step_bf16", bf_ok, "%.8f %.8f", xb[0], xb[1]);
 }
 
 static void test_rng(void) {

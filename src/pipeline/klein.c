@@ -268,7 +268,7 @@ typedef struct {
     const float *pos, *neg;     /* resident text keys (never read as host data) */
     const float *img_ids, *txt_ids;
     const float *timesteps;
-    int N, T, bf16;
+    int N, T;
     const float *sigmas, *init, *noise, *mask;   /* inpainting: init latents and noise [N, C], mask [N] */
     int C, last;                                 /* last: the index of the final step */
 } klein_step_ctx;
@@ -282,8 +282,8 @@ static void klein_restore(void *ctx, int i, float *x) {
 
 static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
     klein_step_ctx *k = ctx;
-    /* the pipeline passes timestep/1000; in bf16 pipelines t is rounded to bf16 first */
-    float t = k->bf16 ? dt_bf16_round(dt_bf16_round(k->timesteps[i]) / 1000.0f) : k->timesteps[i] / 1000.0f;
+    /* the pipeline passes timestep/1000 (in float32 on every backend: NOTES.md, "the schedule stays float32") */
+    float t = k->timesteps[i] / 1000.0f;
     const float *txt = pass ? k->neg : k->pos;
     if (k->sp) return flux2_sp_forward(k->sp, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v);
     return flux2_forward(k->dit, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v, NULL, NULL);
@@ -297,7 +297,6 @@ static int set_refs(klein_state *s, const float *tok, const float *ids, int r, i
 static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
                           dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     klein_state *s = p->fam;
-    dt_backend *be = p->be;
     const double t_start = dt_now();
     double t0 = t_start;
     int rc = -1;
@@ -416,11 +415,11 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
         goto done;
     if (ed.r && set_refs(s, ed.ref_tok, ed.ref_ids, ed.r, p->info.kv_refs && !inpaint)) goto done;
     refs_set = ed.r > 0;
-    klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T, be->act_dtype == DT_BF16,
+    klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T,
                          sigmas, ed.init_tok, noise, ed.mask_tok, C, first + run - 1};
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = run, .first = first, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
-                     .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND, .bf16_euler = kc.bf16,
+                     .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND,
                      .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict,
                      .after_step = inpaint ? klein_restore : NULL, .ctx = &kc, .v = v, .u = u};
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);

@@ -207,14 +207,13 @@ typedef struct {
     const uint8_t *pmask, *nmask;     /* [T] */
     const float *timesteps;
     float ntt;                        /* num_train_timesteps */
-    int N, T, bf16;
+    int N, T;
 } k2_step_ctx;
 
 static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
     k2_step_ctx *c = ctx;
-    /* the pipeline passes t / num_train_timesteps in the latents' dtype */
+    /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
-    if (c->bf16) t = dt_bf16_round(t);
     return krea2_forward(c->dit, x, c->N, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v, NULL,
                          NULL);
 }
@@ -222,7 +221,6 @@ static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
                        dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     k2_state *k = p->fam;
-    dt_backend *be = p->be;
     const double t_start = dt_now();
     double t0 = t_start;
     int rc = -1;
@@ -298,11 +296,10 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     /* ---- denoising loop ---- */
     v = dt_malloc(sizeof(float) * (size_t)N * C);
     if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
-    k2_step_ctx kc = {k->dit, pos, neg, ids, pmask, nmask, timesteps, (float)k->sched.num_train_timesteps, N, T,
-                      be->act_dtype == DT_BF16};
+    k2_step_ctx kc = {k->dit, pos, neg, ids, pmask, nmask, timesteps, (float)k->sched.num_train_timesteps, N, T};
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
-                     .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .bf16_euler = kc.bf16, .n = (size_t)N * C,
+                     .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .n = (size_t)N * C,
                      .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u};
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
     if (rc) goto done;

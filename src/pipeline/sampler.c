@@ -24,8 +24,7 @@ int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_re
             else
                 for (size_t j = 0; j < s->n; j++) v[j] = v[j] + gs * (v[j] - u[j]);
         }
-        if (s->bf16_euler) dt_euler_step_bf16(x, s->v, s->n, s->sigmas[i], s->sigmas[i + 1]);
-        else dt_euler_step(x, s->v, s->n, s->sigmas[i], s->sigmas[i + 1]);
+        dt_euler_step(x, s->v, s->n, s->sigmas[i], s->sigmas[i + 1]);
         if (s->after_step) s->after_step(s->ctx, i, x);
         double dt = dt_now() - ts0;
         if (k < 256) tm->t_step[k] = dt;

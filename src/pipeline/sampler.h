@@ -28,7 +28,6 @@ typedef struct {
     int cfg;                    /* two passes per step */
     float guidance;
     dt_cfg_rule rule;
-    int bf16_euler;             /* the Euler update as a bf16 pipeline does it */
     size_t n;                   /* latent values (tokens × channels) */
     const int64_t *obs_shape;   /* shape of the latents for "stepK.latents_packed" (3 dims) */
     dt_predict_fn predict;

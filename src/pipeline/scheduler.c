@@ -209,7 +209,3 @@ void dt_euler_step(float *x, const float *v, size_t n, float sigma, float sigma_
     for (size_t i = 0; i < n; i++) x[i] = x[i] + dt * v[i];
 }
 
-void dt_euler_step_bf16(float *x, const float *v, size_t n, float sigma, float sigma_next) {
-    const float dt = dt_bf16_round(sigma_next - sigma);
-    for (size_t i = 0; i < n; i++) x[i] = dt_bf16_round(x[i] + dt_bf16_round(dt * v[i]));
-}

@@ -65,8 +65,5 @@ int64_t dt_calculate_shift_max_tokens(const dt_sched_config *cfg);
 
 /* Euler step in float32: x[n] += (sigma_next − sigma) · v[n]. */
 void dt_euler_step(float *x, const float *v, size_t n, float sigma, float sigma_next);
-/* The same step as a bf16 pipeline does it: dt rounded to bf16, the product dt·v rounded to bf16,
- * the add in float32 and the result rounded to bf16 (x and v hold bf16-representable values). */
-void dt_euler_step_bf16(float *x, const float *v, size_t n, float sigma, float sigma_next);
 
 #endif
