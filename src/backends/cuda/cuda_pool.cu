@@ -31,14 +31,15 @@ static void pool_release_cached(dtc_pool *p) {
     p->cached = 0;
 }
 
-void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
+/* A block of at least bytes: from the cache when use_cache (best fit), else a fresh cudaMalloc. */
+static void *pool_alloc(dtc_state *st, size_t bytes, bool use_cache) {
     dtc_pool *p = st->pool;
     size_t rb = pool_round(bytes);
     std::lock_guard<std::mutex> lk(p->mu);
     void *ptr = nullptr;
     /* best fit among the cached blocks, up to 25% larger than asked (phases of a pipeline ask for slightly
      * different sizes; a fresh cudaMalloc costs far more than the slack) */
-    auto it = p->freeb.lower_bound(rb);
+    auto it = use_cache ? p->freeb.lower_bound(rb) : p->freeb.end();
     if (it != p->freeb.end() && it->first <= rb + rb / 4) {
         ptr = it->second;
         rb = it->first;
@@ -72,6 +73,8 @@ void *dtc_pool_alloc(dtc_state *st, size_t bytes) {
     return ptr;
 }
 
+void *dtc_pool_alloc(dtc_state *st, size_t bytes) { return pool_alloc(st, bytes, true); }
+
 void dtc_pool_free(dtc_state *st, void *ptr) {
     if (!ptr) return;
     dtc_pool *p = st->pool;
@@ -90,22 +93,37 @@ void dtc_pool_free(dtc_state *st, void *ptr) {
     p->cached += rb;
 }
 
+/* Give one live block straight back to the device (not to the pool's cache). */
+static void pool_free_to_device(dtc_state *st, void *ptr) {
+    dtc_pool *p = st->pool;
+    std::lock_guard<std::mutex> lk(p->mu);
+    auto it = p->live.find(ptr);
+    if (it == p->live.end()) {
+        fprintf(stderr, "ditrun: cuda: free of a pointer not allocated by this backend (%p)\n", ptr);
+        exit(1);
+    }
+    p->current -= it->second;
+    p->live.erase(it);
+    cudaFree(ptr);
+}
+
 static void scratch_grow(dtc_state *st, dtc_scratch *s, size_t want) {
     if (s->ptr && !st->graphs_made && !st->capturing) {
         /* no graph can hold the old buffer: free it (after the queues are done with it) before allocating, so
-         * growth while a model loads (each Linear a bit larger) does not leave a trail of dead buffers */
+         * growth while a model loads (each Linear a bit larger) does not leave a trail of dead buffers. Only that
+         * buffer goes back to the device: the pool's other cached blocks stay, so a later request finds the blocks
+         * the first one used (releasing them all made the second image of a size allocate again: +75 KB on the
+         * tiny pipeline, test_engine; H200, 2026-12-01) */
         CK(cudaStreamSynchronize(st->q.stream));
         if (st->alt.stream) CK(cudaStreamSynchronize(st->alt.stream));
         if (st->pf_stream) CK(cudaStreamSynchronize(st->pf_stream));
-        dtc_pool_free(st, s->ptr);
-        {
-            std::lock_guard<std::mutex> lk(st->pool->mu);
-            pool_release_cached(st->pool);   /* give it back to the device, not to the pool's cache */
-        }
+        pool_free_to_device(st, s->ptr);
         s->ptr = nullptr;
         s->size = 0;
     }
-    void *np = dtc_pool_alloc(st, want);
+    /* a fresh block, never one of the cache's: a grow-only buffer that took an activation's cached block would make
+     * a later request allocate that activation again (the second image of a size growing the pool: test_engine) */
+    void *np = pool_alloc(st, want, false);
     if (!np) {
         fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error());
         exit(1);
