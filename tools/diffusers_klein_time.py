@@ -82,7 +82,7 @@ def main():
     transformer = diffusers_component(Flux2Transformer2DModel, "transformer")
     vae = diffusers_component(AutoencoderKLFlux2, "vae")
     try:
-        te = Qwen3ForCausalLM.from_pretrained(os.path.join(root, "text_encoder"), torch_dtype=dt)
+        te = Qwen3ForCausalLM.from_pretrained(os.path.join(root, "text_encoder"), dtype=dt)   # transformers 5: dtype=
     except (OSError, ValueError, EnvironmentError) as e:
         print(f"{root}/text_encoder: from_pretrained: {e}; loading its .safetensors files by hand", file=sys.stderr)
         te = Qwen3ForCausalLM(Qwen3Config.from_pretrained(os.path.join(root, "text_encoder")))

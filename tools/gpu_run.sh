@@ -3,7 +3,7 @@
 # (its first table), each section a row group there; everything is logged under $OUT (summary.txt: the lines
 # that matter).
 #   usage (device): bash tools/gpu_run.sh SECTION...     (no section: test time fp8 gen bench)
-#     test      the GPU test suite (GPU tests must run: DITRUN_REQUIRE_GPU=1)
+#     test      the GPU test suite (GPU tests must run: DITRUN_REQUIRE_GPU=1), JOBS (6) programs at once; ONLY=... some
 #     time      klein-4B forwards: q4 1024² (default, cached, graph, mixed), bf16 1024², q4 512², 2048²; klein-9B
 #     fp8       --precision fp8 and --attn-precision fp8 forwards (1024², 512², 2048²) and their error vs bf16
 #     gen       whole 1024² images, 4 steps, from one load (--count 6: load, first image, warm median, phases), q4
@@ -45,8 +45,11 @@ for lib in libcublasLt.so.13 libcudart.so.13; do   # the CUDA libraries' folder 
     d=$(dirname "$(find / -name "$lib" -not -path '/proc/*' 2>/dev/null | head -1)")
     export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH
 done
-unpack() {  # unpack .devpack/NAME.tar.xz into ./NAME when present
-    [ -f ".devpack/$1.tar.xz" ] && rm -rf "./$1" && tar xJf ".devpack/$1.tar.xz"
+unpack() {  # unpack .devpack/NAME.tar.xz into ./NAME when present (once per archive: a marker names its checksum)
+    [ -f ".devpack/$1.tar.xz" ] || return 0
+    local mark; mark=".unpacked-$(md5sum < ".devpack/$1.tar.xz" | cut -c1-12)"
+    [ -f "./$1/$mark" ] && return 0
+    rm -rf "./$1" && tar xJf ".devpack/$1.tar.xz" && touch "./$1/$mark"
     return 0
 }
 unpack build
@@ -93,7 +96,7 @@ PROMPT="a red fox standing in fresh snow, golden hour"
 
 if has test; then
     use_cudnn919   # fp8 attention's op tests run only with cuDNN >= 9.19
-    timeout 500 env DITRUN_REQUIRE_GPU=1 BUILD=build sh tests/run_tests.sh > "$OUT/test-gpu.log" 2>&1
+    timeout 500 env DITRUN_REQUIRE_GPU=1 BUILD=build JOBS=${JOBS:-6} sh tests/run_tests.sh > "$OUT/test-gpu.log" 2>&1
     log "GPU test suite rc=$?"
     grep -E "FAIL|passed" "$OUT/test-gpu.log" | tail -25 | tee -a "$OUT/summary.txt"
     unset DITRUN_CUDNN_LIB
@@ -202,7 +205,7 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
     export DITRUN_GEMM_CACHE=$W/ab-gemm-algos.txt   # one set of tuned GEMM choices for both builds
     rm -f "$DITRUN_GEMM_CACHE"
     B=./$A/ditrun; fwd "ab warm-up (tunes the GEMMs once for both builds)" "$W/k4q4" "$W/in4_1024.st" 2
-    for round in 1 2 3; do
+    for round in $(seq "${AB_ROUNDS:-3}"); do
         for d in "$A" "$Bd"; do
             B=./$d/ditrun
             fwd "r$round [$d] q4 1024^2" "$W/k4q4" "$W/in4_1024.st" 20
@@ -235,6 +238,7 @@ fi
 if has serve || has serveload; then  # ditrun serve (tools/serve_bench.sh): start->ready, first image, warm
     # server-side time per 1024^2 4-step image and client latency at concurrency 1, images/s at 1/4/8, per arm (q4,
     # bf16, q4 + --precision fp8); serveload: the same for q4 plus a LOAD_SECONDS (default 540) run at concurrency 8
+    [ -d "$W/p4" ] && [ ! -e "$W/p4-q4" ] && ln -s "$W/p4" "$W/p4-q4"   # the q4 pipeline of gen / edit, made once
     if ldd $B | grep -q "not found"; then log "ditrun lacks shared libraries: $(ldd $B | grep 'not found' | tr '\n' ' ')"; fi
     if has serveload; then
         ARMS=${ARMS:-q4} LOAD_SECONDS=${LOAD_SECONDS:-540} OUT=$OUT W=$W DITRUN=$B bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
@@ -279,8 +283,7 @@ if has edit; then  # PERF: image editing on the synthetic klein-4B q4 pipeline: 
     # with image=, bf16, eager and torch.compile, and its KV pipeline) on the same folder and reference image, when
     # DIFFUSERS_SRC names a folder holding diffusers/
     t1=$(date +%s)
-    [ -f "$W/p4e/vae/diffusion_pytorch_model.safetensors" ] && grep -q quant_conv "$W/p4e/vae/diffusion_pytorch_model.safetensors" \
-        || { rm -rf "$W/p4e"; $B synth --preset klein-4b --pipeline --bits 4 --group-size 64 --output "$W/p4e" > /dev/null 2>&1; }
+    prep p4; [ -e "$W/p4e" ] || ln -s "$W/p4" "$W/p4e"   # synth --pipeline writes the VAE's encoder half too
     if [ ! -d "$W/p4ekv" ]; then   # the same components as Flux2KleinKVPipeline
         mkdir -p "$W/p4ekv"
         for d in tokenizer text_encoder transformer vae scheduler; do ln -s "$W/p4e/$d" "$W/p4ekv/$d"; done
@@ -299,11 +302,9 @@ if has edit; then  # PERF: image editing on the synthetic klein-4B q4 pipeline: 
     log "ditrun text-to-image 1024^2 on the same pipeline, for scale"
     $B generate --backend cuda --model "$W/p4e" -p "a snow leopard" --count 3 -o "$OUT/edit_t2i.png" 2>&1 \
         | grep -E "^image|steps:|warm|error" | tee -a "$OUT/summary.txt"
-    for t in test_edit test_edit_engine; do
-        timeout 300 env DITRUN_REQUIRE_GPU=1 ./build/tests/$t 2>&1 | grep -E "FAIL|cuda" | tail -40 | tee -a "$OUT/summary.txt"
-    done
     if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
-        for arm in "" "--compile" "--kv" "--kv --compile"; do
+        for a in ${EDIT_REF_ARMS:-eager compile kv kv+compile}; do   # which reference arms (EDIT_REF_ARMS="eager compile")
+            case $a in eager) arm="";; compile) arm="--compile";; kv) arm="--kv";; kv+compile) arm="--kv --compile";; *) continue;; esac
             timeout 1500 python3 tools/diffusers_klein_edit_time.py --model "$W/p4e" --image "$W/ref1024.png" --size 1024 \
                 --steps 4 --runs "${EDIT_RUNS:-10}" --seed 7 $arm 2> "$OUT/diffusers-edit${arm// /}.log" \
                 | sed "s/^/[reference $arm] /" | tee -a "$OUT/summary.txt"

@@ -60,6 +60,8 @@ def dequantize_mlx(packed, scales, biases, bits, torch):
 def load_state(folder, torch, device, dtype):
     """Every tensor of the folder's *.safetensors as `dtype` on `device`, MLX-quantized Linears dequantized (their
     bit width from config.json's "quantization", as ditrun writes it)."""
+    import struct
+
     import numpy as np
     from safetensors import safe_open
 
@@ -69,16 +71,19 @@ def load_state(folder, torch, device, dtype):
     q = json.load(open(os.path.join(folder, "config.json"))).get("quantization") or {}
     where = {}
     for f in files:
-        with safe_open(f, framework="np") as h:
-            for k in h.keys():
-                where[k] = f
+        with open(f, "rb") as h:   # dtypes from the header: numpy has no bfloat16, so only U32 goes through numpy
+            hdr = json.loads(h.read(struct.unpack("<Q", h.read(8))[0]))
+        for k, v in hdr.items():
+            if k != "__metadata__":
+                where[k] = (f, v["dtype"])
 
     def get(name):
-        with safe_open(where[name], framework="np") as h:
-            a = h.get_tensor(name)
-        if a.dtype == np.uint32:
-            return torch.from_numpy(a.view(np.int32)).to(device)
-        return torch.from_numpy(a).to(device)
+        f, dtype = where[name]
+        if dtype == "U32":
+            with safe_open(f, framework="np") as h:
+                return torch.from_numpy(h.get_tensor(name).view(np.int32)).to(device)
+        with safe_open(f, framework="pt") as h:
+            return h.get_tensor(name).to(device)
 
     state = {}
     for name in where:
@@ -86,7 +91,7 @@ def load_state(folder, torch, device, dtype):
             continue
         t = get(name)
         base = name[: -len(".weight")] if name.endswith(".weight") else None
-        if base and t.dtype == torch.int32 and base + ".scales" in where:
+        if base and where[name][1] == "U32" and base + ".scales" in where:
             if q.get("bits") not in (4, 8):
                 sys.exit(f"reference: error: {name} is quantized but {folder}/config.json has no quantization.bits")
             t = dequantize_mlx(t, get(base + ".scales"), get(base + ".biases"), q["bits"], torch)
@@ -151,6 +156,7 @@ def main():
     pipe.set_progress_bar_config(disable=True)
     torch.cuda.synchronize()
     t_load = time.time() - t0
+    torch.cuda.reset_peak_memory_stats()   # the peak below is the images' (loading held the files' tensors too)
     print(f"reference: Krea2Pipeline bf16 {a.width}x{a.height}, {steps} steps, guidance {guidance}"
           f"{' (distilled)' if distilled else ''}: load {t_load:.2f} s", flush=True)
 

@@ -172,9 +172,13 @@ def cmd_generate(a):
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    try:   # true float32 everywhere: no TF32 in matmuls or convolutions (torch >= 2.9 API, else the older switches)
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+    except (AttributeError, RuntimeError, ValueError):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
     dev = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) else "cpu")
     f32 = torch.float32
     root = a.model

@@ -9,8 +9,8 @@
 #     request (the text encoder runs, as in the reference's timing) and once repeating one prompt (the engine
 #     reuses the previous request's prompt features);
 #   - images/s at concurrency 1, 4 and 8;
-#   - a load run: LOAD_SECONDS of requests at concurrency 8 (parallel curl), failures counted, device memory
-#     (/metrics and nvidia-smi) sampled every 10 s: it must stay flat.
+#   - a load run: LOAD_SECONDS of requests at concurrency 8 (parallel curl; every third one a new prompt), failures
+#     counted, device memory (/metrics and nvidia-smi) sampled every 10 s: it must stay flat.
 # Then, when DIFFUSERS_SRC names a folder holding diffusers/, the reference's warm time on a bf16 pipeline of the
 # same geometry (tools/diffusers_klein_time.py, eager and torch.compile).
 #
@@ -18,7 +18,8 @@
 #   DITRUN=./build/ditrun  W=/dev/shm/ditrun (work folder: pipelines)  OUT=/tmp/ditrun-out
 #   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)
 #   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8; ARMS= with DIFFUSERS_SRC: the reference only)  LOAD_SECONDS=600 (0: no load run)
-#   LOAD_ARM=q4  DIFFUSERS_SRC=...  DIFFUSERS_RUNS=10
+#   LOAD_ARM=q4  LOAD_ONLY=1 (the load arm's load run alone: no cold start, no concurrency-1 or rate timings)
+#   DIFFUSERS_SRC=...  DIFFUSERS_RUNS=10  DIFFUSERS_MODES="eager compile"
 #   BACKEND=cuda  PIPELINE=DIR (use this pipeline for every arm instead of synthetic ones; e.g. a CPU dry run:
 #   BACKEND=cpu PIPELINE=tests/fixtures/model SIZE=64 ARMS=q4 LOAD_SECONDS=20 bash tools/serve_bench.sh)
 set -u -o pipefail
@@ -99,7 +100,10 @@ rate() {  # rate C N: images/s of N requests at concurrency C, and the failures
     awk -v n="$2" -v a="$t0" -v b="$t1" -v c="$1" -v bad="$bad" 'BEGIN {printf "concurrency %d: %d requests in %.2f s = %.3f images/s, %d failed\n", c, n, b - a, n / (b - a), bad}'
 }
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
-gpu_mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
+gpu_mem() {  # the server process's device memory in MiB (nvidia-smi's per-process figure; other processes may share the GPU)
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
+        awk -F', *' -v p="$SRV_PID" '$1 == p {print $2; f = 1} END {if (!f) print "nan"}'
+}
 
 log "=== ditrun serve bench: klein-4B synthetic pipeline, ${SIZE}x${SIZE}, $STEPS steps ($(date -u +%F\ %T) UTC, $($B --version))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUM"
@@ -108,6 +112,10 @@ for arm in $ARMS; do
     extra=()
     case $arm in *-fp8) extra+=(--precision fp8);; esac
     model=$(pipeline "$weights") || continue
+    if [ "${LOAD_ONLY:-0}" = 1 ] && [ "$arm" = "$LOAD_ARM" ]; then
+        start "$arm" "$model" --warmup "${SIZE}x${SIZE}" "${extra[@]}" || continue
+        log "[$arm] --warmup ${SIZE}x${SIZE}: start->ready ${READY} s (LOAD_ONLY: no single-request timings)"
+    else
     # without warm-up: what the first request pays
     start "$arm-cold" "$model" "${extra[@]}" || continue
     ready=$READY
@@ -134,17 +142,23 @@ for arm in $ARMS; do
         g=$(awk '{print $2}' "$OUT/c1-$arm-$kind.txt" | median)
         p=$(awk '{print $3}' "$OUT/c1-$arm-$kind.txt" | median)
         bad=$(awk '$4 != 200' "$OUT/c1-$arm-$kind.txt" | wc -l)
-        log "[$arm] concurrency 1, $N1 requests, $kind (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png = $(awk -v c="$c" -v g="$g" -v p="$p" 'BEGIN {printf "%.1f", c - g - p}') ms; $bad failed"
+        # the overhead per request (client - generate - png), then its median and largest: not a difference of medians
+        o=$(awk '{print $1 * 1000 - $2 - $3}' "$OUT/c1-$arm-$kind.txt" | median)
+        omax=$(awk '{print $1 * 1000 - $2 - $3}' "$OUT/c1-$arm-$kind.txt" | sort -n | tail -1)
+        log "[$arm] concurrency 1, $N1 requests, $kind (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png per request: median $o ms, max $omax ms; $bad failed"
     done
     for cc in 1 4 8; do log "[$arm] $(rate $cc "$NC")"; done
+    fi
     log "[$arm] server-side per image (ditrun_image_seconds): $(metric ditrun_image_seconds_sum) s over $(metric ditrun_image_seconds_count) images; device memory $(metric 'ditrun_device_memory_bytes{worker="0"}') B (peak $(metric 'ditrun_device_memory_peak_bytes{worker="0"}') B)"
     if [ "$arm" = "$LOAD_ARM" ] && [ "$LOAD_SECONDS" -gt 0 ]; then
         log "[$arm] load run: $LOAD_SECONDS s at concurrency 8"
         end=$(( $(date +%s) + LOAD_SECONDS ))
         loaders=()
         for k in $(seq 8); do
-            ( while [ "$(date +%s)" -lt $end ]; do
-                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST --data-binary @"$W/body.json" \
+            ( i=0; while [ "$(date +%s)" -lt $end ]; do   # every third request a new prompt (the text encoder runs)
+                i=$((i + 1)); body=$W/body.json
+                if [ $((i % 3)) = 0 ]; then body=$W/body-load$k.json; sed "s/golden hour/golden hour, loader $k take $i/" "$W/body.json" > "$body"; fi
+                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST --data-binary @"$body" \
                     "http://127.0.0.1:$PORT/v1/images/generations"
               done > "$OUT/load-$k.codes" ) &
             loaders+=($!)
@@ -158,7 +172,7 @@ for arm in $ARMS; do
         total=$(cat "$OUT"/load-*.codes | wc -l)
         bad=$(cat "$OUT"/load-*.codes | grep -vc '^200$')
         log "[$arm] load run: $total requests, $bad failed, $(awk -v n="$total" -v s="$LOAD_SECONDS" 'BEGIN {printf "%.3f", n / s}') images/s"
-        log "[$arm] device memory during the load run (bytes from /metrics, MiB from nvidia-smi): first $(head -1 "$OUT/load-mem.txt" | cut -d' ' -f2-), last $(tail -1 "$OUT/load-mem.txt" | cut -d' ' -f2-), min/max MiB $(awk '{print $3}' "$OUT/load-mem.txt" | sort -n | sed -n '1p;$p' | tr '\n' '/')"
+        log "[$arm] device memory during the load run (bytes from /metrics, MiB from nvidia-smi): first $(head -1 "$OUT/load-mem.txt" | cut -d' ' -f2-), last $(tail -1 "$OUT/load-mem.txt" | cut -d' ' -f2-), min/max B $(awk '{print $2}' "$OUT/load-mem.txt" | sort -n | sed -n '1p;$p' | paste -sd/), min/max MiB $(awk '{print $3}' "$OUT/load-mem.txt" | sort -n | sed -n '1p;$p' | paste -sd/), $(wc -l < "$OUT/load-mem.txt") samples"
     fi
     stop
     log "[$arm] server stopped: exit $STOP_RC"
@@ -166,7 +180,7 @@ for arm in $ARMS; do
 done
 
 if [ -n "${DIFFUSERS_SRC:-}" ]; then
-    model=$(pipeline bf16) && for mode in eager compile; do
+    model=$(pipeline bf16) && for mode in ${DIFFUSERS_MODES:-eager compile}; do
         flag=(); [ $mode = compile ] && flag=(--compile)
         python3 "$(dirname "$0")/diffusers_klein_time.py" --model "$model" --size "$SIZE" --steps "$STEPS" \
             --runs "${DIFFUSERS_RUNS:-10}" --seed 7 --noise-out "$OUT/noise-$SIZE.safetensors" "${flag[@]}" \
