@@ -494,6 +494,23 @@ int main(void) {
                 sp_w == 100 / sp_mult * sp_mult && sp_h == 77 / sp_mult * sp_mult,
             "%s -> %dx%d (multiple %d)", sp_cmd, sp_w, sp_h, sp_mult);
     free(sp_rgb);
+    /* a quantized synthetic pipeline with another group size: every component's config names the group size its
+     * weights were written with (the text encoder's said 64 whatever was asked), and it generates */
+    snprintf(cwd_cmd, sizeof cwd_cmd, "'%s' synth --preset tiny --pipeline --bits 4 --group-size 32 --output '%s/sp32' "
+             ">/dev/null 2>&1 && '%s' generate --backend cpu -q --model '%s/sp32' -p 'a fox' --height 32 --width 32 "
+             "--max-sequence-length 16 -o '%s/sp32.png'", exe, tmpdir, exe, tmpdir, tmpdir);
+    int q_rc = system(cwd_cmd);
+    int q_ok = 1;
+    static const char *q_parts[] = {"text_encoder", "transformer"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p2, sizeof p2, "%s/sp32/%s/config.json", tmpdir, q_parts[i]);
+        json *qc = json_parse_file(p2);
+        const json *q = qc ? json_get(qc, "quantization") : NULL;
+        if (!q || json_get_num(q, "group_size", 0) != 32) q_ok = 0;
+        json_free(qc);
+    }
+    T_CHECK("synth --pipeline --bits 4 --group-size 32: the configs say 32, and it generates", q_rc == 0 && q_ok,
+            "exit %d, configs %s", q_rc, q_ok ? "ok" : "name another group size");
 
     /* synth --lora in the three layouts (geometry from the bundled model): each loads, all three give the same image
      * (one update, bit-identical merged weights), different from the model's own; bad values are one error line */

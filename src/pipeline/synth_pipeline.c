@@ -41,14 +41,15 @@ int dt_synth_copy_file(const char *src, const char *dst) {
 
 static int write_text_encoder(const char *dir, const te_geom *g, int bits, int group, uint64_t seed) {
     if (mkdir_p(dir)) return -1;
-    char p[8500], cfg[2048], nm[256];
+    char p[8500], cfg[2048], nm[256], quant[96] = "";
+    if (bits)   /* the group size the weights below are quantized with (the config must not claim another) */
+        snprintf(quant, sizeof quant, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"model_type\": \"qwen3\",\n  \"hidden_size\": %d,\n"
              "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
              "  \"intermediate_size\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n  \"rope_theta\": 1000000.0,\n"
              "  \"tie_word_embeddings\": true%s\n}\n",
-             g->hidden, g->layers, g->heads, g->kv, g->hd, g->inter, g->vocab,
-             bits ? (bits == 4 ? ",\n  \"quantization\": {\"group_size\": 64, \"bits\": 4}" : ",\n  \"quantization\": {\"group_size\": 64, \"bits\": 8}") : "");
+             g->hidden, g->layers, g->heads, g->kv, g->hd, g->inter, g->vocab, quant);
     snprintf(p, sizeof p, "%s/config.json", dir);
     if (synth_write_text(p, cfg)) return -1;
     synth_list l = {0};
