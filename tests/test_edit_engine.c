@@ -339,6 +339,67 @@ static void steady_memory(dt_pipeline *pl, dt_backend *be, const char *tag) {
             cur1, peak1, cur3, peak3);
 }
 
+/* One edit with a prompt and a seed: its pixels (malloc'd) and timings. 0 or -1. */
+static int run_px(dt_pipeline *pl, const char *ref, const char *prompt, uint64_t seed, uint8_t **rgb, int *w, int *h,
+                  dt_gen_timings *tm) {
+    dt_image im = {0};
+    if (ref && dt_image_read_file(ref, &im)) return -1;
+    dt_gen_params g;
+    dt_gen_params_default(&g);
+    g.prompt = prompt;
+    g.steps = 2;
+    g.seed = seed;
+    g.max_seq_len = 16;
+    g.refs = ref ? &im : NULL;
+    g.n_refs = ref ? 1 : 0;
+    if (!ref) g.width = g.height = 64;
+    int rc = dt_pipeline_generate(pl, &g, rgb, w, h, tm, NULL, NULL);
+    if (rc) printf("# edit: %s\n", dt_last_error());
+    dt_image_free(&im);
+    return rc;
+}
+
+/* The previous request's references reused: the same image again (another prompt and seed, also after a
+ * text-to-image request in between) skips the VAE encoder (and, KV, the reference-only pass) and gives the pixels a
+ * fresh pipeline gives; another image is encoded. */
+static void reused_references(dt_backend *be, const char *model, const char *tag) {
+    char ref[700], other[700], nm[200];
+    snprintf(ref, sizeof ref, "%s/edit/ref0.png", t_fixtures());
+    snprintf(other, sizeof other, "%s/edit/edit1.png", t_fixtures());
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = model;
+    dt_pipeline *pl = dt_pipeline_load(be, &lo), *fresh = dt_pipeline_load(be, &lo);
+    uint8_t *a = NULL, *b = NULL, *t2i = NULL, *c = NULL, *d = NULL, *want_b = NULL, *want_d = NULL;
+    int w, h, wb = 0, hb = 0, wd = 0, hd = 0;
+    dt_gen_timings ta, tb, tt, tc, td, tf;
+    int ok = pl && fresh && run_px(pl, ref, "a snow leopard", 5, &a, &w, &h, &ta) == 0 &&
+             run_px(pl, ref, "a red fox", 6, &b, &wb, &hb, &tb) == 0 &&
+             run_px(pl, NULL, "a cat", 1, &t2i, &w, &h, &tt) == 0 &&
+             run_px(pl, ref, "a red fox", 6, &c, &w, &h, &tc) == 0 &&
+             run_px(pl, other, "a red fox", 6, &d, &wd, &hd, &td) == 0 &&
+             run_px(fresh, ref, "a red fox", 6, &want_b, &w, &h, &tf) == 0;
+    snprintf(nm, sizeof nm, "%s: five requests on one pipeline", tag);
+    T_CHECK(nm, ok, "%s", dt_last_error());
+    if (ok) {
+        const size_t nb = (size_t)wb * hb * 3;
+        snprintf(nm, sizeof nm, "%s: the same reference again is not encoded again (another prompt and seed)", tag);
+        T_CHECK(nm, ta.refs_cached == 0 && tb.refs_cached == 1 && tf.refs_cached == 0, "cached %d %d (fresh %d)",
+                ta.refs_cached, tb.refs_cached, tf.refs_cached);
+        snprintf(nm, sizeof nm, "%s: reused references give a fresh pipeline's pixels", tag);
+        T_CHECK(nm, !memcmp(b, want_b, nb), "pixels differ");
+        snprintf(nm, sizeof nm, "%s: after a text-to-image request, the same reference: reused, same pixels", tag);
+        T_CHECK(nm, tc.refs_cached == 1 && !memcmp(c, want_b, nb), "cached %d", tc.refs_cached);
+        snprintf(nm, sizeof nm, "%s: another reference image is encoded, and gives a fresh pipeline's pixels", tag);
+        int ok_d = td.refs_cached == 0 && run_px(fresh, other, "a red fox", 6, &want_d, &w, &h, &tf) == 0 &&
+                   !memcmp(d, want_d, (size_t)wd * hd * 3);
+        T_CHECK(nm, ok_d, "cached %d", td.refs_cached);
+    }
+    free(a); free(b); free(t2i); free(c); free(d); free(want_b); free(want_d);
+    dt_pipeline_free(pl);
+    dt_pipeline_free(fresh);
+}
+
 /* A pipeline root like the fixture's whose model_index.json says Flux2KleinKVPipeline (components linked). */
 static int make_kv_root(char *dir, size_t n) {
     char src[PATH_MAX], path[PATH_MAX + 64];
@@ -403,6 +464,7 @@ static void on_backend(dt_backend *be, const char *kv_root) {
     inpaint_two_references(pl, tag);
     steady_memory(pl, be, tag);
     dt_pipeline_free(pl);
+    reused_references(be, root, tag);
     lo.model = kv_root;
     pl = dt_pipeline_load(be, &lo);
     snprintf(tag, sizeof tag, "%s KV edit", be->name);
@@ -410,6 +472,7 @@ static void on_backend(dt_backend *be, const char *kv_root) {
     if (!pl) return;
     steady_memory(pl, be, tag);
     dt_pipeline_free(pl);
+    reused_references(be, kv_root, tag);
 }
 
 int main(void) {

@@ -79,6 +79,7 @@ typedef struct {
     double t_load, t_encode, t_denoise, t_decode, t_total;  /* seconds */
     double t_images;                                        /* editing: image preparation + VAE encoding */
     int prompts_cached;         /* prompts (positive, negative) whose features the previous request left (not encoded) */
+    int refs_cached;            /* editing: 1 when the previous request's reference images were these (not encoded) */
     double t_step[256];                                     /* per step (first 256) */
     int steps;
     int height, width;

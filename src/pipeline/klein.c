@@ -45,6 +45,9 @@ typedef struct {
     char txt_key[2];            /* their keys as resident DiT text (flux2_text_resident_mat) */
     char *txt_prompt[2];        /* the text whose features txt[slot] holds (NULL: none valid); a request with the
                                  * same text and length reuses them instead of running the text encoder again */
+    klein_ref_cache refc;       /* the last cacheable edit's reference images and tokens */
+    int dit_refs;               /* the DiT holds references (set by an earlier request) */
+    int dit_refs_valid, dit_refs_kv;   /* ... and they are refc's tokens, in that mode (KV: their K|V computed once) */
 } klein_state;
 
 static int klein_matches(const char *cls) {
@@ -93,6 +96,7 @@ static void klein_free(dt_pipeline *p) {
         if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
         free(s->txt_prompt[i]);
     }
+    klein_ref_cache_clear(&s->refc);
     free(s->te_dir);
     free(s->vae_dir);
     free(s);
@@ -313,6 +317,10 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     /* ---- editing inputs: checked and prepared first (a bad image fails before any model runs); they may set the
      * output size ---- */
     const int inpaint = g->init_image != NULL, edit = inpaint || g->n_refs > 0;
+    /* references (not inpainting) may be reused by the next request with the same images (an observer wants the
+     * tokens computed: never) */
+    const int cacheable = edit && !inpaint && !obs;
+    int ref_hit = 0;
     ed.H = g->height;
     ed.W = g->width;
     if (edit) {
@@ -358,9 +366,24 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     /* ---- editing inputs encoded (prepared before the text encoder ran) ---- */
     if (edit) {
         double ti = dt_now();
-        if (klein_edit_encode(s->vae, C, &ed)) goto done;
+        ref_hit = cacheable && klein_ref_cache_matches(&s->refc, &ed);
+        if (ref_hit) {   /* the previous request's references: their tokens, no VAE encoder */
+            ed.r = s->refc.r;
+            tm->refs_cached = 1;
+        } else {
+            if (cacheable) {
+                klein_ref_cache_set_images(&s->refc, &ed);   /* (the DiT's references are no longer refc's) */
+                s->dit_refs_valid = 0;
+            }
+            if (klein_edit_encode(s->vae, C, &ed)) {
+                if (cacheable) klein_ref_cache_clear(&s->refc);
+                goto done;
+            }
+            if (cacheable) klein_ref_cache_set_tokens(&s->refc, &ed, C);
+        }
         tm->t_images += dt_now() - ti;
-        dt_log(1, "ditrun: %d reference tokens%s (%.2f s)\n", ed.r, inpaint ? ", inpainting" : "", tm->t_images);
+        dt_log(1, "ditrun: %d reference tokens%s%s (%.2f s)\n", ed.r, inpaint ? ", inpainting" : "",
+               ref_hit ? ", the previous request's" : "", tm->t_images);
         if (inpaint && p->info.kv_refs)
             dt_log(1, "ditrun: note: inpainting follows Flux2KleinInpaintPipeline (references appended, not KV-cached)\n");
         dt_gen_observe(obs, ud, "ref_latents_packed", ed.ref_tok, 3, 1, ed.r, C, 0);
@@ -413,8 +436,22 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (cfg && (s->sp ? flux2_sp_text_resident_mat(s->sp, neg, s->txt[1])
                       : flux2_text_resident_mat(s->dit, neg, s->txt[1])))
         goto done;
-    if (ed.r && set_refs(s, ed.ref_tok, ed.ref_ids, ed.r, p->info.kv_refs && !inpaint)) goto done;
-    refs_set = ed.r > 0;
+    /* references: a cacheable request's stay in the DiT for the next one (not with a split DiT); the DiT drops kept
+     * ones before a request without them or with others */
+    const int kv = p->info.kv_refs && !inpaint, keep_refs = cacheable && !s->sp;
+    if (ed.r) {
+        if (!(ref_hit && keep_refs && s->dit_refs_valid && s->dit_refs_kv == kv)) {
+            s->dit_refs_valid = 0;
+            if (set_refs(s, ref_hit ? s->refc.tok : ed.ref_tok, ref_hit ? s->refc.ids : ed.ref_ids, ed.r, kv)) goto done;
+            s->dit_refs = 1;
+            s->dit_refs_valid = keep_refs;
+            s->dit_refs_kv = kv;
+        }
+        refs_set = !keep_refs;
+    } else if (s->dit_refs) {
+        set_refs(s, NULL, NULL, 0, 0);
+        s->dit_refs = s->dit_refs_valid = 0;
+    }
     klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T,
                          sigmas, ed.init_tok, noise, ed.mask_tok, C, first + run - 1};
     const int64_t shape[3] = {1, N, C};
@@ -423,7 +460,10 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
                      .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict,
                      .after_step = inpaint ? klein_restore : NULL, .ctx = &kc, .v = v, .u = u};
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
-    if (refs_set) set_refs(s, NULL, NULL, 0, 0);
+    if (refs_set) {
+        set_refs(s, NULL, NULL, 0, 0);
+        s->dit_refs = s->dit_refs_valid = 0;
+    }
     refs_set = 0;
     if (rc) goto done;
     rc = -1;
@@ -456,7 +496,10 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     *h_out = H;
     rc = 0;
 done:
-    if (refs_set) set_refs(s, NULL, NULL, 0, 0);
+    if (refs_set || (rc != 0 && s->dit_refs)) {   /* (a failed or cancelled request keeps no references) */
+        set_refs(s, NULL, NULL, 0, 0);
+        s->dit_refs = s->dit_refs_valid = 0;
+    }
     klein_edit_free(&ed);
     free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
     free(lat_u); free(img); free(img01); free(sigmas); free(timesteps); free(rgb); free(noise);

@@ -19,6 +19,44 @@ void klein_edit_free(klein_edit *e) {
     memset(e, 0, sizeof *e);
 }
 
+void klein_ref_cache_clear(klein_ref_cache *c) {
+    for (int i = 0; i < c->n; i++) dt_prep_image_free(&c->imgs[i]);
+    free(c->imgs);
+    free(c->tok);
+    free(c->ids);
+    memset(c, 0, sizeof *c);
+}
+
+int klein_ref_cache_matches(const klein_ref_cache *c, const klein_edit *e) {
+    if (!c->tok || c->n != e->n_imgs || e->mask_tok) return 0;
+    for (int i = 0; i < c->n; i++) {
+        const dt_prep_image *a = &c->imgs[i], *b = &e->imgs[i];
+        if (a->w != b->w || a->h != b->h || memcmp(a->rgb, b->rgb, sizeof(float) * 3 * (size_t)a->w * a->h)) return 0;
+    }
+    return 1;
+}
+
+void klein_ref_cache_set_images(klein_ref_cache *c, const klein_edit *e) {
+    klein_ref_cache_clear(c);
+    c->imgs = dt_calloc((size_t)e->n_imgs, sizeof *c->imgs);
+    c->n = e->n_imgs;
+    for (int i = 0; i < c->n; i++) {
+        const size_t bytes = sizeof(float) * 3 * (size_t)e->imgs[i].w * e->imgs[i].h;
+        c->imgs[i].w = e->imgs[i].w;
+        c->imgs[i].h = e->imgs[i].h;
+        c->imgs[i].rgb = dt_malloc(bytes);
+        memcpy(c->imgs[i].rgb, e->imgs[i].rgb, bytes);
+    }
+}
+
+void klein_ref_cache_set_tokens(klein_ref_cache *c, const klein_edit *e, int C) {
+    c->r = e->r;
+    c->tok = dt_malloc(sizeof(float) * (size_t)e->r * C);
+    c->ids = dt_malloc(sizeof(float) * (size_t)e->r * 4);
+    memcpy(c->tok, e->ref_tok, sizeof(float) * (size_t)e->r * C);
+    memcpy(c->ids, e->ref_ids, sizeof(float) * (size_t)e->r * 4);
+}
+
 int klein_edit_prepare(const dt_gen_params *g, int multiple, klein_edit *e) {
     char nm[48];
     /* the images in token order: inpainting's init image first (T = 10), then the references */

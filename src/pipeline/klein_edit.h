@@ -34,4 +34,22 @@ int klein_edit_prepare(const dt_gen_params *g, int multiple, klein_edit *e);
 int klein_edit_encode(dt_vae *vae, int C, klein_edit *e);
 void klein_edit_free(klein_edit *e);
 
+/* The previous request's reference images and their tokens: a request whose prepared references are the same
+ * pixels at the same sizes (an edit loop over one image with other prompts or seeds) reuses the tokens instead of
+ * running the VAE encoder, and the DiT keeps them (KV mode: their cached K|V too). Inpainting is never cached. */
+typedef struct {
+    dt_prep_image *imgs;   /* copies of the prepared images [n] (the key) */
+    int n;
+    int r;                 /* their tokens [r, C] and ids [r, 4] */
+    float *tok, *ids;
+} klein_ref_cache;
+
+/* Whether e's prepared images (klein_edit_prepare) are the cached ones, pixel for pixel. */
+int klein_ref_cache_matches(const klein_ref_cache *c, const klein_edit *e);
+/* Copy e's prepared images (call before klein_edit_encode, which frees them) as the next key; the tokens follow
+ * with klein_ref_cache_set_tokens once encoded. */
+void klein_ref_cache_set_images(klein_ref_cache *c, const klein_edit *e);
+void klein_ref_cache_set_tokens(klein_ref_cache *c, const klein_edit *e, int C);
+void klein_ref_cache_clear(klein_ref_cache *c);
+
 #endif
