@@ -139,7 +139,9 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
         tot[i] = dt_now() - ts;
         printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step), decode %.3f s, total %.3f s\n", i + 1,
                count, (unsigned long long)p->seed, tm.t_encode, tm.t_denoise, tm.t_denoise / tm.steps, tm.t_decode, tot[i]);
-        if (p->n_refs || p->init_image) printf("  images (preparation + VAE encoder) %.3f s\n", tm.t_images);
+        if (p->n_refs || p->init_image)
+            printf("  images (preparation + VAE encoder) %.3f s%s\n", tm.t_images,
+                   tm.refs_cached ? " (the previous image's references: not encoded again)" : "");
         printf("  steps:");
         for (int k = 0; k < tm.steps && k < 256; k++) printf(" %.4f", tm.t_step[k]);
         printf(" s\n");
