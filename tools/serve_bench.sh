@@ -17,7 +17,8 @@
 #   usage: bash tools/serve_bench.sh            (env below; results in $OUT/serve-summary.txt)
 #   DITRUN=./build/ditrun  W=/dev/shm/ditrun (work folder: pipelines)  OUT=/tmp/ditrun-out
 #   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)
-#   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8; ARMS= with DIFFUSERS_SRC: the reference only)  LOAD_SECONDS=600 (0: no load run)
+#   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8; -cached: --qpath cached, e.g. q4-cached;
+#   ARMS= with DIFFUSERS_SRC: the reference only)  LOAD_SECONDS=600 (0: no load run)
 #   LOAD_ARM=q4  LOAD_ONLY=1 (the load arm's load run alone: no cold start, no concurrency-1 or rate timings)
 #   DIFFUSERS_SRC=...  DIFFUSERS_RUNS=10  DIFFUSERS_MODES="eager compile"
 #   BACKEND=cuda  PIPELINE=DIR (use this pipeline for every arm instead of synthetic ones; e.g. a CPU dry run:
@@ -110,7 +111,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 for arm in $ARMS; do
     weights=${arm%%-*}
     extra=()
-    case $arm in *-fp8) extra+=(--precision fp8);; esac
+    case $arm in *-fp8*) extra+=(--precision fp8);; esac
+    case $arm in *-cached*) extra+=(--qpath cached);; esac
     model=$(pipeline "$weights") || continue
     if [ "${LOAD_ONLY:-0}" = 1 ] && [ "$arm" = "$LOAD_ARM" ]; then
         start "$arm" "$model" --warmup "${SIZE}x${SIZE}" "${extra[@]}" || continue
