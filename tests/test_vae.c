@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backends/backend.h"
@@ -13,6 +12,7 @@
 #include "models/vae_flux2.h"
 #include "pipeline/latents.h"
 #include "test.h"
+#include "vae_copy.h"
 
 /* float32 vs the float32 reference: same math, only summation order differs (im2col sgemm vs
  * torch's conv kernels, double-accumulated GroupNorm) -> ~1e-6 expected; 1e-4 leaves headroom. */
@@ -87,59 +87,6 @@ static double decode_and_compare(const char *tag, dt_backend *be, const char *va
     return err;
 }
 
-/* Write an MLX-layout copy of the fixture VAE: conv weights [o, kh, kw, i], attention to_out w/o ".0". */
-static int write_mlx_copy(const char *dir) {
-    st_file *src = st_open(fx("model/vae/diffusion_pytorch_model.safetensors"));
-    if (!src) return -1;
-    st_writer *wr = st_writer_new();
-    for (size_t i = 0; i < st_count(src); i++) {
-        const st_tensor *t = st_at(src, i);
-        char name[256];
-        snprintf(name, sizeof name, "%s", t->name);
-        char *p = strstr(name, "to_out.0.");
-        if (p) memmove(p + 6, p + 8, strlen(p + 8) + 1);   /* "to_out.0.x" -> "to_out.x" */
-        if (t->ndim == 4 && t->dtype == DT_F32) {
-            const int64_t o = t->shape[0], ci = t->shape[1], k = t->shape[2];
-            const float *w = t->data;
-            float *m = malloc((size_t)t->numel * sizeof(float));
-            for (int64_t a = 0; a < o; a++)
-                for (int64_t y = 0; y < k; y++)
-                    for (int64_t x = 0; x < k; x++)
-                        for (int64_t b = 0; b < ci; b++)
-                            m[((a * k + y) * k + x) * ci + b] = w[((a * ci + b) * k + y) * k + x];
-            int64_t shp[4] = {o, k, k, ci};
-            st_writer_add(wr, name, DT_F32, 4, shp, m);
-            free(m);
-        } else {
-            st_writer_add(wr, name, t->dtype, t->ndim, t->shape, t->data);
-        }
-    }
-    char out[1100];
-    snprintf(out, sizeof out, "%s/model.safetensors", dir);
-    int rc = st_writer_save(wr, out);
-    st_writer_free(wr);
-    st_close(src);
-    if (rc) return -1;
-    /* copy config.json */
-    FILE *in = fopen(fx("model/vae/config.json"), "rb");
-    snprintf(out, sizeof out, "%s/config.json", dir);
-    FILE *o = fopen(out, "wb");
-    if (!in || !o) { if (in) fclose(in); if (o) fclose(o); return -1; }
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, o);
-    fclose(in);
-    fclose(o);
-    return 0;
-}
-
-static void rm_dir(const char *dir) {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir); unlink(p);
-    snprintf(p, sizeof p, "%s/config.json", dir); unlink(p);
-    rmdir(dir);
-}
-
 int main(void) {
     st_file *io = st_open(fx("pipeline_io.safetensors"));
     if (!io) { T_FAIL("fixture_open", "%s", dt_last_error()); return T_DONE(); }
@@ -211,7 +158,7 @@ int main(void) {
     /* MLX layout copy decodes to the same numbers */
     char tmpl[] = "/tmp/ditrun_vae_mlx_XXXXXX";
     char *dir = mkdtemp(tmpl);
-    if (!dir || write_mlx_copy(dir)) {
+    if (!dir || vae_copy_write(dir, VAE_COPY_MLX)) {
         T_FAIL("vae_mlx_copy", "could not write the MLX-layout copy: %s", dt_last_error());
     } else {
         float *rgb_mlx = malloc(3 * 64 * 64 * sizeof(float));
@@ -219,7 +166,7 @@ int main(void) {
         T_CHECK("vae_mlx_same_as_pytorch", !memcmp(rgb_mlx, rgb_cpu, 3 * 64 * 64 * sizeof(float)),
                 "rel L2 %.3g between layouts", dt_rel_l2(rgb_mlx, rgb_cpu, 3 * 64 * 64));
         free(rgb_mlx);
-        if (!getenv("KEEP_MLX")) rm_dir(dir); else printf("kept %s\n", dir);
+        if (!getenv("KEEP_MLX")) t_rmtree(dir); else printf("kept %s\n", dir);
     }
     cpu->destroy(cpu);
 

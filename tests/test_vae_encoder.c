@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backends/backend.h"
@@ -18,6 +17,7 @@
 #include "models/vae_flux2.h"
 #include "pipeline/ref_tokens.h"
 #include "test.h"
+#include "vae_copy.h"
 
 /* float32 vs the float32 reference: same math, summation order differs (im2col sgemm vs torch's conv,
  * double-accumulated GroupNorm): ~1e-6 expected; the contract is 1e-4. */
@@ -98,63 +98,6 @@ done:
     return rc;
 }
 
-/* A copy of the fixture VAE in dir: mode 0 = MLX layout (conv weights [o, kh, kw, i], to_out without ".0"),
- * mode 1 = decoder only (no encoder.* / quant_conv tensors). */
-static int write_copy(const char *dir, int mode) {
-    st_file *src = st_open(fx("model/vae/diffusion_pytorch_model.safetensors"));
-    if (!src) return -1;
-    st_writer *wr = st_writer_new();
-    for (size_t i = 0; i < st_count(src); i++) {
-        const st_tensor *t = st_at(src, i);
-        char name[256];
-        snprintf(name, sizeof name, "%s", t->name);
-        if (mode == 1) {
-            if (!strncmp(name, "encoder.", 8) || !strncmp(name, "quant_conv.", 11)) continue;
-            st_writer_add(wr, name, t->dtype, t->ndim, t->shape, t->data);
-            continue;
-        }
-        char *p = strstr(name, "to_out.0.");
-        if (p) memmove(p + 6, p + 8, strlen(p + 8) + 1);
-        if (t->ndim == 4 && t->dtype == DT_F32) {
-            const int64_t o = t->shape[0], ci = t->shape[1], k = t->shape[2];
-            const float *w = t->data;
-            float *m = malloc((size_t)t->numel * sizeof(float));
-            for (int64_t a = 0; a < o; a++)
-                for (int64_t y = 0; y < k; y++)
-                    for (int64_t x = 0; x < k; x++)
-                        for (int64_t b = 0; b < ci; b++) m[((a * k + y) * k + x) * ci + b] = w[((a * ci + b) * k + y) * k + x];
-            int64_t shp[4] = {o, k, k, ci};
-            st_writer_add(wr, name, DT_F32, 4, shp, m);
-            free(m);
-        } else {
-            st_writer_add(wr, name, t->dtype, t->ndim, t->shape, t->data);
-        }
-    }
-    char out[1100];
-    snprintf(out, sizeof out, "%s/model.safetensors", dir);
-    int rc = st_writer_save(wr, out);
-    st_writer_free(wr);
-    st_close(src);
-    if (rc) return -1;
-    FILE *in = fopen(fx("model/vae/config.json"), "rb");
-    snprintf(out, sizeof out, "%s/config.json", dir);
-    FILE *o = fopen(out, "wb");
-    if (!in || !o) { if (in) fclose(in); if (o) fclose(o); return -1; }
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, o);
-    fclose(in);
-    fclose(o);
-    return 0;
-}
-
-static void rm_copy(const char *dir) {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir); unlink(p);
-    snprintf(p, sizeof p, "%s/config.json", dir); unlink(p);
-    rmdir(dir);
-}
-
 int main(void) {
     dt_backend_opts opts = {0};
     dt_backend *cpu = dt_backend_cpu_create(&opts);
@@ -167,20 +110,20 @@ int main(void) {
     char t1[] = "/tmp/ditrun_venc_mlx_XXXXXX";
     char *dir = mkdtemp(t1);
     float *mlx2 = NULL;
-    if (!dir || write_copy(dir, 0)) {
+    if (!dir || vae_copy_write(dir, VAE_COPY_MLX)) {
         T_FAIL("edit2 mlx layout", "could not write the copy: %s", dt_last_error());
     } else {
         run_case("edit2 mlx layout", cpu, dir, 2, "edit/edit2_io.safetensors", TOL_CPU, &mlx2);
         T_CHECK("edit2 mlx layout == pytorch layout", mlx2 && cpu2 && !memcmp(mlx2, cpu2, 180 * 32 * sizeof(float)),
                 "tokens differ between layouts");
-        rm_copy(dir);
+        t_rmtree(dir);
     }
     free(mlx2);
 
     /* a VAE without encoder weights: loads and decodes (text-to-image), encoding fails with a clear error */
     char t2[] = "/tmp/ditrun_venc_dec_XXXXXX";
     dir = mkdtemp(t2);
-    if (!dir || write_copy(dir, 1)) {
+    if (!dir || vae_copy_write(dir, VAE_COPY_DECODER_ONLY)) {
         T_FAIL("decoder-only vae", "could not write the copy: %s", dt_last_error());
     } else {
         dt_vae *v = dt_vae_load(cpu, dir);
@@ -192,7 +135,7 @@ int main(void) {
         T_CHECK("decoder-only vae: encode refused naming the missing tensor",
                 v && rc != 0 && strstr(dt_last_error(), "encoder.conv_in.weight"), "rc %d: %s", rc, dt_last_error());
         dt_vae_free(v);
-        rm_copy(dir);
+        t_rmtree(dir);
     }
 
     /* sizes that are not multiples of the downsampling factor */
