@@ -16,6 +16,7 @@
 #include "backends/backend.h"
 #include "io/json.h"
 #include "pipeline/png.h"
+#include "serve_helpers.h"
 #include "test.h"
 
 /* Resident memory may grow by this fraction from request 20 to request 200: the allocator settles after the first
@@ -24,108 +25,6 @@
 #define LOAD_REQUESTS 200
 #define LOAD_WARM 20
 #define LOAD_CONCURRENCY 8
-
-static char exe[512], tmpdir[256], model[512];
-
-typedef struct {
-    pid_t pid;
-    int port;
-    char log[600];
-} server;
-
-static void spit(const char *path, const char *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (f) { fwrite(data, 1, n, f); fclose(f); }
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Start `ditrun serve --port 0 ...extra` and read its port from the "listening on" line. */
-static int server_start(server *s, const char *name, const char *extra) {
-    char out[600], cmd[4096];
-    snprintf(out, sizeof out, "%s/%s.out", tmpdir, name);
-    snprintf(s->log, sizeof s->log, "%s/%s.log", tmpdir, name);
-    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --port 0 --backend cpu --threads 1 --max-sequence-length 8 %s "
-             ">%s 2>%s", exe, model, extra, out, s->log);
-    s->pid = fork();
-    if (s->pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    s->port = 0;
-    for (int i = 0; i < 300 && !s->port; i++) {   /* up to 30 s */
-        char *o = t_slurp(out, NULL);
-        const char *p = o ? strstr(o, "listening on http://127.0.0.1:") : NULL;
-        if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
-        free(o);
-        if (!s->port) {
-            int st;
-            if (waitpid(s->pid, &st, WNOHANG) == s->pid) { s->pid = 0; return -1; }
-            sleep_ms(100);
-        }
-    }
-    return s->port ? 0 : -1;
-}
-
-static int http(const server *s, const char *method, const char *path, const char *body, const char *extra, char **out,
-                char **hdr);
-
-/* Wait until /health answers 200 (loaded and warm): 0, or -1 after 120 s. */
-static int server_ready(const server *s) {
-    for (int i = 0; i < 1200; i++) {
-        if (http(s, "GET", "/health", NULL, NULL, NULL, NULL) == 200) return 0;
-        sleep_ms(100);
-    }
-    return -1;
-}
-
-/* SIGTERM and wait: the exit status (or 128 + signal, or -1 after 60 s: then SIGKILL). */
-static int server_stop(server *s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    for (int i = 0; i < 600; i++) {
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        sleep_ms(100);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    s->pid = 0;
-    return -1;
-}
-
-/* curl METHOD http://127.0.0.1:PORT/PATH with body (NULL: none) and extra curl args; returns the HTTP status
- * (0: no answer), *out the body (malloc'd), *hdr the headers (malloc'd) when hdr != NULL. */
-static int http(const server *s, const char *method, const char *path, const char *body, const char *extra, char **out,
-                char **hdr) {
-    char bodyf[600], outf[600], hdrf[600], cmd[4096];
-    static int seq;
-    int k = __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED);
-    snprintf(bodyf, sizeof bodyf, "%s/req%d.body", tmpdir, k);
-    snprintf(outf, sizeof outf, "%s/req%d.out", tmpdir, k);
-    snprintf(hdrf, sizeof hdrf, "%s/req%d.hdr", tmpdir, k);
-    if (body) spit(bodyf, body, strlen(body));
-    snprintf(cmd, sizeof cmd, "curl -s -m 120 -X %s %s%s -D %s -o %s -w '%%{http_code}' %s 'http://127.0.0.1:%d%s'",
-             method, body ? "--data-binary @" : "", body ? bodyf : "", hdrf, outf, extra ? extra : "", s->port, path);
-    FILE *p = popen(cmd, "r");
-    int code = 0;
-    if (p) {
-        if (fscanf(p, "%d", &code) != 1) code = 0;
-        pclose(p);
-    }
-    if (out) *out = t_slurp(outf, NULL);
-    if (hdr) *hdr = t_slurp(hdrf, NULL);
-    unlink(bodyf);
-    unlink(outf);
-    unlink(hdrf);
-    return code;
-}
 
 /* The value of a Prometheus sample line "name value" (exact name with labels), or -1. */
 static double metric(const server *s, const char *name) {
@@ -149,47 +48,11 @@ static int wait_metric(const server *s, const char *name, double v, int ms) {
     return 0;
 }
 
-static int b64val(int c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
-static unsigned char *b64decode(const char *s, size_t *n) {
-    size_t len = strlen(s);
-    unsigned char *o = malloc(len / 4 * 3 + 3);
-    size_t k = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < len && s[i] != '='; i++) {
-        int v = b64val((unsigned char)s[i]);
-        if (v < 0) { free(o); return NULL; }
-        acc = acc << 6 | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) { bits -= 8; o[k++] = (unsigned char)(acc >> bits); }
-    }
-    *n = k;
-    return o;
-}
-
 /* `ditrun generate` of the same settings into path: 0 ok. */
 static int generate(const char *prompt, int w, int h, int steps, long seed, const char *path) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --backend cpu --threads 1 -q --max-sequence-length 8 "
-             "--prompt '%s' --width %d --height %d --steps %d --seed %ld --output %s", exe, model, prompt, w, h, steps,
-             seed, path);
-    return system(cmd);
-}
-
-/* data[i].b64_json of an images answer, decoded; NULL if absent. */
-static unsigned char *answer_png(const char *body, int i, size_t *n) {
-    json *j = body ? json_parse(body, strlen(body), "answer") : NULL;
-    const json *d = j ? json_at(json_get(j, "data"), (size_t)i) : NULL;
-    const char *b = d ? json_get_str(d, "b64_json") : NULL;
-    unsigned char *png = b ? b64decode(b, n) : NULL;
-    json_free(j);
-    return png;
+    char args[1024];
+    snprintf(args, sizeof args, "--prompt '%s' --width %d --height %d --steps %d --seed %ld", prompt, w, h, steps, seed);
+    return serve_generate(args, path);
 }
 
 static int file_equals(const char *path, const unsigned char *data, size_t n) {
@@ -222,7 +85,7 @@ static void test_images(const server *s) {
     T_CHECK("serve: generation answers 200", code == 200, "status %d: %.200s", code, body ? body : "");
     char ref[600];
     for (int i = 0; i < 2; i++) {
-        snprintf(ref, sizeof ref, "%s/ref%d.png", tmpdir, i);
+        snprintf(ref, sizeof ref, "%s/ref%d.png", serve_tmp, i);
         int grc = generate("a red fox", 32, 24, 2, 5 + i, ref);
         size_t n = 0;
         unsigned char *png = answer_png(body, i, &n);
@@ -231,7 +94,7 @@ static void test_images(const server *s) {
         T_CHECK(name, grc == 0 && png && file_equals(ref, png, n), "generate rc %d, %zu bytes served", grc, n);
         if (png && i == 0) {   /* and its pixels and text chunks, read back */
             char got[600];
-            snprintf(got, sizeof got, "%s/got.png", tmpdir);
+            snprintf(got, sizeof got, "%s/got.png", serve_tmp);
             spit(got, (const char *)png, n);
             uint8_t *a = NULL, *b = NULL;
             int wa, ha, wb, hb, nt = 0;
@@ -279,7 +142,7 @@ static void test_stream(const server *s) {
             size_t n = 0;
             unsigned char *png = b ? b64decode(b, &n) : NULL;
             char ref[600];
-            snprintf(ref, sizeof ref, "%s/ref-stream.png", tmpdir);
+            snprintf(ref, sizeof ref, "%s/ref-stream.png", serve_tmp);
             if (!png || generate("a red fox", 32, 24, 3, 5, ref) || !file_equals(ref, png, n)) {
                 ok = 0;
                 snprintf(why, sizeof why, "the streamed image differs from generate's");
@@ -362,10 +225,9 @@ static void test_bad_requests(const server *s) {
 
 /* `ditrun generate` with editing arguments (args) into path: 0 ok. */
 static int generate_edit(const char *prompt, const char *args, const char *path) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --backend cpu --threads 1 -q --max-sequence-length 8 "
-             "--prompt '%s' %s --output %s", exe, model, prompt, args, path);
-    return system(cmd);
+    char all[4096];
+    snprintf(all, sizeof all, "--prompt '%s' %s", prompt, args);
+    return serve_generate(all, path);
 }
 
 /* An edit request (curl -F args) whose first image must equal `ditrun generate` with cli_args, pixel for pixel (and
@@ -376,8 +238,8 @@ static void edit_equals_generate(const server *s, const char *name, const char *
     int code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
     size_t n = 0;
     unsigned char *png = answer_png(body, 0, &n);
-    snprintf(ref, sizeof ref, "%s/edit-ref.png", tmpdir);
-    snprintf(got, sizeof got, "%s/edit-got.png", tmpdir);
+    snprintf(ref, sizeof ref, "%s/edit-ref.png", serve_tmp);
+    snprintf(got, sizeof got, "%s/edit-got.png", serve_tmp);
     unlink(ref);
     if (png) spit(got, (const char *)png, n);
     int grc = generate_edit("a snow leopard", cli_args, ref);
@@ -426,9 +288,9 @@ static void test_edits(const server *s) {
 
     /* refused: 400 with the API's error object naming the parameter */
     char small[600], wide[600], big[600];
-    snprintf(small, sizeof small, "%s/side63.png", tmpdir);
-    snprintf(wide, sizeof wide, "%s/aspect9.png", tmpdir);
-    snprintf(big, sizeof big, "%s/big.bin", tmpdir);
+    snprintf(small, sizeof small, "%s/side63.png", serve_tmp);
+    snprintf(wide, sizeof wide, "%s/aspect9.png", serve_tmp);
+    snprintf(big, sizeof big, "%s/big.bin", serve_tmp);
     write_png(small, 63, 80);
     write_png(wide, 9 * 64 + 8, 64);
     static const struct { const char *name, *form; const char *param; } bad[] = {
@@ -500,7 +362,7 @@ static void test_edits(const server *s) {
 
 static void test_auth(void) {
     char keyf[600];
-    snprintf(keyf, sizeof keyf, "%s/key.txt", tmpdir);
+    snprintf(keyf, sizeof keyf, "%s/key.txt", serve_tmp);
     spit(keyf, "s3cret-key\n", 11);
     char extra[800];
     snprintf(extra, sizeof extra, "--api-key-file %s", keyf);
@@ -598,7 +460,7 @@ static void test_drain(void) {
     free(gb);
     T_CHECK("serve: /health turns 200 after the warm-up", server_ready(&s) == 0, "still not ready after 120 s");
     char outf[600], cmd[2048];
-    snprintf(outf, sizeof outf, "%s/drain.out", tmpdir);
+    snprintf(outf, sizeof outf, "%s/drain.out", serve_tmp);
     snprintf(cmd, sizeof cmd, "exec curl -s -o %s -w '%%{http_code}' -X POST --data-binary '{\"prompt\": \"drain\", "
              "\"size\": \"64x64\", \"steps\": 6}' http://127.0.0.1:%d/v1/images/generations > %s.code", outf, s.port, outf);
     pid_t c = fork();
@@ -638,8 +500,8 @@ static long rss_kb(pid_t pid) {
 /* n requests at concurrency c through xargs; returns how many were not 200. */
 static int load(const server *s, int n, int c) {
     char bodyf[600], codes[600], cmd[2048];
-    snprintf(bodyf, sizeof bodyf, "%s/load.json", tmpdir);
-    snprintf(codes, sizeof codes, "%s/load.codes", tmpdir);
+    snprintf(bodyf, sizeof bodyf, "%s/load.json", serve_tmp);
+    snprintf(codes, sizeof codes, "%s/load.codes", serve_tmp);
     const char *body = "{\"prompt\": \"a small fox\", \"size\": \"16x16\", \"steps\": 1}";
     spit(bodyf, body, strlen(body));
     snprintf(cmd, sizeof cmd, "seq %d | xargs -P %d -I{} curl -s -m 60 -o /dev/null -w '%%{http_code}\\n' -X POST "
@@ -699,8 +561,8 @@ static void test_cuda(void) {
                     "{\"prompt\": \"a red fox\", \"size\": \"64x48\", \"steps\": 2, \"seed\": 5}", NULL, &body, NULL);
     size_t n = 0;
     unsigned char *png = answer_png(body, 0, &n);
-    snprintf(got, sizeof got, "%s/cuda.png", tmpdir);
-    snprintf(ref, sizeof ref, "%s/cuda-ref.png", tmpdir);
+    snprintf(got, sizeof got, "%s/cuda.png", serve_tmp);
+    snprintf(ref, sizeof ref, "%s/cuda-ref.png", serve_tmp);
     if (png) spit(got, (const char *)png, n);
     uint8_t *a = NULL, *b = NULL;
     int wa = 0, ha = 0, wb = 0, hb = 0;
@@ -732,30 +594,23 @@ static void test_bad_options(void) {
         {"--frobnicate", "--frobnicate"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char cmd[2048], errf[600], name[160];
-        snprintf(errf, sizeof errf, "%s/options.err", tmpdir);
-        snprintf(cmd, sizeof cmd, "timeout 60 %s serve --port 0 --backend cpu -q %s >/dev/null 2>%s", exe, cases[i].args,
-                 errf);
-        int st = system(cmd);
-        char *err = t_slurp(errf, NULL);
+        char args[1024], err[4096], name[160];
+        snprintf(args, sizeof args, "--port 0 --backend cpu -q %s", cases[i].args);
+        int rc = serve_fails(args, err, sizeof err);
         int lines = 0;
         for (char *p = err; p && *p; p++) lines += *p == '\n';
         snprintf(name, sizeof name, "serve: '%s' -> exit 1 with one error line", cases[i].args);
-        T_CHECK(name, WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "ditrun: error:") &&
-                          strstr(err, cases[i].needle) && lines == 1,
-                "status %d, stderr: %s", WIFEXITED(st) ? WEXITSTATUS(st) : -1, err ? err : "");
-        free(err);
+        T_CHECK(name, rc == 1 && strstr(err, "ditrun: error:") && strstr(err, cases[i].needle) && lines == 1,
+                "status %d, stderr: %s", rc, err);
     }
 }
 
 int main(void) {
-    const char *build = getenv("BUILD");
-    snprintf(exe, sizeof exe, "%s/ditrun", build && *build ? build : "build");
-    snprintf(model, sizeof model, "%s/model", t_fixtures());
-    if (access(exe, X_OK)) { T_SKIP("serve", "%s not built", exe); return T_DONE(); }
+    serve_setup();
+    if (access(serve_exe, X_OK)) { T_SKIP("serve", "%s not built", serve_exe); return T_DONE(); }
     if (system("curl --version >/dev/null 2>&1")) { T_SKIP("serve", "curl is not installed (.ci/install-deps)"); return T_DONE(); }
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ditrun_serve_XXXXXX");
-    if (!mkdtemp(tmpdir)) { T_FAIL("serve: tmpdir", "mkdtemp failed"); return T_DONE(); }
+    snprintf(serve_tmp, sizeof serve_tmp, "/tmp/ditrun_serve_XXXXXX");
+    if (!mkdtemp(serve_tmp)) { T_FAIL("serve: tmpdir", "mkdtemp failed"); return T_DONE(); }
     server s;
     if (server_start(&s, "main", "--max-steps 50 --max-pixels 1048576")) {
         T_FAIL("serve: start", "no 'listening on' line; see %s", s.log);
@@ -791,7 +646,7 @@ int main(void) {
     test_load();
     test_cuda();
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", serve_tmp);
     if (!t_failed && system(cmd)) {}
     return T_DONE();
 }
