@@ -10,12 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "model_dirs.h"
 #include "models/flux2.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
@@ -334,36 +333,6 @@ static void bookkeeping(dt_backend *cpu, dt_backend *cuda) {
 
 /* ---- the whole pipeline through the engine ---- */
 
-/* A pipeline root whose model_index.json says Flux2KleinKVPipeline, the fixture's components linked in. */
-static int make_kv_root(char *dir, size_t n) {
-    char src[PATH_MAX], path[PATH_MAX + 64];
-    snprintf(dir, n, "/tmp/ditrun-kv-%d", (int)getpid());
-    snprintf(path, sizeof path, "%s/model", t_fixtures());
-    if (!realpath(path, src) || mkdir(dir, 0755)) return -1;
-    static const char *parts[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        char from[PATH_MAX + 64], to[PATH_MAX + 64];
-        snprintf(from, sizeof from, "%s/%s", src, parts[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, parts[i]);
-        if (symlink(from, to)) return -1;
-    }
-    snprintf(path, sizeof path, "%s/model_index.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"is_distilled\": true}\n", f);
-    return fclose(f);
-}
-
-static void remove_kv_root(const char *dir) {
-    static const char *parts[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler", "model_index.json"};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        char p[PATH_MAX + 64];
-        snprintf(p, sizeof p, "%s/%s", dir, parts[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-}
-
 typedef struct {
     st_file *ref;          /* the case's fixture (NULL: only keep the latents) */
     const char *tag;
@@ -546,10 +515,12 @@ int main(void) {
         {"inpaint", {NULL}, 0, "ref9.png", "mask.png", 0},
         {"kv1", {"ref0.png"}, 1, NULL, NULL, 1},
     };
-    char kv_root[256];
-    if (make_kv_root(kv_root, sizeof kv_root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
+    char root[520], kv_root[256];
+    snprintf(root, sizeof root, "%s/model", t_fixtures());
+    snprintf(kv_root, sizeof kv_root, "/tmp/ditrun-kv-%d", (int)getpid());
+    if (make_kv_root(kv_root, root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
     for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) pipe_case_run(&pipes[i], kv_root, cpu, cuda);
-    remove_kv_root(kv_root);
+    t_rmtree(kv_root);
     if (cuda) cuda->destroy(cuda);
     cpu->destroy(cpu);
     return T_DONE();

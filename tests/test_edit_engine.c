@@ -12,17 +12,16 @@
  *   - memory: the second and third image of the same geometry leave the backend holding no more than after the
  *     first (current and peak bytes; on CUDA the peak is what was taken from the device), appended and KV-cached.
  * Every size is read from the image files and the VAE's config. CPU always; CUDA too when a GPU is usable. */
-#include <limits.h>
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "image/edit_prep.h"
 #include "image/image.h"
 #include "io/json.h"
+#include "model_dirs.h"
 #include "pipeline/engine.h"
 #include "pipeline/png.h"
 #include "test.h"
@@ -400,25 +399,6 @@ static void reused_references(dt_backend *be, const char *model, const char *tag
     dt_pipeline_free(fresh);
 }
 
-/* A pipeline root like the fixture's whose model_index.json says Flux2KleinKVPipeline (components linked). */
-static int make_kv_root(char *dir, size_t n) {
-    char src[PATH_MAX], path[PATH_MAX + 64];
-    snprintf(dir, n, "%s/kv", tmp);
-    if (!realpath(root, src) || mkdir(dir, 0755)) return -1;
-    static const char *parts[] = {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        char from[PATH_MAX + 64], to[PATH_MAX + 64];
-        snprintf(from, sizeof from, "%s/%s", src, parts[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, parts[i]);
-        if (symlink(from, to)) return -1;
-    }
-    snprintf(path, sizeof path, "%s/model_index.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fputs("{\"_class_name\": \"Flux2KleinKVPipeline\", \"is_distilled\": true}\n", f);
-    return fclose(f);
-}
-
 /* ---- split over ranks ---- */
 
 static void split_equals_unsplit(dt_backend *be, const char *model, const char *what, int inpaint) {
@@ -480,7 +460,8 @@ int main(void) {
     snprintf(root, sizeof root, "%s/model", t_fixtures());
     if (t_tmpdir(tmp, sizeof tmp, "edit-engine")) { T_FAIL("tmpdir", "cannot create one"); return T_DONE(); }
     char kv_root[700];
-    if (make_kv_root(kv_root, sizeof kv_root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
+    snprintf(kv_root, sizeof kv_root, "%s/kv", tmp);
+    if (make_kv_root(kv_root, root)) T_FAIL("KV pipeline root", "cannot create %s", kv_root);
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     on_backend(cpu, kv_root);
     split_equals_unsplit(cpu, root, "edit", 0);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "model_dirs.h"
 #include "models/flux2_sp.h"
 #include "test.h"
 
@@ -114,20 +115,6 @@ static void compare(const char *name, const char *model, int N, dt_precision pre
     free(ref);
 }
 
-/* A 6-head synthetic transformer (head dim 32) in dir: heads divide by 2 and 3, not by 4. */
-static int write_six_heads(const char *dir) {
-    flux2_config c;
-    flux2_preset("tiny", &c);
-    c.heads = 6;
-    c.head_dim = 32;
-    for (int i = 0; i < 4; i++) c.axes[i] = 8;
-    c.hidden = c.heads * c.head_dim;
-    c.mlp_hidden = 3 * c.hidden;
-    c.num_layers = 2;
-    c.num_single_layers = 2;
-    return flux2_synth_write(&c, dir, 0, 64, 23);
-}
-
 /* A rank-4 LoRA for the fixture model (D = 256, F = 768) in diffusers naming: the text stream's output projection and
  * the first single block's fused projection. */
 static int write_lora(const char *path) {
@@ -153,13 +140,6 @@ static int write_lora(const char *path) {
     int rc = st_writer_save(w, path);
     st_writer_free(w);
     return rc;
-}
-
-static void rm_model(const char *dir) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/config.json", dir); unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir); unlink(p);
-    rmdir(dir);
 }
 
 int main(void) {
@@ -216,12 +196,12 @@ int main(void) {
         unlink(lora);
     }
 
-    if (write_six_heads(six)) {
+    if (write_six_heads(six, 23)) {
         T_FAIL("sp forward: synthetic 6-head model", "write: %s", dt_last_error());
         return T_DONE();
     }
     flux2_config c6;
-    flux2_preset("tiny", &c6);   /* in/joint/out channels as written */
+    six_heads_config(&c6);
     for (int N = 2; N <= 4; N++) {
         make_inputs(&c6, 37, 10, 0, &in);   /* 37 and 10 divide by none of 2, 3, 4 */
         snprintf(name, sizeof name, "sp forward: 6 heads, %d ranks (heads %s), 37 image + 10 text tokens == unsplit", N,
@@ -318,6 +298,6 @@ int main(void) {
         flux2_sp_free(sp);
         be->destroy(be);
     }
-    rm_model(six);
+    t_rmtree(six);
     return T_DONE();
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "backends/comm.h"
+#include "model_dirs.h"
 #include "models/flux2_sp.h"
 #include "pipeline/engine.h"
 #include "test.h"
@@ -222,20 +223,6 @@ static void forward_case(const char *name, const char *model, int ranks, int n, 
     be->destroy(be);
 }
 
-/* A 6-head synthetic transformer (head dim 32) in dir. */
-static int write_six_heads(const char *dir) {
-    flux2_config c;
-    flux2_preset("tiny", &c);
-    c.heads = 6;
-    c.head_dim = 32;
-    for (int i = 0; i < 4; i++) c.axes[i] = 8;
-    c.hidden = c.heads * c.head_dim;
-    c.mlp_hidden = 3 * c.hidden;
-    c.num_layers = 2;
-    c.num_single_layers = 2;
-    return flux2_synth_write(&c, dir, 0, 64, 23);
-}
-
 /* Whole generation, 2 GPUs vs 1: the final latents. */
 static float *g_lat;
 static int64_t g_nlat;
@@ -306,7 +293,7 @@ int main(void) {
     }
     for (int n = 2; n <= G && n <= DT_COMM_MAX_RANKS; n++) exchanges(n, n == 2 || n == 4 || n == G);
     forward_case("sp forward on 2 GPUs: fixture (2 heads), 63 image + 15 text tokens == one GPU", fixture, 2, 63, 15, 0);
-    if (write_six_heads(six) == 0) {
+    if (write_six_heads(six, 23) == 0) {
         for (int n = 2; n <= G && n <= 6; n++) {
             char name[160];
             snprintf(name, sizeof name, "sp forward on %d GPUs: 6 heads, 37 image + 10 text tokens == one GPU", n);
@@ -314,10 +301,7 @@ int main(void) {
             snprintf(name, sizeof name, "sp forward on %d GPUs: 6 heads, 13 KV-cached reference tokens == one GPU", n);
             forward_case(name, six, n, 37, 10, 1);
         }
-        char p[600];
-        snprintf(p, sizeof p, "%s/config.json", six); unlink(p);
-        snprintf(p, sizeof p, "%s/model.safetensors", six); unlink(p);
-        rmdir(six);
+        t_rmtree(six);
     } else {
         T_FAIL("sp forward on GPUs: 6-head synthetic model", "%s", dt_last_error());
     }

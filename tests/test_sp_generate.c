@@ -8,12 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "ditrun.h"
 #include "image/image.h"
+#include "model_dirs.h"
 #include "models/flux2.h"
 #include "pipeline/engine.h"
 #include "test.h"
@@ -106,42 +106,13 @@ static void check_same(const char *name, const result *got, const result *ref) {
 /* A pipeline root in dir: the fixture's components (symlinks) around a synthetic 6-head transformer;
  * distilled = 0 writes a model_index.json without is_distilled (CFG with the negative prompt). */
 static int make_pipeline(const char *dir, const char *fixture_root, int distilled) {
-    char src[PATH_MAX], dst[PATH_MAX + 64];
-    if (mkdir(dir, 0755)) return -1;
-    const char *links[] = {"tokenizer", "text_encoder", "vae", "scheduler"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(dst, sizeof dst, "%s/%s", fixture_root, links[i]);
-        if (!realpath(dst, src)) return -1;
-        snprintf(dst, sizeof dst, "%s/%s", dir, links[i]);
-        if (symlink(src, dst)) return -1;
-    }
-    snprintf(dst, sizeof dst, "%s/model_index.json", dir);
-    FILE *f = fopen(dst, "w");
-    if (!f) return -1;
-    fprintf(f, "{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": %s}\n", distilled ? "true" : "false");
-    fclose(f);
-    flux2_config c;
-    flux2_preset("tiny", &c);
-    c.heads = 6;
-    c.head_dim = 32;
-    for (int i = 0; i < 4; i++) c.axes[i] = 8;
-    c.hidden = c.heads * c.head_dim;
-    c.mlp_hidden = 3 * c.hidden;
-    c.num_layers = 2;
-    c.num_single_layers = 2;
-    snprintf(dst, sizeof dst, "%s/transformer", dir);
-    return flux2_synth_write(&c, dst, 0, 64, 31);
-}
-
-static void rm_pipeline(const char *dir) {
-    char p[PATH_MAX + 64];
-    const char *links[] = {"tokenizer", "text_encoder", "vae", "scheduler", "model_index.json",
-                           "transformer/config.json", "transformer/model.safetensors", "transformer"};
-    for (int i = 0; i < 8; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, links[i]);
-        if (unlink(p)) rmdir(p);
-    }
-    rmdir(dir);
+    static const char *const links[] = {"tokenizer", "text_encoder", "vae", "scheduler", NULL};
+    char transformer[PATH_MAX];
+    snprintf(transformer, sizeof transformer, "%s/transformer", dir);
+    return linked_pipeline_root(dir, fixture_root, links, distilled
+                                    ? "{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": true}\n"
+                                    : "{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": false}\n") ||
+           write_six_heads(transformer, 31);
 }
 
 static dt_pipeline *load(dt_backend *be, const char *root, int ranks) {
@@ -300,8 +271,8 @@ int main(void) {
         dt_pipeline_free(p1);
         dt_pipeline_free(p3);
     }
-    rm_pipeline(six);
-    rm_pipeline(six_cfg);
+    t_rmtree(six);
+    t_rmtree(six_cfg);
 
     /* the bundled tiny pipeline one-shot (the text encoder released before the DiT loads), 2 ranks */
     {
