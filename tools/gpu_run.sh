@@ -11,7 +11,8 @@
 #     gentrace  a one-shot generate's first step (a cold process, a traced one, warm ones), and the device time per
 #               op and shape of 4 images from one load (DITRUN_CUDA_TRACE)
 #     bench     ditrun bench klein-4B 1024² and 512² (ledger, utilization and floor, arms)
-#     kernels   the kernel timings of dev/ (elementwise and copies, VAE ops, cuDNN vs own attention, first calls)
+#     kernels   the kernel timings of dev/ (elementwise and copies, VAE ops, cuDNN vs own attention, first calls,
+#               Linears at 1/2/4 images' rows: what batching requests could save)
 #     krea2     Krea 2 q4 1024² forwards (masked and not) and its bench
 #     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generates (one-shot, --count 4) with two build
 #               folders, alternating, then a checksum and the rel L2 of every output of B against A, the generate's
@@ -164,7 +165,7 @@ fi
 
 if has kernels; then   # PERF: kernel timings (dev/ programs; TIME lines)
     use_cudnn919
-    for p in time_elementwise time_image time_attention time_first_calls; do
+    for p in time_elementwise time_image time_attention time_first_calls time_batch_rows; do
         [ -x "./build/dev/$p" ] || { log "kernels: build/dev/$p missing (make dev)"; continue; }
         timeout 300 "./build/dev/$p" > "$OUT/$p.log" 2>&1
         log "$p rc=$?"
