@@ -1,10 +1,8 @@
 /* flux2_synth.c — FLUX.2-klein geometry presets and synthetic checkpoints with random weights
  * (for tests at the real geometry, the bench and GPU runs; no real weights are needed). */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/outfile.h"
 #include "io/safetensors.h"
@@ -85,7 +83,7 @@ static int write_config(const flux2_config *c, const char *dir, int bits, int gr
 
 int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed) {
     if (bits && bits != 4 && bits != 8) { dt_set_error("synthetic checkpoint: bits must be 0, 4 or 8"); return -1; }
-    if (mkdir(dir, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", dir, strerror(errno)); return -1; }
+    if (synth_mkdir(dir)) return -1;
     if (write_config(c, dir, bits, group)) return -1;
     synth_list l = {0};
     list_tensors(c, &l);
@@ -96,9 +94,5 @@ int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int grou
             synth_list_free(&l);
             return -1;
         }
-    char p[4200];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
-    synth_list_free(&l);
-    return rc;
+    return synth_write_model(&l, dir, bits, group, seed);
 }

@@ -1,12 +1,10 @@
 /* krea2_synth.c — Krea 2 geometry presets and synthetic checkpoints with random weights (the
  * diffusers Krea2Transformer2DModel layout: config.json + model.safetensors, bf16 or MLX-quantized
  * Linears), for tests at the real geometry, the bench and GPU runs without real weights. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/outfile.h"
 #include "krea2.h"
@@ -136,16 +134,12 @@ int krea2_synth_write(const krea2_config *c, const char *dir, int bits, int grou
         dt_set_error("synthetic checkpoint: inconsistent Krea 2 geometry (heads/kv heads/dims)");
         return -1;
     }
-    if (mkdir(dir, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", dir, strerror(errno)); return -1; }
+    if (synth_mkdir(dir)) return -1;
     if (write_config(c, dir, bits, group)) return -1;
     /* Linears whose input width is not a multiple of the group stay dense (bf16), as MLX leaves them */
     synth_list l = {0};
     list_tensors(c, &l);
-    char p[4200];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
-    synth_list_free(&l);
-    return rc;
+    return synth_write_model(&l, dir, bits, group, seed);
 }
 
 /* The pipeline's text layout after the system prefix is dropped: [prompt | PAD | 5 suffix tokens]

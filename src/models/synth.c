@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/outfile.h"
 #include "io/safetensors.h"
@@ -130,3 +131,21 @@ int synth_write(const synth_list *l, const char *path, int bits, int group, dt_d
 }
 
 int synth_write_text(const char *path, const char *text) { return dt_write_file(path, text, strlen(text)); }
+
+int synth_write_model(synth_list *l, const char *dir, int bits, int group, uint64_t seed) {
+    char p[8500];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int rc = synth_write(l, p, bits, group, DT_BF16, seed);
+    synth_list_free(l);
+    return rc;
+}
+
+int synth_mkdir(const char *dir) {
+    if (mkdir(dir, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", dir, strerror(errno)); return -1; }
+    return 0;
+}
+
+void synth_quantization_entry(char *dst, size_t n, int bits, int group) {
+    if (bits) snprintf(dst, n, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
+    else if (n) dst[0] = 0;
+}

@@ -5,6 +5,7 @@
 #ifndef DT_SYNTH_H
 #define DT_SYNTH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/common.h"
@@ -33,5 +34,13 @@ void synth_list_free(synth_list *l);
 int synth_write(const synth_list *l, const char *path, int bits, int group, dt_dtype dense, uint64_t seed);
 /* Write a small text file (configs). */
 int synth_write_text(const char *path, const char *text);
+/* Write the list to DIR/model.safetensors (dense tensors bf16; bits/group as synth_write) and free it. */
+int synth_write_model(synth_list *l, const char *dir, int bits, int group, uint64_t seed);
+
+/* Create the folder DIR (one level; an existing one is fine). 0 or -1 (dt_last_error). */
+int synth_mkdir(const char *dir);
+/* dst = the config.json entry naming how the Linears are quantized (",\n  \"quantization\": {...}"), or "" for
+ * bits 0: a config names the group size its weights were written with. */
+void synth_quantization_entry(char *dst, size_t n, int bits, int group);
 
 #endif

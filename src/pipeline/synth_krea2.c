@@ -6,18 +6,17 @@
  * reference can load the same folder (its own bf16 after dequantizing any 4/8-bit Linears). */
 #include "synth_pipeline.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "models/krea2.h"
 #include "models/synth.h"
 
 typedef struct {
-    int hidden, layers, heads, kv, hd, inter, vocab, sec[3];
+    dt_synth_text_geom text;
+    int sec[3];                  /* mrope_section */
     const char *vision;          /* vision_config JSON (never run; kept so the reference can build the model) */
 } k2_te_geom;
 
@@ -32,15 +31,11 @@ static const float k2_latents_mean[16] = {-0.7571f, -0.7089f, -0.9113f, 0.1075f,
 static const float k2_latents_std[16] = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
                                          3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
 
-static int mkdir_p(const char *d) {
-    if (mkdir(d, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", d, strerror(errno)); return -1; }
-    return 0;
-}
-
+/* The Qwen3VLModel text encoder (text layers only; vision_config is kept so the reference can build the model). */
 static int write_text_encoder(const char *dir, const k2_te_geom *g, int bits, int group, uint64_t seed) {
-    if (mkdir_p(dir)) return -1;
-    char p[8500], cfg[4096], nm[256], quant[96] = "";
-    if (bits) snprintf(quant, sizeof quant, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
+    const dt_synth_text_geom *t = &g->text;
+    char cfg[4096], quant[96];
+    synth_quantization_entry(quant, sizeof quant, bits, group);
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"Qwen3VLModel\"],\n  \"model_type\": \"qwen3_vl\",\n  \"tie_word_embeddings\": true,\n"
              "  \"image_token_id\": 151655,\n  \"video_token_id\": 151656,\n  \"vision_start_token_id\": 151652,\n"
@@ -51,32 +46,9 @@ static int write_text_encoder(const char *dir, const k2_te_geom *g, int bits, in
              "    \"max_position_embeddings\": 262144,\n    \"rms_norm_eps\": 1e-06,\n    \"tie_word_embeddings\": true,\n"
              "    \"rope_theta\": 5000000,\n    \"rope_scaling\": {\"mrope_interleaved\": true, \"mrope_section\": [%d, %d, %d], "
              "\"rope_type\": \"default\"}\n  },\n  \"vision_config\": %s%s\n}\n",
-             g->hidden, g->layers, g->heads, g->kv, g->hd, g->inter, g->vocab, g->sec[0], g->sec[1], g->sec[2], g->vision,
+             t->hidden, t->layers, t->heads, t->kv, t->hd, t->inter, t->vocab, g->sec[0], g->sec[1], g->sec[2], g->vision,
              quant);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    if (synth_write_text(p, cfg)) return -1;
-    synth_list l = {0};
-    int64_t D = g->hidden, hd = g->hd;
-    synth_add_linear(&l, "language_model.embed_tokens", g->vocab, D, 0);
-    l.t[l.n - 1].amp = 1.0f;
-    for (int i = 0; i < g->layers; i++) {
-        snprintf(nm, sizeof nm, "language_model.layers.%d.input_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.post_attention_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.q_proj", i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.k_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.v_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.o_proj", i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.q_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.self_attn.k_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.mlp.gate_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.mlp.up_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
-        snprintf(nm, sizeof nm, "language_model.layers.%d.mlp.down_proj", i); synth_add_linear(&l, nm, D, g->inter, 0);
-    }
-    synth_add(&l, "language_model.norm.weight", 1, &D, 1.0f, 0.2f);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
-    synth_list_free(&l);
-    return rc;
+    return dt_synth_write_text_model(dir, cfg, "language_model", t, bits, group, seed);
 }
 
 /* A causal 3-D conv NAME [cout, cin, kt, k, k] (kt = 1 for 1×1×1) or, with kt = 0, a 2-D one [cout, cin, k, k]. */
@@ -108,7 +80,7 @@ static void add_resnet(synth_list *l, const char *name, int64_t cin, int64_t cou
 }
 
 static int write_vae(const char *dir, const k2_vae_geom *g, uint64_t seed) {
-    if (mkdir_p(dir)) return -1;
+    if (synth_mkdir(dir)) return -1;
     char p[8500], cfg[4096], mult[64] = "", td[64] = "", mean[512] = "", sd[512] = "";
     for (int i = 0; i < g->nmult; i++) {
         size_t n = strlen(mult);
@@ -192,23 +164,23 @@ int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int g
     int taps[16], n_taps;
     if (!strcmp(preset, "krea2")) {
         /* Qwen/Qwen3-VL-4B-Instruct text_config; the Qwen-Image VAE; Krea2Pipeline's default taps */
-        te = (k2_te_geom){2560, 36, 32, 8, 128, 9728, 151936, {24, 20, 20}, k2_vision_real};
+        te = (k2_te_geom){{2560, 36, 32, 8, 128, 9728, 151936}, {24, 20, 20}, k2_vision_real};
         vg = (k2_vae_geom){96, 16, 4, {1, 2, 4, 4}, 2, {0, 1, 1}};
         n_taps = 12;
         for (int i = 0; i < n_taps; i++) taps[i] = 2 + 3 * i;
     } else {
         /* tests/fixtures/krea2 */
-        te = (k2_te_geom){64, 4, 4, 2, 16, 192, 705, {2, 3, 3}, k2_vision_tiny};
+        te = (k2_te_geom){{64, 4, 4, 2, 16, 192, 705}, {2, 3, 3}, k2_vision_tiny};
         vg = (k2_vae_geom){16, 4, 3, {1, 2, 2}, 1, {0, 1}};
         n_taps = 3;
         taps[0] = 1; taps[1] = 2; taps[2] = 4;
     }
-    if (c.text_layers != n_taps || c.text_dim != te.hidden || c.in_channels != 4 * vg.z) {
+    if (c.text_layers != n_taps || c.text_dim != te.text.hidden || c.in_channels != 4 * vg.z) {
         dt_set_error("synthetic pipeline: preset '%s' geometry is inconsistent", preset);
         return -1;
     }
-    char p[4200], q[4200], idx[1024], tl[128] = "";
-    if (mkdir_p(dir)) return -1;
+    char p[4200], idx[1024], tl[128] = "";
+    if (synth_mkdir(dir)) return -1;
     for (int i = 0; i < n_taps; i++) {
         size_t n = strlen(tl);
         snprintf(tl + n, sizeof tl - n, "%s%d", i ? ", " : "", taps[i]);
@@ -226,9 +198,7 @@ int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int g
     dt_log(1, "ditrun: synthetic Krea 2 pipeline: transformer ...\n");
     snprintf(p, sizeof p, "%s/transformer", dir);
     if (krea2_synth_write(&c, p, bits, group, seed)) return -1;
-    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
-    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
-    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
+    if (dt_synth_name_transformer_for_diffusers(dir)) return -1;
     dt_log(1, "ditrun: synthetic Krea 2 pipeline: text encoder ...\n");
     snprintf(p, sizeof p, "%s/text_encoder", dir);
     if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
@@ -236,14 +206,7 @@ int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int g
     snprintf(p, sizeof p, "%s/vae", dir);
     if (write_vae(p, &vg, seed + 2)) return -1;
     /* tokenizer and scheduler: the bundled Krea 2 ones (the tiny vocabulary's ids are valid in any larger one) */
-    const char *files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
-                              {"scheduler", "scheduler_config.json"}};
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
-        if (mkdir_p(p)) return -1;
-        snprintf(p, sizeof p, "%s/%s/%s", krea2_root, files[i][0], files[i][1]);
-        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
-        if (dt_synth_copy_file(p, q)) return -1;
-    }
-    return 0;
+    static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
+                                           {"scheduler", "scheduler_config.json"}};
+    return dt_synth_copy_bundled(dir, krea2_root, files, 3);
 }

@@ -1,7 +1,8 @@
 /* synth_pipeline.c — a whole synthetic FLUX.2-klein pipeline folder (random weights at a real
  * geometry): transformer (flux2_synth_write), Qwen3 text encoder, VAE (decoder and encoder), plus the bundled
  * tokenizer and scheduler config. Lets `ditrun generate` run end to end at klein-4B/9B size
- * without downloading weights (speed runs, memory checks). */
+ * without downloading weights (speed runs, memory checks). Also the pieces the Krea 2 one (synth_krea2.c)
+ * shares: the Qwen3 text model's tensors, the transformer file's diffusers name, the bundled files' copy. */
 #include "synth_pipeline.h"
 
 #include <errno.h>
@@ -9,20 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/infile.h"
 #include "core/outfile.h"
 #include "models/flux2.h"
 #include "models/synth.h"
 
-typedef struct { int hidden, layers, heads, kv, hd, inter, vocab; } te_geom;
 typedef struct { int latent, nblk, blk[4], lpb, groups; } vae_geom;
-
-static int mkdir_p(const char *d) {
-    if (mkdir(d, 0755) && errno != EEXIST) { dt_set_error("%s: cannot create folder (%s)", d, strerror(errno)); return -1; }
-    return 0;
-}
 
 int dt_synth_copy_file(const char *src, const char *dst) {
     FILE *in = dt_fopen_input(src);
@@ -39,42 +33,65 @@ int dt_synth_copy_file(const char *src, const char *dst) {
     return dt_outfile_commit(of);
 }
 
-static int write_text_encoder(const char *dir, const te_geom *g, int bits, int group, uint64_t seed) {
-    if (mkdir_p(dir)) return -1;
-    char p[8500], cfg[2048], nm[256], quant[96] = "";
-    if (bits)   /* the group size the weights below are quantized with (the config must not claim another) */
-        snprintf(quant, sizeof quant, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
+int dt_synth_write_text_model(const char *dir, const char *config, const char *prefix, const dt_synth_text_geom *g,
+                              int bits, int group, uint64_t seed) {
+    if (synth_mkdir(dir)) return -1;
+    char p[8500], nm[256];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (synth_write_text(p, config)) return -1;
+    synth_list l = {0};
+    int64_t D = g->hidden, hd = g->hd;
+    /* the embedding is a [vocab, D] "Linear" for quantization purposes (MLX quantizes embeddings too) */
+    snprintf(nm, sizeof nm, "%s.embed_tokens", prefix); synth_add_linear(&l, nm, g->vocab, D, 0);
+    l.t[l.n - 1].amp = 1.0f;
+    for (int i = 0; i < g->layers; i++) {
+        snprintf(nm, sizeof nm, "%s.layers.%d.input_layernorm.weight", prefix, i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.post_attention_layernorm.weight", prefix, i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.q_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.k_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.v_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.o_proj", prefix, i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.q_norm.weight", prefix, i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.k_norm.weight", prefix, i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.gate_proj", prefix, i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.up_proj", prefix, i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.down_proj", prefix, i); synth_add_linear(&l, nm, D, g->inter, 0);
+    }
+    snprintf(nm, sizeof nm, "%s.norm.weight", prefix); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+    return synth_write_model(&l, dir, bits, group, seed);
+}
+
+int dt_synth_name_transformer_for_diffusers(const char *dir) {
+    char p[4200], q[4200];
+    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
+    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
+    return 0;
+}
+
+int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n) {
+    char p[4200], q[4200];
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
+        if (synth_mkdir(p)) return -1;
+        snprintf(p, sizeof p, "%s/%s/%s", root, files[i][0], files[i][1]);
+        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
+        if (dt_synth_copy_file(p, q)) return -1;
+    }
+    return 0;
+}
+
+/* The Qwen3ForCausalLM text encoder of a FLUX.2-klein pipeline. */
+static int write_text_encoder(const char *dir, const dt_synth_text_geom *g, int bits, int group, uint64_t seed) {
+    char cfg[2048], quant[96];
+    synth_quantization_entry(quant, sizeof quant, bits, group);   /* the group size the weights are written with */
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"model_type\": \"qwen3\",\n  \"hidden_size\": %d,\n"
              "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
              "  \"intermediate_size\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n  \"rope_theta\": 1000000.0,\n"
              "  \"tie_word_embeddings\": true%s\n}\n",
              g->hidden, g->layers, g->heads, g->kv, g->hd, g->inter, g->vocab, quant);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    if (synth_write_text(p, cfg)) return -1;
-    synth_list l = {0};
-    int64_t D = g->hidden, hd = g->hd;
-    /* the embedding is a [vocab, D] "Linear" for quantization purposes (MLX quantizes embeddings too) */
-    synth_add_linear(&l, "model.embed_tokens", g->vocab, D, 0);
-    l.t[l.n - 1].amp = 1.0f;
-    for (int i = 0; i < g->layers; i++) {
-        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_proj", i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.v_proj", i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.o_proj", i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_norm.weight", i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
-        snprintf(nm, sizeof nm, "model.layers.%d.mlp.up_proj", i); synth_add_linear(&l, nm, g->inter, D, 0);
-        snprintf(nm, sizeof nm, "model.layers.%d.mlp.down_proj", i); synth_add_linear(&l, nm, D, g->inter, 0);
-    }
-    synth_add(&l, "model.norm.weight", 1, &D, 1.0f, 0.2f);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    int rc = synth_write(&l, p, bits, group, DT_BF16, seed);
-    synth_list_free(&l);
-    return rc;
+    return dt_synth_write_text_model(dir, cfg, "model", g, bits, group, seed);
 }
 
 static void add_conv(synth_list *l, const char *name, int64_t cout, int64_t cin, int k) {
@@ -102,7 +119,7 @@ static void add_resnet(synth_list *l, const char *name, int64_t cin, int64_t cou
 }
 
 static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
-    if (mkdir_p(dir)) return -1;
+    if (synth_mkdir(dir)) return -1;
     char p[8500], cfg[2048], blk[128] = "", types[512] = "", dtypes[512] = "";
     for (int i = 0; i < g->nblk; i++) {
         size_t n = strlen(blk);
@@ -178,17 +195,17 @@ static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
 int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed, const char *fixtures_model) {
     flux2_config c;
     if (flux2_preset(preset, &c)) return -1;
-    te_geom te;
+    dt_synth_text_geom te;
     vae_geom vg = {32, 4, {128, 256, 512, 512}, 2, 32};
-    if (!strcmp(preset, "klein-4b")) te = (te_geom){2560, 36, 32, 8, 128, 9728, 151936};
-    else if (!strcmp(preset, "klein-9b")) te = (te_geom){4096, 36, 32, 8, 128, 12288, 151936};
-    else { te = (te_geom){32, 4, 4, 2, 16, 96, 705}; vg = (vae_geom){8, 3, {32, 32, 32}, 1, 8}; }
+    if (!strcmp(preset, "klein-4b")) te = (dt_synth_text_geom){2560, 36, 32, 8, 128, 9728, 151936};
+    else if (!strcmp(preset, "klein-9b")) te = (dt_synth_text_geom){4096, 36, 32, 8, 128, 12288, 151936};
+    else { te = (dt_synth_text_geom){32, 4, 4, 2, 16, 96, 705}; vg = (vae_geom){8, 3, {32, 32, 32}, 1, 8}; }
     if (c.joint_dim != 3 * te.hidden || c.in_channels != 4 * vg.latent) {
         dt_set_error("synthetic pipeline: preset '%s' geometry is inconsistent", preset);
         return -1;
     }
-    char p[4200], q[4200];
-    if (mkdir_p(dir)) return -1;
+    char p[4200];
+    if (synth_mkdir(dir)) return -1;
     snprintf(p, sizeof p, "%s/model_index.json", dir);
     if (synth_write_text(p, "{\n  \"_class_name\": \"Flux2KleinPipeline\",\n  \"is_distilled\": true,\n"
                             "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
@@ -200,11 +217,8 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     dt_log(1, "ditrun: synthetic pipeline: transformer ...\n");
     snprintf(p, sizeof p, "%s/transformer", dir);
     if (flux2_synth_write(&c, p, bits, group, seed)) return -1;
-    /* diffusers' from_pretrained looks for diffusion_pytorch_model.safetensors in a model folder, so the reference
-     * pipeline can load the same folder for side-by-side runs (bf16 weights) */
-    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
-    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
-    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
+    /* the reference pipeline can load the same folder for side-by-side runs (bf16 weights) */
+    if (dt_synth_name_transformer_for_diffusers(dir)) return -1;
     dt_log(1, "ditrun: synthetic pipeline: text encoder ...\n");
     snprintf(p, sizeof p, "%s/text_encoder", dir);
     if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
@@ -213,14 +227,7 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     if (write_vae(p, &vg, seed + 2)) return -1;
     /* tokenizer (with its Qwen3 chat template, which the reference pipeline applies) and scheduler: the bundled
      * ones (the tiny vocabulary's ids are valid in any larger one) */
-    const char *files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
-                              {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
-        if (mkdir_p(p)) return -1;
-        snprintf(p, sizeof p, "%s/%s/%s", fixtures_model, files[i][0], files[i][1]);
-        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
-        if (dt_synth_copy_file(p, q)) return -1;
-    }
-    return 0;
+    static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
+                                           {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
+    return dt_synth_copy_bundled(dir, fixtures_model, files, 4);
 }

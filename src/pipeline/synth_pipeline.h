@@ -15,6 +15,26 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
 int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
                             const char *krea2_root);
 
+/* ---- the pieces both synthetic pipelines share (synth_pipeline.c) ---- */
+
+/* Geometry of a Qwen3 text model (Qwen3ForCausalLM, or Qwen3-VL's text layers). */
+typedef struct { int hidden, layers, heads, kv, hd, inter, vocab; } dt_synth_text_geom;
+
+/* A Qwen3 text model in folder DIR: config.json holding the text `config`, and model.safetensors with the
+ * embedding, the decoder layers and the final norm named under PREFIX ("model" in Qwen3ForCausalLM,
+ * "language_model" in Qwen3VLModel); Linears (the embedding too, as MLX quantizes it) bf16 or bits/group.
+ * 0 ok, -1 error (dt_last_error). */
+int dt_synth_write_text_model(const char *dir, const char *config, const char *prefix, const dt_synth_text_geom *g,
+                              int bits, int group, uint64_t seed);
+
+/* Renames the pipeline folder DIR's transformer/model.safetensors to diffusion_pytorch_model.safetensors, the
+ * name diffusers' from_pretrained looks for, so the reference can load the same folder. 0 ok, -1 error. */
+int dt_synth_name_transformer_for_diffusers(const char *dir);
+
+/* Copies n bundled files {folder, name} from the pipeline root `root` into the same folders of DIR (created as
+ * needed). 0 ok, -1 error (dt_last_error). */
+int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n);
+
 /* Copies the regular file src (a FIFO or device is refused) to dst through a temporary renamed into place.
  * 0 ok, -1 error (dt_last_error). */
 int dt_synth_copy_file(const char *src, const char *dst);
