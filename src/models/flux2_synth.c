@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/outfile.h"
 #include "io/safetensors.h"
 #include "flux2.h"
 #include "synth.h"
@@ -63,22 +62,15 @@ static void list_tensors(const flux2_config *c, synth_list *l) {
 }
 
 static int write_config(const flux2_config *c, const char *dir, int bits, int group) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    dt_outfile *of = dt_outfile_open(p);   /* a temporary renamed into place when complete */
+    dt_outfile *of = synth_config_begin(dir, "Flux2Transformer2DModel", c->head_dim, c->axes, c->n_axes);
     if (!of) return -1;
-    FILE *f = dt_outfile_fp(of);
-    fprintf(f, "{\n  \"_class_name\": \"Flux2Transformer2DModel\",\n  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [",
-            c->head_dim);
-    for (int a = 0; a < c->n_axes; a++) fprintf(f, "%s%d", a ? ", " : "", c->axes[a]);
-    fprintf(f, "],\n  \"eps\": %g,\n  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"out_channels\": %d,\n"
-               "  \"joint_attention_dim\": %d,\n  \"mlp_ratio\": %.17g,\n  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n"
-               "  \"num_single_layers\": %d,\n  \"patch_size\": 1,\n  \"rope_theta\": %g,\n  \"timestep_guidance_channels\": %d",
+    fprintf(dt_outfile_fp(of),
+            ",\n  \"eps\": %g,\n  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"out_channels\": %d,\n"
+            "  \"joint_attention_dim\": %d,\n  \"mlp_ratio\": %.17g,\n  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n"
+            "  \"num_single_layers\": %d,\n  \"patch_size\": 1,\n  \"rope_theta\": %g,\n  \"timestep_guidance_channels\": %d",
             c->eps, c->in_channels, c->out_channels, c->joint_dim, (double)c->mlp_hidden / c->hidden, c->heads,
             c->num_layers, c->num_single_layers, c->rope_theta, c->tg_channels);
-    if (bits) fprintf(f, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
-    fprintf(f, "\n}\n");
-    return dt_outfile_commit(of);
+    return synth_config_end(of, bits, group);
 }
 
 int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed) {

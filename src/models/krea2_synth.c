@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/outfile.h"
 #include "krea2.h"
 #include "synth.h"
 
@@ -102,25 +101,18 @@ static void list_tensors(const krea2_config *c, synth_list *l) {
 }
 
 static int write_config(const krea2_config *c, const char *dir, int bits, int group) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    dt_outfile *of = dt_outfile_open(p);   /* a temporary renamed into place when complete */
+    dt_outfile *of = synth_config_begin(dir, "Krea2Transformer2DModel", c->head_dim, c->axes, c->n_axes);
     if (!of) return -1;
-    FILE *f = dt_outfile_fp(of);
-    fprintf(f, "{\n  \"_class_name\": \"Krea2Transformer2DModel\",\n  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [",
-            c->head_dim);
-    for (int a = 0; a < c->n_axes; a++) fprintf(f, "%s%d", a ? ", " : "", c->axes[a]);
-    fprintf(f, "],\n  \"in_channels\": %d,\n  \"intermediate_size\": %d,\n  \"norm_eps\": %.9g,\n"
-               "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"num_layers\": %d,\n"
-               "  \"num_layerwise_text_blocks\": %d,\n  \"num_refiner_text_blocks\": %d,\n  \"num_text_layers\": %d,\n"
-               "  \"rope_theta\": %.9g,\n  \"text_hidden_dim\": %d,\n  \"text_intermediate_size\": %d,\n"
-               "  \"text_num_attention_heads\": %d,\n  \"text_num_key_value_heads\": %d,\n  \"timestep_embed_dim\": %d",
+    fprintf(dt_outfile_fp(of),
+            ",\n  \"in_channels\": %d,\n  \"intermediate_size\": %d,\n  \"norm_eps\": %.9g,\n"
+            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"num_layers\": %d,\n"
+            "  \"num_layerwise_text_blocks\": %d,\n  \"num_refiner_text_blocks\": %d,\n  \"num_text_layers\": %d,\n"
+            "  \"rope_theta\": %.9g,\n  \"text_hidden_dim\": %d,\n  \"text_intermediate_size\": %d,\n"
+            "  \"text_num_attention_heads\": %d,\n  \"text_num_key_value_heads\": %d,\n  \"timestep_embed_dim\": %d",
             c->in_channels, c->intermediate, (double)c->eps, c->heads, c->kv_heads, c->num_layers, c->n_layerwise,
             c->n_refiner, c->text_layers, (double)c->rope_theta, c->text_dim, c->text_intermediate, c->text_heads,
             c->text_kv_heads, c->t_embed);
-    if (bits) fprintf(f, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
-    fprintf(f, "\n}\n");
-    return dt_outfile_commit(of);
+    return synth_config_end(of, bits, group);
 }
 
 int krea2_synth_write(const krea2_config *c, const char *dir, int bits, int group, uint64_t seed) {

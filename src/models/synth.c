@@ -149,3 +149,22 @@ void synth_quantization_entry(char *dst, size_t n, int bits, int group) {
     if (bits) snprintf(dst, n, ",\n  \"quantization\": {\"group_size\": %d, \"bits\": %d}", group, bits);
     else if (n) dst[0] = 0;
 }
+
+dt_outfile *synth_config_begin(const char *dir, const char *class_name, int head_dim, const int *axes, int n_axes) {
+    char p[8500];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    dt_outfile *of = dt_outfile_open(p);
+    if (!of) return NULL;
+    FILE *f = dt_outfile_fp(of);
+    fprintf(f, "{\n  \"_class_name\": \"%s\",\n  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [", class_name, head_dim);
+    for (int a = 0; a < n_axes; a++) fprintf(f, "%s%d", a ? ", " : "", axes[a]);
+    fprintf(f, "]");
+    return of;
+}
+
+int synth_config_end(dt_outfile *of, int bits, int group) {
+    char quant[96];
+    synth_quantization_entry(quant, sizeof quant, bits, group);
+    fprintf(dt_outfile_fp(of), "%s\n}\n", quant);
+    return dt_outfile_commit(of);
+}

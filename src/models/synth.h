@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/common.h"
+#include "core/outfile.h"
 
 typedef struct {
     char *name;          /* full tensor name (for Linears: NAME.weight; quantized adds .scales/.biases) */
@@ -42,5 +43,11 @@ int synth_mkdir(const char *dir);
 /* dst = the config.json entry naming how the Linears are quantized (",\n  \"quantization\": {...}"), or "" for
  * bits 0: a config names the group size its weights were written with. */
 void synth_quantization_entry(char *dst, size_t n, int bits, int group);
+/* A transformer's config.json: begin opens DIR/config.json (a temporary renamed into place when complete) and
+ * writes the keys every DiT config starts with (_class_name, attention_head_dim, axes_dims_rope), leaving the
+ * caller to print its own keys, each after ",\n"; end adds the quantization entry (bits > 0) and the closing
+ * brace and commits. begin: NULL on error; end: 0 or -1 (dt_last_error). */
+dt_outfile *synth_config_begin(const char *dir, const char *class_name, int head_dim, const int *axes, int n_axes);
+int synth_config_end(dt_outfile *of, int bits, int group);
 
 #endif
