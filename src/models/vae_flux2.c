@@ -4,8 +4,9 @@
  *   → GroupNorm + SiLU → conv_out.
  * Every GroupNorm uses eps 1e-6 (diffusers Decoder: resnet_eps, attention norm and conv_norm_out).
  * Activations are images [C, H·W] (channel-major); the attention works on tokens [H·W, C].
- * The blocks shared with the encoder (resnet, attention, GroupNorm, conv loading) are defined here and
- * declared in vae_flux2_internal.h; the encoder itself is vae_flux2_encoder.c.
+ * The walk, resnets and norms are the VAE decoders' shared ones (vae_decoder.c); this file loads the weights
+ * (GroupNorms, convs in PyTorch or MLX layout, the attention's Linears) and runs the attention, which the
+ * encoder (vae_flux2_encoder.c) shares through vae_flux2_internal.h.
  */
 #include "models/vae_flux2.h"
 
@@ -109,7 +110,7 @@ static int parse_config(const json *j, const char *what, dt_vae_config *c) {
 
 /* ---------------- weight loading ---------------- */
 
-int vae_load_gnorm(dt_vae *v, const char *name, int C, gnorm *g) {
+int vae_load_gnorm(dt_vae *v, const char *name, int C, vae_norm *g) {
     char buf[256];
     float *tmp = dt_malloc((size_t)C * sizeof(float));
     snprintf(buf, sizeof buf, "%s.weight", name);
@@ -122,11 +123,6 @@ int vae_load_gnorm(dt_vae *v, const char *name, int C, gnorm *g) {
     return 0;
 }
 
-void vae_free_gnorm(dt_backend *be, gnorm *g) {
-    if (g->gamma.data) be->free(be, &g->gamma);
-    if (g->beta.data) be->free(be, &g->beta);
-}
-
 /* A k×k conv NAME with weight [cout, cin, k, k] (PyTorch) or [cout, k, k, cin] (MLX) and bias [cout]; the first
  * `rows` output channels are kept. */
 dt_conv *vae_load_conv(dt_vae *v, const char *name, int cout, int cin, int k, int rows) {
@@ -137,11 +133,8 @@ dt_conv *vae_load_conv(dt_vae *v, const char *name, int cout, int cin, int k, in
     int pt = t->ndim == 4 && t->shape[0] == cout && t->shape[1] == cin && t->shape[2] == k && t->shape[3] == k;
     int mlx = t->ndim == 4 && t->shape[0] == cout && t->shape[1] == k && t->shape[2] == k && t->shape[3] == cin;
     if (!pt && !mlx) {
-        char shp[96] = "";
-        for (int i = 0; i < t->ndim && i < ST_MAX_DIMS; i++) {
-            size_t l = strlen(shp);
-            snprintf(shp + l, sizeof shp - l, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        }
+        char shp[96];
+        vae_shape_str(t, shp, sizeof shp);
         dt_set_error("%s: conv '%s' has shape [%s], expected [%d, %d, %d, %d] or MLX [%d, %d, %d, %d]", t->file, buf,
                      shp, cout, cin, k, k, cout, k, k, cin);
         return NULL;
@@ -171,16 +164,7 @@ dt_conv *vae_load_conv(dt_vae *v, const char *name, int cout, int cin, int k, in
         free(wt);
         wt = p;
     }
-    float *bias = dt_malloc((size_t)cout * sizeof(float));
-    snprintf(buf, sizeof buf, "%s.bias", name);
-    if (dt_weights_read_f32(v->w, buf, bias, cout)) { free(wt); free(bias); return NULL; }
-    dt_clear_error();
-    if (rows < 1 || rows > cout) rows = cout;
-    dt_conv *c = v->be->conv_create(v->be, wt, bias, rows, cin, k, k / 2);   /* rows are the leading [rows, cin·k·k] */
-    free(wt);
-    free(bias);
-    if (!c && !strcmp(dt_last_error(), "unknown error")) dt_set_error("%s: backend could not create conv '%s'", dt_weights_path(v->w), name);
-    return c;
+    return vae_conv_create(v->be, v->w, name, wt, cout, cin, k, rows);
 }
 
 dt_linear *vae_load_linear(dt_vae *v, const char *name, int C) {
@@ -192,35 +176,14 @@ dt_linear *vae_load_linear(dt_vae *v, const char *name, int C) {
     return l;
 }
 
-int vae_load_resnet(dt_vae *v, const char *prefix, int cin, int cout, resnet *r) {
-    char buf[256];
-    r->cin = cin;
-    r->cout = cout;
-    snprintf(buf, sizeof buf, "%s.norm1", prefix);
-    if (vae_load_gnorm(v, buf, cin, &r->n1)) return -1;
-    snprintf(buf, sizeof buf, "%s.conv1", prefix);
-    if (!(r->conv1 = vae_load_conv(v, buf, cout, cin, 3, cout))) return -1;
-    snprintf(buf, sizeof buf, "%s.norm2", prefix);
-    if (vae_load_gnorm(v, buf, cout, &r->n2)) return -1;
-    snprintf(buf, sizeof buf, "%s.conv2", prefix);
-    if (!(r->conv2 = vae_load_conv(v, buf, cout, cout, 3, cout))) return -1;
-    if (cin != cout) {
-        snprintf(buf, sizeof buf, "%s.conv_shortcut", prefix);
-        if (!(r->shortcut = vae_load_conv(v, buf, cout, cin, 1, cout))) return -1;
-    }
-    return 0;
+/* vae_loader callbacks: every conv keeps all its rows; norms are GroupNorms */
+static dt_conv *loader_conv(void *v, const char *name, int cout, int cin, int k) {
+    return vae_load_conv(v, name, cout, cin, k, cout);
 }
-
-void vae_free_resnet(dt_backend *be, resnet *r) {
-    vae_free_gnorm(be, &r->n1);
-    vae_free_gnorm(be, &r->n2);
-    if (r->conv1) be->conv_destroy(be, r->conv1);
-    if (r->conv2) be->conv_destroy(be, r->conv2);
-    if (r->shortcut) be->conv_destroy(be, r->shortcut);
-}
+static int loader_norm(void *v, const char *name, int C, vae_norm *n) { return vae_load_gnorm(v, name, C, n); }
 
 void vae_free_attn(dt_backend *be, attn *a) {
-    vae_free_gnorm(be, &a->norm);
+    vae_norm_free(be, &a->norm);
     dt_linear *ls[4] = {a->q, a->k, a->v, a->o};
     for (int i = 0; i < 4; i++)
         if (ls[i]) be->linear_destroy(be, ls[i]);
@@ -245,19 +208,8 @@ void dt_vae_free(dt_vae *v) {
     if (!v) return;
     dt_backend *be = v->be;
     vae_encoder_free(v);
-    if (v->post_quant) be->conv_destroy(be, v->post_quant);
-    if (v->conv_in) be->conv_destroy(be, v->conv_in);
-    if (v->conv_out) be->conv_destroy(be, v->conv_out);
-    for (int i = 0; i < 2; i++) vae_free_resnet(be, &v->mid_res[i]);
+    vae_decoder_free(be, &v->dec);
     vae_free_attn(be, &v->mid_attn);
-    for (int b = 0; b < DT_VAE_MAX_BLOCKS; b++) {
-        if (v->up[b].res) {
-            for (int i = 0; i < v->up[b].n_res; i++) vae_free_resnet(be, &v->up[b].res[i]);
-            free(v->up[b].res);
-        }
-        if (v->up[b].up_conv) be->conv_destroy(be, v->up[b].up_conv);
-    }
-    vae_free_gnorm(be, &v->norm_out);
     free(v->bn_mean);
     free(v->bn_var);
     if (v->w) dt_weights_close(v->w);
@@ -283,12 +235,20 @@ dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
     if (!dir) return NULL;
     dt_vae *v = dt_calloc(1, sizeof *v);
     v->be = be;
+    v->ld = (vae_loader){v, loader_conv, loader_norm};
     v->w = dt_weights_open(dir);
     char buf[256];
     if (!v->w) goto fail;
     if (parse_config(dt_weights_config(v->w), dir, &v->cfg)) goto fail;
     const dt_vae_config *c = &v->cfg;
     const int top = c->block_out[c->n_blocks - 1];
+    vae_decoder *d = &v->dec;
+    d->groups = c->norm_groups;
+    d->latent = c->latent_channels;
+    d->top = top;
+    d->out_channels = c->out_channels;
+    d->n_up = c->n_blocks;
+    d->mid_attn = (vae_attention){vae_run_attention, c->mid_attention ? &v->mid_attn : NULL};
 
     /* latent batch-norm statistics */
     v->bn_n = c->latent_channels * c->patch * c->patch;
@@ -297,34 +257,25 @@ dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
     if (dt_weights_read_f32(v->w, "bn.running_mean", v->bn_mean, v->bn_n)) goto fail;
     if (dt_weights_read_f32(v->w, "bn.running_var", v->bn_var, v->bn_n)) goto fail;
 
-    if (c->post_quant_conv && !(v->post_quant = vae_load_conv(v, "post_quant_conv", c->latent_channels,
+    if (c->post_quant_conv && !(d->post_quant = vae_load_conv(v, "post_quant_conv", c->latent_channels,
                                                           c->latent_channels, 1, c->latent_channels)))
         goto fail;
-    if (!(v->conv_in = vae_load_conv(v, "decoder.conv_in", top, c->latent_channels, 3, top))) goto fail;
-    for (int i = 0; i < 2; i++) {
-        snprintf(buf, sizeof buf, "decoder.mid_block.resnets.%d", i);
-        if (vae_load_resnet(v, buf, top, top, &v->mid_res[i])) goto fail;
-    }
+    if (!(d->conv_in = vae_load_conv(v, "decoder.conv_in", top, c->latent_channels, 3, top))) goto fail;
+    if (vae_resnets_load(&v->ld, "decoder.mid_block", 2, top, top, d->mid_res)) goto fail;
     if (c->mid_attention && vae_load_attn(v, "decoder.mid_block", top, &v->mid_attn)) goto fail;
     int prev = top;
     for (int b = 0; b < c->n_blocks; b++) {
-        up_block *u = &v->up[b];
-        u->cin = prev;
-        u->cout = c->block_out[c->n_blocks - 1 - b];
-        u->n_res = c->layers_per_block + 1;
-        u->res = dt_calloc((size_t)u->n_res, sizeof *u->res);
-        for (int i = 0; i < u->n_res; i++) {
-            snprintf(buf, sizeof buf, "decoder.up_blocks.%d.resnets.%d", b, i);
-            if (vae_load_resnet(v, buf, i == 0 ? u->cin : u->cout, u->cout, &u->res[i])) goto fail;
-        }
+        vae_up_block *u = &d->up[b];
+        if (vae_up_block_load(&v->ld, b, prev, c->block_out[c->n_blocks - 1 - b], c->layers_per_block + 1, u)) goto fail;
         if (b < c->n_blocks - 1) {
             snprintf(buf, sizeof buf, "decoder.up_blocks.%d.upsamplers.0.conv", b);
             if (!(u->up_conv = vae_load_conv(v, buf, u->cout, u->cout, 3, u->cout))) goto fail;
+            u->up_cout = u->cout;
         }
         prev = u->cout;
     }
-    if (vae_load_gnorm(v, "decoder.conv_norm_out", c->block_out[0], &v->norm_out)) goto fail;
-    if (!(v->conv_out = vae_load_conv(v, "decoder.conv_out", c->out_channels, c->block_out[0], 3, c->out_channels))) goto fail;
+    if (vae_load_gnorm(v, "decoder.conv_norm_out", c->block_out[0], &d->norm_out)) goto fail;
+    if (!(d->conv_out = vae_load_conv(v, "decoder.conv_out", c->out_channels, c->block_out[0], 3, c->out_channels))) goto fail;
     free(dir);
     return v;
 fail:
@@ -344,38 +295,14 @@ void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int
 
 /* ---------------- forward ---------------- */
 
-dt_mat vae_view(const vae_act3 *a, int idx, int64_t rows, int64_t cols) {
-    return dt_mat_reshape(a->buf[idx], rows, cols);
-}
-
-void vae_swap_xy(vae_act3 *a) { int s = a->x; a->x = a->y; a->y = s; }
-
-/* x [cin, hw] -> x [cout, hw]:  out = shortcut(x) + conv2(silu(gn2(conv1(silu(gn1(x)))))) */
-void vae_run_resnet(dt_vae *v, const resnet *r, vae_act3 *a, int h, int w) {
-    dt_backend *be = v->be;
-    const int64_t hw = (int64_t)h * w;
-    const int G = v->cfg.norm_groups;
-    dt_mat X = vae_view(a, a->x, r->cin, hw), T = vae_view(a, a->t, r->cin, hw), Y = vae_view(a, a->y, r->cout, hw);
-    be->group_norm(be, T, X, G, r->n1.gamma, r->n1.beta, VAE_GN_EPS, 1);
-    be->conv2d(be, Y, T, r->conv1, h, w);
-    T = vae_view(a, a->t, r->cout, hw);
-    be->group_norm(be, T, Y, G, r->n2.gamma, r->n2.beta, VAE_GN_EPS, 1);
-    be->conv2d(be, Y, T, r->conv2, h, w);
-    if (r->shortcut) {
-        be->conv2d(be, T, X, r->shortcut, h, w);
-        be->gated_add(be, Y, dt_mat_null(), T);
-    } else {
-        be->gated_add(be, Y, dt_mat_null(), X);
-    }
-    vae_swap_xy(a);
-}
-
 /* x [C, hw] += to_out(attention(q, k, v of GN(x) tokens)) with one head of size C. */
-void vae_run_attention(dt_vae *v, const attn *at, vae_act3 *a, dt_mat *qkvo, int C, int64_t hw) {
-    dt_backend *be = v->be;
+void vae_run_attention(const void *weights, dt_backend *be, int groups, vae_act3 *a, int C, int64_t hw) {
+    const attn *at = weights;
+    dt_mat qkvo[4];                                      /* q, k, v, attention output: [hw, C] each */
+    for (int i = 0; i < 4; i++) qkvo[i] = dt_alloc_or_die(be, hw, C, be->act_dtype);
     dt_mat X = vae_view(a, a->x, C, hw), T = vae_view(a, a->t, C, hw);
     dt_mat tokens = vae_view(a, a->y, hw, C);            /* [hw, C] */
-    be->group_norm(be, T, X, v->cfg.norm_groups, at->norm.gamma, at->norm.beta, VAE_GN_EPS, 0);
+    be->group_norm(be, T, X, groups, at->norm.gamma, at->norm.beta, VAE_GN_EPS, 0);
     be->transpose(be, tokens, T);
     be->linear(be, qkvo[0], tokens, at->q);
     be->linear(be, qkvo[1], tokens, at->k);
@@ -386,78 +313,16 @@ void vae_run_attention(dt_vae *v, const attn *at, vae_act3 *a, dt_mat *qkvo, int
     dt_mat back = vae_view(a, a->y, C, hw);
     be->transpose(be, back, out);
     be->gated_add(be, X, dt_mat_null(), back);
+    for (int i = 0; i < 4; i++) be->free(be, &qkvo[i]);
 }
 
 int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb) {
-    dt_backend *be = v->be;
     const dt_vae_config *c = &v->cfg;
-    const int top = c->block_out[c->n_blocks - 1];
     if (H < 1 || W < 1 || (int64_t)H * c->scale_factor > 65536 || (int64_t)W * c->scale_factor > 65536) {
         dt_set_error("vae decode: invalid latent size %dx%d", W, H);
         return -1;
     }
-    /* largest activation (elements) over every stage */
-    int64_t hw = (int64_t)H * W, cap = (int64_t)c->latent_channels * hw;
-    if ((int64_t)top * hw > cap) cap = (int64_t)top * hw;
-    for (int b = 0; b < c->n_blocks; b++) {
-        int64_t cm = v->up[b].cin > v->up[b].cout ? v->up[b].cin : v->up[b].cout;
-        if (cm * hw > cap) cap = cm * hw;
-        if (v->up[b].up_conv) {
-            hw *= 4;
-            if ((int64_t)v->up[b].cout * hw > cap) cap = (int64_t)v->up[b].cout * hw;
-        }
-    }
-    if ((int64_t)c->out_channels * hw > cap) cap = (int64_t)c->out_channels * hw;
-
-    vae_act3 a = {.x = 0, .t = 1, .y = 2};
-    for (int i = 0; i < 3; i++) a.buf[i] = dt_alloc_or_die(be, 1, cap, be->act_dtype);
-    int h = H, w = W;
-    hw = (int64_t)h * w;
-
-    /* latent -> post_quant_conv -> conv_in */
-    dt_mat L = vae_view(&a, a.t, c->latent_channels, hw);
-    be->upload(be, L, latent);
-    if (v->post_quant) {
-        be->conv2d(be, vae_view(&a, a.y, c->latent_channels, hw), L, v->post_quant, h, w);
-        L = vae_view(&a, a.y, c->latent_channels, hw);
-    }
-    be->conv2d(be, vae_view(&a, a.x, top, hw), L, v->conv_in, h, w);
-
-    /* mid block */
-    vae_run_resnet(v, &v->mid_res[0], &a, h, w);
-    if (c->mid_attention) {
-        dt_mat qkvo[4];
-        for (int i = 0; i < 4; i++) qkvo[i] = dt_alloc_or_die(be, hw, top, be->act_dtype);
-        vae_run_attention(v, &v->mid_attn, &a, qkvo, top, hw);
-        for (int i = 0; i < 4; i++) be->free(be, &qkvo[i]);
-    }
-    vae_run_resnet(v, &v->mid_res[1], &a, h, w);
-
-    /* up blocks */
-    for (int b = 0; b < c->n_blocks; b++) {
-        const up_block *u = &v->up[b];
-        for (int i = 0; i < u->n_res; i++) vae_run_resnet(v, &u->res[i], &a, h, w);
-        if (u->up_conv) {
-            dt_mat T = vae_view(&a, a.t, u->cout, 4 * (int64_t)h * w);
-            be->upsample2x(be, T, vae_view(&a, a.x, u->cout, (int64_t)h * w), h, w);
-            h *= 2;
-            w *= 2;
-            be->conv2d(be, vae_view(&a, a.y, u->cout, (int64_t)h * w), T, u->up_conv, h, w);
-            vae_swap_xy(&a);
-        }
-    }
-    hw = (int64_t)h * w;
-
-    /* GroupNorm + SiLU -> conv_out */
-    dt_mat T = vae_view(&a, a.t, c->block_out[0], hw);
-    be->group_norm(be, T, vae_view(&a, a.x, c->block_out[0], hw), c->norm_groups, v->norm_out.gamma, v->norm_out.beta,
-                   VAE_GN_EPS, 1);
-    dt_mat Y = vae_view(&a, a.y, c->out_channels, hw);
-    be->conv2d(be, Y, T, v->conv_out, h, w);
-    be->download(be, rgb, Y);
-    int rc = be->sync(be);
-    for (int i = 0; i < 3; i++) be->free(be, &a.buf[i]);
-    return rc;
+    return vae_decoder_run(v->be, &v->dec, latent, H, W, rgb);
 }
 
 void dt_vae_postprocess(const float *x, int H, int W, float *img01, uint8_t *u8) {

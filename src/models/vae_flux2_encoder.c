@@ -19,7 +19,7 @@
 
 typedef struct {
     int cin, cout, n_res;
-    resnet *res;
+    vae_resnet *res;
     dt_conv *down;           /* stride-2 conv; NULL for the last block */
 } down_block;
 
@@ -28,9 +28,9 @@ struct vae_encoder {
     int block_out[DT_VAE_MAX_BLOCKS];
     dt_conv *conv_in, *conv_out, *quant;   /* quant: quant_conv's first latent_channels output channels, or NULL */
     down_block down[DT_VAE_MAX_BLOCKS];
-    resnet mid_res[2];
+    vae_resnet mid_res[2];
     attn mid_attn;
-    gnorm norm_out;
+    vae_norm norm_out;
 };
 
 /* The encoder's geometry from config.json (the decoder's parse covered the shared keys). */
@@ -90,14 +90,14 @@ void vae_encoder_free(dt_vae *v) {
         if (cs[i]) be->conv_destroy(be, cs[i]);
     for (int b = 0; b < DT_VAE_MAX_BLOCKS; b++) {
         if (e->down[b].res) {
-            for (int i = 0; i < e->down[b].n_res; i++) vae_free_resnet(be, &e->down[b].res[i]);
+            for (int i = 0; i < e->down[b].n_res; i++) vae_resnet_free(be, &e->down[b].res[i]);
             free(e->down[b].res);
         }
         if (e->down[b].down) be->conv_destroy(be, e->down[b].down);
     }
-    for (int i = 0; i < 2; i++) vae_free_resnet(be, &e->mid_res[i]);
+    for (int i = 0; i < 2; i++) vae_resnet_free(be, &e->mid_res[i]);
     vae_free_attn(be, &e->mid_attn);
-    vae_free_gnorm(be, &e->norm_out);
+    vae_norm_free(be, &e->norm_out);
     free(e);
     v->enc = NULL;
 }
@@ -122,10 +122,8 @@ int dt_vae_load_encoder(dt_vae *v) {
         d->cout = e->block_out[b];
         d->n_res = c->layers_per_block;
         d->res = dt_calloc((size_t)(d->n_res > 0 ? d->n_res : 1), sizeof *d->res);
-        for (int i = 0; i < d->n_res; i++) {
-            snprintf(buf, sizeof buf, "encoder.down_blocks.%d.resnets.%d", b, i);
-            if (vae_load_resnet(v, buf, i == 0 ? d->cin : d->cout, d->cout, &d->res[i])) goto fail;
-        }
+        snprintf(buf, sizeof buf, "encoder.down_blocks.%d", b);
+        if (vae_resnets_load(&v->ld, buf, d->n_res, d->cin, d->cout, d->res)) goto fail;
         if (d->n_res == 0 && d->cin != d->cout) {
             dt_set_error("%s: layers_per_block 0 cannot change %d to %d channels", dt_weights_path(v->w), d->cin, d->cout);
             goto fail;
@@ -136,10 +134,7 @@ int dt_vae_load_encoder(dt_vae *v) {
         }
         prev = d->cout;
     }
-    for (int i = 0; i < 2; i++) {
-        snprintf(buf, sizeof buf, "encoder.mid_block.resnets.%d", i);
-        if (vae_load_resnet(v, buf, top, top, &e->mid_res[i])) goto fail;
-    }
+    if (vae_resnets_load(&v->ld, "encoder.mid_block", 2, top, top, e->mid_res)) goto fail;
     if (c->mid_attention && vae_load_attn(v, "encoder.mid_block", top, &e->mid_attn)) goto fail;
     if (vae_load_gnorm(v, "encoder.conv_norm_out", top, &e->norm_out)) goto fail;
     if (!(e->conv_out = vae_load_conv(v, "encoder.conv_out", 2 * L, top, 3, 2 * L))) goto fail;
@@ -185,7 +180,7 @@ int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
     /* down blocks */
     for (int b = 0; b < e->n_blocks; b++) {
         const down_block *d = &e->down[b];
-        for (int i = 0; i < d->n_res; i++) vae_run_resnet(v, &d->res[i], &a, h, w);
+        for (int i = 0; i < d->n_res; i++) vae_run_resnet(be, c->norm_groups, &d->res[i], &a, h, w);
         if (d->down) {
             const int ho = (h + 1 - 3) / 2 + 1, wo = (w + 1 - 3) / 2 + 1;
             be->conv2d_strided(be, vae_view(&a, a.y, d->cout, (int64_t)ho * wo), vae_view(&a, a.x, d->cout, (int64_t)h * w),
@@ -198,14 +193,8 @@ int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
     hw = (int64_t)h * w;
 
     /* mid block */
-    vae_run_resnet(v, &e->mid_res[0], &a, h, w);
-    if (c->mid_attention) {
-        dt_mat qkvo[4];
-        for (int i = 0; i < 4; i++) qkvo[i] = dt_alloc_or_die(be, hw, top, be->act_dtype);
-        vae_run_attention(v, &e->mid_attn, &a, qkvo, top, hw);
-        for (int i = 0; i < 4; i++) be->free(be, &qkvo[i]);
-    }
-    vae_run_resnet(v, &e->mid_res[1], &a, h, w);
+    const vae_attention mid_attn = {vae_run_attention, c->mid_attention ? &e->mid_attn : NULL};
+    vae_run_mid_block(be, c->norm_groups, e->mid_res, &mid_attn, &a, top, h, w);
 
     /* GroupNorm + SiLU -> conv_out [2L] -> quant_conv's mean half [L] */
     dt_mat T = vae_view(&a, a.t, top, hw);
