@@ -10,7 +10,9 @@
 
 #include "io/safetensors.h"
 #include "models/qwen3.h"
+#include "models/vae_flux2.h"   /* dt_vae_postprocess: diffusers image post-processing */
 #include "pipeline/family.h"
+#include "pipeline/latents.h"
 
 static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2};
 
@@ -77,12 +79,42 @@ int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char 
     return noise_finite(out, n, g->noise_file);
 }
 
+int dt_gen_noise(const dt_gen_params *g, float *out, int c, int h, int w, const char *layout) {
+    int have = dt_gen_read_noise(g, out, (int64_t)c * h * w, layout);
+    if (have < 0) return -1;
+    if (!have) dt_latents_noise(g->seed, c, h, w, out);
+    return 0;
+}
+
+uint8_t *dt_gen_image_rgb(const float *img, int H, int W, dt_gen_observer obs, void *ud) {
+    float *img01 = obs ? dt_malloc(sizeof(float) * 3 * (size_t)H * W) : NULL;
+    uint8_t *rgb = dt_malloc(3 * (size_t)H * W);
+    dt_vae_postprocess(img, H, W, img01, rgb);
+    if (img01) dt_gen_observe(obs, ud, "image_float", img01, 4, 1, H, W, 3);
+    free(img01);
+    return rgb;
+}
+
+void dt_gen_log_encoding(const dt_gen_params *g, int T, const int *taps, int n_taps, int cfg, const char *note) {
+    const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
+    dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", T);
+    for (int i = 0; i < n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", taps[i]);
+    dt_log(lv, ")%s%s\n", cfg ? " and the negative prompt" : "", note);
+}
+
 int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, dt_qwen3 **te) {
     if (*te) return 0;
     *te = dt_qwen3_load(p->be, dir, max_tap > 0 ? max_tap : 1);
     if (!*te) return -1;
     dt_qwen3_set_inv_freq_bf16(*te, p->opts.te_inv_freq_bf16);
     return 0;
+}
+
+void dt_family_release_text_encoder(dt_pipeline *p, dt_qwen3 **te) {
+    if (p->opts.release_text_encoder && *te) {
+        dt_qwen3_free(*te);
+        *te = NULL;
+    }
 }
 
 int dt_gen_cancelled(const dt_gen_params *g) {

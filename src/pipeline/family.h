@@ -46,11 +46,22 @@ void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float
 /* The request's noise (noise array or noise_file's in.initial_latents) into out [n]; 1 if given, 0 if the
  * request has none (draw it), -1 on error (wrong count: `layout` names the expected shape). */
 int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char *layout);
+/* The request's noise (as dt_gen_read_noise) or, when it has none, the seeded Gaussian noise [c, h, w]
+ * (dt_latents_noise) into out. 0 or -1 (dt_last_error). */
+int dt_gen_noise(const dt_gen_params *g, float *out, int c, int h, int w, const char *layout);
+/* The VAE's image [3, H, W] (f32, nominal range [-1, 1]) as 8-bit RGB [H, W, 3] (malloc'd; diffusers' image
+ * post-processing), observed as image_float [1, H, W, 3] when obs is set. */
+uint8_t *dt_gen_image_rgb(const float *img, int H, int W, dt_gen_observer obs, void *ud);
 /* Non-zero when the request has been cancelled (flag set); sets the error. */
 int dt_gen_cancelled(const dt_gen_params *g);
 /* Load *te from dir (Qwen3 / Qwen3-VL text model, layers up to max_tap, at least 1) with the pipeline's options,
  * unless it is loaded already. 0 or -1 (dt_last_error). */
 struct dt_qwen3;
 int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, struct dt_qwen3 **te);
+/* After a request's prompts are encoded: free *te (NULL after) when the pipeline runs with release_text_encoder. */
+void dt_family_release_text_encoder(dt_pipeline *p, struct dt_qwen3 **te);
+/* The log line of a request's text encoding: T tokens, the taps, whether the negative prompt is encoded too (cfg),
+ * and a note ("" for none); at level 2 when the caller reports progress itself, else 1. */
+void dt_gen_log_encoding(const dt_gen_params *g, int T, const int *taps, int n_taps, int cfg, const char *note);
 
 #endif

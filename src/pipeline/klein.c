@@ -307,7 +307,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     const int T = g->max_seq_len;
     const int cfg = !p->info.distilled && g->guidance > 1.0f;
     float *x = NULL, *v = NULL, *u = NULL, *img_ids = NULL, *txt_ids = NULL, *lat = NULL,
-          *lat_c = NULL, *lat_u = NULL, *img = NULL, *img01 = NULL, *sigmas = NULL, *timesteps = NULL, *noise = NULL;
+          *lat_c = NULL, *lat_u = NULL, *img = NULL, *sigmas = NULL, *timesteps = NULL, *noise = NULL;
     uint8_t *rgb = NULL;
     klein_edit ed = {0};
     int refs_set = 0;
@@ -341,17 +341,10 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (!(keep_pos && keep_neg) && ensure_te(p)) goto done;
     tm->t_load += dt_now() - t0;
     t0 = dt_now();
-    const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
-    dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", T);
-    for (int i = 0; i < s->n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", s->taps[i]);
-    dt_log(lv, ")%s%s\n", cfg ? " and the negative prompt" : "",
-           keep_pos && keep_neg ? ": the previous request's features" : "");
+    dt_gen_log_encoding(g, T, s->taps, s->n_taps, cfg, keep_pos && keep_neg ? ": the previous request's features" : "");
     if (!keep_pos && encode_prompt(p, 0, g->prompt, T, obs, ud)) goto done;
     if (!keep_neg && encode_prompt(p, 1, g->negative_prompt, T, NULL, NULL)) goto done;
-    if (p->opts.release_text_encoder && s->te) {
-        dt_qwen3_free(s->te);
-        s->te = NULL;
-    }
+    dt_family_release_text_encoder(p, &s->te);
     tm->t_encode = dt_now() - t0;
     if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
 
@@ -399,9 +392,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     lat = dt_malloc(sizeof(float) * (size_t)C * N);
     char layout[96];
     snprintf(layout, sizeof layout, "[1, %d, %d, %d] for a %dx%d image", C, h, w, W, H);
-    int have = dt_gen_read_noise(g, lat, (int64_t)C * N, layout);
-    if (have < 0) goto done;
-    if (!have) dt_latents_noise(g->seed, C, h, w, lat);
+    if (dt_gen_noise(g, lat, C, h, w, layout)) goto done;
     x = dt_malloc(sizeof(float) * (size_t)N * C);
     dt_latents_pack(lat, C, h, w, x);
     img_ids = dt_malloc(sizeof(float) * (size_t)N * 4);
@@ -484,10 +475,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     dt_gen_observe(obs, ud, "latents_unpacked", lat_u, 4, 1, lc, 2 * h, 2 * w);
     img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
     if (dt_vae_decode(s->vae, lat_u, 2 * h, 2 * w, img)) goto done;
-    img01 = obs ? dt_malloc(sizeof(float) * 3 * (size_t)H * W) : NULL;
-    rgb = dt_malloc(3 * (size_t)H * W);
-    dt_vae_postprocess(img, H, W, img01, rgb);
-    if (img01) dt_gen_observe(obs, ud, "image_float", img01, 4, 1, H, W, 3);
+    rgb = dt_gen_image_rgb(img, H, W, obs, ud);
     tm->t_decode = dt_now() - tdec;
     tm->t_total = dt_now() - t_start;
     *rgb_out = rgb;
@@ -502,7 +490,7 @@ done:
     }
     klein_edit_free(&ed);
     free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
-    free(lat_u); free(img); free(img01); free(sigmas); free(timesteps); free(rgb); free(noise);
+    free(lat_u); free(img); free(sigmas); free(timesteps); free(rgb); free(noise);
     return rc;
 }
 

@@ -19,11 +19,9 @@
 
 #include "models/krea2.h"
 #include "models/qwen3.h"
-#include "models/vae_flux2.h"   /* dt_vae_postprocess: diffusers image post-processing */
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/krea2_prompt.h"
-#include "pipeline/latents.h"
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
@@ -225,7 +223,7 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     double t0 = t_start;
     int rc = -1;
     float *pos = NULL, *neg = NULL, *lat = NULL, *x = NULL, *v = NULL, *u = NULL, *ids = NULL, *sigmas = NULL,
-          *timesteps = NULL, *img = NULL, *img01 = NULL;
+          *timesteps = NULL, *img = NULL;
     uint8_t *pmask = NULL, *nmask = NULL, *rgb = NULL;
     const int cfg = g->guidance > 0.0f;
     const int vsf = k->vcfg.scale_factor, P = k->patch, z = k->vcfg.z_dim;
@@ -239,10 +237,7 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     if (ensure_te(p)) goto done;
     tm->t_load += dt_now() - t0;
     t0 = dt_now();
-    const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
-    dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", g->max_seq_len);
-    for (int i = 0; i < k->n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", k->taps[i]);
-    dt_log(lv, ")%s\n", cfg ? " and the negative prompt" : "");
+    dt_gen_log_encoding(g, g->max_seq_len, k->taps, k->n_taps, cfg, "");
     int T = 0, Tn = 0;
     if (dt_krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &pos, &pmask, &T)) goto done;
     dt_gen_observe(obs, ud, "prompt_embeds", pos, 4, 1, T, k->n_taps, k->tcfg.hidden);
@@ -256,10 +251,7 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
                                       &nmask, &Tn))
         goto done;
     if (cfg && Tn != T) { dt_set_error("krea2: the negative prompt has %d tokens, the prompt %d", Tn, T); goto done; }
-    if (p->opts.release_text_encoder) {
-        dt_qwen3_free(k->te);
-        k->te = NULL;
-    }
+    dt_family_release_text_encoder(p, &k->te);
     tm->t_encode = dt_now() - t0;
     if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
 
@@ -272,9 +264,7 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     lat = dt_malloc(sizeof(float) * (size_t)z * lh * lw);
     char layout[128];
     snprintf(layout, sizeof layout, "[1, %d, %d, %d], the latent grid before packing, for a %dx%d image", z, lh, lw, W, H);
-    int have = dt_gen_read_noise(g, lat, (int64_t)z * lh * lw, layout);
-    if (have < 0) goto done;
-    if (!have) dt_latents_noise(g->seed, z, lh, lw, lat);
+    if (dt_gen_noise(g, lat, z, lh, lw, layout)) goto done;
     x = dt_malloc(sizeof(float) * (size_t)N * C);
     pack(lat, z, lh, lw, P, x);
     ids = dt_calloc((size_t)(T + N) * 3, sizeof(float));
@@ -313,10 +303,7 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     dt_gen_observe(obs, ud, "latents_unpacked", lat, 4, 1, z, lh, lw);
     img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
     if (dt_qvae_decode(k->vae, lat, lh, lw, img)) goto done;
-    img01 = obs ? dt_malloc(sizeof(float) * 3 * (size_t)H * W) : NULL;
-    rgb = dt_malloc(3 * (size_t)H * W);
-    dt_vae_postprocess(img, H, W, img01, rgb);
-    if (img01) dt_gen_observe(obs, ud, "image_float", img01, 4, 1, H, W, 3);
+    rgb = dt_gen_image_rgb(img, H, W, obs, ud);
     tm->t_decode = dt_now() - tdec;
     tm->t_total = dt_now() - t_start;
     *rgb_out = rgb;
@@ -326,7 +313,7 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     rc = 0;
 done:
     free(pos); free(neg); free(pmask); free(nmask); free(lat); free(x); free(v); free(u); free(ids);
-    free(sigmas); free(timesteps); free(img); free(img01); free(rgb);
+    free(sigmas); free(timesteps); free(img); free(rgb);
     return rc;
 }
 
