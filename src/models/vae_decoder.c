@@ -35,7 +35,7 @@ void vae_shape_str(const st_tensor *t, char *dst, size_t n) {
 
 /* One resnet PREFIX: norm1 [cin], conv1 3×3 cin -> cout, norm2 [cout], conv2 3×3, conv_shortcut 1×1 when cin != cout. */
 static int load_resnet(const vae_loader *ld, const char *prefix, int cin, int cout, vae_resnet *r) {
-    char buf[256];
+    char buf[320];   /* prefix (< 256, from vae_resnets_load) + the longest suffix */
     r->cin = cin;
     r->cout = cout;
     snprintf(buf, sizeof buf, "%s.norm1", prefix);
