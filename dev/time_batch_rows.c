@@ -9,21 +9,6 @@
  *   usage: make dev && build/dev/time_batch_rows   (on a machine with an NVIDIA GPU; DITRUN_SEED=N repeats) */
 #include "gpu_ops.h"
 
-static double time_ms(dt_mat y, dt_mat x, dt_linear *w) {
-    void *e0 = G->event_create(G), *e1 = G->event_create(G);
-    for (int i = 0; i < 3; i++) G->linear(G, y, x, w);
-    double t[20];
-    for (int i = 0; i < 20; i++) {
-        G->event_record(G, e0);
-        G->linear(G, y, x, w);
-        G->event_record(G, e1);
-        t[i] = G->event_elapsed_ms(G, e0, e1);
-    }
-    G->event_destroy(G, e0);
-    G->event_destroy(G, e1);
-    return median(t, 20);
-}
-
 int main(void) {
     int rc = gpu_ops_open("time_batch_rows", NULL);
     if (rc >= 0) return rc;
@@ -50,7 +35,7 @@ int main(void) {
                     dt_mat yv = dt_mat_cols(dt_mat_rows(y, 0, m), 0, shapes[s].n);
                     xv.ld = xv.cols;   /* contiguous views of the first rows */
                     yv.ld = yv.cols;
-                    double ms = time_ms(yv, xv, l);
+                    double ms = linear_ms(yv, xv, l);
                     if (b == 0) one = ms;
                     char nm[96];
                     snprintf(nm, sizeof nm, "%s %s %s x%d", bits ? "q4" : "bf16", shapes[s].name,

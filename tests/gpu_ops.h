@@ -200,8 +200,8 @@ static inline void norm_rope_params(int64_t L, int64_t hd, dt_mat *nw, dt_mat *c
     free(hw); free(hcs);
 }
 
-/* Event timing of G->linear (3 warm-up calls, median of 20): one TIME line with its TFLOPS. */
-static inline void time_linear(const char *name, dt_mat y, dt_mat x, dt_linear *w, int64_t M, int64_t N, int64_t K) {
+/* Event timing of G->linear: 3 warm-up calls, the median of 20, in ms. */
+static inline double linear_ms(dt_mat y, dt_mat x, dt_linear *w) {
     void *e0 = G->event_create(G), *e1 = G->event_create(G);
     for (int i = 0; i < 3; i++) G->linear(G, y, x, w);
     double t[20];
@@ -211,10 +211,15 @@ static inline void time_linear(const char *name, dt_mat y, dt_mat x, dt_linear *
         G->event_record(G, e1);
         t[i] = G->event_elapsed_ms(G, e0, e1);
     }
-    double ms = median(t, 20);
-    printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, 2.0 * M * N * K / (ms * 1e-3) / 1e12);
     G->event_destroy(G, e0);
     G->event_destroy(G, e1);
+    return median(t, 20);
+}
+
+/* linear_ms as one TIME line with its TFLOPS. */
+static inline void time_linear(const char *name, dt_mat y, dt_mat x, dt_linear *w, int64_t M, int64_t N, int64_t K) {
+    double ms = linear_ms(y, x, w);
+    printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, 2.0 * M * N * K / (ms * 1e-3) / 1e12);
 }
 
 #endif

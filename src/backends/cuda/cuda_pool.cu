@@ -75,10 +75,9 @@ static void *pool_alloc(dtc_state *st, size_t bytes, bool use_cache) {
 
 void *dtc_pool_alloc(dtc_state *st, size_t bytes) { return pool_alloc(st, bytes, true); }
 
-void dtc_pool_free(dtc_state *st, void *ptr) {
-    if (!ptr) return;
-    dtc_pool *p = st->pool;
-    std::lock_guard<std::mutex> lk(p->mu);
+/* Take ptr out of the live blocks (the caller holds the lock): its block size. A pointer this pool did not hand out
+ * is a bug: the process stops. */
+static size_t pool_unlive(dtc_pool *p, void *ptr) {
     auto it = p->live.find(ptr);
     if (it == p->live.end()) {
         fprintf(stderr, "ditrun: cuda: free of a pointer not allocated by this backend (%p)\n", ptr);
@@ -87,6 +86,14 @@ void dtc_pool_free(dtc_state *st, void *ptr) {
     size_t rb = it->second;
     p->live.erase(it);
     p->current -= rb;
+    return rb;
+}
+
+void dtc_pool_free(dtc_state *st, void *ptr) {
+    if (!ptr) return;
+    dtc_pool *p = st->pool;
+    std::lock_guard<std::mutex> lk(p->mu);
+    size_t rb = pool_unlive(p, ptr);
     /* Stream-ordered reuse: blocks are freed (and re-allocated) from the main queue's order only; the side queue
      * and the prefetch stream use grow-only scratch, and scratch_grow synchronizes before it frees. */
     p->freeb.emplace(rb, ptr);
@@ -97,13 +104,7 @@ void dtc_pool_free(dtc_state *st, void *ptr) {
 static void pool_free_to_device(dtc_state *st, void *ptr) {
     dtc_pool *p = st->pool;
     std::lock_guard<std::mutex> lk(p->mu);
-    auto it = p->live.find(ptr);
-    if (it == p->live.end()) {
-        fprintf(stderr, "ditrun: cuda: free of a pointer not allocated by this backend (%p)\n", ptr);
-        exit(1);
-    }
-    p->current -= it->second;
-    p->live.erase(it);
+    pool_unlive(p, ptr);
     cudaFree(ptr);
 }
 
