@@ -53,6 +53,13 @@ static void oom(size_t n) {
 void *dt_malloc(size_t n) { void *p = malloc(n ? n : 1); if (!p) oom(n); return p; }
 void *dt_calloc(size_t n, size_t s) { void *p = calloc(n ? n : 1, s ? s : 1); if (!p) oom(n * s); return p; }
 void *dt_realloc(void *q, size_t n) { void *p = realloc(q, n ? n : 1); if (!p) oom(n); return p; }
+void *dt_grow(void *p, size_t *cap, size_t need, size_t first) {
+    if (need <= *cap) return p;
+    size_t c = *cap ? *cap : first;
+    while (need > c) c *= 2;
+    *cap = c;
+    return dt_realloc(p, c);
+}
 char *dt_strdup(const char *s) { size_t n = strlen(s) + 1; char *p = dt_malloc(n); memcpy(p, s, n); return p; }
 
 float dt_f16_to_f32(uint16_t h) {

@@ -62,6 +62,9 @@ void dt_log(int level, const char *fmt, ...) DT_PRINTF(2, 3);
 void *dt_malloc(size_t n);
 void *dt_calloc(size_t n, size_t size);
 void *dt_realloc(void *p, size_t n);
+/* A growable buffer p of *cap bytes (0: none yet) made to hold at least `need`: its capacity doubles from `first`;
+ * returns the (possibly moved) buffer. */
+void *dt_grow(void *p, size_t *cap, size_t need, size_t first);
 char *dt_strdup(const char *s);
 
 /* ---- half-precision conversion (round-to-nearest-even) ---- */

@@ -56,12 +56,7 @@ void json_free(json *j) {
 /* ---- growable byte buffer for strings ---- */
 typedef struct { char *b; size_t n, cap; } sbuf;
 static void sb_put(sbuf *sb, const void *d, size_t n) {
-    if (sb->n + n + 1 > sb->cap) {
-        size_t c = sb->cap ? sb->cap : 32;
-        while (sb->n + n + 1 > c) c *= 2;
-        sb->b = dt_realloc(sb->b, c);
-        sb->cap = c;
-    }
+    sb->b = dt_grow(sb->b, &sb->cap, sb->n + n + 1, 32);
     memcpy(sb->b + sb->n, d, n);
     sb->n += n;
     sb->b[sb->n] = 0;

@@ -347,12 +347,7 @@ float *st_to_f32(const st_tensor *t) {
 
 typedef struct { char *b; size_t n, cap; } strbuf;
 static void sb_add(strbuf *s, const char *d, size_t n) {
-    if (s->n + n + 1 > s->cap) {
-        size_t c = s->cap ? s->cap : 256;
-        while (s->n + n + 1 > c) c *= 2;
-        s->b = dt_realloc(s->b, c);
-        s->cap = c;
-    }
+    s->b = dt_grow(s->b, &s->cap, s->n + n + 1, 256);
     memcpy(s->b + s->n, d, n);
     s->n += n;
     s->b[s->n] = 0;

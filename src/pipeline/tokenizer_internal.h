@@ -88,12 +88,7 @@ static inline void strmap_put(strmap *m, const char *s, size_t n, int32_t id) {
         if (v->id < 0) break;
         if (v->hash == h && v->len == n && !memcmp(m->arena + v->off, s, n)) { v->id = id; return; }
     }
-    if (m->alen + n + 1 > m->acap) {
-        size_t c = m->acap ? m->acap : 4096;
-        while (m->alen + n + 1 > c) c *= 2;
-        m->arena = dt_realloc(m->arena, c);
-        m->acap = c;
-    }
+    m->arena = dt_grow(m->arena, &m->acap, m->alen + n + 1, 4096);
     memcpy(m->arena + m->alen, s, n);
     m->arena[m->alen + n] = 0;
     m->slots[j] = (vslot){h, m->alen, (uint32_t)n, id};
