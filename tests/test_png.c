@@ -15,18 +15,6 @@ static const char *fx(const char *rel) {
     return path_buf;
 }
 
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
 static int contains(const unsigned char *hay, size_t n, const char *needle) {
     size_t m = strlen(needle);
     for (size_t i = 0; i + m <= n; i++)
@@ -76,12 +64,12 @@ int main(void) {
     dt_png_text_free(tb, n_back);
 
     size_t n1 = 0, n2 = 0;
-    unsigned char *b1 = slurp(p1, &n1);
+    unsigned char *b1 = (unsigned char *)t_slurp(p1, &n1);
     T_CHECK("png_chunk_types", b1 && contains(b1, n1, "tEXtprompt") && contains(b1, n1, "iTXtprompt_utf8") &&
                                    !contains(b1, n1, "tIME"),
             "expected tEXt for ASCII values, iTXt for UTF-8, no tIME");
     rc = dt_png_write(p2, img, W, H, text, nt);
-    unsigned char *b2 = slurp(p2, &n2);
+    unsigned char *b2 = (unsigned char *)t_slurp(p2, &n2);
     T_CHECK("png_deterministic", rc == 0 && b1 && b2 && n1 == n2 && !memcmp(b1, b2, n1),
             "two writes of the same input differ (%zu vs %zu bytes)", n1, n2);
     /* in memory: the same bytes as the file */
@@ -123,7 +111,7 @@ int main(void) {
     T_CHECK("png_read_missing", dt_png_read("/nonexistent_dir/x.png", &back, &w, &h, NULL, NULL) != 0, "read ok");
     T_CHECK("png_read_not_png", dt_png_read(fx("pipeline_case.json"), &back, &w, &h, NULL, NULL) != 0, "read ok");
     /* truncated PNG */
-    b1 = slurp(p1, &n1);
+    b1 = (unsigned char *)t_slurp(p1, &n1);
     FILE *f = fopen(p3, "wb");
     if (f && b1) { fwrite(b1, 1, n1 / 2, f); fclose(f); }
     rc = dt_png_read(p3, &back, &w, &h, &tb, &n_back);
