@@ -61,17 +61,25 @@ static void matchset_build(matchset *ms) {
     }
 }
 
+/* The items of a Sequence node's list N[key] (a normalizer's, pre-tokenizer's or post_processor's parts); NULL with
+ * the error set when the list is missing or not an array. */
+static const json *sequence_items(const dt_tokenizer *t, const json *n, const char *key, const char *what) {
+    const json *list = json_get(n, key);
+    if (!list || list->type != JSON_ARRAY) {
+        dt_set_error("%s: Sequence %s without a \"%s\" list", t->path, what, key);
+        return NULL;
+    }
+    return list;
+}
+
 static int parse_normalizer(dt_tokenizer *t, const json *n) {
     if (!n || n->type == JSON_NULL) return 0;
     if (n->type != JSON_OBJECT) { dt_set_error("%s: \"normalizer\" is not an object", t->path); return -1; }
     const char *type = json_get_str(n, "type");
     if (!type) { dt_set_error("%s: normalizer without a \"type\"", t->path); return -1; }
     if (!strcmp(type, "Sequence")) {
-        const json *list = json_get(n, "normalizers");
-        if (!list || list->type != JSON_ARRAY) {
-            dt_set_error("%s: Sequence normalizer without a \"normalizers\" list", t->path);
-            return -1;
-        }
+        const json *list = sequence_items(t, n, "normalizers", "normalizer");
+        if (!list) return -1;
         for (size_t i = 0; i < list->len; i++)
             if (parse_normalizer(t, list->items[i]) < 0) return -1;
         return 0;
@@ -100,11 +108,8 @@ static int parse_pretok_one(dt_tokenizer *t, const json *p, int *seen_bytelevel)
         return -1;
     }
     if (!strcmp(type, "Sequence")) {
-        const json *list = json_get(p, "pretokenizers");
-        if (!list || list->type != JSON_ARRAY) {
-            dt_set_error("%s: Sequence pre-tokenizer without a \"pretokenizers\" list", t->path);
-            return -1;
-        }
+        const json *list = sequence_items(t, p, "pretokenizers", "pre-tokenizer");
+        if (!list) return -1;
         for (size_t i = 0; i < list->len; i++)
             if (parse_pretok_one(t, list->items[i], seen_bytelevel) < 0) return -1;
         return 0;
@@ -172,11 +177,8 @@ static int parse_post(dt_tokenizer *t, const json *p) {
     if (!type) { dt_set_error("%s: post_processor without a \"type\"", t->path); return -1; }
     if (!strcmp(type, "ByteLevel")) return 0;                /* only touches offsets */
     if (!strcmp(type, "Sequence")) {
-        const json *list = json_get(p, "processors");
-        if (!list || list->type != JSON_ARRAY) {
-            dt_set_error("%s: Sequence post_processor without a \"processors\" list", t->path);
-            return -1;
-        }
+        const json *list = sequence_items(t, p, "processors", "post_processor");
+        if (!list) return -1;
         for (size_t i = 0; i < list->len; i++)
             if (parse_post(t, list->items[i]) < 0) return -1;
         return 0;
