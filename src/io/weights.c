@@ -300,6 +300,21 @@ fail:
 
 const char *dt_weights_path(const dt_weights *w) { return w->path; }
 const json *dt_weights_config(const dt_weights *w) { return w->config; }
+
+const json *dt_weights_class_config(const dt_weights *w, const char *dir, const char *cls, const char *family,
+                                    char *what, size_t what_len) {
+    snprintf(what, what_len, "%s/config.json", dir);
+    if (!w->config) {
+        dt_set_error("%s: missing (a %s transformer folder needs its config.json)", what, family);
+        return NULL;
+    }
+    const char *name = json_get_str(w->config, "_class_name");
+    if (name && strcmp(name, cls)) {
+        dt_set_error("%s: _class_name is '%s', expected %s", what, name, cls);
+        return NULL;
+    }
+    return w->config;
+}
 size_t dt_weights_count(const dt_weights *w) { return w->count; }
 const st_tensor *dt_weights_at(const dt_weights *w, size_t i) { return i < w->count ? w->all[i] : NULL; }
 

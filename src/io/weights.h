@@ -66,6 +66,11 @@ dt_weights *dt_weights_open(const char *path);
 void dt_weights_close(dt_weights *w);
 const char *dt_weights_path(const dt_weights *w);
 const json *dt_weights_config(const dt_weights *w);   /* config.json object or NULL */
+/* A model folder's config.json that must be present and, when it names a _class_name, name `cls`; `what` gets
+ * "DIR/config.json" for the caller's later messages, `family` names the model in the missing-file one. NULL with the
+ * error set otherwise. */
+const json *dt_weights_class_config(const dt_weights *w, const char *dir, const char *cls, const char *family,
+                                    char *what, size_t what_len);
 size_t dt_weights_count(const dt_weights *w);
 const st_tensor *dt_weights_at(const dt_weights *w, size_t i);
 const st_tensor *dt_weights_find(const dt_weights *w, const char *name);  /* NULL if absent */

@@ -204,17 +204,10 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
     if (flux2_layout_install(m->w)) { free(dir); flux2_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
-    const json *cfg = dt_weights_config(m->w);
     char what[4200];
-    snprintf(what, sizeof what, "%s/config.json", dir);
+    const json *cfg = dt_weights_class_config(m->w, dir, "Flux2Transformer2DModel", "FLUX.2", what, sizeof what);
     free(dir);
-    if (!cfg) { dt_set_error("%s: missing (a FLUX.2 transformer folder needs its config.json)", what); goto fail; }
-    const char *cls = json_get_str(cfg, "_class_name");
-    if (cls && strcmp(cls, "Flux2Transformer2DModel")) {
-        dt_set_error("%s: _class_name is '%s', expected Flux2Transformer2DModel", what, cls);
-        goto fail;
-    }
-    if (flux2_config_parse(cfg, what, &m->c)) goto fail;
+    if (!cfg || flux2_config_parse(cfg, what, &m->c)) goto fail;
 
     const flux2_config *c = &m->c;
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;

@@ -301,17 +301,10 @@ krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_op
     m->lin.be = be;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
-    const json *cfg = dt_weights_config(m->w);
     char what[4200];
-    snprintf(what, sizeof what, "%s/config.json", dir);
+    const json *cfg = dt_weights_class_config(m->w, dir, "Krea2Transformer2DModel", "Krea 2", what, sizeof what);
     free(dir);
-    if (!cfg) { dt_set_error("%s: missing (a Krea 2 transformer folder needs its config.json)", what); goto fail; }
-    const char *cls = json_get_str(cfg, "_class_name");
-    if (cls && strcmp(cls, "Krea2Transformer2DModel")) {
-        dt_set_error("%s: _class_name is '%s', expected Krea2Transformer2DModel", what, cls);
-        goto fail;
-    }
-    if (krea2_config_parse(cfg, what, &m->c)) goto fail;
+    if (!cfg || krea2_config_parse(cfg, what, &m->c)) goto fail;
     if (o && o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
         dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
         m->lora = dt_lora_load(o->loras, o->n_loras, cat);
