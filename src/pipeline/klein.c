@@ -47,7 +47,8 @@ typedef struct {
                                  * same text and length reuses them instead of running the text encoder again */
     klein_ref_cache refc;       /* the last cacheable edit's reference images and tokens */
     int dit_refs;               /* the DiT holds references (set by an earlier request) */
-    int dit_refs_valid, dit_refs_kv;   /* ... and they are refc's tokens, in that mode (KV: their K|V computed once) */
+    int dit_refs_valid;         /* ... and they are refc's tokens (in the pipeline's own mode: KV, their K|V computed
+                                 * once; inpainting, the other mode, never keeps them) */
 } klein_state;
 
 static int klein_matches(const char *cls) {
@@ -431,12 +432,11 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
      * ones before a request without them or with others */
     const int kv = p->info.kv_refs && !inpaint, keep_refs = cacheable && !s->sp;
     if (ed.r) {
-        if (!(ref_hit && keep_refs && s->dit_refs_valid && s->dit_refs_kv == kv)) {
+        if (!(ref_hit && keep_refs && s->dit_refs_valid)) {
             s->dit_refs_valid = 0;
             if (set_refs(s, ref_hit ? s->refc.tok : ed.ref_tok, ref_hit ? s->refc.ids : ed.ref_ids, ed.r, kv)) goto done;
             s->dit_refs = 1;
             s->dit_refs_valid = keep_refs;
-            s->dit_refs_kv = kv;
         }
         refs_set = !keep_refs;
     } else if (s->dit_refs) {
