@@ -57,18 +57,23 @@ def dequantize_mlx(packed, scales, biases, bits, torch):
     return s * q + b
 
 
-def load_state(folder, torch, device, dtype):
+def load_state(folder, torch, device, dtype, fail=None):
     """Every tensor of the folder's *.safetensors as `dtype` on `device`, MLX-quantized Linears dequantized (their
-    bit width from config.json's "quantization", as ditrun writes it)."""
+    bit width from config.json's "quantization", as ditrun writes it). fail(message) ends the program (default:
+    exit with "reference: error: message"); tools/lora_reference.py passes its own."""
     import struct
 
     import numpy as np
     from safetensors import safe_open
 
+    if fail is None:
+        def fail(msg):
+            sys.exit(f"reference: error: {msg}")
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
-        sys.exit(f"reference: error: no .safetensors in {folder}")
-    q = json.load(open(os.path.join(folder, "config.json"))).get("quantization") or {}
+        fail(f"no .safetensors in {folder}")
+    cfg_path = os.path.join(folder, "config.json")
+    q = (json.load(open(cfg_path)).get("quantization") or {}) if os.path.isfile(cfg_path) else {}
     where = {}
     for f in files:
         with open(f, "rb") as h:   # dtypes from the header: numpy has no bfloat16, so only U32 goes through numpy
@@ -93,7 +98,7 @@ def load_state(folder, torch, device, dtype):
         base = name[: -len(".weight")] if name.endswith(".weight") else None
         if base and where[name][1] == "U32" and base + ".scales" in where:
             if q.get("bits") not in (4, 8):
-                sys.exit(f"reference: error: {name} is quantized but {folder}/config.json has no quantization.bits")
+                fail(f"{name} is quantized but {folder}/config.json has no quantization.bits")
             t = dequantize_mlx(t, get(base + ".scales"), get(base + ".biases"), q["bits"], torch)
         state[name] = t.to(dtype)
     return state

@@ -88,48 +88,10 @@ def default_taps(root):
 
 
 def load_state(folder, torch):
-    """Every tensor of FOLDER's *.safetensors in float32 (the files' bf16 / f32 values exactly), MLX-quantized Linears
-    (NAME.weight U32 + NAME.scales + NAME.biases, bits from config.json's "quantization") dequantized."""
-    import glob
-    import struct
-
-    from safetensors import safe_open
-    from krea2_reference import dequantize_mlx
-
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        fail(f"{folder}: no .safetensors files")
-    cfg_path = os.path.join(folder, "config.json")
-    q = (read_json(cfg_path).get("quantization") or {}) if os.path.isfile(cfg_path) else {}
-    where = {}
-    for f in files:
-        with open(f, "rb") as h:   # dtypes from the header: U32 tensors are read through numpy (any torch)
-            hdr = json.loads(h.read(struct.unpack("<Q", h.read(8))[0]))
-        for k, v in hdr.items():
-            if k != "__metadata__":
-                where[k] = (f, v["dtype"])
-
-    def get(name):
-        f, dtype = where[name]
-        if dtype == "U32":
-            import numpy as np
-            with safe_open(f, framework="np") as h:
-                return torch.from_numpy(h.get_tensor(name).view(np.int32))
-        with safe_open(f, framework="pt") as h:
-            return h.get_tensor(name)
-
-    state = {}
-    for name in where:
-        if name.endswith(".scales") or name.endswith(".biases"):
-            continue
-        t = get(name)
-        base = name[: -len(".weight")] if name.endswith(".weight") else None
-        if base and where[name][1] == "U32" and base + ".scales" in where:
-            if q.get("bits") not in (4, 8):
-                fail(f"{folder}: {name} is quantized but config.json has no quantization.bits")
-            t = dequantize_mlx(t, get(base + ".scales"), get(base + ".biases"), q["bits"], torch)
-        state[name] = t.to(torch.float32)
-    return state
+    """Every tensor of FOLDER's *.safetensors in float32 on the CPU (the files' bf16 / f32 values exactly), MLX-quantized
+    Linears dequantized: tools/krea2_reference.py's loader."""
+    from krea2_reference import load_state as load_folder
+    return load_folder(folder, torch, "cpu", torch.float32, fail=fail)
 
 
 def import_diffusers(src):
