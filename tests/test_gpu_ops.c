@@ -272,6 +272,34 @@ static void test_upsample(int Ch, int h, int w) {
     G->free(G, &gx); G->free(G, &gy); C->free(C, &cx); C->free(C, &cy);
 }
 
+/* image_rgb8 against the host formula (dt_image_u8), byte for byte: random values beyond [-1, 1], the rounding
+ * boundaries k + 0.5 of v/2·255 + 127.5, and NaN / ±inf; from an f32 and a bf16 image. */
+static void test_image_rgb8(int64_t hw, dt_dtype dt) {
+    char name[160];
+    snprintf(name, sizeof name, "image_rgb8 %lld pixels %s", (long long)hw, dt_dtype_name(dt));
+    float *hx = rand_bf((size_t)3 * hw, -1.3f, 1.3f);
+    for (int64_t i = 0; i < 3 * hw && i < 512; i++) hx[i] = ((float)(i % 256) + 0.5f) / 127.5f - 1.0f;
+    hx[3 * hw - 1] = NAN;
+    hx[3 * hw - 2] = INFINITY;
+    hx[3 * hw - 3] = -INFINITY;
+    if (dt == DT_BF16)
+        for (int64_t i = 0; i < 3 * hw; i++) hx[i] = dt_bf16_to_f32(dt_f32_to_bf16(hx[i]));
+    dt_mat gx = dt_alloc_or_die(G, 3, hw, dt);
+    G->upload(G, gx, hx);
+    uint8_t *got = malloc((size_t)hw * 3);
+    memset(got, 0xAB, (size_t)hw * 3);
+    G->image_rgb8(G, got, gx);
+    size_t bad = 0, first = 0;
+    for (int64_t p = 0; p < hw; p++)
+        for (int c = 0; c < 3; c++)
+            if (got[p * 3 + c] != dt_image_u8(hx[(size_t)c * hw + p], NULL) && !bad++) first = (size_t)(p * 3 + c);
+    T_CHECK(name, bad == 0, "%zu of %lld bytes differ from the host formula (first at %zu: %d vs %d)", bad,
+            (long long)(3 * hw), first, bad ? got[first] : 0,
+            bad ? dt_image_u8(hx[(first % 3) * (size_t)hw + first / 3], NULL) : 0);
+    free(got); free(hx);
+    G->free(G, &gx);
+}
+
 static void test_channel_rmsnorm(int Ch, int h, int w, int silu) {
     char name[160];
     snprintf(name, sizeof name, "channel_rmsnorm C=%d %dx%d%s", Ch, h, w, silu ? " +silu" : "");
@@ -417,6 +445,8 @@ int main(void) {
         test_conv2d_strided(1024, 8, 3, 256, 256, 2, 0, 0, 1, 1);  /* im2col in two pixel chunks (K = 9216) */
         test_conv2d_strided(16, 8, 3, 20, 18, 3, 2, 0, 1, 2);      /* another stride, four different pads */
         test_conv2d_strided(128, 3, 3, 32, 32, 1, 1, 1, 1, 1);     /* stride 1 + same padding given per call, 3 outputs */
+        test_image_rgb8(1000003, DT_F32);
+        test_image_rgb8(4096, DT_BF16);
         test_group_norm(256, 64, 64, 32, 1);
         test_group_norm(128, 48, 40, 32, 0);
         test_group_norm(64, 5, 7, 32, 1);

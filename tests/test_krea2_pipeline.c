@@ -185,6 +185,12 @@ static void test_vae(dt_backend *be, k2_case *k, const char *tag, double tol, in
         snprintf(name, sizeof name, "%s vae out.image_u8 within +-%d", tag, px_tol);
         check_pixels(name, u8, ru, (size_t)3 * H * W, px_tol, px_frac);
         free(r);
+        uint8_t *u8b = dt_malloc(3 * (size_t)H * W);
+        snprintf(name, sizeof name, "%s vae decode_rgb8", tag);
+        if (dt_qvae_decode_rgb8(v, lat, lh, lw, u8b)) T_FAIL(name, "%s", dt_last_error());
+        else T_CHECK(name, !memcmp(u8, u8b, (size_t)3 * H * W),   /* the same decoded values, one formula */
+                     "the 8-bit decode differs from decode + dt_vae_postprocess");
+        free(u8b);
     }
     free(tok); free(lat); free(img); free(f01); free(u8);
     dt_qvae_free(v);

@@ -64,6 +64,19 @@ dt_mat dt_param_upload(dt_backend *be, const float *src, int64_t n) {
     return m;
 }
 
+void dt_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x) {
+    if (be->image_rgb8) {
+        be->image_rgb8(be, dst, x);
+        return;
+    }
+    const size_t hw = (size_t)x.cols;
+    float *f = dt_malloc(sizeof(float) * 3 * hw);
+    be->download(be, f, x);
+    for (size_t p = 0; p < hw; p++)
+        for (int ch = 0; ch < 3; ch++) dst[p * 3 + (size_t)ch] = dt_image_u8(f[(size_t)ch * hw + p], NULL);
+    free(f);
+}
+
 void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
                              const dt_linear *w, dt_mat a) {
     be->layernorm_mod(be, a, x, shift, scale, eps);

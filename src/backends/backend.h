@@ -14,6 +14,7 @@
 #ifndef DT_BACKEND_H
 #define DT_BACKEND_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "../core/common.h"
@@ -205,6 +206,10 @@ struct dt_backend {
      * y[c, p] = x[c, p] / max(||x[:, p]||₂, 1e-12) · sqrt(C) · gamma[c] on x [C, H*W]; gamma [1, C] F32
      * (NULL data = 1); silu = 1 applies SiLU to the result. y may alias x. */
     void (*channel_rmsnorm)(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);
+    /* The decoded image x [3, H*W] (values in [-1, 1]) into host dst [H*W, 3] 8-bit RGB, each value as
+     * dt_image_u8 maps it. Synchronizes. Optional (NULL: dt_image_rgb8 downloads f32 and converts on the host);
+     * CUDA converts on the device and copies a quarter of the bytes. */
+    void (*image_rgb8)(dt_backend *be, uint8_t *dst, dt_mat x);
 
     /* ---- 3. fused ops (composed forms: below the struct) ---- */
     /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ): a Linear whose output goes straight into a gated residual (the output
@@ -273,6 +278,18 @@ static inline void dt_linear_gated(dt_backend *be, dt_mat x, dt_mat a, const dt_
         be->gated_add(be, x, gate, y);
     }
 }
+/* One decoded value in [-1, 1] as diffusers' image post-processing maps it: v / 2 + 0.5 clamped to [0, 1] (NaN ->
+ * 0) into *unit (may be NULL), and round-half-even of that · 255 returned. Every path to 8-bit pixels uses this
+ * (the CUDA kernel repeats it operation for operation, so the bytes are the same). */
+static inline uint8_t dt_image_u8(float v, float *unit) {
+    float f = v / 2.0f + 0.5f;
+    if (!(f >= 0.0f)) f = 0.0f;
+    if (f > 1.0f) f = 1.0f;
+    if (unit) *unit = f;
+    return (uint8_t)nearbyintf(f * 255.0f);
+}
+/* image_rgb8 where the backend has it, else download (f32 [3, H*W]) and dt_image_u8 on the host. */
+void dt_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x);
 /* norm_linear and act_linear_gated as two ops each. */
 void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
                              const dt_linear *w, dt_mat a);

@@ -137,7 +137,8 @@ void vae_run_mid_block(dt_backend *be, int groups, const vae_resnet res[2], cons
     vae_run_resnet(be, groups, &res[1], a, h, w);
 }
 
-int vae_decoder_run(dt_backend *be, const vae_decoder *d, const float *latent, int H, int W, float *rgb) {
+int vae_decoder_run(dt_backend *be, const vae_decoder *d, const float *latent, int H, int W, float *rgb,
+                    uint8_t *rgb8) {
     /* largest activation (elements) over every stage */
     int64_t hw = (int64_t)H * W, cap = (int64_t)d->latent * hw;
     if ((int64_t)d->top * hw > cap) cap = (int64_t)d->top * hw;
@@ -189,7 +190,8 @@ int vae_decoder_run(dt_backend *be, const vae_decoder *d, const float *latent, i
     vae_run_norm(be, d->groups, T, vae_view(&a, a.x, last, hw), &d->norm_out, 1);
     dt_mat Y = vae_view(&a, a.y, d->out_channels, hw);
     be->conv2d(be, Y, T, d->conv_out, h, w);
-    be->download(be, rgb, Y);
+    if (rgb8) dt_image_rgb8(be, rgb8, Y);   /* 8-bit pixels converted where the image is (a quarter of the bytes) */
+    else be->download(be, rgb, Y);
     int rc = be->sync(be);
     for (int i = 0; i < 3; i++) be->free(be, &a.buf[i]);
     return rc;

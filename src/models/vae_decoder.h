@@ -97,6 +97,7 @@ void vae_run_mid_block(dt_backend *be, int groups, const vae_resnet res[2], cons
                        int h, int w);
 /* Decode latent [latent, H, W] (f32 host) into rgb [out_channels, s·H, s·W] (f32 host), s = 2^(upsampling blocks).
  * The caller checks H and W. The backend's sync status: 0 ok, -1 error. */
-int vae_decoder_run(dt_backend *be, const vae_decoder *d, const float *latent, int H, int W, float *rgb);
+int vae_decoder_run(dt_backend *be, const vae_decoder *d, const float *latent, int H, int W, float *rgb,
+                    uint8_t *rgb8);
 
 #endif

@@ -322,17 +322,25 @@ int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb) {
         dt_set_error("vae decode: invalid latent size %dx%d", W, H);
         return -1;
     }
-    return vae_decoder_run(v->be, &v->dec, latent, H, W, rgb);
+    return vae_decoder_run(v->be, &v->dec, latent, H, W, rgb, NULL);
+}
+
+int dt_vae_decode_rgb8(dt_vae *v, const float *latent, int H, int W, uint8_t *rgb8) {
+    const dt_vae_config *c = &v->cfg;
+    if (H < 1 || W < 1 || (int64_t)H * c->scale_factor > 65536 || (int64_t)W * c->scale_factor > 65536) {
+        dt_set_error("vae decode: invalid latent size %dx%d", W, H);
+        return -1;
+    }
+    return vae_decoder_run(v->be, &v->dec, latent, H, W, NULL, rgb8);
 }
 
 void dt_vae_postprocess(const float *x, int H, int W, float *img01, uint8_t *u8) {
     const size_t hw = (size_t)H * (size_t)W;
     for (size_t p = 0; p < hw; p++)
         for (int ch = 0; ch < 3; ch++) {
-            float f = x[(size_t)ch * hw + p] / 2.0f + 0.5f;
-            if (!(f >= 0.0f)) f = 0.0f;   /* NaN -> 0 as well */
-            if (f > 1.0f) f = 1.0f;
+            float f;
+            uint8_t b = dt_image_u8(x[(size_t)ch * hw + p], &f);
             if (img01) img01[p * 3 + (size_t)ch] = f;
-            if (u8) u8[p * 3 + (size_t)ch] = (uint8_t)nearbyintf(f * 255.0f);
+            if (u8) u8[p * 3 + (size_t)ch] = b;
         }
 }

@@ -47,6 +47,8 @@ void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int
  * rgb [out_channels, s·H, s·W] (f32 host, nominal range [−1, 1]), s = config scale_factor.
  * 0 ok, -1 error. */
 int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb);
+/* The same into rgb8 [s·H, s·W, 3] 8-bit RGB (dt_vae_postprocess's bytes, converted on the backend). */
+int dt_vae_decode_rgb8(dt_vae *v, const float *latent, int H, int W, uint8_t *rgb8);
 
 /* ---- encoder (vae_flux2_encoder.c): optional, text-to-image never loads it ----
  * Geometry from config.json: block_out_channels (the encoder never uses decoder_block_out_channels),

@@ -274,15 +274,25 @@ static void run_attention(const void *weights, dt_backend *be, int groups, vae_a
     be->free(be, &o);
 }
 
-int dt_qvae_decode(dt_qvae *v, const float *latent, int H, int W, float *rgb) {
-    dt_backend *be = v->be;
+static int qvae_size_ok(const dt_qvae *v, int H, int W) {
     const dt_qvae_config *c = &v->cfg;
     if (H < 1 || W < 1 || (int64_t)H * c->scale_factor > 65536 || (int64_t)W * c->scale_factor > 65536 ||
         (int64_t)H * W > (1LL << 30)) {
         dt_set_error("qwen-image vae decode: invalid latent size %dx%d", W, H);
-        return -1;
+        return 0;
     }
-    int rc = vae_decoder_run(be, &v->dec, latent, H, W, rgb);
+    return 1;
+}
+
+int dt_qvae_decode_rgb8(dt_qvae *v, const float *latent, int H, int W, uint8_t *rgb8) {
+    /* (dt_image_u8 clamps after v / 2 + 0.5: the same bytes as the decode's clamp to [-1, 1] first) */
+    return qvae_size_ok(v, H, W) ? vae_decoder_run(v->be, &v->dec, latent, H, W, NULL, rgb8) : -1;
+}
+
+int dt_qvae_decode(dt_qvae *v, const float *latent, int H, int W, float *rgb) {
+    const dt_qvae_config *c = &v->cfg;
+    if (!qvae_size_ok(v, H, W)) return -1;
+    int rc = vae_decoder_run(v->be, &v->dec, latent, H, W, rgb, NULL);
     const int64_t hw = (int64_t)H * c->scale_factor * W * c->scale_factor;
     for (int64_t i = 0; i < 3 * hw; i++) {
         float f = rgb[i];

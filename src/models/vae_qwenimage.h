@@ -47,5 +47,7 @@ void dt_qvae_denormalize(const dt_qvae_config *c, float *x, int64_t hw);
 /* Decode latent [z_dim, H, W] (f32 host, de-normalized) into rgb [3, s·H, s·W] (f32 host, clamped to
  * [-1, 1] as the VAE's decode does), s = scale_factor. 0 ok, -1 error. */
 int dt_qvae_decode(dt_qvae *v, const float *latent, int H, int W, float *rgb);
+/* The same into rgb8 [s·H, s·W, 3] 8-bit RGB (the pipeline's post-processing, converted on the backend). */
+int dt_qvae_decode_rgb8(dt_qvae *v, const float *latent, int H, int W, uint8_t *rgb8);
 
 #endif

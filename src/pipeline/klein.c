@@ -473,9 +473,14 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     lat_u = dt_malloc(sizeof(float) * (size_t)C * N);
     dt_latents_unpatchify(lat_c, lc, h, w, lat_u);
     dt_gen_observe(obs, ud, "latents_unpacked", lat_u, 4, 1, lc, 2 * h, 2 * w);
-    img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
-    if (dt_vae_decode(s->vae, lat_u, 2 * h, 2 * w, img)) goto done;
-    rgb = dt_gen_image_rgb(img, H, W, obs, ud);
+    if (obs) {   /* the float image is observed too */
+        img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
+        if (dt_vae_decode(s->vae, lat_u, 2 * h, 2 * w, img)) goto done;
+        rgb = dt_gen_image_rgb(img, H, W, obs, ud);
+    } else {
+        rgb = dt_malloc(3 * (size_t)H * W);
+        if (dt_vae_decode_rgb8(s->vae, lat_u, 2 * h, 2 * w, rgb)) goto done;
+    }
     tm->t_decode = dt_now() - tdec;
     tm->t_total = dt_now() - t_start;
     *rgb_out = rgb;

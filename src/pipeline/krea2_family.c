@@ -301,9 +301,14 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     unpack(x, z, lh, lw, P, lat);
     dt_qvae_denormalize(&k->vcfg, lat, (int64_t)lh * lw);
     dt_gen_observe(obs, ud, "latents_unpacked", lat, 4, 1, z, lh, lw);
-    img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
-    if (dt_qvae_decode(k->vae, lat, lh, lw, img)) goto done;
-    rgb = dt_gen_image_rgb(img, H, W, obs, ud);
+    if (obs) {   /* the float image is observed too */
+        img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
+        if (dt_qvae_decode(k->vae, lat, lh, lw, img)) goto done;
+        rgb = dt_gen_image_rgb(img, H, W, obs, ud);
+    } else {
+        rgb = dt_malloc(3 * (size_t)H * W);
+        if (dt_qvae_decode_rgb8(k->vae, lat, lh, lw, rgb)) goto done;
+    }
     tm->t_decode = dt_now() - tdec;
     tm->t_total = dt_now() - t_start;
     *rgb_out = rgb;

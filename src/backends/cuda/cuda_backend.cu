@@ -183,6 +183,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->free = dtc_mat_free;
     be->upload = dtc_upload;
     be->download = dtc_download;
+    be->image_rgb8 = dtc_image_rgb8;
     be->sync = dtc_sync;
     be->mem_stats = dtc_mem_stats;
     be->linear_create = dtc_linear_create;

@@ -146,6 +146,7 @@ void dtc_mat_free(dt_backend *be, dt_mat *m);
 void dtc_mem_stats(dt_backend *be, size_t *current, size_t *peak);
 void dtc_upload(dt_backend *be, dt_mat m, const float *src);
 void dtc_download(dt_backend *be, float *dst, dt_mat m);
+void dtc_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x);
 int dtc_sync(dt_backend *be);
 void *dtc_event_create(dt_backend *be);
 void dtc_event_record(dt_backend *be, void *ev);

@@ -159,6 +159,11 @@ static void tr_download(dt_backend *be, float *dst, dt_mat m) {
     g_tr.real.download(be, dst, m);
     tr_end(be, "download", t0, "[%lld,%lld] (waits for the queue)", (long long)m.rows, (long long)m.cols);
 }
+static void tr_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x) {
+    double t0 = tr_begin();
+    g_tr.real.image_rgb8(be, dst, x);
+    tr_end(be, "image_rgb8", t0, "[%lld,%lld] (waits for the queue)", (long long)x.rows, (long long)x.cols);
+}
 static void tr_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat sh, dt_mat sc, float eps) {
     double t0 = tr_begin();
     g_tr.real.layernorm_mod(be, y, x, sh, sc, eps);
@@ -241,6 +246,7 @@ void dtc_trace_install(dt_backend *be) {
     be->copy = tr_copy;
     be->upload = tr_upload;
     be->download = tr_download;
+    if (be->image_rgb8) be->image_rgb8 = tr_image_rgb8;
     be->layernorm_mod = tr_layernorm_mod;
     be->rmsnorm = tr_rmsnorm;
     be->head_norm_rope = tr_head_norm_rope;

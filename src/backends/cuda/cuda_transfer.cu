@@ -85,6 +85,36 @@ void dtc_download(dt_backend *be, float *dst, dt_mat m) {
     dtc_pool_free(st, tmp);
 }
 
+/* dst[p, ch] = dt_image_u8(x[ch, p]) for the 3 channel rows of x, the host formula operation for operation:
+ * v * 0.5 is exact (as v / 2), so v * 0.5 + 0.5 rounds once whether or not it is fused; then · 255 and
+ * round-half-even. */
+__global__ void k_image_rgb8(uint8_t *dst, dmat x, int64_t hw) {
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < hw; p += (int64_t)gridDim.x * blockDim.x)
+#pragma unroll
+        for (int ch = 0; ch < 3; ch++) {
+            float f = __fadd_rn(__fmul_rn(dm_get(x, ch, p), 0.5f), 0.5f);
+            if (!(f >= 0.0f)) f = 0.0f;
+            if (f > 1.0f) f = 1.0f;
+            dst[p * 3 + ch] = (uint8_t)rintf(__fmul_rn(f, 255.0f));
+        }
+}
+
+void dtc_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(x.rows == 3, "image_rgb8: x is [%lld,%lld], expected 3 channel rows", (long long)x.rows,
+                (long long)x.cols);
+    const int64_t hw = x.cols;
+    if (hw <= 0) return;
+    uint8_t *d = (uint8_t *)dtc_pool_alloc(st, (size_t)hw * 3);
+    if (!d) { fprintf(stderr, "ditrun: cuda: %s\n", dt_last_error()); exit(1); }
+    int64_t b = (hw + 255) / 256;
+    if (b > (int64_t)st->sm_count * 16) b = (int64_t)st->sm_count * 16;
+    k_image_rgb8<<<(unsigned)b, 256, 0, st->q.stream>>>(d, dtc_dm(x), hw);
+    CK_LAUNCH("image_rgb8");
+    d2h_sync(st, dst, d, (size_t)hw * 3);
+    dtc_pool_free(st, d);
+}
+
 int dtc_sync(dt_backend *be) {
     dtc_prefetch_join(dtc(be));
     cudaError_t e = cudaStreamSynchronize(dtc(be)->q.stream);
