@@ -9,6 +9,9 @@
 #     request (the text encoder runs, as in the reference's timing) and once repeating one prompt (the engine
 #     reuses the previous request's prompt features);
 #   - images/s at concurrency 1, 4 and 8;
+#   - with EDITS=N: N edits at concurrency 1 (POST /v1/images/edits, one SIZE² reference, new prompts), once with
+#     two reference images alternating (the VAE encoder runs for every request, as in the reference's timing) and
+#     once repeating one image (the engine reuses the previous edit's reference tokens);
 #   - a load run: LOAD_SECONDS of requests at concurrency 8 (parallel curl; every third one a new prompt), failures
 #     counted, device memory (/metrics and nvidia-smi) sampled every 10 s: it must stay flat.
 # Then, when DIFFUSERS_SRC names a folder holding diffusers/, the reference's warm time on a bf16 pipeline of the
@@ -16,7 +19,7 @@
 #
 #   usage: bash tools/serve_bench.sh            (env below; results in $OUT/serve-summary.txt)
 #   DITRUN=./build/ditrun  W=/dev/shm/ditrun (work folder: pipelines)  OUT=/tmp/ditrun-out
-#   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)
+#   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)  EDITS=0
 #   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8; -cached: --qpath cached, e.g. q4-cached;
 #   ARMS= with DIFFUSERS_SRC: the reference only)  LOAD_SECONDS=600 (0: no load run)
 #   LOAD_ARM=q4  LOAD_ONLY=1 (the load arm's load run alone: no cold start, no concurrency-1 or rate timings)
@@ -30,6 +33,7 @@ OUT=${OUT:-/tmp/ditrun-out}
 SIZE=${SIZE:-1024}
 STEPS=${STEPS:-4}
 N1=${N1:-20}
+EDITS=${EDITS:-0}
 NC=${NC:-32}
 ARMS=${ARMS-q4 bf16 q4-fp8}
 LOAD_SECONDS=${LOAD_SECONDS:-600}
@@ -91,6 +95,14 @@ one() {  # one [BODY_FILE] request: "client_s generate_ms png_ms status" (defaul
     rm -f "$h"
     echo "${r% *} ${gen:-nan} ${png:-nan} ${r#* }"
 }
+edit_one() {  # edit_one IMAGE PROMPT: "client_s generate_ms status" of one edit
+    local h; h=$(mktemp)
+    local r; r=$(curl -s -o /dev/null -D "$h" -w '%{time_total} %{http_code}' -F "image[]=@$1" -F "prompt=$2" \
+        -F "size=${SIZE}x${SIZE}" -F "steps=$STEPS" -F "seed=7" "http://127.0.0.1:$PORT/v1/images/edits")
+    local gen; gen=$(sed -n 's/.*generate;dur=\([0-9.]*\).*/\1/p' "$h")
+    rm -f "$h"
+    echo "${r% *} ${gen:-nan} ${r#* }"
+}
 rate() {  # rate C N: images/s of N requests at concurrency C, and the failures
     local t0 t1 codes
     t0=$(now)
@@ -150,6 +162,26 @@ for arm in $ARMS; do
         log "[$arm] concurrency 1, $N1 requests, $kind (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png per request: median $o ms, max $omax ms; $bad failed"
     done
     for cc in 1 4 8; do log "[$arm] $(rate $cc "$NC")"; done
+    if [ "$EDITS" -gt 0 ]; then
+        for ref in a b; do   # two reference images, made once by this server
+            [ -s "$W/edit-ref-$ref.png" ] || curl -s -X POST --data-binary \
+                "{\"prompt\": \"reference $ref\", \"size\": \"${SIZE}x${SIZE}\", \"steps\": $STEPS, \"seed\": 3}" \
+                "http://127.0.0.1:$PORT/v1/images/generations" | sed 's/.*"b64_json": *"\([^"]*\)".*/\1/' |
+                base64 -d > "$W/edit-ref-$ref.png"
+        done
+        for kind in fresh-reference same-reference; do
+            : > "$OUT/edit-$arm-$kind.txt"
+            for i in $(seq "$EDITS"); do
+                img=$W/edit-ref-a.png
+                [ $kind = fresh-reference ] && [ $((i % 2)) = 0 ] && img=$W/edit-ref-b.png
+                edit_one "$img" "turn the fox into a snow leopard, take $i of $arm $kind" >> "$OUT/edit-$arm-$kind.txt"
+            done
+            g=$(awk 'NR > 1 {print $2}' "$OUT/edit-$arm-$kind.txt" | median)   # (the first edit builds the encoder's plans)
+            c=$(awk 'NR > 1 {print $1 * 1000}' "$OUT/edit-$arm-$kind.txt" | median)
+            bad=$(awk '$3 != 200' "$OUT/edit-$arm-$kind.txt" | wc -l)
+            log "[$arm] edits at concurrency 1, $EDITS requests, one ${SIZE}x${SIZE} reference, $kind (medians after the first): server generate $g ms (images + encode + denoise + decode), client $c ms; $bad failed"
+        done
+    fi
     fi
     log "[$arm] server-side per image (ditrun_image_seconds): $(metric ditrun_image_seconds_sum) s over $(metric ditrun_image_seconds_count) images; device memory $(metric 'ditrun_device_memory_bytes{worker="0"}') B (peak $(metric 'ditrun_device_memory_peak_bytes{worker="0"}') B)"
     if [ "$arm" = "$LOAD_ARM" ] && [ "$LOAD_SECONDS" -gt 0 ]; then
