@@ -51,6 +51,8 @@ struct dt_qwen3 {
         dt_mat k, v;             /* [T, Hkv·hd] */
         dt_mat g, u;             /* [T, I] MLP gate / up */
         dt_mat cosm, sinm;       /* [T, hd] F32 RoPE tables */
+        int32_t *rope_pos;       /* [T] the positions cosm/sinm hold (NULL: not built yet) */
+        int rope_bf16;           /* ... and the inv_freq rounding they were built with */
         dt_mat kbias;            /* [1, T] F32 key bias (padding mask) */
         dt_mat zeros;            /* [T, H·hd] zeros (the outputs of rows before the first real token) */
     } ws;
@@ -331,6 +333,8 @@ static void free_ws(dt_qwen3 *m) {
     dt_mat *mats[] = {&m->ws.x, &m->ws.h, &m->ws.q, &m->ws.a, &m->ws.k, &m->ws.v, &m->ws.g, &m->ws.u,
                       &m->ws.cosm, &m->ws.sinm, &m->ws.kbias, &m->ws.zeros};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_param(m->be, mats[i]);
+    free(m->ws.rope_pos);
+    m->ws.rope_pos = NULL;
     m->ws.T = 0;
 }
 
@@ -458,27 +462,43 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, const in
     if (mask)
         while (first_real < T && !mask[first_real]) first_real++;
 
-    /* Host inputs: embeddings [T, D], RoPE tables [T, hd], key bias [1, T]. */
+    /* Host inputs: embeddings [T, D] (a row repeated from the previous token when the id repeats: the padding),
+     * key bias [1, T]; the RoPE tables [T, hd] only when the positions differ from the previous encode's (a
+     * resident pipeline encodes every request at the same length). */
     float *host = dt_malloc((size_t)T * D * sizeof(float));
-    for (int t = 0; t < T; t++) dt_linear_src_rows_f32(&m->embed, ids[t], 1, host + (size_t)t * D);
-    float *cosb = dt_malloc((size_t)T * hd * sizeof(float)), *sinb = dt_malloc((size_t)T * hd * sizeof(float));
-    const int half = hd / 2;
-    for (int i = 0; i < half; i++) {
-        double inv_freq = pow(c->rope_theta, -2.0 * i / hd);
-        if (m->inv_freq_bf16) inv_freq = dt_bf16_round((float)inv_freq);
-        for (int t = 0; t < T; t++) {
-            double ang = (double)(pos ? pos[t] : t) * inv_freq;
-            float cv = (float)cos(ang), sv = (float)sin(ang);
-            cosb[(size_t)t * hd + i] = cosb[(size_t)t * hd + i + half] = cv;
-            sinb[(size_t)t * hd + i] = sinb[(size_t)t * hd + i + half] = sv;
-        }
+    for (int t = 0; t < T; t++) {
+        if (t > 0 && ids[t] == ids[t - 1]) memcpy(host + (size_t)t * D, host + (size_t)(t - 1) * D, sizeof(float) * D);
+        else dt_linear_src_rows_f32(&m->embed, ids[t], 1, host + (size_t)t * D);
     }
 
     ensure_ws(m, T);
     dt_mat x = m->ws.x, h = m->ws.h, q = m->ws.q, k = m->ws.k, v = m->ws.v, a = m->ws.a, g = m->ws.g, u = m->ws.u;
     dt_mat cosm = m->ws.cosm, sinm = m->ws.sinm;
-    be->upload(be, cosm, cosb);
-    be->upload(be, sinm, sinb);
+    int32_t *want = dt_malloc(sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) want[t] = pos ? pos[t] : t;
+    if (!m->ws.rope_pos || m->ws.rope_bf16 != m->inv_freq_bf16 || memcmp(m->ws.rope_pos, want, sizeof(int32_t) * T)) {
+        float *cosb = dt_malloc((size_t)T * hd * sizeof(float)), *sinb = dt_malloc((size_t)T * hd * sizeof(float));
+        const int half = hd / 2;
+        for (int i = 0; i < half; i++) {
+            double inv_freq = pow(c->rope_theta, -2.0 * i / hd);
+            if (m->inv_freq_bf16) inv_freq = dt_bf16_round((float)inv_freq);
+            for (int t = 0; t < T; t++) {
+                double ang = (double)want[t] * inv_freq;
+                float cv = (float)cos(ang), sv = (float)sin(ang);
+                cosb[(size_t)t * hd + i] = cosb[(size_t)t * hd + i + half] = cv;
+                sinb[(size_t)t * hd + i] = sinb[(size_t)t * hd + i + half] = sv;
+            }
+        }
+        be->upload(be, cosm, cosb);
+        be->upload(be, sinm, sinb);
+        free(cosb);
+        free(sinb);
+        free(m->ws.rope_pos);
+        m->ws.rope_pos = want;
+        m->ws.rope_bf16 = m->inv_freq_bf16;
+    } else {
+        free(want);
+    }
     dt_mat kbias = dt_mat_null(), zeros = dt_mat_null();
     if (mask && deepest > 0) {
         float *kb = dt_malloc((size_t)T * sizeof(float));
@@ -523,7 +543,5 @@ static int encode(dt_qwen3 *m, const int32_t *ids, const int32_t *mask, const in
     int rc = be->sync(be);
 
     free(host);
-    free(cosb);
-    free(sinb);
     return rc == 0 ? 0 : -1;
 }
