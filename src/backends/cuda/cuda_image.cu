@@ -2,9 +2,7 @@
  *   conv2d      stride 1, same-size output: up to 4 output channels (conv_out) a direct kernel; 1x1 convs are one
  *               cuBLASLt GEMM on the input directly; k x k convs
  *               build im2col columns (bf16, in chunks of pixels to bound memory) and run a cuBLASLt GEMM
- *               y[cout, P] = W[cout, cin*k*k] · col[cin*k*k, P]; the bias folded into that GEMM (COL_BIAS_ROWS
- *               more columns of W: the bias's bf16 high and low parts, against rows of ones in col), else added
- *               per output channel in a pass of its own (1x1 convs).
+ *               y[cout, P] = W[cout, cin*k*k] · col[cin*k*k, P]; bias added per output channel.
  *   conv2d_strided  the same with any stride and per-side zero padding (im2col over output pixels).
  *   group_norm  fp32 partial sums per (group, chunk) block, combined in double, then one normalise pass
  *               (gamma/beta, optional fused SiLU).
@@ -17,18 +15,9 @@
 
 struct dt_conv {
     int cout, cin, k, pad;
-    __nv_bfloat16 *w;  /* [cout, ldw]: cin*k*k weights per row, then (folded bias) COL_BIAS_ROWS more columns */
-    int64_t ldw;       /* cin*k*k, or cin*k*k + COL_BIAS_ROWS when the bias is folded into the im2col GEMM */
+    __nv_bfloat16 *w;  /* [cout, cin*k*k] */
     float *bias;       /* [cout] or NULL */
 };
-
-/* A k x k conv's bias as part of its im2col GEMM: W gets COL_BIAS_ROWS more columns (the bias's bf16 high part,
- * the bf16 rounding of the rest, zeros: 8 keeps rows 16-byte aligned) and every column chunk COL_BIAS_ROWS more
- * rows (ones against the two parts, zeros). hi + lo carries the f32 bias to ~2^-17 of it, and the GEMM adds it in
- * its f32 accumulator: no pass over y of its own (~2.5 ms of a 1024² decode). The direct few-output kernel and
- * 1x1 convs keep the f32 bias. */
-#define COL_BIAS_ROWS 8
-static int conv_folds_bias(int cout, int k, const float *bias) { return bias && k > 1 && cout > 4; }
 
 dt_conv *dtc_conv_create(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad) {
     dtc_state *st = dtc(be);
@@ -39,24 +28,14 @@ dt_conv *dtc_conv_create(dt_backend *be, const float *w, const float *bias, int 
     dt_conv *c = (dt_conv *)calloc(1, sizeof(dt_conv));
     if (!c) { dt_set_error("cuda: out of host memory"); return NULL; }
     c->cout = cout; c->cin = cin; c->k = k; c->pad = pad;
-    const int64_t K = (int64_t)cin * k * k;
-    const int fold = conv_folds_bias(cout, k, bias);
-    c->ldw = K + (fold ? COL_BIAS_ROWS : 0);
-    size_t n = (size_t)cout * c->ldw;
+    size_t n = (size_t)cout * cin * k * k;
     c->w = (__nv_bfloat16 *)dtc_pool_alloc(st, n * 2);
     if (!c->w) { free(c); return NULL; }
-    uint16_t *hb = (uint16_t *)calloc(n, 2);
+    uint16_t *hb = (uint16_t *)malloc(n * 2);
     if (!hb) { dt_set_error("cuda: out of host memory"); dtc_pool_free(st, c->w); free(c); return NULL; }
-    for (int o = 0; o < cout; o++) {
-        for (int64_t i = 0; i < K; i++) hb[(size_t)o * c->ldw + i] = dt_f32_to_bf16(w[(size_t)o * K + i]);
-        if (fold) {
-            const uint16_t hi = dt_f32_to_bf16(bias[o]);
-            hb[(size_t)o * c->ldw + K] = hi;
-            hb[(size_t)o * c->ldw + K + 1] = dt_f32_to_bf16(bias[o] - dt_bf16_to_f32(hi));
-        }
-    }
+    for (size_t i = 0; i < n; i++) hb[i] = dt_f32_to_bf16(w[i]);
     CK(cudaMemcpyAsync(c->w, hb, n * 2, cudaMemcpyHostToDevice, st->q.stream));
-    if (bias && !fold) {
+    if (bias) {
         c->bias = (float *)dtc_pool_alloc(st, (size_t)cout * 4);
         if (!c->bias) { CK(cudaStreamSynchronize(st->q.stream)); free(hb); dtc_pool_free(st, c->w); free(c); return NULL; }
         CK(cudaMemcpyAsync(c->bias, bias, (size_t)cout * 4, cudaMemcpyHostToDevice, st->q.stream));
@@ -122,16 +101,6 @@ __global__ void k_im2col8(__nv_bfloat16 *col, int64_t ldc, const __nv_bfloat16 *
             }
         }
         *(uint4 *)(cr + o * 8) = v.u;
-    }
-}
-
-/* Rows K .. K + COL_BIAS_ROWS - 1 of a column chunk (ld ldc, np pixels): ones against the folded bias's two
- * parts, then zeros. */
-__global__ void k_col_bias_rows(__nv_bfloat16 *col, int64_t ldc, int64_t K, int64_t np) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < COL_BIAS_ROWS * np;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / np, p = i - r * np;
-        col[(K + r) * ldc + p] = __float2bfloat16_rn(r < 2 ? 1.f : 0.f);
     }
 }
 
@@ -211,12 +180,11 @@ static void conv_run(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h
         /* yᵀ[HW, cout] = xᵀ[HW, cin] · Wᵀ[cin, cout] */
         dtc_gemm(st, 0, 0, HW, c->cout, K, x.data, x.ld, c->w, K, y.data, y.ld, y.dtype, 1.f, nullptr);
     } else {
-        const int64_t Kg = c->ldw;   /* the GEMM's K: K, or K + COL_BIAS_ROWS with the bias folded in */
-        int64_t P = ((int64_t)1 << 27) / Kg;  /* <= 256 MB of bf16 columns */
+        int64_t P = ((int64_t)1 << 27) / K;  /* <= 256 MB of bf16 columns */
         if (P > HWo) P = HWo;
         P = (P + 7) / 8 * 8;
         if (P < 64) P = 64;
-        __nv_bfloat16 *col = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_conv, (size_t)Kg * P * 2);
+        __nv_bfloat16 *col = (__nv_bfloat16 *)dtc_scratch_get(st, &st->s_conv, (size_t)K * P * 2);
         /* bf16 input, same-size stride-1 conv, rows of whole 8-pixel groups: the vectorised im2col (bands start at
          * multiples of 8) */
         const int vec = same && x.dtype == DT_BF16 && w % 8 == 0 && K < 65536 && dtc_aligned16(x.data) && x.ld % 8 == 0;
@@ -237,14 +205,8 @@ static void conv_run(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h
                                                                    p0, np);
             }
             CK_LAUNCH("im2col");
-            if (Kg > K) {
-                int64_t bb = (COL_BIAS_ROWS * np + 255) / 256;
-                if (bb > (int64_t)st->sm_count * 8) bb = (int64_t)st->sm_count * 8;
-                k_col_bias_rows<<<(unsigned)bb, 256, 0, st->q.stream>>>(col, P, K, np);
-                CK_LAUNCH("col_bias_rows");
-            }
             void *yp = (char *)y.data + (size_t)p0 * dt_dtype_size(y.dtype);
-            dtc_gemm(st, 0, 0, np, c->cout, Kg, col, P, c->w, Kg, yp, y.ld, y.dtype, 1.f, nullptr);
+            dtc_gemm(st, 0, 0, np, c->cout, K, col, P, c->w, K, yp, y.ld, y.dtype, 1.f, nullptr);
         }
     }
     if (c->bias) dtc_add_col_bias(st, y, c->bias);
