@@ -316,22 +316,22 @@ void vae_run_attention(const void *weights, dt_backend *be, int groups, vae_act3
     for (int i = 0; i < 4; i++) be->free(be, &qkvo[i]);
 }
 
-int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb) {
+/* The decoder walk into a float image (rgb) or 8-bit pixels (rgb8), after the latent size check. */
+static int vae_decode_to(dt_vae *v, const float *latent, int H, int W, float *rgb, uint8_t *rgb8) {
     const dt_vae_config *c = &v->cfg;
     if (H < 1 || W < 1 || (int64_t)H * c->scale_factor > 65536 || (int64_t)W * c->scale_factor > 65536) {
         dt_set_error("vae decode: invalid latent size %dx%d", W, H);
         return -1;
     }
-    return vae_decoder_run(v->be, &v->dec, latent, H, W, rgb, NULL);
+    return vae_decoder_run(v->be, &v->dec, latent, H, W, rgb, rgb8);
+}
+
+int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb) {
+    return vae_decode_to(v, latent, H, W, rgb, NULL);
 }
 
 int dt_vae_decode_rgb8(dt_vae *v, const float *latent, int H, int W, uint8_t *rgb8) {
-    const dt_vae_config *c = &v->cfg;
-    if (H < 1 || W < 1 || (int64_t)H * c->scale_factor > 65536 || (int64_t)W * c->scale_factor > 65536) {
-        dt_set_error("vae decode: invalid latent size %dx%d", W, H);
-        return -1;
-    }
-    return vae_decoder_run(v->be, &v->dec, latent, H, W, NULL, rgb8);
+    return vae_decode_to(v, latent, H, W, NULL, rgb8);
 }
 
 void dt_vae_postprocess(const float *x, int H, int W, float *img01, uint8_t *u8) {
