@@ -12,7 +12,8 @@
 #               op and shape of 4 images from one load (DITRUN_CUDA_TRACE)
 #     bench     ditrun bench klein-4B 1024² and 512² (ledger, utilization and floor, arms)
 #     kernels   the kernel timings of dev/ (elementwise and copies, VAE ops, cuDNN vs own attention, first calls,
-#               Linears at 1/2/4 images' rows: what batching requests could save)
+#               Linears at 1/2/4 images' rows: what batching requests could save), and with DIFFUSERS_SRC diffusers'
+#               VAE alone (tools/diffusers_vae_time.py: PyTorch/cuDNN decode and encode, NCHW and channels_last)
 #     krea2     Krea 2 q4 1024² forwards (masked and not) and its bench
 #     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generates (one-shot, --count 4) with two build
 #               folders, alternating, then a checksum and the rel L2 of every output of B against A, the generate's
@@ -172,6 +173,11 @@ if has kernels; then   # PERF: kernel timings (dev/ programs; TIME lines)
         grep -E "^TIME|FAIL|SKIP" "$OUT/$p.log" | tee -a "$OUT/summary.txt"
     done
     unset DITRUN_CUDNN_LIB
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then   # the library's rate for the VAE: diffusers' VAE alone
+        prep p4
+        timeout 300 python3 tools/diffusers_vae_time.py --model "$W/p4" --size 1024 --runs 10 > "$OUT/vae-ref.log" 2>&1
+        log "diffusers VAE rc=$?"; grep "diffusers VAE" "$OUT/vae-ref.log" | tee -a "$OUT/summary.txt"
+    fi
 fi
 
 if has bench; then   # PERF summary: the device-only forward, its ledger and floor
