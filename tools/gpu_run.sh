@@ -243,14 +243,16 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
     unset DITRUN_GEMM_CACHE
 fi
 if has serve || has serveload; then  # ditrun serve (tools/serve_bench.sh): start->ready, first image, warm
-    # server-side time per 1024^2 4-step image and client latency at concurrency 1, images/s at 1/4/8, per arm (q4,
-    # bf16, q4 + --precision fp8); serveload: the same for q4 plus a LOAD_SECONDS (default 540) run at concurrency 8
+    # server-side time per 1024^2 4-step image and client latency at concurrency 1, images/s at 1/4/8, edits with a
+    # new and a repeated reference (EDITS, default 8), per arm (q4, bf16, q4 + --precision fp8, q4 + --qpath cached);
+    # serveload: the same for q4 plus a LOAD_SECONDS (default 540) run at concurrency 8
     [ -d "$W/p4" ] && [ ! -e "$W/p4-q4" ] && ln -s "$W/p4" "$W/p4-q4"   # the q4 pipeline of gen / edit, made once
     if ldd $B | grep -q "not found"; then log "ditrun lacks shared libraries: $(ldd $B | grep 'not found' | tr '\n' ' ')"; fi
     if has serveload; then
         ARMS=${ARMS:-q4} LOAD_SECONDS=${LOAD_SECONDS:-540} OUT=$OUT W=$W DITRUN=$B bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
     else
-        LOAD_SECONDS=0 OUT=$OUT W=$W DITRUN=$B bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
+        ARMS=${ARMS:-q4 bf16 q4-fp8 q4-cached} EDITS=${EDITS:-8} LOAD_SECONDS=0 OUT=$OUT W=$W DITRUN=$B \
+            bash tools/serve_bench.sh > "$OUT/serve-bench.log" 2>&1
     fi
     cat "$OUT/serve-summary.txt" >> "$OUT/summary.txt"
 fi
