@@ -429,6 +429,33 @@ static void test_fixture(dt_backend *cpu, const fixture_case *fc, float **cpu_ou
                                                    strstr(dt_last_error(), "expected"), "%s", dt_last_error());
         cpu->free(cpu, &dev);
         cpu->free(cpu, &wrong);
+        /* the RoPE tables are kept between encodes while the positions (and the inv_freq rounding) stay the same:
+         * explicit positions 0..T-1 give the default ones' values; shifted positions give other values, the same
+         * as a fresh model's; the defaults again, and the rounding switched off and on, give the first values back */
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)fc->T);
+        for (int t = 0; t < fc->T; t++) pos[t] = t;
+        rc = dt_qwen3_encode_at(m, fc->ids, fc->mask, pos, fc->T, taps, 5, again);
+        T_CHECK("qwen3_rope_same_positions", rc == 0 && !memcmp(got, again, n * sizeof(float)), "rc %d", rc);
+        for (int t = 0; t < fc->T; t++) pos[t] = t + 5;
+        rc = dt_qwen3_encode_at(m, fc->ids, fc->mask, pos, fc->T, taps, 5, shortb);
+        dt_qwen3 *fresh = dt_qwen3_load(cpu, dir, 0);
+        float *fresh_out = malloc(n * sizeof(float));
+        if (fresh) dt_qwen3_set_inv_freq_bf16(fresh, 1);
+        int rf = fresh ? dt_qwen3_encode_at(fresh, fc->ids, fc->mask, pos, fc->T, taps, 5, fresh_out) : -1;
+        T_CHECK("qwen3_rope_shifted_positions", rc == 0 && rf == 0 && memcmp(got, shortb, n * sizeof(float)) &&
+                                                    !memcmp(shortb, fresh_out, n * sizeof(float)),
+                "rc %d / %d: shifted positions must change the values and match a fresh model's", rc, rf);
+        rc = dt_qwen3_encode(m, fc->ids, fc->mask, fc->T, taps, 5, again);
+        T_CHECK("qwen3_rope_default_again", rc == 0 && !memcmp(got, again, n * sizeof(float)), "rc %d", rc);
+        dt_qwen3_set_inv_freq_bf16(m, 0);
+        rc = dt_qwen3_encode(m, fc->ids, fc->mask, fc->T, taps, 5, shortb);
+        dt_qwen3_set_inv_freq_bf16(m, 1);
+        rc |= dt_qwen3_encode(m, fc->ids, fc->mask, fc->T, taps, 5, again);
+        T_CHECK("qwen3_rope_inv_freq_rounding_switch", rc == 0 && memcmp(got, shortb, n * sizeof(float)) &&
+                                                           !memcmp(got, again, n * sizeof(float)), "rc %d", rc);
+        dt_qwen3_free(fresh);
+        free(fresh_out);
+        free(pos);
         free(again);
         free(shortb);
     }
