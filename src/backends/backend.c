@@ -69,6 +69,11 @@ void dt_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x) {
         be->image_rgb8(be, dst, x);
         return;
     }
+    if (x.rows != 3) {   /* a caller's bug (the VAEs check out_channels == 3 at load), as the backends' op checks */
+        fprintf(stderr, "ditrun: error: image_rgb8: x is [%lld,%lld], expected 3 channel rows\n", (long long)x.rows,
+                (long long)x.cols);
+        exit(1);
+    }
     const size_t hw = (size_t)x.cols;
     float *f = dt_malloc(sizeof(float) * 3 * hw);
     be->download(be, f, x);
