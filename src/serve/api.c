@@ -9,14 +9,26 @@
 
 #include "io/json.h"
 
-void dt_api_error_set(dt_api_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
+static void error_vset(dt_api_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap) {
     e->status = status;
     e->type = type;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+}
+
+void dt_api_error_set(dt_api_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    error_vset(e, status, type, param, fmt, ap);
     va_end(ap);
+}
+
+int dt_api_invalid(dt_api_error *e, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, 400, "invalid_request_error", param, fmt, ap);
+    va_end(ap);
+    return -1;
 }
 
 void dt_api_error_json(dt_strbuf *out, const dt_api_error *e) {
@@ -27,18 +39,6 @@ void dt_api_error_json(dt_strbuf *out, const dt_api_error *e) {
     sb_puts(out, ", \"param\": ");
     sb_json_cstr(out, e->param[0] ? e->param : NULL);
     sb_puts(out, ", \"code\": null}}\n");
-}
-
-static int bad(dt_api_error *e, const char *param, const char *fmt, ...) DT_PRINTF(3, 4);
-static int bad(dt_api_error *e, const char *param, const char *fmt, ...) {
-    e->status = 400;
-    e->type = "invalid_request_error";
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
 }
 
 static const char *type_name(const json *j) {
@@ -59,10 +59,11 @@ static int get_int(const json *root, const char *key, int64_t lo, int64_t hi, in
     if (given) *given = 0;
     if (!j || j->type == JSON_NULL) return 0;
     if (j->type != JSON_NUMBER || !j->is_integer)
-        return bad(e, key, "'%s' must be an integer, not %s", key, j->type == JSON_NUMBER ? "a fraction" : type_name(j));
+        return dt_api_invalid(e, key, "'%s' must be an integer, not %s", key,
+                              j->type == JSON_NUMBER ? "a fraction" : type_name(j));
     if (j->integer < lo || j->integer > hi)
-        return bad(e, key, "'%s' is %lld; it must be between %lld and %lld", key, (long long)j->integer, (long long)lo,
-                   (long long)hi);
+        return dt_api_invalid(e, key, "'%s' is %lld; it must be between %lld and %lld", key, (long long)j->integer,
+                              (long long)lo, (long long)hi);
     *out = j->integer;
     if (given) *given = 1;
     return 0;
@@ -73,8 +74,8 @@ static int get_str(const json *root, const char *key, const char **out, dt_api_e
     const json *j = json_get(root, key);
     *out = NULL;
     if (!j || j->type == JSON_NULL) return 0;
-    if (j->type != JSON_STRING) return bad(e, key, "'%s' must be a string, not %s", key, type_name(j));
-    if (strlen(j->str) != j->len) return bad(e, key, "'%s' contains a NUL character", key);
+    if (j->type != JSON_STRING) return dt_api_invalid(e, key, "'%s' must be a string, not %s", key, type_name(j));
+    if (strlen(j->str) != j->len) return dt_api_invalid(e, key, "'%s' contains a NUL character", key);
     *out = j->str;
     return 0;
 }
@@ -102,14 +103,14 @@ static int parse_size(const char *s, int64_t *w, int64_t *h) {
 static int check_size(const dt_api_limits *lim, int64_t w, int64_t h, dt_api_error *e) {
     const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
     if (w * h > lim->max_pixels)
-        return bad(e, "size", "'size' %lldx%lld is %lld pixels, over this server's limit of %lld", (long long)w,
-                   (long long)h, (long long)(w * h), (long long)lim->max_pixels);
+        return dt_api_invalid(e, "size", "'size' %lldx%lld is %lld pixels, over this server's limit of %lld",
+                              (long long)w, (long long)h, (long long)(w * h), (long long)lim->max_pixels);
     if (w % mult || h % mult)
-        return bad(e, "size", "'size' %lldx%lld: width and height must be multiples of %d", (long long)w, (long long)h,
-                   mult);
+        return dt_api_invalid(e, "size", "'size' %lldx%lld: width and height must be multiples of %d", (long long)w,
+                              (long long)h, mult);
     if (w > lim->info.max_side || h > lim->info.max_side)
-        return bad(e, "size", "'size' %lldx%lld: this model allows at most %d pixels a side", (long long)w, (long long)h,
-                   lim->info.max_side);
+        return dt_api_invalid(e, "size", "'size' %lldx%lld: this model allows at most %d pixels a side", (long long)w,
+                              (long long)h, lim->info.max_side);
     return 0;
 }
 
@@ -130,38 +131,44 @@ static int known(const char *key, int edit) {
 
 int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, int edit,
                         dt_api_request *r, dt_api_error *e) {
-    if (root->type != JSON_OBJECT) return bad(e, NULL, "the request body must be a JSON object, not %s", type_name(root));
+    if (root->type != JSON_OBJECT)
+        return dt_api_invalid(e, NULL, "the request body must be a JSON object, not %s", type_name(root));
     for (size_t i = 0; i < root->len; i++) {
         int ok = known(root->keys[i], edit);
         if (!ok) {
             char shown[40];
             snprintf(shown, sizeof shown, "%s", root->keys[i]);
-            return bad(e, shown, "unknown parameter '%s'", shown);
+            return dt_api_invalid(e, shown, "unknown parameter '%s'", shown);
         }
         for (size_t k = 0; k < i; k++)
-            if (!strcmp(root->keys[i], root->keys[k])) return bad(e, root->keys[i], "'%s' is given twice", root->keys[i]);
+            if (!strcmp(root->keys[i], root->keys[k]))
+                return dt_api_invalid(e, root->keys[i], "'%s' is given twice", root->keys[i]);
     }
     const char *s;
     /* prompt */
     if (get_str(root, "prompt", &s, e)) return -1;
-    if (!s) return bad(e, "prompt", "'prompt' is required");
-    if (!s[0]) return bad(e, "prompt", "'prompt' is empty");
+    if (!s) return dt_api_invalid(e, "prompt", "'prompt' is required");
+    if (!s[0]) return dt_api_invalid(e, "prompt", "'prompt' is empty");
     r->prompt = dt_strdup(s);
     if (get_str(root, "negative_prompt", &s, e)) return -1;
     r->negative_prompt = dt_strdup(s ? s : "");
     /* model: only the one this server has (a name, never a path) */
     if (get_str(root, "model", &s, e)) return -1;
     if (s && strcmp(s, lim->model_id ? lim->model_id : ""))
-        return bad(e, "model", "model '%.60s' is not served here (this server has '%s')", s, lim->model_id);
+        return dt_api_invalid(e, "model", "model '%.60s' is not served here (this server has '%s')", s, lim->model_id);
     /* response_format: b64_json only (no file is ever stored on the server to link to) */
     if (get_str(root, "response_format", &s, e)) return -1;
     if (s && strcmp(s, "b64_json"))
-        return bad(e, "response_format", "response_format '%.40s' is not supported (only b64_json: images are not "
-                   "stored on the server)", s);
+        return dt_api_invalid(e, "response_format",
+                              "response_format '%.40s' is not supported (only b64_json: images are not "
+                              "stored on the server)",
+                              s);
     if (get_str(root, "output_format", &s, e)) return -1;
-    if (s && strcmp(s, "png")) return bad(e, "output_format", "output_format '%.40s' is not supported (only png)", s);
-    for (const char *const *f = (const char *const[]){"user", "quality", "style", "moderation", "background",
-                                                      "input_fidelity", NULL}; *f; f++)
+    if (s && strcmp(s, "png"))
+        return dt_api_invalid(e, "output_format", "output_format '%.40s' is not supported (only png)", s);
+    for (const char *const *f =
+             (const char *const[]){"user", "quality", "style", "moderation", "background", "input_fidelity", NULL};
+         *f; f++)
         if (get_str(root, *f, &s, e)) return -1;
     /* n */
     int64_t v = 1;
@@ -173,9 +180,11 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
     if (s && !strcmp(s, "auto") && edit) {
         w = h = 0;
     } else if (s && strcmp(s, "auto")) {
-        if (parse_size(s, &w, &h)) return bad(e, "size", "'size' must look like 1024x768 (WIDTHxHEIGHT), not '%.40s'", s);
-        if (w <= 0 || h <= 0) return bad(e, "size", "'size' %lldx%lld: width and height must be positive", (long long)w,
-                                         (long long)h);
+        if (parse_size(s, &w, &h))
+            return dt_api_invalid(e, "size", "'size' must look like 1024x768 (WIDTHxHEIGHT), not '%.40s'", s);
+        if (w <= 0 || h <= 0)
+            return dt_api_invalid(e, "size", "'size' %lldx%lld: width and height must be positive", (long long)w,
+                                  (long long)h);
     }
     if ((w || h) && check_size(lim, w, h, e)) return -1;
     r->width = (int)w;
@@ -186,48 +195,52 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
     if (get_int(root, "steps", 1, lim->max_steps, &v, &given, e)) return -1;
     r->steps = (int)v;
     if (!given && lim->info.default_steps > lim->max_steps)
-        return bad(e, "steps", "this model's default of %d steps is over this server's limit of %d: give 'steps'",
-                   lim->info.default_steps, lim->max_steps);
+        return dt_api_invalid(e, "steps",
+                              "this model's default of %d steps is over this server's limit of %d: give 'steps'",
+                              lim->info.default_steps, lim->max_steps);
     v = 0;
     if (get_int(root, "seed", 0, INT64_MAX, &v, &r->seed_given, e)) return -1;
     r->seed = r->seed_given ? (uint64_t)v : seed_if_absent;
     const json *g = json_get(root, "guidance");
     r->guidance = -1;
     if (g && g->type != JSON_NULL) {
-        if (g->type != JSON_NUMBER) return bad(e, "guidance", "'guidance' must be a number, not %s", type_name(g));
+        if (g->type != JSON_NUMBER)
+            return dt_api_invalid(e, "guidance", "'guidance' must be a number, not %s", type_name(g));
         if (!(g->number >= 0 && g->number <= 100))
-            return bad(e, "guidance", "'guidance' is %g; it must be between 0 and 100", g->number);
+            return dt_api_invalid(e, "guidance", "'guidance' is %g; it must be between 0 and 100", g->number);
         r->guidance = (float)g->number;
         r->guidance_given = 1;
     }
     if (edit) {
         const json *sj = json_get(root, "strength");
         if (sj && sj->type != JSON_NULL) {
-            if (sj->type != JSON_NUMBER) return bad(e, "strength", "'strength' must be a number, not %s", type_name(sj));
+            if (sj->type != JSON_NUMBER)
+                return dt_api_invalid(e, "strength", "'strength' must be a number, not %s", type_name(sj));
             if (!(sj->number > 0 && sj->number <= 1))
-                return bad(e, "strength", "'strength' is %g; it must be in (0, 1]", sj->number);
-            if (!r->inpaint) return bad(e, "strength", "'strength' applies to inpainting (send a 'mask')");
+                return dt_api_invalid(e, "strength", "'strength' is %g; it must be in (0, 1]", sj->number);
+            if (!r->inpaint) return dt_api_invalid(e, "strength", "'strength' applies to inpainting (send a 'mask')");
             r->strength = sj->number;
         }
     }
     const json *st = json_get(root, "stream");
     if (st && st->type != JSON_NULL) {
-        if (st->type != JSON_BOOL) return bad(e, "stream", "'stream' must be true or false, not %s", type_name(st));
+        if (st->type != JSON_BOOL)
+            return dt_api_invalid(e, "stream", "'stream' must be true or false, not %s", type_name(st));
         r->stream = st->boolean;
     }
     /* the engine's own checks, as a last word (the model's limits) */
     dt_gen_params gp;
     dt_api_gen_params(r, lim, 0, &gp);
-    if (dt_gen_params_resolve(&lim->info, &gp)) return bad(e, NULL, "%s", dt_last_error());
+    if (dt_gen_params_resolve(&lim->info, &gp)) return dt_api_invalid(e, NULL, "%s", dt_last_error());
     return 0;
 }
 
 int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *lim, uint64_t seed_if_absent,
                             dt_api_request *r, dt_api_error *e) {
     memset(r, 0, sizeof *r);
-    if (len == 0) return bad(e, NULL, "the request has no body (a JSON object with at least 'prompt')");
+    if (len == 0) return dt_api_invalid(e, NULL, "the request has no body (a JSON object with at least 'prompt')");
     json *root = json_parse(body, len, "request body");
-    if (!root) return bad(e, NULL, "%s", dt_last_error());
+    if (!root) return dt_api_invalid(e, NULL, "%s", dt_last_error());
     int rc = dt_api_check_fields(root, lim, seed_if_absent, 0, r, e);
     json_free(root);
     if (rc) dt_api_request_free(r);

@@ -61,6 +61,8 @@ typedef struct {
 
 void dt_api_error_set(dt_api_error *e, int status, const char *type, const char *param, const char *fmt, ...)
     DT_PRINTF(5, 6);
+/* A 400 invalid_request_error about PARAM (NULL: none); returns -1, for `return dt_api_invalid(...)`. */
+int dt_api_invalid(dt_api_error *e, const char *param, const char *fmt, ...) DT_PRINTF(3, 4);
 /* {"error": {"message": ..., "type": ..., "param": ..., "code": null}} */
 void dt_api_error_json(dt_strbuf *out, const dt_api_error *e);
 

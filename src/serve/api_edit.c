@@ -11,18 +11,6 @@
 #include "image/edit_prep.h"
 #include "serve/api.h"
 
-static int bad(dt_api_error *e, const char *param, const char *fmt, ...) DT_PRINTF(3, 4);
-static int bad(dt_api_error *e, const char *param, const char *fmt, ...) {
-    e->status = 400;
-    e->type = "invalid_request_error";
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* ---- the form ---- */
 
 void dt_api_form_init(dt_api_form *f) { memset(f, 0, sizeof *f); }
@@ -40,21 +28,22 @@ static int is_image_key(const char *k) { return !strcmp(k, "image[]") || !strcmp
 
 int dt_api_form_add(dt_api_form *f, const char *key, const char *filename, const char *data, uint64_t off,
                     size_t size, dt_api_error *e) {
-    if (!key || !key[0]) return bad(e, NULL, "a form part has no name");
+    if (!key || !key[0]) return dt_api_invalid(e, NULL, "a form part has no name");
     dt_api_part *p = f->n ? &f->parts[f->n - 1] : NULL;
     /* a new part: the first piece of one (off 0), unless the last part has this name and nothing yet (a first
      * empty piece libmicrohttpd may hand over before the data) */
     int fresh = !p || strcmp(p->key, key) || (off == 0 && p->data.len > 0);
     if (fresh) {
-        if (f->n == DT_API_MAX_PARTS) return bad(e, NULL, "the form has more than %d parts", DT_API_MAX_PARTS);
+        if (f->n == DT_API_MAX_PARTS)
+            return dt_api_invalid(e, NULL, "the form has more than %d parts", DT_API_MAX_PARTS);
         p = &f->parts[f->n++];
         p->key = dt_strdup(key);
         p->filename = filename ? dt_strdup(filename) : NULL;
         sb_init(&p->data);
     }
-    if (off != p->data.len) return bad(e, key, "form part '%.40s' arrived out of order", key);
+    if (off != p->data.len) return dt_api_invalid(e, key, "form part '%.40s' arrived out of order", key);
     if (!is_image_key(key) && p->data.len + size > DT_API_MAX_FIELD)
-        return bad(e, key, "form field '%.40s' is over %u bytes", key, DT_API_MAX_FIELD);
+        return dt_api_invalid(e, key, "form field '%.40s' is over %u bytes", key, DT_API_MAX_FIELD);
     if (size) sb_putn(&p->data, data, size);
     f->bytes += size;
     return 0;
@@ -113,10 +102,11 @@ static int decode_upload(const dt_api_part *p, const char *what, const char *par
     char nm[200];
     if (p->filename && p->filename[0]) snprintf(nm, sizeof nm, "%s '%.120s'", what, p->filename);
     else snprintf(nm, sizeof nm, "%s", what);
-    if (!p->data.len) return bad(e, param, "%s is empty", nm);
-    if (dt_image_decode((const uint8_t *)p->data.data, p->data.len, nm, out)) return bad(e, param, "%s", dt_last_error());
+    if (!p->data.len) return dt_api_invalid(e, param, "%s is empty", nm);
+    if (dt_image_decode((const uint8_t *)p->data.data, p->data.len, nm, out))
+        return dt_api_invalid(e, param, "%s", dt_last_error());
     if ((int64_t)out->w * out->h > DT_API_MAX_IMAGE_PIXELS) {
-        bad(e, param, "%s is %dx%d; this server takes at most %lld pixels per image", nm, out->w, out->h,
+        dt_api_invalid(e, param, "%s is %dx%d; this server takes at most %lld pixels per image", nm, out->w, out->h,
             (long long)DT_API_MAX_IMAGE_PIXELS);
         dt_image_free(out);
         return -1;
@@ -132,16 +122,16 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
     for (int i = 0; i < f->n; i++) {
         const dt_api_part *p = &f->parts[i];
         if (!strcmp(p->key, "mask")) {
-            if (mask) return bad(e, "mask", "'mask' is given twice");
+            if (mask) return dt_api_invalid(e, "mask", "'mask' is given twice");
             mask = p;
         } else if (is_image_key(p->key)) {
             n_img++;
         }
     }
-    if (!n_img) return bad(e, "image", "an edit needs at least one image ('image[]' file parts)");
+    if (!n_img) return dt_api_invalid(e, "image", "an edit needs at least one image ('image[]' file parts)");
     r->inpaint = mask != NULL;
     if (n_img - r->inpaint > DT_GEN_MAX_REFS)
-        return bad(e, "image", "%d images: at most %d references%s", n_img, DT_GEN_MAX_REFS,
+        return dt_api_invalid(e, "image", "%d images: at most %d references%s", n_img, DT_GEN_MAX_REFS,
                    r->inpaint ? " besides the image to inpaint" : "");
     int k = 0;
     for (int i = 0; i < f->n; i++) {
@@ -169,14 +159,15 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
  * ratio, the mask's size, and the output size against the server's limits. */
 static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_error *e) {
     for (int i = 0; i < r->n_refs; i++)
-        if (dt_prep_check_reference(&r->refs[i], r->ref_names[i])) return bad(e, "image", "%s", dt_last_error());
+        if (dt_prep_check_reference(&r->refs[i], r->ref_names[i]))
+            return dt_api_invalid(e, "image", "%s", dt_last_error());
     const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
     int w = r->width, h = r->height;
     const dt_image *first = r->inpaint ? &r->init : &r->refs[0];
     if (r->inpaint) {
         if (r->mask.w != r->init.w || r->mask.h != r->init.h)
-            return bad(e, "mask", "the mask is %dx%d; it must have the size of the image to inpaint (%dx%d)", r->mask.w,
-                       r->mask.h, r->init.w, r->init.h);
+            return dt_api_invalid(e, "mask", "the mask is %dx%d; it must have the size of the image to inpaint (%dx%d)",
+                                  r->mask.w, r->mask.h, r->init.w, r->init.h);
         w = h = 0;   /* inpainting keeps the init image's size */
     }
     if (!w || !h) {
@@ -185,11 +176,12 @@ static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_erro
         if (!w) w = aw / mult * mult;
         if (!h) h = ah / mult * mult;
         if (w < mult || h < mult)
-            return bad(e, "image", "%s gives a %dx%d image; at least %d pixels a side are needed",
+            return dt_api_invalid(e, "image", "%s gives a %dx%d image; at least %d pixels a side are needed",
                        r->inpaint ? r->init_name : r->ref_names[0], w, h, mult);
         if ((int64_t)w * h > lim->max_pixels)
-            return bad(e, "image", "the output would be %dx%d = %lld pixels, over this server's limit of %lld", w, h,
-                       (long long)w * h, (long long)lim->max_pixels);
+            return dt_api_invalid(e, "image",
+                                  "the output would be %dx%d = %lld pixels, over this server's limit of %lld", w, h,
+                                  (long long)w * h, (long long)lim->max_pixels);
     }
     return 0;
 }
@@ -198,7 +190,7 @@ int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t s
                       dt_api_error *e) {
     memset(r, 0, sizeof *r);
     if (!lim->info.editing)
-        return bad(e, NULL, "this model (%s) does not edit images; only /v1/images/generations",
+        return dt_api_invalid(e, NULL, "this model (%s) does not edit images; only /v1/images/generations",
                    lim->info.family ? lim->info.family : "?");
     /* the text fields as one JSON object (a name given twice is refused by the shared checks) */
     dt_strbuf j;
@@ -210,11 +202,11 @@ int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t s
         if (is_image_key(p->key)) continue;
         if (strlen(p->key) > 40) {
             sb_free(&j);
-            return bad(e, NULL, "unknown parameter '%.40s...'", p->key);
+            return dt_api_invalid(e, NULL, "unknown parameter '%.40s...'", p->key);
         }
         if (memchr(p->data.data ? p->data.data : "", 0, p->data.len)) {
             sb_free(&j);
-            return bad(e, p->key, "'%s' contains a NUL character", p->key);
+            return dt_api_invalid(e, p->key, "'%s' contains a NUL character", p->key);
         }
         if (nf++) sb_puts(&j, ", ");
         field_json(&j, p);
@@ -222,7 +214,7 @@ int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t s
     sb_puts(&j, "}");
     json *root = json_parse(j.data, j.len, "edit request fields");
     sb_free(&j);
-    if (!root) return bad(e, NULL, "%s", dt_last_error());
+    if (!root) return dt_api_invalid(e, NULL, "%s", dt_last_error());
     int rc = decode_images(f, r, e);
     if (rc == 0) rc = dt_api_check_fields(root, lim, seed_if_absent, 1, r, e);
     if (rc == 0) rc = check_images(lim, r, e);
