@@ -77,9 +77,18 @@ void dt_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x) {
     const size_t hw = (size_t)x.cols;
     float *f = dt_malloc(sizeof(float) * 3 * hw);
     be->download(be, f, x);
-    for (size_t p = 0; p < hw; p++)
-        for (int ch = 0; ch < 3; ch++) dst[p * 3 + (size_t)ch] = dt_image_u8(f[(size_t)ch * hw + p], NULL);
+    dt_image_planes_u8(f, hw, dst, NULL);
     free(f);
+}
+
+void dt_image_planes_u8(const float *x, size_t hw, uint8_t *u8, float *unit) {
+    for (size_t p = 0; p < hw; p++)
+        for (int ch = 0; ch < 3; ch++) {
+            float f;
+            const uint8_t b = dt_image_u8(x[(size_t)ch * hw + p], &f);
+            if (unit) unit[p * 3 + (size_t)ch] = f;
+            if (u8) u8[p * 3 + (size_t)ch] = b;
+        }
 }
 
 void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,

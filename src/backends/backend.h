@@ -288,7 +288,10 @@ static inline uint8_t dt_image_u8(float v, float *unit) {
     if (unit) *unit = f;
     return (uint8_t)nearbyintf(f * 255.0f);
 }
-/* image_rgb8 where the backend has it, else download (f32 [3, H*W]) and dt_image_u8 on the host. */
+/* Host planes x [3, hw] to interleaved u8 [hw, 3] by dt_image_u8 (u8 may be NULL), and the clamped values to unit
+ * [hw, 3] (may be NULL). */
+void dt_image_planes_u8(const float *x, size_t hw, uint8_t *u8, float *unit);
+/* image_rgb8 where the backend has it, else download (f32 [3, H*W]) and dt_image_planes_u8 on the host. */
 void dt_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x);
 /* norm_linear and act_linear_gated as two ops each. */
 void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,

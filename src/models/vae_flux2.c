@@ -335,12 +335,5 @@ int dt_vae_decode_rgb8(dt_vae *v, const float *latent, int H, int W, uint8_t *rg
 }
 
 void dt_vae_postprocess(const float *x, int H, int W, float *img01, uint8_t *u8) {
-    const size_t hw = (size_t)H * (size_t)W;
-    for (size_t p = 0; p < hw; p++)
-        for (int ch = 0; ch < 3; ch++) {
-            float f;
-            uint8_t b = dt_image_u8(x[(size_t)ch * hw + p], &f);
-            if (img01) img01[p * 3 + (size_t)ch] = f;
-            if (u8) u8[p * 3 + (size_t)ch] = b;
-        }
+    dt_image_planes_u8(x, (size_t)H * (size_t)W, u8, img01);
 }
