@@ -167,7 +167,9 @@ for arm in $ARMS; do
             [ -s "$W/edit-ref-$ref.png" ] || curl -s -X POST --data-binary \
                 "{\"prompt\": \"reference $ref\", \"size\": \"${SIZE}x${SIZE}\", \"steps\": $STEPS, \"seed\": 3}" \
                 "http://127.0.0.1:$PORT/v1/images/generations" | sed 's/.*"b64_json": *"\([^"]*\)".*/\1/' |
-                base64 -d > "$W/edit-ref-$ref.png"
+                base64 -d > "$W/edit-ref-$ref.png.tmp" && [ -s "$W/edit-ref-$ref.png.tmp" ] &&
+                mv "$W/edit-ref-$ref.png.tmp" "$W/edit-ref-$ref.png"   # (a failed request leaves no reference behind)
+            rm -f "$W/edit-ref-$ref.png.tmp"
         done
         for kind in fresh-reference same-reference; do
             : > "$OUT/edit-$arm-$kind.txt"
