@@ -27,6 +27,8 @@ void dt_serve_opts_default(dt_serve_opts *o) {
     o->max_queue = 16;
     o->max_pixels = 2048 * 2048;
     o->max_steps = 100;
+    o->request_timeout = 60;
+    o->max_client_connections = 32;
 }
 
 uint64_t dt_server_seed(dt_server *s) {
