@@ -4,8 +4,8 @@
  * its job (a half-closed one, which only shut its write side, still gets its answer). Hostile clients: a deadline
  * for a whole request per connection (a sweeper thread closes connections past it, however slowly they trickle
  * bytes), a connection limit per client address, a Host that must name this server (421: DNS rebinding), the
- * body's Content-Type (415: cross-site "simple" requests), ambiguous framing (400), a NUL in the path (400), our
- * own 414 / 431 below libmicrohttpd's limits. Every 4xx/5xx answer made here is an OpenAI error object (api.h). */
+ * body's Content-Type (415: cross-site "simple" requests) and a POST's Origin (403), ambiguous framing (400), a NUL
+ * in the path (400), our own 414 / 431 below libmicrohttpd's limits. Every 4xx/5xx answer made here is an OpenAI error object (api.h). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -205,6 +205,7 @@ static int authorized(dt_server *s, struct MHD_Connection *c) {
 static const char *error_type(int status) {
     switch (status) {
     case 401: return "authentication_error";
+    case 403: return "permission_error";
     case 404: return "not_found_error";
     case 429: return "rate_limit_error";
     case 501: return "not_implemented_error";
@@ -580,6 +581,14 @@ static int host_allowed(const dt_server *s, const char *host) {
     return 0;
 }
 
+/* A POST a browser sent from another site's page: its Origin is neither this server's own (http:// and the Host it
+ * was sent to: the page at GET /) nor the --cors origin. Clients other than browsers send no Origin. */
+static int cross_site(const dt_server *s, const char *origin, const char *host) {
+    if (!origin) return 0;
+    if (s->o.cors_origin && (!strcmp(s->o.cors_origin, "*") || !strcasecmp(origin, s->o.cors_origin))) return 0;
+    return !(host && !strncasecmp(origin, "http://", 7) && !strcasecmp(origin + 7, host));
+}
+
 /* The Content-Type header names media type want (parameters such as charset or boundary may follow). */
 static int media_type_is(const char *ct, const char *want) {
     if (!ct) return 0;
@@ -614,8 +623,8 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
 }
 
 /* Answers that need no body, given on the first call: a NUL in the path, 414, 431, ambiguous framing (400, and the
- * connection closes), a foreign Host (421), 404, 405, CORS preflight, 401, 415, 413 by Content-Length. MHD_YES with
- * nothing queued when the request goes on. */
+ * connection closes), a foreign Host (421), 404, 405, CORS preflight, 401, 415, a cross-site POST (403), 413 by
+ * Content-Length. MHD_YES with nothing queued when the request goes on. */
 static enum MHD_Result first_call(req_ctx *r, struct MHD_Connection *c, const char *url, const char *method) {
     dt_server *s = r->srv;
     r->route = R_NONE;
@@ -674,6 +683,10 @@ static enum MHD_Result first_call(req_ctx *r, struct MHD_Connection *c, const ch
         if (!media_type_is(ct, r->ctype))
             return fail(r, c, 415, NULL, NULL, NULL, "%s takes only Content-Type: %s (this request has %.60s)", url, r->ctype,
                         ct ? ct : "missing");
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+        if (cross_site(s, origin, host))
+            return fail(r, c, 403, NULL, NULL, NULL, "a request from a page of %.80s is refused (this server's own page "
+                        "and --cors ORIGIN are allowed)", origin);
         r->limit = r->route == R_EDITS ? DT_API_EDIT_BODY_LIMIT : DT_API_BODY_LIMIT;
         if (hs.length && strtoull(hs.length, NULL, 10) > r->limit)
             return fail(r, c, 413, NULL, NULL, NULL, "the request body is %s bytes; at most %zu are accepted here",
