@@ -348,6 +348,8 @@ static void test_hostile_requests(const server *s) {
     snprintf(big_hdr, sizeof big_hdr, "-H @%s", hdrf);
     snprintf(host_port, sizeof host_port, "-H 'Host: rebind.evil.example:%d'", s->port);
     snprintf(foreign, sizeof foreign, "-H 'Host: evil.example'");
+    char gen_lengths[100];
+    snprintf(gen_lengths, sizeof gen_lengths, "-H 'Content-Length: %zu' -H 'Content-Length: 7'", strlen(gen));
     const struct {
         const char *name, *method, *path, *body, *extra;
         int status;
@@ -362,8 +364,8 @@ static void test_hostile_requests(const server *s) {
          "-F prompt=x -H 'Origin: http://evil.example'", 403},
         {"a foreign Host", "GET", "/v1/models", NULL, foreign, 421},
         {"a rebound name with this port", "POST", "/v1/images/generations", gen, host_port, 421},
-        {"Content-Length headers that differ", "POST", "/v1/images/generations", gen,
-         "-H 'Content-Length: 5' -H 'Content-Length: 7'", 400},
+        {"Content-Length headers that differ (the first one the whole body)", "POST", "/v1/images/generations", gen,
+         gen_lengths, 400},
         {"Content-Length with Transfer-Encoding", "POST", "/v1/images/generations", gen,
          "-H 'Transfer-Encoding: chunked' -H 'Content-Length: 40'", 400},
         {"a NUL in the path", "GET", "/health%00.html", NULL, NULL, 400},
@@ -374,8 +376,8 @@ static void test_hostile_requests(const server *s) {
         char *body = NULL, name[160], why[400];
         int code = http(s, cases[i].method, cases[i].path, cases[i].body, cases[i].extra, &body, NULL);
         snprintf(name, sizeof name, "serve: %s -> %d with a JSON error", cases[i].name, cases[i].status);
-        T_CHECK(name, code == cases[i].status && error_shape(body, NULL, why, sizeof why), "status %d, body %s", code,
-                why);
+        int shape = error_shape(body, NULL, why, sizeof why);
+        T_CHECK(name, code == cases[i].status && shape, "status %d, body %s", code, why);
         free(body);
     }
     unlink(hdrf);

@@ -714,9 +714,6 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
     size_t n = strcspn(uri, "?");
     for (size_t i = 0; i + 2 < n; i++)
         if (uri[i] == '%' && uri[i + 1] == '0' && uri[i + 2] == '0') r->nul_in_url = 1;
-    pthread_mutex_lock(&s->mu);
-    s->inflight++;
-    pthread_mutex_unlock(&s->mu);
     return r;
 }
 
@@ -725,8 +722,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     dt_server *s = cls;
     req_ctx *r = *con_cls;
     if (!r) r = *con_cls = on_uri(s, url, c);
-    if (!r->started) {
+    if (!r->started) {   /* from here on the request counts as in flight: a drain waits for its answer */
         r->started = 1;
+        pthread_mutex_lock(&s->mu);
+        s->inflight++;
+        pthread_mutex_unlock(&s->mu);
         r->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci) r->fd = ci->connect_fd;
@@ -792,7 +792,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (r->pp) MHD_destroy_post_processor(r->pp);
     dt_api_form_free(&r->form);
     sb_free(&r->body);
+    int started = r->started;
     free(r);
+    if (!started) return;
     pthread_mutex_lock(&s->mu);
     s->inflight--;
     pthread_cond_broadcast(&s->cv);

@@ -81,8 +81,8 @@ void dt_metrics_text(dt_metrics *m, const dt_metrics_gauges *g, dt_strbuf *o) {
                  "ditrun_images_total %llu\n"
                  "# HELP ditrun_jobs_cancelled_total Jobs cancelled because their client went away.\n"
                  "# TYPE ditrun_jobs_cancelled_total counter\nditrun_jobs_cancelled_total %llu\n"
-                 "# HELP ditrun_request_timeouts_total Connections closed because their request was not complete "
-                 "within --request-timeout.\n# TYPE ditrun_request_timeouts_total counter\n"
+                 "# HELP ditrun_request_timeouts_total Connections closed at the --request-timeout deadline: a request "
+                 "not complete in time, or a kept-alive connection idle that long.\n# TYPE ditrun_request_timeouts_total counter\n"
                  "ditrun_request_timeouts_total %llu\n",
               (unsigned long long)m->images, (unsigned long long)m->cancelled,
               (unsigned long long)m->request_timeouts);
