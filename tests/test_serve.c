@@ -296,7 +296,8 @@ static void test_half_close(const server *s) {
     int fd = tcp_connect(s, NULL);
     char *resp = fd >= 0 && !send_str(fd, req) && !shutdown(fd, SHUT_WR) ? recv_all(fd, 60000) : NULL;
     if (fd >= 0) close(fd);
-    const char *fin = resp ? strstr(resp, "HTTP/1.1 200") : NULL, *json = fin ? strstr(fin, "\r\n\r\n") : NULL;
+    const char *fin = resp ? strstr(resp, "HTTP/1.1 200") : NULL;
+    const char *json = fin ? strstr(fin, "\r\n\r\n") : NULL;
     size_t n = 0;
     unsigned char *png = json ? answer_png(json + 4, 0, &n) : NULL;
     T_CHECK("serve: a half-closed client (request sent, write side shut) gets its 200 and its PNG",
@@ -311,6 +312,20 @@ static void test_half_close(const server *s) {
     T_CHECK("serve: a half-closed stream client gets its events up to done",
             resp && strstr(resp, "HTTP/1.1 200") && strstr(resp, "event: image") && strstr(resp, "event: done"),
             "%.200s", resp ? resp : "(no answer)");
+    free(resp);
+    /* an HTTP/1.0 client, which must not get an interim 1xx, half-closed: its answer without a probe */
+    static const char b10[] = "{\"prompt\": \"a red fox\", \"size\": \"64x64\", \"steps\": 8}";
+    snprintf(req, sizeof req, "POST /v1/images/generations HTTP/1.0\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s", strlen(b10), b10);
+    fd = tcp_connect(s, NULL);
+    resp = fd >= 0 && !send_str(fd, req) && !shutdown(fd, SHUT_WR) ? recv_all(fd, 60000) : NULL;
+    if (fd >= 0) close(fd);
+    json = resp ? strstr(resp, "\r\n\r\n") : NULL;
+    png = json ? answer_png(json + 4, 0, &n) : NULL;
+    T_CHECK("serve: a half-closed HTTP/1.0 client gets its 200 and PNG, and no interim 100",
+            resp && !strncmp(resp, "HTTP/1.", 7) && !strncmp(resp + 8, " 200", 4) && png && n > 8,
+            "%.200s", resp ? resp : "(no answer)");
+    free(png);
     free(resp);
     /* a client that closes its socket while its (not streamed) job runs still cancels it */
     double c0 = metric(s, "ditrun_jobs_cancelled_total"), images0 = metric(s, "ditrun_images_total");
