@@ -26,6 +26,7 @@
 #include "backends/backend.h"
 #include "io/json.h"
 #include "pipeline/png.h"
+#include "serve/queue.h"
 #include "serve_helpers.h"
 #include "test.h"
 
@@ -418,8 +419,11 @@ static void test_hostile_requests(const server *s) {
     char own[160];
     snprintf(own, sizeof own, "-H 'Origin: http://127.0.0.1:%d'", s->port);
     int c4 = http(s, "POST", "/v1/images/generations", gen, own, NULL, NULL);
-    T_CHECK("serve: JSON with a charset, Host localhost:PORT and [::1]:PORT, the page's own Origin -> 200",
-            c1 == 200 && c2 == 200 && c3 == 200 && c4 == 200, "status %d, %d, %d, %d", c1, c2, c3, c4);
+    snprintf(own, sizeof own, "-H 'Origin: https://127.0.0.1:%d'", s->port);   /* the page behind a TLS proxy */
+    int c5 = http(s, "POST", "/v1/images/generations", gen, own, NULL, NULL);
+    T_CHECK("serve: JSON with a charset, Host localhost:PORT and [::1]:PORT, the page's own Origin (http, https) -> 200",
+            c1 == 200 && c2 == 200 && c3 == 200 && c4 == 200 && c5 == 200, "status %d, %d, %d, %d, %d", c1, c2, c3, c4,
+            c5);
 }
 
 /* ---- POST /v1/images/edits ---- */
@@ -649,6 +653,62 @@ static void test_queue_and_cancel(void) {
     T_CHECK("serve: after the cancellations the next request is served", next_runs && cancelled2 && code == 200,
             "next ran %d, second cancel %d, status %d", next_runs, cancelled2, code);
     T_CHECK("serve: queue server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
+/* ---- Retry-After from the queue's history, without a server: jobs of known cost ---- */
+
+/* A job of n images w x h with steps steps, its cost set as http.c sets it, in state st. */
+static dt_job *cost_job(int n, int w, int h, int steps, dt_job_state st) {
+    dt_api_request req;
+    memset(&req, 0, sizeof req);
+    req.n = n;
+    req.width = w;
+    req.height = h;
+    req.steps = steps;
+    dt_job *j = dt_job_new(&req);
+    j->cost_steps = (double)n * steps;
+    j->cost_pixel_steps = j->cost_steps * w * h;
+    j->state = st;
+    return j;
+}
+
+/* A worker that took job j and is through with it after s seconds (j freed). */
+static void finish(dt_queue *q, dt_job *j, double s) {
+    dt_queue_push(q, j);
+    dt_job *got = NULL;
+    if (dt_queue_pop(q, &got, 1) == 1) {
+        dt_queue_job_done(q, got, s);
+        dt_job_unref(got);
+    }
+    dt_job_unref(j);
+}
+
+static void test_retry_estimate(void) {
+    /* jobs that take 0.02 s per step plus 2e-6 s per pixel-step, of three shapes, and one cancelled after 300 s */
+    const double a = 0.02, b = 2e-6;
+    dt_queue q;
+    dt_queue_init(&q, 8);
+    static const int shapes[][3] = {{64, 64, 4}, {256, 256, 12}, {128, 64, 30}};
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 3; k++) {
+            dt_job *j = cost_job(1, shapes[k][0], shapes[k][1], shapes[k][2], DT_JOB_DONE);
+            finish(&q, j, a * j->cost_steps + b * j->cost_pixel_steps);
+        }
+    finish(&q, cost_job(1, 1024, 1024, 50, DT_JOB_CANCELLED), 300);
+    /* waiting: two 512x512 images of 20 steps (21.77 s) and one 64x64 of 4 (0.11 s): 21.9 s, 22 in whole seconds */
+    dt_job *w1 = cost_job(2, 512, 512, 20, DT_JOB_QUEUED), *w2 = cost_job(1, 64, 64, 4, DT_JOB_QUEUED);
+    dt_queue_push(&q, w1);
+    dt_queue_push(&q, w2);
+    double want = a * (w1->cost_steps + w2->cost_steps) + b * (w1->cost_pixel_steps + w2->cost_pixel_steps);
+    int one = dt_queue_retry_after(&q, 1), two = dt_queue_retry_after(&q, 2);
+    char name[200];
+    snprintf(name, sizeof name, "serve: Retry-After from the fitted cost of the waiting jobs: %d s (exact %.2f s), "
+             "%d s over 2 workers; a cancelled 300 s job left out", one, want, two);
+    T_CHECK(name, one == (int)ceil(want) && two == (int)ceil(want / 2), "got %d and %d", one, two);
+    dt_queue_close(&q);
+    dt_job_unref(w1);
+    dt_job_unref(w2);
+    dt_queue_destroy(&q);
 }
 
 /* The slowloris server: requests must be complete within SLOW_TIMEOUT_S, SLOW_PER_CLIENT connections per address;
@@ -1000,6 +1060,7 @@ int main(void) {
     free(body);
     T_CHECK("serve: main server stops with 0", server_stop(&s) == 0, "see %s", s.log);
     test_bad_options();
+    test_retry_estimate();
     test_auth();
     test_queue_and_cancel();
     test_slowloris();

@@ -581,12 +581,15 @@ static int host_allowed(const dt_server *s, const char *host) {
     return 0;
 }
 
-/* A POST a browser sent from another site's page: its Origin is neither this server's own (http:// and the Host it
- * was sent to: the page at GET /) nor the --cors origin. Clients other than browsers send no Origin. */
+/* A POST a browser sent from another site's page: its Origin is neither this server's own (http:// or, behind a TLS
+ * proxy, https://, and the Host it was sent to: the page at GET /) nor the --cors origin. Clients other than
+ * browsers send no Origin. */
 static int cross_site(const dt_server *s, const char *origin, const char *host) {
     if (!origin) return 0;
     if (s->o.cors_origin && (!strcmp(s->o.cors_origin, "*") || !strcasecmp(origin, s->o.cors_origin))) return 0;
-    return !(host && !strncasecmp(origin, "http://", 7) && !strcasecmp(origin + 7, host));
+    const char *rest = !strncasecmp(origin, "http://", 7) ? origin + 7 : !strncasecmp(origin, "https://", 8) ? origin + 8
+                                                                                                           : NULL;
+    return !(host && rest && !strcasecmp(rest, host));
 }
 
 /* The Content-Type header names media type want (parameters such as charset or boundary may follow). */
