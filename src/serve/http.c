@@ -5,7 +5,8 @@
  * for a whole request per connection (a sweeper thread closes connections past it, however slowly they trickle
  * bytes), a connection limit per client address, a Host that must name this server (421: DNS rebinding), the
  * body's Content-Type (415: cross-site "simple" requests) and a POST's Origin (403), ambiguous framing (400), a NUL
- * in the path (400), our own 414 / 431 below libmicrohttpd's limits. Every 4xx/5xx answer made here is an OpenAI error object (api.h). */
+ * in the path (400), our own 414 / 431 below libmicrohttpd's limits. Every 4xx/5xx answer made here is an OpenAI
+ * error object (api.h). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -587,8 +588,9 @@ static int host_allowed(const dt_server *s, const char *host) {
 static int cross_site(const dt_server *s, const char *origin, const char *host) {
     if (!origin) return 0;
     if (s->o.cors_origin && (!strcmp(s->o.cors_origin, "*") || !strcasecmp(origin, s->o.cors_origin))) return 0;
-    const char *rest = !strncasecmp(origin, "http://", 7) ? origin + 7 : !strncasecmp(origin, "https://", 8) ? origin + 8
-                                                                                                           : NULL;
+    const char *rest = !strncasecmp(origin, "http://", 7)    ? origin + 7
+                       : !strncasecmp(origin, "https://", 8) ? origin + 8
+                                                             : NULL;
     return !(host && rest && !strcasecmp(rest, host));
 }
 
@@ -680,12 +682,12 @@ static enum MHD_Result first_call(req_ctx *r, struct MHD_Connection *c, const ch
                     "missing or wrong API key (send Authorization: Bearer KEY)");
     if (r->post) {
         /* a page on another site may send text/plain, form-urlencoded or multipart bodies without asking (no CORS
-         * preflight): generations take only JSON, and edits only multipart (which the API key or the Host check
-         * must then guard) */
+         * preflight): generations take only JSON, edits only multipart, and a browser's POST must come from this
+         * server's page or the --cors origin */
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
         if (!media_type_is(ct, r->ctype))
-            return fail(r, c, 415, NULL, NULL, NULL, "%s takes only Content-Type: %s (this request has %.60s)", url, r->ctype,
-                        ct ? ct : "missing");
+            return fail(r, c, 415, NULL, NULL, NULL, "%s takes only Content-Type: %s (this request has %.60s)", url,
+                        r->ctype, ct ? ct : "missing");
         const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
         if (cross_site(s, origin, host))
             return fail(r, c, 403, NULL, NULL, NULL, "a request from a page of %.80s is refused (this server's own page "
