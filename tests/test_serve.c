@@ -512,6 +512,65 @@ static void test_queue_position(void) {
     T_CHECK("serve: position server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
+/* The seconds in the log line of the last finished job of size WxH ("... WxH, ...: ... server S s"), and the
+ * estimate logged before it ("... WxH, ...: estimated E s"): 0, or -1 when either is missing. */
+static int logged_times(const char *log, const char *size, double *estimate, double *server_s) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "image %s, ", size);
+    const char *est = NULL, *fin = NULL;
+    for (const char *p = log; p && (p = strstr(p, pat)); p++) {
+        const char *line_end = strchr(p, '\n');
+        const char *e = strstr(p, "estimated "), *f = strstr(p, "server ");
+        if (e && (!line_end || e < line_end)) est = e + strlen("estimated ");
+        if (f && (!line_end || f < line_end) && est) fin = f + strlen("server ");
+    }
+    if (!est || !fin) return -1;
+    *estimate = atof(est);
+    *server_s = atof(fin);
+    return 0;
+}
+
+/* What a CPU server says about itself (/health), its --max-pixels default, and its logged estimate of a request. */
+static void test_cpu_defaults_and_estimate(void) {
+    server s;
+    if (server_start(&s, "estimate", "") || server_ready(&s)) {
+        T_FAIL("serve: start (estimate)", "see %s", s.log);
+        return;
+    }
+    char *body = NULL, why[400] = "";
+    int code = http(&s, "GET", "/health", NULL, NULL, &body, NULL);
+    T_CHECK("serve: a CPU server's /health says backend cpu, default_size 256x256, max_pixels 1024x1024",
+            code == 200 && body && strstr(body, "\"backend\": \"cpu\"") && strstr(body, "\"default_size\": \"256x256\"") &&
+                strstr(body, "\"max_pixels\": 1048576") && strstr(body, "\"size_multiple\": 8"),
+            "status %d: %s", code, body ? body : "");
+    free(body);
+    body = NULL;
+    code = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"size\": \"1024x1032\", \"steps\": 1}",
+                NULL, &body, NULL);
+    T_CHECK("serve: on the CPU a request over 1024x1024 pixels is refused by default (400)",
+            code == 400 && error_shape(body, "size", why, sizeof why), "status %d %s", code, why);
+    free(body);
+    /* 64x64, then 128x128 three times: the last is estimated from two measured sizes (the a*T + b*T^2 fit), the
+     * latest a warm 128x128 (the first image of a size is slower: its activations are allocated then) */
+    const char *reqs[] = {"64x64", "128x128", "128x128", "128x128"};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        char req[200];
+        snprintf(req, sizeof req, "{\"prompt\": \"x\", \"size\": \"%s\", \"steps\": 4, \"seed\": 1}", reqs[i]);
+        ok &= http(&s, "POST", "/v1/images/generations", req, NULL, NULL, NULL) == 200;
+    }
+    char *log = t_slurp(s.log, NULL);
+    double est = 0, got = 0;
+    int have = log && logged_times(log, "128x128", &est, &got) == 0;
+    const int first_said = log && strstr(log, "1 image 64x64, 4 steps: no estimate yet") != NULL;
+    /* the same size as the warm image measured just before: within a factor 2 (timing noise of a shared machine) */
+    T_CHECK("serve: the first request logs 'no estimate yet', a repeated size an estimate within 2x of its time",
+            ok && first_said && have && got > 0 && est > got / 2 && est < got * 2,
+            "requests ok %d, first said %d, estimate %.3f s vs server %.3f s", ok, first_said, est, got);
+    free(log);
+    T_CHECK("serve: estimate server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
 static void test_drain(void) {
     server s;
     /* a warm-up long enough to be seen: /health and generations answer 503 until it is done */
@@ -711,6 +770,7 @@ int main(void) {
     test_auth();
     test_queue_and_cancel();
     test_queue_position();
+    test_cpu_defaults_and_estimate();
     test_drain();
     test_load();
     test_cuda();
