@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "image/edit_prep.h"
 #include "pipeline/image_meta.h"
 #include "pipeline/png.h"
 #include "serve/server.h"
@@ -40,7 +41,7 @@ static int on_progress(void *ud, int step, int steps, double elapsed_image) {
  * b*T^2 (attention). With two measured token counts the two coefficients are solved from them; with one, the
  * estimate is the range between scaling it linearly and quadratically; text encoding is the last measured, decode
  * scales with pixels. Every finished image (and the warm-up) is a measurement. Edits are estimated as a generation
- * of the output size (their reference tokens are not counted). */
+ * of the output size (their reference tokens and the images' VAE encoding are not counted). */
 
 static double step_tokens(const dt_server *s, int w, int h) {
     const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 16;
@@ -94,14 +95,23 @@ static void est_log(const dt_worker *w, const dt_job *j) {
     const dt_server *s = w->srv;
     dt_gen_params g;
     dt_api_gen_params(&j->req, &s->lim, 0, &g);
-    if (dt_gen_params_resolve(&s->lim.info, &g) || g.width < 1 || g.height < 1) return;   /* edits "auto": unknown */
+    if (dt_gen_params_resolve(&s->lim.info, &g)) return;
+    if (j->req.edit && (g.width < 1 || g.height < 1)) {   /* size "auto": the first image's prepared size (api_edit.c) */
+        const dt_image *first = j->req.inpaint ? &j->req.init : &j->req.refs[0];
+        const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 1;
+        int aw, ah;
+        dt_prep_area_size(first->w, first->h, &aw, &ah);
+        if (g.width < 1) g.width = aw / m * m;
+        if (g.height < 1) g.height = ah / m * m;
+    }
+    if (g.width < 1 || g.height < 1) return;
     double lo, hi;
     if (est_seconds(w, g.width, g.height, g.steps, j->req.n, &lo, &hi)) {
         dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: no estimate yet (the first image measures the "
                   "%s backend)\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", g.width, g.height, g.steps, w->be->name);
         return;
     }
-    if (hi - lo < 0.05 * hi)
+    if (hi - lo < 0.05 * hi || (long)(lo * 10 + 0.5) == (long)(hi * 10 + 0.5))
         dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: estimated %.1f s\n", w->index, j->req.n,
                j->req.n > 1 ? "s" : "", g.width, g.height, g.steps, hi);
     else
