@@ -43,15 +43,16 @@ static int on_progress(void *ud, int step, int steps, double elapsed_image) {
  * scales with pixels. Every finished image (and the warm-up) is a measurement. Edits are estimated as a generation
  * of the output size (their reference tokens and the images' VAE encoding are not counted). */
 
-static double step_tokens(const dt_server *s, int w, int h) {
-    const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 16;
-    return (double)(w / m) * (h / m) + (s->o.max_seq_len > 0 ? s->o.max_seq_len : 512);
+/* (the pipeline's own description: the server's lim.info is set only after the warm-up) */
+static double step_tokens(const dt_worker *w, int iw, int ih) {
+    const int m = dt_pipeline_get_info(w->pl)->size_multiple > 0 ? dt_pipeline_get_info(w->pl)->size_multiple : 16;
+    return (double)(iw / m) * (ih / m) + (w->srv->o.max_seq_len > 0 ? w->srv->o.max_seq_len : 512);
 }
 
 /* A measured image: its size and timings (tm->t_denoise over tm->steps steps). */
 static void est_record(dt_worker *w, int iw, int ih, const dt_gen_timings *tm) {
     if (tm->steps < 1 || iw < 1 || ih < 1) return;
-    const double T = step_tokens(w->srv, iw, ih), st = tm->t_denoise / tm->steps;
+    const double T = step_tokens(w, iw, ih), st = tm->t_denoise / tm->steps;
     const double T0 = w->est_tokens[0];
     if (T0 > 0 && fabs(T - T0) > 0.25 * fmax(T, T0)) {   /* a second token count: keep the latest as the other */
         w->est_tokens[1] = T0;
@@ -69,7 +70,7 @@ static void est_record(dt_worker *w, int iw, int ih, const dt_gen_timings *tm) {
  * before any measurement. */
 static int est_seconds(const dt_worker *w, int iw, int ih, int steps, int n, double *lo, double *hi) {
     if (w->est_tokens[0] <= 0) return -1;
-    const double T = step_tokens(w->srv, iw, ih), T0 = w->est_tokens[0], s0 = w->est_step_s[0];
+    const double T = step_tokens(w, iw, ih), T0 = w->est_tokens[0], s0 = w->est_step_s[0];
     double step_lo, step_hi;
     const double T1 = w->est_tokens[1], s1 = w->est_step_s[1];
     double a = -1, b = -1;
