@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "  --port N                    port (default 8080; 0 = any free port, printed in the \"listening on\" line)\n"
             "  --max-queue N               requests that may wait for the model; past that 429 (default 16)\n"
             "  --max-pixels N              width * height of one image at most (default: 2048x2048 on a GPU; on the\n"
-            "                              CPU 1024x1024, the native size, minutes an image there: larger takes hours)\n"
+            "                              CPU 1024x1024, the native size: minutes an image there, 2048x2048 tens of minutes)\n"
             "  --max-steps N               steps of one request at most (default 100)\n"
             "  --max-sequence-length N     text tokens of every request (default 512, as generate)\n"
             "  --api-key-file FILE         every /v1 route needs \"Authorization: Bearer KEY\" with the key on FILE's\n"
