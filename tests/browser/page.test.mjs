@@ -307,6 +307,25 @@ try {
     const stored = JSON.parse(localStorage.getItem("ditrun.history.v1"));
     return { kept: kept.map((e) => e.seed), stored: stored.map((e) => e.seed) };
   });
+  // an image too big to keep whole (a noise PNG of 400x300) is kept as a JPEG thumbnail of at most 256 pixels a side
+  const th = await page.evaluate(async () => {
+    const c = document.createElement("canvas");
+    c.width = 400;
+    c.height = 300;
+    const g = c.getContext("2d"), d = g.createImageData(400, 300);
+    for (let i = 0; i < d.data.length; i++) d.data[i] = (i * 2654435761) >>> 24;
+    g.putImageData(d, 0, 0);
+    const b64 = c.toDataURL("image/png").split(",")[1];
+    const t = await thumbnail(b64);
+    const img = new Image();
+    img.src = t.src;
+    await img.decode();
+    return { pngChars: b64.length, full: t.full, jpeg: t.src.startsWith("data:image/jpeg"), w: img.naturalWidth,
+             h: img.naturalHeight, chars: t.src.length };
+  });
+  check("browser: a large image goes into the history as a 256x192 JPEG thumbnail, a fraction of its size",
+        th.pngChars > 96 * 1024 && !th.full && th.jpeg && th.w === 256 && th.h === 192 && th.chars < th.pngChars / 4,
+        JSON.stringify(th));
   check("browser: over the storage quota the oldest history entries are dropped (not an error)",
         bound.kept.length >= 1 && bound.kept.length < 4 && bound.kept[0] === 1 &&
         JSON.stringify(bound.kept) === JSON.stringify(bound.stored), JSON.stringify(bound));
