@@ -8,7 +8,7 @@
 
 int dt_cuda_hopper_paths(int cc_major, int cc_minor, dt_cuda_kernels kernels) {
     /* the sm_90a image (wgmma, TMA, setmaxnreg) runs on compute 9.0 only: not on 10.x / 12.x */
-    return cc_major == 9 && cc_minor == 0  && kernels != DT_CUDA_KERNELS_PORTABLE;
+    return cc_major == 9 && cc_minor == 0 && kernels != DT_CUDA_KERNELS_PORTABLE;
 }
 
 int dt_cuda_fp8_supported(int cc_major, int cc_minor) {
