@@ -109,8 +109,13 @@ static int write_image(const char *path, const uint8_t *rgb, int w, int h, const
     uint8_t *bytes = NULL;
     size_t n = 0;
     int rc = dt_image_out_encode(f, compression, 0, rgb, w, h, meta.text, meta.n, &bytes, &n);
-    if (rc) dt_set_error("%s: %s", path, dt_last_error());
-    else rc = dt_write_file(path, bytes, n);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        dt_set_error("%s: %s", path, why);
+    } else {
+        rc = dt_write_file(path, bytes, n);
+    }
     free(bytes);
     if (rc == 0) dt_log(1, "ditrun: wrote %s\n", path);
     return rc;

@@ -167,8 +167,8 @@ int dt_png_threads_default(void) {
     return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
-/* Deflate the whole image into bw (the caller frees bw->out[*] and the arrays). 0 or -1 (error set). */
-static int deflate_bands(band_work *bw, int threads) {
+/* Deflate the whole image into bw (the caller frees bw->out[*] and the arrays). 0 or -1 (error set, naming what). */
+static int deflate_bands(band_work *bw, int threads, const char *what) {
     if (threads <= 0) threads = dt_png_threads_default();
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > bw->n_bands) threads = bw->n_bands;
@@ -181,7 +181,7 @@ static int deflate_bands(band_work *bw, int threads) {
     band_thread(bw);
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
     if (bw->failed) {
-        dt_set_error("PNG: deflate failed (out of memory?)");
+        dt_set_error("%s: PNG deflate failed (out of memory?)", what);
         return -1;
     }
     return 0;
@@ -280,7 +280,7 @@ static int encode(const char *what, FILE *fp, mem_sink *mem, const uint8_t *rgb,
     bw.out_len = dt_calloc((size_t)bw.n_bands, sizeof *bw.out_len);
     bw.adler = dt_calloc((size_t)bw.n_bands, sizeof *bw.adler);
     bw.raw_len = dt_calloc((size_t)bw.n_bands, sizeof *bw.raw_len);
-    int rc = deflate_bands(&bw, o ? o->threads : 0);
+    int rc = deflate_bands(&bw, o ? o->threads : 0, what);
     if (rc == 0) {
         png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, (png_voidp)what, png_err_cb, png_warn_cb);
         png_infop info = png ? png_create_info_struct(png) : NULL;
@@ -294,8 +294,6 @@ static int encode(const char *what, FILE *fp, mem_sink *mem, const uint8_t *rgb,
         }
         png_destroy_write_struct(png ? &png : NULL, info ? &info : NULL);
         free(txt);
-    } else {
-        dt_set_error("%s: %s", what, dt_last_error());
     }
     for (int b = 0; b < bw.n_bands; b++) free(bw.out[b]);
     free(bw.out);
