@@ -44,8 +44,8 @@ PLUGIN_HOST_LDFLAGS := -Wl,--whole-archive $(BUILD)/libditrun.a -Wl,--no-whole-a
 ifeq ($(CUDA),1)
   # CUDA_ARCHS: the cards the plugin carries machine code (SASS) for, oldest first, each kept only where this nvcc
   # lists it (nvcc --list-gpu-code), plus PTX of the last one (compiled by the driver on newer cards). The default
-  # covers Ampere (80, 86), Ada (89), Hopper (90a: our wgmma / TMA kernels) and Blackwell (100, 120), about twice
-  # the compile time of one target; a developer's build for one card: make CUDA_ARCHS=90a (README: GPUs).
+  # covers Ampere (80, 86), Ada (89), Hopper (90a: our wgmma / TMA kernels) and Blackwell (100, 120), 2-3x the
+  # compile time of one target (NOTES.md); a developer's build for one card: make CUDA_ARCHS=90a (README: GPUs).
   CUDA_ARCHS ?= 80 86 89 90a 100 120
   NVCC_CODES := $(shell $(NVCC) --list-gpu-code 2>/dev/null)
   CUDA_ARCHS_BUILT := $(foreach a,$(CUDA_ARCHS),$(if $(filter sm_$(patsubst %a,%,$(a)),$(NVCC_CODES)),$(a)))
