@@ -10,6 +10,7 @@
 #include "cli_model.h"
 #include "io/safetensors.h"
 #include "models/flux2.h"
+#include "models/flux2_dit.h"
 #include "models/flux2_sp.h"
 #include "models/krea2.h"
 
@@ -172,8 +173,8 @@ int cmd_forward(int argc, char **argv) {
     float *img = NULL, *txt = NULL, *ts = NULL, *img_ids = NULL, *txt_ids = NULL, *out = NULL, *pos = NULL, *ref = NULL,
           *ref_ids = NULL;
     uint8_t *mask = NULL;
-    flux2_model *fm = NULL;
-    flux2_sp *spm = NULL;   /* --sequence-parallel N > 1: the split forward instead of fm */
+    dt_dit *dit = NULL;     /* FLUX.2, split over ranks with --sequence-parallel N > 1 */
+    flux2_model *fm = NULL; /* the whole FLUX.2 model of a comparison's second forward */
     krea2_model *km = NULL;
     st_writer *w = st_writer_new();
     const st_tensor *t_img, *t_txt, *t_ts, *t_iid, *t_tid;
@@ -189,17 +190,11 @@ int cmd_forward(int argc, char **argv) {
     if (family == CLI_FAMILY_FLUX2) {
         if (shape2(t_txt, &tt, &cj)) goto done;
         if (!(img_ids = input_f32(in, "in.img_ids", 1, &t_iid)) || !(txt_ids = input_f32(in, "in.txt_ids", 1, &t_tid))) goto done;
-        flux2_load_opts flo = {lor.loras, lor.n, lor.side};
-        if (ranks > 1) {
-            cli_sp_note(be, (int)ranks);
-            flux2_sp_opts so = {(int)ranks, {0}, 0, flo};
-            if (!(spm = flux2_sp_load(be, model, &so))) goto done;
-            if (mo.cuda_graph) dt_log(1, "ditrun: note: --cuda-graph is not used with --sequence-parallel (eager)\n");
-        } else {
-            if (!(fm = flux2_load_ex(be, model, &flo))) goto done;
-            flux2_set_graph(fm, mo.cuda_graph);
-        }
-        const flux2_config *c = spm ? flux2_sp_get_config(spm) : flux2_get_config(fm);
+        cli_sp_note(be, (int)ranks);
+        flux2_dit_opts fdo = {{lor.loras, lor.n, lor.side}, (int)ranks, NULL, 0, mo.cuda_graph};
+        if (!(dit = flux2_dit_load(be, model, &fdo))) goto done;
+        const int is_split = !flux2_dit_whole(dit);
+        const flux2_config *c = flux2_dit_config(dit);
         int64_t r, cc;
         if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }
         if (cj != c->joint_dim) { dt_set_error("%s: in.encoder_hidden_states has %lld features but the model expects %d (joint_attention_dim)", inputs, (long long)cj, c->joint_dim); goto done; }
@@ -211,17 +206,14 @@ int cmd_forward(int argc, char **argv) {
             if (!(ref_ids = input_f32(in, "in.ref_ids", 1, &t_rid))) goto done;
             if (shape2(t_ref, &nref, &cc) || cc != c->in_channels || nref > (1 << 24)) { dt_set_error("%s: in.ref_hidden_states must be [1, R, %d]", inputs, c->in_channels); goto done; }
             if (shape2(t_rid, &r, &cc) || r != nref || cc != c->n_axes) { dt_set_error("%s: in.ref_ids must be [1, %lld, %d]", inputs, (long long)nref, c->n_axes); goto done; }
-            if (spm ? flux2_sp_set_refs(spm, ref, ref_ids, (int)nref, kv_refs)
-                    : flux2_set_refs(fm, ref, ref_ids, (int)nref, kv_refs))
-                goto done;
+            if (dt_dit_set_refs(dit, ref, ref_ids, (int)nref, kv_refs)) goto done;
             dt_log(1, "ditrun: %lld reference tokens, %s\n", (long long)nref, kv_refs ? "KV-cached" : "appended");
         } else if (kv_refs) {
             dt_set_error("%s: --kv-refs but no in.ref_hidden_states", inputs);
             goto done;
         }
         size_t wb = 0; char fmt[96];
-        if (fm) flux2_weight_info(fm, &wb, fmt, sizeof fmt);
-        else snprintf(fmt, sizeof fmt, "split over %ld ranks (%s)", ranks, flux2_sp_comm_name(spm));
+        flux2_dit_describe(dit, &wb, fmt, sizeof fmt);
         dt_log(1, "ditrun: loaded FLUX.2 transformer (D=%d, %d double + %d single blocks, %s, %.1f MB) in %.2f s on %s\n",
                c->hidden, c->num_layers, c->num_single_layers, fmt, wb / 1e6, dt_now() - t0, be->name);
         out = dt_malloc(sizeof(float) * (size_t)(n * c->out_channels));
@@ -229,7 +221,7 @@ int cmd_forward(int argc, char **argv) {
         double *times = dt_malloc(sizeof(double) * repeat);
         /* the text features stay on the device across repeats, as in the denoising loop; each timed forward
          * still uploads the latents, timestep and ids and downloads the output */
-        if (tt > 0 && (spm ? flux2_sp_text_resident(spm, txt, (int)tt) : flux2_text_resident(fm, txt, (int)tt))) {
+        if (tt > 0 && dt_dit_text_resident(dit, 0, txt, (int)tt)) {
             free(times);
             goto done;
         }
@@ -237,10 +229,10 @@ int cmd_forward(int argc, char **argv) {
         dt_power_begin(&pw, be, repeat > 1 ? (int)repeat - 1 : 0);
         for (long it = 0; it < repeat; it++) {
             double t1 = dt_now();
-            int frc = spm ? flux2_sp_forward(spm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out)
-                          : flux2_forward(fm, img, (int)n, txt, (int)tt, ts[0], img_ids, txt_ids, out,
-                                          trace && it == 0 ? trace_cb : NULL, &tc);
-            if (frc) { free(times); dt_power_end(&pw); goto done; }
+            dt_dit_step st = {.img = img, .n_img = (int)n, .txt = txt, .n_txt = (int)tt, .text = -1, .timestep = ts[0],
+                              .img_ids = img_ids, .txt_ids = txt_ids, .out = out,
+                              .trace = trace && it == 0 ? trace_cb : NULL, .trace_ud = &tc};
+            if (dt_dit_forward(dit, &st)) { free(times); dt_power_end(&pw); goto done; }
             times[it] = dt_now() - t1;
             if (it > 0) dt_power_add(&pw);
         }
@@ -248,7 +240,7 @@ int cmd_forward(int argc, char **argv) {
         qsort(times, repeat, sizeof(double), cmp_double);
         const double med = times[repeat / 2];
         char split[64] = "";
-        if (spm) snprintf(split, sizeof split, " split over %ld ranks", ranks);
+        if (is_split) snprintf(split, sizeof split, " split over %ld ranks", ranks);
         dt_log(1, "ditrun: forward %lld image + %lld text tokens%s%s: %.2f ms (median of %ld)\n", (long long)n,
                (long long)tt, !nref ? "" : kv_refs ? " (KV-cached references)" : " + appended references", split,
                med * 1e3, repeat);
@@ -264,9 +256,8 @@ int cmd_forward(int argc, char **argv) {
             float *ref = dt_malloc(sizeof(float) * (size_t)no);
             const dt_precision prec0 = be->opts.precision, aprec0 = be->opts.attn_precision;
             const dt_qpath qp0 = be->opts.qpath;
-            flux2_free(fm);
-            flux2_sp_free(spm);
-            spm = NULL;
+            dt_dit_free(dit);
+            dit = NULL;
             if (compare) be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
             else be->opts.qpath = (dt_qpath)cmp_qpath;
             fm = flux2_load_ex(be, model, &(flux2_load_opts){lor.loras, lor.n, lor.side});
@@ -375,7 +366,7 @@ int cmd_forward(int argc, char **argv) {
 done:
     if (rc) cli_error("%s", dt_last_error());
     if (fm) flux2_free(fm);
-    flux2_sp_free(spm);
+    dt_dit_free(dit);
     if (km) krea2_free(km);
     st_writer_free(w);
     free(img); free(txt); free(ts); free(img_ids); free(txt_ids); free(out); free(pos); free(mask); free(ref); free(ref_ids);
