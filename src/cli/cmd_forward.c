@@ -191,7 +191,7 @@ int cmd_forward(int argc, char **argv) {
         if (shape2(t_txt, &tt, &cj)) goto done;
         if (!(img_ids = input_f32(in, "in.img_ids", 1, &t_iid)) || !(txt_ids = input_f32(in, "in.txt_ids", 1, &t_tid))) goto done;
         cli_sp_note(be, (int)ranks);
-        flux2_dit_opts fdo = {{lor.loras, lor.n, lor.side}, (int)ranks, NULL, 0, mo.cuda_graph};
+        dt_dit_load_opts fdo = {lor.loras, lor.n, lor.side, (int)ranks, NULL, 0, mo.cuda_graph};
         if (!(dit = flux2_dit_load(be, model, &fdo))) goto done;
         const int is_split = !flux2_dit_whole(dit);
         const flux2_config *c = flux2_dit_config(dit);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "models/lora.h"
 
 typedef struct dt_dit dt_dit;
 
@@ -32,6 +33,17 @@ typedef struct {
     dt_dit_trace_fn trace;          /* NULL: none (a split DiT ignores it) */
     void *trace_ud;
 } dt_dit_step;
+
+/* How to load a DiT (each model's *_dit_load). */
+typedef struct {
+    const dt_lora_spec *loras;  /* LoRA adapters (models/lora.h), all applied; n_loras of them */
+    int n_loras;
+    int lora_side;              /* 1: side products for dense weights too instead of merging (comparisons) */
+    int ranks;                  /* > 1: split over this many ranks (models that can: FLUX.2) */
+    const int *devices;         /* CUDA device of each rank (n_devices of them; 0: the backend's device + rank) */
+    int n_devices;
+    int cuda_graph;             /* replay the forward as a CUDA graph where the model can */
+} dt_dit_load_opts;
 
 /* What a model implements. m is its model object. 0 or -1 (dt_last_error) where an int is returned. */
 typedef struct {

@@ -44,16 +44,17 @@ static int split_text_mat(dt_dit *d, int slot, dt_mat src) {
 static void split_free(void *m) { flux2_sp_free(m); }
 static const dt_dit_ops split_ops = {"flux2 split", split_forward, split_refs, split_text, split_text_mat, split_free};
 
-dt_dit *flux2_dit_load(dt_backend *be, const char *path, const flux2_dit_opts *o) {
+dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) {
-        flux2_sp_opts so = {o->ranks, {0}, o->n_devices, o->load};
+        flux2_load_opts lo = {o->loras, o->n_loras, o->lora_side};
+        flux2_sp_opts so = {o->ranks, {0}, o->n_devices, lo};
         for (int i = 0; i < o->n_devices && i < FLUX2_SP_MAX_RANKS; i++) so.devices[i] = o->devices[i];
         flux2_sp *sp = flux2_sp_load(be, path, &so);
         if (!sp) return NULL;
         if (o->cuda_graph) dt_log(1, "ditrun: note: --cuda-graph is not used with --sequence-parallel (eager)\n");
         return dt_dit_new(&split_ops, sp, flux2_sp_get_config(sp));
     }
-    flux2_model *m = flux2_load_ex(be, path, &o->load);
+    flux2_model *m = flux2_load_ex(be, path, &(flux2_load_opts){o->loras, o->n_loras, o->lora_side});
     if (!m) return NULL;
     flux2_set_graph(m, o->cuda_graph);
     return dt_dit_new(&whole_ops, m, flux2_get_config(m));

@@ -6,16 +6,8 @@
 #include "models/dit.h"
 #include "models/flux2.h"
 
-typedef struct {
-    flux2_load_opts load;   /* LoRA adapters */
-    int ranks;              /* > 1: split over this many ranks */
-    const int *devices;     /* CUDA device of each rank (n_devices of them; 0: the backend's device + rank) */
-    int n_devices;
-    int cuda_graph;         /* replay the forward as a CUDA graph (whole DiT only; a note when split) */
-} flux2_dit_opts;
-
 /* Load the transformer at path (as flux2_load_ex / flux2_sp_load). NULL on error (dt_last_error). */
-dt_dit *flux2_dit_load(dt_backend *be, const char *path, const flux2_dit_opts *o);
+dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o);
 const flux2_config *flux2_dit_config(const dt_dit *d);
 /* The whole model (NULL when split). */
 flux2_model *flux2_dit_whole(const dt_dit *d);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "models/krea2.h"
+#include "models/krea2_dit.h"
 #include "models/qwen3.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
@@ -43,7 +44,7 @@ typedef struct {
     krea2_config dcfg;
     dt_qvae_config vcfg;
     dt_qwen3 *te;             /* NULL between prompts with release_text_encoder */
-    krea2_model *dit;         /* NULL until first needed with release_text_encoder */
+    dt_dit *dit;              /* NULL until first needed with release_text_encoder */
     dt_qvae *vae;
 } k2_state;
 
@@ -97,7 +98,7 @@ static void k2_free(dt_pipeline *p) {
     if (!k) return;
     if (k->tok) dt_tokenizer_free(k->tok);
     if (k->te) dt_qwen3_free(k->te);
-    if (k->dit) krea2_free(k->dit);
+    dt_dit_free(k->dit);
     if (k->vae) dt_qvae_free(k->vae);
     free(k->te_dir);
     free(k);
@@ -111,8 +112,8 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
-    krea2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
-    if (!k->dit && !(k->dit = krea2_load_ex(p->be, p->root, &lo))) return -1;
+    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side};
+    if (!k->dit && !(k->dit = krea2_dit_load(p->be, p->root, &lo))) return -1;
     if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
     return 0;
 }
@@ -200,7 +201,7 @@ static void unpack(const float *tok, int z, int h, int w, int p, float *lat) {
 
 /* What the sampling loop's model callback needs. */
 typedef struct {
-    krea2_model *dit;
+    dt_dit *dit;
     const float *pos, *neg, *ids;     /* text features [T, taps, D] (prompt, negative), positions [T + N, 3] */
     const uint8_t *pmask, *nmask;     /* [T] */
     const float *timesteps;
@@ -212,8 +213,9 @@ static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
     k2_step_ctx *c = ctx;
     /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
-    return krea2_forward(c->dit, x, c->N, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v, NULL,
-                         NULL);
+    dt_dit_step st = {.img = x, .n_img = c->N, .txt = pass ? c->neg : c->pos, .n_txt = c->T, .text = -1, .timestep = t,
+                      .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v};
+    return dt_dit_forward(c->dit, &st);
 }
 
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
