@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backends/backend.h"
+#include "io/safetensors.h"
 #include "models/lora.h"
 
 typedef struct dt_dit dt_dit;
@@ -55,6 +56,8 @@ typedef struct {
     /* Text features [t, features] kept in slot from host txt / from a backend matrix on the device. */
     int (*text_resident)(dt_dit *d, int slot, const float *txt, int t);
     int (*text_resident_mat)(dt_dit *d, int slot, dt_mat src);
+    /* Bytes of weights as stored and a short description of their formats ("bf16", "q4 g64", ...). */
+    void (*weight_info)(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len);
     void (*free)(void *m);
 } dt_dit_ops;
 
@@ -74,7 +77,32 @@ int dt_dit_forward(dt_dit *d, const dt_dit_step *s);
 int dt_dit_set_refs(dt_dit *d, const float *tokens, const float *ids, int r, int kv_cached);
 int dt_dit_text_resident(dt_dit *d, int slot, const float *txt, int t);
 int dt_dit_text_resident_mat(dt_dit *d, int slot, dt_mat src);
+void dt_dit_weight_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len);
 /* The host text a step's model call takes: s->txt, or the slot's key (dt_dit_text_key). */
 const float *dt_dit_step_text(const dt_dit *d, const dt_dit_step *s);
+
+
+/* One forward's inputs as `ditrun forward` reads them from a file (each model's *_dit_read_inputs, the tensor names
+ * its synth writes: in.hidden_states, in.encoder_hidden_states, in.timestep, and the model's own). */
+typedef struct {
+    dt_dit_step step;           /* img, n_img, txt, n_txt, timestep, ids / pos / mask (out: the caller's) */
+    int64_t cin;                /* in.hidden_states' channels (dt_dit_read_common; the model checks them) */
+    const st_tensor *t_txt;     /* in.encoder_hidden_states (its shape is the model's to check) */
+    int out_channels;
+    int n_refs;                 /* reference tokens set on the DiT (0: none) */
+    const float *ref_tok, *ref_ids;   /* them [n_refs, in_channels] and their ids [n_refs, axes] (to set again) */
+    float *owned[8];            /* the buffers behind step (dt_dit_inputs_free) */
+    uint8_t *owned_mask;
+    char geometry[160];         /* the load line's description ("FLUX.2 transformer (D=3072, 5 double + 20 single blocks") */
+    char what[96];              /* the timing line's note (" (KV-cached references)", " (text mask)") */
+} dt_dit_inputs;
+void dt_dit_inputs_free(dt_dit_inputs *fi);
+/* Shared by the readers: tensor name of f as f32 (NULL: absent, an error when required; *t its tensor), and the
+ * rows x cols of a [1, rows, cols] or [rows, cols] tensor (-1 otherwise, with the error). */
+float *dt_dit_input_f32(const st_file *f, const char *name, int required, const st_tensor **t);
+int dt_dit_input_shape2(const st_tensor *t, int64_t *rows, int64_t *cols);
+/* The inputs every model takes, read before the model loads: in.hidden_states [1, N, C], in.timestep (one finite
+ * value) and in.encoder_hidden_states into fi (its cin and t_txt for the model's reader to check). 0 or -1. */
+int dt_dit_read_common(const st_file *f, dt_dit_inputs *fi);
 
 #endif

@@ -14,8 +14,6 @@
 #include "pipeline/family.h"
 #include "pipeline/latents.h"
 
-static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2};
-
 void dt_pipeline_opts_default(dt_pipeline_opts *o) { memset(o, 0, sizeof *o); }
 
 void dt_gen_params_default(dt_gen_params *p) {
@@ -141,12 +139,10 @@ dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
     free(idx_path);
     if (!idx) return NULL;
     const char *cls = json_get_str(idx, "_class_name");
-    const dt_family *fam = NULL;
-    for (size_t i = 0; i < sizeof families / sizeof families[0] && !fam; i++)
-        if (families[i]->matches(cls ? cls : "")) fam = families[i];
+    char what[4200];
+    snprintf(what, sizeof what, "%s/model_index.json", o->model);
+    const dt_family *fam = dt_family_for_pipeline(cls, what);
     if (!fam) {
-        dt_set_error("%s/model_index.json: pipeline class '%s' is not supported (Flux2KleinPipeline, "
-                     "Flux2KleinKVPipeline, Krea2Pipeline)", o->model, cls ? cls : "(none)");
         json_free(idx);
         return NULL;
     }

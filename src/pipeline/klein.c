@@ -51,10 +51,6 @@ typedef struct {
                                  * once; inpainting, the other mode, never keeps them) */
 } klein_state;
 
-static int klein_matches(const char *cls) {
-    return !strcmp(cls, "Flux2KleinPipeline") || !strcmp(cls, "Flux2KleinKVPipeline");
-}
-
 /* Default taps: the reference's (9, 18, 27) for Qwen3's 36 layers, i.e. k·L/(n+1) for k = 1..n,
  * where n = joint_attention_dim / text hidden size (the number of taps the DiT expects). */
 static int default_taps(int layers, int n, int *taps) {
@@ -484,4 +480,14 @@ done:
     return rc;
 }
 
-const dt_family dt_family_klein = {"flux2-klein", klein_matches, klein_load, klein_free, klein_generate, 1};
+static const char *const klein_pipelines[] = {"Flux2KleinPipeline", "Flux2KleinKVPipeline", NULL};
+static const char *const klein_transformers[] = {"Flux2Transformer2DModel", NULL};
+static const char *const klein_presets[] = {"klein-4b", "klein-9b", "tiny", NULL};
+
+const dt_family dt_family_klein = {
+    .name = "flux2-klein", .title = "FLUX.2", .pipeline_classes = klein_pipelines,
+    .transformer_classes = klein_transformers, .presets = klein_presets, .is_config = flux2_config_is_flux2,
+    .infers_config = 1, .fp8 = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
+    .sequence_parallel = 1, .dit_load = flux2_dit_load, .describe = flux2_config_describe, .synth = dt_synth_flux2,
+    .read_inputs = flux2_dit_read_inputs,
+};

@@ -23,6 +23,10 @@
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/krea2_prompt.h"
+
+static const char *const k2_pipelines[] = {"Krea2Pipeline", NULL};
+static const char *const k2_transformers[] = {"Krea2Transformer2DModel", NULL};
+static const char *const k2_presets[] = {"krea2", "krea2-tiny", NULL};
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
 #include "pipeline/tokenizer.h"
@@ -47,8 +51,6 @@ typedef struct {
     dt_dit *dit;              /* NULL until first needed with release_text_encoder */
     dt_qvae *vae;
 } k2_state;
-
-static int k2_matches(const char *cls) { return !strcmp(cls, "Krea2Pipeline"); }
 
 static int read_index(k2_state *k, const json *j, const char *path) {
     k->distilled = json_get_bool(j, "is_distilled", 0);
@@ -83,8 +85,8 @@ static int read_dit_config(const char *root, krea2_config *c) {
     int rc = -1;
     if (j) {
         const char *cls = json_get_str(j, "_class_name");
-        if (cls && strcmp(cls, "Krea2Transformer2DModel"))
-            dt_set_error("%s: _class_name is '%s', expected Krea2Transformer2DModel", p, cls);
+        if (cls && !dt_family_name_in(k2_transformers, cls))
+            dt_set_error("%s: _class_name is '%s', expected %s", p, cls, k2_transformers[0]);
         else
             rc = krea2_config_parse(j, p, c);
     }
@@ -324,5 +326,9 @@ done:
     return rc;
 }
 
-/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it) */
-const dt_family dt_family_krea2 = {"krea2", k2_matches, k2_load, k2_free, k2_generate, 0};
+/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); no fp8 mode yet */
+const dt_family dt_family_krea2 = {
+    .name = "krea2", .title = "Krea 2", .pipeline_classes = k2_pipelines, .transformer_classes = k2_transformers,
+    .presets = k2_presets, .load = k2_load, .free = k2_free, .generate = k2_generate, .dit_load = krea2_dit_load,
+    .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
+};

@@ -13,6 +13,7 @@
 
 #include "core/infile.h"
 #include "core/outfile.h"
+#include "io/safetensors.h"
 #include "models/flux2.h"
 #include "models/synth.h"
 
@@ -230,4 +231,54 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
                                            {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
     return dt_synth_copy_bundled(dir, fixtures_model, files, 4);
+}
+
+/* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros), and with
+ * ref_grid > 0 the tokens of one ref_grid x ref_grid reference image (ids T = 10, row, column, 0). */
+static int write_inputs(const flux2_config *c, const char *path, int grid, int t, int ref_grid, uint64_t seed) {
+    int64_t n = (int64_t)grid * grid, nr = (int64_t)ref_grid * ref_grid;
+    float *img = dt_malloc(sizeof(float) * n * c->in_channels), *txt = dt_malloc(sizeof(float) * (t ? t : 1) * c->joint_dim);
+    float *iid = dt_calloc((size_t)n * 4, sizeof(float)), *tid = dt_calloc((size_t)(t ? t : 1) * 4, sizeof(float));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 7;
+    for (int64_t i = 0; i < n * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; img[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int64_t i = 0; i < (int64_t)t * c->joint_dim; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; txt[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int r = 0; r < grid; r++)
+        for (int col = 0; col < grid; col++) { iid[(r * grid + col) * 4 + 1] = (float)r; iid[(r * grid + col) * 4 + 2] = (float)col; }
+    for (int l = 0; l < t; l++) tid[l * 4 + 3] = (float)l;
+    float ts = 0.75f;
+    st_writer *w = st_writer_new();
+    int64_t si[3] = {1, n, c->in_channels}, st[3] = {1, t, c->joint_dim}, sii[3] = {1, n, 4}, sti[3] = {1, t, 4}, s1[1] = {1};
+    st_writer_add_f32(w, "in.hidden_states", 3, si, img);
+    st_writer_add_f32(w, "in.encoder_hidden_states", 3, st, txt);
+    st_writer_add_f32(w, "in.img_ids", 3, sii, iid);
+    st_writer_add_f32(w, "in.txt_ids", 3, sti, tid);
+    st_writer_add_f32(w, "in.timestep", 1, s1, &ts);
+    float *ref = NULL, *rid = NULL;
+    if (nr > 0) {
+        ref = dt_malloc(sizeof(float) * nr * c->in_channels);
+        rid = dt_calloc((size_t)nr * 4, sizeof(float));
+        for (int64_t i = 0; i < nr * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; ref[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+        for (int64_t i = 0; i < nr; i++) { rid[i * 4] = 10; rid[i * 4 + 1] = (float)(i / ref_grid); rid[i * 4 + 2] = (float)(i % ref_grid); }
+        int64_t sr[3] = {1, nr, c->in_channels}, sri[3] = {1, nr, 4};
+        st_writer_add_f32(w, "in.ref_hidden_states", 3, sr, ref);
+        st_writer_add_f32(w, "in.ref_ids", 3, sri, rid);
+    }
+    int rc = st_writer_save(w, path);
+    st_writer_free(w);
+    free(img); free(txt); free(iid); free(tid); free(ref); free(rid);
+    if (rc) return -1;
+    dt_log(1, "ditrun: wrote %s (%lld image + %d text tokens", path, (long long)n, t);
+    if (nr > 0) dt_log(1, " + %lld reference tokens", (long long)nr);
+    dt_log(1, ")\n");
+    return 0;
+}
+
+int dt_synth_flux2(const dt_synth_req *r) {
+    flux2_config c;
+    if (flux2_preset(r->preset, &c)) return -1;
+    if (r->inputs) return write_inputs(&c, r->inputs, r->grid, r->text_tokens, r->ref_grid, r->seed);
+    dt_log(1, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", r->preset,
+           r->bits ? (r->bits == 4 ? "q4" : "q8") : "bf16", r->out);
+    return r->pipeline ? dt_synth_pipeline(r->preset, r->dir, r->bits, r->group, r->seed, r->bundled_model)
+                       : flux2_synth_write(&c, r->dir, r->bits, r->group, r->seed);
 }
