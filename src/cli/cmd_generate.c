@@ -9,7 +9,7 @@
 #include "io/safetensors.h"
 #include "pipeline/engine.h"
 #include "pipeline/image_meta.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 
 static void usage(FILE *f) {
     fprintf(f,

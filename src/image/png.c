@@ -1,6 +1,6 @@
 /* png.c — deterministic RGB8 PNG writer with text chunks, and an RGB8 reader (libpng). The file writer goes
  * through core/outfile.h (a temporary renamed over the target when complete); the reader opens only regular files. */
-#include "pipeline/png.h"
+#include "image/png.h"
 
 #include <errno.h>
 #include <png.h>

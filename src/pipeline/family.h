@@ -16,7 +16,7 @@
 #include "io/json.h"
 #include "models/dit.h"
 #include "pipeline/engine.h"
-#include "pipeline/synth_pipeline.h"
+#include "synth/synth_pipeline.h"
 
 typedef struct dt_family dt_family;
 

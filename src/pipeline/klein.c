@@ -26,7 +26,7 @@
 #include "pipeline/latents.h"
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 _Static_assert(DT_GEN_MAX_RANKS == FLUX2_SP_MAX_RANKS, "dt_pipeline_opts.sp_devices holds one device per rank");
 

@@ -29,7 +29,7 @@ static const char *const k2_transformers[] = {"Krea2Transformer2DModel", NULL};
 static const char *const k2_presets[] = {"krea2", "krea2-tiny", NULL};
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define K2_DISTILLED_MU 1.15        /* the pipeline's fixed time shift for distilled checkpoints */
 #define K2_DEFAULT_GUIDANCE 4.5f

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "pipeline/image_meta.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "serve/page.h"
 #include "serve/server.h"
 

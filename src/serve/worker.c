@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "pipeline/image_meta.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "serve/server.h"
 #include "serve/sse.h"
 

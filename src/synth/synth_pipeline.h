@@ -1,4 +1,5 @@
-/* synth_pipeline.h — write a synthetic FLUX.2-klein or Krea 2 pipeline folder with random weights. */
+/* synth_pipeline.h — the synthetic writers of the families (synthetic pipeline folders, checkpoints and forward inputs
+ * with random weights; family.h: dt_family.synth) and the pieces they share. */
 #ifndef DT_SYNTH_PIPELINE_H
 #define DT_SYNTH_PIPELINE_H
 
