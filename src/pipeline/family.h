@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 
+#include "core/infile.h"
 #include "io/json.h"
 #include "models/dit.h"
 #include "pipeline/engine.h"
@@ -77,9 +78,7 @@ int dt_family_name_in(const char *const *names, const char *s);
 extern const dt_family dt_family_klein;
 extern const dt_family dt_family_krea2;
 
-/* Small helpers shared by the families. */
-char *dt_path_join(const char *a, const char *b);                 /* "a/b", malloc'd */
-int dt_path_exists(const char *p);
+/* The steps of a request the families share (family_steps.c). */
 void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float *d, int ndim, int64_t d0,
                     int64_t d1, int64_t d2, int64_t d3);
 /* The request's noise (noise array or noise_file's in.initial_latents) into out [n]; 1 if given, 0 if the
