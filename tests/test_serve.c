@@ -15,7 +15,7 @@
 
 #include "backends/backend.h"
 #include "io/json.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "serve_helpers.h"
 #include "test.h"
 
