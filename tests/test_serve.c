@@ -118,11 +118,23 @@ static void test_stream(const server *s) {
     int code = http(s, "POST", "/v1/images/generations",
                     "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": 3, \"seed\": 5, \"stream\": true}", "-N",
                     &body, &hdr);
-    /* expected: progress 1, 2, 3, then image, then done */
+    /* expected: progress 1, 2, 3, then image, then done (after an optional "queued") */
     const char *want[] = {"event: progress", "event: progress", "event: progress", "event: image", "event: done"};
     const char *p = body;
     int ok = code == 200 && hdr && strstr(hdr, "text/event-stream") && p;
     char why[200] = "";
+    /* first maybe "queued" (the request reached the queue before the idle worker took it): place 1, none running */
+    while (ok && (p = strstr(p, "event: ")) && !strncmp(p, "event: queued\ndata: ", 20)) {
+        const char *end = strstr(p, "\n\n");
+        json *j = end ? json_parse(p + 20, (size_t)(end - p - 20), "queued event") : NULL;
+        if (!j || json_get_int(j, "position", -1) != 1 || json_get_int(j, "running", -1) != 0) {
+            ok = 0;
+            snprintf(why, sizeof why, "a queued event with position %lld, running %lld (want 1, 0)",
+                     j ? (long long)json_get_int(j, "position", -1) : -1, j ? (long long)json_get_int(j, "running", -1) : -1);
+        }
+        json_free(j);
+        p = end;
+    }
     for (int k = 0; ok && k < 5; k++) {
         p = strstr(p, "event: ");
         if (!p || strncmp(p, want[k], strlen(want[k]))) { ok = 0; snprintf(why, sizeof why, "event %d is not '%s'", k, want[k]); break; }
@@ -444,6 +456,121 @@ static void test_queue_and_cancel(void) {
     T_CHECK("serve: queue server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
+/* A streamed request in the background whose events go to the file out (curl, its pid). */
+static pid_t stream_to(const server *s, const char *prompt, int steps, const char *out) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "exec curl -s -N -o '%s' -X POST -H 'Content-Type: application/json' --data-binary "
+             "'{\"prompt\": \"%s\", \"size\": \"128x128\", \"steps\": %d, \"stream\": true}' "
+             "http://127.0.0.1:%d/v1/images/generations", out, prompt, steps, s->port);
+    pid_t p = fork();
+    if (p == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return p;
+}
+
+/* Its event stream tells a waiting request its place in line, again each time it moves up. */
+static void test_queue_position(void) {
+    server s;
+    if (server_start(&s, "position", "") || server_ready(&s)) {
+        T_FAIL("serve: start (queue position)", "see %s", s.log);
+        return;
+    }
+    char out_c[600];
+    snprintf(out_c, sizeof out_c, "%s/position-c.sse", serve_tmp);
+    pid_t a = slow_request(&s, 100);                        /* runs */
+    int ok = wait_metric(&s, "ditrun_jobs_running", 1, 20000);
+    pid_t b = slow_request(&s, 100);                        /* waits first */
+    ok = ok && wait_metric(&s, "ditrun_queue_depth", 1, 20000);
+    pid_t c = stream_to(&s, "third", 2, out_c);             /* waits second, then first, then runs */
+    ok = ok && wait_metric(&s, "ditrun_queue_depth", 2, 20000);
+    kill(a, SIGKILL);                                       /* b runs, c moves up */
+    waitpid(a, NULL, 0);
+    ok = ok && wait_metric(&s, "ditrun_queue_depth", 1, 20000);
+    sleep_ms(300);                                          /* c's stream looks every 50 ms */
+    kill(b, SIGKILL);                                       /* c runs and finishes */
+    waitpid(b, NULL, 0);
+    int st = -1;
+    waitpid(c, &st, 0);
+    char *sse = t_slurp(out_c, NULL);
+    /* the positions in order, then progress */
+    int pos[8], np = 0;
+    const char *p = sse, *key = "\"type\": \"queued\", \"position\": ";
+    while (p && (p = strstr(p, key)) && np < 8) {
+        p += strlen(key);
+        pos[np++] = atoi(p);
+    }
+    const char *prog = sse ? strstr(sse, "event: progress") : NULL, *last_q = sse ? strstr(sse, "event: queued") : NULL;
+    while (last_q && strstr(last_q + 1, "event: queued")) last_q = strstr(last_q + 1, "event: queued");
+    T_CHECK("serve: a waiting stream gets 'queued' position 2, then 1, then its progress and image",
+            ok && WIFEXITED(st) && WEXITSTATUS(st) == 0 && np == 2 && pos[0] == 2 && pos[1] == 1 && prog && last_q < prog &&
+                strstr(sse, "event: done"),
+            "queue steps seen %d, curl status %d, positions %d: %d %d, progress after them %d", ok, st, np,
+            np > 0 ? pos[0] : -1, np > 1 ? pos[1] : -1, prog && last_q < prog);
+    free(sse);
+    T_CHECK("serve: position server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
+/* The seconds in the log line of the last finished job of size WxH ("... WxH, ...: ... server S s"), and the
+ * estimate logged before it ("... WxH, ...: estimated E s"): 0, or -1 when either is missing. */
+static int logged_times(const char *log, const char *size, double *estimate, double *server_s) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "image %s, ", size);
+    const char *est = NULL, *fin = NULL;
+    for (const char *p = log; p && (p = strstr(p, pat)); p++) {
+        const char *line_end = strchr(p, '\n');
+        const char *e = strstr(p, "estimated "), *f = strstr(p, "server ");
+        if (e && (!line_end || e < line_end)) est = e + strlen("estimated ");
+        if (f && (!line_end || f < line_end) && est) fin = f + strlen("server ");
+    }
+    if (!est || !fin) return -1;
+    *estimate = atof(est);
+    *server_s = atof(fin);
+    return 0;
+}
+
+/* What a CPU server says about itself (/health), its --max-pixels default, and its logged estimate of a request. */
+static void test_cpu_defaults_and_estimate(void) {
+    server s;
+    if (server_start(&s, "estimate", "") || server_ready(&s)) {
+        T_FAIL("serve: start (estimate)", "see %s", s.log);
+        return;
+    }
+    char *body = NULL, why[400] = "";
+    int code = http(&s, "GET", "/health", NULL, NULL, &body, NULL);
+    T_CHECK("serve: a CPU server's /health says backend cpu, default_size 256x256, max_pixels 1024x1024",
+            code == 200 && body && strstr(body, "\"backend\": \"cpu\"") && strstr(body, "\"default_size\": \"256x256\"") &&
+                strstr(body, "\"max_pixels\": 1048576") && strstr(body, "\"size_multiple\": 8"),
+            "status %d: %s", code, body ? body : "");
+    free(body);
+    body = NULL;
+    code = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"size\": \"1024x1032\", \"steps\": 1}",
+                NULL, &body, NULL);
+    T_CHECK("serve: on the CPU a request over 1024x1024 pixels is refused by default (400)",
+            code == 400 && error_shape(body, "size", why, sizeof why), "status %d %s", code, why);
+    free(body);
+    /* 64x64, then 128x128 three times: the last is estimated from two measured sizes (the a*T + b*T^2 fit), the
+     * latest a warm 128x128 (the first image of a size is slower: its activations are allocated then) */
+    const char *reqs[] = {"64x64", "128x128", "128x128", "128x128"};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        char req[200];
+        snprintf(req, sizeof req, "{\"prompt\": \"x\", \"size\": \"%s\", \"steps\": 4, \"seed\": 1}", reqs[i]);
+        ok &= http(&s, "POST", "/v1/images/generations", req, NULL, NULL, NULL) == 200;
+    }
+    char *log = t_slurp(s.log, NULL);
+    double est = 0, got = 0;
+    int have = log && logged_times(log, "128x128", &est, &got) == 0;
+    const int first_said = log && strstr(log, "1 image 64x64, 4 steps: no estimate yet") != NULL;
+    /* the same size as the warm image measured just before: within a factor 2 (timing noise of a shared machine) */
+    T_CHECK("serve: the first request logs 'no estimate yet', a repeated size an estimate within 2x of its time",
+            ok && first_said && have && got > 0 && est > got / 2 && est < got * 2,
+            "requests ok %d, first said %d, estimate %.3f s vs server %.3f s", ok, first_said, est, got);
+    free(log);
+    T_CHECK("serve: estimate server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
 static void test_drain(void) {
     server s;
     /* a warm-up long enough to be seen: /health and generations answer 503 until it is done */
@@ -642,6 +769,8 @@ int main(void) {
     test_bad_options();
     test_auth();
     test_queue_and_cancel();
+    test_queue_position();
+    test_cpu_defaults_and_estimate();
     test_drain();
     test_load();
     test_cuda();

@@ -21,7 +21,8 @@ static void usage(FILE *f) {
             "  --host ADDR                 address to listen on (default 127.0.0.1: this machine only)\n"
             "  --port N                    port (default 8080; 0 = any free port, printed in the \"listening on\" line)\n"
             "  --max-queue N               requests that may wait for the model; past that 429 (default 16)\n"
-            "  --max-pixels N              width * height of one image at most (default 4194304 = 2048x2048)\n"
+            "  --max-pixels N              width * height of one image at most (default: 2048x2048 on a GPU; on the\n"
+            "                              CPU 1024x1024, the native size: minutes an image there, 2048x2048 tens of minutes)\n"
             "  --max-steps N               steps of one request at most (default 100)\n"
             "  --max-sequence-length N     text tokens of every request (default 512, as generate)\n"
             "  --api-key-file FILE         every /v1 route needs \"Authorization: Bearer KEY\" with the key on FILE's\n"
@@ -44,7 +45,17 @@ static void usage(FILE *f) {
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT, loaded with the model (repeatable, up to 8;\n"
             "                              see ditrun generate --help); --lora-side: side products on dense weights too\n"
             "  -q, --quiet / -v, --verbose\n\n"
-            "SIGTERM or SIGINT: stop accepting connections, finish the accepted requests, exit 0.\n");
+            "SIGTERM or SIGINT: stop accepting connections, finish the accepted requests, exit 0.\n\n"
+            "examples, from the repository's root (sizes for the CPU backend, where 256x256 takes seconds and 1024x1024\n"
+            "minutes; on a GPU use 1024x1024, a fraction of a second; the server logs each request's estimated time):\n"
+            "  ditrun serve --port 8080                     # the bundled tiny model; the page at http://127.0.0.1:8080/\n"
+            "  save() { python3 -c 'import sys, json, base64; sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)[\"data\"][0][\"b64_json\"]))' > \"$1\"; }\n"
+            "  curl -s http://127.0.0.1:8080/v1/images/generations -H 'Content-Type: application/json' \\\n"
+            "       -d '{\"prompt\": \"a red fox in the snow\", \"size\": \"256x256\", \"seed\": 1}' | save fox.png\n"
+            "  curl -s http://127.0.0.1:8080/v1/images/edits -F prompt='make it blue' -F size=256x256 \\\n"
+            "       -F 'image[]=@tests/fixtures/edit/edit2.png' | save edit.png\n"
+            "  curl -s http://127.0.0.1:8080/v1/images/edits -F prompt='a hole in the wall' \\\n"
+            "       -F 'image[]=@tests/fixtures/edit/inpaint.png' -F mask=@tests/fixtures/edit/mask.png | save inpainted.png\n");
 }
 
 /* --devices all|I,J,...: the CUDA device list into d (at most DT_SERVE_MAX_WORKERS). The count, or -1 (error printed). */

@@ -18,6 +18,7 @@
 #include "image/png.h"
 #include "serve/page.h"
 #include "serve/server.h"
+#include "serve/sse.h"
 
 #define IDLE_TIMEOUT_S 120          /* an idle connection (no request) is closed after this */
 #define MAX_CONNECTIONS 256
@@ -52,6 +53,7 @@ typedef struct {
     int status;
     dt_job *job;
     size_t sent;                /* stream: event bytes handed to libmicrohttpd */
+    int queued_pos;             /* stream: the place in line last sent in a "queued" event (0: none yet) */
     int fd;                     /* the client's socket */
     double t0;
 } req_ctx;
@@ -172,6 +174,15 @@ static const char *state_name(int st) {
     }
 }
 
+/* What the page sizes its requests by (ready servers): "backend": "cpu", "default_size": "256x256",
+ * "max_pixels": N, "size_multiple": M. */
+static void serving_fields(dt_server *s, dt_strbuf *b) {
+    const int side = dt_server_default_side(s);
+    sb_puts(b, "\"backend\": ");
+    sb_json_cstr(b, s->backend_name);
+    sb_printf(b, ", \"default_size\": \"%dx%d\", \"max_pixels\": %lld", side, side, (long long)s->lim.max_pixels);
+}
+
 static enum MHD_Result get_health(req_ctx *r, struct MHD_Connection *c) {
     dt_server *s = r->srv;
     int st = dt_server_state_get(s), depth, running;
@@ -182,7 +193,11 @@ static enum MHD_Result get_health(req_ctx *r, struct MHD_Connection *c) {
     sb_json_cstr(&b, s->model_id);
     sb_printf(&b, ", \"workers\": %d, \"queue_depth\": %d, \"running\": %d, \"uptime\": %.1f", s->n_workers, depth,
               running, dt_now() - s->t_start);
-    if (st != DT_SRV_READY) {
+    if (st == DT_SRV_READY) {
+        sb_puts(&b, ", ");
+        serving_fields(s, &b);
+        sb_printf(&b, ", \"size_multiple\": %d", s->lim.info.size_multiple);
+    } else {
         dt_api_error e;
         dt_api_error_set(&e, 503, error_type(503), NULL, "%s",
                          st == DT_SRV_LOADING ? "the models are loading and warming up"
@@ -207,10 +222,12 @@ static void model_object(dt_server *s, dt_strbuf *b) {
         const dt_pipeline_info *in = &s->lim.info;
         sb_puts(b, ", \"family\": ");
         sb_json_cstr(b, in->family);
-        sb_printf(b, ", \"default_steps\": %d, \"size_multiple\": %d, \"max_side\": %d", in->default_steps,
-                  in->size_multiple, in->max_side);
+        sb_printf(b, ", \"default_steps\": %d, \"default_guidance\": %g, \"size_multiple\": %d, \"max_side\": %d, "
+                  "\"editing\": %s, ", in->default_steps, (double)in->default_guidance, in->size_multiple, in->max_side,
+                  in->editing ? "true" : "false");
+        serving_fields(s, b);
     }
-    sb_printf(b, ", \"max_pixels\": %lld, \"max_steps\": %d}", (long long)s->lim.max_pixels, s->lim.max_steps);
+    sb_printf(b, ", \"max_steps\": %d}", s->lim.max_steps);
 }
 
 static enum MHD_Result get_models(req_ctx *r, struct MHD_Connection *c, const char *url) {
@@ -258,6 +275,20 @@ static enum MHD_Result get_page(req_ctx *r, struct MHD_Connection *c) {
                   "connect-src 'self'; form-action 'none'; frame-ancestors 'none'", NULL, NULL);
 }
 
+/* Stream, job lock held and the job queued: append a "queued" event when its place in line changed. 1 when one
+ * was appended. (The queue's lock is taken with the job's released: the queue takes a job's lock under its own.) */
+static int queued_event(req_ctx *r) {
+    dt_job *j = r->job;
+    pthread_mutex_unlock(&j->mu);
+    int pos = dt_queue_position(&r->srv->q, j), depth, running;
+    dt_queue_counts(&r->srv->q, &depth, &running);
+    pthread_mutex_lock(&j->mu);
+    if (j->state != DT_JOB_QUEUED || !pos || pos == r->queued_pos) return 0;
+    r->queued_pos = pos;
+    dt_sse_queued(&j->events, pos, running);
+    return 1;
+}
+
 /* Stream: hand over the events the worker wrote, wait for more, end with the job. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
@@ -277,6 +308,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
+        if (j->state == DT_JOB_QUEUED && queued_event(r)) continue;
         wait_slice(j);
         if (r->sent == j->events.len && j->state < DT_JOB_DONE && client_gone(r->fd)) {
             pthread_mutex_unlock(&j->mu);

@@ -180,3 +180,15 @@ void dt_queue_counts(dt_queue *q, int *depth, int *running) {
     *running = q->running;
     pthread_mutex_unlock(&q->mu);
 }
+
+int dt_queue_position(dt_queue *q, const dt_job *j) {
+    pthread_mutex_lock(&q->mu);
+    int pos = 1;
+    const dt_job *it = q->head;
+    while (it && it != j) {
+        it = it->next;
+        pos++;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return it ? pos : 0;
+}

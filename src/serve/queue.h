@@ -76,5 +76,7 @@ void dt_queue_close(dt_queue *q);
 /* Seconds until a new job would likely start (at least 1). */
 int dt_queue_retry_after(dt_queue *q, int n_workers);
 void dt_queue_counts(dt_queue *q, int *depth, int *running);
+/* j's place in line: 1 = the next to run; 0 when it does not wait (running, finished, taken out). */
+int dt_queue_position(dt_queue *q, const dt_job *j);
 
 #endif
