@@ -50,7 +50,7 @@ struct dt_server {
     dt_metrics m;
     dt_worker workers[DT_SERVE_MAX_WORKERS];
     int n_workers;
-    void *daemon;                   /* struct MHD_Daemon (http.c) */
+    struct dt_http *http;           /* http.c: the daemon, its connections and their request deadlines */
 };
 
 static inline int dt_server_state_get(dt_server *s) { return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE); }

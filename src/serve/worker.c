@@ -282,7 +282,7 @@ static void *worker_main(void *arg) {
         for (int i = 0; i < n; i++) {
             double t0 = dt_now();
             run_job(w, jobs[i]);
-            dt_queue_job_done(&s->q, dt_now() - t0);
+            dt_queue_job_done(&s->q, jobs[i], dt_now() - t0);
             dt_job_unref(jobs[i]);
         }
         sample_memory(w);
