@@ -35,6 +35,9 @@ static void usage(FILE *f) {
             "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
             "  --precision bf16|fp8        the DiT blocks' Linears (fp8: opt-in, see ditrun generate --help)\n"
             "  --attn-precision bf16|fp8   the DiT blocks' attention (opt-in)\n"
+            "  --cache SPEC                step caching of requests that name none (default off; a request's\n"
+            "                              \"cache\" overrides it): first-block=T or taylorseer=N[:ORDER] (see\n"
+            "                              ditrun generate --help)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
             "  --devices all|I,J,...       CUDA: one worker per listed GPU (all: every visible GPU), each with its own\n"
             "                              copy of the pipeline, behind the one queue (default: device 0)\n"
@@ -129,6 +132,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
         else if (!strcmp(a, "--devices")) { if (!v) return cli_error("--devices needs a value (all, or GPU indices like 0,1)"); devices = v; i++; }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; o.load.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--cache")) {
+            if (!v) return cli_error("--cache needs a value (first-block=T or taylorseer=N[:ORDER])");
+            if (dt_cache_parse(v, &o.cache)) return cli_error("--cache: %s", dt_last_error());
+            i++;
+        }
         else if (!strcmp(a, "--cors")) { if (!v || !*v) return cli_error("--cors needs an origin"); o.cors_origin = v; i++; }
         else if (!strcmp(a, "--warmup")) {
             int w = 0, h = 0;

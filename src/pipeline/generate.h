@@ -8,6 +8,7 @@
 
 #include "backends/backend.h"
 #include "models/lora.h"
+#include "pipeline/step_cache.h"
 #include "image/image.h"
 
 #define DT_GEN_MAX_TAPS 16
@@ -64,6 +65,7 @@ typedef struct {
     const char *init_name, *mask_name;   /* their names in messages (NULL: "init image", "mask") */
     double strength;            /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH (a double: the
                                  * kept steps are floor(steps - steps·strength) in float64, as the reference computes) */
+    dt_cache_opts cache;        /* step caching (pipeline/step_cache.h); zero: off */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);
@@ -83,6 +85,7 @@ typedef struct {
     double t_step[256];                                     /* per step (first 256) */
     int steps;
     int height, width;
+    int passes_computed, passes; /* transformer passes run in full / in all (fewer computed with a step cache) */
 } dt_gen_timings;
 
 /* The error code of a request stopped by its cancel flag or progress callback (dt_last_error says so). */

@@ -208,12 +208,15 @@ typedef struct {
     int N, T;
 } k2_step_ctx;
 
-static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
+static int k2_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
     k2_step_ctx *c = ctx;
     /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
-    return krea2_forward(c->dit, x, c->N, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v, NULL,
-                         NULL);
+    krea2_set_block_cache(c->dit, fbc);
+    int rc = krea2_forward(c->dit, x, c->N, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v,
+                           NULL, NULL);
+    krea2_set_block_cache(c->dit, NULL);
+    return rc;
 }
 
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,

@@ -36,6 +36,7 @@ struct dt_job {
     dt_api_error error;             /* DT_JOB_FAILED */
     double t_submit, t_start, t_end;/* dt_now() seconds */
     double t_encode, t_denoise, t_decode;   /* sums over the images */
+    int passes_computed, passes;    /* transformer passes computed / run, summed over the images */
     int worker;                     /* index of the worker that ran it */
 
     dt_job *next;                   /* queue link */

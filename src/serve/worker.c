@@ -93,6 +93,8 @@ static void run_job(dt_worker *w, dt_job *j) {
             j->n_done = i + 1;
             j->t_encode += tm.t_encode;
             j->t_denoise += tm.t_denoise;
+            j->passes_computed += tm.passes_computed;
+            j->passes += tm.passes;
             j->t_decode += tm.t_decode;
             if (j->req.stream) dt_sse_image(&j->events, i, g.seed, png, png_len);
             steps_run = tm.steps;
