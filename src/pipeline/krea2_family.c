@@ -125,6 +125,17 @@ static int k2_load(dt_pipeline *p, const json *idx) {
          *sch = dt_path_join(root, "scheduler");
     k->te_dir = dt_path_join(root, "text_encoder");
     int rc = -1;
+    /* options this family cannot honour are errors naming it, never ignored */
+    if (p->be->opts.precision == DT_PREC_FP8 || p->be->opts.attn_precision == DT_PREC_FP8) {
+        dt_set_error("%s: --precision fp8 and --attn-precision fp8 are not implemented for %s (Krea 2) pipelines "
+                     "(only flux2-klein has an fp8 path); leave them at bf16", root, dt_family_krea2.name);
+        goto out;
+    }
+    if (p->opts.cuda_graph) {
+        dt_set_error("%s: --cuda-graph is not implemented for %s (Krea 2) pipelines (only flux2-klein captures its "
+                     "forward)", root, dt_family_krea2.name);
+        goto out;
+    }
     k->n_taps = p->opts.n_taps;
     if (k->n_taps < 0 || k->n_taps > DT_GEN_MAX_TAPS) { dt_set_error("generate: %d text-encoder taps", k->n_taps); goto out; }
     if (k->n_taps) memcpy(k->taps, p->opts.taps, sizeof(int) * (size_t)k->n_taps);

@@ -17,6 +17,7 @@ static int pass(const dt_sampler *s, dt_step_cache *sc, int k, const float *x, i
     dt_fbc_branch *f = dt_step_cache_fbc(sc, branch, k);
     if (s->predict(s->ctx, i, x, branch, out, f)) return -1;
     sc->computed += f ? f->computed : 1;
+    sc->decisions[2 * k + branch] = f ? (float)f->computed : 1.0f;
     dt_taylorseer_update(sc, branch, k, out);
     return 0;
 }
@@ -65,6 +66,7 @@ int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_re
     int rc = sample_loop(s, &sc, x, g, t_request_start, tm, obs, ud);
     tm->passes_computed = sc.computed;
     tm->passes = sc.total;
+    if (rc == 0) dt_gen_observe(obs, ud, "cache_computed", sc.decisions, 2, s->steps, 2, 0, 0);
     dt_step_cache_free(&sc);
     return rc;
 }

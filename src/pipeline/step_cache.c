@@ -74,6 +74,7 @@ void dt_step_cache_init(dt_step_cache *c, const dt_cache_opts *o, int steps, siz
     c->o = *o;
     c->steps = steps;
     c->n = n;
+    c->decisions = dt_calloc((size_t)(steps > 0 ? steps : 1) * 2, sizeof(float));
     for (int b = 0; b < 2; b++) {
         c->ts[b].last = -1;
         c->fbc[b].threshold = o->threshold;
@@ -85,6 +86,7 @@ void dt_step_cache_free(dt_step_cache *c) {
         dt_fbc_free(&c->fbc[b]);
         for (int k = 0; k <= DT_TAYLORSEER_MAX_ORDER; k++) free(c->ts[b].f[k]);
     }
+    free(c->decisions);
     memset(c, 0, sizeof *c);
 }
 

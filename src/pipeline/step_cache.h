@@ -50,6 +50,8 @@ typedef struct {
     dt_fbc_branch fbc[2];
     dt_taylor_branch ts[2];
     int computed, total;              /* transformer passes computed / run so far */
+    float *decisions;                 /* [steps, 2] per loop step and branch: 1 computed, 0 cached (observed as
+                                       * "cache_computed" [steps, passes]) */
 } dt_step_cache;
 
 void dt_step_cache_init(dt_step_cache *c, const dt_cache_opts *o, int steps, size_t n);
