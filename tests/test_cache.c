@@ -1,0 +1,241 @@
+/* test_cache.c — step caching (--cache, pipeline/step_cache.h) on the CPU: first-block=0 and taylorseer=1 give
+ * byte-identical latents to no cache; first-block=T and taylorseer=N skip passes deterministically (first and
+ * last steps computed, per guidance branch) on the bundled FLUX.2 model made non-distilled (so it runs CFG) and on
+ * the bundled Krea 2; bad values are errors (the parser, the CLI, and serve's request parser as a 400 naming
+ * "cache"); and against diffusers' hooks when tests/fixtures/cache_reference.safetensors (tools/cache_reference.py,
+ * made on the GPU machine) is present. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/safetensors.h"
+#include "pipeline/generate.h"
+#include "serve/api.h"
+#include "test.h"
+
+/* our CPU f32 pipeline vs diffusers' float32 one on the same noise: summation order only (the uncached pipeline
+ * test measures ~4e-7; 1e-4 as test_generate's GEN_CPU_TOL) */
+#define CACHE_REF_TOL 1e-4
+
+typedef struct {
+    float *last;          /* the last step's latents (owned) */
+    size_t n;
+    float dec[2 * 64];    /* cache_computed [steps, 2] */
+    int steps;
+} run_out;
+
+static void obs(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    run_out *o = ud;
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    if (!strncmp(name, "step", 4) && strstr(name, ".latents_packed")) {
+        free(o->last);
+        o->last = malloc(sizeof(float) * n);
+        memcpy(o->last, d, sizeof(float) * n);
+        o->n = n;
+    } else if (!strcmp(name, "cache_computed") && n <= sizeof o->dec / sizeof *o->dec) {
+        memcpy(o->dec, d, sizeof(float) * n);
+        o->steps = (int)shape[0];
+    }
+}
+
+/* One generation of root at 64x64 with `steps` steps and cache spec; 0 or -1. */
+static int run(dt_backend *be, const char *root, const char *spec, int steps, const char *noise, run_out *o,
+               dt_gen_timings *tm) {
+    memset(o, 0, sizeof *o);
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = root;
+    dt_gen_params p;
+    dt_gen_params_default(&p);
+    p.prompt = "a red fox in the snow";
+    p.negative_prompt = "blurry";
+    p.width = p.height = 64;
+    p.steps = steps;
+    p.seed = 3;
+    p.max_seq_len = 16;
+    p.guidance = 4.0f;
+    p.noise_file = noise;
+    if (dt_cache_parse(spec, &p.cache)) return -1;
+    uint8_t *rgb = NULL;
+    int w, h;
+    int rc = dt_generate(be, &lo, &p, &rgb, &w, &h, tm, obs, o);
+    free(rgb);
+    return rc;
+}
+
+/* The FLUX.2 fixture with is_distilled false (guidance runs both branches): a folder of links to its parts. */
+static int guidance_variant(const char *dir) {
+    const char *parts[] = {"scheduler", "text_encoder", "tokenizer", "transformer", "vae"};
+    char src[600], dst[600];
+    char *cwd = getcwd(NULL, 0);
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        snprintf(src, sizeof src, "%s/%s/model/%s", cwd, t_fixtures(), parts[i]);
+        if (t_fixtures()[0] == '/') snprintf(src, sizeof src, "%s/model/%s", t_fixtures(), parts[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, parts[i]);
+        if (symlink(src, dst)) { free(cwd); return -1; }
+    }
+    free(cwd);
+    snprintf(dst, sizeof dst, "%s/model_index.json", dir);
+    FILE *f = fopen(dst, "w");
+    if (!f) return -1;
+    fputs("{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": false}\n", f);
+    return fclose(f);
+}
+
+static void parse_cases(void) {
+    const char *good[] = {"off", "", "first-block=0", "first-block=0.08", "taylorseer=1", "taylorseer=5:2"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        dt_cache_opts o;
+        char nm[96];
+        snprintf(nm, sizeof nm, "parse '%s'", good[i]);
+        T_CHECK(nm, dt_cache_parse(good[i], &o) == 0, "%s", dt_last_error());
+    }
+    const char *badv[] = {"first-block=-1", "taylorseer=0", "taylorseer=3:0", "taylorseer=3:9", "magcache=1",
+                          "first-block", "first-block=x", "taylorseer=-2", "first-block=nan", "taylorseer=2:"};
+    for (size_t i = 0; i < sizeof badv / sizeof *badv; i++) {
+        dt_cache_opts o;
+        char nm[96];
+        snprintf(nm, sizeof nm, "parse rejects '%s'", badv[i]);
+        int rc = dt_cache_parse(badv[i], &o);
+        T_CHECK(nm, rc == -1 && strstr(dt_last_error(), badv[i]) && o.kind == DT_CACHE_OFF,
+                "rc %d, error '%s'", rc, dt_last_error());
+    }
+}
+
+static void cli_and_api_errors(void) {
+    /* the CLI: exit status 1 and the value named, before any model loads */
+    FILE *f = popen("./build/ditrun generate --prompt x --output /dev/null --cache first-block=-1 2>&1", "r");
+    char buf[2048] = {0};
+    size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    int st = f ? pclose(f) : -1;
+    buf[got] = 0;
+    T_CHECK("cli --cache first-block=-1 is an error", st != 0 && strstr(buf, "first-block=-1"), "status %d: %s", st, buf);
+    /* serve's request parser: 400, param "cache" */
+    dt_api_limits lim = {0};
+    lim.model_id = "m";
+    lim.max_pixels = 1 << 20;
+    lim.max_steps = 100;
+    lim.info.size_multiple = 16;
+    lim.info.max_side = 4096;
+    lim.info.default_steps = 4;
+    const char *bodies[] = {"{\"prompt\": \"x\", \"cache\": \"taylorseer=0\"}", "{\"prompt\": \"x\", \"cache\": \"fast\"}",
+                            "{\"prompt\": \"x\", \"cache\": 0.08}"};
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        dt_api_request r;
+        dt_api_error e = {0};
+        int rc = dt_api_parse_generation(bodies[i], strlen(bodies[i]), &lim, 1, &r, &e);
+        char nm[128];
+        snprintf(nm, sizeof nm, "api 400 for %s", bodies[i]);
+        T_CHECK(nm, rc == -1 && e.status == 400 && !strcmp(e.param, "cache"), "rc %d status %d param '%s': %s", rc,
+                e.status, e.param, e.message);
+    }
+    dt_api_request r;
+    dt_api_error e = {0};
+    const char *ok = "{\"prompt\": \"x\", \"cache\": \"first-block=0.08\"}";
+    int rc = dt_api_parse_generation(ok, strlen(ok), &lim, 1, &r, &e);
+    T_CHECK("api takes cache first-block=0.08", rc == 0 && r.cache.kind == DT_CACHE_FIRST_BLOCK &&
+            r.cache.threshold == 0.08f, "%s", e.message);
+    if (rc == 0) dt_api_request_free(&r);
+}
+
+/* first-block=0 and taylorseer=1 equal no cache byte for byte; caching skips passes, deterministically, with the
+ * first and last steps computed in both branches. */
+static void family_cases(dt_backend *be, const char *tag, const char *root, const char *fb_spec, int steps) {
+    run_out base, o, o2;
+    dt_gen_timings tm;
+    char nm[160];
+    if (run(be, root, "off", steps, NULL, &base, &tm)) { T_FAIL(tag, "%s", dt_last_error()); return; }
+    T_CHECK(tag, tm.passes == 2 * steps && tm.passes_computed == tm.passes, "passes %d of %d", tm.passes_computed,
+            tm.passes);
+    const char *same[] = {"first-block=0", "taylorseer=1"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(nm, sizeof nm, "%s %s equals no cache exactly", tag, same[i]);
+        if (run(be, root, same[i], steps, NULL, &o, &tm)) { T_FAIL(nm, "%s", dt_last_error()); continue; }
+        T_CHECK(nm, o.n == base.n && !memcmp(o.last, base.last, sizeof(float) * o.n) && tm.passes_computed == 2 * steps,
+                "latents differ or %d of %d passes", tm.passes_computed, tm.passes);
+        free(o.last);
+    }
+    const char *cached[] = {fb_spec, "taylorseer=2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(nm, sizeof nm, "%s %s skips passes, deterministically", tag, cached[i]);
+        dt_gen_timings tm2;
+        if (run(be, root, cached[i], steps, NULL, &o, &tm) || run(be, root, cached[i], steps, NULL, &o2, &tm2)) {
+            T_FAIL(nm, "%s", dt_last_error());
+            continue;
+        }
+        int ends = o.steps == steps && o.dec[0] == 1 && o.dec[1] == 1 && o.dec[2 * steps - 2] == 1 &&
+                   o.dec[2 * steps - 1] == 1;
+        T_CHECK(nm, tm.passes_computed < tm.passes && ends && !memcmp(o.dec, o2.dec, sizeof o.dec) &&
+                !memcmp(o.last, o2.last, sizeof(float) * o.n) && tm.passes_computed == tm2.passes_computed,
+                "%d of %d passes computed, first/last computed %d", tm.passes_computed, tm.passes, ends);
+        double err = dt_rel_l2(o.last, base.last, o.n);
+        printf("  %s %s: %d of %d passes, final latents rel_l2 vs uncached %.3g\n", tag, cached[i], tm.passes_computed,
+               tm.passes, err);
+        if (i == 1) {   /* taylorseer=2 over 8 steps: computed 0, 1, 2, 4, 6 and the last (7) */
+            const int want[8] = {1, 1, 1, 0, 1, 0, 1, 1};
+            int okk = steps == 8;
+            for (int k = 0; okk && k < 8; k++) okk = o.dec[2 * k] == want[k] && o.dec[2 * k + 1] == want[k];
+            snprintf(nm, sizeof nm, "%s taylorseer=2 computes steps 0,1,2,4,6,7", tag);
+            T_CHECK(nm, okk, "decisions differ");
+        }
+        free(o.last);
+        free(o2.last);
+    }
+    free(base.last);
+}
+
+/* Against diffusers' hooks (tools/cache_reference.py): each recorded setting's decisions and final latents. */
+static void reference_case(dt_backend *be, const char *root) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/cache_reference.safetensors", t_fixtures());
+    if (access(path, R_OK)) {
+        T_SKIP("cache vs diffusers", "%s is absent (made on the GPU machine by tools/cache_reference.py)", path);
+        return;
+    }
+    st_file *ref = st_open(path);
+    if (!ref) { T_FAIL("cache vs diffusers", "%s", dt_last_error()); return; }
+    const char *specs[] = {"first-block=0.2", "first-block=0.6", "taylorseer=2:1", "taylorseer=3:2"};
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        char kd[96], kl[96], nm[128];
+        snprintf(kd, sizeof kd, "%s.computed", specs[i]);
+        snprintf(kl, sizeof kl, "%s.latents", specs[i]);
+        const st_tensor *td = st_find(ref, kd), *tl = st_find(ref, kl);
+        snprintf(nm, sizeof nm, "cache vs diffusers %s", specs[i]);
+        if (!td || !tl) { T_FAIL(nm, "%s lacks %s", path, kd); continue; }
+        run_out o;
+        dt_gen_timings tm;
+        if (run(be, root, specs[i], (int)td->shape[0], path, &o, &tm)) { T_FAIL(nm, "%s", dt_last_error()); continue; }
+        float *d = st_to_f32(td), *l = st_to_f32(tl);
+        int same = o.steps == (int)td->shape[0];
+        for (int k = 0; same && k < 2 * o.steps; k++) same = o.dec[k] == d[k];
+        snprintf(nm, sizeof nm, "cache vs diffusers %s: skip decisions", specs[i]);
+        T_CHECK(nm, same, "the decisions differ");
+        snprintf(nm, sizeof nm, "cache vs diffusers %s: final latents", specs[i]);
+        if ((size_t)tl->numel == o.n) t_check_rel_l2(nm, o.last, l, o.n, CACHE_REF_TOL);
+        else T_FAIL(nm, "%zu latents, reference %lld", o.n, (long long)tl->numel);
+        free(d); free(l); free(o.last);
+    }
+    st_close(ref);
+}
+
+int main(void) {
+    dt_log_level = 0;
+    parse_cases();
+    cli_and_api_errors();
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){0});
+    char dir[512], root[512];
+    if (t_tmpdir(dir, sizeof dir, "cache")) { T_FAIL("tmpdir", "cannot make one"); return T_DONE(); }
+    if (guidance_variant(dir)) T_FAIL("guidance variant", "cannot link the fixture into %s", dir);
+    else {
+        family_cases(be, "flux2", dir, "first-block=1", 8);
+        reference_case(be, dir);
+    }
+    snprintf(root, sizeof root, "%s/krea2", t_fixtures());
+    family_cases(be, "krea2", root, "first-block=2", 8);
+    t_rmtree(dir);
+    be->destroy(be);
+    return T_DONE();
+}
