@@ -2,7 +2,8 @@
  * byte-identical latents to no cache; first-block=T and taylorseer=N skip passes deterministically (first and
  * last steps computed, per guidance branch) on the bundled FLUX.2 model made non-distilled (so it runs CFG) and on
  * the bundled Krea 2; bad values are errors (the parser, the CLI, and serve's request parser as a 400 naming
- * "cache"); and against diffusers' hooks when tests/fixtures/cache_reference.safetensors (tools/cache_reference.py,
+ * "cache", and a real server: per-request "cache", its --cache default, the passes in Server-Timing); Krea 2
+ * refuses fp8 naming the family; and against diffusers' hooks when tests/fixtures/cache_reference.safetensors (tools/cache_reference.py,
  * made on the GPU machine) is present. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "io/safetensors.h"
 #include "pipeline/generate.h"
 #include "serve/api.h"
+#include "serve_helpers.h"
 #include "test.h"
 
 /* our CPU f32 pipeline vs diffusers' float32 one on the same noise: summation order only (the uncached pipeline
@@ -221,10 +223,54 @@ static void reference_case(dt_backend *be, const char *root) {
     st_close(ref);
 }
 
+/* A real `ditrun serve --cache taylorseer=2` (the bundled distilled model: one pass a step): the default applies,
+ * a request's "cache" overrides it, Server-Timing counts the passes, a bad value is a 400 naming "cache". */
+static void serve_cases(void) {
+    serve_setup();
+    if (t_tmpdir(serve_tmp, sizeof serve_tmp, "cache-serve")) { T_FAIL("serve", "no tmpdir"); return; }
+    server s;
+    if (server_start(&s, "cache", "--cache taylorseer=2") || server_ready(&s)) {
+        T_FAIL("serve --cache taylorseer=2", "the server did not start");
+        server_stop(&s);
+        t_rmtree(serve_tmp);
+        return;
+    }
+    struct { const char *body; int status; const char *want; } cases[] = {
+        /* 6 steps: computed 0, 1, 2, 4 and the last (5) */
+        {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6}", 200, "passes;desc=\"5 of 6 computed\""},
+        {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6, \"cache\": \"off\"}", 200,
+         "passes;desc=\"6 of 6 computed\""},
+        {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6, \"cache\": \"first-block=-1\"}", 400,
+         "\"param\": \"cache\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out = NULL, *hdr = NULL, nm[200];
+        int code = http(&s, "POST", "/v1/images/generations", cases[i].body, "-H 'Content-Type: application/json'", &out,
+                        &hdr);
+        snprintf(nm, sizeof nm, "serve %s -> %d", cases[i].body, cases[i].status);
+        const char *where = cases[i].status == 200 ? hdr : out;
+        T_CHECK(nm, code == cases[i].status && where && strstr(where, cases[i].want), "status %d, wanted '%s' in: %s",
+                code, cases[i].want, where ? where : "(nothing)");
+        free(out);
+        free(hdr);
+    }
+    server_stop(&s);
+    char err[2048], args[1200];
+    snprintf(args, sizeof args, "--model %s --port 0 --backend cpu --cache fast", serve_model);
+    int st = serve_fails(args, err, sizeof err);
+    T_CHECK("serve --cache fast is an error", st != 0 && strstr(err, "fast"), "status %d: %s", st, err);
+    snprintf(args, sizeof args, "--model %s/krea2 --port 0 --backend cpu --precision fp8", t_fixtures());
+    st = serve_fails(args, err, sizeof err);
+    T_CHECK("serve Krea 2 --precision fp8 is an error naming the family", st != 0 && strstr(err, "krea2"),
+            "status %d: %s", st, err);
+    t_rmtree(serve_tmp);
+}
+
 int main(void) {
     dt_log_level = 0;
     parse_cases();
     cli_and_api_errors();
+    serve_cases();
     dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){0});
     char dir[512], root[512];
     if (t_tmpdir(dir, sizeof dir, "cache")) { T_FAIL("tmpdir", "cannot make one"); return T_DONE(); }
