@@ -72,7 +72,8 @@ void dt_gen_params_default(dt_gen_params *p);
 
 /* Observer of intermediate results (tests, --save-latents): names "input_ids", "attention_mask",
  * "prompt_embeds", "sigmas", "timesteps", "stepK.latents_packed" (K counts the steps that run), "latents_unpacked",
- * "image_float"; with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
+ * "image_float", "cache_computed" [steps, 2] (per step and guidance branch, 1 = the transformer ran in full;
+ * pipeline/step_cache.h); with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
  * token: for inpainting the init image's first).
  * data is host f32, n elements; shape [d0, d1, d2, d3] with ndim entries. */
 typedef void (*dt_gen_observer)(void *ud, const char *name, const float *data, int ndim, const int64_t *shape);
