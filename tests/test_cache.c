@@ -20,6 +20,9 @@
 /* our CPU f32 pipeline vs diffusers' float32 one on the same noise: summation order only (the uncached pipeline
  * test measures ~4e-7; 1e-4 as test_generate's GEN_CPU_TOL) */
 #define CACHE_REF_TOL 1e-4
+/* CUDA bf16 activations vs the CPU's float32 through the text encoder and 8 steps: the pipelines' GPU tolerance
+ * (test_generate's GEN_GPU_TOL, test_krea2_pipeline's K2_GPU_TOL) */
+#define CACHE_GPU_TOL 1e-2
 
 typedef struct {
     float *last;          /* the last step's latents (owned) */
@@ -223,6 +226,24 @@ static void reference_case(dt_backend *be, const char *root) {
     st_close(ref);
 }
 
+/* CUDA vs the CPU (bf16 activations vs float32): the same decisions and the final latents within CACHE_GPU_TOL. */
+static void cuda_vs_cpu(dt_backend *cpu, dt_backend *cuda, const char *tag, const char *root, const char *spec) {
+    run_out a, b;
+    dt_gen_timings ta, tb;
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s %s cuda vs cpu", tag, spec);
+    if (run(cpu, root, spec, 8, NULL, &a, &ta)) { T_FAIL(nm, "cpu: %s", dt_last_error()); return; }
+    if (run(cuda, root, spec, 8, NULL, &b, &tb)) { T_FAIL(nm, "cuda: %s", dt_last_error()); free(a.last); return; }
+    snprintf(nm, sizeof nm, "%s %s cuda vs cpu: skip decisions", tag, spec);
+    T_CHECK(nm, !memcmp(a.dec, b.dec, sizeof a.dec), "cpu %d, cuda %d passes computed (run -v for the differences)",
+            ta.passes_computed, tb.passes_computed);
+    snprintf(nm, sizeof nm, "%s %s cuda vs cpu: final latents", tag, spec);
+    if (a.n == b.n) t_check_rel_l2(nm, b.last, a.last, a.n, CACHE_GPU_TOL);
+    else T_FAIL(nm, "%zu vs %zu latents", b.n, a.n);
+    free(a.last);
+    free(b.last);
+}
+
 /* A real `ditrun serve --cache taylorseer=2` (the bundled distilled model: one pass a step): the default applies,
  * a request's "cache" overrides it, Server-Timing counts the passes, a bad value is a 400 naming "cache". */
 static void serve_cases(void) {
@@ -280,7 +301,24 @@ int main(void) {
         reference_case(be, dir);
     }
     snprintf(root, sizeof root, "%s/krea2", t_fixtures());
-    family_cases(be, "krea2", root, "first-block=2", 8);
+    family_cases(be, "krea2", root, "first-block=0.5", 8);
+    if (dt_backend_cuda_available()) {
+        dt_backend_opts co = {0};
+        co.rope_fp32 = 1;
+        dt_backend *cuda = dt_backend_cuda_create(&co);
+        if (!cuda) T_FAIL("cuda cache", "%s", dt_last_error());
+        else {
+            cuda_vs_cpu(be, cuda, "flux2", dir, "first-block=0.9");
+            cuda_vs_cpu(be, cuda, "flux2", dir, "taylorseer=2");
+            cuda_vs_cpu(be, cuda, "krea2", root, "first-block=0.5");
+            cuda_vs_cpu(be, cuda, "krea2", root, "taylorseer=3:2");
+            cuda->destroy(cuda);
+        }
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda cache", "DITRUN_REQUIRE_GPU=1 but no CUDA GPU is usable");
+    } else {
+        T_SKIP("cuda cache", "no CUDA GPU available on this machine");
+    }
     t_rmtree(dir);
     be->destroy(be);
     return T_DONE();
