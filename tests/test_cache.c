@@ -118,6 +118,19 @@ static void cli_and_api_errors(void) {
     int st = f ? pclose(f) : -1;
     buf[got] = 0;
     T_CHECK("cli --cache first-block=-1 is an error", st != 0 && strstr(buf, "first-block=-1"), "status %d: %s", st, buf);
+    /* Krea 2 has no fp8 path and no graph capture: an error naming the family, never ignored */
+    const char *k2opts[] = {"--precision fp8", "--attn-precision fp8", "--cuda-graph"};
+    for (size_t i = 0; i < sizeof k2opts / sizeof *k2opts; i++) {
+        char cmd[1024], nm[128];
+        snprintf(cmd, sizeof cmd, "./build/ditrun generate --model %s/krea2 --backend cpu --prompt x --steps 1 "
+                 "--width 64 --height 64 --output /dev/null %s 2>&1", t_fixtures(), k2opts[i]);
+        f = popen(cmd, "r");
+        got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        st = f ? pclose(f) : -1;
+        buf[got] = 0;
+        snprintf(nm, sizeof nm, "cli Krea 2 %s is an error naming the family", k2opts[i]);
+        T_CHECK(nm, st != 0 && strstr(buf, "krea2 (Krea 2)"), "status %d: %s", st, buf);
+    }
     /* serve's request parser: 400, param "cache" */
     dt_api_limits lim = {0};
     lim.model_id = "m";
