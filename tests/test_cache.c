@@ -271,7 +271,8 @@ static void serve_cases(void) {
     }
     struct { const char *body; int status; const char *want; } cases[] = {
         /* 6 steps: computed 0, 1, 2, 4 and the last (5) */
-        {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6}", 200, "passes;desc=\"5 of 6 computed\""},
+        {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6, \"seed\": 5}", 200,
+         "passes;desc=\"5 of 6 computed\""},
         {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6, \"cache\": \"off\"}", 200,
          "passes;desc=\"6 of 6 computed\""},
         {"{\"prompt\": \"a fox\", \"size\": \"64x64\", \"steps\": 6, \"cache\": \"first-block=-1\"}", 400,
@@ -285,6 +286,18 @@ static void serve_cases(void) {
         const char *where = cases[i].status == 200 ? hdr : out;
         T_CHECK(nm, code == cases[i].status && where && strstr(where, cases[i].want), "status %d, wanted '%s' in: %s",
                 code, cases[i].want, where ? where : "(nothing)");
+        if (i == 0 && code == 200) {   /* the server's default cache gives generate's image with that cache, byte for byte */
+            char path[700];
+            snprintf(path, sizeof path, "%s/generate.png", serve_tmp);
+            size_t n = 0, m = 0;
+            unsigned char *png = answer_png(out, 0, &n);
+            int rc = serve_generate("--prompt 'a fox' --width 64 --height 64 --steps 6 --seed 5 --cache taylorseer=2", path);
+            char *ref = t_slurp(path, &m);
+            T_CHECK("serve --cache taylorseer=2 image equals generate --cache taylorseer=2", rc == 0 && png && ref &&
+                    n == m && !memcmp(png, ref, n), "generate rc %d, %zu vs %zu bytes", rc, n, m);
+            free(png);
+            free(ref);
+        }
         free(out);
         free(hdr);
     }

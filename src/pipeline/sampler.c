@@ -18,8 +18,9 @@ static int pass(const dt_sampler *s, dt_step_cache *sc, int k, const float *x, i
     if (s->predict(s->ctx, i, x, branch, out, f)) return -1;
     sc->computed += f ? f->computed : 1;
     sc->decisions[2 * k + branch] = f ? (float)f->computed : 1.0f;
-    if (f) dt_log(2, "ditrun: step %d pass %d: first block's residual changed by %.4g: %s\n", k + 1, branch, f->diff,
-                  f->computed ? "computed" : "cached");
+    if (f && f->diff >= 0)
+        dt_log(2, "ditrun: step %d pass %d: first block's residual changed by %.4g: %s\n", k + 1, branch, f->diff,
+               f->computed ? "computed" : "cached");
     dt_taylorseer_update(sc, branch, k, out);
     return 0;
 }
