@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ditrun.h"
 #include "io/safetensors.h"
 #include "pipeline/generate.h"
 #include "serve/api.h"
@@ -239,6 +240,36 @@ static void reference_case(dt_backend *be, const char *root) {
     st_close(ref);
 }
 
+/* The public API's `cache`: a bad value fails the request, taylorseer=1 is the uncached image, taylorseer=2 another. */
+static void library_api(const char *root) {
+    ditrun_engine *e = ditrun_engine_create("cpu", 0);
+    ditrun_load_opts lo = ditrun_load_defaults();
+    lo.model = root;
+    ditrun_pipeline *pp = e ? ditrun_pipeline_load(e, &lo) : NULL;
+    if (!pp) { T_FAIL("api cache", "%s", ditrun_last_error()); ditrun_engine_free(e); return; }
+    const char *specs[] = {NULL, "taylorseer=1", "taylorseer=2", "taylorseer=0"};
+    ditrun_image im[4];
+    int rc[4];
+    for (int i = 0; i < 4; i++) {
+        ditrun_generate_opts o = ditrun_generate_defaults();
+        o.prompt = "a fox";
+        o.width = o.height = 64;
+        o.steps = 6;
+        o.max_sequence_length = 16;
+        o.seed = 2;
+        o.cache = specs[i];
+        rc[i] = ditrun_pipeline_generate(pp, &o, &im[i]);
+    }
+    const size_t n = 64 * 64 * 3;
+    T_CHECK("api cache taylorseer=0 fails the request", rc[3] == -1 && strstr(ditrun_last_error(), "taylorseer=0"),
+            "rc %d: %s", rc[3], ditrun_last_error());
+    T_CHECK("api cache taylorseer=1 equals no cache, taylorseer=2 differs", !rc[0] && !rc[1] && !rc[2] &&
+            !memcmp(im[0].rgb, im[1].rgb, n) && memcmp(im[0].rgb, im[2].rgb, n), "rc %d %d %d", rc[0], rc[1], rc[2]);
+    for (int i = 0; i < 4; i++) ditrun_image_free(&im[i]);
+    ditrun_pipeline_free(pp);
+    ditrun_engine_free(e);
+}
+
 /* CUDA vs the CPU (bf16 activations vs float32): the same decisions and the final latents within CACHE_GPU_TOL. */
 static void cuda_vs_cpu(dt_backend *cpu, dt_backend *cuda, const char *tag, const char *root, const char *spec) {
     run_out a, b;
@@ -328,6 +359,9 @@ int main(void) {
     }
     snprintf(root, sizeof root, "%s/krea2", t_fixtures());
     family_cases(be, "krea2", root, "first-block=0.5", 8);
+    snprintf(root, sizeof root, "%s/model", t_fixtures());
+    library_api(root);
+    snprintf(root, sizeof root, "%s/krea2", t_fixtures());
     if (dt_backend_cuda_available()) {
         dt_backend_opts co = {0};
         co.rope_fp32 = 1;

@@ -491,7 +491,8 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
  * block; inputs in x->emb / x->in_img / x->in_txt and the RoPE tables. kv_rows, kv_load (per block, NULL: none): cached
  * reference K|V the attention also sees; kv_store (per block, NULL: none): where each block's K|V go (the
  * reference-only pass). Blocks are numbered double first, then single. No host transfers and no allocation, except
- * with First Block Cache (fbc, NULL: none): after the first block its decision may skip every other one. */
+ * with First Block Cache (fbc, NULL: none): after the first block, a download of its residual decides whether the
+ * other blocks run or their cached residual is added (block_cache.h). */
 static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t kv_rows, const dt_mat *kv_load,
                        const dt_mat *kv_store, dt_fbc_branch *fbc, flux2_trace_fn trace, void *ud) {
     const flux2_config *c = &m->c;
