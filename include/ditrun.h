@@ -80,6 +80,8 @@ typedef struct {
     const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
     const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
     double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
+    const char *cache;          /* step caching (README, "Step caching"): NULL or "off", "first-block=T",
+                                 * "taylorseer=N[:ORDER]"; a bad value fails the request */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */
