@@ -54,6 +54,10 @@ typedef struct {
     dt_image init, mask;            /* mask: L, white = repaint (an uploaded mask with transparency: transparent = repaint) */
     char *init_name, *mask_name;
     double strength;                /* 0 = the engine's default */
+    /* The engine's job for image 0, built from the fields above and resolved once (dt_gen_params_resolve: the
+     * model's defaults filled in) when the request is checked; image i is this with seed + i. Its pointers point
+     * into this request: move a request with dt_api_request_move. The fields above stay as the client sent them. */
+    dt_gen_params gen;
 } dt_api_request;
 
 /* An error answer: HTTP status and the OpenAI error object {"message", "type", "param"}. */
@@ -76,6 +80,8 @@ void dt_api_error_json(dt_strbuf *out, const dt_api_error *e);
 int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *lim, uint64_t seed_if_absent,
                             dt_api_request *r, dt_api_error *e);
 void dt_api_request_free(dt_api_request *r);
+/* Move *src into *dst (src left empty), gen's pointers following the images. */
+void dt_api_request_move(dt_api_request *dst, dt_api_request *src);
 
 /* An edit request's multipart form as libmicrohttpd's post processor hands it over: each part in pieces. */
 typedef struct {
@@ -110,8 +116,8 @@ int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t s
 int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, int edit,
                         dt_api_request *r, dt_api_error *e);
 
-/* The engine request of image i (0..n-1) of r: pointers into r, which must outlive it. */
-void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i, dt_gen_params *g);
+/* The engine's job for image i (0..n-1) of r: r->gen with seed + i (pointers into r, which must outlive it). */
+dt_gen_params dt_api_image_job(const dt_api_request *r, int i);
 
 /* {"created": T, "output_format": F, "data": [{"b64_json": ..., "seed": ...}, ...]} for n images in format F. */
 void dt_api_images_json(dt_strbuf *out, long long created, dt_out_format format, int n, uint8_t *const *img,

@@ -462,7 +462,7 @@ static int not_ready(req_ctx *r, struct MHD_Connection *c, enum MHD_Result *ret)
 static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_request *req) {
     dt_server *s = r->srv;
     r->job = dt_job_new(req);
-    int steps = r->job->req.steps > 0 ? r->job->req.steps : s->lim.info.default_steps;
+    const int steps = r->job->req.gen.steps;   /* resolved when the request was checked */
     r->job->cost_steps = (double)r->job->req.n * (steps > 0 ? steps : 1);
     const dt_api_request *jr = &r->job->req;
     const dt_image *first = jr->inpaint ? &jr->init : jr->n_refs ? &jr->refs[0] : NULL;

@@ -7,8 +7,7 @@
 
 dt_job *dt_job_new(dt_api_request *req) {
     dt_job *j = dt_calloc(1, sizeof *j);
-    j->req = *req;
-    memset(req, 0, sizeof *req);
+    dt_api_request_move(&j->req, req);
     pthread_mutex_init(&j->mu, NULL);
     pthread_condattr_t ca;   /* waits are timed on the monotonic clock (http.c) */
     pthread_condattr_init(&ca);
