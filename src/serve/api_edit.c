@@ -97,20 +97,15 @@ static void mask_from_alpha(dt_image *m) {
     m->nearest = 0;
 }
 
-static int decode_upload(const dt_api_part *p, const char *what, const char *param, dt_image *out, char **name,
-                         dt_api_error *e) {
+/* One upload decoded within lim (its size checked from the file's header, before any pixel is decoded). */
+static int decode_upload(const dt_api_part *p, const char *what, const char *param, const dt_image_limits *lim,
+                         dt_image *out, char **name, dt_api_error *e) {
     char nm[200];
     if (p->filename && p->filename[0]) snprintf(nm, sizeof nm, "%s '%.120s'", what, p->filename);
     else snprintf(nm, sizeof nm, "%s", what);
     if (!p->data.len) return dt_api_invalid(e, param, "%s is empty", nm);
-    if (dt_image_decode((const uint8_t *)p->data.data, p->data.len, nm, out))
+    if (dt_image_decode_ex((const uint8_t *)p->data.data, p->data.len, nm, lim, out))
         return dt_api_invalid(e, param, "%s", dt_last_error());
-    if ((int64_t)out->w * out->h > DT_API_MAX_IMAGE_PIXELS) {
-        dt_api_invalid(e, param, "%s is %dx%d; this server takes at most %lld pixels per image", nm, out->w, out->h,
-            (long long)DT_API_MAX_IMAGE_PIXELS);
-        dt_image_free(out);
-        return -1;
-    }
     *name = dt_strdup(nm);
     return 0;
 }
@@ -133,34 +128,35 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
     if (n_img - r->inpaint > DT_GEN_MAX_REFS)
         return dt_api_invalid(e, "image", "%d images: at most %d references%s", n_img, DT_GEN_MAX_REFS,
                    r->inpaint ? " besides the image to inpaint" : "");
+    /* references: the engine's size and aspect checks and the server's pixel limit; the image to inpaint and the
+     * mask: the pixel limit */
+    const dt_image_limits ref_lim = dt_prep_reference_limits(DT_API_MAX_IMAGE_PIXELS);
+    const dt_image_limits any_lim = {.max_pixels = DT_API_MAX_IMAGE_PIXELS};
     int k = 0;
     for (int i = 0; i < f->n; i++) {
         const dt_api_part *p = &f->parts[i];
         if (!is_image_key(p->key) || p == mask) continue;
         char what[48];
         if (r->inpaint && k == 0) {
-            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &r->init, &r->init_name, e)) return -1;
+            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &any_lim, &r->init, &r->init_name, e)) return -1;
         } else {
             snprintf(what, sizeof what, "image %d", k + 1);
-            if (decode_upload(p, what, "image", &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
+            if (decode_upload(p, what, "image", &ref_lim, &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
             r->n_refs++;
         }
         k++;
     }
     if (mask) {
-        if (decode_upload(mask, "mask", "mask", &r->mask, &r->mask_name, e)) return -1;
+        if (decode_upload(mask, "mask", "mask", &any_lim, &r->mask, &r->mask_name, e)) return -1;
         mask_from_alpha(&r->mask);
     }
     r->edit = 1;
     return 0;
 }
 
-/* What the engine will check before any model runs, answered here as a 400: every reference's sides and aspect
- * ratio, the mask's size, and the output size against the server's limits. */
+/* What the engine will check before any model runs, answered here as a 400 (every reference's sides and aspect ratio
+ * were checked from its header by decode_upload): the mask's size, and the output size against the server's limits. */
 static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_error *e) {
-    for (int i = 0; i < r->n_refs; i++)
-        if (dt_prep_check_reference(&r->refs[i], r->ref_names[i]))
-            return dt_api_invalid(e, "image", "%s", dt_last_error());
     const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
     int w = r->width, h = r->height;
     const dt_image *first = r->inpaint ? &r->init : &r->refs[0];
