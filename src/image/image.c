@@ -49,7 +49,8 @@ int dt_image_check_size(const char *name, const char *format, int64_t w, int64_t
     return 0;
 }
 
-int dt_image_decode_ex(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out) {
+static int decode(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                  dt_image *out) {
     memset(out, 0, sizeof *out);
     if (!name) name = "image";
     if (!data || n == 0) {
@@ -58,11 +59,21 @@ int dt_image_decode_ex(const uint8_t *data, size_t n, const char *name, const dt
     }
     const dt_image_limits l = dt_image_limits_resolve(lim);
     static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    if (n >= 8 && !memcmp(data, png_sig, 8)) return dt_image_decode_png(data, n, name, &l, out);
-    if (n >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) return dt_image_decode_jpeg(data, n, name, &l, out);
-    if (n >= 12 && !memcmp(data, "RIFF", 4) && !memcmp(data + 8, "WEBP", 4)) return dt_image_decode_webp(data, n, name, &l, out);
+    if (n >= 8 && !memcmp(data, png_sig, 8)) return dt_image_decode_png(data, n, name, &l, header_only, out);
+    if (n >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
+        return dt_image_decode_jpeg(data, n, name, &l, header_only, out);
+    if (n >= 12 && !memcmp(data, "RIFF", 4) && !memcmp(data + 8, "WEBP", 4))
+        return dt_image_decode_webp(data, n, name, &l, header_only, out);
     dt_set_error("%s: not a PNG, JPEG or WebP image", name);
     return -1;
+}
+
+int dt_image_decode_ex(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out) {
+    return decode(data, n, name, lim, 0, out);
+}
+
+int dt_image_probe(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out) {
+    return decode(data, n, name, lim, 1, out);
 }
 
 int dt_image_decode(const uint8_t *data, size_t n, const char *name, dt_image *out) {

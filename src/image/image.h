@@ -52,6 +52,10 @@ int dt_image_read_file(const char *path, dt_image *out);   /* the default limits
  * error messages. */
 int dt_image_decode_ex(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
 int dt_image_decode(const uint8_t *data, size_t n, const char *name, dt_image *out);   /* the default limits */
+/* The header alone, checked as dt_image_decode_ex checks it: out gets w, h, channels and nearest as the decode would
+ * give them, px NULL (nothing to free). No pixel is decoded: what a decode will hold is w * h * channels bytes.
+ * 0 ok, -1 error (the same message the decode would give for a bad header). */
+int dt_image_probe(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
 void dt_image_free(dt_image *im);
 
 /* A copy converted as Pillow's convert("RGB"): gray replicated, alpha dropped. rgb [h, w, 3] malloc'd. */
@@ -60,11 +64,14 @@ uint8_t *dt_image_to_rgb(const dt_image *im);
  * dropped. l [h, w] malloc'd. */
 uint8_t *dt_image_to_l(const dt_image *im);
 
-/* Per-format decoders (image_png.c, image_jpeg.c, image_webp.c), called by dt_image_decode_ex with lim resolved
- * (dt_image_limits_resolve: no zero field). */
-int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
-int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
-int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
+/* Per-format decoders (image_png.c, image_jpeg.c, image_webp.c), called by dt_image_decode_ex and dt_image_probe
+ * with lim resolved (dt_image_limits_resolve: no zero field); header_only: stop after the header (dt_image_probe). */
+int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                        dt_image *out);
+int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out);
+int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out);
 /* lim (NULL: none) with its zero fields set to the defaults and every field clamped to them. */
 dt_image_limits dt_image_limits_resolve(const dt_image_limits *lim);
 /* 0 when a w x h image (from the header) is within lim (resolved), else -1 with the error set naming the file. */

@@ -17,6 +17,7 @@ typedef struct {
     size_t n, pos;
     const char *name;
     const dt_image_limits *lim;
+    int header_only;
     uint8_t *pix;         /* [h, w, read channels] */
     png_bytep *rows;
     int failed_msg;       /* error already set */
@@ -89,6 +90,12 @@ static int decode(png_structp png, png_infop info, png_src *s, dt_image *out) {
         break;
     default: fail(png, s, "PNG: unknown colour type"); return -1;
     }
+    if (s->header_only) {
+        out->w = (int)w;
+        out->h = (int)h;
+        out->channels = ct == PNG_COLOR_TYPE_PALETTE ? 3 : read_ch;
+        return 0;
+    }
     png_set_interlace_handling(png);
     png_read_update_info(png, info);
     if (png_get_rowbytes(png, info) != (size_t)w * (size_t)read_ch) fail(png, s, "PNG: unexpected row layout");
@@ -128,9 +135,10 @@ static int decode(png_structp png, png_infop info, png_src *s, dt_image *out) {
     return 0;
 }
 
-int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out) {
+int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                        dt_image *out) {
     memset(out, 0, sizeof *out);
-    png_src s = {.data = data, .n = n, .name = name, .lim = lim};
+    png_src s = {.data = data, .n = n, .name = name, .lim = lim, .header_only = header_only};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &s, on_error, on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     int rc = -1;

@@ -22,7 +22,8 @@ static const char *status_text(VP8StatusCode s) {
     }
 }
 
-int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out) {
+int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out) {
     memset(out, 0, sizeof *out);
     WebPDecoderConfig cfg;
     if (!WebPInitDecoderConfig(&cfg)) {
@@ -40,6 +41,12 @@ int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const 
     }
     const int w = cfg.input.width, h = cfg.input.height, ch = cfg.input.has_alpha ? 4 : 3;
     if (dt_image_check_size(name, "WebP", w, h, lim)) return -1;
+    if (header_only) {
+        out->w = w;
+        out->h = h;
+        out->channels = ch;
+        return 0;
+    }
     const size_t stride = (size_t)w * (size_t)ch, size = stride * (size_t)h;
     uint8_t *pix = malloc(size);
     if (!pix) {

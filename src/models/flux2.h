@@ -66,6 +66,10 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
  * supports capture, else ignored). The first call at a shape runs eagerly, the second captures, later
  * ones replay. Traced calls always run eagerly. */
 void flux2_set_graph(flux2_model *m, int on);
+/* A cancellation flag (dt_cancel_requested) the forwards poll before each block, so that a cancelled request stops
+ * within one block instead of one step: the forward then fails with "cancelled" (its output unset). A forward being
+ * captured into a CUDA graph runs whole. NULL: none. */
+void flux2_set_cancel(flux2_model *m, const volatile int *flag);
 
 /* Keep text features on the device across forwards (the denoising loop passes the same prompt every step):
  * uploads txt [t, joint_dim] now; later flux2_forward calls with this same pointer and t copy it on the

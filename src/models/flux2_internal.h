@@ -35,6 +35,7 @@ struct flux2_model {
      * with the same (N, T) (the first one, eager, lets every scratch buffer reach its size) and replayed */
     int use_graph;
     void *graph;
+    const volatile int *cancel;   /* flux2_set_cancel: polled before each block of an eager forward (NULL: none) */
     int graph_n, graph_t, graph_nout, warm_n, warm_t, warm_nout;   /* the shape: rows, text rows, projected rows */
     /* resident text features (flux2_text_resident): host buffers the caller keeps unchanged, uploaded once;
      * a forward whose txt matches one copies it on the device instead of uploading again. Two slots (the

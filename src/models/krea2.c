@@ -43,7 +43,10 @@ struct krea2_model {
     dt_linear_set lin;               /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
     krea2_acts buf;                  /* for the last (N, T); kept between calls */
+    const volatile int *cancel;      /* krea2_set_cancel: polled before each block (NULL: none) */
 };
+
+void krea2_set_cancel(krea2_model *m, const volatile int *flag) { m->cancel = flag; }
 
 /* ------------------------------------------------------------------ config */
 
@@ -703,6 +706,11 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
     krea2_block_io io = krea2_acts_block(c, b);
     char name[32];
     for (int l = 0; l < c->num_layers; l++) {
+        if (dt_cancel_requested(m->cancel)) {
+            be->sync(be);
+            dt_set_error("krea2: cancelled");
+            return -1;
+        }
         krea2_block(be, c, &m->blk[l], &io, l);
         if (trace) {
             snprintf(name, sizeof name, "block.%d", l);

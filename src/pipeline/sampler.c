@@ -13,9 +13,10 @@ int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_re
         const int i = s->first + k;
         if (dt_gen_cancelled(g)) return DT_GEN_CANCELLED;
         double ts0 = dt_now();
-        if (s->predict(s->ctx, i, x, 0, s->v)) return -1;
+        /* a forward stopped inside by the request's cancel flag is a cancellation, not an error */
+        if (s->predict(s->ctx, i, x, 0, s->v)) return dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1;
         if (s->cfg) {
-            if (s->predict(s->ctx, i, x, 1, s->u)) return -1;
+            if (s->predict(s->ctx, i, x, 1, s->u)) return dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1;
             const float gs = s->guidance;
             float *v = s->v;
             const float *u = s->u;

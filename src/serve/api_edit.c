@@ -110,6 +110,46 @@ static int decode_upload(const dt_api_part *p, const char *what, const char *par
     return 0;
 }
 
+/* The limits an upload's header must meet: references the engine's size and aspect checks and the server's pixel
+ * limit; the image to inpaint (the first image part when a mask came) and the mask the pixel limit. */
+static dt_image_limits upload_limits(const dt_api_form *f, const dt_api_part *p) {
+    int has_mask = 0;
+    const dt_api_part *first_image = NULL;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *q = &f->parts[i];
+        if (!strcmp(q->key, "mask")) has_mask = 1;
+        else if (is_image_key(q->key) && !first_image) first_image = q;
+    }
+    if (strcmp(p->key, "mask") && !(has_mask && p == first_image))
+        return dt_prep_reference_limits(DT_API_MAX_IMAGE_PIXELS);
+    dt_image_limits any = {.max_pixels = DT_API_MAX_IMAGE_PIXELS};
+    return any;
+}
+
+int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *e) {
+    *bytes = 0;
+    int k = 0;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *p = &f->parts[i];
+        if (!is_image_key(p->key)) continue;
+        const int is_mask = !strcmp(p->key, "mask");
+        k += !is_mask;
+        if (!p->data.len) continue;   /* an empty upload is refused by the parse */
+        const dt_image_limits lim = upload_limits(f, p);
+        char what[48], nm[200];   /* named as decode_images names it */
+        if (is_mask) snprintf(what, sizeof what, "mask");
+        else snprintf(what, sizeof what, "image %d", k);
+        if (p->filename && p->filename[0]) snprintf(nm, sizeof nm, "%s '%.120s'", what, p->filename);
+        else snprintf(nm, sizeof nm, "%s", what);
+        dt_image h;
+        if (dt_image_probe((const uint8_t *)p->data.data, p->data.len, nm, &lim, &h))
+            return dt_api_invalid(e, is_mask ? "mask" : "image", "%s", dt_last_error());
+        /* the decoded pixels, and for a mask with alpha its L copy */
+        *bytes += (int64_t)h.w * h.h * (h.channels + (is_mask && h.channels % 2 == 0));
+    }
+    return 0;
+}
+
 /* Decode the uploads into r: image parts in order (the first is the init image when a mask came), the mask. */
 static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *e) {
     const dt_api_part *mask = NULL;
@@ -128,26 +168,24 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
     if (n_img - r->inpaint > DT_GEN_MAX_REFS)
         return dt_api_invalid(e, "image", "%d images: at most %d references%s", n_img, DT_GEN_MAX_REFS,
                    r->inpaint ? " besides the image to inpaint" : "");
-    /* references: the engine's size and aspect checks and the server's pixel limit; the image to inpaint and the
-     * mask: the pixel limit */
-    const dt_image_limits ref_lim = dt_prep_reference_limits(DT_API_MAX_IMAGE_PIXELS);
-    const dt_image_limits any_lim = {.max_pixels = DT_API_MAX_IMAGE_PIXELS};
     int k = 0;
     for (int i = 0; i < f->n; i++) {
         const dt_api_part *p = &f->parts[i];
         if (!is_image_key(p->key) || p == mask) continue;
         char what[48];
+        const dt_image_limits lim = upload_limits(f, p);
         if (r->inpaint && k == 0) {
-            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &any_lim, &r->init, &r->init_name, e)) return -1;
+            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &lim, &r->init, &r->init_name, e)) return -1;
         } else {
             snprintf(what, sizeof what, "image %d", k + 1);
-            if (decode_upload(p, what, "image", &ref_lim, &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
+            if (decode_upload(p, what, "image", &lim, &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
             r->n_refs++;
         }
         k++;
     }
     if (mask) {
-        if (decode_upload(mask, "mask", "mask", &any_lim, &r->mask, &r->mask_name, e)) return -1;
+        const dt_image_limits lim = upload_limits(f, mask);
+        if (decode_upload(mask, "mask", "mask", &lim, &r->mask, &r->mask_name, e)) return -1;
         mask_from_alpha(&r->mask);
     }
     r->edit = 1;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "serve/api.h"
+#include "serve/image_budget.h"
 #include "serve/strbuf.h"
 
 typedef enum { DT_JOB_QUEUED, DT_JOB_RUNNING, DT_JOB_DONE, DT_JOB_FAILED, DT_JOB_CANCELLED } dt_job_state;
@@ -19,6 +20,8 @@ typedef enum { DT_JOB_QUEUED, DT_JOB_RUNNING, DT_JOB_DONE, DT_JOB_FAILED, DT_JOB
 typedef struct dt_job dt_job;
 struct dt_job {
     dt_api_request req;
+    dt_image_budget *budget;        /* where req's decoded images are counted (NULL: none), image_bytes of them; */
+    int64_t image_bytes;            /* released when the job is freed */
     volatile int cancel;            /* set by the HTTP side; read by the engine between steps */
 
     pthread_mutex_t mu;
