@@ -27,9 +27,9 @@
  * the allocator's arenas; each refused edit would add 144 MiB without the budget. */
 #define BUDGET_HWM_TOL_MB 48
 /* After a cancel, the worker takes the next request within this fraction of a step: it finishes the block it is in
- * (the tiny model has 3 blocks a step: about a third) instead of the whole step; the rest is headroom for a loaded
- * machine. */
-#define CANCEL_STEP_FRAC 0.6
+ * (the tiny model has 3 blocks a step: about a third) instead of the rest of the step (without the per-block check it
+ * waited 0.9 of a step); the rest is headroom for a loaded machine. */
+#define CANCEL_STEP_FRAC 0.5
 /* Also allowed after a cancel: the waiting HTTP thread notices the client is gone within a 50 ms slice, curl starts. */
 #define CANCEL_SLACK_S 1.0
 /* The cancelled job's size: large enough that one step takes seconds on one thread. */

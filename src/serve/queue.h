@@ -4,7 +4,7 @@
  * waits on it; a worker pops it, runs it and publishes progress, images and the end through the job, under the
  * job's lock. Either side may drop its reference first (a client that disconnects, a worker that finishes):
  * the last one frees the job. A disconnecting client sets the job's cancel flag, which the engine checks
- * between steps (and a queued job is taken out of the queue). */
+ * between steps and before each DiT block (and a queued job is taken out of the queue). */
 #ifndef DT_SERVE_QUEUE_H
 #define DT_SERVE_QUEUE_H
 
@@ -22,7 +22,7 @@ struct dt_job {
     dt_api_request req;
     dt_image_budget *budget;        /* where req's decoded images are counted (NULL: none), image_bytes of them; */
     int64_t image_bytes;            /* released when the job is freed */
-    volatile int cancel;            /* set by the HTTP side; read by the engine between steps */
+    volatile int cancel;            /* set by the HTTP side; read by the engine between steps and DiT blocks */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;              /* signalled on every change below */
