@@ -124,7 +124,8 @@ static int wait_metric(const server *s, const char *name, double v, int ms) {
 /* A streamed generation of side x side and steps in the background (curl -N; its events on *out_fd when given). */
 static pid_t generation(const server *s, int side, int steps, int *out_fd) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "exec curl -s -N %s -X POST --data-binary '{\"prompt\": \"slow\", \"size\": \"%dx%d\", "
+    snprintf(cmd, sizeof cmd, "exec curl -s -N %s -X POST -H 'Content-Type: application/json' --data-binary '{\"prompt\": "
+             "\"slow\", \"size\": \"%dx%d\", "
              "\"steps\": %d, \"stream\": true}' http://127.0.0.1:%d/v1/images/generations", out_fd ? "" : "-o /dev/null",
              side, side, steps, s->port);
     return spawn(cmd, out_fd);

@@ -175,7 +175,8 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
         char what[48];
         const dt_image_limits lim = upload_limits(f, p);
         if (r->inpaint && k == 0) {
-            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &lim, &r->init, &r->init_name, e)) return -1;
+            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &lim, &r->init, &r->init_name, e))
+                return -1;
         } else {
             snprintf(what, sizeof what, "image %d", k + 1);
             if (decode_upload(p, what, "image", &lim, &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;

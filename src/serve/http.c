@@ -265,7 +265,7 @@ static enum MHD_Result fail(req_ctx *r, struct MHD_Connection *c, int status, co
     return answer_error(r, c, &e, h1, v1);
 }
 
-/* A job this request no longer waits for: stop it between steps, or take it out of the queue. */
+/* A job this request no longer waits for: stop it at the next DiT block or step, or take it out of the queue. */
 static void cancel_job(req_ctx *r) {
     dt_job *j = r->job;
     if (!j) return;
@@ -562,8 +562,8 @@ static enum MHD_Result post_edit(req_ctx *r, struct MHD_Connection *c) {
     const double mib = 1024.0 * 1024.0;
     int b = dt_image_budget_reserve(&s->images, bytes);
     if (b == -2)
-        return fail(r, c, 413, "image", NULL, NULL, "this edit's images decode to %.1f MiB, more than this server holds "
-                    "for all edits together (%.1f MiB, --max-queued-image-bytes)", (double)bytes / mib,
+        return fail(r, c, 413, "image", NULL, NULL, "this edit's images decode to %.1f MiB, more than this server "
+                    "holds for all edits together (%.1f MiB, --max-queued-image-bytes)", (double)bytes / mib,
                     (double)s->o.max_image_bytes / mib);
     if (b == -1) {
         char ra[16];
