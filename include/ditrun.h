@@ -71,7 +71,7 @@ typedef struct {
     int64_t noise_len;
     ditrun_progress_fn progress;/* optional, called after each step */
     void *progress_user;
-    const volatile int *cancel; /* optional: set non-zero (any thread) to stop the request between steps */
+    const volatile int *cancel; /* optional: set non-zero (any thread) to stop the request at a step or DiT block */
     /* image editing (FLUX.2-klein; a Flux2KleinKVPipeline model caches the references' attention keys/values): */
     const ditrun_image_input *images;      /* reference images in order (n_images, at most 16); width/height left
                                             * at 0 come from the first one (resized to 1024x1024 pixels of area when

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "image/edit_prep.h"
 #include "image/image.h"
 #include "models/flux2.h"
 #include "pipeline/engine.h"
@@ -63,14 +64,16 @@ typedef struct {
     int n;
 } api_images;
 
-static int decode_input(const ditrun_image_input *in, const char *what, dt_image *out, const char **name) {
+/* lim: what the image must be (NULL: any size the decoder takes), checked from its header. */
+static int decode_input(const ditrun_image_input *in, const char *what, const dt_image_limits *lim, dt_image *out,
+                        const char **name) {
     if (in->path) {
         *name = in->path;
-        return dt_image_read_file(in->path, out);
+        return dt_image_read_file_ex(in->path, lim, out);
     }
     *name = in->name ? in->name : what;
     if (!in->data || !in->size) { dt_set_error("%s: no image data (path or data + size)", *name); return -1; }
-    return dt_image_decode(in->data, in->size, *name, out);
+    return dt_image_decode_ex(in->data, in->size, *name, lim, out);
 }
 
 static void api_images_free(api_images *a) {
@@ -86,21 +89,22 @@ static int api_images_load(const ditrun_generate_opts *o, api_images *a, dt_gen_
         dt_set_error("generate: %d reference images (at most %d)", o->n_images, DT_GEN_MAX_REFS);
         return -1;
     }
+    const dt_image_limits ref_lim = dt_prep_reference_limits(0);
     for (; a->n < o->n_images; a->n++) {
         char nm[48];
         snprintf(nm, sizeof nm, "reference image %d", a->n + 1);
-        if (decode_input(&o->images[a->n], nm, &a->refs[a->n], &a->ref_names[a->n])) return -1;
+        if (decode_input(&o->images[a->n], nm, &ref_lim, &a->refs[a->n], &a->ref_names[a->n])) return -1;
         if (!o->images[a->n].path && !o->images[a->n].name) a->ref_names[a->n] = NULL;   /* "reference image k" */
     }
     p->refs = a->refs;
     p->ref_names = a->ref_names;
     p->n_refs = a->n;
     if (o->init_image) {
-        if (decode_input(o->init_image, "init image", &a->init, &p->init_name)) return -1;
+        if (decode_input(o->init_image, "init image", NULL, &a->init, &p->init_name)) return -1;
         p->init_image = &a->init;
     }
     if (o->mask) {
-        if (decode_input(o->mask, "mask", &a->mask, &p->mask_name)) return -1;
+        if (decode_input(o->mask, "mask", NULL, &a->mask, &p->mask_name)) return -1;
         p->mask = &a->mask;
     }
     return 0;

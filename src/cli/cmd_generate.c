@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "image/edit_prep.h"
 #include "io/safetensors.h"
 #include "pipeline/engine.h"
 #include "core/outfile.h"
@@ -199,8 +200,9 @@ typedef struct {
 } edit_files;
 
 static int edit_files_load(edit_files *e, dt_gen_params *p) {
+    const dt_image_limits ref_lim = dt_prep_reference_limits(0);   /* refused from the file's header */
     for (int i = 0; i < e->n_refs; i++)
-        if (dt_image_read_file(e->ref_paths[i], &e->refs[i])) return -1;
+        if (dt_image_read_file_ex(e->ref_paths[i], &ref_lim, &e->refs[i])) return -1;
     if (e->init_path && dt_image_read_file(e->init_path, &e->init)) return -1;
     if (e->mask_path && dt_image_read_file(e->mask_path, &e->mask)) return -1;
     p->refs = e->refs;

@@ -23,6 +23,10 @@ static void usage(FILE *f) {
             "  --max-queue N               requests that may wait for the model; past that 429 (default 16)\n"
             "  --max-pixels N              width * height of one image at most (default: 2048x2048 on a GPU; on the\n"
             "                              CPU 1024x1024, the native size: minutes an image there, 2048x2048 tens of minutes)\n"
+            "  --max-queued-image-bytes N  decoded upload bytes that edits hold together while queued or running\n"
+            "                              (width x height x channels of each image, known from the headers before\n"
+            "                              decoding); past that 429 with Retry-After, or 413 for one edit alone over it\n"
+            "                              (default 2147483648 = 2 GiB; one edit's images: at most 4096x4096 each)\n"
             "  --max-steps N               steps of one request at most (default 100)\n"
             "  --max-sequence-length N     text tokens of every request (default 512, as generate)\n"
             "  --api-key-file FILE         every /v1 route needs \"Authorization: Bearer KEY\" with the key on FILE's\n"
@@ -147,6 +151,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port")) { if (cli_parse_int(a, v, 0, 65535, &l)) return 1; o.port = (int)l; i++; }
         else if (!strcmp(a, "--max-queue")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; o.max_queue = (int)l; i++; }
         else if (!strcmp(a, "--max-pixels")) { if (cli_parse_int(a, v, 1, 1L << 40, &l)) return 1; o.max_pixels = l; i++; }
+        else if (!strcmp(a, "--max-queued-image-bytes")) { if (cli_parse_int(a, v, 1, 1L << 50, &l)) return 1; o.max_image_bytes = l; i++; }
         else if (!strcmp(a, "--max-steps")) { if (cli_parse_int(a, v, 1, 1000, &l)) return 1; o.max_steps = (int)l; i++; }
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; o.max_seq_len = (int)l; i++; }
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }

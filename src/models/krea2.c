@@ -44,7 +44,10 @@ struct krea2_model {
     size_t weight_bytes;
     krea2_acts buf;                  /* for the last (N, T); kept between calls */
     dt_fbc_branch *fbc;              /* First Block Cache state of the forwards (krea2_set_block_cache; NULL: none) */
+    const volatile int *cancel;      /* krea2_set_cancel: polled before each block (NULL: none) */
 };
+
+void krea2_set_cancel(krea2_model *m, const volatile int *flag) { m->cancel = flag; }
 
 /* ------------------------------------------------------------------ config */
 
@@ -708,6 +711,11 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
     char name[32];
     if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);
     for (int l = 0; l < c->num_layers; l++) {
+        if (dt_cancel_requested(m->cancel)) {
+            be->sync(be);
+            dt_set_error("krea2: cancelled");
+            return -1;
+        }
         krea2_block(be, c, &m->blk[l], &io, l);
         if (trace) {
             snprintf(name, sizeof name, "block.%d", l);

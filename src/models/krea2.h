@@ -82,6 +82,10 @@ void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f);
  *   out       [N, out_channels]              velocity (f32 host)
  *   trace     optional observer (NULL = none)
  * Returns 0 or -1 (dt_last_error). */
+/* A cancellation flag (dt_cancel_requested) the forwards poll before each block: a cancelled request stops within one
+ * block, the forward failing with "cancelled". NULL: none. */
+void krea2_set_cancel(krea2_model *m, const volatile int *flag);
+
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud);
 

@@ -20,7 +20,8 @@ static void k2_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len) {
     krea2_weight_info(dt_dit_model(d), bytes, fmt, fmt_len);
 }
 static void k2_free(void *m) { krea2_free(m); }
-static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_info, k2_free};
+static void k2_cancel(dt_dit *d, const volatile int *flag) { krea2_set_cancel(dt_dit_model(d), flag); }
+static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_info, k2_free, k2_cancel};
 
 dt_dit *krea2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) { dt_set_error("%s: Krea 2 has no split forward (--sequence-parallel)", path); return NULL; }

@@ -54,7 +54,7 @@ typedef struct {
     int64_t noise_len;
     dt_gen_progress progress;   /* optional */
     void *progress_ud;
-    const volatile int *cancel; /* optional: checked between steps; non-zero cancels */
+    const volatile int *cancel; /* optional: non-zero cancels; checked between steps and before each DiT block */
     /* image editing (pipelines whose info.editing is set), decoded images (image/image.h) the caller keeps: */
     const dt_image *refs;       /* reference images in order (n_refs, 0..DT_GEN_MAX_REFS); a size not given comes
                                  * from the first one (after its preparation) */

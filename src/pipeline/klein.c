@@ -436,7 +436,9 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
                      .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND,
                      .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict,
                      .after_step = inpaint ? klein_restore : NULL, .ctx = &kc, .v = v, .u = u};
+    dt_dit_set_cancel(s->dit, g->cancel);   /* checked per block (the split forward: per step) */
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    dt_dit_set_cancel(s->dit, NULL);
     if (refs_set) {
         set_refs(s, NULL, NULL, 0, 0);
         s->dit_refs = s->dit_refs_valid = 0;

@@ -306,7 +306,9 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .n = (size_t)N * C,
                      .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u};
+    dt_dit_set_cancel(k->dit, g->cancel);   /* checked per block */
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    dt_dit_set_cancel(k->dit, NULL);
     if (rc) goto done;
     rc = -1;
     if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }

@@ -32,9 +32,10 @@ static int sample_loop(const dt_sampler *s, dt_step_cache *sc, float *x, const d
         const int i = s->first + k;
         if (dt_gen_cancelled(g)) return DT_GEN_CANCELLED;
         double ts0 = dt_now();
-        if (pass(s, sc, k, x, 0, s->v)) return -1;
+        /* a forward stopped inside by the request's cancel flag is a cancellation, not an error */
+        if (pass(s, sc, k, x, 0, s->v)) return dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1;
         if (s->cfg) {
-            if (pass(s, sc, k, x, 1, s->u)) return -1;
+            if (pass(s, sc, k, x, 1, s->u)) return dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1;
             const float gs = s->guidance;
             float *v = s->v;
             const float *u = s->u;

@@ -49,6 +49,7 @@ void dt_job_unref(dt_job *j) {
     free(j->seeds);
     sb_free(&j->events);
     dt_api_request_free(&j->req);
+    if (j->budget) dt_image_budget_release(j->budget, j->image_bytes);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

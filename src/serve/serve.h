@@ -30,6 +30,8 @@ typedef struct {
     int devices[DT_SERVE_MAX_WORKERS];  /* the CUDA devices: worker w runs on devices[w*N .. w*N + N-1] (N =
                                          * load.sequence_parallel, or 1), its DiT split over them when N > 1 */
     int max_queue;              /* jobs that may wait; past that 429 */
+    int64_t max_image_bytes;    /* decoded upload bytes that edit requests (queued, running, answering) hold together;
+                                 * past that 429, or 413 for one request alone over it */
     int64_t max_pixels;         /* width * height of one image at most (0: the backend's default,
                                  * DT_SERVE_MAX_PIXELS_CPU on the CPU, DT_SERVE_MAX_PIXELS_GPU on a GPU) */
     int max_steps;
