@@ -80,6 +80,8 @@ typedef struct {
     const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
     const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
     double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
+    int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
+                                            * VAE decoding/encoding, see ditrun_load_opts */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */
@@ -104,6 +106,10 @@ typedef struct {
     const char *const *loras;           /* LoRA adapters for the DiT as "FILE[:SCALE]" (FLUX.2-klein), n_loras of
                                          * them (at most 8): merged into dense weights, side products on quantized */
     int n_loras;
+    int vae_tiling;                     /* decode/encode images larger than a tile in overlapping tiles, blended as
+                                         * diffusers' enable_tiling: VAE memory follows the tile, not the image */
+    int vae_tile_size;                  /* the tile side in pixels, a multiple of 4 x the VAE's factor (32 for the
+                                         * released VAEs); 0 = the VAE's default (FLUX.2 1024, Qwen-Image 256) */
 } ditrun_load_opts;
 typedef struct {
     const char *family;                 /* "flux2-klein", "krea2", ... */

@@ -64,6 +64,11 @@ static void usage(FILE *f) {
             "                              PEFT/diffusers, kohya/ai-toolkit or BFL-named safetensors; merged into dense\n"
             "                              weights, a low-rank side product on quantized ones (q4/q8, fp8, GGUF)\n"
             "  --lora-side                 apply adapters as side products on dense weights too (instead of merging)\n"
+            "  --vae-tiling                decode (and, for editing, encode) images larger than one VAE tile in\n"
+            "                              overlapping tiles blended over the overlap, as diffusers' enable_tiling: VAE\n"
+            "                              memory follows the tile, not the image; seams differ slightly from one pass\n"
+            "  --vae-tile-size N           the tile side in pixels (implies --vae-tiling; a multiple of 32 for the\n"
+            "                              released VAEs; default FLUX.2 1024 (its config's sample_size), Krea 2 256)\n"
             "  --sequence-parallel N       split the DiT's forward over N GPUs (devices 0..N-1 from the backend's;\n"
             "                              NCCL, libnccl.so.2, loaded at run time); on the CPU backend N thread ranks\n"
             "                              (the same schedule, for tests: not faster). docs/sequence-parallel.md\n"
@@ -199,6 +204,7 @@ int cmd_generate(int argc, char **argv) {
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
+    cli_vae_opts vo = {0, 0};
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     const char *output = NULL, *save = NULL;
@@ -209,6 +215,7 @@ int cmd_generate(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_model_opt(&mo, argc, argv, &i);
         if (!r) r = cli_lora_opt(&lor, argc, argv, &i);
+        if (!r) r = cli_vae_opt(&vo, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -306,6 +313,8 @@ int cmd_generate(int argc, char **argv) {
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
+    lo.vae_tiling = vo.tiling;
+    lo.vae_tile = vo.tile;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) { edit_files_free(&ef); return 1; }
     dt_log(1, "ditrun: backend %s\n", be->name);

@@ -20,6 +20,7 @@
 #include "models/krea2.h"
 #include "models/qwen3.h"
 #include "models/vae_qwenimage.h"
+#include "models/vae_tiling.h"
 #include "pipeline/family.h"
 #include "pipeline/krea2_prompt.h"
 #include "pipeline/sampler.h"
@@ -113,7 +114,9 @@ static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
     krea2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
     if (!k->dit && !(k->dit = krea2_load_ex(p->be, p->root, &lo))) return -1;
-    if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
+    if (!k->vae && (!(k->vae = dt_qvae_load(p->be, p->root)) ||
+                    dt_qvae_set_tiling(k->vae, p->opts.vae_tiling, p->opts.vae_tile)))
+        return -1;
     return 0;
 }
 
@@ -158,6 +161,9 @@ static int k2_load(dt_pipeline *p, const json *idx) {
         dt_set_error("%s: scheduler base_image_seq_len and max_image_seq_len are equal (no time shift line)", root);
         goto out;
     }
+    if (p->opts.vae_tiling &&   /* a tile size that cannot work is refused before anything loads */
+        vae_tiling_check(root, p->opts.vae_tile ? p->opts.vae_tile : DT_QVAE_DEFAULT_TILE, k->vcfg.scale_factor))
+        goto out;
     if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
     p->info.distilled = k->distilled;
     p->info.default_steps = k->distilled ? K2_DISTILLED_STEPS : K2_DEFAULT_STEPS;
