@@ -283,6 +283,19 @@ static void check_reference(dt_backend *be) {
         else t_check_rel_l2(name, got, want, n, TOL_REFERENCE);
         /* diffusers' own seams: its tiled vs untiled, beside ours */
         printf("INFO %s diffusers tiled vs untiled: rel L2 %.4f\n", tags[k], dt_rel_l2(want, want_u, n));
+        /* FLUX.2: diffusers' tiled encode of its tiled image (the posterior mean) */
+        const st_tensor *ti = st_find(f, "flux2.enc_image"), *te = st_find(f, "flux2.enc_tiled");
+        if (v.f && ti && te && (size_t)ti->numel == n && te->numel == tl->numel) {
+            float *img = st_to_f32(ti), *want_e = st_to_f32(te), *got_e = malloc(sizeof(float) * (size_t)te->numel);
+            rc = dt_vae_encode(v.f, img, h * S, w * S, got_e);
+            if (rc || !dt_vae_last_tiled(v.f)) T_FAIL("flux2_diffusers_tiled_encode", "rc %d: %s", rc, dt_last_error());
+            else t_check_rel_l2("flux2_diffusers_tiled_encode", got_e, want_e, (size_t)te->numel, TOL_REFERENCE);
+            free(img);
+            free(want_e);
+            free(got_e);
+        } else if (v.f) {
+            T_FAIL("flux2_diffusers_tiled_encode", "flux2.enc_image / flux2.enc_tiled missing or misshapen");
+        }
         free(lat);
         free(want);
         free(want_u);
