@@ -1,0 +1,77 @@
+/* test_placement.c — the device-memory placement planner (pipeline/placement.h) on the CPU: which parts stay
+ * resident, whether the VAE is tiled, the predicted phase peaks, and the one-line error naming the smallest workable
+ * budget, for a one-shot run and a resident pipeline at sizes whose phases are worked out by hand below. */
+#include <stdio.h>
+#include <string.h>
+
+#include "pipeline/placement.h"
+#include "test.h"
+
+#define GiB (1LL << 30)
+#define G10(x) ((int64_t)((x) * GiB / 10))   /* x tenths of a GiB: exact sums in the checks */
+
+/* A text encoder of 8 GiB, a 2 GiB transformer, a 0.2 GiB VAE; activations: encode 0.5, a forward 1.0, the untiled
+ * decode 8.0 (a large image), one tile 1.5. */
+static dt_place_sizes sizes(int resident) {
+    dt_place_sizes s = {G10(80), G10(20), G10(2), G10(5), G10(10), G10(80), G10(15), resident};
+    return s;
+}
+
+static void expect(const char *name, int64_t budget, const dt_place_sizes *s, int ok, int rel, int tiled, int64_t peak) {
+    dt_place_plan p;
+    int rc = dt_place_plan_make(budget, s, &p);
+    T_CHECK(name, (rc == 0) == ok && p.release_text_encoder == rel && p.vae_tiling == tiled && p.peak == peak,
+            "rc %d release %d tiled %d peak %lld (want ok %d release %d tiled %d peak %lld)", rc, p.release_text_encoder,
+            p.vae_tiling, (long long)p.peak, ok, rel, tiled, (long long)peak);
+}
+
+int main(void) {
+    /* one image: the encoder is released (it runs alone: 8.5); untiled the decode is 2.2 + 8 = 10.2, tiled 3.7 */
+    dt_place_sizes one = sizes(0);
+    expect("oneshot_unbounded", 0, &one, 1, 1, 0, G10(102));
+    expect("oneshot_roomy", 12 * GiB, &one, 1, 1, 0, G10(102));
+    expect("oneshot_tiles_when_needed", 9 * GiB, &one, 1, 1, 1, G10(85));
+    expect("oneshot_exact_fit", G10(85), &one, 1, 1, 1, G10(85));
+    expect("oneshot_too_small", 8 * GiB, &one, 0, 1, 1, G10(85));
+    dt_place_plan p;
+    dt_place_plan_make(8 * GiB, &one, &p);
+    T_CHECK("oneshot_error_names_smallest", strstr(dt_last_error(), "8.00 GiB is below the smallest workable 8.50 GiB") &&
+                strstr(dt_last_error(), "text encoder released, VAE tiled"),
+            "%s", dt_last_error());
+    T_CHECK("oneshot_phases", p.phase_peak[DT_PHASE_ENCODE] == G10(85) && p.phase_peak[DT_PHASE_DENOISE] == G10(32) &&
+                                  p.phase_peak[DT_PHASE_DECODE] == G10(37) && p.min_budget == G10(85),
+            "phases %lld %lld %lld min %lld", (long long)p.phase_peak[0], (long long)p.phase_peak[1],
+            (long long)p.phase_peak[2], (long long)p.min_budget);
+
+    /* resident: all kept = 10.7 / 11.2 / 18.2; tiled 11.7; encoder released: encode still 10.7 (the transformer is
+     * loaded), denoise 3.2, decode 10.2 untiled, 3.7 tiled */
+    dt_place_sizes res = sizes(1);
+    expect("resident_unbounded", 0, &res, 1, 0, 0, G10(182));
+    expect("resident_roomy", 20 * GiB, &res, 1, 0, 0, G10(182));
+    expect("resident_tiles_first", 12 * GiB, &res, 1, 0, 1, G10(117));
+    expect("resident_then_releases", 11 * GiB, &res, 1, 1, 0, G10(107));
+    expect("resident_too_small", 10 * GiB, &res, 0, 1, 0, G10(107));
+    T_CHECK("resident_error", strstr(dt_last_error(), "smallest workable 10.70 GiB"), "%s", dt_last_error());
+
+    /* an image of one tile: tiling is never chosen (it would change nothing) */
+    dt_place_sizes small = sizes(1);
+    small.vae_tile_act = 0;
+    small.vae_act = G10(5);
+    expect("one_tile_never_tiles", G10(112), &small, 1, 0, 0, G10(112));
+    expect("one_tile_releases_instead", G10(111), &small, 1, 1, 0, G10(107));
+
+    /* a transformer that does not fit with its forward: no plan (block streaming is not a placement) */
+    dt_place_sizes big = sizes(0);
+    big.transformer = 30 * GiB;
+    expect("transformer_too_big", 24 * GiB, &big, 0, 1, 1, 30 * GiB + G10(2) + G10(15));
+
+    char line[256];
+    dt_place_plan_make(9 * GiB, &one, &p);
+    dt_place_plan_describe(&p, line, sizeof line);
+    T_CHECK("describe", !strcmp(line, "text encoder released, VAE tiled; predicted peak 8.50 GiB (encode 8.50 GiB, "
+                                      "denoise 3.20 GiB, decode 3.70 GiB); smallest workable 8.50 GiB"),
+            "'%s'", line);
+    char b[32];
+    T_CHECK("bytes_mib", !strcmp(dt_place_bytes(300LL << 20, b, sizeof b), "300.0 MiB"), "'%s'", b);
+    return T_DONE();
+}
