@@ -43,6 +43,9 @@
 /* diffusers' tiled decode in float32 on the CPU vs ours: the same tiles and blend, only summation order differs
  * (as test_vae's TOL_CPU). */
 #define TOL_REFERENCE 1e-4
+/* The planner's activation bytes: the same buffers the decoder allocates (the CPU backend counts them), so only
+ * what the estimate leaves out (an op's small temporaries) may differ. */
+#define TOL_ACT_BYTES 0.02
 /* CUDA runs activations in bf16 through ~20 layers (test_vae's TOL_CUDA). */
 #define TOL_CUDA 2e-2
 
@@ -253,6 +256,37 @@ static void check_encoder(dt_vae *v, const float *img) {
     free(first);
 }
 
+/* The activation bytes the planner counts (dt_vae_decode_act_bytes, dt_qvae_decode_act_bytes) against the CPU
+ * backend's measured peak above the weights, untiled and tiled: a fresh backend for each measurement. */
+static void check_act_estimate(const char *tag, const char *dir, const float *lat) {
+    for (int tiled = 0; tiled < 2; tiled++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s_act_bytes_%s", tag, tiled ? "tiled" : "untiled");
+        dt_backend_opts opts = {0};
+        dt_backend *be = dt_backend_cpu_create(&opts);
+        vae v;
+        if (!be || vae_open(&v, be, tag, dir)) { T_FAIL(name, "%s", dt_last_error()); if (be) be->destroy(be); continue; }
+        size_t cur = 0, peak = 0;
+        be->mem_stats(be, &cur, &peak);
+        float *rgb = malloc(sizeof(float) * 3 * LH * S * LW * S);
+        set_tiling(&v, tiled, TILE);
+        int rc = decode(&v, lat, LH, LW, rgb);
+        size_t cur2 = 0, peak2 = 0;
+        be->mem_stats(be, &cur2, &peak2);
+        const int elem = (int)dt_dtype_size(be->act_dtype), t = tiled ? TILE : 0;
+        const int64_t est = v.f ? dt_vae_decode_act_bytes(dt_vae_get_config(v.f), t, LH, LW, elem)
+                                : dt_qvae_decode_act_bytes(dt_qvae_get_config(v.q), t, LH, LW, elem);
+        const double measured = (double)peak2 - (double)cur;
+        printf("INFO %s decode %s: activations predicted %.2f MiB, measured %.2f MiB (CPU backend peak above the "
+               "weights)\n", tag, tiled ? "tiled" : "untiled", est / 1048576.0, measured / 1048576.0);
+        T_CHECK(name, rc == 0 && fabs(est - measured) <= TOL_ACT_BYTES * measured, "predicted %lld, measured %.0f",
+                (long long)est, measured);
+        free(rgb);
+        vae_close(&v);
+        be->destroy(be);
+    }
+}
+
 /* diffusers' tiled decode (tools/vae_tiling_reference.py) of its own latent, when the file is there. */
 static void check_reference(dt_backend *be) {
     const char *path = fx("vae_tiling_reference.safetensors");
@@ -370,6 +404,7 @@ int main(void) {
         tiled_cpu[k] = check_decoder(&v, lat[k]);
         if (v.f && tiled_cpu[k]) check_encoder(v.f, tiled_cpu[k]);
         vae_close(&v);
+        check_act_estimate(tags[k], fx(dirs[k]), lat[k]);
     }
     check_reference(cpu);
     check_pipeline(cpu);

@@ -301,6 +301,20 @@ int dt_vae_set_tiling(dt_vae *v, int enabled, int tile) {
 
 int dt_vae_last_tiled(const dt_vae *v) { return v->last_tiled; }
 
+int64_t dt_vae_decode_act_bytes(const dt_vae_config *c, int tile, int H, int W, int elem) {
+    vae_decoder d = {.latent = c->latent_channels, .top = c->block_out[c->n_blocks - 1], .out_channels = c->out_channels,
+                     .n_up = c->n_blocks};
+    for (int b = 0, prev = d.top; b < c->n_blocks; b++) {   /* the widths dt_vae_load gives the up blocks */
+        d.up[b].cin = prev;
+        d.up[b].cout = prev = c->block_out[c->n_blocks - 1 - b];
+        d.up[b].up_cout = b < c->n_blocks - 1 ? d.up[b].cout : 0;
+    }
+    const int attn = c->mid_attention ? 4 : 0;   /* q, k, v and the attention output, [hw, top] each */
+    const dt_vae_tiling t = {tile > 0, tile};
+    return tile > 0 ? vae_decoder_tiled_act_bytes(&d, &t, c->scale_factor, H, W, elem, attn)
+                    : vae_decoder_act_bytes(&d, H, W, elem, attn);
+}
+
 void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int *n, float *eps) {
     if (mean) *mean = v->bn_mean;
     if (var) *var = v->bn_var;
@@ -337,6 +351,12 @@ static int vae_decode_to(dt_vae *v, const float *latent, int H, int W, float *rg
     if (H < 1 || W < 1 || (int64_t)H * c->scale_factor > 65536 || (int64_t)W * c->scale_factor > 65536) {
         dt_set_error("vae decode: invalid latent size %dx%d", W, H);
         return -1;
+    }
+    if (dt_log_level >= 2) {
+        const int elem = (int)dt_dtype_size(v->be->act_dtype), tile = v->tiling.tile ? v->tiling.tile : c->sample_size;
+        dt_log(2, "vae: decode activations %.1f MiB untiled, %.1f MiB in %d px tiles%s\n",
+               dt_vae_decode_act_bytes(c, 0, H, W, elem) / 1048576.0, dt_vae_decode_act_bytes(c, tile, H, W, elem) / 1048576.0,
+               tile, v->tiling.enabled ? "" : " (--vae-tiling)");
     }
     return vae_decoder_run_tiled(v->be, &v->dec, &v->tiling, c->scale_factor, latent, H, W, rgb, rgb8, &v->last_tiled);
 }

@@ -48,6 +48,11 @@ int dt_vae_set_tiling(dt_vae *v, int enabled, int tile);
 /* Whether the last dt_vae_decode* / dt_vae_encode ran tiled. */
 int dt_vae_last_tiled(const dt_vae *v);
 
+/* Device bytes of the decoder's activations for a latent of H x W (elements of elem bytes: 2 bf16 on CUDA, 4 f32
+ * on the CPU), untiled (tile 0) or with tiles of `tile` pixels (one tile's): what the placement planner
+ * (pipeline/placement.h) counts for the decode phase. From the config alone. */
+int64_t dt_vae_decode_act_bytes(const dt_vae_config *c, int tile, int H, int W, int elem);
+
 /* Latent batch-norm running statistics, [latent_channels·patch²] each (host memory owned by v). */
 void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int *n, float *eps);
 

@@ -52,6 +52,10 @@ int dt_qvae_set_tiling(dt_qvae *v, int enabled, int tile);
 /* Whether the last decode ran tiled. */
 int dt_qvae_last_tiled(const dt_qvae *v);
 
+/* Device bytes of the decoder's activations for a latent of H x W (elem bytes per element), untiled (tile 0) or
+ * one tile's with tiles of `tile` pixels (dt_vae_decode_act_bytes' counterpart). From the config alone. */
+int64_t dt_qvae_decode_act_bytes(const dt_qvae_config *c, int tile, int H, int W, int elem);
+
 /* Decode latent [z_dim, H, W] (f32 host, de-normalized) into rgb [3, s·H, s·W] (f32 host, clamped to
  * [-1, 1] as the VAE's decode does; a tiled decode is not clamped, as diffusers' tiled_decode), s = scale_factor.
  * 0 ok, -1 error. */

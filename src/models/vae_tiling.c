@@ -138,3 +138,27 @@ int vae_decoder_run_tiled(dt_backend *be, const vae_decoder *d, const dt_vae_til
     if (img != rgb) free(img);
     return rc;
 }
+
+int64_t vae_decoder_act_bytes(const vae_decoder *d, int H, int W, int elem, int attn_per_token) {
+    /* the largest activation over every stage, as vae_decoder_run sizes its buffers */
+    const int64_t hw0 = (int64_t)H * W;
+    int64_t hw = hw0, cap = (int64_t)(d->latent > d->top ? d->latent : d->top) * hw;
+    for (int b = 0; b < d->n_up; b++) {
+        const vae_up_block *u = &d->up[b];
+        const int64_t cm = u->cin > u->cout ? u->cin : u->cout;
+        if (cm * hw > cap) cap = cm * hw;
+        if (u->up_cout > 0) {   /* (up_conv may be NULL in a description) */
+            hw *= 4;
+            if ((int64_t)u->cout * hw > cap) cap = (int64_t)u->cout * hw;
+        }
+    }
+    if ((int64_t)d->out_channels * hw > cap) cap = (int64_t)d->out_channels * hw;
+    return (3 * cap + (int64_t)attn_per_token * d->top * hw0) * elem;
+}
+
+int64_t vae_decoder_tiled_act_bytes(const vae_decoder *d, const dt_vae_tiling *t, int scale, int H, int W, int elem,
+                                    int attn_per_token) {
+    const vae_tile_geom g = vae_tile_geom_decode(d->latent, d->out_channels, scale, t->tile);
+    if (!vae_tiles_needed(&g, H, W)) return vae_decoder_act_bytes(d, H, W, elem, attn_per_token);
+    return vae_decoder_act_bytes(d, H < g.tile ? H : g.tile, W < g.tile ? W : g.tile, elem, attn_per_token);
+}

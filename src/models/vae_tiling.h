@@ -47,6 +47,15 @@ int vae_tile_count(const vae_tile_geom *g, int n);
  * Host memory: one input and one output tile, plus the overlap strips of a row of tiles. 0 or -1. */
 int vae_tiled_run(const vae_tile_geom *g, const float *in, int H, int W, float *out, vae_tile_fn fn, void *ctx);
 
+/* Device bytes of vae_decoder_run's activations for a latent of H x W with elements of elem bytes: its three
+ * rotating buffers (the largest stage) plus the mid-block attention's temporaries, attn_per_token values per latent
+ * pixel (FLUX.2: q, k, v, out = 4·C; Qwen-Image: qkv twice and out = 7·C). Only d's widths are read (n_up, latent,
+ * top, out_channels, up[].cin/cout/up_cout, 0 for no upsampler): a decoder described from a config without weights will do. */
+int64_t vae_decoder_act_bytes(const vae_decoder *d, int H, int W, int elem, int attn_per_token);
+/* The same for a tiled decode: one tile's (the largest tile of t's geometry; the untiled size when it is one tile). */
+int64_t vae_decoder_tiled_act_bytes(const vae_decoder *d, const dt_vae_tiling *t, int scale, int H, int W, int elem,
+                                    int attn_per_token);
+
 /* The shared decoder walk (vae_decoder_run) tiled when t->enabled and the latent [d->latent, H, W] is larger than
  * a tile; into rgb [out_channels, s·H, s·W] f32 or rgb8 [s·H, s·W, 3] (s = scale). *tiled (may be NULL) says which
  * path ran. 0 or -1. */
