@@ -224,5 +224,8 @@ int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
      * (the posterior mean of each tile: blending the mean half of quant_conv's output is blending its rows) */
     const vae_tile_geom g = vae_tile_geom_encode(3, c->latent_channels, f, v->tiling.tile);
     v->last_tiled = v->tiling.enabled && vae_tiles_needed(&g, H, W);
+    if (v->last_tiled)
+        dt_log(2, "vae: encoding %dx%d pixels in %d x %d tiles of %d px (stride %d px)\n", W, H, vae_tile_count(&g, H),
+               vae_tile_count(&g, W), g.tile, g.stride);
     return v->last_tiled ? vae_tiled_run(&g, rgb, H, W, latent, encode_whole, v) : encode_whole(v, rgb, H, W, latent);
 }
