@@ -1,9 +1,14 @@
 /* test_placement.c — the device-memory placement planner (pipeline/placement.h) on the CPU: which parts stay
  * resident, whether the VAE is tiled, the predicted phase peaks, and the one-line error naming the smallest workable
- * budget, for a one-shot run and a resident pipeline at sizes whose phases are worked out by hand below. */
+ * budget, for a one-shot run and a resident pipeline at sizes whose phases are worked out by hand below; the sizes
+ * of the bundled pipelines (dt_place_sizes_for) and `ditrun info --size --max-vram`. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 
+#include "io/weights.h"
+#include "models/vae_flux2.h"
+#include "models/vae_qwenimage.h"
 #include "pipeline/placement.h"
 #include "test.h"
 
@@ -73,5 +78,75 @@ int main(void) {
             "'%s'", line);
     char b[32];
     T_CHECK("bytes_mib", !strcmp(dt_place_bytes(300LL << 20, b, sizeof b), "300.0 MiB"), "'%s'", b);
+
+    /* the bundled pipelines' sizes: weights = the files' bytes (f32 at 2 bytes for bf16 activations), the VAE decode
+     * exactly its config's count (untiled; tiled with 64 px tiles at 256x192), one tile's only when it tiles */
+    char root[600], dir[700];
+    const char *roots[2] = {"model", "krea2"};
+    for (int k = 0; k < 2; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "sizes_%s", roots[k]);
+        snprintf(root, sizeof root, "%s/%s", t_fixtures(), roots[k]);
+        dt_place_sizes ps;
+        if (dt_place_sizes_for(root, 256, 192, 64, 2, 64, 1, &ps)) { T_FAIL(name, "%s", dt_last_error()); continue; }
+        snprintf(dir, sizeof dir, "%s/transformer", root);
+        dt_weights *w = dt_weights_open(dir);
+        int64_t tb = 0;
+        for (size_t i = 0; w && i < dt_weights_count(w); i++) {
+            const st_tensor *t = dt_weights_at(w, i);
+            tb += t->dtype == DT_F32 ? (int64_t)t->nbytes / 2 : (int64_t)t->nbytes;
+        }
+        dt_weights_close(w);
+        snprintf(dir, sizeof dir, "%s/vae", root);
+        int64_t va, vt;
+        if (k == 0) {
+            dt_vae_config c;
+            dt_vae_read_config(dir, &c);
+            va = dt_vae_decode_act_bytes(&c, 0, 192 / 4, 256 / 4, 2);
+            vt = dt_vae_decode_act_bytes(&c, 64, 192 / 4, 256 / 4, 2);
+        } else {
+            static dt_qvae_config c;
+            dt_qvae_read_config(dir, &c);
+            va = dt_qvae_decode_act_bytes(&c, 0, 192 / 4, 256 / 4, 2);
+            vt = dt_qvae_decode_act_bytes(&c, 64, 192 / 4, 256 / 4, 2);
+        }
+        T_CHECK(name, ps.transformer == tb && ps.text_encoder > 0 && ps.vae > 0 && ps.vae_act == va && ps.vae_tile_act == vt &&
+                          vt < va && ps.dit_act > 0 && ps.te_act > 0 && ps.resident == 1,
+                "transformer %lld (files %lld), vae act %lld (%lld), tile %lld (%lld)", (long long)ps.transformer,
+                (long long)tb, (long long)ps.vae_act, (long long)va, (long long)ps.vae_tile_act, (long long)vt);
+        snprintf(name, sizeof name, "sizes_%s_one_tile", roots[k]);
+        T_CHECK(name, dt_place_sizes_for(root, 64, 64, 64, 2, 64, 0, &ps) == 0 && ps.vae_tile_act == 0,
+                "a 64x64 image with 64 px tiles has a tile size %lld", (long long)ps.vae_tile_act);
+    }
+    snprintf(root, sizeof root, "%s/edit", t_fixtures());
+    T_CHECK("sizes_not_a_pipeline", dt_place_sizes_for(root, 64, 64, 64, 2, 0, 0, &one) != 0, "sized a folder of images");
+
+    /* ditrun info: the plan lines, and exit 1 with the smallest workable budget under a budget too small */
+    char tmp[300], cmd[1200];
+    if (t_tmpdir(tmp, sizeof tmp, "placement")) { T_FAIL("info_plan", "no temporary folder"); return T_DONE(); }
+    snprintf(cmd, sizeof cmd, "build/ditrun info %s/model --size 512x512 > %s/out.txt 2> %s/err.txt", t_fixtures(), tmp, tmp);
+    int st = system(cmd);
+    snprintf(dir, sizeof dir, "%s/out.txt", tmp);
+    char *out = t_slurp(dir, NULL);
+    T_CHECK("info_plan", WIFEXITED(st) && WEXITSTATUS(st) == 0 && out && strstr(out, "memory at 512x512") &&
+                             strstr(out, "plan (generate, budget none): text encoder released, VAE untiled") &&
+                             strstr(out, "plan (serve, budget none): text encoder resident"),
+            "status %d, output: %s", st, out ? out : "(none)");
+    free(out);
+    snprintf(cmd, sizeof cmd, "build/ditrun info %s/model --size 512x512 --max-vram 1M > %s/out.txt 2> %s/err.txt",
+             t_fixtures(), tmp, tmp);
+    st = system(cmd);
+    snprintf(dir, sizeof dir, "%s/err.txt", tmp);
+    char *err = t_slurp(dir, NULL);
+    T_CHECK("info_budget_too_small", WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, "--max-vram 1.0 MiB") &&
+                                         !strchr(strchr(err, '\n') + 1, '\n'),
+            "status %d, stderr: %s", st, err ? err : "(none)");
+    free(err);
+    snprintf(dir, sizeof dir, "%s/out.txt", tmp);
+    out = t_slurp(dir, NULL);
+    T_CHECK("info_budget_names_smallest", out && strstr(out, "is below the smallest workable"), "output: %s",
+            out ? out : "(none)");
+    free(out);
+    t_rmtree(tmp);
     return T_DONE();
 }

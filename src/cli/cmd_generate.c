@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 #include "pipeline/engine.h"
 #include "pipeline/image_meta.h"
+#include "pipeline/placement.h"
 #include "pipeline/png.h"
 
 static void usage(FILE *f) {
@@ -318,6 +319,22 @@ int cmd_generate(int argc, char **argv) {
     dt_backend *be = cli_model_backend(&mo);
     if (!be) { edit_files_free(&ef); return 1; }
     dt_log(1, "ditrun: backend %s\n", be->name);
+    if (dt_log_level >= 2) {   /* -v: the memory plan (pipeline/placement.h; ditrun info --size --max-vram) */
+        dt_place_sizes ps;
+        dt_place_plan pp;
+        char line[400];
+        const int pw = p.width ? p.width : 1024, ph = p.height ? p.height : 1024;
+        if (dt_place_sizes_for(lo.model, pw, ph, p.max_seq_len ? p.max_seq_len : 512, (int)dt_dtype_size(be->act_dtype),
+                               lo.vae_tile, count > 1, &ps) == 0) {
+            dt_place_plan_make(0, &ps, &pp);
+            dt_place_plan_describe(&pp, line, sizeof line);
+            dt_log(2, "ditrun: memory plan at %dx%d (%s activations; transformer and text encoder estimated): %s\n", pw, ph,
+                   dt_dtype_name(be->act_dtype), line);
+        } else {
+            dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
+            dt_clear_error();
+        }
+    }
     cli_sp_note(be, lo.sequence_parallel);
     if (count > 1) {
         int r = generate_many(be, &lo, &p, output, count);
