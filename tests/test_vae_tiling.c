@@ -21,6 +21,7 @@
 #include "models/vae_qwenimage.h"
 #include "pipeline/engine.h"
 #include "pipeline/latents.h"
+#include "pipeline/placement.h"
 #include "test.h"
 
 #define S 4          /* both tiny VAEs: image pixels per latent pixel */
@@ -350,6 +351,7 @@ static void check_pipeline(dt_backend *be) {
     p.width = 96;
     p.height = 128;
     p.seed = 3;
+    p.max_seq_len = 32;   /* (a short text: the decode, not the forward, is the largest phase of the memory plan) */
     uint8_t *a = NULL, *b = NULL;
     int w = 0, h = 0, w2 = 0, h2 = 0;
     int rc = dt_generate(be, &lo, &p, &a, &w, &h, NULL, NULL, NULL);
@@ -371,6 +373,37 @@ static void check_pipeline(dt_backend *be) {
         /* tiled it is (bytes differ), and the same picture (a mean difference of a few levels out of 255) */
         T_CHECK("pipeline_vae_tiling", same < n && sum / n <= TOL_PIPELINE_MEAN_LEVELS,
                 "%zu of %zu bytes equal, mean |diff| %.2f", same, n, sum / n);
+    }
+    /* --max-vram: a budget that only the tiled decode fits makes the same image as asking for tiles; one below the
+     * smallest workable is refused before loading, naming it */
+    dt_place_sizes ps;
+    dt_place_plan pl;
+    if (dt_place_sizes_for(lo.model, 96, 128, 32, (int)dt_dtype_size(be->act_dtype), 32, 0, &ps)) {
+        T_FAIL("pipeline_max_vram_tiles", "%s", dt_last_error());
+    } else {
+        dt_place_plan_make(0, &ps, &pl);
+        const int64_t untiled_peak = pl.peak;
+        dt_place_plan_make(1, &ps, &pl);   /* (fails: gives the smallest) */
+        uint8_t *c = NULL;
+        int w3 = 0, h3 = 0;
+        lo.vae_tiling = 0;
+        lo.vae_tile = 32;
+        lo.max_vram = pl.min_budget;
+        rc = dt_generate(be, &lo, &p, &c, &w3, &h3, NULL, NULL, NULL);
+        T_CHECK("pipeline_max_vram_tiles", rc == 0 && pl.min_budget < untiled_peak && b && w3 == w2 && h3 == h2 &&
+                                               !memcmp(b, c, (size_t)3 * w2 * h2),
+                "rc %d (%s), budget %lld (untiled %lld): not the tiled image", rc, dt_last_error(),
+                (long long)pl.min_budget, (long long)untiled_peak);
+        free(c);
+        c = NULL;
+        lo.max_vram = pl.min_budget - 1;
+        double t0 = dt_now();
+        rc = dt_generate(be, &lo, &p, &c, &w3, &h3, NULL, NULL, NULL);
+        T_CHECK("pipeline_max_vram_too_small", rc != 0 && !c && strstr(dt_last_error(), "below the smallest workable") &&
+                                                   dt_now() - t0 < 1.0,
+                "rc %d in %.2f s: %s", rc, dt_now() - t0, dt_last_error());
+        free(c);
+        lo.max_vram = 0;
     }
     free(a);
     free(b);

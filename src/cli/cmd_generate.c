@@ -70,6 +70,10 @@ static void usage(FILE *f) {
             "                              memory follows the tile, not the image; seams differ slightly from one pass\n"
             "  --vae-tile-size N           the tile side in pixels (implies --vae-tiling; a multiple of 32 for the\n"
             "                              released VAEs; default FLUX.2 1024 (its config's sample_size), Krea 2 256)\n"
+            "  --max-vram SIZE             plan this image within SIZE bytes of GPU memory (K, M, G suffixes: 12G):\n"
+            "                              the VAE tiles when the plan needs it; a budget below the smallest workable\n"
+            "                              is refused before anything loads, naming it (ditrun info --size --max-vram\n"
+            "                              shows the plan; planning only: the CUDA pool does not enforce it yet)\n"
             "  --sequence-parallel N       split the DiT's forward over N GPUs (devices 0..N-1 from the backend's;\n"
             "                              NCCL, libnccl.so.2, loaded at run time); on the CPU backend N thread ranks\n"
             "                              (the same schedule, for tests: not faster). docs/sequence-parallel.md\n"
@@ -263,6 +267,7 @@ int cmd_generate(int argc, char **argv) {
             i++;
         }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; lo.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--max-vram")) { if ((lo.max_vram = cli_parse_bytes(a, v)) < 0) return 1; i++; }
         else if (!strcmp(a, "--count")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; count = (int)l; i++; }
         else if (!strcmp(a, "--te-rope-bf16")) lo.te_inv_freq_bf16 = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
@@ -271,6 +276,9 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!p.prompt) return cli_error("generate: --prompt is required (see ditrun generate --help)");
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
+    if (count > 1 && lo.max_vram)
+        return cli_error("generate: --max-vram plans one image; with --count use --vae-tiling (ditrun info --max-vram "
+                         "gives the plan of a loaded pipeline)");
     if (count > 1 && (compare || save))
         return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
     if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)

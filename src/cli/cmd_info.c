@@ -36,25 +36,6 @@ static void usage(FILE *f) {
                "  --vae-tile-size N   the VAE tile side in pixels (default: the VAE's, see generate --help)\n");
 }
 
-/* SIZE: a byte count with an optional binary suffix K, M, G or T (and an optional "B" / "iB"). -1 when malformed. */
-static int64_t parse_bytes(const char *v) {
-    char *end;
-    double x = v ? strtod(v, &end) : -1;
-    if (!v || end == v || !(x > 0)) return -1;
-    int sh = 0;
-    switch (*end) {
-    case 'K': case 'k': sh = 10; end++; break;
-    case 'M': case 'm': sh = 20; end++; break;
-    case 'G': case 'g': sh = 30; end++; break;
-    case 'T': case 't': sh = 40; end++; break;
-    default: break;
-    }
-    if (sh && *end == 'i') end++;
-    if (*end == 'B' || (!sh && *end == 'b')) end++;
-    if (*end || x * (double)(1LL << sh) > 9e18) return -1;
-    return (int64_t)(x * (double)(1LL << sh));
-}
-
 /* The memory plan of a pipeline root for one image (info's last lines). 0, or 1 (error printed) when one image fits
  * no placement within the budget or the sizes cannot be read. */
 static int print_plan(const char *root, int W, int H, int T, int64_t budget, int tile) {
@@ -329,7 +310,7 @@ int cmd_info(int argc, char **argv) {
         if (!strcmp(argv[i], "--text-tokens")) { if (cli_parse_int(argv[i], v, 1, 32768, &l)) return 1; T = (int)l; i++; continue; }
         if (!strcmp(argv[i], "--vae-tile-size")) { if (cli_parse_int(argv[i], v, 1, 65536, &l)) return 1; tile = (int)l; i++; continue; }
         if (!strcmp(argv[i], "--max-vram")) {
-            if ((budget = parse_bytes(v)) <= 0) return cli_error("--max-vram: '%s' is not a size like 12G or 8000M", v ? v : "");
+            if ((budget = cli_parse_bytes(argv[i], v)) < 0) return 1;
             i++;
             continue;
         }

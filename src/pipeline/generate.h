@@ -35,6 +35,10 @@ typedef struct {
                                  * diffusers' enable_tiling (models/vae_tiling.h): memory follows the tile */
     int vae_tile;               /* its tile side in pixels; 0 = the VAE's default (FLUX.2: config sample_size,
                                  * 1024; Qwen-Image: 256) */
+    int64_t max_vram;           /* dt_generate: plan the image within this many device bytes (pipeline/placement.h):
+                                 * the VAE tiles when the plan needs it, and a budget below the smallest workable is
+                                 * refused before anything loads; 0 = no bound. Planning only: the pool does not
+                                 * enforce it */
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);
