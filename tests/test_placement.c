@@ -147,6 +147,21 @@ int main(void) {
     T_CHECK("info_budget_names_smallest", out && strstr(out, "is below the smallest workable"), "output: %s",
             out ? out : "(none)");
     free(out);
+    /* generate --max-vram: a malformed size, and a budget nothing fits (refused before loading, one line) */
+    const char *cases[2][3] = {{"12x", "is not a size like 12G", "generate_max_vram_malformed"},
+                               {"1K", "below the smallest workable", "generate_max_vram_too_small"}};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "build/ditrun generate --model %s/model -p x -o %s/x.png --backend cpu -q --max-vram %s "
+                 "> /dev/null 2> %s/err.txt", t_fixtures(), tmp, cases[k][0], tmp);
+        st = system(cmd);
+        snprintf(dir, sizeof dir, "%s/err.txt", tmp);
+        err = t_slurp(dir, NULL);
+        snprintf(dir, sizeof dir, "%s/x.png", tmp);
+        T_CHECK(cases[k][2], WIFEXITED(st) && WEXITSTATUS(st) == 1 && err && strstr(err, cases[k][1]) &&
+                                 access(dir, F_OK) != 0,
+                "status %d, stderr: %s", st, err ? err : "(none)");
+        free(err);
+    }
     t_rmtree(tmp);
     return T_DONE();
 }

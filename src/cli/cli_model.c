@@ -75,7 +75,6 @@ int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i) {
     long l;
     if (cli_parse_int(a, v, 1, 65536, &l)) return -1;
     o->tile = (int)l;
-    o->tiling = 1;   /* a tile size asks for tiles */
     (*i)++;
     return 1;
 }

@@ -27,7 +27,8 @@ int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i);
 /* --vae-tiling and --vae-tile-size N (generate, serve): tiled VAE decoding / encoding (models/vae_tiling.h). */
 typedef struct {
     int tiling;    /* --vae-tiling */
-    int tile;      /* --vae-tile-size N pixels (0: the VAE's default) */
+    int tile;      /* --vae-tile-size N pixels (0: the VAE's default); it asks for tiles too, except where a memory
+                    * budget (generate --max-vram) decides */
 } cli_vae_opts;
 /* Consumes argv[*i] (and its value) when it is a VAE tiling option: 1 consumed, 0 not, -1 bad value. */
 int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i);

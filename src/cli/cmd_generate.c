@@ -68,8 +68,9 @@ static void usage(FILE *f) {
             "  --vae-tiling                decode (and, for editing, encode) images larger than one VAE tile in\n"
             "                              overlapping tiles blended over the overlap, as diffusers' enable_tiling: VAE\n"
             "                              memory follows the tile, not the image; seams differ slightly from one pass\n"
-            "  --vae-tile-size N           the tile side in pixels (implies --vae-tiling; a multiple of 32 for the\n"
-            "                              released VAEs; default FLUX.2 1024 (its config's sample_size), Krea 2 256)\n"
+            "  --vae-tile-size N           the tile side in pixels, a multiple of 32 for the released VAEs (default\n"
+            "                              FLUX.2 1024, its config's sample_size; Krea 2 256); implies --vae-tiling,\n"
+            "                              except under --max-vram, whose plan decides\n"
             "  --max-vram SIZE             plan this image within SIZE bytes of GPU memory (K, M, G suffixes: 12G):\n"
             "                              the VAE tiles when the plan needs it; a budget below the smallest workable\n"
             "                              is refused before anything loads, naming it (ditrun info --size --max-vram\n"
@@ -322,12 +323,12 @@ int cmd_generate(int argc, char **argv) {
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
-    lo.vae_tiling = vo.tiling;
+    lo.vae_tiling = vo.tiling || (vo.tile && !lo.max_vram);   /* (under --max-vram the plan decides) */
     lo.vae_tile = vo.tile;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) { edit_files_free(&ef); return 1; }
     dt_log(1, "ditrun: backend %s\n", be->name);
-    if (dt_log_level >= 2) {   /* -v: the memory plan (pipeline/placement.h; ditrun info --size --max-vram) */
+    if (dt_log_level >= 2 && !lo.max_vram) {   /* -v: the memory plan (pipeline/placement.h; --max-vram logs its own) */
         dt_place_sizes ps;
         dt_place_plan pp;
         char line[400];

@@ -176,7 +176,7 @@ int cmd_serve(int argc, char **argv) {
     o.load.loras = lor.loras;
     o.load.n_loras = lor.n;
     o.load.lora_side = lor.side;
-    o.load.vae_tiling = vo.tiling;
+    o.load.vae_tiling = vo.tiling || vo.tile;
     o.load.vae_tile = vo.tile;
     int rc = dt_serve_run(&o);
     free(key);

@@ -232,7 +232,8 @@ static int plan_budget(dt_backend *be, dt_pipeline_opts *o, const dt_gen_params 
         dt_set_error("%dx%d: %s", W, H, why);
         return -1;
     }
-    dt_log(1, "ditrun: memory plan at %dx%d within %.2f GiB: %s\n", W, H, (double)o->max_vram / (1LL << 30), line);
+    char b[32];
+    dt_log(1, "ditrun: memory plan at %dx%d within %s: %s\n", W, H, dt_place_bytes(o->max_vram, b, sizeof b), line);
     if (pl.vae_tiling) o->vae_tiling = 1;
     return 0;
 }
