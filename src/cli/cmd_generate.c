@@ -356,6 +356,12 @@ int cmd_generate(int argc, char **argv) {
     int w = 0, h = 0;
     dt_gen_timings tm;
     int rc = dt_generate(be, &lo, &p, &rgb, &w, &h, &tm, save || compare ? save_obs : NULL, &sc);
+    if (rc == 0 && dt_log_level >= 2 && be->mem_stats) {   /* -v: what the plan's prediction is measured against */
+        size_t cur = 0, peak = 0;
+        be->mem_stats(be, &cur, &peak);
+        dt_log(2, "ditrun: device memory peak %.1f MiB (the backend's allocations%s)\n", peak / 1048576.0,
+               strcmp(be->name, "cpu") ? " and its cache of freed blocks" : "");
+    }
     if (rc == 0 && save && st_writer_save(sc.w, save)) rc = -1;
     if (rc == 0 && compare) {   /* the same generation with bf16 Linears: error of the final latents */
         save_ctx rc2 = {NULL, NULL, 0};
