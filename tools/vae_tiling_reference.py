@@ -60,7 +60,7 @@ def main():
         out.update({"krea2.latent": lat, "krea2.untiled": untiled, "krea2.tiled": tiled})
         print("reference: krea2 tiled vs untiled rel L2 %.4f" % ((tiled - untiled).norm() / untiled.norm()).item())
 
-    save_file({k: v.contiguous().float() for k, v in out.items()}, a.output)
+    save_file({k: v.detach().float().contiguous().clone() for k, v in out.items()}, a.output)   # (no shared storage)
     print("reference: wrote %s" % a.output)
 
 
