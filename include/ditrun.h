@@ -82,6 +82,10 @@ typedef struct {
     double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
     int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
                                             * VAE decoding/encoding, see ditrun_load_opts */
+    int64_t max_vram;                      /* ditrun_generate only: plan the image within this many GPU bytes (the
+                                            * VAE tiles when needed; a budget below the smallest workable fails before
+                                            * loading, naming it); 0 = no bound. Planning only: the pool does not
+                                            * enforce it yet */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */

@@ -133,6 +133,7 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
     lo.model = o->model;
     lo.vae_tiling = o->vae_tiling;
     lo.vae_tile = o->vae_tile_size;
+    lo.max_vram = o->max_vram;
     memset(out, 0, sizeof *out);
     api_images im;
     int rc = api_images_load(o, &im, &p);
