@@ -1,15 +1,19 @@
 /* sse.c — Server-Sent Events of a job (sse.h). */
 #include "serve/sse.h"
 
+void dt_sse_queued(dt_strbuf *o, int position, int running) {
+    sb_printf(o, "event: queued\ndata: {\"type\": \"queued\", \"position\": %d, \"running\": %d}\n\n", position, running);
+}
+
 void dt_sse_progress(dt_strbuf *o, int index, int n, int step, int steps, double elapsed) {
     sb_printf(o, "event: progress\ndata: {\"type\": \"progress\", \"index\": %d, \"n\": %d, \"step\": %d, \"steps\": %d, "
                  "\"elapsed\": %.4f}\n\n", index, n, step, steps, elapsed);
 }
 
-void dt_sse_image(dt_strbuf *o, int index, uint64_t seed, const uint8_t *png, size_t len) {
-    sb_printf(o, "event: image\ndata: {\"type\": \"image\", \"index\": %d, \"seed\": %llu, \"b64_json\": \"", index,
-              (unsigned long long)seed);
-    sb_base64(o, png, len);
+void dt_sse_image(dt_strbuf *o, int index, uint64_t seed, const char *format, const uint8_t *img, size_t len) {
+    sb_printf(o, "event: image\ndata: {\"type\": \"image\", \"index\": %d, \"seed\": %llu, \"output_format\": \"%s\", "
+                 "\"b64_json\": \"", index, (unsigned long long)seed, format);
+    sb_base64(o, img, len);
     sb_puts(o, "\"}\n\n");
 }
 

@@ -1,14 +1,16 @@
 /* worker.c — the worker threads: each creates its own backend, loads the pipeline, warms it up at the --warmup
  * size, reports ready, then runs jobs from the queue until it closes: every image through the resident engine
- * (progress and cancellation between steps). A streamed image is encoded to PNG here; the others are handed over as
- * pixels and encoded by the HTTP thread that answers (http.c), while this worker runs the next job. */
+ * (progress and cancellation between steps). Each finished image goes to the worker's encoder thread (encoder.c) as
+ * pixels, which encodes it and ends the job while this worker runs the next image. Each request's time is estimated
+ * from the images measured before and logged as it starts. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "pipeline/image_meta.h"
-#include "pipeline/png.h"
+#include "image/edit_prep.h"
+#include "serve/encoder.h"
 #include "serve/server.h"
 #include "serve/sse.h"
 
@@ -32,6 +34,92 @@ static int on_progress(void *ud, int step, int steps, double elapsed_image) {
     return 0;
 }
 
+/* ---- the estimate of a request's time, logged when it starts ----
+ * One image = text encoding + steps x (seconds per step at its token count) + VAE decode. A step's seconds at T
+ * tokens (image tokens (W/m)(H/m) for the size multiple m, plus the text tokens) follow a*T (the Linears) +
+ * b*T^2 (attention). With two measured token counts the two coefficients are solved from them; with one, the
+ * estimate is the range between scaling it linearly and quadratically; text encoding is the last measured, decode
+ * scales with pixels. Every finished image (and the warm-up) is a measurement. Edits are estimated as a generation
+ * of the output size (their reference tokens and the images' VAE encoding are not counted). */
+
+/* (the pipeline's own description: the server's lim.info is set only after the warm-up) */
+static double step_tokens(const dt_worker *w, int iw, int ih) {
+    const int m = dt_pipeline_get_info(w->pl)->size_multiple > 0 ? dt_pipeline_get_info(w->pl)->size_multiple : 16;
+    return (double)(iw / m) * (ih / m) + (w->srv->o.max_seq_len > 0 ? w->srv->o.max_seq_len : 512);
+}
+
+/* A measured image: its size and timings (tm->t_denoise over tm->steps steps). */
+static void est_record(dt_worker *w, int iw, int ih, const dt_gen_timings *tm) {
+    if (tm->steps < 1 || iw < 1 || ih < 1) return;
+    const double T = step_tokens(w, iw, ih), st = tm->t_denoise / tm->steps;
+    const double T0 = w->est_tokens[0];
+    if (T0 > 0 && fabs(T - T0) > 0.25 * fmax(T, T0)) {   /* a second token count: keep the latest as the other */
+        w->est_tokens[1] = T0;
+        w->est_step_s[1] = w->est_step_s[0];
+    } else if (w->est_tokens[1] > 0 && fabs(T - w->est_tokens[1]) <= 0.25 * fmax(T, w->est_tokens[1])) {
+        w->est_tokens[1] = 0;   /* the older point is about this count too: drop it, the new one replaces both */
+    }
+    w->est_tokens[0] = T;
+    w->est_step_s[0] = st;
+    w->est_encode_s = tm->t_encode;
+    w->est_decode_s_per_px = tm->t_decode / ((double)iw * ih);
+}
+
+/* Seconds for n images of w x h in steps steps: *lo..*hi (equal when two token counts were measured). 0, or -1
+ * before any measurement. */
+static int est_seconds(const dt_worker *w, int iw, int ih, int steps, int n, double *lo, double *hi) {
+    if (w->est_tokens[0] <= 0) return -1;
+    const double T = step_tokens(w, iw, ih), T0 = w->est_tokens[0], s0 = w->est_step_s[0];
+    double step_lo, step_hi;
+    const double T1 = w->est_tokens[1], s1 = w->est_step_s[1];
+    double a = -1, b = -1;
+    if (T1 > 0) {   /* a*T + b*T^2 through both points */
+        const double det = T0 * T1 * (T1 - T0);
+        a = (s0 * T1 * T1 - s1 * T0 * T0) / det;
+        b = (T0 * s1 - T1 * s0) / det;
+    }
+    if (a >= 0 && b >= 0) {
+        step_lo = step_hi = a * T + b * T * T;
+    } else {   /* one point (or two that no such curve fits): linear to quadratic from the latest */
+        const double r = T / T0;
+        step_lo = s0 * fmin(r, r * r);
+        step_hi = s0 * fmax(r, r * r);
+    }
+    const double fixed = w->est_encode_s + w->est_decode_s_per_px * iw * ih;
+    *lo = n * (fixed + steps * step_lo);
+    *hi = n * (fixed + steps * step_hi);
+    return 0;
+}
+
+static void est_log(const dt_worker *w, const dt_job *j) {
+    const dt_server *s = w->srv;
+    dt_gen_params g;
+    dt_api_gen_params(&j->req, &s->lim, 0, &g);
+    if (dt_gen_params_resolve(&s->lim.info, &g)) return;
+    if (j->req.edit && (g.width < 1 || g.height < 1)) {   /* size "auto": the first image's prepared size (api_edit.c) */
+        const dt_image *first = j->req.inpaint ? &j->req.init : &j->req.refs[0];
+        const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 1;
+        int aw, ah;
+        dt_prep_area_size(first->w, first->h, &aw, &ah);
+        if (g.width < 1) g.width = aw / m * m;
+        if (g.height < 1) g.height = ah / m * m;
+    }
+    if (g.width < 1 || g.height < 1) return;
+    double lo, hi;
+    if (est_seconds(w, g.width, g.height, g.steps, j->req.n, &lo, &hi)) {
+        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: no estimate yet (the first image measures the "
+                  "%s backend)\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", g.width, g.height, g.steps, w->be->name);
+        return;
+    }
+    if (hi - lo < 0.05 * hi || (long)(lo * 10 + 0.5) == (long)(hi * 10 + 0.5))
+        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: estimated %.1f s\n", w->index, j->req.n,
+               j->req.n > 1 ? "s" : "", g.width, g.height, g.steps, hi);
+    else
+        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: estimated %.1f to %.1f s (one size measured so far: "
+                  "linear to quadratic in tokens)\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", g.width, g.height,
+               g.steps, lo, hi);
+}
+
 static void sample_memory(dt_worker *w) {
     size_t cur = 0, peak = 0;
     if (w->be->mem_stats) w->be->mem_stats(w->be, &cur, &peak);
@@ -53,8 +141,8 @@ static void run_job(dt_worker *w, dt_job *j) {
         return;
     }
     dt_job_set_state(j, DT_JOB_RUNNING);
+    est_log(w, j);
     dt_job_state end = DT_JOB_DONE;
-    int steps_run = 0, W = 0, H = 0;
     for (int i = 0; i < j->req.n && end == DT_JOB_DONE; i++) {
         dt_gen_params g;
         dt_api_gen_params(&j->req, &s->lim, i, &g);
@@ -62,62 +150,39 @@ static void run_job(dt_worker *w, dt_job *j) {
         g.progress = on_progress;
         g.progress_ud = &pc;
         g.cancel = &j->cancel;
-        uint8_t *rgb = NULL, *png = NULL;
-        size_t png_len = 0;
+        uint8_t *rgb = NULL;
         int iw = 0, ih = 0;
         dt_gen_timings tm;
         int rc = dt_pipeline_generate(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL);
-        if (rc == 0 && j->req.stream) {   /* the stream carries the PNG; otherwise the HTTP thread encodes it */
-            dt_image_meta meta;
-            dt_image_meta_fill(&meta, &g, tm.steps, iw, ih, s->o.load.model);
-            rc = dt_png_encode(rgb, iw, ih, meta.text, meta.n, &png, &png_len);
-            free(rgb);
-            rgb = NULL;
-        }
         pthread_mutex_lock(&j->mu);
         if (rc == DT_GEN_CANCELLED) {
             end = DT_JOB_CANCELLED;
         } else if (rc) {
             end = DT_JOB_FAILED;
             dt_api_error_set(&j->error, 500, "server_error", NULL, "generation failed: %s", dt_last_error());
-            if (j->req.stream) dt_sse_error(&j->events, &j->error);
         } else {
-            j->png[i] = png;
-            j->png_len[i] = png_len;
-            j->rgb[i] = rgb;
-            rgb = NULL;
             j->width[i] = iw;
             j->height[i] = ih;
             j->steps[i] = tm.steps;
             j->seeds[i] = g.seed;
-            j->n_done = i + 1;
             j->t_encode += tm.t_encode;
             j->t_denoise += tm.t_denoise;
             j->t_decode += tm.t_decode;
-            if (j->req.stream) dt_sse_image(&j->events, i, g.seed, png, png_len);
-            steps_run = tm.steps;
-            W = iw;
-            H = ih;
         }
-        pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
-        free(rgb);
-        if (rc == 0) dt_metrics_image(&s->m, tm.t_encode + tm.t_denoise + tm.t_decode);
+        if (rc == 0) {
+            dt_metrics_image(&s->m, tm.t_encode + tm.t_denoise + tm.t_decode);
+            est_record(w, iw, ih, &tm);
+            dt_encoder_image(w->enc, j, i, rgb, iw, ih, tm.steps);   /* the bytes while the next image runs */
+        } else {
+            free(rgb);
+        }
     }
     pthread_mutex_lock(&j->mu);
     j->t_end = dt_now();
-    if (end == DT_JOB_DONE && j->req.stream) dt_sse_done(&j->events, (long long)time(NULL), j->req.n, j->t_end - j->t_start);
     pthread_mutex_unlock(&j->mu);
     if (end == DT_JOB_CANCELLED) dt_metrics_cancelled(&s->m);
-    if (end == DT_JOB_DONE)
-        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: waited %.3f s, encode %.3f s, denoise %.3f s, decode "
-                  "%.3f s, server %.3f s\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", W, H, steps_run,
-               j->t_start - j->t_submit, j->t_encode, j->t_denoise, j->t_decode, j->t_end - j->t_start);
-    else
-        dt_log(1, "ditrun: worker %d: job %s after %.3f s%s%s\n", w->index,
-               end == DT_JOB_CANCELLED ? "cancelled" : "failed", j->t_end - j->t_start,
-               end == DT_JOB_FAILED ? ": " : "", end == DT_JOB_FAILED ? j->error.message : "");
-    dt_job_set_state(j, end);
+    dt_encoder_end(w->enc, j, end);
 }
 
 /* Load the pipeline on this worker's backend and run the warm-up image. 0 or -1 (dt_last_error). */
@@ -156,6 +221,7 @@ static int load(dt_worker *w) {
         double t1 = dt_now();
         if (dt_pipeline_generate(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL)) return -1;
         free(rgb);
+        est_record(w, iw, ih, &tm);
         dt_log(1, "ditrun: worker %d: warm-up image %dx%d, %d steps in %.2f s\n", w->index, iw, ih, tm.steps,
                dt_now() - t1);
     }
@@ -167,11 +233,17 @@ static void *worker_main(void *arg) {
     dt_worker *w = arg;
     dt_server *s = w->srv;
     int rc = load(w);
+    if (rc == 0 && !(w->enc = dt_encoder_start(s, w->index))) rc = -1;
     pthread_mutex_lock(&s->mu);
     if (rc) {
         if (!s->load_error[0]) snprintf(s->load_error, sizeof s->load_error, "worker %d: %s", w->index, dt_last_error());
     } else {
-        if (s->n_loaded == 0) s->lim.info = *dt_pipeline_get_info(w->pl);
+        if (s->n_loaded == 0) {
+            s->lim.info = *dt_pipeline_get_info(w->pl);
+            s->backend_name = w->be->name;
+            if (!s->lim.max_pixels)
+                s->lim.max_pixels = !strcmp(w->be->name, "cpu") ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
+        }
         s->n_loaded++;
     }
     pthread_cond_broadcast(&s->cv);
@@ -183,11 +255,13 @@ static void *worker_main(void *arg) {
         for (int i = 0; i < n; i++) {
             double t0 = dt_now();
             run_job(w, jobs[i]);
-            dt_queue_job_done(&s->q, dt_now() - t0);
+            dt_queue_job_done(&s->q, jobs[i], dt_now() - t0);
             dt_job_unref(jobs[i]);
         }
         sample_memory(w);
     }
+    dt_encoder_stop(w->enc);   /* the last jobs' images encoded and their ends published */
+    w->enc = NULL;
     return NULL;
 }
 
