@@ -10,9 +10,9 @@
 #include "pipeline/engine.h"
 #include "core/outfile.h"
 #include "pipeline/image_meta.h"
+#include "image/png.h"
 #include "pipeline/image_out.h"
 #include "pipeline/placement.h"
-#include "pipeline/png.h"
 
 static void usage(FILE *f) {
     fprintf(f,
