@@ -80,6 +80,8 @@ typedef struct {
     const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
     const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
     double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
+    const char *cache;          /* step caching (README, "Step caching"): NULL or "off", "first-block=T",
+                                 * "taylorseer=N[:ORDER]"; a bad value fails the request */
     int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
                                             * VAE decoding/encoding, see ditrun_load_opts */
     int64_t max_vram;                      /* ditrun_generate only: plan the image within this many GPU bytes (the

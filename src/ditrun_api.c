@@ -106,8 +106,8 @@ static int api_images_load(const ditrun_generate_opts *o, api_images *a, dt_gen_
     return 0;
 }
 
-/* The public request as the engine's. */
-static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
+/* The public request as the engine's: 0, or -1 for a bad cache setting (dt_last_error). */
+static int to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     dt_gen_params_default(p);
     p->prompt = o->prompt;
     if (o->negative_prompt) p->negative_prompt = o->negative_prompt;
@@ -123,11 +123,13 @@ static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     p->progress_ud = o->progress_user;
     p->cancel = o->cancel;
     p->strength = o->strength;
+    return dt_cache_parse(o->cache, &p->cache);
 }
 
 int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_image *out) {
     dt_gen_params p;
-    to_params(o, &p);
+    memset(out, 0, sizeof *out);
+    if (to_params(o, &p)) return -1;
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     lo.model = o->model;
@@ -195,8 +197,8 @@ ditrun_pipeline_info ditrun_pipeline_describe(const ditrun_pipeline *p) {
 
 int ditrun_pipeline_generate(ditrun_pipeline *p, const ditrun_generate_opts *o, ditrun_image *out) {
     dt_gen_params g;
-    to_params(o, &g);
     memset(out, 0, sizeof *out);
+    if (to_params(o, &g)) return -1;
     api_images im;
     int rc = api_images_load(o, &im, &g);
     if (rc == 0) rc = dt_pipeline_generate(p->p, &g, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);

@@ -67,6 +67,12 @@ static void usage(FILE *f) {
             "                              written is the fp8 one)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
+            "  --cache SPEC                step caching (default off): first-block=T (skip the other blocks while the\n"
+            "                              first block's residual changed by at most T, relative; e.g. 0.08) or\n"
+            "                              taylorseer=N[:ORDER] (a full pass every N steps after 3 warm-up steps, the\n"
+            "                              others extrapolated; ORDER 1..4, default 1). Per guidance branch; the first\n"
+            "                              and last steps always run. Speed/quality measured on random weights says\n"
+            "                              nothing about real weights\n"
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT (repeatable, up to 8; SCALE default 1):\n"
             "                              PEFT/diffusers, kohya/ai-toolkit or BFL-named safetensors; merged into dense\n"
             "                              weights, a low-rank side product on quantized ones (q4/q8, fp8, GGUF)\n"
@@ -169,8 +175,9 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
         double ts = dt_now();
         if (dt_pipeline_generate(pl, p, &rgb, &w, &h, &tm, NULL, NULL)) { rc = cli_error("%s", dt_last_error()); break; }
         tot[i] = dt_now() - ts;
-        printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step), decode %.3f s, total %.3f s\n", i + 1,
-               count, (unsigned long long)p->seed, tm.t_encode, tm.t_denoise, tm.t_denoise / tm.steps, tm.t_decode, tot[i]);
+        printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step, %d of %d transformer passes "
+               "computed), decode %.3f s, total %.3f s\n", i + 1, count, (unsigned long long)p->seed, tm.t_encode,
+               tm.t_denoise, tm.t_denoise / tm.steps, tm.passes_computed, tm.passes, tm.t_decode, tot[i]);
         if (p->n_refs || p->init_image)
             printf("  images (preparation + VAE encoder) %.3f s%s\n", tm.t_images,
                    tm.refs_cached ? " (the previous image's references: not encoded again)" : "");
@@ -265,6 +272,11 @@ int cmd_generate(int argc, char **argv) {
         }
         else if (!strcmp(a, "--init-image")) { if (!v) return cli_error("--init-image needs a file"); ef.init_path = v; i++; }
         else if (!strcmp(a, "--mask")) { if (!v) return cli_error("--mask needs a file"); ef.mask_path = v; i++; }
+        else if (!strcmp(a, "--cache")) {
+            if (!v) return cli_error("--cache needs a value (first-block=T or taylorseer=N[:ORDER])");
+            if (dt_cache_parse(v, &p.cache)) return cli_error("--cache: %s", dt_last_error());
+            i++;
+        }
         else if (!strcmp(a, "--strength")) {
             if (cli_parse_float(a, v, &d)) return 1;
             if (!(d > 0 && d <= 1)) return cli_error("--strength %s is out of range (0, 1]", v);

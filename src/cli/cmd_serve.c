@@ -44,6 +44,9 @@ static void usage(FILE *f) {
             "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
             "  --precision bf16|fp8        the DiT blocks' Linears (fp8: opt-in, see ditrun generate --help)\n"
             "  --attn-precision bf16|fp8   the DiT blocks' attention (opt-in)\n"
+            "  --cache SPEC                step caching of requests that name none (default off; a request's\n"
+            "                              \"cache\" overrides it): first-block=T or taylorseer=N[:ORDER] (see\n"
+            "                              ditrun generate --help)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --devices all|I,J,...       CUDA: one worker per listed GPU (all: every visible GPU), each with its own\n"
@@ -154,6 +157,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
         else if (!strcmp(a, "--devices")) { if (!v) return cli_error("--devices needs a value (all, or GPU indices like 0,1)"); devices = v; i++; }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; o.load.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--cache")) {
+            if (!v) return cli_error("--cache needs a value (first-block=T or taylorseer=N[:ORDER])");
+            if (dt_cache_parse(v, &o.cache)) return cli_error("--cache: %s", dt_last_error());
+            i++;
+        }
         else if (!strcmp(a, "--request-timeout")) { if (cli_parse_int(a, v, 1, 86400, &l)) return 1; o.request_timeout = (int)l; i++; }
         else if (!strcmp(a, "--max-client-connections")) { if (cli_parse_int(a, v, 1, 256, &l)) return 1; o.max_client_connections = (int)l; i++; }
         else if (!strcmp(a, "--allow-host")) {

@@ -9,6 +9,7 @@
 
 #include "backends/backend.h"
 #include "io/safetensors.h"
+#include "models/block_cache.h"
 #include "models/lora.h"
 
 typedef struct dt_dit dt_dit;
@@ -33,6 +34,8 @@ typedef struct {
     float *out;                     /* [n_img, out_channels] */
     dt_dit_trace_fn trace;          /* NULL: none (a split DiT ignores it) */
     void *trace_ud;
+    dt_fbc_branch *fbc;             /* First Block Cache state of the pass (models/block_cache.h; NULL: every block
+                                     * runs; a split DiT refuses it) */
 } dt_dit_step;
 
 /* How to load a DiT (each model's *_dit_load). */

@@ -471,9 +471,11 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
 /* The blocks of one forward on activations x (n image rows, t text rows), from the timestep MLP to the last single
  * block; inputs in x->emb / x->in_img / x->in_txt and the RoPE tables. kv_rows, kv_load (per block, NULL: none): cached
  * reference K|V the attention also sees; kv_store (per block, NULL: none): where each block's K|V go (the
- * reference-only pass). Blocks are numbered double first, then single. No host transfers and no allocation. */
+ * reference-only pass). Blocks are numbered double first, then single. No host transfers and no allocation, except
+ * with First Block Cache (fbc, NULL: none): after the first block, a download of its residual decides whether the
+ * other blocks run or their cached residual is added (block_cache.h). */
 static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t kv_rows, const dt_mat *kv_load,
-                       const dt_mat *kv_store, flux2_trace_fn trace, void *ud) {
+                       const dt_mat *kv_store, dt_fbc_branch *fbc, flux2_trace_fn trace, void *ud) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     int nd = c->num_layers;
@@ -487,17 +489,21 @@ static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_
     if (c->num_layers > 0) dt_prefetch(be, m->db[0].to_qkv, dt_mat_null(), n);
     else if (c->num_single_layers > 0) dt_prefetch(be, flux2_single_first(&m->sb[0]), dt_mat_null(), (int64_t)n + t);
     flux2_pre(be, &m->o, &oio, n, t);
+    const int nb = c->num_layers + c->num_single_layers;
+    if (fbc) dt_fbc_begin(be, fbc, s_img);
     for (int i = 0; i < c->num_layers; i++) {
         int last = i == c->num_layers - 1;
         const dt_linear *next = !last ? m->db[i + 1].to_qkv : c->num_single_layers > 0 ? flux2_single_first(&m->sb[0]) : NULL;
         if (kv_load) io.kv_load = kv_load[i];
         if (kv_store) io.kv_store = kv_store[i];
-        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace, next, last ? (int64_t)n + t : n);
+        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace || (fbc && i == 0), next,
+                           last ? (int64_t)n + t : n);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);
             snprintf(nm, sizeof nm, "double.%d.out1", i); trace(ud, nm, s_img);
         }
+        if (fbc && i == 0 && !dt_fbc_after_head(be, fbc, s_img)) return;   /* the cached residual instead */
     }
 
     /* ---- single-stream blocks on the joint stream ---- */
@@ -513,7 +519,9 @@ static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_
             snprintf(nm, sizeof nm, "single.%d", i);
             trace(ud, nm, x->s);
         }
+        if (fbc && c->num_layers == 0 && i == 0 && !dt_fbc_after_head(be, fbc, s_img)) return;
     }
+    if (fbc && nb > 0) dt_fbc_end(be, fbc, s_img);
 }
 
 /* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are in b->x.emb /
@@ -522,7 +530,7 @@ static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_
  * can be captured into a graph. */
 static void device_part(flux2_model *m, int n, int n_out, int t, flux2_trace_fn trace, void *ud) {
     flux2_bufs *b = &m->buf;
-    run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, trace, ud);
+    run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, m->fbc, trace, ud);
     /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection of the noise rows ---- */
     flux2_outer_io oio = flux2_acts_outer(&b->x);
     oio.out = dt_mat_rows(oio.out, 0, n_out);
@@ -600,12 +608,14 @@ static int kv_extract(flux2_model *m) {
     be->upload(be, x->cos, cs);
     be->upload(be, x->sin, sn);
     be->copy(be, x->in_img, m->ref.tok);
-    run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL);
+    run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL, NULL);
     int rc = be->sync(be);
     free(emb); free(cs); free(sn);
     if (rc == 0) m->ref.filled = 1;
     return rc;
 }
+
+void flux2_set_block_cache(flux2_model *m, dt_fbc_branch *f) { m->fbc = f; }
 
 int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
                   const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *ud) {
@@ -644,7 +654,8 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
         }
     }
 
-    if (!m->use_graph || trace) {
+    if (m->fbc && dt_fbc_prepare(be, m->fbc, na, c->hidden)) return -1;
+    if (!m->use_graph || trace || m->fbc) {
         device_part(m, na, n, t, trace, ud);
     } else if (m->graph && m->graph_n == na && m->graph_t == t && m->graph_nout == n) {
         if (be->graph_launch(be, m->graph)) return -1;

@@ -13,8 +13,11 @@
 /* ---- whole ---- */
 
 static int whole_forward(dt_dit *d, const dt_dit_step *s) {
-    return flux2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep, s->img_ids,
-                         s->txt_ids, s->out, s->trace, s->trace_ud);
+    flux2_set_block_cache(dt_dit_model(d), s->fbc);
+    int rc = flux2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep,
+                           s->img_ids, s->txt_ids, s->out, s->trace, s->trace_ud);
+    flux2_set_block_cache(dt_dit_model(d), NULL);
+    return rc;
 }
 static int whole_refs(dt_dit *d, const float *tok, const float *ids, int r, int kv) {
     return flux2_set_refs(dt_dit_model(d), tok, ids, r, kv);
@@ -36,6 +39,7 @@ static const dt_dit_ops whole_ops = {"flux2", whole_forward, whole_refs, whole_t
 /* ---- split over ranks ---- */
 
 static int split_forward(dt_dit *d, const dt_dit_step *s) {
+    if (s->fbc) { dt_set_error("flux2: First Block Cache needs the whole forward (not one split over ranks)"); return -1; }
     return flux2_sp_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep,
                             s->img_ids, s->txt_ids, s->out);
 }

@@ -43,6 +43,7 @@ struct krea2_model {
     dt_linear_set lin;               /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
     krea2_acts buf;                  /* for the last (N, T); kept between calls */
+    dt_fbc_branch *fbc;              /* First Block Cache state of the forwards (krea2_set_block_cache; NULL: none) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -636,6 +637,8 @@ void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, 
     for (int k = 0; k < KREA2_OP_COUNT; k++) krea2_block_op(be, c, w, io, l, k, 0);
 }
 
+void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f) { m->fbc = f; }
+
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud) {
     const krea2_config *c = &m->c;
@@ -661,6 +664,7 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
         if (krea2_acts_alloc(be, c, n_img, n_txt, b)) return -1;
     }
     int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = n_txt, N = n_img;
+    if (m->fbc && dt_fbc_prepare(be, m->fbc, N, D)) return -1;
 
     krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
     krea2_acts_positions(be, c, b, pos_ids);
@@ -702,12 +706,15 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
     /* ---- transformer blocks ---- */
     krea2_block_io io = krea2_acts_block(c, b);
     char name[32];
+    if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);
     for (int l = 0; l < c->num_layers; l++) {
         krea2_block(be, c, &m->blk[l], &io, l);
         if (trace) {
             snprintf(name, sizeof name, "block.%d", l);
             trace(trace_ud, name, s);
         }
+        if (m->fbc && l == 0 && !dt_fbc_after_head(be, m->fbc, img_rows)) break;   /* the cached residual instead */
+        if (m->fbc && l == c->num_layers - 1) dt_fbc_end(be, m->fbc, img_rows);
     }
 
     /* ---- final layer on the image rows ---- */

@@ -12,6 +12,7 @@
 #include "backends/backend.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
+#include "models/block_cache.h"
 #include "models/lora.h"
 
 #define KREA2_MAX_AXES 8
@@ -66,6 +67,11 @@ void krea2_free(krea2_model *m);
 const krea2_config *krea2_get_config(const krea2_model *m);
 /* Bytes of weights as stored, and a short description of the formats ("bf16", "bf16+q4 g64", ...). */
 void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fmt_len);
+
+/* First Block Cache (models/block_cache.h) for the forwards that follow: f is the guidance branch's state (NULL:
+ * every block runs). The head is the first transformer block; its residual and the cached one are the joint
+ * stream's image rows (the rows the final layer reads). */
+void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f);
 
 /* One forward pass.
  *   img       [N, in_channels]               packed latent tokens (f32 host)

@@ -5,8 +5,11 @@
 #include <stdlib.h>
 
 static int k2_forward(dt_dit *d, const dt_dit_step *s) {
-    return krea2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep, s->pos,
-                         s->mask, s->out, s->trace, s->trace_ud);
+    krea2_set_block_cache(dt_dit_model(d), s->fbc);
+    int rc = krea2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep, s->pos,
+                           s->mask, s->out, s->trace, s->trace_ud);
+    krea2_set_block_cache(dt_dit_model(d), NULL);
+    return rc;
 }
 static int k2_text(dt_dit *d, int slot, const float *txt, int t) {
     (void)d; (void)slot;

@@ -8,6 +8,7 @@
 
 #include "backends/backend.h"
 #include "models/lora.h"
+#include "pipeline/step_cache.h"
 #include "image/image.h"
 
 #define DT_GEN_MAX_TAPS 16
@@ -72,13 +73,15 @@ typedef struct {
     const char *init_name, *mask_name;   /* their names in messages (NULL: "init image", "mask") */
     double strength;            /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH (a double: the
                                  * kept steps are floor(steps - steps·strength) in float64, as the reference computes) */
+    dt_cache_opts cache;        /* step caching (pipeline/step_cache.h); zero: off */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);
 
 /* Observer of intermediate results (tests, --save-latents): names "input_ids", "attention_mask",
  * "prompt_embeds", "sigmas", "timesteps", "stepK.latents_packed" (K counts the steps that run), "latents_unpacked",
- * "image_float"; with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
+ * "image_float", "cache_computed" [steps, 2] (per step and guidance branch, 1 = the transformer ran in full;
+ * pipeline/step_cache.h); with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
  * token: for inpainting the init image's first).
  * data is host f32, n elements; shape [d0, d1, d2, d3] with ndim entries. */
 typedef void (*dt_gen_observer)(void *ud, const char *name, const float *data, int ndim, const int64_t *shape);
@@ -91,6 +94,7 @@ typedef struct {
     double t_step[256];                                     /* per step (first 256) */
     int steps;
     int height, width;
+    int passes_computed, passes; /* transformer passes run in full / in all (fewer computed with a step cache) */
 } dt_gen_timings;
 
 /* The error code of a request stopped by its cancel flag or progress callback (dt_last_error says so). */

@@ -278,12 +278,12 @@ static void klein_restore(void *ctx, int i, float *x) {
     dt_inpaint_restore(x, k->init, k->noise, k->mask, k->N, k->C, k->sigmas[i + 1], i == k->last);
 }
 
-static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
+static int klein_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
     klein_step_ctx *k = ctx;
     /* the pipeline passes timestep/1000 (in float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = k->timesteps[i] / 1000.0f;
     dt_dit_step st = {.img = x, .n_img = k->N, .n_txt = k->T, .text = pass ? 1 : 0, .timestep = t,
-                      .img_ids = k->img_ids, .txt_ids = k->txt_ids, .out = v};
+                      .img_ids = k->img_ids, .txt_ids = k->txt_ids, .out = v, .fbc = fbc};
     return dt_dit_forward(k->dit, &st);
 }
 
@@ -306,6 +306,11 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     int refs_set = 0;
     if (p->info.distilled && g->guidance != p->info.default_guidance && g->guidance != 1.0f)
         dt_log(1, "ditrun: note: guidance is ignored by distilled models (is_distilled in model_index.json)\n");
+    if (p->opts.sequence_parallel > 1 && g->cache.kind == DT_CACHE_FIRST_BLOCK) {
+        dt_set_error("generate: --cache first-block is not supported with --sequence-parallel (the split forward has "
+                     "no block hooks); taylorseer is");
+        return -1;
+    }
 
     /* ---- editing inputs: checked and prepared first (a bad image fails before any model runs); they may set the
      * output size ---- */

@@ -131,6 +131,17 @@ static int k2_load(dt_pipeline *p, const json *idx) {
          *sch = dt_path_join(root, "scheduler");
     k->te_dir = dt_path_join(root, "text_encoder");
     int rc = -1;
+    /* options this family cannot honour are errors naming it, never ignored */
+    if (p->be->opts.precision == DT_PREC_FP8 || p->be->opts.attn_precision == DT_PREC_FP8) {
+        dt_set_error("%s: --precision fp8 and --attn-precision fp8 are not implemented for %s (Krea 2) pipelines "
+                     "(only flux2-klein has an fp8 path); leave them at bf16", root, dt_family_krea2.name);
+        goto out;
+    }
+    if (p->opts.cuda_graph) {
+        dt_set_error("%s: --cuda-graph is not implemented for %s (Krea 2) pipelines (only flux2-klein captures its "
+                     "forward)", root, dt_family_krea2.name);
+        goto out;
+    }
     k->n_taps = p->opts.n_taps;
     if (k->n_taps < 0 || k->n_taps > DT_GEN_MAX_TAPS) { dt_set_error("generate: %d text-encoder taps", k->n_taps); goto out; }
     if (k->n_taps) memcpy(k->taps, p->opts.taps, sizeof(int) * (size_t)k->n_taps);
@@ -217,12 +228,12 @@ typedef struct {
     int N, T;
 } k2_step_ctx;
 
-static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
+static int k2_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
     k2_step_ctx *c = ctx;
     /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
     dt_dit_step st = {.img = x, .n_img = c->N, .txt = pass ? c->neg : c->pos, .n_txt = c->T, .text = -1, .timestep = t,
-                      .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v};
+                      .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v, .fbc = fbc};
     return dt_dit_forward(c->dit, &st);
 }
 

@@ -15,8 +15,8 @@ typedef enum {
 } dt_cfg_rule;
 
 /* v [n] = the model's velocity at step i for latents x [n]; pass 0 = the prompt, 1 = the negative prompt.
- * 0 or -1 (dt_last_error). */
-typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, float *v);
+ * fbc: the pass's First Block Cache state for the forward (NULL: every block runs). 0 or -1 (dt_last_error). */
+typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, float *v, dt_fbc_branch *fbc);
 /* Optional, after step i's update of x (e.g. inpainting restores the kept region). */
 typedef void (*dt_after_step_fn)(void *ctx, int step, float *x);
 
@@ -36,7 +36,8 @@ typedef struct {
     float *v, *u;               /* scratch [n] each (u only with cfg) */
 } dt_sampler;
 
-/* Run the loop on x [n] in place. Progress and cancellation from g; per-step timings into tm.
+/* Run the loop on x [n] in place. Progress and cancellation from g, step caching from g->cache (per guidance
+ * branch; tm->passes_computed of tm->passes); per-step timings into tm.
  * 0, -1 or DT_GEN_CANCELLED. */
 int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_request_start, dt_gen_timings *tm,
               dt_gen_observer obs, void *ud);

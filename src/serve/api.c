@@ -117,7 +117,7 @@ static int check_size(const dt_api_limits *lim, int64_t w, int64_t h, dt_api_err
 /* Fields a request may carry. OpenAI's own fields that do not change a generation here are accepted and ignored.
  * Edits also take these (the images come as file parts, not fields). */
 static const char *const known_fields[] = {"prompt", "n", "size", "response_format", "seed", "steps", "guidance",
-                                           "negative_prompt", "stream", "model", "user", "quality", "style",
+                                           "negative_prompt", "stream", "cache", "model", "user", "quality", "style",
                                            "output_format", "output_compression", "moderation", "background",
                                            NULL};
 static const char *const edit_fields[] = {"strength", "input_fidelity", NULL};
@@ -229,6 +229,13 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
             r->strength = sj->number;
         }
     }
+    r->cache = lim->cache;
+    const json *cj = json_get(root, "cache");
+    if (cj && cj->type != JSON_NULL) {
+        if (cj->type != JSON_STRING)
+            return dt_api_invalid(e, "cache", "'cache' must be a string like \"first-block=0.08\", not %s", type_name(cj));
+        if (dt_cache_parse(cj->str, &r->cache)) return dt_api_invalid(e, "cache", "'cache': %s", dt_last_error());
+    }
     const json *st = json_get(root, "stream");
     if (st && st->type != JSON_NULL) {
         if (st->type != JSON_BOOL)
@@ -278,6 +285,7 @@ void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i,
     g->seed = r->seed + (uint64_t)i;
     g->guidance = r->guidance;
     g->max_seq_len = lim->max_seq_len;
+    g->cache = r->cache;
     if (r->edit) {
         g->refs = r->refs;
         g->ref_names = (const char *const *)r->ref_names;

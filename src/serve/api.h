@@ -28,6 +28,7 @@ typedef struct {
     int64_t max_pixels;             /* width * height at most */
     int max_steps;
     int max_seq_len;                /* text tokens of every request (0 = the engine's default, 512) */
+    dt_cache_opts cache;            /* step caching of a request that names none (serve --cache) */
 } dt_api_limits;
 
 /* One checked generation request. */
@@ -41,6 +42,7 @@ typedef struct {
     float guidance;                 /* < 0 = the model's default */
     int guidance_given;
     int stream;                     /* answer as Server-Sent Events */
+    dt_cache_opts cache;            /* "cache" ("first-block=0.08", "taylorseer=3", "off"), else the server's */
     dt_out_format output_format;    /* the images' format (png by default) */
     int output_compression;         /* 0..100, -1 = the default (pipeline/image_out.h) */
     /* edits (POST /v1/images/edits): the decoded uploads, owned by the request */

@@ -508,10 +508,11 @@ static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_
     dt_strbuf b;
     sb_init(&b);
     dt_api_images_json(&b, (long long)time(NULL), j->req.output_format, j->req.n, j->img, j->img_len, j->seeds);
-    char timing[200];
+    char timing[300];
     snprintf(timing, sizeof timing, "queue;dur=%.1f, encode;dur=%.1f, denoise;dur=%.1f, decode;dur=%.1f, "
-             "generate;dur=%.1f, image;dur=%.1f", (j->t_start - j->t_submit) * 1e3, j->t_encode * 1e3,
-             j->t_denoise * 1e3, j->t_decode * 1e3, (j->t_end - j->t_start) * 1e3, j->t_image * 1e3);
+             "generate;dur=%.1f, image;dur=%.1f, passes;desc=\"%d of %d computed\"", (j->t_start - j->t_submit) * 1e3,
+             j->t_encode * 1e3, j->t_denoise * 1e3, j->t_decode * 1e3, (j->t_end - j->t_start) * 1e3,
+             j->t_image * 1e3, j->passes_computed, j->passes);
     return answer(r, c, 200, "application/json", &b, "Server-Timing", timing, NULL, NULL);
 }
 

@@ -35,6 +35,7 @@ struct dt_job {
     int encode_failed;              /* an image could not be encoded (error set): the job ends FAILED */
     double t_submit, t_start, t_end;/* dt_now() seconds; t_end: the device work done (before the last encode) */
     double t_encode, t_denoise, t_decode;   /* sums over the images */
+    int passes_computed, passes;    /* transformer passes computed / run, summed over the images */
     double t_image;                 /* seconds encoding the images (output_format), summed */
     int worker;                     /* index of the worker that ran it */
     double cost_steps, cost_pixel_steps;    /* its size for Retry-After: images x steps, and that x pixels */

@@ -105,6 +105,7 @@ int dt_serve_run(const dt_serve_opts *o) {
     s->lim.max_pixels = o->max_pixels;
     s->lim.max_steps = o->max_steps;
     s->lim.max_seq_len = o->max_seq_len;
+    s->lim.cache = o->cache;
     s->t_start = dt_now();
     s->created = (long long)time(NULL);
     if (getrandom(&s->rng, sizeof s->rng, 0) != (ssize_t)sizeof s->rng || !s->rng)

@@ -34,6 +34,7 @@ typedef struct {
                                  * DT_SERVE_MAX_PIXELS_CPU on the CPU, DT_SERVE_MAX_PIXELS_GPU on a GPU) */
     int max_steps;
     int max_seq_len;            /* text tokens of every request (0 = 512, as generate) */
+    dt_cache_opts cache;        /* step caching of requests that name none (--cache; zero: off) */
     const char *api_key;        /* every /v1 route needs "Authorization: Bearer KEY" (NULL: open) */
     int warmup_w, warmup_h;     /* one image of this size before /health turns ready (0: none) */
     const char *cors_origin;    /* Access-Control-Allow-Origin (NULL: no CORS headers) */

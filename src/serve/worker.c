@@ -167,6 +167,8 @@ static void run_job(dt_worker *w, dt_job *j) {
             j->seeds[i] = g.seed;
             j->t_encode += tm.t_encode;
             j->t_denoise += tm.t_denoise;
+            j->passes_computed += tm.passes_computed;
+            j->passes += tm.passes;
             j->t_decode += tm.t_decode;
         }
         pthread_mutex_unlock(&j->mu);
