@@ -137,6 +137,9 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     lo.model = o->model;
+    lo.vae_tiling = o->vae_tiling;
+    lo.vae_tile = o->vae_tile_size;
+    lo.max_vram = o->max_vram;
     memset(out, 0, sizeof *out);
     api_images im;
     int rc = api_images_load(o, &im, &p);
@@ -164,6 +167,8 @@ ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *
     lo.cuda_graph = o->cuda_graph;
     lo.release_text_encoder = o->release_text_encoder;
     lo.sequence_parallel = o->sequence_parallel;
+    lo.vae_tiling = o->vae_tiling;
+    lo.vae_tile = o->vae_tile_size;
     if (o->n_loras < 0 || o->n_loras > 8 || (o->n_loras && !o->loras)) {
         dt_set_error("pipeline: %d LoRA adapters (0..8, with their names)", o->n_loras);
         return NULL;

@@ -28,6 +28,10 @@
 #     lora      LoRA adapters against the reference: each key layout (synth --lora-layout) on the bundled tiny model,
 #               ditrun CPU/CUDA (merged, side product) vs diffusers' load_lora_weights (tools/lora_reference.py,
 #               float32), the final modulation's halves, MLX q8/q4 copies; needs DIFFUSERS_SRC for the reference
+#     vaetile   tiled VAE (--vae-tiling): diffusers' own tiled decode/encode of the tiny VAEs (tools/vae_tiling_reference.py,
+#               needs DIFFUSERS_SRC; the file comes back in $OUT for tests/fixtures/), test_vae_tiling with the GPU
+#               required (CUDA tiled vs CPU tiled, ours vs diffusers'), and 2048² klein-4B q4 images untiled and
+#               tiled: decode time and nvidia-smi's peak memory
 #     portable  --kernels portable (the paths of a non-Hopper card, README: GPUs): info --devices in both modes, the
 #               GPU test suite with DITRUN_CUDA_KERNELS=portable, and klein-4B q4 / bf16 1024², klein-9B q4 and
 #               Krea 2 q4 1024² forwards in both modes, alternating
@@ -499,6 +503,32 @@ if has lora; then  # LoRA against the reference: a random adapter in each key la
         else
             log "lora: ditrun quantize --bits $bits of the bundled transformer failed: $(tail -1 "$LW/quantize$bits.log")"
         fi
+    done
+fi
+
+if has vaetile; then  # tiled VAE: the reference file, the test with the GPU, 2048² decode time and peak memory
+    VPY=python3
+    for p in python3 /opt/torch/.venv/bin/python3; do
+        command -v $p > /dev/null && $p -c "import torch, safetensors" 2>/dev/null && VPY=$p && break
+    done
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
+        $VPY tools/vae_tiling_reference.py --diffusers-src "$DIFFUSERS_SRC" 2>&1 | tee "$OUT/vaetile-ref.log" \
+            | grep -E "^reference|rror" | tee -a "$OUT/summary.txt"
+        cp tests/fixtures/vae_tiling_reference.safetensors "$OUT/" 2>/dev/null
+    else
+        log "vaetile: no diffusers reference (DIFFUSERS_SRC does not hold diffusers/)"
+    fi
+    log "test_vae_tiling (GPU required):"
+    DITRUN_REQUIRE_GPU=1 ./build/tests/test_vae_tiling 2>&1 | grep -E "^(PASS|FAIL|SKIP|INFO)" | tee -a "$OUT/summary.txt"
+    prep p4
+    for a in "" "--vae-tiling"; do   # peak memory.used sampled every 50 ms while the image runs
+        ( peak=0; while sleep 0.05; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+          [ "${m:-0}" -gt "$peak" ] && peak=$m && echo "$peak" > "$W/vaetile-peak"; done ) & sp=$!
+        log "generate 2048x2048 q4 ${a:-untiled}:"
+        $B generate --backend cuda --model "$W/p4" -p "$PROMPT" -o "$W/vt.png" --seed 7 --height 2048 --width 2048 -v $a 2>&1 \
+            | grep -E "vae:|total|error" | tee -a "$OUT/summary.txt"
+        kill $sp 2>/dev/null; wait $sp 2>/dev/null
+        log "nvidia-smi peak memory.used: $(cat "$W/vaetile-peak" 2>/dev/null) MiB"; rm -f "$W/vaetile-peak"
     done
 fi
 

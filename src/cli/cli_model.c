@@ -78,6 +78,17 @@ int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i) {
     return 1;
 }
 
+int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--vae-tiling")) { o->tiling = 1; return 1; }
+    if (strcmp(a, "--vae-tile-size")) return 0;
+    long l;
+    if (cli_parse_int(a, v, 1, 65536, &l)) return -1;
+    o->tile = (int)l;
+    (*i)++;
+    return 1;
+}
+
 dt_backend *cli_model_backend(const cli_model_opts *o) {
     dt_backend *be = dt_backend_create(o->backend, &o->be);
     if (!be) cli_error("%s", dt_last_error());

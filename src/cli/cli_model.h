@@ -25,6 +25,14 @@ typedef struct {
 /* Consumes argv[*i] (and its value) when it is --lora or --lora-side: 1 consumed, 0 not, -1 bad value. */
 int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i);
 
+/* --vae-tiling and --vae-tile-size N (generate, serve): tiled VAE decoding / encoding (models/vae_tiling.h). */
+typedef struct {
+    int tiling;    /* --vae-tiling */
+    int tile;      /* --vae-tile-size N pixels (0: the VAE's default); it asks for tiles too, except where a memory
+                    * budget (generate --max-vram) decides */
+} cli_vae_opts;
+/* Consumes argv[*i] (and its value) when it is a VAE tiling option: 1 consumed, 0 not, -1 bad value. */
+int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i);
 
 void cli_model_opts_default(cli_model_opts *o);
 /* Consumes argv[*i] (and its value) if it is a shared option: returns 1 if consumed, 0 if not

@@ -58,6 +58,9 @@ static void usage(FILE *f) {
             "  --sequence-parallel N       each worker's DiT forward split over N GPUs (NCCL, libnccl.so.2): the\n"
             "                              devices are taken N at a time (--devices all on 4 GPUs with N = 2: 2 workers\n"
             "                              of 2 GPUs); on the CPU backend N thread ranks (tests). docs/sequence-parallel.md\n"
+            "  --vae-tiling                decode (and encode) images larger than one VAE tile in overlapping tiles,\n"
+            "                              blended (diffusers' enable_tiling); --vae-tile-size N: the tile side in\n"
+            "                              pixels (see ditrun generate --help)\n"
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT, loaded with the model (repeatable, up to 8;\n"
             "                              see ditrun generate --help); --lora-side: side products on dense weights too\n"
             "  -q, --quiet / -v, --verbose\n\n"
@@ -137,11 +140,13 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts_default(&mo);
     const char *key_file = NULL, *devices = NULL;
     static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
+    cli_vae_opts vo = {0, 0};
     long l;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_model_opt(&mo, argc, argv, &i);
         if (!r) r = cli_lora_opt(&lor, argc, argv, &i);
+        if (!r) r = cli_vae_opt(&vo, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -212,6 +217,8 @@ int cmd_serve(int argc, char **argv) {
     o.load.loras = lor.loras;
     o.load.n_loras = lor.n;
     o.load.lora_side = lor.side;
+    o.load.vae_tiling = vo.tiling || vo.tile;
+    o.load.vae_tile = vo.tile;
     int rc = dt_serve_run(&o);
     free(key);
     return rc;

@@ -32,6 +32,14 @@ typedef struct {
                                  * CUDA, N thread ranks on the CPU backend; 0 or 1: unsplit */
     int sp_devices[DT_GEN_MAX_RANKS];   /* CUDA device of rank r; n_sp_devices = 0: the backend's device + r */
     int n_sp_devices;
+    int vae_tiling;             /* decode (and encode) images larger than a tile in overlapping tiles, blended, as
+                                 * diffusers' enable_tiling (models/vae_tiling.h): memory follows the tile */
+    int vae_tile;               /* its tile side in pixels; 0 = the VAE's default (FLUX.2: config sample_size,
+                                 * 1024; Qwen-Image: 256) */
+    int64_t max_vram;           /* dt_generate: plan the image within this many device bytes (pipeline/placement.h):
+                                 * the VAE tiles when the plan needs it, and a budget below the smallest workable is
+                                 * refused before anything loads; 0 = no bound. Planning only: the pool does not
+                                 * enforce it */
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);

@@ -20,6 +20,7 @@
 #include "models/flux2_sp.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
+#include "models/vae_tiling.h"
 #include "pipeline/family.h"
 #include "pipeline/inpaint.h"
 #include "pipeline/klein_edit.h"
@@ -113,7 +114,7 @@ static int ensure_dit_vae(dt_pipeline *p) {
     }
     if (!s->vae) {
         s->vae = dt_vae_load(p->be, s->vae_dir);
-        if (!s->vae) return -1;
+        if (!s->vae || dt_vae_set_tiling(s->vae, p->opts.vae_tiling, p->opts.vae_tile)) return -1;
     }
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
     const flux2_config *c = flux2_dit_config(s->dit);
@@ -175,6 +176,12 @@ static int klein_load(dt_pipeline *p, const json *idx) {
     }
     if (dt_path_exists(sch_dir)) { if (dt_sched_config_load(sch_dir, &s->sched)) goto out; }
     else dt_sched_config_default(&s->sched);
+    if (p->opts.vae_tiling) {   /* a tile size that cannot work is refused before anything loads */
+        dt_vae_config vc;
+        if (dt_vae_read_config(s->vae_dir, &vc) ||
+            vae_tiling_check(s->vae_dir, p->opts.vae_tile ? p->opts.vae_tile : vc.sample_size, vc.scale_factor))
+            goto out;
+    }
     if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
 
     p->info.distilled = distilled;

@@ -21,6 +21,7 @@
 #include "models/krea2_dit.h"
 #include "models/qwen3.h"
 #include "models/vae_qwenimage.h"
+#include "models/vae_tiling.h"
 #include "pipeline/family.h"
 #include "pipeline/krea2_prompt.h"
 
@@ -116,7 +117,9 @@ static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
     dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side};
     if (!k->dit && !(k->dit = krea2_dit_load(p->be, p->root, &lo))) return -1;
-    if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
+    if (!k->vae && (!(k->vae = dt_qvae_load(p->be, p->root)) ||
+                    dt_qvae_set_tiling(k->vae, p->opts.vae_tiling, p->opts.vae_tile)))
+        return -1;
     return 0;
 }
 
@@ -172,6 +175,9 @@ static int k2_load(dt_pipeline *p, const json *idx) {
         dt_set_error("%s: scheduler base_image_seq_len and max_image_seq_len are equal (no time shift line)", root);
         goto out;
     }
+    if (p->opts.vae_tiling &&   /* a tile size that cannot work is refused before anything loads */
+        vae_tiling_check(root, p->opts.vae_tile ? p->opts.vae_tile : DT_QVAE_DEFAULT_TILE, k->vcfg.scale_factor))
+        goto out;
     if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
     p->info.distilled = k->distilled;
     p->info.default_steps = k->distilled ? K2_DISTILLED_STEPS : K2_DEFAULT_STEPS;
