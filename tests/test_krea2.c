@@ -31,6 +31,21 @@
 #define KREA2_Q4_TWIN_TOL 1e-5
 /* repeated forward on cached buffers and tables: deterministic CPU kernels give identical output. */
 #define KREA2_REPEAT_TOL 0.0
+/* --precision fp8 / --attn-precision fp8 (CPU emulation) vs the reference: e4m3 keeps 3 mantissa bits (~2.6% rms per
+ * operand); this fixture's blocks add little to the residual stream, so the output moves far less (measured: Linears
+ * 2.3e-3, attention 6.0e-4, both 2.3e-3): the window proves the fp8 path ran (> 1e-4, the f32 forward's distance)
+ * and is not garbage (klein's test of the same kind: 1e-4..0.3; here 1e-4..5e-2). */
+#define KREA2_FP8_MIN 1e-4
+#define KREA2_FP8_MAX 5e-2
+/* fp8 attention with the mask (padded keys gathered out) vs the same forward on the unpadded inputs: the same keys
+ * and values, only Q's per-tensor scale may also cover the padded queries, and summation order (measured 8.6e-7;
+ * with the padded keys left in: 2.1e-3). */
+#define KREA2_FP8_GATHER_TOL 1e-4
+/* CUDA fp8 vs the CPU emulation, both modes: bf16 activations and cuDNN's rounding of the unnormalized exp (4-5% per
+ * attention call, NOTES.md) vs the emulation's; test_gpu_formats' TOL_FORWARD_FP8 for FLUX.2 */
+#define KREA2_GPU_FP8_TOL 6e-2
+/* CUDA fused inputs vs separate ops: test_flux2's FP8_FUSE_TOL (the gated residual rounded once instead of 3x) */
+#define KREA2_FP8_FUSE_TOL 2e-2
 
 typedef struct {
     st_file *io;
@@ -141,6 +156,119 @@ static void fixture_on(dt_backend *be, const char *tag, double tol) {
     snprintf(name, sizeof name, "%s pipeline-root", tag);
     if (!m) T_FAIL(name, "load failed: %s", dt_last_error());
     else { free(run_case(be, m, &fi, 1, 0, name, "out.sample", tol)); krea2_free(m); }
+    free_inputs(&fi);
+}
+
+/* ------------------------------------------------------------------ fp8 */
+
+/* One fixture forward on a fresh load with precision / attn_precision / fp8_unfused set on be (restored after);
+ * fmt receives the weight formats. The inputs are fi's, or (n_txt, txt, pos, mask) when txt is given. NULL on
+ * failure (reported). */
+static float *fp8_forward(dt_backend *be, const fx_inputs *fi, dt_precision prec, dt_precision aprec, int unfused,
+                          int n_txt, const float *txt, const float *pos, const uint8_t *mask, const char *name,
+                          char *fmt, size_t fmt_len) {
+    dt_backend_opts saved = be->opts;
+    be->opts.precision = prec;
+    be->opts.attn_precision = aprec;
+    be->opts.fp8_unfused = unfused;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    krea2_model *m = krea2_load(be, dir);
+    be->opts = saved;
+    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
+    size_t bytes;
+    krea2_weight_info(m, &bytes, fmt, fmt_len);
+    float *out = dt_malloc(sizeof(float) * (size_t)fi->n * fi->in_ch);
+    if (!txt) { n_txt = fi->t; txt = fi->txt; pos = fi->pos; mask = fi->mask; }
+    if (krea2_forward(m, fi->img, fi->n, txt, n_txt, fi->ts, pos, mask, out, NULL, NULL)) {
+        T_FAIL(name, "forward failed: %s", dt_last_error());
+        free(out);
+        out = NULL;
+    }
+    krea2_free(m);
+    return out;
+}
+
+/* --precision fp8 and --attn-precision fp8 on the CPU (the emulation of the CUDA fp8 GEMM and attention): each within
+ * KREA2_FP8_MIN..MAX of out.sample; the fused producers (act_linear_gated) bit-identical to the separate ops (the
+ * CPU's fused ops are the composed ones: a wrong gate row or view fails); the masked fp8 attention (padded keys
+ * gathered out) equal to the unpadded inputs' forward within KREA2_FP8_GATHER_TOL. */
+static void fp8_cpu(dt_backend *be) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cpu fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    size_t no = (size_t)fi.n * fi.in_ch;
+    const st_tensor *rt = st_find(fi.io, "out.sample");
+    float *ref = rt ? st_to_f32(rt) : NULL;
+    char fmt[96], name[200];
+    static const struct { dt_precision p, a; const char *what; } modes[] = {
+        {DT_PREC_FP8, DT_PREC_BF16, "fp8 Linears"},
+        {DT_PREC_BF16, DT_PREC_FP8, "fp8 attention"},
+        {DT_PREC_FP8, DT_PREC_FP8, "fp8 Linears + attention"},
+    };
+    for (size_t i = 0; ref && i < sizeof modes / sizeof modes[0]; i++) {
+        snprintf(name, sizeof name, "cpu krea2 %s", modes[i].what);
+        float *o = fp8_forward(be, &fi, modes[i].p, modes[i].a, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+        if (!o) continue;
+        double e = dt_rel_l2(o, ref, no);
+        snprintf(name, sizeof name, "cpu krea2 %s forward is %g..%g from the reference (rel L2 %.3g)", modes[i].what,
+                 KREA2_FP8_MIN, KREA2_FP8_MAX, e);
+        T_CHECK(name, e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rel L2 %.3g", e);
+        if (modes[i].p == DT_PREC_FP8) {
+            snprintf(name, sizeof name, "cpu krea2 %s: the weight formats say fp8", modes[i].what);
+            T_CHECK(name, strstr(fmt, "fp8") != NULL, "'%s'", fmt);
+            float *sep = fp8_forward(be, &fi, modes[i].p, modes[i].a, 1, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+            int bad = -1;
+            for (size_t j = 0; sep && j < no && bad < 0; j++) if (sep[j] != o[j]) bad = (int)j;
+            snprintf(name, sizeof name, "cpu krea2 %s: fused inputs equal the separate ops", modes[i].what);
+            T_CHECK(name, sep && bad < 0, "element %d: fused %.9g, separate %.9g", bad, bad >= 0 ? o[bad] : 0.f,
+                    bad >= 0 && sep ? sep[bad] : 0.f);
+            free(sep);
+        }
+        free(o);
+    }
+    /* the unpadded inputs: the text tokens the mask keeps, their position rows, then the image rows */
+    int tv = 0;
+    for (int j = 0; j < fi.t; j++) tv += fi.mask[j] != 0;
+    int64_t Y = st_find(fi.io, "in.encoder_hidden_states")->shape[2], E = st_find(fi.io, "in.encoder_hidden_states")->shape[3];
+    float *txt = dt_malloc(sizeof(float) * (size_t)(tv * Y * E)), *pos = dt_malloc(sizeof(float) * (size_t)(tv + fi.n) * 3);
+    for (int j = 0, r = 0; j < fi.t; j++) {
+        if (!fi.mask[j]) continue;
+        memcpy(txt + (size_t)r * Y * E, fi.txt + (size_t)j * Y * E, sizeof(float) * (size_t)(Y * E));
+        memcpy(pos + (size_t)r * 3, fi.pos + (size_t)j * 3, sizeof(float) * 3);
+        r++;
+    }
+    memcpy(pos + (size_t)tv * 3, fi.pos + (size_t)fi.t * 3, sizeof(float) * 3 * (size_t)fi.n);
+    snprintf(name, sizeof name, "cpu krea2 fp8 attention with %d of %d text tokens padded", fi.t - tv, fi.t);
+    if (tv == fi.t) T_FAIL(name, "the fixture's mask pads nothing");
+    float *om = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+    float *ou = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, tv, txt, pos, NULL, name, fmt, sizeof fmt);
+    if (om && ou) {
+        snprintf(name, sizeof name, "cpu krea2 fp8 attention: masked (keys gathered) vs unpadded inputs");
+        check_l2(name, om, ou, no, KREA2_FP8_GATHER_TOL);
+    }
+    free(om); free(ou); free(txt); free(pos); free(ref);
+    free_inputs(&fi);
+}
+
+/* CUDA --precision fp8 and --attn-precision fp8 against the CPU emulation (KREA2_GPU_FP8_TOL), and CUDA's fused
+ * producers against its separate ops (KREA2_FP8_FUSE_TOL). */
+static void fp8_cuda(dt_backend *cu) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cuda fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
+    size_t no = (size_t)fi.n * fi.in_ch;
+    char fmt[96], name[200];
+    int attn = cu->attention_fp8 != NULL;
+    if (!attn) T_SKIP("cuda krea2 fp8 attention", "%s", cu->attention_fp8_off ? cu->attention_fp8_off : "no fp8 attention");
+    dt_precision ap = attn ? DT_PREC_FP8 : DT_PREC_BF16;
+    float *g = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cuda krea2 fp8", fmt, sizeof fmt);
+    float *c = cpu ? fp8_forward(cpu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cpu krea2 fp8", fmt, sizeof fmt) : NULL;
+    float *sep = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 1, 0, NULL, NULL, NULL, "cuda krea2 fp8 separate", fmt, sizeof fmt);
+    snprintf(name, sizeof name, "cuda krea2 fp8 Linears%s vs the CPU emulation", attn ? " + attention" : "");
+    if (g && c) check_l2(name, g, c, no, KREA2_GPU_FP8_TOL);
+    if (g && sep) check_l2("cuda krea2 fp8: fused inputs vs separate ops", g, sep, no, KREA2_FP8_FUSE_TOL);
+    free(g); free(c); free(sep);
+    if (cpu) cpu->destroy(cpu);
     free_inputs(&fi);
 }
 
@@ -470,6 +598,7 @@ int main(void) {
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
     fixture_on(cpu, "cpu", KREA2_CPU_TOL);
     q4_check(cpu, "cpu", KREA2_Q4_TWIN_TOL);
+    fp8_cpu(cpu);
     cpu->destroy(cpu);
     error_checks();
     if (dt_backend_cuda_available()) {
@@ -478,6 +607,7 @@ int main(void) {
         else {
             fixture_on(cu, "cuda", KREA2_GPU_TOL);
             q4_check(cu, "cuda", KREA2_GPU_TOL);
+            fp8_cuda(cu);
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') synthetic_real_geometry(cu, "cuda");
             else T_SKIP("cuda synthetic Krea 2 geometry", "set DITRUN_SLOW=1 (writes ~2.6 GB to $TMPDIR)");

@@ -147,6 +147,17 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
     if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->lin.fmt);
 }
 
+int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what) {
+    c->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+    if (c->attn_fp8 && !be->attention_fp8) {
+        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
+                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
+        return -1;
+    }
+    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !be->opts.fp8_unfused;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ loading */
 
 /* Host f32 copy of a float tensor with n elements (+ offset added to every element). NULL on error. */
@@ -285,6 +296,8 @@ static int load_all(krea2_model *m) {
         snprintf(nm, sizeof nm, "text_fusion.refiner_blocks.%d", i);
         if (load_text_block(&m->lin, m->w, c, nm, &m->rf[i])) return -1;
     }
+    /* --precision fp8: the transformer blocks' Linears (embedders, modulation, text fusion, final stay bf16) */
+    m->lin.precision = m->be->opts.precision;
     m->blk = dt_calloc((size_t)c->num_layers, sizeof *m->blk);
     for (int i = 0; i < c->num_layers; i++)
         if (krea2_block_w_load(&m->lin, m->w, c, i, &m->blk[i])) return -1;
@@ -304,7 +317,15 @@ krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_op
     char what[4200];
     const json *cfg = dt_weights_class_config(m->w, dir, "Krea2Transformer2DModel", "Krea 2", what, sizeof what);
     free(dir);
-    if (!cfg || krea2_config_parse(cfg, what, &m->c)) goto fail;
+    if (!cfg || krea2_config_parse(cfg, what, &m->c) || krea2_runtime_choices(be, &m->c, what)) goto fail;
+    const st_tensor *q0 = dt_weights_find(m->w, "transformer_blocks.0.attn.to_q.weight");
+    if (q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2) && be->opts.precision != DT_PREC_FP8) {
+        /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers write
+         * the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
+        dt_backend as_fp8 = *be;
+        as_fp8.opts.precision = DT_PREC_FP8;
+        if (krea2_runtime_choices(&as_fp8, &m->c, what)) goto fail;
+    }
     if (o && o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
         dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
         m->lora = dt_lora_load(o->loras, o->n_loras, cat);
@@ -367,6 +388,7 @@ void krea2_acts_free(dt_backend *be, krea2_acts *b) {
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
     free(b->ids);
     free(b->host_mod);
+    free(b->key_runs);
     memset(b, 0, sizeof *b);
 }
 
@@ -377,7 +399,8 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_
     int64_t dkv = (int64_t)c->kv_heads * c->head_dim, tdkv = (int64_t)c->text_kv_heads * c->text_head_dim;
     int64_t big = max64(L * D, Lt * E);
     int64_t kv = max64(L * dkv, Lt * tdkv);
-    int64_t hid = max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)t * D);
+    /* (h1 / h2 also hold the gathered keys / values of fp8 attention with a mask: L x dkv) */
+    int64_t hid = max64(max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)t * D), L * dkv);
     int nl = c->num_layers;
     struct { dt_mat *m; int64_t rows, cols; dt_dtype t; } all[] = {
         {&b->emb, 1, c->t_embed, act},   {&b->th, 1, D, act},          {&b->temb, 1, D, act},
@@ -395,6 +418,8 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_
     b->n = n; b->t = t;
     b->ids = dt_malloc(sizeof(float) * (size_t)(L * c->n_axes));
     b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see krea2_time_mods */
+    b->key_runs = dt_malloc(sizeof(int64_t) * (size_t)(2 * (t + 1)));   /* at most t/2 + 1 runs */
+    b->nkeys = L;
     /* ones: upload one row, then double the filled prefix with copies */
     float *one = dt_malloc(sizeof(float) * (size_t)D);
     for (int64_t i = 0; i < D; i++) one[i] = 1.0f;
@@ -447,9 +472,24 @@ void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *b, 
 }
 
 void krea2_acts_mask(dt_backend *be, krea2_acts *b, const uint8_t *mask) {
-    b->masked = mask != NULL;
-    if (!mask) return;
     int64_t L = (int64_t)b->n + b->t;
+    b->masked = mask != NULL;
+    b->nkey_runs = 0;
+    b->nkeys = L;
+    if (!mask) return;
+    /* the unmasked keys as runs of consecutive rows (fp8 attention gathers them: it takes no mask) */
+    b->nkeys = 0;
+    for (int64_t j = 0; j < L; j++) {
+        if (j < b->t && !mask[j]) continue;
+        if (b->nkey_runs && b->key_runs[2 * (b->nkey_runs - 1)] + b->key_runs[2 * (b->nkey_runs - 1) + 1] == j)
+            b->key_runs[2 * (b->nkey_runs - 1) + 1]++;
+        else {
+            b->key_runs[2 * b->nkey_runs] = j;
+            b->key_runs[2 * b->nkey_runs + 1] = 1;
+            b->nkey_runs++;
+        }
+        b->nkeys++;
+    }
     float *bh = dt_malloc(sizeof(float) * (size_t)L);
     for (int64_t j = 0; j < L; j++) bh[j] = (j < b->t && !mask[j]) ? -INFINITY : 0.0f;
     be->upload(be, b->bias, bh);
@@ -465,6 +505,8 @@ krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
         .h1 = fview(x->h1, L, F),    .h2 = fview(x->h2, L, F),
         .cos = x->cos,               .sin = x->sin,               .bias = x->masked ? x->bias : dt_mat_null(),
         .modw = x->modw,             .modv = x->modv,             .ones = x->ones,
+        .kc = fview(x->h1, x->nkeys, dkv), .vc = fview(x->h2, x->nkeys, dkv),
+        .key_runs = x->masked ? x->key_runs : NULL, .nkey_runs = x->masked ? x->nkey_runs : 0,
     };
     return io;
 }
@@ -600,6 +642,31 @@ static void mod_norm(dt_backend *be, const krea2_config *c, dt_mat y, dt_mat x, 
     be->gated_add(be, y, dt_mat_rows(modv, vi, 1), dt_mat_rows(ones, 0, x.rows));
 }
 
+/* The blocks' GQA attention: bf16 with the key-padding bias (the reference), or with c->attn_fp8 the backend's fp8
+ * attention, which takes no mask: the unmasked keys' rows of K and V are gathered into kc / vc first (exactly the
+ * masked attention: a padded key's weight is exp(-inf) = 0; the per-tensor K / V scales then cover the real keys
+ * only). */
+static void block_attention(dt_backend *be, const krea2_config *c, const krea2_attn_w *at, const krea2_block_io *io) {
+    const float scale = 1.0f / sqrtf((float)at->hd);
+    if (!c->attn_fp8) {
+        be->attention(be, io->o, io->q, io->k, io->v, at->heads, at->kv_heads, at->hd, scale, io->bias, 0);
+        return;
+    }
+    dt_mat k = io->k, v = io->v;
+    if (io->bias.data && !(io->nkey_runs == 1 && io->key_runs[1] == io->k.rows)) {
+        int64_t r = 0;
+        for (int i = 0; i < io->nkey_runs; i++) {
+            int64_t r0 = io->key_runs[2 * i], len = io->key_runs[2 * i + 1];
+            be->copy(be, dt_mat_rows(io->kc, r, len), dt_mat_rows(io->k, r0, len));
+            be->copy(be, dt_mat_rows(io->vc, r, len), dt_mat_rows(io->v, r0, len));
+            r += len;
+        }
+        k = dt_mat_rows(io->kc, 0, r);
+        v = dt_mat_rows(io->vc, 0, r);
+    }
+    be->attention_fp8(be, io->o, io->q, k, v, at->heads, at->kv_heads, at->hd, scale);
+}
+
 void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l,
                     int k, int split) {
     const krea2_attn_w *at = &w->attn;
@@ -614,21 +681,38 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
     case KREA2_OP_ROPE:
         if (split) attn_qk(be, at, c->eps, io->q, io->k, none, none, io->cos, io->sin, DT_ROPE_INTERLEAVED);
         break;
-    case KREA2_OP_ATTN:
-        be->attention(be, io->o, io->q, io->k, io->v, at->heads, at->kv_heads, at->hd, 1.0f / sqrtf((float)at->hd),
-                      io->bias, 0);
+    case KREA2_OP_ATTN: block_attention(be, c, at, io); break;
+    /* attn * sigmoid(to_gate(x)) -> to_out -> s += pregate * out: with fuse_inputs one act_linear_gated (OUT) */
+    case KREA2_OP_GATE:
+        if (!c->fuse_inputs) be->act_mul(be, io->o, io->g, io->o, DT_ACT_SIGMOID);
         break;
-    case KREA2_OP_GATE: be->act_mul(be, io->o, io->g, io->o, DT_ACT_SIGMOID); break;   /* attn * sigmoid(to_gate(x)) */
-    case KREA2_OP_OUT: be->linear(be, io->a, io->o, at->out); break;
-    case KREA2_OP_RESID1: be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 1, 1), io->a); break;
+    case KREA2_OP_OUT:
+        if (c->fuse_inputs)
+            be->act_linear_gated(be, io->s, io->o, 0, io->g, io->o, DT_ACT_SIGMOID, at->out,
+                                 dt_mat_rows(io->modv, 4 * l + 1, 1), io->a);
+        else be->linear(be, io->a, io->o, at->out);
+        break;
+    case KREA2_OP_RESID1:
+        if (!c->fuse_inputs) be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 1, 1), io->a);
+        break;
     case KREA2_OP_NORM2: mod_norm(be, c, io->a, io->s, io->modw, io->modv, io->ones, 2 * l + 1, 4 * l + 2); break;
     case KREA2_OP_MLPIN:
         be->linear(be, io->h1, io->a, w->ff.gate);
         be->linear(be, io->h2, io->a, w->ff.up);
         break;
-    case KREA2_OP_SWIGLU: be->act_mul(be, io->h1, io->h1, io->h2, DT_ACT_SILU); break;
-    case KREA2_OP_DOWN: be->linear(be, io->a, io->h1, w->ff.down); break;
-    case KREA2_OP_RESID2: be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 3, 1), io->a); break;
+    /* silu(gate) * up -> ff.down -> s += postgate * mlp: with fuse_inputs one act_linear_gated (DOWN) */
+    case KREA2_OP_SWIGLU:
+        if (!c->fuse_inputs) be->act_mul(be, io->h1, io->h1, io->h2, DT_ACT_SILU);
+        break;
+    case KREA2_OP_DOWN:
+        if (c->fuse_inputs)
+            be->act_linear_gated(be, io->s, io->h1, 0, io->h1, io->h2, DT_ACT_SILU, w->ff.down,
+                                 dt_mat_rows(io->modv, 4 * l + 3, 1), io->a);
+        else be->linear(be, io->a, io->h1, w->ff.down);
+        break;
+    case KREA2_OP_RESID2:
+        if (!c->fuse_inputs) be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 3, 1), io->a);
+        break;
     }
 }
 

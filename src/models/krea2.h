@@ -36,6 +36,11 @@ typedef struct {
     int axes[KREA2_MAX_AXES];   /* dims per axis, sum = head_dim */
     float rope_theta;
     float eps;              /* norm_eps of every RMSNorm */
+    int attn_fp8;           /* run-time choice, not from config.json (krea2_runtime_choices): the transformer blocks'
+                             * attention through the backend's attention_fp8 (--attn-precision fp8) */
+    int fuse_inputs;        /* run-time choice (krea2_runtime_choices): the Linears fed by the attention gate or the
+                             * SwiGLU go through act_linear_gated with their gated residual (fp8 Linears: the
+                             * producer writes the e4m3 codes, the gate folds into the GEMM); 0: separate ops */
 } krea2_config;
 
 /* The widest model accepted (heads x head_dim; Krea 2 is 6144): products of widths and token counts stay well
@@ -44,6 +49,10 @@ typedef struct {
 
 /* Parse config.json; a missing/invalid field is an error naming `what` (the file) and the field. */
 int krea2_config_parse(const json *cfg, const char *what, krea2_config *c);
+/* The config's run-time choices (krea2_load and the bench, before loading the blocks): attn_fp8 from
+ * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), fuse_inputs with
+ * --precision fp8 unless be->opts.fp8_unfused. */
+int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what);
 
 typedef struct krea2_model krea2_model;
 
@@ -139,6 +148,9 @@ typedef struct {
     dt_mat cos, sin;   /* [L, head_dim] F32 RoPE tables */
     dt_mat bias;       /* [1, L] F32 key-padding bias */
     int masked;        /* bias holds a mask (krea2_acts_mask); 0: attention without one */
+    int64_t *key_runs; /* host: the unmasked keys as runs (start, length) of rows of the joint stream */
+    int nkey_runs;     /* runs in key_runs (krea2_acts_mask; 0 without a mask) */
+    int64_t nkeys;     /* unmasked keys (L without a mask) */
     float *ids;        /* host copy of the positions the tables were built from [L * n_axes] */
     float *host_mod;   /* host [(6 * layers + 9) * D]: tmod, temb, folded weights, shifts/gates */
 } krea2_acts;
@@ -165,6 +177,12 @@ typedef struct {
     dt_mat bias;       /* [1, L] F32 key-padding bias, or null data (no mask) */
     dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
     dt_mat ones;       /* [L, D] */
+    /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of K and V are gathered into
+     * kc, vc [nkeys, kv_heads*hd] (views of h1 / h2, free during the attention) first: nkey_runs runs of
+     * consecutive rows [key_runs[2i], key_runs[2i] + key_runs[2i+1]) (krea2_acts_mask). */
+    dt_mat kc, vc;
+    const int64_t *key_runs;
+    int nkey_runs;
 } krea2_block_io;
 krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x);
 
