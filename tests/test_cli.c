@@ -167,6 +167,25 @@ int main(void) {
                 "rc %d, rel %g, stdout: %s", rc, rel, buf);
     }
 
+    /* Krea 2 (its fixture) with --precision fp8 --attn-precision fp8 --compare-bf16 on the CPU: both forwards run and
+     * the report gives a non-zero, finite error (the option is honoured, not ignored) */
+    {
+        char so[600], buf[4096], err[4096];
+        snprintf(so, sizeof so, "%s/krea2-stdout.txt", tmpdir);
+        snprintf(args, sizeof args, "forward --model %s/krea2 --inputs %s/krea2_io.safetensors --backend cpu "
+                 "--precision fp8 --attn-precision fp8 --compare-bf16 -q > %s", fx, fx, so);
+        int rc = run(args, err, sizeof err);
+        FILE *f = fopen(so, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f) fclose(f);
+        const char *key = "fp8 vs bf16 forward (Linears + attention): rel_l2 ";
+        const char *m = strstr(buf, key);
+        double rel = m ? atof(m + strlen(key)) : -1;
+        T_CHECK("forward Krea 2 --precision fp8 --attn-precision fp8 --compare-bf16 reports a non-zero error",
+                rc == 0 && rel > 0 && rel < 1, "rc %d, rel %g, stdout: %s, stderr: %s", rc, rel, buf, err);
+    }
+
     /* -v: one summary line per stored format and path of the transformer's Linears (dt_linear_paths), printed once at
      * load; with --precision fp8 the blocks' Linears move to an fp8 line and the counts still add up to every Linear */
     {

@@ -42,7 +42,7 @@ static void usage(FILE *f) {
             "                       output channel) and e4m3 activations (one scale per token); opt-in\n"
             "  --attn-precision P   bf16 (default) or fp8 (FLUX.2, CUDA with cuDNN, or CPU emulation): the blocks'\n"
             "                       attention with e4m3 Q/K/V/P (one scale per tensor); opt-in\n"
-            "  --compare-bf16       with --precision fp8 and/or --attn-precision fp8 (FLUX.2): also run the bf16\n"
+            "  --compare-bf16       with --precision fp8 and/or --attn-precision fp8 (FLUX.2, Krea 2): also run the bf16\n"
             "                       path on the same inputs and report the relative L2 error of out.sample (and\n"
             "                       both timings)\n"
             "  --compare-qpath P    (FLUX.2) also run with quantized-Linear path P (e.g. --qpath mixed\n"
@@ -98,6 +98,22 @@ static int shape2(const st_tensor *t, int64_t *rows, int64_t *cols) {
     if (t->ndim == 2) { *rows = t->shape[0]; *cols = t->shape[1]; return 0; }
     dt_set_error("%s: tensor '%s' must be [1, rows, cols] or [rows, cols]", t->file, t->name);
     return -1;
+}
+
+/* --compare-bf16: the fp8 output's relative L2 error and worst element against the bf16 one, on stdout. */
+static void fp8_report(const dt_backend_opts *o, const float *out, const float *ref, int64_t no) {
+    double e2 = 0, r2 = 0, worst = -1;
+    int64_t wi = 0;
+    for (int64_t i = 0; i < no; i++) {
+        double d = (double)out[i] - ref[i];
+        e2 += d * d;
+        r2 += (double)ref[i] * ref[i];
+        if (!(fabs(d) <= worst)) { worst = fabs(d); wi = i; }
+    }
+    double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+    printf("fp8 vs bf16 forward (%s): rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
+           "fp8 could be the default only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(o), rel, rel * 100, worst,
+           (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -160,9 +176,6 @@ int cmd_forward(int argc, char **argv) {
     if (ranks > 1 && (trace || compare || cmp_qpath >= 0))
         return cli_error("--sequence-parallel: %s is not available with a split forward",
                          trace ? "--trace" : compare ? "--compare-bf16" : "--compare-qpath");
-    if (any_fp8 && family != CLI_FAMILY_FLUX2)
-        return cli_error("%s fp8: FLUX.2 models only (Krea 2 has no fp8 mode yet)",
-                         mo.be.precision == DT_PREC_FP8 ? "--precision" : "--attn-precision");
     st_file *in = st_open(inputs);
     if (!in) return cli_error("%s", dt_last_error());
     dt_backend *be = cli_model_backend(&mo);
@@ -302,9 +315,7 @@ int cmd_forward(int argc, char **argv) {
                        med * 1e3, tb[repeat / 2] * 1e3, tb[repeat / 2] / med);
             } else if (compare) {
                 dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
-                printf("fp8 vs bf16 forward (%s): rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
-                       "fp8 could be the default only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be),
-                       rel, rel * 100, worst, (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
+                fp8_report(&mo.be, out, ref, no);
             } else {
                 dt_log(1, "ditrun: forward with qpath %s: %.2f ms (median of %ld)\n", cli_qpath_name(cmp_qpath),
                        tb[repeat / 2] * 1e3, repeat);
@@ -361,6 +372,27 @@ int cmd_forward(int argc, char **argv) {
         free(times);
         int64_t shape[3] = {1, n, c->out_channels};
         st_writer_add_f32(w, "out.sample", 3, shape, out);
+        if (compare) {   /* the same forward with bf16 Linears and attention: the fp8 error */
+            const int64_t no = n * c->out_channels;   /* (c is the freed model's) */
+            krea2_free(km);
+            const dt_precision prec0 = be->opts.precision, aprec0 = be->opts.attn_precision;
+            be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
+            km = krea2_load_ex(be, model, &(krea2_load_opts){lor.loras, lor.n, lor.side});
+            be->opts.precision = prec0;
+            be->opts.attn_precision = aprec0;
+            if (!km) goto done;
+            ref = dt_malloc(sizeof(float) * (size_t)no);
+            double *tb = dt_malloc(sizeof(double) * repeat);
+            for (long it = 0; it < repeat; it++) {
+                double t1 = dt_now();
+                if (krea2_forward(km, img, (int)n, txt, (int)tt, ts[0], pos, mask, ref, NULL, NULL)) { free(tb); goto done; }
+                tb[it] = dt_now() - t1;
+            }
+            qsort(tb, repeat, sizeof(double), cmp_double);
+            dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
+            free(tb);
+            fp8_report(&mo.be, out, ref, no);
+        }
     }
     if (be->mem_stats) {
         size_t cur, peak;
