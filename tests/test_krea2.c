@@ -17,6 +17,7 @@
 #include "backends/backend.h"
 #include "io/safetensors.h"
 #include "models/krea2.h"
+#include "core/fp8.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
 #include "trace_check.h"
@@ -159,119 +160,6 @@ static void fixture_on(dt_backend *be, const char *tag, double tol) {
     free_inputs(&fi);
 }
 
-/* ------------------------------------------------------------------ fp8 */
-
-/* One fixture forward on a fresh load with precision / attn_precision / fp8_unfused set on be (restored after);
- * fmt receives the weight formats. The inputs are fi's, or (n_txt, txt, pos, mask) when txt is given. NULL on
- * failure (reported). */
-static float *fp8_forward(dt_backend *be, const fx_inputs *fi, dt_precision prec, dt_precision aprec, int unfused,
-                          int n_txt, const float *txt, const float *pos, const uint8_t *mask, const char *name,
-                          char *fmt, size_t fmt_len) {
-    dt_backend_opts saved = be->opts;
-    be->opts.precision = prec;
-    be->opts.attn_precision = aprec;
-    be->opts.fp8_unfused = unfused;
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
-    krea2_model *m = krea2_load(be, dir);
-    be->opts = saved;
-    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
-    size_t bytes;
-    krea2_weight_info(m, &bytes, fmt, fmt_len);
-    float *out = dt_malloc(sizeof(float) * (size_t)fi->n * fi->in_ch);
-    if (!txt) { n_txt = fi->t; txt = fi->txt; pos = fi->pos; mask = fi->mask; }
-    if (krea2_forward(m, fi->img, fi->n, txt, n_txt, fi->ts, pos, mask, out, NULL, NULL)) {
-        T_FAIL(name, "forward failed: %s", dt_last_error());
-        free(out);
-        out = NULL;
-    }
-    krea2_free(m);
-    return out;
-}
-
-/* --precision fp8 and --attn-precision fp8 on the CPU (the emulation of the CUDA fp8 GEMM and attention): each within
- * KREA2_FP8_MIN..MAX of out.sample; the fused producers (act_linear_gated) bit-identical to the separate ops (the
- * CPU's fused ops are the composed ones: a wrong gate row or view fails); the masked fp8 attention (padded keys
- * gathered out) equal to the unpadded inputs' forward within KREA2_FP8_GATHER_TOL. */
-static void fp8_cpu(dt_backend *be) {
-    fx_inputs fi;
-    if (load_inputs(&fi)) { T_FAIL("cpu fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
-    size_t no = (size_t)fi.n * fi.in_ch;
-    const st_tensor *rt = st_find(fi.io, "out.sample");
-    float *ref = rt ? st_to_f32(rt) : NULL;
-    char fmt[96], name[200];
-    static const struct { dt_precision p, a; const char *what; } modes[] = {
-        {DT_PREC_FP8, DT_PREC_BF16, "fp8 Linears"},
-        {DT_PREC_BF16, DT_PREC_FP8, "fp8 attention"},
-        {DT_PREC_FP8, DT_PREC_FP8, "fp8 Linears + attention"},
-    };
-    for (size_t i = 0; ref && i < sizeof modes / sizeof modes[0]; i++) {
-        snprintf(name, sizeof name, "cpu krea2 %s", modes[i].what);
-        float *o = fp8_forward(be, &fi, modes[i].p, modes[i].a, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
-        if (!o) continue;
-        double e = dt_rel_l2(o, ref, no);
-        snprintf(name, sizeof name, "cpu krea2 %s forward is %g..%g from the reference (rel L2 %.3g)", modes[i].what,
-                 KREA2_FP8_MIN, KREA2_FP8_MAX, e);
-        T_CHECK(name, e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rel L2 %.3g", e);
-        if (modes[i].p == DT_PREC_FP8) {
-            snprintf(name, sizeof name, "cpu krea2 %s: the weight formats say fp8", modes[i].what);
-            T_CHECK(name, strstr(fmt, "fp8") != NULL, "'%s'", fmt);
-            float *sep = fp8_forward(be, &fi, modes[i].p, modes[i].a, 1, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
-            int bad = -1;
-            for (size_t j = 0; sep && j < no && bad < 0; j++) if (sep[j] != o[j]) bad = (int)j;
-            snprintf(name, sizeof name, "cpu krea2 %s: fused inputs equal the separate ops", modes[i].what);
-            T_CHECK(name, sep && bad < 0, "element %d: fused %.9g, separate %.9g", bad, bad >= 0 ? o[bad] : 0.f,
-                    bad >= 0 && sep ? sep[bad] : 0.f);
-            free(sep);
-        }
-        free(o);
-    }
-    /* the unpadded inputs: the text tokens the mask keeps, their position rows, then the image rows */
-    int tv = 0;
-    for (int j = 0; j < fi.t; j++) tv += fi.mask[j] != 0;
-    int64_t Y = st_find(fi.io, "in.encoder_hidden_states")->shape[2], E = st_find(fi.io, "in.encoder_hidden_states")->shape[3];
-    float *txt = dt_malloc(sizeof(float) * (size_t)(tv * Y * E)), *pos = dt_malloc(sizeof(float) * (size_t)(tv + fi.n) * 3);
-    for (int j = 0, r = 0; j < fi.t; j++) {
-        if (!fi.mask[j]) continue;
-        memcpy(txt + (size_t)r * Y * E, fi.txt + (size_t)j * Y * E, sizeof(float) * (size_t)(Y * E));
-        memcpy(pos + (size_t)r * 3, fi.pos + (size_t)j * 3, sizeof(float) * 3);
-        r++;
-    }
-    memcpy(pos + (size_t)tv * 3, fi.pos + (size_t)fi.t * 3, sizeof(float) * 3 * (size_t)fi.n);
-    snprintf(name, sizeof name, "cpu krea2 fp8 attention with %d of %d text tokens padded", fi.t - tv, fi.t);
-    if (tv == fi.t) T_FAIL(name, "the fixture's mask pads nothing");
-    float *om = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
-    float *ou = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, tv, txt, pos, NULL, name, fmt, sizeof fmt);
-    if (om && ou) {
-        snprintf(name, sizeof name, "cpu krea2 fp8 attention: masked (keys gathered) vs unpadded inputs");
-        check_l2(name, om, ou, no, KREA2_FP8_GATHER_TOL);
-    }
-    free(om); free(ou); free(txt); free(pos); free(ref);
-    free_inputs(&fi);
-}
-
-/* CUDA --precision fp8 and --attn-precision fp8 against the CPU emulation (KREA2_GPU_FP8_TOL), and CUDA's fused
- * producers against its separate ops (KREA2_FP8_FUSE_TOL). */
-static void fp8_cuda(dt_backend *cu) {
-    fx_inputs fi;
-    if (load_inputs(&fi)) { T_FAIL("cuda fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
-    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
-    size_t no = (size_t)fi.n * fi.in_ch;
-    char fmt[96], name[200];
-    int attn = cu->attention_fp8 != NULL;
-    if (!attn) T_SKIP("cuda krea2 fp8 attention", "%s", cu->attention_fp8_off ? cu->attention_fp8_off : "no fp8 attention");
-    dt_precision ap = attn ? DT_PREC_FP8 : DT_PREC_BF16;
-    float *g = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cuda krea2 fp8", fmt, sizeof fmt);
-    float *c = cpu ? fp8_forward(cpu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cpu krea2 fp8", fmt, sizeof fmt) : NULL;
-    float *sep = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 1, 0, NULL, NULL, NULL, "cuda krea2 fp8 separate", fmt, sizeof fmt);
-    snprintf(name, sizeof name, "cuda krea2 fp8 Linears%s vs the CPU emulation", attn ? " + attention" : "");
-    if (g && c) check_l2(name, g, c, no, KREA2_GPU_FP8_TOL);
-    if (g && sep) check_l2("cuda krea2 fp8: fused inputs vs separate ops", g, sep, no, KREA2_FP8_FUSE_TOL);
-    free(g); free(c); free(sep);
-    if (cpu) cpu->destroy(cpu);
-    free_inputs(&fi);
-}
-
 /* ------------------------------------------------------------------ temp checkpoints */
 
 static void tmp_dir(char *dst, size_t n, const char *what) {
@@ -307,11 +195,13 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
-enum { MODE_COPY = 0, MODE_Q4, MODE_DEQ };
+enum { MODE_COPY = 0, MODE_Q4, MODE_DEQ, MODE_FP8 };
 
 /* Write the fixture transformer to DIR: MODE_COPY (optionally skipping tensor `skip`), MODE_Q4 (every
  * 2-D Linear weight whose input width is a multiple of 32 quantized to MLX q4 g32, min/max rule), or
- * MODE_DEQ (those same weights replaced by their dequantized f32 values). config: text to write. */
+ * MODE_DEQ (those same weights replaced by their dequantized f32 values), MODE_FP8 (the transformer blocks' Linear
+ * weights as F8_E4M3 codes + a per-channel F32 NAME.weight_scale, as the fp8 files of FLUX.2 store them). config: text
+ * to write. */
 static int write_variant(const char *dir, int mode, const char *skip, const char *config) {
     char src[512], p[600];
     snprintf(src, sizeof src, "%s/krea2/transformer/diffusion_pytorch_model.safetensors", t_fixtures());
@@ -325,7 +215,24 @@ static int write_variant(const char *dir, int mode, const char *skip, const char
         size_t nl = strlen(t->name);
         int is_lin = mode != MODE_COPY && t->ndim == 2 && nl > 7 && !strcmp(t->name + nl - 7, ".weight") &&
                      t->shape[1] % 32 == 0;
+        if (mode == MODE_FP8) is_lin = is_lin && !strncmp(t->name, "transformer_blocks.", 19);
         if (!is_lin) { st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data); continue; }
+        if (mode == MODE_FP8) {   /* scale = row amax / 448, codes = e4m3(w / scale) */
+            int64_t out = t->shape[0], in = t->shape[1];
+            float *wf = st_to_f32(t), *sc = dt_malloc(sizeof(float) * (size_t)out);
+            uint8_t *codes = dt_malloc((size_t)(out * in));
+            for (int64_t r = 0; r < out; r++) {
+                float a = dt_fp8_amax(wf + r * in, in);
+                sc[r] = a > 0 ? a / DT_E4M3_MAX : 1.0f;
+                for (int64_t j = 0; j < in; j++) codes[r * in + j] = dt_f32_to_e4m3(wf[r * in + j] / sc[r]);
+            }
+            char nm[300];
+            snprintf(nm, sizeof nm, "%.*s.weight_scale", (int)(nl - 7), t->name);
+            st_writer_add(w, t->name, DT_F8_E4M3, 2, t->shape, codes);
+            st_writer_add(w, nm, DT_F32, 1, t->shape, sc);
+            free(wf); free(sc); free(codes);
+            continue;
+        }
         int64_t out = t->shape[0], in = t->shape[1], g = 32, ng = in / g;
         float *wf = st_to_f32(t);
         uint32_t *pk = dt_malloc(sizeof(uint32_t) * (size_t)(out * in / 8));
@@ -593,12 +500,169 @@ static void synthetic_real_geometry(dt_backend *be, const char *tag) {
     rm_dir(dir);
 }
 
+/* ------------------------------------------------------------------ fp8 */
+
+/* One fixture forward on a fresh load with precision / attn_precision / fp8_unfused set on be (restored after);
+ * fmt receives the weight formats. The inputs are fi's, or (n_txt, txt, pos, mask) when txt is given. NULL on
+ * failure (reported). */
+static float *fp8_forward(dt_backend *be, const fx_inputs *fi, dt_precision prec, dt_precision aprec, int unfused,
+                          int n_txt, const float *txt, const float *pos, const uint8_t *mask, const char *name,
+                          char *fmt, size_t fmt_len) {
+    dt_backend_opts saved = be->opts;
+    be->opts.precision = prec;
+    be->opts.attn_precision = aprec;
+    be->opts.fp8_unfused = unfused;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    krea2_model *m = krea2_load(be, dir);
+    be->opts = saved;
+    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
+    size_t bytes;
+    krea2_weight_info(m, &bytes, fmt, fmt_len);
+    float *out = dt_malloc(sizeof(float) * (size_t)fi->n * fi->in_ch);
+    if (!txt) { n_txt = fi->t; txt = fi->txt; pos = fi->pos; mask = fi->mask; }
+    if (krea2_forward(m, fi->img, fi->n, txt, n_txt, fi->ts, pos, mask, out, NULL, NULL)) {
+        T_FAIL(name, "forward failed: %s", dt_last_error());
+        free(out);
+        out = NULL;
+    }
+    krea2_free(m);
+    return out;
+}
+
+/* --precision fp8 and --attn-precision fp8 on the CPU (the emulation of the CUDA fp8 GEMM and attention): each within
+ * KREA2_FP8_MIN..MAX of out.sample; the fused producers (act_linear_gated) bit-identical to the separate ops (the
+ * CPU's fused ops are the composed ones: a wrong gate row or view fails); the masked fp8 attention (padded keys
+ * gathered out) equal to the unpadded inputs' forward within KREA2_FP8_GATHER_TOL. */
+static void fp8_cpu(dt_backend *be) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cpu fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    size_t no = (size_t)fi.n * fi.in_ch;
+    const st_tensor *rt = st_find(fi.io, "out.sample");
+    float *ref = rt ? st_to_f32(rt) : NULL;
+    char fmt[96], name[200];
+    static const struct { dt_precision p, a; const char *what; } modes[] = {
+        {DT_PREC_FP8, DT_PREC_BF16, "fp8 Linears"},
+        {DT_PREC_BF16, DT_PREC_FP8, "fp8 attention"},
+        {DT_PREC_FP8, DT_PREC_FP8, "fp8 Linears + attention"},
+    };
+    for (size_t i = 0; ref && i < sizeof modes / sizeof modes[0]; i++) {
+        snprintf(name, sizeof name, "cpu krea2 %s", modes[i].what);
+        float *o = fp8_forward(be, &fi, modes[i].p, modes[i].a, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+        if (!o) continue;
+        double e = dt_rel_l2(o, ref, no);
+        snprintf(name, sizeof name, "cpu krea2 %s forward is %g..%g from the reference (rel L2 %.3g)", modes[i].what,
+                 KREA2_FP8_MIN, KREA2_FP8_MAX, e);
+        T_CHECK(name, e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rel L2 %.3g", e);
+        if (modes[i].p == DT_PREC_FP8) {
+            snprintf(name, sizeof name, "cpu krea2 %s: the weight formats say fp8", modes[i].what);
+            T_CHECK(name, strstr(fmt, "fp8") != NULL, "'%s'", fmt);
+            float *sep = fp8_forward(be, &fi, modes[i].p, modes[i].a, 1, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+            int bad = -1;
+            for (size_t j = 0; sep && j < no && bad < 0; j++) if (sep[j] != o[j]) bad = (int)j;
+            snprintf(name, sizeof name, "cpu krea2 %s: fused inputs equal the separate ops", modes[i].what);
+            T_CHECK(name, sep && bad < 0, "element %d: fused %.9g, separate %.9g", bad, bad >= 0 ? o[bad] : 0.f,
+                    bad >= 0 && sep ? sep[bad] : 0.f);
+            free(sep);
+        }
+        free(o);
+    }
+    /* the unpadded inputs: the text tokens the mask keeps, their position rows, then the image rows */
+    int tv = 0;
+    for (int j = 0; j < fi.t; j++) tv += fi.mask[j] != 0;
+    int64_t Y = st_find(fi.io, "in.encoder_hidden_states")->shape[2], E = st_find(fi.io, "in.encoder_hidden_states")->shape[3];
+    float *txt = dt_malloc(sizeof(float) * (size_t)(tv * Y * E)), *pos = dt_malloc(sizeof(float) * (size_t)(tv + fi.n) * 3);
+    for (int j = 0, r = 0; j < fi.t; j++) {
+        if (!fi.mask[j]) continue;
+        memcpy(txt + (size_t)r * Y * E, fi.txt + (size_t)j * Y * E, sizeof(float) * (size_t)(Y * E));
+        memcpy(pos + (size_t)r * 3, fi.pos + (size_t)j * 3, sizeof(float) * 3);
+        r++;
+    }
+    memcpy(pos + (size_t)tv * 3, fi.pos + (size_t)fi.t * 3, sizeof(float) * 3 * (size_t)fi.n);
+    snprintf(name, sizeof name, "cpu krea2 fp8 attention with %d of %d text tokens padded", fi.t - tv, fi.t);
+    if (tv == fi.t) T_FAIL(name, "the fixture's mask pads nothing");
+    float *om = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+    float *ou = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, tv, txt, pos, NULL, name, fmt, sizeof fmt);
+    if (om && ou) {
+        snprintf(name, sizeof name, "cpu krea2 fp8 attention: masked (keys gathered) vs unpadded inputs");
+        check_l2(name, om, ou, no, KREA2_FP8_GATHER_TOL);
+    }
+    free(om); free(ou); free(txt); free(pos); free(ref);
+    free_inputs(&fi);
+}
+
+/* An fp8 Krea 2 file (the blocks' Linears e4m3 + per-channel scales) loads and runs on the fp8 path without
+ * --precision: its formats name e4m3 and the forward is KREA2_FP8_MIN..MAX from the reference. Returns the output
+ * (NULL on failure) for the CUDA-vs-CPU comparison. */
+static float *fp8_file(dt_backend *be, const char *tag) {
+    fx_inputs fi;
+    char name[200], dir[512], cfgp[512];
+    snprintf(name, sizeof name, "%s krea2 fp8 file", tag);
+    if (load_inputs(&fi)) { T_FAIL(name, "inputs: %s", dt_last_error()); free_inputs(&fi); return NULL; }
+    snprintf(cfgp, sizeof cfgp, "%s/krea2/transformer/config.json", t_fixtures());
+    char *cfg = read_text(cfgp);
+    tmp_dir(dir, sizeof dir, "fp8");
+    float *out = NULL;
+    if (!cfg || write_variant(dir, MODE_FP8, NULL, cfg)) {
+        T_FAIL(name, "writing the file: %s", dt_last_error());
+    } else {
+        krea2_model *m = krea2_load(be, dir);
+        if (!m) T_FAIL(name, "load failed: %s", dt_last_error());
+        else {
+            size_t bytes; char fmt[96];
+            krea2_weight_info(m, &bytes, fmt, sizeof fmt);
+            out = dt_malloc(sizeof(float) * (size_t)fi.n * fi.in_ch);
+            int rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, fi.mask, out, NULL, NULL);
+            const st_tensor *rt = st_find(fi.io, "out.sample");
+            float *ref = rt ? st_to_f32(rt) : NULL;
+            double e = rc == 0 && ref ? dt_rel_l2(out, ref, (size_t)fi.n * fi.in_ch) : -1;
+            snprintf(name, sizeof name, "%s krea2 fp8 file ('%s') forward is %g..%g from the reference (rel L2 %.3g)",
+                     tag, fmt, KREA2_FP8_MIN, KREA2_FP8_MAX, e);
+            T_CHECK(name, rc == 0 && strstr(fmt, "e4m3") && e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rc %d (%s), rel L2 %.3g",
+                    rc, rc ? dt_last_error() : "", e);
+            if (rc) { free(out); out = NULL; }
+            free(ref);
+            krea2_free(m);
+        }
+    }
+    rm_dir(dir);
+    free(cfg);
+    free_inputs(&fi);
+    return out;
+}
+
+/* CUDA --precision fp8 and --attn-precision fp8 against the CPU emulation (KREA2_GPU_FP8_TOL), and CUDA's fused
+ * producers against its separate ops (KREA2_FP8_FUSE_TOL). */
+static void fp8_cuda(dt_backend *cu) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cuda fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
+    size_t no = (size_t)fi.n * fi.in_ch;
+    char fmt[96], name[200];
+    int attn = cu->attention_fp8 != NULL;
+    if (!attn) T_SKIP("cuda krea2 fp8 attention", "%s", cu->attention_fp8_off ? cu->attention_fp8_off : "no fp8 attention");
+    dt_precision ap = attn ? DT_PREC_FP8 : DT_PREC_BF16;
+    float *g = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cuda krea2 fp8", fmt, sizeof fmt);
+    float *c = cpu ? fp8_forward(cpu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cpu krea2 fp8", fmt, sizeof fmt) : NULL;
+    float *sep = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 1, 0, NULL, NULL, NULL, "cuda krea2 fp8 separate", fmt, sizeof fmt);
+    float *fg = fp8_file(cu, "cuda"), *fc = cpu ? fp8_file(cpu, "cpu") : NULL;
+    if (fg && fc) check_l2("cuda krea2 fp8 file vs the CPU emulation", fg, fc, no, KREA2_GPU_FP8_TOL);
+    free(fg); free(fc);
+    snprintf(name, sizeof name, "cuda krea2 fp8 Linears%s vs the CPU emulation", attn ? " + attention" : "");
+    if (g && c) check_l2(name, g, c, no, KREA2_GPU_FP8_TOL);
+    if (g && sep) check_l2("cuda krea2 fp8: fused inputs vs separate ops", g, sep, no, KREA2_FP8_FUSE_TOL);
+    free(g); free(c); free(sep);
+    if (cpu) cpu->destroy(cpu);
+    free_inputs(&fi);
+}
+
 int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
     fixture_on(cpu, "cpu", KREA2_CPU_TOL);
     q4_check(cpu, "cpu", KREA2_Q4_TWIN_TOL);
     fp8_cpu(cpu);
+    free(fp8_file(cpu, "cpu"));
     cpu->destroy(cpu);
     error_checks();
     if (dt_backend_cuda_available()) {
