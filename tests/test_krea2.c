@@ -17,6 +17,7 @@
 #include "backends/backend.h"
 #include "io/safetensors.h"
 #include "models/krea2.h"
+#include "pipeline/sampler.h"
 #include "core/fp8.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
@@ -45,6 +46,10 @@
 /* CUDA fp8 vs the CPU emulation, both modes: bf16 activations and cuDNN's rounding of the unnormalized exp (4-5% per
  * attention call, NOTES.md) vs the emulation's; test_gpu_formats' TOL_FORWARD_FP8 for FLUX.2 */
 #define KREA2_GPU_FP8_TOL 6e-2
+/* The sampler's device path vs its host path on CUDA: the same kernels on the same values (x rounded to bf16 by the
+ * upload or by the copy, the velocity widened exactly, flow_step bit-exact: test_gpu_ops), so equal unless a kernel
+ * is not deterministic; 1e-6 (on the CPU: exactly equal). */
+#define KREA2_SAMPLER_GPU_TOL 1e-6
 /* CUDA fused inputs vs separate ops: test_flux2's FP8_FUSE_TOL (the gated residual rounded once instead of 3x) */
 #define KREA2_FP8_FUSE_TOL 2e-2
 
@@ -500,6 +505,109 @@ static void synthetic_real_geometry(dt_backend *be, const char *tag) {
     rm_dir(dir);
 }
 
+/* ------------------------------------------------------------------ sampler on the device */
+
+typedef struct {
+    krea2_model *m;
+    const fx_inputs *fi;
+    const float *neg, *sigmas;
+    int dev_calls;
+} smp_ctx;
+
+static int smp_host(void *ctx, int i, const float *x, int pass, float *v) {
+    smp_ctx *c = ctx;
+    return krea2_forward(c->m, x, c->fi->n, pass ? c->neg : c->fi->txt, c->fi->t, c->sigmas[i], c->fi->pos,
+                         c->fi->mask, v, NULL, NULL);
+}
+
+static int smp_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
+    smp_ctx *c = ctx;
+    c->dev_calls++;
+    return krea2_forward_dev(c->m, x, pass ? c->neg : c->fi->txt, c->fi->t, c->sigmas[i], c->fi->pos, c->fi->mask, v);
+}
+
+/* dt_sample's device path (latents on the backend between steps, guidance + Euler as flow_step) against its host
+ * path: 3 steps with Krea 2's guidance v + 4.5·(v − u) on the fixture model (prompt: the fixture's text, negative:
+ * a scaled copy), final latents within tol (CPU: 0). */
+static void sampler_device(dt_backend *be, const char *tag, double tol) {
+    fx_inputs fi;
+    char name[200], dir[512];
+    snprintf(name, sizeof name, "%s sampler: device path vs host path", tag);
+    if (load_inputs(&fi)) { T_FAIL(name, "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    krea2_model *m = krea2_load(be, dir);
+    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); free_inputs(&fi); return; }
+    const krea2_config *c = krea2_get_config(m);
+    size_t n = (size_t)fi.n * fi.in_ch, nt = (size_t)fi.t * c->text_layers * c->text_dim;
+    float *neg = dt_malloc(sizeof(float) * nt);
+    for (size_t i = 0; i < nt; i++) neg[i] = -0.5f * fi.txt[i];
+    static const float sigmas[] = {1.0f, 0.75f, 0.5f, 0.25f}, timesteps[] = {1000.f, 750.f, 500.f};
+    smp_ctx sc = {m, &fi, neg, sigmas, 0};
+    float *xs[2], *v = dt_malloc(sizeof(float) * n), *u = dt_malloc(sizeof(float) * n);
+    const int64_t shape[3] = {1, fi.n, fi.in_ch};
+    dt_gen_params g;
+    memset(&g, 0, sizeof g);
+    int rc[2];
+    for (int dev = 0; dev < 2; dev++) {
+        xs[dev] = dt_malloc(sizeof(float) * n);
+        memcpy(xs[dev], fi.img, sizeof(float) * n);
+        dt_gen_timings tm;
+        memset(&tm, 0, sizeof tm);
+        dt_sampler s = {.steps = 3, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = 1, .guidance = 4.5f,
+                        .rule = DT_CFG_FROM_COND, .n = n, .obs_shape = shape, .predict = smp_host, .ctx = &sc, .v = v,
+                        .u = u, .predict_dev = dev ? smp_dev : NULL, .be = be, .rows = fi.n};
+        rc[dev] = dt_sample(&s, xs[dev], &g, dt_now(), &tm, NULL, NULL);
+    }
+    if (rc[0] || rc[1]) T_FAIL(name, "host rc %d, device rc %d: %s", rc[0], rc[1], dt_last_error());
+    else {
+        T_CHECK(name, sc.dev_calls == 6, "%d device passes (3 steps x 2 expected)", sc.dev_calls);
+        double e = dt_rel_l2(xs[1], xs[0], n), moved = dt_rel_l2(xs[0], fi.img, n);
+        snprintf(name, sizeof name, "%s sampler: device path equals the host path (rel L2 %.3g <= %g; the latents moved %.3g)",
+                 tag, e, tol, moved);
+        T_CHECK(name, e <= tol && moved > 0.1, "rel L2 %.3g, moved %.3g", e, moved);
+    }
+    free(xs[0]); free(xs[1]); free(v); free(u); free(neg);
+    krea2_free(m);
+    free_inputs(&fi);
+}
+
+/* krea2_set_graph on CUDA: calls alternating two masks (the fixture's and none, as a guided step alternates the prompt
+ * and the negative prompt) run eagerly, are captured, then replayed: each equals the eager forward bit for bit (the
+ * same kernels on the same buffers), with bf16 attention and with fp8 attention (its gathered keys inside the graph). */
+static void cuda_graph_replay(dt_backend *be) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cuda krea2 graph", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    char dir[512], name[160];
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    size_t n = (size_t)fi.n * fi.in_ch;
+    for (int f8 = 0; f8 < 2; f8++) {
+        if (f8 && !be->attention_fp8) { T_SKIP("cuda krea2 graph, fp8 attention", "no fp8 attention"); break; }
+        dt_precision ap = be->opts.attn_precision;
+        be->opts.attn_precision = f8 ? DT_PREC_FP8 : DT_PREC_BF16;
+        krea2_model *m = krea2_load(be, dir);
+        be->opts.attn_precision = ap;
+        if (!m) { T_FAIL("cuda krea2 graph", "load: %s", dt_last_error()); continue; }
+        float *eager[2], *g = dt_malloc(sizeof(float) * n);
+        int rc = 0;
+        for (int k = 0; k < 2; k++) {
+            eager[k] = dt_malloc(sizeof(float) * n);
+            rc |= krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, k ? NULL : fi.mask, eager[k], NULL, NULL);
+        }
+        krea2_set_graph(m, 1);
+        for (int i = 0; i < 8 && rc == 0; i++) {
+            int k = i % 2;
+            rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, k ? NULL : fi.mask, g, NULL, NULL);
+            snprintf(name, sizeof name, "cuda krea2 graph%s call %d (%s) equals eager", f8 ? " (fp8 attention)" : "", i + 1,
+                     k ? "no mask" : "mask");
+            if (rc == 0) t_check_rel_l2(name, g, eager[k], n, 0.0);
+        }
+        if (rc) T_FAIL("cuda krea2 graph", "%s", dt_last_error());
+        free(eager[0]); free(eager[1]); free(g);
+        krea2_free(m);
+    }
+    free_inputs(&fi);
+}
+
 /* ------------------------------------------------------------------ fp8 */
 
 /* One fixture forward on a fresh load with precision / attn_precision / fp8_unfused set on be (restored after);
@@ -663,6 +771,7 @@ int main(void) {
     q4_check(cpu, "cpu", KREA2_Q4_TWIN_TOL);
     fp8_cpu(cpu);
     free(fp8_file(cpu, "cpu"));
+    sampler_device(cpu, "cpu", 0);
     cpu->destroy(cpu);
     error_checks();
     if (dt_backend_cuda_available()) {
@@ -672,6 +781,8 @@ int main(void) {
             fixture_on(cu, "cuda", KREA2_GPU_TOL);
             q4_check(cu, "cuda", KREA2_GPU_TOL);
             fp8_cuda(cu);
+            sampler_device(cu, "cuda", KREA2_SAMPLER_GPU_TOL);
+            cuda_graph_replay(cu);
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') synthetic_real_geometry(cu, "cuda");
             else T_SKIP("cuda synthetic Krea 2 geometry", "set DITRUN_SLOW=1 (writes ~2.6 GB to $TMPDIR)");

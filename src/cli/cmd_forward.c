@@ -40,7 +40,7 @@ static void usage(FILE *f) {
             "  --qpath P            quantized Linear path on CUDA: auto, mixed, fused, transient, cached (default auto)\n"
             "  --precision P        bf16 (default) or fp8: the DiT blocks' Linears with e4m3 weights (one scale per\n"
             "                       output channel) and e4m3 activations (one scale per token); opt-in\n"
-            "  --attn-precision P   bf16 (default) or fp8 (FLUX.2, CUDA with cuDNN, or CPU emulation): the blocks'\n"
+            "  --attn-precision P   bf16 (default) or fp8 (CUDA with cuDNN >= 9.19, or CPU emulation): the blocks'\n"
             "                       attention with e4m3 Q/K/V/P (one scale per tensor); opt-in\n"
             "  --compare-bf16       with --precision fp8 and/or --attn-precision fp8 (FLUX.2, Krea 2): also run the bf16\n"
             "                       path on the same inputs and report the relative L2 error of out.sample (and\n"
@@ -55,7 +55,7 @@ static void usage(FILE *f) {
             "  --repeat N           run the forward N times and report the median time (default 1); on a GPU\n"
             "                       also its SM clock and power after each run (a sustained run may sit at the\n"
             "                       power cap, below the clock a single run sees)\n"
-            "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2)\n"
+            "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2, Krea 2)\n"
             "  --sequence-parallel N  FLUX.2: the forward split over N GPUs (NCCL; on the CPU backend N thread ranks),\n"
             "                       docs/sequence-parallel.md\n"
             "  --compare-unsplit    with --sequence-parallel: also run the unsplit forward (one GPU) and report the\n"
@@ -341,6 +341,7 @@ int cmd_forward(int argc, char **argv) {
         }
         km = krea2_load_ex(be, model, &(krea2_load_opts){lor.loras, lor.n, lor.side});
         if (!km) goto done;
+        krea2_set_graph(km, mo.cuda_graph);
         const krea2_config *c = krea2_get_config(km);
         if (cin != c->in_channels) { dt_set_error("%s: in.hidden_states has %lld channels but the model expects %d", inputs, (long long)cin, c->in_channels); goto done; }
         if (t_txt->shape[2] != c->text_layers || t_txt->shape[3] != c->text_dim) {
@@ -381,6 +382,7 @@ int cmd_forward(int argc, char **argv) {
             be->opts.precision = prec0;
             be->opts.attn_precision = aprec0;
             if (!km) goto done;
+            krea2_set_graph(km, mo.cuda_graph);
             ref = dt_malloc(sizeof(float) * (size_t)no);
             double *tb = dt_malloc(sizeof(double) * repeat);
             for (long it = 0; it < repeat; it++) {

@@ -31,6 +31,17 @@ typedef struct {                         /* Krea2TextFusionBlock: pre-norm, no R
     krea2_ff_w ff;
 } k2_text_block;
 
+/* One captured forward (krea2_set_graph): the buffers' shape and the text mask it was captured with. */
+typedef struct {
+    void *graph;
+    int warm;             /* ran once eagerly at this shape and mask (the next call captures) */
+    int masked;
+    uint8_t *mask;        /* [t] the mask's copy */
+    unsigned long use;    /* last use (the older slot is replaced) */
+} k2_graph;
+#define K2_GRAPHS 2
+static void drop_graphs(krea2_model *m);
+
 struct krea2_model {
     dt_backend *be;                  /* the caller's backend, or the LoRA wrapper around it */
     dt_lora_set *lora;               /* loaded adapters (NULL: none) */
@@ -43,6 +54,9 @@ struct krea2_model {
     dt_linear_set lin;               /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
     krea2_acts buf;                  /* for the last (N, T); kept between calls */
+    int use_graph;                   /* krea2_set_graph */
+    k2_graph graphs[K2_GRAPHS];
+    unsigned long graph_clock;
 };
 
 /* ------------------------------------------------------------------ config */
@@ -349,6 +363,7 @@ fail:
 void krea2_free(krea2_model *m) {
     if (!m) return;
     dt_backend *be = m->be;
+    drop_graphs(m);
     krea2_acts_free(be, &m->buf);
     dt_linear_set_free(&m->lin);
     krea2_outer_w_free(be, &m->o);
@@ -720,40 +735,17 @@ void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, 
     for (int k = 0; k < KREA2_OP_COUNT; k++) krea2_block_op(be, c, w, io, l, k, 0);
 }
 
-int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
-                  const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud) {
+/* The device part of a forward (capturable): everything between the host inputs (time_mods, positions, mask, text
+ * and latents uploaded) and the output in b->outm. */
+static void device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud) {
     const krea2_config *c = &m->c;
-    if (!img || !txt || !pos_ids || !out) { dt_set_error("krea2_forward: NULL input or output"); return -1; }
-    if (n_img < 1 || n_txt < 1) {
-        dt_set_error("krea2_forward: need at least one image and one text token (got N=%d, T=%d)", n_img, n_txt);
-        return -1;
-    }
-    if (!isfinite(timestep)) { dt_set_error("krea2_forward: timestep is not finite"); return -1; }
-    if (txt_mask) {
-        int valid = 0;
-        for (int i = 0; i < n_txt; i++) valid += txt_mask[i] != 0;
-        if (!valid) {
-            /* the reference would produce NaN (softmax over no key in the refiner) */
-            dt_set_error("krea2_forward: the text mask marks no valid token");
-            return -1;
-        }
-    }
     dt_backend *be = m->be;
     krea2_acts *b = &m->buf;
-    if (!(b->s.data && b->n == n_img && b->t == n_txt)) {
-        krea2_acts_free(be, b);
-        if (krea2_acts_alloc(be, c, n_img, n_txt, b)) return -1;
-    }
-    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = n_txt, N = n_img;
-
-    krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
-    krea2_acts_positions(be, c, b, pos_ids);
-    krea2_acts_mask(be, b, txt_mask);
+    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = b->t, N = b->n;
 
     /* ---- text fusion ---- */
-    /* upload token-major [T*Y, E] into scratch, then reorder to layer-major rows l*T + t (Y strided copies) */
+    /* the token-major [T*Y, E] upload reordered to layer-major rows l*T + t (Y strided copies) */
     dt_mat ts = fview(b->ts, T * Y, E), raw = fview(b->a, T * Y, E);
-    be->upload(be, raw, txt);
     for (int64_t l = 0; l < Y; l++) {
         dt_mat lv = dt_mat_rows(raw, l, T);   /* layer l of every token: rows l, l+Y, ... */
         lv.ld = raw.ld * Y;
@@ -767,7 +759,7 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
         if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
         else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
     }
-    dt_mat tbias = txt_mask ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();
+    dt_mat tbias = b->masked ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();
     for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, tbias);
 
     /* ---- txt_in, img_in -> joint stream [text, image] ---- */
@@ -780,7 +772,6 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
         be->act_mul(be, h, h, dt_mat_null(), DT_ACT_GELU_TANH);
         be->linear(be, txt_rows, h, m->o.txt_lin2);
     }
-    be->upload(be, b->in_img, img);
     be->linear(be, img_rows, b->in_img, m->o.img_in);
 
     /* ---- transformer blocks ---- */
@@ -798,6 +789,125 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
     dt_mat an = fview(b->a, N, D);
     mod_norm(be, c, an, img_rows, b->modw, b->modv, b->ones, 2 * c->num_layers, 4 * c->num_layers);
     be->linear(be, b->outm, an, m->o.final_lin);
+}
+
+/* The graph slot for this forward's mask (the shape is the buffers'), replacing the older slot when none matches
+ * (its graph destroyed). A guided step alternates the prompt's and the negative prompt's masks: two slots. */
+static k2_graph *graph_slot(krea2_model *m, const uint8_t *mask) {
+    const int t = m->buf.t;
+    for (int i = 0; i < K2_GRAPHS; i++) {
+        k2_graph *g = &m->graphs[i];
+        if ((g->graph || g->warm) && g->masked == (mask != NULL) && (!mask || !memcmp(g->mask, mask, (size_t)t))) {
+            g->use = ++m->graph_clock;
+            return g;
+        }
+    }
+    k2_graph *g = &m->graphs[0];
+    for (int i = 1; i < K2_GRAPHS; i++)
+        if (m->graphs[i].use < g->use) g = &m->graphs[i];
+    if (g->graph) m->be->graph_destroy(m->be, g->graph);
+    g->graph = NULL;
+    g->warm = 0;
+    g->masked = mask != NULL;
+    free(g->mask);
+    g->mask = dt_malloc((size_t)t + 1);
+    if (mask) memcpy(g->mask, mask, (size_t)t);
+    g->use = ++m->graph_clock;
+    return g;
+}
+
+static void drop_graphs(krea2_model *m) {
+    for (int i = 0; i < K2_GRAPHS; i++) {
+        k2_graph *g = &m->graphs[i];
+        if (g->graph) m->be->graph_destroy(m->be, g->graph);
+        free(g->mask);
+        memset(g, 0, sizeof *g);
+    }
+}
+
+void krea2_set_graph(krea2_model *m, int on) {
+    dt_backend *be = m->be;
+    m->use_graph = on && be->capture_begin && be->capture_end && be->graph_launch && be->graph_destroy;
+    if (!m->use_graph) drop_graphs(m);
+}
+
+/* krea2_forward with the latents and the velocity either on the host (img, out) or on the backend (img_m, out_m:
+ * F32 or act [n_img, in / out_channels]; then nothing is downloaded and the backend is not synchronized). */
+static int forward(krea2_model *m, const float *img, dt_mat img_m, int n_img, const float *txt, int n_txt,
+                   float timestep, const float *pos_ids, const uint8_t *txt_mask, float *out, dt_mat out_m,
+                   krea2_trace_fn trace, void *trace_ud) {
+    const krea2_config *c = &m->c;
+    if (!(img || img_m.data) || !txt || !pos_ids || !(out || out_m.data)) {
+        dt_set_error("krea2_forward: NULL input or output");
+        return -1;
+    }
+    if (img_m.data && (img_m.rows != n_img || img_m.cols != c->in_channels || !out_m.data || out_m.rows != n_img ||
+                       out_m.cols != c->out_channels)) {
+        dt_set_error("krea2_forward: latents [%lld, %lld] / velocity [%lld, %lld] on the backend, expected [%d, %d]",
+                     (long long)img_m.rows, (long long)img_m.cols, (long long)out_m.rows, (long long)out_m.cols, n_img,
+                     c->in_channels);
+        return -1;
+    }
+    if (n_img < 1 || n_txt < 1) {
+        dt_set_error("krea2_forward: need at least one image and one text token (got N=%d, T=%d)", n_img, n_txt);
+        return -1;
+    }
+    if (!isfinite(timestep)) { dt_set_error("krea2_forward: timestep is not finite"); return -1; }
+    if (txt_mask) {
+        int valid = 0;
+        for (int i = 0; i < n_txt; i++) valid += txt_mask[i] != 0;
+        if (!valid) {
+            /* the reference would produce NaN (softmax over no key in the refiner) */
+            dt_set_error("krea2_forward: the text mask marks no valid token");
+            return -1;
+        }
+    }
+    dt_backend *be = m->be;
+    krea2_acts *b = &m->buf;
+    if (!(b->s.data && b->n == n_img && b->t == n_txt)) {
+        drop_graphs(m);   /* a captured forward refers to the old buffers */
+        krea2_acts_free(be, b);
+        if (krea2_acts_alloc(be, c, n_img, n_txt, b)) return -1;
+    }
+
+    krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
+    krea2_acts_positions(be, c, b, pos_ids);
+    krea2_acts_mask(be, b, txt_mask);
+    /* host inputs: the text features token-major [T*Y, E] into scratch (device_part reorders them), the latents */
+    be->upload(be, fview(b->a, (int64_t)n_txt * c->text_layers, c->text_dim), txt);
+    if (img) be->upload(be, b->in_img, img);
+    else be->copy(be, b->in_img, img_m);
+
+    k2_graph *gs = m->use_graph && !trace ? graph_slot(m, txt_mask) : NULL;
+    if (!gs) {
+        device_part(m, trace, trace_ud);
+    } else if (gs->graph) {
+        if (be->graph_launch(be, gs->graph)) return -1;
+    } else if (gs->warm) {   /* second call with this shape and mask: capture the device part, then replay it */
+        if (be->capture_begin(be)) return -1;
+        device_part(m, NULL, NULL);
+        gs->graph = be->capture_end(be);
+        if (!gs->graph || be->graph_launch(be, gs->graph)) return -1;
+    } else {
+        device_part(m, NULL, NULL);   /* eager warm-up: scratch buffers and attention plans reach their sizes */
+        gs->warm = 1;
+    }
+    if (!out) {
+        be->copy(be, out_m, b->outm);
+        return 0;
+    }
     be->download(be, out, b->outm);
     return be->sync(be);
+}
+
+int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
+                  const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud) {
+    return forward(m, img, dt_mat_null(), n_img, txt, n_txt, timestep, pos_ids, txt_mask, out, dt_mat_null(), trace,
+                   trace_ud);
+}
+
+int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
+                      const uint8_t *txt_mask, dt_mat out) {
+    if (!img.data || !out.data) { dt_set_error("krea2_forward_dev: NULL latents or velocity"); return -1; }
+    return forward(m, NULL, img, (int)img.rows, txt, n_txt, timestep, pos_ids, txt_mask, NULL, out, NULL, NULL);
 }

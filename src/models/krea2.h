@@ -88,6 +88,17 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud);
 
+/* CUDA-graph replay of the forward's device part (on = 1; only where the backend captures): per shape and text mask,
+ * the first call runs eagerly, the second is captured, later ones replay it (two masks kept: a guided step's prompt
+ * and negative prompt). A trace runs eagerly. */
+void krea2_set_graph(krea2_model *m, int on);
+
+/* krea2_forward on backend matrices: the latents img [N, in_channels] and the velocity out [N, out_channels] (F32 or
+ * the backend's act dtype) stay on the backend (the sampler's device path); the work is queued, not waited for.
+ * 0 or -1 (dt_last_error). */
+int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
+                      const uint8_t *txt_mask, dt_mat out);
+
 /* ---- the pieces of the forward that the bench drives too (src/bench), op by op ---- */
 
 /* Krea2Attention's weights (transformer and text-fusion blocks). */

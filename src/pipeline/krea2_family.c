@@ -112,7 +112,10 @@ static int ensure_te(dt_pipeline *p) {
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
     krea2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
-    if (!k->dit && !(k->dit = krea2_load_ex(p->be, p->root, &lo))) return -1;
+    if (!k->dit) {
+        if (!(k->dit = krea2_load_ex(p->be, p->root, &lo))) return -1;
+        krea2_set_graph(k->dit, p->opts.cuda_graph);
+    }
     if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
     return 0;
 }
@@ -216,6 +219,14 @@ static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
                          NULL);
 }
 
+/* k2_predict on the backend's matrices: the latents and velocities stay there between steps (the sampler's
+ * device path). */
+static int k2_predict_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
+    k2_step_ctx *c = ctx;
+    float t = c->timesteps[i] / c->ntt;
+    return krea2_forward_dev(c->dit, x, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v);
+}
+
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
                        dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     k2_state *k = p->fam;
@@ -290,7 +301,8 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .n = (size_t)N * C,
-                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u};
+                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u,
+                     .predict_dev = k2_predict_dev, .be = p->be, .rows = N};
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
     if (rc) goto done;
     rc = -1;
