@@ -167,6 +167,10 @@ int main(void) {
                 "rc %d, rel %g, stdout: %s", rc, rel, buf);
     }
 
+    /* convert of a Krea 2 checkpoint: fp8 formats only (GGUF is FLUX.2's layout), a clear error naming the family */
+    snprintf(args, sizeof args, "convert --input %s/krea2 --output %s/k2.gguf --format gguf-q8_0", fx, tmpdir);
+    expect_error("convert Krea 2 to GGUF is refused", args, "gguf-q8_0", "Krea 2");
+
     /* Krea 2 (its fixture) with --precision fp8 --attn-precision fp8 --compare-bf16 on the CPU: both forwards run and
      * the report gives a non-zero, finite error (the option is honoured, not ignored) */
     {

@@ -699,19 +699,23 @@ static void fp8_cpu(dt_backend *be) {
     free_inputs(&fi);
 }
 
-/* An fp8 Krea 2 file (the blocks' Linears e4m3 + per-channel scales) loads and runs on the fp8 path without
- * --precision: its formats name e4m3 and the forward is KREA2_FP8_MIN..MAX from the reference. Returns the output
- * (NULL on failure) for the CUDA-vs-CPU comparison. */
-static float *fp8_file(dt_backend *be, const char *tag) {
+/* An fp8 Krea 2 file (the blocks' Linears e4m3 + per-channel scales, written here; or with export, krea2_export_fp8's
+ * folder: per-tensor scales + input_scale, as `ditrun convert --format fp8` writes it) loads and runs without
+ * --precision (CUDA: the fp8 GEMM on the stored codes; the CPU: their exact values): its formats name e4m3 and the
+ * forward is KREA2_FP8_MIN..MAX from the reference. Returns the output (NULL on failure) for CUDA vs CPU. */
+static float *fp8_file(dt_backend *be, const char *tag, int export) {
     fx_inputs fi;
     char name[200], dir[512], cfgp[512];
-    snprintf(name, sizeof name, "%s krea2 fp8 file", tag);
+    snprintf(name, sizeof name, "%s krea2 fp8 %s", tag, export ? "export" : "file");
     if (load_inputs(&fi)) { T_FAIL(name, "inputs: %s", dt_last_error()); free_inputs(&fi); return NULL; }
     snprintf(cfgp, sizeof cfgp, "%s/krea2/transformer/config.json", t_fixtures());
     char *cfg = read_text(cfgp);
     tmp_dir(dir, sizeof dir, "fp8");
     float *out = NULL;
-    if (!cfg || write_variant(dir, MODE_FP8, NULL, cfg)) {
+    char src[512];
+    snprintf(src, sizeof src, "%s/krea2", t_fixtures());
+    int written = 0;
+    if (!cfg || (export ? krea2_export_fp8(src, dir, DT_F8_E4M3, 0, &written) : write_variant(dir, MODE_FP8, NULL, cfg))) {
         T_FAIL(name, "writing the file: %s", dt_last_error());
     } else {
         krea2_model *m = krea2_load(be, dir);
@@ -724,8 +728,8 @@ static float *fp8_file(dt_backend *be, const char *tag) {
             const st_tensor *rt = st_find(fi.io, "out.sample");
             float *ref = rt ? st_to_f32(rt) : NULL;
             double e = rc == 0 && ref ? dt_rel_l2(out, ref, (size_t)fi.n * fi.in_ch) : -1;
-            snprintf(name, sizeof name, "%s krea2 fp8 file ('%s') forward is %g..%g from the reference (rel L2 %.3g)",
-                     tag, fmt, KREA2_FP8_MIN, KREA2_FP8_MAX, e);
+            snprintf(name, sizeof name, "%s krea2 fp8 %s ('%s') forward is %g..%g from the reference (rel L2 %.3g)",
+                     tag, export ? "export" : "file", fmt, KREA2_FP8_MIN, KREA2_FP8_MAX, e);
             T_CHECK(name, rc == 0 && strstr(fmt, "e4m3") && e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rc %d (%s), rel L2 %.3g",
                     rc, rc ? dt_last_error() : "", e);
             if (rc) { free(out); out = NULL; }
@@ -753,7 +757,7 @@ static void fp8_cuda(dt_backend *cu) {
     float *g = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cuda krea2 fp8", fmt, sizeof fmt);
     float *c = cpu ? fp8_forward(cpu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cpu krea2 fp8", fmt, sizeof fmt) : NULL;
     float *sep = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 1, 0, NULL, NULL, NULL, "cuda krea2 fp8 separate", fmt, sizeof fmt);
-    float *fg = fp8_file(cu, "cuda"), *fc = cpu ? fp8_file(cpu, "cpu") : NULL;
+    float *fg = fp8_file(cu, "cuda", 0), *fc = cpu ? fp8_file(cpu, "cpu", 0) : NULL;
     if (fg && fc) check_l2("cuda krea2 fp8 file vs the CPU emulation", fg, fc, no, KREA2_GPU_FP8_TOL);
     free(fg); free(fc);
     snprintf(name, sizeof name, "cuda krea2 fp8 Linears%s vs the CPU emulation", attn ? " + attention" : "");
@@ -770,7 +774,8 @@ int main(void) {
     fixture_on(cpu, "cpu", KREA2_CPU_TOL);
     q4_check(cpu, "cpu", KREA2_Q4_TWIN_TOL);
     fp8_cpu(cpu);
-    free(fp8_file(cpu, "cpu"));
+    free(fp8_file(cpu, "cpu", 0));
+    free(fp8_file(cpu, "cpu", 1));
     sampler_device(cpu, "cpu", 0);
     cpu->destroy(cpu);
     error_checks();

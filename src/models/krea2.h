@@ -221,6 +221,13 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
 /* Transformer block l as the model runs it: its ops in order. */
 void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l);
 
+/* Write the Krea 2 transformer at INPUT (folder or pipeline root, safetensors: dense, MLX-quantized or fp8) as the
+ * folder OUTPUT (config.json + diffusion_pytorch_model.safetensors) with the transformer blocks' Linears as fp8 codes
+ * of `type` (F8_E4M3 / F8_E5M2) + NAME.weight_scale (per tensor, or per output channel with per_channel) +
+ * NAME.input_scale (1), every other tensor as stored. *written = tensors written (scales not counted). 0, or -1 with
+ * an error (OUTPUT left untouched). krea2_export.c. */
+int krea2_export_fp8(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
+
 /* Geometry presets: "krea2" (the released model: Krea2Transformer2DModel defaults) and "krea2-tiny"
  * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_synth.c. */
 int krea2_preset(const char *name, krea2_config *c);
