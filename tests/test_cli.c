@@ -136,15 +136,12 @@ int main(void) {
     expect_error("compare-bf16 without fp8", "forward --compare-bf16 --model x --inputs y", "--compare-bf16", "fp8");
     expect_error("compare-qpath unknown", "forward --compare-qpath fast --model x --inputs y", "--compare-qpath", "fast");
     expect_error("bench unknown arm", "bench --arms fp9", "--arms", "fp9");
-    expect_error("bench fp8 on Krea 2", "bench --preset krea2-tiny --precision fp8", "--precision fp8", "FLUX.2");
     expect_error("forward bad attn precision", "forward --attn-precision fp4 --model x", "--attn-precision", "fp4");
     expect_error("generate attn precision missing", "generate -p x -o x.png --attn-precision", "--attn-precision", "bf16, fp8");
     expect_error("generate lora missing file", "generate -p x -o /tmp/x.png --lora /nonexistent/a.safetensors:0.5",
                  "/nonexistent/a.safetensors", NULL);
     expect_error("generate lora bad scale", "generate -p x -o x.png --lora a.safetensors:inf", "--lora", "finite");
     expect_error("forward lora needs a value", "forward --model x --inputs y --lora", "--lora needs a value", NULL);
-    expect_error("bench attn fp8 on Krea 2", "bench --preset krea2-tiny --attn-precision fp8", "--attn-precision fp8",
-                 "FLUX.2");
     expect_error("info missing path", "info /nonexistent/ditrun-model", "/nonexistent/ditrun-model", NULL);
 
     /* --compare-qpath on the CPU (which dequantizes per tile whatever the qpath): runs both forwards and reports

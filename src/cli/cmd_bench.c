@@ -159,11 +159,6 @@ int cmd_bench(int argc, char **argv) {
     o.be = mo.be;
     if (o.model_dir && cli_check_input(o.model_dir, 0)) return 1;   /* a FIFO, a loop, a missing path: the real reason */
     if (o.json_path && cli_check_output(o.json_path, o.model_dir, NULL)) return 1;   /* before the bench runs */
-    if (o.model_dir ? cli_model_family(o.model_dir) == CLI_FAMILY_KREA2 : bench_is_krea2_preset(o.preset)) {
-        if (o.be.precision == DT_PREC_FP8) return cli_error("bench --precision fp8: FLUX.2 models only (Krea 2's fp8 forward: ditrun forward --precision fp8)");
-        if (o.be.attn_precision == DT_PREC_FP8)
-            return cli_error("bench --attn-precision fp8: FLUX.2 models only (Krea 2's: ditrun forward --attn-precision fp8)");
-    }
     bench_report *r = calloc(1, sizeof *r);
     if (!r) return cli_error("out of memory");
     if (bench_run(&o, r)) {
