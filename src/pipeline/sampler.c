@@ -62,7 +62,7 @@ static int dev_step(const dt_sampler *s, int i, const dev_mats *d) {
 int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_request_start, dt_gen_timings *tm,
               dt_gen_observer obs, void *ud) {
     double td = dt_now();
-    const int dev = s->predict_dev && s->be && !s->after_step;
+    const int dev = s->predict_dev && s->be && s->rows > 0 && !s->after_step;
     dev_mats d;
     memset(&d, 0, sizeof d);
     if (dev) {
