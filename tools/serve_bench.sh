@@ -107,7 +107,7 @@ rate() {  # rate C N: images/s of N requests at concurrency C, and the failures
     local t0 t1 codes
     t0=$(now)
     codes=$(seq "$2" | xargs -P "$1" -I{} curl -s -o /dev/null -w '%{http_code}\n' -X POST \
-        --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
+        -H 'Content-Type: application/json' --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
     t1=$(now)
     local bad; bad=$(echo "$codes" | grep -vc '^200$')
     awk -v n="$2" -v a="$t0" -v b="$t1" -v c="$1" -v bad="$bad" 'BEGIN {printf "concurrency %d: %d requests in %.2f s = %.3f images/s, %d failed\n", c, n, b - a, n / (b - a), bad}'
@@ -164,7 +164,7 @@ for arm in $ARMS; do
     for cc in 1 4 8; do log "[$arm] $(rate $cc "$NC")"; done
     if [ "$EDITS" -gt 0 ]; then
         for ref in a b; do   # two reference images, made once by this server
-            [ -s "$W/edit-ref-$ref.png" ] || curl -s -X POST --data-binary \
+            [ -s "$W/edit-ref-$ref.png" ] || curl -s -X POST -H 'Content-Type: application/json' --data-binary \
                 "{\"prompt\": \"reference $ref\", \"size\": \"${SIZE}x${SIZE}\", \"steps\": $STEPS, \"seed\": 3}" \
                 "http://127.0.0.1:$PORT/v1/images/generations" | sed 's/.*"b64_json": *"\([^"]*\)".*/\1/' |
                 base64 -d > "$W/edit-ref-$ref.png.tmp" && [ -s "$W/edit-ref-$ref.png.tmp" ] &&
@@ -194,7 +194,7 @@ for arm in $ARMS; do
             ( i=0; while [ "$(date +%s)" -lt $end ]; do   # every third request a new prompt (the text encoder runs)
                 i=$((i + 1)); body=$W/body.json
                 if [ $((i % 3)) = 0 ]; then body=$W/body-load$k.json; sed "s/golden hour/golden hour, loader $k take $i/" "$W/body.json" > "$body"; fi
-                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST --data-binary @"$body" \
+                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST -H 'Content-Type: application/json' --data-binary @"$body" \
                     "http://127.0.0.1:$PORT/v1/images/generations"
               done > "$OUT/load-$k.codes" ) &
             loaders+=($!)

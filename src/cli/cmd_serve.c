@@ -21,7 +21,8 @@ static void usage(FILE *f) {
             "  --host ADDR                 address to listen on (default 127.0.0.1: this machine only)\n"
             "  --port N                    port (default 8080; 0 = any free port, printed in the \"listening on\" line)\n"
             "  --max-queue N               requests that may wait for the model; past that 429 (default 16)\n"
-            "  --max-pixels N              width * height of one image at most (default 4194304 = 2048x2048)\n"
+            "  --max-pixels N              width * height of one image at most (default: 2048x2048 on a GPU; on the\n"
+            "                              CPU 1024x1024, the native size: minutes an image there, 2048x2048 tens of minutes)\n"
             "  --max-steps N               steps of one request at most (default 100)\n"
             "  --max-sequence-length N     text tokens of every request (default 512, as generate)\n"
             "  --api-key-file FILE         every /v1 route needs \"Authorization: Bearer KEY\" with the key on FILE's\n"
@@ -30,6 +31,14 @@ static void usage(FILE *f) {
             "                              plans, GEMM choices, kernels), e.g. 1024x1024 (default: none)\n"
             "  --cors ORIGIN               allow browsers on ORIGIN (e.g. https://example.com) to call the API\n"
             "                              (default: no CORS headers)\n"
+            "  --allow-host NAME           accept requests whose Host header is NAME (repeatable); without it only\n"
+            "                              localhost, IP addresses and --host's name are accepted (421 otherwise:\n"
+            "                              DNS rebinding). Needed to reach a --host 0.0.0.0 server by a host name\n"
+            "  --request-timeout S         seconds a connection has to send a whole request, headers and body (not\n"
+            "                              restarted by each byte; counted from the connection or its last answer);\n"
+            "                              past it the connection is closed (default 60)\n"
+            "  --max-client-connections N  connections one client address may hold at once; more are closed when\n"
+            "                              accepted (default 32; raise it behind a reverse proxy)\n"
             "  --backend cpu|cuda|auto     (default auto: cuda when a GPU is usable)\n"
             "  --threads N                 CPU threads (default: all cores)\n"
             "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
@@ -44,7 +53,17 @@ static void usage(FILE *f) {
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT, loaded with the model (repeatable, up to 8;\n"
             "                              see ditrun generate --help); --lora-side: side products on dense weights too\n"
             "  -q, --quiet / -v, --verbose\n\n"
-            "SIGTERM or SIGINT: stop accepting connections, finish the accepted requests, exit 0.\n");
+            "SIGTERM or SIGINT: stop accepting connections, finish the accepted requests, exit 0.\n\n"
+            "examples, from the repository's root (sizes for the CPU backend, where 256x256 takes seconds and 1024x1024\n"
+            "minutes; on a GPU use 1024x1024, a fraction of a second; the server logs each request's estimated time):\n"
+            "  ditrun serve --port 8080                     # the bundled tiny model; the page at http://127.0.0.1:8080/\n"
+            "  save() { python3 -c 'import sys, json, base64; sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)[\"data\"][0][\"b64_json\"]))' > \"$1\"; }\n"
+            "  curl -s http://127.0.0.1:8080/v1/images/generations -H 'Content-Type: application/json' \\\n"
+            "       -d '{\"prompt\": \"a red fox in the snow\", \"size\": \"256x256\", \"seed\": 1}' | save fox.png\n"
+            "  curl -s http://127.0.0.1:8080/v1/images/edits -F prompt='make it blue' -F size=256x256 \\\n"
+            "       -F 'image[]=@tests/fixtures/edit/edit2.png' | save edit.png\n"
+            "  curl -s http://127.0.0.1:8080/v1/images/edits -F prompt='a hole in the wall' \\\n"
+            "       -F 'image[]=@tests/fixtures/edit/inpaint.png' -F mask=@tests/fixtures/edit/mask.png | save inpainted.png\n");
 }
 
 /* --devices all|I,J,...: the CUDA device list into d (at most DT_SERVE_MAX_WORKERS). The count, or -1 (error printed). */
@@ -129,6 +148,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
         else if (!strcmp(a, "--devices")) { if (!v) return cli_error("--devices needs a value (all, or GPU indices like 0,1)"); devices = v; i++; }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; o.load.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--request-timeout")) { if (cli_parse_int(a, v, 1, 86400, &l)) return 1; o.request_timeout = (int)l; i++; }
+        else if (!strcmp(a, "--max-client-connections")) { if (cli_parse_int(a, v, 1, 256, &l)) return 1; o.max_client_connections = (int)l; i++; }
+        else if (!strcmp(a, "--allow-host")) {
+            if (!v || !*v || strpbrk(v, " \t\r\n/:[]")) return cli_error("--allow-host needs a host name (no port, no scheme)");
+            if (o.n_allow_hosts == DT_SERVE_MAX_ALLOW_HOSTS) return cli_error("--allow-host: at most %d names", DT_SERVE_MAX_ALLOW_HOSTS);
+            o.allow_hosts[o.n_allow_hosts++] = v;
+            i++;
+        }
         else if (!strcmp(a, "--cors")) { if (!v || !*v) return cli_error("--cors needs an origin"); o.cors_origin = v; i++; }
         else if (!strcmp(a, "--warmup")) {
             int w = 0, h = 0;

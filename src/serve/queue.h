@@ -37,8 +37,9 @@ struct dt_job {
     double t_submit, t_start, t_end;/* dt_now() seconds */
     double t_encode, t_denoise, t_decode;   /* sums over the images */
     int worker;                     /* index of the worker that ran it */
+    double cost_steps, cost_pixel_steps;    /* its size for Retry-After: images x steps, and that x pixels */
 
-    dt_job *next;                   /* queue link */
+    dt_job *next;                   /* link in the queue, then in the queue's list of running jobs */
 };
 
 /* A new job owning req (moved in), with one reference (the caller's). */
@@ -48,15 +49,20 @@ void dt_job_unref(dt_job *j);
 /* Publish under the job's lock and wake the waiters. */
 void dt_job_set_state(dt_job *j, dt_job_state s);
 
+#define DT_QUEUE_HISTORY 32         /* finished jobs the Retry-After estimate learns from */
+
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;              /* workers wait for jobs */
     dt_job *head, *tail;
+    dt_job *run_head;               /* the jobs the workers took (running, or next in a worker's batch) */
     int depth;                      /* jobs waiting (not running) */
     int running;                    /* jobs the workers are running */
     int max_depth;                  /* --max-queue */
     int closed;                     /* no more jobs: workers leave once it is empty */
-    double ema_job_s;               /* recent seconds per job (for Retry-After) */
+    struct { double steps, pixel_steps, s; } hist[DT_QUEUE_HISTORY];   /* recent jobs that finished (ring): their
+                                                                         * cost_steps, cost_pixel_steps, seconds */
+    int n_hist, hist_next;
 } dt_queue;
 
 void dt_queue_init(dt_queue *q, int max_depth);
@@ -69,12 +75,17 @@ int dt_queue_remove(dt_queue *q, dt_job *j);
  * size, steps and guidance: what one batched forward could run together). Each comes with the queue's reference,
  * now the caller's. Returns how many; 0 when the queue is closed and empty. */
 int dt_queue_pop(dt_queue *q, dt_job **jobs, int max);
-/* A worker finished a job that took seconds s (for Retry-After estimates). */
-void dt_queue_job_done(dt_queue *q, double s);
+/* A worker is through with job j (popped from q), which took seconds s: it leaves the running list, and when it
+ * finished (DT_JOB_DONE: not cancelled, not failed) its size and time join the history Retry-After learns from. */
+void dt_queue_job_done(dt_queue *q, dt_job *j, double s);
 /* No more pushes; wakes the workers so they leave once the queue is empty. */
 void dt_queue_close(dt_queue *q);
-/* Seconds until a new job would likely start (at least 1). */
+/* Seconds until a new job would likely start (1..3600): the jobs waiting and the rest of the running ones, each
+ * estimated as a * cost_steps + b * cost_pixel_steps with a, b fitted to the recent finished jobs (least squares
+ * on relative error, both >= 0), divided over the workers. 1 without history. */
 int dt_queue_retry_after(dt_queue *q, int n_workers);
 void dt_queue_counts(dt_queue *q, int *depth, int *running);
+/* j's place in line: 1 = the next to run; 0 when it does not wait (running, finished, taken out). */
+int dt_queue_position(dt_queue *q, const dt_job *j);
 
 #endif

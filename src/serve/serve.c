@@ -25,8 +25,14 @@ void dt_serve_opts_default(dt_serve_opts *o) {
     o->be.rope_fp32 = 1;
     o->n_workers = 1;
     o->max_queue = 16;
-    o->max_pixels = 2048 * 2048;
+    o->max_pixels = 0;   /* the backend's default, once the first worker has loaded (worker.c) */
     o->max_steps = 100;
+    o->request_timeout = 60;
+    o->max_client_connections = 32;
+}
+
+int dt_server_default_side(const dt_server *s) {
+    return s->backend_name && !strcmp(s->backend_name, "cpu") ? 256 : 1024;
 }
 
 uint64_t dt_server_seed(dt_server *s) {

@@ -23,12 +23,18 @@ typedef struct {
     dt_backend *be;
     dt_pipeline *pl;
     size_t mem_current, mem_peak;   /* device memory after its last job (srv->mu) */
+    /* the estimate of a request's time (worker.c), from this worker's measured images: seconds per denoising step
+     * at two token counts (est_tokens[0] the latest; [1] one at least 25% apart, 0 = none yet), and the last
+     * image's text encoding seconds and VAE decode seconds per pixel */
+    double est_tokens[2], est_step_s[2];
+    double est_encode_s, est_decode_s_per_px;
 } dt_worker;
 
 struct dt_server {
     dt_serve_opts o;
     char model_id[128];
-    dt_api_limits lim;              /* lim.info valid from DT_SRV_READY on */
+    dt_api_limits lim;              /* lim.info and lim.max_pixels valid from DT_SRV_READY on */
+    const char *backend_name;       /* "cpu", "cuda": the first loaded worker's (valid from DT_SRV_READY on) */
     int state;                      /* dt_server_state, atomic */
     double t_start;
     long long created;              /* unix time of start (/v1/models) */
@@ -44,7 +50,7 @@ struct dt_server {
     dt_metrics m;
     dt_worker workers[DT_SERVE_MAX_WORKERS];
     int n_workers;
-    void *daemon;                   /* struct MHD_Daemon (http.c) */
+    struct dt_http *http;           /* http.c: the daemon, its connections and their request deadlines */
 };
 
 static inline int dt_server_state_get(dt_server *s) { return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE); }
@@ -58,6 +64,10 @@ void dt_workers_join(dt_server *s);
 int dt_http_start(dt_server *s, int *bound_port);
 void dt_http_quiesce(dt_server *s);
 void dt_http_stop(dt_server *s);
+
+/* The side of the page's default square image: 256 on the CPU backend (seconds there, where 1024 takes minutes),
+ * else 1024 (serve.c). */
+int dt_server_default_side(const dt_server *s);
 
 /* A seed for a request that names none (serve.c). */
 uint64_t dt_server_seed(dt_server *s);

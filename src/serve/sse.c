@@ -1,6 +1,10 @@
 /* sse.c — Server-Sent Events of a job (sse.h). */
 #include "serve/sse.h"
 
+void dt_sse_queued(dt_strbuf *o, int position, int running) {
+    sb_printf(o, "event: queued\ndata: {\"type\": \"queued\", \"position\": %d, \"running\": %d}\n\n", position, running);
+}
+
 void dt_sse_progress(dt_strbuf *o, int index, int n, int step, int steps, double elapsed) {
     sb_printf(o, "event: progress\ndata: {\"type\": \"progress\", \"index\": %d, \"n\": %d, \"step\": %d, \"steps\": %d, "
                  "\"elapsed\": %.4f}\n\n", index, n, step, steps, elapsed);

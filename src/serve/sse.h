@@ -1,5 +1,6 @@
 /* sse.h — a job's progress as Server-Sent Events (text/event-stream): "progress" after each step of each image,
- * "image" with each finished PNG, then "done" (or "error"). Each event's data is one line of JSON. */
+ * "image" with each finished PNG, then "done" (or "error"); before the job starts, "queued" with its place in line
+ * (sent when it starts waiting and each time the place changes). Each event's data is one line of JSON. */
 #ifndef DT_SERVE_SSE_H
 #define DT_SERVE_SSE_H
 
@@ -9,6 +10,8 @@
 #include "serve/api.h"
 #include "serve/strbuf.h"
 
+/* event: queued    data: {"type": "queued", "position": p (1 = next), "running": jobs the workers run now} */
+void dt_sse_queued(dt_strbuf *o, int position, int running);
 /* event: progress  data: {"type": "progress", "index": i, "n": n, "step": s, "steps": S, "elapsed": seconds} */
 void dt_sse_progress(dt_strbuf *o, int index, int n, int step, int steps, double elapsed);
 /* event: image     data: {"type": "image", "index": i, "seed": seed, "b64_json": PNG} */

@@ -1,12 +1,15 @@
 /* worker.c — the worker threads: each creates its own backend, loads the pipeline, warms it up at the --warmup
  * size, reports ready, then runs jobs from the queue until it closes: every image through the resident engine
  * (progress and cancellation between steps). A streamed image is encoded to PNG here; the others are handed over as
- * pixels and encoded by the HTTP thread that answers (http.c), while this worker runs the next job. */
+ * pixels and encoded by the HTTP thread that answers (http.c), while this worker runs the next job. Each request's
+ * time is estimated from the images measured before and logged as it starts. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "image/edit_prep.h"
 #include "pipeline/image_meta.h"
 #include "pipeline/png.h"
 #include "serve/server.h"
@@ -32,6 +35,92 @@ static int on_progress(void *ud, int step, int steps, double elapsed_image) {
     return 0;
 }
 
+/* ---- the estimate of a request's time, logged when it starts ----
+ * One image = text encoding + steps x (seconds per step at its token count) + VAE decode. A step's seconds at T
+ * tokens (image tokens (W/m)(H/m) for the size multiple m, plus the text tokens) follow a*T (the Linears) +
+ * b*T^2 (attention). With two measured token counts the two coefficients are solved from them; with one, the
+ * estimate is the range between scaling it linearly and quadratically; text encoding is the last measured, decode
+ * scales with pixels. Every finished image (and the warm-up) is a measurement. Edits are estimated as a generation
+ * of the output size (their reference tokens and the images' VAE encoding are not counted). */
+
+/* (the pipeline's own description: the server's lim.info is set only after the warm-up) */
+static double step_tokens(const dt_worker *w, int iw, int ih) {
+    const int m = dt_pipeline_get_info(w->pl)->size_multiple > 0 ? dt_pipeline_get_info(w->pl)->size_multiple : 16;
+    return (double)(iw / m) * (ih / m) + (w->srv->o.max_seq_len > 0 ? w->srv->o.max_seq_len : 512);
+}
+
+/* A measured image: its size and timings (tm->t_denoise over tm->steps steps). */
+static void est_record(dt_worker *w, int iw, int ih, const dt_gen_timings *tm) {
+    if (tm->steps < 1 || iw < 1 || ih < 1) return;
+    const double T = step_tokens(w, iw, ih), st = tm->t_denoise / tm->steps;
+    const double T0 = w->est_tokens[0];
+    if (T0 > 0 && fabs(T - T0) > 0.25 * fmax(T, T0)) {   /* a second token count: keep the latest as the other */
+        w->est_tokens[1] = T0;
+        w->est_step_s[1] = w->est_step_s[0];
+    } else if (w->est_tokens[1] > 0 && fabs(T - w->est_tokens[1]) <= 0.25 * fmax(T, w->est_tokens[1])) {
+        w->est_tokens[1] = 0;   /* the older point is about this count too: drop it, the new one replaces both */
+    }
+    w->est_tokens[0] = T;
+    w->est_step_s[0] = st;
+    w->est_encode_s = tm->t_encode;
+    w->est_decode_s_per_px = tm->t_decode / ((double)iw * ih);
+}
+
+/* Seconds for n images of w x h in steps steps: *lo..*hi (equal when two token counts were measured). 0, or -1
+ * before any measurement. */
+static int est_seconds(const dt_worker *w, int iw, int ih, int steps, int n, double *lo, double *hi) {
+    if (w->est_tokens[0] <= 0) return -1;
+    const double T = step_tokens(w, iw, ih), T0 = w->est_tokens[0], s0 = w->est_step_s[0];
+    double step_lo, step_hi;
+    const double T1 = w->est_tokens[1], s1 = w->est_step_s[1];
+    double a = -1, b = -1;
+    if (T1 > 0) {   /* a*T + b*T^2 through both points */
+        const double det = T0 * T1 * (T1 - T0);
+        a = (s0 * T1 * T1 - s1 * T0 * T0) / det;
+        b = (T0 * s1 - T1 * s0) / det;
+    }
+    if (a >= 0 && b >= 0) {
+        step_lo = step_hi = a * T + b * T * T;
+    } else {   /* one point (or two that no such curve fits): linear to quadratic from the latest */
+        const double r = T / T0;
+        step_lo = s0 * fmin(r, r * r);
+        step_hi = s0 * fmax(r, r * r);
+    }
+    const double fixed = w->est_encode_s + w->est_decode_s_per_px * iw * ih;
+    *lo = n * (fixed + steps * step_lo);
+    *hi = n * (fixed + steps * step_hi);
+    return 0;
+}
+
+static void est_log(const dt_worker *w, const dt_job *j) {
+    const dt_server *s = w->srv;
+    dt_gen_params g;
+    dt_api_gen_params(&j->req, &s->lim, 0, &g);
+    if (dt_gen_params_resolve(&s->lim.info, &g)) return;
+    if (j->req.edit && (g.width < 1 || g.height < 1)) {   /* size "auto": the first image's prepared size (api_edit.c) */
+        const dt_image *first = j->req.inpaint ? &j->req.init : &j->req.refs[0];
+        const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 1;
+        int aw, ah;
+        dt_prep_area_size(first->w, first->h, &aw, &ah);
+        if (g.width < 1) g.width = aw / m * m;
+        if (g.height < 1) g.height = ah / m * m;
+    }
+    if (g.width < 1 || g.height < 1) return;
+    double lo, hi;
+    if (est_seconds(w, g.width, g.height, g.steps, j->req.n, &lo, &hi)) {
+        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: no estimate yet (the first image measures the "
+                  "%s backend)\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", g.width, g.height, g.steps, w->be->name);
+        return;
+    }
+    if (hi - lo < 0.05 * hi || (long)(lo * 10 + 0.5) == (long)(hi * 10 + 0.5))
+        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: estimated %.1f s\n", w->index, j->req.n,
+               j->req.n > 1 ? "s" : "", g.width, g.height, g.steps, hi);
+    else
+        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: estimated %.1f to %.1f s (one size measured so far: "
+                  "linear to quadratic in tokens)\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", g.width, g.height,
+               g.steps, lo, hi);
+}
+
 static void sample_memory(dt_worker *w) {
     size_t cur = 0, peak = 0;
     if (w->be->mem_stats) w->be->mem_stats(w->be, &cur, &peak);
@@ -53,6 +142,7 @@ static void run_job(dt_worker *w, dt_job *j) {
         return;
     }
     dt_job_set_state(j, DT_JOB_RUNNING);
+    est_log(w, j);
     dt_job_state end = DT_JOB_DONE;
     int steps_run = 0, W = 0, H = 0;
     for (int i = 0; i < j->req.n && end == DT_JOB_DONE; i++) {
@@ -102,7 +192,10 @@ static void run_job(dt_worker *w, dt_job *j) {
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
         free(rgb);
-        if (rc == 0) dt_metrics_image(&s->m, tm.t_encode + tm.t_denoise + tm.t_decode);
+        if (rc == 0) {
+            dt_metrics_image(&s->m, tm.t_encode + tm.t_denoise + tm.t_decode);
+            est_record(w, iw, ih, &tm);
+        }
     }
     pthread_mutex_lock(&j->mu);
     j->t_end = dt_now();
@@ -156,6 +249,7 @@ static int load(dt_worker *w) {
         double t1 = dt_now();
         if (dt_pipeline_generate(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL)) return -1;
         free(rgb);
+        est_record(w, iw, ih, &tm);
         dt_log(1, "ditrun: worker %d: warm-up image %dx%d, %d steps in %.2f s\n", w->index, iw, ih, tm.steps,
                dt_now() - t1);
     }
@@ -171,7 +265,12 @@ static void *worker_main(void *arg) {
     if (rc) {
         if (!s->load_error[0]) snprintf(s->load_error, sizeof s->load_error, "worker %d: %s", w->index, dt_last_error());
     } else {
-        if (s->n_loaded == 0) s->lim.info = *dt_pipeline_get_info(w->pl);
+        if (s->n_loaded == 0) {
+            s->lim.info = *dt_pipeline_get_info(w->pl);
+            s->backend_name = w->be->name;
+            if (!s->lim.max_pixels)
+                s->lim.max_pixels = !strcmp(w->be->name, "cpu") ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
+        }
         s->n_loaded++;
     }
     pthread_cond_broadcast(&s->cv);
@@ -183,7 +282,7 @@ static void *worker_main(void *arg) {
         for (int i = 0; i < n; i++) {
             double t0 = dt_now();
             run_job(w, jobs[i]);
-            dt_queue_job_done(&s->q, dt_now() - t0);
+            dt_queue_job_done(&s->q, jobs[i], dt_now() - t0);
             dt_job_unref(jobs[i]);
         }
         sample_memory(w);
