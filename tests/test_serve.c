@@ -1,7 +1,8 @@
 /* test_serve.c — `ditrun serve` end to end: real servers of $BUILD/ditrun on ephemeral ports with the bundled
  * tiny model on the CPU, driven by curl. The served PNG is byte-identical to `ditrun generate`'s; stream events
  * come in order; every bad-request class gets its status and a JSON error object; auth off and on; 429 past
- * --max-queue; a client that goes away cancels its job and the next request is served, a half-closed one gets its
+ * --max-queue; output_format png / jpeg / webp with output_compression (generations, edits, streams: the format's
+ * magic bytes, decodable, the bytes of `ditrun generate -o x.jpg/.webp`; bad values 400); a client that goes away cancels its job and the next request is served, a half-closed one gets its
  * answer; hostile clients: a slowloris (held sockets closed at the request deadline, one client's connections
  * capped, another client answered meanwhile), cross-site bodies (415), a foreign Host (421), ambiguous framing, a
  * NUL in the path, oversized paths and headers (JSON errors); Retry-After tracks how fast the queue drains; SIGTERM
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "image/image.h"
 #include "io/json.h"
 #include "pipeline/png.h"
 #include "serve/queue.h"
@@ -236,6 +238,88 @@ static void test_stream(const server *s) {
     free(hdr);
 }
 
+/* The bytes are in format fmt ("png", "jpeg", "webp") by their magic, and decode to w x h. */
+static int is_format(const unsigned char *b, size_t n, const char *fmt, int w, int h) {
+    int magic = 0;
+    if (!strcmp(fmt, "png")) magic = n > 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8);
+    if (!strcmp(fmt, "jpeg")) magic = n > 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
+    if (!strcmp(fmt, "webp")) magic = n > 12 && !memcmp(b, "RIFF", 4) && !memcmp(b + 8, "WEBP", 4);
+    dt_image im;
+    if (!magic || dt_image_decode(b, n, fmt, &im)) return 0;
+    int ok = im.w == w && im.h == h && im.channels == 3;
+    dt_image_free(&im);
+    return ok;
+}
+
+/* output_format / output_compression: generations (each format: the answer names it, the bytes are the format's and
+ * equal `ditrun generate -o x.EXT --output-compression C`), a stream's image event, an edit (multipart fields). */
+static void test_formats(const server *s) {
+    static const struct { const char *fmt, *ext; int compression; } fs[] = {
+        {"png", "png", -1}, {"jpeg", "jpg", 90}, {"webp", "webp", 80}, {"png", "png", 0}};
+    for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
+        char req[300], comp[64] = "", args[300], ref[600], name[200];
+        if (fs[k].compression >= 0) snprintf(comp, sizeof comp, ", \"output_compression\": %d", fs[k].compression);
+        snprintf(req, sizeof req, "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": 2, \"seed\": 5, "
+                 "\"output_format\": \"%s\"%s}", fs[k].fmt, comp);
+        char *body = NULL;
+        int code = http(s, "POST", "/v1/images/generations", req, NULL, &body, NULL);
+        json *j = body ? json_parse(body, strlen(body), "answer") : NULL;
+        const char *said = j ? json_get_str(j, "output_format") : NULL;
+        size_t n = 0;
+        unsigned char *img = answer_png(body, 0, &n);
+        snprintf(ref, sizeof ref, "%s/fmt-ref.%s", serve_tmp, fs[k].ext);
+        int k_args = snprintf(args, sizeof args, "--prompt 'a red fox' --width 32 --height 24 --steps 2 --seed 5");
+        if (fs[k].compression >= 0)
+            snprintf(args + k_args, sizeof args - (size_t)k_args, " --output-compression %d", fs[k].compression);
+        int grc = serve_generate(args, ref);
+        snprintf(name, sizeof name, "serve formats: output_format %s, output_compression %d: 200, named in the answer, "
+                 "%s bytes of 32x24", fs[k].fmt, fs[k].compression, fs[k].fmt);
+        T_CHECK(name, code == 200 && said && !strcmp(said, fs[k].fmt) && img && is_format(img, n, fs[k].fmt, 32, 24),
+                "status %d, output_format %s, %zu bytes: %.200s", code, said ? said : "(none)", n, body ? body : "");
+        snprintf(name, sizeof name, "serve formats: %s (compression %d) the bytes of ditrun generate -o x.%s", fs[k].fmt,
+                 fs[k].compression, fs[k].ext);
+        T_CHECK(name, grc == 0 && img && file_equals(ref, img, n), "generate rc %d; the files differ", grc);
+        json_free(j);
+        free(img);
+        free(body);
+    }
+    /* a stream's image event carries the format */
+    char *body = NULL;
+    int code = http(s, "POST", "/v1/images/generations",
+                    "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": 2, \"seed\": 5, \"stream\": true, "
+                    "\"output_format\": \"jpeg\", \"output_compression\": 70}", "-N", &body, NULL);
+    const char *ev = body ? strstr(body, "event: image\ndata: ") : NULL;
+    const char *end = ev ? strstr(ev, "\n\n") : NULL;
+    json *j = end ? json_parse(ev + 19, (size_t)(end - ev - 19), "image event") : NULL;
+    const char *said = j ? json_get_str(j, "output_format") : NULL, *b64 = j ? json_get_str(j, "b64_json") : NULL;
+    size_t n = 0;
+    unsigned char *img = b64 ? b64decode(b64, &n) : NULL;
+    T_CHECK("serve formats: a stream's image event names output_format jpeg and holds a JPEG",
+            code == 200 && said && !strcmp(said, "jpeg") && img && is_format(img, n, "jpeg", 32, 24), "status %d: %.200s",
+            code, body ? body : "");
+    json_free(j);
+    free(img);
+    free(body);
+    /* an edit: the multipart fields */
+    char form[1200];
+    snprintf(form, sizeof form, "-F 'image[]=@%s/edit/ref0.png' -F 'prompt=a snow leopard' -F seed=5 -F steps=2 "
+             "-F output_format=webp -F output_compression=50", t_fixtures());
+    code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+    img = answer_png(body, 0, &n);
+    T_CHECK("serve formats: an edit with output_format=webp, output_compression=50 answers a 96x72 WebP",
+            code == 200 && body && strstr(body, "\"output_format\": \"webp\"") && img && is_format(img, n, "webp", 96, 72),
+            "status %d: %.200s", code, body ? body : "");
+    free(img);
+    free(body);
+    snprintf(form, sizeof form, "-F 'image[]=@%s/edit/ref0.png' -F 'prompt=a snow leopard' -F output_compression=-1",
+             t_fixtures());
+    code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+    char why[400];
+    T_CHECK("serve formats: an edit with output_compression=-1 -> 400 naming it",
+            code == 400 && error_shape(body, "output_compression", why, sizeof why), "status %d: %s", code, body ? body : "");
+    free(body);
+}
+
 static void test_bad_requests(const server *s) {
     static const struct {
         const char *name, *method, *path, *body;
@@ -267,6 +351,18 @@ static void test_bad_requests(const server *s) {
          400, "noise_file"},
         {"another model", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"model\": \"/etc/passwd\"}", 400,
          "model"},
+        {"output_format gif", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"output_format\": \"gif\"}", 400,
+         "output_format"},
+        {"output_format not a string", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"output_format\": 1}",
+         400, "output_format"},
+        {"output_compression 101", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"output_format\": \"jpeg\", \"output_compression\": 101}", 400, "output_compression"},
+        {"output_compression -1", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"output_compression\": -1}",
+         400, "output_compression"},
+        {"output_compression fractional", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"output_compression\": 50.5}", 400, "output_compression"},
+        {"output_compression a string", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"output_compression\": \"high\"}", 400, "output_compression"},
         {"unknown route", "GET", "/v1/nothing", NULL, 404, NULL},
         {"wrong method on a GET route", "POST", "/health", "{}", 405, NULL},
         {"wrong method on a POST route", "GET", "/v1/images/generations", NULL, 405, NULL},
@@ -1178,6 +1274,7 @@ int main(void) {
     test_half_close(&s);
     test_hostile_requests(&s);
     test_edits(&s);
+    test_formats(&s);
     code = http(&s, "GET", "/metrics", NULL, NULL, &body, NULL);
     T_CHECK("serve: /metrics counts requests by status and has the latency histogram and device memory",
             code == 200 && body && strstr(body, "ditrun_requests_total{route=\"/v1/images/generations\",status=\"400\"}") &&

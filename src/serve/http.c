@@ -20,8 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pipeline/image_meta.h"
-#include "pipeline/png.h"
 #include "serve/page.h"
 #include "serve/server.h"
 #include "serve/sse.h"
@@ -507,27 +505,13 @@ static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_
         r->status = 499;
         return MHD_NO;
     }
-    /* the PNGs, here rather than in the worker, which runs the next job meanwhile */
-    double t_png = dt_now();
-    for (int i = 0; i < j->req.n; i++) {
-        if (j->png[i] || !j->rgb[i]) continue;
-        dt_gen_params g;
-        dt_api_gen_params(&j->req, &s->lim, i, &g);
-        dt_image_meta meta;
-        dt_image_meta_fill(&meta, &g, j->steps[i], j->width[i], j->height[i], s->o.load.model);
-        if (dt_png_encode(j->rgb[i], j->width[i], j->height[i], meta.text, meta.n, &j->png[i], &j->png_len[i]))
-            return fail(r, c, 500, NULL, NULL, NULL, "PNG encoding failed: %s", dt_last_error());
-        free(j->rgb[i]);
-        j->rgb[i] = NULL;
-    }
-    t_png = dt_now() - t_png;
     dt_strbuf b;
     sb_init(&b);
-    dt_api_images_json(&b, (long long)time(NULL), j->req.n, j->png, j->png_len, j->seeds);
+    dt_api_images_json(&b, (long long)time(NULL), j->req.output_format, j->req.n, j->img, j->img_len, j->seeds);
     char timing[200];
     snprintf(timing, sizeof timing, "queue;dur=%.1f, encode;dur=%.1f, denoise;dur=%.1f, decode;dur=%.1f, "
-             "generate;dur=%.1f, png;dur=%.1f", (j->t_start - j->t_submit) * 1e3, j->t_encode * 1e3, j->t_denoise * 1e3,
-             j->t_decode * 1e3, (j->t_end - j->t_start) * 1e3, t_png * 1e3);
+             "generate;dur=%.1f, image;dur=%.1f", (j->t_start - j->t_submit) * 1e3, j->t_encode * 1e3,
+             j->t_denoise * 1e3, j->t_decode * 1e3, (j->t_end - j->t_start) * 1e3, j->t_image * 1e3);
     return answer(r, c, 200, "application/json", &b, "Server-Timing", timing, NULL, NULL);
 }
 

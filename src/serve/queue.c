@@ -18,9 +18,8 @@ dt_job *dt_job_new(dt_api_request *req) {
     j->refs = 1;
     j->state = DT_JOB_QUEUED;
     sb_init(&j->events);
-    j->png = dt_calloc((size_t)j->req.n, sizeof *j->png);
-    j->png_len = dt_calloc((size_t)j->req.n, sizeof *j->png_len);
-    j->rgb = dt_calloc((size_t)j->req.n, sizeof *j->rgb);
+    j->img = dt_calloc((size_t)j->req.n, sizeof *j->img);
+    j->img_len = dt_calloc((size_t)j->req.n, sizeof *j->img_len);
     j->width = dt_calloc((size_t)j->req.n, sizeof *j->width);
     j->height = dt_calloc((size_t)j->req.n, sizeof *j->height);
     j->steps = dt_calloc((size_t)j->req.n, sizeof *j->steps);
@@ -42,13 +41,9 @@ void dt_job_unref(dt_job *j) {
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
-    for (int i = 0; i < j->req.n; i++) {
-        free(j->png[i]);
-        free(j->rgb[i]);
-    }
-    free(j->png);
-    free(j->png_len);
-    free(j->rgb);
+    for (int i = 0; i < j->req.n; i++) free(j->img[i]);
+    free(j->img);
+    free(j->img_len);
     free(j->width);
     free(j->height);
     free(j->steps);

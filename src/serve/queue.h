@@ -1,7 +1,7 @@
 /* queue.h — image jobs and the bounded FIFO between the HTTP threads and the workers.
  *
  * A job is one generation request (1..8 images). The HTTP thread that received it creates it, pushes it and
- * waits on it; a worker pops it, runs it and publishes progress, images and the end through the job, under the
+ * waits on it; a worker pops it, runs it and publishes progress, and its encoder (encoder.h) the images and the end through the job, under the
  * job's lock. Either side may drop its reference first (a client that disconnects, a worker that finishes):
  * the last one frees the job. A disconnecting client sets the job's cancel flag, which the engine checks
  * between steps (and a queued job is taken out of the queue). */
@@ -26,16 +26,16 @@ struct dt_job {
     int refs;
     dt_job_state state;
     dt_strbuf events;               /* stream: Server-Sent Events written so far (the HTTP side sends them on) */
-    int n_done;                     /* images finished */
-    uint8_t **png;                  /* [req.n] PNG bytes of finished images (stream: the worker encodes them) */
-    size_t *png_len;
-    uint8_t **rgb;                  /* [req.n] pixels [h, w, 3] of finished images whose PNG the HTTP thread encodes
-                                     * (so that the worker goes on with the next job meanwhile) */
+    int n_done;                     /* images encoded */
+    uint8_t **img;                  /* [req.n] encoded bytes (req.output_format) of finished images (encoder.c) */
+    size_t *img_len;
     int *width, *height, *steps;    /* [req.n] of each finished image */
     uint64_t *seeds;
     dt_api_error error;             /* DT_JOB_FAILED */
-    double t_submit, t_start, t_end;/* dt_now() seconds */
+    int encode_failed;              /* an image could not be encoded (error set): the job ends FAILED */
+    double t_submit, t_start, t_end;/* dt_now() seconds; t_end: the device work done (before the last encode) */
     double t_encode, t_denoise, t_decode;   /* sums over the images */
+    double t_image;                 /* seconds encoding the images (output_format), summed */
     int worker;                     /* index of the worker that ran it */
     double cost_steps, cost_pixel_steps;    /* its size for Retry-After: images x steps, and that x pixels */
 

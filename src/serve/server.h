@@ -6,6 +6,7 @@
 
 #include "pipeline/engine.h"
 #include "serve/api.h"
+#include "serve/encoder.h"
 #include "serve/metrics.h"
 #include "serve/queue.h"
 #include "serve/serve.h"
@@ -22,6 +23,7 @@ typedef struct {
     int started;
     dt_backend *be;
     dt_pipeline *pl;
+    dt_encoder *enc;                /* its image encoder thread (encoder.h) */
     size_t mem_current, mem_peak;   /* device memory after its last job (srv->mu) */
     /* the estimate of a request's time (worker.c), from this worker's measured images: seconds per denoising step
      * at two token counts (est_tokens[0] the latest; [1] one at least 25% apart, 0 = none yet), and the last
