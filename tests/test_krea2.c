@@ -572,8 +572,10 @@ static void sampler_device(dt_backend *be, const char *tag, double tol) {
 }
 
 /* krea2_set_graph on CUDA: calls alternating two masks (the fixture's and none, as a guided step alternates the prompt
- * and the negative prompt) run eagerly, are captured, then replayed: each equals the eager forward bit for bit (the
- * same kernels on the same buffers), with bf16 attention and with fp8 attention (its gathered keys inside the graph). */
+ * and the negative prompt) run eagerly, are captured, then replayed; then a third mask (one more real token: more keys,
+ * fp8 attention's scratch grows in its eager call) takes a slot and is captured beside the unmasked one. Each call
+ * equals the eager forward of its mask bit for bit (the same kernels on the same buffers), with bf16 attention and
+ * with fp8 attention (its gathered keys inside the graph). */
 static void cuda_graph_replay(dt_backend *be) {
     fx_inputs fi;
     if (load_inputs(&fi)) { T_FAIL("cuda krea2 graph", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
@@ -587,22 +589,29 @@ static void cuda_graph_replay(dt_backend *be) {
         krea2_model *m = krea2_load(be, dir);
         be->opts.attn_precision = ap;
         if (!m) { T_FAIL("cuda krea2 graph", "load: %s", dt_last_error()); continue; }
-        float *eager[2], *g = dt_malloc(sizeof(float) * n);
+        uint8_t *mask2 = dt_malloc((size_t)fi.t);
+        memcpy(mask2, fi.mask, (size_t)fi.t);
+        for (int j = 0; j < fi.t; j++)
+            if (!mask2[j]) { mask2[j] = 1; break; }
+        const uint8_t *masks[3] = {fi.mask, NULL, mask2};
+        static const char *const mname[3] = {"mask", "no mask", "mask 2"};
+        static const int order[] = {0, 1, 0, 1, 0, 1, 2, 1, 2, 1, 2, 1};
+        float *eager[3], *g = dt_malloc(sizeof(float) * n);
         int rc = 0;
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             eager[k] = dt_malloc(sizeof(float) * n);
-            rc |= krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, k ? NULL : fi.mask, eager[k], NULL, NULL);
+            rc |= krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, masks[k], eager[k], NULL, NULL);
         }
         krea2_set_graph(m, 1);
-        for (int i = 0; i < 8 && rc == 0; i++) {
-            int k = i % 2;
-            rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, k ? NULL : fi.mask, g, NULL, NULL);
-            snprintf(name, sizeof name, "cuda krea2 graph%s call %d (%s) equals eager", f8 ? " (fp8 attention)" : "", i + 1,
-                     k ? "no mask" : "mask");
+        for (size_t i = 0; i < sizeof order / sizeof order[0] && rc == 0; i++) {
+            int k = order[i];
+            rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, masks[k], g, NULL, NULL);
+            snprintf(name, sizeof name, "cuda krea2 graph%s call %zu (%s) equals eager", f8 ? " (fp8 attention)" : "",
+                     i + 1, mname[k]);
             if (rc == 0) t_check_rel_l2(name, g, eager[k], n, 0.0);
         }
         if (rc) T_FAIL("cuda krea2 graph", "%s", dt_last_error());
-        free(eager[0]); free(eager[1]); free(g);
+        free(eager[0]); free(eager[1]); free(eager[2]); free(g); free(mask2);
         krea2_free(m);
     }
     free_inputs(&fi);

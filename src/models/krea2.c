@@ -791,8 +791,20 @@ static void device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud) {
     be->linear(be, b->outm, an, m->o.final_lin);
 }
 
-/* The graph slot for this forward's mask (the shape is the buffers'), replacing the older slot when none matches
- * (its graph destroyed). A guided step alternates the prompt's and the negative prompt's masks: two slots. */
+/* Destroy the captured graphs, keeping their slots' masks (warm: the next use captures again). Before any eager
+ * forward while graphs exist: an eager forward may grow a scratch buffer (fp8 attention's grows with the number of
+ * unmasked keys) that a captured graph points into. */
+static void drop_captured(krea2_model *m) {
+    for (int i = 0; i < K2_GRAPHS; i++)
+        if (m->graphs[i].graph) {
+            m->be->graph_destroy(m->be, m->graphs[i].graph);
+            m->graphs[i].graph = NULL;
+        }
+}
+
+/* The graph slot for this forward's mask (the shape is the buffers'); when none matches, the older slot takes the
+ * mask (and every captured graph goes: this call runs eagerly). A guided step alternates the prompt's and the
+ * negative prompt's masks: two slots. */
 static k2_graph *graph_slot(krea2_model *m, const uint8_t *mask) {
     const int t = m->buf.t;
     for (int i = 0; i < K2_GRAPHS; i++) {
@@ -802,11 +814,10 @@ static k2_graph *graph_slot(krea2_model *m, const uint8_t *mask) {
             return g;
         }
     }
+    drop_captured(m);
     k2_graph *g = &m->graphs[0];
     for (int i = 1; i < K2_GRAPHS; i++)
         if (m->graphs[i].use < g->use) g = &m->graphs[i];
-    if (g->graph) m->be->graph_destroy(m->be, g->graph);
-    g->graph = NULL;
     g->warm = 0;
     g->masked = mask != NULL;
     free(g->mask);
@@ -879,6 +890,7 @@ static int forward(krea2_model *m, const float *img, dt_mat img_m, int n_img, co
     else be->copy(be, b->in_img, img_m);
 
     k2_graph *gs = m->use_graph && !trace ? graph_slot(m, txt_mask) : NULL;
+    if (m->use_graph && trace) drop_captured(m);   /* an eager forward (see drop_captured) */
     if (!gs) {
         device_part(m, trace, trace_ud);
     } else if (gs->graph) {
