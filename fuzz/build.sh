@@ -22,8 +22,8 @@ $CC $FLAGS -o "$OUT/fuzz_gguf" fuzz/fuzz_gguf.c src/io/gguf.c src/io/safetensors
   $CORE -lm
 $CC $FLAGS -Ifuzz -o "$OUT/fuzz_image" fuzz/fuzz_image.c src/image/*.c $CORE -lpng -ljpeg -lwebpmux -lwebp -lz -lm
 # targets owned by other parts of the tree, built when present
-if [ -f fuzz/fuzz_tokenizer.c ] && [ -f src/pipeline/tokenizer.c ]; then
-  $CC $FLAGS -o "$OUT/fuzz_tokenizer" fuzz/fuzz_tokenizer.c src/pipeline/tokenizer.c src/pipeline/tokenizer_load.c src/io/json.c $CORE -lutf8proc -lm
+if [ -f fuzz/fuzz_tokenizer.c ] && [ -f src/text/tokenizer.c ]; then
+  $CC $FLAGS -o "$OUT/fuzz_tokenizer" fuzz/fuzz_tokenizer.c src/text/tokenizer.c src/text/tokenizer_load.c src/io/json.c $CORE -lutf8proc -lm
 fi
 set +x
 # instrumented library for the model-loading targets

@@ -10,7 +10,7 @@
 
 #include "core/common.h"
 #include "fuzz_tmp.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 static const char TEXT[] =
     "Hello world  don't I'LL 1234 caf\xC3\xA9 e\xCC\x81 \xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\xA6\x8A\t\r\n\n end "

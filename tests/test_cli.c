@@ -10,7 +10,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "test.h"
 
 static char exe[512], tmpdir[256];

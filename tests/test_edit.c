@@ -21,7 +21,7 @@
 #include "pipeline/engine.h"
 #include "pipeline/latents.h"
 #include "pipeline/scheduler.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 /* CPU f32 vs the float32 reference: summation order only (the text-to-image pipeline test's tolerance). */

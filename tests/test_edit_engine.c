@@ -23,7 +23,7 @@
 #include "io/json.h"
 #include "model_dirs.h"
 #include "pipeline/engine.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "test.h"
 
 /* Tokens of the same image encoded alone and together with others: the same convolutions on the same pixels. */

@@ -20,7 +20,7 @@
 #include "models/flux2_layouts.h"
 #include "models/krea2.h"
 #include "pipeline/scheduler.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 #include "quant/ggml_quants.h"
 #include "quant/quantize_file.h"
 #include "test.h"

@@ -11,7 +11,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "pipeline/generate.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "test.h"
 
 /* CPU f32 vs the float32 reference: summation order only (observed ~4e-7). */

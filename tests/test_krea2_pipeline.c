@@ -26,9 +26,9 @@
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/engine.h"
-#include "pipeline/synth_pipeline.h"
+#include "synth/synth_pipeline.h"
 #include "pipeline/krea2_prompt.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 /* f32 engine vs the f32 transformers reference on the same weights: summation order and the RoPE

@@ -20,7 +20,7 @@
 #include "core/outfile.h"
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "test.h"
 
 static char tmp[512];

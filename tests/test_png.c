@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "test.h"
 
 static char path_buf[1024];

@@ -27,7 +27,7 @@
 #include "backends/backend.h"
 #include "image/image.h"
 #include "io/json.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "serve/queue.h"
 #include "serve_helpers.h"
 #include "test.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "pipeline/png.h"
+#include "image/png.h"
 #include "serve_helpers.h"
 #include "test.h"
 

@@ -10,7 +10,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 #include "test.h"
 
 /* Loading a 150k-token vocabulary + 150k merges must stay well under a second (brief: real Qwen

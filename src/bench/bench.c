@@ -29,7 +29,6 @@ void bench_opts_default(bench_opts *o) {
     o->seed = 1;
 }
 
-int bench_is_krea2_preset(const char *preset) { return preset && !strncmp(preset, "krea2", 5); }
 
 const char *bench_fmt_name(int f) {
     switch (f) {
@@ -164,17 +163,31 @@ int bench_workload(bench_ctx *x, const bench_workload_base *cpu_dflt, int arm_to
 
 /* ------------------------------------------------------------------ run */
 
-/* The family: Krea 2 for its presets or a checkpoint whose config names Krea2Transformer2DModel, else FLUX.2.
- * --model: x->dir and x->cfg are set (the family's set-up parses the config). */
+static const bench_family *const bench_families[] = {&bench_flux2_family, &bench_krea2_family};
+
+const bench_family *bench_family_of(const dt_family *f) {
+    for (size_t i = 0; i < sizeof bench_families / sizeof bench_families[0]; i++)
+        if (bench_families[i]->family == f) return bench_families[i];
+    if (f) dt_set_error("bench: no bench for %s models", f->title);
+    return NULL;
+}
+
+/* The family (registry, pipeline/family.h): of the preset, or of the checkpoint's config (a config no family claims:
+ * the family that infers its config, whose set-up says what is wrong). --model: x->dir and x->cfg are set (the
+ * family's set-up parses the config). */
 static const bench_family *pick_family(bench_ctx *x) {
     const bench_opts *o = x->o;
-    if (!o->model_dir) return bench_is_krea2_preset(o->preset) ? &bench_krea2_family : &bench_flux2_family;
+    if (!o->model_dir) {
+        /* (an unknown preset: FLUX.2's set-up names the presets, as before the registry) */
+        const dt_family *f = o->preset ? dt_family_for_preset(o->preset) : NULL;
+        return f ? bench_family_of(f) : &bench_flux2_family;
+    }
     x->cfg = bench_open_config(o->model_dir, &x->dir, x->cfg_path, sizeof x->cfg_path);
     if (!x->cfg) return NULL;
-    const char *cls = json_get_str(x->cfg, "_class_name");
     snprintf(x->r->source, sizeof x->r->source, "%s", x->dir);
     snprintf(x->r->preset, sizeof x->r->preset, "checkpoint");
-    return cls && strstr(cls, "Krea2") ? &bench_krea2_family : &bench_flux2_family;
+    const dt_family *f = dt_family_for_config(x->cfg);
+    return f ? bench_family_of(f) : &bench_flux2_family;
 }
 
 int bench_run(const bench_opts *o, bench_report *r) {

@@ -191,8 +191,6 @@ typedef struct {
 } bench_report;
 
 void bench_opts_default(bench_opts *o);
-/* The family of a preset name: 1 for Krea 2 ("krea2", "krea2-tiny"), 0 for FLUX.2. */
-int bench_is_krea2_preset(const char *preset);
 /* Run the bench (progress on stderr): FLUX.2 or Krea 2, from the preset or the checkpoint's config.json.
  * 0 ok, -1 error (dt_last_error). */
 int bench_run(const bench_opts *o, bench_report *r);

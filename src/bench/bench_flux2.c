@@ -566,6 +566,7 @@ static void json_scaling(const bench_report *r, FILE *f) {
 
 const bench_family bench_flux2_family = {
     .name = "FLUX.2",
+    .family = &dt_family_klein,
     .setup = setup,
     .whole_forward = whole_forward,
     .release = release,

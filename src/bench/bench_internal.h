@@ -10,6 +10,7 @@
 #include "io/json.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
+#include "pipeline/family.h"
 
 /* ---- timing (bench_util.c) ---- */
 typedef struct {
@@ -203,6 +204,7 @@ typedef struct { const char *name; void (*run)(bench_ctx *x); } bench_arm_entry;
 
 struct bench_family {
     const char *name;                          /* "FLUX.2", "Krea 2" */
+    const struct dt_family *family;            /* the family it measures (pipeline/family.h: presets, classes) */
     /* a run calls these in order (0 or -1 with the error set) */
     int (*setup)(bench_ctx *x);                /* geometry, checkpoint (bench_checkpoint), workload (bench_workload),
                                                 * inputs, work per forward */
@@ -234,6 +236,8 @@ struct bench_family {
     void (*json_scaling)(const bench_report *r, FILE *f);
 };
 extern const bench_family bench_flux2_family, bench_krea2_family;
+/* The bench family of a registry family (bench.c; NULL when it has none). */
+const bench_family *bench_family_of(const struct dt_family *f);
 
 /* ---- helpers of the families' set-up (bench.c) ---- */
 /* The synthetic checkpoint DIR = cache/KEY (the cache: --cache-dir, else $TMPDIR/ditrun-bench-cache): reused when

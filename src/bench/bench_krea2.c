@@ -615,6 +615,7 @@ static void json_scaling(const bench_report *r, FILE *f) {
 
 const bench_family bench_krea2_family = {
     .name = "Krea 2",
+    .family = &dt_family_krea2,
     .setup = setup,
     .whole_forward = whole_forward,
     .release = release,

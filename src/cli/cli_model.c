@@ -1,4 +1,4 @@
-/* cli_model.c — shared model options and family detection for the CLI commands. */
+/* cli_model.c — shared model options of the CLI commands. */
 #include "cli_model.h"
 
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "io/json.h"
+#include "pipeline/family.h"
 
 void cli_model_opts_default(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -74,21 +74,10 @@ dt_backend *cli_model_backend(const cli_model_opts *o) {
     return be;
 }
 
-int cli_model_family(const char *path) {
-    char *dir = dt_weights_component_dir(path, "transformer");
-    if (!dir) return -1;
-    char cfgp[4200];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
-    free(dir);
-    struct stat st;
-    if (stat(cfgp, &st) != 0) return CLI_FAMILY_FLUX2;  /* no config: the FLUX.2 loader reports what is missing */
-    json *j = json_parse_file(cfgp);   /* a FIFO or folder named config.json is refused, without waiting */
-    if (!j) return -1;
-    const char *cls = json_get_str(j, "_class_name");
-    int fam = CLI_FAMILY_FLUX2;
-    if (cls && strstr(cls, "Krea2")) fam = CLI_FAMILY_KREA2;
-    json_free(j);
-    return fam;
+int cli_check_fp8(const dt_family *fam, const dt_backend_opts *o) {
+    if (fam->fp8 || (o->precision != DT_PREC_FP8 && o->attn_precision != DT_PREC_FP8)) return 0;
+    return cli_error("%s fp8: FLUX.2 models only (%s has no fp8 mode yet)",
+                     o->precision == DT_PREC_FP8 ? "--precision" : "--attn-precision", fam->title);
 }
 
 const char *cli_bundled_model(void) {

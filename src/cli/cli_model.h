@@ -1,5 +1,5 @@
 /* cli_model.h — options shared by commands that run a model (backend, threads, quantized path,
- * verbosity) and model-family detection from config.json. */
+ * verbosity). The model family is the registry's (pipeline/family.h). */
 #ifndef DT_CLI_MODEL_H
 #define DT_CLI_MODEL_H
 
@@ -11,8 +11,6 @@ typedef struct {
     dt_backend_opts be;
     int cuda_graph;           /* --cuda-graph: replay the DiT forward as a CUDA graph (fixed shapes) */
 } cli_model_opts;
-
-enum { CLI_FAMILY_FLUX2 = 1, CLI_FAMILY_KREA2 = 2 };
 
 /* --lora FILE[:SCALE] (repeatable) and --lora-side: LoRA adapters for the DiT (models/lora.h). */
 #define CLI_MAX_LORAS 8
@@ -36,8 +34,9 @@ dt_backend *cli_model_backend(const cli_model_opts *o);
 void cli_sp_note(const dt_backend *be, int ranks);
 /* Which parts run in fp8 under these options: "Linears", "attention", "Linears + attention" or "none". */
 const char *cli_fp8_what(const dt_backend_opts *o);
-/* Family of the transformer at PATH (folder, pipeline root or file with config.json beside). */
-int cli_model_family(const char *path);
+/* 0, or 1 with the error printed when the options ask for fp8 of a family without fp8 modes. */
+struct dt_family;
+int cli_check_fp8(const struct dt_family *fam, const dt_backend_opts *o);
 /* The --qpath spelling of a path (auto, mixed, fused, transient, cached). */
 const char *cli_qpath_name(int qpath);
 /* The bundled tiny pipeline: $DITRUN_DEFAULT_MODEL, else tests/fixtures/model beside the build folder, else

@@ -10,6 +10,7 @@
 #include "models/flux2_export.h"
 #include "models/flux2_layouts.h"
 #include "models/krea2.h"
+#include "pipeline/family.h"
 
 /* --format NAME -> export options; 0 or -1 */
 static int parse_format(const char *f, flux2_export_opts *o) {
@@ -81,7 +82,8 @@ int cmd_convert(int argc, char **argv) {
     if (cli_check_input(in, 0)) return 1;   /* a FIFO, a loop, a missing path: the real reason, before any work */
     int written, skipped;
     double t0 = dt_now();
-    if (format && cli_model_family(in) == CLI_FAMILY_KREA2) {
+    const dt_family *fam = format ? dt_family_for_model(in) : NULL;
+    if (fam && !strcmp(fam->name, "krea2")) {
         if (eo.gguf || eo.comfy)
             return cli_error("convert: --format %s: Krea 2 converts to fp8, fp8-channel or fp8-e5m2 only", format);
         if (krea2_export_fp8(in, out, eo.type, eo.per_channel, &written)) return cli_error("%s", dt_last_error());

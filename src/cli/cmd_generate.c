@@ -10,8 +10,8 @@
 #include "pipeline/engine.h"
 #include "core/outfile.h"
 #include "pipeline/image_meta.h"
+#include "image/png.h"
 #include "pipeline/image_out.h"
-#include "pipeline/png.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -12,10 +12,10 @@
 #include "io/weights.h"
 #include "models/flux2.h"
 #include "models/flux2_layouts.h"
-#include "models/krea2.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
+#include "pipeline/family.h"
 #include "pipeline/scheduler.h"
 
 static void usage(FILE *f) {
@@ -118,34 +118,10 @@ static int describe(const char *label, const char *path) {
         printf("  layout       %s keys%s%s\n", flux2_layout_name(layout),
                layout == FLUX2_LAYOUT_BFL || layout == FLUX2_LAYOUT_MFLUX ? " (mapped to diffusers names)" : "",
                json_get_bool(cfg, "_ditrun_inferred", 0) ? "; no config.json, geometry inferred from tensor shapes" : "");
-    /* quantized folders often carry a config without _class_name: recognise FLUX.2 by its keys */
-    int is_flux2 = cfg && (cls ? !strcmp(cls, "Flux2Transformer2DModel")
-                               : json_get(cfg, "num_single_layers") && json_get(cfg, "joint_attention_dim"));
-    if (is_flux2) {
-        flux2_config c;
-        if (flux2_config_parse(cfg, "config.json", &c) == 0) {
-            double params = 0;
-            double D = c.hidden, F = c.mlp_hidden;
-            params += D * c.in_channels + D * c.joint_dim + D * c.tg_channels + D * D + 2 * 6 * D * D + 3 * D * D + 2 * D * D + D * c.out_channels;
-            params += c.num_layers * (8 * D * D + 2 * (2 * F * D + D * F) + 4 * c.head_dim);
-            params += c.num_single_layers * ((3 * D + 2 * F) * D + D * (D + F) + 2 * c.head_dim);
-            printf("  geometry     D=%d (%d heads x %d), %d double + %d single blocks, MLP %d, in %d, out %d, text %d\n",
-                   c.hidden, c.heads, c.head_dim, c.num_layers, c.num_single_layers, c.mlp_hidden, c.in_channels,
-                   c.out_channels, c.joint_dim);
-            printf("  rope         axes (");
-            for (int a = 0; a < c.n_axes; a++) printf("%s%d", a ? "," : "", c.axes[a]);
-            printf("), theta %g; eps %g\n", c.rope_theta, c.eps);
-            printf("  parameters   %.4f B\n", params / 1e9);
-        } else {
-            printf("  geometry     (config invalid: %s)\n", dt_last_error());
-            invalid = 1;
-        }
-    } else if (cfg && cls && !strcmp(cls, "Krea2Transformer2DModel")) {
-        krea2_config c;
-        if (krea2_config_parse(cfg, "config.json", &c) == 0)
-            printf("  geometry     D=%d (%d heads x %d, %d kv), %d blocks, MLP %d, in %d, text %d x %d layers\n", c.hidden,
-                   c.heads, c.head_dim, c.kv_heads, c.num_layers, c.intermediate, c.in_channels, c.text_dim, c.text_layers);
-        else {
+    /* a family's transformer (by class, or by its keys: quantized folders often drop _class_name) */
+    const dt_family *fam = dt_family_for_config(cfg);
+    if (fam) {
+        if (fam->describe(cfg, stdout)) {
             printf("  geometry     (config invalid: %s)\n", dt_last_error());
             invalid = 1;
         }

@@ -6,7 +6,7 @@
 
 #include "cli.h"
 #include "core/common.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -63,4 +65,16 @@ int dt_input_kind(const char *path) {
     if (S_ISDIR(st.st_mode)) return 1;
     dt_set_error("%s: is %s; inputs must be regular files or folders", path, kind_name(st.st_mode));
     return -1;
+}
+
+char *dt_path_join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *s = dt_malloc(n);
+    snprintf(s, n, "%s/%s", a, b);
+    return s;
+}
+
+int dt_path_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
 }

@@ -22,4 +22,8 @@ int dt_input_kind(const char *path);
 #ifdef __cplusplus
 }
 #endif
+/* "a/b" (malloc'd), and whether path exists (stat succeeds). */
+char *dt_path_join(const char *a, const char *b);
+int dt_path_exists(const char *path);
+
 #endif

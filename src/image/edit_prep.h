@@ -1,5 +1,5 @@
 /* edit_prep.h — image inputs of FLUX.2-klein editing prepared exactly as the reference pipelines do
- * (diffusers Flux2KleinPipeline / Flux2KleinInpaintPipeline with Flux2ImageProcessor), from decoded
+ * (diffusers' FLUX.2-klein pipelines, plain and inpainting, with their Flux2ImageProcessor), from decoded
  * images (image.h) to the float arrays the VAE encoder takes.
  *
  * `multiple` below is the pipelines' 2 x vae_scale_factor (16 for the released VAE: dt_vae_config's

@@ -181,16 +181,8 @@ void flux2_free(flux2_model *m) {
         drop_refs(m);
         drop_graph(m);
         free_bufs(m->be, &m->buf);
-        dt_linear_set_free(&m->lin);
-        for (int i = 0; m->db && i < m->c.num_layers; i++) flux2_double_w_free(m->be, &m->db[i]);
-        for (int i = 0; m->sb && i < m->c.num_single_layers; i++) flux2_single_w_free(m->be, &m->sb[i]);
     }
-    free(m->db);
-    free(m->sb);
-    if (m->w) dt_weights_close(m->w);
-    if (m->be && dt_lora_backend_is_wrapper(m->be)) m->be->destroy(m->be);   /* the wrapper only, not the caller's */
-    dt_lora_free(m->lora);
-    free(m);
+    flux2_weights_free(m);
 }
 
 const flux2_config *flux2_get_config(const flux2_model *m) { return &m->c; }
@@ -397,17 +389,6 @@ void flux2_single_op(dt_backend *be, const flux2_config *c, const flux2_single_w
         if (!c->fuse_inputs && !be->linear_gated_add) be->gated_add(be, io->s, chunk(ms, 2, D), io->y);
         break;
     }
-}
-
-int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *what) {
-    c->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
-    if (c->attn_fp8 && !be->attention_fp8) {
-        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
-                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
-        return -1;
-    }
-    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !be->opts.fp8_unfused;
-    return 0;
 }
 
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,

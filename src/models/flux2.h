@@ -228,9 +228,9 @@ int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
 static inline const dt_linear *flux2_single_first(const flux2_single_w *w) { return w->qkv_mlp; }
 /* The config's run-time choices (flux2_load and the bench's replica, before loading the blocks): attn_fp8 from
  * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and fuse_inputs
- * with --precision fp8 unless be->opts.fp8_unfused. (A schedule that split the single blocks' projection and ran
+ * when the blocks' Linears run in fp8 (`linears`: --precision, or an fp8 file) unless be->opts.fp8_unfused. (A schedule that split the single blocks' projection and ran
  * the attention on the side queue beside the MLP half measured no faster: PERF.md, stop 15.) */
-int flux2_runtime_choices(const dt_backend *be, flux2_config *c, const char *what);
+int flux2_runtime_choices(const dt_backend *be, dt_precision linears, flux2_config *c, const char *what);
 /* Single block w as the model runs it: flux2_single_op's ops in order. next: as flux2_single_op. */
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                         const dt_linear *next);

@@ -52,4 +52,8 @@ struct flux2_model {
     } ref;
 };
 
+/* Everything flux2_load_ex made (Linears, block weights, the file, the LoRA wrapper and adapters) and m itself; what
+ * the forward made is flux2_free's (flux2.c), which ends here. */
+void flux2_weights_free(flux2_model *m);
+
 #endif

@@ -35,10 +35,6 @@ typedef struct {
  * returns how many; 0 when the name has no diffusers counterpart in that layout (or is already one). */
 int flux2_map_key(flux2_layout l, const char *name, flux2_key_map out[3]);
 
-/* The LoRA catalogue of a FLUX.2 checkpoint (after flux2_layout_install): its diffusers module names and
- * the BFL, mflux and FLUX.1-style split names, with the rows they update (flux2_lora.c). */
-dt_lora_catalogue *flux2_lora_catalogue(const dt_weights *w, const flux2_config *c);
-
 /* Detect the layout of w and register the diffusers-named tensors it lacks; when w has no config,
  * infer one from the shapes (dt_weights_set_config; "_ditrun_inferred": true). 0 ok; -1 with an error
  * naming the file when a mapped tensor has an impossible shape or no config can be inferred. */

@@ -1,89 +1,15 @@
-/* flux2_load.c — the FLUX.2-klein transformer's config (diffusers Flux2Transformer2DModel's config.json) and weights:
- * the blocks' and the outer layers' Linears and norms through the model's Linear set (any checkpoint layout and
- * weight form, LoRA adapters merged or as side products), and flux2_load / flux2_load_ex. The forward: flux2.c. */
+/* flux2_load.c — the FLUX.2-klein transformer's weights: the blocks' and the outer layers' Linears and norms through
+ * the model's Linear set (any checkpoint layout and weight form, LoRA adapters merged or as side products), and
+ * flux2_load / flux2_load_ex; flux2_weights_free. The config: flux2_config.c; the forward: flux2.c. */
 #include "flux2_internal.h"
 #include "flux2_layouts.h"
+#include "flux2_lora.h"
 #include "lora_backend.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------ config */
-
-static int get_pos_int(const json *cfg, const char *what, const char *key, int dflt, int *out) {
-    const json *v = json_get(cfg, key);
-    if (!v || v->type == JSON_NULL) {
-        if (dflt < 0) { dt_set_error("%s: missing '%s'", what, key); return -1; }
-        *out = dflt;
-        return 0;
-    }
-    if (v->type != JSON_NUMBER || !v->is_integer || v->integer <= 0 || v->integer > (1 << 20)) {
-        dt_set_error("%s: '%s' must be a positive integer", what, key);
-        return -1;
-    }
-    *out = (int)v->integer;
-    return 0;
-}
-
-int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
-    memset(c, 0, sizeof *c);
-    if (!cfg || cfg->type != JSON_OBJECT) { dt_set_error("%s: config is not a JSON object", what); return -1; }
-    int patch = 1;
-    if (get_pos_int(cfg, what, "in_channels", -1, &c->in_channels) || get_pos_int(cfg, what, "num_layers", -1, &c->num_layers) ||
-        get_pos_int(cfg, what, "num_single_layers", -1, &c->num_single_layers) ||
-        get_pos_int(cfg, what, "num_attention_heads", -1, &c->heads) ||
-        get_pos_int(cfg, what, "attention_head_dim", -1, &c->head_dim) ||
-        get_pos_int(cfg, what, "joint_attention_dim", -1, &c->joint_dim) ||
-        get_pos_int(cfg, what, "timestep_guidance_channels", 256, &c->tg_channels) ||
-        get_pos_int(cfg, what, "patch_size", 1, &patch))
-        return -1;
-    if (get_pos_int(cfg, what, "out_channels", c->in_channels, &c->out_channels)) return -1;
-    if (patch != 1) { dt_set_error("%s: patch_size %d is not supported (FLUX.2 uses 1)", what, patch); return -1; }
-    if (c->tg_channels % 2) { dt_set_error("%s: timestep_guidance_channels must be even", what); return -1; }
-    double ratio = json_get_num(cfg, "mlp_ratio", 3.0);
-    c->rope_theta = (float)json_get_num(cfg, "rope_theta", 2000.0);
-    c->eps = (float)json_get_num(cfg, "eps", 1e-6);
-    c->guidance_embeds = json_get_bool(cfg, "guidance_embeds", 0);
-    if (c->guidance_embeds) { dt_set_error("%s: guidance_embeds=true (FLUX.2-dev) is not supported; klein has none", what); return -1; }
-    if (!(ratio > 0 && ratio < 64) || !(c->rope_theta > 0) || !(c->eps > 0 && c->eps < 1)) {
-        dt_set_error("%s: mlp_ratio/rope_theta/eps out of range", what);
-        return -1;
-    }
-    const int64_t hidden = (int64_t)c->heads * c->head_dim;   /* each factor is at most 2^20: no int product */
-    if (hidden > FLUX2_MAX_HIDDEN) {
-        dt_set_error("%s: num_attention_heads %d x attention_head_dim %d = %lld is over the supported width %d", what,
-                     c->heads, c->head_dim, (long long)hidden, FLUX2_MAX_HIDDEN);
-        return -1;
-    }
-    c->hidden = (int)hidden;
-    c->mlp_hidden = (int)(c->hidden * ratio);
-    if (c->head_dim % 2) { dt_set_error("%s: attention_head_dim must be even", what); return -1; }
-    const json *axes = json_get(cfg, "axes_dims_rope");
-    if (!axes) { c->n_axes = 4; for (int i = 0; i < 4; i++) c->axes[i] = c->head_dim / 4; }
-    else {
-        if (axes->type != JSON_ARRAY || axes->len < 1 || axes->len > 8) { dt_set_error("%s: axes_dims_rope must be an array of 1..8 integers", what); return -1; }
-        c->n_axes = (int)axes->len;
-        int sum = 0;
-        for (int i = 0; i < c->n_axes; i++) {
-            const json *a = json_at(axes, i);
-            if (!a || a->type != JSON_NUMBER || !a->is_integer || a->integer <= 0 || a->integer % 2) {
-                dt_set_error("%s: axes_dims_rope[%d] must be a positive even integer", what, i);
-                return -1;
-            }
-            if (a->integer > c->head_dim) {
-                dt_set_error("%s: axes_dims_rope[%d] = %lld is larger than attention_head_dim %d", what, i,
-                             (long long)a->integer, c->head_dim);
-                return -1;
-            }
-            c->axes[i] = (int)a->integer;
-            sum += c->axes[i];
-        }
-        if (sum != c->head_dim) { dt_set_error("%s: axes_dims_rope sums to %d but attention_head_dim is %d", what, sum, c->head_dim); return -1; }
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------------ loading */
 
@@ -203,7 +129,7 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
     m->lin.be = be;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
-    if (flux2_layout_install(m->w)) { free(dir); flux2_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
+    if (flux2_layout_install(m->w)) { free(dir); flux2_weights_free(m); return NULL; }   /* BFL/mflux keys; geometry without config.json */
     char what[4200];
     const json *cfg = dt_weights_class_config(m->w, dir, "Flux2Transformer2DModel", "FLUX.2", what, sizeof what);
     free(dir);
@@ -216,15 +142,11 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
     if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
 
     m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
-    if (flux2_runtime_choices(be, &m->c, what)) goto fail;
+    /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers (norms,
+     * SwiGLU) write the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
     const st_tensor *sb0 = dt_weights_find(m->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight");
-    if (sb0 && (sb0->dtype == DT_F8_E4M3 || sb0->dtype == DT_F8_E5M2) && be->opts.precision != DT_PREC_FP8) {
-        /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers (norms,
-         * SwiGLU) write the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
-        dt_backend as_fp8 = *be;
-        as_fp8.opts.precision = DT_PREC_FP8;
-        if (flux2_runtime_choices(&as_fp8, &m->c, what)) goto fail;
-    }
+    const int fp8_file = sb0 && (sb0->dtype == DT_F8_E4M3 || sb0->dtype == DT_F8_E5M2);
+    if (flux2_runtime_choices(be, fp8_file ? DT_PREC_FP8 : be->opts.precision, &m->c, what)) goto fail;
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;
@@ -243,6 +165,20 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
     dt_linear_set_log(&m->lin, "transformer");
     return m;
 fail:
-    flux2_free(m);
+    flux2_weights_free(m);
     return NULL;
+}
+
+void flux2_weights_free(flux2_model *m) {
+    if (m->be) {
+        dt_linear_set_free(&m->lin);
+        for (int i = 0; m->db && i < m->c.num_layers; i++) flux2_double_w_free(m->be, &m->db[i]);
+        for (int i = 0; m->sb && i < m->c.num_single_layers; i++) flux2_single_w_free(m->be, &m->sb[i]);
+    }
+    free(m->db);
+    free(m->sb);
+    if (m->w) dt_weights_close(m->w);
+    if (m->be && dt_lora_backend_is_wrapper(m->be)) m->be->destroy(m->be);   /* the wrapper only, not the caller's */
+    dt_lora_free(m->lora);
+    free(m);
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "flux2_layouts.h"
+#include "flux2_lora.h"
 #include "lora.h"
 
 /* rows and inputs of diffusers module NAME in w (after flux2_layout_install); 0 when absent */

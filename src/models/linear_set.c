@@ -59,8 +59,8 @@ static int gather(dt_linear_set *s, const char *name, int64_t offset, dt_lora_pl
     return n;
 }
 
-/* Adds src (rows [r0, r0 + src->out) of the adapters' row numbering) with the placed updates. */
-static dt_linear *add_lora(dt_linear_set *s, const dt_linear_src *src, const dt_lora_placed *p, int np, int64_t r0) {
+/* Adds src with the placed updates (rows numbered as src's). */
+static dt_linear *add_lora(dt_linear_set *s, const dt_linear_src *src, const dt_lora_placed *p, int np) {
     if (!np) return dt_linear_set_add(s, src);
     const int64_t N = src->out, K = src->in;
     dt_linear *l;
@@ -68,7 +68,7 @@ static dt_linear *add_lora(dt_linear_set *s, const dt_linear_src *src, const dt_
         /* merged: W + s·B·A in f32, rounded once to the file's dtype */
         float *f = dt_malloc(sizeof(float) * (size_t)(N * K));
         dt_linear_src_rows_f32(src, 0, N, f);
-        dt_lora_merge(p, np, r0, N, K, f);
+        dt_lora_merge(p, np, 0, N, K, f);
         dt_linear_src m = *src;
         if (src->dtype == DT_F32) {
             s->owned = dt_realloc(s->owned, sizeof *s->owned * (size_t)(s->nowned + 1));
@@ -84,7 +84,7 @@ static dt_linear *add_lora(dt_linear_set *s, const dt_linear_src *src, const dt_
         if (l) s->lora_merged++;
     } else {
         float *A, *B;
-        int64_t R = dt_lora_side(p, np, r0, N, K, &A, &B);
+        int64_t R = dt_lora_side(p, np, 0, N, K, &A, &B);
         l = dt_linear_set_add(s, src);
         if (l && R) {
             if (!dt_lora_backend_is_wrapper(s->be)) {
@@ -110,22 +110,7 @@ dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char 
     if (dt_weights_linear(w, name, out, in, want_bias, &src) != 0) return NULL;
     dt_lora_placed p[64];
     int np = s->lora ? gather(s, name, 0, p, 64, 0) : 0;
-    return add_lora(s, &src, p, np, 0);
-}
-
-dt_linear *dt_linear_set_load_rows(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
-                                   int64_t r0, int64_t nrows) {
-    dt_linear_src src;
-    if (dt_weights_linear(w, name, out, in, -1, &src) != 0) return NULL;
-    if (r0 < 0 || nrows <= 0 || r0 + nrows > src.out) {
-        dt_set_error("linear '%s': rows [%lld, %lld) outside its %lld rows", name, (long long)r0, (long long)(r0 + nrows),
-                     (long long)src.out);
-        return NULL;
-    }
-    dt_linear_src v = dt_linear_src_rows(&src, r0, nrows);
-    dt_lora_placed p[64];
-    int np = s->lora ? gather(s, name, 0, p, 64, 0) : 0;
-    return add_lora(s, &v, p, np, r0);
+    return add_lora(s, &src, p, np);
 }
 
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
@@ -201,7 +186,7 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
     dt_lora_placed p[64];
     int np = 0;
     for (int i = 0; s->lora && i < n; i++) np = gather(s, names[i], (int64_t)i * out, p, 64, np);
-    return add_lora(s, &st, p, np, 0);
+    return add_lora(s, &st, p, np);
 }
 
 void dt_linear_set_log(const dt_linear_set *s, const char *what) {

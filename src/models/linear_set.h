@@ -33,10 +33,6 @@ typedef struct {
  * NULL on error (dt_last_error names the file and tensor). */
 dt_linear *dt_linear_set_load(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
                               int want_bias);
-/* Rows [r0, r0 + nrows) of Linear NAME as a Linear of its own (a split fused projection), adapters' rows
- * included. NULL on error. */
-dt_linear *dt_linear_set_load_rows(dt_linear_set *s, const dt_weights *w, const char *name, int64_t out, int64_t in,
-                                   int64_t r0, int64_t nrows);
 /* Prepare an already resolved Linear (no adapters). NULL on error. */
 dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src);
 /* One Linear out of n Linears with the same input, stacked along the output ([n * out, in]; e.g. the

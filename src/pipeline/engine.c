@@ -1,20 +1,13 @@
-/* engine.c — the resident pipeline (engine.h): picks the family from model_index.json, loads it once,
- * validates and defaults each request, and hands it to the family; plus the one-shot dt_generate. */
+/* engine.c — the resident pipeline (engine.h): picks the family from model_index.json (the registry, family.h),
+ * loads it once, validates and defaults each request, and hands it to the family; plus the one-shot dt_generate. */
 #include "engine.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "io/safetensors.h"
-#include "models/qwen3.h"
-#include "models/vae_flux2.h"   /* dt_vae_postprocess: diffusers image post-processing */
 #include "pipeline/family.h"
-#include "pipeline/latents.h"
-
-static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2};
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o) { memset(o, 0, sizeof *o); }
 
@@ -22,107 +15,6 @@ void dt_gen_params_default(dt_gen_params *p) {
     memset(p, 0, sizeof *p);
     p->negative_prompt = "";
     p->guidance = -1;
-}
-
-char *dt_path_join(const char *a, const char *b) {
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *s = dt_malloc(n);
-    snprintf(s, n, "%s/%s", a, b);
-    return s;
-}
-
-int dt_path_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float *d, int ndim, int64_t d0, int64_t d1,
-                    int64_t d2, int64_t d3) {
-    if (!obs) return;
-    int64_t shape[4] = {d0, d1, d2, d3};
-    obs(ud, name, d, ndim, shape);
-}
-
-/* 1 when every value is finite; else -1 naming the first other one (a NaN or infinity would make the whole image NaN). */
-static int noise_finite(const float *x, int64_t n, const char *what) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) {
-            dt_set_error("%s: initial noise value %lld is %g; it must be finite", what, (long long)i, (double)x[i]);
-            return -1;
-        }
-    return 1;
-}
-
-int dt_gen_read_noise(const dt_gen_params *g, float *out, int64_t n, const char *layout) {
-    if (g->noise) {
-        if (g->noise_len != n) {
-            dt_set_error("generate: the noise has %lld values, this image needs %lld (%s)", (long long)g->noise_len,
-                         (long long)n, layout);
-            return -1;
-        }
-        memcpy(out, g->noise, sizeof(float) * (size_t)n);
-        return noise_finite(out, n, "the given noise");
-    }
-    if (!g->noise_file) return 0;
-    st_file *nf = st_open(g->noise_file);
-    if (!nf) return -1;
-    const st_tensor *t = st_find(nf, "in.initial_latents");
-    if (!t || t->numel != n) {
-        dt_set_error("%s: need in.initial_latents with %lld values (%s)", g->noise_file, (long long)n, layout);
-        st_close(nf);
-        return -1;
-    }
-    float *f = st_to_f32(t);
-    memcpy(out, f, sizeof(float) * (size_t)n);
-    free(f);
-    st_close(nf);
-    return noise_finite(out, n, g->noise_file);
-}
-
-int dt_gen_noise(const dt_gen_params *g, float *out, int c, int h, int w, const char *layout) {
-    int have = dt_gen_read_noise(g, out, (int64_t)c * h * w, layout);
-    if (have < 0) return -1;
-    if (!have) dt_latents_noise(g->seed, c, h, w, out);
-    return 0;
-}
-
-uint8_t *dt_gen_image_rgb(const float *img, int H, int W, dt_gen_observer obs, void *ud) {
-    float *img01 = obs ? dt_malloc(sizeof(float) * 3 * (size_t)H * W) : NULL;
-    uint8_t *rgb = dt_malloc(3 * (size_t)H * W);
-    dt_vae_postprocess(img, H, W, img01, rgb);
-    if (img01) dt_gen_observe(obs, ud, "image_float", img01, 4, 1, H, W, 3);
-    free(img01);
-    return rgb;
-}
-
-void dt_gen_log_encoding(const dt_gen_params *g, int T, const int *taps, int n_taps, int cfg, const char *note) {
-    const int lv = g->progress ? 2 : 1;   /* callers with a progress callback report themselves */
-    dt_log(lv, "ditrun: encoding the prompt (%d tokens, taps", T);
-    for (int i = 0; i < n_taps; i++) dt_log(lv, "%s%d", i ? "," : " ", taps[i]);
-    dt_log(lv, ")%s%s\n", cfg ? " and the negative prompt" : "", note);
-}
-
-int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, dt_qwen3 **te) {
-    if (*te) return 0;
-    *te = dt_qwen3_load(p->be, dir, max_tap > 0 ? max_tap : 1);
-    if (!*te) return -1;
-    dt_qwen3_set_inv_freq_bf16(*te, p->opts.te_inv_freq_bf16);
-    return 0;
-}
-
-void dt_family_release_text_encoder(dt_pipeline *p, dt_qwen3 **te) {
-    if (p->opts.release_text_encoder && *te) {
-        dt_qwen3_free(*te);
-        *te = NULL;
-    }
-}
-
-int dt_gen_cancelled(const dt_gen_params *g) {
-    if (g->cancel && __atomic_load_n(g->cancel, __ATOMIC_RELAXED)) {
-        dt_set_error("generate: cancelled");
-        return 1;
-    }
-    return 0;
 }
 
 dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
@@ -141,12 +33,10 @@ dt_pipeline *dt_pipeline_load(dt_backend *be, const dt_pipeline_opts *o) {
     free(idx_path);
     if (!idx) return NULL;
     const char *cls = json_get_str(idx, "_class_name");
-    const dt_family *fam = NULL;
-    for (size_t i = 0; i < sizeof families / sizeof families[0] && !fam; i++)
-        if (families[i]->matches(cls ? cls : "")) fam = families[i];
+    char what[4200];
+    snprintf(what, sizeof what, "%s/model_index.json", o->model);
+    const dt_family *fam = dt_family_for_pipeline(cls, what);
     if (!fam) {
-        dt_set_error("%s/model_index.json: pipeline class '%s' is not supported (Flux2KleinPipeline, "
-                     "Flux2KleinKVPipeline, Krea2Pipeline)", o->model, cls ? cls : "(none)");
         json_free(idx);
         return NULL;
     }

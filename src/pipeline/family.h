@@ -1,13 +1,23 @@
-/* family.h — what a model family provides to the engine (pipeline/engine.c), and the state the engine
- * shares with it. One file per family implements it: klein.c (FLUX.2-klein), krea2_family.c (Krea 2), ...
+/* family.h — the family registry: one table per model family (FLUX.2-klein: klein.c, Krea 2: krea2_family.c)
+ * owning everything family-specific that the commands need — the `_class_name`s it accepts (pipeline and
+ * transformer), its synthetic presets, its defaults, how it loads its DiT (models/dit.h), describes a transformer
+ * config (`ditrun info`), writes synthetic checkpoints and inputs (`ditrun synth`) and runs a pipeline (the engine,
+ * pipeline/engine.c). Every command finds the family here (dt_family_for_*), never by a class name of its own.
  *
  * A family loads its components into its own state (dt_pipeline.fam), fills dt_pipeline.info, and runs
- * requests: text encoding, noise, schedule, the shared sampling loop (pipeline/sampler.h), decoding. */
+ * requests: text encoding, noise, schedule, the shared sampling loop (pipeline/sampler.h), decoding.
+ * A new family: its model (models/NAME.c + NAME_dit.c), its pipeline file with the table, its synth writer, its
+ * bench file (bench_NAME.c); one line in family.c's list. */
 #ifndef DT_FAMILY_H
 #define DT_FAMILY_H
 
+#include <stdio.h>
+
+#include "core/infile.h"
 #include "io/json.h"
+#include "models/dit.h"
 #include "pipeline/engine.h"
+#include "synth/synth_pipeline.h"
 
 typedef struct dt_family dt_family;
 
@@ -22,9 +32,15 @@ struct dt_pipeline {
 };
 
 struct dt_family {
-    const char *name;
-    /* Does this family run model_index.json's _class_name? */
-    int (*matches)(const char *class_name);
+    const char *name;                         /* "flux2-klein", "krea2" */
+    const char *title;                        /* "FLUX.2", "Krea 2" (messages) */
+    const char *const *pipeline_classes;      /* model_index.json _class_names it runs (NULL-terminated) */
+    const char *const *transformer_classes;   /* transformer config.json _class_names (NULL-terminated) */
+    const char *const *presets;               /* synthetic geometries (synth, bench --preset; NULL-terminated) */
+    /* A transformer config without _class_name that is this family's (quantized folders drop it); NULL: none. */
+    int (*is_config)(const json *cfg);
+    int infers_config;          /* 1: a transformer folder without config.json is this family's (geometry from shapes) */
+    int fp8;                    /* 1: has fp8 modes (--precision / --attn-precision fp8) */
     /* Load the components of p->root (model_index.json parsed in idx) into p->fam and fill p->info.
      * 0 or -1 (dt_last_error); on error the family frees what it made. */
     int (*load)(dt_pipeline *p, const json *idx);
@@ -33,14 +49,36 @@ struct dt_family {
     int (*generate)(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
                     dt_gen_observer obs, void *ud);
     int sequence_parallel;      /* 1: the family honours opts.sequence_parallel (the engine refuses it otherwise) */
+    /* The transformer at path (folder, pipeline root) behind the DiT interface. NULL on error. */
+    dt_dit *(*dit_load)(dt_backend *be, const char *path, const dt_dit_load_opts *o);
+    /* `ditrun info`: the geometry lines ("  geometry ...") of transformer config cfg. 0, or -1 (invalid: the
+     * error set, nothing printed). */
+    int (*describe)(const json *cfg, FILE *f);
+    /* `ditrun synth`: a checkpoint, a pipeline or forward inputs for one of its presets. 0 or -1. */
+    int (*synth)(const dt_synth_req *r);
+    /* `ditrun forward`: the forward inputs of a file (the names its synth writes) for the loaded DiT (dit.h). */
+    int (*read_inputs)(const st_file *in, dt_dit *d, int kv_refs, int no_mask, dt_dit_inputs *fi);
 };
+
+/* ---- the registry (family.c) ---- */
+/* Every family, in order (the first is the fallback of folders without a config). */
+const dt_family *const *dt_families(int *n);
+/* The family running model_index.json's _class_name cls; NULL with the error listing the supported ones. */
+const dt_family *dt_family_for_pipeline(const char *cls, const char *what);
+/* The family of a transformer config.json (its _class_name, or a family's is_config); NULL if none (no error). */
+const dt_family *dt_family_for_config(const json *cfg);
+/* The family of the transformer at path (folder, pipeline root, or file with config.json beside); a folder
+ * without config.json is the infers_config family's. NULL on error (unreadable config, unknown class). */
+const dt_family *dt_family_for_model(const char *path);
+/* The family with synthetic preset name; NULL with the error listing every preset. */
+const dt_family *dt_family_for_preset(const char *preset);
+/* 1 when s is one of the NULL-terminated names. */
+int dt_family_name_in(const char *const *names, const char *s);
 
 extern const dt_family dt_family_klein;
 extern const dt_family dt_family_krea2;
 
-/* Small helpers shared by the families. */
-char *dt_path_join(const char *a, const char *b);                 /* "a/b", malloc'd */
-int dt_path_exists(const char *p);
+/* The steps of a request the families share (family_steps.c). */
 void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float *d, int ndim, int64_t d0,
                     int64_t d1, int64_t d2, int64_t d3);
 /* The request's noise (noise array or noise_file's in.initial_latents) into out [n]; 1 if given, 0 if the

@@ -6,7 +6,7 @@
 #define DT_IMAGE_META_H
 
 #include "pipeline/generate.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 
 #define DT_IMAGE_META_MAX 10
 

@@ -5,7 +5,7 @@
 #include <strings.h>
 
 #include "core/common.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 
 const char *dt_out_format_name(dt_out_format f) {
     return f == DT_OUT_JPEG ? "jpeg" : f == DT_OUT_WEBP ? "webp" : "png";

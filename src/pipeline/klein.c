@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "models/flux2.h"
+#include "models/flux2_dit.h"
 #include "models/flux2_layouts.h"
 #include "models/flux2_sp.h"
 #include "models/qwen3.h"
@@ -25,7 +26,7 @@
 #include "pipeline/latents.h"
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 _Static_assert(DT_GEN_MAX_RANKS == FLUX2_SP_MAX_RANKS, "dt_pipeline_opts.sp_devices holds one device per rank");
 
@@ -36,13 +37,12 @@ typedef struct {
     dt_qwen3 *te;               /* NULL between prompts with release_text_encoder */
     int taps[DT_GEN_MAX_TAPS], n_taps, max_tap;
     flux2_config fc;            /* the DiT's geometry (read before loading it) */
-    flux2_model *dit;           /* NULL until first needed with release_text_encoder */
-    flux2_sp *sp;               /* instead of dit with opts.sequence_parallel > 1: the DiT split over ranks */
+    dt_dit *dit;                /* NULL until first needed with release_text_encoder; split over ranks with
+                                 * opts.sequence_parallel > 1 */
     dt_vae *vae;
     dt_sched_config sched;
     dt_mat txt[2];              /* the prompt's and the negative prompt's features [T, joint] on the device */
     int txt_T;
-    char txt_key[2];            /* their keys as resident DiT text (flux2_text_resident_mat) */
     char *txt_prompt[2];        /* the text whose features txt[slot] holds (NULL: none valid); a request with the
                                  * same text and length reuses them instead of running the text encoder again */
     klein_ref_cache refc;       /* the last cacheable edit's reference images and tokens */
@@ -50,10 +50,6 @@ typedef struct {
     int dit_refs_valid;         /* ... and they are refc's tokens (in the pipeline's own mode: KV, their K|V computed
                                  * once; inpainting, the other mode, never keeps them) */
 } klein_state;
-
-static int klein_matches(const char *cls) {
-    return !strcmp(cls, "Flux2KleinPipeline") || !strcmp(cls, "Flux2KleinKVPipeline");
-}
 
 /* Default taps: the reference's (9, 18, 27) for Qwen3's 36 layers, i.e. k·L/(n+1) for k = 1..n,
  * where n = joint_attention_dim / text hidden size (the number of taps the DiT expects). */
@@ -90,8 +86,7 @@ static void klein_free(dt_pipeline *p) {
     if (!s) return;
     if (s->tok) dt_tokenizer_free(s->tok);
     if (s->te) dt_qwen3_free(s->te);
-    if (s->dit) flux2_free(s->dit);
-    flux2_sp_free(s->sp);
+    dt_dit_free(s->dit);
     if (s->vae) dt_vae_free(s->vae);
     for (int i = 0; i < 2; i++) {
         if (s->txt[i].data) p->be->free(p->be, &s->txt[i]);
@@ -111,24 +106,17 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     klein_state *s = p->fam;
-    flux2_load_opts flo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
-    if (p->opts.sequence_parallel > 1 && !s->sp) {
-        flux2_sp_opts so = {p->opts.sequence_parallel, {0}, p->opts.n_sp_devices, flo};
-        memcpy(so.devices, p->opts.sp_devices, sizeof(int) * DT_GEN_MAX_RANKS);
-        s->sp = flux2_sp_load(p->be, p->root, &so);
-        if (!s->sp) return -1;
-        if (p->opts.cuda_graph) dt_log(1, "ditrun: note: --cuda-graph is not used with --sequence-parallel (eager)\n");
-    } else if (p->opts.sequence_parallel <= 1 && !s->dit) {
-        s->dit = flux2_load_ex(p->be, p->root, &flo);
-        if (!s->dit) return -1;
-        flux2_set_graph(s->dit, p->opts.cuda_graph);
+    if (!s->dit) {
+        dt_dit_load_opts o = {p->opts.loras, p->opts.n_loras, p->opts.lora_side, p->opts.sequence_parallel,
+                            p->opts.sp_devices, p->opts.n_sp_devices, p->opts.cuda_graph};
+        if (!(s->dit = flux2_dit_load(p->be, p->root, &o))) return -1;
     }
     if (!s->vae) {
         s->vae = dt_vae_load(p->be, s->vae_dir);
         if (!s->vae) return -1;
     }
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
-    const flux2_config *c = s->sp ? flux2_sp_get_config(s->sp) : flux2_get_config(s->dit);
+    const flux2_config *c = flux2_dit_config(s->dit);
     if (c->in_channels != vc->latent_channels * vc->patch * vc->patch) {
         dt_set_error("%s: transformer in_channels %d != VAE latent channels %d x patch %d^2", p->root, c->in_channels,
                      vc->latent_channels, vc->patch);
@@ -268,9 +256,7 @@ out:
 
 /* What the sampling loop's model callback needs (and, inpainting, its after-step restoration). */
 typedef struct {
-    flux2_model *dit;
-    flux2_sp *sp;               /* or the split DiT */
-    const float *pos, *neg;     /* resident text keys (never read as host data) */
+    dt_dit *dit;                /* its resident text slots: 0 the prompt, 1 the negative prompt */
     const float *img_ids, *txt_ids;
     const float *timesteps;
     int N, T;
@@ -289,14 +275,13 @@ static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
     klein_step_ctx *k = ctx;
     /* the pipeline passes timestep/1000 (in float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = k->timesteps[i] / 1000.0f;
-    const float *txt = pass ? k->neg : k->pos;
-    if (k->sp) return flux2_sp_forward(k->sp, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v);
-    return flux2_forward(k->dit, x, k->N, txt, k->T, t, k->img_ids, k->txt_ids, v, NULL, NULL);
+    dt_dit_step st = {.img = x, .n_img = k->N, .n_txt = k->T, .text = pass ? 1 : 0, .timestep = t,
+                      .img_ids = k->img_ids, .txt_ids = k->txt_ids, .out = v};
+    return dt_dit_forward(k->dit, &st);
 }
 
-/* The references on whichever DiT runs (the split one with --sequence-parallel). */
 static int set_refs(klein_state *s, const float *tok, const float *ids, int r, int kv) {
-    return s->sp ? flux2_sp_set_refs(s->sp, tok, ids, r, kv) : flux2_set_refs(s->dit, tok, ids, r, kv);
+    return dt_dit_set_refs(s->dit, tok, ids, r, kv);
 }
 
 static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
@@ -354,7 +339,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (ensure_dit_vae(p)) goto done;
     tm->t_load += dt_now() - t0;
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
-    const flux2_config *c = s->sp ? flux2_sp_get_config(s->sp) : flux2_get_config(s->dit);
+    const flux2_config *c = flux2_dit_config(s->dit);
     const int mult = vc->scale_factor * vc->patch, C = c->in_channels;
 
     /* ---- editing inputs encoded (prepared before the text encoder ran) ---- */
@@ -422,15 +407,11 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
     /* the prompt features and the reference tokens stay on the device for all steps (KV-cached references for
      * Flux2KleinKVPipeline; inpainting follows Flux2KleinInpaintPipeline, which appends them) */
-    const float *pos = (const float *)(const void *)&s->txt_key[0], *neg = (const float *)(const void *)&s->txt_key[1];
-    if (s->sp ? flux2_sp_text_resident_mat(s->sp, pos, s->txt[0]) : flux2_text_resident_mat(s->dit, pos, s->txt[0]))
-        goto done;
-    if (cfg && (s->sp ? flux2_sp_text_resident_mat(s->sp, neg, s->txt[1])
-                      : flux2_text_resident_mat(s->dit, neg, s->txt[1])))
+    if (dt_dit_text_resident_mat(s->dit, 0, s->txt[0]) || (cfg && dt_dit_text_resident_mat(s->dit, 1, s->txt[1])))
         goto done;
     /* references: a cacheable request's stay in the DiT for the next one (not with a split DiT); the DiT drops kept
      * ones before a request without them or with others */
-    const int kv = p->info.kv_refs && !inpaint, keep_refs = cacheable && !s->sp;
+    const int kv = p->info.kv_refs && !inpaint, keep_refs = cacheable && flux2_dit_whole(s->dit);
     if (ed.r) {
         if (!(ref_hit && keep_refs && s->dit_refs_valid)) {
             s->dit_refs_valid = 0;
@@ -443,7 +424,7 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
         set_refs(s, NULL, NULL, 0, 0);
         s->dit_refs = s->dit_refs_valid = 0;
     }
-    klein_step_ctx kc = {s->dit, s->sp, pos, neg, img_ids, txt_ids, timesteps, N, T,
+    klein_step_ctx kc = {s->dit, img_ids, txt_ids, timesteps, N, T,
                          sigmas, ed.init_tok, noise, ed.mask_tok, C, first + run - 1};
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = run, .first = first, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
@@ -499,4 +480,14 @@ done:
     return rc;
 }
 
-const dt_family dt_family_klein = {"flux2-klein", klein_matches, klein_load, klein_free, klein_generate, 1};
+static const char *const klein_pipelines[] = {"Flux2KleinPipeline", "Flux2KleinKVPipeline", NULL};
+static const char *const klein_transformers[] = {"Flux2Transformer2DModel", NULL};
+static const char *const klein_presets[] = {"klein-4b", "klein-9b", "tiny", NULL};
+
+const dt_family dt_family_klein = {
+    .name = "flux2-klein", .title = "FLUX.2", .pipeline_classes = klein_pipelines,
+    .transformer_classes = klein_transformers, .presets = klein_presets, .is_config = flux2_config_is_flux2,
+    .infers_config = 1, .fp8 = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
+    .sequence_parallel = 1, .dit_load = flux2_dit_load, .describe = flux2_config_describe, .synth = dt_synth_flux2,
+    .read_inputs = flux2_dit_read_inputs,
+};

@@ -18,13 +18,18 @@
 #include <string.h>
 
 #include "models/krea2.h"
+#include "models/krea2_dit.h"
 #include "models/qwen3.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/krea2_prompt.h"
+
+static const char *const k2_pipelines[] = {"Krea2Pipeline", NULL};
+static const char *const k2_transformers[] = {"Krea2Transformer2DModel", NULL};
+static const char *const k2_presets[] = {"krea2", "krea2-tiny", NULL};
 #include "pipeline/sampler.h"
 #include "pipeline/scheduler.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define K2_DISTILLED_MU 1.15        /* the pipeline's fixed time shift for distilled checkpoints */
 #define K2_DEFAULT_GUIDANCE 4.5f
@@ -43,11 +48,9 @@ typedef struct {
     krea2_config dcfg;
     dt_qvae_config vcfg;
     dt_qwen3 *te;             /* NULL between prompts with release_text_encoder */
-    krea2_model *dit;         /* NULL until first needed with release_text_encoder */
+    dt_dit *dit;              /* NULL until first needed with release_text_encoder */
     dt_qvae *vae;
 } k2_state;
-
-static int k2_matches(const char *cls) { return !strcmp(cls, "Krea2Pipeline"); }
 
 static int read_index(k2_state *k, const json *j, const char *path) {
     k->distilled = json_get_bool(j, "is_distilled", 0);
@@ -82,8 +85,8 @@ static int read_dit_config(const char *root, krea2_config *c) {
     int rc = -1;
     if (j) {
         const char *cls = json_get_str(j, "_class_name");
-        if (cls && strcmp(cls, "Krea2Transformer2DModel"))
-            dt_set_error("%s: _class_name is '%s', expected Krea2Transformer2DModel", p, cls);
+        if (cls && !dt_family_name_in(k2_transformers, cls))
+            dt_set_error("%s: _class_name is '%s', expected %s", p, cls, k2_transformers[0]);
         else
             rc = krea2_config_parse(j, p, c);
     }
@@ -97,7 +100,7 @@ static void k2_free(dt_pipeline *p) {
     if (!k) return;
     if (k->tok) dt_tokenizer_free(k->tok);
     if (k->te) dt_qwen3_free(k->te);
-    if (k->dit) krea2_free(k->dit);
+    dt_dit_free(k->dit);
     if (k->vae) dt_qvae_free(k->vae);
     free(k->te_dir);
     free(k);
@@ -111,11 +114,9 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
-    krea2_load_opts lo = {p->opts.loras, p->opts.n_loras, p->opts.lora_side};
-    if (!k->dit) {
-        if (!(k->dit = krea2_load_ex(p->be, p->root, &lo))) return -1;
-        krea2_set_graph(k->dit, p->opts.cuda_graph);
-    }
+    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
+                           .cuda_graph = p->opts.cuda_graph};
+    if (!k->dit && !(k->dit = krea2_dit_load(p->be, p->root, &lo))) return -1;
     if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
     return 0;
 }
@@ -203,7 +204,7 @@ static void unpack(const float *tok, int z, int h, int w, int p, float *lat) {
 
 /* What the sampling loop's model callback needs. */
 typedef struct {
-    krea2_model *dit;
+    dt_dit *dit;
     const float *pos, *neg, *ids;     /* text features [T, taps, D] (prompt, negative), positions [T + N, 3] */
     const uint8_t *pmask, *nmask;     /* [T] */
     const float *timesteps;
@@ -215,8 +216,9 @@ static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
     k2_step_ctx *c = ctx;
     /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
-    return krea2_forward(c->dit, x, c->N, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v, NULL,
-                         NULL);
+    dt_dit_step st = {.img = x, .n_img = c->N, .txt = pass ? c->neg : c->pos, .n_txt = c->T, .text = -1, .timestep = t,
+                      .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v};
+    return dt_dit_forward(c->dit, &st);
 }
 
 /* k2_predict on the backend's matrices: the latents and velocities stay there between steps (the sampler's
@@ -224,7 +226,8 @@ static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
 static int k2_predict_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
     k2_step_ctx *c = ctx;
     float t = c->timesteps[i] / c->ntt;
-    return krea2_forward_dev(c->dit, x, pass ? c->neg : c->pos, c->T, t, c->ids, pass ? c->nmask : c->pmask, v);
+    return krea2_forward_dev(krea2_dit_model(c->dit), x, pass ? c->neg : c->pos, c->T, t, c->ids,
+                             pass ? c->nmask : c->pmask, v);
 }
 
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
@@ -334,5 +337,11 @@ done:
     return rc;
 }
 
-/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it) */
-const dt_family dt_family_krea2 = {"krea2", k2_matches, k2_load, k2_free, k2_generate, 0};
+/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); fp8 modes: the
+ * transformer blocks (krea2.c) */
+const dt_family dt_family_krea2 = {
+    .name = "krea2", .title = "Krea 2", .pipeline_classes = k2_pipelines, .transformer_classes = k2_transformers,
+    .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
+    .dit_load = krea2_dit_load,
+    .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
+};

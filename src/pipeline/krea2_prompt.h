@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "models/qwen3.h"
-#include "pipeline/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define DT_KREA2_PROMPT_PREFIX                                                                                     \
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "        \

@@ -11,7 +11,7 @@
 
 /* How the two passes combine (v = velocity of the positive prompt, u = of the negative one). */
 typedef enum {
-    DT_CFG_FROM_UNCOND = 0,   /* u + g·(v − u)   (FLUX.2: diffusers Flux2KleinPipeline) */
+    DT_CFG_FROM_UNCOND = 0,   /* u + g·(v − u)   (FLUX.2-klein, as its diffusers pipeline) */
     DT_CFG_FROM_COND,         /* v + g·(v − u)   (Krea 2) */
 } dt_cfg_rule;
 

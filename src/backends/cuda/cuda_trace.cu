@@ -207,6 +207,38 @@ static void tr_gated_add(dt_backend *be, dt_mat x, dt_mat g, dt_mat y) {
     g_tr.real.gated_add(be, x, g, y);
     tr_end(be, "gated_add", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
 }
+static void tr_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b) {
+    double t0 = tr_begin();
+    g_tr.real.mul(be, y, a, b);
+    tr_end(be, "mul", t0, "[%lld,%lld]", (long long)y.rows, (long long)y.cols);
+}
+static void tr_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b) {
+    double t0 = tr_begin();
+    g_tr.real.axpby(be, y, alpha, a, beta, b);
+    tr_end(be, "axpby", t0, "[%lld,%lld]%s", (long long)y.rows, (long long)y.cols, b.data ? "" : " (no b)");
+}
+static void tr_transpose(dt_backend *be, dt_mat y, dt_mat x) {
+    double t0 = tr_begin();
+    g_tr.real.transpose(be, y, x);
+    tr_end(be, "transpose", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
+static void tr_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
+                             float scale) {
+    double t0 = tr_begin();
+    g_tr.real.attention_fp8(be, o, q, k, v, hq, hkv, hd, scale);
+    tr_end(be, "attention_fp8", t0, "Lq=%lld Lk=%lld %d/%d heads x %d", (long long)q.rows, (long long)k.rows, hq, hkv,
+           hd);
+}
+static void tr_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
+    double t0 = tr_begin();
+    g_tr.real.linear_prefetch(be, w, gate, rows);
+    tr_end(be, "linear_prefetch", t0, "rows=%lld%s", (long long)rows, gate.data ? " gated" : "");
+}
+static void tr_fp8_quant(dt_backend *be, dt_mat x) {
+    double t0 = tr_begin();
+    g_tr.real.fp8_quant(be, x);
+    tr_end(be, "fp8_quant", t0, "[%lld,%lld]", (long long)x.rows, (long long)x.cols);
+}
 static dt_linear *tr_linear_create(dt_backend *be, const dt_linear_src *src) {
     double t0 = tr_begin();
     dt_linear *r = g_tr.real.linear_create(be, src);
@@ -257,6 +289,18 @@ void dtc_trace_install(dt_backend *be) {
     be->act_linear_gated = tr_act_linear_gated;
     be->linear_create = tr_linear_create;
     be->sync = tr_sync;
+    be->mul = tr_mul;
+    be->axpby = tr_axpby;
+    be->transpose = tr_transpose;
+    if (be->attention_fp8) be->attention_fp8 = tr_attention_fp8;
+    if (be->linear_prefetch) be->linear_prefetch = tr_linear_prefetch;
+    if (be->fp8_quant) be->fp8_quant = tr_fp8_quant;
+    /* untraced (tests/test_backend_slots.c checks that every slot of dt_backend is traced above or named here):
+     * destroy (prints this report), alloc free mem_stats (cudaMalloc is traced by the pool: trace_malloc_ms),
+     * linear_destroy linear_path conv_create conv_destroy (set-up, no queued work), capture_begin capture_end
+     * graph_launch graph_destroy (a graph replays ops traced while it was captured eagerly), stream_switch (queue
+     * selection), event_create event_record event_elapsed_ms event_destroy power_sample fp8_scale_mode (the
+     * profiling slots themselves). */
 }
 
 void dtc_trace_report(dtc_state *st) {

@@ -1,7 +1,7 @@
 /* png.c — deterministic RGB8 PNG writer with text chunks, and an RGB8 reader (libpng). The writer filters and
  * deflates the image data in bands of rows on several threads (zlib), libpng frames the chunks; the file writer goes
  * through core/outfile.h (a temporary renamed over the target when complete); the reader opens only regular files. */
-#include "pipeline/png.h"
+#include "image/png.h"
 
 #include <errno.h>
 #include <png.h>

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/safetensors.h"
 #include "models/krea2.h"
 #include "models/synth.h"
 
@@ -209,4 +210,52 @@ int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int g
     static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
                                            {"scheduler", "scheduler_config.json"}};
     return dt_synth_copy_bundled(dir, krea2_root, files, 3);
+}
+
+/* Random inputs for a grid x grid latent and t text tokens (krea2_synth_inputs). */
+static int write_inputs(const krea2_config *c, const char *path, int grid, int t, uint64_t seed) {
+    if (t < 1) { dt_set_error("synth: Krea 2 inputs need at least one text token (--text-tokens)"); return -1; }
+    int64_t n = (int64_t)grid * grid, L = n + t;
+    float *img = dt_malloc(sizeof(float) * n * c->in_channels);
+    float *txt = dt_malloc(sizeof(float) * (size_t)t * c->text_layers * c->text_dim);
+    float *pos = dt_malloc(sizeof(float) * L * c->n_axes);
+    uint8_t *mask = dt_malloc((size_t)t);
+    krea2_synth_inputs(c, grid, grid, t, seed, img, txt, pos, mask);
+    int valid = 0;
+    for (int i = 0; i < t; i++) valid += mask[i];
+    float ts = 0.75f;
+    st_writer *w = st_writer_new();
+    int64_t si[3] = {1, n, c->in_channels}, st[4] = {1, t, c->text_layers, c->text_dim}, sp[2] = {L, c->n_axes};
+    int64_t sm[2] = {1, t}, s1[1] = {1};
+    st_writer_add_f32(w, "in.hidden_states", 3, si, img);
+    st_writer_add_f32(w, "in.encoder_hidden_states", 4, st, txt);
+    st_writer_add_f32(w, "in.position_ids", 2, sp, pos);
+    st_writer_add(w, "in.encoder_attention_mask", DT_U8, 2, sm, mask);
+    st_writer_add_f32(w, "in.timestep", 1, s1, &ts);
+    int rc = st_writer_save(w, path);
+    st_writer_free(w);
+    free(img); free(txt); free(pos); free(mask);
+    if (rc) return -1;
+    dt_log(1, "ditrun: wrote %s (%lld image + %d text tokens, %d valid)\n", path, (long long)n, t, valid);
+    return 0;
+}
+
+int dt_synth_krea2(const dt_synth_req *r) {
+    krea2_config c;
+    if (krea2_preset(r->preset, &c)) return -1;
+    if (r->ref_grid) { dt_set_error("--ref-size: Krea 2 takes no reference images (FLUX.2 --inputs only)"); return -1; }
+    if (r->inputs) return write_inputs(&c, r->inputs, r->grid, r->text_tokens, r->seed);
+    const char *q = r->bits ? (r->bits == 4 ? "q4" : "q8") : "bf16";
+    if (r->pipeline) {
+        /* tokenizer and scheduler from the bundled tiny Krea 2 pipeline, beside the bundled FLUX.2 one */
+        char root[4300];
+        const char *m = r->bundled_model;
+        size_t n = strlen(m);
+        if (n >= 6 && !strcmp(m + n - 6, "/model")) snprintf(root, sizeof root, "%.*s/krea2", (int)(n - 6), m);
+        else snprintf(root, sizeof root, "tests/fixtures/krea2");
+        dt_log(1, "ditrun: writing a synthetic %s pipeline (%s) to %s ...\n", r->preset, q, r->out);
+        return dt_synth_krea2_pipeline(r->preset, r->dir, r->bits, r->group, r->seed, root);
+    }
+    dt_log(1, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", r->preset, q, r->out);
+    return krea2_synth_write(&c, r->dir, r->bits, r->group, r->seed);
 }

@@ -1,87 +1,20 @@
-/* synth_pipeline.c — a whole synthetic FLUX.2-klein pipeline folder (random weights at a real
- * geometry): transformer (flux2_synth_write), Qwen3 text encoder, VAE (decoder and encoder), plus the bundled
- * tokenizer and scheduler config. Lets `ditrun generate` run end to end at klein-4B/9B size
- * without downloading weights (speed runs, memory checks). Also the pieces the Krea 2 one (synth_krea2.c)
- * shares: the Qwen3 text model's tensors, the transformer file's diffusers name, the bundled files' copy. */
+/* synth_flux2.c — FLUX.2-klein's synthetic writers (its family's `synth`, family.h): a whole pipeline folder (random
+ * weights at a real geometry): transformer (flux2_synth_write), Qwen3 text encoder, VAE (decoder and encoder), plus
+ * the bundled tokenizer and scheduler config, so `ditrun generate` runs end to end at klein-4B/9B size without
+ * downloading weights (speed runs, memory checks); and random forward inputs for `ditrun forward`. */
 #include "synth_pipeline.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/infile.h"
-#include "core/outfile.h"
+#include "io/safetensors.h"
 #include "models/flux2.h"
 #include "models/synth.h"
 
 typedef struct { int latent, nblk, blk[4], lpb, groups; } vae_geom;
 
-int dt_synth_copy_file(const char *src, const char *dst) {
-    FILE *in = dt_fopen_input(src);
-    if (!in) return -1;
-    dt_outfile *of = dt_outfile_open(dst);
-    if (!of) { fclose(in); return -1; }
-    char buf[65536];
-    size_t n;
-    int ok = 1;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, dt_outfile_fp(of)) == n;
-    if (ok && ferror(in)) { dt_set_error("%s: read error", src); fclose(in); dt_outfile_abort(of); return -1; }
-    fclose(in);
-    if (!ok) { dt_set_error("%s: write failed: %s", dst, strerror(errno)); dt_outfile_abort(of); return -1; }
-    return dt_outfile_commit(of);
-}
-
-int dt_synth_write_text_model(const char *dir, const char *config, const char *prefix, const dt_synth_text_geom *g,
-                              int bits, int group, uint64_t seed) {
-    if (synth_mkdir(dir)) return -1;
-    char p[8500], nm[256];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    if (synth_write_text(p, config)) return -1;
-    synth_list l = {0};
-    int64_t D = g->hidden, hd = g->hd;
-    /* the embedding is a [vocab, D] "Linear" for quantization purposes (MLX quantizes embeddings too) */
-    snprintf(nm, sizeof nm, "%s.embed_tokens", prefix); synth_add_linear(&l, nm, g->vocab, D, 0);
-    l.t[l.n - 1].amp = 1.0f;
-    for (int i = 0; i < g->layers; i++) {
-        snprintf(nm, sizeof nm, "%s.layers.%d.input_layernorm.weight", prefix, i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "%s.layers.%d.post_attention_layernorm.weight", prefix, i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.q_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.k_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.v_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
-        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.o_proj", prefix, i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
-        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.q_norm.weight", prefix, i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.k_norm.weight", prefix, i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
-        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.gate_proj", prefix, i); synth_add_linear(&l, nm, g->inter, D, 0);
-        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.up_proj", prefix, i); synth_add_linear(&l, nm, g->inter, D, 0);
-        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.down_proj", prefix, i); synth_add_linear(&l, nm, D, g->inter, 0);
-    }
-    snprintf(nm, sizeof nm, "%s.norm.weight", prefix); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
-    return synth_write_model(&l, dir, bits, group, seed);
-}
-
-int dt_synth_name_transformer_for_diffusers(const char *dir) {
-    char p[4200], q[4200];
-    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
-    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
-    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
-    return 0;
-}
-
-int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n) {
-    char p[4200], q[4200];
-    for (int i = 0; i < n; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
-        if (synth_mkdir(p)) return -1;
-        snprintf(p, sizeof p, "%s/%s/%s", root, files[i][0], files[i][1]);
-        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
-        if (dt_synth_copy_file(p, q)) return -1;
-    }
-    return 0;
-}
-
-/* The Qwen3ForCausalLM text encoder of a FLUX.2-klein pipeline. */
 static int write_text_encoder(const char *dir, const dt_synth_text_geom *g, int bits, int group, uint64_t seed) {
     char cfg[2048], quant[96];
     synth_quantization_entry(quant, sizeof quant, bits, group);   /* the group size the weights are written with */
@@ -230,4 +163,54 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
                                            {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
     return dt_synth_copy_bundled(dir, fixtures_model, files, 4);
+}
+
+/* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros), and with
+ * ref_grid > 0 the tokens of one ref_grid x ref_grid reference image (ids T = 10, row, column, 0). */
+static int write_inputs(const flux2_config *c, const char *path, int grid, int t, int ref_grid, uint64_t seed) {
+    int64_t n = (int64_t)grid * grid, nr = (int64_t)ref_grid * ref_grid;
+    float *img = dt_malloc(sizeof(float) * n * c->in_channels), *txt = dt_malloc(sizeof(float) * (t ? t : 1) * c->joint_dim);
+    float *iid = dt_calloc((size_t)n * 4, sizeof(float)), *tid = dt_calloc((size_t)(t ? t : 1) * 4, sizeof(float));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 7;
+    for (int64_t i = 0; i < n * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; img[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int64_t i = 0; i < (int64_t)t * c->joint_dim; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; txt[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+    for (int r = 0; r < grid; r++)
+        for (int col = 0; col < grid; col++) { iid[(r * grid + col) * 4 + 1] = (float)r; iid[(r * grid + col) * 4 + 2] = (float)col; }
+    for (int l = 0; l < t; l++) tid[l * 4 + 3] = (float)l;
+    float ts = 0.75f;
+    st_writer *w = st_writer_new();
+    int64_t si[3] = {1, n, c->in_channels}, st[3] = {1, t, c->joint_dim}, sii[3] = {1, n, 4}, sti[3] = {1, t, 4}, s1[1] = {1};
+    st_writer_add_f32(w, "in.hidden_states", 3, si, img);
+    st_writer_add_f32(w, "in.encoder_hidden_states", 3, st, txt);
+    st_writer_add_f32(w, "in.img_ids", 3, sii, iid);
+    st_writer_add_f32(w, "in.txt_ids", 3, sti, tid);
+    st_writer_add_f32(w, "in.timestep", 1, s1, &ts);
+    float *ref = NULL, *rid = NULL;
+    if (nr > 0) {
+        ref = dt_malloc(sizeof(float) * nr * c->in_channels);
+        rid = dt_calloc((size_t)nr * 4, sizeof(float));
+        for (int64_t i = 0; i < nr * c->in_channels; i++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; ref[i] = (float)((s >> 40) / 16777216.0 * 2 - 1); }
+        for (int64_t i = 0; i < nr; i++) { rid[i * 4] = 10; rid[i * 4 + 1] = (float)(i / ref_grid); rid[i * 4 + 2] = (float)(i % ref_grid); }
+        int64_t sr[3] = {1, nr, c->in_channels}, sri[3] = {1, nr, 4};
+        st_writer_add_f32(w, "in.ref_hidden_states", 3, sr, ref);
+        st_writer_add_f32(w, "in.ref_ids", 3, sri, rid);
+    }
+    int rc = st_writer_save(w, path);
+    st_writer_free(w);
+    free(img); free(txt); free(iid); free(tid); free(ref); free(rid);
+    if (rc) return -1;
+    dt_log(1, "ditrun: wrote %s (%lld image + %d text tokens", path, (long long)n, t);
+    if (nr > 0) dt_log(1, " + %lld reference tokens", (long long)nr);
+    dt_log(1, ")\n");
+    return 0;
+}
+
+int dt_synth_flux2(const dt_synth_req *r) {
+    flux2_config c;
+    if (flux2_preset(r->preset, &c)) return -1;
+    if (r->inputs) return write_inputs(&c, r->inputs, r->grid, r->text_tokens, r->ref_grid, r->seed);
+    dt_log(1, "ditrun: writing synthetic %s checkpoint (%s) to %s ...\n", r->preset,
+           r->bits ? (r->bits == 4 ? "q4" : "q8") : "bf16", r->out);
+    return r->pipeline ? dt_synth_pipeline(r->preset, r->dir, r->bits, r->group, r->seed, r->bundled_model)
+                       : flux2_synth_write(&c, r->dir, r->bits, r->group, r->seed);
 }

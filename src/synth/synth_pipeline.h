@@ -1,8 +1,26 @@
-/* synth_pipeline.h — write a synthetic FLUX.2-klein or Krea 2 pipeline folder with random weights. */
+/* synth_pipeline.h — the synthetic writers of the families (synthetic pipeline folders, checkpoints and forward inputs
+ * with random weights; family.h: dt_family.synth) and the pieces they share. */
 #ifndef DT_SYNTH_PIPELINE_H
 #define DT_SYNTH_PIPELINE_H
 
 #include <stdint.h>
+
+/* One `ditrun synth` request for a family's preset (family.h: dt_family.synth). */
+typedef struct {
+    const char *preset;
+    const char *dir;            /* the checkpoint or pipeline folder to write (NULL with inputs) */
+    const char *out;            /* the folder's name in messages (--output; dir is its temporary) */
+    const char *inputs;         /* instead: random forward inputs into this file */
+    int pipeline;               /* a whole pipeline folder instead of the transformer */
+    int bits, group;            /* 0 = bf16, 4 / 8 = MLX affine with this group */
+    uint64_t seed;
+    int grid, text_tokens;      /* inputs: a grid x grid latent and this many text tokens */
+    int ref_grid;               /* inputs: one ref_grid x ref_grid reference image's tokens (0: none) */
+    const char *bundled_model;  /* the bundled tiny pipeline root (tokenizer and scheduler are copied from there) */
+} dt_synth_req;
+/* The families' writers: FLUX.2-klein (synth_pipeline.c), Krea 2 (synth_krea2.c). 0 or -1 (dt_last_error). */
+int dt_synth_flux2(const dt_synth_req *r);
+int dt_synth_krea2(const dt_synth_req *r);
 
 /* preset: klein-4b, klein-9b or tiny. bits 0 = bf16 Linears, 4/8 = MLX affine (transformer and text
  * encoder, group `group`); the VAE is f32. Tokenizer and scheduler config are copied from

@@ -1,0 +1,78 @@
+/* synth_pipeline.c — the pieces the synthetic pipeline writers (synth_flux2.c, synth_krea2.c) share: the Qwen3 text
+ * model's tensors, the transformer file's diffusers name, the bundled files' copy. */
+#include "synth_pipeline.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/infile.h"
+#include "core/outfile.h"
+#include "io/safetensors.h"
+#include "models/synth.h"
+
+int dt_synth_copy_file(const char *src, const char *dst) {
+    FILE *in = dt_fopen_input(src);
+    if (!in) return -1;
+    dt_outfile *of = dt_outfile_open(dst);
+    if (!of) { fclose(in); return -1; }
+    char buf[65536];
+    size_t n;
+    int ok = 1;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, dt_outfile_fp(of)) == n;
+    if (ok && ferror(in)) { dt_set_error("%s: read error", src); fclose(in); dt_outfile_abort(of); return -1; }
+    fclose(in);
+    if (!ok) { dt_set_error("%s: write failed: %s", dst, strerror(errno)); dt_outfile_abort(of); return -1; }
+    return dt_outfile_commit(of);
+}
+
+int dt_synth_write_text_model(const char *dir, const char *config, const char *prefix, const dt_synth_text_geom *g,
+                              int bits, int group, uint64_t seed) {
+    if (synth_mkdir(dir)) return -1;
+    char p[8500], nm[256];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (synth_write_text(p, config)) return -1;
+    synth_list l = {0};
+    int64_t D = g->hidden, hd = g->hd;
+    /* the embedding is a [vocab, D] "Linear" for quantization purposes (MLX quantizes embeddings too) */
+    snprintf(nm, sizeof nm, "%s.embed_tokens", prefix); synth_add_linear(&l, nm, g->vocab, D, 0);
+    l.t[l.n - 1].amp = 1.0f;
+    for (int i = 0; i < g->layers; i++) {
+        snprintf(nm, sizeof nm, "%s.layers.%d.input_layernorm.weight", prefix, i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.post_attention_layernorm.weight", prefix, i); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.q_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->heads * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.k_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.v_proj", prefix, i); synth_add_linear(&l, nm, (int64_t)g->kv * g->hd, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.o_proj", prefix, i); synth_add_linear(&l, nm, D, (int64_t)g->heads * g->hd, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.q_norm.weight", prefix, i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.self_attn.k_norm.weight", prefix, i); synth_add(&l, nm, 1, &hd, 1.0f, 0.2f);
+        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.gate_proj", prefix, i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.up_proj", prefix, i); synth_add_linear(&l, nm, g->inter, D, 0);
+        snprintf(nm, sizeof nm, "%s.layers.%d.mlp.down_proj", prefix, i); synth_add_linear(&l, nm, D, g->inter, 0);
+    }
+    snprintf(nm, sizeof nm, "%s.norm.weight", prefix); synth_add(&l, nm, 1, &D, 1.0f, 0.2f);
+    return synth_write_model(&l, dir, bits, group, seed);
+}
+
+int dt_synth_name_transformer_for_diffusers(const char *dir) {
+    char p[4200], q[4200];
+    snprintf(p, sizeof p, "%s/transformer/model.safetensors", dir);
+    snprintf(q, sizeof q, "%s/transformer/diffusion_pytorch_model.safetensors", dir);
+    if (rename(p, q)) { dt_set_error("%s: cannot rename to %s (%s)", p, q, strerror(errno)); return -1; }
+    return 0;
+}
+
+int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n) {
+    char p[4200], q[4200];
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i][0]);
+        if (synth_mkdir(p)) return -1;
+        snprintf(p, sizeof p, "%s/%s/%s", root, files[i][0], files[i][1]);
+        snprintf(q, sizeof q, "%s/%s/%s", dir, files[i][0], files[i][1]);
+        if (dt_synth_copy_file(p, q)) return -1;
+    }
+    return 0;
+}
+
+/* The Qwen3ForCausalLM text encoder of a FLUX.2-klein pipeline. */
