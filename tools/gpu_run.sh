@@ -29,6 +29,9 @@
 #     lora      LoRA adapters against the reference: each key layout (synth --lora-layout) on the bundled tiny model,
 #               ditrun CPU/CUDA (merged, side product) vs diffusers' load_lora_weights (tools/lora_reference.py,
 #               float32), the final modulation's halves, MLX q8/q4 copies; needs DIFFUSERS_SRC for the reference
+#     portable  --kernels portable (the paths of a non-Hopper card, README: GPUs): info --devices in both modes, the
+#               GPU test suite with DITRUN_CUDA_KERNELS=portable, and klein-4B q4 / bf16 1024², klein-9B q4 and
+#               Krea 2 q4 1024² forwards in both modes, alternating
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -520,6 +523,31 @@ if has lora; then  # LoRA against the reference: a random adapter in each key la
         else
             log "lora: ditrun quantize --bits $bits of the bundled transformer failed: $(tail -1 "$LW/quantize$bits.log")"
         fi
+    done
+fi
+
+if has portable; then   # README: GPUs — the portable paths on this card, tested and timed beside the Hopper ones
+    $B info --devices | tee -a "$OUT/summary.txt"
+    $B info --devices --kernels portable | tee -a "$OUT/summary.txt"
+    use_cudnn919
+    timeout 500 env DITRUN_CUDA_KERNELS=portable DITRUN_REQUIRE_GPU=1 BUILD=build JOBS=${JOBS:-6} sh tests/run_tests.sh \
+        > "$OUT/test-gpu-portable.log" 2>&1
+    log "GPU test suite, DITRUN_CUDA_KERNELS=portable: rc=$?"
+    grep -E "FAIL|passed" "$OUT/test-gpu-portable.log" | tail -25 | tee -a "$OUT/summary.txt"
+    unset DITRUN_CUDNN_LIB
+    prep k4q4 k4bf16 k9q4 in4_1024 in9_1024
+    [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
+    [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
+    for round in 1 2; do
+        for k in auto portable; do
+            fwd "r$round klein-4B q4 1024^2 --kernels $k" "$W/k4q4" "$W/in4_1024.st" 20 --kernels $k
+            fwd "r$round klein-4B q4 1024^2 --qpath mixed --kernels $k" "$W/k4q4" "$W/in4_1024.st" 20 --qpath mixed --kernels $k
+            fwd "r$round klein-4B bf16 1024^2 --kernels $k" "$W/k4bf16" "$W/in4_1024.st" 20 --kernels $k
+        done
+    done
+    for k in auto portable; do
+        fwd "klein-9B q4 1024^2 --kernels $k" "$W/k9q4" "$W/in9_1024.st" 10 --kernels $k
+        fwd "Krea 2 q4 1024^2 (mask) --kernels $k" "$W/kr2q4" "$W/inkr2_1024.st" 10 --kernels $k
     done
 fi
 

@@ -50,6 +50,16 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
     if (!strcmp(a, "--cuda-graph")) { o->cuda_graph = 1; return 1; }
+    if (!strcmp(a, "--kernels")) {
+        dt_cuda_kernels k;
+        if (!v) { cli_error("--kernels needs a value (auto, portable)"); return -1; }
+        if (dt_cuda_kernels_from_name(v, &k)) { cli_error("--kernels: %s", dt_last_error()); return -1; }
+        /* the environment's CUDA options with this mode; the struct outlives every backend the command creates */
+        if (!o->be.cuda && dt_cuda_opts_from_env(&o->cuda)) { cli_error("%s", dt_last_error()); return -1; }
+        o->cuda.kernels = k;
+        o->be.cuda = &o->cuda;
+        (*i)++; return 1;
+    }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { dt_log_level = 2; o->be.verbose = 1; return 1; }
     return 0;

@@ -56,6 +56,7 @@ static void usage(FILE *f) {
             "                       also its SM clock and power after each run (a sustained run may sit at the\n"
             "                       power cap, below the clock a single run sees)\n"
             "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2, Krea 2)\n"
+            "  --kernels auto|portable  CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --sequence-parallel N  FLUX.2: the forward split over N GPUs (NCCL; on the CPU backend N thread ranks),\n"
             "                       docs/sequence-parallel.md\n"
             "  --compare-unsplit    with --sequence-parallel: also run the unsplit forward (one GPU) and report the\n"

@@ -65,6 +65,7 @@ static void usage(FILE *f) {
             "                              bf16 and report the relative L2 error of the final latents (the PNG\n"
             "                              written is the fp8 one)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
+            "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT (repeatable, up to 8; SCALE default 1):\n"
             "                              PEFT/diffusers, kohya/ai-toolkit or BFL-named safetensors; merged into dense\n"
             "                              weights, a low-rank side product on quantized ones (q4/q8, fp8, GGUF)\n"

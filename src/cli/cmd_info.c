@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backends/backend_cuda.h"
 #include "cli.h"
 #include "core/infile.h"
 #include "io/weights.h"
@@ -19,10 +20,33 @@
 #include "pipeline/scheduler.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ditrun info PATH\n\n"
+    fprintf(f, "usage: ditrun info PATH\n"
+               "       ditrun info --devices [--kernels auto|portable]\n\n"
                "PATH: a pipeline root (model_index.json + component folders), a component folder\n"
                "(config.json + safetensors, sharded or not) or a single .safetensors or .gguf file.\n"
-               "Prints per component: class, geometry, tensor count, bytes, dtypes and quantized Linears.\n");
+               "Prints per component: class, geometry, tensor count, bytes, dtypes and quantized Linears.\n"
+               "--devices: each CUDA GPU's compute capability and the path each op family takes on it under\n"
+               "the kernel mode (default auto, or DITRUN_CUDA_KERNELS; portable: the paths of a non-Hopper card).\n");
+}
+
+/* info --devices: the CUDA GPUs and the path of each op family (backends/cuda_paths.c) under kernel mode k. */
+static int describe_devices(dt_cuda_kernels k) {
+    const int n = dt_backend_cuda_available() ? dt_backend_cuda_device_count() : 0;
+    printf("kernels      %s\n", dt_cuda_kernels_name(k));
+    if (n <= 0) {
+        printf("cuda         no usable CUDA GPU (compute 8.0+; ditrun -v says why)\n");
+        return 0;
+    }
+    for (int d = 0; d < n; d++) {
+        char name[256];
+        int major = 0, minor = 0;
+        if (dt_backend_cuda_device_info(d, name, sizeof name, &major, &minor)) return cli_error("%s", dt_last_error());
+        printf("device %d     %s, compute %d.%d\n", d, name, major, minor);
+        for (int f = 0; f < DT_CUDA_OPS_COUNT; f++)
+            printf("  %-16s %s\n", dt_cuda_ops_name((dt_cuda_ops)f),
+                   dt_cuda_path_text((dt_cuda_ops)f, dt_cuda_ops_path((dt_cuda_ops)f, major, minor, k)));
+    }
+    return 0;
 }
 
 static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
@@ -230,11 +254,26 @@ static int describe_pipeline(const char *path, const char *index) {
 
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
+    int devices = 0, kernels_given = 0;
+    dt_cuda_opts co;
+    if (dt_cuda_opts_from_env(&co)) return cli_error("%s", dt_last_error());
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if (!strcmp(argv[i], "--devices")) { devices = 1; continue; }
+        if (!strcmp(argv[i], "--kernels")) {
+            if (i + 1 >= argc) return cli_error("--kernels needs a value (auto, portable)");
+            if (dt_cuda_kernels_from_name(argv[++i], &co.kernels)) return cli_error("--kernels: %s", dt_last_error());
+            kernels_given = 1;
+            continue;
+        }
         if (argv[i][0] == '-' && argv[i][1]) return cli_error("info: unknown option '%s' (see ditrun info --help)", argv[i]);
         if (path) return cli_error("info: only one PATH is accepted");
         path = argv[i];
+    }
+    if (kernels_given && !devices) return cli_error("info: --kernels goes with --devices");
+    if (devices) {
+        if (path) return cli_error("info: --devices takes no PATH");
+        return describe_devices(co.kernels);
     }
     if (!path) { usage(stderr); return cli_error("info: PATH is required"); }
     int kind = dt_input_kind(path);   /* 0 file, 1 folder; a loop, a FIFO, a missing path: the real reason */

@@ -45,6 +45,7 @@ static void usage(FILE *f) {
             "  --precision bf16|fp8        the DiT blocks' Linears (fp8: opt-in, see ditrun generate --help)\n"
             "  --attn-precision bf16|fp8   the DiT blocks' attention (opt-in)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
+            "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --devices all|I,J,...       CUDA: one worker per listed GPU (all: every visible GPU), each with its own\n"
             "                              copy of the pipeline, behind the one queue (default: device 0)\n"
             "  --sequence-parallel N       each worker's DiT forward split over N GPUs (NCCL, libnccl.so.2): the\n"

@@ -91,6 +91,7 @@ struct dtc_state {
     int device;
     int sm_count;
     int cc_major, cc_minor;
+    int hopper;             /* our sm_90a kernels may run (dt_cuda_hopper_paths: compute 9.0, kernels not portable) */
     size_t smem_optin;
     dtc_queue q;            /* the current queue (what every op issues to) */
     cublasLtHandle_t lt;
