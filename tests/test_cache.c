@@ -2,8 +2,8 @@
  * byte-identical latents to no cache; first-block=T and taylorseer=N skip passes deterministically (first and
  * last steps computed, per guidance branch) on the bundled FLUX.2 model made non-distilled (so it runs CFG) and on
  * the bundled Krea 2; bad values are errors (the parser, the CLI, and serve's request parser as a 400 naming
- * "cache", and a real server: per-request "cache", its --cache default, the passes in Server-Timing); Krea 2
- * refuses fp8 naming the family; and against diffusers' hooks when tests/fixtures/cache_reference.safetensors (tools/cache_reference.py,
+ * "cache", and a real server: per-request "cache", its --cache default, the passes in Server-Timing); the CLI
+ * runs Krea 2 with --precision fp8; and against diffusers' hooks when tests/fixtures/cache_reference.safetensors (tools/cache_reference.py,
  * made on the GPU machine) is present. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,24 +113,24 @@ static void parse_cases(void) {
 
 static void cli_and_api_errors(void) {
     /* the CLI: exit status 1 and the value named, before any model loads */
-    FILE *f = popen("./build/ditrun generate --prompt x --output /dev/null --cache first-block=-1 2>&1", "r");
+    serve_setup();   /* serve_exe: $BUILD/ditrun */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s generate --prompt x --output /dev/null --cache first-block=-1 2>&1", serve_exe);
+    FILE *f = popen(cmd, "r");
     char buf[2048] = {0};
     size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
     int st = f ? pclose(f) : -1;
     buf[got] = 0;
     T_CHECK("cli --cache first-block=-1 is an error", st != 0 && strstr(buf, "first-block=-1"), "status %d: %s", st, buf);
-    /* Krea 2 has no fp8 path and no graph capture: an error naming the family, never ignored */
-    const char *k2opts[] = {"--precision fp8", "--attn-precision fp8", "--cuda-graph"};
-    for (size_t i = 0; i < sizeof k2opts / sizeof *k2opts; i++) {
-        char cmd[1024], nm[128];
-        snprintf(cmd, sizeof cmd, "./build/ditrun generate --model %s/krea2 --backend cpu --prompt x --steps 1 "
-                 "--width 64 --height 64 --output /dev/null %s 2>&1", t_fixtures(), k2opts[i]);
+    /* Krea 2 honours --precision fp8 (its fp8 path): a 1-step image, exit 0, where a stopgap once refused it */
+    {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s/krea2 --backend cpu --prompt x --steps 1 "
+                 "--width 64 --height 64 --output /dev/null --precision fp8 2>&1", serve_exe, t_fixtures());
         f = popen(cmd, "r");
         got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
         st = f ? pclose(f) : -1;
         buf[got] = 0;
-        snprintf(nm, sizeof nm, "cli Krea 2 %s is an error naming the family", k2opts[i]);
-        T_CHECK(nm, st != 0 && strstr(buf, "krea2 (Krea 2)"), "status %d: %s", st, buf);
+        T_CHECK("cli Krea 2 --precision fp8 runs", st == 0, "status %d: %s", st, buf);
     }
     /* serve's request parser: 400, param "cache" */
     dt_api_limits lim = {0};
@@ -337,10 +337,6 @@ static void serve_cases(void) {
     snprintf(args, sizeof args, "--model %s --port 0 --backend cpu --cache fast", serve_model);
     int st = serve_fails(args, err, sizeof err);
     T_CHECK("serve --cache fast is an error", st != 0 && strstr(err, "fast"), "status %d: %s", st, err);
-    snprintf(args, sizeof args, "--model %s/krea2 --port 0 --backend cpu --precision fp8", t_fixtures());
-    st = serve_fails(args, err, sizeof err);
-    T_CHECK("serve Krea 2 --precision fp8 is an error naming the family", st != 0 && strstr(err, "krea2"),
-            "status %d: %s", st, err);
     t_rmtree(serve_tmp);
 }
 

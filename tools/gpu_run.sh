@@ -14,7 +14,8 @@
 #     kernels   the kernel timings of dev/ (elementwise and copies, VAE ops, cuDNN vs own attention, first calls,
 #               Linears at 1/2/4 images' rows: what batching requests could save), and with DIFFUSERS_SRC diffusers'
 #               VAE alone (tools/diffusers_vae_time.py: PyTorch/cuDNN decode and encode, NCHW and channels_last)
-#     krea2     Krea 2 q4 1024² forwards (masked and not) and its bench
+#     krea2     Krea 2 q4 1024² forwards (masked and not; --cuda-graph; --precision fp8, --attn-precision fp8 and both,
+#               with their error vs bf16) and its bench
 #     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generates (one-shot, --count 4) with two build
 #               folders, alternating, then a checksum and the rel L2 of every output of B against A, the generate's
 #               intermediates included (bit-identical where the path is the same)
@@ -202,9 +203,23 @@ if has krea2; then   # PERF summary: Krea 2
     [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
     fwd "Krea 2 q4 1024^2 (mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10
     fwd "Krea 2 q4 1024^2 (no mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10 --no-mask
+    fwd "Krea 2 q4 1024^2 (mask) --cuda-graph" "$W/kr2q4" "$W/inkr2_1024.st" 10 --cuda-graph
+    use_cudnn919
+    for a in "--precision fp8" "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
+        fwd "Krea 2 q4 1024^2 (mask) $a" "$W/kr2q4" "$W/inkr2_1024.st" 10 $a
+        $B forward --backend cuda --model "$W/kr2q4" --inputs "$W/inkr2_1024.st" --repeat 3 $a --compare-bf16 2>&1 \
+            | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+    done
+    unset DITRUN_CUDNN_LIB
     timeout 300 $B bench --preset krea2 --backend cuda --json "$OUT/benchkr2.jsonl" > "$OUT/benchkr2.md" 2> "$OUT/benchkr2.err"
     log "bench krea2 rc=$?"
     grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2.md" | tee -a "$OUT/summary.txt"
+    use_cudnn919
+    timeout 300 $B bench --preset krea2 --backend cuda --precision fp8 --attn-precision fp8 --json "$OUT/benchkr2f8.jsonl" \
+        > "$OUT/benchkr2f8.md" 2> "$OUT/benchkr2f8.err"
+    log "bench krea2 fp8 rc=$?"
+    grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2f8.md" | tee -a "$OUT/summary.txt"
+    unset DITRUN_CUDNN_LIB
 fi
 
 if has ab; then   # A/B of two build folders: alternating timings, then every output of B against A's
@@ -282,6 +297,15 @@ if has krea2gen; then  # Krea 2 end to end at 1024^2 on the synthetic real-geome
         log "ditrun generate Krea 2 q4 1024^2, $what_k2"
         $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/$m.png" --seed 7 --count "${KREA2_COUNT:-3}" 2>&1 \
             | grep -E "^image|^load|first|warm|peak|error" | tee -a "$OUT/summary.txt"
+        use_cudnn919
+        for a in "--cuda-graph" "--precision fp8 --attn-precision fp8" "--precision fp8 --attn-precision fp8 --cuda-graph"; do
+            log "ditrun generate Krea 2 q4 1024^2, $what_k2, $a"
+            $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/${m}_x.png" --seed 7 --count "${KREA2_COUNT:-3}" $a \
+                2>&1 | grep -E "^image|^load|first|warm|peak|error" | tee -a "$OUT/summary.txt"
+        done
+        $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/${m}_8.png" --seed 7 --precision fp8 \
+            --attn-precision fp8 --compare-bf16 2>&1 | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+        unset DITRUN_CUDNN_LIB
     done
     if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
         for m in kr2p4 kr2p4d; do

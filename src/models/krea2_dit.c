@@ -27,6 +27,7 @@ dt_dit *krea2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts 
     if (o->ranks > 1) { dt_set_error("%s: Krea 2 has no split forward (--sequence-parallel)", path); return NULL; }
     krea2_model *m = krea2_load_ex(be, path, &(krea2_load_opts){o->loras, o->n_loras, o->lora_side});
     if (!m) return NULL;
+    krea2_set_graph(m, o->cuda_graph);
     return dt_dit_new(&k2_ops, m, krea2_get_config(m));
 }
 

@@ -115,7 +115,8 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
-    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side};
+    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
+                           .cuda_graph = p->opts.cuda_graph};
     if (!k->dit && !(k->dit = krea2_dit_load(p->be, p->root, &lo))) return -1;
     if (!k->vae && (!(k->vae = dt_qvae_load(p->be, p->root)) ||
                     dt_qvae_set_tiling(k->vae, p->opts.vae_tiling, p->opts.vae_tile)))
@@ -131,17 +132,6 @@ static int k2_load(dt_pipeline *p, const json *idx) {
          *sch = dt_path_join(root, "scheduler");
     k->te_dir = dt_path_join(root, "text_encoder");
     int rc = -1;
-    /* options this family cannot honour are errors naming it, never ignored */
-    if (p->be->opts.precision == DT_PREC_FP8 || p->be->opts.attn_precision == DT_PREC_FP8) {
-        dt_set_error("%s: --precision fp8 and --attn-precision fp8 are not implemented for %s (Krea 2) pipelines "
-                     "(only flux2-klein has an fp8 path); leave them at bf16", root, dt_family_krea2.name);
-        goto out;
-    }
-    if (p->opts.cuda_graph) {
-        dt_set_error("%s: --cuda-graph is not implemented for %s (Krea 2) pipelines (only flux2-klein captures its "
-                     "forward)", root, dt_family_krea2.name);
-        goto out;
-    }
     k->n_taps = p->opts.n_taps;
     if (k->n_taps < 0 || k->n_taps > DT_GEN_MAX_TAPS) { dt_set_error("generate: %d text-encoder taps", k->n_taps); goto out; }
     if (k->n_taps) memcpy(k->taps, p->opts.taps, sizeof(int) * (size_t)k->n_taps);
@@ -237,6 +227,15 @@ static int k2_predict(void *ctx, int i, const float *x, int pass, float *v, dt_f
     return dt_dit_forward(c->dit, &st);
 }
 
+/* k2_predict on the backend's matrices: the latents and velocities stay there between steps (the sampler's
+ * device path). */
+static int k2_predict_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
+    k2_step_ctx *c = ctx;
+    float t = c->timesteps[i] / c->ntt;
+    return krea2_forward_dev(krea2_dit_model(c->dit), x, pass ? c->neg : c->pos, c->T, t, c->ids,
+                             pass ? c->nmask : c->pmask, v);
+}
+
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
                        dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     k2_state *k = p->fam;
@@ -311,7 +310,8 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .n = (size_t)N * C,
-                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u};
+                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u,
+                     .predict_dev = k2_predict_dev, .be = p->be, .rows = N};
     dt_dit_set_cancel(k->dit, g->cancel);   /* checked per block */
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
     dt_dit_set_cancel(k->dit, NULL);
@@ -345,9 +345,11 @@ done:
     return rc;
 }
 
-/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); no fp8 mode yet */
+/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); fp8 modes: the
+ * transformer blocks (krea2.c) */
 const dt_family dt_family_krea2 = {
     .name = "krea2", .title = "Krea 2", .pipeline_classes = k2_pipelines, .transformer_classes = k2_transformers,
-    .presets = k2_presets, .load = k2_load, .free = k2_free, .generate = k2_generate, .dit_load = krea2_dit_load,
+    .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
+    .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
 };

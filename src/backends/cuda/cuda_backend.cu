@@ -242,6 +242,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->gated_add = dtc_gated_add;
     be->mul = dtc_mul;
     be->axpby = dtc_axpby;
+    be->flow_step = dtc_flow_step;
     be->copy = dtc_copy;
     be->transpose = dtc_transpose;
     be->conv2d = dtc_conv2d;
