@@ -217,6 +217,11 @@ static void tr_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta
     g_tr.real.axpby(be, y, alpha, a, beta, b);
     tr_end(be, "axpby", t0, "[%lld,%lld]%s", (long long)y.rows, (long long)y.cols, b.data ? "" : " (no b)");
 }
+static void tr_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt) {
+    double t0 = tr_begin();
+    g_tr.real.flow_step(be, x, v, u, guidance, from_cond, dt);
+    tr_end(be, "flow_step", t0, "[%lld,%lld]%s", (long long)x.rows, (long long)x.cols, u.data ? " guided" : "");
+}
 static void tr_transpose(dt_backend *be, dt_mat y, dt_mat x) {
     double t0 = tr_begin();
     g_tr.real.transpose(be, y, x);
@@ -291,6 +296,7 @@ void dtc_trace_install(dt_backend *be) {
     be->sync = tr_sync;
     be->mul = tr_mul;
     be->axpby = tr_axpby;
+    if (be->flow_step) be->flow_step = tr_flow_step;
     be->transpose = tr_transpose;
     if (be->attention_fp8) be->attention_fp8 = tr_attention_fp8;
     if (be->linear_prefetch) be->linear_prefetch = tr_linear_prefetch;
