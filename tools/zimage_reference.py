@@ -3,7 +3,7 @@
 built from diffusers' own classes with fixed seeds, saved as a diffusers folder, and what diffusers computes on it.
 
   python3 tools/zimage_reference.py --output DIR --diffusers-src DIR [--device cpu|cuda] [--seed 35]
-      [--klein-fixture tests/fixtures/model]
+      [--klein-fixture tests/fixtures/model]   (run from the repository root; CPU takes well under a minute)
 
 Everything runs in float32 (TF32 off). The weights are rounded to bfloat16 before the reference runs and saved in
 bf16, so a float32 implementation reading the files should match to rounding. Writes into DIR:
@@ -61,9 +61,19 @@ def parse_args():
                     help="folder holding the diffusers package (its src/ folder)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--seed", type=int, default=35)
-    ap.add_argument("--klein-fixture", default=os.path.join(REPO, "tests", "fixtures", "model"),
-                    help="the FLUX.2-klein fixture folder whose text_encoder/ and tokenizer/ are reused")
-    return ap.parse_args()
+    ap.add_argument("--klein-fixture", default=None,
+                    help="the FLUX.2-klein fixture folder whose text_encoder/ and tokenizer/ are reused (default: "
+                         "tests/fixtures/model of the repository holding this script, or of the current folder)")
+    a = ap.parse_args()
+    if a.klein_fixture is None:
+        for root in (REPO, os.getcwd()):
+            cand = os.path.join(root, "tests", "fixtures", "model")
+            if os.path.isfile(os.path.join(cand, "model_index.json")):
+                a.klein_fixture = cand
+                break
+        else:
+            fail("no tests/fixtures/model beside this script or in the current folder: pass --klein-fixture")
+    return a
 
 
 def stage(name):
@@ -119,8 +129,8 @@ def main():
     a = parse_args()
     if not a.diffusers_src or not os.path.isdir(os.path.join(a.diffusers_src, "diffusers")):
         fail("--diffusers-src (or DIFFUSERS_SRC) must name a folder holding diffusers/ (its src folder)")
-    for sub in ("text_encoder", "tokenizer"):
-        if not os.path.isdir(os.path.join(a.klein_fixture, sub)):
+    for sub in ("text_encoder", "tokenizer", "model_index.json"):
+        if not os.path.exists(os.path.join(a.klein_fixture, sub)):
             fail(f"{a.klein_fixture}/{sub} is missing (pass --klein-fixture: the repository's tests/fixtures/model)")
     if os.path.exists(a.output) and os.listdir(a.output):
         fail(f"{a.output} exists and is not empty")
