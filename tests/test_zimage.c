@@ -6,8 +6,8 @@
  * folder is absent): the transformer forward (out.sample of two geometries, every mid.* intermediate), repeated and
  * regrown buffers; the AutoencoderKL decode and encode (raw VAE latents) and a missing tensor reported by name; the
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); the scheduler's sigmas; the 3-step
- * guidance-0 pipeline from the reference's initial latents through text, transformer steps and the scaled VAE decode
- * to its pixels. CUDA (when a GPU is usable): the transformer and the VAE decode within the GPU tolerances.
+ * pipelines, guidance 0 and CFG (with cfg_truncation and cfg_normalization), from the reference's initial latents
+ * through text, transformer steps and the scaled VAE decode to its pixels. CUDA (when a GPU is usable): the transformer and the VAE decode within the GPU tolerances.
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +22,7 @@
 #include "models/vae_kl.h"
 #include "models/zimage.h"
 #include "pipeline/scheduler.h"
+#include "pipeline/zimage_guidance.h"
 #include "pipeline/zimage_prompt.h"
 #include "test.h"
 #include "trace_check.h"
@@ -104,6 +105,24 @@ static void test_patches(void) {
             "got %g want %g", tok[tk * 12 + f], lat[(2 * H + 3) * W + 4]);
     zimage_unpatchify(&c, tok, H, W, back);
     T_CHECK("unpatchify inverts patchify", !memcmp(lat, back, sizeof lat), "the latent differs after the round trip");
+}
+
+/* ------------------------------------------------------------------ guidance */
+
+static void test_guidance(void) {
+    /* t_norm = (1000 - timestep) / 1000: 0.4 at timestep 600 is past cfg_truncation 0.3, 0.2 at 800 is not */
+    T_CHECK("guidance: truncated once t_norm exceeds cfg_truncation", dt_zimage_step_guidance(3.0f, 0.3f, 600.0f) == 0.0f &&
+            dt_zimage_step_guidance(3.0f, 0.3f, 800.0f) == 3.0f, "%g, %g", dt_zimage_step_guidance(3.0f, 0.3f, 600.0f),
+            dt_zimage_step_guidance(3.0f, 0.3f, 800.0f));
+    T_CHECK("guidance: off at 0, never truncated above 1", dt_zimage_step_guidance(0.0f, 1.0f, 999.0f) == 0.0f &&
+            dt_zimage_step_guidance(2.0f, 1.5f, 0.0f) == 2.0f, "unexpected scale");
+    /* pos (3, 4) norm 5, neg 0, g 1: pred (6, 8) norm 10; normalization 1 brings it back to norm 5, 0 leaves it */
+    float pos[2] = {3, 4}, neg[2] = {0, 0}, a[2], b[2];
+    dt_zimage_cfg_combine(pos, neg, 2, 1.0f, 0.0f, a);
+    dt_zimage_cfg_combine(pos, neg, 2, 1.0f, 1.0f, b);
+    T_CHECK("guidance: pos + g(pos - neg), renormalized to cfg_normalization x |pos|",
+            a[0] == 6 && a[1] == 8 && fabsf(b[0] - 3) < 1e-6f && fabsf(b[1] - 4) < 1e-6f, "(%g, %g) (%g, %g)", a[0], a[1],
+            b[0], b[1]);
 }
 
 /* ------------------------------------------------------------------ transformer */
@@ -356,32 +375,25 @@ static int zimage_sigmas(const char *sched_dir, int steps, int h, int w, float *
     return dt_schedule_make_mu(&sc, steps, dt_calculate_shift(&sc, seq), sigmas, timesteps);
 }
 
-static void pipeline_cpu(dt_backend *be) {
+/* One pipeline case (cases.json key `key`, tensors in `file`): sigmas, then the denoising loop from the reference's
+ * initial latents — t = (1000 − timestep) / 1000, the positive (and, with guidance on for the step, the negative)
+ * forward, the guidance combination, velocity = −prediction, Euler — each step's latents against the reference's,
+ * then the scaled VAE decode to its pixels. */
+static void pipeline_case(zimage_model *m, dt_vae *v, const json *cases, const char *key, const char *file,
+                          const float *pos, int n_pos, const float *neg, int n_neg) {
     char p[600], name[200];
-    json *cases = json_parse_file(fx("cases.json", p, sizeof p));
-    st_file *tio = st_open(fx("text_io.safetensors", p, sizeof p));
-    st_file *pio = st_open(fx("pipeline_io.safetensors", p, sizeof p));
-    dt_tokenizer *tok = dt_tokenizer_load(fx("model/tokenizer", p, sizeof p));
-    dt_qwen3_config qc;
-    dt_qwen3 *te = NULL;
-    if (!dt_qwen3_read_config(fx("model/text_encoder", p, sizeof p), &qc))
-        te = dt_qwen3_load(be, p, dt_zimage_prompt_tap(qc.num_layers));   /* the last layer is never needed */
-    zimage_model *m = zimage_load(be, fx("model", p, sizeof p));
-    dt_vae *v = dt_vae_kl_load(be, p);
-    if (!cases || !tio || !pio || !tok || !te || !m || !v) { T_FAIL("pipeline", "setup: %s", dt_last_error()); goto done; }
-    float *neg = NULL, *emp = NULL, *feats = NULL;
-    int n_neg, n_emp, n_cap = 0;
-    prompt_case(te, tok, tio, cases, "negative", &neg, &n_neg);
-    prompt_case(te, tok, tio, cases, "empty", &emp, &n_emp);
-    prompt_case(te, tok, tio, cases, "prompt", &feats, &n_cap);
-    free(neg);
-    free(emp);
-    if (!feats) goto done;
-
-    const json *pc = json_get(cases, "pipeline");
-    const st_tensor *init = st_find(pio, "in.initial_latents"), *rs = st_find(pio, "mid.sigmas");
+    st_file *pio = st_open(fx(file, p, sizeof p));
+    const json *pc = json_get(cases, key);
+    const st_tensor *init = pio ? st_find(pio, "in.initial_latents") : NULL, *rs = pio ? st_find(pio, "mid.sigmas") : NULL;
     const int steps = (int)json_get_int(pc, "steps", 0);
-    if (!init || !rs || init->ndim != 4 || steps < 1 || rs->numel != steps + 1) { T_FAIL("pipeline", "fixture lacks in.initial_latents, mid.sigmas or steps"); free(feats); goto done; }
+    const float guidance = (float)json_get_num(pc, "guidance_scale", -1), trunc = (float)json_get_num(pc, "cfg_truncation", 1);
+    const json *cn = json_get(pc, "cfg_normalization");   /* false, true or a number */
+    const float norm = !cn ? 0.0f : cn->type == JSON_BOOL ? (float)cn->boolean : (float)json_get_num(pc, "cfg_normalization", 0);
+    if (!init || !rs || init->ndim != 4 || steps < 1 || rs->numel != steps + 1 || guidance < 0) {
+        T_FAIL(key, "fixture lacks in.initial_latents, mid.sigmas or the case's settings");
+        if (pio) st_close(pio);
+        return;
+    }
     const zimage_config *c = zimage_get_config(m);
     const int C = (int)init->shape[1], h = (int)init->shape[2], w = (int)init->shape[3], pp = c->patch;
     const size_t n = (size_t)C * h * w;
@@ -390,34 +402,42 @@ static void pipeline_cpu(dt_backend *be) {
     int rc = zimage_sigmas(fx("model/scheduler", p, sizeof p), steps, h, w, sig, ts);
     double worst = 0;
     for (int i = 0; rc == 0 && i <= steps; i++) worst = fmax(worst, fabs((double)sig[i] - rsig[i]));
-    T_CHECK("pipeline: sigmas (linspace(1, 1/n, n), static shift 3, final 0)", rc == 0 && worst <= SIGMA_TOL,
-            "rc %d, largest difference %.3g", rc, worst);
+    snprintf(name, sizeof name, "%s: sigmas (linspace(1, 1/n, n), the scheduler's shift, final 0)", key);
+    T_CHECK(name, rc == 0 && worst <= SIGMA_TOL, "rc %d, largest difference %.3g", rc, worst);
     free(rsig);
 
-    /* the denoising loop: t = (1000 − timestep) / 1000, velocity = −model output, Euler */
     float *x = st_to_f32(init), *tok_in = dt_malloc(sizeof(float) * n), *tok_out = dt_malloc(sizeof(float) * n);
-    float *vel = dt_malloc(sizeof(float) * n);
+    float *vp = dt_malloc(sizeof(float) * n), *vn = dt_malloc(sizeof(float) * n);
+    int cfg_steps = 0;
     for (int i = 0; i < steps && rc == 0; i++) {
-        const float t = (1000.0f - ts[i]) / 1000.0f;
+        const float t = (1000.0f - ts[i]) / 1000.0f, g = dt_zimage_step_guidance(guidance, trunc, ts[i]);
         zimage_patchify(c, x, h, w, tok_in);
-        if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, feats, n_cap, t, tok_out, NULL, NULL))) break;
-        zimage_unpatchify(c, tok_out, h, w, vel);
-        for (size_t k = 0; k < n; k++) vel[k] = -vel[k];
-        dt_euler_step(x, vel, n, sig[i], sig[i + 1]);
+        if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, pos, n_pos, t, tok_out, NULL, NULL))) break;
+        zimage_unpatchify(c, tok_out, h, w, vp);
+        if (g > 0.0f) {
+            cfg_steps++;
+            if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, neg, n_neg, t, tok_out, NULL, NULL))) break;
+            zimage_unpatchify(c, tok_out, h, w, vn);
+            dt_zimage_cfg_combine(vp, vn, n, g, norm, vp);
+        }
+        for (size_t k = 0; k < n; k++) vp[k] = -vp[k];
+        dt_euler_step(x, vp, n, sig[i], sig[i + 1]);
         char tn[64];
         snprintf(tn, sizeof tn, "mid.step%d.latents", i);
         const st_tensor *r = st_find(pio, tn);
-        snprintf(name, sizeof name, "pipeline: latents after step %d", i);
+        snprintf(name, sizeof name, "%s: latents after step %d%s", key, i, g > 0.0f ? " (CFG)" : "");
         if (!r || r->numel != (int64_t)n) { T_FAIL(name, "fixture lacks %s", tn); rc = -1; break; }
         float *ref = st_to_f32(r);
         check_l2(name, x, ref, n, ZIMAGE_CPU_TOL);
         free(ref);
     }
-    if (rc) T_FAIL("pipeline: denoising", "%s", dt_last_error());
+    if (rc) T_FAIL(key, "denoising: %s", dt_last_error());
+    printf("# %s: %d of %d steps with guidance\n", key, cfg_steps, steps);
     /* the image: latents / scaling + shift through the decoder, then the image processor's bytes */
     const st_tensor *ru8 = st_find(pio, "out.image_u8");
     const int s = dt_vae_get_config(v)->scale_factor;
     uint8_t *rgb8 = dt_malloc((size_t)3 * (h * s) * (w * s));
+    snprintf(name, sizeof name, "%s: image pixels within +-1", key);
     if (rc == 0 && ru8 && ru8->numel == (int64_t)3 * (h * s) * (w * s) && !dt_vae_kl_decode_rgb8(v, x, h, w, rgb8)) {
         size_t ok = 0, npx = (size_t)ru8->numel;
         int wd = 0;
@@ -428,25 +448,50 @@ static void pipeline_cpu(dt_backend *be) {
             if (d > wd) wd = d;
         }
         /* ±1 for all but 0.1 %: rounding at .5 boundaries after ~1e-6 differences upstream (test_generate's rule) */
-        T_CHECK("pipeline: image pixels within +-1", ok >= 0.999 * npx, "%zu of %zu, max difference %d", ok, npx, wd);
-        printf("# pipeline: %.3f%% of pixels within +-1, max difference %d\n", 100.0 * ok / npx, wd);
+        T_CHECK(name, ok >= 0.999 * npx, "%zu of %zu, max difference %d", ok, npx, wd);
+        printf("# %s: %.3f%% of pixels within +-1, max difference %d\n", key, 100.0 * ok / npx, wd);
     } else if (rc == 0) {
-        T_FAIL("pipeline: image", "%s", ru8 ? dt_last_error() : "fixture lacks out.image_u8");
+        T_FAIL(name, "%s", ru8 ? dt_last_error() : "fixture lacks out.image_u8 of the right size");
     }
-    free(rgb8); free(x); free(tok_in); free(tok_out); free(vel); free(sig); free(ts); free(feats);
+    free(rgb8); free(x); free(tok_in); free(tok_out); free(vp); free(vn); free(sig); free(ts);
+    st_close(pio);
+}
+
+static void pipeline_cpu(dt_backend *be) {
+    char p[600];
+    json *cases = json_parse_file(fx("cases.json", p, sizeof p));
+    st_file *tio = st_open(fx("text_io.safetensors", p, sizeof p));
+    dt_tokenizer *tok = dt_tokenizer_load(fx("model/tokenizer", p, sizeof p));
+    dt_qwen3_config qc;
+    dt_qwen3 *te = NULL;
+    if (!dt_qwen3_read_config(fx("model/text_encoder", p, sizeof p), &qc))
+        te = dt_qwen3_load(be, p, dt_zimage_prompt_tap(qc.num_layers));   /* the last layer is never needed */
+    zimage_model *m = zimage_load(be, fx("model", p, sizeof p));
+    dt_vae *v = dt_vae_kl_load(be, p);
+    float *neg = NULL, *emp = NULL, *feats = NULL;
+    int n_neg = 0, n_emp = 0, n_cap = 0;
+    if (!cases || !tio || !tok || !te || !m || !v) { T_FAIL("pipeline", "setup: %s", dt_last_error()); goto done; }
+    prompt_case(te, tok, tio, cases, "negative", &neg, &n_neg);
+    prompt_case(te, tok, tio, cases, "empty", &emp, &n_emp);
+    prompt_case(te, tok, tio, cases, "prompt", &feats, &n_cap);
+    if (feats) pipeline_case(m, v, cases, "pipeline", "pipeline_io.safetensors", feats, n_cap, NULL, 0);
+    if (feats && neg) pipeline_case(m, v, cases, "pipeline_cfg", "pipeline_cfg_io.safetensors", feats, n_cap, neg, n_neg);
 done:
+    free(neg);
+    free(emp);
+    free(feats);
     dt_vae_free(v);
     zimage_free(m);
     dt_qwen3_free(te);
     dt_tokenizer_free(tok);
     if (tio) st_close(tio);
-    if (pio) st_close(pio);
     json_free(cases);
 }
 
 int main(void) {
     test_config();
     test_patches();
+    test_guidance();
     snprintf(g_dir, sizeof g_dir, "%s/zimage", t_fixtures());
     struct stat st;
     char done[600];
