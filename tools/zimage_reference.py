@@ -14,7 +14,7 @@ bf16, so a float32 implementation reading the files should match to rounding. Wr
   transformer_io_b.safetensors  a second geometry (32 caption tokens, 64x32 image: no padding), no intermediates
   text_io.safetensors         chat template -> ids, mask, hidden_states[-2], the pipeline's prompt features
   vae_io.safetensors          decode of a random latent; encode of a random image (the moments, mean = mode)
-  pipeline_io.safetensors     ZImagePipeline, 3 steps, guidance 0 (Turbo-like), latents= given
+  pipeline_io.safetensors     ZImagePipeline, 3 steps, guidance 0 (Turbo-like), latents= given (also the image as floats)
   pipeline_cfg_io.safetensors ZImagePipeline, 3 steps, guidance 3, negative prompt, cfg_normalization 1,
                               cfg_truncation 0.3 (the last step runs without CFG)
   img2img_io.safetensors      ZImageImg2ImgPipeline on init.png, strength 0.6, 4 steps (3 run; every draw recorded)
@@ -330,7 +330,8 @@ def main():
                 log(f"warning: {name}: hidden_states[-2] under the mask differs from the pipeline's by {diff:g}")
             tensors[f"in.{name}.input_ids"] = enc.input_ids.to(torch.int64)
             tensors[f"in.{name}.attention_mask"] = enc.attention_mask.to(torch.int64)
-            tensors[f"mid.{name}.hidden_states_m2"] = m2
+            if name == "prompt":   # (the other cases' full padded states would only add bytes)
+                tensors[f"mid.{name}.hidden_states_m2"] = m2
             tensors[f"out.{name}.prompt_embeds"] = feats.unsqueeze(0)
             info[name] = {"text": text, "chat_text": ct, "real_tokens": int(mask.sum()),
                           "hidden_states_count": len(hs), "text_layers": tconf.num_hidden_layers}
@@ -381,7 +382,7 @@ def main():
         except Exception as e:  # noqa: BLE001
             log(f"PNG {path} not written: {e}")
 
-    def run_t2i(name, guidance, negative, cfg_norm, cfg_trunc):
+    def run_t2i(name, guidance, negative, cfg_norm, cfg_trunc, keep_float):
         gen = torch.Generator("cpu").manual_seed(a.seed + 30)
         s = pipe.vae_scale_factor
         latents = torch.randn((1, 16, 2 * (HEIGHT // (2 * s)), 2 * (WIDTH // (2 * s))), generator=gen, dtype=f32)
@@ -400,8 +401,9 @@ def main():
         img01 = img.permute(0, 2, 3, 1).float()
         u8 = to_u8(img01)
         t = {"in.initial_latents": latents, "mid.sigmas": pipe.scheduler.sigmas.clone(),
-             "mid.timesteps": pipe.scheduler.timesteps.clone(), **steps,
-             "out.image_float": img01, "out.image_u8": u8}
+             "mid.timesteps": pipe.scheduler.timesteps.clone(), **steps, "out.image_u8": u8}
+        if keep_float:
+            t["out.image_float"] = img01
         save(os.path.join(out, f"{name}_io.safetensors"), t, torch)
         write_png(os.path.join(out, f"{name}_image.png"), u8)
         return {"prompt": PROMPT, "negative_prompt": negative, "height": HEIGHT, "width": WIDTH, "steps": STEPS,
@@ -411,11 +413,11 @@ def main():
 
     @stage("pipeline, guidance 0")
     def pipeline_turbo():
-        cases["pipeline"] = run_t2i("pipeline", 0.0, None, False, 1.0)
+        cases["pipeline"] = run_t2i("pipeline", 0.0, None, False, 1.0, True)
 
     @stage("pipeline, CFG")
     def pipeline_cfg():
-        cases["pipeline_cfg"] = run_t2i("pipeline_cfg", 3.0, NEG_PROMPT, 1.0, 0.3)
+        cases["pipeline_cfg"] = run_t2i("pipeline_cfg", 3.0, NEG_PROMPT, 1.0, 0.3, False)
 
     pipeline_turbo()
     pipeline_cfg()
@@ -490,7 +492,7 @@ def main():
             mod.randn_tensor, vae_mod.randn_tensor = saved
         img01 = img.permute(0, 2, 3, 1).float()
         u8 = to_u8(img01)
-        t = {**steps, "out.image_float": img01, "out.image_u8": u8}
+        t = {**steps, "out.image_u8": u8}
         order = []
         for i, (tag, x) in enumerate(draws):
             t[f"in.draw{i}"] = x
