@@ -2,7 +2,8 @@
  * tools/zimage_reference.py with diffusers; README there).
  *
  * Always: config.json errors (inconsistent or missing dims, unsupported variants) name the file and the field; the
- * patch layout (channel fastest within a patch) and its inverse. With the fixtures (skipped with the reason when the
+ * patch layout (channel fastest within a patch) and its inverse; the guidance definitions; synthetic checkpoints of
+ * the tiny preset (bf16 and MLX q4) load and run. With the fixtures (skipped with the reason when the
  * folder is absent): the transformer forward (out.sample of two geometries, every mid.* intermediate), repeated and
  * regrown buffers; the AutoencoderKL decode and encode (raw VAE latents) and a missing tensor reported by name; the
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); the scheduler's sigmas; the 3-step
@@ -105,6 +106,51 @@ static void test_patches(void) {
             "got %g want %g", tok[tk * 12 + f], lat[(2 * H + 3) * W + 4]);
     zimage_unpatchify(&c, tok, H, W, back);
     T_CHECK("unpatchify inverts patchify", !memcmp(lat, back, sizeof lat), "the latent differs after the round trip");
+}
+
+/* ------------------------------------------------------------------ synthetic checkpoints (no fixture needed) */
+
+/* The tiny preset written dense and MLX q4: both load with the preset's geometry and give a finite forward that the
+ * inputs change (a forward that ignored them would pass a finiteness check alone). */
+static void test_synth(void) {
+    char dir[512], sub[600], name[160];
+    if (t_tmpdir(dir, sizeof dir, "zimage-synth")) { T_FAIL("synth", "no temp folder"); return; }
+    zimage_config pc;
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *be = dt_backend_cpu_create(&o);
+    if (zimage_preset("z-image-tiny", &pc)) { T_FAIL("synth", "%s", dt_last_error()); goto done; }
+    for (int bits = 0; bits <= 4; bits += 4) {
+        snprintf(sub, sizeof sub, "%s/b%d", dir, bits);
+        snprintf(name, sizeof name, "synth z-image-tiny %s: loads with the preset's geometry, inputs matter",
+                 bits ? "q4 g32" : "bf16");
+        if (zimage_synth_write(&pc, sub, bits, 32, 7)) { T_FAIL(name, "write: %s", dt_last_error()); continue; }
+        zimage_model *m = zimage_load(be, sub);
+        if (!m) { T_FAIL(name, "load: %s", dt_last_error()); continue; }
+        const zimage_config *c = zimage_get_config(m);
+        char fmt[64];
+        zimage_weight_info(m, NULL, fmt, sizeof fmt);
+        const int gh = 3, gw = 5, N = gh * gw, T = 7;
+        float *img = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels), *cap = dt_malloc(sizeof(float) * (size_t)T * c->cap_dim);
+        float *o1 = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels), *o2 = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+        for (int i = 0; i < N * c->patch_channels; i++) img[i] = sinf(0.37f * (float)i);
+        for (int i = 0; i < T * c->cap_dim; i++) cap[i] = cosf(0.11f * (float)i);
+        int rc = zimage_forward(m, img, gh, gw, cap, T, 0.25f, o1, NULL, NULL);
+        cap[3] += 1.0f;   /* another caption: the image tokens attend to it in the joint blocks */
+        rc |= zimage_forward(m, img, gh, gw, cap, T, 0.25f, o2, NULL, NULL);
+        int finite = 1;
+        for (int i = 0; i < N * c->patch_channels; i++) finite &= isfinite(o1[i]) && isfinite(o2[i]);
+        const double d = dt_rel_l2(o2, o1, (size_t)N * c->patch_channels);
+        T_CHECK(name, rc == 0 && finite && d > 1e-6 && c->dim == pc.dim && c->t_mid == 1024 && c->ffn == pc.ffn &&
+                (bits ? strstr(fmt, "q4 g32") != NULL : !strcmp(fmt, "bf16")),
+                "rc %d (%s), finite %d, caption change moved the output by %.3g, dim %d, t_mid %d, '%s'", rc,
+                rc ? dt_last_error() : "", finite, d, c->dim, c->t_mid, fmt);
+        free(img); free(cap); free(o1); free(o2);
+        zimage_free(m);
+    }
+done:
+    be->destroy(be);
+    t_rmtree(dir);
 }
 
 /* ------------------------------------------------------------------ guidance */
@@ -492,6 +538,7 @@ int main(void) {
     test_config();
     test_patches();
     test_guidance();
+    test_synth();
     snprintf(g_dir, sizeof g_dir, "%s/zimage", t_fixtures());
     struct stat st;
     char done[600];

@@ -260,13 +260,13 @@ static int load_all(zimage_model *m) {
     char nm[256];
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
     /* the timestep MLP's hidden width is fixed in the reference's code (1024), not in the config: from the file */
-    const st_tensor *t1 = dt_weights_find(m->w, "t_embedder.mlp.0.weight");
-    if (!t1 || t1->ndim != 2 || t1->shape[1] != ZIMAGE_T_FREQ || t1->shape[0] < 1 || t1->shape[0] > ZIMAGE_MAX_DIM) {
+    const st_tensor *t1 = dt_weights_find(m->w, "t_embedder.mlp.0.weight");   /* rows = the width (any form) */
+    if (!t1 || t1->ndim != 2 || t1->shape[0] < 1 || t1->shape[0] > ZIMAGE_MAX_DIM) {
         dt_set_error("%s: t_embedder.mlp.0.weight %s (expected [hidden, %d])", dt_weights_path(m->w),
                      t1 ? "has an unexpected shape" : "is missing", ZIMAGE_T_FREQ);
         return -1;
     }
-    c->t_mid = (int)t1->shape[0];
+    c->t_mid = (int)t1->shape[0];   /* the Linear load below checks its input width */
     snprintf(nm, sizeof nm, "all_x_embedder.%d-1", c->patch); LIN(m->x_emb, nm, D, c->patch_channels, 1);
     snprintf(nm, sizeof nm, "all_final_layer.%d-1.linear", c->patch); LIN(m->final_lin, nm, c->patch_channels, D, 1);
     snprintf(nm, sizeof nm, "all_final_layer.%d-1.adaLN_modulation.1", c->patch); LIN(m->final_ada, nm, D, c->adaln, 1);

@@ -78,4 +78,11 @@ void zimage_unpatchify(const zimage_config *c, const float *tokens, int H, int W
 int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, const float *cap, int n_cap, float t,
                    float *out, dt_dit_trace_fn trace, void *trace_ud);
 
+/* Geometry presets: "z-image-turbo" (ZImageTransformer2DModel's defaults: Z-Image(-Turbo)) and "z-image-tiny"
+ * (tests/fixtures/zimage). 0 or -1 (dt_last_error names the presets). zimage_synth.c. */
+int zimage_preset(const char *name, zimage_config *c);
+/* Write DIR/config.json and DIR/model.safetensors with random weights at geometry c: bits 0 = bf16, 4/8 = MLX affine
+ * quantized Linears with `group` (Linears whose input width is not a multiple stay bf16). Creates DIR. 0 or -1. */
+int zimage_synth_write(const zimage_config *c, const char *dir, int bits, int group, uint64_t seed);
+
 #endif
