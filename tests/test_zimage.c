@@ -8,7 +8,9 @@
  * regrown buffers; the AutoencoderKL decode and encode (raw VAE latents) and a missing tensor reported by name; the
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); the scheduler's sigmas; the 3-step
  * pipelines, guidance 0 and CFG (with cfg_truncation and cfg_normalization), from the reference's initial latents
- * through text, transformer steps and the scaled VAE decode to its pixels. CUDA (when a GPU is usable): the transformer and the VAE decode within the GPU tolerances.
+ * through text, transformer steps and the scaled VAE decode to its pixels. CUDA (when a GPU is usable): the
+ * transformer and the VAE decode within the GPU tolerances; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
+ * 30 joint blocks) at 1024² with the time per forward.
  */
 #include <math.h>
 #include <stdio.h>
@@ -534,6 +536,40 @@ done:
     json_free(cases);
 }
 
+/* DITRUN_SLOW=1 with a GPU: Z-Image-Turbo's geometry (the 2 refiners of each stream and 2 of its 30 joint blocks,
+ * random bf16 weights) at 1024² (a 64 x 64 token grid) with a 128-token caption: finite, and the time per forward. */
+static void slow_real_geometry(dt_backend *cuda) {
+    char dir[512], name[160];
+    zimage_config pc;
+    if (zimage_preset("z-image-turbo", &pc) || t_tmpdir(dir, sizeof dir, "zimage-turbo")) {
+        T_FAIL("slow: z-image-turbo geometry", "%s", dt_last_error());
+        return;
+    }
+    pc.n_layers = 2;
+    snprintf(name, sizeof name, "slow: z-image-turbo geometry (2 of 30 joint blocks), 1024x1024, 128 caption tokens");
+    zimage_model *m = zimage_synth_write(&pc, dir, 0, 0, 3) ? NULL : zimage_load(cuda, dir);
+    if (!m) { T_FAIL(name, "%s", dt_last_error()); t_rmtree(dir); return; }
+    const int g = 64, N = g * g, T = 128;
+    const zimage_config *c = zimage_get_config(m);
+    float *img = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels), *cap = dt_malloc(sizeof(float) * (size_t)T * c->cap_dim);
+    float *out = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+    for (int i = 0; i < N * c->patch_channels; i++) img[i] = sinf(0.01f * (float)i);
+    for (int i = 0; i < T * c->cap_dim; i++) cap[i] = cosf(0.003f * (float)i);
+    int rc = 0, finite = 1;
+    double best = 1e30;
+    for (int r = 0; r < 3 && rc == 0; r++) {   /* the first includes the tables and buffers */
+        double t0 = dt_now();
+        rc = zimage_forward(m, img, g, g, cap, T, 0.5f, out, NULL, NULL);
+        best = fmin(best, dt_now() - t0);
+    }
+    for (int i = 0; rc == 0 && i < N * c->patch_channels; i++) finite &= isfinite(out[i]);
+    T_CHECK(name, rc == 0 && finite, "rc %d (%s), finite %d", rc, rc ? dt_last_error() : "", finite);
+    printf("# %s: %.1f ms per forward (6 blocks; Turbo runs 34)\n", name, best * 1e3);
+    free(img); free(cap); free(out);
+    zimage_free(m);
+    t_rmtree(dir);
+}
+
 int main(void) {
     test_config();
     test_patches();
@@ -563,6 +599,8 @@ int main(void) {
         } else {
             transformer_on(cuda, "cuda", ZIMAGE_GPU_TOL);
             vae_on(cuda, "cuda", VAE_GPU_TOL);
+            const char *slow = getenv("DITRUN_SLOW");
+            if (slow && *slow == '1') slow_real_geometry(cuda);
             cuda->destroy(cuda);
         }
     } else if (t_require_gpu_env()) {
