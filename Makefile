@@ -17,9 +17,9 @@ ifeq ($(STATIC_CPU_LIBS),1)
   # for machines without these -dev packages (the GPU machine): link them into the binaries
   # (Debian's libmicrohttpd.a calls GnuTLS for HTTPS, which the server never uses: GnuTLS stays a shared library,
   # libgnutls.so.30, present wherever apt is)
-  LDLIBS  += $(EXTRA_LDFLAGS) -Wl,-Bstatic -lopenblas -lpng -ljpeg -lwebp -lz -lutf8proc -lmicrohttpd -Wl,-Bdynamic -lgnutls -lm -pthread
+  LDLIBS  += $(EXTRA_LDFLAGS) -Wl,-Bstatic -lopenblas -lpng -ljpeg -lwebpmux -lwebp -lz -lutf8proc -lmicrohttpd -Wl,-Bdynamic -lgnutls -lm -pthread
 else
-  LDLIBS  += $(EXTRA_LDFLAGS) -lopenblas -lpng -ljpeg -lwebp -lz -lutf8proc -lmicrohttpd -lm -pthread
+  LDLIBS  += $(EXTRA_LDFLAGS) -lopenblas -lpng -ljpeg -lwebpmux -lwebp -lz -lutf8proc -lmicrohttpd -lm -pthread
 endif
 # EXTRA_CFLAGS / EXTRA_LDFLAGS: extra include and library folders (e.g. a machine without libutf8proc-dev:
 #   make EXTRA_CFLAGS=-I.devdeps/include EXTRA_LDFLAGS=-L.devdeps/lib)

@@ -12,7 +12,7 @@ CC=${FUZZ_CC:-clang}
 mkdir -p "$OUT"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 FLAGS="-g -O1 -std=c11 -D_GNU_SOURCE -fno-omit-frame-pointer -fsanitize=fuzzer $SAN -Isrc"
-LIBS="-lopenblas -lpng -ljpeg -lwebp -lz -lutf8proc -lm -pthread"
+LIBS="-lopenblas -lpng -ljpeg -lwebpmux -lwebp -lz -lutf8proc -lm -pthread"
 CORE="src/core/common.c src/core/fp8.c src/core/infile.c src/core/outfile.c"
 set -x
 $CC $FLAGS -o "$OUT/fuzz_json" fuzz/fuzz_json.c src/io/json.c $CORE -lm
@@ -20,7 +20,7 @@ $CC $FLAGS -o "$OUT/fuzz_config" fuzz/fuzz_config.c src/io/json.c $CORE -lm
 $CC $FLAGS -o "$OUT/fuzz_safetensors" fuzz/fuzz_safetensors.c src/io/safetensors.c src/io/json.c $CORE -lm
 $CC $FLAGS -o "$OUT/fuzz_gguf" fuzz/fuzz_gguf.c src/io/gguf.c src/io/safetensors.c src/io/json.c src/quant/ggml_quants.c \
   $CORE -lm
-$CC $FLAGS -Ifuzz -o "$OUT/fuzz_image" fuzz/fuzz_image.c src/image/*.c $CORE -lpng -ljpeg -lwebp -lz -lm
+$CC $FLAGS -Ifuzz -o "$OUT/fuzz_image" fuzz/fuzz_image.c src/image/*.c $CORE -lpng -ljpeg -lwebpmux -lwebp -lz -lm
 # targets owned by other parts of the tree, built when present
 if [ -f fuzz/fuzz_tokenizer.c ] && [ -f src/text/tokenizer.c ]; then
   $CC $FLAGS -o "$OUT/fuzz_tokenizer" fuzz/fuzz_tokenizer.c src/text/tokenizer.c src/text/tokenizer_load.c src/io/json.c $CORE -lutf8proc -lm

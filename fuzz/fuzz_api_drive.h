@@ -60,7 +60,7 @@ static inline int fuzz_api_one(const uint8_t *data, size_t size) {
         uint8_t *png[1] = {(uint8_t *)r.prompt};
         size_t len = strlen(r.prompt);
         uint64_t seed = r.seed;
-        dt_api_images_json(&b, 0, 1, png, &len, &seed);
+        dt_api_images_json(&b, 0, DT_OUT_PNG, 1, png, &len, &seed);
         ok = fuzz_api_valid_json(&b);
         sb_reset(&b);
         dt_api_error_set(&e, 500, "server_error", NULL, "generation failed: %s", r.prompt);   /* user text in a message */

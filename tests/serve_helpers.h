@@ -73,7 +73,8 @@ static inline int server_start(server *s, const char *name, const char *extra) {
     return s->port ? 0 : -1;
 }
 
-/* curl METHOD http://127.0.0.1:PORT/PATH with body (NULL: none) and extra curl args; returns the HTTP status
+/* curl METHOD http://127.0.0.1:PORT/PATH with body (NULL: none; sent as application/json unless extra sets a
+ * Content-Type) and extra curl args; returns the HTTP status
  * (0: no answer), *out the body (malloc'd), *hdr the headers (malloc'd) when hdr != NULL. */
 static inline int http(const server *s, const char *method, const char *path, const char *body, const char *extra,
                        char **out, char **hdr) {
@@ -84,8 +85,11 @@ static inline int http(const server *s, const char *method, const char *path, co
     snprintf(outf, sizeof outf, "%s/req%d.out", serve_tmp, k);
     snprintf(hdrf, sizeof hdrf, "%s/req%d.hdr", serve_tmp, k);
     if (body) spit(bodyf, body, strlen(body));
-    snprintf(cmd, sizeof cmd, "curl -s -m 120 -X %s %s%s -D %s -o %s -w '%%{http_code}' %s 'http://127.0.0.1:%d%s'",
-             method, body ? "--data-binary @" : "", body ? bodyf : "", hdrf, outf, extra ? extra : "", s->port, path);
+    /* a body is JSON unless extra names another Content-Type (curl would send form-urlencoded) */
+    const char *json = body && !(extra && strcasestr(extra, "Content-Type")) ? "-H 'Content-Type: application/json'" : "";
+    snprintf(cmd, sizeof cmd, "curl -s -m 120 -X %s %s%s %s -D %s -o %s -w '%%{http_code}' %s 'http://127.0.0.1:%d%s'",
+             method, body ? "--data-binary @" : "", body ? bodyf : "", json, hdrf, outf, extra ? extra : "", s->port,
+             path);
     FILE *p = popen(cmd, "r");
     int code = 0;
     if (p) {

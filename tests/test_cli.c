@@ -132,6 +132,26 @@ int main(void) {
     expect_error("forward bad backend", "forward --backend tpu --model x", "--backend", "tpu");
     expect_error("forward bad precision", "forward --precision fp4 --model x", "--precision", "fp4");
     expect_error("generate bad precision", "generate --precision int8 -p x -o x.png", "--precision", "int8");
+    expect_error("generate --output-compression 101", "generate --output-compression 101 -p x -o x.jpg",
+                 "--output-compression", "out of range");
+    {   /* the output's format from its extension, any case; anything else stays PNG */
+        static const struct { const char *name, *magic; size_t n; } outs[] = {
+            {"x.JPEG", "\xFF\xD8\xFF", 3}, {"x.webp", "RIFF", 4}, {"x.out", "\x89PNG", 4}};
+        for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++) {
+            char path[700], err[4096], nm[120];
+            snprintf(path, sizeof path, "%s/%s", tmpdir, outs[k].name);
+            snprintf(args, sizeof args, "generate --model %s/model -p x -o %s --width 32 --height 32 --steps 1 "
+                     "--backend cpu --max-sequence-length 8 -q", fx, path);
+            int rc = run(args, err, sizeof err);
+            size_t n = 0;
+            char *b = t_slurp(path, &n);
+            snprintf(nm, sizeof nm, "generate -o %s writes %s", outs[k].name,
+                     k == 0 ? "a JPEG" : k == 1 ? "a WebP" : "a PNG");
+            T_CHECK(nm, rc == 0 && b && n > outs[k].n && !memcmp(b, outs[k].magic, outs[k].n), "rc %d, %zu bytes: %s", rc,
+                    n, err);
+            free(b);
+        }
+    }
     expect_error("bench bad precision", "bench --precision", "--precision", "bf16, fp8");
     expect_error("compare-bf16 without fp8", "forward --compare-bf16 --model x --inputs y", "--compare-bf16", "fp8");
     expect_error("compare-qpath unknown", "forward --compare-qpath fast --model x --inputs y", "--compare-qpath", "fast");

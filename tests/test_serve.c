@@ -1,21 +1,34 @@
 /* test_serve.c — `ditrun serve` end to end: real servers of $BUILD/ditrun on ephemeral ports with the bundled
  * tiny model on the CPU, driven by curl. The served PNG is byte-identical to `ditrun generate`'s; stream events
  * come in order; every bad-request class gets its status and a JSON error object; auth off and on; 429 past
- * --max-queue; a client that goes away cancels its job and the next request is served; SIGTERM finishes the
- * running request and exits 0; 200 requests at concurrency 8 without a failure and with resident memory growing
- * under 10% after the first 20; on a GPU machine, the server on the CUDA backend (skipped without one). */
+ * --max-queue; output_format png / jpeg / webp with output_compression (generations, edits, streams: the format's
+ * magic bytes, decodable, the bytes of `ditrun generate -o x.jpg/.webp`; bad values 400); a client that goes away cancels its job and the next request is served, a half-closed one gets its
+ * answer; hostile clients: a slowloris (held sockets closed at the request deadline, one client's connections
+ * capped, another client answered meanwhile), cross-site bodies (415), a foreign Host (421), ambiguous framing, a
+ * NUL in the path, oversized paths and headers (JSON errors); Retry-After tracks how fast the queue drains; SIGTERM
+ * finishes the running request and exits 0; 200 requests at concurrency 8 without a failure and with resident
+ * memory growing under 10% after the first 20; on a GPU machine, the server on the CUDA backend (skipped without
+ * one). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "image/image.h"
 #include "io/json.h"
 #include "image/png.h"
+#include "serve/queue.h"
 #include "serve_helpers.h"
 #include "test.h"
 
@@ -75,6 +88,62 @@ static int error_shape(const char *body, const char *param, char *why, size_t nw
     snprintf(why, nwhy, "%.300s", body ? body : "(no body)");
     json_free(j);
     return ok;
+}
+
+/* ---- raw sockets: what curl will not do (half-close, trickle, a chosen source address) ---- */
+
+/* A TCP connection to the server from source address src (NULL: the kernel's choice): the socket, or -1. */
+static int tcp_connect(const server *s, const char *src) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    if (src && (inet_pton(AF_INET, src, &a.sin_addr) != 1 || bind(fd, (struct sockaddr *)&a, sizeof a))) {
+        close(fd);
+        return -1;
+    }
+    a.sin_port = htons((uint16_t)s->port);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_str(int fd, const char *p) {
+    for (size_t n = strlen(p); n;) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* What the server sends until it closes the connection (or ms pass): malloc'd, NUL-terminated. */
+static char *recv_all(int fd, int ms) {
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    double end = dt_now() + ms / 1e3;
+    for (;;) {
+        int left = (int)((end - dt_now()) * 1e3);
+        struct pollfd p = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&p, 1, left) <= 0) break;
+        if (n == cap) b = realloc(b, (cap *= 2) + 1);
+        ssize_t k = recv(fd, b + n, cap - n, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    b[n] = 0;
+    return b;
+}
+
+/* A generation request as raw HTTP/1.1 bytes (into out). */
+static void raw_generation(char *out, size_t n, const char *json_body) {
+    snprintf(out, n, "POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", strlen(json_body), json_body);
 }
 
 static void test_images(const server *s) {
@@ -169,6 +238,88 @@ static void test_stream(const server *s) {
     free(hdr);
 }
 
+/* The bytes are in format fmt ("png", "jpeg", "webp") by their magic, and decode to w x h. */
+static int is_format(const unsigned char *b, size_t n, const char *fmt, int w, int h) {
+    int magic = 0;
+    if (!strcmp(fmt, "png")) magic = n > 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8);
+    if (!strcmp(fmt, "jpeg")) magic = n > 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
+    if (!strcmp(fmt, "webp")) magic = n > 12 && !memcmp(b, "RIFF", 4) && !memcmp(b + 8, "WEBP", 4);
+    dt_image im;
+    if (!magic || dt_image_decode(b, n, fmt, &im)) return 0;
+    int ok = im.w == w && im.h == h && im.channels == 3;
+    dt_image_free(&im);
+    return ok;
+}
+
+/* output_format / output_compression: generations (each format: the answer names it, the bytes are the format's and
+ * equal `ditrun generate -o x.EXT --output-compression C`), a stream's image event, an edit (multipart fields). */
+static void test_formats(const server *s) {
+    static const struct { const char *fmt, *ext; int compression; } fs[] = {
+        {"png", "png", -1}, {"jpeg", "jpg", 90}, {"webp", "webp", 80}, {"png", "png", 0}};
+    for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
+        char req[300], comp[64] = "", args[300], ref[600], name[200];
+        if (fs[k].compression >= 0) snprintf(comp, sizeof comp, ", \"output_compression\": %d", fs[k].compression);
+        snprintf(req, sizeof req, "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": 2, \"seed\": 5, "
+                 "\"output_format\": \"%s\"%s}", fs[k].fmt, comp);
+        char *body = NULL;
+        int code = http(s, "POST", "/v1/images/generations", req, NULL, &body, NULL);
+        json *j = body ? json_parse(body, strlen(body), "answer") : NULL;
+        const char *said = j ? json_get_str(j, "output_format") : NULL;
+        size_t n = 0;
+        unsigned char *img = answer_png(body, 0, &n);
+        snprintf(ref, sizeof ref, "%s/fmt-ref.%s", serve_tmp, fs[k].ext);
+        int k_args = snprintf(args, sizeof args, "--prompt 'a red fox' --width 32 --height 24 --steps 2 --seed 5");
+        if (fs[k].compression >= 0)
+            snprintf(args + k_args, sizeof args - (size_t)k_args, " --output-compression %d", fs[k].compression);
+        int grc = serve_generate(args, ref);
+        snprintf(name, sizeof name, "serve formats: output_format %s, output_compression %d: 200, named in the answer, "
+                 "%s bytes of 32x24", fs[k].fmt, fs[k].compression, fs[k].fmt);
+        T_CHECK(name, code == 200 && said && !strcmp(said, fs[k].fmt) && img && is_format(img, n, fs[k].fmt, 32, 24),
+                "status %d, output_format %s, %zu bytes: %.200s", code, said ? said : "(none)", n, body ? body : "");
+        snprintf(name, sizeof name, "serve formats: %s (compression %d) the bytes of ditrun generate -o x.%s", fs[k].fmt,
+                 fs[k].compression, fs[k].ext);
+        T_CHECK(name, grc == 0 && img && file_equals(ref, img, n), "generate rc %d; the files differ", grc);
+        json_free(j);
+        free(img);
+        free(body);
+    }
+    /* a stream's image event carries the format */
+    char *body = NULL;
+    int code = http(s, "POST", "/v1/images/generations",
+                    "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": 2, \"seed\": 5, \"stream\": true, "
+                    "\"output_format\": \"jpeg\", \"output_compression\": 70}", "-N", &body, NULL);
+    const char *ev = body ? strstr(body, "event: image\ndata: ") : NULL;
+    const char *end = ev ? strstr(ev, "\n\n") : NULL;
+    json *j = end ? json_parse(ev + 19, (size_t)(end - ev - 19), "image event") : NULL;
+    const char *said = j ? json_get_str(j, "output_format") : NULL, *b64 = j ? json_get_str(j, "b64_json") : NULL;
+    size_t n = 0;
+    unsigned char *img = b64 ? b64decode(b64, &n) : NULL;
+    T_CHECK("serve formats: a stream's image event names output_format jpeg and holds a JPEG",
+            code == 200 && said && !strcmp(said, "jpeg") && img && is_format(img, n, "jpeg", 32, 24), "status %d: %.200s",
+            code, body ? body : "");
+    json_free(j);
+    free(img);
+    free(body);
+    /* an edit: the multipart fields */
+    char form[1200];
+    snprintf(form, sizeof form, "-F 'image[]=@%s/edit/ref0.png' -F 'prompt=a snow leopard' -F seed=5 -F steps=2 "
+             "-F output_format=webp -F output_compression=50", t_fixtures());
+    code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+    img = answer_png(body, 0, &n);
+    T_CHECK("serve formats: an edit with output_format=webp, output_compression=50 answers a 96x72 WebP",
+            code == 200 && body && strstr(body, "\"output_format\": \"webp\"") && img && is_format(img, n, "webp", 96, 72),
+            "status %d: %.200s", code, body ? body : "");
+    free(img);
+    free(body);
+    snprintf(form, sizeof form, "-F 'image[]=@%s/edit/ref0.png' -F 'prompt=a snow leopard' -F output_compression=-1",
+             t_fixtures());
+    code = http(s, "POST", "/v1/images/edits", NULL, form, &body, NULL);
+    char why[400];
+    T_CHECK("serve formats: an edit with output_compression=-1 -> 400 naming it",
+            code == 400 && error_shape(body, "output_compression", why, sizeof why), "status %d: %s", code, body ? body : "");
+    free(body);
+}
+
 static void test_bad_requests(const server *s) {
     static const struct {
         const char *name, *method, *path, *body;
@@ -200,6 +351,18 @@ static void test_bad_requests(const server *s) {
          400, "noise_file"},
         {"another model", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"model\": \"/etc/passwd\"}", 400,
          "model"},
+        {"output_format gif", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"output_format\": \"gif\"}", 400,
+         "output_format"},
+        {"output_format not a string", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"output_format\": 1}",
+         400, "output_format"},
+        {"output_compression 101", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"output_format\": \"jpeg\", \"output_compression\": 101}", 400, "output_compression"},
+        {"output_compression -1", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"output_compression\": -1}",
+         400, "output_compression"},
+        {"output_compression fractional", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"output_compression\": 50.5}", 400, "output_compression"},
+        {"output_compression a string", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"output_compression\": \"high\"}", 400, "output_compression"},
         {"unknown route", "GET", "/v1/nothing", NULL, 404, NULL},
         {"wrong method on a GET route", "POST", "/health", "{}", 405, NULL},
         {"wrong method on a POST route", "GET", "/v1/images/generations", NULL, 405, NULL},
@@ -231,6 +394,144 @@ static void test_bad_requests(const server *s) {
     /* still serving after all that */
     int code = http(s, "GET", "/health", NULL, NULL, NULL, NULL);
     T_CHECK("serve: healthy after the bad requests", code == 200, "status %d", code);
+}
+
+/* ---- half-closed clients, and clients that really go away ---- */
+
+static void test_half_close(const server *s) {
+    /* the request, then shutdown(SHUT_WR) as `nc -N` does: the answer still comes (after an interim 100, if any) */
+    char req[1024];
+    raw_generation(req, sizeof req, "{\"prompt\": \"a red fox\", \"size\": \"64x64\", \"steps\": 8, \"seed\": 5}");
+    int fd = tcp_connect(s, NULL);
+    char *resp = fd >= 0 && !send_str(fd, req) && !shutdown(fd, SHUT_WR) ? recv_all(fd, 60000) : NULL;
+    if (fd >= 0) close(fd);
+    const char *fin = resp ? strstr(resp, "HTTP/1.1 200") : NULL;
+    const char *json = fin ? strstr(fin, "\r\n\r\n") : NULL;
+    size_t n = 0;
+    unsigned char *png = json ? answer_png(json + 4, 0, &n) : NULL;
+    T_CHECK("serve: a half-closed client (request sent, write side shut) gets its 200 and its PNG",
+            png && n > 8 && !memcmp(png, "\x89PNG", 4), "%.200s", resp ? resp : "(no answer)");
+    free(png);
+    free(resp);
+    /* the same with an event stream: every event up to done */
+    raw_generation(req, sizeof req, "{\"prompt\": \"a red fox\", \"size\": \"64x64\", \"steps\": 8, \"stream\": true}");
+    fd = tcp_connect(s, NULL);
+    resp = fd >= 0 && !send_str(fd, req) && !shutdown(fd, SHUT_WR) ? recv_all(fd, 60000) : NULL;
+    if (fd >= 0) close(fd);
+    T_CHECK("serve: a half-closed stream client gets its events up to done",
+            resp && strstr(resp, "HTTP/1.1 200") && strstr(resp, "event: image") && strstr(resp, "event: done"),
+            "%.200s", resp ? resp : "(no answer)");
+    free(resp);
+    /* an HTTP/1.0 client, which must not get an interim 1xx, half-closed: its answer without a probe */
+    static const char b10[] = "{\"prompt\": \"a red fox\", \"size\": \"64x64\", \"steps\": 8}";
+    snprintf(req, sizeof req, "POST /v1/images/generations HTTP/1.0\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s", strlen(b10), b10);
+    fd = tcp_connect(s, NULL);
+    resp = fd >= 0 && !send_str(fd, req) && !shutdown(fd, SHUT_WR) ? recv_all(fd, 60000) : NULL;
+    if (fd >= 0) close(fd);
+    json = resp ? strstr(resp, "\r\n\r\n") : NULL;
+    png = json ? answer_png(json + 4, 0, &n) : NULL;
+    T_CHECK("serve: a half-closed HTTP/1.0 client gets its 200 and PNG, and no interim 100",
+            resp && !strncmp(resp, "HTTP/1.", 7) && !strncmp(resp + 8, " 200", 4) && png && n > 8,
+            "%.200s", resp ? resp : "(no answer)");
+    free(png);
+    free(resp);
+    /* a client that closes its socket while its (not streamed) job runs still cancels it */
+    double c0 = metric(s, "ditrun_jobs_cancelled_total"), images0 = metric(s, "ditrun_images_total");
+    raw_generation(req, sizeof req, "{\"prompt\": \"gone\", \"size\": \"128x128\", \"steps\": 40}");
+    fd = tcp_connect(s, NULL);
+    int sent = fd >= 0 && !send_str(fd, req);
+    int running = sent && wait_metric(s, "ditrun_jobs_running", 1, 20000);
+    if (fd >= 0) close(fd);
+    int cancelled = wait_metric(s, "ditrun_jobs_cancelled_total", c0 + 1, 20000);
+    T_CHECK("serve: a client that closes its socket (no stream) cancels its running job",
+            running && cancelled && metric(s, "ditrun_images_total") == images0, "sent %d, running %d, cancelled %d",
+            sent, running, cancelled);
+}
+
+/* ---- requests a hostile page or client sends ---- */
+
+#define MAX_URL_BYTES (8 << 10)         /* the server's limits (http.c): a longer path is 414 */
+#define MAX_HEADER_BYTES (32 << 10)     /* more header bytes: 431 */
+
+static void test_hostile_requests(const server *s) {
+    const char *gen = "{\"prompt\": \"x\", \"size\": \"16x16\", \"steps\": 1}";
+    char hdrf[600], big_path[MAX_URL_BYTES + 64], host_port[160], foreign[160];
+    snprintf(hdrf, sizeof hdrf, "%s/big-header.txt", serve_tmp);
+    FILE *f = fopen(hdrf, "w");
+    if (f) {   /* one header line over the limit */
+        fputs("X-Padding: ", f);
+        for (int i = 0; i < MAX_HEADER_BYTES + 100; i++) fputc('a', f);
+        fputc('\n', f);
+        fclose(f);
+    }
+    snprintf(big_path, sizeof big_path, "/v1/");
+    memset(big_path + 4, 'a', MAX_URL_BYTES);
+    big_path[4 + MAX_URL_BYTES] = 0;
+    char big_hdr[700];
+    snprintf(big_hdr, sizeof big_hdr, "-H @%s", hdrf);
+    snprintf(host_port, sizeof host_port, "-H 'Host: rebind.evil.example:%d'", s->port);
+    snprintf(foreign, sizeof foreign, "-H 'Host: evil.example'");
+    char gen_lengths[100];
+    snprintf(gen_lengths, sizeof gen_lengths, "-H 'Content-Length: %zu' -H 'Content-Length: 7'", strlen(gen));
+    const struct {
+        const char *name, *method, *path, *body, *extra;
+        int status;
+    } cases[] = {
+        {"a cross-site text/plain POST", "POST", "/v1/images/generations", gen,
+         "-H 'Content-Type: text/plain' -H 'Origin: http://evil.example'", 415},
+        {"a form-urlencoded POST (curl -d's default)", "POST", "/v1/images/generations", gen,
+         "-H 'Content-Type: application/x-www-form-urlencoded'", 415},
+        {"a POST without Content-Type", "POST", "/v1/images/generations", gen, "-H 'Content-Type:'", 415},
+        {"a text/plain edit", "POST", "/v1/images/edits", "prompt=x", "-H 'Content-Type: text/plain'", 415},
+        {"a cross-site multipart edit (a form on another site)", "POST", "/v1/images/edits", NULL,
+         "-F prompt=x -H 'Origin: http://evil.example'", 403},
+        {"a foreign Host", "GET", "/v1/models", NULL, foreign, 421},
+        {"a rebound name with this port", "POST", "/v1/images/generations", gen, host_port, 421},
+        {"Content-Length headers that differ (the first one the whole body)", "POST", "/v1/images/generations", gen,
+         gen_lengths, 400},
+        {"Content-Length with Transfer-Encoding", "POST", "/v1/images/generations", gen,
+         "-H 'Transfer-Encoding: chunked' -H 'Content-Length: 40'", 400},
+        {"a NUL in the path", "GET", "/health%00.html", NULL, NULL, 400},
+        {"a NUL in a /v1 path", "GET", "/v1/models%00/x", NULL, NULL, 400},
+        {"headers over 32 KiB", "GET", "/health", NULL, big_hdr, 431},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *body = NULL, name[160], why[400];
+        int code = http(s, cases[i].method, cases[i].path, cases[i].body, cases[i].extra, &body, NULL);
+        snprintf(name, sizeof name, "serve: %s -> %d with a JSON error", cases[i].name, cases[i].status);
+        int shape = error_shape(body, NULL, why, sizeof why);
+        T_CHECK(name, code == cases[i].status && shape, "status %d, body %s", code, why);
+        free(body);
+    }
+    unlink(hdrf);
+    /* a path over 8 KiB (longer than a curl command line here): raw */
+    char *req = malloc(sizeof big_path + 128);
+    sprintf(req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", big_path);
+    int fd = tcp_connect(s, NULL);
+    char *resp = fd >= 0 && !send_str(fd, req) ? recv_all(fd, 20000) : NULL, why[400];
+    if (fd >= 0) close(fd);
+    const char *json = resp ? strstr(resp, "\r\n\r\n") : NULL;
+    T_CHECK("serve: a path over 8 KiB -> 414 with a JSON error",
+            resp && !strncmp(resp, "HTTP/1.1 414", 12) && json && error_shape(json + 4, NULL, why, sizeof why),
+            "%.200s", resp ? resp : "(no answer)");
+    free(resp);
+    free(req);
+    /* what a legitimate client sends passes */
+    int c1 = http(s, "POST", "/v1/images/generations", gen, "-H 'Content-Type: application/json; charset=utf-8'", NULL,
+                  NULL);
+    char lh[160], v6[160];
+    snprintf(lh, sizeof lh, "-H 'Host: localhost:%d'", s->port);
+    snprintf(v6, sizeof v6, "-H 'Host: [::1]:%d'", s->port);
+    int c2 = http(s, "GET", "/v1/models", NULL, lh, NULL, NULL), c3 = http(s, "GET", "/v1/models", NULL, v6, NULL, NULL);
+    char own[160];
+    snprintf(own, sizeof own, "-H 'Origin: http://127.0.0.1:%d'", s->port);
+    int c4 = http(s, "POST", "/v1/images/generations", gen, own, NULL, NULL);
+    snprintf(own, sizeof own, "-H 'Origin: https://127.0.0.1:%d'", s->port);   /* the page behind a TLS proxy */
+    int c5 = http(s, "POST", "/v1/images/generations", gen, own, NULL, NULL);
+    T_CHECK("serve: JSON with a charset, Host localhost:PORT and [::1]:PORT, the page's own Origin (http, https) -> 200",
+            c1 == 200 && c2 == 200 && c3 == 200 && c4 == 200 && c5 == 200, "status %d, %d, %d, %d, %d", c1, c2, c3, c4,
+            c5);
 }
 
 /* ---- POST /v1/images/edits ---- */
@@ -341,11 +642,11 @@ static void test_edits(const server *s) {
         T_CHECK(nm, code == 400 && error_shape(body, bad[i].param, why, sizeof why), "status %d, body %s", code, why);
         free(body);
     }
-    /* not a form: 400; a JSON body is not an edit request */
+    /* not a form: 415; a JSON body is not an edit request */
     char *body = NULL, why[400];
     int code = http(s, "POST", "/v1/images/edits", "{\"prompt\": \"x\"}", "-H 'Content-Type: application/json'", &body,
                     NULL);
-    T_CHECK("serve edits: a JSON body -> 400 with a JSON error", code == 400 && error_shape(body, NULL, why, sizeof why),
+    T_CHECK("serve edits: a JSON body -> 415 with a JSON error", code == 415 && error_shape(body, NULL, why, sizeof why),
             "status %d, body %s", code, why);
     free(body);
     /* a multipart body cut short (no closing boundary): 400 */
@@ -377,7 +678,7 @@ static void test_auth(void) {
     snprintf(keyf, sizeof keyf, "%s/key.txt", serve_tmp);
     spit(keyf, "s3cret-key\n", 11);
     char extra[800];
-    snprintf(extra, sizeof extra, "--api-key-file %s", keyf);
+    snprintf(extra, sizeof extra, "--api-key-file %s --allow-host Box.example --allow-host other.example", keyf);
     server s;
     if (server_start(&s, "auth", extra) || server_ready(&s)) { T_FAIL("serve: start with --api-key-file", "see %s", s.log); return; }
     char *body = NULL, why[400];
@@ -399,13 +700,19 @@ static void test_auth(void) {
     T_CHECK("serve: no CORS headers without --cors", hdr && !strcasestr(hdr, "Access-Control-Allow-Origin"), "%s",
             hdr ? hdr : "");
     free(hdr);
+    char h1[160], h2[160];
+    snprintf(h1, sizeof h1, "-H 'Host: box.example:%d'", s.port);
+    snprintf(h2, sizeof h2, "-H 'Host: box.example.evil.example:%d'", s.port);
+    int a1 = http(&s, "GET", "/health", NULL, h1, NULL, NULL), a2 = http(&s, "GET", "/health", NULL, h2, NULL, NULL);
+    T_CHECK("serve: --allow-host NAME: Host NAME:PORT -> 200 (any case), another name -> 421", a1 == 200 && a2 == 421,
+            "status %d, %d", a1, a2);
     T_CHECK("serve: auth server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
 /* Start a slow streaming request in the background (curl, its pid). */
 static pid_t slow_request(const server *s, int steps) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "exec curl -s -N -o /dev/null -X POST --data-binary '{\"prompt\": \"slow\", \"size\": "
+    snprintf(cmd, sizeof cmd, "exec curl -s -N -o /dev/null -X POST -H 'Content-Type: application/json' --data-binary '{\"prompt\": \"slow\", \"size\": "
              "\"128x128\", \"steps\": %d, \"stream\": true}' http://127.0.0.1:%d/v1/images/generations", steps, s->port);
     pid_t p = fork();
     if (p == 0) {
@@ -454,6 +761,210 @@ static void test_queue_and_cancel(void) {
     T_CHECK("serve: after the cancellations the next request is served", next_runs && cancelled2 && code == 200,
             "next ran %d, second cancel %d, status %d", next_runs, cancelled2, code);
     T_CHECK("serve: queue server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
+/* ---- Retry-After from the queue's history, without a server: jobs of known cost ---- */
+
+/* A job of n images w x h with steps steps, its cost set as http.c sets it, in state st. */
+static dt_job *cost_job(int n, int w, int h, int steps, dt_job_state st) {
+    dt_api_request req;
+    memset(&req, 0, sizeof req);
+    req.n = n;
+    req.width = w;
+    req.height = h;
+    req.steps = steps;
+    dt_job *j = dt_job_new(&req);
+    j->cost_steps = (double)n * steps;
+    j->cost_pixel_steps = j->cost_steps * w * h;
+    j->state = st;
+    return j;
+}
+
+/* A worker that took job j and is through with it after s seconds (j freed). */
+static void finish(dt_queue *q, dt_job *j, double s) {
+    dt_queue_push(q, j);
+    dt_job *got = NULL;
+    if (dt_queue_pop(q, &got, 1) == 1) {
+        dt_queue_job_done(q, got, s);
+        dt_job_unref(got);
+    }
+    dt_job_unref(j);
+}
+
+static void test_retry_estimate(void) {
+    /* jobs that take 0.02 s per step plus 2e-6 s per pixel-step, of three shapes, and one cancelled after 300 s */
+    const double a = 0.02, b = 2e-6;
+    dt_queue q;
+    dt_queue_init(&q, 8);
+    static const int shapes[][3] = {{64, 64, 4}, {256, 256, 12}, {128, 64, 30}};
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 3; k++) {
+            dt_job *j = cost_job(1, shapes[k][0], shapes[k][1], shapes[k][2], DT_JOB_DONE);
+            finish(&q, j, a * j->cost_steps + b * j->cost_pixel_steps);
+        }
+    finish(&q, cost_job(1, 1024, 1024, 50, DT_JOB_CANCELLED), 300);
+    /* waiting: two 512x512 images of 20 steps (21.77 s) and one 64x64 of 4 (0.11 s): 21.9 s, 22 in whole seconds */
+    dt_job *w1 = cost_job(2, 512, 512, 20, DT_JOB_QUEUED), *w2 = cost_job(1, 64, 64, 4, DT_JOB_QUEUED);
+    dt_queue_push(&q, w1);
+    dt_queue_push(&q, w2);
+    double want = a * (w1->cost_steps + w2->cost_steps) + b * (w1->cost_pixel_steps + w2->cost_pixel_steps);
+    int one = dt_queue_retry_after(&q, 1), two = dt_queue_retry_after(&q, 2);
+    char name[200];
+    snprintf(name, sizeof name, "serve: Retry-After from the fitted cost of the waiting jobs: %d s (exact %.2f s), "
+             "%d s over 2 workers; a cancelled 300 s job left out", one, want, two);
+    T_CHECK(name, one == (int)ceil(want) && two == (int)ceil(want / 2), "got %d and %d", one, two);
+    dt_queue_close(&q);
+    dt_job_unref(w1);
+    dt_job_unref(w2);
+    dt_queue_destroy(&q);
+}
+
+/* The slowloris server: requests must be complete within SLOW_TIMEOUT_S, SLOW_PER_CLIENT connections per address;
+ * the attacker opens more sockets than the server's 256 connections and trickles a header line (or a body byte)
+ * into each every SLOW_TICK_MS, far faster than libmicrohttpd's inactivity timeout. */
+#define SLOW_TIMEOUT_S 2
+#define SLOW_PER_CLIENT 4
+#define SLOW_SOCKETS 260
+#define SLOW_TICK_MS 200
+/* A held connection closes within one sweep (0.1 s) past the deadline; the rest is scheduling on a loaded machine. */
+#define SLOW_SLACK_S 1.5
+
+static void test_slowloris(void) {
+    server s;
+    char extra[128];
+    snprintf(extra, sizeof extra, "--request-timeout %d --max-client-connections %d", SLOW_TIMEOUT_S, SLOW_PER_CLIENT);
+    if (server_start(&s, "slowloris", extra) || server_ready(&s)) {
+        T_FAIL("serve: start (slowloris)", "see %s", s.log);
+        return;
+    }
+    static int fd[SLOW_SOCKETS];
+    static double closed[SLOW_SOCKETS];   /* seconds after the start when the server closed it; 0 open */
+    double t0 = dt_now();
+    for (int i = 0; i < SLOW_SOCKETS; i++) {
+        fd[i] = tcp_connect(&s, "127.0.0.1");
+        closed[i] = 0;
+        /* the first one finishes its headers and trickles a body; the others never finish their headers */
+        const char *start = i == 0 ? "POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                                     "application/json\r\nContent-Length: 100000\r\n\r\n{"
+                                   : "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+        if (fd[i] < 0 || send_str(fd[i], start)) closed[i] = dt_now() - t0;
+    }
+    /* while they are held, another client (another address) is answered */
+    double t1 = dt_now();
+    int h = http(&s, "GET", "/health", NULL, "--interface 127.0.0.2", NULL, NULL);
+    int g = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"size\": \"16x16\", \"steps\": 1}",
+                 "--interface 127.0.0.2", NULL, NULL);
+    double t_other = dt_now() - t1;
+    for (int open = 1; open && dt_now() - t0 < SLOW_TIMEOUT_S + SLOW_SLACK_S + 1;) {
+        open = 0;
+        for (int i = 0; i < SLOW_SOCKETS; i++) {
+            if (closed[i]) continue;
+            const char *more = i == 0 ? " " : "X-Slow: 1\r\n";
+            char b[64];
+            ssize_t k = send(fd[i], more, strlen(more), MSG_NOSIGNAL | MSG_DONTWAIT);
+            ssize_t r = k < 0 ? 0 : recv(fd[i], b, sizeof b, MSG_DONTWAIT);
+            if (k < 0 || r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) closed[i] = dt_now() - t0;
+            else open++;
+        }
+        sleep_ms(SLOW_TICK_MS);
+    }
+    int at_once = 0, held = 0, still = 0;
+    double first_held = 1e9, last_held = 0;
+    for (int i = 0; i < SLOW_SOCKETS; i++) {
+        if (!closed[i]) still++;
+        else if (closed[i] < SLOW_TIMEOUT_S * 0.75) at_once++;
+        else {
+            held++;
+            if (closed[i] < first_held) first_held = closed[i];
+            if (closed[i] > last_held) last_held = closed[i];
+        }
+        if (fd[i] >= 0) close(fd[i]);
+    }
+    T_CHECK("serve: while a slowloris holds its sockets, another client's /health and generation -> 200",
+            h == 200 && g == 200, "status %d, %d after %.2f s", h, g, t_other);
+    char name[200];
+    snprintf(name, sizeof name, "serve: slowloris: %d of %d connections held (--max-client-connections %d), the rest "
+             "closed at once", held + still, SLOW_SOCKETS, SLOW_PER_CLIENT);
+    T_CHECK(name, held + still == SLOW_PER_CLIENT && at_once == SLOW_SOCKETS - SLOW_PER_CLIENT, "%d closed at once",
+            at_once);
+    snprintf(name, sizeof name, "serve: slowloris: held connections closed %.2f..%.2f s after they opened "
+             "(--request-timeout %d, + %.1f s) though they trickle bytes", held ? first_held : 0, last_held,
+             SLOW_TIMEOUT_S, SLOW_SLACK_S);
+    T_CHECK(name, still == 0 && held == SLOW_PER_CLIENT && first_held >= SLOW_TIMEOUT_S - 0.1 &&
+                      last_held <= SLOW_TIMEOUT_S + SLOW_SLACK_S, "%d still open", still);
+    /* gone: the attacker's address is served again, and the closings were counted */
+    int code = 0;
+    for (int i = 0; i < 20 && code != 200; i++) {   /* (libmicrohttpd forgets closed connections in its own time) */
+        code = http(&s, "GET", "/health", NULL, NULL, NULL, NULL);
+        if (code != 200) sleep_ms(100);
+    }
+    double timeouts = metric(&s, "ditrun_request_timeouts_total");
+    T_CHECK("serve: after the slowloris its address is served and /metrics counts the timeouts",
+            code == 200 && timeouts == SLOW_PER_CLIENT, "status %d, %g timeouts", code, timeouts);
+    T_CHECK("serve: slowloris server stops with 0", server_stop(&s) == 0, "see %s", s.log);
+}
+
+/* A generation request in the background (curl, its pid); its answer is dropped. */
+static pid_t background_request(const server *s, const char *json_body) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "exec curl -s -o /dev/null -X POST -H 'Content-Type: application/json' --data-binary '%s' "
+             "http://127.0.0.1:%d/v1/images/generations", json_body, s->port);
+    pid_t p = fork();
+    if (p == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return p;
+}
+
+/* Retry-After is whole seconds, at least 1, and estimates the rest of a running job: one second of slack over the
+ * drain time measured. */
+#define RETRY_SLACK_S 1
+
+static void test_retry_after(void) {
+    server s;
+    if (server_start(&s, "retry", "--max-queue 1") || server_ready(&s)) {
+        T_FAIL("serve: start (retry)", "see %s", s.log);
+        return;
+    }
+    /* history: a big job (seconds), a big one cancelled after a second, two small ones (a tenth of a second) */
+    int big = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"big\", \"size\": \"256x256\", \"steps\": 12}",
+                   NULL, NULL, NULL);
+    pid_t c = slow_request(&s, 40);
+    int ran = wait_metric(&s, "ditrun_jobs_running", 1, 20000);
+    sleep_ms(1000);
+    kill(c, SIGKILL);
+    waitpid(c, NULL, 0);
+    int cancelled = wait_metric(&s, "ditrun_jobs_cancelled_total", 1, 20000);
+    int s1 = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"a\", \"size\": \"32x32\", \"steps\": 4}",
+                  NULL, NULL, NULL);
+    int s2 = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"b\", \"size\": \"64x32\", \"steps\": 6}",
+                  NULL, NULL, NULL);
+    /* a small job running (about a second), one queued: the next request gets 429, and the queue then drains */
+    pid_t x = background_request(&s, "{\"prompt\": \"x\", \"size\": \"64x64\", \"steps\": 40}");
+    int running = wait_metric(&s, "ditrun_jobs_running", 1, 20000);
+    pid_t y = background_request(&s, "{\"prompt\": \"y\", \"size\": \"32x32\", \"steps\": 8}");
+    int queued = wait_metric(&s, "ditrun_queue_depth", 1, 20000);
+    double t = dt_now();
+    char *hdr = NULL;
+    int code = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"z\", \"size\": \"32x32\", \"steps\": 8}",
+                    NULL, NULL, &hdr);
+    const char *ra = hdr ? strcasestr(hdr, "Retry-After:") : NULL;
+    int retry = ra ? atoi(ra + 12) : -1;
+    while (dt_now() - t < 60 && (metric(&s, "ditrun_queue_depth") > 0 || metric(&s, "ditrun_jobs_running") > 0))
+        sleep_ms(20);
+    double drained = dt_now() - t;
+    waitpid(x, NULL, 0);
+    waitpid(y, NULL, 0);
+    char name[200];
+    snprintf(name, sizeof name, "serve: Retry-After %d s for a queue that drained in %.2f s (<= ceil + %d) after a big "
+             "job and a cancelled one", retry, drained, RETRY_SLACK_S);
+    T_CHECK(name, big == 200 && ran && cancelled && s1 == 200 && s2 == 200 && running && queued && code == 429 &&
+                      retry >= 1 && retry <= (int)ceil(drained) + RETRY_SLACK_S,
+            "big %d, cancelled %d, small %d %d, running %d, queued %d, status %d", big, cancelled, s1, s2, running,
+            queued, code);
+    free(hdr);
+    T_CHECK("serve: retry server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
 /* A streamed request in the background whose events go to the file out (curl, its pid). */
@@ -588,7 +1099,7 @@ static void test_drain(void) {
     T_CHECK("serve: /health turns 200 after the warm-up", server_ready(&s) == 0, "still not ready after 120 s");
     char outf[600], cmd[2048];
     snprintf(outf, sizeof outf, "%s/drain.out", serve_tmp);
-    snprintf(cmd, sizeof cmd, "exec curl -s -o %s -w '%%{http_code}' -X POST --data-binary '{\"prompt\": \"drain\", "
+    snprintf(cmd, sizeof cmd, "exec curl -s -o %s -w '%%{http_code}' -X POST -H 'Content-Type: application/json' --data-binary '{\"prompt\": \"drain\", "
              "\"size\": \"64x64\", \"steps\": 6}' http://127.0.0.1:%d/v1/images/generations > %s.code", outf, s.port, outf);
     pid_t c = fork();
     if (c == 0) {
@@ -632,7 +1143,7 @@ static int load(const server *s, int n, int c) {
     const char *body = "{\"prompt\": \"a small fox\", \"size\": \"16x16\", \"steps\": 1}";
     spit(bodyf, body, strlen(body));
     snprintf(cmd, sizeof cmd, "seq %d | xargs -P %d -I{} curl -s -m 60 -o /dev/null -w '%%{http_code}\\n' -X POST "
-             "--data-binary @%s http://127.0.0.1:%d/v1/images/generations > %s", n, c, bodyf, s->port, codes);
+             "-H 'Content-Type: application/json' --data-binary @%s http://127.0.0.1:%d/v1/images/generations > %s", n, c, bodyf, s->port, codes);
     if (system(cmd)) return n;
     char *t = t_slurp(codes, NULL);
     int ok = 0;
@@ -719,6 +1230,9 @@ static void test_bad_options(void) {
         {"--model /nonexistent/model", "/nonexistent/model"},
         {"--host name.invalid", "name.invalid"},
         {"--frobnicate", "--frobnicate"},
+        {"--request-timeout 0", "--request-timeout"},
+        {"--max-client-connections 0", "--max-client-connections"},
+        {"--allow-host evil.example:80", "--allow-host"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024], err[4096], name[160];
@@ -757,7 +1271,10 @@ int main(void) {
     test_images(&s);
     test_stream(&s);
     test_bad_requests(&s);
+    test_half_close(&s);
+    test_hostile_requests(&s);
     test_edits(&s);
+    test_formats(&s);
     code = http(&s, "GET", "/metrics", NULL, NULL, &body, NULL);
     T_CHECK("serve: /metrics counts requests by status and has the latency histogram and device memory",
             code == 200 && body && strstr(body, "ditrun_requests_total{route=\"/v1/images/generations\",status=\"400\"}") &&
@@ -767,8 +1284,11 @@ int main(void) {
     free(body);
     T_CHECK("serve: main server stops with 0", server_stop(&s) == 0, "see %s", s.log);
     test_bad_options();
+    test_retry_estimate();
     test_auth();
     test_queue_and_cancel();
+    test_slowloris();
+    test_retry_after();
     test_queue_position();
     test_cpu_defaults_and_estimate();
     test_drain();

@@ -377,7 +377,7 @@ if has sp; then  # several GPUs (docs/sequence-parallel.md): NCCL tests, split f
         [ -n "$port" ] || { echo "no server ($(tail -1 "$OUT/sp-serve-$devs.log"))"; kill $pid 2>/dev/null; return; }
         req='{"prompt": "a red fox in fresh snow", "size": "1024x1024", "steps": 4}'
         t1=$(date +%s.%N)
-        seq 48 | xargs -P 16 -I{} curl -s -o /dev/null -m 600 -X POST -d "$req" "http://127.0.0.1:$port/v1/images/generations"
+        seq 48 | xargs -P 16 -I{} curl -s -o /dev/null -m 600 -X POST -H 'Content-Type: application/json' -d "$req" "http://127.0.0.1:$port/v1/images/generations"
         t2=$(date +%s.%N)
         kill -TERM $pid; wait $pid
         echo "$t1 $t2" | awk '{printf "%.2f images/s (48 in %.1f s)", 48 / ($2 - $1), $2 - $1}'

@@ -4,11 +4,16 @@
 # steps, for each precision arm:
 #   - start to ready (load + warm-up at --warmup SIZExSIZE), and the first image after ready;
 #   - without --warmup: start to ready and the first image (what the warm-up saves);
-#   - concurrency 1: server-side times per image (Server-Timing: generate = encode + denoise + decode, png) and the
+#   - concurrency 1: server-side times per image (Server-Timing: generate = encode + denoise + decode, image = the
+#     output's encode) and the
 #     client-observed latency (curl's time_total), medians, and their difference; once with a new prompt in every
 #     request (the text encoder runs, as in the reference's timing) and once repeating one prompt (the engine
 #     reuses the previous request's prompt features);
 #   - images/s at concurrency 1, 4 and 8;
+#   - per output format (FORMATS, output_format png / jpeg / webp at the default output_compression): at concurrency 1,
+#     N1 requests (one prompt): client-observed vs server-side (generate, and generate + image encode) per image; at
+#     concurrency 8, NC requests: images/s, and per request client - queue - generate (what the client waits beyond
+#     the device work: the encode, the HTTP answer), medians;
 #   - with EDITS=N: N edits at concurrency 1 (POST /v1/images/edits, one SIZE² reference, new prompts), once with
 #     two reference images alternating (the VAE encoder runs for every request, as in the reference's timing) and
 #     once repeating one image (the engine reuses the previous edit's reference tokens);
@@ -20,6 +25,7 @@
 #   usage: bash tools/serve_bench.sh            (env below; results in $OUT/serve-summary.txt)
 #   DITRUN=./build/ditrun  W=/dev/shm/ditrun (work folder: pipelines)  OUT=/tmp/ditrun-out
 #   SIZE=1024 STEPS=4  N1=20 (requests at concurrency 1)  NC=32 (requests per concurrency level)  EDITS=0
+#   FORMATS="png jpeg webp" (FORMATS= : none)
 #   ARMS="q4 bf16 q4-fp8"  (q4 / bf16 pipeline; -fp8: --precision fp8; -cached: --qpath cached, e.g. q4-cached;
 #   ARMS= with DIFFUSERS_SRC: the reference only)  LOAD_SECONDS=600 (0: no load run)
 #   LOAD_ARM=q4  LOAD_ONLY=1 (the load arm's load run alone: no cold start, no concurrency-1 or rate timings)
@@ -39,6 +45,7 @@ ARMS=${ARMS-q4 bf16 q4-fp8}
 LOAD_SECONDS=${LOAD_SECONDS:-600}
 LOAD_ARM=${LOAD_ARM:-q4}
 BACKEND=${BACKEND:-cuda}
+FORMATS=${FORMATS-png jpeg webp}
 mkdir -p "$W" "$OUT"
 SUM=$OUT/serve-summary.txt
 log() { echo "$*" | tee -a "$SUM"; }
@@ -85,15 +92,33 @@ stop() {  # SIGTERM the server, wait: sets STOP_RC (its exit status; 0 = drained
     wait "$SRV_PID"
     STOP_RC=$?
 }
-one() {  # one [BODY_FILE] request: "client_s generate_ms png_ms status" (default body: $W/body.json)
+one() {  # one [BODY_FILE] request: "client_s generate_ms image_ms status queue_ms" (default body: $W/body.json;
+    # image: the output's encode)
     local h; h=$(mktemp)
     local r; r=$(curl -s -o /dev/null -D "$h" -w '%{time_total} %{http_code}' -X POST -H 'Content-Type: application/json' \
         --data-binary @"${1:-$W/body.json}" "http://127.0.0.1:$PORT/v1/images/generations")
-    local gen png
+    local gen img queue
     gen=$(sed -n 's/.*generate;dur=\([0-9.]*\).*/\1/p' "$h")
-    png=$(sed -n 's/.*png;dur=\([0-9.]*\).*/\1/p' "$h")
+    img=$(sed -n 's/.*image;dur=\([0-9.]*\).*/\1/p' "$h")
+    queue=$(sed -n 's/.*queue;dur=\([0-9.]*\).*/\1/p' "$h")
     rm -f "$h"
-    echo "${r% *} ${gen:-nan} ${png:-nan} ${r#* }"
+    echo "${r% *} ${gen:-nan} ${img:-nan} ${r#* } ${queue:-nan}"
+}
+export -f one
+formats() {  # formats ARM: per output format, concurrency 1 and 8, client-observed vs server-side per image
+    local arm=$1 fmt
+    for fmt in $FORMATS; do
+        sed "s/}\$/, \"output_format\": \"$fmt\"}/" "$W/body.json" > "$W/body-$fmt.json"
+        : > "$OUT/fmt1-$arm-$fmt.txt"
+        for _ in $(seq "$N1"); do one "$W/body-$fmt.json" >> "$OUT/fmt1-$arm-$fmt.txt"; done
+        local f1=$OUT/fmt1-$arm-$fmt.txt
+        log "[$arm] $fmt, concurrency 1, $N1 requests (medians): client $(awk '{print $1 * 1000}' "$f1" | median) ms, server generate $(awk '{print $2}' "$f1" | median) ms, $fmt encode $(awk '{print $3}' "$f1" | median) ms; client - generate per request: median $(awk '{print $1 * 1000 - $2}' "$f1" | median) ms, max $(awk '{print $1 * 1000 - $2}' "$f1" | sort -n | tail -1) ms; client - generate - encode: median $(awk '{print $1 * 1000 - $2 - $3}' "$f1" | median) ms; $(awk '$4 != 200' "$f1" | wc -l) failed"
+        local f8=$OUT/fmt8-$arm-$fmt.txt t0 t1
+        t0=$(now)
+        seq "$NC" | PORT=$PORT xargs -P 8 -I{} bash -c 'one "$0"' "$W/body-$fmt.json" > "$f8"
+        t1=$(now)
+        log "[$arm] $fmt, concurrency 8, $NC requests: $(awk -v n="$NC" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", n / (b - a)}') images/s; medians per request: client $(awk '{print $1 * 1000}' "$f8" | median) ms, queue $(awk '{print $5}' "$f8" | median) ms, generate $(awk '{print $2}' "$f8" | median) ms, $fmt encode $(awk '{print $3}' "$f8" | median) ms, client - queue - generate $(awk '{print $1 * 1000 - $5 - $2}' "$f8" | median) ms (max $(awk '{print $1 * 1000 - $5 - $2}' "$f8" | sort -n | tail -1)); $(awk '$4 != 200' "$f8" | wc -l) failed"
+    done
 }
 edit_one() {  # edit_one IMAGE PROMPT: "client_s generate_ms status" of one edit
     local h; h=$(mktemp)
@@ -107,7 +132,7 @@ rate() {  # rate C N: images/s of N requests at concurrency C, and the failures
     local t0 t1 codes
     t0=$(now)
     codes=$(seq "$2" | xargs -P "$1" -I{} curl -s -o /dev/null -w '%{http_code}\n' -X POST \
-        --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
+        -H 'Content-Type: application/json' --data-binary @"$W/body.json" "http://127.0.0.1:$PORT/v1/images/generations")
     t1=$(now)
     local bad; bad=$(echo "$codes" | grep -vc '^200$')
     awk -v n="$2" -v a="$t0" -v b="$t1" -v c="$1" -v bad="$bad" 'BEGIN {printf "concurrency %d: %d requests in %.2f s = %.3f images/s, %d failed\n", c, n, b - a, n / (b - a), bad}'
@@ -162,9 +187,10 @@ for arm in $ARMS; do
         log "[$arm] concurrency 1, $N1 requests, $kind (medians): server generate $g ms (encode+denoise+decode), png $p ms, client $c ms; client - generate - png per request: median $o ms, max $omax ms; $bad failed"
     done
     for cc in 1 4 8; do log "[$arm] $(rate $cc "$NC")"; done
+    formats "$arm"
     if [ "$EDITS" -gt 0 ]; then
         for ref in a b; do   # two reference images, made once by this server
-            [ -s "$W/edit-ref-$ref.png" ] || curl -s -X POST --data-binary \
+            [ -s "$W/edit-ref-$ref.png" ] || curl -s -X POST -H 'Content-Type: application/json' --data-binary \
                 "{\"prompt\": \"reference $ref\", \"size\": \"${SIZE}x${SIZE}\", \"steps\": $STEPS, \"seed\": 3}" \
                 "http://127.0.0.1:$PORT/v1/images/generations" | sed 's/.*"b64_json": *"\([^"]*\)".*/\1/' |
                 base64 -d > "$W/edit-ref-$ref.png.tmp" && [ -s "$W/edit-ref-$ref.png.tmp" ] &&
@@ -194,7 +220,7 @@ for arm in $ARMS; do
             ( i=0; while [ "$(date +%s)" -lt $end ]; do   # every third request a new prompt (the text encoder runs)
                 i=$((i + 1)); body=$W/body.json
                 if [ $((i % 3)) = 0 ]; then body=$W/body-load$k.json; sed "s/golden hour/golden hour, loader $k take $i/" "$W/body.json" > "$body"; fi
-                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST --data-binary @"$body" \
+                curl -s -o /dev/null -m 120 -w '%{http_code}\n' -X POST -H 'Content-Type: application/json' --data-binary @"$body" \
                     "http://127.0.0.1:$PORT/v1/images/generations"
               done > "$OUT/load-$k.codes" ) &
             loaders+=($!)

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "../core/common.h"
-#include "../io/weights.h"
+#include "../core/linear_src.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,19 +8,24 @@
 #include "cli_model.h"
 #include "io/safetensors.h"
 #include "pipeline/engine.h"
+#include "core/outfile.h"
 #include "pipeline/image_meta.h"
 #include "image/png.h"
+#include "pipeline/image_out.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ditrun generate [--model ROOT] --prompt TEXT --output OUT.png [options]\n\n"
+            "usage: ditrun generate [--model ROOT] --prompt TEXT --output OUT.png|.jpg|.webp [options]\n\n"
             "Generates an image with a FLUX.2-klein or Krea 2 pipeline folder (model_index.json, tokenizer/,\n"
             "text_encoder/, transformer/, vae/, scheduler/); the family comes from model_index.json. Without --model\n"
             "the bundled tiny model (tests/fixtures/model, random weights) is used.\n\n"
             "options:\n"
             "  --model ROOT                pipeline root (default: the bundled tiny model)\n"
             "  -p, --prompt TEXT           the prompt (required)\n"
-            "  -o, --output FILE           PNG to write (required)\n"
+            "  -o, --output FILE           image to write (required): JPEG for .jpg/.jpeg, WebP for .webp, else PNG;\n"
+            "                              the parameters go into its text (PNG tEXt, JPEG comment, WebP XMP)\n"
+            "  --output-compression N      0..100 (default 100), the API's output_compression: JPEG/WebP quality;\n"
+            "                              PNG zlib effort (100 fastest, 0 level 9)\n"
             "  --height H, --width W       image size in pixels (default 1024x1024), rounded to a multiple of the\n"
             "                              model's VAE factor x patch size (16 for both families: FLUX.2-klein rounds\n"
             "                              down; Krea 2 rounds up, as its reference pipeline) and at most the model's\n"
@@ -93,11 +98,25 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
     st_writer_add_f32(s->w, nm, ndim, shape, d);
 }
 
-/* The PNG with the generation's parameters as text chunks. */
-static int write_png(const char *path, const uint8_t *rgb, int w, int h, const dt_gen_params *p, int steps, const char *model) {
+/* The image with the generation's parameters as text: JPEG or WebP when the path ends in .jpg/.jpeg/.webp (at
+ * compression, pipeline/image_out.h), else PNG (the server's bytes for the same settings and compression). */
+static int write_image(const char *path, const uint8_t *rgb, int w, int h, const dt_gen_params *p, int steps,
+                       const char *model, int compression) {
     dt_image_meta meta;
     dt_image_meta_fill(&meta, p, steps, w, h, model);
-    int rc = dt_png_write(path, rgb, w, h, meta.text, meta.n);
+    dt_out_format f = DT_OUT_PNG;
+    if (dt_out_format_from_path(path, &f)) f = DT_OUT_PNG;
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    int rc = dt_image_out_encode(f, compression, 0, rgb, w, h, meta.text, meta.n, &bytes, &n);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        dt_set_error("%s: %s", path, why);
+    } else {
+        rc = dt_write_file(path, bytes, n);
+    }
+    free(bytes);
     if (rc == 0) dt_log(1, "ditrun: wrote %s\n", path);
     return rc;
 }
@@ -120,7 +139,8 @@ static char *numbered_output(const char *output, int k) {
 
 /* --count N: one load, N images (seeds seed .. seed + N - 1) written as OUT-1.png .. OUT-N.png; per-image timings
  * and the first image vs the median of the warm ones. */
-static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_params *p, const char *output, int count) {
+static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_params *p, const char *output, int count,
+                         int compression) {
     double t0 = dt_now();
     dt_pipeline *pl = dt_pipeline_load(be, lo);
     if (!pl) return cli_error("%s", dt_last_error());
@@ -146,7 +166,7 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
         for (int k = 0; k < tm.steps && k < 256; k++) printf(" %.4f", tm.t_step[k]);
         printf(" s\n");
         char *path = numbered_output(output, i + 1);
-        if (write_png(path, rgb, w, h, p, tm.steps, lo->model)) rc = cli_error("%s", dt_last_error());
+        if (write_image(path, rgb, w, h, p, tm.steps, lo->model, compression)) rc = cli_error("%s", dt_last_error());
         free(path);
         free(rgb);
     }
@@ -202,7 +222,7 @@ int cmd_generate(int argc, char **argv) {
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     const char *output = NULL, *save = NULL;
-    int compare = 0, count = 1;
+    int compare = 0, count = 1, compression = -1;
     long l;
     double d;
     for (int i = 1; i < argc; i++) {
@@ -215,6 +235,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--model")) { if (!v) return cli_error("--model needs a value"); lo.model = v; i++; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { if (!v) return cli_error("%s needs a value", a); p.prompt = v; i++; }
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { if (!v) return cli_error("%s needs a value", a); output = v; i++; }
+        else if (!strcmp(a, "--output-compression")) { if (cli_parse_int(a, v, 0, 100, &l)) return 1; compression = (int)l; i++; }
         else if (!strcmp(a, "--negative-prompt")) { if (!v) return cli_error("%s needs a value", a); p.negative_prompt = v; i++; }
         else if (!strcmp(a, "--height")) { if (cli_parse_int(a, v, 1, 16384, &l)) return 1; p.height = (int)l; i++; }
         else if (!strcmp(a, "--width")) { if (cli_parse_int(a, v, 1, 16384, &l)) return 1; p.width = (int)l; i++; }
@@ -311,7 +332,7 @@ int cmd_generate(int argc, char **argv) {
     dt_log(1, "ditrun: backend %s\n", be->name);
     cli_sp_note(be, lo.sequence_parallel);
     if (count > 1) {
-        int r = generate_many(be, &lo, &p, output, count);
+        int r = generate_many(be, &lo, &p, output, count, compression);
         be->destroy(be);
         edit_files_free(&ef);
         return r;
@@ -351,7 +372,7 @@ int cmd_generate(int argc, char **argv) {
         free(lat8);
         free(rc2.lat);
     }
-    if (rc == 0) rc = write_png(output, rgb, w, h, &p, tm.steps, lo.model);
+    if (rc == 0) rc = write_image(output, rgb, w, h, &p, tm.steps, lo.model, compression);
     if (rc) cli_error("%s", dt_last_error());
     free(rgb);
     if (sc.w) st_writer_free(sc.w);

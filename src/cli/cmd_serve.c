@@ -31,6 +31,14 @@ static void usage(FILE *f) {
             "                              plans, GEMM choices, kernels), e.g. 1024x1024 (default: none)\n"
             "  --cors ORIGIN               allow browsers on ORIGIN (e.g. https://example.com) to call the API\n"
             "                              (default: no CORS headers)\n"
+            "  --allow-host NAME           accept requests whose Host header is NAME (repeatable); without it only\n"
+            "                              localhost, IP addresses and --host's name are accepted (421 otherwise:\n"
+            "                              DNS rebinding). Needed to reach a --host 0.0.0.0 server by a host name\n"
+            "  --request-timeout S         seconds a connection has to send a whole request, headers and body (not\n"
+            "                              restarted by each byte; counted from the connection or its last answer);\n"
+            "                              past it the connection is closed (default 60)\n"
+            "  --max-client-connections N  connections one client address may hold at once; more are closed when\n"
+            "                              accepted (default 32; raise it behind a reverse proxy)\n"
             "  --backend cpu|cuda|auto     (default auto: cuda when a GPU is usable)\n"
             "  --threads N                 CPU threads (default: all cores)\n"
             "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
@@ -140,6 +148,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
         else if (!strcmp(a, "--devices")) { if (!v) return cli_error("--devices needs a value (all, or GPU indices like 0,1)"); devices = v; i++; }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; o.load.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--request-timeout")) { if (cli_parse_int(a, v, 1, 86400, &l)) return 1; o.request_timeout = (int)l; i++; }
+        else if (!strcmp(a, "--max-client-connections")) { if (cli_parse_int(a, v, 1, 256, &l)) return 1; o.max_client_connections = (int)l; i++; }
+        else if (!strcmp(a, "--allow-host")) {
+            if (!v || !*v || strpbrk(v, " \t\r\n/:[]")) return cli_error("--allow-host needs a host name (no port, no scheme)");
+            if (o.n_allow_hosts == DT_SERVE_MAX_ALLOW_HOSTS) return cli_error("--allow-host: at most %d names", DT_SERVE_MAX_ALLOW_HOSTS);
+            o.allow_hosts[o.n_allow_hosts++] = v;
+            i++;
+        }
         else if (!strcmp(a, "--cors")) { if (!v || !*v) return cli_error("--cors needs an origin"); o.cors_origin = v; i++; }
         else if (!strcmp(a, "--warmup")) {
             int w = 0, h = 0;

@@ -1,6 +1,6 @@
 /* image.h — reading input images (PNG via libpng, JPEG via libjpeg-turbo, WebP via libwebp) from a file or
  * a memory buffer, and converting them the way the reference (Pillow: Image.open(f).convert("RGB") / "L")
- * does.
+ * does; writing generated RGB images as JPEG or WebP with their parameters as text (PNG: pipeline/png.h).
  *
  * A decoded image keeps the mode Pillow would open it in, because Pillow resizes each mode differently
  * (image_resample.h): 1 channel (L, or bilevel "1" stored as 0/255), 2 (LA), 3 (RGB; palette images are
@@ -49,6 +49,23 @@ uint8_t *dt_image_to_l(const dt_image *im);
 int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, dt_image *out);
 int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, dt_image *out);
 int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, dt_image *out);
+/* A text entry stored with an encoded image (PNG tEXt/iTXt, JPEG COM, WebP XMP). key: 1..79 printable Latin-1
+ * characters; value: UTF-8. */
+typedef struct {
+    const char *key;
+    const char *value;
+} dt_image_text;
+
+/* Encode rgb [h, w, 3] (row-major, 8-bit) as baseline JPEG (libjpeg-turbo, 4:2:0, accurate DCT) at quality 1..100,
+ * the text as one COM marker of "key: value" lines (cut at the marker's 65533 bytes). *out malloc'd, *len bytes.
+ * 0, or -1 with the error set. */
+int dt_image_encode_jpeg(const uint8_t *rgb, int w, int h, int quality, const dt_image_text *text, int n_text,
+                         uint8_t **out, size_t *len);
+/* Encode rgb [h, w, 3] as lossy WebP (libwebp) at quality 0..100, the text as an XMP chunk (libwebpmux: a VP8X
+ * container) of dc-style properties. Sides up to 16383. *out malloc'd (free with free()), *len bytes. 0 or -1. */
+int dt_image_encode_webp(const uint8_t *rgb, int w, int h, int quality, const dt_image_text *text, int n_text,
+                         uint8_t **out, size_t *len);
+
 /* 0 when w x h is an acceptable size, else -1 with the error set (shared by the decoders). */
 int dt_image_check_size(const char *name, const char *format, int64_t w, int64_t h);
 

@@ -1,4 +1,4 @@
-/* image_jpeg.c — JPEG decoding from memory with libjpeg-turbo (the library Pillow uses, with the same
+/* image_jpeg.c — JPEG encoding of generated images (image.h: dt_image_encode_jpeg) and JPEG decoding from memory with libjpeg-turbo (the library Pillow uses, with the same
  * defaults: accurate integer DCT, fancy upsampling), gray -> L, YCbCr/RGB -> RGB. CMYK/YCCK files are
  * refused. The library's "premature end of data" warning is an error (it would otherwise pad the image
  * with gray), raised at the point the data runs out; progressive files with more than MAX_SCANS scans are
@@ -125,5 +125,96 @@ int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, dt_ima
         return -1;
     }
     out->px = pix;
+    return 0;
+}
+
+/* ---- encoding ---- */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+} jpeg_enc_err;
+
+static void on_enc_error_exit(j_common_ptr c) {
+    jpeg_enc_err *x = (jpeg_enc_err *)c->err;
+    char msg[JMSG_LENGTH_MAX];
+    c->err->format_message(c, msg);
+    dt_set_error("JPEG encoding: %s", msg);
+    longjmp(x->jb, 1);
+}
+
+/* The text as "key: value" lines, at most cap bytes (a COM marker holds 65533). *n bytes, malloc'd. */
+static char *comment_text(const dt_image_text *text, int n_text, size_t cap, size_t *n) {
+    size_t total = 0;
+    for (int i = 0; i < n_text; i++) total += strlen(text[i].key) + strlen(text[i].value) + 3;
+    if (total > cap) total = cap;
+    char *c = dt_malloc(total + 1);
+    size_t k = 0;
+    for (int i = 0; i < n_text && k < total; i++) {
+        const char *parts[4] = {text[i].key, ": ", text[i].value, "\n"};
+        for (int p = 0; p < 4 && k < total; p++) {
+            size_t m = strlen(parts[p]);
+            if (m > total - k) m = total - k;
+            memcpy(c + k, parts[p], m);
+            k += m;
+        }
+    }
+    *n = k;
+    return c;
+}
+
+/* Everything that can longjmp; *buf / *size are libjpeg's memory destination (freed by the caller). */
+static int encode(struct jpeg_compress_struct *ci, jpeg_enc_err *x, const uint8_t *rgb, int w, int h, int quality,
+                  const char *comment, size_t comment_len, unsigned char **buf, unsigned long *size) {
+    if (setjmp(x->jb)) return -1;
+    jpeg_create_compress(ci);
+    jpeg_mem_dest(ci, buf, size);
+    ci->image_width = (JDIMENSION)w;
+    ci->image_height = (JDIMENSION)h;
+    ci->input_components = 3;
+    ci->in_color_space = JCS_RGB;
+    jpeg_set_defaults(ci);
+    jpeg_set_quality(ci, quality, TRUE);
+    ci->dct_method = JDCT_ISLOW;
+    jpeg_start_compress(ci, TRUE);
+    if (comment_len) jpeg_write_marker(ci, JPEG_COM, (const JOCTET *)comment, (unsigned)comment_len);
+    const size_t stride = (size_t)w * 3;
+    while (ci->next_scanline < ci->image_height) {
+        JSAMPROW row = (JSAMPROW)(rgb + (size_t)ci->next_scanline * stride);
+        jpeg_write_scanlines(ci, &row, 1);
+    }
+    jpeg_finish_compress(ci);
+    return 0;
+}
+
+int dt_image_encode_jpeg(const uint8_t *rgb, int w, int h, int quality, const dt_image_text *text, int n_text,
+                         uint8_t **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    if (w < 1 || h < 1 || w > 65500 || h > 65500 || quality < 1 || quality > 100) {
+        dt_set_error("JPEG encoding: invalid size %dx%d or quality %d (1..65500 per side, quality 1..100)", w, h,
+                     quality);
+        return -1;
+    }
+    struct jpeg_compress_struct ci;
+    memset(&ci, 0, sizeof ci);
+    jpeg_enc_err x;
+    memset(&x, 0, sizeof x);
+    ci.err = jpeg_std_error(&x.pub);
+    x.pub.error_exit = on_enc_error_exit;
+    x.pub.output_message = on_output;
+    size_t comment_len = 0;
+    char *comment = comment_text(text, n_text, 65533, &comment_len);
+    unsigned char *buf = NULL;
+    unsigned long size = 0;
+    int rc = encode(&ci, &x, rgb, w, h, quality, comment, comment_len, &buf, &size);
+    jpeg_destroy_compress(&ci);
+    free(comment);
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;   /* libjpeg-turbo's memory destination is malloc'd: free() releases it */
+    *len = size;
     return 0;
 }

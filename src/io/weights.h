@@ -22,6 +22,7 @@
 #ifndef DT_WEIGHTS_H
 #define DT_WEIGHTS_H
 
+#include "../core/linear_src.h"
 #include "json.h"
 #include "safetensors.h"
 
@@ -31,37 +32,7 @@ extern "C" {   /* (the CUDA backend reads Linear sources through these) */
 
 typedef struct dt_weights dt_weights;
 
-/* Host description of a Linear's weights (zero-copy views into the mapped files). */
-typedef struct {
-    const char *name;          /* NAME (without .weight) */
-    int64_t out, in;           /* logical shape [out, in] */
-    int bits;                  /* 0 = dense; 4 or 8 = MLX affine */
-    int group_size;            /* affine only */
-    dt_dtype dtype;            /* dense: F32/F16/BF16 of data; affine: U32 */
-    const void *data;          /* dense [out,in] / packed u32 [out, in*bits/32] */
-    dt_dtype sb_dtype;         /* affine: dtype of scales and biases (BF16/F16/F32) */
-    const void *scales;        /* affine: [out, in/group_size] */
-    const void *biases;        /* affine: [out, in/group_size] */
-    float w_scale;             /* fp8: the per-tensor scale (1 when the file has none) */
-    const void *w_scales;      /* fp8: per-output-channel scales [out] (NULL: w_scale for every row) */
-    dt_dtype w_scales_dtype;   /* fp8: their dtype (F32/BF16/F16) */
-    float input_scale;         /* fp8: the file's static activation scale, 0 when absent (reports only) */
-    dt_dtype bias_dtype;       /* dtype of the optional Linear bias */
-    const void *bias;          /* optional [out], NULL when the Linear has no bias */
-    dt_precision precision;    /* requested run precision (core/common.h; dt_weights_linear sets DT_PREC_BF16) */
-} dt_linear_src;
-
-/* bits == 0 forms by dtype */
-static inline int dt_linear_src_dense(const dt_linear_src *s) {
-    return !s->bits && (s->dtype == DT_F32 || s->dtype == DT_F16 || s->dtype == DT_BF16);
-}
-static inline int dt_linear_src_fp8(const dt_linear_src *s) {
-    return !s->bits && (s->dtype == DT_F8_E4M3 || s->dtype == DT_F8_E5M2);
-}
-static inline int dt_linear_src_blocks(const dt_linear_src *s) { return !s->bits && dt_dtype_is_block(s->dtype); }
-/* Scale of row r of an fp8 Linear. */
-float dt_linear_src_fp8_scale(const dt_linear_src *s, int64_t r);
-
+/* (A Linear's host description, dt_linear_src, is core/linear_src.h's: the backends take it without this reader.) */
 dt_weights *dt_weights_open(const char *path);
 void dt_weights_close(dt_weights *w);
 const char *dt_weights_path(const dt_weights *w);
@@ -114,9 +85,6 @@ void dt_weights_set_config(dt_weights *w, json *cfg);
 /* Give back the resident memory of a stored tensor's mapped bytes once a streaming pass is done with it
  * (st_release_pages; the tensor stays readable). No-op for aligned copies and derived copies. */
 void dt_weights_release(const dt_weights *w, const st_tensor *t);
-
-/* Rows [r0, r0+nrows) of a Linear as a Linear of its own (zero copy: views into s's bytes, bias included). */
-dt_linear_src dt_linear_src_rows(const dt_linear_src *s, int64_t r0, int64_t nrows);
 
 /* (Its rows as f32 values, whatever the form: dt_linear_src_rows_f32, quant/dequant.h.) */
 

@@ -118,7 +118,8 @@ static int check_size(const dt_api_limits *lim, int64_t w, int64_t h, dt_api_err
  * Edits also take these (the images come as file parts, not fields). */
 static const char *const known_fields[] = {"prompt", "n", "size", "response_format", "seed", "steps", "guidance",
                                            "negative_prompt", "stream", "model", "user", "quality", "style",
-                                           "output_format", "moderation", "background", NULL};
+                                           "output_format", "output_compression", "moderation", "background",
+                                           NULL};
 static const char *const edit_fields[] = {"strength", "input_fidelity", NULL};
 
 static int known(const char *key, int edit) {
@@ -163,15 +164,21 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
                               "response_format '%.40s' is not supported (only b64_json: images are not "
                               "stored on the server)",
                               s);
+    /* output_format, output_compression (pipeline/image_out.h says what the number means for each format) */
     if (get_str(root, "output_format", &s, e)) return -1;
-    if (s && strcmp(s, "png"))
-        return dt_api_invalid(e, "output_format", "output_format '%.40s' is not supported (only png)", s);
+    r->output_format = DT_OUT_PNG;
+    if (s && (strcmp(s, "png") && strcmp(s, "jpeg") && strcmp(s, "webp")))
+        return dt_api_invalid(e, "output_format", "output_format '%.40s' is not supported (png, jpeg or webp)", s);
+    if (s) dt_out_format_parse(s, &r->output_format);
+    int64_t v = -1;
+    if (get_int(root, "output_compression", 0, 100, &v, NULL, e)) return -1;
+    r->output_compression = (int)v;
     for (const char *const *f =
              (const char *const[]){"user", "quality", "style", "moderation", "background", "input_fidelity", NULL};
          *f; f++)
         if (get_str(root, *f, &s, e)) return -1;
     /* n */
-    int64_t v = 1;
+    v = 1;
     if (get_int(root, "n", 1, DT_API_MAX_N, &v, NULL, e)) return -1;
     r->n = (int)v;
     /* size (edits: "auto" by default, the first image's prepared size: width = height = 0 here) */
@@ -285,12 +292,12 @@ void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i,
     }
 }
 
-void dt_api_images_json(dt_strbuf *out, long long created, int n, uint8_t *const *png, const size_t *png_len,
-                        const uint64_t *seeds) {
-    sb_printf(out, "{\"created\": %lld, \"data\": [", created);
+void dt_api_images_json(dt_strbuf *out, long long created, dt_out_format format, int n, uint8_t *const *img,
+                        const size_t *img_len, const uint64_t *seeds) {
+    sb_printf(out, "{\"created\": %lld, \"output_format\": \"%s\", \"data\": [", created, dt_out_format_name(format));
     for (int i = 0; i < n; i++) {
         sb_puts(out, i ? ", {\"b64_json\": \"" : "{\"b64_json\": \"");
-        sb_base64(out, png[i], png_len[i]);
+        sb_base64(out, img[i], img_len[i]);
         sb_printf(out, "\", \"seed\": %llu}", (unsigned long long)seeds[i]);
     }
     sb_puts(out, "]}\n");

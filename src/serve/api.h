@@ -11,6 +11,7 @@
 #include "image/image.h"
 #include "io/json.h"
 #include "pipeline/engine.h"
+#include "pipeline/image_out.h"
 #include "serve/strbuf.h"
 
 #define DT_API_MAX_N 8              /* images per request */
@@ -40,6 +41,8 @@ typedef struct {
     float guidance;                 /* < 0 = the model's default */
     int guidance_given;
     int stream;                     /* answer as Server-Sent Events */
+    dt_out_format output_format;    /* the images' format (png by default) */
+    int output_compression;         /* 0..100, -1 = the default (pipeline/image_out.h) */
     /* edits (POST /v1/images/edits): the decoded uploads, owned by the request */
     int edit;
     dt_image refs[DT_GEN_MAX_REFS]; /* reference images in order (n_refs) */
@@ -94,7 +97,7 @@ int dt_api_form_add(dt_api_form *f, const char *key, const char *filename, const
 /* Parse and check a POST /v1/images/edits form (OpenAI shape): `image[]` (or `image`) files in order (at most
  * DT_GEN_MAX_REFS; each decoded from memory: PNG, JPEG or WebP), optional `mask` (then the first image is inpainted
  * and the others are references), `prompt`, `n`, `size` ("auto" or absent: the first image's prepared size),
- * `response_format`, and the extensions `seed`, `steps`, `guidance`, `strength`, `negative_prompt`, `stream`.
+ * `response_format`, `output_format`, `output_compression`, and the extensions `seed`, `steps`, `guidance`, `strength`, `negative_prompt`, `stream`.
  * The images are checked as the engine will (sizes, aspect ratio, the mask's size) and the output size against
  * the limits. 0 and *r filled (free with dt_api_request_free), or -1 and *e says what is wrong (status 400). */
 int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t seed_if_absent, dt_api_request *r,
@@ -108,8 +111,8 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
 /* The engine request of image i (0..n-1) of r: pointers into r, which must outlive it. */
 void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i, dt_gen_params *g);
 
-/* {"created": T, "data": [{"b64_json": ..., "seed": ...}, ...]} for n PNGs. */
-void dt_api_images_json(dt_strbuf *out, long long created, int n, uint8_t *const *png, const size_t *png_len,
-                        const uint64_t *seeds);
+/* {"created": T, "output_format": F, "data": [{"b64_json": ..., "seed": ...}, ...]} for n images in format F. */
+void dt_api_images_json(dt_strbuf *out, long long created, dt_out_format format, int n, uint8_t *const *img,
+                        const size_t *img_len, const uint64_t *seeds);
 
 #endif

@@ -73,7 +73,8 @@ static void field_json(dt_strbuf *j, const dt_api_part *p) {
     double d;
     sb_json_cstr(j, k);
     sb_puts(j, ": ");
-    if ((!strcmp(k, "n") || !strcmp(k, "seed") || !strcmp(k, "steps")) && is_integer(v)) sb_puts(j, v[0] == '+' ? v + 1 : v);
+    if ((!strcmp(k, "n") || !strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "output_compression")) &&
+        is_integer(v)) sb_puts(j, v[0] == '+' ? v + 1 : v);
     else if ((!strcmp(k, "guidance") || !strcmp(k, "strength")) && is_number(v, &d)) sb_printf(j, "%.17g", d);
     else if (!strcmp(k, "stream") && (!strcmp(v, "true") || !strcmp(v, "false"))) sb_puts(j, v);
     else sb_json_str(j, v, p->data.len);

@@ -52,6 +52,12 @@ void dt_metrics_cancelled(dt_metrics *m) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void dt_metrics_request_timeout(dt_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->request_timeouts++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void histogram_text(dt_strbuf *o, const char *name, const char *help, const dt_histogram *h) {
     sb_printf(o, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (int i = 0; i < DT_METRICS_BUCKETS; i++)
@@ -74,8 +80,12 @@ void dt_metrics_text(dt_metrics *m, const dt_metrics_gauges *g, dt_strbuf *o) {
     sb_printf(o, "# HELP ditrun_images_total Images generated.\n# TYPE ditrun_images_total counter\n"
                  "ditrun_images_total %llu\n"
                  "# HELP ditrun_jobs_cancelled_total Jobs cancelled because their client went away.\n"
-                 "# TYPE ditrun_jobs_cancelled_total counter\nditrun_jobs_cancelled_total %llu\n",
-              (unsigned long long)m->images, (unsigned long long)m->cancelled);
+                 "# TYPE ditrun_jobs_cancelled_total counter\nditrun_jobs_cancelled_total %llu\n"
+                 "# HELP ditrun_request_timeouts_total Connections closed at the --request-timeout deadline: a request "
+                 "not complete in time, or a kept-alive connection idle that long.\n# TYPE ditrun_request_timeouts_total counter\n"
+                 "ditrun_request_timeouts_total %llu\n",
+              (unsigned long long)m->images, (unsigned long long)m->cancelled,
+              (unsigned long long)m->request_timeouts);
     pthread_mutex_unlock(&m->mu);
     sb_printf(o, "# HELP ditrun_ready 1 when the models are loaded and warm.\n# TYPE ditrun_ready gauge\nditrun_ready %d\n"
                  "# HELP ditrun_queue_depth Jobs waiting for a worker.\n# TYPE ditrun_queue_depth gauge\n"

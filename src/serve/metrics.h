@@ -1,6 +1,6 @@
 /* metrics.h — the server's counters and histograms, and their Prometheus text exposition (GET /metrics):
  * requests by route and status, request latency of image generations, server-side seconds per image,
- * queue depth, running jobs, device memory per worker. */
+ * queue depth, running jobs, device memory per worker, connections closed at the request deadline. */
 #ifndef DT_SERVE_METRICS_H
 #define DT_SERVE_METRICS_H
 
@@ -26,6 +26,7 @@ typedef struct {
     dt_histogram latency;       /* image generation requests answered 200, submit to answer */
     dt_histogram image_s;       /* server-side seconds per image (encode + denoise + decode) */
     uint64_t images, cancelled;
+    uint64_t request_timeouts;  /* connections closed for not sending their request in time */
 } dt_metrics;
 
 /* The gauges sampled when /metrics is asked. */
@@ -43,6 +44,7 @@ void dt_metrics_request(dt_metrics *m, const char *route, int status);
 void dt_metrics_latency(dt_metrics *m, double seconds);
 void dt_metrics_image(dt_metrics *m, double seconds);
 void dt_metrics_cancelled(dt_metrics *m);
+void dt_metrics_request_timeout(dt_metrics *m);
 void dt_metrics_text(dt_metrics *m, const dt_metrics_gauges *g, dt_strbuf *out);
 
 #endif

@@ -18,9 +18,8 @@ dt_job *dt_job_new(dt_api_request *req) {
     j->refs = 1;
     j->state = DT_JOB_QUEUED;
     sb_init(&j->events);
-    j->png = dt_calloc((size_t)j->req.n, sizeof *j->png);
-    j->png_len = dt_calloc((size_t)j->req.n, sizeof *j->png_len);
-    j->rgb = dt_calloc((size_t)j->req.n, sizeof *j->rgb);
+    j->img = dt_calloc((size_t)j->req.n, sizeof *j->img);
+    j->img_len = dt_calloc((size_t)j->req.n, sizeof *j->img_len);
     j->width = dt_calloc((size_t)j->req.n, sizeof *j->width);
     j->height = dt_calloc((size_t)j->req.n, sizeof *j->height);
     j->steps = dt_calloc((size_t)j->req.n, sizeof *j->steps);
@@ -42,13 +41,9 @@ void dt_job_unref(dt_job *j) {
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
-    for (int i = 0; i < j->req.n; i++) {
-        free(j->png[i]);
-        free(j->rgb[i]);
-    }
-    free(j->png);
-    free(j->png_len);
-    free(j->rgb);
+    for (int i = 0; i < j->req.n; i++) free(j->img[i]);
+    free(j->img);
+    free(j->img_len);
     free(j->width);
     free(j->height);
     free(j->steps);
@@ -146,17 +141,62 @@ int dt_queue_pop(dt_queue *q, dt_job **jobs, int max) {
             }
             it = next;
         }
+        for (int i = 0; i < n; i++) {
+            jobs[i]->next = q->run_head;
+            q->run_head = jobs[i];
+        }
         q->running += n;
     }
     pthread_mutex_unlock(&q->mu);
     return n;
 }
 
-void dt_queue_job_done(dt_queue *q, double s) {
+void dt_queue_job_done(dt_queue *q, dt_job *j, double s) {
+    pthread_mutex_lock(&j->mu);
+    int done = j->state == DT_JOB_DONE;
+    pthread_mutex_unlock(&j->mu);
     pthread_mutex_lock(&q->mu);
+    for (dt_job **p = &q->run_head; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            j->next = NULL;
+            break;
+        }
     q->running--;
-    q->ema_job_s = q->ema_job_s > 0 ? 0.8 * q->ema_job_s + 0.2 * s : s;
+    if (done && s > 0 && j->cost_steps > 0) {   /* a cancelled or failed job says nothing about the speed */
+        q->hist[q->hist_next].steps = j->cost_steps;
+        q->hist[q->hist_next].pixel_steps = j->cost_pixel_steps;
+        q->hist[q->hist_next].s = s;
+        q->hist_next = (q->hist_next + 1) % DT_QUEUE_HISTORY;
+        if (q->n_hist < DT_QUEUE_HISTORY) q->n_hist++;
+    }
     pthread_mutex_unlock(&q->mu);
+}
+
+/* Seconds per step (*a) and per pixel-step (*b) of the recent finished jobs: least squares on the relative error
+ * of s ~ a * steps + b * pixel_steps, both >= 0. When the history cannot tell the two apart (every job of one
+ * shape) or one comes out negative, the better one-term fit. Caller holds q->mu; 0 when there is no history. */
+static int fit_speed(const dt_queue *q, double *a, double *b) {
+    double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
+    for (int i = 0; i < q->n_hist; i++) {   /* rows (steps / s, pixel_steps / s), target 1 */
+        double u = q->hist[i].steps / q->hist[i].s, v = q->hist[i].pixel_steps / q->hist[i].s;
+        uu += u * u;
+        uv += u * v;
+        vv += v * v;
+        u1 += u;
+        v1 += v;
+    }
+    if (q->n_hist == 0 || uu <= 0 || vv <= 0) return 0;
+    double det = uu * vv - uv * uv;
+    if (det > 1e-9 * uu * vv) {
+        *a = (u1 * vv - v1 * uv) / det;
+        *b = (v1 * uu - u1 * uv) / det;
+        if (*a >= 0 && *b >= 0) return 1;
+    }
+    double a1 = u1 / uu, b1 = v1 / vv;   /* one term: residual sum n - u1^2/uu, resp. n - v1^2/vv */
+    *a = u1 * u1 / uu > v1 * v1 / vv ? a1 : 0;
+    *b = *a > 0 ? 0 : b1;
+    return 1;
 }
 
 void dt_queue_close(dt_queue *q) {
@@ -167,11 +207,21 @@ void dt_queue_close(dt_queue *q) {
 }
 
 int dt_queue_retry_after(dt_queue *q, int n_workers) {
+    double a = 0, b = 0, total = 0, now = dt_now();
     pthread_mutex_lock(&q->mu);
-    double s = q->ema_job_s * (q->depth + q->running) / (n_workers > 0 ? n_workers : 1);
+    if (fit_speed(q, &a, &b)) {
+        for (const dt_job *j = q->head; j; j = j->next) total += a * j->cost_steps + b * j->cost_pixel_steps;
+        for (dt_job *j = q->run_head; j; j = j->next) {
+            double est = a * j->cost_steps + b * j->cost_pixel_steps;
+            pthread_mutex_lock(&j->mu);   /* t_start is set before the job turns RUNNING */
+            if (j->state == DT_JOB_RUNNING) est -= now - j->t_start;
+            pthread_mutex_unlock(&j->mu);
+            total += est > 0 ? est : 0;
+        }
+    }
     pthread_mutex_unlock(&q->mu);
-    int r = (int)ceil(s);
-    return r < 1 ? 1 : r > 3600 ? 3600 : r;
+    double s = total / (n_workers > 0 ? n_workers : 1);
+    return s < 1 ? 1 : s > 3600 ? 3600 : (int)ceil(s);
 }
 
 void dt_queue_counts(dt_queue *q, int *depth, int *running) {

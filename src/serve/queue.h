@@ -1,7 +1,7 @@
 /* queue.h — image jobs and the bounded FIFO between the HTTP threads and the workers.
  *
  * A job is one generation request (1..8 images). The HTTP thread that received it creates it, pushes it and
- * waits on it; a worker pops it, runs it and publishes progress, images and the end through the job, under the
+ * waits on it; a worker pops it, runs it and publishes progress, and its encoder (encoder.h) the images and the end through the job, under the
  * job's lock. Either side may drop its reference first (a client that disconnects, a worker that finishes):
  * the last one frees the job. A disconnecting client sets the job's cancel flag, which the engine checks
  * between steps (and a queued job is taken out of the queue). */
@@ -26,19 +26,20 @@ struct dt_job {
     int refs;
     dt_job_state state;
     dt_strbuf events;               /* stream: Server-Sent Events written so far (the HTTP side sends them on) */
-    int n_done;                     /* images finished */
-    uint8_t **png;                  /* [req.n] PNG bytes of finished images (stream: the worker encodes them) */
-    size_t *png_len;
-    uint8_t **rgb;                  /* [req.n] pixels [h, w, 3] of finished images whose PNG the HTTP thread encodes
-                                     * (so that the worker goes on with the next job meanwhile) */
+    int n_done;                     /* images encoded */
+    uint8_t **img;                  /* [req.n] encoded bytes (req.output_format) of finished images (encoder.c) */
+    size_t *img_len;
     int *width, *height, *steps;    /* [req.n] of each finished image */
     uint64_t *seeds;
     dt_api_error error;             /* DT_JOB_FAILED */
-    double t_submit, t_start, t_end;/* dt_now() seconds */
+    int encode_failed;              /* an image could not be encoded (error set): the job ends FAILED */
+    double t_submit, t_start, t_end;/* dt_now() seconds; t_end: the device work done (before the last encode) */
     double t_encode, t_denoise, t_decode;   /* sums over the images */
+    double t_image;                 /* seconds encoding the images (output_format), summed */
     int worker;                     /* index of the worker that ran it */
+    double cost_steps, cost_pixel_steps;    /* its size for Retry-After: images x steps, and that x pixels */
 
-    dt_job *next;                   /* queue link */
+    dt_job *next;                   /* link in the queue, then in the queue's list of running jobs */
 };
 
 /* A new job owning req (moved in), with one reference (the caller's). */
@@ -48,15 +49,20 @@ void dt_job_unref(dt_job *j);
 /* Publish under the job's lock and wake the waiters. */
 void dt_job_set_state(dt_job *j, dt_job_state s);
 
+#define DT_QUEUE_HISTORY 32         /* finished jobs the Retry-After estimate learns from */
+
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;              /* workers wait for jobs */
     dt_job *head, *tail;
+    dt_job *run_head;               /* the jobs the workers took (running, or next in a worker's batch) */
     int depth;                      /* jobs waiting (not running) */
     int running;                    /* jobs the workers are running */
     int max_depth;                  /* --max-queue */
     int closed;                     /* no more jobs: workers leave once it is empty */
-    double ema_job_s;               /* recent seconds per job (for Retry-After) */
+    struct { double steps, pixel_steps, s; } hist[DT_QUEUE_HISTORY];   /* recent jobs that finished (ring): their
+                                                                         * cost_steps, cost_pixel_steps, seconds */
+    int n_hist, hist_next;
 } dt_queue;
 
 void dt_queue_init(dt_queue *q, int max_depth);
@@ -69,11 +75,14 @@ int dt_queue_remove(dt_queue *q, dt_job *j);
  * size, steps and guidance: what one batched forward could run together). Each comes with the queue's reference,
  * now the caller's. Returns how many; 0 when the queue is closed and empty. */
 int dt_queue_pop(dt_queue *q, dt_job **jobs, int max);
-/* A worker finished a job that took seconds s (for Retry-After estimates). */
-void dt_queue_job_done(dt_queue *q, double s);
+/* A worker is through with job j (popped from q), which took seconds s: it leaves the running list, and when it
+ * finished (DT_JOB_DONE: not cancelled, not failed) its size and time join the history Retry-After learns from. */
+void dt_queue_job_done(dt_queue *q, dt_job *j, double s);
 /* No more pushes; wakes the workers so they leave once the queue is empty. */
 void dt_queue_close(dt_queue *q);
-/* Seconds until a new job would likely start (at least 1). */
+/* Seconds until a new job would likely start (1..3600): the jobs waiting and the rest of the running ones, each
+ * estimated as a * cost_steps + b * cost_pixel_steps with a, b fitted to the recent finished jobs (least squares
+ * on relative error, both >= 0), divided over the workers. 1 without history. */
 int dt_queue_retry_after(dt_queue *q, int n_workers);
 void dt_queue_counts(dt_queue *q, int *depth, int *running);
 /* j's place in line: 1 = the next to run; 0 when it does not wait (running, finished, taken out). */

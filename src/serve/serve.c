@@ -27,6 +27,8 @@ void dt_serve_opts_default(dt_serve_opts *o) {
     o->max_queue = 16;
     o->max_pixels = 0;   /* the backend's default, once the first worker has loaded (worker.c) */
     o->max_steps = 100;
+    o->request_timeout = 60;
+    o->max_client_connections = 32;
 }
 
 int dt_server_default_side(const dt_server *s) {

@@ -13,6 +13,7 @@
 #include "pipeline/generate.h"
 
 #define DT_SERVE_MAX_WORKERS 16
+#define DT_SERVE_MAX_ALLOW_HOSTS 16
 /* The default --max-pixels: on a GPU 2048x2048 (seconds an image); on the CPU 1024x1024, the models' native size
  * (minutes an image there; a 2048x2048 step of klein-4B took ~6 min on a CPU, its attention 16 times 1024x1024's). */
 #define DT_SERVE_MAX_PIXELS_GPU ((int64_t)2048 * 2048)
@@ -36,6 +37,12 @@ typedef struct {
     const char *api_key;        /* every /v1 route needs "Authorization: Bearer KEY" (NULL: open) */
     int warmup_w, warmup_h;     /* one image of this size before /health turns ready (0: none) */
     const char *cors_origin;    /* Access-Control-Allow-Origin (NULL: no CORS headers) */
+    int request_timeout;        /* seconds a connection has to send a whole request (headers and body), counted from
+                                 * its accept or its previous answer, not restarted by each byte; past it: closed */
+    int max_client_connections; /* connections one client address may hold at once; past it: closed at accept */
+    const char *allow_hosts[DT_SERVE_MAX_ALLOW_HOSTS];  /* Host names accepted besides localhost, IP literals and
+                                                         * --host (DNS rebinding defence); n_allow_hosts of them */
+    int n_allow_hosts;
 } dt_serve_opts;
 
 void dt_serve_opts_default(dt_serve_opts *o);

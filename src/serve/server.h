@@ -6,6 +6,7 @@
 
 #include "pipeline/engine.h"
 #include "serve/api.h"
+#include "serve/encoder.h"
 #include "serve/metrics.h"
 #include "serve/queue.h"
 #include "serve/serve.h"
@@ -22,6 +23,7 @@ typedef struct {
     int started;
     dt_backend *be;
     dt_pipeline *pl;
+    dt_encoder *enc;                /* its image encoder thread (encoder.h) */
     size_t mem_current, mem_peak;   /* device memory after its last job (srv->mu) */
     /* the estimate of a request's time (worker.c), from this worker's measured images: seconds per denoising step
      * at two token counts (est_tokens[0] the latest; [1] one at least 25% apart, 0 = none yet), and the last
@@ -50,7 +52,7 @@ struct dt_server {
     dt_metrics m;
     dt_worker workers[DT_SERVE_MAX_WORKERS];
     int n_workers;
-    void *daemon;                   /* struct MHD_Daemon (http.c) */
+    struct dt_http *http;           /* http.c: the daemon, its connections and their request deadlines */
 };
 
 static inline int dt_server_state_get(dt_server *s) { return __atomic_load_n(&s->state, __ATOMIC_ACQUIRE); }

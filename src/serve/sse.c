@@ -10,10 +10,10 @@ void dt_sse_progress(dt_strbuf *o, int index, int n, int step, int steps, double
                  "\"elapsed\": %.4f}\n\n", index, n, step, steps, elapsed);
 }
 
-void dt_sse_image(dt_strbuf *o, int index, uint64_t seed, const uint8_t *png, size_t len) {
-    sb_printf(o, "event: image\ndata: {\"type\": \"image\", \"index\": %d, \"seed\": %llu, \"b64_json\": \"", index,
-              (unsigned long long)seed);
-    sb_base64(o, png, len);
+void dt_sse_image(dt_strbuf *o, int index, uint64_t seed, const char *format, const uint8_t *img, size_t len) {
+    sb_printf(o, "event: image\ndata: {\"type\": \"image\", \"index\": %d, \"seed\": %llu, \"output_format\": \"%s\", "
+                 "\"b64_json\": \"", index, (unsigned long long)seed, format);
+    sb_base64(o, img, len);
     sb_puts(o, "\"}\n\n");
 }
 

@@ -1,5 +1,5 @@
 /* sse.h — a job's progress as Server-Sent Events (text/event-stream): "progress" after each step of each image,
- * "image" with each finished PNG, then "done" (or "error"); before the job starts, "queued" with its place in line
+ * "image" with each finished image, then "done" (or "error"); before the job starts, "queued" with its place in line
  * (sent when it starts waiting and each time the place changes). Each event's data is one line of JSON. */
 #ifndef DT_SERVE_SSE_H
 #define DT_SERVE_SSE_H
@@ -14,8 +14,8 @@
 void dt_sse_queued(dt_strbuf *o, int position, int running);
 /* event: progress  data: {"type": "progress", "index": i, "n": n, "step": s, "steps": S, "elapsed": seconds} */
 void dt_sse_progress(dt_strbuf *o, int index, int n, int step, int steps, double elapsed);
-/* event: image     data: {"type": "image", "index": i, "seed": seed, "b64_json": PNG} */
-void dt_sse_image(dt_strbuf *o, int index, uint64_t seed, const uint8_t *png, size_t len);
+/* event: image     data: {"type": "image", "index": i, "seed": seed, "output_format": format, "b64_json": bytes} */
+void dt_sse_image(dt_strbuf *o, int index, uint64_t seed, const char *format, const uint8_t *img, size_t len);
 /* event: done      data: {"type": "done", "created": T, "n": n, "seconds": server-side seconds} */
 void dt_sse_done(dt_strbuf *o, long long created, int n, double seconds);
 /* event: error     data: {"type": "error", "error": {...}} */

@@ -1,8 +1,8 @@
 /* worker.c — the worker threads: each creates its own backend, loads the pipeline, warms it up at the --warmup
  * size, reports ready, then runs jobs from the queue until it closes: every image through the resident engine
- * (progress and cancellation between steps). A streamed image is encoded to PNG here; the others are handed over as
- * pixels and encoded by the HTTP thread that answers (http.c), while this worker runs the next job. Each request's
- * time is estimated from the images measured before and logged as it starts. */
+ * (progress and cancellation between steps). Each finished image goes to the worker's encoder thread (encoder.c) as
+ * pixels, which encodes it and ends the job while this worker runs the next image. Each request's time is estimated
+ * from the images measured before and logged as it starts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +10,7 @@
 #include <time.h>
 
 #include "image/edit_prep.h"
-#include "pipeline/image_meta.h"
-#include "image/png.h"
+#include "serve/encoder.h"
 #include "serve/server.h"
 #include "serve/sse.h"
 
@@ -144,7 +143,6 @@ static void run_job(dt_worker *w, dt_job *j) {
     dt_job_set_state(j, DT_JOB_RUNNING);
     est_log(w, j);
     dt_job_state end = DT_JOB_DONE;
-    int steps_run = 0, W = 0, H = 0;
     for (int i = 0; i < j->req.n && end == DT_JOB_DONE; i++) {
         dt_gen_params g;
         dt_api_gen_params(&j->req, &s->lim, i, &g);
@@ -152,65 +150,39 @@ static void run_job(dt_worker *w, dt_job *j) {
         g.progress = on_progress;
         g.progress_ud = &pc;
         g.cancel = &j->cancel;
-        uint8_t *rgb = NULL, *png = NULL;
-        size_t png_len = 0;
+        uint8_t *rgb = NULL;
         int iw = 0, ih = 0;
         dt_gen_timings tm;
         int rc = dt_pipeline_generate(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL);
-        if (rc == 0 && j->req.stream) {   /* the stream carries the PNG; otherwise the HTTP thread encodes it */
-            dt_image_meta meta;
-            dt_image_meta_fill(&meta, &g, tm.steps, iw, ih, s->o.load.model);
-            rc = dt_png_encode(rgb, iw, ih, meta.text, meta.n, &png, &png_len);
-            free(rgb);
-            rgb = NULL;
-        }
         pthread_mutex_lock(&j->mu);
         if (rc == DT_GEN_CANCELLED) {
             end = DT_JOB_CANCELLED;
         } else if (rc) {
             end = DT_JOB_FAILED;
             dt_api_error_set(&j->error, 500, "server_error", NULL, "generation failed: %s", dt_last_error());
-            if (j->req.stream) dt_sse_error(&j->events, &j->error);
         } else {
-            j->png[i] = png;
-            j->png_len[i] = png_len;
-            j->rgb[i] = rgb;
-            rgb = NULL;
             j->width[i] = iw;
             j->height[i] = ih;
             j->steps[i] = tm.steps;
             j->seeds[i] = g.seed;
-            j->n_done = i + 1;
             j->t_encode += tm.t_encode;
             j->t_denoise += tm.t_denoise;
             j->t_decode += tm.t_decode;
-            if (j->req.stream) dt_sse_image(&j->events, i, g.seed, png, png_len);
-            steps_run = tm.steps;
-            W = iw;
-            H = ih;
         }
-        pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
-        free(rgb);
         if (rc == 0) {
             dt_metrics_image(&s->m, tm.t_encode + tm.t_denoise + tm.t_decode);
             est_record(w, iw, ih, &tm);
+            dt_encoder_image(w->enc, j, i, rgb, iw, ih, tm.steps);   /* the bytes while the next image runs */
+        } else {
+            free(rgb);
         }
     }
     pthread_mutex_lock(&j->mu);
     j->t_end = dt_now();
-    if (end == DT_JOB_DONE && j->req.stream) dt_sse_done(&j->events, (long long)time(NULL), j->req.n, j->t_end - j->t_start);
     pthread_mutex_unlock(&j->mu);
     if (end == DT_JOB_CANCELLED) dt_metrics_cancelled(&s->m);
-    if (end == DT_JOB_DONE)
-        dt_log(1, "ditrun: worker %d: %d image%s %dx%d, %d steps: waited %.3f s, encode %.3f s, denoise %.3f s, decode "
-                  "%.3f s, server %.3f s\n", w->index, j->req.n, j->req.n > 1 ? "s" : "", W, H, steps_run,
-               j->t_start - j->t_submit, j->t_encode, j->t_denoise, j->t_decode, j->t_end - j->t_start);
-    else
-        dt_log(1, "ditrun: worker %d: job %s after %.3f s%s%s\n", w->index,
-               end == DT_JOB_CANCELLED ? "cancelled" : "failed", j->t_end - j->t_start,
-               end == DT_JOB_FAILED ? ": " : "", end == DT_JOB_FAILED ? j->error.message : "");
-    dt_job_set_state(j, end);
+    dt_encoder_end(w->enc, j, end);
 }
 
 /* Load the pipeline on this worker's backend and run the warm-up image. 0 or -1 (dt_last_error). */
@@ -261,6 +233,7 @@ static void *worker_main(void *arg) {
     dt_worker *w = arg;
     dt_server *s = w->srv;
     int rc = load(w);
+    if (rc == 0 && !(w->enc = dt_encoder_start(s, w->index))) rc = -1;
     pthread_mutex_lock(&s->mu);
     if (rc) {
         if (!s->load_error[0]) snprintf(s->load_error, sizeof s->load_error, "worker %d: %s", w->index, dt_last_error());
@@ -282,11 +255,13 @@ static void *worker_main(void *arg) {
         for (int i = 0; i < n; i++) {
             double t0 = dt_now();
             run_job(w, jobs[i]);
-            dt_queue_job_done(&s->q, dt_now() - t0);
+            dt_queue_job_done(&s->q, jobs[i], dt_now() - t0);
             dt_job_unref(jobs[i]);
         }
         sample_memory(w);
     }
+    dt_encoder_stop(w->enc);   /* the last jobs' images encoded and their ends published */
+    w->enc = NULL;
     return NULL;
 }
 

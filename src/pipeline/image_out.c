@@ -1,0 +1,46 @@
+/* image_out.c — a generated image's bytes in the format asked for (image_out.h). */
+#include "pipeline/image_out.h"
+
+#include <string.h>
+#include <strings.h>
+
+#include "core/common.h"
+#include "image/png.h"
+
+const char *dt_out_format_name(dt_out_format f) {
+    return f == DT_OUT_JPEG ? "jpeg" : f == DT_OUT_WEBP ? "webp" : "png";
+}
+
+const char *dt_out_format_mime(dt_out_format f) {
+    return f == DT_OUT_JPEG ? "image/jpeg" : f == DT_OUT_WEBP ? "image/webp" : "image/png";
+}
+
+int dt_out_format_parse(const char *s, dt_out_format *f) {
+    if (!strcasecmp(s, "png")) *f = DT_OUT_PNG;
+    else if (!strcasecmp(s, "jpeg") || !strcasecmp(s, "jpg")) *f = DT_OUT_JPEG;
+    else if (!strcasecmp(s, "webp")) *f = DT_OUT_WEBP;
+    else return -1;
+    return 0;
+}
+
+int dt_out_format_from_path(const char *path, dt_out_format *f) {
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    if (!dot || (slash && dot < slash)) return -1;
+    return dt_out_format_parse(dot + 1, f);
+}
+
+int dt_image_out_encode(dt_out_format f, int compression, int threads, const uint8_t *rgb, int w, int h,
+                        const dt_image_text *text, int n_text, uint8_t **out, size_t *len) {
+    if (compression < 0) compression = DT_OUT_COMPRESSION_DEFAULT;
+    if (compression > 100) {
+        dt_set_error("output compression %d is out of range (0..100)", compression);
+        return -1;
+    }
+    switch (f) {
+    case DT_OUT_JPEG: return dt_image_encode_jpeg(rgb, w, h, compression ? compression : 1, text, n_text, out, len);
+    case DT_OUT_WEBP: return dt_image_encode_webp(rgb, w, h, compression, text, n_text, out, len);
+    case DT_OUT_PNG: break;
+    }
+    const dt_png_opts o = {9 - (compression * 8 + 50) / 100, threads};
+    return dt_png_encode_opts(rgb, w, h, text, n_text, &o, out, len);
+}
