@@ -3,7 +3,7 @@
  *
  * Always: config.json errors (inconsistent or missing dims, unsupported variants) name the file and the field; the
  * patch layout (channel fastest within a patch) and its inverse; the guidance definitions; synthetic checkpoints of
- * the tiny preset (bf16 and MLX q4) load and run. With the fixtures (skipped with the reason when the
+ * the tiny preset (bf16 and MLX q4) load and run, and a q4 copy matches its dequantized f32 twin. With the fixtures (skipped with the reason when the
  * folder is absent): the transformer forward (out.sample of two geometries, every mid.* intermediate), repeated and
  * regrown buffers; the AutoencoderKL decode and encode (raw VAE latents) and a missing tensor reported by name; the
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); the scheduler's sigmas; the 3-step
@@ -27,6 +27,7 @@
 #include "pipeline/scheduler.h"
 #include "pipeline/zimage_guidance.h"
 #include "pipeline/zimage_prompt.h"
+#include "quant/mlx_affine.h"
 #include "test.h"
 #include "trace_check.h"
 
@@ -151,6 +152,102 @@ static void test_synth(void) {
         zimage_free(m);
     }
 done:
+    be->destroy(be);
+    t_rmtree(dir);
+}
+
+/* DIR/model.safetensors of `src` (a dense checkpoint) with every Linear weight whose input width is a multiple of 32
+ * either quantized to MLX q4 g32 (min/max rule; deq 0) or replaced by exactly those dequantized values in f32
+ * (deq 1), and its config.json. 0 or -1. */
+static int write_q4_variant(const char *src, const char *dir, int deq) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    st_file *f = st_open(p);
+    if (!f || mkdir(dir, 0755)) { if (f) st_close(f); return -1; }
+    st_writer *w = st_writer_new();
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        const size_t nl = strlen(t->name);
+        const int lin = t->ndim == 2 && t->shape[1] % 32 == 0 && nl > 7 && !strcmp(t->name + nl - 7, ".weight") &&
+                        strcmp(t->name, "x_pad_token") && strcmp(t->name, "cap_pad_token");
+        if (!lin) { st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data); continue; }
+        const int64_t out = t->shape[0], in = t->shape[1], ng = in / 32;
+        float *wf = st_to_f32(t);
+        uint32_t *pk = dt_malloc(sizeof(uint32_t) * (size_t)(out * in / 8));
+        uint16_t *sc = dt_malloc(sizeof(uint16_t) * (size_t)(out * ng)), *bi = dt_malloc(sizeof(uint16_t) * (size_t)(out * ng));
+        for (int64_t r = 0; r < out; r++) {
+            mlx_quant_row(wf + r * in, in, 4, 32, MLX_RULE_MINMAX, pk + r * (in / 8), sc + r * ng, bi + r * ng);
+            mlx_dequant_row(wf + r * in, pk + r * (in / 8), sc + r * ng, bi + r * ng, DT_BF16, in, 4, 32);
+        }
+        if (deq) {
+            st_writer_add_f32(w, t->name, 2, t->shape, wf);
+        } else {
+            char nm[300];
+            const int64_t sh[2] = {out, in / 8}, sg[2] = {out, ng};
+            st_writer_add(w, t->name, DT_U32, 2, sh, pk);
+            snprintf(nm, sizeof nm, "%.*s.scales", (int)(nl - 7), t->name); st_writer_add(w, nm, DT_BF16, 2, sg, sc);
+            snprintf(nm, sizeof nm, "%.*s.biases", (int)(nl - 7), t->name); st_writer_add(w, nm, DT_BF16, 2, sg, bi);
+        }
+        free(wf); free(pk); free(sc); free(bi);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int rc = st_writer_save(w, p);
+    st_writer_free(w);
+    st_close(f);
+    char *cfg = NULL;
+    if (rc == 0) {
+        snprintf(p, sizeof p, "%s/config.json", src);
+        cfg = t_slurp(p, NULL);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        FILE *o = cfg ? fopen(p, "wb") : NULL;
+        /* the quantization entry, as a quantized checkpoint's config names it */
+        char *brace = cfg ? strrchr(cfg, '}') : NULL;
+        if (!o || !brace) rc = -1;
+        else {
+            *brace = 0;
+            fprintf(o, "%s%s", cfg, deq ? "}\n" : ",\n  \"quantization\": {\"group_size\": 32, \"bits\": 4}\n}\n");
+            rc = fclose(o) ? -1 : 0;
+        }
+    }
+    free(cfg);
+    return rc;
+}
+
+/* MLX q4 Linears in the forward: a q4 copy of a synthetic checkpoint against its twin holding exactly the
+ * dequantized weights in f32 (same effective weights: only the CPU's per-tile dequantization differs). */
+#define Q4_TWIN_TOL 1e-5
+static void test_q4_twin(void) {
+    char dir[512], src[600], dq[600], dd[600];
+    if (t_tmpdir(dir, sizeof dir, "zimage-q4")) { T_FAIL("q4 twin", "no temp folder"); return; }
+    zimage_config pc;
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *be = dt_backend_cpu_create(&o);
+    snprintf(src, sizeof src, "%s/src", dir);
+    snprintf(dq, sizeof dq, "%s/q4", dir);
+    snprintf(dd, sizeof dd, "%s/deq", dir);
+    zimage_model *mq = NULL, *md = NULL;
+    if (zimage_preset("z-image-tiny", &pc) || zimage_synth_write(&pc, src, 0, 0, 11) || write_q4_variant(src, dq, 0) ||
+        write_q4_variant(src, dd, 1) || !(mq = zimage_load(be, dq)) || !(md = zimage_load(be, dd))) {
+        T_FAIL("q4 twin", "%s", dt_last_error());
+    } else {
+        const zimage_config *c = zimage_get_config(mq);
+        const int gh = 4, gw = 6, N = gh * gw, T = 9;
+        const size_t n = (size_t)N * c->patch_channels;
+        float *img = dt_malloc(sizeof(float) * n), *cap = dt_malloc(sizeof(float) * (size_t)T * c->cap_dim);
+        float *oq = dt_malloc(sizeof(float) * n), *od = dt_malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) img[i] = sinf(0.23f * (float)i);
+        for (int i = 0; i < T * c->cap_dim; i++) cap[i] = cosf(0.17f * (float)i);
+        char fmt[64];
+        zimage_weight_info(mq, NULL, fmt, sizeof fmt);
+        int rc = zimage_forward(mq, img, gh, gw, cap, T, 0.6f, oq, NULL, NULL) |
+                 zimage_forward(md, img, gh, gw, cap, T, 0.6f, od, NULL, NULL);
+        if (rc || !strstr(fmt, "q4 g32")) T_FAIL("q4 twin", "rc %d (%s), format '%s'", rc, rc ? dt_last_error() : "", fmt);
+        else t_check_rel_l2("q4 g32 transformer vs its dequantized f32 twin", oq, od, n, Q4_TWIN_TOL);
+        free(img); free(cap); free(oq); free(od);
+    }
+    zimage_free(mq);
+    zimage_free(md);
     be->destroy(be);
     t_rmtree(dir);
 }
@@ -575,6 +672,7 @@ int main(void) {
     test_patches();
     test_guidance();
     test_synth();
+    test_q4_twin();
     snprintf(g_dir, sizeof g_dir, "%s/zimage", t_fixtures());
     struct stat st;
     char done[600];
