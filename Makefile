@@ -7,6 +7,7 @@
 #   make fuzz       libFuzzer targets (clang) in build/fuzz/
 #   make dev        the kernel studies and tools of dev/ in build/dev/ (run by hand on a GPU machine; not tests)
 #   make CUDA=0     force a CPU-only build
+#   make CUDA_ARCHS="90a"  the CUDA plugin for these cards only (default: 80 86 89 90a 100 120, see below)
 #   make install    PREFIX (default /usr/local), DESTDIR: bin/ditrun, lib/ditrun/libditrun_cuda.so (the CUDA plugin,
 #                   found by the program in ../lib/ditrun/), lib/libditrun.a, include/ditrun.h
 CC      ?= cc
@@ -41,8 +42,19 @@ PLUGIN_HOST_LDFLAGS := -Wl,--whole-archive $(BUILD)/libditrun.a -Wl,--no-whole-a
     '-Wl,--export-dynamic-symbol=json_*' '-Wl,--export-dynamic-symbol=mlx_*'
 
 ifeq ($(CUDA),1)
+  # CUDA_ARCHS: the cards the plugin carries machine code (SASS) for, oldest first, each kept only where this nvcc
+  # lists it (nvcc --list-gpu-code), plus PTX of the last one (compiled by the driver on newer cards). The default
+  # covers Ampere (80, 86), Ada (89), Hopper (90a: our wgmma / TMA kernels) and Blackwell (100, 120), 2-3x the
+  # compile time of one target (NOTES.md); a developer's build for one card: make CUDA_ARCHS=90a (README: GPUs).
+  CUDA_ARCHS ?= 80 86 89 90a 100 120
+  NVCC_CODES := $(shell $(NVCC) --list-gpu-code 2>/dev/null)
+  CUDA_ARCHS_BUILT := $(foreach a,$(CUDA_ARCHS),$(if $(filter sm_$(patsubst %a,%,$(a)),$(NVCC_CODES)),$(a)))
+  ifeq ($(strip $(CUDA_ARCHS_BUILT)),)
+    $(error CUDA_ARCHS="$(CUDA_ARCHS)": none is supported by $(NVCC) ($(NVCC_CODES)))
+  endif
   NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
-  NVCCFLAGS += -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80 \
+  NVCCFLAGS += $(foreach a,$(CUDA_ARCHS_BUILT),-gencode=arch=compute_$(a),code=sm_$(a)) \
+               -gencode=arch=compute_$(lastword $(CUDA_ARCHS_BUILT)),code=compute_$(lastword $(CUDA_ARCHS_BUILT)) \
                -Isrc -I$(BUILD)/gen -Xcompiler -Wall,-fPIC --expt-relaxed-constexpr -MMD -MP
   override CFLAGS += -DDT_HAVE_CUDA=1 -I$(BUILD)/gen
   LDLIBS  += -ldl

@@ -52,9 +52,11 @@ static inline int fuzz_api_one(const uint8_t *data, size_t size) {
              r.height > 0 && (int64_t)r.width * r.height <= lim.max_pixels && r.width % 16 == 0 && r.height % 16 == 0 &&
              r.steps >= 0 && r.steps <= lim.max_steps && (r.guidance_given ? r.guidance >= 0 && r.guidance <= 100 : 1);
     for (int i = 0; ok && i < r.n; i++) {
-        dt_gen_params g;
-        dt_api_gen_params(&r, &lim, i, &g);
-        ok = dt_gen_params_resolve(&lim.info, &g) == 0 && g.width == r.width && g.height == r.height;
+        dt_gen_params g = dt_api_image_job(&r, i);   /* resolved once: resolving again changes nothing */
+        const dt_gen_params g0 = g;
+        ok = dt_gen_params_resolve(&lim.info, &g) == 0 && g.seed == r.seed + (uint64_t)i && g.steps == g0.steps &&
+             g.guidance == g0.guidance && g.width == g0.width && g.height == g0.height &&
+             g.width == r.width && g.height == r.height;
     }
     if (ok) {   /* an answer carrying the prompt's bytes as its "image" is valid JSON */
         uint8_t *png[1] = {(uint8_t *)r.prompt};

@@ -82,9 +82,10 @@ static inline int fuzz_api_edit_one(const uint8_t *data, size_t size) {
     for (int i = 0; ok && i < r.n_refs; i++)
         ok = r.refs[i].px && r.refs[i].w >= 64 && r.refs[i].h >= 64 && r.ref_names[i];
     for (int i = 0; ok && i < r.n; i++) {
-        dt_gen_params g;
-        dt_api_gen_params(&r, &lim, i, &g);
-        ok = dt_gen_params_resolve(&lim.info, &g) == 0;
+        dt_gen_params g = dt_api_image_job(&r, i);   /* resolved once: resolving again changes nothing */
+        const dt_gen_params g0 = g;
+        ok = dt_gen_params_resolve(&lim.info, &g) == 0 && g.seed == r.seed + (uint64_t)i && g.steps == g0.steps &&
+             g.guidance == g0.guidance && g.width == g0.width && g.height == g0.height;
     }
     dt_api_request_free(&r);
     sb_free(&b);

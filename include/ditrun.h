@@ -71,7 +71,7 @@ typedef struct {
     int64_t noise_len;
     ditrun_progress_fn progress;/* optional, called after each step */
     void *progress_user;
-    const volatile int *cancel; /* optional: set non-zero (any thread) to stop the request between steps */
+    const volatile int *cancel; /* optional: set non-zero (any thread) to stop the request at a step or DiT block */
     /* image editing (FLUX.2-klein; a Flux2KleinKVPipeline model caches the references' attention keys/values): */
     const ditrun_image_input *images;      /* reference images in order (n_images, at most 16); width/height left
                                             * at 0 come from the first one (resized to 1024x1024 pixels of area when
@@ -80,6 +80,14 @@ typedef struct {
     const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
     const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
     double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
+    const char *cache;          /* step caching (README, "Step caching"): NULL or "off", "first-block=T",
+                                 * "taylorseer=N[:ORDER]"; a bad value fails the request */
+    int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
+                                            * VAE decoding/encoding, see ditrun_load_opts */
+    int64_t max_vram;                      /* ditrun_generate only: plan the image within this many GPU bytes (the
+                                            * VAE tiles when needed; a budget below the smallest workable fails before
+                                            * loading, naming it); 0 = no bound. Planning only: the pool does not
+                                            * enforce it yet */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */
@@ -104,6 +112,10 @@ typedef struct {
     const char *const *loras;           /* LoRA adapters for the DiT as "FILE[:SCALE]" (FLUX.2-klein), n_loras of
                                          * them (at most 8): merged into dense weights, side products on quantized */
     int n_loras;
+    int vae_tiling;                     /* decode/encode images larger than a tile in overlapping tiles, blended as
+                                         * diffusers' enable_tiling: VAE memory follows the tile, not the image */
+    int vae_tile_size;                  /* the tile side in pixels, a multiple of 4 x the VAE's factor (32 for the
+                                         * released VAEs); 0 = the VAE's default (FLUX.2 1024, Qwen-Image 256) */
 } ditrun_load_opts;
 typedef struct {
     const char *family;                 /* "flux2-klein", "krea2", ... */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "image/edit_prep.h"
 #include "image/image.h"
 #include "models/flux2.h"
 #include "pipeline/engine.h"
@@ -63,14 +64,16 @@ typedef struct {
     int n;
 } api_images;
 
-static int decode_input(const ditrun_image_input *in, const char *what, dt_image *out, const char **name) {
+/* lim: what the image must be (NULL: any size the decoder takes), checked from its header. */
+static int decode_input(const ditrun_image_input *in, const char *what, const dt_image_limits *lim, dt_image *out,
+                        const char **name) {
     if (in->path) {
         *name = in->path;
-        return dt_image_read_file(in->path, out);
+        return dt_image_read_file_ex(in->path, lim, out);
     }
     *name = in->name ? in->name : what;
     if (!in->data || !in->size) { dt_set_error("%s: no image data (path or data + size)", *name); return -1; }
-    return dt_image_decode(in->data, in->size, *name, out);
+    return dt_image_decode_ex(in->data, in->size, *name, lim, out);
 }
 
 static void api_images_free(api_images *a) {
@@ -86,28 +89,29 @@ static int api_images_load(const ditrun_generate_opts *o, api_images *a, dt_gen_
         dt_set_error("generate: %d reference images (at most %d)", o->n_images, DT_GEN_MAX_REFS);
         return -1;
     }
+    const dt_image_limits ref_lim = dt_prep_reference_limits(0);
     for (; a->n < o->n_images; a->n++) {
         char nm[48];
         snprintf(nm, sizeof nm, "reference image %d", a->n + 1);
-        if (decode_input(&o->images[a->n], nm, &a->refs[a->n], &a->ref_names[a->n])) return -1;
+        if (decode_input(&o->images[a->n], nm, &ref_lim, &a->refs[a->n], &a->ref_names[a->n])) return -1;
         if (!o->images[a->n].path && !o->images[a->n].name) a->ref_names[a->n] = NULL;   /* "reference image k" */
     }
     p->refs = a->refs;
     p->ref_names = a->ref_names;
     p->n_refs = a->n;
     if (o->init_image) {
-        if (decode_input(o->init_image, "init image", &a->init, &p->init_name)) return -1;
+        if (decode_input(o->init_image, "init image", NULL, &a->init, &p->init_name)) return -1;
         p->init_image = &a->init;
     }
     if (o->mask) {
-        if (decode_input(o->mask, "mask", &a->mask, &p->mask_name)) return -1;
+        if (decode_input(o->mask, "mask", NULL, &a->mask, &p->mask_name)) return -1;
         p->mask = &a->mask;
     }
     return 0;
 }
 
-/* The public request as the engine's. */
-static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
+/* The public request as the engine's: 0, or -1 for a bad cache setting (dt_last_error). */
+static int to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     dt_gen_params_default(p);
     p->prompt = o->prompt;
     if (o->negative_prompt) p->negative_prompt = o->negative_prompt;
@@ -123,14 +127,19 @@ static void to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     p->progress_ud = o->progress_user;
     p->cancel = o->cancel;
     p->strength = o->strength;
+    return dt_cache_parse(o->cache, &p->cache);
 }
 
 int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_image *out) {
     dt_gen_params p;
-    to_params(o, &p);
+    memset(out, 0, sizeof *out);
+    if (to_params(o, &p)) return -1;
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     lo.model = o->model;
+    lo.vae_tiling = o->vae_tiling;
+    lo.vae_tile = o->vae_tile_size;
+    lo.max_vram = o->max_vram;
     memset(out, 0, sizeof *out);
     api_images im;
     int rc = api_images_load(o, &im, &p);
@@ -158,6 +167,8 @@ ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *
     lo.cuda_graph = o->cuda_graph;
     lo.release_text_encoder = o->release_text_encoder;
     lo.sequence_parallel = o->sequence_parallel;
+    lo.vae_tiling = o->vae_tiling;
+    lo.vae_tile = o->vae_tile_size;
     if (o->n_loras < 0 || o->n_loras > 8 || (o->n_loras && !o->loras)) {
         dt_set_error("pipeline: %d LoRA adapters (0..8, with their names)", o->n_loras);
         return NULL;
@@ -190,8 +201,8 @@ ditrun_pipeline_info ditrun_pipeline_describe(const ditrun_pipeline *p) {
 
 int ditrun_pipeline_generate(ditrun_pipeline *p, const ditrun_generate_opts *o, ditrun_image *out) {
     dt_gen_params g;
-    to_params(o, &g);
     memset(out, 0, sizeof *out);
+    if (to_params(o, &g)) return -1;
     api_images im;
     int rc = api_images_load(o, &im, &g);
     if (rc == 0) rc = dt_pipeline_generate(p->p, &g, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);

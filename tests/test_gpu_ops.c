@@ -156,6 +156,33 @@ static void test_mul_axpby(int64_t M, int64_t N) {
     C->free(C, &ca); C->free(C, &cb); C->free(C, &cy);
 }
 
+/* flow_step on the GPU against the CPU op (which equals the host sampler loop, test_cpu_ops): F32 latents, every
+ * operation rounded to f32 in the same order on both, so bit for bit; Krea 2's 1024² latent shape [4096, 64] and an
+ * odd one (the scalar path). */
+static void test_flow_step(int64_t M, int64_t N) {
+    char name[160];
+    float *hx = rand_bf((size_t)M * N, -3.f, 3.f), *hv = rand_bf((size_t)M * N, -2.f, 2.f), *hu = rand_bf((size_t)M * N, -2.f, 2.f);
+    for (size_t i = 0; i < (size_t)M * N; i++) hx[i] += 1e-4f * (float)(i % 7);   /* f32 values beyond bf16 */
+    const float g = 4.5f, dt = 0.6f - 0.6333333f;
+    for (int mode = 0; mode < 3; mode++) {
+        dt_mat gx = up(G, hx, M, N, DT_F32), gv = up(G, hv, M, N, DT_F32), gu = up(G, hu, M, N, DT_F32);
+        dt_mat cx = up(C, hx, M, N, DT_F32), cv = up(C, hv, M, N, DT_F32), cu = up(C, hu, M, N, DT_F32);
+        G->flow_step(G, gx, gv, mode ? gu : dt_mat_null(), g, mode == 2, dt);
+        C->flow_step(C, cx, cv, mode ? cu : dt_mat_null(), g, mode == 2, dt);
+        float *got = down(G, gx), *ref = down(C, cx);
+        size_t bad = (size_t)M * N;
+        for (size_t i = 0; i < (size_t)M * N && bad == (size_t)M * N; i++) if (got[i] != ref[i]) bad = i;
+        snprintf(name, sizeof name, "flow_step %s [%lld,%lld] equals the CPU bit for bit",
+                 mode == 0 ? "without guidance" : mode == 1 ? "u + g(v - u)" : "v + g(v - u)", (long long)M, (long long)N);
+        T_CHECK(name, bad == (size_t)M * N, "element %zu: %.9g vs %.9g", bad, bad < (size_t)M * N ? got[bad] : 0.f,
+                bad < (size_t)M * N ? ref[bad] : 0.f);
+        free(got); free(ref);
+        G->free(G, &gx); G->free(G, &gv); G->free(G, &gu);
+        C->free(C, &cx); C->free(C, &cv); C->free(C, &cu);
+    }
+    free(hx); free(hv); free(hu);
+}
+
 static void test_copy_transpose(void) {
     const int64_t M = 1000, N = 3000;
     float *h = rand_bf((size_t)M * N, -5.f, 5.f);
@@ -428,6 +455,8 @@ int main(void) {
         test_gated_add(4608, 3072, 1);
         test_gated_add(4608, 3072, 0);
         test_mul_axpby(1024, 3072);
+        test_flow_step(4096, 64);
+        test_flow_step(77, 33);
         printf("# section ew %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {

@@ -3,12 +3,19 @@
  * decoding every PNG / JPEG / WebP mode from a file and from memory, conversion to RGB and L, the
  * refusals (16-bit PNG, CMYK JPEG, truncated files, absurd sizes, animated WebP, non-images), Lanczos and
  * nearest resizing in every mode, the reference-image rule (sizes, checks, area resize + center crop,
- * [-1, 1]), the output-size rule and the inpainting init image + mask preparation; the JPEG and WebP encoders
+ * [-1, 1]), the output-size rule and the inpainting init image + mask preparation; a caller's limits
+ * (dt_image_limits) applied from the header: a PNG decompression bomb refused without its pixels' memory, JPEG and
+ * WebP headers declaring too many pixels, the reference rule's sides and aspect ratio; the JPEG and WebP encoders
  * (decoded back within a PSNR bound per quality, their text in a COM marker / XMP chunk, bad arguments refused). */
 #include <math.h>
+#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jpeglib.h>
 
 #include "image/edit_prep.h"
 #include "image/image.h"
@@ -21,6 +28,9 @@
 /* JPEG and lossy WebP: the same libraries as Pillow here, but other builds (SIMD paths, versions) may
  * round a colour conversion differently by one level. */
 #define LOSSY_MAX_DIFF 1
+/* A refused bomb may raise the peak resident memory of the process by at most this (libpng's and zlib's state and
+ * one row: well under a MB; the bomb's pixels would be 192 MiB). */
+#define BOMB_HWM_TOL_KB (16 * 1024)
 /* Encoders, on a smooth 97x61 test picture (odd sizes: partial MCUs and macroblocks): both formats store 4:2:0
  * chroma, which bounds the best quality; measured here 48.5 dB (JPEG 100), 41.2 (JPEG 75), 44.8 (WebP 100),
  * 36.8 (WebP 75); the bounds leave ~3.5 dB for other library versions. */
@@ -168,6 +178,165 @@ static void test_refusals(void) {
         /* one line naming the file and the reason; bombs are refused from the header (no decoding time) */
         T_CHECK(name, strstr(e, bad[i].f) && strstr(e, bad[i].why) && !strchr(e, '\n') && s < 1.0,
                 "error '%s' (%.2f s)", e, s);
+    }
+}
+
+/* ---- limits from the header ---- */
+
+typedef struct { uint8_t *b; size_t n, cap; } membuf;
+
+static void png_mem_write(png_structp png, png_bytep d, png_size_t n) {
+    membuf *m = png_get_io_ptr(png);
+    if (m->n + n > m->cap) {
+        m->cap = (m->n + n) * 2;
+        m->b = realloc(m->b, m->cap);
+    }
+    memcpy(m->b + m->n, d, n);
+    m->n += n;
+}
+static void png_mem_flush(png_structp png) { (void)png; }
+
+/* An all-zero RGB PNG of w x h in memory, written row by row (a bomb: 8192² compresses to ~0.6 MB). */
+static uint8_t *zero_png(int w, int h, size_t *n) {
+    membuf m = {0};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    uint8_t *row = calloc((size_t)w * 3, 1);
+    if (setjmp(png_jmpbuf(png))) { free(row); free(m.b); png_destroy_write_struct(&png, &info); return NULL; }
+    png_set_write_fn(png, &m, png_mem_write, png_mem_flush);
+    png_set_compression_level(png, 9);
+    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(png, info);
+    for (int y = 0; y < h; y++) png_write_row(png, row);
+    png_write_end(png, info);
+    png_destroy_write_struct(&png, &info);
+    free(row);
+    *n = m.n;
+    return m.b;
+}
+
+/* The peak resident memory of this process (VmHWM, kB), or -1. */
+static long hwm_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atol(line + 6);
+    if (f) fclose(f);
+    return kb;
+}
+
+/* In a child process (its own peak memory): decode data within lim; reports whether it was refused with `why` in
+ * the message, and how much the peak resident memory grew (kB). */
+static int decode_in_child(const uint8_t *data, size_t n, const dt_image_limits *lim, const char *why, long *grew_kb,
+                           char *msg, size_t nmsg) {
+    int fd[2];
+    if (pipe(fd)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        long h0 = hwm_kb();
+        dt_image im;
+        int rc = dt_image_decode_ex(data, n, "bomb.png", lim, &im);
+        long grew = hwm_kb() - h0;
+        char out[600];
+        int refused = rc != 0 && strstr(dt_last_error(), why) != NULL;
+        int k = snprintf(out, sizeof out, "%d %ld %s", refused, grew, rc ? dt_last_error() : "decoded");
+        if (write(fd[1], out, (size_t)k) < 0) {}
+        _exit(0);
+    }
+    close(fd[1]);
+    char in[600] = "";
+    ssize_t k = read(fd[0], in, sizeof in - 1);
+    close(fd[0]);
+    waitpid(pid, NULL, 0);
+    if (k <= 0) return -1;
+    in[k] = 0;
+    int refused = 0;
+    int used = 0;
+    if (sscanf(in, "%d %ld %n", &refused, grew_kb, &used) < 2) return -1;
+    snprintf(msg, nmsg, "%s", in + used);
+    return refused;
+}
+
+static void test_header_limits(void) {
+    char name[200], msg[600];
+    const dt_image_limits server = {.max_pixels = (int64_t)4096 * 4096};
+    /* a PNG bomb: 8192² declared (192 MiB of RGB) in well under a MB; refused from its header */
+    size_t n = 0;
+    uint8_t *bomb = zero_png(8192, 8192, &n);
+    if (!bomb) { T_FAIL("PNG bomb: written", "libpng failed"); return; }
+    long grew = -1;
+    int refused = decode_in_child(bomb, n, &server, "too large", &grew, msg, sizeof msg);
+    snprintf(name, sizeof name, "PNG bomb 8192x8192 (%zu bytes) over a 4096² limit: refused from the header, peak memory "
+             "+%ld kB < %d kB", n, grew, BOMB_HWM_TOL_KB);
+    T_CHECK(name, refused == 1 && grew >= 0 && grew < BOMB_HWM_TOL_KB, "refused %d, +%ld kB: %s", refused, grew, msg);
+    /* the measurement sees a decode: within the default limits the same file is decoded, its pixels counted */
+    refused = decode_in_child(bomb, n, NULL, "too large", &grew, msg, sizeof msg);
+    snprintf(name, sizeof name, "PNG bomb within the default limits: decoded, peak memory +%ld kB (the check above can "
+             "see a decode)", grew);
+    T_CHECK(name, refused == 0 && !strcmp(msg, "decoded") && grew > 8192L * 8192 * 3 / 1024 * 9 / 10, "refused %d, "
+            "+%ld kB: %s", refused, grew, msg);
+    free(bomb);
+
+    /* a JPEG whose frame header declares 6000x6000 (36 M pixels), the data cut short: refused from the header */
+    struct jpeg_compress_struct cj;
+    struct jpeg_error_mgr je;
+    cj.err = jpeg_std_error(&je);
+    jpeg_create_compress(&cj);
+    unsigned char *jb = NULL;
+    unsigned long jn = 0;
+    jpeg_mem_dest(&cj, &jb, &jn);
+    cj.image_width = 64;
+    cj.image_height = 64;
+    cj.input_components = 3;
+    cj.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&cj);
+    jpeg_start_compress(&cj, TRUE);
+    uint8_t row[64 * 3] = {0};
+    JSAMPROW rp = row;
+    while (cj.next_scanline < cj.image_height) jpeg_write_scanlines(&cj, &rp, 1);
+    jpeg_finish_compress(&cj);
+    jpeg_destroy_compress(&cj);
+    int patched = 0;
+    for (unsigned long i = 0; i + 9 < jn && !patched; i++)
+        if (jb[i] == 0xFF && jb[i + 1] == 0xC0) {   /* SOF0: length(2) precision(1) height(2) width(2) */
+            jb[i + 5] = 6000 >> 8; jb[i + 6] = 6000 & 255;
+            jb[i + 7] = 6000 >> 8; jb[i + 8] = 6000 & 255;
+            patched = 1;
+        }
+    dt_image im;
+    int rc = patched ? dt_image_decode_ex(jb, jn, "big.jpg", &server, &im) : 0;
+    T_CHECK("JPEG header of 6000x6000 over a 4096² limit: refused naming the limit", patched && rc != 0 &&
+            strstr(dt_last_error(), "big.jpg") && strstr(dt_last_error(), "too large") &&
+            strstr(dt_last_error(), "16777216"), "patched %d rc %d: %s", patched, rc, dt_last_error());
+    free(jb);
+
+    /* a lossless WebP whose VP8L header declares 5000x5000: refused from the header (libwebp's feature probe) */
+    uint8_t wp[40] = {'R', 'I', 'F', 'F', 0, 0, 0, 0, 'W', 'E', 'B', 'P', 'V', 'P', '8', 'L', 13, 0, 0, 0, 0x2f};
+    const uint32_t bits = (5000u - 1) | (5000u - 1) << 14;
+    for (int i = 0; i < 4; i++) wp[21 + i] = (uint8_t)(bits >> (8 * i));
+    const uint32_t riff = sizeof wp - 8;
+    for (int i = 0; i < 4; i++) wp[4 + i] = (uint8_t)(riff >> (8 * i));
+    rc = dt_image_decode_ex(wp, sizeof wp, "big.webp", &server, &im);
+    T_CHECK("WebP header of 5000x5000 over a 4096² limit: refused naming the limit", rc != 0 &&
+            strstr(dt_last_error(), "big.webp") && strstr(dt_last_error(), "too large"), "rc %d: %s", rc, dt_last_error());
+    if (rc == 0) dt_image_free(&im);
+
+    /* the reference rule as limits: a 63-pixel side and a 9:1 aspect ratio refused from the header; 64x64 passes */
+    const dt_image_limits ref = dt_prep_reference_limits(0);
+    struct { int w, h; const char *why; } chk[] = {{63, 80, "at least 64"}, {9 * 64 + 8, 64, "at most 8:1"},
+                                                   {64, 64, NULL}};
+    for (size_t i = 0; i < sizeof chk / sizeof *chk; i++) {
+        uint8_t *p = zero_png(chk[i].w, chk[i].h, &n);
+        rc = dt_image_decode_ex(p, n, "ref.png", &ref, &im);
+        snprintf(name, sizeof name, "reference limits from the header: %dx%d %s", chk[i].w, chk[i].h,
+                 chk[i].why ? "refused" : "accepted");
+        if (chk[i].why) T_CHECK(name, rc != 0 && strstr(dt_last_error(), chk[i].why), "rc %d: %s", rc, dt_last_error());
+        else T_CHECK(name, rc == 0 && im.w == 64, "%s", dt_last_error());
+        if (rc == 0) dt_image_free(&im);
+        free(p);
     }
 }
 
@@ -546,6 +715,7 @@ int main(void) {
     }
     test_decode();
     test_refusals();
+    test_header_limits();
     test_resize();
     test_normalize();
     test_reference_rule();

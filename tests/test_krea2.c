@@ -17,6 +17,8 @@
 #include "backends/backend.h"
 #include "io/safetensors.h"
 #include "models/krea2.h"
+#include "pipeline/sampler.h"
+#include "core/fp8.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
 #include "trace_check.h"
@@ -31,6 +33,25 @@
 #define KREA2_Q4_TWIN_TOL 1e-5
 /* repeated forward on cached buffers and tables: deterministic CPU kernels give identical output. */
 #define KREA2_REPEAT_TOL 0.0
+/* --precision fp8 / --attn-precision fp8 (CPU emulation) vs the reference: e4m3 keeps 3 mantissa bits (~2.6% rms per
+ * operand); this fixture's blocks add little to the residual stream, so the output moves far less (measured: Linears
+ * 2.3e-3, attention 6.0e-4, both 2.3e-3): the window proves the fp8 path ran (> 1e-4, the f32 forward's distance)
+ * and is not garbage (klein's test of the same kind: 1e-4..0.3; here 1e-4..5e-2). */
+#define KREA2_FP8_MIN 1e-4
+#define KREA2_FP8_MAX 5e-2
+/* fp8 attention with the mask (padded keys gathered out) vs the same forward on the unpadded inputs: the same keys
+ * and values, only Q's per-tensor scale may also cover the padded queries, and summation order (measured 8.6e-7;
+ * with the padded keys left in: 2.1e-3). */
+#define KREA2_FP8_GATHER_TOL 1e-4
+/* CUDA fp8 vs the CPU emulation, both modes: bf16 activations and cuDNN's rounding of the unnormalized exp (4-5% per
+ * attention call, NOTES.md) vs the emulation's; test_gpu_formats' TOL_FORWARD_FP8 for FLUX.2 */
+#define KREA2_GPU_FP8_TOL 6e-2
+/* The sampler's device path vs its host path on CUDA: the same kernels on the same values (x rounded to bf16 by the
+ * upload or by the copy, the velocity widened exactly, flow_step bit-exact: test_gpu_ops), so equal unless a kernel
+ * is not deterministic; 1e-6 (on the CPU: exactly equal). */
+#define KREA2_SAMPLER_GPU_TOL 1e-6
+/* CUDA fused inputs vs separate ops: test_flux2's FP8_FUSE_TOL (the gated residual rounded once instead of 3x) */
+#define KREA2_FP8_FUSE_TOL 2e-2
 
 typedef struct {
     st_file *io;
@@ -179,11 +200,13 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
-enum { MODE_COPY = 0, MODE_Q4, MODE_DEQ };
+enum { MODE_COPY = 0, MODE_Q4, MODE_DEQ, MODE_FP8 };
 
 /* Write the fixture transformer to DIR: MODE_COPY (optionally skipping tensor `skip`), MODE_Q4 (every
  * 2-D Linear weight whose input width is a multiple of 32 quantized to MLX q4 g32, min/max rule), or
- * MODE_DEQ (those same weights replaced by their dequantized f32 values). config: text to write. */
+ * MODE_DEQ (those same weights replaced by their dequantized f32 values), MODE_FP8 (the transformer blocks' Linear
+ * weights as F8_E4M3 codes + a per-channel F32 NAME.weight_scale, as the fp8 files of FLUX.2 store them). config: text
+ * to write. */
 static int write_variant(const char *dir, int mode, const char *skip, const char *config) {
     char src[512], p[600];
     snprintf(src, sizeof src, "%s/krea2/transformer/diffusion_pytorch_model.safetensors", t_fixtures());
@@ -197,7 +220,24 @@ static int write_variant(const char *dir, int mode, const char *skip, const char
         size_t nl = strlen(t->name);
         int is_lin = mode != MODE_COPY && t->ndim == 2 && nl > 7 && !strcmp(t->name + nl - 7, ".weight") &&
                      t->shape[1] % 32 == 0;
+        if (mode == MODE_FP8) is_lin = is_lin && !strncmp(t->name, "transformer_blocks.", 19);
         if (!is_lin) { st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data); continue; }
+        if (mode == MODE_FP8) {   /* scale = row amax / 448, codes = e4m3(w / scale) */
+            int64_t out = t->shape[0], in = t->shape[1];
+            float *wf = st_to_f32(t), *sc = dt_malloc(sizeof(float) * (size_t)out);
+            uint8_t *codes = dt_malloc((size_t)(out * in));
+            for (int64_t r = 0; r < out; r++) {
+                float a = dt_fp8_amax(wf + r * in, in);
+                sc[r] = a > 0 ? a / DT_E4M3_MAX : 1.0f;
+                for (int64_t j = 0; j < in; j++) codes[r * in + j] = dt_f32_to_e4m3(wf[r * in + j] / sc[r]);
+            }
+            char nm[300];
+            snprintf(nm, sizeof nm, "%.*s.weight_scale", (int)(nl - 7), t->name);
+            st_writer_add(w, t->name, DT_F8_E4M3, 2, t->shape, codes);
+            st_writer_add(w, nm, DT_F32, 1, t->shape, sc);
+            free(wf); free(sc); free(codes);
+            continue;
+        }
         int64_t out = t->shape[0], in = t->shape[1], g = 32, ng = in / g;
         float *wf = st_to_f32(t);
         uint32_t *pk = dt_malloc(sizeof(uint32_t) * (size_t)(out * in / 8));
@@ -465,11 +505,288 @@ static void synthetic_real_geometry(dt_backend *be, const char *tag) {
     rm_dir(dir);
 }
 
+/* ------------------------------------------------------------------ sampler on the device */
+
+typedef struct {
+    krea2_model *m;
+    const fx_inputs *fi;
+    const float *neg, *sigmas;
+    int dev_calls;
+} smp_ctx;
+
+static int smp_host(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
+    (void)fbc;   /* no step cache in this test */
+    smp_ctx *c = ctx;
+    return krea2_forward(c->m, x, c->fi->n, pass ? c->neg : c->fi->txt, c->fi->t, c->sigmas[i], c->fi->pos,
+                         c->fi->mask, v, NULL, NULL);
+}
+
+static int smp_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
+    smp_ctx *c = ctx;
+    c->dev_calls++;
+    return krea2_forward_dev(c->m, x, pass ? c->neg : c->fi->txt, c->fi->t, c->sigmas[i], c->fi->pos, c->fi->mask, v);
+}
+
+/* dt_sample's device path (latents on the backend between steps, guidance + Euler as flow_step) against its host
+ * path: 3 steps with Krea 2's guidance v + 4.5·(v − u) on the fixture model (prompt: the fixture's text, negative:
+ * a scaled copy), final latents within tol (CPU: 0). */
+static void sampler_device(dt_backend *be, const char *tag, double tol) {
+    fx_inputs fi;
+    char name[200], dir[512];
+    snprintf(name, sizeof name, "%s sampler: device path vs host path", tag);
+    if (load_inputs(&fi)) { T_FAIL(name, "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    krea2_model *m = krea2_load(be, dir);
+    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); free_inputs(&fi); return; }
+    const krea2_config *c = krea2_get_config(m);
+    size_t n = (size_t)fi.n * fi.in_ch, nt = (size_t)fi.t * c->text_layers * c->text_dim;
+    float *neg = dt_malloc(sizeof(float) * nt);
+    for (size_t i = 0; i < nt; i++) neg[i] = -0.5f * fi.txt[i];
+    static const float sigmas[] = {1.0f, 0.75f, 0.5f, 0.25f}, timesteps[] = {1000.f, 750.f, 500.f};
+    smp_ctx sc = {m, &fi, neg, sigmas, 0};
+    float *xs[2], *v = dt_malloc(sizeof(float) * n), *u = dt_malloc(sizeof(float) * n);
+    const int64_t shape[3] = {1, fi.n, fi.in_ch};
+    dt_gen_params g;
+    memset(&g, 0, sizeof g);
+    int rc[2];
+    for (int dev = 0; dev < 2; dev++) {
+        xs[dev] = dt_malloc(sizeof(float) * n);
+        memcpy(xs[dev], fi.img, sizeof(float) * n);
+        dt_gen_timings tm;
+        memset(&tm, 0, sizeof tm);
+        dt_sampler s = {.steps = 3, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = 1, .guidance = 4.5f,
+                        .rule = DT_CFG_FROM_COND, .n = n, .obs_shape = shape, .predict = smp_host, .ctx = &sc, .v = v,
+                        .u = u, .predict_dev = dev ? smp_dev : NULL, .be = be, .rows = fi.n};
+        rc[dev] = dt_sample(&s, xs[dev], &g, dt_now(), &tm, NULL, NULL);
+    }
+    if (rc[0] || rc[1]) T_FAIL(name, "host rc %d, device rc %d: %s", rc[0], rc[1], dt_last_error());
+    else {
+        T_CHECK(name, sc.dev_calls == 6, "%d device passes (3 steps x 2 expected)", sc.dev_calls);
+        double e = dt_rel_l2(xs[1], xs[0], n), moved = dt_rel_l2(xs[0], fi.img, n);
+        snprintf(name, sizeof name, "%s sampler: device path equals the host path (rel L2 %.3g <= %g; the latents moved %.3g)",
+                 tag, e, tol, moved);
+        T_CHECK(name, e <= tol && moved > 0.1, "rel L2 %.3g, moved %.3g", e, moved);
+    }
+    free(xs[0]); free(xs[1]); free(v); free(u); free(neg);
+    krea2_free(m);
+    free_inputs(&fi);
+}
+
+/* krea2_set_graph on CUDA: calls alternating two masks (the fixture's and none, as a guided step alternates the prompt
+ * and the negative prompt) run eagerly, are captured, then replayed; then a third mask (one more real token: more keys,
+ * fp8 attention's scratch grows in its eager call) takes a slot and is captured beside the unmasked one. Each call
+ * equals the eager forward of its mask bit for bit (the same kernels on the same buffers), with bf16 attention and
+ * with fp8 attention (its gathered keys inside the graph). */
+static void cuda_graph_replay(dt_backend *be) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cuda krea2 graph", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    char dir[512], name[160];
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    size_t n = (size_t)fi.n * fi.in_ch;
+    for (int f8 = 0; f8 < 2; f8++) {
+        if (f8 && !be->attention_fp8) { T_SKIP("cuda krea2 graph, fp8 attention", "no fp8 attention"); break; }
+        dt_precision ap = be->opts.attn_precision;
+        be->opts.attn_precision = f8 ? DT_PREC_FP8 : DT_PREC_BF16;
+        krea2_model *m = krea2_load(be, dir);
+        be->opts.attn_precision = ap;
+        if (!m) { T_FAIL("cuda krea2 graph", "load: %s", dt_last_error()); continue; }
+        uint8_t *mask2 = dt_malloc((size_t)fi.t);
+        memcpy(mask2, fi.mask, (size_t)fi.t);
+        for (int j = 0; j < fi.t; j++)
+            if (!mask2[j]) { mask2[j] = 1; break; }
+        const uint8_t *masks[3] = {fi.mask, NULL, mask2};
+        static const char *const mname[3] = {"mask", "no mask", "mask 2"};
+        static const int order[] = {0, 1, 0, 1, 0, 1, 2, 1, 2, 1, 2, 1};
+        float *eager[3], *g = dt_malloc(sizeof(float) * n);
+        int rc = 0;
+        for (int k = 0; k < 3; k++) {
+            eager[k] = dt_malloc(sizeof(float) * n);
+            rc |= krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, masks[k], eager[k], NULL, NULL);
+        }
+        krea2_set_graph(m, 1);
+        for (size_t i = 0; i < sizeof order / sizeof order[0] && rc == 0; i++) {
+            int k = order[i];
+            rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, masks[k], g, NULL, NULL);
+            snprintf(name, sizeof name, "cuda krea2 graph%s call %zu (%s) equals eager", f8 ? " (fp8 attention)" : "",
+                     i + 1, mname[k]);
+            if (rc == 0) t_check_rel_l2(name, g, eager[k], n, 0.0);
+        }
+        if (rc) T_FAIL("cuda krea2 graph", "%s", dt_last_error());
+        free(eager[0]); free(eager[1]); free(eager[2]); free(g); free(mask2);
+        krea2_free(m);
+    }
+    free_inputs(&fi);
+}
+
+/* ------------------------------------------------------------------ fp8 */
+
+/* One fixture forward on a fresh load with precision / attn_precision / fp8_unfused set on be (restored after);
+ * fmt receives the weight formats. The inputs are fi's, or (n_txt, txt, pos, mask) when txt is given. NULL on
+ * failure (reported). */
+static float *fp8_forward(dt_backend *be, const fx_inputs *fi, dt_precision prec, dt_precision aprec, int unfused,
+                          int n_txt, const float *txt, const float *pos, const uint8_t *mask, const char *name,
+                          char *fmt, size_t fmt_len) {
+    dt_backend_opts saved = be->opts;
+    be->opts.precision = prec;
+    be->opts.attn_precision = aprec;
+    be->opts.fp8_unfused = unfused;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    krea2_model *m = krea2_load(be, dir);
+    be->opts = saved;
+    if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
+    size_t bytes;
+    krea2_weight_info(m, &bytes, fmt, fmt_len);
+    float *out = dt_malloc(sizeof(float) * (size_t)fi->n * fi->in_ch);
+    if (!txt) { n_txt = fi->t; txt = fi->txt; pos = fi->pos; mask = fi->mask; }
+    if (krea2_forward(m, fi->img, fi->n, txt, n_txt, fi->ts, pos, mask, out, NULL, NULL)) {
+        T_FAIL(name, "forward failed: %s", dt_last_error());
+        free(out);
+        out = NULL;
+    }
+    krea2_free(m);
+    return out;
+}
+
+/* --precision fp8 and --attn-precision fp8 on the CPU (the emulation of the CUDA fp8 GEMM and attention): each within
+ * KREA2_FP8_MIN..MAX of out.sample; the fused producers (act_linear_gated) bit-identical to the separate ops (the
+ * CPU's fused ops are the composed ones: a wrong gate row or view fails); the masked fp8 attention (padded keys
+ * gathered out) equal to the unpadded inputs' forward within KREA2_FP8_GATHER_TOL. */
+static void fp8_cpu(dt_backend *be) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cpu fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    size_t no = (size_t)fi.n * fi.in_ch;
+    const st_tensor *rt = st_find(fi.io, "out.sample");
+    float *ref = rt ? st_to_f32(rt) : NULL;
+    char fmt[96], name[200];
+    static const struct { dt_precision p, a; const char *what; } modes[] = {
+        {DT_PREC_FP8, DT_PREC_BF16, "fp8 Linears"},
+        {DT_PREC_BF16, DT_PREC_FP8, "fp8 attention"},
+        {DT_PREC_FP8, DT_PREC_FP8, "fp8 Linears + attention"},
+    };
+    for (size_t i = 0; ref && i < sizeof modes / sizeof modes[0]; i++) {
+        snprintf(name, sizeof name, "cpu krea2 %s", modes[i].what);
+        float *o = fp8_forward(be, &fi, modes[i].p, modes[i].a, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+        if (!o) continue;
+        double e = dt_rel_l2(o, ref, no);
+        snprintf(name, sizeof name, "cpu krea2 %s forward is %g..%g from the reference (rel L2 %.3g)", modes[i].what,
+                 KREA2_FP8_MIN, KREA2_FP8_MAX, e);
+        T_CHECK(name, e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rel L2 %.3g", e);
+        if (modes[i].p == DT_PREC_FP8) {
+            snprintf(name, sizeof name, "cpu krea2 %s: the weight formats say fp8", modes[i].what);
+            T_CHECK(name, strstr(fmt, "fp8") != NULL, "'%s'", fmt);
+            float *sep = fp8_forward(be, &fi, modes[i].p, modes[i].a, 1, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+            int bad = -1;
+            for (size_t j = 0; sep && j < no && bad < 0; j++) if (sep[j] != o[j]) bad = (int)j;
+            snprintf(name, sizeof name, "cpu krea2 %s: fused inputs equal the separate ops", modes[i].what);
+            T_CHECK(name, sep && bad < 0, "element %d: fused %.9g, separate %.9g", bad, bad >= 0 ? o[bad] : 0.f,
+                    bad >= 0 && sep ? sep[bad] : 0.f);
+            free(sep);
+        }
+        free(o);
+    }
+    /* the unpadded inputs: the text tokens the mask keeps, their position rows, then the image rows */
+    int tv = 0;
+    for (int j = 0; j < fi.t; j++) tv += fi.mask[j] != 0;
+    int64_t Y = st_find(fi.io, "in.encoder_hidden_states")->shape[2], E = st_find(fi.io, "in.encoder_hidden_states")->shape[3];
+    float *txt = dt_malloc(sizeof(float) * (size_t)(tv * Y * E)), *pos = dt_malloc(sizeof(float) * (size_t)(tv + fi.n) * 3);
+    for (int j = 0, r = 0; j < fi.t; j++) {
+        if (!fi.mask[j]) continue;
+        memcpy(txt + (size_t)r * Y * E, fi.txt + (size_t)j * Y * E, sizeof(float) * (size_t)(Y * E));
+        memcpy(pos + (size_t)r * 3, fi.pos + (size_t)j * 3, sizeof(float) * 3);
+        r++;
+    }
+    memcpy(pos + (size_t)tv * 3, fi.pos + (size_t)fi.t * 3, sizeof(float) * 3 * (size_t)fi.n);
+    snprintf(name, sizeof name, "cpu krea2 fp8 attention with %d of %d text tokens padded", fi.t - tv, fi.t);
+    if (tv == fi.t) T_FAIL(name, "the fixture's mask pads nothing");
+    float *om = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, 0, NULL, NULL, NULL, name, fmt, sizeof fmt);
+    float *ou = fp8_forward(be, &fi, DT_PREC_BF16, DT_PREC_FP8, 0, tv, txt, pos, NULL, name, fmt, sizeof fmt);
+    if (om && ou) {
+        snprintf(name, sizeof name, "cpu krea2 fp8 attention: masked (keys gathered) vs unpadded inputs");
+        check_l2(name, om, ou, no, KREA2_FP8_GATHER_TOL);
+    }
+    free(om); free(ou); free(txt); free(pos); free(ref);
+    free_inputs(&fi);
+}
+
+/* An fp8 Krea 2 file (the blocks' Linears e4m3 + per-channel scales, written here; or with export, krea2_export_fp8's
+ * folder: per-tensor scales + input_scale, as `ditrun convert --format fp8` writes it) loads and runs without
+ * --precision (CUDA: the fp8 GEMM on the stored codes; the CPU: their exact values): its formats name e4m3 and the
+ * forward is KREA2_FP8_MIN..MAX from the reference. Returns the output (NULL on failure) for CUDA vs CPU. */
+static float *fp8_file(dt_backend *be, const char *tag, int export) {
+    fx_inputs fi;
+    char name[200], dir[512], cfgp[512];
+    snprintf(name, sizeof name, "%s krea2 fp8 %s", tag, export ? "export" : "file");
+    if (load_inputs(&fi)) { T_FAIL(name, "inputs: %s", dt_last_error()); free_inputs(&fi); return NULL; }
+    snprintf(cfgp, sizeof cfgp, "%s/krea2/transformer/config.json", t_fixtures());
+    char *cfg = read_text(cfgp);
+    tmp_dir(dir, sizeof dir, "fp8");
+    float *out = NULL;
+    char src[512];
+    snprintf(src, sizeof src, "%s/krea2", t_fixtures());
+    int written = 0;
+    if (!cfg || (export ? krea2_export_fp8(src, dir, DT_F8_E4M3, 0, &written) : write_variant(dir, MODE_FP8, NULL, cfg))) {
+        T_FAIL(name, "writing the file: %s", dt_last_error());
+    } else {
+        krea2_model *m = krea2_load(be, dir);
+        if (!m) T_FAIL(name, "load failed: %s", dt_last_error());
+        else {
+            size_t bytes; char fmt[96];
+            krea2_weight_info(m, &bytes, fmt, sizeof fmt);
+            out = dt_malloc(sizeof(float) * (size_t)fi.n * fi.in_ch);
+            int rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, fi.mask, out, NULL, NULL);
+            const st_tensor *rt = st_find(fi.io, "out.sample");
+            float *ref = rt ? st_to_f32(rt) : NULL;
+            double e = rc == 0 && ref ? dt_rel_l2(out, ref, (size_t)fi.n * fi.in_ch) : -1;
+            snprintf(name, sizeof name, "%s krea2 fp8 %s ('%s') forward is %g..%g from the reference (rel L2 %.3g)",
+                     tag, export ? "export" : "file", fmt, KREA2_FP8_MIN, KREA2_FP8_MAX, e);
+            T_CHECK(name, rc == 0 && strstr(fmt, "e4m3") && e > KREA2_FP8_MIN && e < KREA2_FP8_MAX, "rc %d (%s), rel L2 %.3g",
+                    rc, rc ? dt_last_error() : "", e);
+            if (rc) { free(out); out = NULL; }
+            free(ref);
+            krea2_free(m);
+        }
+    }
+    rm_dir(dir);
+    free(cfg);
+    free_inputs(&fi);
+    return out;
+}
+
+/* CUDA --precision fp8 and --attn-precision fp8 against the CPU emulation (KREA2_GPU_FP8_TOL), and CUDA's fused
+ * producers against its separate ops (KREA2_FP8_FUSE_TOL). */
+static void fp8_cuda(dt_backend *cu) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cuda fp8", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
+    size_t no = (size_t)fi.n * fi.in_ch;
+    char fmt[96], name[200];
+    int attn = cu->attention_fp8 != NULL;
+    if (!attn) T_SKIP("cuda krea2 fp8 attention", "%s", cu->attention_fp8_off ? cu->attention_fp8_off : "no fp8 attention");
+    dt_precision ap = attn ? DT_PREC_FP8 : DT_PREC_BF16;
+    float *g = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cuda krea2 fp8", fmt, sizeof fmt);
+    float *c = cpu ? fp8_forward(cpu, &fi, DT_PREC_FP8, ap, 0, 0, NULL, NULL, NULL, "cpu krea2 fp8", fmt, sizeof fmt) : NULL;
+    float *sep = fp8_forward(cu, &fi, DT_PREC_FP8, ap, 1, 0, NULL, NULL, NULL, "cuda krea2 fp8 separate", fmt, sizeof fmt);
+    float *fg = fp8_file(cu, "cuda", 0), *fc = cpu ? fp8_file(cpu, "cpu", 0) : NULL;
+    if (fg && fc) check_l2("cuda krea2 fp8 file vs the CPU emulation", fg, fc, no, KREA2_GPU_FP8_TOL);
+    free(fg); free(fc);
+    snprintf(name, sizeof name, "cuda krea2 fp8 Linears%s vs the CPU emulation", attn ? " + attention" : "");
+    if (g && c) check_l2(name, g, c, no, KREA2_GPU_FP8_TOL);
+    if (g && sep) check_l2("cuda krea2 fp8: fused inputs vs separate ops", g, sep, no, KREA2_FP8_FUSE_TOL);
+    free(g); free(c); free(sep);
+    if (cpu) cpu->destroy(cpu);
+    free_inputs(&fi);
+}
+
 int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
     fixture_on(cpu, "cpu", KREA2_CPU_TOL);
     q4_check(cpu, "cpu", KREA2_Q4_TWIN_TOL);
+    fp8_cpu(cpu);
+    free(fp8_file(cpu, "cpu", 0));
+    free(fp8_file(cpu, "cpu", 1));
+    sampler_device(cpu, "cpu", 0);
     cpu->destroy(cpu);
     error_checks();
     if (dt_backend_cuda_available()) {
@@ -478,6 +795,9 @@ int main(void) {
         else {
             fixture_on(cu, "cuda", KREA2_GPU_TOL);
             q4_check(cu, "cuda", KREA2_GPU_TOL);
+            fp8_cuda(cu);
+            sampler_device(cu, "cuda", KREA2_SAMPLER_GPU_TOL);
+            cuda_graph_replay(cu);
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') synthetic_real_geometry(cu, "cuda");
             else T_SKIP("cuda synthetic Krea 2 geometry", "set DITRUN_SLOW=1 (writes ~2.6 GB to $TMPDIR)");

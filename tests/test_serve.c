@@ -763,6 +763,49 @@ static void test_queue_and_cancel(void) {
     T_CHECK("serve: queue server stops with 0", server_stop(&s) == 0, "see %s", s.log);
 }
 
+/* ---- A request becomes the engine's job once, without a server: resolved when checked, and still pointing at its
+ * own images after moving into a queue job ---- */
+static void test_request_job(void) {
+    dt_api_limits lim;
+    memset(&lim, 0, sizeof lim);
+    lim.model_id = "model";
+    lim.info.editing = 1;
+    lim.info.size_multiple = 16;
+    lim.info.max_side = 4096;
+    lim.info.default_steps = 4;
+    lim.info.default_guidance = 2.5f;
+    lim.max_pixels = 1 << 20;
+    lim.max_steps = 50;
+    uint8_t *rgb = malloc(100 * 77 * 3), *png = NULL;
+    for (int i = 0; i < 100 * 77 * 3; i++) rgb[i] = (uint8_t)(i * 7);
+    size_t n = 0;
+    dt_png_encode(rgb, 100, 77, NULL, 0, &png, &n);
+    free(rgb);
+    dt_api_form f;
+    dt_api_form_init(&f);
+    dt_api_error e;
+    int rc = dt_api_form_add(&f, "image[]", "ref.png", (const char *)png, 0, n, &e);
+    if (rc == 0) rc = dt_api_form_add(&f, "prompt", NULL, "a snow leopard", 0, 14, &e);
+    if (rc == 0) rc = dt_api_form_add(&f, "seed", NULL, "9", 0, 1, &e);
+    free(png);
+    dt_api_request r;
+    if (rc == 0) rc = dt_api_parse_edit(&f, &lim, 42, &r, &e);
+    dt_api_form_free(&f);
+    if (rc) { T_FAIL("serve: an edit request's job", "parse: %s", e.message); return; }
+    /* the model's defaults filled in once (the client gave neither steps nor guidance), size "auto" left to the engine */
+    const int resolved = r.steps == 0 && r.guidance < 0 && r.gen.steps == 4 && r.gen.guidance == 2.5f &&
+                         r.gen.max_seq_len == 512 && r.gen.width == 0 && r.gen.height == 0;
+    dt_job *j = dt_job_new(&r);
+    const dt_gen_params g2 = dt_api_image_job(&j->req, 2);
+    T_CHECK("serve: an edit request's job is resolved when checked and follows the request into its queue job",
+            resolved && j->req.gen.refs == j->req.refs && j->req.gen.n_refs == 1 && j->req.gen.ref_names[0] ==
+                j->req.ref_names[0] && j->req.gen.prompt == j->req.prompt && !j->req.gen.init_image &&
+                g2.seed == 11 && g2.refs == j->req.refs && g2.steps == 4,
+            "resolved %d, refs %p vs %p, seed %llu, steps %d", resolved, (const void *)j->req.gen.refs,
+            (const void *)j->req.refs, (unsigned long long)g2.seed, g2.steps);
+    dt_job_unref(j);
+}
+
 /* ---- Retry-After from the queue's history, without a server: jobs of known cost ---- */
 
 /* A job of n images w x h with steps steps, its cost set as http.c sets it, in state st. */
@@ -1284,6 +1327,7 @@ int main(void) {
     free(body);
     T_CHECK("serve: main server stops with 0", server_stop(&s) == 0, "see %s", s.log);
     test_bad_options();
+    test_request_job();
     test_retry_estimate();
     test_auth();
     test_queue_and_cancel();

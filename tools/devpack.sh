@@ -1,7 +1,7 @@
 #!/bin/sh
 # tools/devpack.sh — build ditrun, the test programs and dev/'s studies and tools for the GPU machine (CUDA backend,
 # CPU libraries linked statically since that machine lacks their -dev packages), strip them and pack them into
-# .devpack/NAME.tar.xz (a few MB; NAME defaults to build), which tools/gpu_run.sh unpacks there as ./NAME/. The
+# .devpack/NAME.tar.xz (~17 MB: xz -1 with a 256 MiB dictionary, which spans the test programs' shared static code: ~2.5 min on a loaded 2-core machine where -6 took 15-50; NAME defaults to build), which tools/gpu_run.sh unpacks there as ./NAME/. The
 # CUDA backend is the plugin NAME/libditrun_cuda.so beside NAME/ditrun (the programs load it when a CUDA backend is
 # asked for).
 #   sh tools/devpack.sh            this tree, as build (what every gpu_run.sh section runs)
@@ -20,5 +20,5 @@ for f in build-dev/tests/test_* build-dev/dev/*; do
 done
 strip "/tmp/ditrun-pack/$NAME/ditrun" "/tmp/ditrun-pack/$NAME"/tests/* $(ls "/tmp/ditrun-pack/$NAME"/dev/* 2>/dev/null)
 strip --strip-unneeded "/tmp/ditrun-pack/$NAME/libditrun_cuda.so"
-(cd /tmp/ditrun-pack && tar cf - "$NAME" | xz -T1 -6 --lzma2=dict=192MiB) > ".devpack/$NAME.tar.xz"
+(cd /tmp/ditrun-pack && tar cf - "$NAME" | xz -T1 -1 --lzma2=preset=1,dict=256MiB) > ".devpack/$NAME.tar.xz"
 ls -la ".devpack/$NAME.tar.xz"

@@ -14,7 +14,8 @@
 #     kernels   the kernel timings of dev/ (elementwise and copies, VAE ops, cuDNN vs own attention, first calls,
 #               Linears at 1/2/4 images' rows: what batching requests could save), and with DIFFUSERS_SRC diffusers'
 #               VAE alone (tools/diffusers_vae_time.py: PyTorch/cuDNN decode and encode, NCHW and channels_last)
-#     krea2     Krea 2 q4 1024² forwards (masked and not) and its bench
+#     krea2     Krea 2 q4 1024² forwards (masked and not; --cuda-graph; --precision fp8, --attn-precision fp8 and both,
+#               with their error vs bf16) and its bench
 #     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generates (one-shot, --count 4) with two build
 #               folders, alternating, then a checksum and the rel L2 of every output of B against A, the generate's
 #               intermediates included (bit-identical where the path is the same)
@@ -28,6 +29,13 @@
 #     lora      LoRA adapters against the reference: each key layout (synth --lora-layout) on the bundled tiny model,
 #               ditrun CPU/CUDA (merged, side product) vs diffusers' load_lora_weights (tools/lora_reference.py,
 #               float32), the final modulation's halves, MLX q8/q4 copies; needs DIFFUSERS_SRC for the reference
+#     vaetile   tiled VAE (--vae-tiling): diffusers' own tiled decode/encode of the tiny VAEs (tools/vae_tiling_reference.py,
+#               needs DIFFUSERS_SRC; the file comes back in $OUT for tests/fixtures/), test_vae_tiling with the GPU
+#               required (CUDA tiled vs CPU tiled, ours vs diffusers'), and 2048² klein-4B q4 images untiled and
+#               tiled: decode time and nvidia-smi's peak memory
+#     portable  --kernels portable (the paths of a non-Hopper card, README: GPUs): info --devices in both modes, the
+#               GPU test suite with DITRUN_CUDA_KERNELS=portable, and klein-4B q4 / bf16 1024², klein-9B q4 and
+#               Krea 2 q4 1024² forwards in both modes, alternating
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -195,9 +203,23 @@ if has krea2; then   # PERF summary: Krea 2
     [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
     fwd "Krea 2 q4 1024^2 (mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10
     fwd "Krea 2 q4 1024^2 (no mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10 --no-mask
+    fwd "Krea 2 q4 1024^2 (mask) --cuda-graph" "$W/kr2q4" "$W/inkr2_1024.st" 10 --cuda-graph
+    use_cudnn919
+    for a in "--precision fp8" "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
+        fwd "Krea 2 q4 1024^2 (mask) $a" "$W/kr2q4" "$W/inkr2_1024.st" 10 $a
+        $B forward --backend cuda --model "$W/kr2q4" --inputs "$W/inkr2_1024.st" --repeat 3 $a --compare-bf16 2>&1 \
+            | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+    done
+    unset DITRUN_CUDNN_LIB
     timeout 300 $B bench --preset krea2 --backend cuda --json "$OUT/benchkr2.jsonl" > "$OUT/benchkr2.md" 2> "$OUT/benchkr2.err"
     log "bench krea2 rc=$?"
     grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2.md" | tee -a "$OUT/summary.txt"
+    use_cudnn919
+    timeout 300 $B bench --preset krea2 --backend cuda --precision fp8 --attn-precision fp8 --json "$OUT/benchkr2f8.jsonl" \
+        > "$OUT/benchkr2f8.md" 2> "$OUT/benchkr2f8.err"
+    log "bench krea2 fp8 rc=$?"
+    grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2f8.md" | tee -a "$OUT/summary.txt"
+    unset DITRUN_CUDNN_LIB
 fi
 
 if has ab; then   # A/B of two build folders: alternating timings, then every output of B against A's
@@ -275,6 +297,15 @@ if has krea2gen; then  # Krea 2 end to end at 1024^2 on the synthetic real-geome
         log "ditrun generate Krea 2 q4 1024^2, $what_k2"
         $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/$m.png" --seed 7 --count "${KREA2_COUNT:-3}" 2>&1 \
             | grep -E "^image|^load|first|warm|peak|error" | tee -a "$OUT/summary.txt"
+        use_cudnn919
+        for a in "--cuda-graph" "--precision fp8 --attn-precision fp8" "--precision fp8 --attn-precision fp8 --cuda-graph"; do
+            log "ditrun generate Krea 2 q4 1024^2, $what_k2, $a"
+            $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/${m}_x.png" --seed 7 --count "${KREA2_COUNT:-3}" $a \
+                2>&1 | grep -E "^image|^load|first|warm|peak|error" | tee -a "$OUT/summary.txt"
+        done
+        $B generate --backend cuda --model "$W/$m" -p "$P" -o "$OUT/${m}_8.png" --seed 7 --precision fp8 \
+            --attn-precision fp8 --compare-bf16 2>&1 | grep -E "fp8 vs|error" | tee -a "$OUT/summary.txt"
+        unset DITRUN_CUDNN_LIB
     done
     if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
         for m in kr2p4 kr2p4d; do
@@ -496,6 +527,57 @@ if has lora; then  # LoRA against the reference: a random adapter in each key la
         else
             log "lora: ditrun quantize --bits $bits of the bundled transformer failed: $(tail -1 "$LW/quantize$bits.log")"
         fi
+    done
+fi
+
+if has vaetile; then  # tiled VAE: the reference file, the test with the GPU, 2048² decode time and peak memory
+    VPY=python3
+    for p in python3 /opt/torch/.venv/bin/python3; do
+        command -v $p > /dev/null && $p -c "import torch, safetensors" 2>/dev/null && VPY=$p && break
+    done
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
+        $VPY tools/vae_tiling_reference.py --diffusers-src "$DIFFUSERS_SRC" 2>&1 | tee "$OUT/vaetile-ref.log" \
+            | grep -E "^reference|rror" | tee -a "$OUT/summary.txt"
+        cp tests/fixtures/vae_tiling_reference.safetensors "$OUT/" 2>/dev/null
+    else
+        log "vaetile: no diffusers reference (DIFFUSERS_SRC does not hold diffusers/)"
+    fi
+    log "test_vae_tiling (GPU required):"
+    DITRUN_REQUIRE_GPU=1 ./build/tests/test_vae_tiling 2>&1 | grep -E "^(PASS|FAIL|SKIP|INFO)" | tee -a "$OUT/summary.txt"
+    prep p4
+    for a in "" "--vae-tiling"; do   # peak memory.used sampled every 50 ms while the image runs
+        ( peak=0; while sleep 0.05; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+          [ "${m:-0}" -gt "$peak" ] && peak=$m && echo "$peak" > "$W/vaetile-peak"; done ) & sp=$!
+        log "generate 2048x2048 q4 ${a:-untiled}:"
+        $B generate --backend cuda --model "$W/p4" -p "$PROMPT" -o "$W/vt.png" --seed 7 --height 2048 --width 2048 -v $a 2>&1 \
+            | grep -E "vae:|total|error" | tee -a "$OUT/summary.txt"
+        kill $sp 2>/dev/null; wait $sp 2>/dev/null
+        log "nvidia-smi peak memory.used: $(cat "$W/vaetile-peak" 2>/dev/null) MiB"; rm -f "$W/vaetile-peak"
+    done
+fi
+
+if has portable; then   # README: GPUs — the portable paths on this card, tested and timed beside the Hopper ones
+    $B info --devices | tee -a "$OUT/summary.txt"
+    $B info --devices --kernels portable | tee -a "$OUT/summary.txt"
+    use_cudnn919
+    timeout 500 env DITRUN_CUDA_KERNELS=portable DITRUN_REQUIRE_GPU=1 BUILD=build JOBS=${JOBS:-6} sh tests/run_tests.sh \
+        > "$OUT/test-gpu-portable.log" 2>&1
+    log "GPU test suite, DITRUN_CUDA_KERNELS=portable: rc=$?"
+    grep -E "FAIL|passed" "$OUT/test-gpu-portable.log" | tail -25 | tee -a "$OUT/summary.txt"
+    unset DITRUN_CUDNN_LIB
+    prep k4q4 k4bf16 k9q4 in4_1024 in9_1024
+    [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
+    [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
+    for round in 1 2; do
+        for k in auto portable; do
+            fwd "r$round klein-4B q4 1024^2 --kernels $k" "$W/k4q4" "$W/in4_1024.st" 20 --kernels $k
+            fwd "r$round klein-4B q4 1024^2 --qpath mixed --kernels $k" "$W/k4q4" "$W/in4_1024.st" 20 --qpath mixed --kernels $k
+            fwd "r$round klein-4B bf16 1024^2 --kernels $k" "$W/k4bf16" "$W/in4_1024.st" 20 --kernels $k
+        done
+    done
+    for k in auto portable; do
+        fwd "klein-9B q4 1024^2 --kernels $k" "$W/k9q4" "$W/in9_1024.st" 10 --kernels $k
+        fwd "Krea 2 q4 1024^2 (mask) --kernels $k" "$W/kr2q4" "$W/inkr2_1024.st" 10 --kernels $k
     done
 fi
 

@@ -124,32 +124,13 @@ def adapter_file(path, swap, workdir):
     return out, swapped
 
 
-def cmd_generate(a):
-    import_diffusers(a.diffusers_src)
-    sys.path.insert(0, HERE)
-    import tempfile
-
+def build_pipeline(root, dev, distilled):
+    """diffusers' Flux2KleinPipeline on ROOT's components in float32 on dev (is_distilled as given): (pipe, transformer)."""
     import torch
-    from safetensors.torch import load_file
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
 
-    try:   # true float32 everywhere: no TF32 in matmuls or convolutions (torch >= 2.9 API, else the older switches)
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-    except (AttributeError, RuntimeError, ValueError):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
-    dev = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) else "cpu")
     f32 = torch.float32
-    root = a.model
-    idx = read_json(os.path.join(root, "model_index.json"))
-    distilled = bool(idx.get("is_distilled", False))
-    steps = a.steps if a.steps is not None else (4 if distilled else 50)
-    taps = tuple(int(x) for x in a.text_encoder_layers.split(",")) if a.text_encoder_layers else default_taps(root)
-
-    t0 = time.time()
     torch.set_default_dtype(f32)
     cfg = read_json(os.path.join(root, "transformer", "config.json"))
     transformer = Flux2Transformer2DModel.from_config(
@@ -183,6 +164,39 @@ def cmd_generate(a):
                               is_distilled=distilled)
     pipe.to(dev)
     pipe.set_progress_bar_config(disable=True)
+    return pipe, transformer
+
+
+def use_float32(torch):
+    """True float32 everywhere: no TF32 in matmuls or convolutions (torch >= 2.9 API, else the older switches)."""
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+    except (AttributeError, RuntimeError, ValueError):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+
+
+def cmd_generate(a):
+    import_diffusers(a.diffusers_src)
+    sys.path.insert(0, HERE)
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file
+
+    use_float32(torch)
+    dev = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available()) else "cpu")
+    f32 = torch.float32
+    root = a.model
+    idx = read_json(os.path.join(root, "model_index.json"))
+    distilled = bool(idx.get("is_distilled", False))
+    steps = a.steps if a.steps is not None else (4 if distilled else 50)
+    taps = tuple(int(x) for x in a.text_encoder_layers.split(",")) if a.text_encoder_layers else default_taps(root)
+
+    t0 = time.time()
+    pipe, transformer = build_pipeline(root, dev, distilled)
 
     names, scales = [], []
     with tempfile.TemporaryDirectory() as work:

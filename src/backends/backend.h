@@ -265,7 +265,21 @@ struct dt_backend {
      * linear does before its GEMM), and how the GEMM applies the scales ("outer-vector (cuBLASLt)", ...). */
     void (*fp8_quant)(dt_backend *be, dt_mat x);
     const char *(*fp8_scale_mode)(dt_backend *be);
+
+    /* ---- 6. sampler (every backend) ---- */
+    /* The flow-matching sampler's step on the latents x [rows, cols] F32, in place (pipeline/sampler.c keeps them on
+     * the backend between steps): x = x + dt · w, w = dt_flow_guided(v, u, guidance, from_cond) per element, or w = v
+     * when u has NULL data; v and u F32 of x's shape. Each operation rounded to f32 in dt_flow_guided's order, so
+     * every backend equals the host loop (dt_sample's) bit for bit. */
+    void (*flow_step)(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt);
 };
+
+/* Classifier-free guidance of one velocity value: v = the prompt's, u = the negative prompt's. from_cond (Krea 2):
+ * v + g·(v − u); else (FLUX.2) u + g·(v − u). The f32 operations every sampler path rounds in this order. */
+static inline float dt_flow_guided(float v, float u, float g, int from_cond) {
+    const float d = v - u, s = g * d;
+    return from_cond ? v + s : u + s;
+}
 
 /* ---- the fused ops' composed forms (backend.c): what a backend without the fused kernel runs ---- */
 /* x += gate ⊙ (a · Wᵀ): the backend's fused linear_gated_add, else linear into y (a scratch of x's shape) and

@@ -19,13 +19,54 @@ extern "C" {
 /* Which attention kernel runs a bf16 attention with head dim 128 (other shapes take the generic path). */
 typedef enum {
     DT_CUDA_ATTN_AUTO = 0,   /* cuDNN's fused SDPA where it measured faster (no key bias) and loads, else ours */
-    DT_CUDA_ATTN_OWN,        /* our own flash kernel (sm_90: wgmma with ping-pong; others: mma.sync) */
+    DT_CUDA_ATTN_OWN,        /* our own flash kernel (sm_90a paths: wgmma with ping-pong; others: mma.sync) */
     DT_CUDA_ATTN_CUDNN,      /* cuDNN's fused SDPA; fatal when cuDNN cannot be loaded */
     DT_CUDA_ATTN_MMA,        /* our portable mma.sync kernel even on sm_90 (what other GPUs run; for tests) */
 } dt_cuda_attn;
 
+/* Which of our kernels the backend may take (--kernels; DITRUN_CUDA_KERNELS for the test suite). */
+typedef enum {
+    DT_CUDA_KERNELS_AUTO = 0,   /* the card's best: the sm_90a kernels (wgmma, TMA, setmaxnreg) on compute 9.0 */
+    DT_CUDA_KERNELS_PORTABLE,   /* exactly the paths a non-Hopper card (Ampere, Ada, Blackwell) takes, on any card */
+} dt_cuda_kernels;
+
+/* The op families whose CUDA path can depend on the card (dt_cuda_ops_path). */
+typedef enum {
+    DT_CUDA_OPS_ATTENTION = 0,  /* bf16 attention, head dim 128 */
+    DT_CUDA_OPS_QLINEAR,        /* 4/8-bit quantized Linears (qpath: mixed-input GEMM, qmm, dequantize + cuBLASLt) */
+    DT_CUDA_OPS_FP8,            /* fp8 Linears (--precision fp8, fp8 files) */
+    DT_CUDA_OPS_ELEMENTWISE,    /* norms, RoPE, activations, gated residuals, copies */
+    DT_CUDA_OPS_IMAGE,          /* VAE convolutions, group norm, upsampling, RGB8 output */
+    DT_CUDA_OPS_GGML,           /* GGUF block dequantization */
+    DT_CUDA_OPS_COUNT
+} dt_cuda_ops;
+
+/* The kind of path an op family takes. */
+typedef enum {
+    DT_CUDA_PATH_SM90A = 0,     /* our Hopper kernels (compiled for sm_90a only) */
+    DT_CUDA_PATH_PORTABLE,      /* our kernels for every card from sm_80 on */
+    DT_CUDA_PATH_CUBLASLT,      /* NVIDIA's library, which picks its kernels for the card */
+    DT_CUDA_PATH_NONE,          /* not available on this card: asking for it is a clear error */
+} dt_cuda_path;
+
+/* The one place that decides whether the sm_90a kernels may run: compute capability exactly 9.0 (sm_90a code
+ * runs on no other card) and kernels not DT_CUDA_KERNELS_PORTABLE. Pure functions (backends/cuda_paths.c),
+ * present in builds without CUDA too. */
+int dt_cuda_hopper_paths(int cc_major, int cc_minor, dt_cuda_kernels kernels);
+/* fp8 (e4m3) GEMMs through cuBLASLt: compute capability 8.9 (Ada) or newer. */
+int dt_cuda_fp8_supported(int cc_major, int cc_minor);
+/* The path of an op family on a card of this compute capability under this kernel mode. */
+dt_cuda_path dt_cuda_ops_path(dt_cuda_ops ops, int cc_major, int cc_minor, dt_cuda_kernels kernels);
+/* Words for -v and `ditrun info --devices`: the family ("attention"), the path in a line. */
+const char *dt_cuda_ops_name(dt_cuda_ops ops);
+const char *dt_cuda_path_text(dt_cuda_ops ops, dt_cuda_path path);
+/* "auto" / "portable" and back (-1 with dt_last_error for another name). */
+const char *dt_cuda_kernels_name(dt_cuda_kernels k);
+int dt_cuda_kernels_from_name(const char *name, dt_cuda_kernels *out);
+
 typedef struct dt_cuda_opts {
     /* ---- read at creation ---- */
+    dt_cuda_kernels kernels;  /* AUTO, or PORTABLE: the paths of a non-Hopper card (dt_cuda_hopper_paths) */
     char cudnn_lib[512];      /* cuDNN library to load ("": the system's libcudnn.so.9; the first backend of a
                                * process that loads cuDNN decides) */
     int cudnn_debug;          /* 1: print each cuDNN plan build and rejection */
@@ -58,10 +99,13 @@ typedef struct dt_cuda_opts {
 void dt_cuda_opts_default(dt_cuda_opts *o);
 /* The defaults plus the environment variables of docs/environment.md (DITRUN_CUDNN_LIB, DITRUN_GEMM_TUNE,
  * DITRUN_GEMM_CACHE with its XDG_CACHE_HOME / HOME default, DITRUN_CUDA_TRACE, DITRUN_CUDA_TRACE_MS,
- * DITRUN_CUDNN_DEBUG). 0, or -1 with dt_last_error naming a variable whose value is not understood (o then holds
+ * DITRUN_CUDNN_DEBUG, DITRUN_CUDA_KERNELS). 0, or -1 with dt_last_error naming a variable whose value is not understood (o then holds
  * the defaults for it). The only function of the backends that reads the environment. */
 int dt_cuda_opts_from_env(dt_cuda_opts *o);
 
+/* Device d's name and compute capability, without creating a backend (loads the plugin): 0, or -1 with
+ * dt_last_error (no such device, a build without CUDA). */
+int dt_backend_cuda_device_info(int device, char *name, size_t name_size, int *cc_major, int *cc_minor);
 /* A CUDA backend's live options (NULL for any other backend, and in builds without CUDA). */
 dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be);
 /* cuDNN fused attention on a CUDA backend: the loaded cuDNN version (0 = not loadable, not a CUDA backend, or a

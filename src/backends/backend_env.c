@@ -74,5 +74,9 @@ int dt_cuda_opts_from_env(dt_cuda_opts *o) {
             o->trace_ms = ms;
         }
     }
+    if ((v = getenv("DITRUN_CUDA_KERNELS")) && *v && dt_cuda_kernels_from_name(v, &o->kernels)) {
+        dt_set_error("environment variable DITRUN_CUDA_KERNELS=%s: expected auto or portable (docs/environment.md)", v);
+        rc = -1;
+    }
     return rc;
 }

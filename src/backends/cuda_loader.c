@@ -130,6 +130,15 @@ int dt_backend_cuda_device_count(void) {
     return p ? p->device_count() : 0;
 }
 
+int dt_backend_cuda_device_info(int device, char *name, size_t name_size, int *cc_major, int *cc_minor) {
+    const dt_cuda_plugin *p = plugin();
+    if (!p) {
+        dt_set_error("cuda: %s", g_why);
+        return -1;
+    }
+    return p->device_info(device, name, name_size, cc_major, cc_minor);
+}
+
 dt_comm *dt_comm_nccl_create(dt_backend *const *ranks, int n) {
     const dt_cuda_plugin *p = plugin();
     if (!p) {
@@ -142,6 +151,12 @@ dt_comm *dt_comm_nccl_create(dt_backend *const *ranks, int n) {
 #else /* built without CUDA */
 
 int dt_backend_cuda_device_count(void) { return 0; }
+
+int dt_backend_cuda_device_info(int device, char *name, size_t name_size, int *cc_major, int *cc_minor) {
+    (void)device; (void)name; (void)name_size; (void)cc_major; (void)cc_minor;
+    dt_set_error("this ditrun was built without CUDA (nvcc not found at build time): no CUDA devices");
+    return -1;
+}
 
 dt_comm *dt_comm_nccl_create(dt_backend *const *ranks, int n) {
     (void)ranks;

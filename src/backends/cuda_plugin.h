@@ -29,6 +29,7 @@ typedef struct {
     dt_cuda_opts *(*opts)(dt_backend *be);
     int (*device_count)(void);
     dt_comm *(*comm_create)(dt_backend *const *ranks, int n);   /* the NCCL communicator (backends/comm.h) */
+    int (*device_info)(int device, char *name, size_t name_size, int *cc_major, int *cc_minor);
 } dt_cuda_plugin;
 
 #ifdef __cplusplus

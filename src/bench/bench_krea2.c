@@ -51,7 +51,9 @@ static k2_replica *replica_load(dt_backend *be, const char *dir, const krea2_con
     m->c = *c;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(m); return NULL; }
+    if (krea2_runtime_choices(be, &m->c, dir)) goto fail;   /* as krea2_load: fp8 attention, fused producers */
     if (krea2_outer_w_load(&m->lin, m->w, c, &m->ow)) goto fail;
+    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears, as krea2_load */
     m->b = dt_calloc((size_t)c->num_layers, sizeof *m->b);
     for (int i = 0; i < c->num_layers; i++) {
         m->nb = i + 1;
@@ -158,6 +160,8 @@ static int setup(bench_ctx *x) {
         snprintf(r->source, sizeof r->source, "synthetic (%s)", x->dir);
         snprintf(r->preset, sizeof r->preset, "%s", o->preset);
     }
+    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->be.precision == DT_PREC_FP8 ? "fp8" : "bf16",
+             o->be.attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");   /* (replica_load sets the replica's, as krea2_load) */
     const krea2_config *c = &p->c;
     /* workload: the options, else per-backend defaults; a real-geometry forward is ~28 TFLOP per 1000 tokens: tiny
      * on a CPU */

@@ -18,6 +18,8 @@ int cmd_serve(int argc, char **argv);
 /* Shared helpers (cli_util.c). */
 int cli_error(const char *fmt, ...);                 /* prints "ditrun: error: ..." and returns 1 */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);   /* 0 ok, else error printed */
+/* A byte count with an optional binary suffix K, M, G or T (and "B" / "iB"), e.g. 12G; -1 with the error printed. */
+int64_t cli_parse_bytes(const char *opt, const char *s);
 int cli_parse_float(const char *opt, const char *s, double *out);
 /* Before the work starts: OUT can be written (core/outfile.h: its folder exists and accepts a file, it is not a
  * folder or a block device) and is not the same file as IN1 / IN2 or a file under them (NULL: none).

@@ -50,6 +50,16 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
     if (!strcmp(a, "--cuda-graph")) { o->cuda_graph = 1; return 1; }
+    if (!strcmp(a, "--kernels")) {
+        dt_cuda_kernels k;
+        if (!v) { cli_error("--kernels needs a value (auto, portable)"); return -1; }
+        if (dt_cuda_kernels_from_name(v, &k)) { cli_error("--kernels: %s", dt_last_error()); return -1; }
+        /* the environment's CUDA options with this mode; the struct outlives every backend the command creates */
+        if (!o->be.cuda && dt_cuda_opts_from_env(&o->cuda)) { cli_error("%s", dt_last_error()); return -1; }
+        o->cuda.kernels = k;
+        o->be.cuda = &o->cuda;
+        (*i)++; return 1;
+    }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { dt_log_level = 2; o->be.verbose = 1; return 1; }
     return 0;
@@ -64,6 +74,17 @@ int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i) {
     if (dt_lora_spec_parse(v, &l->loras[l->n])) { cli_error("%s", dt_last_error()); return -1; }
     if (cli_check_input(l->loras[l->n].path, 1)) return -1;   /* missing, a folder, a FIFO: said before any work */
     l->n++;
+    (*i)++;
+    return 1;
+}
+
+int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--vae-tiling")) { o->tiling = 1; return 1; }
+    if (strcmp(a, "--vae-tile-size")) return 0;
+    long l;
+    if (cli_parse_int(a, v, 1, 65536, &l)) return -1;
+    o->tile = (int)l;
     (*i)++;
     return 1;
 }

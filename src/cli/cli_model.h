@@ -4,12 +4,15 @@
 #define DT_CLI_MODEL_H
 
 #include "backends/backend.h"
+#include "backends/backend_cuda.h"
 #include "models/lora.h"
 
 typedef struct {
     const char *backend;      /* "auto", "cpu", "cuda" */
     dt_backend_opts be;
     int cuda_graph;           /* --cuda-graph: replay the DiT forward as a CUDA graph (fixed shapes) */
+    dt_cuda_opts cuda;        /* the CUDA options once --kernels is given (be.cuda then points here; else NULL:
+                               * the environment's, at creation) */
 } cli_model_opts;
 
 /* --lora FILE[:SCALE] (repeatable) and --lora-side: LoRA adapters for the DiT (models/lora.h). */
@@ -22,11 +25,20 @@ typedef struct {
 /* Consumes argv[*i] (and its value) when it is --lora or --lora-side: 1 consumed, 0 not, -1 bad value. */
 int cli_lora_opt(cli_lora_opts *l, int argc, char **argv, int *i);
 
+/* --vae-tiling and --vae-tile-size N (generate, serve): tiled VAE decoding / encoding (models/vae_tiling.h). */
+typedef struct {
+    int tiling;    /* --vae-tiling */
+    int tile;      /* --vae-tile-size N pixels (0: the VAE's default); it asks for tiles too, except where a memory
+                    * budget (generate --max-vram) decides */
+} cli_vae_opts;
+/* Consumes argv[*i] (and its value) when it is a VAE tiling option: 1 consumed, 0 not, -1 bad value. */
+int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i);
 
 void cli_model_opts_default(cli_model_opts *o);
 /* Consumes argv[*i] (and its value) if it is a shared option: returns 1 if consumed, 0 if not
  * a shared option, -1 on a bad value (error printed). Options: --backend, --threads, --qpath,
- * --precision (bf16 | fp8: the DiT blocks' Linears in e4m3, opt-in), --rope-bf16, --cuda-graph, -q/--quiet, -v/--verbose. */
+ * --precision (bf16 | fp8: the DiT blocks' Linears in e4m3, opt-in), --rope-bf16, --cuda-graph, --kernels (auto | portable: the CUDA paths of a non-Hopper
+ * card), -q/--quiet, -v/--verbose. */
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 /* Create the backend; prints the error and returns NULL on failure. */
 dt_backend *cli_model_backend(const cli_model_opts *o);

@@ -56,3 +56,23 @@ void cli_power_report(const dt_power_summary *s, const char *what) {
               "of %.0f W cap; power-capped in %d of %d samples\n",
            what, s->sm_mhz_med, s->sm_mhz_min, s->sm_mhz_max, s->sm_max_mhz, s->power_w_med, s->limit_w, s->capped, s->n);
 }
+
+int64_t cli_parse_bytes(const char *opt, const char *v) {
+    char *end = NULL;
+    double x = v ? strtod(v, &end) : -1;
+    int sh = 0;
+    if (v && end != v && x > 0) {
+        switch (*end) {
+        case 'K': case 'k': sh = 10; end++; break;
+        case 'M': case 'm': sh = 20; end++; break;
+        case 'G': case 'g': sh = 30; end++; break;
+        case 'T': case 't': sh = 40; end++; break;
+        default: break;
+        }
+        if (sh && *end == 'i') end++;
+        if (*end == 'B' || (!sh && *end == 'b')) end++;
+        if (!*end && x * (double)(1LL << sh) <= 9e18 && x * (double)(1LL << sh) >= 1) return (int64_t)(x * (double)(1LL << sh));
+    }
+    cli_error("%s: '%s' is not a size like 12G or 8000M", opt, v ? v : "");
+    return -1;
+}

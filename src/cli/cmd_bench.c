@@ -44,6 +44,7 @@ static void usage(FILE *f) {
             "  --json FILE          every number as JSON lines\n"
             "backend:\n"
             "  --backend cpu|cuda|auto  --threads N  --qpath auto|mixed|fused|transient|cached  --rope-bf16  -q  -v\n"
+            "  --kernels auto|portable  CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --precision bf16|fp8 the DiT blocks' Linears in bf16 (default) or e4m3 (whole forward, ledger; the fp8\n"
             "                       arm compares the two GEMMs at the model's main shapes in either case)\n"
             "  --attn-precision bf16|fp8  the DiT blocks' attention in bf16 (default) or e4m3 (whole forward, ledger;\n"

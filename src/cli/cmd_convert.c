@@ -6,8 +6,11 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "cli_model.h"
 #include "models/flux2_export.h"
 #include "models/flux2_layouts.h"
+#include "models/krea2.h"
+#include "pipeline/family.h"
 
 /* --format NAME -> export options; 0 or -1 */
 static int parse_format(const char *f, flux2_export_opts *o) {
@@ -52,6 +55,8 @@ static void usage(FILE *f) {
                "                                q5_k q6_k bf16 f16; img_in/txt_in/time_in/final_layer stay bf16)\n"
                "                   sdcpp-TYPE   GGUF as stable-diffusion.cpp writes it (model.diffusion_model. names)\n"
                "                   (round-to-nearest quantization; other weights bf16, 1-D tensors F32 in GGUF)\n"
+               "  A Krea 2 transformer takes --format fp8, fp8-channel or fp8-e5m2: OUT is a folder (config.json +\n"
+               "  diffusion_pytorch_model.safetensors), diffusers names, the transformer blocks' Linears in fp8.\n"
                "  -q, --quiet      no summary\n"
                "  -h, --help       this help\n"
                "Without config.json the geometry is inferred from the tensor shapes and written as config.json.\n");
@@ -77,6 +82,14 @@ int cmd_convert(int argc, char **argv) {
     if (cli_check_input(in, 0)) return 1;   /* a FIFO, a loop, a missing path: the real reason, before any work */
     int written, skipped;
     double t0 = dt_now();
+    const dt_family *fam = format ? dt_family_for_model(in) : NULL;
+    if (fam && !strcmp(fam->name, "krea2")) {
+        if (eo.gguf || eo.comfy)
+            return cli_error("convert: --format %s: Krea 2 converts to fp8, fp8-channel or fp8-e5m2 only", format);
+        if (krea2_export_fp8(in, out, eo.type, eo.per_channel, &written)) return cli_error("%s", dt_last_error());
+        if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);
+        return 0;
+    }
     if (format) {
         if (flux2_export(in, out, &eo, &written)) return cli_error("%s", dt_last_error());
         if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);

@@ -6,12 +6,14 @@
 
 #include "cli.h"
 #include "cli_model.h"
+#include "image/edit_prep.h"
 #include "io/safetensors.h"
 #include "pipeline/engine.h"
 #include "core/outfile.h"
 #include "pipeline/image_meta.h"
 #include "image/png.h"
 #include "pipeline/image_out.h"
+#include "pipeline/placement.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -65,10 +67,27 @@ static void usage(FILE *f) {
             "                              bf16 and report the relative L2 error of the final latents (the PNG\n"
             "                              written is the fp8 one)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
+            "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
+            "  --cache SPEC                step caching (default off): first-block=T (skip the other blocks while the\n"
+            "                              first block's residual changed by at most T, relative; e.g. 0.08) or\n"
+            "                              taylorseer=N[:ORDER] (a full pass every N steps after 3 warm-up steps, the\n"
+            "                              others extrapolated; ORDER 1..4, default 1). Per guidance branch; the first\n"
+            "                              and last steps always run. Speed/quality measured on random weights says\n"
+            "                              nothing about real weights\n"
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT (repeatable, up to 8; SCALE default 1):\n"
             "                              PEFT/diffusers, kohya/ai-toolkit or BFL-named safetensors; merged into dense\n"
             "                              weights, a low-rank side product on quantized ones (q4/q8, fp8, GGUF)\n"
             "  --lora-side                 apply adapters as side products on dense weights too (instead of merging)\n"
+            "  --vae-tiling                decode (and, for editing, encode) images larger than one VAE tile in\n"
+            "                              overlapping tiles blended over the overlap, as diffusers' enable_tiling: VAE\n"
+            "                              memory follows the tile, not the image; seams differ slightly from one pass\n"
+            "  --vae-tile-size N           the tile side in pixels, a multiple of 32 for the released VAEs (default\n"
+            "                              FLUX.2 1024, its config's sample_size; Krea 2 256); implies --vae-tiling,\n"
+            "                              except under --max-vram, whose plan decides\n"
+            "  --max-vram SIZE             plan this image within SIZE bytes of GPU memory (K, M, G suffixes: 12G):\n"
+            "                              the VAE tiles when the plan needs it; a budget below the smallest workable\n"
+            "                              is refused before anything loads, naming it (ditrun info --size --max-vram\n"
+            "                              shows the plan; planning only: the CUDA pool does not enforce it yet)\n"
             "  --sequence-parallel N       split the DiT's forward over N GPUs (devices 0..N-1 from the backend's;\n"
             "                              NCCL, libnccl.so.2, loaded at run time); on the CPU backend N thread ranks\n"
             "                              (the same schedule, for tests: not faster). docs/sequence-parallel.md\n"
@@ -157,8 +176,9 @@ static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_para
         double ts = dt_now();
         if (dt_pipeline_generate(pl, p, &rgb, &w, &h, &tm, NULL, NULL)) { rc = cli_error("%s", dt_last_error()); break; }
         tot[i] = dt_now() - ts;
-        printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step), decode %.3f s, total %.3f s\n", i + 1,
-               count, (unsigned long long)p->seed, tm.t_encode, tm.t_denoise, tm.t_denoise / tm.steps, tm.t_decode, tot[i]);
+        printf("image %d/%d (seed %llu): encode %.3f s, denoise %.3f s (%.4f s/step, %d of %d transformer passes "
+               "computed), decode %.3f s, total %.3f s\n", i + 1, count, (unsigned long long)p->seed, tm.t_encode,
+               tm.t_denoise, tm.t_denoise / tm.steps, tm.passes_computed, tm.passes, tm.t_decode, tot[i]);
         if (p->n_refs || p->init_image)
             printf("  images (preparation + VAE encoder) %.3f s%s\n", tm.t_images,
                    tm.refs_cached ? " (the previous image's references: not encoded again)" : "");
@@ -191,8 +211,9 @@ typedef struct {
 } edit_files;
 
 static int edit_files_load(edit_files *e, dt_gen_params *p) {
+    const dt_image_limits ref_lim = dt_prep_reference_limits(0);   /* refused from the file's header */
     for (int i = 0; i < e->n_refs; i++)
-        if (dt_image_read_file(e->ref_paths[i], &e->refs[i])) return -1;
+        if (dt_image_read_file_ex(e->ref_paths[i], &ref_lim, &e->refs[i])) return -1;
     if (e->init_path && dt_image_read_file(e->init_path, &e->init)) return -1;
     if (e->mask_path && dt_image_read_file(e->mask_path, &e->mask)) return -1;
     p->refs = e->refs;
@@ -219,6 +240,7 @@ int cmd_generate(int argc, char **argv) {
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
+    cli_vae_opts vo = {0, 0};
     cli_model_opts mo;
     cli_model_opts_default(&mo);
     const char *output = NULL, *save = NULL;
@@ -229,6 +251,7 @@ int cmd_generate(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_model_opt(&mo, argc, argv, &i);
         if (!r) r = cli_lora_opt(&lor, argc, argv, &i);
+        if (!r) r = cli_vae_opt(&vo, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -251,6 +274,11 @@ int cmd_generate(int argc, char **argv) {
         }
         else if (!strcmp(a, "--init-image")) { if (!v) return cli_error("--init-image needs a file"); ef.init_path = v; i++; }
         else if (!strcmp(a, "--mask")) { if (!v) return cli_error("--mask needs a file"); ef.mask_path = v; i++; }
+        else if (!strcmp(a, "--cache")) {
+            if (!v) return cli_error("--cache needs a value (first-block=T or taylorseer=N[:ORDER])");
+            if (dt_cache_parse(v, &p.cache)) return cli_error("--cache: %s", dt_last_error());
+            i++;
+        }
         else if (!strcmp(a, "--strength")) {
             if (cli_parse_float(a, v, &d)) return 1;
             if (!(d > 0 && d <= 1)) return cli_error("--strength %s is out of range (0, 1]", v);
@@ -276,6 +304,7 @@ int cmd_generate(int argc, char **argv) {
             i++;
         }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; lo.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--max-vram")) { if ((lo.max_vram = cli_parse_bytes(a, v)) < 0) return 1; i++; }
         else if (!strcmp(a, "--count")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; count = (int)l; i++; }
         else if (!strcmp(a, "--te-rope-bf16")) lo.te_inv_freq_bf16 = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
@@ -284,6 +313,9 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!p.prompt) return cli_error("generate: --prompt is required (see ditrun generate --help)");
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
+    if (count > 1 && lo.max_vram)
+        return cli_error("generate: --max-vram plans one image; with --count use --vae-tiling (ditrun info --max-vram "
+                         "gives the plan of a loaded pipeline)");
     if (count > 1 && (compare || save))
         return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
     if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
@@ -327,9 +359,27 @@ int cmd_generate(int argc, char **argv) {
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
+    lo.vae_tiling = vo.tiling || (vo.tile && !lo.max_vram);   /* (under --max-vram the plan decides) */
+    lo.vae_tile = vo.tile;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) { edit_files_free(&ef); return 1; }
     dt_log(1, "ditrun: backend %s\n", be->name);
+    if (dt_log_level >= 2 && !lo.max_vram) {   /* -v: the memory plan (pipeline/placement.h; --max-vram logs its own) */
+        dt_place_sizes ps;
+        dt_place_plan pp;
+        char line[400];
+        const int pw = p.width ? p.width : 1024, ph = p.height ? p.height : 1024;
+        if (dt_place_sizes_for(lo.model, pw, ph, p.max_seq_len ? p.max_seq_len : 512, (int)dt_dtype_size(be->act_dtype),
+                               lo.vae_tile, count > 1, &ps) == 0) {
+            dt_place_plan_make(0, &ps, &pp);
+            dt_place_plan_describe(&pp, line, sizeof line);
+            dt_log(2, "ditrun: memory plan at %dx%d (%s activations; transformer and text encoder estimated): %s\n", pw, ph,
+                   dt_dtype_name(be->act_dtype), line);
+        } else {
+            dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
+            dt_clear_error();
+        }
+    }
     cli_sp_note(be, lo.sequence_parallel);
     if (count > 1) {
         int r = generate_many(be, &lo, &p, output, count, compression);
@@ -342,6 +392,12 @@ int cmd_generate(int argc, char **argv) {
     int w = 0, h = 0;
     dt_gen_timings tm;
     int rc = dt_generate(be, &lo, &p, &rgb, &w, &h, &tm, save || compare ? save_obs : NULL, &sc);
+    if (rc == 0 && dt_log_level >= 2 && be->mem_stats) {   /* -v: what the plan's prediction is measured against */
+        size_t cur = 0, peak = 0;
+        be->mem_stats(be, &cur, &peak);
+        dt_log(2, "ditrun: device memory peak %.1f MiB (the backend's allocations%s)\n", peak / 1048576.0,
+               strcmp(be->name, "cpu") ? " and its cache of freed blocks" : "");
+    }
     if (rc == 0 && save && st_writer_save(sc.w, save)) rc = -1;
     if (rc == 0 && compare) {   /* the same generation with bf16 Linears: error of the final latents */
         save_ctx rc2 = {NULL, NULL, 0};

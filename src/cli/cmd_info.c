@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backends/backend_cuda.h"
 #include "cli.h"
 #include "core/infile.h"
 #include "io/weights.h"
@@ -16,13 +17,76 @@
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
+#include "pipeline/placement.h"
 #include "pipeline/scheduler.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ditrun info PATH\n\n"
+    fprintf(f, "usage: ditrun info PATH [--size WxH] [--text-tokens T] [--max-vram SIZE] [--vae-tile-size N]\n"
+               "       ditrun info --devices [--kernels auto|portable]\n\n"
                "PATH: a pipeline root (model_index.json + component folders), a component folder\n"
                "(config.json + safetensors, sharded or not) or a single .safetensors or .gguf file.\n"
-               "Prints per component: class, geometry, tensor count, bytes, dtypes and quantized Linears.\n");
+               "Prints per component: class, geometry, tensor count, bytes, dtypes and quantized Linears.\n"
+               "--devices: each CUDA GPU's compute capability and the path each op family takes on it under\n"
+               "the kernel mode (default auto, or DITRUN_CUDA_KERNELS; portable: the paths of a non-Hopper card).\n"
+               "For a pipeline root also the GPU memory plan of one image (bf16 activations): which parts stay\n"
+               "resident, whether the VAE decodes in tiles, the predicted peak of each phase and the smallest\n"
+               "workable budget, for one image (generate) and for a loaded pipeline (serve). The weights come from the\n"
+               "files and the VAE's activations from its config; the transformer's and text encoder's activations are\n"
+               "estimates from their widths (pipeline/placement.h).\n\n"
+               "  --size WxH          the image size (default 1024x1024)\n"
+               "  --text-tokens T     text tokens (default 512)\n"
+               "  --max-vram SIZE     plan within SIZE bytes (suffix K, M, G: binary units, e.g. 12G); exit 1 with the\n"
+               "                      smallest workable budget when nothing fits (default: no bound)\n"
+               "  --vae-tile-size N   the VAE tile side in pixels (default: the VAE's, see generate --help)\n");
+}
+
+/* The memory plan of a pipeline root for one image (info's last lines). 0, or 1 (error printed) when one image fits
+ * no placement within the budget or the sizes cannot be read. */
+static int print_plan(const char *root, int W, int H, int T, int64_t budget, int tile) {
+    int bad = 0;
+    for (int resident = 0; resident < 2; resident++) {
+        dt_place_sizes s;
+        if (dt_place_sizes_for(root, W, H, T, 2, tile, resident, &s)) return cli_error("%s", dt_last_error());
+        if (!resident) {
+            char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
+            printf("memory at %dx%d, %d text tokens (bf16 activations): weights text encoder %s, transformer %s, VAE %s; "
+                   "activations encode %s, forward %s (estimates), VAE decode %s untiled, %s per tile\n", W, H, T,
+                   dt_place_bytes(s.text_encoder, a, sizeof a), dt_place_bytes(s.transformer, b, sizeof b),
+                   dt_place_bytes(s.vae, c, sizeof c), dt_place_bytes(s.te_act, d, sizeof d),
+                   dt_place_bytes(s.dit_act, e, sizeof e), dt_place_bytes(s.vae_act, f, sizeof f),
+                   s.vae_tile_act ? dt_place_bytes(s.vae_tile_act, g, sizeof g) : "(one tile)");
+        }
+        dt_place_plan p;
+        char line[400], lim[32];
+        int rc = dt_place_plan_make(budget, &s, &p);
+        dt_place_plan_describe(&p, line, sizeof line);
+        printf("plan (%s, budget %s): %s\n", resident ? "serve" : "generate",
+               budget > 0 ? dt_place_bytes(budget, lim, sizeof lim) : "none", rc ? dt_last_error() : line);
+        if (!resident) bad = rc != 0;   /* a serve plan needs at least as much */
+    }
+    if (bad) return cli_error("--max-vram %s: no placement fits one image (see the plan lines)",
+                              dt_place_bytes(budget, (char[32]){0}, 32));
+    return 0;
+}
+
+/* info --devices: the CUDA GPUs and the path of each op family (backends/cuda_paths.c) under kernel mode k. */
+static int describe_devices(dt_cuda_kernels k) {
+    const int n = dt_backend_cuda_available() ? dt_backend_cuda_device_count() : 0;
+    printf("kernels      %s\n", dt_cuda_kernels_name(k));
+    if (n <= 0) {
+        printf("cuda         no usable CUDA GPU (compute 8.0+; ditrun -v says why)\n");
+        return 0;
+    }
+    for (int d = 0; d < n; d++) {
+        char name[256];
+        int major = 0, minor = 0;
+        if (dt_backend_cuda_device_info(d, name, sizeof name, &major, &minor)) return cli_error("%s", dt_last_error());
+        printf("device %d     %s, compute %d.%d\n", d, name, major, minor);
+        for (int f = 0; f < DT_CUDA_OPS_COUNT; f++)
+            printf("  %-16s %s\n", dt_cuda_ops_name((dt_cuda_ops)f),
+                   dt_cuda_path_text((dt_cuda_ops)f, dt_cuda_ops_path((dt_cuda_ops)f, major, minor, k)));
+    }
+    return 0;
 }
 
 static int is_dir(const char *p) { struct stat st; return stat(p, &st) == 0 && S_ISDIR(st.st_mode); }
@@ -230,11 +294,44 @@ static int describe_pipeline(const char *path, const char *index) {
 
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
+    int W = 1024, H = 1024, T = 512, tile = 0;
+    int64_t budget = 0;
+    long l;
+    int devices = 0, kernels_given = 0;
+    dt_cuda_opts co;
+    if (dt_cuda_opts_from_env(&co)) return cli_error("%s", dt_last_error());
     for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { usage(stdout); return 0; }
+        if (!strcmp(argv[i], "--size")) {
+            char tail;
+            if (!v || sscanf(v, "%dx%d%c", &W, &H, &tail) != 2 || W < 16 || H < 16 || W > 16384 || H > 16384)
+                return cli_error("--size: '%s' is not a size like 1024x1024 (16..16384)", v ? v : "");
+            i++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--text-tokens")) { if (cli_parse_int(argv[i], v, 1, 32768, &l)) return 1; T = (int)l; i++; continue; }
+        if (!strcmp(argv[i], "--vae-tile-size")) { if (cli_parse_int(argv[i], v, 1, 65536, &l)) return 1; tile = (int)l; i++; continue; }
+        if (!strcmp(argv[i], "--max-vram")) {
+            if ((budget = cli_parse_bytes(argv[i], v)) < 0) return 1;
+            i++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--devices")) { devices = 1; continue; }
+        if (!strcmp(argv[i], "--kernels")) {
+            if (i + 1 >= argc) return cli_error("--kernels needs a value (auto, portable)");
+            if (dt_cuda_kernels_from_name(argv[++i], &co.kernels)) return cli_error("--kernels: %s", dt_last_error());
+            kernels_given = 1;
+            continue;
+        }
         if (argv[i][0] == '-' && argv[i][1]) return cli_error("info: unknown option '%s' (see ditrun info --help)", argv[i]);
         if (path) return cli_error("info: only one PATH is accepted");
         path = argv[i];
+    }
+    if (kernels_given && !devices) return cli_error("info: --kernels goes with --devices");
+    if (devices) {
+        if (path) return cli_error("info: --devices takes no PATH");
+        return describe_devices(co.kernels);
     }
     if (!path) { usage(stderr); return cli_error("info: PATH is required"); }
     int kind = dt_input_kind(path);   /* 0 file, 1 folder; a loop, a FIFO, a missing path: the real reason */
@@ -243,7 +340,10 @@ int cmd_info(int argc, char **argv) {
         char p[4200];
         snprintf(p, sizeof p, "%s/model_index.json", path);
         struct stat st;
-        if (lstat(p, &st) == 0) return describe_pipeline(path, p);
+        if (lstat(p, &st) == 0) {
+            int r = describe_pipeline(path, p);
+            return r ? r : print_plan(path, W, H, T, budget, tile);
+        }
         snprintf(p, sizeof p, "%s/transformer", path);
         if (is_dir(p))
             return cli_error("%s: a folder with transformer/ but no model_index.json (a pipeline root needs one; or give "

@@ -23,6 +23,10 @@ static void usage(FILE *f) {
             "  --max-queue N               requests that may wait for the model; past that 429 (default 16)\n"
             "  --max-pixels N              width * height of one image at most (default: 2048x2048 on a GPU; on the\n"
             "                              CPU 1024x1024, the native size: minutes an image there, 2048x2048 tens of minutes)\n"
+            "  --max-queued-image-bytes N  decoded upload bytes that edits hold together while queued or running\n"
+            "                              (width x height x channels of each image, known from the headers before\n"
+            "                              decoding); past that 429 with Retry-After, or 413 for one edit alone over it\n"
+            "                              (default 2147483648 = 2 GiB; one edit's images: at most 4096x4096 each)\n"
             "  --max-steps N               steps of one request at most (default 100)\n"
             "  --max-sequence-length N     text tokens of every request (default 512, as generate)\n"
             "  --api-key-file FILE         every /v1 route needs \"Authorization: Bearer KEY\" with the key on FILE's\n"
@@ -44,12 +48,19 @@ static void usage(FILE *f) {
             "  --qpath auto|mixed|fused|transient|cached   quantized weight path on CUDA\n"
             "  --precision bf16|fp8        the DiT blocks' Linears (fp8: opt-in, see ditrun generate --help)\n"
             "  --attn-precision bf16|fp8   the DiT blocks' attention (opt-in)\n"
+            "  --cache SPEC                step caching of requests that name none (default off; a request's\n"
+            "                              \"cache\" overrides it): first-block=T or taylorseer=N[:ORDER] (see\n"
+            "                              ditrun generate --help)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
+            "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --devices all|I,J,...       CUDA: one worker per listed GPU (all: every visible GPU), each with its own\n"
             "                              copy of the pipeline, behind the one queue (default: device 0)\n"
             "  --sequence-parallel N       each worker's DiT forward split over N GPUs (NCCL, libnccl.so.2): the\n"
             "                              devices are taken N at a time (--devices all on 4 GPUs with N = 2: 2 workers\n"
             "                              of 2 GPUs); on the CPU backend N thread ranks (tests). docs/sequence-parallel.md\n"
+            "  --vae-tiling                decode (and encode) images larger than one VAE tile in overlapping tiles,\n"
+            "                              blended (diffusers' enable_tiling); --vae-tile-size N: the tile side in\n"
+            "                              pixels (see ditrun generate --help)\n"
             "  --lora FILE[:SCALE]         a LoRA adapter for the DiT, loaded with the model (repeatable, up to 8;\n"
             "                              see ditrun generate --help); --lora-side: side products on dense weights too\n"
             "  -q, --quiet / -v, --verbose\n\n"
@@ -129,11 +140,13 @@ int cmd_serve(int argc, char **argv) {
     cli_model_opts_default(&mo);
     const char *key_file = NULL, *devices = NULL;
     static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
+    cli_vae_opts vo = {0, 0};
     long l;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_model_opt(&mo, argc, argv, &i);
         if (!r) r = cli_lora_opt(&lor, argc, argv, &i);
+        if (!r) r = cli_vae_opt(&vo, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -143,11 +156,17 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port")) { if (cli_parse_int(a, v, 0, 65535, &l)) return 1; o.port = (int)l; i++; }
         else if (!strcmp(a, "--max-queue")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; o.max_queue = (int)l; i++; }
         else if (!strcmp(a, "--max-pixels")) { if (cli_parse_int(a, v, 1, 1L << 40, &l)) return 1; o.max_pixels = l; i++; }
+        else if (!strcmp(a, "--max-queued-image-bytes")) { if (cli_parse_int(a, v, 1, 1L << 50, &l)) return 1; o.max_image_bytes = l; i++; }
         else if (!strcmp(a, "--max-steps")) { if (cli_parse_int(a, v, 1, 1000, &l)) return 1; o.max_steps = (int)l; i++; }
         else if (!strcmp(a, "--max-sequence-length")) { if (cli_parse_int(a, v, 1, 32768, &l)) return 1; o.max_seq_len = (int)l; i++; }
         else if (!strcmp(a, "--api-key-file")) { if (!v) return cli_error("--api-key-file needs a value"); key_file = v; i++; }
         else if (!strcmp(a, "--devices")) { if (!v) return cli_error("--devices needs a value (all, or GPU indices like 0,1)"); devices = v; i++; }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; o.load.sequence_parallel = (int)l; i++; }
+        else if (!strcmp(a, "--cache")) {
+            if (!v) return cli_error("--cache needs a value (first-block=T or taylorseer=N[:ORDER])");
+            if (dt_cache_parse(v, &o.cache)) return cli_error("--cache: %s", dt_last_error());
+            i++;
+        }
         else if (!strcmp(a, "--request-timeout")) { if (cli_parse_int(a, v, 1, 86400, &l)) return 1; o.request_timeout = (int)l; i++; }
         else if (!strcmp(a, "--max-client-connections")) { if (cli_parse_int(a, v, 1, 256, &l)) return 1; o.max_client_connections = (int)l; i++; }
         else if (!strcmp(a, "--allow-host")) {
@@ -198,6 +217,8 @@ int cmd_serve(int argc, char **argv) {
     o.load.loras = lor.loras;
     o.load.n_loras = lor.n;
     o.load.lora_side = lor.side;
+    o.load.vae_tiling = vo.tiling || vo.tile;
+    o.load.vae_tile = vo.tile;
     int rc = dt_serve_run(&o);
     free(key);
     return rc;

@@ -88,6 +88,12 @@ int dt_convert_to_f32(float *dst, const void *src, dt_dtype t, size_t n);
 /* Monotonic wall-clock seconds. */
 double dt_now(void);
 
+/* A cancellation flag that a caller sets (from another thread or a signal handler) and long computations poll at safe
+ * points: between sampler steps, DiT blocks, VAE stages, text-encoder layers. NULL: never cancelled. */
+static inline int dt_cancel_requested(const volatile int *flag) {
+    return flag && __atomic_load_n(flag, __ATOMIC_RELAXED);
+}
+
 /* Relative L2 error ||a-b|| / ||b|| (b = reference), computed in double. */
 double dt_rel_l2(const float *a, const float *b, size_t n);
 

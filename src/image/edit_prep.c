@@ -57,6 +57,11 @@ static int area_resize(const dt_image *im, dt_image *tmp, const dt_image **res) 
     return 0;
 }
 
+dt_image_limits dt_prep_reference_limits(int64_t max_pixels) {
+    dt_image_limits l = {.max_pixels = max_pixels, .min_side = DT_REF_MIN_SIDE, .max_aspect = DT_REF_MAX_ASPECT};
+    return l;
+}
+
 int dt_prep_check_reference(const dt_image *im, const char *name) {
     if (im->w < DT_REF_MIN_SIDE || im->h < DT_REF_MIN_SIDE) {
         dt_set_error("%s: reference image of %dx%d is too small (both sides must be at least %d pixels)", name, im->w,

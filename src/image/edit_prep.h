@@ -47,6 +47,10 @@ void dt_prep_image_free(dt_prep_image *p);
 /* The area rule: (w, h) with more than DT_REF_MAX_AREA pixels -> (int(w·s), int(h·s)); else unchanged. */
 void dt_prep_area_size(int w, int h, int *rw, int *rh);
 
+/* Step 1 as decoding limits (image.h), so that a file breaking them is refused from its header: both sides at least
+ * DT_REF_MIN_SIDE, the aspect ratio at most DT_REF_MAX_ASPECT, and max_pixels (0: the decoder's default). */
+dt_image_limits dt_prep_reference_limits(int64_t max_pixels);
+
 /* Step 1 alone (`name` is used in the message). 0 ok, -1 error. */
 int dt_prep_check_reference(const dt_image *im, const char *name);
 /* Steps 1-4 for one reference. 0 ok, -1 error (dt_last_error names the file). */

@@ -12,8 +12,11 @@
  * or YCbCr/RGB; WebP lossy, lossless and with alpha (still images).
  * What is refused, with one line naming the file: 16-bit PNG (Pillow turns 16-bit gray into clipped
  * white and keeps only the high byte of 16-bit RGB: not an input to trust), CMYK/YCCK JPEG, animated
- * WebP, truncated or corrupt data, anything else, and sizes over DT_IMAGE_MAX_SIDE per side or
- * DT_IMAGE_MAX_PIXELS in all (checked from the header, before any pixel memory is allocated).
+ * WebP, truncated or corrupt data, anything else, and sizes outside the caller's dt_image_limits (at most
+ * DT_IMAGE_MAX_SIDE per side and DT_IMAGE_MAX_PIXELS in all; a server passes its own, smaller ones). The limits are
+ * checked from the file's header, before any pixel memory is allocated: a small file that declares a huge image
+ * (a decompression bomb) costs its header's bytes, not its pixels. The libraries' own allocations are bounded too
+ * (libpng's user limits and chunk caps, libjpeg's max_memory_to_use; WebP decodes into our buffer).
  * Alpha is never composited: converting to RGB drops it (Pillow's convert("RGB")).
  */
 #ifndef DT_IMAGE_H
@@ -26,6 +29,14 @@
 #define DT_IMAGE_MAX_PIXELS ((int64_t)1 << 26)   /* 67 M pixels (8192 x 8192) */
 #define DT_IMAGE_MAX_FILE_BYTES ((size_t)1 << 30)
 
+/* What a caller accepts (checked from the header). A zero field takes its default; none goes past the defaults. */
+typedef struct {
+    int64_t max_pixels;     /* w * h at most (0: DT_IMAGE_MAX_PIXELS) */
+    int max_side;           /* each side at most (0: DT_IMAGE_MAX_SIDE) */
+    int min_side;           /* each side at least (0: 1) */
+    int max_aspect;         /* max(w/h, h/w) at most (0: any) */
+} dt_image_limits;
+
 typedef struct {
     int w, h;
     int channels;   /* 1 L, 2 LA, 3 RGB, 4 RGBA */
@@ -33,10 +44,18 @@ typedef struct {
     uint8_t *px;    /* [h, w, channels], row-major, malloc'd */
 } dt_image;
 
-/* Decode an image file (format from its first bytes). 0 ok, -1 error (dt_last_error names the file). */
-int dt_image_read_file(const char *path, dt_image *out);
-/* Decode an image held in memory; `name` (e.g. an upload's file name) is used in error messages. */
-int dt_image_decode(const uint8_t *data, size_t n, const char *name, dt_image *out);
+/* Decode an image file (format from its first bytes) within lim (NULL: the defaults). 0 ok, -1 error (dt_last_error
+ * names the file). */
+int dt_image_read_file_ex(const char *path, const dt_image_limits *lim, dt_image *out);
+int dt_image_read_file(const char *path, dt_image *out);   /* the default limits */
+/* Decode an image held in memory within lim (NULL: the defaults); `name` (e.g. an upload's file name) is used in
+ * error messages. */
+int dt_image_decode_ex(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
+int dt_image_decode(const uint8_t *data, size_t n, const char *name, dt_image *out);   /* the default limits */
+/* The header alone, checked as dt_image_decode_ex checks it: out gets w, h, channels and nearest as the decode would
+ * give them, px NULL (nothing to free). No pixel is decoded: what a decode will hold is w * h * channels bytes.
+ * 0 ok, -1 error (the same message the decode would give for a bad header). */
+int dt_image_probe(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, dt_image *out);
 void dt_image_free(dt_image *im);
 
 /* A copy converted as Pillow's convert("RGB"): gray replicated, alpha dropped. rgb [h, w, 3] malloc'd. */
@@ -45,10 +64,14 @@ uint8_t *dt_image_to_rgb(const dt_image *im);
  * dropped. l [h, w] malloc'd. */
 uint8_t *dt_image_to_l(const dt_image *im);
 
-/* Per-format decoders (image_png.c, image_jpeg.c, image_webp.c), called by dt_image_decode. */
-int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, dt_image *out);
-int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, dt_image *out);
-int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, dt_image *out);
+/* Per-format decoders (image_png.c, image_jpeg.c, image_webp.c), called by dt_image_decode_ex and dt_image_probe
+ * with lim resolved (dt_image_limits_resolve: no zero field); header_only: stop after the header (dt_image_probe). */
+int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                        dt_image *out);
+int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out);
+int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out);
 /* A text entry stored with an encoded image (PNG tEXt/iTXt, JPEG COM, WebP XMP). key: 1..79 printable Latin-1
  * characters; value: UTF-8. */
 typedef struct {
@@ -66,7 +89,9 @@ int dt_image_encode_jpeg(const uint8_t *rgb, int w, int h, int quality, const dt
 int dt_image_encode_webp(const uint8_t *rgb, int w, int h, int quality, const dt_image_text *text, int n_text,
                          uint8_t **out, size_t *len);
 
-/* 0 when w x h is an acceptable size, else -1 with the error set (shared by the decoders). */
-int dt_image_check_size(const char *name, const char *format, int64_t w, int64_t h);
+/* lim (NULL: none) with its zero fields set to the defaults and every field clamped to them. */
+dt_image_limits dt_image_limits_resolve(const dt_image_limits *lim);
+/* 0 when a w x h image (from the header) is within lim (resolved), else -1 with the error set naming the file. */
+int dt_image_check_size(const char *name, const char *format, int64_t w, int64_t h, const dt_image_limits *lim);
 
 #endif

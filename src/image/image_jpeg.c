@@ -53,8 +53,8 @@ static void on_progress(j_common_ptr c) {
 }
 
 /* The pixels go to *pix (malloc'd before any scanline is read), freed by the caller on error. */
-static int decode(struct jpeg_decompress_struct *ci, jpeg_ctx *x, const uint8_t *data, size_t n, dt_image *out,
-                  uint8_t **pix) {
+static int decode(struct jpeg_decompress_struct *ci, jpeg_ctx *x, const uint8_t *data, size_t n,
+                  const dt_image_limits *lim, int header_only, dt_image *out, uint8_t **pix) {
     if (setjmp(x->jb)) return -1;
     jpeg_create_decompress(ci);
     ci->progress = &x->progress;
@@ -77,7 +77,18 @@ static int decode(struct jpeg_decompress_struct *ci, jpeg_ctx *x, const uint8_t 
                      ci->num_components);
         return -1;
     }
-    if (dt_image_check_size(x->name, "JPEG", ci->image_width, ci->image_height)) return -1;
+    if (dt_image_check_size(x->name, "JPEG", ci->image_width, ci->image_height, lim)) return -1;
+    if (header_only) {
+        out->w = (int)ci->image_width;
+        out->h = (int)ci->image_height;
+        out->channels = ch;
+        return 0;
+    }
+    /* the library's working memory: a progressive file keeps every DCT coefficient (2 bytes a sample per
+     * component), plus a few MB of tables and row buffers; past that it would need a backing store it does not
+     * have and fails (an error, not an allocation) */
+    ci->mem->max_memory_to_use = (long)((int64_t)ci->image_width * ci->image_height * ci->num_components * 2 +
+                                        ((int64_t)16 << 20));
     jpeg_start_decompress(ci);
     if (ci->output_components != ch || ci->output_width != ci->image_width ||
         ci->output_height != ci->image_height) {
@@ -104,7 +115,8 @@ static int decode(struct jpeg_decompress_struct *ci, jpeg_ctx *x, const uint8_t 
     return 0;
 }
 
-int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, dt_image *out) {
+int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out) {
     memset(out, 0, sizeof *out);
     struct jpeg_decompress_struct ci;
     memset(&ci, 0, sizeof ci);
@@ -117,7 +129,7 @@ int dt_image_decode_jpeg(const uint8_t *data, size_t n, const char *name, dt_ima
     x.pub.output_message = on_output;
     x.progress.progress_monitor = on_progress;
     uint8_t *pix = NULL;
-    int rc = decode(&ci, &x, data, n, out, &pix);
+    int rc = decode(&ci, &x, data, n, lim, header_only, out, &pix);
     jpeg_destroy_decompress(&ci);
     if (rc) {
         free(pix);

@@ -16,6 +16,8 @@ typedef struct {
     const uint8_t *data;
     size_t n, pos;
     const char *name;
+    const dt_image_limits *lim;
+    int header_only;
     uint8_t *pix;         /* [h, w, read channels] */
     png_bytep *rows;
     int failed_msg;       /* error already set */
@@ -54,8 +56,12 @@ static void fail(png_structp png, png_src *s, const char *msg) {
 static int decode(png_structp png, png_infop info, png_src *s, dt_image *out) {
     if (setjmp(png_jmpbuf(png))) return -1;
     png_set_read_fn(png, s, on_read);
-    png_set_user_limits(png, 1u << 20, 1u << 20);   /* our own, tighter limit is checked after the header */
+    /* the library's own bounds: no side past 2^20 (it refuses such an IHDR itself), at most 8 MiB for one chunk and
+     * 1000 ancillary chunks kept; the caller's tighter limits are checked below from the header (a message naming
+     * them), before any pixel buffer is allocated */
+    png_set_user_limits(png, 1u << 20, 1u << 20);
     png_set_chunk_malloc_max(png, (png_alloc_size_t)8 << 20);
+    png_set_chunk_cache_max(png, 1000);
     /* ancillary chunks the conversion never uses: not parsed at all */
     static const png_byte skip[] = {'t', 'E', 'X', 't', '\0', 'z', 'T', 'X', 't', '\0', 'i', 'T', 'X', 't', '\0',
                                     'i', 'C', 'C', 'P', '\0', 's', 'P', 'L', 'T', '\0', 'e', 'X', 'I', 'f', '\0'};
@@ -66,7 +72,7 @@ static int decode(png_structp png, png_infop info, png_src *s, dt_image *out) {
     if (bd == 16)
         fail(png, s, "16-bit PNG is not supported (the reference keeps only the high byte of 16-bit colour and turns "
                      "16-bit gray into white); save it with 8 bits per sample");
-    if (dt_image_check_size(s->name, "PNG", w, h)) { s->failed_msg = 1; png_longjmp(png, 1); }
+    if (dt_image_check_size(s->name, "PNG", w, h, s->lim)) { s->failed_msg = 1; png_longjmp(png, 1); }
     int read_ch;
     switch (ct) {
     case PNG_COLOR_TYPE_GRAY:
@@ -83,6 +89,12 @@ static int decode(png_structp png, png_infop info, png_src *s, dt_image *out) {
         out->nearest = 1;
         break;
     default: fail(png, s, "PNG: unknown colour type"); return -1;
+    }
+    if (s->header_only) {
+        out->w = (int)w;
+        out->h = (int)h;
+        out->channels = ct == PNG_COLOR_TYPE_PALETTE ? 3 : read_ch;
+        return 0;
     }
     png_set_interlace_handling(png);
     png_read_update_info(png, info);
@@ -123,9 +135,10 @@ static int decode(png_structp png, png_infop info, png_src *s, dt_image *out) {
     return 0;
 }
 
-int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, dt_image *out) {
+int dt_image_decode_png(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                        dt_image *out) {
     memset(out, 0, sizeof *out);
-    png_src s = {.data = data, .n = n, .name = name};
+    png_src s = {.data = data, .n = n, .name = name, .lim = lim, .header_only = header_only};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &s, on_error, on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     int rc = -1;

@@ -26,14 +26,15 @@ static const char *status_text(VP8StatusCode s) {
     }
 }
 
-int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, dt_image *out) {
+int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, const dt_image_limits *lim, int header_only,
+                         dt_image *out) {
     memset(out, 0, sizeof *out);
     WebPDecoderConfig cfg;
     if (!WebPInitDecoderConfig(&cfg)) {
         dt_set_error("%s: WebP: library version mismatch", name);
         return -1;
     }
-    VP8StatusCode st = WebPGetFeatures(data, n, &cfg.input);
+    VP8StatusCode st = WebPGetFeatures(data, n, &cfg.input);   /* the header alone: nothing is decoded */
     if (st != VP8_STATUS_OK) {
         dt_set_error("%s: WebP: %s", name, status_text(st));
         return -1;
@@ -43,7 +44,13 @@ int dt_image_decode_webp(const uint8_t *data, size_t n, const char *name, dt_ima
         return -1;
     }
     const int w = cfg.input.width, h = cfg.input.height, ch = cfg.input.has_alpha ? 4 : 3;
-    if (dt_image_check_size(name, "WebP", w, h)) return -1;
+    if (dt_image_check_size(name, "WebP", w, h, lim)) return -1;
+    if (header_only) {
+        out->w = w;
+        out->h = h;
+        out->channels = ch;
+        return 0;
+    }
     const size_t stride = (size_t)w * (size_t)ch, size = stride * (size_t)h;
     uint8_t *pix = malloc(size);
     if (!pix) {

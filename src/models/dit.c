@@ -62,6 +62,10 @@ int dt_dit_set_refs(dt_dit *d, const float *tokens, const float *ids, int r, int
     return d->ops->set_refs(d, tokens, ids, r, kv_cached);
 }
 
+void dt_dit_set_cancel(dt_dit *d, const volatile int *flag) {
+    if (d->ops->set_cancel) d->ops->set_cancel(d, flag);
+}
+
 void dt_dit_weight_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len) {
     d->ops->weight_info(d, bytes, fmt, fmt_len);
 }

@@ -9,6 +9,7 @@
 
 #include "backends/backend.h"
 #include "io/safetensors.h"
+#include "models/block_cache.h"
 #include "models/lora.h"
 
 typedef struct dt_dit dt_dit;
@@ -33,6 +34,8 @@ typedef struct {
     float *out;                     /* [n_img, out_channels] */
     dt_dit_trace_fn trace;          /* NULL: none (a split DiT ignores it) */
     void *trace_ud;
+    dt_fbc_branch *fbc;             /* First Block Cache state of the pass (models/block_cache.h; NULL: every block
+                                     * runs; a split DiT refuses it) */
 } dt_dit_step;
 
 /* How to load a DiT (each model's *_dit_load). */
@@ -59,6 +62,9 @@ typedef struct {
     /* Bytes of weights as stored and a short description of their formats ("bf16", "q4 g64", ...). */
     void (*weight_info)(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len);
     void (*free)(void *m);
+    /* A cancellation flag (dt_cancel_requested) the forwards poll before each block: a cancelled request's forward
+     * stops within one block and fails with "cancelled". NULL flag: none. NULL op: checked between steps only. */
+    void (*set_cancel)(dt_dit *d, const volatile int *flag);
 } dt_dit_ops;
 
 /* A DiT over model m (freed with it through ops->free) whose geometry is config (the model's own struct). */
@@ -74,6 +80,7 @@ const void *dt_dit_text_key(const dt_dit *d, int slot);
 const void *dt_dit_slot_key(const dt_dit *d, int slot);
 
 int dt_dit_forward(dt_dit *d, const dt_dit_step *s);
+void dt_dit_set_cancel(dt_dit *d, const volatile int *flag);   /* ops->set_cancel where the model has one */
 int dt_dit_set_refs(dt_dit *d, const float *tokens, const float *ids, int r, int kv_cached);
 int dt_dit_text_resident(dt_dit *d, int slot, const float *txt, int t);
 int dt_dit_text_resident_mat(dt_dit *d, int slot, dt_mat src);

@@ -468,12 +468,25 @@ void flux2_double_block(dt_backend *be, const flux2_config *c, const flux2_doubl
     if (t > 0 && join) dt_on_queue(be, 0, 1);
 }
 
+void flux2_set_cancel(flux2_model *m, const volatile int *flag) { m->cancel = flag; }
+
+/* A forward that stopped at a block boundary because its request was cancelled: -1 with the error set, once the work
+ * already queued on the device has finished (the next forward starts from a quiet stream). */
+static int stopped(flux2_model *m) {
+    m->be->sync(m->be);
+    dt_set_error("flux2: cancelled");
+    return -1;
+}
+
 /* The blocks of one forward on activations x (n image rows, t text rows), from the timestep MLP to the last single
  * block; inputs in x->emb / x->in_img / x->in_txt and the RoPE tables. kv_rows, kv_load (per block, NULL: none): cached
  * reference K|V the attention also sees; kv_store (per block, NULL: none): where each block's K|V go (the
- * reference-only pass). Blocks are numbered double first, then single. No host transfers and no allocation. */
-static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t kv_rows, const dt_mat *kv_load,
-                       const dt_mat *kv_store, flux2_trace_fn trace, void *ud) {
+ * reference-only pass). Blocks are numbered double first, then single. No host transfers and no allocation, except
+ * with First Block Cache (fbc, NULL: none): after the first block, a download of its residual decides whether the
+ * other blocks run or their cached residual is added (block_cache.h). may_stop: before each block, stop when the
+ * request is cancelled (m->cancel) and return 1; else 0. */
+static int run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t kv_rows, const dt_mat *kv_load,
+                      const dt_mat *kv_store, dt_fbc_branch *fbc, flux2_trace_fn trace, void *ud, int may_stop) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     int nd = c->num_layers;
@@ -487,23 +500,29 @@ static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_
     if (c->num_layers > 0) dt_prefetch(be, m->db[0].to_qkv, dt_mat_null(), n);
     else if (c->num_single_layers > 0) dt_prefetch(be, flux2_single_first(&m->sb[0]), dt_mat_null(), (int64_t)n + t);
     flux2_pre(be, &m->o, &oio, n, t);
+    const int nb = c->num_layers + c->num_single_layers;
+    if (fbc) dt_fbc_begin(be, fbc, s_img);
     for (int i = 0; i < c->num_layers; i++) {
+        if (may_stop && dt_cancel_requested(m->cancel)) return 1;
         int last = i == c->num_layers - 1;
         const dt_linear *next = !last ? m->db[i + 1].to_qkv : c->num_single_layers > 0 ? flux2_single_first(&m->sb[0]) : NULL;
         if (kv_load) io.kv_load = kv_load[i];
         if (kv_store) io.kv_store = kv_store[i];
-        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace, next, last ? (int64_t)n + t : n);
+        flux2_double_block(be, c, &m->db[i], &io, n, t, i == 0, last || trace || (fbc && i == 0), next,
+                           last ? (int64_t)n + t : n);
         if (trace) {
             char nm[64];
             snprintf(nm, sizeof nm, "double.%d.out0", i); trace(ud, nm, s_txt);
             snprintf(nm, sizeof nm, "double.%d.out1", i); trace(ud, nm, s_img);
         }
+        if (fbc && i == 0 && !dt_fbc_after_head(be, fbc, s_img)) return 0;   /* the cached residual instead */
     }
 
     /* ---- single-stream blocks on the joint stream ---- */
     flux2_single_io sio = flux2_acts_single(x);
     sio.kv_rows = kv_rows;
     for (int i = 0; i < c->num_single_layers; i++) {
+        if (may_stop && dt_cancel_requested(m->cancel)) return 1;
         const dt_linear *next = i + 1 < c->num_single_layers ? flux2_single_first(&m->sb[i + 1]) : NULL;
         if (kv_load) sio.kv_load = kv_load[nd + i];
         if (kv_store) sio.kv_store = kv_store[nd + i];
@@ -513,20 +532,24 @@ static void run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_
             snprintf(nm, sizeof nm, "single.%d", i);
             trace(ud, nm, x->s);
         }
+        if (fbc && c->num_layers == 0 && i == 0 && !dt_fbc_after_head(be, fbc, s_img)) return 0;
     }
+    if (fbc && nb > 0) dt_fbc_end(be, fbc, s_img);
+    return 0;
 }
 
 /* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are in b->x.emb /
  * b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out's first n_out rows (n image rows run
  * through the blocks: the noise tokens, then appended reference tokens). No host transfers and no allocation, so it
- * can be captured into a graph. */
-static void device_part(flux2_model *m, int n, int n_out, int t, flux2_trace_fn trace, void *ud) {
+ * can be captured into a graph (may_stop 0). may_stop: stop at a block boundary of a cancelled request, returning 1. */
+static int device_part(flux2_model *m, int n, int n_out, int t, flux2_trace_fn trace, void *ud, int may_stop) {
     flux2_bufs *b = &m->buf;
-    run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, trace, ud);
+    if (run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, m->fbc, trace, ud, may_stop)) return 1;
     /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection of the noise rows ---- */
     flux2_outer_io oio = flux2_acts_outer(&b->x);
     oio.out = dt_mat_rows(oio.out, 0, n_out);
     flux2_final(m->be, &m->c, &m->o, &oio, n_out, t, trace, ud);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ reference tokens */
@@ -600,12 +623,15 @@ static int kv_extract(flux2_model *m) {
     be->upload(be, x->cos, cs);
     be->upload(be, x->sin, sn);
     be->copy(be, x->in_img, m->ref.tok);
-    run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL);
-    int rc = be->sync(be);
+    int cut = run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL, NULL, 1);
     free(emb); free(cs); free(sn);
+    if (cut) return stopped(m);
+    int rc = be->sync(be);
     if (rc == 0) m->ref.filled = 1;
     return rc;
 }
+
+void flux2_set_block_cache(flux2_model *m, dt_fbc_branch *f) { m->fbc = f; }
 
 int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
                   const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *ud) {
@@ -644,20 +670,22 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
         }
     }
 
-    if (!m->use_graph || trace) {
-        device_part(m, na, n, t, trace, ud);
+    if (m->fbc && dt_fbc_prepare(be, m->fbc, na, c->hidden)) return -1;
+    if (!m->use_graph || trace || m->fbc) {
+        if (device_part(m, na, n, t, trace, ud, 1)) return stopped(m);
     } else if (m->graph && m->graph_n == na && m->graph_t == t && m->graph_nout == n) {
         if (be->graph_launch(be, m->graph)) return -1;
     } else if (m->warm_n == na && m->warm_t == t && m->warm_nout == n) {
         /* second call at this shape: capture the device part, then replay it */
         if (be->capture_begin(be)) return -1;
-        device_part(m, na, n, t, NULL, NULL);
+        device_part(m, na, n, t, NULL, NULL, 0);
         m->graph = be->capture_end(be);
         if (!m->graph) return -1;
         m->graph_n = na; m->graph_t = t; m->graph_nout = n;
         if (be->graph_launch(be, m->graph)) return -1;
     } else {
-        device_part(m, na, n, t, NULL, NULL);   /* eager warm-up: scratch buffers reach their sizes */
+        /* eager warm-up: scratch buffers reach their sizes (a cancelled one does not count as the warm-up) */
+        if (device_part(m, na, n, t, NULL, NULL, 1)) return stopped(m);
         m->warm_n = na; m->warm_t = t; m->warm_nout = n;
     }
     be->download(be, out, dt_mat_rows(b->x.out, 0, n));

@@ -8,6 +8,7 @@
 #include "backends/backend.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
+#include "models/block_cache.h"
 #include "models/lora.h"
 
 typedef struct {
@@ -66,6 +67,15 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
  * supports capture, else ignored). The first call at a shape runs eagerly, the second captures, later
  * ones replay. Traced calls always run eagerly. */
 void flux2_set_graph(flux2_model *m, int on);
+/* A cancellation flag (dt_cancel_requested) the forwards poll before each block, so that a cancelled request stops
+ * within one block instead of one step: the forward then fails with "cancelled" (its output unset). A forward being
+ * captured into a CUDA graph runs whole. NULL: none. */
+void flux2_set_cancel(flux2_model *m, const volatile int *flag);
+
+/* First Block Cache (models/block_cache.h) for the forwards that follow: f is the guidance branch's state (NULL:
+ * every block runs). The head is the first block; its residual and the cached one are the image rows' (noise and
+ * appended reference tokens). Those forwards run eagerly (the decision reads a device result mid-forward). */
+void flux2_set_block_cache(flux2_model *m, dt_fbc_branch *f);
 
 /* Keep text features on the device across forwards (the denoising loop passes the same prompt every step):
  * uploads txt [t, joint_dim] now; later flux2_forward calls with this same pointer and t copy it on the

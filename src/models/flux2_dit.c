@@ -13,8 +13,11 @@
 /* ---- whole ---- */
 
 static int whole_forward(dt_dit *d, const dt_dit_step *s) {
-    return flux2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep, s->img_ids,
-                         s->txt_ids, s->out, s->trace, s->trace_ud);
+    flux2_set_block_cache(dt_dit_model(d), s->fbc);
+    int rc = flux2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep,
+                           s->img_ids, s->txt_ids, s->out, s->trace, s->trace_ud);
+    flux2_set_block_cache(dt_dit_model(d), NULL);
+    return rc;
 }
 static int whole_refs(dt_dit *d, const float *tok, const float *ids, int r, int kv) {
     return flux2_set_refs(dt_dit_model(d), tok, ids, r, kv);
@@ -30,12 +33,14 @@ static void whole_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len
     flux2_weight_info(dt_dit_model(d), bytes, fmt, fmt_len);
 }
 static void whole_free(void *m) { flux2_free(m); }
+static void whole_cancel(dt_dit *d, const volatile int *flag) { flux2_set_cancel(dt_dit_model(d), flag); }
 static const dt_dit_ops whole_ops = {"flux2", whole_forward, whole_refs, whole_text, whole_text_mat, whole_info,
-                                     whole_free};
+                                     whole_free, whole_cancel};
 
 /* ---- split over ranks ---- */
 
 static int split_forward(dt_dit *d, const dt_dit_step *s) {
+    if (s->fbc) { dt_set_error("flux2: First Block Cache needs the whole forward (not one split over ranks)"); return -1; }
     return flux2_sp_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep,
                             s->img_ids, s->txt_ids, s->out);
 }
@@ -57,7 +62,7 @@ static void split_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len
 }
 static void split_free(void *m) { flux2_sp_free(m); }
 static const dt_dit_ops split_ops = {"flux2 split", split_forward, split_refs, split_text, split_text_mat, split_info,
-                                     split_free};
+                                     split_free, NULL};   /* cancellation between steps: the ranks stop together */
 
 dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) {

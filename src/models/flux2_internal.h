@@ -34,7 +34,9 @@ struct flux2_model {
     /* CUDA-graph replay (flux2_set_graph): the device part of a forward is captured on the second call
      * with the same (N, T) (the first one, eager, lets every scratch buffer reach its size) and replayed */
     int use_graph;
+    dt_fbc_branch *fbc;   /* First Block Cache state of the forwards (flux2_set_block_cache; NULL: none) */
     void *graph;
+    const volatile int *cancel;   /* flux2_set_cancel: polled before each block of an eager forward (NULL: none) */
     int graph_n, graph_t, graph_nout, warm_n, warm_t, warm_nout;   /* the shape: rows, text rows, projected rows */
     /* resident text features (flux2_text_resident): host buffers the caller keeps unchanged, uploaded once;
      * a forward whose txt matches one copies it on the device instead of uploading again. Two slots (the

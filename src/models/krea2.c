@@ -31,6 +31,17 @@ typedef struct {                         /* Krea2TextFusionBlock: pre-norm, no R
     krea2_ff_w ff;
 } k2_text_block;
 
+/* One captured forward (krea2_set_graph): the buffers' shape and the text mask it was captured with. */
+typedef struct {
+    void *graph;
+    int warm;             /* ran once eagerly at this shape and mask (the next call captures) */
+    int masked;
+    uint8_t *mask;        /* [t] the mask's copy */
+    unsigned long use;    /* last use (the older slot is replaced) */
+} k2_graph;
+#define K2_GRAPHS 2
+static void drop_graphs(krea2_model *m);
+
 struct krea2_model {
     dt_backend *be;                  /* the caller's backend, or the LoRA wrapper around it */
     dt_lora_set *lora;               /* loaded adapters (NULL: none) */
@@ -43,7 +54,14 @@ struct krea2_model {
     dt_linear_set lin;               /* every created Linear (cleanup, format description) */
     size_t weight_bytes;
     krea2_acts buf;                  /* for the last (N, T); kept between calls */
+    dt_fbc_branch *fbc;              /* First Block Cache state of the forwards (krea2_set_block_cache; NULL: none) */
+    const volatile int *cancel;      /* krea2_set_cancel: polled before each block (NULL: none) */
+    int use_graph;                   /* krea2_set_graph */
+    k2_graph graphs[K2_GRAPHS];
+    unsigned long graph_clock;
 };
+
+void krea2_set_cancel(krea2_model *m, const volatile int *flag) { m->cancel = flag; }
 
 /* ------------------------------------------------------------------ config */
 
@@ -145,6 +163,17 @@ const krea2_config *krea2_get_config(const krea2_model *m) { return &m->c; }
 void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fmt_len) {
     if (bytes) *bytes = m->weight_bytes;
     if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->lin.fmt);
+}
+
+int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what) {
+    c->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+    if (c->attn_fp8 && !be->attention_fp8) {
+        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
+                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
+        return -1;
+    }
+    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !be->opts.fp8_unfused;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ loading */
@@ -285,6 +314,8 @@ static int load_all(krea2_model *m) {
         snprintf(nm, sizeof nm, "text_fusion.refiner_blocks.%d", i);
         if (load_text_block(&m->lin, m->w, c, nm, &m->rf[i])) return -1;
     }
+    /* --precision fp8: the transformer blocks' Linears (embedders, modulation, text fusion, final stay bf16) */
+    m->lin.precision = m->be->opts.precision;
     m->blk = dt_calloc((size_t)c->num_layers, sizeof *m->blk);
     for (int i = 0; i < c->num_layers; i++)
         if (krea2_block_w_load(&m->lin, m->w, c, i, &m->blk[i])) return -1;
@@ -304,7 +335,15 @@ krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_op
     char what[4200];
     const json *cfg = dt_weights_class_config(m->w, dir, "Krea2Transformer2DModel", "Krea 2", what, sizeof what);
     free(dir);
-    if (!cfg || krea2_config_parse(cfg, what, &m->c)) goto fail;
+    if (!cfg || krea2_config_parse(cfg, what, &m->c) || krea2_runtime_choices(be, &m->c, what)) goto fail;
+    const st_tensor *q0 = dt_weights_find(m->w, "transformer_blocks.0.attn.to_q.weight");
+    if (q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2) && be->opts.precision != DT_PREC_FP8) {
+        /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers write
+         * the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
+        dt_backend as_fp8 = *be;
+        as_fp8.opts.precision = DT_PREC_FP8;
+        if (krea2_runtime_choices(&as_fp8, &m->c, what)) goto fail;
+    }
     if (o && o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
         dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
         m->lora = dt_lora_load(o->loras, o->n_loras, cat);
@@ -328,6 +367,7 @@ fail:
 void krea2_free(krea2_model *m) {
     if (!m) return;
     dt_backend *be = m->be;
+    drop_graphs(m);
     krea2_acts_free(be, &m->buf);
     dt_linear_set_free(&m->lin);
     krea2_outer_w_free(be, &m->o);
@@ -367,6 +407,7 @@ void krea2_acts_free(dt_backend *be, krea2_acts *b) {
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
     free(b->ids);
     free(b->host_mod);
+    free(b->key_runs);
     memset(b, 0, sizeof *b);
 }
 
@@ -377,7 +418,8 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_
     int64_t dkv = (int64_t)c->kv_heads * c->head_dim, tdkv = (int64_t)c->text_kv_heads * c->text_head_dim;
     int64_t big = max64(L * D, Lt * E);
     int64_t kv = max64(L * dkv, Lt * tdkv);
-    int64_t hid = max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)t * D);
+    /* (h1 / h2 also hold the gathered keys / values of fp8 attention with a mask: L x dkv) */
+    int64_t hid = max64(max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)t * D), L * dkv);
     int nl = c->num_layers;
     struct { dt_mat *m; int64_t rows, cols; dt_dtype t; } all[] = {
         {&b->emb, 1, c->t_embed, act},   {&b->th, 1, D, act},          {&b->temb, 1, D, act},
@@ -395,6 +437,8 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_
     b->n = n; b->t = t;
     b->ids = dt_malloc(sizeof(float) * (size_t)(L * c->n_axes));
     b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see krea2_time_mods */
+    b->key_runs = dt_malloc(sizeof(int64_t) * (size_t)(2 * (t + 1)));   /* at most t/2 + 1 runs */
+    b->nkeys = L;
     /* ones: upload one row, then double the filled prefix with copies */
     float *one = dt_malloc(sizeof(float) * (size_t)D);
     for (int64_t i = 0; i < D; i++) one[i] = 1.0f;
@@ -447,9 +491,24 @@ void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *b, 
 }
 
 void krea2_acts_mask(dt_backend *be, krea2_acts *b, const uint8_t *mask) {
-    b->masked = mask != NULL;
-    if (!mask) return;
     int64_t L = (int64_t)b->n + b->t;
+    b->masked = mask != NULL;
+    b->nkey_runs = 0;
+    b->nkeys = L;
+    if (!mask) return;
+    /* the unmasked keys as runs of consecutive rows (fp8 attention gathers them: it takes no mask) */
+    b->nkeys = 0;
+    for (int64_t j = 0; j < L; j++) {
+        if (j < b->t && !mask[j]) continue;
+        if (b->nkey_runs && b->key_runs[2 * (b->nkey_runs - 1)] + b->key_runs[2 * (b->nkey_runs - 1) + 1] == j)
+            b->key_runs[2 * (b->nkey_runs - 1) + 1]++;
+        else {
+            b->key_runs[2 * b->nkey_runs] = j;
+            b->key_runs[2 * b->nkey_runs + 1] = 1;
+            b->nkey_runs++;
+        }
+        b->nkeys++;
+    }
     float *bh = dt_malloc(sizeof(float) * (size_t)L);
     for (int64_t j = 0; j < L; j++) bh[j] = (j < b->t && !mask[j]) ? -INFINITY : 0.0f;
     be->upload(be, b->bias, bh);
@@ -465,6 +524,8 @@ krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
         .h1 = fview(x->h1, L, F),    .h2 = fview(x->h2, L, F),
         .cos = x->cos,               .sin = x->sin,               .bias = x->masked ? x->bias : dt_mat_null(),
         .modw = x->modw,             .modv = x->modv,             .ones = x->ones,
+        .kc = fview(x->h1, x->nkeys, dkv), .vc = fview(x->h2, x->nkeys, dkv),
+        .key_runs = x->masked ? x->key_runs : NULL, .nkey_runs = x->masked ? x->nkey_runs : 0,
     };
     return io;
 }
@@ -600,6 +661,31 @@ static void mod_norm(dt_backend *be, const krea2_config *c, dt_mat y, dt_mat x, 
     be->gated_add(be, y, dt_mat_rows(modv, vi, 1), dt_mat_rows(ones, 0, x.rows));
 }
 
+/* The blocks' GQA attention: bf16 with the key-padding bias (the reference), or with c->attn_fp8 the backend's fp8
+ * attention, which takes no mask: the unmasked keys' rows of K and V are gathered into kc / vc first (exactly the
+ * masked attention: a padded key's weight is exp(-inf) = 0; the per-tensor K / V scales then cover the real keys
+ * only). */
+static void block_attention(dt_backend *be, const krea2_config *c, const krea2_attn_w *at, const krea2_block_io *io) {
+    const float scale = 1.0f / sqrtf((float)at->hd);
+    if (!c->attn_fp8) {
+        be->attention(be, io->o, io->q, io->k, io->v, at->heads, at->kv_heads, at->hd, scale, io->bias, 0);
+        return;
+    }
+    dt_mat k = io->k, v = io->v;
+    if (io->bias.data && !(io->nkey_runs == 1 && io->key_runs[1] == io->k.rows)) {
+        int64_t r = 0;
+        for (int i = 0; i < io->nkey_runs; i++) {
+            int64_t r0 = io->key_runs[2 * i], len = io->key_runs[2 * i + 1];
+            be->copy(be, dt_mat_rows(io->kc, r, len), dt_mat_rows(io->k, r0, len));
+            be->copy(be, dt_mat_rows(io->vc, r, len), dt_mat_rows(io->v, r0, len));
+            r += len;
+        }
+        k = dt_mat_rows(io->kc, 0, r);
+        v = dt_mat_rows(io->vc, 0, r);
+    }
+    be->attention_fp8(be, io->o, io->q, k, v, at->heads, at->kv_heads, at->hd, scale);
+}
+
 void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l,
                     int k, int split) {
     const krea2_attn_w *at = &w->attn;
@@ -614,21 +700,38 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
     case KREA2_OP_ROPE:
         if (split) attn_qk(be, at, c->eps, io->q, io->k, none, none, io->cos, io->sin, DT_ROPE_INTERLEAVED);
         break;
-    case KREA2_OP_ATTN:
-        be->attention(be, io->o, io->q, io->k, io->v, at->heads, at->kv_heads, at->hd, 1.0f / sqrtf((float)at->hd),
-                      io->bias, 0);
+    case KREA2_OP_ATTN: block_attention(be, c, at, io); break;
+    /* attn * sigmoid(to_gate(x)) -> to_out -> s += pregate * out: with fuse_inputs one act_linear_gated (OUT) */
+    case KREA2_OP_GATE:
+        if (!c->fuse_inputs) be->act_mul(be, io->o, io->g, io->o, DT_ACT_SIGMOID);
         break;
-    case KREA2_OP_GATE: be->act_mul(be, io->o, io->g, io->o, DT_ACT_SIGMOID); break;   /* attn * sigmoid(to_gate(x)) */
-    case KREA2_OP_OUT: be->linear(be, io->a, io->o, at->out); break;
-    case KREA2_OP_RESID1: be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 1, 1), io->a); break;
+    case KREA2_OP_OUT:
+        if (c->fuse_inputs)
+            be->act_linear_gated(be, io->s, io->o, 0, io->g, io->o, DT_ACT_SIGMOID, at->out,
+                                 dt_mat_rows(io->modv, 4 * l + 1, 1), io->a);
+        else be->linear(be, io->a, io->o, at->out);
+        break;
+    case KREA2_OP_RESID1:
+        if (!c->fuse_inputs) be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 1, 1), io->a);
+        break;
     case KREA2_OP_NORM2: mod_norm(be, c, io->a, io->s, io->modw, io->modv, io->ones, 2 * l + 1, 4 * l + 2); break;
     case KREA2_OP_MLPIN:
         be->linear(be, io->h1, io->a, w->ff.gate);
         be->linear(be, io->h2, io->a, w->ff.up);
         break;
-    case KREA2_OP_SWIGLU: be->act_mul(be, io->h1, io->h1, io->h2, DT_ACT_SILU); break;
-    case KREA2_OP_DOWN: be->linear(be, io->a, io->h1, w->ff.down); break;
-    case KREA2_OP_RESID2: be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 3, 1), io->a); break;
+    /* silu(gate) * up -> ff.down -> s += postgate * mlp: with fuse_inputs one act_linear_gated (DOWN) */
+    case KREA2_OP_SWIGLU:
+        if (!c->fuse_inputs) be->act_mul(be, io->h1, io->h1, io->h2, DT_ACT_SILU);
+        break;
+    case KREA2_OP_DOWN:
+        if (c->fuse_inputs)
+            be->act_linear_gated(be, io->s, io->h1, 0, io->h1, io->h2, DT_ACT_SILU, w->ff.down,
+                                 dt_mat_rows(io->modv, 4 * l + 3, 1), io->a);
+        else be->linear(be, io->a, io->h1, w->ff.down);
+        break;
+    case KREA2_OP_RESID2:
+        if (!c->fuse_inputs) be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 3, 1), io->a);
+        break;
     }
 }
 
@@ -636,10 +739,138 @@ void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, 
     for (int k = 0; k < KREA2_OP_COUNT; k++) krea2_block_op(be, c, w, io, l, k, 0);
 }
 
-int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
-                  const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud) {
+void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f) { m->fbc = f; }
+
+/* The device part of a forward (capturable with may_stop 0): everything between the host inputs (time_mods,
+ * positions, mask, text and latents uploaded) and the output in b->outm. may_stop: before each block, stop when the
+ * request is cancelled (m->cancel) and return 1; else 0. */
+static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int may_stop) {
     const krea2_config *c = &m->c;
-    if (!img || !txt || !pos_ids || !out) { dt_set_error("krea2_forward: NULL input or output"); return -1; }
+    dt_backend *be = m->be;
+    krea2_acts *b = &m->buf;
+    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = b->t, N = b->n;
+
+    /* ---- text fusion ---- */
+    /* the token-major [T*Y, E] upload reordered to layer-major rows l*T + t (Y strided copies) */
+    dt_mat ts = fview(b->ts, T * Y, E), raw = fview(b->a, T * Y, E);
+    for (int64_t l = 0; l < Y; l++) {
+        dt_mat lv = dt_mat_rows(raw, l, T);   /* layer l of every token: rows l, l+Y, ... */
+        lv.ld = raw.ld * Y;
+        be->copy(be, dt_mat_rows(ts, l * T, T), lv);
+    }
+    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, T, dt_mat_null());
+    /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*T + t] */
+    dt_mat tr = fview(b->tr, T, E);
+    for (int64_t l = 0; l < Y; l++) {
+        dt_mat lv = dt_mat_rows(ts, l * T, T);
+        if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
+        else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
+    }
+    dt_mat tbias = b->masked ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();
+    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, tbias);
+
+    /* ---- txt_in, img_in -> joint stream [text, image] ---- */
+    dt_mat s = b->s;
+    dt_mat txt_rows = dt_mat_rows(s, 0, T), img_rows = dt_mat_rows(s, T, N);
+    {
+        dt_mat a = fview(b->a, T, E), h = fview(b->h1, T, D);
+        be->rmsnorm(be, a, tr, m->o.txt_norm, 1.0f, c->eps);
+        be->linear(be, h, a, m->o.txt_lin1);
+        be->act_mul(be, h, h, dt_mat_null(), DT_ACT_GELU_TANH);
+        be->linear(be, txt_rows, h, m->o.txt_lin2);
+    }
+    be->linear(be, img_rows, b->in_img, m->o.img_in);
+
+    /* ---- transformer blocks ---- */
+    krea2_block_io io = krea2_acts_block(c, b);
+    char name[32];
+    if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);
+    for (int l = 0; l < c->num_layers; l++) {
+        if (may_stop && dt_cancel_requested(m->cancel)) return 1;
+        krea2_block(be, c, &m->blk[l], &io, l);
+        if (trace) {
+            snprintf(name, sizeof name, "block.%d", l);
+            trace(trace_ud, name, s);
+        }
+        if (m->fbc && l == 0 && !dt_fbc_after_head(be, m->fbc, img_rows)) break;   /* the cached residual instead */
+        if (m->fbc && l == c->num_layers - 1) dt_fbc_end(be, m->fbc, img_rows);
+    }
+
+    /* ---- final layer on the image rows ---- */
+    dt_mat an = fview(b->a, N, D);
+    mod_norm(be, c, an, img_rows, b->modw, b->modv, b->ones, 2 * c->num_layers, 4 * c->num_layers);
+    be->linear(be, b->outm, an, m->o.final_lin);
+    return 0;
+}
+
+/* Destroy the captured graphs, keeping their slots' masks (warm: the next use captures again). Before any eager
+ * forward while graphs exist: an eager forward may grow a scratch buffer (fp8 attention's grows with the number of
+ * unmasked keys) that a captured graph points into. */
+static void drop_captured(krea2_model *m) {
+    for (int i = 0; i < K2_GRAPHS; i++)
+        if (m->graphs[i].graph) {
+            m->be->graph_destroy(m->be, m->graphs[i].graph);
+            m->graphs[i].graph = NULL;
+        }
+}
+
+/* The graph slot for this forward's mask (the shape is the buffers'); when none matches, the older slot takes the
+ * mask (and every captured graph goes: this call runs eagerly). A guided step alternates the prompt's and the
+ * negative prompt's masks: two slots. */
+static k2_graph *graph_slot(krea2_model *m, const uint8_t *mask) {
+    const int t = m->buf.t;
+    for (int i = 0; i < K2_GRAPHS; i++) {
+        k2_graph *g = &m->graphs[i];
+        if ((g->graph || g->warm) && g->masked == (mask != NULL) && (!mask || !memcmp(g->mask, mask, (size_t)t))) {
+            g->use = ++m->graph_clock;
+            return g;
+        }
+    }
+    drop_captured(m);
+    k2_graph *g = &m->graphs[0];
+    for (int i = 1; i < K2_GRAPHS; i++)
+        if (m->graphs[i].use < g->use) g = &m->graphs[i];
+    g->warm = 0;
+    g->masked = mask != NULL;
+    free(g->mask);
+    g->mask = dt_malloc((size_t)t + 1);
+    if (mask) memcpy(g->mask, mask, (size_t)t);
+    g->use = ++m->graph_clock;
+    return g;
+}
+
+static void drop_graphs(krea2_model *m) {
+    for (int i = 0; i < K2_GRAPHS; i++) {
+        k2_graph *g = &m->graphs[i];
+        if (g->graph) m->be->graph_destroy(m->be, g->graph);
+        free(g->mask);
+        memset(g, 0, sizeof *g);
+    }
+}
+
+void krea2_set_graph(krea2_model *m, int on) {
+    dt_backend *be = m->be;
+    m->use_graph = on && be->capture_begin && be->capture_end && be->graph_launch && be->graph_destroy;
+    if (!m->use_graph) drop_graphs(m);
+}
+
+/* krea2_forward with the latents and the velocity either on the host (img, out) or on the backend (img_m, out_m:
+ * F32 or act [n_img, in / out_channels]; then nothing is downloaded and the backend is not synchronized). */
+static int forward(krea2_model *m, const float *img, dt_mat img_m, int n_img, const float *txt, int n_txt,
+                   float timestep, const float *pos_ids, const uint8_t *txt_mask, float *out, dt_mat out_m,
+                   krea2_trace_fn trace, void *trace_ud) {
+    const krea2_config *c = &m->c;
+    if (!(img || img_m.data) || !txt || !pos_ids || !(out || out_m.data)) {
+        dt_set_error("krea2_forward: NULL input or output");
+        return -1;
+    }
+    if (img_m.data && (img_m.rows != n_img || img_m.cols != c->in_channels || !out_m.data || out_m.rows != n_img ||
+                       out_m.cols != c->out_channels)) {
+        dt_set_error("krea2_forward: latents [%lld, %lld] / velocity [%lld, %lld] on the backend, expected [%d, %d]",
+                     (long long)img_m.rows, (long long)img_m.cols, (long long)out_m.rows, (long long)out_m.cols, n_img,
+                     c->in_channels);
+        return -1;
+    }
     if (n_img < 1 || n_txt < 1) {
         dt_set_error("krea2_forward: need at least one image and one text token (got N=%d, T=%d)", n_img, n_txt);
         return -1;
@@ -657,63 +888,56 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
     dt_backend *be = m->be;
     krea2_acts *b = &m->buf;
     if (!(b->s.data && b->n == n_img && b->t == n_txt)) {
+        drop_graphs(m);   /* a captured forward refers to the old buffers */
         krea2_acts_free(be, b);
         if (krea2_acts_alloc(be, c, n_img, n_txt, b)) return -1;
     }
-    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = n_txt, N = n_img;
 
     krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
     krea2_acts_positions(be, c, b, pos_ids);
     krea2_acts_mask(be, b, txt_mask);
+    /* host inputs: the text features token-major [T*Y, E] into scratch (device_part reorders them), the latents */
+    be->upload(be, fview(b->a, (int64_t)n_txt * c->text_layers, c->text_dim), txt);
+    if (img) be->upload(be, b->in_img, img);
+    else be->copy(be, b->in_img, img_m);
 
-    /* ---- text fusion ---- */
-    /* upload token-major [T*Y, E] into scratch, then reorder to layer-major rows l*T + t (Y strided copies) */
-    dt_mat ts = fview(b->ts, T * Y, E), raw = fview(b->a, T * Y, E);
-    be->upload(be, raw, txt);
-    for (int64_t l = 0; l < Y; l++) {
-        dt_mat lv = dt_mat_rows(raw, l, T);   /* layer l of every token: rows l, l+Y, ... */
-        lv.ld = raw.ld * Y;
-        be->copy(be, dt_mat_rows(ts, l * T, T), lv);
-    }
-    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, T, dt_mat_null());
-    /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*T + t] */
-    dt_mat tr = fview(b->tr, T, E);
-    for (int64_t l = 0; l < Y; l++) {
-        dt_mat lv = dt_mat_rows(ts, l * T, T);
-        if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
-        else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
-    }
-    dt_mat tbias = txt_mask ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();
-    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, tbias);
-
-    /* ---- txt_in, img_in -> joint stream [text, image] ---- */
-    dt_mat s = b->s;
-    dt_mat txt_rows = dt_mat_rows(s, 0, T), img_rows = dt_mat_rows(s, T, N);
-    {
-        dt_mat a = fview(b->a, T, E), h = fview(b->h1, T, D);
-        be->rmsnorm(be, a, tr, m->o.txt_norm, 1.0f, c->eps);
-        be->linear(be, h, a, m->o.txt_lin1);
-        be->act_mul(be, h, h, dt_mat_null(), DT_ACT_GELU_TANH);
-        be->linear(be, txt_rows, h, m->o.txt_lin2);
-    }
-    be->upload(be, b->in_img, img);
-    be->linear(be, img_rows, b->in_img, m->o.img_in);
-
-    /* ---- transformer blocks ---- */
-    krea2_block_io io = krea2_acts_block(c, b);
-    char name[32];
-    for (int l = 0; l < c->num_layers; l++) {
-        krea2_block(be, c, &m->blk[l], &io, l);
-        if (trace) {
-            snprintf(name, sizeof name, "block.%d", l);
-            trace(trace_ud, name, s);
+    /* First Block Cache downloads a residual mid-forward: such forwards run eagerly */
+    if (m->fbc && dt_fbc_prepare(be, m->fbc, n_img, c->hidden)) return -1;
+    k2_graph *gs = m->use_graph && !trace && !m->fbc ? graph_slot(m, txt_mask) : NULL;
+    if (m->use_graph && (trace || m->fbc)) drop_captured(m);   /* an eager forward (see drop_captured) */
+    if (!gs) {
+        if (device_part(m, trace, trace_ud, 1)) {
+            be->sync(be);
+            dt_set_error("krea2: cancelled");
+            return -1;
         }
+    } else if (gs->graph) {
+        if (be->graph_launch(be, gs->graph)) return -1;
+    } else if (gs->warm) {   /* second call with this shape and mask: capture the device part, then replay it */
+        if (be->capture_begin(be)) return -1;
+        device_part(m, NULL, NULL, 0);
+        gs->graph = be->capture_end(be);
+        if (!gs->graph || be->graph_launch(be, gs->graph)) return -1;
+    } else {
+        device_part(m, NULL, NULL, 0);   /* eager warm-up: scratch buffers and attention plans reach their sizes */
+        gs->warm = 1;
     }
-
-    /* ---- final layer on the image rows ---- */
-    dt_mat an = fview(b->a, N, D);
-    mod_norm(be, c, an, img_rows, b->modw, b->modv, b->ones, 2 * c->num_layers, 4 * c->num_layers);
-    be->linear(be, b->outm, an, m->o.final_lin);
+    if (!out) {
+        be->copy(be, out_m, b->outm);
+        return 0;
+    }
     be->download(be, out, b->outm);
     return be->sync(be);
+}
+
+int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
+                  const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud) {
+    return forward(m, img, dt_mat_null(), n_img, txt, n_txt, timestep, pos_ids, txt_mask, out, dt_mat_null(), trace,
+                   trace_ud);
+}
+
+int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
+                      const uint8_t *txt_mask, dt_mat out) {
+    if (!img.data || !out.data) { dt_set_error("krea2_forward_dev: NULL latents or velocity"); return -1; }
+    return forward(m, NULL, img, (int)img.rows, txt, n_txt, timestep, pos_ids, txt_mask, NULL, out, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include "backends/backend.h"
 #include "io/weights.h"
 #include "models/linear_set.h"
+#include "models/block_cache.h"
 #include "models/lora.h"
 
 #define KREA2_MAX_AXES 8
@@ -36,6 +37,11 @@ typedef struct {
     int axes[KREA2_MAX_AXES];   /* dims per axis, sum = head_dim */
     float rope_theta;
     float eps;              /* norm_eps of every RMSNorm */
+    int attn_fp8;           /* run-time choice, not from config.json (krea2_runtime_choices): the transformer blocks'
+                             * attention through the backend's attention_fp8 (--attn-precision fp8) */
+    int fuse_inputs;        /* run-time choice (krea2_runtime_choices): the Linears fed by the attention gate or the
+                             * SwiGLU go through act_linear_gated with their gated residual (fp8 Linears: the
+                             * producer writes the e4m3 codes, the gate folds into the GEMM); 0: separate ops */
 } krea2_config;
 
 /* The widest model accepted (heads x head_dim; Krea 2 is 6144): products of widths and token counts stay well
@@ -44,6 +50,10 @@ typedef struct {
 
 /* Parse config.json; a missing/invalid field is an error naming `what` (the file) and the field. */
 int krea2_config_parse(const json *cfg, const char *what, krea2_config *c);
+/* The config's run-time choices (krea2_load and the bench, before loading the blocks): attn_fp8 from
+ * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), fuse_inputs with
+ * --precision fp8 unless be->opts.fp8_unfused. */
+int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what);
 
 typedef struct krea2_model krea2_model;
 
@@ -67,6 +77,11 @@ const krea2_config *krea2_get_config(const krea2_model *m);
 /* Bytes of weights as stored, and a short description of the formats ("bf16", "bf16+q4 g64", ...). */
 void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fmt_len);
 
+/* First Block Cache (models/block_cache.h) for the forwards that follow: f is the guidance branch's state (NULL:
+ * every block runs). The head is the first transformer block; its residual and the cached one are the joint
+ * stream's image rows (the rows the final layer reads). */
+void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f);
+
 /* One forward pass.
  *   img       [N, in_channels]               packed latent tokens (f32 host)
  *   txt       [T, text_layers, text_dim]     stacked tapped text-encoder hidden states (f32 host)
@@ -76,8 +91,23 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
  *   out       [N, out_channels]              velocity (f32 host)
  *   trace     optional observer (NULL = none)
  * Returns 0 or -1 (dt_last_error). */
+/* A cancellation flag (dt_cancel_requested) the forwards poll before each block: a cancelled request stops within one
+ * block, the forward failing with "cancelled". NULL: none. */
+void krea2_set_cancel(krea2_model *m, const volatile int *flag);
+
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud);
+
+/* CUDA-graph replay of the forward's device part (on = 1; only where the backend captures): per shape and text mask,
+ * the first call runs eagerly, the second is captured, later ones replay it (two masks kept: a guided step's prompt
+ * and negative prompt). A trace runs eagerly. */
+void krea2_set_graph(krea2_model *m, int on);
+
+/* krea2_forward on backend matrices: the latents img [N, in_channels] and the velocity out [N, out_channels] (F32 or
+ * the backend's act dtype) stay on the backend (the sampler's device path); the work is queued, not waited for.
+ * 0 or -1 (dt_last_error). */
+int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
+                      const uint8_t *txt_mask, dt_mat out);
 
 /* ---- the pieces of the forward that the bench drives too (src/bench), op by op ---- */
 
@@ -139,6 +169,9 @@ typedef struct {
     dt_mat cos, sin;   /* [L, head_dim] F32 RoPE tables */
     dt_mat bias;       /* [1, L] F32 key-padding bias */
     int masked;        /* bias holds a mask (krea2_acts_mask); 0: attention without one */
+    int64_t *key_runs; /* host: the unmasked keys as runs (start, length) of rows of the joint stream */
+    int nkey_runs;     /* runs in key_runs (krea2_acts_mask; 0 without a mask) */
+    int64_t nkeys;     /* unmasked keys (L without a mask) */
     float *ids;        /* host copy of the positions the tables were built from [L * n_axes] */
     float *host_mod;   /* host [(6 * layers + 9) * D]: tmod, temb, folded weights, shifts/gates */
 } krea2_acts;
@@ -165,6 +198,12 @@ typedef struct {
     dt_mat bias;       /* [1, L] F32 key-padding bias, or null data (no mask) */
     dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
     dt_mat ones;       /* [L, D] */
+    /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of K and V are gathered into
+     * kc, vc [nkeys, kv_heads*hd] (views of h1 / h2, free during the attention) first: nkey_runs runs of
+     * consecutive rows [key_runs[2i], key_runs[2i] + key_runs[2i+1]) (krea2_acts_mask). */
+    dt_mat kc, vc;
+    const int64_t *key_runs;
+    int nkey_runs;
 } krea2_block_io;
 krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x);
 
@@ -191,6 +230,13 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
                     int k, int split);
 /* Transformer block l as the model runs it: its ops in order. */
 void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l);
+
+/* Write the Krea 2 transformer at INPUT (folder or pipeline root, safetensors: dense, MLX-quantized or fp8) as the
+ * folder OUTPUT (config.json + diffusion_pytorch_model.safetensors) with the transformer blocks' Linears as fp8 codes
+ * of `type` (F8_E4M3 / F8_E5M2) + NAME.weight_scale (per tensor, or per output channel with per_channel) +
+ * NAME.input_scale (1), every other tensor as stored. *written = tensors written (scales not counted). 0, or -1 with
+ * an error (OUTPUT left untouched). krea2_export.c. */
+int krea2_export_fp8(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
 
 /* Geometry presets: "krea2" (the released model: Krea2Transformer2DModel defaults) and "krea2-tiny"
  * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_synth.c. */

@@ -5,8 +5,11 @@
 #include <stdlib.h>
 
 static int k2_forward(dt_dit *d, const dt_dit_step *s) {
-    return krea2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep, s->pos,
-                         s->mask, s->out, s->trace, s->trace_ud);
+    krea2_set_block_cache(dt_dit_model(d), s->fbc);
+    int rc = krea2_forward(dt_dit_model(d), s->img, s->n_img, dt_dit_step_text(d, s), s->n_txt, s->timestep, s->pos,
+                           s->mask, s->out, s->trace, s->trace_ud);
+    krea2_set_block_cache(dt_dit_model(d), NULL);
+    return rc;
 }
 static int k2_text(dt_dit *d, int slot, const float *txt, int t) {
     (void)d; (void)slot;
@@ -17,12 +20,14 @@ static void k2_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len) {
     krea2_weight_info(dt_dit_model(d), bytes, fmt, fmt_len);
 }
 static void k2_free(void *m) { krea2_free(m); }
-static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_info, k2_free};
+static void k2_cancel(dt_dit *d, const volatile int *flag) { krea2_set_cancel(dt_dit_model(d), flag); }
+static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_info, k2_free, k2_cancel};
 
 dt_dit *krea2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) { dt_set_error("%s: Krea 2 has no split forward (--sequence-parallel)", path); return NULL; }
     krea2_model *m = krea2_load_ex(be, path, &(krea2_load_opts){o->loras, o->n_loras, o->lora_side});
     if (!m) return NULL;
+    krea2_set_graph(m, o->cuda_graph);
     return dt_dit_new(&k2_ops, m, krea2_get_config(m));
 }
 

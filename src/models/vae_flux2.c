@@ -117,6 +117,12 @@ static int parse_config(const json *j, const char *what, int kl, dt_vae_config *
         c->patch = (int)p0;
     }
     c->scale_factor = 1 << (c->n_blocks - 1);
+    /* sample_size: an integer or [h, w] (diffusers takes the first); the class default 1024 */
+    const json *ss = json_get(j, "sample_size");
+    if (ss && ss->type == JSON_ARRAY && ss->len >= 1) ss = json_at(ss, 0);
+    c->sample_size = 1024;
+    if (ss && ss->type == JSON_NUMBER && ss->is_integer && ss->integer >= 1 && ss->integer <= 65536)
+        c->sample_size = (int)ss->integer;
     return 0;
 }
 
@@ -304,6 +310,29 @@ fail:
 
 const dt_vae_config *dt_vae_get_config(const dt_vae *v) { return &v->cfg; }
 
+int dt_vae_set_tiling(dt_vae *v, int enabled, int tile) {
+    if (!tile) tile = v->cfg.sample_size;
+    if (enabled && vae_tiling_check(dt_weights_path(v->w), tile, v->cfg.scale_factor)) return -1;
+    v->tiling = (dt_vae_tiling){enabled, tile};
+    return 0;
+}
+
+int dt_vae_last_tiled(const dt_vae *v) { return v->last_tiled; }
+
+int64_t dt_vae_decode_act_bytes(const dt_vae_config *c, int tile, int H, int W, int elem) {
+    vae_decoder d = {.latent = c->latent_channels, .top = c->block_out[c->n_blocks - 1], .out_channels = c->out_channels,
+                     .n_up = c->n_blocks};
+    for (int b = 0, prev = d.top; b < c->n_blocks; b++) {   /* the widths dt_vae_load gives the up blocks */
+        d.up[b].cin = prev;
+        d.up[b].cout = prev = c->block_out[c->n_blocks - 1 - b];
+        d.up[b].up_cout = b < c->n_blocks - 1 ? d.up[b].cout : 0;
+    }
+    const int attn = c->mid_attention ? 4 : 0;   /* q, k, v and the attention output, [hw, top] each */
+    const dt_vae_tiling t = {tile > 0, tile};
+    return tile > 0 ? vae_decoder_tiled_act_bytes(&d, &t, c->scale_factor, H, W, elem, attn)
+                    : vae_decoder_act_bytes(&d, H, W, elem, attn);
+}
+
 void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int *n, float *eps) {
     if (mean) *mean = v->bn_mean;
     if (var) *var = v->bn_var;
@@ -341,7 +370,13 @@ static int vae_decode_to(dt_vae *v, const float *latent, int H, int W, float *rg
         dt_set_error("vae decode: invalid latent size %dx%d", W, H);
         return -1;
     }
-    return vae_decoder_run(v->be, &v->dec, latent, H, W, rgb, rgb8);
+    if (dt_log_level >= 2) {
+        const int elem = (int)dt_dtype_size(v->be->act_dtype), tile = v->tiling.tile ? v->tiling.tile : c->sample_size;
+        dt_log(2, "vae: decode activations %.1f MiB untiled, %.1f MiB in %d px tiles%s\n",
+               dt_vae_decode_act_bytes(c, 0, H, W, elem) / 1048576.0, dt_vae_decode_act_bytes(c, tile, H, W, elem) / 1048576.0,
+               tile, v->tiling.enabled ? "" : " (--vae-tiling)");
+    }
+    return vae_decoder_run_tiled(v->be, &v->dec, &v->tiling, c->scale_factor, latent, H, W, rgb, rgb8, &v->last_tiled);
 }
 
 int dt_vae_decode(dt_vae *v, const float *latent, int H, int W, float *rgb) {

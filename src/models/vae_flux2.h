@@ -33,6 +33,7 @@ typedef struct {
     float scaling_factor, shift_factor;   /* AutoencoderKL's latent scaling (1 and 0 for AutoencoderKLFlux2) */
     int patch;                  /* patch_size (2): packed channels = latent_channels·patch² */
     int scale_factor;           /* image pixels per latent pixel = 2^(n_blocks − 1) */
+    int sample_size;            /* sample_size (1024): the default tile side of tiled decoding, in pixels */
 } dt_vae_config;
 
 typedef struct dt_vae dt_vae;
@@ -43,6 +44,18 @@ void dt_vae_free(dt_vae *v);
 /* Geometry only (vae/ folder or pipeline root: its config.json); loads no weights. 0 or -1. */
 int dt_vae_read_config(const char *vae_dir, dt_vae_config *cfg);
 const dt_vae_config *dt_vae_get_config(const dt_vae *v);
+
+/* Tiled decoding and encoding as diffusers' enable_tiling (models/vae_tiling.h): with enabled, an image larger
+ * than tile x tile pixels (tile 0: config sample_size) is decoded / encoded in overlapping tiles, blended.
+ * 0, or -1 when the tile is not a multiple of 4 x scale_factor. */
+int dt_vae_set_tiling(dt_vae *v, int enabled, int tile);
+/* Whether the last dt_vae_decode* / dt_vae_encode ran tiled. */
+int dt_vae_last_tiled(const dt_vae *v);
+
+/* Device bytes of the decoder's activations for a latent of H x W (elements of elem bytes: 2 bf16 on CUDA, 4 f32
+ * on the CPU), untiled (tile 0) or with tiles of `tile` pixels (one tile's): what the placement planner
+ * (pipeline/placement.h) counts for the decode phase. From the config alone. */
+int64_t dt_vae_decode_act_bytes(const dt_vae_config *c, int tile, int H, int W, int elem);
 
 /* Latent batch-norm running statistics, [latent_channels·patch²] each (host memory owned by v); n = 0 and NULL
  * statistics for an AutoencoderKL. */

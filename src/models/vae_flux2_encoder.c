@@ -147,16 +147,13 @@ fail:
     return -1;
 }
 
-int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
-    if (!v->enc && dt_vae_load_encoder(v)) return -1;
+/* The encoder on the whole of rgb [3, H, W] (H, W checked) -> latent [L, H/s, W/s]; a vae_tile_fn. */
+static int encode_whole(void *ctx, const float *rgb, int H, int W, float *latent) {
+    dt_vae *v = ctx;
     const vae_encoder *e = v->enc;
     dt_backend *be = v->be;
     const dt_vae_config *c = &v->cfg;
-    const int f = c->scale_factor, L = c->latent_channels, top = e->block_out[e->n_blocks - 1];
-    if (H < f || W < f || H % f || W % f || H > 65536 || W > 65536) {
-        dt_set_error("vae encode: image size %dx%d is not a positive multiple of %d", W, H, f);
-        return -1;
-    }
+    const int L = c->latent_channels, top = e->block_out[e->n_blocks - 1];
     /* largest activation (elements) over every stage */
     int64_t hw = (int64_t)H * W, cap = 3 * hw;
     for (int b = 0; b < e->n_blocks; b++) {
@@ -213,4 +210,22 @@ int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
     int rc = be->sync(be);
     for (int i = 0; i < 3; i++) be->free(be, &a.buf[i]);
     return rc;
+}
+
+int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
+    if (!v->enc && dt_vae_load_encoder(v)) return -1;
+    const dt_vae_config *c = &v->cfg;
+    const int f = c->scale_factor;
+    if (H < f || W < f || H % f || W % f || H > 65536 || W > 65536) {
+        dt_set_error("vae encode: image size %dx%d is not a positive multiple of %d", W, H, f);
+        return -1;
+    }
+    /* diffusers' _tiled_encode when tiling is on and the image is larger than a tile: the tiles' latents blended
+     * (the posterior mean of each tile: blending the mean half of quant_conv's output is blending its rows) */
+    const vae_tile_geom g = vae_tile_geom_encode(3, c->latent_channels, f, v->tiling.tile);
+    v->last_tiled = v->tiling.enabled && vae_tiles_needed(&g, H, W);
+    if (v->last_tiled)
+        dt_log(2, "vae: encoding %dx%d pixels in %d x %d tiles of %d px (stride %d px)\n", W, H, vae_tile_count(&g, H),
+               vae_tile_count(&g, W), g.tile, g.stride);
+    return v->last_tiled ? vae_tiled_run(&g, rgb, H, W, latent, encode_whole, v) : encode_whole(v, rgb, H, W, latent);
 }

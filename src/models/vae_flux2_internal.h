@@ -8,6 +8,7 @@
 #include "io/weights.h"
 #include "models/vae_decoder.h"
 #include "models/vae_flux2.h"
+#include "models/vae_tiling.h"
 
 _Static_assert(DT_VAE_MAX_BLOCKS <= VAE_MAX_UP_BLOCKS, "the shared decoder holds every up block");
 
@@ -29,6 +30,8 @@ struct dt_vae {
     vae_loader ld;                       /* this file's convs (vae_load_conv, all rows) and GroupNorms */
     int conv_layout;                     /* 0 unknown, 1 PyTorch [o,i,kh,kw], 2 MLX [o,kh,kw,i] */
     vae_encoder *enc;                    /* NULL until dt_vae_load_encoder */
+    dt_vae_tiling tiling;                /* dt_vae_set_tiling (off by default) */
+    int last_tiled;                      /* the last decode or encode ran tiled */
 };
 
 /* ---- loading (NAME is the tensor prefix) ---- */

@@ -18,6 +18,7 @@
 #include "core/common.h"
 #include "io/weights.h"
 #include "models/vae_decoder.h"
+#include "models/vae_tiling.h"
 
 _Static_assert(DT_QVAE_MAX_BLOCKS <= VAE_MAX_UP_BLOCKS, "the shared decoder holds every up block");
 
@@ -32,6 +33,8 @@ struct dt_qvae {
     dt_qvae_config cfg;
     vae_decoder dec;                     /* RMS norms (groups 0); each up conv halves the channels */
     q_attn attn;
+    dt_vae_tiling tiling;                /* dt_qvae_set_tiling (off by default) */
+    int last_tiled;                      /* the last decode ran tiled */
 };
 
 /* ---------------- config ---------------- */
@@ -238,6 +241,30 @@ fail:
 
 const dt_qvae_config *dt_qvae_get_config(const dt_qvae *v) { return &v->cfg; }
 
+int dt_qvae_set_tiling(dt_qvae *v, int enabled, int tile) {
+    if (!tile) tile = DT_QVAE_DEFAULT_TILE;
+    if (enabled && vae_tiling_check(dt_weights_path(v->w), tile, v->cfg.scale_factor)) return -1;
+    v->tiling = (dt_vae_tiling){enabled, tile};
+    return 0;
+}
+
+int dt_qvae_last_tiled(const dt_qvae *v) { return v->last_tiled; }
+
+int64_t dt_qvae_decode_act_bytes(const dt_qvae_config *c, int tile, int H, int W, int elem) {
+    int dims[DT_QVAE_MAX_BLOCKS + 1];   /* the widths dt_qvae_load gives the up blocks */
+    dims[0] = c->base_dim * c->dim_mult[c->n_mult - 1];
+    for (int i = 0; i < c->n_mult; i++) dims[i + 1] = c->base_dim * c->dim_mult[c->n_mult - 1 - i];
+    vae_decoder d = {.latent = c->z_dim, .top = dims[0], .out_channels = 3, .n_up = c->n_mult};
+    for (int b = 0; b < c->n_mult; b++) {
+        d.up[b].cin = b > 0 ? dims[b] / 2 : dims[b];
+        d.up[b].cout = dims[b + 1];
+        d.up[b].up_cout = b < c->n_mult - 1 ? dims[b + 1] / 2 : 0;
+    }
+    const dt_vae_tiling t = {tile > 0, tile};   /* attention: qkv [3C, hw] and [hw, 3C], out [hw, C] */
+    return tile > 0 ? vae_decoder_tiled_act_bytes(&d, &t, c->scale_factor, H, W, elem, 7)
+                    : vae_decoder_act_bytes(&d, H, W, elem, 7);
+}
+
 void dt_qvae_denormalize(const dt_qvae_config *c, float *x, int64_t hw) {
     for (int ch = 0; ch < c->z_dim; ch++) {
         const float inv_std = 1.0f / c->latents_std[ch], m = c->latents_mean[ch];
@@ -284,15 +311,29 @@ static int qvae_size_ok(const dt_qvae *v, int H, int W) {
     return 1;
 }
 
+/* -v: the decode's activation bytes, untiled and tiled (the placement planner's numbers). */
+static void log_act(const dt_qvae *v, int H, int W) {
+    if (dt_log_level < 2) return;
+    const int elem = (int)dt_dtype_size(v->be->act_dtype), tile = v->tiling.tile ? v->tiling.tile : DT_QVAE_DEFAULT_TILE;
+    dt_log(2, "vae: decode activations %.1f MiB untiled, %.1f MiB in %d px tiles%s\n",
+           dt_qvae_decode_act_bytes(&v->cfg, 0, H, W, elem) / 1048576.0,
+           dt_qvae_decode_act_bytes(&v->cfg, tile, H, W, elem) / 1048576.0, tile, v->tiling.enabled ? "" : " (--vae-tiling)");
+}
+
 int dt_qvae_decode_rgb8(dt_qvae *v, const float *latent, int H, int W, uint8_t *rgb8) {
     /* (dt_image_u8 clamps after v / 2 + 0.5: the same bytes as the decode's clamp to [-1, 1] first) */
-    return qvae_size_ok(v, H, W) ? vae_decoder_run(v->be, &v->dec, latent, H, W, NULL, rgb8) : -1;
+    if (!qvae_size_ok(v, H, W)) return -1;
+    log_act(v, H, W);
+    return vae_decoder_run_tiled(v->be, &v->dec, &v->tiling, v->cfg.scale_factor, latent, H, W, NULL, rgb8,
+                                 &v->last_tiled);
 }
 
 int dt_qvae_decode(dt_qvae *v, const float *latent, int H, int W, float *rgb) {
     const dt_qvae_config *c = &v->cfg;
     if (!qvae_size_ok(v, H, W)) return -1;
-    int rc = vae_decoder_run(v->be, &v->dec, latent, H, W, rgb, NULL);
+    log_act(v, H, W);
+    int rc = vae_decoder_run_tiled(v->be, &v->dec, &v->tiling, c->scale_factor, latent, H, W, rgb, NULL, &v->last_tiled);
+    if (v->last_tiled) return rc;   /* diffusers' tiled_decode returns the blend unclamped */
     const int64_t hw = (int64_t)H * c->scale_factor * W * c->scale_factor;
     for (int64_t i = 0; i < 3 * hw; i++) {
         float f = rgb[i];

@@ -44,8 +44,21 @@ const dt_qvae_config *dt_qvae_get_config(const dt_qvae *v);
  * (float32, as diffusers: the reciprocal rounded first, then the division and the add). */
 void dt_qvae_denormalize(const dt_qvae_config *c, float *x, int64_t hw);
 
+/* Tiled decoding as diffusers' enable_tiling (models/vae_tiling.h; tile_sample_min 256 and stride 192 by default):
+ * with enabled, a latent larger than tile/s on a side is decoded in overlapping tiles of tile pixels (0: 256),
+ * blended. 0, or -1 when the tile is not a multiple of 4 x scale_factor. */
+#define DT_QVAE_DEFAULT_TILE 256
+int dt_qvae_set_tiling(dt_qvae *v, int enabled, int tile);
+/* Whether the last decode ran tiled. */
+int dt_qvae_last_tiled(const dt_qvae *v);
+
+/* Device bytes of the decoder's activations for a latent of H x W (elem bytes per element), untiled (tile 0) or
+ * one tile's with tiles of `tile` pixels (dt_vae_decode_act_bytes' counterpart). From the config alone. */
+int64_t dt_qvae_decode_act_bytes(const dt_qvae_config *c, int tile, int H, int W, int elem);
+
 /* Decode latent [z_dim, H, W] (f32 host, de-normalized) into rgb [3, s·H, s·W] (f32 host, clamped to
- * [-1, 1] as the VAE's decode does), s = scale_factor. 0 ok, -1 error. */
+ * [-1, 1] as the VAE's decode does; a tiled decode is not clamped, as diffusers' tiled_decode), s = scale_factor.
+ * 0 ok, -1 error. */
 int dt_qvae_decode(dt_qvae *v, const float *latent, int H, int W, float *rgb);
 /* The same into rgb8 [s·H, s·W, 3] 8-bit RGB (the pipeline's post-processing, converted on the backend). */
 int dt_qvae_decode_rgb8(dt_qvae *v, const float *latent, int H, int W, uint8_t *rgb8);

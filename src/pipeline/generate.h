@@ -8,6 +8,7 @@
 
 #include "backends/backend.h"
 #include "models/lora.h"
+#include "pipeline/step_cache.h"
 #include "image/image.h"
 
 #define DT_GEN_MAX_TAPS 16
@@ -31,6 +32,14 @@ typedef struct {
                                  * CUDA, N thread ranks on the CPU backend; 0 or 1: unsplit */
     int sp_devices[DT_GEN_MAX_RANKS];   /* CUDA device of rank r; n_sp_devices = 0: the backend's device + r */
     int n_sp_devices;
+    int vae_tiling;             /* decode (and encode) images larger than a tile in overlapping tiles, blended, as
+                                 * diffusers' enable_tiling (models/vae_tiling.h): memory follows the tile */
+    int vae_tile;               /* its tile side in pixels; 0 = the VAE's default (FLUX.2: config sample_size,
+                                 * 1024; Qwen-Image: 256) */
+    int64_t max_vram;           /* dt_generate: plan the image within this many device bytes (pipeline/placement.h):
+                                 * the VAE tiles when the plan needs it, and a budget below the smallest workable is
+                                 * refused before anything loads; 0 = no bound. Planning only: the pool does not
+                                 * enforce it */
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);
@@ -53,7 +62,7 @@ typedef struct {
     int64_t noise_len;
     dt_gen_progress progress;   /* optional */
     void *progress_ud;
-    const volatile int *cancel; /* optional: checked between steps; non-zero cancels */
+    const volatile int *cancel; /* optional: non-zero cancels; checked between steps and before each DiT block */
     /* image editing (pipelines whose info.editing is set), decoded images (image/image.h) the caller keeps: */
     const dt_image *refs;       /* reference images in order (n_refs, 0..DT_GEN_MAX_REFS); a size not given comes
                                  * from the first one (after its preparation) */
@@ -64,13 +73,15 @@ typedef struct {
     const char *init_name, *mask_name;   /* their names in messages (NULL: "init image", "mask") */
     double strength;            /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH (a double: the
                                  * kept steps are floor(steps - steps·strength) in float64, as the reference computes) */
+    dt_cache_opts cache;        /* step caching (pipeline/step_cache.h); zero: off */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);
 
 /* Observer of intermediate results (tests, --save-latents): names "input_ids", "attention_mask",
  * "prompt_embeds", "sigmas", "timesteps", "stepK.latents_packed" (K counts the steps that run), "latents_unpacked",
- * "image_float"; with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
+ * "image_float", "cache_computed" [steps, 2] (per step and guidance branch, 1 = the transformer ran in full;
+ * pipeline/step_cache.h); with editing inputs also "ref_latents_packed" [1, R, C] and "ref_ids" [1, R, 4] (every reference
  * token: for inpainting the init image's first).
  * data is host f32, n elements; shape [d0, d1, d2, d3] with ndim entries. */
 typedef void (*dt_gen_observer)(void *ud, const char *name, const float *data, int ndim, const int64_t *shape);
@@ -83,6 +94,7 @@ typedef struct {
     double t_step[256];                                     /* per step (first 256) */
     int steps;
     int height, width;
+    int passes_computed, passes; /* transformer passes run in full / in all (fewer computed with a step cache) */
 } dt_gen_timings;
 
 /* The error code of a request stopped by its cancel flag or progress callback (dt_last_error says so). */

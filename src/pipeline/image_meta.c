@@ -30,6 +30,10 @@ void dt_image_meta_fill(dt_image_meta *m, const dt_gen_params *g, int steps, int
         snprintf(m->refs, sizeof m->refs, "%d", g->n_refs);
         add(m, "reference_images", m->refs);
     }
+    if (g->cache.kind != DT_CACHE_OFF) {   /* step caching changes the image: said where it was on */
+        dt_cache_format(&g->cache, m->cache, sizeof m->cache);
+        add(m, "cache", m->cache);
+    }
     if (g->init_image) {
         snprintf(m->strength, sizeof m->strength, "%g", g->strength > 0 ? g->strength : DT_GEN_DEFAULT_STRENGTH);
         add(m, "strength", m->strength);

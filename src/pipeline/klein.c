@@ -20,6 +20,7 @@
 #include "models/flux2_sp.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
+#include "models/vae_tiling.h"
 #include "pipeline/family.h"
 #include "pipeline/inpaint.h"
 #include "pipeline/klein_edit.h"
@@ -113,7 +114,7 @@ static int ensure_dit_vae(dt_pipeline *p) {
     }
     if (!s->vae) {
         s->vae = dt_vae_load(p->be, s->vae_dir);
-        if (!s->vae) return -1;
+        if (!s->vae || dt_vae_set_tiling(s->vae, p->opts.vae_tiling, p->opts.vae_tile)) return -1;
     }
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
     const flux2_config *c = flux2_dit_config(s->dit);
@@ -175,6 +176,12 @@ static int klein_load(dt_pipeline *p, const json *idx) {
     }
     if (dt_path_exists(sch_dir)) { if (dt_sched_config_load(sch_dir, &s->sched)) goto out; }
     else dt_sched_config_default(&s->sched);
+    if (p->opts.vae_tiling) {   /* a tile size that cannot work is refused before anything loads */
+        dt_vae_config vc;
+        if (dt_vae_read_config(s->vae_dir, &vc) ||
+            vae_tiling_check(s->vae_dir, p->opts.vae_tile ? p->opts.vae_tile : vc.sample_size, vc.scale_factor))
+            goto out;
+    }
     if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
 
     p->info.distilled = distilled;
@@ -271,12 +278,12 @@ static void klein_restore(void *ctx, int i, float *x) {
     dt_inpaint_restore(x, k->init, k->noise, k->mask, k->N, k->C, k->sigmas[i + 1], i == k->last);
 }
 
-static int klein_predict(void *ctx, int i, const float *x, int pass, float *v) {
+static int klein_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
     klein_step_ctx *k = ctx;
     /* the pipeline passes timestep/1000 (in float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = k->timesteps[i] / 1000.0f;
     dt_dit_step st = {.img = x, .n_img = k->N, .n_txt = k->T, .text = pass ? 1 : 0, .timestep = t,
-                      .img_ids = k->img_ids, .txt_ids = k->txt_ids, .out = v};
+                      .img_ids = k->img_ids, .txt_ids = k->txt_ids, .out = v, .fbc = fbc};
     return dt_dit_forward(k->dit, &st);
 }
 
@@ -299,6 +306,11 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     int refs_set = 0;
     if (p->info.distilled && g->guidance != p->info.default_guidance && g->guidance != 1.0f)
         dt_log(1, "ditrun: note: guidance is ignored by distilled models (is_distilled in model_index.json)\n");
+    if (p->opts.sequence_parallel > 1 && g->cache.kind == DT_CACHE_FIRST_BLOCK) {
+        dt_set_error("generate: --cache first-block is not supported with --sequence-parallel (the split forward has "
+                     "no block hooks); taylorseer is");
+        return -1;
+    }
 
     /* ---- editing inputs: checked and prepared first (a bad image fails before any model runs); they may set the
      * output size ---- */
@@ -431,7 +443,9 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
                      .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND,
                      .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict,
                      .after_step = inpaint ? klein_restore : NULL, .ctx = &kc, .v = v, .u = u};
+    dt_dit_set_cancel(s->dit, g->cancel);   /* checked per block (the split forward: per step) */
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    dt_dit_set_cancel(s->dit, NULL);
     if (refs_set) {
         set_refs(s, NULL, NULL, 0, 0);
         s->dit_refs = s->dit_refs_valid = 0;

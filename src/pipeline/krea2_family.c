@@ -21,6 +21,7 @@
 #include "models/krea2_dit.h"
 #include "models/qwen3.h"
 #include "models/vae_qwenimage.h"
+#include "models/vae_tiling.h"
 #include "pipeline/family.h"
 #include "pipeline/krea2_prompt.h"
 
@@ -114,9 +115,12 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
-    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side};
+    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
+                           .cuda_graph = p->opts.cuda_graph};
     if (!k->dit && !(k->dit = krea2_dit_load(p->be, p->root, &lo))) return -1;
-    if (!k->vae && !(k->vae = dt_qvae_load(p->be, p->root))) return -1;
+    if (!k->vae && (!(k->vae = dt_qvae_load(p->be, p->root)) ||
+                    dt_qvae_set_tiling(k->vae, p->opts.vae_tiling, p->opts.vae_tile)))
+        return -1;
     return 0;
 }
 
@@ -161,6 +165,9 @@ static int k2_load(dt_pipeline *p, const json *idx) {
         dt_set_error("%s: scheduler base_image_seq_len and max_image_seq_len are equal (no time shift line)", root);
         goto out;
     }
+    if (p->opts.vae_tiling &&   /* a tile size that cannot work is refused before anything loads */
+        vae_tiling_check(root, p->opts.vae_tile ? p->opts.vae_tile : DT_QVAE_DEFAULT_TILE, k->vcfg.scale_factor))
+        goto out;
     if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
     p->info.distilled = k->distilled;
     p->info.default_steps = k->distilled ? K2_DISTILLED_STEPS : K2_DEFAULT_STEPS;
@@ -211,13 +218,22 @@ typedef struct {
     int N, T;
 } k2_step_ctx;
 
-static int k2_predict(void *ctx, int i, const float *x, int pass, float *v) {
+static int k2_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
     k2_step_ctx *c = ctx;
     /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
     dt_dit_step st = {.img = x, .n_img = c->N, .txt = pass ? c->neg : c->pos, .n_txt = c->T, .text = -1, .timestep = t,
-                      .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v};
+                      .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v, .fbc = fbc};
     return dt_dit_forward(c->dit, &st);
+}
+
+/* k2_predict on the backend's matrices: the latents and velocities stay there between steps (the sampler's
+ * device path). */
+static int k2_predict_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
+    k2_step_ctx *c = ctx;
+    float t = c->timesteps[i] / c->ntt;
+    return krea2_forward_dev(krea2_dit_model(c->dit), x, pass ? c->neg : c->pos, c->T, t, c->ids,
+                             pass ? c->nmask : c->pmask, v);
 }
 
 static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
@@ -294,8 +310,11 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     const int64_t shape[3] = {1, N, C};
     dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
                      .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .n = (size_t)N * C,
-                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u};
+                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u,
+                     .predict_dev = k2_predict_dev, .be = p->be, .rows = N};
+    dt_dit_set_cancel(k->dit, g->cancel);   /* checked per block */
     rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    dt_dit_set_cancel(k->dit, NULL);
     if (rc) goto done;
     rc = -1;
     if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
@@ -326,9 +345,11 @@ done:
     return rc;
 }
 
-/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); no fp8 mode yet */
+/* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); fp8 modes: the
+ * transformer blocks (krea2.c) */
 const dt_family dt_family_krea2 = {
     .name = "krea2", .title = "Krea 2", .pipeline_classes = k2_pipelines, .transformer_classes = k2_transformers,
-    .presets = k2_presets, .load = k2_load, .free = k2_free, .generate = k2_generate, .dit_load = krea2_dit_load,
+    .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
+    .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
 };

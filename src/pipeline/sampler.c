@@ -2,43 +2,139 @@
 #include "sampler.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "pipeline/family.h"
 #include "pipeline/scheduler.h"
 
-int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_request_start, dt_gen_timings *tm,
-              dt_gen_observer obs, void *ud) {
+/* Pass `branch` of loop step k into out [n]: the model, or TaylorSeer's extrapolation. */
+static int pass(const dt_sampler *s, dt_step_cache *sc, int k, const float *x, int branch, float *out) {
+    const int i = s->first + k;
+    sc->total++;
+    if (!dt_taylorseer_computes(sc, k)) {
+        dt_taylorseer_predict(sc, branch, k, out);
+        return 0;
+    }
+    dt_fbc_branch *f = dt_step_cache_fbc(sc, branch, k);
+    if (s->predict(s->ctx, i, x, branch, out, f)) return -1;
+    sc->computed += f ? f->computed : 1;
+    sc->decisions[2 * k + branch] = f ? (float)f->computed : 1.0f;
+    if (f && f->diff >= 0)
+        dt_log(2, "ditrun: step %d pass %d: first block's residual changed by %.4g: %s\n", k + 1, branch, f->diff,
+               f->computed ? "computed" : "cached");
+    dt_taylorseer_update(sc, branch, k, out);
+    return 0;
+}
+
+/* The device path's matrices: x, v, u F32 [rows, n / rows] on s->be (u only with cfg). */
+typedef struct {
+    dt_mat x, v, u;
+} dev_mats;
+
+static void dev_free(dt_backend *be, dev_mats *d) {
+    dt_mat *all[] = {&d->x, &d->v, &d->u};
+    for (int i = 0; i < 3; i++)
+        if (all[i]->data) be->free(be, all[i]);
+}
+
+static int dev_alloc(const dt_sampler *s, dev_mats *d) {
+    dt_backend *be = s->be;
+    const int64_t cols = (int64_t)s->n / s->rows;
+    memset(d, 0, sizeof *d);
+    if ((int64_t)s->n != s->rows * cols) {
+        dt_set_error("sampler: %zu latent values are not %lld rows", s->n, (long long)s->rows);
+        return -1;
+    }
+    if (be->alloc(be, &d->x, s->rows, cols, DT_F32) || be->alloc(be, &d->v, s->rows, cols, DT_F32) ||
+        (s->cfg && be->alloc(be, &d->u, s->rows, cols, DT_F32))) {
+        dev_free(be, d);
+        return -1;
+    }
+    return 0;
+}
+
+/* Step k (schedule index i) on the host: the passes (the model, or the step cache's stand-in) into s->v / s->u, the
+ * guided velocity into s->v, then the Euler update of x. */
+static int host_step(const dt_sampler *s, dt_step_cache *sc, int k, float *x) {
+    const int i = s->first + k;
+    if (pass(s, sc, k, x, 0, s->v)) return -1;
+    if (s->cfg) {
+        if (pass(s, sc, k, x, 1, s->u)) return -1;
+        const float gs = s->guidance;
+        const int from_cond = s->rule == DT_CFG_FROM_COND;
+        float *v = s->v;
+        const float *u = s->u;
+        for (size_t j = 0; j < s->n; j++) v[j] = dt_flow_guided(v[j], u[j], gs, from_cond);
+    }
+    dt_euler_step(x, s->v, s->n, s->sigmas[i], s->sigmas[i + 1]);
+    if (s->after_step) s->after_step(s->ctx, i, x);
+    return 0;
+}
+
+/* Step k on the device (no step cache): the passes into d->v / d->u, then flow_step (the Euler step's dt as
+ * dt_euler_step has it). */
+static int dev_step(const dt_sampler *s, dt_step_cache *sc, int k, const dev_mats *d) {
+    const int i = s->first + k;
+    for (int b = 0; b <= s->cfg; b++) {
+        if (s->predict_dev(s->ctx, i, d->x, b, b ? d->u : d->v)) return -1;
+        sc->total++;
+        sc->computed++;
+        sc->decisions[2 * k + b] = 1.0f;
+    }
+    const float dt = s->sigmas[i + 1] - s->sigmas[i];
+    s->be->flow_step(s->be, d->x, d->v, s->cfg ? d->u : dt_mat_null(), s->guidance, s->rule == DT_CFG_FROM_COND, dt);
+    return s->be->sync(s->be);
+}
+
+static int sample_loop(const dt_sampler *s, dt_step_cache *sc, float *x, const dt_gen_params *g,
+                       double t_request_start, dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     double td = dt_now();
+    const int dev = s->predict_dev && s->be && s->rows > 0 && !s->after_step && sc->o.kind == DT_CACHE_OFF;
+    dev_mats d;
+    memset(&d, 0, sizeof d);
+    if (dev) {
+        if (dev_alloc(s, &d)) return -1;
+        s->be->upload(s->be, d.x, x);
+    }
+    int rc = 0;
     for (int k = 0; k < s->steps; k++) {
         const int i = s->first + k;
-        if (dt_gen_cancelled(g)) return DT_GEN_CANCELLED;
+        if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; break; }
         double ts0 = dt_now();
-        if (s->predict(s->ctx, i, x, 0, s->v)) return -1;
-        if (s->cfg) {
-            if (s->predict(s->ctx, i, x, 1, s->u)) return -1;
-            const float gs = s->guidance;
-            float *v = s->v;
-            const float *u = s->u;
-            if (s->rule == DT_CFG_FROM_UNCOND)
-                for (size_t j = 0; j < s->n; j++) v[j] = u[j] + gs * (v[j] - u[j]);
-            else
-                for (size_t j = 0; j < s->n; j++) v[j] = v[j] + gs * (v[j] - u[j]);
-        }
-        dt_euler_step(x, s->v, s->n, s->sigmas[i], s->sigmas[i + 1]);
-        if (s->after_step) s->after_step(s->ctx, i, x);
+        /* a forward stopped inside by the request's cancel flag is a cancellation, not an error */
+        if (dev ? dev_step(s, sc, k, &d) : host_step(s, sc, k, x)) { rc = dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1; break; }
         double dt = dt_now() - ts0;
         if (k < 256) tm->t_step[k] = dt;
         char nm[48];
         snprintf(nm, sizeof nm, "step%d.latents_packed", k);
-        if (obs && s->obs_shape)
+        if (obs && s->obs_shape) {
+            if (dev) s->be->download(s->be, x, d.x);
             dt_gen_observe(obs, ud, nm, x, 3, s->obs_shape[0], s->obs_shape[1], s->obs_shape[2], 0);
+        }
         /* a caller with a progress callback (a server, an API user) reports steps itself: the line only when verbose */
         dt_log(g->progress ? 2 : 1, "ditrun: step %d/%d  t=%.1f  %.3f s\n", k + 1, s->steps, s->timesteps[i], dt);
         if (g->progress && g->progress(g->progress_ud, k + 1, s->steps, dt_now() - t_request_start)) {
             dt_set_error("generate: cancelled after step %d of %d", k + 1, s->steps);
-            return DT_GEN_CANCELLED;
+            rc = DT_GEN_CANCELLED;
+            break;
         }
     }
-    tm->t_denoise = dt_now() - td;
-    return 0;
+    if (dev) {
+        if (rc == 0) s->be->download(s->be, x, d.x);
+        dev_free(s->be, &d);
+    }
+    if (rc == 0) tm->t_denoise = dt_now() - td;
+    return rc;
+}
+
+int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_request_start, dt_gen_timings *tm,
+              dt_gen_observer obs, void *ud) {
+    dt_step_cache sc;
+    dt_step_cache_init(&sc, &g->cache, s->steps, s->n);
+    int rc = sample_loop(s, &sc, x, g, t_request_start, tm, obs, ud);
+    tm->passes_computed = sc.computed;
+    tm->passes = sc.total;
+    if (rc == 0) dt_gen_observe(obs, ud, "cache_computed", sc.decisions, 2, s->steps, 2, 0, 0);
+    dt_step_cache_free(&sc);
+    return rc;
 }

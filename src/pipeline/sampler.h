@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "backends/backend.h"
 #include "pipeline/generate.h"
 
 /* How the two passes combine (v = velocity of the positive prompt, u = of the negative one). */
@@ -15,8 +16,11 @@ typedef enum {
 } dt_cfg_rule;
 
 /* v [n] = the model's velocity at step i for latents x [n]; pass 0 = the prompt, 1 = the negative prompt.
- * 0 or -1 (dt_last_error). */
-typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, float *v);
+ * fbc: the pass's First Block Cache state for the forward (NULL: every block runs). 0 or -1 (dt_last_error). */
+typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, float *v, dt_fbc_branch *fbc);
+/* The same on backend matrices x, v [rows, n / rows] F32 (the device path, taken when no step cache is on): queued
+ * work, 0 or -1. */
+typedef int (*dt_predict_dev_fn)(void *ctx, int step, dt_mat x, int pass, dt_mat v);
 /* Optional, after step i's update of x (e.g. inpainting restores the kept region). */
 typedef void (*dt_after_step_fn)(void *ctx, int step, float *x);
 
@@ -34,9 +38,16 @@ typedef struct {
     dt_after_step_fn after_step;
     void *ctx;
     float *v, *u;               /* scratch [n] each (u only with cfg) */
+    /* Optional device path (used when predict_dev and be are set and after_step is NULL): the latents stay on be as
+     * an F32 [rows, n / rows] matrix between steps, uploaded once and downloaded at the end (and for each observed
+     * step); the guidance and the Euler update run as be->flow_step, equal to the host loop bit for bit. */
+    dt_predict_dev_fn predict_dev;
+    dt_backend *be;
+    int64_t rows;               /* latent tokens (n / rows channels each) */
 } dt_sampler;
 
-/* Run the loop on x [n] in place. Progress and cancellation from g; per-step timings into tm.
+/* Run the loop on x [n] in place. Progress and cancellation from g, step caching from g->cache (per guidance
+ * branch; tm->passes_computed of tm->passes); per-step timings into tm.
  * 0, -1 or DT_GEN_CANCELLED. */
 int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_request_start, dt_gen_timings *tm,
               dt_gen_observer obs, void *ud);

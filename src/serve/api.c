@@ -117,7 +117,7 @@ static int check_size(const dt_api_limits *lim, int64_t w, int64_t h, dt_api_err
 /* Fields a request may carry. OpenAI's own fields that do not change a generation here are accepted and ignored.
  * Edits also take these (the images come as file parts, not fields). */
 static const char *const known_fields[] = {"prompt", "n", "size", "response_format", "seed", "steps", "guidance",
-                                           "negative_prompt", "stream", "model", "user", "quality", "style",
+                                           "negative_prompt", "stream", "cache", "model", "user", "quality", "style",
                                            "output_format", "output_compression", "moderation", "background",
                                            NULL};
 static const char *const edit_fields[] = {"strength", "input_fidelity", NULL};
@@ -128,6 +128,26 @@ static int known(const char *key, int edit) {
     for (int k = 0; edit && edit_fields[k]; k++)
         if (!strcmp(key, edit_fields[k])) return 1;
     return 0;
+}
+
+/* r->gen's pointers to r's own images (set again when the request moves). */
+static void gen_point(dt_api_request *r) {
+    dt_gen_params *g = &r->gen;
+    g->refs = NULL;
+    g->ref_names = NULL;
+    g->n_refs = 0;
+    g->init_image = g->mask = NULL;
+    g->init_name = g->mask_name = NULL;
+    if (!r->edit) return;
+    g->refs = r->refs;
+    g->ref_names = (const char *const *)r->ref_names;
+    g->n_refs = r->n_refs;
+    if (r->inpaint) {
+        g->init_image = &r->init;
+        g->mask = &r->mask;
+        g->init_name = r->init_name;
+        g->mask_name = r->mask_name;
+    }
 }
 
 int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, int edit,
@@ -229,16 +249,34 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
             r->strength = sj->number;
         }
     }
+    r->cache = lim->cache;
+    const json *cj = json_get(root, "cache");
+    if (cj && cj->type != JSON_NULL) {
+        if (cj->type != JSON_STRING)
+            return dt_api_invalid(e, "cache", "'cache' must be a string like \"first-block=0.08\", not %s", type_name(cj));
+        if (dt_cache_parse(cj->str, &r->cache)) return dt_api_invalid(e, "cache", "'cache': %s", dt_last_error());
+    }
     const json *st = json_get(root, "stream");
     if (st && st->type != JSON_NULL) {
         if (st->type != JSON_BOOL)
             return dt_api_invalid(e, "stream", "'stream' must be true or false, not %s", type_name(st));
         r->stream = st->boolean;
     }
-    /* the engine's own checks, as a last word (the model's limits) */
-    dt_gen_params gp;
-    dt_api_gen_params(r, lim, 0, &gp);
-    if (dt_gen_params_resolve(&lim->info, &gp)) return dt_api_invalid(e, NULL, "%s", dt_last_error());
+    /* the job, resolved once by the engine's own rules (the model's defaults and limits, as a last word) */
+    dt_gen_params *job = &r->gen;
+    dt_gen_params_default(job);
+    gen_point(r);
+    job->prompt = r->prompt;
+    job->negative_prompt = r->negative_prompt;
+    job->width = r->width;
+    job->height = r->height;
+    job->steps = r->steps;
+    job->seed = r->seed;
+    job->guidance = r->guidance;
+    job->cache = r->cache;
+    job->max_seq_len = lim->max_seq_len;
+    if (r->inpaint) job->strength = r->strength;
+    if (dt_gen_params_resolve(&lim->info, job)) return dt_api_invalid(e, NULL, "%s", dt_last_error());
     return 0;
 }
 
@@ -268,28 +306,16 @@ void dt_api_request_free(dt_api_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i, dt_gen_params *g) {
-    dt_gen_params_default(g);
-    g->prompt = r->prompt;
-    g->negative_prompt = r->negative_prompt;
-    g->width = r->width;
-    g->height = r->height;
-    g->steps = r->steps;
-    g->seed = r->seed + (uint64_t)i;
-    g->guidance = r->guidance;
-    g->max_seq_len = lim->max_seq_len;
-    if (r->edit) {
-        g->refs = r->refs;
-        g->ref_names = (const char *const *)r->ref_names;
-        g->n_refs = r->n_refs;
-        if (r->inpaint) {
-            g->init_image = &r->init;
-            g->mask = &r->mask;
-            g->init_name = r->init_name;
-            g->mask_name = r->mask_name;
-            g->strength = r->strength;
-        }
-    }
+void dt_api_request_move(dt_api_request *dst, dt_api_request *src) {
+    *dst = *src;
+    memset(src, 0, sizeof *src);
+    gen_point(dst);
+}
+
+dt_gen_params dt_api_image_job(const dt_api_request *r, int i) {
+    dt_gen_params g = r->gen;
+    g.seed = r->gen.seed + (uint64_t)i;
+    return g;
 }
 
 void dt_api_images_json(dt_strbuf *out, long long created, dt_out_format format, int n, uint8_t *const *img,

@@ -28,6 +28,7 @@ typedef struct {
     int64_t max_pixels;             /* width * height at most */
     int max_steps;
     int max_seq_len;                /* text tokens of every request (0 = the engine's default, 512) */
+    dt_cache_opts cache;            /* step caching of a request that names none (serve --cache) */
 } dt_api_limits;
 
 /* One checked generation request. */
@@ -41,6 +42,7 @@ typedef struct {
     float guidance;                 /* < 0 = the model's default */
     int guidance_given;
     int stream;                     /* answer as Server-Sent Events */
+    dt_cache_opts cache;            /* "cache" ("first-block=0.08", "taylorseer=3", "off"), else the server's */
     dt_out_format output_format;    /* the images' format (png by default) */
     int output_compression;         /* 0..100, -1 = the default (pipeline/image_out.h) */
     /* edits (POST /v1/images/edits): the decoded uploads, owned by the request */
@@ -52,6 +54,10 @@ typedef struct {
     dt_image init, mask;            /* mask: L, white = repaint (an uploaded mask with transparency: transparent = repaint) */
     char *init_name, *mask_name;
     double strength;                /* 0 = the engine's default */
+    /* The engine's job for image 0, built from the fields above and resolved once (dt_gen_params_resolve: the
+     * model's defaults filled in) when the request is checked; image i is this with seed + i. Its pointers point
+     * into this request: move a request with dt_api_request_move. The fields above stay as the client sent them. */
+    dt_gen_params gen;
 } dt_api_request;
 
 /* An error answer: HTTP status and the OpenAI error object {"message", "type", "param"}. */
@@ -74,6 +80,8 @@ void dt_api_error_json(dt_strbuf *out, const dt_api_error *e);
 int dt_api_parse_generation(const char *body, size_t len, const dt_api_limits *lim, uint64_t seed_if_absent,
                             dt_api_request *r, dt_api_error *e);
 void dt_api_request_free(dt_api_request *r);
+/* Move *src into *dst (src left empty), gen's pointers following the images. */
+void dt_api_request_move(dt_api_request *dst, dt_api_request *src);
 
 /* An edit request's multipart form as libmicrohttpd's post processor hands it over: each part in pieces. */
 typedef struct {
@@ -103,13 +111,18 @@ int dt_api_form_add(dt_api_form *f, const char *key, const char *filename, const
 int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t seed_if_absent, dt_api_request *r,
                       dt_api_error *e);
 
+/* What an edit form's images will hold once decoded (bytes: width x height x channels each, a mask with alpha one
+ * byte more a pixel for its L copy), from their headers alone (nothing decoded), each header checked against the limits
+ * the parse applies. 0, or -1 and *e set (400: a header that the parse would refuse). */
+int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *e);
+
 /* The checks shared by both request kinds (api.c), on a JSON object of fields; edit: the fields of an edit request
  * (strength, size "auto" by default) with r's images already decoded. 0 or -1 and *e set. */
 int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t seed_if_absent, int edit,
                         dt_api_request *r, dt_api_error *e);
 
-/* The engine request of image i (0..n-1) of r: pointers into r, which must outlive it. */
-void dt_api_gen_params(const dt_api_request *r, const dt_api_limits *lim, int i, dt_gen_params *g);
+/* The engine's job for image i (0..n-1) of r: r->gen with seed + i (pointers into r, which must outlive it). */
+dt_gen_params dt_api_image_job(const dt_api_request *r, int i);
 
 /* {"created": T, "output_format": F, "data": [{"b64_json": ..., "seed": ...}, ...]} for n images in format F. */
 void dt_api_images_json(dt_strbuf *out, long long created, dt_out_format format, int n, uint8_t *const *img,

@@ -98,21 +98,56 @@ static void mask_from_alpha(dt_image *m) {
     m->nearest = 0;
 }
 
-static int decode_upload(const dt_api_part *p, const char *what, const char *param, dt_image *out, char **name,
-                         dt_api_error *e) {
+/* One upload decoded within lim (its size checked from the file's header, before any pixel is decoded). */
+static int decode_upload(const dt_api_part *p, const char *what, const char *param, const dt_image_limits *lim,
+                         dt_image *out, char **name, dt_api_error *e) {
     char nm[200];
     if (p->filename && p->filename[0]) snprintf(nm, sizeof nm, "%s '%.120s'", what, p->filename);
     else snprintf(nm, sizeof nm, "%s", what);
     if (!p->data.len) return dt_api_invalid(e, param, "%s is empty", nm);
-    if (dt_image_decode((const uint8_t *)p->data.data, p->data.len, nm, out))
+    if (dt_image_decode_ex((const uint8_t *)p->data.data, p->data.len, nm, lim, out))
         return dt_api_invalid(e, param, "%s", dt_last_error());
-    if ((int64_t)out->w * out->h > DT_API_MAX_IMAGE_PIXELS) {
-        dt_api_invalid(e, param, "%s is %dx%d; this server takes at most %lld pixels per image", nm, out->w, out->h,
-            (long long)DT_API_MAX_IMAGE_PIXELS);
-        dt_image_free(out);
-        return -1;
-    }
     *name = dt_strdup(nm);
+    return 0;
+}
+
+/* The limits an upload's header must meet: references the engine's size and aspect checks and the server's pixel
+ * limit; the image to inpaint (the first image part when a mask came) and the mask the pixel limit. */
+static dt_image_limits upload_limits(const dt_api_form *f, const dt_api_part *p) {
+    int has_mask = 0;
+    const dt_api_part *first_image = NULL;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *q = &f->parts[i];
+        if (!strcmp(q->key, "mask")) has_mask = 1;
+        else if (is_image_key(q->key) && !first_image) first_image = q;
+    }
+    if (strcmp(p->key, "mask") && !(has_mask && p == first_image))
+        return dt_prep_reference_limits(DT_API_MAX_IMAGE_PIXELS);
+    dt_image_limits any = {.max_pixels = DT_API_MAX_IMAGE_PIXELS};
+    return any;
+}
+
+int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *e) {
+    *bytes = 0;
+    int k = 0;
+    for (int i = 0; i < f->n; i++) {
+        const dt_api_part *p = &f->parts[i];
+        if (!is_image_key(p->key)) continue;
+        const int is_mask = !strcmp(p->key, "mask");
+        k += !is_mask;
+        if (!p->data.len) continue;   /* an empty upload is refused by the parse */
+        const dt_image_limits lim = upload_limits(f, p);
+        char what[48], nm[200];   /* named as decode_images names it */
+        if (is_mask) snprintf(what, sizeof what, "mask");
+        else snprintf(what, sizeof what, "image %d", k);
+        if (p->filename && p->filename[0]) snprintf(nm, sizeof nm, "%s '%.120s'", what, p->filename);
+        else snprintf(nm, sizeof nm, "%s", what);
+        dt_image h;
+        if (dt_image_probe((const uint8_t *)p->data.data, p->data.len, nm, &lim, &h))
+            return dt_api_invalid(e, is_mask ? "mask" : "image", "%s", dt_last_error());
+        /* the decoded pixels, and for a mask with alpha its L copy */
+        *bytes += (int64_t)h.w * h.h * (h.channels + (is_mask && h.channels % 2 == 0));
+    }
     return 0;
 }
 
@@ -139,29 +174,29 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
         const dt_api_part *p = &f->parts[i];
         if (!is_image_key(p->key) || p == mask) continue;
         char what[48];
+        const dt_image_limits lim = upload_limits(f, p);
         if (r->inpaint && k == 0) {
-            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &r->init, &r->init_name, e)) return -1;
+            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &lim, &r->init, &r->init_name, e))
+                return -1;
         } else {
             snprintf(what, sizeof what, "image %d", k + 1);
-            if (decode_upload(p, what, "image", &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
+            if (decode_upload(p, what, "image", &lim, &r->refs[r->n_refs], &r->ref_names[r->n_refs], e)) return -1;
             r->n_refs++;
         }
         k++;
     }
     if (mask) {
-        if (decode_upload(mask, "mask", "mask", &r->mask, &r->mask_name, e)) return -1;
+        const dt_image_limits lim = upload_limits(f, mask);
+        if (decode_upload(mask, "mask", "mask", &lim, &r->mask, &r->mask_name, e)) return -1;
         mask_from_alpha(&r->mask);
     }
     r->edit = 1;
     return 0;
 }
 
-/* What the engine will check before any model runs, answered here as a 400: every reference's sides and aspect
- * ratio, the mask's size, and the output size against the server's limits. */
+/* What the engine will check before any model runs, answered here as a 400 (every reference's sides and aspect ratio
+ * were checked from its header by decode_upload): the mask's size, and the output size against the server's limits. */
 static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_error *e) {
-    for (int i = 0; i < r->n_refs; i++)
-        if (dt_prep_check_reference(&r->refs[i], r->ref_names[i]))
-            return dt_api_invalid(e, "image", "%s", dt_last_error());
     const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
     int w = r->width, h = r->height;
     const dt_image *first = r->inpaint ? &r->init : &r->refs[0];

@@ -36,8 +36,8 @@ static void encode_image(dt_encoder *e, item *it) {
     dt_job *j = it->j;
     const int i = it->index;
     if (__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) return;   /* nobody waits for it */
-    dt_gen_params g;
-    dt_api_gen_params(&j->req, &s->lim, i, &g);
+    dt_gen_params g = dt_api_image_job(&j->req, i);
+    if (!j->req.guidance_given) g.guidance = -1;   /* the metadata records the guidance a client chose */
     dt_image_meta meta;
     dt_image_meta_fill(&meta, &g, it->steps, it->w, it->h, s->o.load.model);
     uint8_t *bytes = NULL;

@@ -263,7 +263,7 @@ static enum MHD_Result fail(req_ctx *r, struct MHD_Connection *c, int status, co
     return answer_error(r, c, &e, h1, v1);
 }
 
-/* A job this request no longer waits for: stop it between steps, or take it out of the queue. */
+/* A job this request no longer waits for: stop it at the next DiT block or step, or take it out of the queue. */
 static void cancel_job(req_ctx *r) {
     dt_job *j = r->job;
     if (!j) return;
@@ -458,11 +458,16 @@ static int not_ready(req_ctx *r, struct MHD_Connection *c, enum MHD_Result *ret)
     return 1;
 }
 
-/* Queue a checked request (taken), wait for it while watching the client, answer (a stream, or the images). */
-static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_request *req) {
+/* Queue a checked request (taken), wait for it while watching the client, answer (a stream, or the images).
+ * image_bytes: its decoded images' reservation in the server's budget, released when the job is freed. */
+static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_request *req, int64_t image_bytes) {
     dt_server *s = r->srv;
     r->job = dt_job_new(req);
-    int steps = r->job->req.steps > 0 ? r->job->req.steps : s->lim.info.default_steps;
+    if (image_bytes > 0) {
+        r->job->budget = &s->images;
+        r->job->image_bytes = image_bytes;
+    }
+    const int steps = r->job->req.gen.steps;   /* resolved when the request was checked */
     r->job->cost_steps = (double)r->job->req.n * (steps > 0 ? steps : 1);
     const dt_api_request *jr = &r->job->req;
     const dt_image *first = jr->inpaint ? &jr->init : jr->n_refs ? &jr->refs[0] : NULL;
@@ -508,10 +513,11 @@ static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_
     dt_strbuf b;
     sb_init(&b);
     dt_api_images_json(&b, (long long)time(NULL), j->req.output_format, j->req.n, j->img, j->img_len, j->seeds);
-    char timing[200];
+    char timing[300];
     snprintf(timing, sizeof timing, "queue;dur=%.1f, encode;dur=%.1f, denoise;dur=%.1f, decode;dur=%.1f, "
-             "generate;dur=%.1f, image;dur=%.1f", (j->t_start - j->t_submit) * 1e3, j->t_encode * 1e3,
-             j->t_denoise * 1e3, j->t_decode * 1e3, (j->t_end - j->t_start) * 1e3, j->t_image * 1e3);
+             "generate;dur=%.1f, image;dur=%.1f, passes;desc=\"%d of %d computed\"", (j->t_start - j->t_submit) * 1e3,
+             j->t_encode * 1e3, j->t_denoise * 1e3, j->t_decode * 1e3, (j->t_end - j->t_start) * 1e3,
+             j->t_image * 1e3, j->passes_computed, j->passes);
     return answer(r, c, 200, "application/json", &b, "Server-Timing", timing, NULL, NULL);
 }
 
@@ -523,7 +529,7 @@ static enum MHD_Result post_generation(req_ctx *r, struct MHD_Connection *c) {
     if (dt_api_parse_generation(r->body.data ? r->body.data : "", r->body.len, &r->srv->lim, dt_server_seed(r->srv),
                                 &req, &e))
         return answer_error(r, c, &e, NULL, NULL);
-    return run_request(r, c, &req);
+    return run_request(r, c, &req, 0);
 }
 
 /* POST /v1/images/edits: the multipart form (collected by libmicrohttpd's post processor within 32 MiB), its
@@ -532,12 +538,32 @@ static enum MHD_Result post_edit(req_ctx *r, struct MHD_Connection *c) {
     enum MHD_Result ret;
     if (not_ready(r, c, &ret)) return ret;
     if (r->form_bad) return answer_error(r, c, &r->form_err, NULL, NULL);
+    dt_server *s = r->srv;
     dt_api_request req;
     dt_api_error e;
-    int rc = dt_api_parse_edit(&r->form, &r->srv->lim, dt_server_seed(r->srv), &req, &e);
+    /* what the images will hold once decoded, from their headers, reserved before any pixel is decoded */
+    int64_t bytes = 0;
+    if (dt_api_edit_image_bytes(&r->form, &bytes, &e)) return answer_error(r, c, &e, NULL, NULL);
+    const double mib = 1024.0 * 1024.0;
+    int b = dt_image_budget_reserve(&s->images, bytes);
+    if (b == -2)
+        return fail(r, c, 413, "image", NULL, NULL, "this edit's images decode to %.1f MiB, more than this server "
+                    "holds for all edits together (%.1f MiB, --max-queued-image-bytes)", (double)bytes / mib,
+                    (double)s->o.max_image_bytes / mib);
+    if (b == -1) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", dt_queue_retry_after(&s->q, s->n_workers));
+        return fail(r, c, 429, NULL, "Retry-After", ra, "the edits queued and running hold the server's %.1f MiB of "
+                    "decoded images (--max-queued-image-bytes); this one needs %.1f MiB; retry in %s s",
+                    (double)s->o.max_image_bytes / mib, (double)bytes / mib, ra);
+    }
+    int rc = dt_api_parse_edit(&r->form, &s->lim, dt_server_seed(s), &req, &e);
     dt_api_form_free(&r->form);   /* the uploads are decoded: their bytes are not needed any more */
-    if (rc) return answer_error(r, c, &e, NULL, NULL);
-    return run_request(r, c, &req);
+    if (rc) {
+        dt_image_budget_release(&s->images, bytes);
+        return answer_error(r, c, &e, NULL, NULL);
+    }
+    return run_request(r, c, &req, bytes);
 }
 
 /* libmicrohttpd's post processor hands over the form's parts in pieces. */

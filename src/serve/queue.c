@@ -7,8 +7,7 @@
 
 dt_job *dt_job_new(dt_api_request *req) {
     dt_job *j = dt_calloc(1, sizeof *j);
-    j->req = *req;
-    memset(req, 0, sizeof *req);
+    dt_api_request_move(&j->req, req);
     pthread_mutex_init(&j->mu, NULL);
     pthread_condattr_t ca;   /* waits are timed on the monotonic clock (http.c) */
     pthread_condattr_init(&ca);
@@ -50,6 +49,7 @@ void dt_job_unref(dt_job *j) {
     free(j->seeds);
     sb_free(&j->events);
     dt_api_request_free(&j->req);
+    if (j->budget) dt_image_budget_release(j->budget, j->image_bytes);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

@@ -4,7 +4,7 @@
  * waits on it; a worker pops it, runs it and publishes progress, and its encoder (encoder.h) the images and the end through the job, under the
  * job's lock. Either side may drop its reference first (a client that disconnects, a worker that finishes):
  * the last one frees the job. A disconnecting client sets the job's cancel flag, which the engine checks
- * between steps (and a queued job is taken out of the queue). */
+ * between steps and before each DiT block (and a queued job is taken out of the queue). */
 #ifndef DT_SERVE_QUEUE_H
 #define DT_SERVE_QUEUE_H
 
@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "serve/api.h"
+#include "serve/image_budget.h"
 #include "serve/strbuf.h"
 
 typedef enum { DT_JOB_QUEUED, DT_JOB_RUNNING, DT_JOB_DONE, DT_JOB_FAILED, DT_JOB_CANCELLED } dt_job_state;
@@ -19,7 +20,9 @@ typedef enum { DT_JOB_QUEUED, DT_JOB_RUNNING, DT_JOB_DONE, DT_JOB_FAILED, DT_JOB
 typedef struct dt_job dt_job;
 struct dt_job {
     dt_api_request req;
-    volatile int cancel;            /* set by the HTTP side; read by the engine between steps */
+    dt_image_budget *budget;        /* where req's decoded images are counted (NULL: none), image_bytes of them; */
+    int64_t image_bytes;            /* released when the job is freed */
+    volatile int cancel;            /* set by the HTTP side; read by the engine between steps and DiT blocks */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;              /* signalled on every change below */
@@ -35,6 +38,7 @@ struct dt_job {
     int encode_failed;              /* an image could not be encoded (error set): the job ends FAILED */
     double t_submit, t_start, t_end;/* dt_now() seconds; t_end: the device work done (before the last encode) */
     double t_encode, t_denoise, t_decode;   /* sums over the images */
+    int passes_computed, passes;    /* transformer passes computed / run, summed over the images */
     double t_image;                 /* seconds encoding the images (output_format), summed */
     int worker;                     /* index of the worker that ran it */
     double cost_steps, cost_pixel_steps;    /* its size for Retry-After: images x steps, and that x pixels */

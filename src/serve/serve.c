@@ -25,6 +25,7 @@ void dt_serve_opts_default(dt_serve_opts *o) {
     o->be.rope_fp32 = 1;
     o->n_workers = 1;
     o->max_queue = 16;
+    o->max_image_bytes = (int64_t)2 << 30;
     o->max_pixels = 0;   /* the backend's default, once the first worker has loaded (worker.c) */
     o->max_steps = 100;
     o->request_timeout = 60;
@@ -105,6 +106,7 @@ int dt_serve_run(const dt_serve_opts *o) {
     s->lim.max_pixels = o->max_pixels;
     s->lim.max_steps = o->max_steps;
     s->lim.max_seq_len = o->max_seq_len;
+    s->lim.cache = o->cache;
     s->t_start = dt_now();
     s->created = (long long)time(NULL);
     if (getrandom(&s->rng, sizeof s->rng, 0) != (ssize_t)sizeof s->rng || !s->rng)
@@ -112,6 +114,7 @@ int dt_serve_run(const dt_serve_opts *o) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     dt_queue_init(&s->q, o->max_queue);
+    dt_image_budget_init(&s->images, o->max_image_bytes);
     dt_metrics_init(&s->m);
     dt_server_state_set(s, DT_SRV_LOADING);
 
@@ -183,6 +186,7 @@ out:
     sig_pipe[0] = sig_pipe[1] = -1;
     dt_metrics_destroy(&s->m);
     dt_queue_destroy(&s->q);
+    dt_image_budget_destroy(&s->images);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

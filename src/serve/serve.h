@@ -30,10 +30,13 @@ typedef struct {
     int devices[DT_SERVE_MAX_WORKERS];  /* the CUDA devices: worker w runs on devices[w*N .. w*N + N-1] (N =
                                          * load.sequence_parallel, or 1), its DiT split over them when N > 1 */
     int max_queue;              /* jobs that may wait; past that 429 */
+    int64_t max_image_bytes;    /* decoded upload bytes that edit requests (queued, running, answering) hold together;
+                                 * past that 429, or 413 for one request alone over it */
     int64_t max_pixels;         /* width * height of one image at most (0: the backend's default,
                                  * DT_SERVE_MAX_PIXELS_CPU on the CPU, DT_SERVE_MAX_PIXELS_GPU on a GPU) */
     int max_steps;
     int max_seq_len;            /* text tokens of every request (0 = 512, as generate) */
+    dt_cache_opts cache;        /* step caching of requests that name none (--cache; zero: off) */
     const char *api_key;        /* every /v1 route needs "Authorization: Bearer KEY" (NULL: open) */
     int warmup_w, warmup_h;     /* one image of this size before /health turns ready (0: none) */
     const char *cors_origin;    /* Access-Control-Allow-Origin (NULL: no CORS headers) */

@@ -49,6 +49,7 @@ struct dt_server {
     uint64_t rng;                   /* seeds for requests that name none */
 
     dt_queue q;
+    dt_image_budget images;         /* decoded bytes of the edits' uploads (--max-queued-image-bytes) */
     dt_metrics m;
     dt_worker workers[DT_SERVE_MAX_WORKERS];
     int n_workers;

@@ -93,9 +93,7 @@ static int est_seconds(const dt_worker *w, int iw, int ih, int steps, int n, dou
 
 static void est_log(const dt_worker *w, const dt_job *j) {
     const dt_server *s = w->srv;
-    dt_gen_params g;
-    dt_api_gen_params(&j->req, &s->lim, 0, &g);
-    if (dt_gen_params_resolve(&s->lim.info, &g)) return;
+    dt_gen_params g = j->req.gen;   /* resolved when the request was checked */
     if (j->req.edit && (g.width < 1 || g.height < 1)) {   /* size "auto": the first image's prepared size (api_edit.c) */
         const dt_image *first = j->req.inpaint ? &j->req.init : &j->req.refs[0];
         const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 1;
@@ -144,8 +142,7 @@ static void run_job(dt_worker *w, dt_job *j) {
     est_log(w, j);
     dt_job_state end = DT_JOB_DONE;
     for (int i = 0; i < j->req.n && end == DT_JOB_DONE; i++) {
-        dt_gen_params g;
-        dt_api_gen_params(&j->req, &s->lim, i, &g);
+        dt_gen_params g = dt_api_image_job(&j->req, i);
         progress_ctx pc = {j, i};
         g.progress = on_progress;
         g.progress_ud = &pc;
@@ -167,6 +164,8 @@ static void run_job(dt_worker *w, dt_job *j) {
             j->seeds[i] = g.seed;
             j->t_encode += tm.t_encode;
             j->t_denoise += tm.t_denoise;
+            j->passes_computed += tm.passes_computed;
+            j->passes += tm.passes;
             j->t_decode += tm.t_decode;
         }
         pthread_mutex_unlock(&j->mu);

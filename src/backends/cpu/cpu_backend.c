@@ -235,6 +235,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->gated_add = cpu_gated_add;
     be->mul = cpu_mul;
     be->axpby = cpu_axpby;
+    be->flow_step = cpu_flow_step;
     be->copy = cpu_copy;
     be->transpose = cpu_transpose;
     be->conv2d = cpu_conv2d;

@@ -249,6 +249,21 @@ void cpu_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_m
     dt_pool_run(cpu_of(be)->pool, y.rows, cpu_grain(2 * y.cols, ROW_WORK), ew_task, &t);
 }
 
+/* ---------------- flow_step (the sampler's guidance + Euler update; backend.h) ---------------- */
+void cpu_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt) {
+    (void)be;
+    same_shape(x, v, "flow_step");
+    if (has(u)) same_shape(x, u, "flow_step");
+    float *xp = cpu_f32(x, "flow_step");
+    const float *vp = cpu_f32(v, "flow_step"), *up = has(u) ? cpu_f32(u, "flow_step") : NULL;
+    for (int64_t r = 0; r < x.rows; r++)
+        for (int64_t c = 0; c < x.cols; c++) {
+            const float w = up ? dt_flow_guided(vp[r * v.ld + c], up[r * u.ld + c], guidance, from_cond)
+                               : vp[r * v.ld + c];
+            xp[r * x.ld + c] = xp[r * x.ld + c] + dt * w;
+        }
+}
+
 /* ---------------- copy (F32 / BF16 either side) ---------------- */
 typedef struct { dt_mat dst, src; } cp_ctx;
 

@@ -92,6 +92,7 @@ void cpu_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);
 void cpu_gated_add(dt_backend *be, dt_mat x, dt_mat gate, dt_mat y);
 void cpu_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b);
 void cpu_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b);
+void cpu_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt);
 void cpu_copy(dt_backend *be, dt_mat dst, dt_mat src);
 void cpu_transpose(dt_backend *be, dt_mat y, dt_mat x);
 /* cpu_image.c */

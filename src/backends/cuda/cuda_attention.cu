@@ -710,12 +710,12 @@ void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int h
         a.scale_log2 = scale * 1.4426950408889634f;
         a.causal = causal;
         /* o.attn (backend_cuda.h): AUTO = cuDNN's fused SDPA (cuda_cudnn.cu) where it measured faster (no key bias)
-         * and loads, else ours; sm_90: the wgmma kernel with ping-pong (fastest of ours measured on the H200: 424
+         * and loads, else ours; sm_90a paths (st->hopper): the wgmma kernel with ping-pong (fastest of ours measured on the H200: 424
          * TFLOPS at 24 heads x 4608 tokens, 487 at 16896; without ping-pong 366-432, the mma.sync kernel 280:
-         * PERF.md), other GPUs (or o.attn = MMA): the mma.sync kernel */
+         * PERF.md), other GPUs, --kernels portable or o.attn = MMA: the mma.sync kernel */
         const dt_cuda_attn pick = st->o.attn;
         if (dtc_cudnn_attention(st, o, q, k, v, hq, hkv, scale, kb, causal, pick) == 0) return;
-        if (st->cc_major == 9 && st->cc_minor == 0 && pick != DT_CUDA_ATTN_MMA) {
+        if (st->hopper && pick != DT_CUDA_ATTN_MMA) {
             flash_wg_launch(st, a, (const __nv_bfloat16 *)v.data, v.ld, hkv);
             return;
         }

@@ -93,6 +93,20 @@ extern "C" int dt_backend_cuda_available(void) {
     return ok;
 }
 
+extern "C" int dt_backend_cuda_device_info(int device, char *name, size_t name_size, int *cc_major, int *cc_minor) {
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dt_set_error("cuda: device %d: %s", device, cudaGetErrorString(e));
+        return -1;
+    }
+    if (name && name_size) snprintf(name, name_size, "%s", prop.name);
+    *cc_major = prop.major;
+    *cc_minor = prop.minor;
+    return 0;
+}
+
 #define CREATE_CK(call)                                                                         \
     do {                                                                                        \
         cudaError_t e_ = (call);                                                                \
@@ -146,6 +160,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     st->sm_count = prop.multiProcessorCount;
     st->cc_major = prop.major;
     st->cc_minor = prop.minor;
+    st->hopper = dt_cuda_hopper_paths(prop.major, prop.minor, st->o.kernels);
     st->smem_optin = prop.sharedMemPerBlockOptin;
     dtc_pool_create(st);
     /* the transient prefetch (default) runs on a lowest-priority stream, the queues at the highest; with
@@ -171,9 +186,14 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     st->lt_ws_size = (size_t)64 << 20;
     dtc_gemm_tune_init(st, prop.name);
     CREATE_CK(cudaMalloc(&st->q.lt_ws, st->lt_ws_size));
-    if (o.verbose)
-        fprintf(stderr, "ditrun: cuda: device %d: %s, cc %d.%d, %d SMs, %.1f GiB\n", o.device, prop.name, prop.major,
-                prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    if (o.verbose) {
+        fprintf(stderr, "ditrun: cuda: device %d: %s, cc %d.%d, %d SMs, %.1f GiB, kernels %s\n", o.device, prop.name,
+                prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,
+                dt_cuda_kernels_name(st->o.kernels));
+        for (int f = 0; f < DT_CUDA_OPS_COUNT; f++)
+            fprintf(stderr, "ditrun: cuda:   %-16s %s\n", dt_cuda_ops_name((dt_cuda_ops)f),
+                    dt_cuda_path_text((dt_cuda_ops)f, dt_cuda_ops_path((dt_cuda_ops)f, prop.major, prop.minor, st->o.kernels)));
+    }
 
     be->name = "cuda";
     be->act_dtype = DT_BF16;
@@ -222,6 +242,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->gated_add = dtc_gated_add;
     be->mul = dtc_mul;
     be->axpby = dtc_axpby;
+    be->flow_step = dtc_flow_step;
     be->copy = dtc_copy;
     be->transpose = dtc_transpose;
     be->conv2d = dtc_conv2d;
@@ -245,13 +266,14 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         /* Load every kernel of the backend now (lazy module loading would otherwise load each one at its first
          * launch, inside the first forward / encode / decode) and raise their shared-memory limits. */
         double t0 = dt_now();
-        if (st->cc_major == 9 && st->cc_minor == 0) dtc_preload_kernels(st);
+        if (st->hopper) dtc_preload_kernels(st);
         st->t_preload = dt_now() - t0;
         if (o.verbose) fprintf(stderr, "ditrun: cuda: kernels preloaded in %.1f ms\n", st->t_preload * 1e3);
     }
     if (o.qpath == DT_QPATH_MIXED && !dtc_qgemm_eligible(st, 128, 64, 4, 64))
-        fprintf(stderr, "ditrun: cuda: --qpath mixed needs an sm_90 GPU with TMA (this one is compute %d.%d): "
-                        "quantized Linears take the auto path\n", st->cc_major, st->cc_minor);
+        fprintf(stderr, "ditrun: cuda: --qpath mixed needs an sm_90 GPU with TMA and --kernels auto (this one is "
+                        "compute %d.%d, kernels %s): quantized Linears take the auto path\n", st->cc_major, st->cc_minor,
+                dt_cuda_kernels_name(st->o.kernels));
     dtc_trace_install(be);
     be->opts.cuda = &st->o;
     return be;

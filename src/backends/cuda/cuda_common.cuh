@@ -91,6 +91,7 @@ struct dtc_state {
     int device;
     int sm_count;
     int cc_major, cc_minor;
+    int hopper;             /* our sm_90a kernels may run (dt_cuda_hopper_paths: compute 9.0, kernels not portable) */
     size_t smem_optin;
     dtc_queue q;            /* the current queue (what every op issues to) */
     cublasLtHandle_t lt;
@@ -327,6 +328,7 @@ void dtc_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);
 void dtc_gated_add(dt_backend *be, dt_mat x, dt_mat gate, dt_mat y);
 void dtc_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b);
 void dtc_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b);
+void dtc_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt);
 void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src);
 void dtc_transpose(dt_backend *be, dt_mat y, dt_mat x);
 /* Upload helpers: convert a device buffer of `n` elements of dtype `t` (F32/F16/BF16) into bf16. */

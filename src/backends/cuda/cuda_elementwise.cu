@@ -408,6 +408,40 @@ void dtc_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_m
     launch_ew(dtc(be), f, y.rows, y.cols, vec_ok(y) && vec_ok(a) && vec_ok(b), "axpby");
 }
 
+/* flow_step (backend.h): the sampler's guidance + Euler update on F32 latents, each operation rounded to f32 in
+ * dt_flow_guided's order (no contraction into FMAs: _rn intrinsics), so it equals the host loop bit for bit. */
+struct f_flow_step {
+    dmat x, v, u;
+    float g, dt;
+    int has_u, from_cond;
+    template <int V>
+    __device__ __forceinline__ void run(int64_t r, int64_t c) const {
+        float vx[V], vv[V], vu[V];
+        ldv<V>(x, r, c, vx);
+        ldv<V>(v, r, c, vv);
+        if (has_u) ldv<V>(u, r, c, vu);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            float w = vv[i];
+            if (has_u) {
+                const float s = __fmul_rn(g, __fsub_rn(vv[i], vu[i]));
+                w = from_cond ? __fadd_rn(vv[i], s) : __fadd_rn(vu[i], s);
+            }
+            vx[i] = __fadd_rn(vx[i], __fmul_rn(dt, w));
+        }
+        stv<V>(x, r, c, vx);
+    }
+};
+
+void dtc_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt) {
+    DTC_REQUIRE(x.rows == v.rows && x.cols == v.cols && (!u.data || (u.rows == x.rows && u.cols == x.cols)),
+                "flow_step: x/v/u shape mismatch");
+    DTC_REQUIRE(x.dtype == DT_F32 && v.dtype == DT_F32 && (!u.data || u.dtype == DT_F32),
+                "flow_step: the latents and velocities must be F32");
+    f_flow_step f{dtc_dm(x), dtc_dm(v), dtc_dm(u), guidance, dt, u.data != nullptr, from_cond};
+    launch_ew(dtc(be), f, x.rows, x.cols, vec_ok(x) && vec_ok(v) && vec_ok(u), "flow_step");
+}
+
 struct f_gated_add {
     dmat x, g, y;
     int has_g;

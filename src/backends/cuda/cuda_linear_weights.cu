@@ -110,7 +110,8 @@ static const char *linear_path_name(const dt_backend *be, const dt_linear *w, co
                                       : "fp8: e4m3 weights with per-channel scales, cuBLASLt e4m3 GEMM";
     if (w->gq) return "GGUF blocks on the GPU, dequantized to bf16 before each cuBLASLt GEMM (transient)";
     if (w->w && dt_linear_src_blocks(src)) return "cached: GGUF blocks dequantized to bf16 once at load, cuBLASLt";
-    if (w->w && dt_linear_src_fp8(src)) return "dense bf16 (an fp8 file widened: the fp8 GEMM needs in and out % 16)";
+    if (w->w && dt_linear_src_fp8(src)) return "dense bf16 (an fp8 file widened: the fp8 GEMM needs in and out % 16 "
+                                                         "and compute 8.9+)";
     if (w->w && !src->bits)
         return src->precision == DT_PREC_FP8 ? "dense bf16 (fp8 asked for; the fp8 GEMM needs in and out % 16)"
                                              : "dense bf16, cuBLASLt";
@@ -144,8 +145,17 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
     w->bits = src->bits;
     w->group = src->group_size;
     const int64_t N = src->out, K = src->in;
-    /* fp8 files run on the fp8 GEMM as stored (no bf16 copy); --precision fp8 converts other forms */
-    if ((src->precision == DT_PREC_FP8 || dt_linear_src_fp8(src)) && dtc_fp8_eligible(src)) {
+    /* fp8 files run on the fp8 GEMM as stored (no bf16 copy); --precision fp8 converts other forms. cuBLASLt's
+     * e4m3 GEMM needs compute 8.9+ (dt_cuda_fp8_supported): below, fp8 files are widened to bf16 and
+     * --precision fp8 is an error. */
+    const int fp8_card = dt_cuda_fp8_supported(st->cc_major, st->cc_minor);
+    if (src->precision == DT_PREC_FP8 && !fp8_card) {
+        dt_set_error("cuda: linear %s: --precision fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+                     "Blackwell); this one is %d.%d: use --precision bf16", nm, st->cc_major, st->cc_minor);
+        free(w);
+        return NULL;
+    }
+    if ((src->precision == DT_PREC_FP8 || dt_linear_src_fp8(src)) && fp8_card && dtc_fp8_eligible(src)) {
         w->f8 = dtc_fp8_weight_create(st, src);
         if (!w->f8) { free(w); return NULL; }
     } else if (dt_linear_src_blocks(src)) {   /* GGUF: the blocks on the device, dequantized before the GEMM */

@@ -460,7 +460,7 @@ static encode_tiled_fn encoder(void) {
 }
 
 int dtc_qgemm_eligible(const dtc_state *st, int64_t N, int64_t K, int bits, int group) {
-    if (st->cc_major != 9 || st->cc_minor != 0 || !encoder()) return 0;
+    if (!st->hopper || !encoder()) return 0;
     if (bits != 4 && bits != 8) return 0;
     if (N % QG_ROWS || K % QG_BK || K >= (1LL << 31) || N >= (1LL << 31)) return 0;
     if (group < 16 || group % 16 || (group < QG_BK ? QG_BK % group : group % QG_BK)) return 0;

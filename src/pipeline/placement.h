@@ -1,0 +1,64 @@
+/* placement.h — where a pipeline's parts live under a device memory budget: a pure function of the budget and the
+ * parts' sizes (weights and the activations of each phase at one image size) that picks the cheapest placement the
+ * engine can run within it — everything resident, the VAE tiled, the text encoder released between phases — or
+ * names the smallest budget that would work. Sizes are bytes on the device. No I/O: the CPU tests drive it directly.
+ *
+ * Phases and what they hold (the engine's order: pipeline/engine.c, klein.c, krea2_family.c):
+ *   encode  — the text encoder's weights and activations, plus the transformer and VAE when they are loaded already
+ *             (a resident pipeline; in a one-shot run with the text encoder released they load after it is freed);
+ *   denoise — the transformer's weights and one forward's activations, plus the VAE's weights, plus the text encoder
+ *             unless released;
+ *   decode  — the VAE's activations (untiled, or one tile's) plus the same resident weights.
+ * Streaming transformer blocks from host memory is not a placement here (not implemented): a transformer that
+ * does not fit with its activations has no plan. */
+#ifndef DT_PLACEMENT_H
+#define DT_PLACEMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int64_t text_encoder, transformer, vae;   /* weight bytes on the device */
+    int64_t te_act;             /* peak activation bytes of encoding the prompts */
+    int64_t dit_act;            /* ... of one transformer forward at the image size */
+    int64_t vae_act;            /* ... of the untiled VAE decode at the image size */
+    int64_t vae_tile_act;       /* ... of one tile's decode; 0 when the image is one tile (tiling changes nothing) */
+    int resident;               /* 1: a loaded pipeline serving many requests (serve, --count): a released text
+                                 * encoder is reloaded for every prompt; 0: one image (generate), where releasing it
+                                 * costs nothing */
+} dt_place_sizes;
+
+enum { DT_PHASE_ENCODE, DT_PHASE_DENOISE, DT_PHASE_DECODE, DT_PHASES };
+
+typedef struct {
+    int release_text_encoder;   /* freed after the prompts are encoded, before the transformer runs */
+    int vae_tiling;             /* the decode in tiles (models/vae_tiling.h) */
+    int64_t phase_peak[DT_PHASES];   /* predicted bytes of each phase */
+    int64_t peak;               /* their largest */
+    int64_t min_budget;         /* the smallest budget any placement fits (the smallest peak) */
+} dt_place_plan;
+
+/* The cheapest placement whose peak fits budget (budget <= 0: no bound, the cheapest of all): one-shot runs release
+ * the text encoder (free), then tile the VAE if needed; resident pipelines first tile the VAE (a few percent of the
+ * decode), then release the text encoder (a reload per prompt), then both. 0, or -1 with the error "budget X is
+ * below the smallest workable Y for these sizes (...)" when none fits; *p is filled in both cases (the placement
+ * with the smallest peak on error). */
+int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p);
+
+/* One line: "text encoder resident|released, VAE untiled|tiled; predicted peak X GiB (encode A, denoise B,
+ * decode C); smallest workable Y GiB". */
+void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n);
+
+/* "12.00 GiB" (or MiB below one GiB) of b bytes into buf. */
+const char *dt_place_bytes(int64_t b, char *buf, size_t n);
+
+/* The sizes of the pipeline folder `root` (FLUX.2-klein or Krea 2) for one W x H image with T text tokens and
+ * activations of elem bytes (2: bf16 on a GPU): weights from the files (f32 tensors counted at elem bytes, as the
+ * device keeps them), the VAE decode exactly (dt_vae_decode_act_bytes / dt_qvae_decode_act_bytes, tiles of the VAE's
+ * default size or `tile` pixels), the transformer forward and the text encoding estimated from their widths:
+ * (T + N)·(7·D + 3·F)·elem for the forward's stream, scratch and fused projections (N image tokens, D its width, F its
+ * MLP width; flux2.h's activation set), its RoPE tables, and for quantized weights one dequantized (3·D + 2·F) x D
+ * Linear; T·(6·D + 3·I)·elem for the text encoder. Reads only configs and safetensors headers. 0 or -1. */
+int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s);
+
+#endif

@@ -1,0 +1,88 @@
+/* placement_sizes.c — the placement planner's inputs for a pipeline folder (placement.h, dt_place_sizes_for): weight
+ * bytes from the safetensors headers, the VAE decode's activations from its config, the transformer's and text
+ * encoder's activations estimated from their widths. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/common.h"
+#include "io/weights.h"
+#include "models/flux2.h"
+#include "models/krea2.h"
+#include "models/qwen3.h"
+#include "models/vae_flux2.h"
+#include "models/vae_qwenimage.h"
+#include "pipeline/family.h"
+#include "pipeline/placement.h"
+
+/* Device bytes of a component's weights (f32 tensors kept at elem bytes); *quantized: any packed 4/8-bit Linear. */
+static int weight_bytes(const char *dir, int elem, int64_t *bytes, int *quantized, dt_weights **keep) {
+    dt_weights *w = dt_weights_open(dir);
+    if (!w) return -1;
+    int64_t b = 0;
+    int q = 0;
+    for (size_t i = 0, n = dt_weights_count(w); i < n; i++) {
+        const st_tensor *t = dt_weights_at(w, i);
+        b += t->dtype == DT_F32 ? (int64_t)t->nbytes / 4 * elem : (int64_t)t->nbytes;
+        q |= t->dtype == DT_U32 || dt_dtype_is_block(t->dtype);
+    }
+    *bytes = b;
+    if (quantized) *quantized = q;
+    if (keep) *keep = w;
+    else dt_weights_close(w);
+    return 0;
+}
+
+int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s) {
+    memset(s, 0, sizeof *s);
+    s->resident = resident;
+    char *te = dt_path_join(root, "text_encoder"), *tr = dt_path_join(root, "transformer"), *va = dt_path_join(root, "vae");
+    dt_weights *tw = NULL;
+    int rc = -1, quantized = 0;
+    if (weight_bytes(te, elem, &s->text_encoder, NULL, NULL) || weight_bytes(tr, elem, &s->transformer, &quantized, &tw) ||
+        weight_bytes(va, elem, &s->vae, NULL, NULL))
+        goto out;
+    /* the transformer's widths: FLUX.2 or Krea 2 by its config */
+    const json *cfg = dt_weights_config(tw);
+    const char *cls = cfg ? json_get_str(cfg, "_class_name") : NULL;
+    int D, F, hd;
+    const int krea2 = cls && !strcmp(cls, "Krea2Transformer2DModel");
+    if (krea2) {
+        krea2_config c;
+        if (krea2_config_parse(cfg, tr, &c)) goto out;
+        D = c.hidden, F = c.intermediate, hd = c.head_dim;
+    } else {
+        flux2_config c;
+        if (flux2_config_parse(cfg, tr, &c)) goto out;
+        D = c.hidden, F = c.mlp_hidden, hd = c.head_dim;
+    }
+    dt_qwen3_config q;
+    if (dt_qwen3_read_config(te, &q)) goto out;
+    s->te_act = (int64_t)T * (6LL * q.hidden + 3LL * q.intermediate) * elem;
+    /* the VAE: FLUX.2 (8x, 2x2 patches) or Qwen-Image (8x, 2x2 packing): 16 pixels per image token */
+    dt_vae_config fv;
+    static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
+    int scale;
+    if (!krea2) {   /* Krea 2 pipelines decode with the Qwen-Image VAE */
+        if (dt_vae_read_config(va, &fv)) goto out;
+        scale = fv.scale_factor;
+        const int lh = H / scale, lw = W / scale, t = tile ? tile : fv.sample_size;
+        s->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);
+        if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_vae_decode_act_bytes(&fv, t, lh, lw, elem);
+    } else {
+        if (dt_qvae_read_config(va, &qv)) goto out;
+        scale = qv.scale_factor;
+        const int lh = H / scale, lw = W / scale, t = tile ? tile : DT_QVAE_DEFAULT_TILE;
+        s->vae_act = dt_qvae_decode_act_bytes(&qv, 0, lh, lw, elem);
+        if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem);
+    }
+    const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
+    s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8 + (quantized ? (3LL * D + 2LL * F) * D * 2 : 0);
+    rc = 0;
+out:
+    if (tw) dt_weights_close(tw);
+    free(te);
+    free(tr);
+    free(va);
+    return rc;
+}
