@@ -21,14 +21,19 @@
 
 /* ---------------- config ---------------- */
 
-static int parse_config(const json *j, const char *what, dt_vae_config *c) {
+/* kl: the folder is an AutoencoderKL (no latent batch norm, scaling and shift factors; vae_kl.h). */
+static int parse_config(const json *j, const char *what, int kl, dt_vae_config *c) {
     memset(c, 0, sizeof *c);
     if (!j || j->type != JSON_OBJECT) {
         dt_set_error("%s: config.json is missing or not an object (the VAE geometry comes from it)", what);
         return -1;
     }
     const char *cls = json_get_str(j, "_class_name");
-    if (cls && strcmp(cls, "AutoencoderKLFlux2") != 0)
+    if (kl && cls && strcmp(cls, "AutoencoderKL") != 0) {
+        dt_set_error("%s: VAE class '%s' is not AutoencoderKL", what, cls);
+        return -1;
+    }
+    if (!kl && cls && strcmp(cls, "AutoencoderKLFlux2") != 0)
         dt_log(1, "%s: VAE class '%s', decoding as AutoencoderKLFlux2\n", what, cls);
     const json *boc = json_get(j, "decoder_block_out_channels");
     if (!boc || boc->type != JSON_ARRAY) boc = json_get(j, "block_out_channels");
@@ -84,8 +89,15 @@ static int parse_config(const json *j, const char *what, dt_vae_config *c) {
     c->post_quant_conv = json_get_bool(j, "use_post_quant_conv", 1);
     c->bn_eps = (float)json_get_num(j, "batch_norm_eps", 1e-4);
     if (!(c->bn_eps >= 0.0f)) { dt_set_error("%s: batch_norm_eps invalid", what); return -1; }
-    c->patch = 2;
-    const json *ps = json_get(j, "patch_size");
+    c->batch_norm = !kl;
+    c->scaling_factor = kl ? (float)json_get_num(j, "scaling_factor", 0.18215) : 1.0f;   /* diffusers' defaults */
+    c->shift_factor = kl ? (float)json_get_num(j, "shift_factor", 0.0) : 0.0f;             /* null: none */
+    if (!(c->scaling_factor > 0.0f) || !isfinite(c->shift_factor)) {
+        dt_set_error("%s: scaling_factor must be positive and shift_factor finite", what);
+        return -1;
+    }
+    c->patch = kl ? 1 : 2;   /* AutoencoderKL has no patchified latent: its transformer patchifies */
+    const json *ps = kl ? NULL : json_get(j, "patch_size");
     if (ps) {
         int64_t p0 = -1, p1 = -1;
         if (ps->type == JSON_ARRAY && ps->len == 2) {
@@ -222,21 +234,25 @@ void dt_vae_free(dt_vae *v) {
     free(v);
 }
 
-int dt_vae_read_config(const char *vae_dir, dt_vae_config *cfg) {
+int vae_read_config_kind(const char *vae_dir, int kl, dt_vae_config *cfg) {
     char *dir = dt_weights_component_dir(vae_dir, "vae");
     if (!dir) return -1;
     size_t n = strlen(dir) + 16;
     char *path = dt_malloc(n);
     snprintf(path, n, "%s/config.json", dir);
     json *j = json_parse_file(path);
-    int rc = j ? parse_config(j, dir, cfg) : -1;
+    int rc = j ? parse_config(j, dir, kl, cfg) : -1;
     json_free(j);
     free(path);
     free(dir);
     return rc;
 }
 
-dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
+int dt_vae_read_config(const char *vae_dir, dt_vae_config *cfg) { return vae_read_config_kind(vae_dir, 0, cfg); }
+
+dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) { return vae_load_kind(be, vae_dir, 0); }
+
+dt_vae *vae_load_kind(dt_backend *be, const char *vae_dir, int kl) {
     char *dir = dt_weights_component_dir(vae_dir, "vae");
     if (!dir) return NULL;
     dt_vae *v = dt_calloc(1, sizeof *v);
@@ -245,7 +261,7 @@ dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
     v->w = dt_weights_open(dir);
     char buf[256];
     if (!v->w) goto fail;
-    if (parse_config(dt_weights_config(v->w), dir, &v->cfg)) goto fail;
+    if (parse_config(dt_weights_config(v->w), dir, kl, &v->cfg)) goto fail;
     const dt_vae_config *c = &v->cfg;
     const int top = c->block_out[c->n_blocks - 1];
     vae_decoder *d = &v->dec;
@@ -256,12 +272,14 @@ dt_vae *dt_vae_load(dt_backend *be, const char *vae_dir) {
     d->n_up = c->n_blocks;
     d->mid_attn = (vae_attention){vae_run_attention, c->mid_attention ? &v->mid_attn : NULL};
 
-    /* latent batch-norm statistics */
-    v->bn_n = c->latent_channels * c->patch * c->patch;
-    v->bn_mean = dt_malloc((size_t)v->bn_n * sizeof(float));
-    v->bn_var = dt_malloc((size_t)v->bn_n * sizeof(float));
-    if (dt_weights_read_f32(v->w, "bn.running_mean", v->bn_mean, v->bn_n)) goto fail;
-    if (dt_weights_read_f32(v->w, "bn.running_var", v->bn_var, v->bn_n)) goto fail;
+    /* latent batch-norm statistics (AutoencoderKLFlux2 only) */
+    if (c->batch_norm) {
+        v->bn_n = c->latent_channels * c->patch * c->patch;
+        v->bn_mean = dt_malloc((size_t)v->bn_n * sizeof(float));
+        v->bn_var = dt_malloc((size_t)v->bn_n * sizeof(float));
+        if (dt_weights_read_f32(v->w, "bn.running_mean", v->bn_mean, v->bn_n)) goto fail;
+        if (dt_weights_read_f32(v->w, "bn.running_var", v->bn_var, v->bn_n)) goto fail;
+    }
 
     if (c->post_quant_conv && !(d->post_quant = vae_load_conv(v, "post_quant_conv", c->latent_channels,
                                                           c->latent_channels, 1, c->latent_channels)))

@@ -7,6 +7,8 @@
  * Conv weights may be PyTorch [out, in, kh, kw] or MLX [out, kh, kw, in] (mflux); the layout is
  * detected per tensor from its shape. The attention output projection may be named `to_out.0`
  * (diffusers) or `to_out` (mflux).
+ * The same object holds an AutoencoderKL (FLUX.1's and Z-Image's VAE: this network without the latent batch norm),
+ * loaded with dt_vae_kl_load (vae_kl.h).
  */
 #ifndef DT_VAE_FLUX2_H
 #define DT_VAE_FLUX2_H
@@ -27,6 +29,8 @@ typedef struct {
     int mid_attention;          /* mid_block_add_attention */
     int post_quant_conv;        /* use_post_quant_conv */
     float bn_eps;               /* batch_norm_eps of the latent BN (1e-4) */
+    int batch_norm;             /* 1: the latent batch norm (AutoencoderKLFlux2); 0: AutoencoderKL (vae_kl.h) */
+    float scaling_factor, shift_factor;   /* AutoencoderKL's latent scaling (1 and 0 for AutoencoderKLFlux2) */
     int patch;                  /* patch_size (2): packed channels = latent_channels·patch² */
     int scale_factor;           /* image pixels per latent pixel = 2^(n_blocks − 1) */
     int sample_size;            /* sample_size (1024): the default tile side of tiled decoding, in pixels */
@@ -53,7 +57,8 @@ int dt_vae_last_tiled(const dt_vae *v);
  * (pipeline/placement.h) counts for the decode phase. From the config alone. */
 int64_t dt_vae_decode_act_bytes(const dt_vae_config *c, int tile, int H, int W, int elem);
 
-/* Latent batch-norm running statistics, [latent_channels·patch²] each (host memory owned by v). */
+/* Latent batch-norm running statistics, [latent_channels·patch²] each (host memory owned by v); n = 0 and NULL
+ * statistics for an AutoencoderKL. */
 void dt_vae_bn_stats(const dt_vae *v, const float **mean, const float **var, int *n, float *eps);
 
 /* Decode latent [latent_channels, H, W] (f32 host, after BN de-normalization and unpatchify) into

@@ -35,6 +35,9 @@ struct dt_vae {
 };
 
 /* ---- loading (NAME is the tensor prefix) ---- */
+/* dt_vae_load / dt_vae_read_config for either class: kl 0 AutoencoderKLFlux2, 1 AutoencoderKL (vae_kl.c). */
+dt_vae *vae_load_kind(dt_backend *be, const char *vae_dir, int kl);
+int vae_read_config_kind(const char *vae_dir, int kl, dt_vae_config *cfg);
 int vae_load_gnorm(dt_vae *v, const char *name, int C, vae_norm *g);
 /* k×k conv NAME, weight [cout, cin, k, k] (PyTorch) or [cout, k, k, cin] (MLX), bias [cout]; only the first
  * `rows` output channels are kept (rows = cout: all). Created with padding k/2 (conv2d_strided ignores it). */

@@ -1,0 +1,721 @@
+/* test_zimage.c — the Z-Image parts against the reference fixtures of tests/fixtures/zimage/ (made by
+ * tools/zimage_reference.py with diffusers; README there).
+ *
+ * Always: config.json errors (inconsistent or missing dims, unsupported variants) name the file and the field; the
+ * patch layout (channel fastest within a patch) and its inverse; the guidance definitions; synthetic checkpoints of
+ * the tiny preset (bf16 and MLX q4) load and run, and a q4 copy matches its dequantized f32 twin. With the fixtures (skipped with the reason when the
+ * folder is absent): the transformer forward (out.sample of two geometries, every mid.* intermediate), repeated and
+ * regrown buffers; the AutoencoderKL decode and encode (raw VAE latents) and a missing tensor reported by name; the
+ * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); the scheduler's sigmas; the 3-step
+ * pipelines, guidance 0 and CFG (with cfg_truncation and cfg_normalization), from the reference's initial latents
+ * through text, transformer steps and the scaled VAE decode to its pixels. CUDA (when a GPU is usable): the
+ * transformer and the VAE decode within the GPU tolerances; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
+ * 30 joint blocks) at 1024² with the time per forward.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backends/backend.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "models/qwen3.h"
+#include "models/vae_kl.h"
+#include "models/zimage.h"
+#include "pipeline/scheduler.h"
+#include "pipeline/zimage_guidance.h"
+#include "pipeline/zimage_prompt.h"
+#include "quant/mlx_affine.h"
+#include "test.h"
+#include "trace_check.h"
+
+/* f32 implementation vs a float32 reference on the same bf16-rounded weights: summation order, libm ulps
+ * (sinusoid, RoPE) and the host-folded modulation (scale and tanh gate folded into the norm weights) differ
+ * (~1e-6); the FLUX.2 fixtures' contract. */
+#define ZIMAGE_CPU_TOL 1e-4
+/* bf16 activations and weights on CUDA: 2^-9 relative per rounding, over 2 refiners + 2 joint blocks. */
+#define ZIMAGE_GPU_TOL 1e-2
+/* the VAE's contract (tests/test_vae.c): f32 convolutions and GroupNorms, ~1e-6 expected. */
+#define VAE_CPU_TOL 1e-4
+#define VAE_GPU_TOL 2e-2
+/* sigmas: diffusers draws linspace in float32 where the scheduler here rounds a float64 linspace; 1 ulp apart. */
+#define SIGMA_TOL 1e-6
+/* a repeated forward on the same cached buffers and tables: deterministic CPU kernels, identical output. */
+#define REPEAT_TOL 0.0
+
+static char g_dir[512];   /* tests/fixtures/zimage */
+
+static const char *fx(const char *rel, char *buf, size_t n) {
+    snprintf(buf, n, "%s/%s", g_dir, rel);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ config errors (no fixture needed) */
+
+static const char *CFG_OK =
+    "{\"_class_name\": \"ZImageTransformer2DModel\", \"all_patch_size\": [2], \"all_f_patch_size\": [1], "
+    "\"in_channels\": 16, \"dim\": 3840, \"n_layers\": 30, \"n_refiner_layers\": 2, \"n_heads\": 30, "
+    "\"n_kv_heads\": 30, \"norm_eps\": 1e-05, \"qk_norm\": true, \"cap_feat_dim\": 2560, \"rope_theta\": 256.0, "
+    "\"t_scale\": 1000.0, \"axes_dims\": [32, 48, 48], \"axes_lens\": [1536, 512, 512]}";
+
+/* CFG_OK with the text `from` replaced by `to`, parsed; expect an error mentioning `want` and the file. */
+static void config_case(const char *name, const char *from, const char *to, const char *want) {
+    char text[2048];
+    const char *p = strstr(CFG_OK, from);
+    if (!p) { T_FAIL(name, "test bug: '%s' not in the config", from); return; }
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(p - CFG_OK), CFG_OK, to, p + strlen(from));
+    json *j = json_parse(text, strlen(text), "cfg");
+    zimage_config c;
+    int rc = j ? zimage_config_parse(j, "zi/transformer/config.json", &c) : -2;
+    const char *e = dt_last_error();
+    T_CHECK(name, rc == -1 && strstr(e, "zi/transformer/config.json") && strstr(e, want), "rc %d, error '%s'", rc, e);
+    json_free(j);
+}
+
+static void test_config(void) {
+    json *j = json_parse(CFG_OK, strlen(CFG_OK), "cfg");
+    zimage_config c;
+    int rc = zimage_config_parse(j, "cfg", &c);
+    /* Z-Image-Turbo's geometry: head dim 128, FFN int(3840 / 3 * 8) = 10240, adaLN width min(3840, 256) */
+    T_CHECK("config: Z-Image-Turbo geometry", rc == 0 && c.head_dim == 128 && c.ffn == 10240 && c.adaln == 256 &&
+            c.patch == 2 && c.patch_channels == 64 && c.axes_len[0] == 1536 && c.qk_norm && c.eps == 1e-5f,
+            "rc %d (%s): head %d ffn %d adaln %d patch %d", rc, rc ? dt_last_error() : "", c.head_dim, c.ffn, c.adaln,
+            c.patch);
+    json_free(j);
+    config_case("config: axes_dims not summing to the head dim", "[32, 48, 48]", "[32, 48, 32]", "axes_dims sum to 112");
+    config_case("config: dim not divisible by n_heads", "\"n_heads\": 30", "\"n_heads\": 31", "not divisible by n_heads");
+    config_case("config: a missing dim", "\"dim\": 3840, ", "", "missing 'dim'");
+    config_case("config: an odd axis", "[32, 48, 48]", "[33, 47, 48]", "odd");
+    config_case("config: two axes only", "[32, 48, 48]", "[64, 64]", "axes_dims");
+    config_case("config: video patches", "\"all_f_patch_size\": [1]", "\"all_f_patch_size\": [2]", "single-frame");
+    config_case("config: Omni's SigLIP features", "\"qk_norm\": true", "\"qk_norm\": true, \"siglip_feat_dim\": 1152",
+                "siglip_feat_dim");
+    config_case("config: a non-integer dim", "\"dim\": 3840", "\"dim\": 38.5", "'dim'");
+}
+
+/* ------------------------------------------------------------------ patches */
+
+static void test_patches(void) {
+    zimage_config c = {.in_channels = 3, .patch = 2, .patch_channels = 12};
+    const int H = 4, W = 6;
+    float lat[3 * 4 * 6], tok[6 * 12], back[3 * 4 * 6];
+    for (int i = 0; i < 3 * H * W; i++) lat[i] = (float)i;
+    zimage_patchify(&c, lat, H, W, tok);
+    /* token (h=1, w=2), feature (ph=1, pw=0, ch=2): latent[2][3][4] — channel fastest within the patch */
+    const int tk = 1 * 3 + 2, f = (1 * 2 + 0) * 3 + 2;
+    T_CHECK("patchify: token (1, 2), feature (row 1, column 0, channel 2)", tok[tk * 12 + f] == lat[(2 * H + 3) * W + 4],
+            "got %g want %g", tok[tk * 12 + f], lat[(2 * H + 3) * W + 4]);
+    zimage_unpatchify(&c, tok, H, W, back);
+    T_CHECK("unpatchify inverts patchify", !memcmp(lat, back, sizeof lat), "the latent differs after the round trip");
+}
+
+/* ------------------------------------------------------------------ synthetic checkpoints (no fixture needed) */
+
+/* The tiny preset written dense and MLX q4: both load with the preset's geometry and give a finite forward that the
+ * inputs change (a forward that ignored them would pass a finiteness check alone). */
+static void test_synth(void) {
+    char dir[512], sub[600], name[160];
+    if (t_tmpdir(dir, sizeof dir, "zimage-synth")) { T_FAIL("synth", "no temp folder"); return; }
+    zimage_config pc;
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *be = dt_backend_cpu_create(&o);
+    if (zimage_preset("z-image-tiny", &pc)) { T_FAIL("synth", "%s", dt_last_error()); goto done; }
+    for (int bits = 0; bits <= 4; bits += 4) {
+        snprintf(sub, sizeof sub, "%s/b%d", dir, bits);
+        snprintf(name, sizeof name, "synth z-image-tiny %s: loads with the preset's geometry, inputs matter",
+                 bits ? "q4 g32" : "bf16");
+        if (zimage_synth_write(&pc, sub, bits, 32, 7)) { T_FAIL(name, "write: %s", dt_last_error()); continue; }
+        zimage_model *m = zimage_load(be, sub);
+        if (!m) { T_FAIL(name, "load: %s", dt_last_error()); continue; }
+        const zimage_config *c = zimage_get_config(m);
+        char fmt[64];
+        zimage_weight_info(m, NULL, fmt, sizeof fmt);
+        const int gh = 3, gw = 5, N = gh * gw, T = 7;
+        float *img = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels), *cap = dt_malloc(sizeof(float) * (size_t)T * c->cap_dim);
+        float *o1 = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels), *o2 = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+        for (int i = 0; i < N * c->patch_channels; i++) img[i] = sinf(0.37f * (float)i);
+        for (int i = 0; i < T * c->cap_dim; i++) cap[i] = cosf(0.11f * (float)i);
+        int rc = zimage_forward(m, img, gh, gw, cap, T, 0.25f, o1, NULL, NULL);
+        cap[3] += 1.0f;   /* another caption: the image tokens attend to it in the joint blocks */
+        rc |= zimage_forward(m, img, gh, gw, cap, T, 0.25f, o2, NULL, NULL);
+        int finite = 1;
+        for (int i = 0; i < N * c->patch_channels; i++) finite &= isfinite(o1[i]) && isfinite(o2[i]);
+        const double d = dt_rel_l2(o2, o1, (size_t)N * c->patch_channels);
+        T_CHECK(name, rc == 0 && finite && d > 1e-6 && c->dim == pc.dim && c->t_mid == 1024 && c->ffn == pc.ffn &&
+                (bits ? strstr(fmt, "q4 g32") != NULL : !strcmp(fmt, "bf16")),
+                "rc %d (%s), finite %d, caption change moved the output by %.3g, dim %d, t_mid %d, '%s'", rc,
+                rc ? dt_last_error() : "", finite, d, c->dim, c->t_mid, fmt);
+        free(img); free(cap); free(o1); free(o2);
+        zimage_free(m);
+    }
+done:
+    be->destroy(be);
+    t_rmtree(dir);
+}
+
+/* DIR/model.safetensors of `src` (a dense checkpoint) with every Linear weight whose input width is a multiple of 32
+ * either quantized to MLX q4 g32 (min/max rule; deq 0) or replaced by exactly those dequantized values in f32
+ * (deq 1), and its config.json. 0 or -1. */
+static int write_q4_variant(const char *src, const char *dir, int deq) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    st_file *f = st_open(p);
+    if (!f || mkdir(dir, 0755)) { if (f) st_close(f); return -1; }
+    st_writer *w = st_writer_new();
+    for (size_t i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        const size_t nl = strlen(t->name);
+        const int lin = t->ndim == 2 && t->shape[1] % 32 == 0 && nl > 7 && !strcmp(t->name + nl - 7, ".weight") &&
+                        strcmp(t->name, "x_pad_token") && strcmp(t->name, "cap_pad_token");
+        if (!lin) { st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data); continue; }
+        const int64_t out = t->shape[0], in = t->shape[1], ng = in / 32;
+        float *wf = st_to_f32(t);
+        uint32_t *pk = dt_malloc(sizeof(uint32_t) * (size_t)(out * in / 8));
+        uint16_t *sc = dt_malloc(sizeof(uint16_t) * (size_t)(out * ng)), *bi = dt_malloc(sizeof(uint16_t) * (size_t)(out * ng));
+        for (int64_t r = 0; r < out; r++) {
+            mlx_quant_row(wf + r * in, in, 4, 32, MLX_RULE_MINMAX, pk + r * (in / 8), sc + r * ng, bi + r * ng);
+            mlx_dequant_row(wf + r * in, pk + r * (in / 8), sc + r * ng, bi + r * ng, DT_BF16, in, 4, 32);
+        }
+        if (deq) {
+            st_writer_add_f32(w, t->name, 2, t->shape, wf);
+        } else {
+            char nm[300];
+            const int64_t sh[2] = {out, in / 8}, sg[2] = {out, ng};
+            st_writer_add(w, t->name, DT_U32, 2, sh, pk);
+            snprintf(nm, sizeof nm, "%.*s.scales", (int)(nl - 7), t->name); st_writer_add(w, nm, DT_BF16, 2, sg, sc);
+            snprintf(nm, sizeof nm, "%.*s.biases", (int)(nl - 7), t->name); st_writer_add(w, nm, DT_BF16, 2, sg, bi);
+        }
+        free(wf); free(pk); free(sc); free(bi);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    int rc = st_writer_save(w, p);
+    st_writer_free(w);
+    st_close(f);
+    char *cfg = NULL;
+    if (rc == 0) {
+        snprintf(p, sizeof p, "%s/config.json", src);
+        cfg = t_slurp(p, NULL);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        FILE *o = cfg ? fopen(p, "wb") : NULL;
+        /* the quantization entry, as a quantized checkpoint's config names it */
+        char *brace = cfg ? strrchr(cfg, '}') : NULL;
+        if (!o || !brace) rc = -1;
+        else {
+            *brace = 0;
+            fprintf(o, "%s%s", cfg, deq ? "}\n" : ",\n  \"quantization\": {\"group_size\": 32, \"bits\": 4}\n}\n");
+            rc = fclose(o) ? -1 : 0;
+        }
+    }
+    free(cfg);
+    return rc;
+}
+
+/* MLX q4 Linears in the forward: a q4 copy of a synthetic checkpoint against its twin holding exactly the
+ * dequantized weights in f32 (same effective weights: only the CPU's per-tile dequantization differs). */
+#define Q4_TWIN_TOL 1e-5
+static void test_q4_twin(void) {
+    char dir[512], src[600], dq[600], dd[600];
+    if (t_tmpdir(dir, sizeof dir, "zimage-q4")) { T_FAIL("q4 twin", "no temp folder"); return; }
+    zimage_config pc;
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *be = dt_backend_cpu_create(&o);
+    snprintf(src, sizeof src, "%s/src", dir);
+    snprintf(dq, sizeof dq, "%s/q4", dir);
+    snprintf(dd, sizeof dd, "%s/deq", dir);
+    zimage_model *mq = NULL, *md = NULL;
+    if (zimage_preset("z-image-tiny", &pc) || zimage_synth_write(&pc, src, 0, 0, 11) || write_q4_variant(src, dq, 0) ||
+        write_q4_variant(src, dd, 1) || !(mq = zimage_load(be, dq)) || !(md = zimage_load(be, dd))) {
+        T_FAIL("q4 twin", "%s", dt_last_error());
+    } else {
+        const zimage_config *c = zimage_get_config(mq);
+        const int gh = 4, gw = 6, N = gh * gw, T = 9;
+        const size_t n = (size_t)N * c->patch_channels;
+        float *img = dt_malloc(sizeof(float) * n), *cap = dt_malloc(sizeof(float) * (size_t)T * c->cap_dim);
+        float *oq = dt_malloc(sizeof(float) * n), *od = dt_malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) img[i] = sinf(0.23f * (float)i);
+        for (int i = 0; i < T * c->cap_dim; i++) cap[i] = cosf(0.17f * (float)i);
+        char fmt[64];
+        zimage_weight_info(mq, NULL, fmt, sizeof fmt);
+        int rc = zimage_forward(mq, img, gh, gw, cap, T, 0.6f, oq, NULL, NULL) |
+                 zimage_forward(md, img, gh, gw, cap, T, 0.6f, od, NULL, NULL);
+        if (rc || !strstr(fmt, "q4 g32")) T_FAIL("q4 twin", "rc %d (%s), format '%s'", rc, rc ? dt_last_error() : "", fmt);
+        else t_check_rel_l2("q4 g32 transformer vs its dequantized f32 twin", oq, od, n, Q4_TWIN_TOL);
+        free(img); free(cap); free(oq); free(od);
+    }
+    zimage_free(mq);
+    zimage_free(md);
+    be->destroy(be);
+    t_rmtree(dir);
+}
+
+/* ------------------------------------------------------------------ guidance */
+
+static void test_guidance(void) {
+    /* t_norm = (1000 - timestep) / 1000: 0.4 at timestep 600 is past cfg_truncation 0.3, 0.2 at 800 is not */
+    T_CHECK("guidance: truncated once t_norm exceeds cfg_truncation", dt_zimage_step_guidance(3.0f, 0.3f, 600.0f) == 0.0f &&
+            dt_zimage_step_guidance(3.0f, 0.3f, 800.0f) == 3.0f, "%g, %g", dt_zimage_step_guidance(3.0f, 0.3f, 600.0f),
+            dt_zimage_step_guidance(3.0f, 0.3f, 800.0f));
+    T_CHECK("guidance: off at 0, never truncated above 1", dt_zimage_step_guidance(0.0f, 1.0f, 999.0f) == 0.0f &&
+            dt_zimage_step_guidance(2.0f, 1.5f, 0.0f) == 2.0f, "unexpected scale");
+    /* pos (3, 4) norm 5, neg 0, g 1: pred (6, 8) norm 10; normalization 1 brings it back to norm 5, 0 leaves it */
+    float pos[2] = {3, 4}, neg[2] = {0, 0}, a[2], b[2];
+    dt_zimage_cfg_combine(pos, neg, 2, 1.0f, 0.0f, a);
+    dt_zimage_cfg_combine(pos, neg, 2, 1.0f, 1.0f, b);
+    T_CHECK("guidance: pos + g(pos - neg), renormalized to cfg_normalization x |pos|",
+            a[0] == 6 && a[1] == 8 && fabsf(b[0] - 3) < 1e-6f && fabsf(b[1] - 4) < 1e-6f, "(%g, %g) (%g, %g)", a[0], a[1],
+            b[0], b[1]);
+}
+
+/* ------------------------------------------------------------------ transformer */
+
+/* The trace: intermediate NAME against mid.NAME; the reference's embedder and final-layer hooks see the padded
+ * sequence, so the first rows of the reference (as many as the forward gives) are compared. */
+static void check_prefix(void *ud, const char *name, dt_mat m) {
+    trace_ctx *tc = ud;
+    char ref_name[128], test_name[200];
+    snprintf(ref_name, sizeof ref_name, "mid.%s", name);
+    snprintf(test_name, sizeof test_name, "%s mid.%s", tc->prefix, name);
+    const st_tensor *r = st_find(tc->ref, ref_name);
+    if (!r) { T_FAIL(test_name, "no %s in the fixture", ref_name); return; }
+    const int64_t n = m.rows * m.cols;
+    if (r->shape[r->ndim - 1] != m.cols || r->numel < n) {
+        T_FAIL(test_name, "[%lld, %lld] does not fit the reference's %lld values of rows %lld", (long long)m.rows,
+               (long long)m.cols, (long long)r->numel, (long long)r->shape[r->ndim - 1]);
+        return;
+    }
+    float *got = dt_malloc(sizeof(float) * (size_t)n), *ref = st_to_f32(r);
+    tc->be->download(tc->be, got, m);
+    check_l2(test_name, got, ref, (size_t)n, tc->tol);
+    tc->checked++;
+    free(got);
+    free(ref);
+}
+
+typedef struct {
+    st_file *io;
+    float *lat, *cap, t;
+    int H, W, n_cap;
+} fwd_case;
+
+static int case_load(const char *file, fwd_case *fc) {
+    char p[600];
+    memset(fc, 0, sizeof *fc);
+    fc->io = st_open(fx(file, p, sizeof p));
+    if (!fc->io) return -1;
+    const st_tensor *l = st_find(fc->io, "in.latents"), *c = st_find(fc->io, "in.cap_feats");
+    const st_tensor *t = st_find(fc->io, "in.timestep");
+    if (!l || !c || !t || l->ndim != 4 || c->ndim != 3) { dt_set_error("%s: missing or misshapen in.*", p); return -1; }
+    fc->H = (int)l->shape[2];
+    fc->W = (int)l->shape[3];
+    fc->n_cap = (int)c->shape[1];
+    fc->lat = st_to_f32(l);
+    fc->cap = st_to_f32(c);
+    float *tv = st_to_f32(t);
+    fc->t = tv[0];
+    free(tv);
+    return 0;
+}
+
+static void case_free(fwd_case *fc) {
+    free(fc->lat);
+    free(fc->cap);
+    if (fc->io) st_close(fc->io);
+}
+
+/* The forward of a case as [C, H, W] (NULL on failure, reported). */
+static float *forward_case(dt_backend *be, zimage_model *m, const fwd_case *fc, const char *tag, int trace, double tol) {
+    const zimage_config *c = zimage_get_config(m);
+    const int p = c->patch, N = (fc->H / p) * (fc->W / p);
+    float *tok = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+    float *out = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+    float *lat = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+    zimage_patchify(c, fc->lat, fc->H, fc->W, tok);
+    trace_ctx tc = {be, fc->io, tol, tag, 0, 1};
+    double t0 = dt_now();
+    int rc = zimage_forward(m, tok, fc->H / p, fc->W / p, fc->cap, fc->n_cap, fc->t, out, trace ? check_prefix : NULL, &tc);
+    if (rc) {
+        T_FAIL(tag, "forward failed: %s", dt_last_error());
+        free(lat);
+        lat = NULL;
+    } else {
+        printf("# %s: forward %.1f ms\n", tag, (dt_now() - t0) * 1e3);
+        zimage_unpatchify(c, out, fc->H, fc->W, lat);
+        /* t_emb, x_embed, cap_embed, each refiner of both streams, each joint block, final */
+        const int want = 4 + 2 * c->n_refiner + c->n_layers;
+        char nm[200];
+        snprintf(nm, sizeof nm, "%s: every intermediate compared", tag);
+        if (trace) T_CHECK(nm, tc.checked == want, "%d of %d", tc.checked, want);
+    }
+    free(tok);
+    free(out);
+    return lat;
+}
+
+static void transformer_on(dt_backend *be, const char *tag, double tol) {
+    char p[600], name[200];
+    fwd_case a, b;
+    if (case_load("transformer_io.safetensors", &a) || case_load("transformer_io_b.safetensors", &b)) {
+        T_FAIL(tag, "fixture inputs: %s", dt_last_error());
+        return;
+    }
+    zimage_model *m = zimage_load(be, fx("model", p, sizeof p));   /* the pipeline root resolves to transformer/ */
+    if (!m) { T_FAIL(tag, "load: %s", dt_last_error()); case_free(&a); case_free(&b); return; }
+    const zimage_config *c = zimage_get_config(m);
+    size_t bytes;
+    char fmt[64];
+    zimage_weight_info(m, &bytes, fmt, sizeof fmt);
+    snprintf(name, sizeof name, "%s: weights bf16, timestep MLP width from the file", tag);
+    T_CHECK(name, !strcmp(fmt, "bf16") && bytes > 0 && c->t_mid == 1024, "'%s', %zu bytes, t_mid %d", fmt, bytes, c->t_mid);
+    const size_t na = (size_t)c->in_channels * a.H * a.W, nb = (size_t)c->in_channels * b.H * b.W;
+    float *ra = st_to_f32(st_find(a.io, "out.sample")), *rb = st_to_f32(st_find(b.io, "out.sample"));
+
+    /* b (64 joint tokens) first, then a (96: the buffers grow), a again (cached tables and buffers), b again (a
+     * smaller call on the larger buffers) */
+    snprintf(name, sizeof name, "%s transformer_io_b out.sample (other geometry, unpadded streams)", tag);
+    float *o2 = forward_case(be, m, &b, name, 0, tol);
+    if (o2) check_l2(name, o2, rb, nb, tol);
+    snprintf(name, sizeof name, "%s transformer_io out.sample", tag);
+    float *o1 = forward_case(be, m, &a, name, 1, tol);
+    if (o1) check_l2(name, o1, ra, na, tol);
+    snprintf(name, sizeof name, "%s transformer_io again", tag);
+    float *o3 = forward_case(be, m, &a, name, 0, tol);
+    snprintf(name, sizeof name, "%s transformer_io_b again on the grown buffers", tag);
+    float *o4 = forward_case(be, m, &b, name, 0, tol);
+    const double rep = be->act_dtype == DT_F32 ? REPEAT_TOL : tol;
+    if (o1 && o3) {
+        double e = dt_rel_l2(o3, o1, na);
+        snprintf(name, sizeof name, "%s repeated forward", tag);
+        T_CHECK(name, e <= rep, "rel_l2 %.3g between identical calls", e);
+    }
+    if (o2 && o4) {
+        double e = dt_rel_l2(o4, o2, nb);
+        snprintf(name, sizeof name, "%s smaller forward on grown buffers", tag);
+        T_CHECK(name, e <= rep, "rel_l2 %.3g from the first call", e);
+    }
+    free(o4);
+    /* positions past axes_lens are refused, as the reference's tables end there */
+    {
+        float dummy = 0;
+        int rc = zimage_forward(m, &dummy, c->axes_len[1] + 1, 1, a.cap, a.n_cap, 0.5f, &dummy, NULL, NULL);
+        snprintf(name, sizeof name, "%s grid past axes_lens refused", tag);
+        T_CHECK(name, rc == -1 && strstr(dt_last_error(), "axes_lens"), "rc %d: %s", rc, dt_last_error());
+    }
+    free(o1); free(o2); free(o3); free(ra); free(rb);
+    zimage_free(m);
+    case_free(&a);
+    case_free(&b);
+}
+
+/* A copy of the fixture's transformer without tensor `skip`: the error names the file and the tensor. */
+static void test_missing_tensor(dt_backend *be) {
+    char src[600], dir[512], p[700];
+    if (t_tmpdir(dir, sizeof dir, "zimage")) { T_FAIL("missing tensor", "no temp folder"); return; }
+    st_file *f = st_open(fx("model/transformer/diffusion_pytorch_model.safetensors", src, sizeof src));
+    st_writer *w = st_writer_new();
+    const char *skip = "layers.1.feed_forward.w3.weight";
+    for (size_t i = 0; f && i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        if (strcmp(t->name, skip)) st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+    }
+    snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
+    int ok = f && st_writer_save(w, p) == 0;
+    st_writer_free(w);
+    if (f) st_close(f);
+    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *o = cfg ? fopen(p, "wb") : NULL;
+    if (o) { fputs(cfg, o); fclose(o); }
+    free(cfg);
+    zimage_model *m = ok && o ? zimage_load(be, dir) : NULL;
+    const char *e = dt_last_error();
+    T_CHECK("transformer: a missing tensor is named", !m && strstr(e, skip) && strstr(e, dir), "error '%s'", e);
+    zimage_free(m);
+    t_rmtree(dir);
+}
+
+/* ------------------------------------------------------------------ VAE */
+
+static void vae_on(dt_backend *be, const char *tag, double tol) {
+    char p[600], name[200];
+    st_file *io = st_open(fx("vae_io.safetensors", p, sizeof p));
+    dt_vae *v = io ? dt_vae_kl_load(be, fx("model", p, sizeof p)) : NULL;
+    if (!v) { T_FAIL(tag, "vae: %s", dt_last_error()); if (io) st_close(io); return; }
+    const dt_vae_config *c = dt_vae_get_config(v);
+    snprintf(name, sizeof name, "%s vae config: AutoencoderKL, no batch norm, scaling and shift", tag);
+    T_CHECK(name, !c->batch_norm && c->latent_channels == 16 && fabsf(c->scaling_factor - 0.3611f) < 1e-7f &&
+            fabsf(c->shift_factor - 0.1159f) < 1e-7f && c->patch == 1, "bn %d, latent %d, scaling %g, shift %g",
+            c->batch_norm, c->latent_channels, c->scaling_factor, c->shift_factor);
+    const st_tensor *zl = st_find(io, "in.latents"), *im = st_find(io, "in.image");
+    const st_tensor *dec = st_find(io, "out.decoded"), *mean = st_find(io, "out.mean");
+    if (!zl || !im || !dec || !mean) { T_FAIL(tag, "vae_io lacks a tensor"); goto done; }
+    {
+        const int h = (int)zl->shape[2], w = (int)zl->shape[3], s = c->scale_factor;
+        float *z = st_to_f32(zl), *ref = st_to_f32(dec), *rgb = dt_malloc(sizeof(float) * 3 * (size_t)(h * s) * (w * s));
+        snprintf(name, sizeof name, "%s vae decode", tag);
+        if (dec->numel != 3 * (int64_t)(h * s) * (w * s)) T_FAIL(name, "the reference has %lld values", (long long)dec->numel);
+        else if (dt_vae_decode(v, z, h, w, rgb)) T_FAIL(name, "%s", dt_last_error());
+        else check_l2(name, rgb, ref, (size_t)dec->numel, tol);
+        free(z); free(ref); free(rgb);
+    }
+    {
+        const int H = (int)im->shape[2], W = (int)im->shape[3], s = c->scale_factor;
+        float *img = st_to_f32(im), *ref = st_to_f32(mean), *lat = dt_malloc(sizeof(float) * 16 * (size_t)(H / s) * (W / s));
+        snprintf(name, sizeof name, "%s vae encode (posterior mean)", tag);
+        if (mean->numel != 16 * (int64_t)(H / s) * (W / s)) T_FAIL(name, "the reference has %lld values", (long long)mean->numel);
+        else if (dt_vae_encode(v, img, H, W, lat)) T_FAIL(name, "%s", dt_last_error());
+        else check_l2(name, lat, ref, (size_t)mean->numel, tol);
+        free(img); free(ref); free(lat);
+    }
+done:
+    dt_vae_free(v);
+    st_close(io);
+}
+
+/* The FLUX.2 loader (batch norm required) and the AutoencoderKL one refuse each other's folders by name. */
+static void test_vae_kinds(dt_backend *be) {
+    char p[600];
+    dt_vae *v = dt_vae_load(be, fx("model", p, sizeof p));
+    T_CHECK("vae: the FLUX.2 loader names the missing batch norm of an AutoencoderKL", !v &&
+            strstr(dt_last_error(), "bn.running_mean"), "error '%s'", v ? "(loaded)" : dt_last_error());
+    dt_vae_free(v);
+    snprintf(p, sizeof p, "%s/model", t_fixtures());
+    v = dt_vae_kl_load(be, p);
+    T_CHECK("vae: the AutoencoderKL loader refuses an AutoencoderKLFlux2 folder", !v &&
+            strstr(dt_last_error(), "AutoencoderKLFlux2") && strstr(dt_last_error(), "not AutoencoderKL"), "error '%s'",
+            v ? "(loaded)" : dt_last_error());
+    dt_vae_free(v);
+}
+
+/* ------------------------------------------------------------------ prompt and pipeline */
+
+/* The prompt features of case NAME ("prompt", "negative", "empty") against text_io.safetensors; *feats / *n the
+ * computed features (caller frees). */
+static void prompt_case(dt_qwen3 *te, const dt_tokenizer *tok, st_file *io, const json *cases, const char *key,
+                        float **feats, int *n) {
+    char name[200], tn[128];
+    *feats = NULL;
+    const json *cj = json_get(json_get(json_get(cases, "text_io"), "cases"), key);
+    const char *text = json_get_str(cj, "text");
+    const int max_len = (int)json_get_int(json_get(cases, "text_io"), "max_sequence_length", 0);
+    snprintf(tn, sizeof tn, "in.%s.input_ids", key);
+    const st_tensor *rid = st_find(io, tn);
+    snprintf(tn, sizeof tn, "out.%s.prompt_embeds", key);
+    const st_tensor *remb = st_find(io, tn);
+    snprintf(name, sizeof name, "prompt '%s': ids and mask", key);
+    if (!text || max_len < 1 || !rid || !remb || rid->numel != max_len) { T_FAIL(name, "fixture lacks the case"); return; }
+    int32_t *ids = dt_malloc(sizeof(int32_t) * (size_t)max_len), *mask = dt_malloc(sizeof(int32_t) * (size_t)max_len);
+    int real = dt_zimage_tokenize(tok, text, max_len, ids, mask);
+    float *rf = st_to_f32(rid);
+    int same = real == (int)json_get_int(cj, "real_tokens", -1);
+    for (int i = 0; same && i < max_len; i++) same = ids[i] == (int32_t)rf[i] && mask[i] == (i < real);
+    T_CHECK(name, same, "%d real tokens (reference %lld) or an id differs", real, (long long)json_get_int(cj, "real_tokens", -1));
+    free(rf); free(ids); free(mask);
+    snprintf(name, sizeof name, "prompt '%s': hidden_states[-2] of the real tokens", key);
+    if (dt_zimage_encode_prompt(te, tok, text, max_len, feats, n)) { T_FAIL(name, "%s", dt_last_error()); return; }
+    const int64_t D = dt_qwen3_get_config(te)->hidden;
+    float *ref = st_to_f32(remb);
+    if (remb->numel != (int64_t)*n * D) T_FAIL(name, "%d tokens x %lld vs the reference's %lld values", *n, (long long)D, (long long)remb->numel);
+    else check_l2(name, *feats, ref, (size_t)remb->numel, ZIMAGE_CPU_TOL);
+    free(ref);
+}
+
+/* Sigmas of the pipeline's schedule for `steps` and the latent h x w, as ZImagePipeline computes them. */
+static int zimage_sigmas(const char *sched_dir, int steps, int h, int w, float *sigmas, float *timesteps) {
+    dt_sched_config sc;
+    if (dt_sched_config_load(sched_dir, &sc)) return -1;
+    const int64_t seq = (int64_t)(h / 2) * (w / 2);   /* image_seq_len: the transformer's 2 x 2 patches */
+    return dt_schedule_make_mu(&sc, steps, dt_calculate_shift(&sc, seq), sigmas, timesteps);
+}
+
+/* One pipeline case (cases.json key `key`, tensors in `file`): sigmas, then the denoising loop from the reference's
+ * initial latents — t = (1000 − timestep) / 1000, the positive (and, with guidance on for the step, the negative)
+ * forward, the guidance combination, velocity = −prediction, Euler — each step's latents against the reference's,
+ * then the scaled VAE decode to its pixels. */
+static void pipeline_case(zimage_model *m, dt_vae *v, const json *cases, const char *key, const char *file,
+                          const float *pos, int n_pos, const float *neg, int n_neg) {
+    char p[600], name[200];
+    st_file *pio = st_open(fx(file, p, sizeof p));
+    const json *pc = json_get(cases, key);
+    const st_tensor *init = pio ? st_find(pio, "in.initial_latents") : NULL, *rs = pio ? st_find(pio, "mid.sigmas") : NULL;
+    const int steps = (int)json_get_int(pc, "steps", 0);
+    const float guidance = (float)json_get_num(pc, "guidance_scale", -1), trunc = (float)json_get_num(pc, "cfg_truncation", 1);
+    const json *cn = json_get(pc, "cfg_normalization");   /* false, true or a number */
+    const float norm = !cn ? 0.0f : cn->type == JSON_BOOL ? (float)cn->boolean : (float)json_get_num(pc, "cfg_normalization", 0);
+    if (!init || !rs || init->ndim != 4 || steps < 1 || rs->numel != steps + 1 || guidance < 0) {
+        T_FAIL(key, "fixture lacks in.initial_latents, mid.sigmas or the case's settings");
+        if (pio) st_close(pio);
+        return;
+    }
+    const zimage_config *c = zimage_get_config(m);
+    const int C = (int)init->shape[1], h = (int)init->shape[2], w = (int)init->shape[3], pp = c->patch;
+    const size_t n = (size_t)C * h * w;
+    float *sig = dt_malloc(sizeof(float) * (size_t)(steps + 1)), *ts = dt_malloc(sizeof(float) * (size_t)steps);
+    float *rsig = st_to_f32(rs);
+    int rc = zimage_sigmas(fx("model/scheduler", p, sizeof p), steps, h, w, sig, ts);
+    double worst = 0;
+    for (int i = 0; rc == 0 && i <= steps; i++) worst = fmax(worst, fabs((double)sig[i] - rsig[i]));
+    snprintf(name, sizeof name, "%s: sigmas (linspace(1, 1/n, n), the scheduler's shift, final 0)", key);
+    T_CHECK(name, rc == 0 && worst <= SIGMA_TOL, "rc %d, largest difference %.3g", rc, worst);
+    free(rsig);
+
+    float *x = st_to_f32(init), *tok_in = dt_malloc(sizeof(float) * n), *tok_out = dt_malloc(sizeof(float) * n);
+    float *vp = dt_malloc(sizeof(float) * n), *vn = dt_malloc(sizeof(float) * n);
+    int cfg_steps = 0;
+    for (int i = 0; i < steps && rc == 0; i++) {
+        const float t = (1000.0f - ts[i]) / 1000.0f, g = dt_zimage_step_guidance(guidance, trunc, ts[i]);
+        zimage_patchify(c, x, h, w, tok_in);
+        if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, pos, n_pos, t, tok_out, NULL, NULL))) break;
+        zimage_unpatchify(c, tok_out, h, w, vp);
+        if (g > 0.0f) {
+            cfg_steps++;
+            if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, neg, n_neg, t, tok_out, NULL, NULL))) break;
+            zimage_unpatchify(c, tok_out, h, w, vn);
+            dt_zimage_cfg_combine(vp, vn, n, g, norm, vp);
+        }
+        for (size_t k = 0; k < n; k++) vp[k] = -vp[k];
+        dt_euler_step(x, vp, n, sig[i], sig[i + 1]);
+        char tn[64];
+        snprintf(tn, sizeof tn, "mid.step%d.latents", i);
+        const st_tensor *r = st_find(pio, tn);
+        snprintf(name, sizeof name, "%s: latents after step %d%s", key, i, g > 0.0f ? " (CFG)" : "");
+        if (!r || r->numel != (int64_t)n) { T_FAIL(name, "fixture lacks %s", tn); rc = -1; break; }
+        float *ref = st_to_f32(r);
+        check_l2(name, x, ref, n, ZIMAGE_CPU_TOL);
+        free(ref);
+    }
+    if (rc) T_FAIL(key, "denoising: %s", dt_last_error());
+    printf("# %s: %d of %d steps with guidance\n", key, cfg_steps, steps);
+    /* the image: latents / scaling + shift through the decoder, then the image processor's bytes */
+    const st_tensor *ru8 = st_find(pio, "out.image_u8");
+    const int s = dt_vae_get_config(v)->scale_factor;
+    uint8_t *rgb8 = dt_malloc((size_t)3 * (h * s) * (w * s));
+    snprintf(name, sizeof name, "%s: image pixels within +-1", key);
+    if (rc == 0 && ru8 && ru8->numel == (int64_t)3 * (h * s) * (w * s) && !dt_vae_kl_decode_rgb8(v, x, h, w, rgb8)) {
+        size_t ok = 0, npx = (size_t)ru8->numel;
+        int wd = 0;
+        const uint8_t *r = ru8->data;
+        for (size_t k = 0; k < npx; k++) {
+            int d = abs((int)rgb8[k] - (int)r[k]);
+            ok += d <= 1;
+            if (d > wd) wd = d;
+        }
+        /* ±1 for all but 0.1 %: rounding at .5 boundaries after ~1e-6 differences upstream (test_generate's rule) */
+        T_CHECK(name, ok >= 0.999 * npx, "%zu of %zu, max difference %d", ok, npx, wd);
+        printf("# %s: %.3f%% of pixels within +-1, max difference %d\n", key, 100.0 * ok / npx, wd);
+    } else if (rc == 0) {
+        T_FAIL(name, "%s", ru8 ? dt_last_error() : "fixture lacks out.image_u8 of the right size");
+    }
+    free(rgb8); free(x); free(tok_in); free(tok_out); free(vp); free(vn); free(sig); free(ts);
+    st_close(pio);
+}
+
+static void pipeline_cpu(dt_backend *be) {
+    char p[600];
+    json *cases = json_parse_file(fx("cases.json", p, sizeof p));
+    st_file *tio = st_open(fx("text_io.safetensors", p, sizeof p));
+    dt_tokenizer *tok = dt_tokenizer_load(fx("model/tokenizer", p, sizeof p));
+    dt_qwen3_config qc;
+    dt_qwen3 *te = NULL;
+    if (!dt_qwen3_read_config(fx("model/text_encoder", p, sizeof p), &qc))
+        te = dt_qwen3_load(be, p, dt_zimage_prompt_tap(qc.num_layers));   /* the last layer is never needed */
+    zimage_model *m = zimage_load(be, fx("model", p, sizeof p));
+    dt_vae *v = dt_vae_kl_load(be, p);
+    float *neg = NULL, *emp = NULL, *feats = NULL;
+    int n_neg = 0, n_emp = 0, n_cap = 0;
+    if (!cases || !tio || !tok || !te || !m || !v) { T_FAIL("pipeline", "setup: %s", dt_last_error()); goto done; }
+    prompt_case(te, tok, tio, cases, "negative", &neg, &n_neg);
+    prompt_case(te, tok, tio, cases, "empty", &emp, &n_emp);
+    prompt_case(te, tok, tio, cases, "prompt", &feats, &n_cap);
+    if (feats) pipeline_case(m, v, cases, "pipeline", "pipeline_io.safetensors", feats, n_cap, NULL, 0);
+    if (feats && neg) pipeline_case(m, v, cases, "pipeline_cfg", "pipeline_cfg_io.safetensors", feats, n_cap, neg, n_neg);
+done:
+    free(neg);
+    free(emp);
+    free(feats);
+    dt_vae_free(v);
+    zimage_free(m);
+    dt_qwen3_free(te);
+    dt_tokenizer_free(tok);
+    if (tio) st_close(tio);
+    json_free(cases);
+}
+
+/* DITRUN_SLOW=1 with a GPU: Z-Image-Turbo's geometry (the 2 refiners of each stream and 2 of its 30 joint blocks,
+ * random bf16 weights) at 1024² (a 64 x 64 token grid) with a 128-token caption: finite, and the time per forward. */
+static void slow_real_geometry(dt_backend *cuda) {
+    char dir[512], name[160];
+    zimage_config pc;
+    if (zimage_preset("z-image-turbo", &pc) || t_tmpdir(dir, sizeof dir, "zimage-turbo")) {
+        T_FAIL("slow: z-image-turbo geometry", "%s", dt_last_error());
+        return;
+    }
+    pc.n_layers = 2;
+    snprintf(name, sizeof name, "slow: z-image-turbo geometry (2 of 30 joint blocks), 1024x1024, 128 caption tokens");
+    zimage_model *m = zimage_synth_write(&pc, dir, 0, 0, 3) ? NULL : zimage_load(cuda, dir);
+    if (!m) { T_FAIL(name, "%s", dt_last_error()); t_rmtree(dir); return; }
+    const int g = 64, N = g * g, T = 128;
+    const zimage_config *c = zimage_get_config(m);
+    float *img = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels), *cap = dt_malloc(sizeof(float) * (size_t)T * c->cap_dim);
+    float *out = dt_malloc(sizeof(float) * (size_t)N * c->patch_channels);
+    for (int i = 0; i < N * c->patch_channels; i++) img[i] = sinf(0.01f * (float)i);
+    for (int i = 0; i < T * c->cap_dim; i++) cap[i] = cosf(0.003f * (float)i);
+    int rc = 0, finite = 1;
+    double best = 1e30;
+    for (int r = 0; r < 3 && rc == 0; r++) {   /* the first includes the tables and buffers */
+        double t0 = dt_now();
+        rc = zimage_forward(m, img, g, g, cap, T, 0.5f, out, NULL, NULL);
+        best = fmin(best, dt_now() - t0);
+    }
+    for (int i = 0; rc == 0 && i < N * c->patch_channels; i++) finite &= isfinite(out[i]);
+    T_CHECK(name, rc == 0 && finite, "rc %d (%s), finite %d", rc, rc ? dt_last_error() : "", finite);
+    printf("# %s: %.1f ms per forward (6 blocks; Turbo runs 34)\n", name, best * 1e3);
+    free(img); free(cap); free(out);
+    zimage_free(m);
+    t_rmtree(dir);
+}
+
+int main(void) {
+    test_config();
+    test_patches();
+    test_guidance();
+    test_synth();
+    test_q4_twin();
+    snprintf(g_dir, sizeof g_dir, "%s/zimage", t_fixtures());
+    struct stat st;
+    char done[600];
+    if (stat(fx("cases.json", done, sizeof done), &st) != 0) {
+        T_SKIP("zimage fixtures", "%s is absent (tools/zimage_reference.py writes it; tests/fixtures/README.md)", g_dir);
+        return T_DONE();
+    }
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *cpu = dt_backend_cpu_create(&o);
+    transformer_on(cpu, "cpu", ZIMAGE_CPU_TOL);
+    test_missing_tensor(cpu);
+    vae_on(cpu, "cpu", VAE_CPU_TOL);
+    test_vae_kinds(cpu);
+    pipeline_cpu(cpu);
+    cpu->destroy(cpu);
+
+    if (dt_backend_cuda_available()) {
+        dt_backend *cuda = dt_backend_cuda_create(&o);
+        if (!cuda) {
+            T_FAIL("cuda", "backend: %s", dt_last_error());
+        } else {
+            transformer_on(cuda, "cuda", ZIMAGE_GPU_TOL);
+            vae_on(cuda, "cuda", VAE_GPU_TOL);
+            const char *slow = getenv("DITRUN_SLOW");
+            if (slow && *slow == '1') slow_real_geometry(cuda);
+            cuda->destroy(cuda);
+        }
+    } else if (t_require_gpu_env()) {
+        T_FAIL("cuda", "DITRUN_REQUIRE_GPU=1 but no usable GPU");
+    } else {
+        T_SKIP("cuda", "no usable GPU");
+    }
+    return T_DONE();
+}
