@@ -360,7 +360,7 @@ def main():
         if diff > 1e-5:
             log(f"warning: the posterior mean differs from the moments' first half by {diff:g}")
         t = {"in.latents": z, "out.decoded": dec, "in.image": img, "out.moments": moments,
-             "out.mean": moments[:, :16]}
+             "out.mean": moments[:, :16].contiguous().clone()}
         save(os.path.join(out, "vae_io.safetensors"), t, torch)
         cases["vae_io"] = {"note": "decode: in.latents is the VAE's own latent (the pipeline passes "
                                    "latents / scaling_factor + shift_factor); encode: out.moments = mean | logvar "
