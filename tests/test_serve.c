@@ -973,7 +973,7 @@ static void test_retry_after(void) {
     /* history: a big job (seconds), a big one cancelled after a second, two small ones (a tenth of a second) */
     int big = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"big\", \"size\": \"256x256\", \"steps\": 12}",
                    NULL, NULL, NULL);
-    pid_t c = slow_request(&s, 40);
+    pid_t c = slow_request(&s, 100);   /* --max-steps: several seconds, far longer than the second it runs before its client goes */
     int ran = wait_metric(&s, "ditrun_jobs_running", 1, 20000);
     sleep_ms(1000);
     kill(c, SIGKILL);
@@ -1142,8 +1142,9 @@ static void test_drain(void) {
     T_CHECK("serve: /health turns 200 after the warm-up", server_ready(&s) == 0, "still not ready after 120 s");
     char outf[600], cmd[2048];
     snprintf(outf, sizeof outf, "%s/drain.out", serve_tmp);
+    /* a job of a few seconds on the CPU (a 64x64 6-step one could finish between two polls of the metric) */
     snprintf(cmd, sizeof cmd, "exec curl -s -o %s -w '%%{http_code}' -X POST -H 'Content-Type: application/json' --data-binary '{\"prompt\": \"drain\", "
-             "\"size\": \"64x64\", \"steps\": 6}' http://127.0.0.1:%d/v1/images/generations > %s.code", outf, s.port, outf);
+             "\"size\": \"128x128\", \"steps\": 40}' http://127.0.0.1:%d/v1/images/generations > %s.code", outf, s.port, outf);
     pid_t c = fork();
     if (c == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
