@@ -3,6 +3,7 @@
  * budget, for a one-shot run and a resident pipeline at sizes whose phases are worked out by hand below; the sizes
  * of the bundled pipelines (dt_place_sizes_for) and `ditrun info --size --max-vram`. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -11,6 +12,12 @@
 #include "models/vae_qwenimage.h"
 #include "pipeline/placement.h"
 #include "test.h"
+
+/* $BUILD/ditrun (build/ditrun without BUILD), as make test runs it */
+static const char *exe_dir(void) {
+    const char *b = getenv("BUILD");
+    return b && *b ? b : "build";
+}
 
 #define GiB (1LL << 30)
 #define G10(x) ((int64_t)((x) * GiB / 10))   /* x tenths of a GiB: exact sums in the checks */
@@ -124,7 +131,7 @@ int main(void) {
     /* ditrun info: the plan lines, and exit 1 with the smallest workable budget under a budget too small */
     char tmp[300], cmd[1200];
     if (t_tmpdir(tmp, sizeof tmp, "placement")) { T_FAIL("info_plan", "no temporary folder"); return T_DONE(); }
-    snprintf(cmd, sizeof cmd, "build/ditrun info %s/model --size 512x512 > %s/out.txt 2> %s/err.txt", t_fixtures(), tmp, tmp);
+    snprintf(cmd, sizeof cmd, "%s/ditrun info %s/model --size 512x512 > %s/out.txt 2> %s/err.txt", exe_dir(), t_fixtures(), tmp, tmp);
     int st = system(cmd);
     snprintf(dir, sizeof dir, "%s/out.txt", tmp);
     char *out = t_slurp(dir, NULL);
@@ -133,8 +140,8 @@ int main(void) {
                              strstr(out, "plan (serve, budget none): text encoder resident"),
             "status %d, output: %s", st, out ? out : "(none)");
     free(out);
-    snprintf(cmd, sizeof cmd, "build/ditrun info %s/model --size 512x512 --max-vram 1M > %s/out.txt 2> %s/err.txt",
-             t_fixtures(), tmp, tmp);
+    snprintf(cmd, sizeof cmd, "%s/ditrun info %s/model --size 512x512 --max-vram 1M > %s/out.txt 2> %s/err.txt",
+             exe_dir(), t_fixtures(), tmp, tmp);
     st = system(cmd);
     snprintf(dir, sizeof dir, "%s/err.txt", tmp);
     char *err = t_slurp(dir, NULL);
@@ -151,8 +158,8 @@ int main(void) {
     const char *cases[2][3] = {{"12x", "is not a size like 12G", "generate_max_vram_malformed"},
                                {"1K", "below the smallest workable", "generate_max_vram_too_small"}};
     for (int k = 0; k < 2; k++) {
-        snprintf(cmd, sizeof cmd, "build/ditrun generate --model %s/model -p x -o %s/x.png --backend cpu -q --max-vram %s "
-                 "> /dev/null 2> %s/err.txt", t_fixtures(), tmp, cases[k][0], tmp);
+        snprintf(cmd, sizeof cmd, "%s/ditrun generate --model %s/model -p x -o %s/x.png --backend cpu -q --max-vram %s "
+                 "> /dev/null 2> %s/err.txt", exe_dir(), t_fixtures(), tmp, cases[k][0], tmp);
         st = system(cmd);
         snprintf(dir, sizeof dir, "%s/err.txt", tmp);
         err = t_slurp(dir, NULL);
