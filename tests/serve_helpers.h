@@ -186,4 +186,26 @@ static inline int serve_fails(const char *args, char *err, size_t n) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+/* The value of a Prometheus sample line "name value" of the server's /metrics, or -1. */
+static inline double metric(const server *s, const char *name) {
+    char *m = NULL;
+    http(s, "GET", "/metrics", NULL, NULL, &m, NULL);
+    double v = -1;
+    for (char *line = m ? strtok(m, "\n") : NULL; line; line = strtok(NULL, "\n")) {
+        size_t n = strlen(name);
+        if (!strncmp(line, name, n) && line[n] == ' ') v = atof(line + n + 1);
+    }
+    free(m);
+    return v;
+}
+
+/* Wait until metric name reaches at least v (polled every 50 ms, up to ms): 1, or 0 at the time-out. */
+static inline int wait_metric(const server *s, const char *name, double v, int ms) {
+    for (int t = 0; t < ms; t += 50) {
+        if (metric(s, name) >= v) return 1;
+        sleep_ms(50);
+    }
+    return 0;
+}
+
 #endif

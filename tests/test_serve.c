@@ -39,28 +39,6 @@
 #define LOAD_WARM 20
 #define LOAD_CONCURRENCY 8
 
-/* The value of a Prometheus sample line "name value" (exact name with labels), or -1. */
-static double metric(const server *s, const char *name) {
-    char *m = NULL;
-    http(s, "GET", "/metrics", NULL, NULL, &m, NULL);
-    double v = -1;
-    for (char *line = m ? strtok(m, "\n") : NULL; line; line = strtok(NULL, "\n")) {
-        size_t n = strlen(name);
-        if (!strncmp(line, name, n) && line[n] == ' ') v = atof(line + n + 1);
-    }
-    free(m);
-    return v;
-}
-
-/* Wait until metric name reaches at least v (up to ms). */
-static int wait_metric(const server *s, const char *name, double v, int ms) {
-    for (int t = 0; t < ms; t += 50) {
-        if (metric(s, name) >= v) return 1;
-        sleep_ms(50);
-    }
-    return 0;
-}
-
 /* `ditrun generate` of the same settings into path: 0 ok. */
 static int generate(const char *prompt, int w, int h, int steps, long seed, const char *path) {
     char args[1024];

@@ -100,27 +100,6 @@ static void stop(pid_t p) {
     waitpid(p, NULL, 0);
 }
 
-/* The value of a Prometheus sample line "name value", or -1. */
-static double metric(const server *s, const char *name) {
-    char *m = NULL;
-    http(s, "GET", "/metrics", NULL, NULL, &m, NULL);
-    double v = -1;
-    for (char *line = m ? strtok(m, "\n") : NULL; line; line = strtok(NULL, "\n")) {
-        size_t n = strlen(name);
-        if (!strncmp(line, name, n) && line[n] == ' ') v = atof(line + n + 1);
-    }
-    free(m);
-    return v;
-}
-
-static int wait_metric(const server *s, const char *name, double v, int ms) {
-    for (int t = 0; t < ms; t += 50) {
-        if (metric(s, name) >= v) return 1;
-        sleep_ms(50);
-    }
-    return 0;
-}
-
 /* A streamed generation of side x side and steps in the background (curl -N; its events on *out_fd when given). */
 static pid_t generation(const server *s, int side, int steps, int *out_fd) {
     char cmd[1024];
