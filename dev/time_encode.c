@@ -10,7 +10,7 @@
 
 #include "core/common.h"
 #include "image/image.h"
-#include "pipeline/png.h"
+#include "image/png.h"
 
 typedef struct {
     const char *name;
