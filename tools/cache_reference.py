@@ -115,6 +115,13 @@ def run(pipe, transformer, spec, latents, taps, torch):
 
         hook._measure_should_compute = measure_and_record
 
+    # diffusers caches the transformer's list of child hook registries on the first cache_context; a registry added
+    # by a later enable_cache (proj_out's TaylorSeer hook after a first-block run) is then never given a context
+    # ("No context is set"): drop the cached list so this setting's registries are found
+    top = getattr(transformer, "_diffusers_hook", None)
+    if top is not None and hasattr(top, "_child_registries_cache"):
+        top._child_registries_cache = None
+
     def on_step_end(p, i, t, kw):
         if head is not None and i == STEPS - 2:   # ditrun computes the last step
             head.threshold = float("-inf")
