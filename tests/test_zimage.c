@@ -6,9 +6,10 @@
  * the tiny preset (bf16 and MLX q4) load and run, and a q4 copy matches its dequantized f32 twin. With the fixtures (skipped with the reason when the
  * folder is absent): the transformer forward (out.sample of two geometries, every mid.* intermediate), repeated and
  * regrown buffers; the AutoencoderKL decode and encode (raw VAE latents) and a missing tensor reported by name; the
- * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); the scheduler's sigmas; the 3-step
- * pipelines, guidance 0 and CFG (with cfg_truncation and cfg_normalization), from the reference's initial latents
- * through text, transformer steps and the scaled VAE decode to its pixels. CUDA (when a GPU is usable): the
+ * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); then the engine (the Z-Image family,
+ * zimage_family.c) on the fixture's ZImagePipeline folder: the 3-step pipelines, guidance 0 and CFG (with
+ * cfg_truncation and cfg_normalization), from the reference's initial latents (--noise), img2img and inpainting from
+ * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels. CUDA (when a GPU is usable): the
  * transformer and the VAE decode within the GPU tolerances; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
  * 30 joint blocks) at 1024² with the time per forward.
  */
@@ -24,7 +25,8 @@
 #include "models/qwen3.h"
 #include "models/vae_kl.h"
 #include "models/zimage.h"
-#include "pipeline/scheduler.h"
+#include "pipeline/engine.h"
+#include "image/image.h"
 #include "pipeline/zimage_guidance.h"
 #include "pipeline/zimage_prompt.h"
 #include "quant/mlx_affine.h"
@@ -523,98 +525,165 @@ static void prompt_case(dt_qwen3 *te, const dt_tokenizer *tok, st_file *io, cons
     free(ref);
 }
 
-/* Sigmas of the pipeline's schedule for `steps` and the latent h x w, as ZImagePipeline computes them. */
-static int zimage_sigmas(const char *sched_dir, int steps, int h, int w, float *sigmas, float *timesteps) {
-    dt_sched_config sc;
-    if (dt_sched_config_load(sched_dir, &sc)) return -1;
-    const int64_t seq = (int64_t)(h / 2) * (w / 2);   /* image_seq_len: the transformer's 2 x 2 patches */
-    return dt_schedule_make_mu(&sc, steps, dt_calculate_shift(&sc, seq), sigmas, timesteps);
+/* ------------------------------------------------------------------ the engine's pipelines (zimage_family.c) */
+
+/* What a request's observer saw: the sigmas and each step's latents [C, h, w] (stepK.latents_packed). */
+#define MAX_OBS_STEPS 8
+typedef struct {
+    float *sigmas, *steps[MAX_OBS_STEPS];
+    int64_t n_sigmas, n_step[MAX_OBS_STEPS];
+    int n_steps;
+} obs_t;
+
+static void observe(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    obs_t *o = ud;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    int k;
+    if (!strcmp(name, "sigmas")) {
+        free(o->sigmas);
+        o->sigmas = dt_malloc(sizeof(float) * (size_t)n);
+        memcpy(o->sigmas, d, sizeof(float) * (size_t)n);
+        o->n_sigmas = n;
+    } else if (sscanf(name, "step%d.latents_packed", &k) == 1 && k >= 0 && k < MAX_OBS_STEPS) {
+        free(o->steps[k]);
+        o->steps[k] = dt_malloc(sizeof(float) * (size_t)n);
+        memcpy(o->steps[k], d, sizeof(float) * (size_t)n);
+        o->n_step[k] = n;
+        if (k + 1 > o->n_steps) o->n_steps = k + 1;
+    }
 }
 
-/* One pipeline case (cases.json key `key`, tensors in `file`): sigmas, then the denoising loop from the reference's
- * initial latents — t = (1000 − timestep) / 1000, the positive (and, with guidance on for the step, the negative)
- * forward, the guidance combination, velocity = −prediction, Euler — each step's latents against the reference's,
- * then the scaled VAE decode to its pixels. */
-static void pipeline_case(zimage_model *m, dt_vae *v, const json *cases, const char *key, const char *file,
-                          const float *pos, int n_pos, const float *neg, int n_neg) {
-    char p[600], name[200];
-    st_file *pio = st_open(fx(file, p, sizeof p));
-    const json *pc = json_get(cases, key);
-    const st_tensor *init = pio ? st_find(pio, "in.initial_latents") : NULL, *rs = pio ? st_find(pio, "mid.sigmas") : NULL;
-    const int steps = (int)json_get_int(pc, "steps", 0);
-    const float guidance = (float)json_get_num(pc, "guidance_scale", -1), trunc = (float)json_get_num(pc, "cfg_truncation", 1);
-    const json *cn = json_get(pc, "cfg_normalization");   /* false, true or a number */
-    const float norm = !cn ? 0.0f : cn->type == JSON_BOOL ? (float)cn->boolean : (float)json_get_num(pc, "cfg_normalization", 0);
-    if (!init || !rs || init->ndim != 4 || steps < 1 || rs->numel != steps + 1 || guidance < 0) {
-        T_FAIL(key, "fixture lacks in.initial_latents, mid.sigmas or the case's settings");
-        if (pio) st_close(pio);
-        return;
-    }
-    const zimage_config *c = zimage_get_config(m);
-    const int C = (int)init->shape[1], h = (int)init->shape[2], w = (int)init->shape[3], pp = c->patch;
-    const size_t n = (size_t)C * h * w;
-    float *sig = dt_malloc(sizeof(float) * (size_t)(steps + 1)), *ts = dt_malloc(sizeof(float) * (size_t)steps);
-    float *rsig = st_to_f32(rs);
-    int rc = zimage_sigmas(fx("model/scheduler", p, sizeof p), steps, h, w, sig, ts);
-    double worst = 0;
-    for (int i = 0; rc == 0 && i <= steps; i++) worst = fmax(worst, fabs((double)sig[i] - rsig[i]));
-    snprintf(name, sizeof name, "%s: sigmas (linspace(1, 1/n, n), the scheduler's shift, final 0)", key);
-    T_CHECK(name, rc == 0 && worst <= SIGMA_TOL, "rc %d, largest difference %.3g", rc, worst);
-    free(rsig);
+static void obs_free(obs_t *o) {
+    free(o->sigmas);
+    for (int i = 0; i < MAX_OBS_STEPS; i++) free(o->steps[i]);
+    memset(o, 0, sizeof *o);
+}
 
-    float *x = st_to_f32(init), *tok_in = dt_malloc(sizeof(float) * n), *tok_out = dt_malloc(sizeof(float) * n);
-    float *vp = dt_malloc(sizeof(float) * n), *vn = dt_malloc(sizeof(float) * n);
-    int cfg_steps = 0;
-    for (int i = 0; i < steps && rc == 0; i++) {
-        const float t = (1000.0f - ts[i]) / 1000.0f, g = dt_zimage_step_guidance(guidance, trunc, ts[i]);
-        zimage_patchify(c, x, h, w, tok_in);
-        if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, pos, n_pos, t, tok_out, NULL, NULL))) break;
-        zimage_unpatchify(c, tok_out, h, w, vp);
-        if (g > 0.0f) {
-            cfg_steps++;
-            if ((rc = zimage_forward(m, tok_in, h / pp, w / pp, neg, n_neg, t, tok_out, NULL, NULL))) break;
-            zimage_unpatchify(c, tok_out, h, w, vn);
-            dt_zimage_cfg_combine(vp, vn, n, g, norm, vp);
-        }
-        for (size_t k = 0; k < n; k++) vp[k] = -vp[k];
-        dt_euler_step(x, vp, n, sig[i], sig[i + 1]);
+/* Pixels of rgb [n] against the reference's bytes: all but 0.1 % within ±1 (rounding at .5 boundaries after ~1e-6
+ * differences upstream: test_generate's rule). */
+static void check_pixels(const char *name, const uint8_t *rgb, const st_tensor *ru8, size_t n) {
+    if (!ru8 || ru8->numel != (int64_t)n) { T_FAIL(name, "the reference has no image of %zu bytes", n); return; }
+    size_t ok = 0;
+    int wd = 0;
+    const uint8_t *r = ru8->data;
+    for (size_t k = 0; k < n; k++) {
+        const int d = abs((int)rgb[k] - (int)r[k]);
+        ok += d <= 1;
+        if (d > wd) wd = d;
+    }
+    T_CHECK(name, ok >= 0.999 * n, "%zu of %zu, max difference %d", ok, n, wd);
+    printf("# %s: %.3f%% of pixels within +-1, max difference %d\n", name, 100.0 * ok / n, wd);
+}
+
+/* A request from cases.json's KEY (prompt, negative prompt, size, steps, guidance, cfg options, strength). */
+static void case_params(const json *pc, dt_gen_params *g) {
+    dt_gen_params_default(g);
+    g->prompt = json_get_str(pc, "prompt");
+    const char *neg = json_get_str(pc, "negative_prompt");
+    if (neg) g->negative_prompt = neg;
+    g->height = (int)json_get_int(pc, "height", 0);
+    g->width = (int)json_get_int(pc, "width", 0);
+    g->steps = (int)json_get_int(pc, "steps", 0);
+    g->guidance = (float)json_get_num(pc, "guidance_scale", -1);
+    g->max_seq_len = (int)json_get_int(pc, "max_sequence_length", 0);
+    const json *cn = json_get(pc, "cfg_normalization");   /* false, true or a number */
+    if (cn && cn->type != JSON_NULL) {
+        g->cfg_normalization_set = 1;
+        g->cfg_normalization = cn->type == JSON_BOOL ? (float)cn->boolean : (float)json_get_num(pc, "cfg_normalization", 0);
+    }
+    if (json_get(pc, "cfg_truncation")) {
+        g->cfg_truncation_set = 1;
+        g->cfg_truncation = (float)json_get_num(pc, "cfg_truncation", 1);
+    }
+    g->strength = json_get_num(pc, "strength", 0);
+}
+
+/* One engine request of cases.json's KEY against FILE's tensors: sigmas (when recorded), each step's latents
+ * (mid.stepK.latents) and the image's pixels. noise_file: the request's --noise. */
+static void engine_case(dt_pipeline *pl, const json *cases, const char *key, const char *file, const char *noise_file,
+                        const dt_image *init, const dt_image *mask) {
+    char p[600], name[200];
+    st_file *io = st_open(fx(file, p, sizeof p));
+    const json *pc = json_get(cases, key);
+    if (!io || !pc) { T_FAIL(key, "fixture lacks %s or the case", file); if (io) st_close(io); return; }
+    dt_gen_params g;
+    case_params(pc, &g);
+    g.noise_file = noise_file;
+    g.init_image = init;
+    g.mask = mask;
+    obs_t o = {0};
+    uint8_t *rgb = NULL;
+    int w = 0, h = 0;
+    dt_gen_timings tm;
+    int rc = dt_pipeline_generate(pl, &g, &rgb, &w, &h, &tm, observe, &o);
+    snprintf(name, sizeof name, "%s: the engine runs it", key);
+    T_CHECK(name, rc == 0 && w == g.width && h == g.height, "rc %d (%s), %dx%d", rc, rc ? dt_last_error() : "", w, h);
+    if (rc) { st_close(io); obs_free(&o); return; }
+    const st_tensor *rs = st_find(io, "mid.sigmas");
+    if (rs) {
+        float *r = st_to_f32(rs);
+        double worst = rs->numel == o.n_sigmas ? 0 : 1;
+        for (int64_t i = 0; i < rs->numel && i < o.n_sigmas; i++) worst = fmax(worst, fabs((double)o.sigmas[i] - r[i]));
+        snprintf(name, sizeof name, "%s: sigmas (linspace(1, 1/n, n), the scheduler's shift, final 0)", key);
+        T_CHECK(name, worst <= SIGMA_TOL, "%lld sigmas, largest difference %.3g", (long long)o.n_sigmas, worst);
+        free(r);
+    }
+    int ref_steps = 0;
+    for (char tn[64];; ref_steps++) {
+        snprintf(tn, sizeof tn, "mid.step%d.latents", ref_steps);
+        if (!st_find(io, tn)) break;
+    }
+    snprintf(name, sizeof name, "%s: %d steps run", key, ref_steps);
+    T_CHECK(name, ref_steps > 0 && o.n_steps == ref_steps, "%d observed", o.n_steps);
+    for (int k = 0; k < ref_steps && k < o.n_steps; k++) {
         char tn[64];
-        snprintf(tn, sizeof tn, "mid.step%d.latents", i);
-        const st_tensor *r = st_find(pio, tn);
-        snprintf(name, sizeof name, "%s: latents after step %d%s", key, i, g > 0.0f ? " (CFG)" : "");
-        if (!r || r->numel != (int64_t)n) { T_FAIL(name, "fixture lacks %s", tn); rc = -1; break; }
+        snprintf(tn, sizeof tn, "mid.step%d.latents", k);
+        const st_tensor *r = st_find(io, tn);
+        snprintf(name, sizeof name, "%s: latents after step %d", key, k);
+        if (r->numel != o.n_step[k]) { T_FAIL(name, "%lld values vs the reference's %lld", (long long)o.n_step[k], (long long)r->numel); continue; }
         float *ref = st_to_f32(r);
-        check_l2(name, x, ref, n, ZIMAGE_CPU_TOL);
+        check_l2(name, o.steps[k], ref, (size_t)r->numel, ZIMAGE_CPU_TOL);
         free(ref);
     }
-    if (rc) T_FAIL(key, "denoising: %s", dt_last_error());
-    printf("# %s: %d of %d steps with guidance\n", key, cfg_steps, steps);
-    /* the image: latents / scaling + shift through the decoder, then the image processor's bytes */
-    const st_tensor *ru8 = st_find(pio, "out.image_u8");
-    const int s = dt_vae_get_config(v)->scale_factor;
-    uint8_t *rgb8 = dt_malloc((size_t)3 * (h * s) * (w * s));
     snprintf(name, sizeof name, "%s: image pixels within +-1", key);
-    if (rc == 0 && ru8 && ru8->numel == (int64_t)3 * (h * s) * (w * s) && !dt_vae_kl_decode_rgb8(v, x, h, w, rgb8)) {
-        size_t ok = 0, npx = (size_t)ru8->numel;
-        int wd = 0;
-        const uint8_t *r = ru8->data;
-        for (size_t k = 0; k < npx; k++) {
-            int d = abs((int)rgb8[k] - (int)r[k]);
-            ok += d <= 1;
-            if (d > wd) wd = d;
-        }
-        /* ±1 for all but 0.1 %: rounding at .5 boundaries after ~1e-6 differences upstream (test_generate's rule) */
-        T_CHECK(name, ok >= 0.999 * npx, "%zu of %zu, max difference %d", ok, npx, wd);
-        printf("# %s: %.3f%% of pixels within +-1, max difference %d\n", key, 100.0 * ok / npx, wd);
-    } else if (rc == 0) {
-        T_FAIL(name, "%s", ru8 ? dt_last_error() : "fixture lacks out.image_u8 of the right size");
+    check_pixels(name, rgb, st_find(io, "out.image_u8"), (size_t)3 * w * h);
+    free(rgb);
+    obs_free(&o);
+    st_close(io);
+}
+
+/* A noise file for an edit case: in.initial_latents = the pipeline's draw, in.posterior_noise = the first VAE
+ * posterior draw (cases.json's draws_in_order). 0 or -1. */
+static int edit_noise_file(const json *pc, const char *file, const char *out) {
+    char p[600];
+    st_file *io = st_open(fx(file, p, sizeof p));
+    const json *d = json_get(pc, "draws_in_order");
+    const char *noise = NULL, *post = NULL;
+    for (size_t i = 0; d && i < d->len; i++) {
+        const json *e = json_at(d, i);
+        const char *by = json_get_str(e, "drawn_by"), *t = json_get_str(e, "tensor");
+        if (by && t && !strcmp(by, "pipeline") && !noise) noise = t;
+        if (by && t && !strcmp(by, "vae_posterior") && !post) post = t;
     }
-    free(rgb8); free(x); free(tok_in); free(tok_out); free(vp); free(vn); free(sig); free(ts);
-    st_close(pio);
+    const st_tensor *tn = io && noise ? st_find(io, noise) : NULL, *tp = io && post ? st_find(io, post) : NULL;
+    int rc = -1;
+    if (tn && tp) {
+        st_writer *w = st_writer_new();
+        float *a = st_to_f32(tn), *b = st_to_f32(tp);
+        st_writer_add_f32(w, "in.initial_latents", tn->ndim, tn->shape, a);
+        st_writer_add_f32(w, "in.posterior_noise", tp->ndim, tp->shape, b);
+        rc = st_writer_save(w, out);
+        st_writer_free(w);
+        free(a);
+        free(b);
+    }
+    if (io) st_close(io);
+    return rc;
 }
 
 static void pipeline_cpu(dt_backend *be) {
-    char p[600];
+    char p[600], dir[512], nf[700];
     json *cases = json_parse_file(fx("cases.json", p, sizeof p));
     st_file *tio = st_open(fx("text_io.safetensors", p, sizeof p));
     dt_tokenizer *tok = dt_tokenizer_load(fx("model/tokenizer", p, sizeof p));
@@ -622,22 +691,51 @@ static void pipeline_cpu(dt_backend *be) {
     dt_qwen3 *te = NULL;
     if (!dt_qwen3_read_config(fx("model/text_encoder", p, sizeof p), &qc))
         te = dt_qwen3_load(be, p, dt_zimage_prompt_tap(qc.num_layers));   /* the last layer is never needed */
-    zimage_model *m = zimage_load(be, fx("model", p, sizeof p));
-    dt_vae *v = dt_vae_kl_load(be, p);
     float *neg = NULL, *emp = NULL, *feats = NULL;
     int n_neg = 0, n_emp = 0, n_cap = 0;
-    if (!cases || !tio || !tok || !te || !m || !v) { T_FAIL("pipeline", "setup: %s", dt_last_error()); goto done; }
+    dt_image init = {0}, mask = {0};
+    dt_pipeline *pl = NULL;
+    if (!cases || !tio || !tok || !te || t_tmpdir(dir, sizeof dir, "zimage-engine")) {
+        T_FAIL("pipeline", "setup: %s", dt_last_error());
+        goto done;
+    }
     prompt_case(te, tok, tio, cases, "negative", &neg, &n_neg);
     prompt_case(te, tok, tio, cases, "empty", &emp, &n_emp);
     prompt_case(te, tok, tio, cases, "prompt", &feats, &n_cap);
-    if (feats) pipeline_case(m, v, cases, "pipeline", "pipeline_io.safetensors", feats, n_cap, NULL, 0);
-    if (feats && neg) pipeline_case(m, v, cases, "pipeline_cfg", "pipeline_cfg_io.safetensors", feats, n_cap, neg, n_neg);
+
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = fx("model", p, sizeof p);
+    pl = dt_pipeline_load(be, &lo);
+    if (!pl) { T_FAIL("engine: load the ZImagePipeline folder", "%s", dt_last_error()); goto rm; }
+    const dt_pipeline_info *in = dt_pipeline_get_info(pl);
+    /* the fixture's folder is no Turbo checkpoint (no is_distilled, no "turbo" in its path): the pipeline's defaults */
+    T_CHECK("engine: Z-Image family, base defaults (50 steps, guidance 5), size multiple 2 x vae scale",
+            !strcmp(in->family, "z-image") && in->default_steps == 50 && in->default_guidance == 5.0f &&
+            in->size_multiple == 8 && in->img2img && in->cfg_shaping && !in->distilled,
+            "%s, %d steps, guidance %g, multiple %d", in->family, in->default_steps, in->default_guidance, in->size_multiple);
+    engine_case(pl, cases, "pipeline", "pipeline_io.safetensors", fx("pipeline_io.safetensors", nf, sizeof nf), NULL, NULL);
+    engine_case(pl, cases, "pipeline_cfg", "pipeline_cfg_io.safetensors", fx("pipeline_cfg_io.safetensors", nf, sizeof nf),
+                NULL, NULL);
+    if (dt_image_read_file(fx("init.png", p, sizeof p), &init) || dt_image_read_file(fx("mask.png", p, sizeof p), &mask)) {
+        T_FAIL("edit inputs", "%s", dt_last_error());
+        goto rm;
+    }
+    snprintf(nf, sizeof nf, "%s/img2img_noise.safetensors", dir);
+    if (edit_noise_file(json_get(cases, "img2img"), "img2img_io.safetensors", nf)) T_FAIL("img2img", "fixture lacks its draws");
+    else engine_case(pl, cases, "img2img", "img2img_io.safetensors", nf, &init, NULL);
+    snprintf(nf, sizeof nf, "%s/inpaint_noise.safetensors", dir);
+    if (edit_noise_file(json_get(cases, "inpaint"), "inpaint_io.safetensors", nf)) T_FAIL("inpaint", "fixture lacks its draws");
+    else engine_case(pl, cases, "inpaint", "inpaint_io.safetensors", nf, &init, &mask);
+rm:
+    t_rmtree(dir);
 done:
+    dt_pipeline_free(pl);
+    dt_image_free(&init);
+    dt_image_free(&mask);
     free(neg);
     free(emp);
     free(feats);
-    dt_vae_free(v);
-    zimage_free(m);
     dt_qwen3_free(te);
     dt_tokenizer_free(tok);
     if (tio) st_close(tio);

@@ -1,7 +1,7 @@
 /* dit.h — one interface over the diffusion transformers the pipelines run: FLUX.2 (models/flux2.h), FLUX.2 split
- * over ranks (models/flux2_sp.h) and Krea 2 (models/krea2.h). Each model implements dt_dit_ops in its own file
- * (flux2_dit.c, krea2_dit.c); what differs between the models (their geometry, their position inputs) stays in the
- * family's own types (the config behind dt_dit_config). */
+ * over ranks (models/flux2_sp.h), Krea 2 (models/krea2.h) and Z-Image (models/zimage.h). Each model implements
+ * dt_dit_ops in its own file (flux2_dit.c, krea2_dit.c, zimage_dit.c); what differs between the models (their
+ * geometry, their position inputs) stays in the family's own types (the config behind dt_dit_config). */
 #ifndef DT_DIT_H
 #define DT_DIT_H
 
@@ -31,6 +31,7 @@ typedef struct {
     const float *img_ids, *txt_ids; /* FLUX.2: position ids [n_img, axes], [n_txt, axes] */
     const float *pos;               /* Krea 2: position ids [n_txt + n_img, axes] */
     const uint8_t *mask;            /* Krea 2: text mask [n_txt] (1 = attend; NULL: all) */
+    int grid_h, grid_w;             /* Z-Image: the image token grid (grid_h · grid_w = n_img) */
     float *out;                     /* [n_img, out_channels] */
     dt_dit_trace_fn trace;          /* NULL: none (a split DiT ignores it) */
     void *trace_ud;

@@ -82,6 +82,10 @@ int dt_vae_load_encoder(dt_vae *v);
  * latent [latent_channels, H/s, W/s] (f32 host; s = scale_factor): the posterior mode (mean), before
  * patchify and batch-norm. 0 ok, -1 error. */
 int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent);
+/* The same, the whole posterior: moments [2·latent_channels, H/s, W/s] = mean | logvar (unclamped), for a VAE
+ * without quant_conv (AutoencoderKL as FLUX.1 and Z-Image use it); tiled like dt_vae_encode, the moments blended.
+ * 0 ok, -1 error. */
+int dt_vae_encode_moments(dt_vae *v, const float *rgb, int H, int W, float *moments);
 
 /* Post-processing as diffusers' image processor: p = clamp(x/2 + 0.5, 0, 1) per element of
  * x [3, H, W]; img01 [H, W, 3] receives p (may be NULL), u8 [H, W, 3] receives

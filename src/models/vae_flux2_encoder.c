@@ -147,9 +147,16 @@ fail:
     return -1;
 }
 
-/* The encoder on the whole of rgb [3, H, W] (H, W checked) -> latent [L, H/s, W/s]; a vae_tile_fn. */
+/* The encoder on the whole of rgb [3, H, W] (H, W checked) -> latent [L, H/s, W/s], or with moments the posterior's
+ * mean | logvar [2L, H/s, W/s]; a vae_tile_fn. */
+typedef struct {
+    dt_vae *v;
+    int moments;
+} encode_ctx;
+
 static int encode_whole(void *ctx, const float *rgb, int H, int W, float *latent) {
-    dt_vae *v = ctx;
+    dt_vae *v = ((encode_ctx *)ctx)->v;
+    const int moments = ((encode_ctx *)ctx)->moments;
     const vae_encoder *e = v->enc;
     dt_backend *be = v->be;
     const dt_vae_config *c = &v->cfg;
@@ -204,7 +211,7 @@ static int encode_whole(void *ctx, const float *rgb, int H, int W, float *latent
         M = vae_view(&a, a.t, L, hw);
         be->conv2d(be, M, Y, e->quant, h, w);
     } else {
-        M = dt_mat_rows(Y, 0, L);
+        M = dt_mat_rows(Y, 0, moments ? 2 * L : L);
     }
     be->download(be, latent, M);
     int rc = be->sync(be);
@@ -212,8 +219,13 @@ static int encode_whole(void *ctx, const float *rgb, int H, int W, float *latent
     return rc;
 }
 
-int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
+static int encode_run(dt_vae *v, const float *rgb, int H, int W, float *latent, int moments) {
     if (!v->enc && dt_vae_load_encoder(v)) return -1;
+    if (moments && v->enc->quant) {
+        dt_set_error("vae encode: the posterior sample needs the log-variance, which this VAE's quant_conv is loaded "
+                     "without (a VAE with use_quant_conv)");
+        return -1;
+    }
     const dt_vae_config *c = &v->cfg;
     const int f = c->scale_factor;
     if (H < f || W < f || H % f || W % f || H > 65536 || W > 65536) {
@@ -222,10 +234,18 @@ int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) {
     }
     /* diffusers' _tiled_encode when tiling is on and the image is larger than a tile: the tiles' latents blended
      * (the posterior mean of each tile: blending the mean half of quant_conv's output is blending its rows) */
-    const vae_tile_geom g = vae_tile_geom_encode(3, c->latent_channels, f, v->tiling.tile);
+    const vae_tile_geom g = vae_tile_geom_encode(3, (moments ? 2 : 1) * c->latent_channels, f, v->tiling.tile);
     v->last_tiled = v->tiling.enabled && vae_tiles_needed(&g, H, W);
     if (v->last_tiled)
         dt_log(2, "vae: encoding %dx%d pixels in %d x %d tiles of %d px (stride %d px)\n", W, H, vae_tile_count(&g, H),
                vae_tile_count(&g, W), g.tile, g.stride);
-    return v->last_tiled ? vae_tiled_run(&g, rgb, H, W, latent, encode_whole, v) : encode_whole(v, rgb, H, W, latent);
+    encode_ctx ctx = {v, moments};
+    return v->last_tiled ? vae_tiled_run(&g, rgb, H, W, latent, encode_whole, &ctx)
+                         : encode_whole(&ctx, rgb, H, W, latent);
+}
+
+int dt_vae_encode(dt_vae *v, const float *rgb, int H, int W, float *latent) { return encode_run(v, rgb, H, W, latent, 0); }
+
+int dt_vae_encode_moments(dt_vae *v, const float *rgb, int H, int W, float *moments) {
+    return encode_run(v, rgb, H, W, moments, 1);
 }

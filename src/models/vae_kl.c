@@ -2,6 +2,7 @@
  * latent scaling around dt_vae_decode / dt_vae_encode. */
 #include "models/vae_kl.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "core/common.h"
@@ -43,4 +44,18 @@ int dt_vae_kl_encode(dt_vae *v, const float *rgb, int H, int W, float *latents) 
     const size_t n = (size_t)c->latent_channels * (size_t)(H / c->scale_factor) * (size_t)(W / c->scale_factor);
     for (size_t i = 0; i < n; i++) latents[i] = (latents[i] - c->shift_factor) * c->scaling_factor;
     return 0;
+}
+
+int dt_vae_kl_encode_sample(dt_vae *v, const float *rgb, int H, int W, const float *eps, float *latents) {
+    const dt_vae_config *c = dt_vae_get_config(v);
+    if (c->batch_norm) { dt_set_error("vae: not an AutoencoderKL (load it with dt_vae_kl_load)"); return -1; }
+    const size_t n = (size_t)c->latent_channels * (size_t)(H / c->scale_factor) * (size_t)(W / c->scale_factor);
+    float *mom = dt_malloc(2 * n * sizeof(float));   /* [2L, h, w]: mean | logvar */
+    int rc = dt_vae_encode_moments(v, rgb, H, W, mom);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const float lv = fminf(fmaxf(mom[n + i], -30.0f), 20.0f), sd = expf(0.5f * lv);
+        latents[i] = (mom[i] + sd * eps[i] - c->shift_factor) * c->scaling_factor;
+    }
+    free(mom);
+    return rc;
 }

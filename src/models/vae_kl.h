@@ -25,5 +25,9 @@ int dt_vae_kl_decode_rgb8(dt_vae *v, const float *latents, int H, int W, uint8_t
 /* Encode rgb [3, H, W] (f32 host, [−1, 1]; H, W multiples of scale_factor) into the pipeline's latents
  * [latent_channels, H/s, W/s] from the posterior mean. 0 or -1. */
 int dt_vae_kl_encode(dt_vae *v, const float *rgb, int H, int W, float *latents);
+/* The same from a posterior sample (diffusers' retrieve_latents, sample mode): mean + exp(logvar / 2) · eps with
+ * logvar clamped to [−30, 20] as DiagonalGaussianDistribution does, eps [latent_channels, H/s, W/s] the N(0, 1) draw.
+ * 0 or -1. */
+int dt_vae_kl_encode_sample(dt_vae *v, const float *rgb, int H, int W, const float *eps, float *latents);
 
 #endif

@@ -58,6 +58,8 @@ struct zimage_model {
     dt_mat ctxw;                         /* [4 · n_refiner, D] F32: the caption refiners' norm weights */
     zi_block *noise, *ctx, *layers;      /* n_refiner, n_refiner, n_layers */
     zi_acts buf;
+    int attn_fp8;                        /* --attn-precision fp8: the blocks' attention on the backend's fp8 kernel */
+    const volatile int *cancel;          /* zimage_set_cancel: polled before each block (NULL: none) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -222,12 +224,16 @@ static int load_block(zimage_model *m, const char *prefix, int modulated, zi_blo
     const char *parts[3] = {nm[0], nm[1], nm[2]};
     const char *qkv[3] = {"to_q", "to_k", "to_v"};
     for (int j = 0; j < 3; j++) snprintf(nm[j], sizeof nm[j], "%s.attention.%s", prefix, qkv[j]);
-    if (!(b->qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL))) return -1;
+    /* --precision fp8: the attention and FFN Linears of every block (adaLN, embedders and final layer stay bf16) */
+    m->lin.precision = m->be->opts.precision;
+    b->qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL);
+    if (!b->qkv) { m->lin.precision = DT_PREC_BF16; return -1; }
     /* attention and FFN Linears have no bias in the reference (bias=False) */
     snprintf(nm[0], sizeof nm[0], "%s.attention.to_out.0", prefix); LIN(b->out, nm[0], D, D, 0);
     snprintf(nm[0], sizeof nm[0], "%s.feed_forward.w1", prefix); LIN(b->w1, nm[0], F, D, 0);
     snprintf(nm[0], sizeof nm[0], "%s.feed_forward.w2", prefix); LIN(b->w2, nm[0], D, F, 0);
     snprintf(nm[0], sizeof nm[0], "%s.feed_forward.w3", prefix); LIN(b->w3, nm[0], F, D, 0);
+    m->lin.precision = DT_PREC_BF16;
     if (modulated) {
         snprintf(nm[0], sizeof nm[0], "%s.adaLN_modulation.0", prefix);
         LIN(b->ada, nm[0], 4 * D, c->adaln, 1);
@@ -314,6 +320,13 @@ zimage_model *zimage_load(dt_backend *be, const char *path) {
     char what[4200];
     const json *cfg = dt_weights_class_config(m->w, dir, "ZImageTransformer2DModel", "Z-Image", what, sizeof what);
     free(dir);
+    m->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;
+    if (m->attn_fp8 && !be->attention_fp8) {
+        dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
+                     be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
+        zimage_free(m);
+        return NULL;
+    }
     if (!cfg || zimage_config_parse(cfg, what, &m->c) || load_all(m)) {
         zimage_free(m);
         return NULL;
@@ -340,6 +353,8 @@ void zimage_free(zimage_model *m) {
 }
 
 /* ------------------------------------------------------------------ patches */
+
+void zimage_set_cancel(zimage_model *m, const volatile int *flag) { m->cancel = flag; }
 
 void zimage_patchify(const zimage_config *c, const float *latent, int H, int W, float *tokens) {
     const int p = c->patch, C = c->in_channels, gh = H / p, gw = W / p;
@@ -524,7 +539,9 @@ static void block(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, dt_
     be->linear(be, qkv, a, bl->qkv);
     be->head_norm_rope(be, q, c->heads, c->head_dim, bl->norm_q, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
     be->head_norm_rope(be, k, c->heads, c->head_dim, bl->norm_k, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
-    be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), dt_mat_null(), 0);
+    const float scale = 1.0f / sqrtf((float)c->head_dim);
+    if (m->attn_fp8) be->attention_fp8(be, o, q, k, v, c->heads, c->heads, c->head_dim, scale);   /* no mask to drop */
+    else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, scale, dt_mat_null(), 0);
     be->linear(be, a, o, bl->out);
     be->rmsnorm(be, a, a, dt_mat_rows(w, 1, 1), 0.0f, eps);
     be->gated_add(be, x, dt_mat_null(), a);
@@ -602,6 +619,11 @@ int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, co
 
     /* joint blocks on [image | caption] */
     for (int i = 0; i < c->n_layers; i++) {
+        if (dt_cancel_requested(m->cancel)) {
+            be->sync(be);
+            dt_set_error("zimage: cancelled");
+            return -1;
+        }
         block(m, b, &m->layers[i], s, cos, sin, dt_mat_rows(b->modw, 4 * (c->n_refiner + i), 4));
         if (trace) {
             snprintf(name, sizeof name, "layer.%d", i);

@@ -59,6 +59,10 @@ const zimage_config *zimage_get_config(const zimage_model *m);
 /* Bytes of weights as stored, and a short description of their formats ("bf16", ...). */
 void zimage_weight_info(const zimage_model *m, size_t *bytes, char *fmt, size_t fmt_len);
 
+/* A cancellation flag (dt_cancel_requested) polled before each joint block: a cancelled forward stops within one
+ * block and fails with "zimage: cancelled". NULL: none. */
+void zimage_set_cancel(zimage_model *m, const volatile int *flag);
+
 /* Image tokens of a latent and back: latent [C, H, W] (H, W multiples of patch) <-> tokens
  * [(H/p)·(W/p), p·p·C], token (h, w) in row-major order, its features ordered (row in patch, column in patch,
  * channel) — the reference's patchify (channel fastest, unlike FLUX's packing). */

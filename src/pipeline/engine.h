@@ -24,6 +24,8 @@ typedef struct {
     int max_side;               /* the largest width/height the schedule and the positions allow */
     int editing;                /* takes reference images and inpainting inputs (dt_gen_params.refs, init_image) */
     int kv_refs;                /* references are KV-cached (Flux2KleinKVPipeline) */
+    int img2img;                /* an init image without a mask is img2img (Z-Image) */
+    int cfg_shaping;            /* takes cfg_normalization / cfg_truncation (Z-Image) */
     int64_t max_image_tokens;   /* the most (W / size_multiple)·(H / size_multiple) its time shift holds; 0 = no bound */
 } dt_pipeline_info;
 

@@ -7,7 +7,7 @@
 
 #include "io/weights.h"
 
-static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2};
+static const dt_family *const families[] = {&dt_family_klein, &dt_family_krea2, &dt_family_zimage};
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
 
 const dt_family *const *dt_families(int *n) {

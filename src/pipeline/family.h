@@ -1,4 +1,5 @@
-/* family.h — the family registry: one table per model family (FLUX.2-klein: klein.c, Krea 2: krea2_family.c)
+/* family.h — the family registry: one table per model family (FLUX.2-klein: klein.c, Krea 2: krea2_family.c, Z-Image:
+ * zimage_family.c)
  * owning everything family-specific that the commands need — the `_class_name`s it accepts (pipeline and
  * transformer), its synthetic presets, its defaults, how it loads its DiT (models/dit.h), describes a transformer
  * config (`ditrun info`), writes synthetic checkpoints and inputs (`ditrun synth`) and runs a pipeline (the engine,
@@ -77,6 +78,7 @@ int dt_family_name_in(const char *const *names, const char *s);
 
 extern const dt_family dt_family_klein;
 extern const dt_family dt_family_krea2;
+extern const dt_family dt_family_zimage;
 
 /* The steps of a request the families share (family_steps.c). */
 void dt_gen_observe(dt_gen_observer obs, void *ud, const char *name, const float *d, int ndim, int64_t d0,

@@ -68,12 +68,18 @@ typedef struct {
                                  * from the first one (after its preparation) */
     const char *const *ref_names;   /* their names in messages (file names; NULL: "reference image k") */
     int n_refs;
-    const dt_image *init_image; /* inpainting: the image to edit (sets the output size; height/width are ignored) */
+    const dt_image *init_image; /* inpainting (img2img without a mask where info.img2img): the image to edit (sets the
+                                 * output size; height/width are ignored) */
     const dt_image *mask;       /* inpainting: white = repaint, the init image's size */
     const char *init_name, *mask_name;   /* their names in messages (NULL: "init image", "mask") */
     double strength;            /* inpainting: how much is repainted, (0, 1]; 0 = DT_GEN_DEFAULT_STRENGTH (a double: the
                                  * kept steps are floor(steps - steps·strength) in float64, as the reference computes) */
     dt_cache_opts cache;        /* step caching (pipeline/step_cache.h); zero: off */
+    /* Guidance shaping (pipelines whose info.cfg_shaping is set: Z-Image; the others refuse a set one): */
+    int cfg_normalization_set, cfg_truncation_set;   /* 1: the value below was given */
+    float cfg_normalization;    /* > 0: the guided prediction's L2 norm capped at this times the prompt's (0: off, the
+                                 * default) */
+    float cfg_truncation;       /* guidance off on steps whose (1000 − timestep)/1000 exceeds it; > 1: never (default 1) */
 } dt_gen_params;
 
 void dt_gen_params_default(dt_gen_params *p);

@@ -15,7 +15,7 @@ static int check_edit(const dt_pipeline_info *in, dt_gen_params *g) {
         return -1;
     }
     if (g->mask && !g->init_image) { dt_set_error("generate: a mask (--mask) needs the image to inpaint (--init-image)"); return -1; }
-    if (g->init_image && !g->mask) {
+    if (g->init_image && !g->mask && !in->img2img) {
         dt_set_error("generate: inpainting (--init-image) needs a mask (--mask; white = repaint, black = keep)");
         return -1;
     }
@@ -41,6 +41,21 @@ int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
     if (g->max_seq_len == 0) g->max_seq_len = 512;
     if (g->max_seq_len < 1 || g->max_seq_len > 32768) {
         dt_set_error("generate: max sequence length %d out of range 1..32768", g->max_seq_len);
+        return -1;
+    }
+    if ((g->cfg_normalization_set || g->cfg_truncation_set) && !in->cfg_shaping) {
+        dt_set_error("generate: %s is a Z-Image guidance option; the %s family (%s) has none",
+                     g->cfg_normalization_set ? "cfg_normalization" : "cfg_truncation", in->family, in->class_name);
+        return -1;
+    }
+    if (!g->cfg_normalization_set) g->cfg_normalization = 0.0f;
+    if (!g->cfg_truncation_set) g->cfg_truncation = 1.0f;
+    if (!(g->cfg_normalization >= 0.0f && g->cfg_normalization <= 100.0f)) {
+        dt_set_error("generate: cfg_normalization %g out of range 0..100 (0: off)", g->cfg_normalization);
+        return -1;
+    }
+    if (!(g->cfg_truncation >= 0.0f && g->cfg_truncation <= 100.0f)) {
+        dt_set_error("generate: cfg_truncation %g out of range 0..100 (above 1: never truncated)", g->cfg_truncation);
         return -1;
     }
     const int edit = g->n_refs != 0 || g->init_image || g->mask;

@@ -13,9 +13,9 @@
 #include "models/flux2.h"
 #include "models/synth.h"
 
-typedef struct { int latent, nblk, blk[4], lpb, groups; } vae_geom;
+typedef dt_synth_vae_geom vae_geom;
 
-static int write_text_encoder(const char *dir, const dt_synth_text_geom *g, int bits, int group, uint64_t seed) {
+int dt_synth_write_qwen3(const char *dir, const dt_synth_text_geom *g, int bits, int group, uint64_t seed) {
     char cfg[2048], quant[96];
     synth_quantization_entry(quant, sizeof quant, bits, group);   /* the group size the weights are written with */
     snprintf(cfg, sizeof cfg,
@@ -51,7 +51,7 @@ static void add_resnet(synth_list *l, const char *name, int64_t cin, int64_t cou
     if (cin != cout) { snprintf(nm, sizeof nm, "%s.conv_shortcut", name); add_conv(l, nm, cout, cin, 1); }
 }
 
-static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
+int dt_synth_write_vae(const char *dir, const vae_geom *g, int kl, uint64_t seed) {
     if (synth_mkdir(dir)) return -1;
     char p[8500], cfg[2048], blk[128] = "", types[512] = "", dtypes[512] = "";
     for (int i = 0; i < g->nblk; i++) {
@@ -62,6 +62,15 @@ static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
         n = strlen(dtypes);
         snprintf(dtypes + n, sizeof dtypes - n, "%s\"DownEncoderBlock2D\"", i ? ", " : "");
     }
+    if (kl)   /* FLUX.1's / Z-Image's AutoencoderKL: no latent batch norm, no quant convs, scaling and shift */
+        snprintf(cfg, sizeof cfg,
+                 "{\n  \"_class_name\": \"AutoencoderKL\",\n  \"act_fn\": \"silu\",\n  \"block_out_channels\": [%s],\n"
+                 "  \"down_block_types\": [%s],\n  \"force_upcast\": true,\n  \"in_channels\": 3,\n  \"out_channels\": 3,\n"
+                 "  \"latent_channels\": %d,\n  \"layers_per_block\": %d,\n  \"mid_block_add_attention\": true,\n"
+                 "  \"norm_num_groups\": %d,\n  \"sample_size\": 1024,\n  \"scaling_factor\": 0.3611,\n  \"shift_factor\": 0.1159,\n"
+                 "  \"up_block_types\": [%s],\n  \"use_post_quant_conv\": false,\n  \"use_quant_conv\": false\n}\n",
+                 blk, dtypes, g->latent, g->lpb, g->groups, types);
+    else
     snprintf(cfg, sizeof cfg,
              "{\n  \"_class_name\": \"AutoencoderKLFlux2\",\n  \"act_fn\": \"silu\",\n  \"batch_norm_eps\": 0.0001,\n"
              "  \"block_out_channels\": [%s],\n  \"down_block_types\": [%s],\n  \"in_channels\": 3,\n  \"out_channels\": 3,\n  \"latent_channels\": %d,\n"
@@ -73,9 +82,11 @@ static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
     synth_list l = {0};
     char nm[300];
     int64_t lat = g->latent, bn = 4 * g->latent, top = g->blk[g->nblk - 1];
-    synth_add(&l, "bn.running_mean", 1, &bn, 0.0f, 0.3f);
-    synth_add(&l, "bn.running_var", 1, &bn, 1.0f, 0.5f);
-    add_conv(&l, "post_quant_conv", lat, lat, 1);
+    if (!kl) {
+        synth_add(&l, "bn.running_mean", 1, &bn, 0.0f, 0.3f);
+        synth_add(&l, "bn.running_var", 1, &bn, 1.0f, 0.5f);
+        add_conv(&l, "post_quant_conv", lat, lat, 1);
+    }
     add_conv(&l, "decoder.conv_in", top, lat, 3);
     add_resnet(&l, "decoder.mid_block.resnets.0", top, top);
     add_gn(&l, "decoder.mid_block.attentions.0.group_norm", top);
@@ -118,7 +129,7 @@ static int write_vae(const char *dir, const vae_geom *g, uint64_t seed) {
     add_resnet(&l, "encoder.mid_block.resnets.1", top, top);
     add_gn(&l, "encoder.conv_norm_out", top);
     add_conv(&l, "encoder.conv_out", 2 * lat, top, 3);
-    add_conv(&l, "quant_conv", 2 * lat, 2 * lat, 1);
+    if (!kl) add_conv(&l, "quant_conv", 2 * lat, 2 * lat, 1);
     snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors", dir);
     int rc = synth_write(&l, p, 0, 64, DT_F32, seed);
     synth_list_free(&l);
@@ -154,10 +165,10 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     if (dt_synth_name_transformer_for_diffusers(dir)) return -1;
     dt_log(1, "ditrun: synthetic pipeline: text encoder ...\n");
     snprintf(p, sizeof p, "%s/text_encoder", dir);
-    if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
+    if (dt_synth_write_qwen3(p, &te, bits, group, seed + 1)) return -1;
     dt_log(1, "ditrun: synthetic pipeline: VAE ...\n");
     snprintf(p, sizeof p, "%s/vae", dir);
-    if (write_vae(p, &vg, seed + 2)) return -1;
+    if (dt_synth_write_vae(p, &vg, 0, seed + 2)) return -1;
     /* tokenizer (with its Qwen3 chat template, which the reference pipeline applies) and scheduler: the bundled
      * ones (the tiny vocabulary's ids are valid in any larger one) */
     static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},

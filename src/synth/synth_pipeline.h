@@ -18,9 +18,17 @@ typedef struct {
     int ref_grid;               /* inputs: one ref_grid x ref_grid reference image's tokens (0: none) */
     const char *bundled_model;  /* the bundled tiny pipeline root (tokenizer and scheduler are copied from there) */
 } dt_synth_req;
-/* The families' writers: FLUX.2-klein (synth_pipeline.c), Krea 2 (synth_krea2.c). 0 or -1 (dt_last_error). */
+/* The families' writers: FLUX.2-klein (synth_pipeline.c), Krea 2 (synth_krea2.c), Z-Image (synth_zimage.c). 0 or -1
+ * (dt_last_error). */
 int dt_synth_flux2(const dt_synth_req *r);
 int dt_synth_krea2(const dt_synth_req *r);
+int dt_synth_zimage(const dt_synth_req *r);
+
+/* Z-Image (synth_zimage.c). preset: z-image-turbo (the released geometry: Z-Image transformer, Qwen3-4B text model,
+ * FLUX.1's AutoencoderKL) or z-image-tiny (tests/fixtures/zimage). bits as below (transformer and text encoder);
+ * the VAE is f32. Tokenizer and scheduler config are copied from zimage_root (the bundled tiny Z-Image pipeline). */
+int dt_synth_zimage_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
+                             const char *zimage_root);
 
 /* preset: klein-4b, klein-9b or tiny. bits 0 = bf16 Linears, 4/8 = MLX affine (transformer and text
  * encoder, group `group`); the VAE is f32. Tokenizer and scheduler config are copied from
@@ -33,7 +41,14 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
 int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
                             const char *krea2_root);
 
-/* ---- the pieces both synthetic pipelines share (synth_pipeline.c) ---- */
+/* ---- the pieces the synthetic pipelines share (synth_pipeline.c, synth_flux2.c) ---- */
+
+/* A VAE folder DIR (config.json + diffusion_pytorch_model.safetensors, f32 random weights, encoder included):
+ * latent channels, block_out_channels [nblk], layers_per_block, GroupNorm groups. kl 0: AutoencoderKLFlux2 (latent
+ * batch norm, quant convs); kl 1: AutoencoderKL as FLUX.1 and Z-Image use it (no quant convs, scaling 0.3611, shift
+ * 0.1159). 0 or -1. */
+typedef struct { int latent, nblk, blk[4], lpb, groups; } dt_synth_vae_geom;
+int dt_synth_write_vae(const char *dir, const dt_synth_vae_geom *g, int kl, uint64_t seed);
 
 /* Geometry of a Qwen3 text model (Qwen3ForCausalLM, or Qwen3-VL's text layers). */
 typedef struct { int hidden, layers, heads, kv, hd, inter, vocab; } dt_synth_text_geom;
@@ -44,6 +59,9 @@ typedef struct { int hidden, layers, heads, kv, hd, inter, vocab; } dt_synth_tex
  * 0 ok, -1 error (dt_last_error). */
 int dt_synth_write_text_model(const char *dir, const char *config, const char *prefix, const dt_synth_text_geom *g,
                               int bits, int group, uint64_t seed);
+
+/* A Qwen3ForCausalLM text encoder (FLUX.2-klein's, Z-Image's) in DIR (dt_synth_write_text_model with its config). */
+int dt_synth_write_qwen3(const char *dir, const dt_synth_text_geom *g, int bits, int group, uint64_t seed);
 
 /* Renames the pipeline folder DIR's transformer/model.safetensors to diffusion_pytorch_model.safetensors, the
  * name diffusers' from_pretrained looks for, so the reference can load the same folder. 0 ok, -1 error. */

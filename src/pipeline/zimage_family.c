@@ -1,0 +1,415 @@
+/* zimage_family.c — the Z-Image family of the engine (diffusers ZImagePipeline, ZImageImg2ImgPipeline,
+ * ZImageInpaintPipeline): Qwen3 chat template -> hidden_states[-2] of the real tokens (zimage_prompt.h) -> noise
+ * [C, H/s, W/s] (s = the VAE's scale factor) -> sigmas linspace(1, 1/n, n) through the scheduler's shift (mu from
+ * the image token count when it shifts dynamically) -> flow-matching Euler loop (pipeline/sampler.h) whose velocity
+ * is −(the transformer's output at t = (1000 − timestep)/1000), with classifier-free guidance whenever guidance > 0
+ * shaped per step by cfg_truncation and cfg_normalization (zimage_guidance.h) -> latents / scaling + shift -> the
+ * AutoencoderKL decoder -> 8-bit RGB.
+ *
+ * img2img (an init image, no mask): the image (sides floored to the size multiple, Lanczos-stretched when that
+ * changes them) is encoded to a posterior *sample* (mean + std·eps, as retrieve_latents), scaled, and mixed with the
+ * noise at the first kept step's sigma; the strength keeps the last floor-rule steps (dt_inpaint_steps).
+ * Inpainting (with --mask): the same, and after every step the kept region (mask < 0.5 after Lanczos and
+ * binarizing, nearest-sampled to the latent grid) is restored from the image latents re-noised at the next sigma
+ * (the clean latents after the last step). The reference also encodes the masked image and never uses it: skipped.
+ *
+ * Draws: the noise is the request's (--noise: in.initial_latents [1, C, H/s, W/s]) or seeded; the posterior's eps is
+ * the noise file's in.posterior_noise (same shape) when present, else seeded from seed ^ ZI_POSTERIOR_SEED.
+ * Defaults: a Turbo checkpoint (model_index.json `is_distilled: true`, or "turbo" in the folder's path, as the
+ * Tongyi-MAI/Z-Image-Turbo folders are named) runs 9 steps without guidance (its model card); otherwise the
+ * pipeline's 50 steps and guidance 5. Observed: prompt_embeds [1, T, D], sigmas, timesteps,
+ * stepK.latents_packed [C, h, w] (the unpacked latents: Z-Image patchifies inside the model), latents_unpacked,
+ * image_float. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image/edit_prep.h"
+#include "image/image_resample.h"
+#include "io/safetensors.h"
+#include "models/qwen3.h"
+#include "models/vae_kl.h"
+#include "models/zimage_dit.h"
+#include "pipeline/family.h"
+#include "pipeline/inpaint.h"
+#include "pipeline/latents.h"
+#include "pipeline/sampler.h"
+#include "pipeline/scheduler.h"
+#include "pipeline/zimage_guidance.h"
+#include "pipeline/zimage_prompt.h"
+#include "text/tokenizer.h"
+
+static const char *const zi_pipelines[] = {"ZImagePipeline", "ZImageImg2ImgPipeline", "ZImageInpaintPipeline", NULL};
+static const char *const zi_transformers[] = {"ZImageTransformer2DModel", NULL};
+static const char *const zi_presets[] = {"z-image-turbo", "z-image-tiny", NULL};
+
+#define ZI_DEFAULT_STEPS 50          /* ZImagePipeline's defaults */
+#define ZI_DEFAULT_GUIDANCE 5.0f
+#define ZI_TURBO_STEPS 9             /* Z-Image-Turbo's model card */
+#define ZI_POSTERIOR_SEED 0x5eedface0b57e41ULL   /* the posterior draw's seed: seed ^ this */
+
+typedef struct {
+    char *te_dir;
+    int distilled, max_tap;
+    dt_tokenizer *tok;
+    dt_sched_config sched;
+    dt_qwen3_config tcfg;
+    zimage_config dcfg;
+    dt_vae_config vcfg;
+    dt_qwen3 *te;             /* NULL between prompts with release_text_encoder */
+    dt_dit *dit;              /* NULL until first needed with release_text_encoder */
+    dt_vae *vae;
+} zi_state;
+
+static void zi_free(dt_pipeline *p) {
+    zi_state *z = p->fam;
+    if (!z) return;
+    if (z->tok) dt_tokenizer_free(z->tok);
+    if (z->te) dt_qwen3_free(z->te);
+    dt_dit_free(z->dit);
+    if (z->vae) dt_vae_free(z->vae);
+    free(z->te_dir);
+    free(z);
+    p->fam = NULL;
+}
+
+static int ensure_te(dt_pipeline *p) {
+    zi_state *z = p->fam;
+    return dt_family_ensure_text_encoder(p, z->te_dir, z->max_tap, &z->te);
+}
+
+static int ensure_dit_vae(dt_pipeline *p) {
+    zi_state *z = p->fam;
+    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side};
+    if (!z->dit && !(z->dit = zimage_dit_load(p->be, p->root, &lo))) return -1;
+    if (!z->vae && (!(z->vae = dt_vae_kl_load(p->be, p->root)) ||
+                    dt_vae_set_tiling(z->vae, p->opts.vae_tiling, p->opts.vae_tile)))
+        return -1;
+    return 0;
+}
+
+static int read_dit_config(const char *root, zimage_config *c) {
+    char *p = dt_path_join(root, "transformer/config.json");
+    json *j = json_parse_file(p);
+    int rc = -1;
+    if (j) {
+        const char *cls = json_get_str(j, "_class_name");
+        if (cls && !dt_family_name_in(zi_transformers, cls))
+            dt_set_error("%s: _class_name is '%s', expected %s", p, cls, zi_transformers[0]);
+        else
+            rc = zimage_config_parse(j, p, c);
+    }
+    json_free(j);
+    free(p);
+    return rc;
+}
+
+/* A Turbo checkpoint: is_distilled in model_index.json, else "turbo" (any case) in the folder's path. */
+static int is_turbo(const json *idx, const char *root) {
+    const json *d = json_get(idx, "is_distilled");
+    if (d && d->type == JSON_BOOL) return d->boolean;
+    for (const char *s = root; *s; s++)
+        if (!strncasecmp(s, "turbo", 5)) return 1;
+    return 0;
+}
+
+static int zi_load(dt_pipeline *p, const json *idx) {
+    zi_state *z = dt_calloc(1, sizeof *z);
+    p->fam = z;
+    const char *root = p->root;
+    char *tokd = dt_path_join(root, "tokenizer"), *sch = dt_path_join(root, "scheduler");
+    char *vaed = dt_path_join(root, "vae");
+    z->te_dir = dt_path_join(root, "text_encoder");
+    int rc = -1;
+    if (p->opts.n_taps) {
+        dt_set_error("%s: Z-Image takes the text encoder's hidden_states[-2]; --taps does not apply", root);
+        goto out;
+    }
+    if (!(z->tok = dt_tokenizer_load(tokd)) || dt_sched_config_load(sch, &z->sched)) goto out;
+    if (dt_qwen3_read_config(z->te_dir, &z->tcfg) || read_dit_config(root, &z->dcfg) ||
+        dt_vae_kl_read_config(vaed, &z->vcfg))
+        goto out;
+    if (z->tcfg.num_layers < 2) {
+        dt_set_error("%s/config.json: the text encoder has %d layers; Z-Image reads hidden_states[-2] (at least 2)",
+                     z->te_dir, z->tcfg.num_layers);
+        goto out;
+    }
+    z->max_tap = dt_zimage_prompt_tap(z->tcfg.num_layers);   /* the last layer is never needed */
+    if (z->tcfg.hidden != z->dcfg.cap_dim) {
+        dt_set_error("%s: the text encoder's hidden size %d != the transformer's cap_feat_dim %d", root, z->tcfg.hidden,
+                     z->dcfg.cap_dim);
+        goto out;
+    }
+    if (z->dcfg.in_channels != z->vcfg.latent_channels) {
+        dt_set_error("%s: transformer in_channels %d != the VAE's latent_channels %d", root, z->dcfg.in_channels,
+                     z->vcfg.latent_channels);
+        goto out;
+    }
+    if (z->sched.use_dynamic_shifting && z->sched.max_image_seq_len == z->sched.base_image_seq_len) {
+        dt_set_error("%s: scheduler base_image_seq_len and max_image_seq_len are equal (no time shift line)", root);
+        goto out;
+    }
+    if (!p->opts.release_text_encoder && (ensure_te(p) || ensure_dit_vae(p))) goto out;
+    z->distilled = is_turbo(idx, root);
+    p->info.distilled = z->distilled;
+    p->info.default_steps = z->distilled ? ZI_TURBO_STEPS : ZI_DEFAULT_STEPS;
+    p->info.default_guidance = z->distilled ? 0.0f : ZI_DEFAULT_GUIDANCE;
+    p->info.size_multiple = z->vcfg.scale_factor * z->dcfg.patch;
+    const int ax = z->dcfg.axes_len[1] < z->dcfg.axes_len[2] ? z->dcfg.axes_len[1] : z->dcfg.axes_len[2];
+    p->info.max_side = ax * p->info.size_multiple > 16384 ? 16384 : ax * p->info.size_multiple;
+    p->info.editing = 1;   /* img2img and inpainting (no reference images: refused in generate) */
+    p->info.img2img = 1;
+    p->info.cfg_shaping = 1;
+    p->info.max_image_tokens = dt_calculate_shift_max_tokens(&z->sched);
+    rc = 0;
+out:
+    free(tokd);
+    free(sch);
+    free(vaed);
+    if (rc) zi_free(p);
+    return rc;
+}
+
+/* What the sampling loop's model callback needs: the latents x [C, h, w] are the reference's (unpacked). */
+typedef struct {
+    dt_dit *dit;
+    const zimage_config *c;
+    const float *pos, *neg;           /* caption features [Tp, D], [Tn, D] (neg only with guidance) */
+    int Tp, Tn, h, w;
+    const float *timesteps;
+    float guidance, cfg_norm, cfg_trunc;
+    float *tok_in, *tok_out, *u;      /* [N, p²C] x 2, [C·h·w] */
+    size_t n;
+    int cfg_steps;                    /* steps that ran the negative prompt */
+    /* inpainting (mask NULL otherwise): image latents, noise [C, h, w], mask [h, w] (1 = repaint), sigmas */
+    const float *init, *noise, *mask, *sigmas;
+    int last;                         /* schedule index of the last step */
+} zi_ctx;
+
+static int forward(zi_ctx *c, const float *tokens, const float *cap, int T, float t, float *out) {
+    dt_dit_step st = {.img = tokens, .n_img = (c->h / c->c->patch) * (c->w / c->c->patch), .txt = cap, .n_txt = T,
+                      .text = -1, .timestep = t, .grid_h = c->h / c->c->patch, .grid_w = c->w / c->c->patch,
+                      .out = c->tok_out};
+    if (dt_dit_forward(c->dit, &st)) return -1;
+    zimage_unpatchify(c->c, c->tok_out, c->h, c->w, out);
+    return 0;
+}
+
+/* v [C·h·w] = the velocity at step i: −(prompt prediction, guided when the step's guidance is on). */
+static int zi_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
+    zi_ctx *c = ctx;
+    (void)pass; (void)fbc;   /* one sampler pass per step: the guidance runs here (its shaping needs both) */
+    const float t = (1000.0f - c->timesteps[i]) / 1000.0f;   /* f32, as the reference's tensor arithmetic */
+    const float g = dt_zimage_step_guidance(c->guidance, c->cfg_trunc, c->timesteps[i]);
+    zimage_patchify(c->c, x, c->h, c->w, c->tok_in);
+    if (forward(c, c->tok_in, c->pos, c->Tp, t, v)) return -1;
+    if (g > 0.0f) {
+        if (forward(c, c->tok_in, c->neg, c->Tn, t, c->u)) return -1;
+        dt_zimage_cfg_combine(v, c->u, c->n, g, c->cfg_norm, v);
+        c->cfg_steps++;
+    }
+    for (size_t k = 0; k < c->n; k++) v[k] = -v[k];
+    return 0;
+}
+
+/* Inpainting after step i: x = (1 − m)·init' + m·x, init' the image latents re-noised at sigma[i + 1] (the clean
+ * latents after the last step), m per latent pixel over every channel (float32 as the reference). */
+static void zi_restore(void *ctx, int i, float *x) {
+    zi_ctx *c = ctx;
+    const size_t hw = (size_t)c->h * c->w, C = c->n / hw;
+    const float s = c->sigmas[i + 1];
+    for (size_t ch = 0; ch < C; ch++)
+        for (size_t k = 0; k < hw; k++) {
+            const size_t j = ch * hw + k;
+            const float init = i == c->last ? c->init[j] : s * c->noise[j] + (1.0f - s) * c->init[j];
+            const float m = c->mask[k];
+            x[j] = (1.0f - m) * init + m * x[j];
+        }
+}
+
+/* The init image as the reference's image processor prepares it: sides floored to `mult`, Lanczos-stretched when
+ * that changes them, RGB in [−1, 1]. 0 or -1. */
+static int prep_init(const dt_image *im, const char *name, int mult, dt_prep_image *out) {
+    memset(out, 0, sizeof *out);
+    const int w = im->w / mult * mult, h = im->h / mult * mult;
+    if (w < mult || h < mult) {
+        dt_set_error("%s: init image of %dx%d is too small (at least %d pixels per side)", name, im->w, im->h, mult);
+        return -1;
+    }
+    dt_image fit = {0};
+    if (dt_image_resize(im, w, h, &fit)) return -1;
+    uint8_t *rgb = dt_image_to_rgb(&fit);
+    dt_image_free(&fit);
+    out->w = w;
+    out->h = h;
+    out->rgb = dt_malloc(sizeof(float) * 3 * (size_t)w * h);
+    dt_prep_normalize(rgb, w, h, out->rgb);
+    free(rgb);
+    return 0;
+}
+
+/* The posterior's eps [n]: the noise file's in.posterior_noise, else seeded. 0 or -1. */
+static int posterior_noise(const dt_gen_params *g, float *eps, int C, int h, int w) {
+    const int64_t n = (int64_t)C * h * w;
+    if (g->noise_file) {
+        st_file *f = st_open(g->noise_file);
+        if (!f) return -1;
+        const st_tensor *t = st_find(f, "in.posterior_noise");
+        int rc = 0;
+        if (t && t->numel != n) {
+            dt_set_error("%s: in.posterior_noise has %lld values, the init image's latents %lld ([1, %d, %d, %d])",
+                         g->noise_file, (long long)t->numel, (long long)n, C, h, w);
+            rc = -1;
+        } else if (t) {
+            float *v = st_to_f32(t);
+            memcpy(eps, v, sizeof(float) * (size_t)n);
+            free(v);
+        }
+        st_close(f);
+        if (rc || t) return rc;
+    }
+    dt_latents_noise(g->seed ^ ZI_POSTERIOR_SEED, C, h, w, eps);
+    return 0;
+}
+
+static int zi_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
+                       dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
+    zi_state *z = p->fam;
+    const double t_start = dt_now();
+    double t0 = t_start;
+    int rc = -1;
+    float *pos = NULL, *neg = NULL, *x = NULL, *v = NULL, *noise = NULL, *sigmas = NULL, *timesteps = NULL,
+          *img = NULL, *init = NULL, *mask = NULL, *m01 = NULL, *mlat = NULL, *eps = NULL, *tok_in = NULL,
+          *tok_out = NULL, *u = NULL;
+    uint8_t *rgb = NULL;
+    dt_prep_image prep = {0};
+    const int cfg = g->guidance > 0.0f;
+    const int mult = p->info.size_multiple, vsf = z->vcfg.scale_factor, C = z->dcfg.in_channels;
+    if (g->n_refs) { dt_set_error("zimage: Z-Image takes no reference images (img2img and inpainting: --init-image)"); return -1; }
+    if (g->cache.kind != DT_CACHE_OFF) { dt_set_error("zimage: step caching (--cache) is not implemented for Z-Image"); return -1; }
+
+    /* ---- the init image sets the size (img2img, inpainting) ---- */
+    int H = g->height, W = g->width;
+    if (g->init_image) {
+        double ti = dt_now();
+        if (prep_init(g->init_image, g->init_name ? g->init_name : "init image", mult, &prep)) goto done;
+        W = prep.w;
+        H = prep.h;
+        if (g->mask && dt_prep_mask(g->mask, g->mask_name ? g->mask_name : "mask", g->init_image->w, g->init_image->h,
+                                    W, H, mult, &m01, &mlat))
+            goto done;
+        tm->t_images += dt_now() - ti;
+    }
+    const int h = H / vsf, w = W / vsf;
+    const size_t n = (size_t)C * h * w;
+    tm->height = H;
+    tm->width = W;
+
+    /* ---- text ---- */
+    if (ensure_te(p)) goto done;
+    tm->t_load += dt_now() - t0;
+    t0 = dt_now();
+    const int tap = z->max_tap;
+    dt_gen_log_encoding(g, g->max_seq_len, &tap, 1, cfg, "");
+    int Tp = 0, Tn = 0;
+    if (dt_zimage_encode_prompt(z->te, z->tok, g->prompt, g->max_seq_len, &pos, &Tp)) goto done;
+    dt_gen_observe(obs, ud, "prompt_embeds", pos, 3, 1, Tp, z->tcfg.hidden, 0);
+    if (cfg && dt_zimage_encode_prompt(z->te, z->tok, g->negative_prompt, g->max_seq_len, &neg, &Tn)) goto done;
+    dt_family_release_text_encoder(p, &z->te);
+    tm->t_encode = dt_now() - t0;
+    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+
+    /* ---- transformer + VAE (already resident unless released-encoder mode) ---- */
+    t0 = dt_now();
+    if (ensure_dit_vae(p)) goto done;
+    tm->t_load += dt_now() - t0;
+
+    /* ---- schedule: linspace(1, 1/n, n) shifted (get_default_z_image_sigmas), mu from the image token count ---- */
+    const int64_t seq = (int64_t)(h / z->dcfg.patch) * (w / z->dcfg.patch);
+    sigmas = dt_malloc(sizeof(float) * (size_t)(g->steps + 1));
+    timesteps = dt_malloc(sizeof(float) * (size_t)g->steps);
+    if (dt_schedule_make_mu(&z->sched, g->steps, dt_calculate_shift(&z->sched, seq), sigmas, timesteps)) goto done;
+    int first = 0, n_run = g->steps;
+    if (g->init_image && dt_inpaint_steps(g->steps, g->strength, &first, &n_run)) goto done;
+    dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
+    dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+
+    /* ---- noise [C, h, w]; with an init image mixed with its latents at the first kept sigma ---- */
+    x = dt_malloc(sizeof(float) * n);
+    char layout[160];
+    snprintf(layout, sizeof layout, "[1, %d, %d, %d], the latents for a %dx%d image%s", C, h, w, W, H,
+             g->init_image ? " (the noise before it is mixed with the init image)" : "");
+    if (dt_gen_noise(g, x, C, h, w, layout)) goto done;
+    if (g->init_image) {
+        double ti = dt_now();
+        eps = dt_malloc(sizeof(float) * n);
+        init = dt_malloc(sizeof(float) * n);
+        if (posterior_noise(g, eps, C, h, w) || dt_vae_kl_encode_sample(z->vae, prep.rgb, H, W, eps, init)) goto done;
+        tm->t_images += dt_now() - ti;
+        noise = x;
+        x = dt_malloc(sizeof(float) * n);
+        dt_scale_noise(x, init, noise, n, sigmas[first]);
+        if (mlat) {   /* the binarized mask nearest-sampled to the latent grid (F.interpolate mode="nearest") */
+            mask = dt_malloc(sizeof(float) * (size_t)h * w);
+            for (int r = 0; r < h; r++)
+                for (int c = 0; c < w; c++) mask[(size_t)r * w + c] = m01[(size_t)r * vsf * W + (size_t)c * vsf];
+        }
+    }
+
+    /* ---- denoising loop ---- */
+    const int64_t N = seq;
+    v = dt_malloc(sizeof(float) * n);
+    tok_in = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
+    tok_out = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
+    if (cfg) u = dt_malloc(sizeof(float) * n);
+    zi_ctx zc = {.dit = z->dit, .c = &z->dcfg, .pos = pos, .neg = neg, .Tp = Tp, .Tn = Tn, .h = h, .w = w,
+                 .timesteps = timesteps, .guidance = g->guidance, .cfg_norm = g->cfg_normalization,
+                 .cfg_trunc = g->cfg_truncation, .tok_in = tok_in, .tok_out = tok_out, .u = u, .n = n,
+                 .init = init, .noise = noise, .mask = mask, .sigmas = sigmas, .last = g->steps - 1};
+    const int64_t shape[3] = {C, h, w};
+    dt_sampler sm = {.steps = n_run, .first = first, .sigmas = sigmas, .timesteps = timesteps, .cfg = 0,
+                     .guidance = 0.0f, .n = n, .obs_shape = shape, .predict = zi_predict,
+                     .after_step = mask ? zi_restore : NULL, .ctx = &zc, .v = v};
+    dt_dit_set_cancel(z->dit, g->cancel);   /* checked per block */
+    rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
+    dt_dit_set_cancel(z->dit, NULL);
+    if (rc) goto done;
+    rc = -1;
+    if (cfg) dt_log(2, "ditrun: zimage: %d of %d steps ran with guidance\n", zc.cfg_steps, n_run);
+    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+
+    /* ---- latents -> image ---- */
+    double tdec = dt_now();
+    dt_gen_observe(obs, ud, "latents_unpacked", x, 4, 1, C, h, w);
+    if (obs) {   /* the float image is observed too */
+        img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
+        if (dt_vae_kl_decode(z->vae, x, h, w, img)) goto done;
+        rgb = dt_gen_image_rgb(img, H, W, obs, ud);
+    } else {
+        rgb = dt_malloc(3 * (size_t)H * W);
+        if (dt_vae_kl_decode_rgb8(z->vae, x, h, w, rgb)) goto done;
+    }
+    tm->t_decode = dt_now() - tdec;
+    tm->t_total = dt_now() - t_start;
+    *rgb_out = rgb;
+    rgb = NULL;
+    *w_out = W;
+    *h_out = H;
+    rc = 0;
+done:
+    free(pos); free(neg); free(x); free(v); free(noise); free(sigmas); free(timesteps); free(img); free(init);
+    free(mask); free(m01); free(mlat); free(eps); free(tok_in); free(tok_out); free(u); free(rgb);
+    dt_prep_image_free(&prep);
+    return rc;
+}
+
+/* sequence_parallel 0: Z-Image has no split forward; fp8 modes: the blocks' Linears (--precision fp8) and attention
+ * (--attn-precision fp8) in zimage.c */
+const dt_family dt_family_zimage = {
+    .name = "z-image", .title = "Z-Image", .pipeline_classes = zi_pipelines, .transformer_classes = zi_transformers,
+    .presets = zi_presets, .fp8 = 1, .load = zi_load, .free = zi_free, .generate = zi_generate,
+    .dit_load = zimage_dit_load, .describe = zimage_config_describe, .synth = dt_synth_zimage,
+    .read_inputs = zimage_dit_read_inputs,
+};
