@@ -90,6 +90,9 @@ int cmd_convert(int argc, char **argv) {
         if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);
         return 0;
     }
+    if (fam && fam != &dt_family_klein)   /* Z-Image: q4/q8 with quantize, fp8 at load with --precision fp8 */
+        return cli_error("convert: --format %s: not implemented for %s transformers (ditrun quantize writes q4/q8; "
+                         "--precision fp8 runs the blocks in fp8 from bf16 weights)", format, fam->title);
     if (format) {
         if (flux2_export(in, out, &eo, &written)) return cli_error("%s", dt_last_error());
         if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);

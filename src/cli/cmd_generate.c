@@ -38,15 +38,18 @@ static void usage(FILE *f) {
             "  --guidance G                classifier-free guidance (FLUX.2: non-distilled models only, default 4.0;\n"
             "                              Krea 2: cond + G*(cond - uncond) whenever G > 0, default 4.5, 0 distilled)\n"
             "  --negative-prompt TEXT      CFG negative prompt (default empty, as the reference)\n"
+            "  --cfg-normalization F       Z-Image: cap the guided prediction's norm at F x the prompt's (0: off, default)\n"
+            "  --cfg-truncation F          Z-Image: no guidance on steps past (1000 - t)/1000 > F (default 1: never)\n"
             "  --noise FILE                read the initial noise from FILE (tensor in.initial_latents [1,C,h,w]:\n"
             "                              FLUX.2 the packed grid, Krea 2 the VAE latent grid before packing; for\n"
             "                              inpainting the Gaussian noise before it is mixed with the init image)\n"
             "  --image FILE                FLUX.2: a reference image to edit from (PNG, JPEG or WebP; repeatable, in\n"
             "                              order, up to 16); without --height/--width the first one sets the size (over\n"
             "                              1024x1024 pixels it is resized to that area, then cropped to multiples of 16)\n"
-            "  --init-image FILE           FLUX.2 inpainting: the image to edit (sets the output size) ...\n"
-            "  --mask FILE                 ... and its mask, the same size (white = repaint, black = keep)\n"
-            "  --strength S                inpainting: how much to repaint, in (0, 1] (default 0.8): the noisiest\n"
+            "  --init-image FILE           inpainting (FLUX.2, Z-Image): the image to edit (sets the output size) ...\n"
+            "  --mask FILE                 ... and its mask, the same size (white = repaint, black = keep); Z-Image\n"
+            "                              without --mask: img2img (the whole image re-noised to --strength)\n"
+            "  --strength S                inpainting, img2img: how much to repaint, in (0, 1] (default 0.8): the noisiest\n"
             "                              (1 - S) of the steps are skipped\n"
             "  --max-sequence-length N     text tokens (default 512)\n"
             "  --text-encoder-layers a,b,c hidden-state taps (FLUX.2 default 9,18,27 for 36-layer encoders, k*L/(n+1)\n"
@@ -266,6 +269,13 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { if (cli_parse_int(a, v, 0, 0x7fffffffffffffffL, &l)) return 1; p.seed = (uint64_t)l; i++; }
         else if (!strcmp(a, "--guidance")) { if (cli_parse_float(a, v, &d)) return 1; if (d < 0 || d > 100) return cli_error("--guidance must be in [0, 100]"); p.guidance = (float)d; i++; }
         else if (!strcmp(a, "--noise")) { if (!v) return cli_error("--noise needs a value"); p.noise_file = v; i++; }
+        else if (!strcmp(a, "--cfg-normalization") || !strcmp(a, "--cfg-truncation")) {
+            if (cli_parse_float(a, v, &d)) return 1;
+            if (!(d >= 0 && d <= 100)) return cli_error("%s %s is out of range [0, 100]", a, v);
+            if (a[6] == 'n') { p.cfg_normalization = (float)d; p.cfg_normalization_set = 1; }
+            else { p.cfg_truncation = (float)d; p.cfg_truncation_set = 1; }
+            i++;
+        }
         else if (!strcmp(a, "--image")) {
             if (!v) return cli_error("--image needs a file");
             if (ef.n_refs == DT_GEN_MAX_REFS) return cli_error("--image: at most %d reference images", DT_GEN_MAX_REFS);
@@ -321,9 +331,9 @@ int cmd_generate(int argc, char **argv) {
     if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
         return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (ef.mask_path && !ef.init_path) return cli_error("generate: --mask needs --init-image (the image to inpaint)");
-    if (ef.init_path && !ef.mask_path)
-        return cli_error("generate: --init-image needs --mask (white = repaint, black = keep)");
-    if (p.strength != 0 && !ef.init_path) return cli_error("generate: --strength applies to inpainting (--init-image with --mask)");
+    /* --init-image without --mask: img2img where the family has it (Z-Image), else the engine's error */
+    if (p.strength != 0 && !ef.init_path)
+        return cli_error("generate: --strength applies to inpainting and img2img (--init-image)");
     if (!lo.model) {
         lo.model = cli_bundled_model();
         dt_log(1, "ditrun: no --model given: using the bundled tiny model %s (random weights)\n", lo.model);

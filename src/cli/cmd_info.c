@@ -15,6 +15,7 @@
 #include "models/flux2_layouts.h"
 #include "models/qwen3.h"
 #include "models/vae_flux2.h"
+#include "models/vae_kl.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/placement.h"
@@ -114,8 +115,11 @@ static int describe_encoder_or_vae(const char *label, const char *path, const ch
         return 0;
     }
     dt_vae_config v;
-    if (dt_vae_read_config(path, &v)) return 1;
-    printf("  geometry     latent %d x patch %d, blocks (", v.latent_channels, v.patch);
+    const int kl = cls && !strcmp(cls, "AutoencoderKL");   /* FLUX.1's / Z-Image's: no batch norm, scaling + shift */
+    if (kl ? dt_vae_kl_read_config(path, &v) : dt_vae_read_config(path, &v)) return 1;
+    if (kl) printf("  geometry     latent %d (scaling %g, shift %g), blocks (", v.latent_channels, v.scaling_factor,
+                   v.shift_factor);
+    else printf("  geometry     latent %d x patch %d, blocks (", v.latent_channels, v.patch);
     for (int i = 0; i < v.n_blocks; i++) printf("%s%d", i ? "," : "", v.block_out[i]);
     printf("), %d layers per block, %d groups, %dx upsampling\n", v.layers_per_block, v.norm_groups, v.scale_factor);
     return 0;

@@ -52,7 +52,7 @@ void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n);
 /* "12.00 GiB" (or MiB below one GiB) of b bytes into buf. */
 const char *dt_place_bytes(int64_t b, char *buf, size_t n);
 
-/* The sizes of the pipeline folder `root` (FLUX.2-klein or Krea 2) for one W x H image with T text tokens and
+/* The sizes of the pipeline folder `root` (FLUX.2-klein, Krea 2 or Z-Image) for one W x H image with T text tokens and
  * activations of elem bytes (2: bf16 on a GPU): weights from the files (f32 tensors counted at elem bytes, as the
  * device keeps them), the VAE decode exactly (dt_vae_decode_act_bytes / dt_qvae_decode_act_bytes, tiles of the VAE's
  * default size or `tile` pixels), the transformer forward and the text encoding estimated from their widths:

@@ -10,7 +10,9 @@
 #include "models/flux2.h"
 #include "models/krea2.h"
 #include "models/qwen3.h"
+#include "models/zimage.h"
 #include "models/vae_flux2.h"
+#include "models/vae_kl.h"
 #include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/placement.h"
@@ -42,12 +44,17 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     if (weight_bytes(te, elem, &s->text_encoder, NULL, NULL) || weight_bytes(tr, elem, &s->transformer, &quantized, &tw) ||
         weight_bytes(va, elem, &s->vae, NULL, NULL))
         goto out;
-    /* the transformer's widths: FLUX.2 or Krea 2 by its config */
+    /* the transformer's widths: FLUX.2, Krea 2 or Z-Image by its config */
     const json *cfg = dt_weights_config(tw);
     const char *cls = cfg ? json_get_str(cfg, "_class_name") : NULL;
     int D, F, hd;
     const int krea2 = cls && !strcmp(cls, "Krea2Transformer2DModel");
-    if (krea2) {
+    const int zimage = dt_family_for_config(cfg) == &dt_family_zimage;
+    if (zimage) {
+        zimage_config c;
+        if (zimage_config_parse(cfg, tr, &c)) goto out;
+        D = c.dim, F = c.ffn, hd = c.head_dim;
+    } else if (krea2) {
         krea2_config c;
         if (krea2_config_parse(cfg, tr, &c)) goto out;
         D = c.hidden, F = c.intermediate, hd = c.head_dim;
@@ -64,7 +71,7 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
     int scale;
     if (!krea2) {   /* Krea 2 pipelines decode with the Qwen-Image VAE */
-        if (dt_vae_read_config(va, &fv)) goto out;
+        if (zimage ? dt_vae_kl_read_config(va, &fv) : dt_vae_read_config(va, &fv)) goto out;   /* Z-Image: FLUX.1's */
         scale = fv.scale_factor;
         const int lh = H / scale, lw = W / scale, t = tile ? tile : fv.sample_size;
         s->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);

@@ -333,6 +333,7 @@ static int zi_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     if (dt_schedule_make_mu(&z->sched, g->steps, dt_calculate_shift(&z->sched, seq), sigmas, timesteps)) goto done;
     int first = 0, n_run = g->steps;
     if (g->init_image && dt_inpaint_steps(g->steps, g->strength, &first, &n_run)) goto done;
+    tm->steps = n_run;
     dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
     dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
 

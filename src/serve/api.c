@@ -119,7 +119,7 @@ static int check_size(const dt_api_limits *lim, int64_t w, int64_t h, dt_api_err
 static const char *const known_fields[] = {"prompt", "n", "size", "response_format", "seed", "steps", "guidance",
                                            "negative_prompt", "stream", "cache", "model", "user", "quality", "style",
                                            "output_format", "output_compression", "moderation", "background",
-                                           NULL};
+                                           "cfg_normalization", "cfg_truncation", NULL};
 static const char *const edit_fields[] = {"strength", "input_fidelity", NULL};
 
 static int known(const char *key, int edit) {
@@ -142,10 +142,12 @@ static void gen_point(dt_api_request *r) {
     g->refs = r->refs;
     g->ref_names = (const char *const *)r->ref_names;
     g->n_refs = r->n_refs;
-    if (r->inpaint) {
+    if (r->inpaint || r->img2img) {
         g->init_image = &r->init;
-        g->mask = &r->mask;
         g->init_name = r->init_name;
+    }
+    if (r->inpaint) {
+        g->mask = &r->mask;
         g->mask_name = r->mask_name;
     }
 }
@@ -245,9 +247,24 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
                 return dt_api_invalid(e, "strength", "'strength' must be a number, not %s", type_name(sj));
             if (!(sj->number > 0 && sj->number <= 1))
                 return dt_api_invalid(e, "strength", "'strength' is %g; it must be in (0, 1]", sj->number);
-            if (!r->inpaint) return dt_api_invalid(e, "strength", "'strength' applies to inpainting (send a 'mask')");
+            if (!r->inpaint && !r->img2img)
+                return dt_api_invalid(e, "strength", "'strength' applies to inpainting (send a 'mask')");
             r->strength = sj->number;
         }
+    }
+    /* Z-Image's guidance shaping (the engine refuses them, naming the family, for the others) */
+    static const char *const cfg_keys[2] = {"cfg_normalization", "cfg_truncation"};
+    float cfg_vals[2] = {0, 1};
+    int cfg_set[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        const json *cv = json_get(root, cfg_keys[k]);
+        if (!cv || cv->type == JSON_NULL) continue;
+        if (cv->type != JSON_NUMBER)
+            return dt_api_invalid(e, cfg_keys[k], "'%s' must be a number, not %s", cfg_keys[k], type_name(cv));
+        if (!(cv->number >= 0 && cv->number <= 100))
+            return dt_api_invalid(e, cfg_keys[k], "'%s' is %g; it must be between 0 and 100", cfg_keys[k], cv->number);
+        cfg_vals[k] = (float)cv->number;
+        cfg_set[k] = 1;
     }
     r->cache = lim->cache;
     const json *cj = json_get(root, "cache");
@@ -275,8 +292,16 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
     job->guidance = r->guidance;
     job->cache = r->cache;
     job->max_seq_len = lim->max_seq_len;
-    if (r->inpaint) job->strength = r->strength;
-    if (dt_gen_params_resolve(&lim->info, job)) return dt_api_invalid(e, NULL, "%s", dt_last_error());
+    if (r->inpaint || r->img2img) job->strength = r->strength;
+    job->cfg_normalization_set = cfg_set[0];
+    job->cfg_normalization = cfg_vals[0];
+    job->cfg_truncation_set = cfg_set[1];
+    job->cfg_truncation = cfg_vals[1];
+    if (dt_gen_params_resolve(&lim->info, job)) {
+        const char *f = strstr(dt_last_error(), "cfg_normalization") ? "cfg_normalization"
+                        : strstr(dt_last_error(), "cfg_truncation") ? "cfg_truncation" : NULL;
+        return dt_api_invalid(e, f, "%s", dt_last_error());
+    }
     return 0;
 }
 

@@ -51,6 +51,7 @@ typedef struct {
     char *ref_names[DT_GEN_MAX_REFS];   /* their upload file names (for messages) */
     int n_refs;
     int inpaint;                    /* a mask was sent: the first image is inpainted (init), the rest are references */
+    int img2img;                    /* no mask, one image, a model with img2img (Z-Image): that image is the init */
     dt_image init, mask;            /* mask: L, white = repaint (an uploaded mask with transparency: transparent = repaint) */
     char *init_name, *mask_name;
     double strength;                /* 0 = the engine's default */

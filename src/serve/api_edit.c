@@ -75,7 +75,9 @@ static void field_json(dt_strbuf *j, const dt_api_part *p) {
     sb_puts(j, ": ");
     if ((!strcmp(k, "n") || !strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "output_compression")) &&
         is_integer(v)) sb_puts(j, v[0] == '+' ? v + 1 : v);
-    else if ((!strcmp(k, "guidance") || !strcmp(k, "strength")) && is_number(v, &d)) sb_printf(j, "%.17g", d);
+    else if ((!strcmp(k, "guidance") || !strcmp(k, "strength") || !strcmp(k, "cfg_normalization") ||
+              !strcmp(k, "cfg_truncation")) && is_number(v, &d))
+        sb_printf(j, "%.17g", d);
     else if (!strcmp(k, "stream") && (!strcmp(v, "true") || !strcmp(v, "false"))) sb_puts(j, v);
     else sb_json_str(j, v, p->data.len);
 }
@@ -151,8 +153,9 @@ int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *
     return 0;
 }
 
-/* Decode the uploads into r: image parts in order (the first is the init image when a mask came), the mask. */
-static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *e) {
+/* Decode the uploads into r: image parts in order (the first is the init image when a mask came, or when the model
+ * does img2img: its one image), the mask. */
+static int decode_images(const dt_api_form *f, int img2img_model, dt_api_request *r, dt_api_error *e) {
     const dt_api_part *mask = NULL;
     int n_img = 0;
     for (int i = 0; i < f->n; i++) {
@@ -166,6 +169,10 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
     }
     if (!n_img) return dt_api_invalid(e, "image", "an edit needs at least one image ('image[]' file parts)");
     r->inpaint = mask != NULL;
+    r->img2img = !mask && img2img_model;
+    if (r->img2img && n_img != 1)
+        return dt_api_invalid(e, "image", "%d images: this model takes one image to edit (img2img) or one with a "
+                              "'mask' (inpainting), no references", n_img);
     if (n_img - r->inpaint > DT_GEN_MAX_REFS)
         return dt_api_invalid(e, "image", "%d images: at most %d references%s", n_img, DT_GEN_MAX_REFS,
                    r->inpaint ? " besides the image to inpaint" : "");
@@ -175,8 +182,9 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
         if (!is_image_key(p->key) || p == mask) continue;
         char what[48];
         const dt_image_limits lim = upload_limits(f, p);
-        if (r->inpaint && k == 0) {
-            if (decode_upload(p, "image 1 (the image to inpaint)", "image", &lim, &r->init, &r->init_name, e))
+        if ((r->inpaint || r->img2img) && k == 0) {
+            if (decode_upload(p, r->inpaint ? "image 1 (the image to inpaint)" : "image 1 (the image to edit)",
+                              "image", &lim, &r->init, &r->init_name, e))
                 return -1;
         } else {
             snprintf(what, sizeof what, "image %d", k + 1);
@@ -199,7 +207,8 @@ static int decode_images(const dt_api_form *f, dt_api_request *r, dt_api_error *
 static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_error *e) {
     const int mult = lim->info.size_multiple > 0 ? lim->info.size_multiple : 1;
     int w = r->width, h = r->height;
-    const dt_image *first = r->inpaint ? &r->init : &r->refs[0];
+    const dt_image *first = r->inpaint || r->img2img ? &r->init : &r->refs[0];
+    if (r->img2img) w = h = 0;   /* img2img keeps the init image's size (no area rule) */
     if (r->inpaint) {
         if (r->mask.w != r->init.w || r->mask.h != r->init.h)
             return dt_api_invalid(e, "mask", "the mask is %dx%d; it must have the size of the image to inpaint (%dx%d)",
@@ -208,12 +217,13 @@ static int check_images(const dt_api_limits *lim, dt_api_request *r, dt_api_erro
     }
     if (!w || !h) {
         int aw, ah;
-        dt_prep_area_size(first->w, first->h, &aw, &ah);
+        if (r->img2img) aw = first->w, ah = first->h;
+        else dt_prep_area_size(first->w, first->h, &aw, &ah);
         if (!w) w = aw / mult * mult;
         if (!h) h = ah / mult * mult;
         if (w < mult || h < mult)
             return dt_api_invalid(e, "image", "%s gives a %dx%d image; at least %d pixels a side are needed",
-                       r->inpaint ? r->init_name : r->ref_names[0], w, h, mult);
+                       r->inpaint || r->img2img ? r->init_name : r->ref_names[0], w, h, mult);
         if ((int64_t)w * h > lim->max_pixels)
             return dt_api_invalid(e, "image",
                                   "the output would be %dx%d = %lld pixels, over this server's limit of %lld", w, h,
@@ -251,7 +261,7 @@ int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t s
     json *root = json_parse(j.data, j.len, "edit request fields");
     sb_free(&j);
     if (!root) return dt_api_invalid(e, NULL, "%s", dt_last_error());
-    int rc = decode_images(f, r, e);
+    int rc = decode_images(f, lim->info.img2img, r, e);
     if (rc == 0) rc = dt_api_check_fields(root, lim, seed_if_absent, 1, r, e);
     if (rc == 0) rc = check_images(lim, r, e);
     json_free(root);

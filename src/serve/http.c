@@ -470,7 +470,7 @@ static enum MHD_Result run_request(req_ctx *r, struct MHD_Connection *c, dt_api_
     const int steps = r->job->req.gen.steps;   /* resolved when the request was checked */
     r->job->cost_steps = (double)r->job->req.n * (steps > 0 ? steps : 1);
     const dt_api_request *jr = &r->job->req;
-    const dt_image *first = jr->inpaint ? &jr->init : jr->n_refs ? &jr->refs[0] : NULL;
+    const dt_image *first = jr->inpaint || jr->img2img ? &jr->init : jr->n_refs ? &jr->refs[0] : NULL;
     double px = jr->width && jr->height ? (double)jr->width * jr->height : first ? (double)first->w * first->h : 0;
     r->job->cost_pixel_steps = r->job->cost_steps * px;   /* an edit of size "auto": about its first image's */
     int q = dt_queue_push(&s->q, r->job);

@@ -95,7 +95,7 @@ static void est_log(const dt_worker *w, const dt_job *j) {
     const dt_server *s = w->srv;
     dt_gen_params g = j->req.gen;   /* resolved when the request was checked */
     if (j->req.edit && (g.width < 1 || g.height < 1)) {   /* size "auto": the first image's prepared size (api_edit.c) */
-        const dt_image *first = j->req.inpaint ? &j->req.init : &j->req.refs[0];
+        const dt_image *first = j->req.inpaint || j->req.img2img ? &j->req.init : &j->req.refs[0];
         const int m = s->lim.info.size_multiple > 0 ? s->lim.info.size_multiple : 1;
         int aw, ah;
         dt_prep_area_size(first->w, first->h, &aw, &ah);
