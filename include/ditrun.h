@@ -77,9 +77,10 @@ typedef struct {
                                             * at 0 come from the first one (resized to 1024x1024 pixels of area when
                                             * larger, cropped to the size multiple) */
     int n_images;
-    const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size) */
+    const ditrun_image_input *init_image;  /* inpainting: the image to edit (its size is the output size); without a
+                                            * mask img2img where the model has it (Z-Image) */
     const ditrun_image_input *mask;        /* inpainting: the init image's size, white = repaint, black = keep */
-    double strength;                       /* inpainting: (0, 1], the share of the steps that run; 0 = 0.8 */
+    double strength;                       /* inpainting, img2img: (0, 1], the share of the steps that run; 0 = 0.8 */
     const char *cache;          /* step caching (README, "Step caching"): NULL or "off", "first-block=T",
                                  * "taylorseer=N[:ORDER]"; a bad value fails the request */
     int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
@@ -88,6 +89,9 @@ typedef struct {
                                             * VAE tiles when needed; a budget below the smallest workable fails before
                                             * loading, naming it); 0 = no bound. Planning only: the pool does not
                                             * enforce it yet */
+    /* Z-Image's guidance shaping (other models fail a request that sets them); < 0 = not given (off, 1): */
+    float cfg_normalization;    /* > 0: the guided prediction's norm capped at this times the prompt's */
+    float cfg_truncation;       /* no guidance on steps whose (1000 − t)/1000 exceeds it (> 1: never) */
 } ditrun_generate_opts;
 
 typedef struct { uint8_t *rgb; int width, height; } ditrun_image;   /* rgb [height][width][3] */
@@ -124,6 +128,8 @@ typedef struct {
     int size_multiple, max_side;        /* sizes are floored to size_multiple; max_side pixels at most */
     int editing;                        /* takes reference images and inpainting inputs */
     int kv_refs;                        /* caches the references' attention keys/values (Flux2KleinKVPipeline) */
+    int img2img;                        /* an init image without a mask is img2img (Z-Image) */
+    int cfg_shaping;                    /* takes cfg_normalization / cfg_truncation (Z-Image) */
 } ditrun_pipeline_info;
 
 ditrun_load_opts ditrun_load_defaults(void);

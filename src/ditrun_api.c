@@ -54,6 +54,7 @@ ditrun_generate_opts ditrun_generate_defaults(void) {
     ditrun_generate_opts o;
     memset(&o, 0, sizeof o);
     o.guidance = -1;
+    o.cfg_normalization = o.cfg_truncation = -1;
     return o;
 }
 
@@ -127,6 +128,10 @@ static int to_params(const ditrun_generate_opts *o, dt_gen_params *p) {
     p->progress_ud = o->progress_user;
     p->cancel = o->cancel;
     p->strength = o->strength;
+    p->cfg_normalization_set = o->cfg_normalization >= 0;
+    p->cfg_normalization = o->cfg_normalization;
+    p->cfg_truncation_set = o->cfg_truncation >= 0;
+    p->cfg_truncation = o->cfg_truncation;
     return dt_cache_parse(o->cache, &p->cache);
 }
 
@@ -195,7 +200,7 @@ void ditrun_pipeline_free(ditrun_pipeline *p) {
 ditrun_pipeline_info ditrun_pipeline_describe(const ditrun_pipeline *p) {
     const dt_pipeline_info *i = dt_pipeline_get_info(p->p);
     ditrun_pipeline_info r = {i->family, i->distilled, i->default_steps, i->default_guidance, i->size_multiple,
-                              i->max_side, i->editing, i->kv_refs};
+                              i->max_side, i->editing, i->kv_refs, i->img2img, i->cfg_shaping};
     return r;
 }
 

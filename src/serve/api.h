@@ -114,8 +114,9 @@ int dt_api_parse_edit(const dt_api_form *f, const dt_api_limits *lim, uint64_t s
 
 /* What an edit form's images will hold once decoded (bytes: width x height x channels each, a mask with alpha one
  * byte more a pixel for its L copy), from their headers alone (nothing decoded), each header checked against the limits
- * the parse applies. 0, or -1 and *e set (400: a header that the parse would refuse). */
-int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *e);
+ * the parse applies (img2img: the model's, dt_pipeline_info.img2img). 0, or -1 and *e set (400: a header that the
+ * parse would refuse). */
+int dt_api_edit_image_bytes(const dt_api_form *f, int img2img, int64_t *bytes, dt_api_error *e);
 
 /* The checks shared by both request kinds (api.c), on a JSON object of fields; edit: the fields of an edit request
  * (strength, size "auto" by default) with r's images already decoded. 0 or -1 and *e set. */

@@ -114,8 +114,9 @@ static int decode_upload(const dt_api_part *p, const char *what, const char *par
 }
 
 /* The limits an upload's header must meet: references the engine's size and aspect checks and the server's pixel
- * limit; the image to inpaint (the first image part when a mask came) and the mask the pixel limit. */
-static dt_image_limits upload_limits(const dt_api_form *f, const dt_api_part *p) {
+ * limit; the image to inpaint (the first image part when a mask came), the image of an img2img edit (a model with
+ * img2img, no mask) and the mask the pixel limit. */
+static dt_image_limits upload_limits(const dt_api_form *f, const dt_api_part *p, int img2img) {
     int has_mask = 0;
     const dt_api_part *first_image = NULL;
     for (int i = 0; i < f->n; i++) {
@@ -123,13 +124,13 @@ static dt_image_limits upload_limits(const dt_api_form *f, const dt_api_part *p)
         if (!strcmp(q->key, "mask")) has_mask = 1;
         else if (is_image_key(q->key) && !first_image) first_image = q;
     }
-    if (strcmp(p->key, "mask") && !(has_mask && p == first_image))
+    if (strcmp(p->key, "mask") && !((has_mask || img2img) && p == first_image))
         return dt_prep_reference_limits(DT_API_MAX_IMAGE_PIXELS);
     dt_image_limits any = {.max_pixels = DT_API_MAX_IMAGE_PIXELS};
     return any;
 }
 
-int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *e) {
+int dt_api_edit_image_bytes(const dt_api_form *f, int img2img, int64_t *bytes, dt_api_error *e) {
     *bytes = 0;
     int k = 0;
     for (int i = 0; i < f->n; i++) {
@@ -138,7 +139,7 @@ int dt_api_edit_image_bytes(const dt_api_form *f, int64_t *bytes, dt_api_error *
         const int is_mask = !strcmp(p->key, "mask");
         k += !is_mask;
         if (!p->data.len) continue;   /* an empty upload is refused by the parse */
-        const dt_image_limits lim = upload_limits(f, p);
+        const dt_image_limits lim = upload_limits(f, p, img2img);
         char what[48], nm[200];   /* named as decode_images names it */
         if (is_mask) snprintf(what, sizeof what, "mask");
         else snprintf(what, sizeof what, "image %d", k);
@@ -181,7 +182,7 @@ static int decode_images(const dt_api_form *f, int img2img_model, dt_api_request
         const dt_api_part *p = &f->parts[i];
         if (!is_image_key(p->key) || p == mask) continue;
         char what[48];
-        const dt_image_limits lim = upload_limits(f, p);
+        const dt_image_limits lim = upload_limits(f, p, r->img2img);
         if ((r->inpaint || r->img2img) && k == 0) {
             if (decode_upload(p, r->inpaint ? "image 1 (the image to inpaint)" : "image 1 (the image to edit)",
                               "image", &lim, &r->init, &r->init_name, e))
@@ -194,7 +195,7 @@ static int decode_images(const dt_api_form *f, int img2img_model, dt_api_request
         k++;
     }
     if (mask) {
-        const dt_image_limits lim = upload_limits(f, mask);
+        const dt_image_limits lim = upload_limits(f, mask, 0);
         if (decode_upload(mask, "mask", "mask", &lim, &r->mask, &r->mask_name, e)) return -1;
         mask_from_alpha(&r->mask);
     }

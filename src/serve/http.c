@@ -543,7 +543,7 @@ static enum MHD_Result post_edit(req_ctx *r, struct MHD_Connection *c) {
     dt_api_error e;
     /* what the images will hold once decoded, from their headers, reserved before any pixel is decoded */
     int64_t bytes = 0;
-    if (dt_api_edit_image_bytes(&r->form, &bytes, &e)) return answer_error(r, c, &e, NULL, NULL);
+    if (dt_api_edit_image_bytes(&r->form, s->lim.info.img2img, &bytes, &e)) return answer_error(r, c, &e, NULL, NULL);
     const double mib = 1024.0 * 1024.0;
     int b = dt_image_budget_reserve(&s->images, bytes);
     if (b == -2)
