@@ -2,7 +2,7 @@
  * (tests/fixtures/zimage, tools/zimage_reference.py): `ditrun generate` (the CFG pipeline with --cfg-normalization,
  * --cfg-truncation and --negative-prompt against the reference's pixels, img2img and inpainting against theirs), the
  * options' errors (out of range; another family refusing them by name), `ditrun info` and `synth --pipeline` of the
- * tiny preset; `ditrun serve` (a real server on an ephemeral port, driven by curl): a generation with the cfg options
+ * tiny preset, `ditrun bench` of it; `ditrun serve` (a real server on an ephemeral port, driven by curl): a generation with the cfg options
  * equal to `ditrun generate`'s image, an img2img edit, 400s for bad values, and the FLUX.2 server refusing them by
  * family; the C API (include/ditrun.h) generating the guidance-0 pipeline from the reference's noise and the
  * img2img case. Skipped with the reason when the fixture folder or the binary is absent. */
@@ -187,6 +187,25 @@ static void test_cli(void) {
     dt_image_free(&im);
 }
 
+/* ---- bench ---- */
+
+/* `ditrun bench --preset z-image-tiny` on the CPU (ledger only, 2 reps): its JSON lines say Z-Image's geometry, a
+ * finite forward and a joint-block ledger whose ops sum to the block (the prefix totals' definition). */
+static void test_bench(void) {
+    char cmd[2048], err[4096], js[600];
+    snprintf(js, sizeof js, "%s/bench.json", serve_tmp);
+    snprintf(cmd, sizeof cmd, "%s bench --backend cpu --preset z-image-tiny --reps 2 --warmup 1 --only ledger "
+             "--cache-dir %s --json %s", serve_exe, serve_tmp, js);
+    int rc = run(cmd, err, sizeof err);
+    char *t = t_slurp(js, NULL);
+    const char *setup = t ? strstr(t, "\"model\":\"zimage\"") : NULL;
+    const char *fwd = t ? strstr(t, "\"name\":\"zimage_forward\"") : NULL;
+    T_CHECK("bench --preset z-image-tiny: Z-Image setup, finite forward, joint-block ledger", rc == 0 && setup &&
+            strstr(t, "\"dim\":32") && fwd && strstr(fwd, "\"finite\":1") && strstr(t, "q/k/v GEMM (stacked)"),
+            "exit %d: %.300s / %.300s", rc, err, t ? t : "(no json)");
+    free(t);
+}
+
 /* ---- serve ---- */
 
 static void test_serve(void) {
@@ -328,6 +347,7 @@ int main(void) {
     if (access(serve_exe, X_OK)) { T_SKIP("zimage front ends", "%s not built", serve_exe); return T_DONE(); }
     if (t_tmpdir(serve_tmp, sizeof serve_tmp, "zimage-cli")) { T_FAIL("setup", "no temp folder"); return T_DONE(); }
     test_cli();
+    test_bench();
     test_serve();
     test_c_api();
     t_rmtree(serve_tmp);

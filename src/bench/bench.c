@@ -163,7 +163,7 @@ int bench_workload(bench_ctx *x, const bench_workload_base *cpu_dflt, int arm_to
 
 /* ------------------------------------------------------------------ run */
 
-static const bench_family *const bench_families[] = {&bench_flux2_family, &bench_krea2_family};
+static const bench_family *const bench_families[] = {&bench_flux2_family, &bench_krea2_family, &bench_zimage_family};
 
 const bench_family *bench_family_of(const dt_family *f) {
     for (size_t i = 0; i < sizeof bench_families / sizeof bench_families[0]; i++)

@@ -1,5 +1,5 @@
 /* bench.h — `ditrun bench`: one DiT denoise step measured from the inside, on any backend, for both model
- * families (FLUX.2-klein and Krea 2).
+ * families (FLUX.2-klein, Krea 2 and Z-Image).
  *
  * A bench run loads a checkpoint (a real one, or a synthetic one written at a preset or custom geometry and
  * cached in $TMPDIR) and produces a bench_report:
@@ -26,6 +26,7 @@
 #include "backends/backend.h"
 #include "models/flux2.h"
 #include "models/krea2.h"
+#include "models/zimage.h"
 
 enum { BENCH_FMT_F32 = 1, BENCH_FMT_BF16, BENCH_FMT_Q4, BENCH_FMT_Q8 };
 enum { BENCH_LEDGER = 1, BENCH_UTIL = 2, BENCH_ARMS = 4, BENCH_ALL = 7 };
@@ -140,6 +141,24 @@ typedef struct {
     double block_slope_ms;
 } bench_krea2_part;
 
+/* What a Z-Image run measures beyond the common part (bench_zimage.c). */
+typedef struct {
+    zimage_config c;
+    double weight_gb;
+    int64_t rows;                          /* joint stream rows: image and caption each padded to 32 */
+    bench_stat fwd;                        /* zimage_forward wall clock (ms) */
+    bench_stat blocks_dev;                 /* every joint block, device-only (ms) */
+    double fwd_warm_ms;
+    int out_finite;
+    double out_absmax;
+    double gflop_block_gemm, gflop_block_attn;   /* one joint block */
+    double gflop_refiners, gflop_other;          /* the 2 x n_refiner refiner blocks; embedders, adaLN, final */
+    int scale_n[BENCH_K2_MAX_SCALE];             /* block-count scaling: blocks, time */
+    bench_stat scale_t[BENCH_K2_MAX_SCALE];
+    int n_scale;
+    double block_slope_ms;
+} bench_zimage_part;
+
 typedef struct bench_family bench_family;
 
 #define BENCH_MAX_NOTES 24
@@ -187,6 +206,7 @@ typedef struct {
     union {                    /* the family's own numbers */
         bench_flux2_part flux2;
         bench_krea2_part krea2;
+        bench_zimage_part zimage;
     };
 } bench_report;
 

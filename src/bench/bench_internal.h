@@ -170,6 +170,8 @@ struct bench_ctx {
     float *img, *txt, *img_ids, *txt_ids;
     /* Krea 2 (bench_krea2.c): its replica, inputs and traces */
     struct k2_state *k2;
+    /* Z-Image (bench_zimage.c): its model and inputs */
+    struct zi_bench *zi;
 };
 
 /* ---- the interface of a model family: what the bench runs and asks ---- */
@@ -235,7 +237,7 @@ struct bench_family {
     void (*json_head)(const bench_report *r, FILE *f);    /* setup, forward and power lines */
     void (*json_scaling)(const bench_report *r, FILE *f);
 };
-extern const bench_family bench_flux2_family, bench_krea2_family;
+extern const bench_family bench_flux2_family, bench_krea2_family, bench_zimage_family;
 /* The bench family of a registry family (bench.c; NULL when it has none). */
 const bench_family *bench_family_of(const struct dt_family *f);
 

@@ -527,7 +527,10 @@ static void time_mods(zimage_model *m, zi_acts *b, float t) {
 
 /* One block on the stream x [R, D] (rows of b->s) with positions cos/sin [R, hd] and folded norm weights w [4, D]
  * (F32 rows: norm1, norm2, norm3, norm4). */
-static void block(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, dt_mat cos, dt_mat sin, dt_mat w) {
+/* Op k (ZIMAGE_OP_*) of a block on the stream x [R, D] with its RoPE rows cos / sin [R, hd] and folded norm weights
+ * w [4, D] (F32): the block's ops in order are the whole block. */
+static void block_op(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, dt_mat cos, dt_mat sin, dt_mat w,
+                     int op) {
     dt_backend *be = m->be;
     const zimage_config *c = &m->c;
     const int64_t R = x.rows, D = c->dim, F = c->ffn;
@@ -535,24 +538,73 @@ static void block(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, dt_
     dt_mat a = fview(b->a, R, D), o = fview(b->o, R, D), qkv = fview(b->qkv, R, 3 * D);
     dt_mat h1 = fview(b->h1, R, F), h3 = fview(b->h3, R, F);
     dt_mat q = dt_mat_cols(qkv, 0, D), k = dt_mat_cols(qkv, D, D), v = dt_mat_cols(qkv, 2 * D, D);
-    be->rmsnorm(be, a, x, dt_mat_rows(w, 0, 1), 0.0f, eps);
-    be->linear(be, qkv, a, bl->qkv);
-    be->head_norm_rope(be, q, c->heads, c->head_dim, bl->norm_q, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
-    be->head_norm_rope(be, k, c->heads, c->head_dim, bl->norm_k, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
     const float scale = 1.0f / sqrtf((float)c->head_dim);
-    if (m->attn_fp8) be->attention_fp8(be, o, q, k, v, c->heads, c->heads, c->head_dim, scale);   /* no mask to drop */
-    else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, scale, dt_mat_null(), 0);
-    be->linear(be, a, o, bl->out);
-    be->rmsnorm(be, a, a, dt_mat_rows(w, 1, 1), 0.0f, eps);
-    be->gated_add(be, x, dt_mat_null(), a);
-    be->rmsnorm(be, a, x, dt_mat_rows(w, 2, 1), 0.0f, eps);
-    be->linear(be, h1, a, bl->w1);
-    be->linear(be, h3, a, bl->w3);
-    be->act_mul(be, h1, h1, h3, DT_ACT_SILU);
-    be->linear(be, a, h1, bl->w2);
-    be->rmsnorm(be, a, a, dt_mat_rows(w, 3, 1), 0.0f, eps);
-    be->gated_add(be, x, dt_mat_null(), a);
+    switch (op) {
+    case ZIMAGE_OP_NORM1: be->rmsnorm(be, a, x, dt_mat_rows(w, 0, 1), 0.0f, eps); break;
+    case ZIMAGE_OP_QKV: be->linear(be, qkv, a, bl->qkv); break;
+    case ZIMAGE_OP_QKNORM_ROPE:
+        be->head_norm_rope(be, q, c->heads, c->head_dim, bl->norm_q, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
+        be->head_norm_rope(be, k, c->heads, c->head_dim, bl->norm_k, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
+        break;
+    case ZIMAGE_OP_ATTN:   /* no mask to drop: fp8 attention takes the same call */
+        if (m->attn_fp8) be->attention_fp8(be, o, q, k, v, c->heads, c->heads, c->head_dim, scale);
+        else be->attention(be, o, q, k, v, c->heads, c->heads, c->head_dim, scale, dt_mat_null(), 0);
+        break;
+    case ZIMAGE_OP_OUT: be->linear(be, a, o, bl->out); break;
+    case ZIMAGE_OP_RESID1:
+        be->rmsnorm(be, a, a, dt_mat_rows(w, 1, 1), 0.0f, eps);
+        be->gated_add(be, x, dt_mat_null(), a);
+        break;
+    case ZIMAGE_OP_NORM2: be->rmsnorm(be, a, x, dt_mat_rows(w, 2, 1), 0.0f, eps); break;
+    case ZIMAGE_OP_W13:
+        be->linear(be, h1, a, bl->w1);
+        be->linear(be, h3, a, bl->w3);
+        break;
+    case ZIMAGE_OP_SWIGLU: be->act_mul(be, h1, h1, h3, DT_ACT_SILU); break;
+    case ZIMAGE_OP_W2: be->linear(be, a, h1, bl->w2); break;
+    case ZIMAGE_OP_RESID2:
+        be->rmsnorm(be, a, a, dt_mat_rows(w, 3, 1), 0.0f, eps);
+        be->gated_add(be, x, dt_mat_null(), a);
+        break;
+    default: break;
+    }
 }
+
+static void block(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, dt_mat cos, dt_mat sin, dt_mat w) {
+    for (int op = 0; op < ZIMAGE_OP_COUNT; op++) block_op(m, b, bl, x, cos, sin, w, op);
+}
+
+/* ------------------------------------------------------------------ the bench's view */
+
+int64_t zimage_joint_rows(const zimage_model *m) { return m->buf.key[0] ? (int64_t)m->buf.key[2] + m->buf.key[3] : 0; }
+
+dt_mat zimage_joint_stream(zimage_model *m) {
+    dt_mat s = m->buf.s;
+    s.rows = zimage_joint_rows(m);
+    return s;
+}
+
+void zimage_block_op(zimage_model *m, int layer, int op) {
+    zi_acts *b = &m->buf;
+    const int64_t L = zimage_joint_rows(m);
+    if (!L || layer < 0 || layer >= m->c.n_layers) return;
+    dt_mat cos = b->cos, sin = b->sin;
+    cos.rows = sin.rows = L;
+    block_op(m, b, &m->layers[layer], zimage_joint_stream(m), cos, sin,
+             dt_mat_rows(b->modw, 4 * (m->c.n_refiner + layer), 4), op);
+}
+
+void zimage_joint_blocks(zimage_model *m, int first, int count) {
+    for (int l = first; l < first + count && l < m->c.n_layers; l++)
+        for (int op = 0; op < ZIMAGE_OP_COUNT; op++) zimage_block_op(m, l, op);
+}
+
+void zimage_block_linears(const zimage_model *m, int layer, dt_linear *out[5]) {
+    const zi_block *bl = &m->layers[layer];
+    out[0] = bl->qkv; out[1] = bl->out; out[2] = bl->w1; out[3] = bl->w3; out[4] = bl->w2;
+}
+
+const dt_weights *zimage_weights(const zimage_model *m) { return m->w; }
 
 int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, const float *cap, int n_cap, float t,
                    float *out, dt_dit_trace_fn trace, void *trace_ud) {

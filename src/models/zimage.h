@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "io/json.h"
+#include "io/weights.h"
 #include "models/dit.h"
 
 #define ZIMAGE_AXES 3          /* RoPE axes: (caption / frame position, row, column) */
@@ -81,6 +82,33 @@ void zimage_unpatchify(const zimage_config *c, const float *tokens, int H, int W
  * 0 or -1 (dt_last_error). Buffers are kept between calls (grown when a call needs more). */
 int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, const float *cap, int n_cap, float t,
                    float *out, dt_dit_trace_fn trace, void *trace_ud);
+
+/* ---- the bench's view (bench/bench_zimage.c): the joint blocks' ops, device-only, on the model's own weights and the
+ * activations its last zimage_forward left (the joint stream after the last block, the RoPE tables, the folded
+ * modulation of its timestep). A block is its ops in this order. */
+enum {
+    ZIMAGE_OP_NORM1,        /* RMSNorm · (1 + scale_msa) */
+    ZIMAGE_OP_QKV,          /* the stacked q/k/v GEMM */
+    ZIMAGE_OP_QKNORM_ROPE,  /* per-head RMSNorm and RoPE of q and k (one pass each) */
+    ZIMAGE_OP_ATTN,         /* SDPA, no mask */
+    ZIMAGE_OP_OUT,          /* to_out.0 GEMM */
+    ZIMAGE_OP_RESID1,       /* RMSNorm · tanh(gate_msa), residual add */
+    ZIMAGE_OP_NORM2,        /* RMSNorm · (1 + scale_mlp) */
+    ZIMAGE_OP_W13,          /* w1 and w3 GEMMs */
+    ZIMAGE_OP_SWIGLU,       /* SiLU(w1 x) ⊙ w3 x */
+    ZIMAGE_OP_W2,           /* w2 GEMM */
+    ZIMAGE_OP_RESID2,       /* RMSNorm · tanh(gate_mlp), residual add */
+    ZIMAGE_OP_COUNT
+};
+/* Rows of the joint stream of the last forward (padded image + padded caption; 0 before any forward). */
+int64_t zimage_joint_rows(const zimage_model *m);
+dt_mat zimage_joint_stream(zimage_model *m);   /* [rows, D] */
+/* Op `op` of joint block `layer` on the joint stream (queued, no sync); blocks first .. first + count − 1 whole. */
+void zimage_block_op(zimage_model *m, int layer, int op);
+void zimage_joint_blocks(zimage_model *m, int first, int count);
+/* Joint block `layer`'s Linears: qkv [3D, D], out [D, D], w1 [F, D], w3 [F, D], w2 [D, F]. */
+void zimage_block_linears(const zimage_model *m, int layer, dt_linear *out[5]);
+const dt_weights *zimage_weights(const zimage_model *m);
 
 /* Geometry presets: "z-image-turbo" (ZImageTransformer2DModel's defaults: Z-Image(-Turbo)) and "z-image-tiny"
  * (tests/fixtures/zimage). 0 or -1 (dt_last_error names the presets). zimage_synth.c. */
