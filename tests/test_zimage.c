@@ -9,8 +9,9 @@
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); then the engine (the Z-Image family,
  * zimage_family.c) on the fixture's ZImagePipeline folder: the 3-step pipelines, guidance 0 and CFG (with
  * cfg_truncation and cfg_normalization), from the reference's initial latents (--noise), img2img and inpainting from
- * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels. CUDA (when a GPU is usable): the
- * transformer and the VAE decode within the GPU tolerances; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
+ * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels. CUDA
+ * (when a GPU is usable): the transformer and the VAE decode against the reference within the GPU tolerances, the
+ * transformer and both engine pipelines against the CPU's; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
  * 30 joint blocks) at 1024² with the time per forward.
  */
 #include <math.h>
@@ -742,6 +743,85 @@ done:
     json_free(cases);
 }
 
+/* CUDA against the CPU on the same inputs: the transformer forward of transformer_io (ZIMAGE_GPU_TOL) and the whole
+ * engine pipelines (guidance 0, and CFG with cfg_normalization / cfg_truncation) from the reference's noise: the final
+ * latents (rel L2) and the 8-bit images (mean |difference|). */
+/* bf16 activations and weights through 3 steps of 6 blocks, then the bf16 VAE: the per-forward 1e-2 contract,
+ * accumulated over the steps; the image's mean byte difference a small fraction of the range. */
+#define ZIMAGE_GPU_PIPE_TOL 2e-2
+#define ZIMAGE_GPU_PIXEL_MEAN 2.0
+
+typedef struct { float *lat; int64_t n; } final_obs;
+static void observe_final(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    final_obs *o = ud;
+    if (strcmp(name, "latents_unpacked")) return;
+    o->n = 1;
+    for (int i = 0; i < ndim; i++) o->n *= shape[i];
+    free(o->lat);
+    o->lat = dt_malloc(sizeof(float) * (size_t)o->n);
+    memcpy(o->lat, d, sizeof(float) * (size_t)o->n);
+}
+
+static void gpu_vs_cpu(dt_backend *cuda) {
+    char p[600], name[200];
+    dt_backend_opts o = {0};
+    o.rope_fp32 = 1;
+    dt_backend *cpu = dt_backend_cpu_create(&o);
+    fwd_case a;
+    zimage_model *mc = NULL, *mg = NULL;
+    if (case_load("transformer_io.safetensors", &a) || !(mc = zimage_load(cpu, fx("model", p, sizeof p))) ||
+        !(mg = zimage_load(cuda, p))) {
+        T_FAIL("cuda vs cpu: transformer", "%s", dt_last_error());
+    } else {
+        float *oc = forward_case(cpu, mc, &a, "cpu transformer_io (for cuda)", 0, ZIMAGE_CPU_TOL);
+        float *og = forward_case(cuda, mg, &a, "cuda transformer_io (vs cpu)", 0, ZIMAGE_GPU_TOL);
+        if (oc && og)
+            t_check_rel_l2("cuda vs cpu: transformer forward (transformer_io)", og, oc,
+                           (size_t)zimage_get_config(mc)->in_channels * a.H * a.W, ZIMAGE_GPU_TOL);
+        free(oc);
+        free(og);
+    }
+    zimage_free(mc);
+    zimage_free(mg);
+    case_free(&a);
+    json *cases = json_parse_file(fx("cases.json", p, sizeof p));
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = fx("model", p, sizeof p);
+    dt_pipeline *pc = dt_pipeline_load(cpu, &lo), *pg = dt_pipeline_load(cuda, &lo);
+    static const char *const keys[2][2] = {{"pipeline", "pipeline_io.safetensors"}, {"pipeline_cfg", "pipeline_cfg_io.safetensors"}};
+    for (int k = 0; k < 2 && pc && pg && cases; k++) {
+        dt_gen_params g;
+        char nf[600];
+        case_params(json_get(cases, keys[k][0]), &g);
+        g.noise_file = fx(keys[k][1], nf, sizeof nf);
+        final_obs fc = {0}, fg = {0};
+        uint8_t *rc8 = NULL, *rg8 = NULL;
+        int w, h, w2, h2;
+        int rc = dt_pipeline_generate(pc, &g, &rc8, &w, &h, NULL, observe_final, &fc) |
+                 dt_pipeline_generate(pg, &g, &rg8, &w2, &h2, NULL, observe_final, &fg);
+        snprintf(name, sizeof name, "cuda vs cpu: %s final latents", keys[k][0]);
+        if (rc || !fc.lat || !fg.lat || fc.n != fg.n || w != w2 || h != h2) {
+            T_FAIL(name, "rc %d (%s)", rc, dt_last_error());
+        } else {
+            t_check_rel_l2(name, fg.lat, fc.lat, (size_t)fc.n, ZIMAGE_GPU_PIPE_TOL);
+            double sum = 0;
+            for (size_t i = 0; i < (size_t)3 * w * h; i++) sum += abs((int)rg8[i] - (int)rc8[i]);
+            const double mean = sum / (3.0 * w * h);
+            snprintf(name, sizeof name, "cuda vs cpu: %s image, mean |byte difference| <= %g", keys[k][0],
+                     ZIMAGE_GPU_PIXEL_MEAN);
+            T_CHECK(name, mean <= ZIMAGE_GPU_PIXEL_MEAN, "%.3f", mean);
+            printf("# %s: mean |byte difference| %.3f\n", name, mean);
+        }
+        free(fc.lat); free(fg.lat); free(rc8); free(rg8);
+    }
+    if (!pc || !pg || !cases) T_FAIL("cuda vs cpu: pipelines", "%s", dt_last_error());
+    dt_pipeline_free(pc);
+    dt_pipeline_free(pg);
+    json_free(cases);
+    cpu->destroy(cpu);
+}
+
 /* DITRUN_SLOW=1 with a GPU: Z-Image-Turbo's geometry (the 2 refiners of each stream and 2 of its 30 joint blocks,
  * random bf16 weights) at 1024² (a 64 x 64 token grid) with a 128-token caption: finite, and the time per forward. */
 static void slow_real_geometry(dt_backend *cuda) {
@@ -806,6 +886,7 @@ int main(void) {
         } else {
             transformer_on(cuda, "cuda", ZIMAGE_GPU_TOL);
             vae_on(cuda, "cuda", VAE_GPU_TOL);
+            gpu_vs_cpu(cuda);
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') slow_real_geometry(cuda);
             cuda->destroy(cuda);

@@ -22,6 +22,9 @@
 #     serve, serveload   ditrun serve's numbers (tools/serve_bench.sh; serveload adds a long run at concurrency 8)
 #     krea2gen  Krea 2 end to end at 1024² (28-step CFG and 8-step distilled), with diffusers beside it when
 #               DIFFUSERS_SRC holds diffusers' sources
+#     zimage    Z-Image-Turbo end to end at 1024², 9 steps, guidance 0 on the synthetic real-geometry bf16 pipeline:
+#               ditrun (default and --precision fp8) and diffusers' ZImagePipeline (eager, torch.compile; needs
+#               DIFFUSERS_SRC) on the same folder: first image, warm median, peak GPU memory
 #     formats   klein-4B 1024² forwards from an fp8 file (BFL layout), GGUF Q8_0 / Q4_K files, LoRA side products and
 #               merges, their error vs bf16, and test_gpu_formats
 #     edit      image editing on the synthetic klein-4B q4 pipeline: 1024² with one 1024² reference, 4 steps, warm
@@ -416,6 +419,36 @@ if has sp; then  # several GPUs (docs/sequence-parallel.md): NCCL tests, split f
     r1=$(serve_rate 0); log "sp serve --devices 0, concurrency 16: $r1"
     if [ "$ngpu" -ge 2 ]; then
         rn=$(serve_rate all); log "sp serve --devices all ($ngpu GPUs), concurrency 16: $rn (target >= 0.9 x $ngpu x one GPU's)"
+    fi
+fi
+
+if has zimage; then  # Z-Image-Turbo at 1024^2, 9 steps, guidance 0 on the synthetic real-geometry bf16 pipeline (6 B
+    # transformer, Qwen3-4B, FLUX.1's VAE): ditrun default and --precision fp8 (first image, warm median of --count,
+    # nvidia-smi's peak memory.used while it runs), then diffusers' ZImagePipeline eager and compiled on the same folder
+    t1=$(date +%s)
+    [ -d "$W/zit" ] || $B synth --preset z-image-turbo --pipeline --bits 0 --output "$W/zit" > /dev/null 2>&1
+    log "z-image-turbo synthetic pipeline: $(( $(date +%s) - t1 )) s ($(du -sh "$W/zit" | cut -f1))"
+    zpeak() { ( pk=0; while sleep 0.05; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        [ "${m:-0}" -gt "$pk" ] && pk=$m && echo "$pk" > "$W/zpeak"; done ) & zp=$!; }
+    zpeak_end() { kill $zp 2>/dev/null; wait $zp 2>/dev/null; log "  nvidia-smi peak memory.used: $(cat "$W/zpeak" 2>/dev/null) MiB"; rm -f "$W/zpeak"; }
+    for a in "" "--precision fp8"; do
+        log "ditrun generate Z-Image-Turbo bf16 1024^2, 9 steps, guidance 0 ${a:-(default)}"
+        zpeak
+        $B generate --backend cuda --model "$W/zit" -p "$PROMPT" -o "$OUT/zit.png" --seed 7 --steps 9 --guidance 0 \
+            --count "${ZIMAGE_COUNT:-4}" $a 2>&1 | grep -E "^load|first|warm|error" | tee -a "$OUT/summary.txt"
+        zpeak_end
+    done
+    VPY=python3
+    for p in python3 /opt/torch/.venv/bin/python3; do
+        command -v $p > /dev/null && $p -c "import torch, safetensors" 2>/dev/null && VPY=$p && break
+    done
+    if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
+        for c in "" "--compile"; do
+            timeout 420 $VPY tools/diffusers_zimage_time.py --model "$W/zit" --steps 9 --guidance 0 --runs 3 --warmup 1 $c \
+                2>&1 | grep -E "^diffusers|Error|error" | tee -a "$OUT/summary.txt"
+        done
+    else
+        log "zimage: no diffusers side (DIFFUSERS_SRC does not hold diffusers/)"
     fi
 fi
 
