@@ -162,6 +162,23 @@ static void test_cli(void) {
     T_CHECK("generate: FLUX.2 still needs --mask with --init-image (no img2img)", rc == 1 && strstr(err, "needs a mask"),
             "exit %d: %s", rc, err);
 
+    /* a broken folder: a missing component and inconsistent dims are errors naming the files */
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/bad", serve_tmp);
+    snprintf(cmd, sizeof cmd, "cp -R %s %s && rm -rf %s/vae", m, bad, bad);
+    if (system(cmd)) T_FAIL("broken folder", "cannot copy %s", m);
+    snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x -o %s/x.png", serve_exe, bad, serve_tmp);
+    rc = run(cmd, err, sizeof err);
+    T_CHECK("generate: a folder without vae/ is refused naming it", rc == 1 && strstr(err, "bad/vae"), "exit %d: %s", rc, err);
+    snprintf(cmd, sizeof cmd, "cp -R %s/vae %s/ && sed -i 's/\"cap_feat_dim\": 32/\"cap_feat_dim\": 64/' "
+             "%s/transformer/config.json", m, bad, bad);
+    if (system(cmd)) T_FAIL("broken folder", "cannot edit %s", bad);
+    snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x -o %s/x.png", serve_exe, bad, serve_tmp);
+    rc = run(cmd, err, sizeof err);
+    T_CHECK("generate: cap_feat_dim != the text encoder's hidden size names both config files", rc == 1 &&
+            strstr(err, "text_encoder/config.json: hidden_size 32") && strstr(err, "transformer/config.json: cap_feat_dim 64"),
+            "exit %d: %s", rc, err);
+
     /* info: the family's transformer geometry and FLUX.1's VAE */
     char out[600];
     snprintf(out, sizeof out, "%s/info.txt", serve_tmp);

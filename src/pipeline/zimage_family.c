@@ -138,13 +138,13 @@ static int zi_load(dt_pipeline *p, const json *idx) {
     }
     z->max_tap = dt_zimage_prompt_tap(z->tcfg.num_layers);   /* the last layer is never needed */
     if (z->tcfg.hidden != z->dcfg.cap_dim) {
-        dt_set_error("%s: the text encoder's hidden size %d != the transformer's cap_feat_dim %d", root, z->tcfg.hidden,
-                     z->dcfg.cap_dim);
+        dt_set_error("%s/config.json: hidden_size %d != %s/transformer/config.json: cap_feat_dim %d (the caption "
+                     "features are the text encoder's hidden states)", z->te_dir, z->tcfg.hidden, root, z->dcfg.cap_dim);
         goto out;
     }
     if (z->dcfg.in_channels != z->vcfg.latent_channels) {
-        dt_set_error("%s: transformer in_channels %d != the VAE's latent_channels %d", root, z->dcfg.in_channels,
-                     z->vcfg.latent_channels);
+        dt_set_error("%s/transformer/config.json: in_channels %d != %s/config.json: latent_channels %d", root,
+                     z->dcfg.in_channels, vaed, z->vcfg.latent_channels);
         goto out;
     }
     if (z->sched.use_dynamic_shifting && z->sched.max_image_seq_len == z->sched.base_image_seq_len) {
