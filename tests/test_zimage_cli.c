@@ -2,7 +2,7 @@
  * (tests/fixtures/zimage, tools/zimage_reference.py): `ditrun generate` (the CFG pipeline with --cfg-normalization,
  * --cfg-truncation and --negative-prompt against the reference's pixels, img2img and inpainting against theirs), the
  * options' errors (out of range; another family refusing them by name), `ditrun info` and `synth --pipeline` of the
- * tiny preset, `ditrun bench` of it; `ditrun serve` (a real server on an ephemeral port, driven by curl): a generation with the cfg options
+ * tiny preset, `ditrun bench` of it, `quantize --bits 8` and `--precision fp8` on the pipeline, `forward` on synth's inputs; `ditrun serve` (a real server on an ephemeral port, driven by curl): a generation with the cfg options
  * equal to `ditrun generate`'s image, an img2img edit, 400s for bad values, and the FLUX.2 server refusing them by
  * family; the C API (include/ditrun.h) generating the guidance-0 pipeline from the reference's noise and the
  * img2img case. Skipped with the reason when the fixture folder or the binary is absent. */
@@ -204,6 +204,74 @@ static void test_cli(void) {
     dt_image_free(&im);
 }
 
+/* ---- quantize, fp8, forward ---- */
+
+/* Mean |byte difference| of the PNG at path against FILE's reference pixels (-1: unreadable). */
+static double png_mean_diff(const char *png, const char *file) {
+    char p[600];
+    dt_image im = {0};
+    st_file *io = st_open(fx(file, p, sizeof p));
+    const st_tensor *r = io ? st_find(io, "out.image_u8") : NULL;
+    double mean = -1;
+    if (r && !dt_image_read_file(png, &im) && im.channels == 3 && (int64_t)3 * im.w * im.h == r->numel) {
+        double sum = 0;
+        const uint8_t *ref = r->data;
+        for (int64_t k = 0; k < r->numel; k++) sum += abs((int)im.px[k] - (int)ref[k]);
+        mean = sum / (double)r->numel;
+    }
+    dt_image_free(&im);
+    if (io) st_close(io);
+    return mean;
+}
+
+/* MLX q8 g32 weights (quantize) run the guidance-0 pipeline near the reference; --precision fp8 runs the blocks in fp8
+ * (the Linears' load line says so) with its error against bf16 told; `ditrun forward` takes synth's inputs. */
+#define Q8_PIXEL_MEAN 1.0   /* q8 g32: ~0.4% weight error (quantize's report): a fraction of a byte on average */
+static void test_formats(void) {
+    char cmd[4096], err[8192], m[600], p[600], q[600], png[700];
+    fx("model", m, sizeof m);
+    snprintf(q, sizeof q, "%s/q8", serve_tmp);
+    snprintf(cmd, sizeof cmd, "cp -R %s %s && rm -rf %s/transformer && %s quantize --input %s/transformer --output "
+             "%s/transformer/model.safetensors --bits 8 --group-size 32", m, q, q, serve_exe, m, q);
+    int rc = run(cmd, err, sizeof err);
+    snprintf(png, sizeof png, "%s/q8.png", serve_tmp);
+    snprintf(cmd, sizeof cmd, "%s generate --backend cpu -v --model %s -p '" PROMPT "' --width 64 --height 48 --steps 3 "
+             "--guidance 0 --max-sequence-length 64 --noise %s -o %s", serve_exe, q,
+             fx("pipeline_io.safetensors", p, sizeof p), png);
+    if (!rc) rc = run(cmd, err, sizeof err);
+    double mean = rc ? -1 : png_mean_diff(png, "pipeline_io.safetensors");
+    T_CHECK("quantize --bits 8: the q8 transformer runs the pipeline near the reference's pixels",
+            rc == 0 && strstr(err, "q8 g32") && mean >= 0 && mean <= Q8_PIXEL_MEAN, "exit %d, mean |diff| %.3f: %.400s",
+            rc, mean, err);
+    printf("# q8 g32 pipeline: mean |byte difference| %.3f from the reference\n", mean);
+
+    snprintf(png, sizeof png, "%s/fp8.png", serve_tmp);
+    snprintf(cmd, sizeof cmd, "%s generate --backend cpu -v --model %s -p '" PROMPT "' --width 64 --height 48 --steps 3 "
+             "--guidance 0 --max-sequence-length 64 --noise %s --precision fp8 --compare-bf16 -o %s > %s/fp8.txt 2>&1",
+             serve_exe, m, fx("pipeline_io.safetensors", p, sizeof p), png, serve_tmp);
+    rc = system(cmd);
+    snprintf(p, sizeof p, "%s/fp8.txt", serve_tmp);
+    char *out = t_slurp(p, NULL);
+    snprintf(err, sizeof err, "%s", out ? out : "");
+    const char *r = out ? strstr(out, "rel_l2 ") : NULL;
+    const double rel = r ? atof(r + 7) : -1;
+    /* fp8 e4m3 rounding of the block Linears' weights and activations: a few percent of the final latents */
+    T_CHECK("--precision fp8: the blocks' Linears in fp8, a few % from bf16", rc == 0 && strstr(err, "Linears bf16: fp8") &&
+            rel > 0 && rel < 0.1, "exit %d, rel_l2 %g: %.300s", rc, rel, err);
+    free(out);
+
+    char in[700];
+    snprintf(in, sizeof in, "%s/in.safetensors", serve_tmp);
+    snprintf(cmd, sizeof cmd, "%s synth --preset z-image-tiny --inputs %s --image-size 96 --text-tokens 20 && %s forward "
+             "--backend cpu --model %s --inputs %s --output %s/fwd.safetensors", serve_exe, in, serve_exe, m, in, serve_tmp);
+    rc = run(cmd, err, sizeof err);
+    snprintf(p, sizeof p, "%s/fwd.safetensors", serve_tmp);
+    st_file *f = rc ? NULL : st_open(p);
+    T_CHECK("forward: synth's Z-Image inputs (6x6 grid, 20 caption tokens) through the fixture's transformer", f != NULL,
+            "exit %d: %.300s", rc, err);
+    if (f) st_close(f);
+}
+
 /* ---- bench ---- */
 
 /* `ditrun bench --preset z-image-tiny` on the CPU (ledger only, 2 reps): its JSON lines say Z-Image's geometry, a
@@ -364,6 +432,7 @@ int main(void) {
     if (access(serve_exe, X_OK)) { T_SKIP("zimage front ends", "%s not built", serve_exe); return T_DONE(); }
     if (t_tmpdir(serve_tmp, sizeof serve_tmp, "zimage-cli")) { T_FAIL("setup", "no temp folder"); return T_DONE(); }
     test_cli();
+    test_formats();
     test_bench();
     test_serve();
     test_c_api();
