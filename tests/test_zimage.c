@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "backends/backend.h"
 #include "io/json.h"
@@ -683,6 +684,42 @@ static int edit_noise_file(const json *pc, const char *file, const char *out) {
     return rc;
 }
 
+/* Turbo or base: a folder whose path says "turbo" takes Z-Image-Turbo's model card defaults (9 steps, guidance 0)
+ * unless model_index.json's is_distilled says otherwise (the fixture's components linked into DIR/NAME). */
+static void turbo_case(dt_backend *be, const char *dir, const char *name, const char *distilled, int steps, float g) {
+    char root[700], p[800], src[600], what[200];
+    snprintf(root, sizeof root, "%s/%s", dir, name);
+    mkdir(root, 0755);
+    static const char *const comps[] = {"transformer", "text_encoder", "tokenizer", "vae", "scheduler"};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof comps / sizeof comps[0]; i++) {
+        char rel[64];
+        snprintf(rel, sizeof rel, "model/%s", comps[i]);
+        snprintf(p, sizeof p, "%s/%s", root, comps[i]);
+        char *abs = realpath(fx(rel, src, sizeof src), NULL);
+        ok &= abs && symlink(abs, p) == 0;
+        free(abs);
+    }
+    snprintf(p, sizeof p, "%s/model_index.json", root);
+    FILE *f = fopen(p, "w");
+    if (f) {
+        fprintf(f, "{\"_class_name\": \"ZImagePipeline\"%s%s}\n", distilled ? ", \"is_distilled\": " : "",
+                distilled ? distilled : "");
+        ok &= fclose(f) == 0;
+    }
+    dt_pipeline_opts lo;
+    dt_pipeline_opts_default(&lo);
+    lo.model = root;
+    lo.release_text_encoder = 1;   /* nothing loads before a request */
+    dt_pipeline *pl = ok && f ? dt_pipeline_load(be, &lo) : NULL;
+    const dt_pipeline_info *in = pl ? dt_pipeline_get_info(pl) : NULL;
+    snprintf(what, sizeof what, "defaults: %s%s%s -> %d steps, guidance %g", name, distilled ? ", is_distilled " : "",
+             distilled ? distilled : "", steps, g);
+    T_CHECK(what, in && in->default_steps == steps && in->default_guidance == g, "%s: %d steps, guidance %g",
+            in ? "loaded" : dt_last_error(), in ? in->default_steps : -1, in ? in->default_guidance : -1.0f);
+    dt_pipeline_free(pl);
+}
+
 static void pipeline_cpu(dt_backend *be) {
     char p[600], dir[512], nf[700];
     json *cases = json_parse_file(fx("cases.json", p, sizeof p));
@@ -715,6 +752,9 @@ static void pipeline_cpu(dt_backend *be) {
             !strcmp(in->family, "z-image") && in->default_steps == 50 && in->default_guidance == 5.0f &&
             in->size_multiple == 8 && in->img2img && in->cfg_shaping && !in->distilled,
             "%s, %d steps, guidance %g, multiple %d", in->family, in->default_steps, in->default_guidance, in->size_multiple);
+    turbo_case(be, dir, "Z-Image-Turbo", NULL, 9, 0.0f);
+    turbo_case(be, dir, "z-image-turbo-explicit", "false", 50, 5.0f);
+    turbo_case(be, dir, "zimage-distilled", "true", 9, 0.0f);
     engine_case(pl, cases, "pipeline", "pipeline_io.safetensors", fx("pipeline_io.safetensors", nf, sizeof nf), NULL, NULL);
     engine_case(pl, cases, "pipeline_cfg", "pipeline_cfg_io.safetensors", fx("pipeline_cfg_io.safetensors", nf, sizeof nf),
                 NULL, NULL);
