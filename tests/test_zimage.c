@@ -414,6 +414,147 @@ static void transformer_on(dt_backend *be, const char *tag, double tol) {
     case_free(&b);
 }
 
+/* ------------------------------------------------------------------ LoRA */
+
+/* A rank-R update of module `name` (out x in): A [R, in], B [out, R] with deterministic values; *ba the product
+ * B·A [out, in] (double sums, f32). */
+static void lora_pair(int64_t out, int64_t in, int R, int seed, float **A, float **B, float **ba) {
+    *A = dt_malloc(sizeof(float) * (size_t)(R * in));
+    *B = dt_malloc(sizeof(float) * (size_t)(out * R));
+    *ba = dt_malloc(sizeof(float) * (size_t)(out * in));
+    for (int64_t i = 0; i < R * in; i++) (*A)[i] = 0.2f * sinf(0.7f * (float)i + (float)seed);
+    for (int64_t i = 0; i < out * R; i++) (*B)[i] = 0.2f * cosf(0.3f * (float)i + 2.0f * (float)seed);
+    for (int64_t r = 0; r < out; r++)
+        for (int64_t c = 0; c < in; c++) {
+            double acc = 0;
+            for (int k = 0; k < R; k++) acc += (double)(*B)[r * R + k] * (*A)[k * in + c];
+            (*ba)[r * in + c] = (float)acc;
+        }
+}
+
+/* Adapters in both layouts Z-Image files use — diffusers (transformer.layers.0.attention.to_q, layers.1.
+ * feed_forward.w2; PEFT keys) and the original implementation's (diffusion_model.layers.0.attention.qkv fused: its
+ * B's thirds update to_q/k/v; noise_refiner.1.attention.out = to_out.0) — against a twin checkpoint holding
+ * W + B·A in f32: side products exactly (summation order only), merged into the bf16 weights within their rounding,
+ * and an adapter naming no module refused by name. */
+#define LORA_SIDE_TOL 1e-5
+#define LORA_MERGE_TOL 5e-3   /* merged weights rounded to the file's bf16 (2^-9 relative) */
+static void test_lora(dt_backend *be) {
+    char dir[512], p[700], src[600];
+    fwd_case a;
+    if (t_tmpdir(dir, sizeof dir, "zimage-lora") || case_load("transformer_io.safetensors", &a)) {
+        T_FAIL("lora", "setup: %s", dt_last_error());
+        return;
+    }
+    snprintf(src, sizeof src, "%s/model/transformer/diffusion_pytorch_model.safetensors", g_dir);
+    st_file *f = st_open(src);
+    json *cj = json_parse_file(fx("model/transformer/config.json", p, sizeof p));
+    zimage_config c;
+    if (!f || !cj || zimage_config_parse(cj, "config", &c)) { T_FAIL("lora", "fixture: %s", dt_last_error()); goto out0; }
+    {
+        const int R = 2;
+        const int64_t D = c.dim, F = c.ffn;
+        /* the updates: to_q of layers.0 (diffusers), w2 of layers.1 (diffusers), qkv of layers.0 (fused),
+         * to_out.0 of noise_refiner.1 (as attention.out) */
+        float *A[4], *B[4], *BA[4];
+        lora_pair(D, D, R, 1, &A[0], &B[0], &BA[0]);
+        lora_pair(D, F, R, 2, &A[1], &B[1], &BA[1]);
+        lora_pair(3 * D, D, R, 3, &A[2], &B[2], &BA[2]);
+        lora_pair(D, D, R, 4, &A[3], &B[3], &BA[3]);
+        char f1[600], f2[600];
+        snprintf(f1, sizeof f1, "%s/diffusers.safetensors", dir);
+        snprintf(f2, sizeof f2, "%s/original.safetensors", dir);
+        st_writer *w1 = st_writer_new(), *w2 = st_writer_new();
+        const int64_t sa0[2] = {R, D}, sb0[2] = {D, R}, sa1[2] = {R, F}, sb1[2] = {D, R}, sb2[2] = {3 * D, R};
+        st_writer_add_f32(w1, "transformer.layers.0.attention.to_q.lora_A.weight", 2, sa0, A[0]);
+        st_writer_add_f32(w1, "transformer.layers.0.attention.to_q.lora_B.weight", 2, sb0, B[0]);
+        st_writer_add_f32(w1, "transformer.layers.1.feed_forward.w2.lora_A.weight", 2, sa1, A[1]);
+        st_writer_add_f32(w1, "transformer.layers.1.feed_forward.w2.lora_B.weight", 2, sb1, B[1]);
+        st_writer_add_f32(w2, "diffusion_model.layers.0.attention.qkv.lora_A.weight", 2, sa0, A[2]);
+        st_writer_add_f32(w2, "diffusion_model.layers.0.attention.qkv.lora_B.weight", 2, sb2, B[2]);
+        st_writer_add_f32(w2, "diffusion_model.noise_refiner.1.attention.out.lora_A.weight", 2, sa0, A[3]);
+        st_writer_add_f32(w2, "diffusion_model.noise_refiner.1.attention.out.lora_B.weight", 2, sb0, B[3]);
+        int rc = st_writer_save(w1, f1) | st_writer_save(w2, f2);
+        st_writer_free(w1);
+        st_writer_free(w2);
+        /* the twin: every tensor as stored, the updated weights W + B·A (both adapters) in f32 */
+        char twin[600];
+        snprintf(twin, sizeof twin, "%s/twin", dir);
+        mkdir(twin, 0755);
+        st_writer *tw = st_writer_new();
+        float *keep[8];
+        int nk = 0;
+        for (size_t i = 0; i < st_count(f); i++) {
+            const st_tensor *t = st_at(f, i);
+            const float *add[2] = {NULL, NULL};
+            if (!strcmp(t->name, "layers.0.attention.to_q.weight")) { add[0] = BA[0]; add[1] = BA[2]; }
+            else if (!strcmp(t->name, "layers.0.attention.to_k.weight")) add[0] = BA[2] + D * D;
+            else if (!strcmp(t->name, "layers.0.attention.to_v.weight")) add[0] = BA[2] + 2 * D * D;
+            else if (!strcmp(t->name, "layers.1.feed_forward.w2.weight")) add[0] = BA[1];
+            else if (!strcmp(t->name, "noise_refiner.1.attention.to_out.0.weight")) add[0] = BA[3];
+            if (!add[0]) { st_writer_add(tw, t->name, t->dtype, t->ndim, t->shape, t->data); continue; }
+            float *wf = keep[nk++] = st_to_f32(t);
+            for (int64_t k = 0; k < t->numel; k++) wf[k] += add[0][k] + (add[1] ? add[1][k] : 0.0f);
+            st_writer_add_f32(tw, t->name, t->ndim, t->shape, wf);
+        }
+        snprintf(p, sizeof p, "%s/model.safetensors", twin);
+        rc |= st_writer_save(tw, p);
+        st_writer_free(tw);
+        for (int i = 0; i < nk; i++) free(keep[i]);
+        char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
+        snprintf(p, sizeof p, "%s/config.json", twin);
+        FILE *cf = cfg ? fopen(p, "w") : NULL;
+        if (!cf || fputs(cfg, cf) < 0) rc = -1;
+        if (cf && fclose(cf)) rc = -1;
+        free(cfg);
+        for (int i = 0; i < 4; i++) { free(A[i]); free(B[i]); free(BA[i]); }
+        if (rc) { T_FAIL("lora", "writing the adapters and the twin failed"); goto out0; }
+
+        dt_lora_spec specs[2];
+        dt_lora_spec_parse(f1, &specs[0]);
+        dt_lora_spec_parse(f2, &specs[1]);
+        zimage_model *mt = zimage_load(be, twin);
+        zimage_model *mb = zimage_load(be, fx("model", p, sizeof p));
+        zimage_model *ms = zimage_load_ex(be, p, specs, 2, 1), *mm = zimage_load_ex(be, p, specs, 2, 0);
+        if (!mt || !mb || !ms || !mm) {
+            T_FAIL("lora", "load: %s", dt_last_error());
+        } else {
+            const size_t n = (size_t)c.in_channels * a.H * a.W;
+            float *ot = forward_case(be, mt, &a, "lora twin", 0, 0), *ob = forward_case(be, mb, &a, "lora base", 0, 0);
+            float *os = forward_case(be, ms, &a, "lora side", 0, 0), *om = forward_case(be, mm, &a, "lora merged", 0, 0);
+            if (ot && ob && os && om) {
+                const double eff = dt_rel_l2(ot, ob, n);
+                T_CHECK("lora: the adapters change the forward", eff > 1e-3, "rel_l2 %.3g from the base", eff);
+                t_check_rel_l2("lora: diffusers + original (fused qkv, attention.out) layouts as side products vs the "
+                               "f32 twin", os, ot, n, LORA_SIDE_TOL);
+                t_check_rel_l2("lora: merged into the bf16 weights vs the f32 twin", om, ot, n, LORA_MERGE_TOL);
+            }
+            free(ot); free(ob); free(os); free(om);
+        }
+        zimage_free(mt); zimage_free(mb); zimage_free(ms); zimage_free(mm);
+        /* a module the model does not have */
+        char f3[600];
+        snprintf(f3, sizeof f3, "%s/wrong.safetensors", dir);
+        st_writer *w3 = st_writer_new();
+        float z[2 * 32] = {0};
+        st_writer_add_f32(w3, "transformer.layers.9.attention.to_q.lora_A.weight", 2, sa0, z);
+        st_writer_add_f32(w3, "transformer.layers.9.attention.to_q.lora_B.weight", 2, sb0, z);
+        st_writer_save(w3, f3);
+        st_writer_free(w3);
+        dt_lora_spec bad;
+        dt_lora_spec_parse(f3, &bad);
+        zimage_model *mw = zimage_load_ex(be, fx("model", p, sizeof p), &bad, 1, 0);
+        T_CHECK("lora: an adapter for a module the model lacks is refused naming it", !mw &&
+                strstr(dt_last_error(), "layers.9.attention.to_q"), "%s", mw ? "(loaded)" : dt_last_error());
+        zimage_free(mw);
+    }
+out0:
+    if (f) st_close(f);
+    json_free(cj);
+    case_free(&a);
+    t_rmtree(dir);
+}
+
 /* A copy of the fixture's transformer without tensor `skip`: the error names the file and the tensor. */
 static void test_missing_tensor(dt_backend *be) {
     char src[600], dir[512], p[700];
@@ -914,6 +1055,7 @@ int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&o);
     transformer_on(cpu, "cpu", ZIMAGE_CPU_TOL);
     test_missing_tensor(cpu);
+    test_lora(cpu);
     vae_on(cpu, "cpu", VAE_CPU_TOL);
     test_vae_kinds(cpu);
     pipeline_cpu(cpu);

@@ -17,6 +17,8 @@
  */
 #include "zimage.h"
 #include "linear_set.h"
+#include "lora.h"
+#include "lora_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +61,7 @@ struct zimage_model {
     zi_block *noise, *ctx, *layers;      /* n_refiner, n_refiner, n_layers */
     zi_acts buf;
     int attn_fp8;                        /* --attn-precision fp8: the blocks' attention on the backend's fp8 kernel */
+    dt_lora_set *lora;                   /* loaded adapters (NULL: none) */
     const volatile int *cancel;          /* zimage_set_cancel: polled before each block (NULL: none) */
 };
 
@@ -309,7 +312,36 @@ static int load_all(zimage_model *m) {
 
 static void acts_free(dt_backend *be, zi_acts *b);
 
-zimage_model *zimage_load(dt_backend *be, const char *path) {
+/* The adapter modules Z-Image LoRAs name: the checkpoint's own (diffusers) names, and the original implementation's
+ * that ComfyUI-style files use — a fused attention.qkv (its B's thirds update to_q, to_k, to_v) and attention.out
+ * (to_out.0) — in every refiner and joint block. */
+static dt_lora_catalogue *lora_catalogue(const zimage_model *m) {
+    dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
+    const zimage_config *c = &m->c;
+    const int64_t D = c->dim;
+    char pre[64], qkv[128], out[128], q[3][128], o[128];
+    for (int kind = 0; kind < 3; kind++) {
+        const int n = kind == 2 ? c->n_layers : c->n_refiner;
+        for (int i = 0; i < n; i++) {
+            snprintf(pre, sizeof pre, "%s.%d", kind == 0 ? "noise_refiner" : kind == 1 ? "context_refiner" : "layers", i);
+            static const char *const part[3] = {"to_q", "to_k", "to_v"};
+            dt_lora_piece pc[3];
+            for (int j = 0; j < 3; j++) {
+                snprintf(q[j], sizeof q[j], "%s.attention.%s", pre, part[j]);
+                pc[j] = (dt_lora_piece){q[j], 0, j * D, D};
+            }
+            snprintf(qkv, sizeof qkv, "%s.attention.qkv", pre);
+            dt_lora_catalogue_add(cat, qkv, 3 * D, D, 3, pc);
+            snprintf(out, sizeof out, "%s.attention.out", pre);
+            snprintf(o, sizeof o, "%s.attention.to_out.0", pre);
+            dt_lora_piece po = {o, 0, 0, D};
+            dt_lora_catalogue_add(cat, out, D, D, 1, &po);
+        }
+    }
+    return cat;
+}
+
+zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spec *loras, int n_loras, int lora_side) {
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     zimage_model *m = dt_calloc(1, sizeof *m);
@@ -324,16 +356,29 @@ zimage_model *zimage_load(dt_backend *be, const char *path) {
     if (m->attn_fp8 && !be->attention_fp8) {
         dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
                      be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
-        zimage_free(m);
-        return NULL;
+        goto fail;
     }
-    if (!cfg || zimage_config_parse(cfg, what, &m->c) || load_all(m)) {
-        zimage_free(m);
-        return NULL;
+    if (!cfg || zimage_config_parse(cfg, what, &m->c)) goto fail;
+    if (n_loras > 0) {   /* adapters: merged into dense weights, side products (the wrapper) on the others */
+        dt_lora_catalogue *cat = lora_catalogue(m);
+        m->lora = dt_lora_load(loras, n_loras, cat);
+        dt_lora_catalogue_free(cat);
+        if (!m->lora) goto fail;
+        dt_backend *wb = dt_lora_backend_wrap(m->be);
+        if (!wb) goto fail;
+        m->be = m->lin.be = wb;
+        m->lin.lora = m->lora;
+        m->lin.lora_side = lora_side;
     }
+    if (load_all(m) || (m->lora && dt_lora_check_used(m->lora))) goto fail;
     dt_linear_set_log(&m->lin, "transformer");
     return m;
+fail:
+    zimage_free(m);
+    return NULL;
 }
+
+zimage_model *zimage_load(dt_backend *be, const char *path) { return zimage_load_ex(be, path, NULL, 0, 0); }
 
 void zimage_free(zimage_model *m) {
     if (!m) return;
@@ -349,6 +394,8 @@ void zimage_free(zimage_model *m) {
     dt_mat *mats[] = {&m->cap_norm, &m->x_pad, &m->cap_pad, &m->ctxw};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
     if (m->w) dt_weights_close(m->w);
+    if (be && dt_lora_backend_is_wrapper(be)) be->destroy(be);   /* the wrapper only, not the caller's */
+    dt_lora_free(m->lora);
     free(m);
 }
 

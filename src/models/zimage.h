@@ -15,6 +15,7 @@
 #include "io/json.h"
 #include "io/weights.h"
 #include "models/dit.h"
+#include "models/lora.h"
 
 #define ZIMAGE_AXES 3          /* RoPE axes: (caption / frame position, row, column) */
 #define ZIMAGE_SEQ_MULTIPLE 32 /* each stream is padded to a multiple of this many tokens (pad tokens) */
@@ -55,6 +56,11 @@ typedef struct zimage_model zimage_model;
 /* Load from a transformer folder (config.json + safetensors) or a pipeline root holding transformer/. NULL on
  * error (dt_last_error names the file and tensor). */
 zimage_model *zimage_load(dt_backend *be, const char *path);
+/* The same with LoRA adapters (models/lora.h; n_loras of them): module names as the checkpoint's (diffusers:
+ * layers.N.attention.to_q, feed_forward.w1, adaLN_modulation.0, ...) or as the original implementation's
+ * (attention.qkv fused, attention.out), in PEFT or kohya spelling; merged into dense weights (lora_side 0), else
+ * low-rank side products. */
+zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spec *loras, int n_loras, int lora_side);
 void zimage_free(zimage_model *m);
 const zimage_config *zimage_get_config(const zimage_model *m);
 /* Bytes of weights as stored, and a short description of their formats ("bf16", ...). */
