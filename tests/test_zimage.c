@@ -416,6 +416,67 @@ static void transformer_on(dt_backend *be, const char *tag, double tol) {
 
 /* ------------------------------------------------------------------ LoRA */
 
+/* The fixture's transformer written in the original implementation's layout as single files have it (diffusers'
+ * convert_z_image_transformer_checkpoint_to_diffusers inverted): prefix model.diffusion_model., x_embedder,
+ * final_layer, attention.qkv fused (to_q | to_k | to_v rows), attention.out, attention.q_norm / k_norm; config.json
+ * beside. 0 or -1. */
+static int write_original_layout(const char *dir) {
+    char src[600], p[700];
+    snprintf(src, sizeof src, "%s/model/transformer/diffusion_pytorch_model.safetensors", g_dir);
+    st_file *f = st_open(src);
+    if (!f || mkdir(dir, 0755)) { if (f) st_close(f); return -1; }
+    st_writer *w = st_writer_new();
+    uint8_t *keep[64];
+    int nk = 0, rc = 0;
+    for (size_t i = 0; i < st_count(f) && !rc; i++) {
+        const st_tensor *t = st_at(f, i);
+        char n[300], o[400];
+        snprintf(n, sizeof n, "%s", t->name);
+        char *q = strstr(n, ".attention.to_q.weight");
+        if (strstr(n, ".attention.to_k.weight") || strstr(n, ".attention.to_v.weight")) continue;   /* in the qkv */
+        if (q) {   /* rows of to_q, to_k, to_v concatenated */
+            char base[300], kn[340], vn[340];
+            snprintf(base, sizeof base, "%.*s", (int)(q - n), n);
+            snprintf(kn, sizeof kn, "%s.attention.to_k.weight", base);
+            snprintf(vn, sizeof vn, "%s.attention.to_v.weight", base);
+            const st_tensor *tk = st_find(f, kn), *tv = st_find(f, vn);
+            if (!tk || !tv || nk == 64) { rc = -1; break; }
+            uint8_t *cat = keep[nk++] = dt_malloc(3 * t->nbytes);
+            memcpy(cat, t->data, t->nbytes);
+            memcpy(cat + t->nbytes, tk->data, t->nbytes);
+            memcpy(cat + 2 * t->nbytes, tv->data, t->nbytes);
+            const int64_t sh[2] = {3 * t->shape[0], t->shape[1]};
+            snprintf(o, sizeof o, "model.diffusion_model.%s.attention.qkv.weight", base);
+            st_writer_add(w, o, t->dtype, 2, sh, cat);
+            continue;
+        }
+        static const char *const ren[][2] = {{"all_x_embedder.2-1", "x_embedder"}, {"all_final_layer.2-1", "final_layer"},
+                                             {".attention.to_out.0", ".attention.out"}, {".attention.norm_q", ".attention.q_norm"},
+                                             {".attention.norm_k", ".attention.k_norm"}};
+        for (size_t r = 0; r < sizeof ren / sizeof ren[0]; r++) {
+            char *at = strstr(n, ren[r][0]);
+            if (!at) continue;
+            char rest[300];
+            snprintf(rest, sizeof rest, "%s", at + strlen(ren[r][0]));
+            snprintf(at, sizeof n - (size_t)(at - n), "%s%s", ren[r][1], rest);
+        }
+        snprintf(o, sizeof o, "model.diffusion_model.%s", n);
+        st_writer_add(w, o, t->dtype, t->ndim, t->shape, t->data);
+    }
+    snprintf(p, sizeof p, "%s/z_image_turbo.safetensors", dir);
+    if (!rc) rc = st_writer_save(w, p);
+    st_writer_free(w);
+    for (int i = 0; i < nk; i++) free(keep[i]);
+    st_close(f);
+    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *cf = cfg ? fopen(p, "w") : NULL;
+    if (!cf || fputs(cfg, cf) < 0) rc = -1;
+    if (cf && fclose(cf)) rc = -1;
+    free(cfg);
+    return rc;
+}
+
 /* A rank-R update of module `name` (out x in): A [R, in], B [out, R] with deterministic values; *ba the product
  * B·A [out, in] (double sums, f32). */
 static void lora_pair(int64_t out, int64_t in, int R, int seed, float **A, float **B, float **ba) {
@@ -439,6 +500,7 @@ static void lora_pair(int64_t out, int64_t in, int R, int seed, float **A, float
  * and an adapter naming no module refused by name. */
 #define LORA_SIDE_TOL 1e-5
 #define LORA_MERGE_TOL 5e-3   /* merged weights rounded to the file's bf16 (2^-9 relative) */
+#define ORIG_LAYOUT_TOL 1e-6  /* the same bf16 values, the q/k/v rows stacked either way: summation order at most */
 static void test_lora(dt_backend *be) {
     char dir[512], p[700], src[600];
     fwd_case a;
@@ -516,6 +578,11 @@ static void test_lora(dt_backend *be) {
         zimage_model *mt = zimage_load(be, twin);
         zimage_model *mb = zimage_load(be, fx("model", p, sizeof p));
         zimage_model *ms = zimage_load_ex(be, p, specs, 2, 1), *mm = zimage_load_ex(be, p, specs, 2, 0);
+        char orig[600];
+        snprintf(orig, sizeof orig, "%s/original", dir);
+        zimage_model *mo = write_original_layout(orig) ? NULL : zimage_load(be, orig);
+        zimage_model *mol = mo ? zimage_load_ex(be, orig, specs, 2, 1) : NULL;
+        if (!mo || !mol) T_FAIL("original layout", "%s", dt_last_error());
         if (!mt || !mb || !ms || !mm) {
             T_FAIL("lora", "load: %s", dt_last_error());
         } else {
@@ -529,9 +596,19 @@ static void test_lora(dt_backend *be) {
                                "f32 twin", os, ot, n, LORA_SIDE_TOL);
                 t_check_rel_l2("lora: merged into the bf16 weights vs the f32 twin", om, ot, n, LORA_MERGE_TOL);
             }
+            if (mo && mol && ob && ot) {   /* the same weights under the original names: the same forward */
+                float *oo = forward_case(be, mo, &a, "original layout", 0, 0);
+                float *ool = forward_case(be, mol, &a, "original layout + lora", 0, 0);
+                if (oo) t_check_rel_l2("original layout (model.diffusion_model., fused qkv, x_embedder, final_layer): the "
+                                       "diffusers layout's forward", oo, ob, n, ORIG_LAYOUT_TOL);
+                if (ool) t_check_rel_l2("original layout + both adapters as side products vs the f32 twin", ool, ot, n,
+                                        LORA_SIDE_TOL);
+                free(oo);
+                free(ool);
+            }
             free(ot); free(ob); free(os); free(om);
         }
-        zimage_free(mt); zimage_free(mb); zimage_free(ms); zimage_free(mm);
+        zimage_free(mt); zimage_free(mb); zimage_free(ms); zimage_free(mm); zimage_free(mo); zimage_free(mol);
         /* a module the model does not have */
         char f3[600];
         snprintf(f3, sizeof f3, "%s/wrong.safetensors", dir);

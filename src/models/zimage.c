@@ -62,6 +62,8 @@ struct zimage_model {
     zi_acts buf;
     int attn_fp8;                        /* --attn-precision fp8: the blocks' attention on the backend's fp8 kernel */
     dt_lora_set *lora;                   /* loaded adapters (NULL: none) */
+    int orig;                            /* the file has the original implementation's names (zimage_load_ex) */
+    char pfx[32];                        /* and this prefix on every name ("", "model.diffusion_model.", ...) */
     const volatile int *cancel;          /* zimage_set_cancel: polled before each block (NULL: none) */
 };
 
@@ -217,7 +219,55 @@ static int load_row(dt_backend *be, const dt_weights *w, const char *name, int64
     return rc;
 }
 
-#define LIN(dst, nm, o, i, b) do { if (!((dst) = dt_linear_set_load(&m->lin, m->w, (nm), (o), (i), (b)))) return -1; } while (0)
+/* The file's name of diffusers name d: the prefix, and in the original layout its renames (diffusers'
+ * convert_z_image_transformer_checkpoint_to_diffusers, inverted): x_embedder, final_layer, attention.out,
+ * attention.q_norm / k_norm (the fused attention.qkv is asked for by that name). Into buf (n bytes). */
+static const char *fname(const zimage_model *m, const char *d, char *buf, size_t n) {
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s", d);
+    if (m->orig) {
+        static const char *const ren[][2] = {{".attention.to_out.0", ".attention.out"}, {".attention.norm_q", ".attention.q_norm"},
+                                             {".attention.norm_k", ".attention.k_norm"}};
+        char head[64];
+        snprintf(head, sizeof head, "all_x_embedder.%d-1", m->c.patch);
+        if (!strncmp(tmp, head, strlen(head))) {
+            memmove(tmp + 10, tmp + strlen(head), strlen(tmp + strlen(head)) + 1);
+            memcpy(tmp, "x_embedder", 10);
+        }
+        snprintf(head, sizeof head, "all_final_layer.%d-1", m->c.patch);
+        if (!strncmp(tmp, head, strlen(head))) {
+            memmove(tmp + 11, tmp + strlen(head), strlen(tmp + strlen(head)) + 1);
+            memcpy(tmp, "final_layer", 11);
+        }
+        for (size_t i = 0; i < sizeof ren / sizeof ren[0]; i++) {
+            char *at = strstr(tmp, ren[i][0]);
+            if (!at) continue;
+            char rest[300];
+            snprintf(rest, sizeof rest, "%s", at + strlen(ren[i][0]));
+            snprintf(at, sizeof tmp - (size_t)(at - tmp), "%s%s", ren[i][1], rest);
+        }
+    }
+    snprintf(buf, n, "%s%s", m->pfx, tmp);
+    return buf;
+}
+
+/* The layout of the file: the prefix its names carry, and whether they are the original implementation's. */
+static void detect_layout(zimage_model *m) {
+    static const char *const pre[] = {"", "model.diffusion_model.", "diffusion_model.", "model."};
+    char nm[128];
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) {
+        snprintf(nm, sizeof nm, "%st_embedder.mlp.0.weight", pre[i]);
+        if (dt_weights_find(m->w, nm)) { snprintf(m->pfx, sizeof m->pfx, "%s", pre[i]); break; }
+    }
+    snprintf(nm, sizeof nm, "%sx_embedder.weight", m->pfx);
+    m->orig = dt_weights_find(m->w, nm) != NULL;
+    snprintf(nm, sizeof nm, "%st_embedder.mlp.0.weight", m->pfx);   /* the timestep MLP's width (load_all checks it) */
+    const st_tensor *t1 = dt_weights_find(m->w, nm);
+    if (t1 && t1->ndim == 2 && t1->shape[0] >= 1 && t1->shape[0] <= ZIMAGE_MAX_DIM) m->c.t_mid = (int)t1->shape[0];
+}
+
+#define LIN(dst, nm, o, i, b) do { char fn_[300]; \
+        if (!((dst) = dt_linear_set_load(&m->lin, m->w, fname(m, (nm), fn_, sizeof fn_), (o), (i), (b)))) return -1; } while (0)
 
 /* Block PREFIX ("layers.3"); modulated: it has adaLN_modulation. */
 static int load_block(zimage_model *m, const char *prefix, int modulated, zi_block *b) {
@@ -226,10 +276,19 @@ static int load_block(zimage_model *m, const char *prefix, int modulated, zi_blo
     char nm[3][256];
     const char *parts[3] = {nm[0], nm[1], nm[2]};
     const char *qkv[3] = {"to_q", "to_k", "to_v"};
-    for (int j = 0; j < 3; j++) snprintf(nm[j], sizeof nm[j], "%s.attention.%s", prefix, qkv[j]);
+    char fq[300];
+    for (int j = 0; j < 3; j++) {
+        snprintf(fq, sizeof fq, "%s.attention.%s", prefix, qkv[j]);
+        fname(m, fq, nm[j], sizeof nm[j]);
+    }
     /* --precision fp8: the attention and FFN Linears of every block (adaLN, embedders and final layer stay bf16) */
     m->lin.precision = m->be->opts.precision;
-    b->qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL);
+    if (m->orig) {   /* the original layout's fused attention.qkv is the stacked Linear already */
+        snprintf(fq, sizeof fq, "%s%s.attention.qkv", m->pfx, prefix);
+        b->qkv = dt_linear_set_load(&m->lin, m->w, fq, 3 * D, D, 0);
+    } else {
+        b->qkv = dt_linear_set_load_stacked(&m->lin, m->w, parts, 3, D, D, NULL);
+    }
     if (!b->qkv) { m->lin.precision = DT_PREC_BF16; return -1; }
     /* attention and FFN Linears have no bias in the reference (bias=False) */
     snprintf(nm[0], sizeof nm[0], "%s.attention.to_out.0", prefix); LIN(b->out, nm[0], D, D, 0);
@@ -242,16 +301,16 @@ static int load_block(zimage_model *m, const char *prefix, int modulated, zi_blo
         LIN(b->ada, nm[0], 4 * D, c->adaln, 1);
     }
     if (c->qk_norm) {
-        snprintf(nm[0], sizeof nm[0], "%s.attention.norm_q.weight", prefix);
-        if (load_param(m->be, m->w, nm[0], c->head_dim, &b->norm_q)) return -1;
-        snprintf(nm[0], sizeof nm[0], "%s.attention.norm_k.weight", prefix);
-        if (load_param(m->be, m->w, nm[0], c->head_dim, &b->norm_k)) return -1;
+        snprintf(fq, sizeof fq, "%s.attention.norm_q.weight", prefix);
+        if (load_param(m->be, m->w, fname(m, fq, nm[0], sizeof nm[0]), c->head_dim, &b->norm_q)) return -1;
+        snprintf(fq, sizeof fq, "%s.attention.norm_k.weight", prefix);
+        if (load_param(m->be, m->w, fname(m, fq, nm[0], sizeof nm[0]), c->head_dim, &b->norm_k)) return -1;
     }
     const char *norms[4] = {"attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"};
     b->norms = dt_malloc(sizeof(float) * (size_t)(4 * D));
     for (int j = 0; j < 4; j++) {
-        snprintf(nm[0], sizeof nm[0], "%s.%s.weight", prefix, norms[j]);
-        if (dt_weights_read_f32(m->w, nm[0], b->norms + j * D, D)) return -1;
+        snprintf(fq, sizeof fq, "%s.%s.weight", prefix, norms[j]);
+        if (dt_weights_read_f32(m->w, fname(m, fq, nm[0], sizeof nm[0]), b->norms + j * D, D)) return -1;
     }
     return 0;
 }
@@ -269,9 +328,10 @@ static int load_all(zimage_model *m) {
     char nm[256];
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
     /* the timestep MLP's hidden width is fixed in the reference's code (1024), not in the config: from the file */
-    const st_tensor *t1 = dt_weights_find(m->w, "t_embedder.mlp.0.weight");   /* rows = the width (any form) */
+    char fn[300];
+    const st_tensor *t1 = dt_weights_find(m->w, fname(m, "t_embedder.mlp.0.weight", fn, sizeof fn));   /* rows = the width */
     if (!t1 || t1->ndim != 2 || t1->shape[0] < 1 || t1->shape[0] > ZIMAGE_MAX_DIM) {
-        dt_set_error("%s: t_embedder.mlp.0.weight %s (expected [hidden, %d])", dt_weights_path(m->w),
+        dt_set_error("%s: %s %s (expected [hidden, %d])", dt_weights_path(m->w), fn,
                      t1 ? "has an unexpected shape" : "is missing", ZIMAGE_T_FREQ);
         return -1;
     }
@@ -282,8 +342,10 @@ static int load_all(zimage_model *m) {
     LIN(m->t1, "t_embedder.mlp.0", c->t_mid, ZIMAGE_T_FREQ, 1);
     LIN(m->t2, "t_embedder.mlp.2", c->adaln, c->t_mid, 1);
     LIN(m->cap_lin, "cap_embedder.1", D, c->cap_dim, 1);
-    if (load_param(m->be, m->w, "cap_embedder.0.weight", c->cap_dim, &m->cap_norm) ||
-        load_row(m->be, m->w, "x_pad_token", D, &m->x_pad) || load_row(m->be, m->w, "cap_pad_token", D, &m->cap_pad))
+    char f2[300], f3[300];
+    if (load_param(m->be, m->w, fname(m, "cap_embedder.0.weight", fn, sizeof fn), c->cap_dim, &m->cap_norm) ||
+        load_row(m->be, m->w, fname(m, "x_pad_token", f2, sizeof f2), D, &m->x_pad) ||
+        load_row(m->be, m->w, fname(m, "cap_pad_token", f3, sizeof f3), D, &m->cap_pad))
         return -1;
     int nr = c->n_refiner;
     m->noise = dt_calloc((size_t)(nr ? nr : 1), sizeof *m->noise);
@@ -312,30 +374,59 @@ static int load_all(zimage_model *m) {
 
 static void acts_free(dt_backend *be, zi_acts *b);
 
-/* The adapter modules Z-Image LoRAs name: the checkpoint's own (diffusers) names, and the original implementation's
- * that ComfyUI-style files use — a fused attention.qkv (its B's thirds update to_q, to_k, to_v) and attention.out
- * (to_out.0) — in every refiner and joint block. */
+/* Adapter module `name` (the diffusers one and, when different, the original's) updating rows [row0, row0 + rows) of
+ * the model's Linear `target` (the name the loader asks for). */
+static void cat_add(dt_lora_catalogue *cat, const char *name, const char *orig_name, const char *target, int64_t row0,
+                    int64_t rows, int64_t in) {
+    dt_lora_piece pc = {target, row0, 0, rows};
+    dt_lora_catalogue_add(cat, name, rows, in, 1, &pc);
+    if (orig_name && strcmp(orig_name, name)) dt_lora_catalogue_add(cat, orig_name, rows, in, 1, &pc);
+}
+
+/* The adapter modules Z-Image LoRAs name, in either layout whatever the checkpoint's: diffusers' names and the
+ * original implementation's that ComfyUI-style files use — a fused attention.qkv (its B's thirds update to_q, to_k,
+ * to_v with one shared A), attention.out, x_embedder, final_layer — in every refiner and joint block. */
 static dt_lora_catalogue *lora_catalogue(const zimage_model *m) {
-    dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
+    dt_lora_catalogue *cat = dt_lora_catalogue_new();
     const zimage_config *c = &m->c;
-    const int64_t D = c->dim;
-    char pre[64], qkv[128], out[128], q[3][128], o[128];
+    const int64_t D = c->dim, F = c->ffn;
+    zimage_model o = *m;   /* names in the original layout, without the file's prefix */
+    o.orig = 1;
+    o.pfx[0] = 0;
+    char dn[300], on[300], tn[300], pfx[64];
+    const struct { const char *name; int64_t out, in; } glob[] = {
+        {"all_x_embedder.%d-1", D, c->patch_channels}, {"all_final_layer.%d-1.linear", c->patch_channels, D},
+        {"all_final_layer.%d-1.adaLN_modulation.1", D, c->adaln}, {"t_embedder.mlp.0", c->t_mid, ZIMAGE_T_FREQ},
+        {"t_embedder.mlp.2", c->adaln, c->t_mid}, {"cap_embedder.1", D, c->cap_dim}};
+    for (size_t i = 0; i < sizeof glob / sizeof glob[0]; i++) {
+        snprintf(dn, sizeof dn, glob[i].name, c->patch);
+        cat_add(cat, dn, fname(&o, dn, on, sizeof on), fname(m, dn, tn, sizeof tn), 0, glob[i].out, glob[i].in);
+    }
     for (int kind = 0; kind < 3; kind++) {
         const int n = kind == 2 ? c->n_layers : c->n_refiner;
         for (int i = 0; i < n; i++) {
-            snprintf(pre, sizeof pre, "%s.%d", kind == 0 ? "noise_refiner" : kind == 1 ? "context_refiner" : "layers", i);
+            snprintf(pfx, sizeof pfx, "%s.%d", kind == 0 ? "noise_refiner" : kind == 1 ? "context_refiner" : "layers", i);
+            const struct { const char *name; int64_t out, in; } lin[] = {
+                {"attention.to_out.0", D, D}, {"feed_forward.w1", F, D}, {"feed_forward.w2", D, F},
+                {"feed_forward.w3", F, D}, {"adaLN_modulation.0", 4 * D, c->adaln}};
+            for (size_t k = 0; k < sizeof lin / sizeof lin[0]; k++) {
+                if (kind == 1 && k == 4) continue;   /* the caption refiners have no modulation */
+                snprintf(dn, sizeof dn, "%s.%s", pfx, lin[k].name);
+                cat_add(cat, dn, fname(&o, dn, on, sizeof on), fname(m, dn, tn, sizeof tn), 0, lin[k].out, lin[k].in);
+            }
+            /* q/k/v: three Linears stacked at load (diffusers files), or the file's fused qkv (original files) */
             static const char *const part[3] = {"to_q", "to_k", "to_v"};
             dt_lora_piece pc[3];
+            char tq[3][300];
             for (int j = 0; j < 3; j++) {
-                snprintf(q[j], sizeof q[j], "%s.attention.%s", pre, part[j]);
-                pc[j] = (dt_lora_piece){q[j], 0, j * D, D};
+                snprintf(dn, sizeof dn, "%s.attention.%s", pfx, part[j]);
+                if (m->orig) snprintf(tq[j], sizeof tq[j], "%s%s.attention.qkv", m->pfx, pfx);
+                else fname(m, dn, tq[j], sizeof tq[j]);
+                pc[j] = (dt_lora_piece){tq[j], m->orig ? j * D : 0, j * D, D};
+                cat_add(cat, dn, NULL, tq[j], m->orig ? j * D : 0, D, D);
             }
-            snprintf(qkv, sizeof qkv, "%s.attention.qkv", pre);
-            dt_lora_catalogue_add(cat, qkv, 3 * D, D, 3, pc);
-            snprintf(out, sizeof out, "%s.attention.out", pre);
-            snprintf(o, sizeof o, "%s.attention.to_out.0", pre);
-            dt_lora_piece po = {o, 0, 0, D};
-            dt_lora_catalogue_add(cat, out, D, D, 1, &po);
+            snprintf(dn, sizeof dn, "%s.attention.qkv", pfx);
+            dt_lora_catalogue_add(cat, dn, 3 * D, D, 3, pc);
         }
     }
     return cat;
@@ -359,6 +450,7 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spe
         goto fail;
     }
     if (!cfg || zimage_config_parse(cfg, what, &m->c)) goto fail;
+    detect_layout(m);
     if (n_loras > 0) {   /* adapters: merged into dense weights, side products (the wrapper) on the others */
         dt_lora_catalogue *cat = lora_catalogue(m);
         m->lora = dt_lora_load(loras, n_loras, cat);
