@@ -23,6 +23,7 @@
 
 #include "backends/backend.h"
 #include "io/json.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "models/qwen3.h"
 #include "models/vae_kl.h"
@@ -31,6 +32,7 @@
 #include "image/image.h"
 #include "pipeline/zimage_guidance.h"
 #include "pipeline/zimage_prompt.h"
+#include "quant/ggml_quants.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
 #include "trace_check.h"
@@ -475,6 +477,97 @@ static int write_original_layout(const char *dir) {
     if (cf && fclose(cf)) rc = -1;
     free(cfg);
     return rc;
+}
+
+/* The original layout as a GGUF file (city96-style Z-Image GGUFs: the original names, no prefix) with every 2-D
+ * weight whose input width is a multiple of 32 in Q8_0 and the rest F32, config.json beside; and its twin: the same
+ * names in a safetensors file holding the Q8_0 weights dequantized (f32). 0 or -1. */
+static int write_gguf_pair(const char *gdir, const char *tdir) {
+    char src[600], p[700];
+    snprintf(src, sizeof src, "%s/model/transformer/diffusion_pytorch_model.safetensors", g_dir);
+    snprintf(p, sizeof p, "%s/orig-src", tdir);
+    st_file *f = NULL;
+    int rc = mkdir(gdir, 0755) | mkdir(tdir, 0755) | write_original_layout(p);
+    char of[800];
+    snprintf(of, sizeof of, "%s/z_image_turbo.safetensors", p);
+    if (rc || !(f = st_open(of))) { if (f) st_close(f); return -1; }
+    snprintf(p, sizeof p, "%s/z_image_turbo-Q8_0.gguf", gdir);
+    gguf_stream *gs = gguf_stream_open(p);
+    st_writer *tw = st_writer_new();
+    const size_t n = st_count(f);
+    void **data = dt_calloc(n, sizeof *data);
+    size_t *bytes = dt_calloc(n, sizeof *bytes);
+    float **deq = dt_calloc(n, sizeof *deq);
+    for (size_t i = 0; i < n && gs; i++) {
+        const st_tensor *t = st_at(f, i);
+        const char *name = t->name + strlen("model.diffusion_model.");
+        float *v = st_to_f32(t);
+        const int q8 = t->ndim == 2 && t->shape[1] % 32 == 0 && strcmp(name, "x_pad_token") && strcmp(name, "cap_pad_token");
+        if (q8) {
+            bytes[i] = dt_dtype_bytes(DT_Q8_0, t->numel);
+            data[i] = dt_malloc(bytes[i]);
+            deq[i] = dt_malloc(sizeof(float) * (size_t)t->numel);
+            rc |= dt_ggml_quant(DT_Q8_0, v, t->numel, data[i]) | dt_ggml_dequant(DT_Q8_0, data[i], t->numel, deq[i]);
+            free(v);
+        } else {
+            bytes[i] = sizeof(float) * (size_t)t->numel;
+            data[i] = v;
+        }
+        gguf_stream_declare(gs, name, q8 ? DT_Q8_0 : DT_F32, t->ndim, t->shape);
+        st_writer_add_f32(tw, name, t->ndim, t->shape, q8 ? deq[i] : v);
+    }
+    rc |= !gs || gguf_stream_begin_data(gs);
+    for (size_t i = 0; i < n && !rc; i++) rc |= gguf_stream_write(gs, data[i], bytes[i]);
+    if (gs) rc |= rc ? (gguf_stream_abort(gs), -1) : gguf_stream_close(gs);
+    snprintf(p, sizeof p, "%s/model.safetensors", tdir);
+    if (!rc) rc = st_writer_save(tw, p);
+    st_writer_free(tw);
+    for (size_t i = 0; i < n; i++) { free(data[i]); free(deq[i]); }
+    free(data); free(bytes); free(deq);
+    st_close(f);
+    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
+    for (int k = 0; k < 2 && cfg; k++) {
+        snprintf(p, sizeof p, "%s/config.json", k ? tdir : gdir);
+        FILE *cf = fopen(p, "w");
+        if (!cf || fputs(cfg, cf) < 0) rc = -1;
+        if (cf && fclose(cf)) rc = -1;
+    }
+    if (!cfg) rc = -1;
+    free(cfg);
+    snprintf(p, sizeof p, "rm -rf '%s/orig-src'", tdir);
+    if (system(p)) rc = -1;
+    return rc;
+}
+
+/* A GGUF Z-Image transformer (Q8_0 blocks + F32, the original names) against its dequantized f32 twin: the CPU
+ * dequantizes the same blocks per tile, so only summation order differs. */
+#define GGUF_TWIN_TOL 1e-5
+static void test_gguf(dt_backend *be) {
+    char dir[512], gd[600], td[600];
+    fwd_case a;
+    if (t_tmpdir(dir, sizeof dir, "zimage-gguf") || case_load("transformer_io.safetensors", &a)) {
+        T_FAIL("gguf", "setup: %s", dt_last_error());
+        return;
+    }
+    snprintf(gd, sizeof gd, "%s/gguf", dir);
+    snprintf(td, sizeof td, "%s/twin", dir);
+    zimage_model *mg = NULL, *mt = NULL;
+    if (write_gguf_pair(gd, td) || !(mg = zimage_load(be, gd)) || !(mt = zimage_load(be, td))) {
+        T_FAIL("gguf: a Q8_0 GGUF in the original layout loads", "%s", dt_last_error());
+    } else {
+        char fmt[64];
+        zimage_weight_info(mg, NULL, fmt, sizeof fmt);
+        const size_t n = (size_t)zimage_get_config(mg)->in_channels * a.H * a.W;
+        float *og = forward_case(be, mg, &a, "gguf Q8_0", 0, 0), *ot = forward_case(be, mt, &a, "gguf twin", 0, 0);
+        T_CHECK("gguf: its Linears run as Q8_0", strstr(fmt, "Q8_0") != NULL, "format '%s'", fmt);
+        if (og && ot) t_check_rel_l2("gguf Q8_0 (original layout) vs its dequantized f32 twin", og, ot, n, GGUF_TWIN_TOL);
+        free(og);
+        free(ot);
+    }
+    zimage_free(mg);
+    zimage_free(mt);
+    case_free(&a);
+    t_rmtree(dir);
 }
 
 /* A rank-R update of module `name` (out x in): A [R, in], B [out, R] with deterministic values; *ba the product
@@ -1133,6 +1226,7 @@ int main(void) {
     transformer_on(cpu, "cpu", ZIMAGE_CPU_TOL);
     test_missing_tensor(cpu);
     test_lora(cpu);
+    test_gguf(cpu);
     vae_on(cpu, "cpu", VAE_CPU_TOL);
     test_vae_kinds(cpu);
     pipeline_cpu(cpu);
