@@ -435,7 +435,7 @@ if has zimage; then  # Z-Image-Turbo at 1024^2, 9 steps, guidance 0 on the synth
         log "ditrun generate Z-Image-Turbo bf16 1024^2, 9 steps, guidance 0 ${a:-(default)}"
         zpeak
         $B generate --backend cuda --model "$W/zit" -p "$PROMPT" -o "$OUT/zit.png" --seed 7 --steps 9 --guidance 0 \
-            --count "${ZIMAGE_COUNT:-4}" $a 2>&1 | grep -E "^load|first|warm|error" | tee -a "$OUT/summary.txt"
+            --count "${ZIMAGE_COUNT:-3}" $a 2>&1 | grep -E "^load|first|warm|error" | tee -a "$OUT/summary.txt"
         zpeak_end
     done
     VPY=python3
@@ -444,7 +444,7 @@ if has zimage; then  # Z-Image-Turbo at 1024^2, 9 steps, guidance 0 on the synth
     done
     if [ -d "${DIFFUSERS_SRC:-/nonexistent}/diffusers" ]; then
         for c in "" "--compile"; do
-            timeout 420 $VPY tools/diffusers_zimage_time.py --model "$W/zit" --steps 9 --guidance 0 --runs 3 --warmup 1 $c \
+            timeout 360 $VPY tools/diffusers_zimage_time.py --model "$W/zit" --steps 9 --guidance 0 --runs 2 --warmup 1 $c \
                 2>&1 | grep -E "^diffusers|Error|error" | tee -a "$OUT/summary.txt"
         done
     else
