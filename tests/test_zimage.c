@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "core/fp8.h"
 #include "io/json.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -565,6 +566,100 @@ static void test_gguf(dt_backend *be) {
         free(ot);
     }
     zimage_free(mg);
+    zimage_free(mt);
+    case_free(&a);
+    t_rmtree(dir);
+}
+
+/* An fp8 checkpoint as BFL/ComfyUI-style fp8 files have it (diffusers names here): the blocks' attention and FFN
+ * Linear weights as F8_E4M3 codes + NAME.weight_scale (F32, one per tensor), the rest as stored; and its twin holding
+ * those weights decoded (codes x scale, f32). Both with config.json. 0 or -1. */
+static int write_fp8_pair(const char *fdir, const char *tdir) {
+    char src[600], p[700];
+    snprintf(src, sizeof src, "%s/model/transformer/diffusion_pytorch_model.safetensors", g_dir);
+    st_file *f = st_open(src);
+    if (!f || mkdir(fdir, 0755) || mkdir(tdir, 0755)) { if (f) st_close(f); return -1; }
+    st_writer *fw = st_writer_new(), *tw = st_writer_new();
+    const size_t n = st_count(f);
+    void **keep = dt_calloc(3 * n, sizeof *keep);
+    int nk = 0, rc = 0;
+    static const char *const lin[] = {".attention.to_q.weight", ".attention.to_k.weight", ".attention.to_v.weight",
+                                      ".attention.to_out.0.weight", ".feed_forward.w1.weight", ".feed_forward.w2.weight",
+                                      ".feed_forward.w3.weight"};
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = st_at(f, i);
+        int is_lin = 0;
+        for (size_t k = 0; k < sizeof lin / sizeof lin[0]; k++) {
+            const size_t ln = strlen(lin[k]), tn = strlen(t->name);
+            is_lin |= tn > ln && !strcmp(t->name + tn - ln, lin[k]);
+        }
+        if (!is_lin) {
+            st_writer_add(fw, t->name, t->dtype, t->ndim, t->shape, t->data);
+            st_writer_add(tw, t->name, t->dtype, t->ndim, t->shape, t->data);
+            continue;
+        }
+        float *v = keep[nk++] = st_to_f32(t);
+        uint8_t *codes = keep[nk++] = dt_malloc((size_t)t->numel);
+        float *sc = keep[nk++] = dt_malloc(sizeof(float));
+        *sc = dt_fp8_amax(v, t->numel) / DT_E4M3_MAX;
+        for (int64_t k = 0; k < t->numel; k++) {
+            codes[k] = dt_f32_to_e4m3(v[k] / *sc);
+            v[k] = dt_e4m3_to_f32(codes[k]) * *sc;
+        }
+        char sn[300];
+        const int64_t one[1] = {1};
+        snprintf(sn, sizeof sn, "%.*s.weight_scale", (int)(strlen(t->name) - 7), t->name);
+        st_writer_add(fw, t->name, DT_F8_E4M3, t->ndim, t->shape, codes);
+        st_writer_add_f32(fw, sn, 0, one, sc);
+        st_writer_add_f32(tw, t->name, t->ndim, t->shape, v);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", fdir);
+    rc |= st_writer_save(fw, p);
+    snprintf(p, sizeof p, "%s/model.safetensors", tdir);
+    rc |= st_writer_save(tw, p);
+    st_writer_free(fw);
+    st_writer_free(tw);
+    for (int i = 0; i < nk; i++) free(keep[i]);
+    free(keep);
+    st_close(f);
+    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
+    for (int k = 0; k < 2 && cfg; k++) {
+        snprintf(p, sizeof p, "%s/config.json", k ? tdir : fdir);
+        FILE *cf = fopen(p, "w");
+        if (!cf || fputs(cfg, cf) < 0) rc = -1;
+        if (cf && fclose(cf)) rc = -1;
+    }
+    if (!cfg) rc = -1;
+    free(cfg);
+    return rc;
+}
+
+/* An fp8 file's Linears against its decoded twin: on the CPU the e4m3 weights are decoded per tile (the activations
+ * stay f32 without --precision fp8), so only summation order differs. */
+#define FP8_FILE_TOL 1e-5
+static void test_fp8_file(dt_backend *be) {
+    char dir[512], fd[600], td[600];
+    fwd_case a;
+    if (t_tmpdir(dir, sizeof dir, "zimage-fp8") || case_load("transformer_io.safetensors", &a)) {
+        T_FAIL("fp8 file", "setup: %s", dt_last_error());
+        return;
+    }
+    snprintf(fd, sizeof fd, "%s/fp8", dir);
+    snprintf(td, sizeof td, "%s/twin", dir);
+    zimage_model *mf = NULL, *mt = NULL;
+    if (write_fp8_pair(fd, td) || !(mf = zimage_load(be, fd)) || !(mt = zimage_load(be, td))) {
+        T_FAIL("fp8 file: loads", "%s", dt_last_error());
+    } else {
+        char fmt[64];
+        zimage_weight_info(mf, NULL, fmt, sizeof fmt);
+        const size_t n = (size_t)zimage_get_config(mf)->in_channels * a.H * a.W;
+        float *of = forward_case(be, mf, &a, "fp8 file", 0, 0), *ot = forward_case(be, mt, &a, "fp8 twin", 0, 0);
+        printf("# fp8 file: weights '%s'\n", fmt);
+        if (of && ot) t_check_rel_l2("fp8 file (F8_E4M3 + weight_scale) vs its decoded f32 twin", of, ot, n, FP8_FILE_TOL);
+        free(of);
+        free(ot);
+    }
+    zimage_free(mf);
     zimage_free(mt);
     case_free(&a);
     t_rmtree(dir);
@@ -1227,6 +1322,7 @@ int main(void) {
     test_missing_tensor(cpu);
     test_lora(cpu);
     test_gguf(cpu);
+    test_fp8_file(cpu);
     vae_on(cpu, "cpu", VAE_CPU_TOL);
     test_vae_kinds(cpu);
     pipeline_cpu(cpu);
