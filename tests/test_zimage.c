@@ -665,6 +665,44 @@ static void test_fp8_file(dt_backend *be) {
     t_rmtree(dir);
 }
 
+/* zimage_export_fp8 (convert --format fp8 / fp8-channel): the written folder loads with its blocks' Linears in e4m3,
+ * and its forward stays near the bf16 one. */
+#define FP8_EXPORT_TOL 0.05   /* e4m3 weights (3 mantissa bits, ~3% per weight) through 6 blocks, activations f32 */
+static void test_fp8_export(dt_backend *be) {
+    char dir[512], out[600], p[600];
+    fwd_case a;
+    if (t_tmpdir(dir, sizeof dir, "zimage-fp8x") || case_load("transformer_io.safetensors", &a)) {
+        T_FAIL("fp8 export", "setup: %s", dt_last_error());
+        return;
+    }
+    for (int per_channel = 0; per_channel < 2; per_channel++) {
+        char name[160];
+        snprintf(name, sizeof name, "convert --format %s: e4m3 blocks near the bf16 forward",
+                 per_channel ? "fp8-channel" : "fp8");
+        snprintf(out, sizeof out, "%s/fp8-%d", dir, per_channel);
+        int written = 0;
+        zimage_model *mb = zimage_load(be, fx("model", p, sizeof p)), *mx = NULL;
+        if (zimage_export_fp8(p, out, DT_F8_E4M3, per_channel, &written) || !(mx = zimage_load(be, out)) || !mb) {
+            T_FAIL(name, "%s", dt_last_error());
+        } else {
+            char fmt[64];
+            zimage_weight_info(mx, NULL, fmt, sizeof fmt);
+            const size_t n = (size_t)zimage_get_config(mx)->in_channels * a.H * a.W;
+            float *ob = forward_case(be, mb, &a, "fp8 export base", 0, 0), *ox = forward_case(be, mx, &a, "fp8 export", 0, 0);
+            const double e = ob && ox ? dt_rel_l2(ox, ob, n) : 1;
+            T_CHECK(name, strstr(fmt, "e4m3") && written == 101 && e > 0 && e <= FP8_EXPORT_TOL,
+                    "format '%s', %d tensors, rel_l2 %.4g", fmt, written, e);
+            printf("# %s: rel_l2 %.4g from bf16\n", name, e);
+            free(ob);
+            free(ox);
+        }
+        zimage_free(mb);
+        zimage_free(mx);
+    }
+    case_free(&a);
+    t_rmtree(dir);
+}
+
 /* A rank-R update of module `name` (out x in): A [R, in], B [out, R] with deterministic values; *ba the product
  * B·A [out, in] (double sums, f32). */
 static void lora_pair(int64_t out, int64_t in, int R, int seed, float **A, float **B, float **ba) {
@@ -1323,6 +1361,7 @@ int main(void) {
     test_lora(cpu);
     test_gguf(cpu);
     test_fp8_file(cpu);
+    test_fp8_export(cpu);
     vae_on(cpu, "cpu", VAE_CPU_TOL);
     test_vae_kinds(cpu);
     pipeline_cpu(cpu);

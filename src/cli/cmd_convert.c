@@ -9,7 +9,6 @@
 #include "cli_model.h"
 #include "models/flux2_export.h"
 #include "models/flux2_layouts.h"
-#include "models/krea2.h"
 #include "pipeline/family.h"
 
 /* --format NAME -> export options; 0 or -1 */
@@ -55,8 +54,8 @@ static void usage(FILE *f) {
                "                                q5_k q6_k bf16 f16; img_in/txt_in/time_in/final_layer stay bf16)\n"
                "                   sdcpp-TYPE   GGUF as stable-diffusion.cpp writes it (model.diffusion_model. names)\n"
                "                   (round-to-nearest quantization; other weights bf16, 1-D tensors F32 in GGUF)\n"
-               "  A Krea 2 transformer takes --format fp8, fp8-channel or fp8-e5m2: OUT is a folder (config.json +\n"
-               "  diffusion_pytorch_model.safetensors), diffusers names, the transformer blocks' Linears in fp8.\n"
+               "  A Krea 2 or Z-Image transformer takes --format fp8, fp8-channel or fp8-e5m2: OUT is a folder\n"
+               "  (config.json + diffusion_pytorch_model.safetensors), the input's names, the blocks' Linears in fp8.\n"
                "  -q, --quiet      no summary\n"
                "  -h, --help       this help\n"
                "Without config.json the geometry is inferred from the tensor shapes and written as config.json.\n");
@@ -83,16 +82,13 @@ int cmd_convert(int argc, char **argv) {
     int written, skipped;
     double t0 = dt_now();
     const dt_family *fam = format ? dt_family_for_model(in) : NULL;
-    if (fam && !strcmp(fam->name, "krea2")) {
+    if (fam && fam->export_fp8) {   /* Krea 2, Z-Image: an fp8 folder */
         if (eo.gguf || eo.comfy)
-            return cli_error("convert: --format %s: Krea 2 converts to fp8, fp8-channel or fp8-e5m2 only", format);
-        if (krea2_export_fp8(in, out, eo.type, eo.per_channel, &written)) return cli_error("%s", dt_last_error());
+            return cli_error("convert: --format %s: %s converts to fp8, fp8-channel or fp8-e5m2 only", format, fam->title);
+        if (fam->export_fp8(in, out, eo.type, eo.per_channel, &written)) return cli_error("%s", dt_last_error());
         if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);
         return 0;
     }
-    if (fam && fam != &dt_family_klein)   /* Z-Image: q4/q8 with quantize, fp8 at load with --precision fp8 */
-        return cli_error("convert: --format %s: not implemented for %s transformers (ditrun quantize writes q4/q8; "
-                         "--precision fp8 runs the blocks in fp8 from bf16 weights)", format, fam->title);
     if (format) {
         if (flux2_export(in, out, &eo, &written)) return cli_error("%s", dt_last_error());
         if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);

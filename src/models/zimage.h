@@ -116,6 +116,13 @@ void zimage_joint_blocks(zimage_model *m, int first, int count);
 void zimage_block_linears(const zimage_model *m, int layer, dt_linear *out[5]);
 const dt_weights *zimage_weights(const zimage_model *m);
 
+/* Write the Z-Image transformer at INPUT (folder or pipeline root, safetensors: dense, MLX-quantized or fp8) as the
+ * folder OUTPUT (config.json + diffusion_pytorch_model.safetensors) with the blocks' attention and FFN Linears as fp8
+ * codes of `type` (F8_E4M3 / F8_E5M2) + NAME.weight_scale (per tensor, or per output channel with per_channel) +
+ * NAME.input_scale (1), every other tensor as stored (models/fp8_export.h). 0 or -1 (OUTPUT untouched).
+ * zimage_export.c. */
+int zimage_export_fp8(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
+
 /* Geometry presets: "z-image-turbo" (ZImageTransformer2DModel's defaults: Z-Image(-Turbo)) and "z-image-tiny"
  * (tests/fixtures/zimage). 0 or -1 (dt_last_error names the presets). zimage_synth.c. */
 int zimage_preset(const char *name, zimage_config *c);

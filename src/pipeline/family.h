@@ -57,6 +57,9 @@ struct dt_family {
     int (*describe)(const json *cfg, FILE *f);
     /* `ditrun synth`: a checkpoint, a pipeline or forward inputs for one of its presets. 0 or -1. */
     int (*synth)(const dt_synth_req *r);
+    /* `ditrun convert --format fp8|fp8-channel|fp8-e5m2`: the transformer at input as an fp8 folder (fp8 type, per
+     * output channel scales); NULL: the family has its own convert (FLUX.2) or none. 0 or -1. */
+    int (*export_fp8)(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
     /* `ditrun forward`: the forward inputs of a file (the names its synth writes) for the loaded DiT (dit.h). */
     int (*read_inputs)(const st_file *in, dt_dit *d, int kv_refs, int no_mask, dt_dit_inputs *fi);
 };

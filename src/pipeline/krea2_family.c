@@ -352,4 +352,5 @@ const dt_family dt_family_krea2 = {
     .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
     .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
+    .export_fp8 = krea2_export_fp8,
 };

@@ -412,5 +412,5 @@ const dt_family dt_family_zimage = {
     .name = "z-image", .title = "Z-Image", .pipeline_classes = zi_pipelines, .transformer_classes = zi_transformers,
     .presets = zi_presets, .fp8 = 1, .load = zi_load, .free = zi_free, .generate = zi_generate,
     .dit_load = zimage_dit_load, .describe = zimage_config_describe, .synth = dt_synth_zimage,
-    .read_inputs = zimage_dit_read_inputs,
+    .read_inputs = zimage_dit_read_inputs, .export_fp8 = zimage_export_fp8,
 };
