@@ -30,6 +30,7 @@
 #include "models/vae_kl.h"
 #include "models/zimage.h"
 #include "pipeline/engine.h"
+#include "pipeline/scheduler.h"
 #include "image/image.h"
 #include "pipeline/zimage_guidance.h"
 #include "pipeline/zimage_prompt.h"
@@ -1164,6 +1165,39 @@ static void turbo_case(dt_backend *be, const char *dir, const char *name, const 
     dt_pipeline_free(pl);
 }
 
+/* The schedules the family computes (dt_schedule_make_mu with mu = calculate_shift of the image tokens, as
+ * zimage_family.c) against the reference's for the other scheduler configuration the pipeline supports — dynamic
+ * exponential shifting — at 48, 1024 and 4096 image tokens, and Z-Image-Turbo's static shift 3 at 9 steps
+ * (cases.json "sigmas"). */
+static void test_sigmas(const json *cases) {
+    static const char *const dyn_cfg = "{\"num_train_timesteps\": 1000, \"use_dynamic_shifting\": true, \"base_shift\": 0.5, "
+                                       "\"max_shift\": 1.15, \"base_image_seq_len\": 256, \"max_image_seq_len\": 4096}";
+    static const char *const static_cfg = "{\"num_train_timesteps\": 1000, \"shift\": 3.0, \"use_dynamic_shifting\": false}";
+    const json *sg = json_get(cases, "sigmas");
+    for (size_t i = 0; sg && i < sg->len; i++) {
+        const char *key = sg->keys[i];
+        const json *c = sg->items[i], *ref = json_get(c, "sigmas");
+        const int steps = (int)json_get_int(c, "steps", 0);
+        const int64_t seq = json_get_int(c, "image_seq_len", 4096);
+        const int dyn = strncmp(key, "static", 6) != 0;
+        char name[160];
+        snprintf(name, sizeof name, "sigmas %s (%s, %d steps)", key, dyn ? "dynamic shifting" : "static shift 3", steps);
+        json *cj = json_parse(dyn ? dyn_cfg : static_cfg, strlen(dyn ? dyn_cfg : static_cfg), "scheduler");
+        dt_sched_config sc;
+        if (!cj || !ref || steps < 1 || steps > 64 || (int)ref->len != steps + 1 || dt_sched_config_parse(cj, "cfg", &sc)) {
+            T_FAIL(name, "fixture or config: %s", dt_last_error());
+            json_free(cj);
+            continue;
+        }
+        float sig[65], ts[64];
+        int rc = dt_schedule_make_mu(&sc, steps, dt_calculate_shift(&sc, seq), sig, ts);
+        double worst = 0;
+        for (int k = 0; rc == 0 && k <= steps; k++) worst = fmax(worst, fabs((double)sig[k] - json_at(ref, (size_t)k)->number));
+        T_CHECK(name, rc == 0 && worst <= SIGMA_TOL, "rc %d, largest difference %.3g", rc, worst);
+        json_free(cj);
+    }
+}
+
 static void pipeline_cpu(dt_backend *be) {
     char p[600], dir[512], nf[700];
     json *cases = json_parse_file(fx("cases.json", p, sizeof p));
@@ -1181,6 +1215,7 @@ static void pipeline_cpu(dt_backend *be) {
         T_FAIL("pipeline", "setup: %s", dt_last_error());
         goto done;
     }
+    test_sigmas(cases);
     prompt_case(te, tok, tio, cases, "negative", &neg, &n_neg);
     prompt_case(te, tok, tio, cases, "empty", &emp, &n_emp);
     prompt_case(te, tok, tio, cases, "prompt", &feats, &n_cap);
