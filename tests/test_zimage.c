@@ -704,6 +704,56 @@ static void test_fp8_export(dt_backend *be) {
     t_rmtree(dir);
 }
 
+/* A transformer file without config.json (single files as ComfyUI ships them): a head-dim-128 synthetic checkpoint's
+ * geometry is read from its tensors and its forward equals the one with config.json; the fixture's head dim 16
+ * (axes_dims unknowable) is refused asking for config.json. */
+static void test_infer_config(dt_backend *be) {
+    char dir[512], a[600], b[600], p[700];
+    if (t_tmpdir(dir, sizeof dir, "zimage-infer")) { T_FAIL("infer config", "no temp folder"); return; }
+    zimage_config pc;
+    zimage_preset("z-image-tiny", &pc);
+    pc.dim = 256; pc.heads = 2; pc.head_dim = 128; pc.n_layers = 2; pc.n_refiner = 1; pc.cap_dim = 32;
+    pc.axes[0] = 32; pc.axes[1] = 48; pc.axes[2] = 48;
+    pc.ffn = (int)(256.0 / 3.0 * 8.0);
+    pc.adaln = 256;
+    snprintf(a, sizeof a, "%s/with", dir);
+    snprintf(b, sizeof b, "%s/without", dir);
+    zimage_model *ma = NULL, *mb = NULL;
+    int rc = zimage_synth_write(&pc, a, 0, 0, 5) || zimage_synth_write(&pc, b, 0, 0, 5);
+    snprintf(p, sizeof p, "%s/config.json", b);
+    if (rc || unlink(p) || !(ma = zimage_load(be, a)) || !(mb = zimage_load(be, b))) {
+        T_FAIL("infer config: a file without config.json loads", "%s", dt_last_error());
+    } else {
+        const zimage_config *ca = zimage_get_config(ma), *cb = zimage_get_config(mb);
+        T_CHECK("infer config: dim, heads, joint and refiner blocks, caption width from the tensors",
+                cb->dim == ca->dim && cb->heads == ca->heads && cb->n_layers == ca->n_layers &&
+                cb->n_refiner == ca->n_refiner && cb->cap_dim == ca->cap_dim && cb->axes[1] == 48,
+                "dim %d heads %d layers %d refiners %d cap %d", cb->dim, cb->heads, cb->n_layers, cb->n_refiner, cb->cap_dim);
+        const int gh = 3, gw = 4, N = gh * gw, T = 5;
+        const size_t n = (size_t)N * ca->patch_channels;
+        float *img = dt_malloc(sizeof(float) * n), *cap = dt_malloc(sizeof(float) * (size_t)T * ca->cap_dim);
+        float *oa = dt_malloc(sizeof(float) * n), *ob = dt_malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) img[i] = sinf(0.3f * (float)i);
+        for (int i = 0; i < T * ca->cap_dim; i++) cap[i] = cosf(0.2f * (float)i);
+        rc = zimage_forward(ma, img, gh, gw, cap, T, 0.4f, oa, NULL, NULL) |
+             zimage_forward(mb, img, gh, gw, cap, T, 0.4f, ob, NULL, NULL);
+        if (rc) T_FAIL("infer config: forward", "%s", dt_last_error());
+        else t_check_rel_l2("infer config: the forward equals the one with config.json", ob, oa, n, REPEAT_TOL);
+        free(img); free(cap); free(oa); free(ob);
+    }
+    zimage_free(ma);
+    zimage_free(mb);
+    /* the fixture's tiny geometry without config.json */
+    char c[600], q[2048];
+    snprintf(c, sizeof c, "%s/tiny", dir);
+    snprintf(q, sizeof q, "mkdir -p '%s' && cp '%s/model/transformer/diffusion_pytorch_model.safetensors' '%s/'", c, g_dir, c);
+    zimage_model *mt = system(q) ? NULL : zimage_load(be, c);
+    T_CHECK("infer config: head dim 16 without config.json is refused asking for it", !mt &&
+            strstr(dt_last_error(), "add config.json"), "%s", mt ? "(loaded)" : dt_last_error());
+    zimage_free(mt);
+    t_rmtree(dir);
+}
+
 /* A rank-R update of module `name` (out x in): A [R, in], B [out, R] with deterministic values; *ba the product
  * B·A [out, in] (double sums, f32). */
 static void lora_pair(int64_t out, int64_t in, int R, int seed, float **A, float **B, float **ba) {
@@ -1397,6 +1447,7 @@ int main(void) {
     test_gguf(cpu);
     test_fp8_file(cpu);
     test_fp8_export(cpu);
+    test_infer_config(cpu);
     vae_on(cpu, "cpu", VAE_CPU_TOL);
     test_vae_kinds(cpu);
     pipeline_cpu(cpu);

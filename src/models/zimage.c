@@ -64,6 +64,7 @@ struct zimage_model {
     dt_lora_set *lora;                   /* loaded adapters (NULL: none) */
     int orig;                            /* the file has the original implementation's names (zimage_load_ex) */
     char pfx[32];                        /* and this prefix on every name ("", "model.diffusion_model.", ...) */
+    json *inferred;                      /* the config inferred for a file without config.json (NULL: none) */
     const volatile int *cancel;          /* zimage_set_cancel: polled before each block (NULL: none) */
 };
 
@@ -251,19 +252,94 @@ static const char *fname(const zimage_model *m, const char *d, char *buf, size_t
     return buf;
 }
 
-/* The layout of the file: the prefix its names carry, and whether they are the original implementation's. */
-static void detect_layout(zimage_model *m) {
+/* The layout of weights w: the prefix its names carry (from t_embedder.mlp.0.weight) and whether they are the
+ * original implementation's (x_embedder). */
+static void layout_of(const dt_weights *w, char *pfx, size_t n, int *orig) {
     static const char *const pre[] = {"", "model.diffusion_model.", "diffusion_model.", "model."};
     char nm[128];
+    snprintf(pfx, n, "%s", "");
     for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++) {
         snprintf(nm, sizeof nm, "%st_embedder.mlp.0.weight", pre[i]);
-        if (dt_weights_find(m->w, nm)) { snprintf(m->pfx, sizeof m->pfx, "%s", pre[i]); break; }
+        if (dt_weights_find(w, nm)) { snprintf(pfx, n, "%s", pre[i]); break; }
     }
-    snprintf(nm, sizeof nm, "%sx_embedder.weight", m->pfx);
-    m->orig = dt_weights_find(m->w, nm) != NULL;
+    snprintf(nm, sizeof nm, "%sx_embedder.weight", pfx);
+    *orig = dt_weights_find(w, nm) != NULL;
+}
+
+static void detect_layout(zimage_model *m) {
+    char nm[128];
+    layout_of(m->w, m->pfx, sizeof m->pfx, &m->orig);
     snprintf(nm, sizeof nm, "%st_embedder.mlp.0.weight", m->pfx);   /* the timestep MLP's width (load_all checks it) */
     const st_tensor *t1 = dt_weights_find(m->w, nm);
     if (t1 && t1->ndim == 2 && t1->shape[0] >= 1 && t1->shape[0] <= ZIMAGE_MAX_DIM) m->c.t_mid = (int)t1->shape[0];
+}
+
+/* A transformer file without config.json (single files as ComfyUI ships them): the config Z-Image-Turbo's
+ * config.json has, with every width and count read from the tensors — dim and patch from the x embedder (16 latent
+ * channels), the head dim from the q norm, cap_feat_dim from the caption embedder, the joint and refiner block
+ * counts; axes_dims (32, 48, 48) need the head dim 128, axes_lens (1536, 512, 512), rope_theta 256, norm_eps 1e-5.
+ * The parsed JSON object (caller frees), or NULL with an error naming the file and what is missing. */
+static json *infer_config(const dt_weights *w) {
+    char pfx[32], nm[160];
+    int orig;
+    layout_of(w, pfx, sizeof pfx, &orig);
+    const char *path = dt_weights_path(w);
+    snprintf(nm, sizeof nm, orig ? "%sx_embedder.weight" : "%sall_x_embedder.2-1.weight", pfx);
+    const st_tensor *x = dt_weights_find(w, nm);
+    snprintf(nm, sizeof nm, orig ? "%slayers.0.attention.q_norm.weight" : "%slayers.0.attention.norm_q.weight", pfx);
+    const st_tensor *q = dt_weights_find(w, nm);
+    snprintf(nm, sizeof nm, "%scap_embedder.1.weight", pfx);
+    const st_tensor *cap = dt_weights_find(w, nm);
+    if (!x || !q || !cap || x->ndim != 2 || q->ndim != 1 || cap->ndim != 2 || x->shape[1] != 64) {
+        dt_set_error("%s: no config.json, and the tensors do not give a Z-Image geometry (x embedder [dim, 64], "
+                     "layers.0 q norm, cap_embedder.1)", path);
+        return NULL;
+    }
+    const int64_t D = x->shape[0], hd = q->shape[0];
+    if (hd != 128 || D % hd) {
+        dt_set_error("%s: no config.json, and head dim %lld is not Z-Image's 128 (axes_dims unknown): add config.json",
+                     path, (long long)hd);
+        return NULL;
+    }
+    int nl = 0, nr = 0;
+    for (;; nl++) {
+        snprintf(nm, sizeof nm, "%slayers.%d.attention_norm1.weight", pfx, nl);
+        if (!dt_weights_find(w, nm)) break;
+    }
+    for (;; nr++) {
+        snprintf(nm, sizeof nm, "%snoise_refiner.%d.attention_norm1.weight", pfx, nr);
+        if (!dt_weights_find(w, nm)) break;
+    }
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"_class_name\": \"ZImageTransformer2DModel\", \"all_patch_size\": [2], \"all_f_patch_size\": [1], "
+             "\"in_channels\": 16, \"dim\": %lld, \"n_layers\": %d, \"n_refiner_layers\": %d, \"n_heads\": %lld, "
+             "\"n_kv_heads\": %lld, \"norm_eps\": 1e-05, \"qk_norm\": true, \"cap_feat_dim\": %lld, "
+             "\"rope_theta\": 256.0, \"t_scale\": 1000.0, \"axes_dims\": [32, 48, 48], \"axes_lens\": [1536, 512, 512]}",
+             (long long)D, nl, nr, (long long)(D / hd), (long long)(D / hd), (long long)cap->shape[1]);
+    dt_log(1, "%s: no config.json: Z-Image geometry from the tensors (dim %lld, %d joint + %d refiner blocks, %lld "
+              "heads, caption %lld)\n", path, (long long)D, nl, nr, (long long)(D / hd), (long long)cap->shape[1]);
+    return json_parse(text, strlen(text), "inferred config");
+}
+
+int zimage_config_read(const char *path, zimage_config *c) {
+    char *dir = dt_weights_component_dir(path, "transformer");
+    if (!dir) return -1;
+    dt_weights *w = dt_weights_open(dir);
+    int rc = -1;
+    if (w) {
+        char what[4200];
+        json *inf = NULL;
+        const json *cfg = dt_weights_config(w) ? dt_weights_class_config(w, dir, "ZImageTransformer2DModel", "Z-Image",
+                                                                          what, sizeof what)
+                                               : (inf = infer_config(w));
+        if (!dt_weights_config(w)) snprintf(what, sizeof what, "%s (inferred config)", dir);
+        rc = cfg ? zimage_config_parse(cfg, what, c) : -1;
+        json_free(inf);
+        dt_weights_close(w);
+    }
+    free(dir);
+    return rc;
 }
 
 #define LIN(dst, nm, o, i, b) do { char fn_[300]; \
@@ -441,7 +517,13 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spe
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
     char what[4200];
-    const json *cfg = dt_weights_class_config(m->w, dir, "ZImageTransformer2DModel", "Z-Image", what, sizeof what);
+    const json *cfg;
+    if (dt_weights_config(m->w)) {
+        cfg = dt_weights_class_config(m->w, dir, "ZImageTransformer2DModel", "Z-Image", what, sizeof what);
+    } else {   /* a single file as ComfyUI ships it: the geometry from the tensors */
+        cfg = m->inferred = infer_config(m->w);
+        snprintf(what, sizeof what, "%s (inferred config)", dir);
+    }
     free(dir);
     m->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;
     if (m->attn_fp8 && !be->attention_fp8) {
@@ -488,6 +570,7 @@ void zimage_free(zimage_model *m) {
     if (m->w) dt_weights_close(m->w);
     if (be && dt_lora_backend_is_wrapper(be)) be->destroy(be);   /* the wrapper only, not the caller's */
     dt_lora_free(m->lora);
+    json_free(m->inferred);
     free(m);
 }
 

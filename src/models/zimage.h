@@ -48,13 +48,16 @@ typedef struct {
 /* Parse a ZImageTransformer2DModel config.json; a missing or inconsistent field is an error naming `what` (the
  * file) and the field. 0 or -1. */
 int zimage_config_parse(const json *cfg, const char *what, zimage_config *c);
+/* The geometry of the transformer at path (folder, pipeline root, or a file): its config.json, or without one the
+ * geometry read from the tensors (Z-Image-Turbo's config otherwise; single files as ComfyUI ships them). 0 or -1. */
+int zimage_config_read(const char *path, zimage_config *c);
 /* `ditrun info`: the geometry line of a Z-Image transformer config. 0 or -1 (invalid). */
 int zimage_config_describe(const json *cfg, FILE *f);
 
 typedef struct zimage_model zimage_model;
 
-/* Load from a transformer folder (config.json + safetensors) or a pipeline root holding transformer/. NULL on
- * error (dt_last_error names the file and tensor). */
+/* Load from a transformer folder (config.json + safetensors, or a single file without config.json: zimage_config_read)
+ * or a pipeline root holding transformer/. NULL on error (dt_last_error names the file and tensor). */
 zimage_model *zimage_load(dt_backend *be, const char *path);
 /* The same with LoRA adapters (models/lora.h; n_loras of them): module names as the checkpoint's (diffusers:
  * layers.N.attention.to_q, feed_forward.w1, adaLN_modulation.0, ...) or as the original implementation's

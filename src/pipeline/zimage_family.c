@@ -90,22 +90,6 @@ static int ensure_dit_vae(dt_pipeline *p) {
     return 0;
 }
 
-static int read_dit_config(const char *root, zimage_config *c) {
-    char *p = dt_path_join(root, "transformer/config.json");
-    json *j = json_parse_file(p);
-    int rc = -1;
-    if (j) {
-        const char *cls = json_get_str(j, "_class_name");
-        if (cls && !dt_family_name_in(zi_transformers, cls))
-            dt_set_error("%s: _class_name is '%s', expected %s", p, cls, zi_transformers[0]);
-        else
-            rc = zimage_config_parse(j, p, c);
-    }
-    json_free(j);
-    free(p);
-    return rc;
-}
-
 /* A Turbo checkpoint: is_distilled in model_index.json, else "turbo" (any case) in the folder's path. */
 static int is_turbo(const json *idx, const char *root) {
     const json *d = json_get(idx, "is_distilled");
@@ -128,7 +112,7 @@ static int zi_load(dt_pipeline *p, const json *idx) {
         goto out;
     }
     if (!(z->tok = dt_tokenizer_load(tokd)) || dt_sched_config_load(sch, &z->sched)) goto out;
-    if (dt_qwen3_read_config(z->te_dir, &z->tcfg) || read_dit_config(root, &z->dcfg) ||
+    if (dt_qwen3_read_config(z->te_dir, &z->tcfg) || zimage_config_read(root, &z->dcfg) ||
         dt_vae_kl_read_config(vaed, &z->vcfg))
         goto out;
     if (z->tcfg.num_layers < 2) {
