@@ -324,6 +324,13 @@ static void test_serve(void) {
     dt_image_free(&b);
     free(png);
     free(body);
+    /* /v1/models says what this family takes */
+    body = NULL;
+    code = http(&s, "GET", "/v1/models", NULL, NULL, &body, NULL);
+    T_CHECK("serve: /v1/models says z-image, img2img and cfg_shaping", code == 200 && body &&
+            strstr(body, "\"family\": \"z-image\"") && strstr(body, "\"img2img\": true") &&
+            strstr(body, "\"cfg_shaping\": true"), "HTTP %d: %.300s", code, body ? body : "");
+    free(body);
     /* bad values: 400 naming the field */
     static const char *const bad[][2] = {
         {"{\"prompt\": \"x\", \"size\": \"64x48\", \"cfg_truncation\": \"high\"}", "cfg_truncation"},

@@ -344,8 +344,9 @@ static void model_object(dt_server *s, dt_strbuf *b) {
         sb_puts(b, ", \"family\": ");
         sb_json_cstr(b, in->family);
         sb_printf(b, ", \"default_steps\": %d, \"default_guidance\": %g, \"size_multiple\": %d, \"max_side\": %d, "
-                  "\"editing\": %s, ", in->default_steps, (double)in->default_guidance, in->size_multiple, in->max_side,
-                  in->editing ? "true" : "false");
+                  "\"editing\": %s, \"img2img\": %s, \"cfg_shaping\": %s, ", in->default_steps, (double)in->default_guidance,
+                  in->size_multiple, in->max_side, in->editing ? "true" : "false", in->img2img ? "true" : "false",
+                  in->cfg_shaping ? "true" : "false");
         serving_fields(s, b);
     }
     sb_printf(b, ", \"max_steps\": %d}", s->lim.max_steps);
