@@ -156,6 +156,16 @@ static void test_cli(void) {
     rc = run(cmd, err, sizeof err);
     T_CHECK("generate: FLUX.2 refuses --cfg-normalization naming its family", rc == 1 &&
             strstr(err, "cfg_normalization") && strstr(err, "flux2-klein"), "exit %d: %s", rc, err);
+    snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x --steps 1 --width 64 --height 64 --cuda-graph -o %s/x.png", serve_exe, m,
+             serve_tmp);
+    rc = run(cmd, err, sizeof err);
+    T_CHECK("generate: --cuda-graph is refused naming Z-Image (no graph replay yet)", rc == 1 && strstr(err, "Z-Image") &&
+            strstr(err, "--cuda-graph"), "exit %d: %s", rc, err);
+    snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x --steps 1 --width 64 --height 64 --cache taylorseer=2 -o %s/x.png",
+             serve_exe, m, serve_tmp);
+    rc = run(cmd, err, sizeof err);
+    T_CHECK("generate: --cache is refused naming Z-Image", rc == 1 && strstr(err, "z-image") && strstr(err, "--cache"),
+            "exit %d: %s", rc, err);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s/model -p x --steps 1 --init-image %s -o %s/x.png",
              serve_exe, t_fixtures(), fx("init.png", p, sizeof p), serve_tmp);
     rc = run(cmd, err, sizeof err);
@@ -323,6 +333,12 @@ static void test_serve(void) {
     dt_image_free(&a);
     dt_image_free(&b);
     free(png);
+    free(body);
+    body = NULL;
+    code = http(&s, "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"size\": \"64x48\", \"cache\": \"taylorseer=2\"}",
+                NULL, &body, NULL);
+    T_CHECK("serve: 400 for a cache on Z-Image, naming the family", code == 400 && body && strstr(body, "z-image"),
+            "HTTP %d: %s", code, body ? body : "");
     free(body);
     /* /v1/models says what this family takes */
     body = NULL;

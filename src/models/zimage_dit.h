@@ -7,8 +7,8 @@
 #include "models/dit.h"
 #include "models/zimage.h"
 
-/* Load the transformer at path (folder or pipeline root; with o's LoRA adapters; no split forward: refused). NULL on
- * error. */
+/* Load the transformer at path (folder or pipeline root; with o's LoRA adapters; a split forward or CUDA graph replay
+ * is refused). NULL on error. */
 dt_dit *zimage_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o);
 const zimage_config *zimage_dit_config(const dt_dit *d);
 zimage_model *zimage_dit_model(const dt_dit *d);

@@ -82,7 +82,8 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     zi_state *z = p->fam;
-    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side};
+    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
+                           .cuda_graph = p->opts.cuda_graph};
     if (!z->dit && !(z->dit = zimage_dit_load(p->be, p->root, &lo))) return -1;
     if (!z->vae && (!(z->vae = dt_vae_kl_load(p->be, p->root)) ||
                     dt_vae_set_tiling(z->vae, p->opts.vae_tiling, p->opts.vae_tile)))
@@ -146,6 +147,7 @@ static int zi_load(dt_pipeline *p, const json *idx) {
     p->info.editing = 1;   /* img2img and inpainting (no reference images: refused in generate) */
     p->info.img2img = 1;
     p->info.cfg_shaping = 1;
+    p->info.no_step_cache = 1;   /* its guidance runs inside the model callback (NOTES.md): no per-branch cache */
     p->info.max_image_tokens = dt_calculate_shift_max_tokens(&z->sched);
     rc = 0;
 out:
@@ -272,7 +274,6 @@ static int zi_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out
     const int cfg = g->guidance > 0.0f;
     const int mult = p->info.size_multiple, vsf = z->vcfg.scale_factor, C = z->dcfg.in_channels;
     if (g->n_refs) { dt_set_error("zimage: Z-Image takes no reference images (img2img and inpainting: --init-image)"); return -1; }
-    if (g->cache.kind != DT_CACHE_OFF) { dt_set_error("zimage: step caching (--cache) is not implemented for Z-Image"); return -1; }
 
     /* ---- the init image sets the size (img2img, inpainting) ---- */
     int H = g->height, W = g->width;
