@@ -14,7 +14,7 @@
 #include "io/gguf.h"
 #include "io/weights.h"
 #include "models/flux2_layouts.h"
-#include "models/flux2_export.h"
+#include "export/flux2_export.h"
 
 /* Same weights, dense F32 vs the format's own dequantization inside the CPU Linear: the products are equal,
  * only the summation order of the tiled GEMM may differ. */
