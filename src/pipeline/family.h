@@ -21,6 +21,13 @@
 
 typedef struct dt_family dt_family;
 
+/* A family's inputs to the memory planner (placement_sizes.c) for one image size. */
+typedef struct {
+    int hidden, mlp, head_dim;      /* the transformer's widths */
+    int scale;                      /* the VAE's pixels per latent (8) */
+    int64_t vae_act, vae_tile_act;  /* the VAE decode's activation bytes: whole, and tiled (0: one tile covers it) */
+} dt_family_place;
+
 struct dt_pipeline {
     dt_backend *be;
     dt_pipeline_opts opts;
@@ -58,6 +65,11 @@ struct dt_family {
     int (*synth)(const dt_synth_req *r);
     /* `ditrun forward`: the forward inputs of a file (the names its synth writes) for the loaded DiT (dit.h). */
     int (*read_inputs)(const st_file *in, dt_dit *d, int kv_refs, int no_mask, dt_dit_inputs *fi);
+    /* The memory planner (placement.h): from the transformer config cfg of folder tr (NULL: none) and the VAE folder
+     * va, for a W x H image decoded in tiles of `tile` pixels (0: the VAE's default) at elem bytes per activation,
+     * its widths and decode activations into *out. 0 or -1. NULL: --max-vram is refused for the family. */
+    int (*place_sizes)(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                       dt_family_place *out);
 };
 
 /* ---- the registry (family.c) ---- */

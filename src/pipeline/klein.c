@@ -538,6 +538,22 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb,
     return dt_generate_run(p, g, &klein_hooks, &k, rgb, w, h, tm, obs, ud);
 }
 
+/* The memory planner's FLUX.2 part (dt_family.place_sizes): the DiT's widths, the FLUX.2 VAE's decode. */
+static int klein_place_sizes(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                             dt_family_place *o) {
+    flux2_config c;
+    dt_vae_config fv;
+    if (flux2_config_parse(cfg, tr, &c) || dt_vae_read_config(va, &fv)) return -1;
+    o->hidden = c.hidden;
+    o->mlp = c.mlp_hidden;
+    o->head_dim = c.head_dim;
+    o->scale = fv.scale_factor;
+    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : fv.sample_size;
+    o->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);
+    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_vae_decode_act_bytes(&fv, t, lh, lw, elem) : 0;
+    return 0;
+}
+
 static const char *const klein_pipelines[] = {"Flux2KleinPipeline", "Flux2KleinKVPipeline", NULL};
 static const char *const klein_transformers[] = {"Flux2Transformer2DModel", NULL};
 static const char *const klein_presets[] = {"klein-4b", "klein-9b", "tiny", NULL};
@@ -547,5 +563,5 @@ const dt_family dt_family_klein = {
     .transformer_classes = klein_transformers, .presets = klein_presets, .is_config = flux2_config_is_flux2,
     .infers_config = 1, .fp8 = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
     .sequence_parallel = 1, .dit_load = flux2_dit_load, .describe = flux2_config_describe, .synth = dt_synth_flux2,
-    .read_inputs = flux2_dit_read_inputs,
+    .read_inputs = flux2_dit_read_inputs, .place_sizes = klein_place_sizes,
 };

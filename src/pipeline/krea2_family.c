@@ -373,6 +373,22 @@ static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, in
     return dt_generate_run(p, g, &k2_hooks, &q, rgb, w, h, tm, obs, ud);
 }
 
+/* The memory planner's Krea 2 part (dt_family.place_sizes): the transformer's widths, the Qwen-Image VAE's decode. */
+static int k2_place_sizes(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                          dt_family_place *o) {
+    krea2_config c;
+    static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
+    if (krea2_config_parse(cfg, tr, &c) || dt_qvae_read_config(va, &qv)) return -1;
+    o->hidden = c.hidden;
+    o->mlp = c.intermediate;
+    o->head_dim = c.head_dim;
+    o->scale = qv.scale_factor;
+    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : DT_QVAE_DEFAULT_TILE;
+    o->vae_act = dt_qvae_decode_act_bytes(&qv, 0, lh, lw, elem);
+    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem) : 0;
+    return 0;
+}
+
 /* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); fp8 modes: the
  * transformer blocks (krea2.c) */
 const dt_family dt_family_krea2 = {
@@ -380,4 +396,5 @@ const dt_family dt_family_krea2 = {
     .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
     .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
+    .place_sizes = k2_place_sizes,
 };
