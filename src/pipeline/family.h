@@ -5,7 +5,8 @@
  * pipeline/engine.c). Every command finds the family here (dt_family_for_*), never by a class name of its own.
  *
  * A family loads its components into its own state (dt_pipeline.fam), fills dt_pipeline.info, and runs
- * requests: text encoding, noise, schedule, the shared sampling loop (pipeline/sampler.h), decoding.
+ * requests through the generate skeleton (pipeline/generate_run.h: text encoding, noise, schedule, the shared
+ * sampling loop of pipeline/sampler.h, decoding), giving it the family's steps as hooks.
  * A new family: its model (models/NAME.c + NAME_dit.c), its pipeline file with the table, its synth writer, its
  * bench file (bench_NAME.c); one line in family.c's list. */
 #ifndef DT_FAMILY_H
