@@ -13,8 +13,9 @@
  *       return dt_generate_run(p, g, &NAME_hooks, &q, rgb, w, h, tm, obs, ud);
  *   }
  * with a static const dt_gen_hooks NAME_hooks = {...}. Each hook gets the request's state `r` (below: p, g, tm,
- * obs/ud, and what the earlier hooks set) and the family's ctx; each returns 0 or -1 with dt_last_error set (a hook
- * returning DT_GEN_CANCELLED stops the request as cancelled). Required: load_text, encode, load_models, geometry,
+ * obs/ud, and what the earlier hooks set) and the family's ctx; each returns 0 or -1 with dt_last_error set (prepare's
+ * value is passed on as it is, e.g. DT_GEN_CANCELLED; the skeleton checks cancellation itself after the prompts and
+ * after the loop). Required: load_text, encode, load_models, geometry,
  * pack, schedule, sampler, decode; optional (NULL): prepare, sampled, finish. finish runs on every exit after
  * prepare was called, success or not: free the ctx's buffers there. */
 #ifndef DT_GENERATE_RUN_H
