@@ -16,8 +16,8 @@
  * obs/ud, and what the earlier hooks set) and the family's ctx; each returns 0 or -1 with dt_last_error set (prepare's
  * value is passed on as it is, e.g. DT_GEN_CANCELLED; the skeleton checks cancellation itself after the prompts and
  * after the loop). Required: load_text, encode, load_models, geometry,
- * pack, schedule, sampler, decode; optional (NULL): prepare, sampled, finish. finish runs on every exit after
- * prepare was called, success or not: free the ctx's buffers there. */
+ * pack, schedule, sampler, decode; optional (NULL): prepare, sampled, finish. finish runs on every exit, success or
+ * not (a failed prepare included): free the ctx's buffers there. */
 #ifndef DT_GENERATE_RUN_H
 #define DT_GENERATE_RUN_H
 
@@ -77,7 +77,7 @@ typedef struct {
      * VAE into img [3, H, W] f32 (when the request is observed: img set, rgb NULL) or straight into rgb [H, W, 3]
      * 8-bit (img NULL). */
     int (*decode)(void *ctx, dt_gen_run *r, const float *x, float *img, uint8_t *rgb);
-    /* Every exit after prepare, with the request's result rc: free the ctx's buffers. Optional. */
+    /* Every exit (success, failure, cancellation), with the request's result rc: free the ctx's buffers. Optional. */
     void (*finish)(void *ctx, dt_gen_run *r, int rc);
 } dt_gen_hooks;
 
