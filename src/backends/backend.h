@@ -61,7 +61,8 @@ struct dt_cuda_opts;   /* the CUDA backend's own options (backends/backend_cuda.
 
 /* Options given when creating a backend: typed run-time choices, set by the caller (CLI flags, the API, tests,
  * the bench); no backend reads the environment per op. A zero-filled struct is a valid default (rope_fp32 = 0
- * aside: callers set it to 1, the measured default). */
+ * aside: callers set it to 1, the measured default). What a model runs in (--precision, --attn-precision) is the
+ * model's load option, not the backend's (e.g. flux2_load_opts; each Linear's request is dt_linear_src.precision). */
 typedef struct {
     int threads;            /* CPU threads (0 = all cores) */
     int device;             /* CUDA device index */
@@ -72,9 +73,9 @@ typedef struct {
     int verbose;            /* -v: device facts; models log the paths of their Linears at load (dt_linear_paths) */
 } dt_backend_opts;
 
-/* The backend: a table of function pointers in four groups, each declared once in a list below (the struct takes its
- * slots from the lists, and the trace wrapper backend_trace.c wraps every slot from the same lists, so a new op cannot
- * go untraced):
+/* The backend: a table of function pointers in four groups, each slot declared once in the DT_BACKEND_SLOTS list
+ * below (the struct takes its slots from it, and the trace wrapper backend_trace.c wraps every slot from the same
+ * list, so a new op cannot go untraced):
  *   1. memory and weights     every backend
  *   2. core ops               every backend; the CPU backend is the reference the others are tested against
  *   3. fused ops              one op where a backend can do two in one pass; each has its composed form below

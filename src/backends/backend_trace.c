@@ -74,7 +74,7 @@ static void tr_d_i64(tr_desc *d, const char *nm, int64_t v) { tr_put(d, " %s=%ll
 static void tr_d_str(tr_desc *d, const char *nm, const char *s) { tr_put(d, " %s=%s", nm, s ? s : "-"); }
 static void tr_d_src(tr_desc *d, const char *nm, const dt_linear_src *s) {
     (void)nm;
-    tr_put(d, " %s [%lld,%lld] bits %d", s->name ? s->name : "?", (long long)s->out, (long long)s->in, s->bits);
+    if (s) tr_put(d, " %s [%lld,%lld] bits %d", s->name ? s->name : "?", (long long)s->out, (long long)s->in, s->bits);
 }
 static void tr_d_skip(tr_desc *d, const char *nm, ...) { (void)d; (void)nm; }   /* pointers, floats, enums */
 #define TR_ARG(d, a) \
