@@ -4,7 +4,7 @@
  *   - the struct holds exactly the listed slots after its data members (a slot declared outside the list fails);
  *   - the wrapper of a backend that has every slot replaces every one, and keeps a NULL slot NULL;
  *   - the traced CPU backend computes what the plain one does, bit for bit, and counts each call (levels 1 and 3:
- *     host times, and device times through the profiling extension's events);
+ *     host times, and device times through the profiling extension's events), also under the LoRA wrapper;
  *   - on a GPU: the CUDA backend with its trace option on is handed out traced, its ops counted with device times. */
 #include <stddef.h>
 #include <stdio.h>
@@ -15,6 +15,7 @@
 #include "backends/backend_cuda.h"
 #include "backends/backend_ext.h"
 #include "backends/backend_trace.h"
+#include "models/lora_backend.h"
 #include "test.h"
 
 /* ---- a table with every slot set (never called: only the wrapper's installation is looked at) ---- */
@@ -145,6 +146,29 @@ static void check_traced_cpu(int level) {
     free(ref); free(got); free(hx); free(hw);
 }
 
+/* A wrapper above the traced backend (the LoRA side-product wrapper, models/lora_backend.c, as a model with
+ * adapters on a traced CUDA backend has it): the ops still reach the trace with its own state, results unchanged. */
+static void check_lora_over_trace(void) {
+    const int64_t M = 19, K = 32, N = 24;
+    float *hx = dt_malloc(sizeof(float) * (size_t)(M * K)), *hw = dt_malloc(sizeof(float) * (size_t)(N * K));
+    fill(hx, (size_t)(M * K), 11);
+    fill(hw, (size_t)(N * K), 12);
+    dt_backend_opts o = {0};
+    o.threads = 1;
+    dt_backend *plain = dt_backend_cpu_create(&o), *traced = dt_backend_trace(dt_backend_cpu_create(&o), 1, 1e9);
+    dt_backend *lw = dt_lora_backend_wrap(traced);
+    float *ref = run_ops(plain, hx, hw, M, K, N), *got = run_ops(lw, hx, hw, M, K, N);
+    T_CHECK("lora wrapper over the traced cpu backend: outputs equal the plain backend's bit for bit",
+            !memcmp(ref, got, sizeof(float) * (size_t)(M * N)), "%s", "outputs differ");
+    int nr = dt_backend_trace_calls(traced, "rmsnorm", NULL), nl = dt_backend_trace_calls(traced, "linear", NULL);
+    T_CHECK("lora wrapper over the traced cpu backend: the trace counts the ops issued through the wrapper",
+            nr == 1 && nl == 1, "rmsnorm %d, linear %d calls", nr, nl);
+    lw->destroy(lw);
+    traced->destroy(traced);
+    plain->destroy(plain);
+    free(ref); free(got); free(hx); free(hw);
+}
+
 /* GPU: the trace option hands the CUDA backend out wrapped; its ops are counted with device times (level 3). */
 static void check_traced_cuda(void) {
     if (!dt_backend_cuda_available()) { T_SKIP("traced cuda backend", "no CUDA GPU"); return; }
@@ -184,6 +208,7 @@ int main(void) {
     check_every_slot_wrapped();
     check_traced_cpu(1);
     check_traced_cpu(3);
+    check_lora_over_trace();
     check_traced_cuda();
     return T_DONE();
 }
