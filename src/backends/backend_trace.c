@@ -196,6 +196,7 @@ static void tr_end(tr_be *t, int slot, double t0, void *ev, const char *desc) {
     static void tr_##name params { \
         tr_be *t = tr_of(be); \
         void *ev; \
+        t->inner->opts = t->pub.opts;   /* (callers switch options such as qpath on the backend they hold) */ \
         be = t->inner; \
         double t0 = tr_begin(t, TR_SLOT_##name, &ev); \
         be->name args; \
@@ -206,6 +207,7 @@ static void tr_end(tr_be *t, int slot, double t0, void *ev, const char *desc) {
     static type tr_##name params { \
         tr_be *t = tr_of(be); \
         void *ev; \
+        t->inner->opts = t->pub.opts;   /* (callers switch options such as qpath on the backend they hold) */ \
         be = t->inner; \
         double t0 = tr_begin(t, TR_SLOT_##name, &ev); \
         type r = be->name args; \

@@ -18,8 +18,9 @@ extern "C" {
 #endif
 
 /* The traced backend: takes `inner` over (destroying the wrapper prints the summary and destroys inner). The wrapper
- * shares inner's name, options and impl (functions that read a backend's impl work on either). level 1-3 (level 3
- * without the profiling extension's events: level 2). */
+ * shares inner's name, options and impl (functions that read a backend's impl work on either); options written on the
+ * wrapper (qpath, rope_fp32, ...) reach inner at its next call. level 1-3 (level 3 without the profiling extension's
+ * events: level 2). */
 dt_backend *dt_backend_trace(dt_backend *inner, int level, double thr_ms);
 /* Calls of slot `slot` ("linear", ...) through a traced backend so far, and their summed time in ms (level 3: device
  * time of the calls resolved so far); -1 when be is not traced or has no such slot. */
