@@ -37,7 +37,7 @@ int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p
     int found = 0;
     for (int i = 0; i < nc; i++) {
         if (c[i][1] && s->vae_tile_act <= 0) continue;   /* one tile: tiling changes nothing */
-        dt_place_plan q;
+        dt_place_plan q = {0};
         phases(s, c[i][0], c[i][1], &q);
         if (i == 0 || q.peak < smallest.peak) smallest = q;
         if (!found && (budget <= 0 || q.peak <= budget)) { best = q; found = 1; }
