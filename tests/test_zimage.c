@@ -23,6 +23,7 @@
 
 #include "backends/backend.h"
 #include "core/fp8.h"
+#include "export/zimage_export.h"
 #include "io/json.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -35,6 +36,7 @@
 #include "pipeline/zimage_guidance.h"
 #include "pipeline/zimage_prompt.h"
 #include "quant/ggml_quants.h"
+#include "synth/synth_dit.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
 #include "trace_check.h"
@@ -854,11 +856,12 @@ static void test_lora(dt_backend *be) {
         dt_lora_spec_parse(f2, &specs[1]);
         zimage_model *mt = zimage_load(be, twin);
         zimage_model *mb = zimage_load(be, fx("model", p, sizeof p));
-        zimage_model *ms = zimage_load_ex(be, p, specs, 2, 1), *mm = zimage_load_ex(be, p, specs, 2, 0);
+        const zimage_load_opts side = {specs, 2, 1, DT_PREC_BF16, DT_PREC_BF16}, merged = {specs, 2, 0, DT_PREC_BF16, DT_PREC_BF16};
+        zimage_model *ms = zimage_load_ex(be, p, &side), *mm = zimage_load_ex(be, p, &merged);
         char orig[600];
         snprintf(orig, sizeof orig, "%s/original", dir);
         zimage_model *mo = write_original_layout(orig) ? NULL : zimage_load(be, orig);
-        zimage_model *mol = mo ? zimage_load_ex(be, orig, specs, 2, 1) : NULL;
+        zimage_model *mol = mo ? zimage_load_ex(be, orig, &side) : NULL;
         if (!mo || !mol) T_FAIL("original layout", "%s", dt_last_error());
         if (!mt || !mb || !ms || !mm) {
             T_FAIL("lora", "load: %s", dt_last_error());
@@ -897,7 +900,8 @@ static void test_lora(dt_backend *be) {
         st_writer_free(w3);
         dt_lora_spec bad;
         dt_lora_spec_parse(f3, &bad);
-        zimage_model *mw = zimage_load_ex(be, fx("model", p, sizeof p), &bad, 1, 0);
+        const zimage_load_opts wo = {&bad, 1, 0, DT_PREC_BF16, DT_PREC_BF16};
+        zimage_model *mw = zimage_load_ex(be, fx("model", p, sizeof p), &wo);
         T_CHECK("lora: an adapter for a module the model lacks is refused naming it", !mw &&
                 strstr(dt_last_error(), "layers.9.attention.to_q"), "%s", mw ? "(loaded)" : dt_last_error());
         zimage_free(mw);

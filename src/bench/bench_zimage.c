@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "bench_internal.h"
+#include "synth/synth_dit.h"
 
 /* What a Z-Image run keeps besides the report. */
 struct zi_bench {
@@ -70,8 +71,8 @@ static int setup(bench_ctx *x) {
         snprintf(r->source, sizeof r->source, "synthetic (%s)", x->dir);
         snprintf(r->preset, sizeof r->preset, "%s", o->preset);
     }
-    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->be.precision == DT_PREC_FP8 ? "fp8" : "bf16",
-             o->be.attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");
+    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->precision == DT_PREC_FP8 ? "fp8" : "bf16",
+             o->attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");
     const zimage_config *c = &p->c;
     /* workload: a real-geometry forward is ~26 TFLOP at 1024²: tiny on a CPU */
     const int tiny = c->dim <= 1024;
@@ -122,7 +123,8 @@ static int whole_forward(bench_ctx *x) {
     const zimage_config *c = &p->c;
     bench_progress("loading %s with zimage_load ...", x->dir);
     double t0 = dt_now();
-    if (!(z->m = zimage_load(be, x->dir))) return -1;
+    const zimage_load_opts lo = {.precision = x->o->precision, .attn_precision = x->o->attn_precision};
+    if (!(z->m = zimage_load_ex(be, x->dir, &lo))) return -1;
     size_t bytes;
     zimage_weight_info(z->m, &bytes, r->fmt, sizeof r->fmt);
     p->weight_gb = bytes / 1e9;
@@ -320,7 +322,7 @@ static int gemm_shapes(bench_ctx *x, bench_gemm_shape *out, int max) {
         s->count = defs[i].count;
         s->inmodel_op = defs[i].op;
         s->per_block = defs[i].per_block;
-        s->fp8 = x->o->be.precision == DT_PREC_FP8;
+        s->fp8 = x->o->precision == DT_PREC_FP8;
         if (defs[i].tensor) {   /* (the stacked q/k/v has no single tensor: its ceiling uses random weights) */
             char nm[160];
             snprintf(nm, sizeof nm, "layers.0.%s", defs[i].tensor);
@@ -341,7 +343,7 @@ static void attention(bench_ctx *x, bench_attn_shape *a) {
     a->hq = a->hkv = c->heads;
     a->hd = c->head_dim;
     a->bias = dt_mat_null();   /* no mask: the reference attends to its pad tokens */
-    a->fp8 = x->o->be.attn_precision == DT_PREC_FP8;
+    a->fp8 = x->o->attn_precision == DT_PREC_FP8;
     a->calls = c->n_layers;
     snprintf(x->r->attn_what, sizeof x->r->attn_what, "attention, %d heads, no mask", c->heads);
 }

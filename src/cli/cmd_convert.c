@@ -1,15 +1,17 @@
 /* cmd_convert.c — `ditrun convert`: rewrite a FLUX.2 transformer checkpoint under diffusers key names
  * (from BFL or mflux layouts; the mapping itself lives in src/models/flux2_layouts.c), or as an fp8 / GGUF
- * single file in BFL names (src/models/flux2_export.c). */
+ * single file in BFL names (src/export/flux2_export.c). */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "cli.h"
 #include "cli_model.h"
-#include "models/flux2_export.h"
+#include "export/flux2_export.h"
 #include "models/flux2_layouts.h"
 #include "pipeline/family.h"
+#include "export/krea2_export.h"
+#include "export/zimage_export.h"
 
 /* --format NAME -> export options; 0 or -1 */
 static int parse_format(const char *f, flux2_export_opts *o) {
@@ -82,10 +84,14 @@ int cmd_convert(int argc, char **argv) {
     int written, skipped;
     double t0 = dt_now();
     const dt_family *fam = format ? dt_family_for_model(in) : NULL;
-    if (fam && fam->export_fp8) {   /* Krea 2, Z-Image: an fp8 folder */
+    /* the families whose transformers convert to an fp8 folder (export/: above the pipeline layer, so the table is
+     * here, not in the families') */
+    int (*fp8_folder)(const char *, const char *, dt_dtype, int, int *) =
+        fam == &dt_family_krea2 ? krea2_export_fp8 : fam == &dt_family_zimage ? zimage_export_fp8 : NULL;
+    if (fp8_folder) {
         if (eo.gguf || eo.comfy)
             return cli_error("convert: --format %s: %s converts to fp8, fp8-channel or fp8-e5m2 only", format, fam->title);
-        if (fam->export_fp8(in, out, eo.type, eo.per_channel, &written)) return cli_error("%s", dt_last_error());
+        if (fp8_folder(in, out, eo.type, eo.per_channel, &written)) return cli_error("%s", dt_last_error());
         if (!quiet) printf("converted %s -> %s: %d tensors as %s (%.1f s)\n", in, out, written, format, dt_now() - t0);
         return 0;
     }

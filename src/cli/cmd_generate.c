@@ -12,7 +12,7 @@
 #include "core/outfile.h"
 #include "pipeline/image_meta.h"
 #include "image/png.h"
-#include "pipeline/image_out.h"
+#include "image/image_out.h"
 #include "pipeline/placement.h"
 
 static void usage(FILE *f) {
@@ -124,7 +124,7 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
 }
 
 /* The image with the generation's parameters as text: JPEG or WebP when the path ends in .jpg/.jpeg/.webp (at
- * compression, pipeline/image_out.h), else PNG (the server's bytes for the same settings and compression). */
+ * compression, image/image_out.h), else PNG (the server's bytes for the same settings and compression). */
 static int write_image(const char *path, const uint8_t *rgb, int w, int h, const dt_gen_params *p, int steps,
                        const char *model, int compression) {
     dt_image_meta meta;
@@ -331,7 +331,7 @@ int cmd_generate(int argc, char **argv) {
                          "gives the plan of a loaded pipeline)");
     if (count > 1 && (compare || save))
         return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
-    if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
+    if (compare && mo.precision != DT_PREC_FP8 && mo.attn_precision != DT_PREC_FP8)
         return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (ef.mask_path && !ef.init_path) return cli_error("generate: --mask needs --init-image (the image to inpaint)");
     /* --init-image without --mask: img2img where the family has it (Z-Image), else the engine's error */
@@ -369,6 +369,8 @@ int cmd_generate(int argc, char **argv) {
     }
     if (edit_files_load(&ef, &p)) { edit_files_free(&ef); return cli_error("%s", dt_last_error()); }
     lo.cuda_graph = mo.cuda_graph;
+    lo.precision = mo.precision;
+    lo.attn_precision = mo.attn_precision;
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
@@ -420,10 +422,8 @@ int cmd_generate(int argc, char **argv) {
         uint8_t *rgb2 = NULL;
         int w2, h2;
         dt_gen_timings tm2;
-        be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
+        lo.precision = lo.attn_precision = DT_PREC_BF16;
         rc = dt_generate(be, &lo, &p, &rgb2, &w2, &h2, &tm2, save_obs, &rc2);
-        be->opts.precision = mo.be.precision;
-        be->opts.attn_precision = mo.be.attn_precision;
         free(rgb2);
         if (rc == 0 && (!lat8 || rc2.nlat != n8)) { dt_set_error("--compare-bf16: final latents not observed"); rc = -1; }
         if (rc == 0) {
@@ -435,7 +435,7 @@ int cmd_generate(int argc, char **argv) {
             }
             double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
             printf("fp8 vs bf16 generate (%s, %d steps, final latents): rel_l2 %.5f (%.2f%%); fp8 could be the default "
-                   "only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be), tm.steps, rel, rel * 100,
+                   "only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo), tm.steps, rel, rel * 100,
                    rel < 0.03 ? "under" : "NOT under");
         }
         free(lat8);

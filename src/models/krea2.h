@@ -50,10 +50,11 @@ typedef struct {
 
 /* Parse config.json; a missing/invalid field is an error naming `what` (the file) and the field. */
 int krea2_config_parse(const json *cfg, const char *what, krea2_config *c);
-/* The config's run-time choices (krea2_load and the bench, before loading the blocks): attn_fp8 from
- * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), fuse_inputs with
- * --precision fp8 unless be->opts.fp8_unfused. */
-int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what);
+/* The config's run-time choices (krea2_load and the bench, before loading the blocks): attn_fp8 from attn_precision
+ * (-1 with an error naming `what` when the backend has no fp8 attention), fuse_inputs when the blocks' Linears run in
+ * fp8 (`linears`: --precision, or an fp8 file) unless fp8_unfused (krea2_load_opts). */
+int krea2_runtime_choices(const dt_backend *be, dt_precision linears, dt_precision attn_precision, int fp8_unfused,
+                          krea2_config *c, const char *what);
 
 typedef struct krea2_model krea2_model;
 
@@ -70,6 +71,10 @@ typedef struct {
     const dt_lora_spec *loras;
     int n_loras;
     int lora_side;
+    dt_precision precision;      /* --precision: the transformer blocks' Linears (fp8: e4m3; embedders, modulation,
+                                  * text fusion, final stay bf16), each Linear's dt_linear_src.precision */
+    dt_precision attn_precision; /* --attn-precision: the blocks' attention */
+    int fp8_unfused;             /* A/B arm of fp8 Linears (dt_linear_src.fp8_unfused; flux2_load_opts says more) */
 } krea2_load_opts;
 krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_opts *o);
 void krea2_free(krea2_model *m);
@@ -231,27 +236,9 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
 /* Transformer block l as the model runs it: its ops in order. */
 void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l);
 
-/* Write the Krea 2 transformer at INPUT (folder or pipeline root, safetensors: dense, MLX-quantized or fp8) as the
- * folder OUTPUT (config.json + diffusion_pytorch_model.safetensors) with the transformer blocks' Linears as fp8 codes
- * of `type` (F8_E4M3 / F8_E5M2) + NAME.weight_scale (per tensor, or per output channel with per_channel) +
- * NAME.input_scale (1), every other tensor as stored. *written = tensors written (scales not counted). 0, or -1 with
- * an error (OUTPUT left untouched). krea2_export.c. */
-int krea2_export_fp8(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
-
 /* Geometry presets: "krea2" (the released model: Krea2Transformer2DModel defaults) and "krea2-tiny"
- * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_synth.c. */
+ * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_presets.c (the synthetic writers:
+ * synth/synth_dit.h). */
 int krea2_preset(const char *name, krea2_config *c);
-/* Write DIR/config.json and DIR/model.safetensors with random weights at geometry c: bits 0 = bf16,
- * 4/8 = MLX affine quantized Linears with `group` (Linears whose input width is not a multiple stay
- * bf16). Creates DIR. 0 or -1 (dt_last_error). */
-int krea2_synth_write(const krea2_config *c, const char *dir, int bits, int group, uint64_t seed);
-
-/* Random forward inputs for a grid_h x grid_w latent and t text tokens (krea2_forward's layouts):
- * img [N, in_channels] and txt [t, text_layers, text_dim] uniform in [-1, 1), pos [t+N, n_axes] as the
- * pipeline builds them (text rows zero, image rows (0, row, col)), mask [t] (NULL = none) from
- * krea2_synth_mask: the pipeline's [prompt | padding | 5 suffix tokens] layout. */
-void krea2_synth_inputs(const krea2_config *c, int grid_h, int grid_w, int t, uint64_t seed, float *img, float *txt,
-                        float *pos, uint8_t *mask);
-void krea2_synth_mask(int t, uint8_t *mask);
 
 #endif

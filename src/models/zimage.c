@@ -61,6 +61,7 @@ struct zimage_model {
     zi_block *noise, *ctx, *layers;      /* n_refiner, n_refiner, n_layers */
     zi_acts buf;
     int attn_fp8;                        /* --attn-precision fp8: the blocks' attention on the backend's fp8 kernel */
+    dt_precision precision;              /* --precision: the blocks' attention and FFN Linears */
     dt_lora_set *lora;                   /* loaded adapters (NULL: none) */
     int orig;                            /* the file has the original implementation's names (zimage_load_ex) */
     char pfx[32];                        /* and this prefix on every name ("", "model.diffusion_model.", ...) */
@@ -358,7 +359,7 @@ static int load_block(zimage_model *m, const char *prefix, int modulated, zi_blo
         fname(m, fq, nm[j], sizeof nm[j]);
     }
     /* --precision fp8: the attention and FFN Linears of every block (adaLN, embedders and final layer stay bf16) */
-    m->lin.precision = m->be->opts.precision;
+    m->lin.precision = m->precision;
     if (m->orig) {   /* the original layout's fused attention.qkv is the stacked Linear already */
         snprintf(fq, sizeof fq, "%s%s.attention.qkv", m->pfx, prefix);
         b->qkv = dt_linear_set_load(&m->lin, m->w, fq, 3 * D, D, 0);
@@ -508,7 +509,9 @@ static dt_lora_catalogue *lora_catalogue(const zimage_model *m) {
     return cat;
 }
 
-zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spec *loras, int n_loras, int lora_side) {
+zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load_opts *o) {
+    static const zimage_load_opts defaults = {0};
+    if (!o) o = &defaults;
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     zimage_model *m = dt_calloc(1, sizeof *m);
@@ -525,7 +528,8 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spe
         snprintf(what, sizeof what, "%s (inferred config)", dir);
     }
     free(dir);
-    m->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;
+    m->precision = o->precision;
+    m->attn_fp8 = o->attn_precision == DT_PREC_FP8;
     if (m->attn_fp8 && !be->attention_fp8) {
         dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
                      be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
@@ -533,16 +537,16 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spe
     }
     if (!cfg || zimage_config_parse(cfg, what, &m->c)) goto fail;
     detect_layout(m);
-    if (n_loras > 0) {   /* adapters: merged into dense weights, side products (the wrapper) on the others */
+    if (o->n_loras > 0) {   /* adapters: merged into dense weights, side products (the wrapper) on the others */
         dt_lora_catalogue *cat = lora_catalogue(m);
-        m->lora = dt_lora_load(loras, n_loras, cat);
+        m->lora = dt_lora_load(o->loras, o->n_loras, cat);
         dt_lora_catalogue_free(cat);
         if (!m->lora) goto fail;
         dt_backend *wb = dt_lora_backend_wrap(m->be);
         if (!wb) goto fail;
         m->be = m->lin.be = wb;
         m->lin.lora = m->lora;
-        m->lin.lora_side = lora_side;
+        m->lin.lora_side = o->lora_side;
     }
     if (load_all(m) || (m->lora && dt_lora_check_used(m->lora))) goto fail;
     dt_linear_set_log(&m->lin, "transformer");
@@ -552,7 +556,7 @@ fail:
     return NULL;
 }
 
-zimage_model *zimage_load(dt_backend *be, const char *path) { return zimage_load_ex(be, path, NULL, 0, 0); }
+zimage_model *zimage_load(dt_backend *be, const char *path) { return zimage_load_ex(be, path, NULL); }
 
 void zimage_free(zimage_model *m) {
     if (!m) return;

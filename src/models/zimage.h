@@ -59,11 +59,18 @@ typedef struct zimage_model zimage_model;
 /* Load from a transformer folder (config.json + safetensors, or a single file without config.json: zimage_config_read)
  * or a pipeline root holding transformer/. NULL on error (dt_last_error names the file and tensor). */
 zimage_model *zimage_load(dt_backend *be, const char *path);
-/* The same with LoRA adapters (models/lora.h; n_loras of them): module names as the checkpoint's (diffusers:
- * layers.N.attention.to_q, feed_forward.w1, adaLN_modulation.0, ...) or as the original implementation's
- * (attention.qkv fused, attention.out), in PEFT or kohya spelling; merged into dense weights (lora_side 0), else
- * low-rank side products. */
-zimage_model *zimage_load_ex(dt_backend *be, const char *path, const dt_lora_spec *loras, int n_loras, int lora_side);
+/* What a load may ask for beyond the defaults (zero: bf16, no adapters). */
+typedef struct {
+    /* LoRA adapters (models/lora.h; n_loras of them): module names as the checkpoint's (diffusers:
+     * layers.N.attention.to_q, feed_forward.w1, adaLN_modulation.0, ...) or as the original implementation's
+     * (attention.qkv fused, attention.out), in PEFT or kohya spelling; merged into dense weights (lora_side 0), else
+     * low-rank side products. */
+    const dt_lora_spec *loras;
+    int n_loras, lora_side;
+    dt_precision precision;      /* --precision fp8: the blocks' attention and FFN Linears in e4m3 */
+    dt_precision attn_precision; /* --attn-precision fp8: the blocks' attention on the backend's attention_fp8 */
+} zimage_load_opts;
+zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load_opts *o);
 void zimage_free(zimage_model *m);
 const zimage_config *zimage_get_config(const zimage_model *m);
 /* Bytes of weights as stored, and a short description of their formats ("bf16", ...). */
@@ -119,18 +126,9 @@ void zimage_joint_blocks(zimage_model *m, int first, int count);
 void zimage_block_linears(const zimage_model *m, int layer, dt_linear *out[5]);
 const dt_weights *zimage_weights(const zimage_model *m);
 
-/* Write the Z-Image transformer at INPUT (folder or pipeline root, safetensors: dense, MLX-quantized or fp8) as the
- * folder OUTPUT (config.json + diffusion_pytorch_model.safetensors) with the blocks' attention and FFN Linears as fp8
- * codes of `type` (F8_E4M3 / F8_E5M2) + NAME.weight_scale (per tensor, or per output channel with per_channel) +
- * NAME.input_scale (1), every other tensor as stored (models/fp8_export.h). 0 or -1 (OUTPUT untouched).
- * zimage_export.c. */
-int zimage_export_fp8(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
-
 /* Geometry presets: "z-image-turbo" (ZImageTransformer2DModel's defaults: Z-Image(-Turbo)) and "z-image-tiny"
- * (tests/fixtures/zimage). 0 or -1 (dt_last_error names the presets). zimage_synth.c. */
+ * (tests/fixtures/zimage). 0 or -1 (dt_last_error names the presets). zimage_presets.c; the synthetic writer is
+ * synth/synth_dit.h's zimage_synth_write. */
 int zimage_preset(const char *name, zimage_config *c);
-/* Write DIR/config.json and DIR/model.safetensors with random weights at geometry c: bits 0 = bf16, 4/8 = MLX affine
- * quantized Linears with `group` (Linears whose input width is not a multiple stay bf16). Creates DIR. 0 or -1. */
-int zimage_synth_write(const zimage_config *c, const char *dir, int bits, int group, uint64_t seed);
 
 #endif

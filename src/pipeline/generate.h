@@ -40,6 +40,9 @@ typedef struct {
                                  * the VAE tiles when the plan needs it, and a budget below the smallest workable is
                                  * refused before anything loads; 0 = no bound. Planning only: the pool does not
                                  * enforce it */
+    dt_precision precision;     /* --precision: the DiT blocks' Linears (fp8: e4m3, families with an fp8 mode) */
+    dt_precision attn_precision;/* --attn-precision: the DiT blocks' attention */
+    int fp8_unfused;            /* A/B arm of fp8 Linears: input quantized in a pass of its own (flux2_load_opts) */
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);

@@ -1,19 +1,13 @@
 /* placement_sizes.c — the placement planner's inputs for a pipeline folder (placement.h, dt_place_sizes_for): weight
  * bytes from the safetensors headers, the VAE decode's activations from its config, the transformer's and text
- * encoder's activations estimated from their widths. */
+ * encoder's activations estimated from their widths (the family's part through the registry: dt_family.place_sizes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "io/weights.h"
-#include "models/flux2.h"
-#include "models/krea2.h"
 #include "models/qwen3.h"
-#include "models/zimage.h"
-#include "models/vae_flux2.h"
-#include "models/vae_kl.h"
-#include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/placement.h"
 
@@ -44,45 +38,19 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     if (weight_bytes(te, elem, &s->text_encoder, NULL, NULL) || weight_bytes(tr, elem, &s->transformer, &quantized, &tw) ||
         weight_bytes(va, elem, &s->vae, NULL, NULL))
         goto out;
-    /* the transformer's widths: FLUX.2, Krea 2 or Z-Image by its config */
-    const json *cfg = dt_weights_config(tw);
-    const char *cls = cfg ? json_get_str(cfg, "_class_name") : NULL;
-    int D, F, hd;
-    const int krea2 = cls && !strcmp(cls, "Krea2Transformer2DModel");
-    const int zimage = dt_family_for_config(cfg) == &dt_family_zimage;
-    if (zimage) {
-        zimage_config c;
-        if (zimage_config_parse(cfg, tr, &c)) goto out;
-        D = c.dim, F = c.ffn, hd = c.head_dim;
-    } else if (krea2) {
-        krea2_config c;
-        if (krea2_config_parse(cfg, tr, &c)) goto out;
-        D = c.hidden, F = c.intermediate, hd = c.head_dim;
-    } else {
-        flux2_config c;
-        if (flux2_config_parse(cfg, tr, &c)) goto out;
-        D = c.hidden, F = c.mlp_hidden, hd = c.head_dim;
-    }
+    /* the family's part: the transformer's widths and the VAE decode's activations */
+    const dt_family *fam = dt_family_for_model(root);
+    if (!fam) goto out;
+    if (!fam->place_sizes) { dt_set_error("%s: no memory plan for %s pipelines", root, fam->title); goto out; }
+    dt_family_place fp;
+    if (fam->place_sizes(dt_weights_config(tw), tr, va, W, H, tile, elem, &fp)) goto out;
+    const int D = fp.hidden, F = fp.mlp, hd = fp.head_dim, scale = fp.scale;
+    s->vae_act = fp.vae_act;
+    s->vae_tile_act = fp.vae_tile_act;
     dt_qwen3_config q;
     if (dt_qwen3_read_config(te, &q)) goto out;
     s->te_act = (int64_t)T * (6LL * q.hidden + 3LL * q.intermediate) * elem;
-    /* the VAE: FLUX.2 (8x, 2x2 patches) or Qwen-Image (8x, 2x2 packing): 16 pixels per image token */
-    dt_vae_config fv;
-    static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
-    int scale;
-    if (!krea2) {   /* Krea 2 pipelines decode with the Qwen-Image VAE */
-        if (zimage ? dt_vae_kl_read_config(va, &fv) : dt_vae_read_config(va, &fv)) goto out;   /* Z-Image: FLUX.1's */
-        scale = fv.scale_factor;
-        const int lh = H / scale, lw = W / scale, t = tile ? tile : fv.sample_size;
-        s->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);
-        if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_vae_decode_act_bytes(&fv, t, lh, lw, elem);
-    } else {
-        if (dt_qvae_read_config(va, &qv)) goto out;
-        scale = qv.scale_factor;
-        const int lh = H / scale, lw = W / scale, t = tile ? tile : DT_QVAE_DEFAULT_TILE;
-        s->vae_act = dt_qvae_decode_act_bytes(&qv, 0, lh, lw, elem);
-        if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem);
-    }
+    /* 16 pixels per image token (both VAEs 8x, then 2x2 patches) */
     const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
     s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8 + (quantized ? (3LL * D + 2LL * F) * D * 2 : 0);
     rc = 0;

@@ -83,7 +83,8 @@ static int ensure_te(dt_pipeline *p) {
 static int ensure_dit_vae(dt_pipeline *p) {
     zi_state *z = p->fam;
     dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
-                           .cuda_graph = p->opts.cuda_graph};
+                           .cuda_graph = p->opts.cuda_graph, .precision = p->opts.precision,
+                           .attn_precision = p->opts.attn_precision};
     if (!z->dit && !(z->dit = zimage_dit_load(p->be, p->root, &lo))) return -1;
     if (!z->vae && (!(z->vae = dt_vae_kl_load(p->be, p->root)) ||
                     dt_vae_set_tiling(z->vae, p->opts.vae_tiling, p->opts.vae_tile)))
@@ -391,11 +392,29 @@ done:
     return rc;
 }
 
+/* The memory planner's Z-Image part (dt_family.place_sizes): the DiT's widths (config.json, or read from the
+ * tensors), FLUX.1's AutoencoderKL decode. */
+static int zi_place_sizes(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                          dt_family_place *o) {
+    (void)cfg;   /* zimage_config_read: the same config, or the geometry of a file without one */
+    zimage_config c;
+    dt_vae_config v;
+    if (zimage_config_read(tr, &c) || dt_vae_kl_read_config(va, &v)) return -1;
+    o->hidden = c.dim;
+    o->mlp = c.ffn;
+    o->head_dim = c.head_dim;
+    o->scale = v.scale_factor;
+    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : v.sample_size;
+    o->vae_act = dt_vae_decode_act_bytes(&v, 0, lh, lw, elem);
+    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_vae_decode_act_bytes(&v, t, lh, lw, elem) : 0;
+    return 0;
+}
+
 /* sequence_parallel 0: Z-Image has no split forward; fp8 modes: the blocks' Linears (--precision fp8) and attention
  * (--attn-precision fp8) in zimage.c */
 const dt_family dt_family_zimage = {
     .name = "z-image", .title = "Z-Image", .pipeline_classes = zi_pipelines, .transformer_classes = zi_transformers,
     .presets = zi_presets, .fp8 = 1, .load = zi_load, .free = zi_free, .generate = zi_generate,
     .dit_load = zimage_dit_load, .describe = zimage_config_describe, .synth = dt_synth_zimage,
-    .read_inputs = zimage_dit_read_inputs, .export_fp8 = zimage_export_fp8,
+    .read_inputs = zimage_dit_read_inputs, .place_sizes = zi_place_sizes,
 };

@@ -11,7 +11,8 @@
 
 #include "io/safetensors.h"
 #include "models/flux2.h"
-#include "models/synth.h"
+#include "synth.h"
+#include "synth_dit.h"
 
 typedef dt_synth_vae_geom vae_geom;
 

@@ -10,7 +10,8 @@
 #include <string.h>
 
 #include "io/safetensors.h"
-#include "models/synth.h"
+#include "synth.h"
+#include "synth_dit.h"
 #include "models/zimage.h"
 
 int dt_synth_zimage_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,

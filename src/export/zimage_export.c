@@ -1,13 +1,14 @@
-/* zimage_export.c — a Z-Image transformer written as an fp8 checkpoint folder (zimage.h, zimage_export_fp8): the
+/* zimage_export.c — a Z-Image transformer written as an fp8 checkpoint folder (zimage_export.h: zimage_export_fp8): the
  * refiner and joint blocks' attention and FFN Linears (attention.to_q/k/v/to_out.0, feed_forward.w1/w2/w3; in an
  * original-layout file attention.qkv and attention.out) in fp8, through the shared writer (fp8_export.h); adaLN,
  * embedders and the final layer stay as stored, as --precision fp8 leaves them. */
-#include "zimage.h"
+#include "zimage_export.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "fp8_export.h"
+#include "models/zimage.h"
 
 /* Is NAME ("layers.3.attention.to_q.weight", optionally prefixed) a block Linear's weight? Its base into base. */
 static int block_linear(const char *name, char *base, size_t blen) {

@@ -1,7 +1,9 @@
-/* krea2_export.c — a Krea 2 transformer written as an fp8 checkpoint folder (krea2.h, krea2_export_fp8): the
+/* krea2_export.c — a Krea 2 transformer written as an fp8 checkpoint folder (krea2_export.h: krea2_export_fp8): the
  * transformer blocks' eight Linears (attn.to_q/k/v/gate/out.0, ff.gate/up/down) in fp8, through the shared writer
  * (fp8_export.h). */
-#include "krea2.h"
+#include "krea2_export.h"
+
+#include "models/krea2.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -10,7 +10,7 @@
 
 /* What a family tells the writer. */
 typedef struct {
-    const char *cls, *title;   /* config.json's _class_name ("Krea2Transformer2DModel") and the family in messages */
+    const char *cls, *title;   /* config.json's _class_name (the family's transformer class) and the family in messages */
     /* 0, or -1 with the error naming `what` (the config's path) when cfg is not a valid config of the family */
     int (*check_config)(const json *cfg, const char *what);
     /* 1 when NAME ("...weight") is a block Linear's weight written in fp8; its base (without ".weight") into base */
