@@ -17,9 +17,9 @@
  * the noise file's in.posterior_noise (same shape) when present, else seeded from seed ^ ZI_POSTERIOR_SEED.
  * Defaults: a Turbo checkpoint (model_index.json `is_distilled: true`, or "turbo" in the folder's path, as the
  * Tongyi-MAI/Z-Image-Turbo folders are named) runs 9 steps without guidance (its model card); otherwise the
- * pipeline's 50 steps and guidance 5. Observed: prompt_embeds [1, T, D], sigmas, timesteps,
- * stepK.latents_packed [C, h, w] (the unpacked latents: Z-Image patchifies inside the model), latents_unpacked,
- * image_float. */
+ * pipeline's 50 steps and guidance 5. The request runs on the generate skeleton (generate_run.h) with one sampler pass
+ * per step. Observed: prompt_embeds [1, T, D], sigmas, timesteps, stepK.latents_packed [1, C, h·w] (the latent grid
+ * itself: Z-Image patchifies inside the model), latents_unpacked [1, C, h, w], image_float. */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +33,7 @@
 #include "models/vae_kl.h"
 #include "models/zimage_dit.h"
 #include "pipeline/family.h"
+#include "pipeline/generate_run.h"
 #include "pipeline/inpaint.h"
 #include "pipeline/latents.h"
 #include "pipeline/sampler.h"
@@ -261,135 +262,168 @@ static int posterior_noise(const dt_gen_params *g, float *eps, int C, int h, int
     return 0;
 }
 
-static int zi_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
-                       dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
-    zi_state *z = p->fam;
-    const double t_start = dt_now();
-    double t0 = t_start;
-    int rc = -1;
-    float *pos = NULL, *neg = NULL, *x = NULL, *v = NULL, *noise = NULL, *sigmas = NULL, *timesteps = NULL,
-          *img = NULL, *init = NULL, *mask = NULL, *m01 = NULL, *mlat = NULL, *eps = NULL, *tok_in = NULL,
-          *tok_out = NULL, *u = NULL;
-    uint8_t *rgb = NULL;
-    dt_prep_image prep = {0};
-    const int cfg = g->guidance > 0.0f;
-    const int mult = p->info.size_multiple, vsf = z->vcfg.scale_factor, C = z->dcfg.in_channels;
+/* ---- one request on the generate skeleton (pipeline/generate_run.h) ---- */
+
+/* A request's state (the hooks' ctx). The sampled latents x are the reference's own [C, h, w] (Z-Image patchifies
+ * inside the model): the skeleton's tokens are N = C rows of h·w values. */
+typedef struct {
+    int guided;                       /* guidance > 0: the negative prompt too (inside the model callback) */
+    int h, w;                         /* latent grid */
+    float *pos, *neg;                 /* caption features [Tp, D], [Tn, D] */
+    int Tp, Tn;
+    dt_prep_image prep;               /* the init image (img2img, inpainting) */
+    float *m01, *mlat, *mask;         /* the mask at the image's size, at the packed grid (unused), at the latent grid */
+    float *noise, *init, *eps;        /* [C·h·w] each (with an init image) */
+    float *tok_in, *tok_out, *u;      /* the callback's scratch */
+    zi_ctx zc;
+} zi_request;
+
+static int zi_prepare(void *ctx, dt_gen_run *r) {
+    zi_request *q = ctx;
+    const dt_gen_params *g = r->g;
     if (g->n_refs) { dt_set_error("zimage: Z-Image takes no reference images (img2img and inpainting: --init-image)"); return -1; }
+    q->guided = g->guidance > 0.0f;
+    r->cfg = 0;   /* one sampler pass per step: the guidance runs in the model callback (zi_predict) */
+    if (!g->init_image) return 0;
+    double ti = dt_now();
+    const int mult = r->p->info.size_multiple;
+    if (prep_init(g->init_image, g->init_name ? g->init_name : "init image", mult, &q->prep)) return -1;
+    if (g->mask && dt_prep_mask(g->mask, g->mask_name ? g->mask_name : "mask", g->init_image->w, g->init_image->h,
+                                q->prep.w, q->prep.h, mult, &q->m01, &q->mlat))
+        return -1;
+    r->tm->t_images += dt_now() - ti;
+    return 0;
+}
 
-    /* ---- the init image sets the size (img2img, inpainting) ---- */
-    int H = g->height, W = g->width;
-    if (g->init_image) {
-        double ti = dt_now();
-        if (prep_init(g->init_image, g->init_name ? g->init_name : "init image", mult, &prep)) goto done;
-        W = prep.w;
-        H = prep.h;
-        if (g->mask && dt_prep_mask(g->mask, g->mask_name ? g->mask_name : "mask", g->init_image->w, g->init_image->h,
-                                    W, H, mult, &m01, &mlat))
-            goto done;
-        tm->t_images += dt_now() - ti;
-    }
-    const int h = H / vsf, w = W / vsf;
-    const size_t n = (size_t)C * h * w;
-    tm->height = H;
-    tm->width = W;
+static int zi_load_text(void *ctx, dt_gen_run *r) { (void)ctx; return ensure_te(r->p); }
 
-    /* ---- text ---- */
-    if (ensure_te(p)) goto done;
-    tm->t_load += dt_now() - t0;
-    t0 = dt_now();
+static int zi_encode(void *ctx, dt_gen_run *r) {
+    zi_request *q = ctx;
+    zi_state *z = r->p->fam;
+    const dt_gen_params *g = r->g;
     const int tap = z->max_tap;
-    dt_gen_log_encoding(g, g->max_seq_len, &tap, 1, cfg, "");
-    int Tp = 0, Tn = 0;
-    if (dt_zimage_encode_prompt(z->te, z->tok, g->prompt, g->max_seq_len, &pos, &Tp)) goto done;
-    dt_gen_observe(obs, ud, "prompt_embeds", pos, 3, 1, Tp, z->tcfg.hidden, 0);
-    if (cfg && dt_zimage_encode_prompt(z->te, z->tok, g->negative_prompt, g->max_seq_len, &neg, &Tn)) goto done;
-    dt_family_release_text_encoder(p, &z->te);
-    tm->t_encode = dt_now() - t0;
-    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+    dt_gen_log_encoding(g, g->max_seq_len, &tap, 1, q->guided, "");
+    if (dt_zimage_encode_prompt(z->te, z->tok, g->prompt, g->max_seq_len, &q->pos, &q->Tp)) return -1;
+    dt_gen_observe(r->obs, r->ud, "prompt_embeds", q->pos, 3, 1, q->Tp, z->tcfg.hidden, 0);
+    if (q->guided && dt_zimage_encode_prompt(z->te, z->tok, g->negative_prompt, g->max_seq_len, &q->neg, &q->Tn))
+        return -1;
+    dt_family_release_text_encoder(r->p, &z->te);
+    return 0;
+}
 
-    /* ---- transformer + VAE (already resident unless released-encoder mode) ---- */
-    t0 = dt_now();
-    if (ensure_dit_vae(p)) goto done;
-    tm->t_load += dt_now() - t0;
+static int zi_load_models(void *ctx, dt_gen_run *r) {
+    (void)ctx;
+    zi_state *z = r->p->fam;
+    if (ensure_dit_vae(r->p)) return -1;
+    r->dit = z->dit;
+    return 0;
+}
 
-    /* ---- schedule: linspace(1, 1/n, n) shifted (get_default_z_image_sigmas), mu from the image token count ---- */
-    const int64_t seq = (int64_t)(h / z->dcfg.patch) * (w / z->dcfg.patch);
-    sigmas = dt_malloc(sizeof(float) * (size_t)(g->steps + 1));
-    timesteps = dt_malloc(sizeof(float) * (size_t)g->steps);
-    if (dt_schedule_make_mu(&z->sched, g->steps, dt_calculate_shift(&z->sched, seq), sigmas, timesteps)) goto done;
-    int first = 0, n_run = g->steps;
-    if (g->init_image && dt_inpaint_steps(g->steps, g->strength, &first, &n_run)) goto done;
-    tm->steps = n_run;
-    dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
-    dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+static int zi_geometry(void *ctx, dt_gen_run *r) {
+    zi_request *q = ctx;
+    zi_state *z = r->p->fam;
+    const int vsf = z->vcfg.scale_factor, C = z->dcfg.in_channels;
+    r->H = r->g->init_image ? q->prep.h : r->g->height;   /* the init image sets the size */
+    r->W = r->g->init_image ? q->prep.w : r->g->width;
+    q->h = r->H / vsf;
+    q->w = r->W / vsf;
+    r->nc = C;
+    r->nh = q->h;
+    r->nw = q->w;
+    r->N = C;
+    r->C = q->h * q->w;
+    snprintf(r->layout, sizeof r->layout, "[1, %d, %d, %d], the latents for a %dx%d image%s", C, q->h, q->w, r->W,
+             r->H, r->g->init_image ? " (the noise before it is mixed with the init image)" : "");
+    return 0;
+}
 
-    /* ---- noise [C, h, w]; with an init image mixed with its latents at the first kept sigma ---- */
-    x = dt_malloc(sizeof(float) * n);
-    char layout[160];
-    snprintf(layout, sizeof layout, "[1, %d, %d, %d], the latents for a %dx%d image%s", C, h, w, W, H,
-             g->init_image ? " (the noise before it is mixed with the init image)" : "");
-    if (dt_gen_noise(g, x, C, h, w, layout)) goto done;
-    if (g->init_image) {
+static void zi_pack(void *ctx, dt_gen_run *r, const float *noise, float *x) {
+    (void)ctx;
+    memcpy(x, noise, sizeof(float) * (size_t)r->N * r->C);   /* the latent grid as it is */
+}
+
+/* linspace(1, 1/n, n) shifted (get_default_z_image_sigmas), mu from the image token count */
+static int zi_schedule(void *ctx, dt_gen_run *r, float *sigmas, float *timesteps) {
+    zi_request *q = ctx;
+    zi_state *z = r->p->fam;
+    const int64_t seq = (int64_t)(q->h / z->dcfg.patch) * (q->w / z->dcfg.patch);
+    return dt_schedule_make_mu(&z->sched, r->g->steps, dt_calculate_shift(&z->sched, seq), sigmas, timesteps);
+}
+
+static int zi_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
+    zi_request *q = ctx;
+    zi_state *z = r->p->fam;
+    const dt_gen_params *g = r->g;
+    const int C = z->dcfg.in_channels, vsf = z->vcfg.scale_factor;
+    const size_t n = (size_t)C * q->h * q->w;
+    const int64_t N = (int64_t)(q->h / z->dcfg.patch) * (q->w / z->dcfg.patch);
+    if (g->init_image) {   /* img2img / inpainting: the kept steps, the image latents mixed in at the first one */
+        int first, n_run;
+        if (dt_inpaint_steps(g->steps, g->strength, &first, &n_run)) return -1;
+        sm->first = first;
+        sm->steps = n_run;
+        r->tm->steps = n_run;
         double ti = dt_now();
-        eps = dt_malloc(sizeof(float) * n);
-        init = dt_malloc(sizeof(float) * n);
-        if (posterior_noise(g, eps, C, h, w) || dt_vae_kl_encode_sample(z->vae, prep.rgb, H, W, eps, init)) goto done;
-        tm->t_images += dt_now() - ti;
-        noise = x;
-        x = dt_malloc(sizeof(float) * n);
-        dt_scale_noise(x, init, noise, n, sigmas[first]);
-        if (mlat) {   /* the binarized mask nearest-sampled to the latent grid (F.interpolate mode="nearest") */
-            mask = dt_malloc(sizeof(float) * (size_t)h * w);
-            for (int r = 0; r < h; r++)
-                for (int c = 0; c < w; c++) mask[(size_t)r * w + c] = m01[(size_t)r * vsf * W + (size_t)c * vsf];
+        q->eps = dt_malloc(sizeof(float) * n);
+        q->init = dt_malloc(sizeof(float) * n);
+        q->noise = dt_malloc(sizeof(float) * n);
+        memcpy(q->noise, x, sizeof(float) * n);
+        if (posterior_noise(g, q->eps, C, q->h, q->w) ||
+            dt_vae_kl_encode_sample(z->vae, q->prep.rgb, r->H, r->W, q->eps, q->init))
+            return -1;
+        r->tm->t_images += dt_now() - ti;
+        dt_scale_noise(x, q->init, q->noise, n, sm->sigmas[first]);
+        if (q->mlat) {   /* the binarized mask nearest-sampled to the latent grid (F.interpolate mode="nearest") */
+            q->mask = dt_malloc(sizeof(float) * (size_t)q->h * q->w);
+            for (int rr = 0; rr < q->h; rr++)
+                for (int c = 0; c < q->w; c++)
+                    q->mask[(size_t)rr * q->w + c] = q->m01[(size_t)rr * vsf * r->W + (size_t)c * vsf];
         }
     }
+    q->tok_in = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
+    q->tok_out = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
+    if (q->guided) q->u = dt_malloc(sizeof(float) * n);
+    q->zc = (zi_ctx){.dit = z->dit, .c = &z->dcfg, .pos = q->pos, .neg = q->neg, .Tp = q->Tp, .Tn = q->Tn, .h = q->h,
+                     .w = q->w, .timesteps = sm->timesteps, .guidance = g->guidance, .cfg_norm = g->cfg_normalization,
+                     .cfg_trunc = g->cfg_truncation, .tok_in = q->tok_in, .tok_out = q->tok_out, .u = q->u, .n = n,
+                     .init = q->init, .noise = q->noise, .mask = q->mask, .sigmas = sm->sigmas, .last = g->steps - 1};
+    sm->predict = zi_predict;
+    sm->after_step = q->mask ? zi_restore : NULL;
+    sm->ctx = &q->zc;
+    return 0;
+}
 
-    /* ---- denoising loop ---- */
-    const int64_t N = seq;
-    v = dt_malloc(sizeof(float) * n);
-    tok_in = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
-    tok_out = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
-    if (cfg) u = dt_malloc(sizeof(float) * n);
-    zi_ctx zc = {.dit = z->dit, .c = &z->dcfg, .pos = pos, .neg = neg, .Tp = Tp, .Tn = Tn, .h = h, .w = w,
-                 .timesteps = timesteps, .guidance = g->guidance, .cfg_norm = g->cfg_normalization,
-                 .cfg_trunc = g->cfg_truncation, .tok_in = tok_in, .tok_out = tok_out, .u = u, .n = n,
-                 .init = init, .noise = noise, .mask = mask, .sigmas = sigmas, .last = g->steps - 1};
-    const int64_t shape[3] = {C, h, w};
-    dt_sampler sm = {.steps = n_run, .first = first, .sigmas = sigmas, .timesteps = timesteps, .cfg = 0,
-                     .guidance = 0.0f, .n = n, .obs_shape = shape, .predict = zi_predict,
-                     .after_step = mask ? zi_restore : NULL, .ctx = &zc, .v = v};
-    dt_dit_set_cancel(z->dit, g->cancel);   /* checked per block */
-    rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
-    dt_dit_set_cancel(z->dit, NULL);
-    if (rc) goto done;
-    rc = -1;
-    if (cfg) dt_log(2, "ditrun: zimage: %d of %d steps ran with guidance\n", zc.cfg_steps, n_run);
-    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+static void zi_sampled(void *ctx, dt_gen_run *r, int rc) {
+    zi_request *q = ctx;
+    if (rc == 0 && q->guided)
+        dt_log(2, "ditrun: zimage: %d of %d steps ran with guidance\n", q->zc.cfg_steps, r->tm->steps);
+}
 
-    /* ---- latents -> image ---- */
-    double tdec = dt_now();
-    dt_gen_observe(obs, ud, "latents_unpacked", x, 4, 1, C, h, w);
-    if (obs) {   /* the float image is observed too */
-        img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
-        if (dt_vae_kl_decode(z->vae, x, h, w, img)) goto done;
-        rgb = dt_gen_image_rgb(img, H, W, obs, ud);
-    } else {
-        rgb = dt_malloc(3 * (size_t)H * W);
-        if (dt_vae_kl_decode_rgb8(z->vae, x, h, w, rgb)) goto done;
-    }
-    tm->t_decode = dt_now() - tdec;
-    tm->t_total = dt_now() - t_start;
-    *rgb_out = rgb;
-    rgb = NULL;
-    *w_out = W;
-    *h_out = H;
-    rc = 0;
-done:
-    free(pos); free(neg); free(x); free(v); free(noise); free(sigmas); free(timesteps); free(img); free(init);
-    free(mask); free(m01); free(mlat); free(eps); free(tok_in); free(tok_out); free(u); free(rgb);
-    dt_prep_image_free(&prep);
-    return rc;
+static int zi_decode(void *ctx, dt_gen_run *r, const float *x, float *img, uint8_t *rgb) {
+    zi_request *q = ctx;
+    zi_state *z = r->p->fam;
+    dt_gen_observe(r->obs, r->ud, "latents_unpacked", x, 4, 1, z->dcfg.in_channels, q->h, q->w);
+    return img ? dt_vae_kl_decode(z->vae, x, q->h, q->w, img) : dt_vae_kl_decode_rgb8(z->vae, x, q->h, q->w, rgb);
+}
+
+static void zi_finish(void *ctx, dt_gen_run *r, int rc) {
+    zi_request *q = ctx;
+    (void)r; (void)rc;
+    free(q->pos); free(q->neg); free(q->m01); free(q->mlat); free(q->mask); free(q->noise); free(q->init);
+    free(q->eps); free(q->tok_in); free(q->tok_out); free(q->u);
+    dt_prep_image_free(&q->prep);
+}
+
+static const dt_gen_hooks zi_hooks = {
+    .prepare = zi_prepare, .load_text = zi_load_text, .encode = zi_encode, .load_models = zi_load_models,
+    .geometry = zi_geometry, .pack = zi_pack, .schedule = zi_schedule, .sampler = zi_sampler, .sampled = zi_sampled,
+    .decode = zi_decode, .finish = zi_finish,
+};
+
+static int zi_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                       dt_gen_observer obs, void *ud) {
+    zi_request q = {0};
+    return dt_generate_run(p, g, &zi_hooks, &q, rgb, w, h, tm, obs, ud);
 }
 
 /* The memory planner's Z-Image part (dt_family.place_sizes): the DiT's widths (config.json, or read from the
