@@ -10,6 +10,7 @@
 #include "io/weights.h"
 #include "models/vae_flux2.h"
 #include "models/vae_qwenimage.h"
+#include "pipeline/budget.h"
 #include "pipeline/placement.h"
 #include "test.h"
 
@@ -25,7 +26,8 @@ static const char *exe_dir(void) {
 /* A text encoder of 8 GiB, a 2 GiB transformer, a 0.2 GiB VAE; activations: encode 0.5, a forward 1.0, the untiled
  * decode 8.0 (a large image), one tile 1.5. */
 static dt_place_sizes sizes(int resident) {
-    dt_place_sizes s = {G10(80), G10(20), G10(2), G10(5), G10(10), G10(80), G10(15), resident};
+    dt_place_sizes s = {.text_encoder = G10(80), .transformer = G10(20), .vae = G10(2), .te_act = G10(5),
+                        .dit_act = G10(10), .vae_act = G10(80), .vae_tile_act = G10(15), .resident = resident};
     return s;
 }
 
@@ -35,6 +37,185 @@ static void expect(const char *name, int64_t budget, const dt_place_sizes *s, in
     T_CHECK(name, (rc == 0) == ok && p.release_text_encoder == rel && p.vae_tiling == tiled && p.peak == peak,
             "rc %d release %d tiled %d peak %lld (want ok %d release %d tiled %d peak %lld)", rc, p.release_text_encoder,
             p.vae_tiling, (long long)p.peak, ok, rel, tiled, (long long)peak);
+}
+
+/* Runs cmd (stdout and stderr to tmp/out.txt, tmp/err.txt): its exit status (-1 when it did not exit). */
+static int run(const char *tmp, const char *cmd) {
+    char full[3000];
+    snprintf(full, sizeof full, "%s > %s/out.txt 2> %s/err.txt", cmd, tmp, tmp);
+    int st = system(full);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *tmp_file(const char *tmp, const char *name) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", tmp, name);
+    return t_slurp(p, NULL);
+}
+
+static int same_file(const char *tmp, const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s", tmp, a);
+    snprintf(pb, sizeof pb, "%s/%s", tmp, b);
+    size_t na = 0, nb = 0;
+    char *x = t_slurp(pa, &na), *y = t_slurp(pb, &nb);
+    int r = x && y && na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return r;
+}
+
+/* The plan acted on (pipeline/budget.h): dt_budget_apply's load options for budgets around the bundled pipeline's
+ * plans, the CLI's refusal of bad sizes in every command that takes --max-vram, the exact one-line refusal before
+ * loading (generate, generate --count, serve), and images made under a budget: the VAE tiled exactly as
+ * --vae-tiling, the text encoder reloaded per prompt with the same pixels. */
+static void budget_tests(const char *tmp) {
+    char root[600], cmd[2000];
+    snprintf(root, sizeof root, "%s/model", t_fixtures());
+    dt_backend *be = dt_backend_cpu_create(&(dt_backend_opts){0});
+    const int elem = (int)dt_dtype_size(be->act_dtype);
+    /* one image of 128x128, 32 text tokens, 64 px tiles: the untiled decode is the peak, tiling lowers it */
+    dt_place_sizes s;
+    dt_place_plan untiled, tiled;
+    int ok = dt_place_sizes_for(root, 128, 128, 32, elem, 64, 0, &s) == 0;
+    ok = ok && dt_place_plan_make(0, &s, &untiled) == 0 && dt_place_plan_make(untiled.peak - 1, &s, &tiled) == 0;
+    T_CHECK("budget_fixture_tiles", ok && !untiled.vae_tiling && tiled.vae_tiling && tiled.peak < untiled.peak,
+            "the bundled pipeline at 128x128 has no budget that needs tiling (%s)", ok ? "peaks" : dt_last_error());
+    int prev = dt_log_level;
+    dt_log_level = 0;
+    for (int k = 0; k < 3 && ok; k++) {   /* no budget, the untiled peak exactly, one byte less */
+        const int64_t b = k == 0 ? 0 : k == 1 ? untiled.peak : untiled.peak - 1;
+        dt_pipeline_opts o;
+        dt_pipeline_opts_default(&o);
+        o.model = root;
+        o.vae_tile = 64;
+        o.max_vram = b;
+        dt_place_plan pl;
+        int rc = dt_budget_apply(be, &o, 128, 128, 32, 0, &pl);
+        char name[64];
+        snprintf(name, sizeof name, "budget_apply_oneshot_%d", k);
+        T_CHECK(name, rc == 0 && o.vae_tiling == (k == 2) && pl.vae_tiling == (k == 2) &&
+                          o.release_text_encoder == (b > 0),   /* (one image: always released under a budget) */
+                "budget %lld: rc %d tiling %d", (long long)b, rc, o.vae_tiling);
+    }
+    /* a loaded pipeline at 64x64 (one tile): below everything resident the text encoder is released */
+    dt_place_plan res, rel;
+    int rok = dt_place_sizes_for(root, 64, 64, 32, elem, 0, 1, &s) == 0 && dt_place_plan_make(0, &s, &res) == 0 &&
+              dt_place_plan_make(res.peak - 1, &s, &rel) == 0;
+    T_CHECK("budget_fixture_releases", rok && !res.release_text_encoder && rel.release_text_encoder && rel.peak < res.peak,
+            "the bundled pipeline at 64x64 has no budget that releases the text encoder");
+    if (rok) {
+        dt_pipeline_opts o;
+        dt_pipeline_opts_default(&o);
+        o.model = root;
+        o.max_vram = rel.peak;
+        int rc = dt_budget_apply(be, &o, 64, 64, 32, 1, NULL);
+        T_CHECK("budget_apply_resident_releases", rc == 0 && o.release_text_encoder && !o.vae_tiling, "rc %d release %d",
+                rc, o.release_text_encoder);
+        o.max_vram = rel.peak - 1;
+        o.release_text_encoder = 0;
+        rc = dt_budget_apply(be, &o, 64, 64, 32, 1, NULL);
+        char want[200], b1[32], b2[32];
+        snprintf(want, sizeof want, "64x64: memory budget %s is below the smallest workable %s for this model and size",
+                 dt_place_bytes(rel.peak - 1, b1, sizeof b1), dt_place_bytes(rel.peak, b2, sizeof b2));
+        T_CHECK("budget_apply_refuses", rc == -1 && strstr(dt_last_error(), want), "rc %d: %s (want %s)", rc,
+                dt_last_error(), want);
+    }
+    dt_log_level = prev;
+    be->destroy(be);
+
+    /* bad sizes: every command that takes --max-vram refuses them before any work, naming the option */
+    const char *bad[] = {"0", "-4G", "12x", "G", "1.5Q", "8GB2", ""};
+    const char *cmds[] = {"generate -p x -o %s/bad.png", "serve --port 0", "forward --inputs %s/none.safetensors "
+                          "--output %s/o.safetensors", "bench"};
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            char sub[600];
+            snprintf(sub, sizeof sub, cmds[c], tmp, tmp);
+            snprintf(cmd, sizeof cmd, "timeout 60 %s/ditrun %s --backend cpu --max-vram '%s'", exe_dir(), sub, bad[k]);
+            int st = run(tmp, cmd);
+            char *err = tmp_file(tmp, "err.txt"), name[64], want[80];
+            snprintf(want, sizeof want, "--max-vram: '%s' is not a size like 12G", bad[k]);
+            snprintf(name, sizeof name, "bad_size_%.8s_%zu", cmds[c], k);
+            T_CHECK(name, st == 1 && err && strstr(err, want) && !strchr(strchr(err, '\n') + 1, '\n'),
+                    "%s: status %d, stderr: %s", cmd, st, err ? err : "(none)");
+            free(err);
+        }
+
+    /* the exact refusal of generate, one line, nothing written: the smallest workable of the plan at 64x64 */
+    dt_place_sizes s64;
+    dt_place_plan p64;
+    dt_place_sizes_for(root, 64, 64, 32, elem, 0, 0, &s64);
+    dt_place_plan_make(0, &s64, &p64);
+    char b1[32], want[400];
+    snprintf(want, sizeof want, "ditrun: error: 64x64: memory budget 1.0 KiB is below the smallest workable %s for this "
+             "model and size (text encoder released, VAE untiled; streaming the transformer's blocks is not "
+             "implemented)\n", dt_place_bytes(p64.peak, b1, sizeof b1));
+    snprintf(cmd, sizeof cmd, "%s/ditrun generate --model %s -p x -o %s/r.png --backend cpu -q --width 64 --height 64 "
+             "--max-sequence-length 32 --max-vram 1K", exe_dir(), root, tmp);
+    int st = run(tmp, cmd);
+    char *err = tmp_file(tmp, "err.txt"), *png = tmp_file(tmp, "r.png");
+    T_CHECK("generate_refusal_exact", st == 1 && err && !strcmp(err, want) && !png, "status %d, stderr '%s' (want '%s')",
+            st, err ? err : "", want);
+    free(err);
+    free(png);
+    /* --count plans a loaded pipeline: refused the same way, with the loaded pipeline's smallest */
+    snprintf(cmd, sizeof cmd, "%s/ditrun generate --model %s -p x -o %s/r.png --backend cpu -q --width 64 --height 64 "
+             "--max-sequence-length 32 --count 2 --max-vram %lld", exe_dir(), root, tmp, (long long)(rel.peak - 1));
+    st = run(tmp, cmd);
+    err = tmp_file(tmp, "err.txt");
+    snprintf(want, sizeof want, "is below the smallest workable %s", dt_place_bytes(rel.peak, b1, sizeof b1));
+    T_CHECK("generate_count_refusal", st == 1 && err && strstr(err, want), "status %d, stderr %s", st, err ? err : "");
+    free(err);
+    /* serve: refused before the models load, naming the size it plans for */
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/ditrun serve --model %s --port 0 --backend cpu --max-pixels 4096 "
+             "--max-sequence-length 32 --max-vram 1K", exe_dir(), root);
+    double t0 = dt_now();
+    st = run(tmp, cmd);
+    err = tmp_file(tmp, "err.txt");
+    T_CHECK("serve_refusal", st == 1 && err && strstr(err, "64x64: memory budget 1.0 KiB is below the smallest workable") &&
+                                 strstr(err, "--max-pixels 4096") && !strstr(err, "loaded on"),
+            "status %d after %.1f s, stderr %s", st, dt_now() - t0, err ? err : "");
+    free(err);
+
+    /* a budget that needs tiling: the image is the --vae-tiling one, byte for byte (and tiling changes it here) */
+    if (ok) {
+        const char *arm[3] = {"", "--vae-tiling --vae-tile-size 64", ""};   /* (a tile size alone asks for tiles) */
+        char extra[80];
+        snprintf(extra, sizeof extra, "--vae-tile-size 64 --max-vram %lld", (long long)tiled.peak);
+        arm[2] = extra;
+        for (int k = 0; k < 3; k++) {
+            snprintf(cmd, sizeof cmd, "%s/ditrun generate --model %s -p 'a fox' -o %s/t%d.png --backend cpu "
+                     "--width 128 --height 128 --max-sequence-length 32 --steps 1 %s", exe_dir(), root,
+                     tmp, k, arm[k]);
+            st = run(tmp, cmd);
+            if (st) T_FAIL("budget_tiles_image", "%s: status %d", cmd, st);
+        }
+        err = tmp_file(tmp, "err.txt");
+        T_CHECK("budget_tiles_image", same_file(tmp, "t1.png", "t2.png") && !same_file(tmp, "t0.png", "t1.png") && err &&
+                                          strstr(err, "memory plan at 128x128 within") && strstr(err, "VAE tiled"),
+                "budget image == tiled %d, untiled == tiled %d; log %s", same_file(tmp, "t1.png", "t2.png"),
+                same_file(tmp, "t0.png", "t1.png"), err ? err : "");
+        free(err);
+    }
+    /* --count 2 under a budget that releases the text encoder: logged, and the same two images as without */
+    if (rok) {
+        for (int k = 0; k < 2; k++) {
+            char extra[80] = "";
+            if (k) snprintf(extra, sizeof extra, "--max-vram %lld", (long long)rel.peak);
+            snprintf(cmd, sizeof cmd, "%s/ditrun generate --model %s -p 'a fox' -o %s/c%d.png --backend cpu --width 64 "
+                     "--height 64 --max-sequence-length 32 --steps 1 --count 2 %s", exe_dir(), root, tmp, k, extra);
+            st = run(tmp, cmd);
+            if (st) T_FAIL("budget_releases_count", "%s: status %d", cmd, st);
+        }
+        err = tmp_file(tmp, "err.txt");
+        T_CHECK("budget_releases_count", same_file(tmp, "c0-1.png", "c1-1.png") && same_file(tmp, "c0-2.png", "c1-2.png") &&
+                                             err && strstr(err, "(loaded pipeline) within") &&
+                                             strstr(err, "text encoder released"),
+                "images equal %d %d; log %s", same_file(tmp, "c0-1.png", "c1-1.png"),
+                same_file(tmp, "c0-2.png", "c1-2.png"), err ? err : "");
+        free(err);
+    }
 }
 
 int main(void) {
@@ -76,6 +257,24 @@ int main(void) {
     dt_place_sizes big = sizes(0);
     big.transformer = 30 * GiB;
     expect("transformer_too_big", 24 * GiB, &big, 0, 1, 1, 30 * GiB + G10(2) + G10(15));
+
+    /* the backend's workspaces in every phase; the dequantized-weight buffers: the text encoder's alone while it
+     * runs first (one-shot), the larger of the two once the transformer has loaded (grow-only) */
+    dt_place_sizes q = sizes(0);
+    q.workspace = G10(1);
+    q.te_qbuf = G10(2);
+    q.dit_qbuf = G10(3);
+    dt_place_plan_make(0, &q, &p);
+    T_CHECK("workspace_and_qbuf_oneshot", p.phase_peak[DT_PHASE_ENCODE] == G10(1) + G10(80) + G10(5) + G10(2) &&
+                                              p.phase_peak[DT_PHASE_DENOISE] == G10(1) + G10(22) + G10(3) + G10(10) &&
+                                              p.phase_peak[DT_PHASE_DECODE] == G10(1) + G10(22) + G10(3) + G10(80) &&
+                                              p.peak == p.phase_peak[DT_PHASE_DECODE],
+            "phases %lld %lld %lld", (long long)p.phase_peak[0], (long long)p.phase_peak[1], (long long)p.phase_peak[2]);
+    q.resident = 1;   /* the next prompt is encoded with the transformer's buffers held: 8 + 0.5 + 2.2 + 0.3 + 0.1 */
+    dt_place_plan_make(0, &q, &p);
+    T_CHECK("workspace_and_qbuf_resident", p.phase_peak[DT_PHASE_ENCODE] == G10(1) + G10(80) + G10(5) + G10(22) + G10(3) &&
+                                               p.peak == G10(1) + G10(80) + G10(22) + G10(3) + G10(80),
+            "encode %lld peak %lld", (long long)p.phase_peak[0], (long long)p.peak);
 
     char line[256];
     dt_place_plan_make(9 * GiB, &one, &p);
@@ -169,6 +368,7 @@ int main(void) {
                 "status %d, stderr: %s", st, err ? err : "(none)");
         free(err);
     }
+    budget_tests(tmp);
     t_rmtree(tmp);
     return T_DONE();
 }

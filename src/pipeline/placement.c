@@ -12,10 +12,13 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static void phases(const dt_place_sizes *s, int release_te, int tiled, dt_place_plan *p) {
     const int64_t dec_act = tiled && s->vae_tile_act > 0 ? s->vae_tile_act : s->vae_act;
     const int64_t dit_vae = s->transformer + s->vae, te = release_te ? 0 : s->text_encoder;
-    /* one-shot with a released encoder: it runs alone, before the transformer and VAE are loaded */
-    p->phase_peak[DT_PHASE_ENCODE] = s->text_encoder + s->te_act + (release_te && !s->resident ? 0 : dit_vae);
-    p->phase_peak[DT_PHASE_DENOISE] = te + dit_vae + s->dit_act;
-    p->phase_peak[DT_PHASE_DECODE] = te + dit_vae + dec_act;
+    const int64_t qbuf = max64(s->te_qbuf, s->dit_qbuf);   /* held once the transformer has run */
+    /* one-shot with a released encoder: it runs alone, before the transformer and VAE are loaded; a resident
+     * pipeline encodes the next prompt with everything loaded and the transformer's buffers held */
+    p->phase_peak[DT_PHASE_ENCODE] = s->workspace + s->text_encoder + s->te_act +
+                                     (release_te && !s->resident ? s->te_qbuf : dit_vae + qbuf);
+    p->phase_peak[DT_PHASE_DENOISE] = s->workspace + te + dit_vae + qbuf + s->dit_act;
+    p->phase_peak[DT_PHASE_DECODE] = s->workspace + te + dit_vae + qbuf + dec_act;
     p->peak = max64(p->phase_peak[0], max64(p->phase_peak[1], p->phase_peak[2]));
     p->release_text_encoder = release_te;
     p->vae_tiling = tiled;
@@ -23,7 +26,8 @@ static void phases(const dt_place_sizes *s, int release_te, int tiled, dt_place_
 
 const char *dt_place_bytes(int64_t b, char *buf, size_t n) {
     if (b >= (1LL << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (1LL << 30));
-    else snprintf(buf, n, "%.1f MiB", (double)b / (1LL << 20));
+    else if (b >= (1LL << 20)) snprintf(buf, n, "%.1f MiB", (double)b / (1LL << 20));
+    else snprintf(buf, n, "%.1f KiB", (double)b / (1LL << 10));
     return buf;
 }
 

@@ -26,7 +26,14 @@ typedef struct {
     int resident;               /* 1: a loaded pipeline serving many requests (serve, --count): a released text
                                  * encoder is reloaded for every prompt; 0: one image (generate), where releasing it
                                  * costs nothing */
+    int64_t workspace;          /* bytes the backend holds beside the parts in every phase (the CUDA backend's two
+                                 * cuBLASLt workspaces: DT_PLACE_WORKSPACE) */
+    int64_t te_qbuf, dit_qbuf;  /* the buffers quantized Linears are dequantized into (CUDA: the transient GEMM's and
+                                 * two prefetch slots, each the largest Linear in bf16): grow-only, so from a
+                                 * component's first run on the larger of the two stays held */
 } dt_place_sizes;
+
+#define DT_PLACE_WORKSPACE (128LL << 20)
 
 enum { DT_PHASE_ENCODE, DT_PHASE_DENOISE, DT_PHASE_DECODE, DT_PHASES };
 
@@ -49,7 +56,7 @@ int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p
  * decode C); smallest workable Y GiB". */
 void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n);
 
-/* "12.00 GiB" (or MiB below one GiB) of b bytes into buf. */
+/* "12.00 GiB" (MiB below one GiB, KiB below one MiB) of b bytes into buf. */
 const char *dt_place_bytes(int64_t b, char *buf, size_t n);
 
 /* The sizes of the pipeline folder `root` (FLUX.2-klein or Krea 2) for one W x H image with T text tokens and
@@ -57,8 +64,9 @@ const char *dt_place_bytes(int64_t b, char *buf, size_t n);
  * device keeps them), the VAE decode exactly (dt_vae_decode_act_bytes / dt_qvae_decode_act_bytes, tiles of the VAE's
  * default size or `tile` pixels), the transformer forward and the text encoding estimated from their widths:
  * (T + N)·(7·D + 3·F)·elem for the forward's stream, scratch and fused projections (N image tokens, D its width, F its
- * MLP width; flux2.h's activation set), its RoPE tables, and for quantized weights one dequantized (3·D + 2·F) x D
- * Linear; T·(6·D + 3·I)·elem for the text encoder. Reads only configs and safetensors headers. 0 or -1. */
+ * MLP width; flux2.h's activation set) and its RoPE tables; T·(6·D + 3·I)·elem for the text encoder (I its MLP
+ * width); for quantized weights three dequantized copies of the largest Linear ((3·D + 2·F) x D for the
+ * transformer, 2·I x D for the text encoder); DT_PLACE_WORKSPACE. Reads only configs and safetensors headers. 0 or -1. */
 int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s);
 
 #endif

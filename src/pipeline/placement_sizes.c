@@ -38,8 +38,8 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     s->resident = resident;
     char *te = dt_path_join(root, "text_encoder"), *tr = dt_path_join(root, "transformer"), *va = dt_path_join(root, "vae");
     dt_weights *tw = NULL;
-    int rc = -1, quantized = 0;
-    if (weight_bytes(te, elem, &s->text_encoder, NULL, NULL) || weight_bytes(tr, elem, &s->transformer, &quantized, &tw) ||
+    int rc = -1, quantized = 0, te_quantized = 0;
+    if (weight_bytes(te, elem, &s->text_encoder, &te_quantized, NULL) || weight_bytes(tr, elem, &s->transformer, &quantized, &tw) ||
         weight_bytes(va, elem, &s->vae, NULL, NULL))
         goto out;
     /* the transformer's widths: FLUX.2 or Krea 2 by its config */
@@ -59,6 +59,7 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     dt_qwen3_config q;
     if (dt_qwen3_read_config(te, &q)) goto out;
     s->te_act = (int64_t)T * (6LL * q.hidden + 3LL * q.intermediate) * elem;
+    if (te_quantized) s->te_qbuf = 3 * (2LL * q.intermediate) * q.hidden * 2;
     /* the VAE: FLUX.2 (8x, 2x2 patches) or Qwen-Image (8x, 2x2 packing): 16 pixels per image token */
     dt_vae_config fv;
     static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
@@ -77,7 +78,9 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
         if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem);
     }
     const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
-    s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8 + (quantized ? (3LL * D + 2LL * F) * D * 2 : 0);
+    s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8;
+    if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2;
+    s->workspace = DT_PLACE_WORKSPACE;
     rc = 0;
 out:
     if (tw) dt_weights_close(tw);
