@@ -219,10 +219,12 @@ static void budget_tests(const char *tmp) {
 }
 
 int main(void) {
-    /* one image: the encoder is released (it runs alone: 8.5); untiled the decode is 2.2 + 8 = 10.2, tiled 3.7 */
+    /* one image: the encoder is released (it runs alone: 8.5); the decode runs beside the transformer's weights and
+     * its forward's buffers: untiled 2.2 + 1 + 8 = 11.2, tiled 4.7 */
     dt_place_sizes one = sizes(0);
-    expect("oneshot_unbounded", 0, &one, 1, 1, 0, G10(102));
-    expect("oneshot_roomy", 12 * GiB, &one, 1, 1, 0, G10(102));
+    const int64_t dit = G10(20) + G10(2) + G10(10);   /* transformer, VAE, the forward's buffers */
+    expect("oneshot_unbounded", 0, &one, 1, 1, 0, dit + G10(80));
+    expect("oneshot_roomy", 12 * GiB, &one, 1, 1, 0, dit + G10(80));
     expect("oneshot_tiles_when_needed", 9 * GiB, &one, 1, 1, 1, G10(85));
     expect("oneshot_exact_fit", G10(85), &one, 1, 1, 1, G10(85));
     expect("oneshot_too_small", 8 * GiB, &one, 0, 1, 1, G10(85));
@@ -231,32 +233,33 @@ int main(void) {
     T_CHECK("oneshot_error_names_smallest", strstr(dt_last_error(), "8.00 GiB is below the smallest workable 8.50 GiB") &&
                 strstr(dt_last_error(), "text encoder released, VAE tiled"),
             "%s", dt_last_error());
-    T_CHECK("oneshot_phases", p.phase_peak[DT_PHASE_ENCODE] == G10(85) && p.phase_peak[DT_PHASE_DENOISE] == G10(32) &&
-                                  p.phase_peak[DT_PHASE_DECODE] == G10(37) && p.min_budget == G10(85),
+    T_CHECK("oneshot_phases", p.phase_peak[DT_PHASE_ENCODE] == G10(85) && p.phase_peak[DT_PHASE_DENOISE] == dit &&
+                                  p.phase_peak[DT_PHASE_DECODE] == dit + G10(15) && p.min_budget == G10(85),
             "phases %lld %lld %lld min %lld", (long long)p.phase_peak[0], (long long)p.phase_peak[1],
             (long long)p.phase_peak[2], (long long)p.min_budget);
 
-    /* resident: all kept = 10.7 / 11.2 / 18.2; tiled 11.7; encoder released: encode still 10.7 (the transformer is
-     * loaded), denoise 3.2, decode 10.2 untiled, 3.7 tiled */
+    /* resident: all kept (the encoder's weights and buffers 8.5 beside 3.2) = 11.7 / 11.7 / 19.7; tiled 13.2;
+     * encoder released: encode still 11.7 (the transformer is loaded), denoise 3.2, decode 11.2 untiled, 4.7 tiled */
     dt_place_sizes res = sizes(1);
-    expect("resident_unbounded", 0, &res, 1, 0, 0, G10(182));
-    expect("resident_roomy", 20 * GiB, &res, 1, 0, 0, G10(182));
-    expect("resident_tiles_first", 12 * GiB, &res, 1, 0, 1, G10(117));
-    expect("resident_then_releases", 11 * GiB, &res, 1, 1, 0, G10(107));
-    expect("resident_too_small", 10 * GiB, &res, 0, 1, 0, G10(107));
-    T_CHECK("resident_error", strstr(dt_last_error(), "smallest workable 10.70 GiB"), "%s", dt_last_error());
+    const int64_t te = G10(80) + G10(5);
+    expect("resident_unbounded", 0, &res, 1, 0, 0, te + dit + G10(80));
+    expect("resident_roomy", 20 * GiB, &res, 1, 0, 0, te + dit + G10(80));
+    expect("resident_tiles_first", 14 * GiB, &res, 1, 0, 1, te + dit + G10(15));
+    expect("resident_then_releases", 12 * GiB, &res, 1, 1, 0, te + dit);
+    expect("resident_too_small", 11 * GiB, &res, 0, 1, 0, te + dit);
+    T_CHECK("resident_error", strstr(dt_last_error(), "smallest workable 11.70 GiB"), "%s", dt_last_error());
 
     /* an image of one tile: tiling is never chosen (it would change nothing) */
     dt_place_sizes small = sizes(1);
     small.vae_tile_act = 0;
     small.vae_act = G10(5);
-    expect("one_tile_never_tiles", G10(112), &small, 1, 0, 0, G10(112));
-    expect("one_tile_releases_instead", G10(111), &small, 1, 1, 0, G10(107));
+    expect("one_tile_never_tiles", te + dit + G10(5), &small, 1, 0, 0, te + dit + G10(5));
+    expect("one_tile_releases_instead", te + dit + G10(5) - 1, &small, 1, 1, 0, te + dit);
 
     /* a transformer that does not fit with its forward: no plan (block streaming is not a placement) */
     dt_place_sizes big = sizes(0);
     big.transformer = 30 * GiB;
-    expect("transformer_too_big", 24 * GiB, &big, 0, 1, 1, 30 * GiB + G10(2) + G10(15));
+    expect("transformer_too_big", 24 * GiB, &big, 0, 1, 1, 30 * GiB + G10(2) + G10(10) + G10(15));
 
     /* the backend's workspaces in every phase; the dequantized-weight buffers: the text encoder's alone while it
      * runs first (one-shot), the larger of the two once the transformer has loaded (grow-only) */
@@ -266,21 +269,21 @@ int main(void) {
     q.dit_qbuf = G10(3);
     dt_place_plan_make(0, &q, &p);
     T_CHECK("workspace_and_qbuf_oneshot", p.phase_peak[DT_PHASE_ENCODE] == G10(1) + G10(80) + G10(5) + G10(2) &&
-                                              p.phase_peak[DT_PHASE_DENOISE] == G10(1) + G10(22) + G10(3) + G10(10) &&
-                                              p.phase_peak[DT_PHASE_DECODE] == G10(1) + G10(22) + G10(3) + G10(80) &&
+                                              p.phase_peak[DT_PHASE_DENOISE] == G10(1) + G10(20) + G10(2) + G10(3) + G10(10) &&
+                                              p.phase_peak[DT_PHASE_DECODE] == G10(1) + G10(20) + G10(2) + G10(3) + G10(10) + G10(80) &&
                                               p.peak == p.phase_peak[DT_PHASE_DECODE],
             "phases %lld %lld %lld", (long long)p.phase_peak[0], (long long)p.phase_peak[1], (long long)p.phase_peak[2]);
-    q.resident = 1;   /* the next prompt is encoded with the transformer's buffers held: 8 + 0.5 + 2.2 + 0.3 + 0.1 */
+    q.resident = 1;   /* the next prompt is encoded with the transformer's buffers held: 0.1 + 8.5 + 2.2 + 0.3 + 1 */
     dt_place_plan_make(0, &q, &p);
-    T_CHECK("workspace_and_qbuf_resident", p.phase_peak[DT_PHASE_ENCODE] == G10(1) + G10(80) + G10(5) + G10(22) + G10(3) &&
-                                               p.peak == G10(1) + G10(80) + G10(22) + G10(3) + G10(80),
+    T_CHECK("workspace_and_qbuf_resident", p.phase_peak[DT_PHASE_ENCODE] == G10(1) + te + G10(20) + G10(2) + G10(3) + G10(10) &&
+                                               p.peak == G10(1) + te + G10(20) + G10(2) + G10(3) + G10(10) + G10(80),
             "encode %lld peak %lld", (long long)p.phase_peak[0], (long long)p.peak);
 
     char line[256];
     dt_place_plan_make(9 * GiB, &one, &p);
     dt_place_plan_describe(&p, line, sizeof line);
     T_CHECK("describe", !strcmp(line, "text encoder released, VAE tiled; predicted peak 8.50 GiB (encode 8.50 GiB, "
-                                      "denoise 3.20 GiB, decode 3.70 GiB); smallest workable 8.50 GiB"),
+                                      "denoise 3.20 GiB, decode 4.70 GiB); smallest workable 8.50 GiB"),
             "'%s'", line);
     char b[32];
     T_CHECK("bytes_mib", !strcmp(dt_place_bytes(300LL << 20, b, sizeof b), "300.0 MiB"), "'%s'", b);

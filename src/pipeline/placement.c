@@ -8,17 +8,19 @@
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* The phase peaks of one candidate placement. */
+/* The phase peaks of one candidate placement. A loaded model keeps its activation buffers for the next request (the
+ * text encoder's while it is loaded, the transformer's from its first forward on: the decode runs beside them). */
 static void phases(const dt_place_sizes *s, int release_te, int tiled, dt_place_plan *p) {
     const int64_t dec_act = tiled && s->vae_tile_act > 0 ? s->vae_tile_act : s->vae_act;
-    const int64_t dit_vae = s->transformer + s->vae, te = release_te ? 0 : s->text_encoder;
-    const int64_t qbuf = max64(s->te_qbuf, s->dit_qbuf);   /* held once the transformer has run */
+    const int64_t te = release_te ? 0 : s->text_encoder + s->te_act;
+    const int64_t qbuf = max64(s->te_qbuf, s->dit_qbuf);   /* held once the transformer has loaded */
+    const int64_t dit = s->transformer + s->vae + qbuf + s->dit_act;   /* loaded and run once */
     /* one-shot with a released encoder: it runs alone, before the transformer and VAE are loaded; a resident
-     * pipeline encodes the next prompt with everything loaded and the transformer's buffers held */
-    p->phase_peak[DT_PHASE_ENCODE] = s->workspace + s->text_encoder + s->te_act +
-                                     (release_te && !s->resident ? s->te_qbuf : dit_vae + qbuf);
-    p->phase_peak[DT_PHASE_DENOISE] = s->workspace + te + dit_vae + qbuf + s->dit_act;
-    p->phase_peak[DT_PHASE_DECODE] = s->workspace + te + dit_vae + qbuf + dec_act;
+     * pipeline encodes the next prompt beside the transformer as the last request left it */
+    p->phase_peak[DT_PHASE_ENCODE] =
+        s->workspace + s->text_encoder + s->te_act + (release_te && !s->resident ? s->te_qbuf : dit);
+    p->phase_peak[DT_PHASE_DENOISE] = s->workspace + te + dit;
+    p->phase_peak[DT_PHASE_DECODE] = s->workspace + te + dit + dec_act;
     p->peak = max64(p->phase_peak[0], max64(p->phase_peak[1], p->phase_peak[2]));
     p->release_text_encoder = release_te;
     p->vae_tiling = tiled;

@@ -4,11 +4,14 @@
  * names the smallest budget that would work. Sizes are bytes on the device. No I/O: the CPU tests drive it directly.
  *
  * Phases and what they hold (the engine's order: pipeline/engine.c, klein.c, krea2_family.c):
- *   encode  — the text encoder's weights and activations, plus the transformer and VAE when they are loaded already
- *             (a resident pipeline; in a one-shot run with the text encoder released they load after it is freed);
- *   denoise — the transformer's weights and one forward's activations, plus the VAE's weights, plus the text encoder
- *             unless released;
- *   decode  — the VAE's activations (untiled, or one tile's) plus the same resident weights.
+ *   encode  — the text encoder's weights and activations, plus the transformer (weights, dequantized-weight
+ *             buffers, the last forward's activations) and VAE when they are loaded already (a resident pipeline; in
+ *             a one-shot run with the text encoder released they load after it is freed);
+ *   denoise — the transformer's weights, buffers and one forward's activations, plus the VAE's weights, plus the
+ *             text encoder (weights and its kept activation buffers) unless released;
+ *   decode  — the VAE's activations (untiled, or one tile's) beside everything of the denoise phase (a model keeps
+ *             its activation buffers for the next request);
+ *   every phase — the backend's workspaces.
  * Streaming transformer blocks from host memory is not a placement here (not implemented): a transformer that
  * does not fit with its activations has no plan. */
 #ifndef DT_PLACEMENT_H
