@@ -221,6 +221,7 @@ static void budget_tests(const char *tmp) {
 int main(void) {
     /* one image: the encoder is released (it runs alone: 8.5); the decode runs beside the transformer's weights and
      * its forward's buffers: untiled 2.2 + 1 + 8 = 11.2, tiled 4.7 */
+    char line0[300];
     dt_place_sizes one = sizes(0);
     const int64_t dit = G10(20) + G10(2) + G10(10);   /* transformer, VAE, the forward's buffers */
     expect("oneshot_unbounded", 0, &one, 1, 1, 0, dit + G10(80));
@@ -255,6 +256,18 @@ int main(void) {
     small.vae_act = G10(5);
     expect("one_tile_never_tiles", te + dit + G10(5), &small, 1, 0, 0, te + dit + G10(5));
     expect("one_tile_releases_instead", te + dit + G10(5) - 1, &small, 1, 1, 0, te + dit);
+
+    /* an image of one tile whose half tile is a candidate: taken only when nothing else fits, named in the line */
+    dt_place_sizes half = sizes(0);
+    half.vae_tile_act = 0;
+    half.vae_small_tile_act = G10(10);
+    half.vae_small_tile_px = 512;
+    expect("half_tile_untiled_first", dit + G10(80), &half, 1, 1, 0, dit + G10(80));
+    expect("half_tile_when_needed", 10 * GiB, &half, 1, 1, 1, G10(85));
+    dt_place_plan_make(10 * GiB, &half, &p);
+    dt_place_plan_describe(&p, line0, sizeof line0);
+    T_CHECK("half_tile_px", p.vae_tile_px == 512 && strstr(line0, "VAE tiled (512 px tiles);"), "%d '%s'", p.vae_tile_px,
+            line0);
 
     /* a transformer that does not fit with its forward: no plan (block streaming is not a placement) */
     dt_place_sizes big = sizes(0);
@@ -326,6 +339,19 @@ int main(void) {
         snprintf(name, sizeof name, "sizes_%s_one_tile", roots[k]);
         T_CHECK(name, dt_place_sizes_for(root, 64, 64, 64, 2, 64, 0, &ps) == 0 && ps.vae_tile_act == 0,
                 "a 64x64 image with 64 px tiles has a tile size %lld", (long long)ps.vae_tile_act);
+    }
+    /* no tile asked: the default tile (FLUX.2: sample_size 1024, one tile at 768x768) and the half tile (512) */
+    {
+        snprintf(root, sizeof root, "%s/model", t_fixtures());
+        snprintf(dir, sizeof dir, "%s/vae", root);
+        dt_vae_config c;
+        dt_place_sizes ps;
+        int ok = dt_vae_read_config(dir, &c) == 0 && dt_place_sizes_for(root, 768, 768, 64, 2, 0, 0, &ps) == 0;
+        const int64_t want = ok ? dt_vae_decode_act_bytes(&c, 512, 768 / c.scale_factor, 768 / c.scale_factor, 2) : -1;
+        T_CHECK("sizes_half_tile", ok && ps.vae_tile_px == 1024 && ps.vae_tile_act == 0 && ps.vae_small_tile_px == 512 &&
+                                       ps.vae_small_tile_act == want && want > 0 && want < ps.vae_act,
+                "tile %d (%lld), half %d (%lld, want %lld)", ok ? ps.vae_tile_px : -1, ok ? (long long)ps.vae_tile_act : -1,
+                ok ? ps.vae_small_tile_px : -1, ok ? (long long)ps.vae_small_tile_act : -1, (long long)want);
     }
     snprintf(root, sizeof root, "%s/edit", t_fixtures());
     T_CHECK("sizes_not_a_pipeline", dt_place_sizes_for(root, 64, 64, 64, 2, 0, 0, &one) != 0, "sized a folder of images");

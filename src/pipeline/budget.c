@@ -47,6 +47,7 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
                   "%s\n", W, H, resident ? " (loaded pipeline)" : "", dt_dtype_name(be->act_dtype), line);
     if (budget > 0) {   /* (without a budget the plan is the cheapest of all: nothing to change) */
         if (pl.vae_tiling) o->vae_tiling = 1;
+        if (pl.vae_tiling && pl.vae_tile_px > 0) o->vae_tile = pl.vae_tile_px;
         if (pl.release_text_encoder) o->release_text_encoder = 1;
     }
     if (out) *out = pl;

@@ -11,7 +11,8 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* The phase peaks of one candidate placement. A loaded model keeps its activation buffers for the next request (the
  * text encoder's while it is loaded, the transformer's from its first forward on: the decode runs beside them). */
 static void phases(const dt_place_sizes *s, int release_te, int tiled, dt_place_plan *p) {
-    const int64_t dec_act = tiled && s->vae_tile_act > 0 ? s->vae_tile_act : s->vae_act;
+    /* tiled: 1 the tile, 2 the half tile */
+    const int64_t dec_act = tiled == 2 ? s->vae_small_tile_act : tiled && s->vae_tile_act > 0 ? s->vae_tile_act : s->vae_act;
     const int64_t te = release_te ? 0 : s->text_encoder + s->te_act;
     const int64_t qbuf = max64(s->te_qbuf, s->dit_qbuf);   /* held once the transformer has loaded */
     const int64_t dit = s->transformer + s->vae + qbuf + s->dit_act;   /* loaded and run once */
@@ -23,7 +24,8 @@ static void phases(const dt_place_sizes *s, int release_te, int tiled, dt_place_
     p->phase_peak[DT_PHASE_DECODE] = s->workspace + te + dit + dec_act;
     p->peak = max64(p->phase_peak[0], max64(p->phase_peak[1], p->phase_peak[2]));
     p->release_text_encoder = release_te;
-    p->vae_tiling = tiled;
+    p->vae_tiling = tiled != 0;
+    p->vae_tile_px = tiled == 2 ? s->vae_small_tile_px : tiled ? s->vae_tile_px : 0;
 }
 
 const char *dt_place_bytes(int64_t b, char *buf, size_t n) {
@@ -34,15 +36,16 @@ const char *dt_place_bytes(int64_t b, char *buf, size_t n) {
 }
 
 int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p) {
-    /* candidates, cheapest first: {release the text encoder, tile the VAE} */
-    static const int one_shot[][2] = {{1, 0}, {1, 1}};
-    static const int resident[][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
+    /* candidates, cheapest first: {release the text encoder, tile the VAE: 1 the tile, 2 the half tile} */
+    static const int one_shot[][2] = {{1, 0}, {1, 1}, {1, 2}};
+    static const int resident[][2] = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}};
     const int (*c)[2] = s->resident ? resident : one_shot;
-    const int nc = s->resident ? 4 : 2;
+    const int nc = s->resident ? 6 : 3;
     dt_place_plan best = {0}, smallest = {0};
     int found = 0;
     for (int i = 0; i < nc; i++) {
-        if (c[i][1] && s->vae_tile_act <= 0) continue;   /* one tile: tiling changes nothing */
+        if ((c[i][1] == 1 && s->vae_tile_act <= 0) || (c[i][1] == 2 && s->vae_small_tile_act <= 0))
+            continue;   /* one tile: tiling changes nothing */
         dt_place_plan q;
         phases(s, c[i][0], c[i][1], &q);
         if (i == 0 || q.peak < smallest.peak) smallest = q;
@@ -61,8 +64,10 @@ int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p
 
 void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n) {
     char a[32], b[32], c[32], d[32], e[32];
-    snprintf(buf, n, "text encoder %s, VAE %s; predicted peak %s (encode %s, denoise %s, decode %s); smallest "
-             "workable %s", p->release_text_encoder ? "released" : "resident", p->vae_tiling ? "tiled" : "untiled",
+    char t[40] = "";
+    if (p->vae_tiling && p->vae_tile_px > 0) snprintf(t, sizeof t, " (%d px tiles)", p->vae_tile_px);
+    snprintf(buf, n, "text encoder %s, VAE %s%s; predicted peak %s (encode %s, denoise %s, decode %s); smallest "
+             "workable %s", p->release_text_encoder ? "released" : "resident", p->vae_tiling ? "tiled" : "untiled", t,
              dt_place_bytes(p->peak, a, sizeof a), dt_place_bytes(p->phase_peak[0], b, sizeof b),
              dt_place_bytes(p->phase_peak[1], c, sizeof c), dt_place_bytes(p->phase_peak[2], d, sizeof d),
              dt_place_bytes(p->min_budget, e, sizeof e));

@@ -26,6 +26,10 @@ typedef struct {
     int64_t dit_act;            /* ... of one transformer forward at the image size */
     int64_t vae_act;            /* ... of the untiled VAE decode at the image size */
     int64_t vae_tile_act;       /* ... of one tile's decode; 0 when the image is one tile (tiling changes nothing) */
+    int vae_tile_px;            /* that tile's side in pixels (0: not known) */
+    int64_t vae_small_tile_act; /* ... of one tile of vae_small_tile_px (half the tile), a further candidate when the
+                                 * tile was not chosen by the caller; 0: none (the image is one such tile) */
+    int vae_small_tile_px;
     int resident;               /* 1: a loaded pipeline serving many requests (serve, --count): a released text
                                  * encoder is reloaded for every prompt; 0: one image (generate), where releasing it
                                  * costs nothing */
@@ -43,20 +47,22 @@ enum { DT_PHASE_ENCODE, DT_PHASE_DENOISE, DT_PHASE_DECODE, DT_PHASES };
 typedef struct {
     int release_text_encoder;   /* freed after the prompts are encoded, before the transformer runs */
     int vae_tiling;             /* the decode in tiles (models/vae_tiling.h) */
+    int vae_tile_px;            /* their side in pixels (vae_tile_px or vae_small_tile_px of the sizes; 0: untiled,
+                                 * or not known) */
     int64_t phase_peak[DT_PHASES];   /* predicted bytes of each phase */
     int64_t peak;               /* their largest */
     int64_t min_budget;         /* the smallest budget any placement fits (the smallest peak) */
 } dt_place_plan;
 
 /* The cheapest placement whose peak fits budget (budget <= 0: no bound, the cheapest of all): one-shot runs release
- * the text encoder (free), then tile the VAE if needed; resident pipelines first tile the VAE (a few percent of the
- * decode), then release the text encoder (a reload per prompt), then both. 0, or -1 with the error "budget X is
+ * the text encoder (free), then tile the VAE if needed (the tile, then the half tile); resident pipelines first tile
+ * the VAE (a few percent of the decode), then release the text encoder (a reload per prompt), then both. 0, or -1 with the error "budget X is
  * below the smallest workable Y for these sizes (...)" when none fits; *p is filled in both cases (the placement
  * with the smallest peak on error). */
 int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p);
 
-/* One line: "text encoder resident|released, VAE untiled|tiled; predicted peak X GiB (encode A, denoise B,
- * decode C); smallest workable Y GiB". */
+/* One line: "text encoder resident|released, VAE untiled|tiled[ (N px tiles)]; predicted peak X GiB (encode A,
+ * denoise B, decode C); smallest workable Y GiB". */
 void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n);
 
 /* "12.00 GiB" (MiB below one GiB, KiB below one MiB) of b bytes into buf. */
@@ -65,11 +71,11 @@ const char *dt_place_bytes(int64_t b, char *buf, size_t n);
 /* The sizes of the pipeline folder `root` (FLUX.2-klein or Krea 2) for one W x H image with T text tokens and
  * activations of elem bytes (2: bf16 on a GPU): weights from the files (f32 tensors counted at elem bytes, as the
  * device keeps them), the VAE decode exactly (dt_vae_decode_act_bytes / dt_qvae_decode_act_bytes, tiles of the VAE's
- * default size or `tile` pixels), the transformer forward and the text encoding estimated from their widths:
+ * default size or `tile` pixels; with tile 0 also the half of the default tile), the transformer forward and the text encoding estimated from their widths:
  * (T + N)·(7·D + 3·F)·elem for the forward's stream, scratch and fused projections (N image tokens, D its width, F its
  * MLP width; flux2.h's activation set) and its RoPE tables; T·(6·D + 3·I)·elem for the text encoder (I its MLP
  * width); for quantized weights three dequantized copies of the largest Linear ((3·D + 2·F) x D for the
- * transformer, 2·I x D for the text encoder); DT_PLACE_WORKSPACE. Reads only configs and safetensors headers. 0 or -1. */
+ * transformer, plus one 2·F x D for FLUX.2's side queue; 2·I x D for the text encoder); DT_PLACE_WORKSPACE. Reads only configs and safetensors headers. 0 or -1. */
 int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s);
 
 #endif

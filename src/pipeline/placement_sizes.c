@@ -67,19 +67,27 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     if (!krea2) {   /* Krea 2 pipelines decode with the Qwen-Image VAE */
         if (dt_vae_read_config(va, &fv)) goto out;
         scale = fv.scale_factor;
-        const int lh = H / scale, lw = W / scale, t = tile ? tile : fv.sample_size;
-        s->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);
-        if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_vae_decode_act_bytes(&fv, t, lh, lw, elem);
+        s->vae_tile_px = tile ? tile : fv.sample_size;
     } else {
         if (dt_qvae_read_config(va, &qv)) goto out;
         scale = qv.scale_factor;
-        const int lh = H / scale, lw = W / scale, t = tile ? tile : DT_QVAE_DEFAULT_TILE;
-        s->vae_act = dt_qvae_decode_act_bytes(&qv, 0, lh, lw, elem);
-        if (lh > t / scale || lw > t / scale) s->vae_tile_act = dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem);
+        s->vae_tile_px = tile ? tile : DT_QVAE_DEFAULT_TILE;
+    }
+    /* the tile, and without one asked for the half tile (a multiple of 4 x the scale, as tiles must be) */
+    const int lh = H / scale, lw = W / scale, step = 4 * scale;
+    const int half = tile ? 0 : s->vae_tile_px / 2 / step * step;
+    s->vae_small_tile_px = half >= step ? half : 0;
+    for (int k = 0; k < 3; k++) {
+        const int t = k == 0 ? 0 : k == 1 ? s->vae_tile_px : s->vae_small_tile_px;
+        if (k && (!t || (lh <= t / scale && lw <= t / scale))) continue;   /* one tile: tiling changes nothing */
+        const int64_t b = krea2 ? dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem) : dt_vae_decode_act_bytes(&fv, t, lh, lw, elem);
+        *(k == 0 ? &s->vae_act : k == 1 ? &s->vae_tile_act : &s->vae_small_tile_act) = b;
     }
     const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
     s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8;
-    if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2;
+    /* three of the largest (the single blocks' fused projection); FLUX.2's side queue (the double blocks' text
+     * stream) one more of its largest, the MLP's 2F x D */
+    if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2 + (krea2 ? 0 : 2LL * F * D * 2);
     s->workspace = DT_PLACE_WORKSPACE;
     rc = 0;
 out:
