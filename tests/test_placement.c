@@ -12,6 +12,7 @@
 #include "models/vae_qwenimage.h"
 #include "pipeline/budget.h"
 #include "pipeline/placement.h"
+#include "serve_helpers.h"
 #include "test.h"
 
 /* $BUILD/ditrun (build/ditrun without BUILD), as make test runs it */
@@ -218,6 +219,53 @@ static void budget_tests(const char *tmp) {
     }
 }
 
+/* serve under a budget that keeps everything but the text encoder (64x64, the servers' 8 text tokens): the plan is
+ * logged, and two requests with two prompts (the encoder reloaded for the second) give ditrun generate's bytes. */
+static void serve_test(const char *tmp) {
+    serve_setup();
+    snprintf(serve_tmp, sizeof serve_tmp, "%s", tmp);
+    dt_place_sizes s;
+    dt_place_plan res, rel;
+    if (dt_place_sizes_for(serve_model, 64, 64, 8, 4, 0, 1, &s) || dt_place_plan_make(0, &s, &res) ||
+        dt_place_plan_make(res.peak - 1, &s, &rel) || !rel.release_text_encoder) {
+        T_FAIL("serve_budget", "no budget releases the text encoder (%s)", dt_last_error());
+        return;
+    }
+    char extra[200];
+    snprintf(extra, sizeof extra, "--max-pixels 4096 --max-vram %lld", (long long)rel.peak);
+    server sv;
+    if (server_start(&sv, "budget", extra) || server_ready(&sv)) {
+        char *log = t_slurp(sv.log, NULL);
+        T_FAIL("serve_budget", "the server did not start: %s", log ? log : "");
+        free(log);
+        if (sv.pid) server_stop(&sv);
+        return;
+    }
+    const char *prompts[2] = {"a red fox", "a grey owl"};
+    int same = 0;
+    for (int k = 0; k < 2; k++) {
+        char req[200], args[200], ref[600], *body = NULL;
+        snprintf(req, sizeof req, "{\"prompt\": \"%s\", \"size\": \"64x64\", \"steps\": 1, \"seed\": 3}", prompts[k]);
+        int code = http(&sv, "POST", "/v1/images/generations", req, NULL, &body, NULL);
+        size_t n = 0;
+        unsigned char *png = answer_png(body, 0, &n);
+        snprintf(args, sizeof args, "--prompt '%s' --width 64 --height 64 --steps 1 --seed 3", prompts[k]);
+        snprintf(ref, sizeof ref, "%s/serve-ref%d.png", tmp, k);
+        size_t rn = 0;
+        char *rb = serve_generate(args, ref) == 0 ? t_slurp(ref, &rn) : NULL;
+        same += code == 200 && png && rb && rn == n && !memcmp(rb, png, n);
+        free(rb);
+        free(png);
+        free(body);
+    }
+    server_stop(&sv);
+    char *log = t_slurp(sv.log, NULL);
+    T_CHECK("serve_budget_releases", same == 2 && log && strstr(log, "memory plan at 64x64 (loaded pipeline) within") &&
+                                          strstr(log, "text encoder released"),
+            "%d of 2 images equal generate's; log %s", same, log ? log : "");
+    free(log);
+}
+
 int main(void) {
     /* one image: the encoder is released (it runs alone: 8.5); the decode runs beside the transformer's weights and
      * its forward's buffers: untiled 2.2 + 1 + 8 = 11.2, tiled 4.7 */
@@ -398,6 +446,7 @@ int main(void) {
         free(err);
     }
     budget_tests(tmp);
+    serve_test(tmp);
     t_rmtree(tmp);
     return T_DONE();
 }
