@@ -5,6 +5,8 @@
  *   - the pool gives its cached blocks back before it refuses, refuses an allocation past the budget with the error
  *     naming the budget, the use and the request, and serves one that fits after a refusal; mem_stats' peak never
  *     passes the budget;
+ *   - host weights: a q4 Linear whose packed weights stay in pinned host memory gives the device copy's outputs
+ *     bit for bit (transient and fused paths) and takes nothing from the pool;
  *   - the tiny klein pipeline (tests/fixtures/model) at 256x256 within the budget its plan predicts: the same pixels
  *     as without a budget, the pool's peak within it; a budget below the smallest workable refused before anything
  *     loads (the pool's use unchanged). */
@@ -67,6 +69,62 @@ static void pool_tests(void) {
             "peak %zu, budget %lld", peak, (long long)(held0 + 24 * MiB));
     if (ok) be->free(be, &b);
     be->destroy(be);
+}
+
+/* Host weights (dt_cuda_opts.host_weights): a random q4 g64 Linear [1024, 512] created with its packed weights in
+ * pinned host memory computes exactly what the device copy computes (the same dequantization and GEMM, reading other
+ * memory), at 256 rows (transient) and 8 rows (fused qmm), and the pool holds none of its packed bytes. */
+static void host_weights_tests(void) {
+    enum { N = 1024, K = 512, G = 64 };
+    uint32_t *qw = malloc((size_t)N * K / 8 * 4);
+    uint16_t *sc = malloc((size_t)N * (K / G) * 2), *bi = malloc((size_t)N * (K / G) * 2);
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < N * K / 8; i++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; qw[i] = (uint32_t)r; }
+    for (int i = 0; i < N * (K / G); i++) { sc[i] = dt_f32_to_bf16(0.01f + 0.001f * (i % 7)); bi[i] = dt_f32_to_bf16(-0.05f); }
+    dt_linear_src src = {.name = "host_q4", .out = N, .in = K, .bits = 4, .group_size = G, .dtype = DT_U32, .data = qw,
+                         .sb_dtype = DT_BF16, .scales = sc, .biases = bi, .precision = DT_PREC_BF16};
+    dt_backend *be = cuda_with_budget(0);
+    if (!be) { T_FAIL("host_weights", "%s", dt_last_error()); free(qw); free(sc); free(bi); return; }
+    dt_linear *dev = be->linear_create(be, &src);
+    size_t c0 = 0, c1 = 0;
+    be->mem_stats(be, &c0, NULL);
+    dt_backend_cuda_opts(be)->host_weights = 1;
+    dt_linear *host = be->linear_create(be, &src);
+    dt_backend_cuda_opts(be)->host_weights = 0;
+    be->mem_stats(be, &c1, NULL);
+    const char *path = host ? be->linear_path(be, host) : "";
+    T_CHECK("host_weights_off_the_pool", dev && host && c1 == c0 && strstr(path, "host memory"),
+            "pool %zu -> %zu (the device copy's packed bytes: %d); path '%s'; %s", c0, c1, N * K / 2, path,
+            dt_last_error());
+    const int rows[2] = {256, 8};
+    for (int k = 0; k < 2 && dev && host; k++) {
+        float *x = malloc((size_t)rows[k] * K * sizeof(float)), *ya = malloc((size_t)rows[k] * N * sizeof(float)),
+              *yb = malloc((size_t)rows[k] * N * sizeof(float));
+        for (int i = 0; i < rows[k] * K; i++) x[i] = dt_bf16_round((float)((i * 37) % 101) / 101.f - 0.5f);
+        dt_mat X = dt_alloc_or_die(be, rows[k], K, DT_BF16), A = dt_alloc_or_die(be, rows[k], N, DT_BF16),
+               B = dt_alloc_or_die(be, rows[k], N, DT_BF16);
+        be->upload(be, X, x);
+        be->linear(be, A, X, dev);
+        be->linear(be, B, X, host);
+        be->download(be, ya, A);
+        be->download(be, yb, B);
+        char name[64];
+        snprintf(name, sizeof name, "host_weights_same_output_%d_rows", rows[k]);
+        T_CHECK(name, !memcmp(ya, yb, (size_t)rows[k] * N * sizeof(float)) && ya[0] == ya[0],
+                "outputs differ (first %g vs %g)", ya[0], yb[0]);
+        be->free(be, &X);
+        be->free(be, &A);
+        be->free(be, &B);
+        free(x);
+        free(ya);
+        free(yb);
+    }
+    if (dev) be->linear_destroy(be, dev);
+    if (host) be->linear_destroy(be, host);
+    be->destroy(be);
+    free(qw);
+    free(sc);
+    free(bi);
 }
 
 /* One 256x256 image of the bundled pipeline on be (o->max_vram planned): 0 or -1; *rgb malloc'd. */
@@ -134,6 +192,7 @@ int main(void) {
         return T_DONE();
     }
     pool_tests();
+    host_weights_tests();
     pipeline_tests();
     return T_DONE();
 }

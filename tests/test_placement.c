@@ -150,8 +150,7 @@ static void budget_tests(const char *tmp) {
     dt_place_plan_make(0, &s64, &p64);
     char b1[32], want[400];
     snprintf(want, sizeof want, "ditrun: error: 64x64: memory budget 1.0 KiB is below the smallest workable %s for this "
-             "model and size (text encoder released, VAE untiled; streaming the transformer's blocks is not "
-             "implemented)\n", dt_place_bytes(p64.peak, b1, sizeof b1));
+             "model and size (text encoder released, VAE untiled)\n", dt_place_bytes(p64.peak, b1, sizeof b1));
     snprintf(cmd, sizeof cmd, "%s/ditrun generate --model %s -p x -o %s/r.png --backend cpu -q --width 64 --height 64 "
              "--max-sequence-length 32 --max-vram 1K", exe_dir(), root, tmp);
     int st = run(tmp, cmd);
@@ -317,7 +316,29 @@ int main(void) {
     T_CHECK("half_tile_px", p.vae_tile_px == 512 && strstr(line0, "VAE tiled (512 px tiles);"), "%d '%s'", p.vae_tile_px,
             line0);
 
-    /* a transformer that does not fit with its forward: no plan (block streaming is not a placement) */
+    /* host weights, the last resort: the packed 4/8-bit bytes (7 of the encoder's 8 GiB, 1.8 of the transformer's 2)
+     * leave the device; one image at 3 GiB: tiled 0.2 + 0.2 + 1 + 1.5 = 2.9 */
+    dt_place_sizes hw = sizes(0);
+    hw.te_packed = G10(70);
+    hw.transformer_packed = G10(18);
+    hw.host_ok = 1;
+    const int64_t hw_peak = G10(20) - G10(18) + G10(2) + G10(10) + G10(15);
+    expect("host_weights_last_resort", 3 * GiB, &hw, 1, 1, 1, hw_peak);
+    dt_place_plan_make(3 * GiB, &hw, &p);
+    dt_place_plan_describe(&p, line0, sizeof line0);
+    T_CHECK("host_weights_plan", p.host_weights && p.phase_peak[DT_PHASE_ENCODE] == G10(80) - G10(70) + G10(5) &&
+                                     strstr(line0, "VAE tiled, 4/8-bit weights in host memory;"),
+            "host %d encode %lld '%s'", p.host_weights, (long long)p.phase_peak[0], line0);
+    dt_place_plan_make(9 * GiB, &hw, &p);
+    T_CHECK("host_weights_not_before_needed", !p.host_weights && p.peak == G10(85), "host %d peak %lld", p.host_weights,
+            (long long)p.peak);
+    T_CHECK("host_weights_smallest", dt_place_plan_make(2 * GiB, &hw, &p) == -1 && p.min_budget == hw_peak &&
+                                         strstr(dt_last_error(), "VAE tiled, 4/8-bit weights in host memory)"),
+            "%s", dt_last_error());
+    hw.host_ok = 0;   /* another backend, or --qpath cached / mixed */
+    expect("host_weights_not_ok", 3 * GiB, &hw, 0, 1, 1, G10(85));
+
+    /* a transformer that does not fit with its forward, without host weights (host_ok 0): no plan */
     dt_place_sizes big = sizes(0);
     big.transformer = 30 * GiB;
     expect("transformer_too_big", 24 * GiB, &big, 0, 1, 1, 30 * GiB + G10(2) + G10(10) + G10(15));
@@ -400,6 +421,42 @@ int main(void) {
                                        ps.vae_small_tile_act == want && want > 0 && want < ps.vae_act,
                 "tile %d (%lld), half %d (%lld, want %lld)", ok ? ps.vae_tile_px : -1, ok ? (long long)ps.vae_tile_act : -1,
                 ok ? ps.vae_small_tile_px : -1, ok ? (long long)ps.vae_small_tile_act : -1, (long long)want);
+    }
+    /* a q4 transformer (ditrun quantize of the fixture's): its packed weights with the scales and biases as the
+     * device's f32 pairs, all of it what host weights move off the device */
+    {
+        char q[300], cmd[1600];
+        if (t_tmpdir(q, sizeof q, "placement-q4") == 0) {
+            snprintf(cmd, sizeof cmd, "mkdir -p %s/p/transformer && %s/ditrun quantize -q --input %s/model/transformer "
+                     "--output %s/p/transformer/model.safetensors --bits 4 --group-size 32 > /dev/null 2>&1 && "
+                     "f=$(cd %s/model && pwd) && cd %s/p && for d in text_encoder vae tokenizer scheduler "
+                     "model_index.json; do ln -s $f/$d .; done", q, exe_dir(), t_fixtures(), q, t_fixtures(), q);
+            int st = system(cmd);
+            snprintf(root, sizeof root, "%s/p", q);
+            snprintf(dir, sizeof dir, "%s/p/transformer", q);
+            dt_place_sizes ps;
+            dt_weights *w = st == 0 ? dt_weights_open(dir) : NULL;
+            int64_t packed = 0, other = 0;
+            int n_u32 = 0;
+            for (size_t i = 0; w && i < dt_weights_count(w); i++) {
+                const st_tensor *t = dt_weights_at(w, i);
+                const size_t ln = strlen(t->name);
+                if (t->dtype == DT_U32) packed += (int64_t)t->nbytes, n_u32++;
+                else if (ln > 7 && (!strcmp(t->name + ln - 7, ".scales") || !strcmp(t->name + ln - 7, ".biases")))
+                    packed += t->numel * 4;   /* bf16 in the file, f32 on the device */
+                else other += t->dtype == DT_F32 ? (int64_t)t->nbytes / 2 : (int64_t)t->nbytes;
+            }
+            dt_weights_close(w);
+            int rc = st == 0 ? dt_place_sizes_for(root, 64, 64, 32, 2, 0, 0, &ps) : -1;
+            T_CHECK("sizes_q4_packed", rc == 0 && n_u32 > 0 && ps.transformer_packed == packed &&
+                                           ps.transformer == packed + other && ps.te_packed == 0 && ps.dit_qbuf > 0,
+                    "status %d rc %d: packed %lld (want %lld), transformer %lld (want %lld)", st, rc,
+                    rc ? -1LL : (long long)ps.transformer_packed, (long long)packed,
+                    rc ? -1LL : (long long)ps.transformer, (long long)(packed + other));
+            t_rmtree(q);
+        } else {
+            T_FAIL("sizes_q4_packed", "no temporary folder");
+        }
     }
     snprintf(root, sizeof root, "%s/edit", t_fixtures());
     T_CHECK("sizes_not_a_pipeline", dt_place_sizes_for(root, 64, 64, 64, 2, 0, 0, &one) != 0, "sized a folder of images");

@@ -38,8 +38,9 @@
 #               Krea 2 q4 1024² forwards in both modes, alternating
 #     vram      --max-vram (README: card classes): whole 1024² q4 images, 4 steps, one-shot, klein-4B in 6G, klein-9B
 #               in 8G, Krea 2 in 12G, each beside its unbounded run (time per image, the plan, the pool's peak and
-#               nvidia-smi's sampled every 50 ms), and 2048² klein-4B in 8G (the plan tiles the VAE); test_gpu_budget
-#               first; stops starting runs after VRAM_SECONDS (120) and says which it skipped
+#               nvidia-smi's sampled every 50 ms), 2048² klein-4B in 8G (the plan tiles the VAE), Krea 2 in 6G (the
+#               plan keeps the q4 weights in host memory); test_gpu_budget first; stops starting runs after
+#               VRAM_SECONDS (120) and says which it skipped
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -589,6 +590,7 @@ if has vram; then   # README: card classes — --max-vram measured: the pool's p
     if vleft; then [ -d "$W/kr2p4" ] || $B synth --preset krea2 --pipeline --bits 4 --group-size 64 --output "$W/kr2p4" > /dev/null 2>&1; fi
     vgen "Krea 2 q4 (4 steps)" "$W/kr2p4" 1024x1024 none --steps 4
     vgen "Krea 2 q4 (4 steps)" "$W/kr2p4" 1024x1024 12G --steps 4
+    vgen "Krea 2 q4 (4 steps, host weights)" "$W/kr2p4" 1024x1024 6G --steps 4
     log "vram section: $(( $(date +%s) - VT0 )) s"
 fi
 

@@ -83,6 +83,10 @@ typedef struct dt_cuda_opts {
     double trace_ms;          /* trace 1-2: print calls at least this long as they happen (default 0.5 ms) */
     /* ---- per Linear ---- */
     int qgemm_f32_math;       /* --qpath mixed: dequantize in f32 even where the scales are bf16-exact */
+    int host_weights;         /* 1: MLX 4/8-bit Linears on the transient / fused paths keep their packed weights and
+                               * scales in mapped pinned host memory, outside the pool: each dequantization reads
+                               * them over the bus (on the prefetch stream, overlapping the previous GEMM). Set by
+                               * the memory plan (pipeline/budget.c) when the weights do not fit the budget */
     /* ---- per call ---- */
     int64_t max_vram;         /* the pool's budget in bytes (--max-vram), read at each device allocation: one that
                                * would take the bytes the pool holds (live blocks, its cache of freed ones, the

@@ -23,6 +23,8 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
         dt_clear_error();
         return 0;
     }
+    /* host weights: only a CUDA backend on a path that reads the packed weights each time */
+    s.host_ok = cuda && be->opts.qpath != DT_QPATH_CACHED && be->opts.qpath != DT_QPATH_MIXED;
     char line[400], b[32];
     const char *whose = explicit_budget ? "" : cuda ? " (the card's free memory)" : "";
     int rc = dt_place_plan_make(budget, &s, &pl);
@@ -40,7 +42,7 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
     }
     const int tiles = pl.vae_tiling && !o->vae_tiling, releases = pl.release_text_encoder && !o->release_text_encoder;
     if (budget > 0)
-        dt_log(explicit_budget || tiles || (releases && resident) ? 1 : 2, "ditrun: memory plan at %dx%d%s within %s%s: %s\n",
+        dt_log(explicit_budget || tiles || (releases && resident) || pl.host_weights ? 1 : 2, "ditrun: memory plan at %dx%d%s within %s%s: %s\n",
                W, H, resident ? " (loaded pipeline)" : "", dt_place_bytes(budget, b, sizeof b), whose, line);
     else
         dt_log(2, "ditrun: memory plan at %dx%d%s (%s activations; no budget; transformer and text encoder estimated): "
@@ -49,6 +51,8 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
         if (pl.vae_tiling) o->vae_tiling = 1;
         if (pl.vae_tiling && pl.vae_tile_px > 0) o->vae_tile = pl.vae_tile_px;
         if (pl.release_text_encoder) o->release_text_encoder = 1;
+        dt_cuda_opts *co = dt_backend_cuda_opts(be);   /* (for every Linear loaded from now on) */
+        if (pl.host_weights && co) co->host_weights = 1;
     }
     if (out) *out = pl;
     return 0;

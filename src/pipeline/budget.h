@@ -2,7 +2,9 @@
  * within (--max-vram, dt_pipeline_opts.max_vram; without one, on a CUDA backend, what its pool may hold: the card's
  * free memory), the plan at the run's image size, and the load options it sets — the VAE tiled, the text encoder
  * released (a one-shot run always releases it; a resident pipeline, serve or --count, reloads it for every new
- * prompt when the plan says so). The CUDA pool enforces the same budget (backends/backend_cuda.h, max_vram). */
+ * prompt when the plan says so), and as the last resort the 4/8-bit weights kept in host memory (the CUDA backend's
+ * host_weights, set on be for every Linear loaded after). The CUDA pool enforces the same budget
+ * (backends/backend_cuda.h, max_vram). */
 #ifndef DT_BUDGET_H
 #define DT_BUDGET_H
 

@@ -12,8 +12,8 @@
  *   decode  — the VAE's activations (untiled, or one tile's) beside everything of the denoise phase (a model keeps
  *             its activation buffers for the next request);
  *   every phase — the backend's workspaces.
- * Streaming transformer blocks from host memory is not a placement here (not implemented): a transformer that
- * does not fit with its activations has no plan. */
+ * The last resort keeps the 4/8-bit weights in host memory (the CUDA backend's host_weights: each dequantization
+ * reads them over the bus); dense weights that do not fit have no plan. */
 #ifndef DT_PLACEMENT_H
 #define DT_PLACEMENT_H
 
@@ -38,6 +38,11 @@ typedef struct {
     int64_t te_qbuf, dit_qbuf;  /* the buffers quantized Linears are dequantized into (CUDA: the transient GEMM's and
                                  * two prefetch slots, each the largest Linear in bf16): grow-only, so from a
                                  * component's first run on the larger of the two stays held */
+    int64_t te_packed, transformer_packed;   /* of their weights, the MLX 4/8-bit Linears' packed weights, scales
+                                 * and biases: what host weights (dt_cuda_opts.host_weights) keep off the device */
+    int host_ok;                /* 1: host weights are a candidate (the CUDA backend on the transient / fused paths;
+                                 * dt_place_sizes_for sets it, pipeline/budget.c clears it for other backends and
+                                 * --qpath cached / mixed) */
 } dt_place_sizes;
 
 #define DT_PLACE_WORKSPACE (128LL << 20)
@@ -49,6 +54,8 @@ typedef struct {
     int vae_tiling;             /* the decode in tiles (models/vae_tiling.h) */
     int vae_tile_px;            /* their side in pixels (vae_tile_px or vae_small_tile_px of the sizes; 0: untiled,
                                  * or not known) */
+    int host_weights;           /* the packed 4/8-bit weights in pinned host memory, read over the bus by each
+                                 * dequantization (slower steps; the last resort) */
     int64_t phase_peak[DT_PHASES];   /* predicted bytes of each phase */
     int64_t peak;               /* their largest */
     int64_t min_budget;         /* the smallest budget any placement fits (the smallest peak) */
@@ -56,13 +63,14 @@ typedef struct {
 
 /* The cheapest placement whose peak fits budget (budget <= 0: no bound, the cheapest of all): one-shot runs release
  * the text encoder (free), then tile the VAE if needed (the tile, then the half tile); resident pipelines first tile
- * the VAE (a few percent of the decode), then release the text encoder (a reload per prompt), then both. 0, or -1 with the error "budget X is
+ * the VAE (a few percent of the decode), then release the text encoder (a reload per prompt), then both; when none
+ * fits and s->host_ok, the same again with host weights (every step reads the packed weights over the bus). 0, or -1 with the error "budget X is
  * below the smallest workable Y for these sizes (...)" when none fits; *p is filled in both cases (the placement
  * with the smallest peak on error). */
 int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p);
 
-/* One line: "text encoder resident|released, VAE untiled|tiled[ (N px tiles)]; predicted peak X GiB (encode A,
- * denoise B, decode C); smallest workable Y GiB". */
+/* One line: "text encoder resident|released, VAE untiled|tiled[ (N px tiles)][, 4/8-bit weights in host memory];
+ * predicted peak X GiB (encode A, denoise B, decode C); smallest workable Y GiB". */
 void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n);
 
 /* "12.00 GiB" (MiB below one GiB, KiB below one MiB) of b bytes into buf. */
@@ -71,7 +79,7 @@ const char *dt_place_bytes(int64_t b, char *buf, size_t n);
 /* The sizes of the pipeline folder `root` (FLUX.2-klein or Krea 2) for one W x H image with T text tokens and
  * activations of elem bytes (2: bf16 on a GPU): weights from the files (f32 tensors counted at elem bytes, as the
  * device keeps them), the VAE decode exactly (dt_vae_decode_act_bytes / dt_qvae_decode_act_bytes, tiles of the VAE's
- * default size or `tile` pixels; with tile 0 also the half of the default tile), the transformer forward and the text encoding estimated from their widths:
+ * default size or `tile` pixels; with tile 0 also the half of the default tile), the packed bytes (host_ok set), the transformer forward and the text encoding estimated from their widths:
  * (T + N)·(7·D + 3·F)·elem for the forward's stream, scratch and fused projections (N image tokens, D its width, F its
  * MLP width; flux2.h's activation set) and its RoPE tables; T·(6·D + 3·I)·elem for the text encoder (I its MLP
  * width); for quantized weights three dequantized copies of the largest Linear ((3·D + 2·F) x D for the

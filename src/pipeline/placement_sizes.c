@@ -15,18 +15,29 @@
 #include "pipeline/family.h"
 #include "pipeline/placement.h"
 
-/* Device bytes of a component's weights (f32 tensors kept at elem bytes); *quantized: any packed 4/8-bit Linear. */
-static int weight_bytes(const char *dir, int elem, int64_t *bytes, int *quantized, dt_weights **keep) {
+static int ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+/* Device bytes of a component's weights (f32 tensors kept at elem bytes; MLX scales and biases as the f32 pairs the
+ * CUDA backend keeps); *packed: those of the MLX 4/8-bit Linears' packed weights, scales and biases (what host weights
+ * keep off the device); *quantized: any packed 4/8-bit Linear (GGUF blocks too). */
+static int weight_bytes(const char *dir, int elem, int64_t *bytes, int64_t *packed, int *quantized, dt_weights **keep) {
     dt_weights *w = dt_weights_open(dir);
     if (!w) return -1;
-    int64_t b = 0;
+    int64_t b = 0, pk = 0;
     int q = 0;
     for (size_t i = 0, n = dt_weights_count(w); i < n; i++) {
         const st_tensor *t = dt_weights_at(w, i);
-        b += t->dtype == DT_F32 ? (int64_t)t->nbytes / 4 * elem : (int64_t)t->nbytes;
+        const int mlx_sb = t->dtype != DT_U32 && (ends_with(t->name, ".scales") || ends_with(t->name, ".biases"));
+        const int64_t d = mlx_sb ? t->numel * 4 : t->dtype == DT_F32 ? (int64_t)t->nbytes / 4 * elem : (int64_t)t->nbytes;
+        b += d;
+        if (mlx_sb || t->dtype == DT_U32) pk += d;
         q |= t->dtype == DT_U32 || dt_dtype_is_block(t->dtype);
     }
     *bytes = b;
+    if (packed) *packed = pk;
     if (quantized) *quantized = q;
     if (keep) *keep = w;
     else dt_weights_close(w);
@@ -39,8 +50,9 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     char *te = dt_path_join(root, "text_encoder"), *tr = dt_path_join(root, "transformer"), *va = dt_path_join(root, "vae");
     dt_weights *tw = NULL;
     int rc = -1, quantized = 0, te_quantized = 0;
-    if (weight_bytes(te, elem, &s->text_encoder, &te_quantized, NULL) || weight_bytes(tr, elem, &s->transformer, &quantized, &tw) ||
-        weight_bytes(va, elem, &s->vae, NULL, NULL))
+    if (weight_bytes(te, elem, &s->text_encoder, &s->te_packed, &te_quantized, NULL) ||
+        weight_bytes(tr, elem, &s->transformer, &s->transformer_packed, &quantized, &tw) ||
+        weight_bytes(va, elem, &s->vae, NULL, NULL, NULL))
         goto out;
     /* the transformer's widths: FLUX.2 or Krea 2 by its config */
     const json *cfg = dt_weights_config(tw);
@@ -89,6 +101,7 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
      * stream) one more of its largest, the MLP's 2F x D */
     if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2 + (krea2 ? 0 : 2LL * F * D * 2);
     s->workspace = DT_PLACE_WORKSPACE;
+    s->host_ok = 1;   /* (the CUDA backend's default paths; the caller knows better) */
     rc = 0;
 out:
     if (tw) dt_weights_close(tw);
