@@ -40,10 +40,12 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
                dt_last_error(), line);
         dt_clear_error();
     }
+    /* said at level 1 when asked for (a budget) or when the plan changes how the pipeline loads */
     const int tiles = pl.vae_tiling && !o->vae_tiling, releases = pl.release_text_encoder && !o->release_text_encoder;
+    const int loud = explicit_budget || tiles || (releases && resident) || pl.host_weights;
     if (budget > 0)
-        dt_log(explicit_budget || tiles || (releases && resident) || pl.host_weights ? 1 : 2, "ditrun: memory plan at %dx%d%s within %s%s: %s\n",
-               W, H, resident ? " (loaded pipeline)" : "", dt_place_bytes(budget, b, sizeof b), whose, line);
+        dt_log(loud ? 1 : 2, "ditrun: memory plan at %dx%d%s within %s%s: %s\n", W, H, resident ? " (loaded pipeline)" : "",
+               dt_place_bytes(budget, b, sizeof b), whose, line);
     else
         dt_log(2, "ditrun: memory plan at %dx%d%s (%s activations; no budget; transformer and text encoder estimated): "
                   "%s\n", W, H, resident ? " (loaded pipeline)" : "", dt_dtype_name(be->act_dtype), line);
