@@ -21,6 +21,7 @@
 #include "image/image.h"
 #include "image/image_resample.h"
 #include "io/safetensors.h"
+#include "bomb_png.h"
 #include "test.h"
 
 /* Lossless formats decode to exactly Pillow's pixels (same libpng semantics, same conversions). */
@@ -183,39 +184,6 @@ static void test_refusals(void) {
 
 /* ---- limits from the header ---- */
 
-typedef struct { uint8_t *b; size_t n, cap; } membuf;
-
-static void png_mem_write(png_structp png, png_bytep d, png_size_t n) {
-    membuf *m = png_get_io_ptr(png);
-    if (m->n + n > m->cap) {
-        m->cap = (m->n + n) * 2;
-        m->b = realloc(m->b, m->cap);
-    }
-    memcpy(m->b + m->n, d, n);
-    m->n += n;
-}
-static void png_mem_flush(png_structp png) { (void)png; }
-
-/* An all-zero RGB PNG of w x h in memory, written row by row (a bomb: 8192² compresses to ~0.6 MB). */
-static uint8_t *zero_png(int w, int h, size_t *n) {
-    membuf m = {0};
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-    png_infop info = png_create_info_struct(png);
-    uint8_t *row = calloc((size_t)w * 3, 1);
-    if (setjmp(png_jmpbuf(png))) { free(row); free(m.b); png_destroy_write_struct(&png, &info); return NULL; }
-    png_set_write_fn(png, &m, png_mem_write, png_mem_flush);
-    png_set_compression_level(png, 9);
-    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_write_info(png, info);
-    for (int y = 0; y < h; y++) png_write_row(png, row);
-    png_write_end(png, info);
-    png_destroy_write_struct(&png, &info);
-    free(row);
-    *n = m.n;
-    return m.b;
-}
-
 /* The peak resident memory of this process (VmHWM, kB), or -1. */
 static long hwm_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -265,7 +233,7 @@ static void test_header_limits(void) {
     const dt_image_limits server = {.max_pixels = (int64_t)4096 * 4096};
     /* a PNG bomb: 8192² declared (192 MiB of RGB) in well under a MB; refused from its header */
     size_t n = 0;
-    uint8_t *bomb = zero_png(8192, 8192, &n);
+    uint8_t *bomb = bomb_png(8192, 8192, &n);
     if (!bomb) { T_FAIL("PNG bomb: written", "libpng failed"); return; }
     long grew = -1;
     int refused = decode_in_child(bomb, n, &server, "too large", &grew, msg, sizeof msg);
@@ -329,7 +297,7 @@ static void test_header_limits(void) {
     struct { int w, h; const char *why; } chk[] = {{63, 80, "at least 64"}, {9 * 64 + 8, 64, "at most 8:1"},
                                                    {64, 64, NULL}};
     for (size_t i = 0; i < sizeof chk / sizeof *chk; i++) {
-        uint8_t *p = zero_png(chk[i].w, chk[i].h, &n);
+        uint8_t *p = bomb_png(chk[i].w, chk[i].h, &n);
         rc = dt_image_decode_ex(p, n, "ref.png", &ref, &im);
         snprintf(name, sizeof name, "reference limits from the header: %dx%d %s", chk[i].w, chk[i].h,
                  chk[i].why ? "refused" : "accepted");

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "serve_helpers.h"
+#include "bomb_png.h"
 #include "test.h"
 
 /* Eight refused bombs may raise the server's peak memory by at most this: the uploads' bytes (0.2 MB each, a few
@@ -48,29 +49,15 @@ static long status_kb(pid_t pid, const char *key) {
     return kb;
 }
 
-/* An all-zero RGB PNG of w x h written row by row (8192² compresses to ~0.2 MB). 0 ok. */
+/* The bomb (bomb_png.h) of w x h as a file. 0 ok. */
 static int zero_png(const char *path, int w, int h) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-    png_infop info = png_create_info_struct(png);
-    uint8_t *row = calloc((size_t)w * 3, 1);
-    if (setjmp(png_jmpbuf(png))) {
-        free(row);
-        png_destroy_write_struct(&png, &info);
-        fclose(f);
-        return -1;
-    }
-    png_init_io(png, f);
-    png_set_compression_level(png, 9);
-    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_write_info(png, info);
-    for (int y = 0; y < h; y++) png_write_row(png, row);
-    png_write_end(png, info);
-    png_destroy_write_struct(&png, &info);
-    free(row);
-    return fclose(f) ? -1 : 0;
+    size_t n = 0;
+    uint8_t *b = bomb_png(w, h, &n);
+    FILE *f = b ? fopen(path, "wb") : NULL;
+    int ok = f && fwrite(b, 1, n, f) == n;
+    if (f && fclose(f)) ok = 0;
+    free(b);
+    return ok ? 0 : -1;
 }
 
 /* `sh -c cmd` in the background; *out_fd (when given) reads its stdout. Its pid. */

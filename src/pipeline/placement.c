@@ -48,7 +48,7 @@ int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p
         for (int i = 0; i < nc; i++) {
             if ((c[i][1] == 1 && s->vae_tile_act <= 0) || (c[i][1] == 2 && s->vae_small_tile_act <= 0))
                 continue;   /* one tile: tiling changes nothing */
-            dt_place_plan q;
+            dt_place_plan q = {0};   /* (every field set by phases; zeroed for gcc -O1's sanitizer build) */
             phases(s, c[i][0], c[i][1], host, &q);
             if (first || q.peak < smallest.peak) smallest = q;
             first = 0;
