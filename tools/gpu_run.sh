@@ -574,7 +574,7 @@ if has vram; then   # README: card classes — --max-vram measured: the pool's p
         ( peak=0; while sleep 0.05; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
           [ "${m:-0}" -gt "$peak" ] && peak=$m && echo "$peak" > "$W/vram-peak"; done ) & local sp=$!
         line=$($B generate --backend cuda --model "$model" -p "$PROMPT" -o "$W/vram.png" --seed 7 --width "${size%x*}" \
-            --height "${size#*x}" -v $bo "$@" 2>&1 | grep -E "memory plan|device memory peak|steps: load|error|warning" \
+            --height "${size#*x}" -v $bo "$@" 2>&1 | grep -E "memory plan|device memory peak|steps: load|host memory|error|warning" \
             | sed 's/^ditrun: //' | tr '\n' ' ')
         kill $sp 2>/dev/null; wait $sp 2>/dev/null
         log "vram $label $size budget $budget: $line| nvidia-smi peak $(cat "$W/vram-peak" 2>/dev/null) MiB (before: $base MiB)"
