@@ -17,11 +17,14 @@ static void phases(const dt_place_sizes *s, int release_te, int tiled, int host,
     const int64_t te = release_te ? 0 : te_w + s->te_act;
     const int64_t qbuf = max64(s->te_qbuf, s->dit_qbuf);   /* held once the transformer has loaded */
     const int64_t dit = s->transformer - (host ? s->transformer_packed : 0) + s->vae + qbuf + s->dit_act;
+    const int64_t vsc = s->vae_scratch[tiled], held_vsc = s->resident ? vsc : 0;   /* (a resident pipeline: from
+                                                                                     * its first image on) */
     /* one-shot with a released encoder: it runs alone, before the transformer and VAE are loaded; a resident
      * pipeline encodes the next prompt beside the transformer as the last request left it */
-    p->phase_peak[DT_PHASE_ENCODE] = s->workspace + te_w + s->te_act + (release_te && !s->resident ? s->te_qbuf : dit);
-    p->phase_peak[DT_PHASE_DENOISE] = s->workspace + te + dit;
-    p->phase_peak[DT_PHASE_DECODE] = s->workspace + te + dit + dec_act;
+    p->phase_peak[DT_PHASE_ENCODE] =
+        s->workspace + te_w + s->te_act + (release_te && !s->resident ? s->te_qbuf : dit + held_vsc);
+    p->phase_peak[DT_PHASE_DENOISE] = s->workspace + te + dit + held_vsc;
+    p->phase_peak[DT_PHASE_DECODE] = s->workspace + te + dit + dec_act + vsc;
     p->peak = max64(p->phase_peak[0], max64(p->phase_peak[1], p->phase_peak[2]));
     p->release_text_encoder = release_te;
     p->vae_tiling = tiled != 0;

@@ -30,6 +30,9 @@ typedef struct {
     int64_t vae_small_tile_act; /* ... of one tile of vae_small_tile_px (half the tile), a further candidate when the
                                  * tile was not chosen by the caller; 0: none (the image is one such tile) */
     int vae_small_tile_px;
+    int64_t vae_scratch[3];     /* the decode's grow-only backend scratch, untiled / tile / half tile (CUDA: the
+                                 * convolutions' im2col columns, <= 256 MiB, and the mid-block attention's score
+                                 * chunk, <= 384 MiB; each grown by 1/8): held from the first decode on */
     int resident;               /* 1: a loaded pipeline serving many requests (serve, --count): a released text
                                  * encoder is reloaded for every prompt; 0: one image (generate), where releasing it
                                  * costs nothing */

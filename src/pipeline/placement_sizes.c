@@ -44,6 +44,25 @@ static int weight_bytes(const char *dir, int elem, int64_t *bytes, int64_t *pack
     return 0;
 }
 
+/* The CUDA backend's grow-only scratch of an H x W decode (cuda_image.cu conv2d, cuda_attention.cu's generic path:
+ * the VAE's head is wider than the flash kernels take): im2col columns of the widest 3x3 convolution at full size,
+ * at most 2^27 bf16, and with mid-block attention over the (H/f)·(W/f) latent tokens its f32 scores and bf16
+ * probabilities in chunks of at most 2^26 scores; each buffer grows by 1/8 past what is asked. */
+static int64_t vae_scratch(int cmax, int attention, int H, int W, int f) {
+    int64_t col = 9LL * cmax * H * W;
+    if (col > (1LL << 27)) col = 1LL << 27;
+    int64_t b = col * 2 + col * 2 / 8;
+    if (attention) {
+        const int64_t n = (int64_t)(H / f) * (W / f), ld = (n + 7) / 8 * 8;
+        int64_t qc = (1LL << 26) / ld;
+        if (qc < 16) qc = 16;
+        if (qc > n) qc = n;
+        const int64_t a = qc * ld * 6 + 256;
+        b += a + a / 8;
+    }
+    return b;
+}
+
 int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s) {
     memset(s, 0, sizeof *s);
     s->resident = resident;
@@ -89,11 +108,18 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     const int lh = H / scale, lw = W / scale, step = 4 * scale;
     const int half = tile ? 0 : s->vae_tile_px / 2 / step * step;
     s->vae_small_tile_px = half >= step ? half : 0;
+    int cmax = 0;   /* the VAE's widest stage */
+    for (int i = 0; i < (krea2 ? qv.n_mult : fv.n_blocks); i++) {
+        const int c = krea2 ? qv.base_dim * qv.dim_mult[i] : fv.block_out[i];
+        if (c > cmax) cmax = c;
+    }
+    const int attention = krea2 || fv.mid_attention;
     for (int k = 0; k < 3; k++) {
         const int t = k == 0 ? 0 : k == 1 ? s->vae_tile_px : s->vae_small_tile_px;
         if (k && (!t || (lh <= t / scale && lw <= t / scale))) continue;   /* one tile: tiling changes nothing */
         const int64_t b = krea2 ? dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem) : dt_vae_decode_act_bytes(&fv, t, lh, lw, elem);
         *(k == 0 ? &s->vae_act : k == 1 ? &s->vae_tile_act : &s->vae_small_tile_act) = b;
+        s->vae_scratch[k] = vae_scratch(cmax, attention, k ? (H < t ? H : t) : H, k ? (W < t ? W : t) : W, scale);
     }
     const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
     s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8;
