@@ -316,6 +316,22 @@ int main(void) {
     T_CHECK("half_tile_px", p.vae_tile_px == 512 && strstr(line0, "VAE tiled (512 px tiles);"), "%d '%s'", p.vae_tile_px,
             line0);
 
+    /* the decode's grow-only scratch (0.3 untiled, 0.1 per tile): in the decode, and in a loaded pipeline from then
+     * on (the next prompt's encode and denoise hold it too) */
+    dt_place_sizes sc = sizes(0);
+    sc.vae_scratch[0] = G10(3);
+    sc.vae_scratch[1] = G10(1);
+    dt_place_plan_make(0, &sc, &p);
+    T_CHECK("vae_scratch_oneshot", p.phase_peak[DT_PHASE_DENOISE] == dit && p.phase_peak[DT_PHASE_DECODE] == dit + G10(80) + G10(3),
+            "denoise %lld decode %lld", (long long)p.phase_peak[1], (long long)p.phase_peak[2]);
+    sc.resident = 1;
+    dt_place_plan_make(14 * GiB, &sc, &p);   /* resident, tiled: 8.5 + 3.2 + 0.1 held, + 1.5 in the decode */
+    T_CHECK("vae_scratch_resident", p.vae_tiling && p.phase_peak[DT_PHASE_ENCODE] == te + dit + G10(1) &&
+                                        p.phase_peak[DT_PHASE_DENOISE] == te + dit + G10(1) &&
+                                        p.phase_peak[DT_PHASE_DECODE] == te + dit + G10(15) + G10(1),
+            "tiled %d phases %lld %lld %lld", p.vae_tiling, (long long)p.phase_peak[0], (long long)p.phase_peak[1],
+            (long long)p.phase_peak[2]);
+
     /* host weights, the last resort: the packed 4/8-bit bytes (7 of the encoder's 8 GiB, 1.8 of the transformer's 2)
      * leave the device; one image at 3 GiB: tiled 0.2 + 0.2 + 1 + 1.5 = 2.9 */
     dt_place_sizes hw = sizes(0);
