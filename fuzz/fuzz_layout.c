@@ -16,7 +16,7 @@
 #include "models/flux2.h"
 #include "models/flux2_layouts.h"
 #include "fuzz_tmp.h"
-#include "quant/quantize_file.h"
+#include "export/quantize_file.h"
 
 static char dir[512], path[600], conv[600], quant[600], conv_cfg[600];
 static dt_backend *be;

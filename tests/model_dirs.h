@@ -15,6 +15,7 @@
 
 #include "models/flux2.h"
 #include "test.h"
+#include "synth/synth_dit.h"
 
 /* Makes dir (it must not exist) a pipeline root: model_index.json holding index_json, and for each name in parts
  * (NULL-terminated) a symbolic link to that component of the pipeline root `from`. 0, or -1. */

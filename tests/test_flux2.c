@@ -18,6 +18,7 @@
 #include "models/flux2.h"
 #include "test.h"
 #include "trace_check.h"
+#include "synth/synth_dit.h"
 
 /* f32 implementation vs a float32 reference on bf16-rounded weights: only summation order differs. */
 #define FLUX2_CPU_TOL 1e-4

@@ -1,5 +1,5 @@
 /* test_formats.c — fp8 and GGUF checkpoints end to end on the CPU: the bundled model written in each layout
- * (models/flux2_export: BFL fp8 per tensor / per channel / e5m2, ComfyUI scaled fp8, GGUF in every block type as
+ * (export/flux2_export: BFL fp8 per tensor / per channel / e5m2, ComfyUI scaled fp8, GGUF in every block type as
  * ComfyUI-GGUF and stable-diffusion.cpp name it) loads, and its forward
  *   - equals the forward of the same weights written densely as F32 (the file dequantized: only the order of
  *     the sums may differ), and
@@ -14,7 +14,7 @@
 #include "io/gguf.h"
 #include "io/weights.h"
 #include "models/flux2_layouts.h"
-#include "models/flux2_export.h"
+#include "export/flux2_export.h"
 
 /* Same weights, dense F32 vs the format's own dequantization inside the CPU Linear: the products are equal,
  * only the summation order of the tiled GEMM may differ. */

@@ -22,7 +22,7 @@
 #include "pipeline/scheduler.h"
 #include "text/tokenizer.h"
 #include "quant/ggml_quants.h"
-#include "quant/quantize_file.h"
+#include "export/quantize_file.h"
 #include "test.h"
 #include "../fuzz/fuzz_api_drive.h"
 #include "../fuzz/fuzz_api_edit_drive.h"

@@ -20,9 +20,10 @@
 #include "core/fp8.h"
 #include "flux2_fixture_io.h"
 #include "io/safetensors.h"
-#include "models/flux2_export.h"
+#include "export/flux2_export.h"
 #include "quant/ggml_quants.h"
 #include "test.h"
+#include "synth/synth_dit.h"
 
 /* GEMM vs the f32 CPU Linear on the same weights: bf16 rounding of the dequantized weight (2^-9), of x, and of y,
  * fp32 accumulation order: ~2e-3 expected; 1e-2 (as test_gpu_ops' TOL_GEMM) while a wrong block or row fails. */

@@ -22,6 +22,7 @@
 #include "quant/mlx_affine.h"
 #include "test.h"
 #include "trace_check.h"
+#include "export/krea2_export.h"
 
 /* f32 implementation vs a float32 reference on the same bf16-rounded weights: only summation
  * order, libm ulps (timestep sinusoid, RoPE) and the host-folded modulation scale differ (~1e-6). */

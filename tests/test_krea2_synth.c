@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "models/krea2.h"
 #include "test.h"
+#include "synth/synth_dit.h"
 
 static char tmpdir[512];
 

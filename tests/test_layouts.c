@@ -18,7 +18,7 @@
 #include "flux2_fixture_io.h"
 #include "io/weights.h"
 #include "models/flux2_layouts.h"
-#include "quant/quantize_file.h"
+#include "export/quantize_file.h"
 
 static char tmpdir[256];
 static char fx_dense[512], fx_q4[512], io_file[512], q4_expected[512], fx_config[512];

@@ -23,9 +23,10 @@
 #include "flux2_fixture_io.h"
 #include "io/json.h"
 #include "io/weights.h"
-#include "models/flux2_export.h"
+#include "export/flux2_export.h"
 #include "models/krea2.h"
 #include "pipeline/generate.h"
+#include "synth/synth_dit.h"
 
 /* Identical updates written differently: the merged weights are bit-identical (same f32 products, power-of-two
  * scales), so only nothing may differ; the tolerance covers summation-order noise. */

@@ -1,4 +1,4 @@
-/* test_quantize.c — `ditrun quantize` (src/quant/quantize_file.c) on the fixture transformer:
+/* test_quantize.c — `ditrun quantize` (src/export/quantize_file.c) on the fixture transformer:
  * the min/max rule reproduces the fixture's q4/q8 files (packed values, scales, biases) and their forward
  * outputs; the MLX rule's whole-model weight error is reported next to the min/max rule's; --keep and
  * widths that the group does not divide stay dense; config.json and metadata; the CLI end to end.
@@ -14,7 +14,8 @@
 
 #include "flux2_fixture_io.h"
 #include "io/weights.h"
-#include "quant/quantize_file.h"
+#include "export/quantize_file.h"
+#include "synth/synth_dit.h"
 
 /* The fixture files were produced by the min/max rule in float32 (numpy/torch); another order of
  * operations can flip a value lying exactly on a rounding boundary: allow 0.1% of weights to differ. */

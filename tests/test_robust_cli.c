@@ -23,6 +23,7 @@
 #include "models/flux2.h"
 #include "pipeline/scheduler.h"
 #include "test.h"
+#include "synth/synth_dit.h"
 
 static char exe[512], tmp[512];
 

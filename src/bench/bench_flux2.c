@@ -16,6 +16,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "pipeline/latents.h"
+#include "synth/synth_dit.h"
 
 /* ------------------------------------------------------------------ checkpoint, geometry, inputs */
 

@@ -16,6 +16,7 @@
 
 #include "bench_internal.h"
 #include "io/json.h"
+#include "synth/synth_dit.h"
 
 /* ------------------------------------------------------------------ the replica: krea2.c's pieces, device-only */
 

@@ -1,16 +1,17 @@
 /* cmd_convert.c — `ditrun convert`: rewrite a FLUX.2 transformer checkpoint under diffusers key names
  * (from BFL or mflux layouts; the mapping itself lives in src/models/flux2_layouts.c), or as an fp8 / GGUF
- * single file in BFL names (src/models/flux2_export.c). */
+ * single file in BFL names (src/export/flux2_export.c). */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
 #include "cli.h"
 #include "cli_model.h"
-#include "models/flux2_export.h"
+#include "export/flux2_export.h"
 #include "models/flux2_layouts.h"
 #include "models/krea2.h"
 #include "pipeline/family.h"
+#include "export/krea2_export.h"
 
 /* --format NAME -> export options; 0 or -1 */
 static int parse_format(const char *f, flux2_export_opts *o) {

@@ -12,7 +12,7 @@
 #include "core/outfile.h"
 #include "pipeline/image_meta.h"
 #include "image/png.h"
-#include "pipeline/image_out.h"
+#include "image/image_out.h"
 #include "pipeline/budget.h"
 
 static void usage(FILE *f) {
@@ -119,7 +119,7 @@ static void save_obs(void *ud, const char *name, const float *d, int ndim, const
 }
 
 /* The image with the generation's parameters as text: JPEG or WebP when the path ends in .jpg/.jpeg/.webp (at
- * compression, pipeline/image_out.h), else PNG (the server's bytes for the same settings and compression). */
+ * compression, image/image_out.h), else PNG (the server's bytes for the same settings and compression). */
 static int write_image(const char *path, const uint8_t *rgb, int w, int h, const dt_gen_params *p, int steps,
                        const char *model, int compression) {
     dt_image_meta meta;

@@ -1,10 +1,10 @@
 /* cmd_quantize.c — `ditrun quantize`: write an MLX affine 4/8-bit single-file checkpoint (streamed tensor
- * by tensor; see src/quant/quantize_file.h) and report the per-tensor and whole-model weight error. */
+ * by tensor; see src/export/quantize_file.h) and report the per-tensor and whole-model weight error. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
-#include "quant/quantize_file.h"
+#include "export/quantize_file.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun quantize --input DIR_OR_FILE --output FILE.safetensors [options]\n\n"

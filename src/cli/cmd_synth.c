@@ -11,6 +11,7 @@
 #include "models/flux2_dit.h"
 #include "pipeline/family.h"
 #include "synth/synth_pipeline.h"
+#include "synth/synth_dit.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ditrun synth --preset NAME --output DIR [--bits 0|4|8] [--group-size N] [--seed S] [--pipeline]\n"

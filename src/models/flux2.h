@@ -286,27 +286,9 @@ int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt,
 int flux2_set_refs(flux2_model *m, const float *tokens, const float *ids, int r, int kv_cached);
 
 /* Geometry presets: "klein-4b", "klein-9b" (their published config.json geometry), "tiny" (the test fixture).
- * 0 ok, -1 unknown. */
+ * 0 ok, -1 unknown. flux2_presets.c (the synthetic writers: synth/synth_dit.h). */
 int flux2_preset(const char *name, flux2_config *c);
 
-/* Write a synthetic checkpoint folder DIR/{config.json, model.safetensors} with random weights of the
- * given geometry (uniform, variance 1/in per Linear), streamed tensor by tensor (memory ~ one tensor).
- * bits = 0 writes bf16 weights; 4 or 8 writes MLX affine quantized Linears with `group` (norms bf16). */
-int flux2_synth_write(const flux2_config *c, const char *dir, int bits, int group, uint64_t seed);
-/* A random LoRA adapter file (bf16, alpha = rank / 2) for geometry c: every Linear of the blocks, the embedders and
- * the final projection (with `modulation` also the modulation Linears and the final adaptive norm's), written in one
- * of the key layouts adapters come in; the three layouts of one (rank, seed) encode the same update
- * (models/flux2_synth_lora.c). For tests, the reference check and speed runs. 0 or -1. */
-typedef enum { FLUX2_LORA_DIFFUSERS, FLUX2_LORA_KOHYA, FLUX2_LORA_BFL } flux2_lora_layout;
-typedef struct {
-    int rank;                   /* 1..4096 */
-    uint64_t seed;
-    flux2_lora_layout layout;
-    int modulation;
-} flux2_synth_lora_opts;
-int flux2_synth_lora(const flux2_config *c, const char *path, const flux2_synth_lora_opts *o);
-/* "diffusers", "kohya" or "bfl"; 0, or -1 with an error naming the choices. */
-int flux2_lora_layout_parse(const char *name, flux2_lora_layout *out);
 
 /* Free the norm weights a double / single block's load uploaded (its Linears belong to the linear set and go with
  * dt_linear_set_free); also after a failed load. */

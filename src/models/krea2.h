@@ -231,27 +231,9 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
 /* Transformer block l as the model runs it: its ops in order. */
 void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l);
 
-/* Write the Krea 2 transformer at INPUT (folder or pipeline root, safetensors: dense, MLX-quantized or fp8) as the
- * folder OUTPUT (config.json + diffusion_pytorch_model.safetensors) with the transformer blocks' Linears as fp8 codes
- * of `type` (F8_E4M3 / F8_E5M2) + NAME.weight_scale (per tensor, or per output channel with per_channel) +
- * NAME.input_scale (1), every other tensor as stored. *written = tensors written (scales not counted). 0, or -1 with
- * an error (OUTPUT left untouched). krea2_export.c. */
-int krea2_export_fp8(const char *input, const char *output, dt_dtype type, int per_channel, int *written);
-
 /* Geometry presets: "krea2" (the released model: Krea2Transformer2DModel defaults) and "krea2-tiny"
- * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_synth.c. */
+ * (tests/fixtures/krea2). 0 or -1 (dt_last_error names the presets). krea2_presets.c (the synthetic writers:
+ * synth/synth_dit.h). */
 int krea2_preset(const char *name, krea2_config *c);
-/* Write DIR/config.json and DIR/model.safetensors with random weights at geometry c: bits 0 = bf16,
- * 4/8 = MLX affine quantized Linears with `group` (Linears whose input width is not a multiple stay
- * bf16). Creates DIR. 0 or -1 (dt_last_error). */
-int krea2_synth_write(const krea2_config *c, const char *dir, int bits, int group, uint64_t seed);
-
-/* Random forward inputs for a grid_h x grid_w latent and t text tokens (krea2_forward's layouts):
- * img [N, in_channels] and txt [t, text_layers, text_dim] uniform in [-1, 1), pos [t+N, n_axes] as the
- * pipeline builds them (text rows zero, image rows (0, row, col)), mask [t] (NULL = none) from
- * krea2_synth_mask: the pipeline's [prompt | padding | 5 suffix tokens] layout. */
-void krea2_synth_inputs(const krea2_config *c, int grid_h, int grid_w, int t, uint64_t seed, float *img, float *txt,
-                        float *pos, uint8_t *mask);
-void krea2_synth_mask(int t, uint8_t *mask);
 
 #endif

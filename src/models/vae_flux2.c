@@ -225,7 +225,7 @@ int vae_load_attn(dt_vae *v, const char *prefix, int C, attn *a) {
 void dt_vae_free(dt_vae *v) {
     if (!v) return;
     dt_backend *be = v->be;
-    vae_encoder_free(v);
+    if (v->enc_free) v->enc_free(v);
     vae_decoder_free(be, &v->dec);
     vae_free_attn(be, &v->mid_attn);
     free(v->bn_mean);

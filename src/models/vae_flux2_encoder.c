@@ -81,7 +81,7 @@ static int parse_encoder_config(dt_vae *v, vae_encoder *e) {
     return 0;
 }
 
-void vae_encoder_free(dt_vae *v) {
+static void vae_encoder_free(dt_vae *v) {
     vae_encoder *e = v->enc;
     if (!e) return;
     dt_backend *be = v->be;
@@ -110,7 +110,8 @@ int dt_vae_load_encoder(dt_vae *v) {
     }
     const dt_vae_config *c = &v->cfg;
     vae_encoder *e = dt_calloc(1, sizeof *e);
-    v->enc = e;   /* freed by vae_encoder_free on failure */
+    v->enc = e;   /* freed by vae_encoder_free on failure, by dt_vae_free after */
+    v->enc_free = vae_encoder_free;
     char buf[256];
     if (parse_encoder_config(v, e)) goto fail;
     const int top = e->block_out[e->n_blocks - 1], L = c->latent_channels;

@@ -30,6 +30,7 @@ struct dt_vae {
     vae_loader ld;                       /* this file's convs (vae_load_conv, all rows) and GroupNorms */
     int conv_layout;                     /* 0 unknown, 1 PyTorch [o,i,kh,kw], 2 MLX [o,kh,kw,i] */
     vae_encoder *enc;                    /* NULL until dt_vae_load_encoder */
+    void (*enc_free)(dt_vae *v);         /* frees enc: set with it by the encoder file (vae_flux2.c calls none of it) */
     dt_vae_tiling tiling;                /* dt_vae_set_tiling (off by default) */
     int last_tiled;                      /* the last decode or encode ran tiled */
 };
@@ -50,7 +51,5 @@ void vae_free_attn(dt_backend *be, attn *a);
 /* ---- running ---- */
 /* vae_attention.run with weights an attn: x [C, hw] += to_out(attention(GN(x) tokens)), one head of size C. */
 void vae_run_attention(const void *weights, dt_backend *be, int groups, vae_act3 *a, int C, int64_t hw);
-
-void vae_encoder_free(dt_vae *v);
 
 #endif

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "synth.h"
+#include "synth/synth.h"
 #include "zimage.h"
 
 int zimage_preset(const char *name, zimage_config *c) {

@@ -89,19 +89,24 @@ dt_backend *dt_pipeline_backend(const dt_pipeline *p) { return p->be; }
 
 int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g0, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
                          dt_gen_observer obs, void *ud) {
-    dt_gen_timings tl;
-    if (!tm) tm = &tl;
-    memset(tm, 0, sizeof *tm);
-    *rgb = NULL;
-    *w = *h = 0;
     dt_gen_params g = *g0;
     int W0 = g.width, H0 = g.height;
     if (dt_gen_params_resolve(&p->info, &g)) return -1;
     if ((W0 && W0 != g.width) || (H0 && H0 != g.height))
         dt_log(1, "ditrun: %s: size %dx%d rounded %s to %dx%d (multiples of %d)\n", p->info.size_round_up ? "note" : "warning",
                W0, H0, p->info.size_round_up ? "up" : "down", g.width, g.height, p->info.size_multiple);
-    if (dt_gen_cancelled(&g)) return DT_GEN_CANCELLED;
-    return p->family->generate(p, &g, rgb, w, h, tm, obs, ud);
+    return dt_pipeline_generate_resolved(p, &g, rgb, w, h, tm, obs, ud);
+}
+
+int dt_pipeline_generate_resolved(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h,
+                                  dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
+    dt_gen_timings tl;
+    if (!tm) tm = &tl;
+    memset(tm, 0, sizeof *tm);
+    *rgb = NULL;
+    *w = *h = 0;
+    if (dt_gen_cancelled(g)) return DT_GEN_CANCELLED;
+    return p->family->generate(p, g, rgb, w, h, tm, obs, ud);
 }
 
 int dt_generate(dt_backend *be, const dt_pipeline_opts *lo, const dt_gen_params *p, uint8_t **rgb, int *w, int *h,

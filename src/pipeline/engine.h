@@ -42,8 +42,13 @@ dt_backend *dt_pipeline_backend(const dt_pipeline *p);
  * dt_pipeline_generate resolves every request through this; a server checks requests with it before queueing. */
 int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g);
 
-/* Generate one image (see dt_generate for the outputs). 0, -1 (dt_last_error) or DT_GEN_CANCELLED. */
+/* Generate one image (see dt_generate for the outputs): g resolved (dt_gen_params_resolve), then run.
+ * 0, -1 (dt_last_error) or DT_GEN_CANCELLED. */
 int dt_pipeline_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
                          dt_gen_observer obs, void *obs_ud);
+/* The same for a request already resolved against this pipeline's info (a server resolves each request once, when
+ * it checks it before queueing: serve/api.c), run as it is. */
+int dt_pipeline_generate_resolved(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h,
+                                  dt_gen_timings *tm, dt_gen_observer obs, void *obs_ud);
 
 #endif

@@ -5,7 +5,8 @@
  * pipeline/engine.c). Every command finds the family here (dt_family_for_*), never by a class name of its own.
  *
  * A family loads its components into its own state (dt_pipeline.fam), fills dt_pipeline.info, and runs
- * requests: text encoding, noise, schedule, the shared sampling loop (pipeline/sampler.h), decoding.
+ * requests through the generate skeleton (pipeline/generate_run.h: text encoding, noise, schedule, the shared
+ * sampling loop of pipeline/sampler.h, decoding), giving it the family's steps as hooks.
  * A new family: its model (models/NAME.c + NAME_dit.c), its pipeline file with the table, its synth writer, its
  * bench file (bench_NAME.c); one line in family.c's list. */
 #ifndef DT_FAMILY_H
@@ -20,6 +21,18 @@
 #include "synth/synth_pipeline.h"
 
 typedef struct dt_family dt_family;
+
+/* A family's inputs to the memory planner (placement_sizes.c) for one image size. */
+typedef struct {
+    int hidden, mlp, head_dim;      /* the transformer's widths */
+    int scale;                      /* the VAE's pixels per latent (8) */
+    int64_t vae_act, vae_tile_act;  /* the VAE decode's activation bytes: whole, and tiled (0: one tile covers it) */
+    int vae_tile_px;                /* that tile's side: `tile`, or the VAE's default */
+    int vae_cmax, vae_attention;    /* the VAE's widest stage (channels), 1 when its mid block has attention (the
+                                     * decode's backend scratch) */
+    int side_queue;                 /* 1: the forward runs the text stream's MLP (2F x D) on a second queue, with a
+                                     * dequantization buffer of its own (FLUX.2's double blocks) */
+} dt_family_place;
 
 struct dt_pipeline {
     dt_backend *be;
@@ -58,6 +71,11 @@ struct dt_family {
     int (*synth)(const dt_synth_req *r);
     /* `ditrun forward`: the forward inputs of a file (the names its synth writes) for the loaded DiT (dit.h). */
     int (*read_inputs)(const st_file *in, dt_dit *d, int kv_refs, int no_mask, dt_dit_inputs *fi);
+    /* The memory planner (placement.h): from the transformer config cfg of folder tr (NULL: none) and the VAE folder
+     * va, for a W x H image decoded in tiles of `tile` pixels (0: the VAE's default) at elem bytes per activation,
+     * its widths and decode activations into *out. 0 or -1. NULL: --max-vram is refused for the family. */
+    int (*place_sizes)(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                       dt_family_place *out);
 };
 
 /* ---- the registry (family.c) ---- */

@@ -22,6 +22,7 @@
 #include "models/vae_flux2.h"
 #include "models/vae_tiling.h"
 #include "pipeline/family.h"
+#include "pipeline/generate_run.h"
 #include "pipeline/inpaint.h"
 #include "pipeline/klein_edit.h"
 #include "pipeline/latents.h"
@@ -261,49 +262,54 @@ out:
     return rc;
 }
 
-/* What the sampling loop's model callback needs (and, inpainting, its after-step restoration). */
+/* One request (the generate skeleton's ctx, generate_run.h): its editing inputs, the geometry, the positions, and
+ * what the sampling loop's model callback needs (and, inpainting, its after-step restoration). */
 typedef struct {
-    dt_dit *dit;                /* its resident text slots: 0 the prompt, 1 the negative prompt */
-    const float *img_ids, *txt_ids;
+    klein_state *s;
+    klein_edit ed;              /* editing inputs (prepared, then encoded) */
+    int inpaint, edit, cacheable, ref_hit, refs_set;
+    int keep_pos, keep_neg;     /* the prompt's / negative prompt's features are the previous request's */
+    int h, w;                   /* the packed latent grid (N = h·w tokens) */
+    float *img_ids, *txt_ids;   /* positions [N, 4] and [T, 4] */
     const float *timesteps;
     int N, T;
-    const float *sigmas, *init, *noise, *mask;   /* inpainting: init latents and noise [N, C], mask [N] */
-    int C, last;                                 /* last: the index of the final step */
-} klein_step_ctx;
+    const float *sigmas;
+    float *noise;               /* inpainting: the noise [N, C] before it was mixed with the init latents */
+    int C, last;                /* last: the index of the final step */
+} klein_request;
 
 /* Inpainting after step i: the kept region back to the init latents re-noised at the next sigma (or the init
  * latents themselves after the last step). */
 static void klein_restore(void *ctx, int i, float *x) {
-    klein_step_ctx *k = ctx;
-    dt_inpaint_restore(x, k->init, k->noise, k->mask, k->N, k->C, k->sigmas[i + 1], i == k->last);
+    klein_request *k = ctx;
+    dt_inpaint_restore(x, k->ed.init_tok, k->noise, k->ed.mask_tok, k->N, k->C, k->sigmas[i + 1], i == k->last);
 }
 
 static int klein_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
-    klein_step_ctx *k = ctx;
+    klein_request *k = ctx;
     /* the pipeline passes timestep/1000 (in float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = k->timesteps[i] / 1000.0f;
     dt_dit_step st = {.img = x, .n_img = k->N, .n_txt = k->T, .text = pass ? 1 : 0, .timestep = t,
                       .img_ids = k->img_ids, .txt_ids = k->txt_ids, .out = v, .fbc = fbc};
-    return dt_dit_forward(k->dit, &st);
+    return dt_dit_forward(k->s->dit, &st);
 }
 
 static int set_refs(klein_state *s, const float *tok, const float *ids, int r, int kv) {
     return dt_dit_set_refs(s->dit, tok, ids, r, kv);
 }
 
-static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
-                          dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
-    klein_state *s = p->fam;
-    const double t_start = dt_now();
-    double t0 = t_start;
-    int rc = -1;
-    const int T = g->max_seq_len;
-    const int cfg = !p->info.distilled && g->guidance > 1.0f;
-    float *x = NULL, *v = NULL, *u = NULL, *img_ids = NULL, *txt_ids = NULL, *lat = NULL,
-          *lat_c = NULL, *lat_u = NULL, *img = NULL, *sigmas = NULL, *timesteps = NULL, *noise = NULL;
-    uint8_t *rgb = NULL;
-    klein_edit ed = {0};
-    int refs_set = 0;
+/* The DiT's references dropped (a request that set its own, or a failed one). */
+static void drop_refs(klein_state *s) {
+    set_refs(s, NULL, NULL, 0, 0);
+    s->dit_refs = s->dit_refs_valid = 0;
+}
+
+/* Editing inputs checked and prepared first (a bad image fails before any model runs); they may set the size. */
+static int klein_prepare(void *ctx, dt_gen_run *r) {
+    klein_request *k = ctx;
+    dt_pipeline *p = r->p;
+    const dt_gen_params *g = r->g;
+    r->cfg = !p->info.distilled && g->guidance > 1.0f;
     if (p->info.distilled && g->guidance != p->info.default_guidance && g->guidance != 1.0f)
         dt_log(1, "ditrun: note: guidance is ignored by distilled models (is_distilled in model_index.json)\n");
     if (p->opts.sequence_parallel > 1 && g->cache.kind == DT_CACHE_FIRST_BLOCK) {
@@ -311,153 +317,189 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
                      "no block hooks); taylorseer is");
         return -1;
     }
-
-    /* ---- editing inputs: checked and prepared first (a bad image fails before any model runs); they may set the
-     * output size ---- */
-    const int inpaint = g->init_image != NULL, edit = inpaint || g->n_refs > 0;
+    k->inpaint = g->init_image != NULL;
+    k->edit = k->inpaint || g->n_refs > 0;
     /* references (not inpainting) may be reused by the next request with the same images (an observer wants the
      * tokens computed: never) */
-    const int cacheable = edit && !inpaint && !obs;
-    int ref_hit = 0;
-    ed.H = g->height;
-    ed.W = g->width;
-    if (edit) {
+    k->cacheable = k->edit && !k->inpaint && !r->obs;
+    k->ed.H = g->height;
+    k->ed.W = g->width;
+    if (k->edit) {
         double ti = dt_now();
-        if (klein_edit_prepare(g, p->info.size_multiple, &ed)) goto done;
-        tm->t_images = dt_now() - ti;
-        if (ed.W > p->info.max_side || ed.H > p->info.max_side) {
-            dt_set_error("generate: image size %dx%d is over %d pixels a side (this model's limit)", ed.W, ed.H,
+        if (klein_edit_prepare(g, p->info.size_multiple, &k->ed)) return -1;
+        r->tm->t_images = dt_now() - ti;
+        if (k->ed.W > p->info.max_side || k->ed.H > p->info.max_side) {
+            dt_set_error("generate: image size %dx%d is over %d pixels a side (this model's limit)", k->ed.W, k->ed.H,
                          p->info.max_side);
-            goto done;
+            return -1;
         }
     }
+    return 0;
+}
 
-    /* ---- text: tokenizer + Qwen3 taps (a prompt the previous request encoded at this length is reused) ---- */
-    const int keep_pos = prompt_cached(s, 0, g->prompt, T, obs);
-    const int keep_neg = !cfg || prompt_cached(s, 1, g->negative_prompt, T, NULL);
-    tm->prompts_cached = keep_pos + (cfg && keep_neg);
-    if (!(keep_pos && keep_neg) && ensure_te(p)) goto done;
-    tm->t_load += dt_now() - t0;
-    t0 = dt_now();
-    dt_gen_log_encoding(g, T, s->taps, s->n_taps, cfg, keep_pos && keep_neg ? ": the previous request's features" : "");
-    if (!keep_pos && encode_prompt(p, 0, g->prompt, T, obs, ud)) goto done;
-    if (!keep_neg && encode_prompt(p, 1, g->negative_prompt, T, NULL, NULL)) goto done;
-    dt_family_release_text_encoder(p, &s->te);
-    tm->t_encode = dt_now() - t0;
-    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+/* The text encoder, unless both prompts' features are the previous request's at this length. */
+static int klein_load_text(void *ctx, dt_gen_run *r) {
+    klein_request *k = ctx;
+    klein_state *s = k->s;
+    const dt_gen_params *g = r->g;
+    k->keep_pos = prompt_cached(s, 0, g->prompt, g->max_seq_len, r->obs);
+    k->keep_neg = !r->cfg || prompt_cached(s, 1, g->negative_prompt, g->max_seq_len, NULL);
+    r->tm->prompts_cached = k->keep_pos + (r->cfg && k->keep_neg);
+    return k->keep_pos && k->keep_neg ? 0 : ensure_te(r->p);
+}
 
-    /* ---- DiT + VAE (already resident unless released-encoder mode) ---- */
-    t0 = dt_now();
-    if (ensure_dit_vae(p)) goto done;
-    tm->t_load += dt_now() - t0;
+/* Tokenizer + Qwen3 taps into s->txt[0] (and s->txt[1] with guidance). */
+static int klein_encode(void *ctx, dt_gen_run *r) {
+    klein_request *k = ctx;
+    klein_state *s = k->s;
+    const dt_gen_params *g = r->g;
+    const int T = g->max_seq_len;
+    dt_gen_log_encoding(g, T, s->taps, s->n_taps, r->cfg,
+                        k->keep_pos && k->keep_neg ? ": the previous request's features" : "");
+    if (!k->keep_pos && encode_prompt(r->p, 0, g->prompt, T, r->obs, r->ud)) return -1;
+    if (!k->keep_neg && encode_prompt(r->p, 1, g->negative_prompt, T, NULL, NULL)) return -1;
+    dt_family_release_text_encoder(r->p, &s->te);
+    return 0;
+}
+
+static int klein_load_models(void *ctx, dt_gen_run *r) {
+    klein_request *k = ctx;
+    if (ensure_dit_vae(r->p)) return -1;
+    r->dit = k->s->dit;
+    return 0;
+}
+
+/* The editing inputs encoded (prepared before the text encoder ran; the previous request's reference tokens when
+ * the images are the same), then the size and the packed grid [C, h, w] the noise is drawn in. */
+static int klein_geometry(void *ctx, dt_gen_run *r) {
+    klein_request *k = ctx;
+    klein_state *s = k->s;
+    klein_edit *ed = &k->ed;
     const dt_vae_config *vc = dt_vae_get_config(s->vae);
     const flux2_config *c = flux2_dit_config(s->dit);
     const int mult = vc->scale_factor * vc->patch, C = c->in_channels;
-
-    /* ---- editing inputs encoded (prepared before the text encoder ran) ---- */
-    if (edit) {
+    if (k->edit) {
         double ti = dt_now();
-        ref_hit = cacheable && klein_ref_cache_matches(&s->refc, &ed);
-        if (ref_hit) {   /* the previous request's references: their tokens, no VAE encoder */
-            ed.r = s->refc.r;
-            tm->refs_cached = 1;
+        k->ref_hit = k->cacheable && klein_ref_cache_matches(&s->refc, ed);
+        if (k->ref_hit) {   /* the previous request's references: their tokens, no VAE encoder */
+            ed->r = s->refc.r;
+            r->tm->refs_cached = 1;
         } else {
-            if (cacheable) {
-                klein_ref_cache_set_images(&s->refc, &ed);   /* (the DiT's references are no longer refc's) */
+            if (k->cacheable) {
+                klein_ref_cache_set_images(&s->refc, ed);   /* (the DiT's references are no longer refc's) */
                 s->dit_refs_valid = 0;
             }
-            if (klein_edit_encode(s->vae, C, &ed)) {
-                if (cacheable) klein_ref_cache_clear(&s->refc);
-                goto done;
+            if (klein_edit_encode(s->vae, C, ed)) {
+                if (k->cacheable) klein_ref_cache_clear(&s->refc);
+                return -1;
             }
-            if (cacheable) klein_ref_cache_set_tokens(&s->refc, &ed, C);
+            if (k->cacheable) klein_ref_cache_set_tokens(&s->refc, ed, C);
         }
-        tm->t_images += dt_now() - ti;
-        dt_log(1, "ditrun: %d reference tokens%s%s (%.2f s)\n", ed.r, inpaint ? ", inpainting" : "",
-               ref_hit ? ", the previous request's" : "", tm->t_images);
-        if (inpaint && p->info.kv_refs)
+        r->tm->t_images += dt_now() - ti;
+        dt_log(1, "ditrun: %d reference tokens%s%s (%.2f s)\n", ed->r, k->inpaint ? ", inpainting" : "",
+               k->ref_hit ? ", the previous request's" : "", r->tm->t_images);
+        if (k->inpaint && r->p->info.kv_refs)
             dt_log(1, "ditrun: note: inpainting follows Flux2KleinInpaintPipeline (references appended, not KV-cached)\n");
-        dt_gen_observe(obs, ud, "ref_latents_packed", ed.ref_tok, 3, 1, ed.r, C, 0);
-        dt_gen_observe(obs, ud, "ref_ids", ed.ref_ids, 3, 1, ed.r, 4, 0);
+        dt_gen_observe(r->obs, r->ud, "ref_latents_packed", ed->ref_tok, 3, 1, ed->r, C, 0);
+        dt_gen_observe(r->obs, r->ud, "ref_ids", ed->ref_ids, 3, 1, ed->r, 4, 0);
     }
-    const int H = ed.H, W = ed.W;
-    const int h = H / mult, w = W / mult, N = h * w;
-    tm->height = H;
-    tm->width = W;
-    tm->steps = g->steps;
+    r->H = ed->H;
+    r->W = ed->W;
+    k->h = r->H / mult;
+    k->w = r->W / mult;
+    k->N = k->h * k->w;
+    k->C = C;
+    k->T = r->g->max_seq_len;
+    r->nc = C;
+    r->nh = k->h;
+    r->nw = k->w;
+    r->N = k->N;
+    r->C = C;
+    snprintf(r->layout, sizeof r->layout, "[1, %d, %d, %d] for a %dx%d image", C, k->h, k->w, r->W, r->H);
+    return 0;
+}
 
-    /* ---- noise (packed, normalized latent space [C, h, w]) ---- */
-    lat = dt_malloc(sizeof(float) * (size_t)C * N);
-    char layout[96];
-    snprintf(layout, sizeof layout, "[1, %d, %d, %d] for a %dx%d image", C, h, w, W, H);
-    if (dt_gen_noise(g, lat, C, h, w, layout)) goto done;
-    x = dt_malloc(sizeof(float) * (size_t)N * C);
-    dt_latents_pack(lat, C, h, w, x);
-    img_ids = dt_malloc(sizeof(float) * (size_t)N * 4);
-    txt_ids = dt_malloc(sizeof(float) * (size_t)T * 4);
-    dt_latents_img_ids(h, w, 0.0f, img_ids);
-    dt_latents_txt_ids(T, txt_ids);
+/* noise [C, h, w] (packed, normalized latent space) -> tokens [N, C]; positions of the image and text tokens. */
+static void klein_pack(void *ctx, dt_gen_run *r, const float *noise, float *x) {
+    klein_request *k = ctx;
+    (void)r;
+    dt_latents_pack(noise, k->C, k->h, k->w, x);
+    k->img_ids = dt_malloc(sizeof(float) * (size_t)k->N * 4);
+    k->txt_ids = dt_malloc(sizeof(float) * (size_t)k->T * 4);
+    dt_latents_img_ids(k->h, k->w, 0.0f, k->img_ids);
+    dt_latents_txt_ids(k->T, k->txt_ids);
+}
 
-    /* ---- schedule (its shift from the noise tokens only) ---- */
-    sigmas = dt_malloc(sizeof(float) * (g->steps + 1));
-    timesteps = dt_malloc(sizeof(float) * g->steps);
-    if (dt_schedule_make(&s->sched, g->steps, N, sigmas, timesteps)) goto done;
-    dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
-    dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+/* The klein schedule, its shift from the noise tokens only. */
+static int klein_schedule(void *ctx, dt_gen_run *r, float *sigmas, float *timesteps) {
+    klein_request *k = ctx;
+    return dt_schedule_make(&k->s->sched, r->g->steps, k->N, sigmas, timesteps);
+}
+
+/* Inpainting's first kept step and its noise mix; the prompt features and reference tokens onto the DiT; the
+ * model callback. */
+static int klein_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
+    klein_request *k = ctx;
+    klein_state *s = k->s;
+    const dt_gen_params *g = r->g;
+    const int N = k->N, C = k->C;
+    k->timesteps = sm->timesteps;
+    k->sigmas = sm->sigmas;
     /* inpainting: the strength's steps; the noise mixed with the init latents at the first kept sigma */
     int first = 0, run = g->steps;
-    if (inpaint) {
-        if (dt_inpaint_steps(g->steps, g->strength, &first, &run)) goto done;
-        noise = dt_malloc(sizeof(float) * (size_t)N * C);
-        memcpy(noise, x, sizeof(float) * (size_t)N * C);
-        dt_scale_noise(x, ed.init_tok, noise, (size_t)N * C, sigmas[first]);
-        tm->steps = run;
+    if (k->inpaint) {
+        if (dt_inpaint_steps(g->steps, g->strength, &first, &run)) return -1;
+        k->noise = dt_malloc(sizeof(float) * (size_t)N * C);
+        memcpy(k->noise, x, sizeof(float) * (size_t)N * C);
+        dt_scale_noise(x, k->ed.init_tok, k->noise, (size_t)N * C, sm->sigmas[first]);
+        r->tm->steps = run;
     }
-
-    /* ---- denoising loop ---- */
-    v = dt_malloc(sizeof(float) * (size_t)N * C);
-    if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
+    k->last = first + run - 1;
     /* the prompt features and the reference tokens stay on the device for all steps (KV-cached references for
      * Flux2KleinKVPipeline; inpainting follows Flux2KleinInpaintPipeline, which appends them) */
-    if (dt_dit_text_resident_mat(s->dit, 0, s->txt[0]) || (cfg && dt_dit_text_resident_mat(s->dit, 1, s->txt[1])))
-        goto done;
+    if (dt_dit_text_resident_mat(s->dit, 0, s->txt[0]) || (r->cfg && dt_dit_text_resident_mat(s->dit, 1, s->txt[1])))
+        return -1;
     /* references: a cacheable request's stay in the DiT for the next one (not with a split DiT); the DiT drops kept
      * ones before a request without them or with others */
-    const int kv = p->info.kv_refs && !inpaint, keep_refs = cacheable && flux2_dit_whole(s->dit);
-    if (ed.r) {
-        if (!(ref_hit && keep_refs && s->dit_refs_valid)) {
+    const klein_edit *ed = &k->ed;
+    const int kv = r->p->info.kv_refs && !k->inpaint, keep_refs = k->cacheable && flux2_dit_whole(s->dit);
+    if (ed->r) {
+        if (!(k->ref_hit && keep_refs && s->dit_refs_valid)) {
             s->dit_refs_valid = 0;
-            if (set_refs(s, ref_hit ? s->refc.tok : ed.ref_tok, ref_hit ? s->refc.ids : ed.ref_ids, ed.r, kv)) goto done;
+            if (set_refs(s, k->ref_hit ? s->refc.tok : ed->ref_tok, k->ref_hit ? s->refc.ids : ed->ref_ids, ed->r, kv))
+                return -1;
             s->dit_refs = 1;
             s->dit_refs_valid = keep_refs;
         }
-        refs_set = !keep_refs;
+        k->refs_set = !keep_refs;
     } else if (s->dit_refs) {
-        set_refs(s, NULL, NULL, 0, 0);
-        s->dit_refs = s->dit_refs_valid = 0;
+        drop_refs(s);
     }
-    klein_step_ctx kc = {s->dit, img_ids, txt_ids, timesteps, N, T,
-                         sigmas, ed.init_tok, noise, ed.mask_tok, C, first + run - 1};
-    const int64_t shape[3] = {1, N, C};
-    dt_sampler sm = {.steps = run, .first = first, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
-                     .guidance = g->guidance, .rule = DT_CFG_FROM_UNCOND,
-                     .n = (size_t)N * C, .obs_shape = shape, .predict = klein_predict,
-                     .after_step = inpaint ? klein_restore : NULL, .ctx = &kc, .v = v, .u = u};
-    dt_dit_set_cancel(s->dit, g->cancel);   /* checked per block (the split forward: per step) */
-    rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
-    dt_dit_set_cancel(s->dit, NULL);
-    if (refs_set) {
-        set_refs(s, NULL, NULL, 0, 0);
-        s->dit_refs = s->dit_refs_valid = 0;
-    }
-    refs_set = 0;
-    if (rc) goto done;
-    rc = -1;
-    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+    sm->steps = run;
+    sm->first = first;
+    sm->rule = DT_CFG_FROM_UNCOND;
+    sm->predict = klein_predict;
+    sm->after_step = k->inpaint ? klein_restore : NULL;
+    sm->ctx = k;
+    return 0;
+}
 
-    /* ---- latents -> image ---- */
-    double tdec = dt_now();
-    lat_c = dt_malloc(sizeof(float) * (size_t)C * N);
+/* A request's own references leave the DiT after its loop. */
+static void klein_sampled(void *ctx, dt_gen_run *r, int rc) {
+    klein_request *k = ctx;
+    (void)r;
+    (void)rc;
+    if (k->refs_set) drop_refs(k->s);
+    k->refs_set = 0;
+}
+
+/* tokens [N, C] -> unpack, batch-norm de-normalization, unpatchify [lc, 2h, 2w] -> the VAE decoder. */
+static int klein_decode(void *ctx, dt_gen_run *r, const float *x, float *img, uint8_t *rgb) {
+    klein_request *k = ctx;
+    klein_state *s = k->s;
+    const int C = k->C, N = k->N, h = k->h, w = k->w;
+    const dt_vae_config *vc = dt_vae_get_config(s->vae);
+    float *lat_c = dt_malloc(sizeof(float) * (size_t)C * N), *lat_u = dt_malloc(sizeof(float) * (size_t)C * N);
     dt_latents_unpack(x, C, h, w, lat_c);
     const float *bn_mean, *bn_var;
     int bn_n;
@@ -465,33 +507,56 @@ static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_
     dt_vae_bn_stats(s->vae, &bn_mean, &bn_var, &bn_n, &bn_eps);
     dt_latents_bn_denorm(lat_c, C, N, bn_mean, bn_var, bn_eps);
     const int lc = vc->latent_channels;
-    lat_u = dt_malloc(sizeof(float) * (size_t)C * N);
     dt_latents_unpatchify(lat_c, lc, h, w, lat_u);
-    dt_gen_observe(obs, ud, "latents_unpacked", lat_u, 4, 1, lc, 2 * h, 2 * w);
-    if (obs) {   /* the float image is observed too */
-        img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
-        if (dt_vae_decode(s->vae, lat_u, 2 * h, 2 * w, img)) goto done;
-        rgb = dt_gen_image_rgb(img, H, W, obs, ud);
-    } else {
-        rgb = dt_malloc(3 * (size_t)H * W);
-        if (dt_vae_decode_rgb8(s->vae, lat_u, 2 * h, 2 * w, rgb)) goto done;
-    }
-    tm->t_decode = dt_now() - tdec;
-    tm->t_total = dt_now() - t_start;
-    *rgb_out = rgb;
-    rgb = NULL;
-    *w_out = W;
-    *h_out = H;
-    rc = 0;
-done:
-    if (refs_set || (rc != 0 && s->dit_refs)) {   /* (a failed or cancelled request keeps no references) */
-        set_refs(s, NULL, NULL, 0, 0);
-        s->dit_refs = s->dit_refs_valid = 0;
-    }
-    klein_edit_free(&ed);
-    free(x); free(v); free(u); free(img_ids); free(txt_ids); free(lat); free(lat_c);
-    free(lat_u); free(img); free(sigmas); free(timesteps); free(rgb); free(noise);
+    dt_gen_observe(r->obs, r->ud, "latents_unpacked", lat_u, 4, 1, lc, 2 * h, 2 * w);
+    int rc = img ? dt_vae_decode(s->vae, lat_u, 2 * h, 2 * w, img) : dt_vae_decode_rgb8(s->vae, lat_u, 2 * h, 2 * w, rgb);
+    free(lat_c);
+    free(lat_u);
     return rc;
+}
+
+static void klein_finish(void *ctx, dt_gen_run *r, int rc) {
+    klein_request *k = ctx;
+    klein_state *s = k->s;
+    (void)r;
+    if (k->refs_set || (rc != 0 && s->dit_refs)) drop_refs(s);   /* (a failed or cancelled request keeps none) */
+    klein_edit_free(&k->ed);
+    free(k->img_ids);
+    free(k->txt_ids);
+    free(k->noise);
+}
+
+static const dt_gen_hooks klein_hooks = {
+    .prepare = klein_prepare, .load_text = klein_load_text, .encode = klein_encode, .load_models = klein_load_models,
+    .geometry = klein_geometry, .pack = klein_pack, .schedule = klein_schedule, .sampler = klein_sampler,
+    .sampled = klein_sampled, .decode = klein_decode, .finish = klein_finish,
+};
+
+static int klein_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                          dt_gen_observer obs, void *ud) {
+    klein_request k = {.s = p->fam};
+    return dt_generate_run(p, g, &klein_hooks, &k, rgb, w, h, tm, obs, ud);
+}
+
+/* The memory planner's FLUX.2 part (dt_family.place_sizes): the DiT's widths, the FLUX.2 VAE's decode. */
+static int klein_place_sizes(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                             dt_family_place *o) {
+    flux2_config c;
+    dt_vae_config fv;
+    if (flux2_config_parse(cfg, tr, &c) || dt_vae_read_config(va, &fv)) return -1;
+    o->hidden = c.hidden;
+    o->mlp = c.mlp_hidden;
+    o->head_dim = c.head_dim;
+    o->scale = fv.scale_factor;
+    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : fv.sample_size;
+    o->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);
+    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_vae_decode_act_bytes(&fv, t, lh, lw, elem) : 0;
+    o->vae_tile_px = t;
+    o->vae_cmax = 0;
+    for (int i = 0; i < fv.n_blocks; i++) o->vae_cmax = fv.block_out[i] > o->vae_cmax ? fv.block_out[i] : o->vae_cmax;
+    o->vae_attention = fv.mid_attention;
+    o->side_queue = 1;
+    return 0;
 }
 
 static const char *const klein_pipelines[] = {"Flux2KleinPipeline", "Flux2KleinKVPipeline", NULL};
@@ -503,5 +568,5 @@ const dt_family dt_family_klein = {
     .transformer_classes = klein_transformers, .presets = klein_presets, .is_config = flux2_config_is_flux2,
     .infers_config = 1, .fp8 = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
     .sequence_parallel = 1, .dit_load = flux2_dit_load, .describe = flux2_config_describe, .synth = dt_synth_flux2,
-    .read_inputs = flux2_dit_read_inputs,
+    .read_inputs = flux2_dit_read_inputs, .place_sizes = klein_place_sizes,
 };

@@ -23,14 +23,16 @@
 #include "models/vae_qwenimage.h"
 #include "models/vae_tiling.h"
 #include "pipeline/family.h"
+#include "pipeline/generate_run.h"
 #include "pipeline/krea2_prompt.h"
+
+#include "pipeline/sampler.h"
+#include "pipeline/scheduler.h"
+#include "text/tokenizer.h"
 
 static const char *const k2_pipelines[] = {"Krea2Pipeline", NULL};
 static const char *const k2_transformers[] = {"Krea2Transformer2DModel", NULL};
 static const char *const k2_presets[] = {"krea2", "krea2-tiny", NULL};
-#include "pipeline/sampler.h"
-#include "pipeline/scheduler.h"
-#include "text/tokenizer.h"
 
 #define K2_DISTILLED_MU 1.15        /* the pipeline's fixed time shift for distilled checkpoints */
 #define K2_DEFAULT_GUIDANCE 4.5f
@@ -208,141 +210,189 @@ static void unpack(const float *tok, int z, int h, int w, int p, float *lat) {
                             tok[((size_t)r * gw + c) * F + (size_t)(ch * p + dy) * p + dx];
 }
 
-/* What the sampling loop's model callback needs. */
+/* One request (the generate skeleton's ctx, generate_run.h): the text features and what the sampling loop's model
+ * callback needs. */
 typedef struct {
-    dt_dit *dit;
-    const float *pos, *neg, *ids;     /* text features [T, taps, D] (prompt, negative), positions [T + N, 3] */
-    const uint8_t *pmask, *nmask;     /* [T] */
+    k2_state *k;
+    float *pos, *neg;                 /* text features [T, taps, D] (prompt, negative) */
+    uint8_t *pmask, *nmask;           /* [T] */
+    float *ids;                       /* positions [T + N, 3] */
     const float *timesteps;
     float ntt;                        /* num_train_timesteps */
     int N, T;
-} k2_step_ctx;
+    int lh, lw, gh, gw;               /* the latent grid [z, lh, lw] and the token grid gh x gw */
+} k2_request;
 
 static int k2_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
-    k2_step_ctx *c = ctx;
+    k2_request *c = ctx;
     /* the pipeline passes t / num_train_timesteps (float32 on every backend: NOTES.md, "the schedule stays float32") */
     float t = c->timesteps[i] / c->ntt;
     dt_dit_step st = {.img = x, .n_img = c->N, .txt = pass ? c->neg : c->pos, .n_txt = c->T, .text = -1, .timestep = t,
                       .pos = c->ids, .mask = pass ? c->nmask : c->pmask, .out = v, .fbc = fbc};
-    return dt_dit_forward(c->dit, &st);
+    return dt_dit_forward(c->k->dit, &st);
 }
 
 /* k2_predict on the backend's matrices: the latents and velocities stay there between steps (the sampler's
  * device path). */
 static int k2_predict_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
-    k2_step_ctx *c = ctx;
+    k2_request *c = ctx;
     float t = c->timesteps[i] / c->ntt;
-    return krea2_forward_dev(krea2_dit_model(c->dit), x, pass ? c->neg : c->pos, c->T, t, c->ids,
+    return krea2_forward_dev(krea2_dit_model(c->k->dit), x, pass ? c->neg : c->pos, c->T, t, c->ids,
                              pass ? c->nmask : c->pmask, v);
 }
 
-static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb_out, int *w_out, int *h_out,
-                       dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
-    k2_state *k = p->fam;
-    const double t_start = dt_now();
-    double t0 = t_start;
-    int rc = -1;
-    float *pos = NULL, *neg = NULL, *lat = NULL, *x = NULL, *v = NULL, *u = NULL, *ids = NULL, *sigmas = NULL,
-          *timesteps = NULL, *img = NULL;
-    uint8_t *pmask = NULL, *nmask = NULL, *rgb = NULL;
-    const int cfg = g->guidance > 0.0f;
-    const int vsf = k->vcfg.scale_factor, P = k->patch, z = k->vcfg.z_dim;
-    const int H = g->height, W = g->width, lh = H / vsf, lw = W / vsf, gh = lh / P, gw = lw / P, N = gh * gw;
-    const int C = k->dcfg.in_channels;
-    tm->height = H;
-    tm->width = W;
-    tm->steps = g->steps;
+static int k2_prepare(void *ctx, dt_gen_run *r) {
+    (void)ctx;
+    r->cfg = r->g->guidance > 0.0f;
+    return 0;
+}
 
-    /* ---- text ---- */
-    if (ensure_te(p)) goto done;
-    tm->t_load += dt_now() - t0;
-    t0 = dt_now();
-    dt_gen_log_encoding(g, g->max_seq_len, k->taps, k->n_taps, cfg, "");
-    int T = 0, Tn = 0;
-    if (dt_krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &pos, &pmask, &T)) goto done;
-    dt_gen_observe(obs, ud, "prompt_embeds", pos, 4, 1, T, k->n_taps, k->tcfg.hidden);
-    if (obs) {
-        float *f = dt_malloc(sizeof(float) * (size_t)T);
-        for (int i = 0; i < T; i++) f[i] = pmask[i];
-        dt_gen_observe(obs, ud, "prompt_mask", f, 2, 1, T, 0, 0);
+static int k2_load_text(void *ctx, dt_gen_run *r) {
+    (void)ctx;
+    return ensure_te(r->p);
+}
+
+/* Qwen-Image template -> Qwen3-VL taps: the prompt's features and mask (and the negative prompt's with guidance). */
+static int k2_encode(void *ctx, dt_gen_run *r) {
+    k2_request *q = ctx;
+    k2_state *k = q->k;
+    const dt_gen_params *g = r->g;
+    dt_gen_log_encoding(g, g->max_seq_len, k->taps, k->n_taps, r->cfg, "");
+    int Tn = 0;
+    if (dt_krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &q->pos, &q->pmask, &q->T))
+        return -1;
+    dt_gen_observe(r->obs, r->ud, "prompt_embeds", q->pos, 4, 1, q->T, k->n_taps, k->tcfg.hidden);
+    if (r->obs) {
+        float *f = dt_malloc(sizeof(float) * (size_t)q->T);
+        for (int i = 0; i < q->T; i++) f[i] = q->pmask[i];
+        dt_gen_observe(r->obs, r->ud, "prompt_mask", f, 2, 1, q->T, 0, 0);
         free(f);
     }
-    if (cfg && dt_krea2_encode_prompt(k->te, k->tok, g->negative_prompt, g->max_seq_len, k->taps, k->n_taps, &neg,
-                                      &nmask, &Tn))
-        goto done;
-    if (cfg && Tn != T) { dt_set_error("krea2: the negative prompt has %d tokens, the prompt %d", Tn, T); goto done; }
-    dt_family_release_text_encoder(p, &k->te);
-    tm->t_encode = dt_now() - t0;
-    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+    if (r->cfg && dt_krea2_encode_prompt(k->te, k->tok, g->negative_prompt, g->max_seq_len, k->taps, k->n_taps,
+                                         &q->neg, &q->nmask, &Tn))
+        return -1;
+    if (r->cfg && Tn != q->T) { dt_set_error("krea2: the negative prompt has %d tokens, the prompt %d", Tn, q->T); return -1; }
+    dt_family_release_text_encoder(r->p, &k->te);
+    return 0;
+}
 
-    /* ---- transformer + VAE (already resident unless released-encoder mode) ---- */
-    t0 = dt_now();
-    if (ensure_dit_vae(p)) goto done;
-    tm->t_load += dt_now() - t0;
+static int k2_load_models(void *ctx, dt_gen_run *r) {
+    k2_request *q = ctx;
+    if (ensure_dit_vae(r->p)) return -1;
+    r->dit = q->k->dit;
+    return 0;
+}
 
-    /* ---- noise [z, lh, lw] -> tokens [N, C]; positions [T + N, 3]: text rows 0, image rows (0, row, col) ---- */
-    lat = dt_malloc(sizeof(float) * (size_t)z * lh * lw);
-    char layout[128];
-    snprintf(layout, sizeof layout, "[1, %d, %d, %d], the latent grid before packing, for a %dx%d image", z, lh, lw, W, H);
-    if (dt_gen_noise(g, lat, z, lh, lw, layout)) goto done;
-    x = dt_malloc(sizeof(float) * (size_t)N * C);
-    pack(lat, z, lh, lw, P, x);
-    ids = dt_calloc((size_t)(T + N) * 3, sizeof(float));
-    for (int r = 0; r < gh; r++)
-        for (int c = 0; c < gw; c++) {
-            float *q = ids + ((size_t)T + (size_t)r * gw + c) * 3;
-            q[1] = (float)r;
-            q[2] = (float)c;
+/* The noise is drawn in the VAE's latent grid [z, H/s, W/s] before packing. */
+static int k2_geometry(void *ctx, dt_gen_run *r) {
+    k2_request *q = ctx;
+    k2_state *k = q->k;
+    const int vsf = k->vcfg.scale_factor, P = k->patch, z = k->vcfg.z_dim;
+    r->H = r->g->height;
+    r->W = r->g->width;
+    q->lh = r->H / vsf;
+    q->lw = r->W / vsf;
+    q->gh = q->lh / P;
+    q->gw = q->lw / P;
+    q->N = q->gh * q->gw;
+    r->nc = z;
+    r->nh = q->lh;
+    r->nw = q->lw;
+    r->N = q->N;
+    r->C = k->dcfg.in_channels;
+    snprintf(r->layout, sizeof r->layout, "[1, %d, %d, %d], the latent grid before packing, for a %dx%d image", z,
+             q->lh, q->lw, r->W, r->H);
+    return 0;
+}
+
+/* noise [z, lh, lw] -> tokens [N, C]; positions [T + N, 3]: text rows 0, image rows (0, row, col). */
+static void k2_pack(void *ctx, dt_gen_run *r, const float *noise, float *x) {
+    k2_request *q = ctx;
+    (void)r;
+    pack(noise, q->k->vcfg.z_dim, q->lh, q->lw, q->k->patch, x);
+    q->ids = dt_calloc((size_t)(q->T + q->N) * 3, sizeof(float));
+    for (int row = 0; row < q->gh; row++)
+        for (int col = 0; col < q->gw; col++) {
+            float *e = q->ids + ((size_t)q->T + (size_t)row * q->gw + col) * 3;
+            e[1] = (float)row;
+            e[2] = (float)col;
         }
+}
 
-    /* ---- schedule ---- */
-    const double mu = k->distilled ? K2_DISTILLED_MU : dt_calculate_shift(&k->sched, N);
-    sigmas = dt_malloc(sizeof(float) * (size_t)(g->steps + 1));
-    timesteps = dt_malloc(sizeof(float) * (size_t)g->steps);
-    if (dt_schedule_make_mu(&k->sched, g->steps, mu, sigmas, timesteps)) goto done;
-    dt_gen_observe(obs, ud, "sigmas", sigmas, 1, g->steps + 1, 0, 0, 0);
-    dt_gen_observe(obs, ud, "timesteps", timesteps, 1, g->steps, 0, 0, 0);
+/* The time shift mu from the image token count (distilled checkpoints: the pipeline's fixed one). */
+static int k2_schedule(void *ctx, dt_gen_run *r, float *sigmas, float *timesteps) {
+    k2_request *q = ctx;
+    k2_state *k = q->k;
+    const double mu = k->distilled ? K2_DISTILLED_MU : dt_calculate_shift(&k->sched, q->N);
+    return dt_schedule_make_mu(&k->sched, r->g->steps, mu, sigmas, timesteps);
+}
 
-    /* ---- denoising loop ---- */
-    v = dt_malloc(sizeof(float) * (size_t)N * C);
-    if (cfg) u = dt_malloc(sizeof(float) * (size_t)N * C);
-    k2_step_ctx kc = {k->dit, pos, neg, ids, pmask, nmask, timesteps, (float)k->sched.num_train_timesteps, N, T};
-    const int64_t shape[3] = {1, N, C};
-    dt_sampler sm = {.steps = g->steps, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = cfg,
-                     .guidance = g->guidance, .rule = DT_CFG_FROM_COND, .n = (size_t)N * C,
-                     .obs_shape = shape, .predict = k2_predict, .ctx = &kc, .v = v, .u = u,
-                     .predict_dev = k2_predict_dev, .be = p->be, .rows = N};
-    dt_dit_set_cancel(k->dit, g->cancel);   /* checked per block */
-    rc = dt_sample(&sm, x, g, t_start, tm, obs, ud);
-    dt_dit_set_cancel(k->dit, NULL);
-    if (rc) goto done;
-    rc = -1;
-    if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; goto done; }
+static int k2_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
+    k2_request *q = ctx;
+    (void)r;
+    (void)x;
+    q->timesteps = sm->timesteps;
+    q->ntt = (float)q->k->sched.num_train_timesteps;
+    sm->rule = DT_CFG_FROM_COND;
+    sm->predict = k2_predict;
+    sm->predict_dev = k2_predict_dev;
+    sm->ctx = q;
+    return 0;
+}
 
-    /* ---- latents -> image ---- */
-    double tdec = dt_now();
-    unpack(x, z, lh, lw, P, lat);
-    dt_qvae_denormalize(&k->vcfg, lat, (int64_t)lh * lw);
-    dt_gen_observe(obs, ud, "latents_unpacked", lat, 4, 1, z, lh, lw);
-    if (obs) {   /* the float image is observed too */
-        img = dt_malloc(sizeof(float) * 3 * (size_t)H * W);
-        if (dt_qvae_decode(k->vae, lat, lh, lw, img)) goto done;
-        rgb = dt_gen_image_rgb(img, H, W, obs, ud);
-    } else {
-        rgb = dt_malloc(3 * (size_t)H * W);
-        if (dt_qvae_decode_rgb8(k->vae, lat, lh, lw, rgb)) goto done;
-    }
-    tm->t_decode = dt_now() - tdec;
-    tm->t_total = dt_now() - t_start;
-    *rgb_out = rgb;
-    rgb = NULL;
-    *w_out = W;
-    *h_out = H;
-    rc = 0;
-done:
-    free(pos); free(neg); free(pmask); free(nmask); free(lat); free(x); free(v); free(u); free(ids);
-    free(sigmas); free(timesteps); free(img); free(rgb);
+/* tokens [N, C] -> unpack to [z, lh, lw], de-normalize by latents_mean / latents_std -> the Qwen-Image VAE decoder. */
+static int k2_decode(void *ctx, dt_gen_run *r, const float *x, float *img, uint8_t *rgb) {
+    k2_request *q = ctx;
+    k2_state *k = q->k;
+    const int z = k->vcfg.z_dim;
+    float *lat = dt_malloc(sizeof(float) * (size_t)z * q->lh * q->lw);
+    unpack(x, z, q->lh, q->lw, k->patch, lat);
+    dt_qvae_denormalize(&k->vcfg, lat, (int64_t)q->lh * q->lw);
+    dt_gen_observe(r->obs, r->ud, "latents_unpacked", lat, 4, 1, z, q->lh, q->lw);
+    int rc = img ? dt_qvae_decode(k->vae, lat, q->lh, q->lw, img) : dt_qvae_decode_rgb8(k->vae, lat, q->lh, q->lw, rgb);
+    free(lat);
     return rc;
+}
+
+static void k2_finish(void *ctx, dt_gen_run *r, int rc) {
+    k2_request *q = ctx;
+    (void)r;
+    (void)rc;
+    free(q->pos); free(q->neg); free(q->pmask); free(q->nmask); free(q->ids);
+}
+
+static const dt_gen_hooks k2_hooks = {
+    .prepare = k2_prepare, .load_text = k2_load_text, .encode = k2_encode, .load_models = k2_load_models,
+    .geometry = k2_geometry, .pack = k2_pack, .schedule = k2_schedule, .sampler = k2_sampler, .decode = k2_decode,
+    .finish = k2_finish,
+};
+
+static int k2_generate(dt_pipeline *p, const dt_gen_params *g, uint8_t **rgb, int *w, int *h, dt_gen_timings *tm,
+                       dt_gen_observer obs, void *ud) {
+    k2_request q = {.k = p->fam};
+    return dt_generate_run(p, g, &k2_hooks, &q, rgb, w, h, tm, obs, ud);
+}
+
+/* The memory planner's Krea 2 part (dt_family.place_sizes): the transformer's widths, the Qwen-Image VAE's decode. */
+static int k2_place_sizes(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
+                          dt_family_place *o) {
+    krea2_config c;
+    static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
+    if (krea2_config_parse(cfg, tr, &c) || dt_qvae_read_config(va, &qv)) return -1;
+    o->hidden = c.hidden;
+    o->mlp = c.intermediate;
+    o->head_dim = c.head_dim;
+    o->scale = qv.scale_factor;
+    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : DT_QVAE_DEFAULT_TILE;
+    o->vae_act = dt_qvae_decode_act_bytes(&qv, 0, lh, lw, elem);
+    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem) : 0;
+    o->vae_tile_px = t;
+    o->vae_cmax = 0;
+    for (int i = 0; i < qv.n_mult; i++)
+        o->vae_cmax = qv.base_dim * qv.dim_mult[i] > o->vae_cmax ? qv.base_dim * qv.dim_mult[i] : o->vae_cmax;
+    o->vae_attention = 1;
+    o->side_queue = 0;
+    return 0;
 }
 
 /* sequence_parallel 0: Krea 2 has no split forward (the engine refuses --sequence-parallel for it); fp8 modes: the
@@ -352,4 +402,5 @@ const dt_family dt_family_krea2 = {
     .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
     .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
+    .place_sizes = k2_place_sizes,
 };

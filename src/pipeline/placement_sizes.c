@@ -1,17 +1,14 @@
 /* placement_sizes.c — the placement planner's inputs for a pipeline folder (placement.h, dt_place_sizes_for): weight
  * bytes from the safetensors headers, the VAE decode's activations from its config, the transformer's and text
- * encoder's activations estimated from their widths. */
+ * encoder's activations estimated from their widths (the family's part through the registry: dt_family.place_sizes),
+ * the CUDA backend's grow-only buffers (dequantized weights, the decode's scratch) from the same widths. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/common.h"
 #include "io/weights.h"
-#include "models/flux2.h"
-#include "models/krea2.h"
 #include "models/qwen3.h"
-#include "models/vae_flux2.h"
-#include "models/vae_qwenimage.h"
 #include "pipeline/family.h"
 #include "pipeline/placement.h"
 
@@ -73,59 +70,40 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
         weight_bytes(tr, elem, &s->transformer, &s->transformer_packed, &quantized, &tw) ||
         weight_bytes(va, elem, &s->vae, NULL, NULL, NULL))
         goto out;
-    /* the transformer's widths: FLUX.2 or Krea 2 by its config */
-    const json *cfg = dt_weights_config(tw);
-    const char *cls = cfg ? json_get_str(cfg, "_class_name") : NULL;
-    int D, F, hd;
-    const int krea2 = cls && !strcmp(cls, "Krea2Transformer2DModel");
-    if (krea2) {
-        krea2_config c;
-        if (krea2_config_parse(cfg, tr, &c)) goto out;
-        D = c.hidden, F = c.intermediate, hd = c.head_dim;
-    } else {
-        flux2_config c;
-        if (flux2_config_parse(cfg, tr, &c)) goto out;
-        D = c.hidden, F = c.mlp_hidden, hd = c.head_dim;
+    /* the family's part: the transformer's widths and the VAE decode's activations (the tile's, then without a tile
+     * asked for the half tile's: a multiple of 4 x the scale, as tiles must be) */
+    const dt_family *fam = dt_family_for_model(root);
+    if (!fam) goto out;
+    if (!fam->place_sizes) { dt_set_error("%s: no memory plan for %s pipelines", root, fam->title); goto out; }
+    dt_family_place fp, half;
+    memset(&fp, 0, sizeof fp);
+    if (fam->place_sizes(dt_weights_config(tw), tr, va, W, H, tile, elem, &fp)) goto out;
+    const int D = fp.hidden, F = fp.mlp, hd = fp.head_dim, scale = fp.scale, step = 4 * scale;
+    s->vae_act = fp.vae_act;
+    s->vae_tile_act = fp.vae_tile_act;
+    s->vae_tile_px = fp.vae_tile_px;
+    const int half_px = tile ? 0 : fp.vae_tile_px / 2 / step * step;
+    if (half_px >= step && (H > half_px || W > half_px)) {
+        memset(&half, 0, sizeof half);
+        if (fam->place_sizes(dt_weights_config(tw), tr, va, W, H, half_px, elem, &half)) goto out;
+        s->vae_small_tile_act = half.vae_tile_act;
+        s->vae_small_tile_px = half_px;
     }
+    const int px[3] = {0, s->vae_tile_act ? s->vae_tile_px : 0, s->vae_small_tile_act ? half_px : 0};
+    for (int k = 0; k < 3; k++)
+        if (!k || px[k])
+            s->vae_scratch[k] = vae_scratch(fp.vae_cmax, fp.vae_attention, k && px[k] < H ? px[k] : H,
+                                            k && px[k] < W ? px[k] : W, scale);
     dt_qwen3_config q;
     if (dt_qwen3_read_config(te, &q)) goto out;
     s->te_act = (int64_t)T * (6LL * q.hidden + 3LL * q.intermediate) * elem;
     if (te_quantized) s->te_qbuf = 3 * (2LL * q.intermediate) * q.hidden * 2;
-    /* the VAE: FLUX.2 (8x, 2x2 patches) or Qwen-Image (8x, 2x2 packing): 16 pixels per image token */
-    dt_vae_config fv;
-    static dt_qvae_config qv;   /* (static: 2 KB of latent statistics) */
-    int scale;
-    if (!krea2) {   /* Krea 2 pipelines decode with the Qwen-Image VAE */
-        if (dt_vae_read_config(va, &fv)) goto out;
-        scale = fv.scale_factor;
-        s->vae_tile_px = tile ? tile : fv.sample_size;
-    } else {
-        if (dt_qvae_read_config(va, &qv)) goto out;
-        scale = qv.scale_factor;
-        s->vae_tile_px = tile ? tile : DT_QVAE_DEFAULT_TILE;
-    }
-    /* the tile, and without one asked for the half tile (a multiple of 4 x the scale, as tiles must be) */
-    const int lh = H / scale, lw = W / scale, step = 4 * scale;
-    const int half = tile ? 0 : s->vae_tile_px / 2 / step * step;
-    s->vae_small_tile_px = half >= step ? half : 0;
-    int cmax = 0;   /* the VAE's widest stage */
-    for (int i = 0; i < (krea2 ? qv.n_mult : fv.n_blocks); i++) {
-        const int c = krea2 ? qv.base_dim * qv.dim_mult[i] : fv.block_out[i];
-        if (c > cmax) cmax = c;
-    }
-    const int attention = krea2 || fv.mid_attention;
-    for (int k = 0; k < 3; k++) {
-        const int t = k == 0 ? 0 : k == 1 ? s->vae_tile_px : s->vae_small_tile_px;
-        if (k && (!t || (lh <= t / scale && lw <= t / scale))) continue;   /* one tile: tiling changes nothing */
-        const int64_t b = krea2 ? dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem) : dt_vae_decode_act_bytes(&fv, t, lh, lw, elem);
-        *(k == 0 ? &s->vae_act : k == 1 ? &s->vae_tile_act : &s->vae_small_tile_act) = b;
-        s->vae_scratch[k] = vae_scratch(cmax, attention, k ? (H < t ? H : t) : H, k ? (W < t ? W : t) : W, scale);
-    }
+    /* 16 pixels per image token (both VAEs 8x, then 2x2 patches) */
     const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
     s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8;
-    /* three of the largest (the single blocks' fused projection); FLUX.2's side queue (the double blocks' text
-     * stream) one more of its largest, the MLP's 2F x D */
-    if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2 + (krea2 ? 0 : 2LL * F * D * 2);
+    /* three of the largest Linear (the single blocks' fused projection); a side queue one more of its largest, the
+     * MLP's 2F x D */
+    if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2 + (fp.side_queue ? 2LL * F * D * 2 : 0);
     s->workspace = DT_PLACE_WORKSPACE;
     s->host_ok = 1;   /* (the CUDA backend's default paths; the caller knows better) */
     rc = 0;

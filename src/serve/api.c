@@ -184,7 +184,7 @@ int dt_api_check_fields(const json *root, const dt_api_limits *lim, uint64_t see
                               "response_format '%.40s' is not supported (only b64_json: images are not "
                               "stored on the server)",
                               s);
-    /* output_format, output_compression (pipeline/image_out.h says what the number means for each format) */
+    /* output_format, output_compression (image/image_out.h says what the number means for each format) */
     if (get_str(root, "output_format", &s, e)) return -1;
     r->output_format = DT_OUT_PNG;
     if (s && (strcmp(s, "png") && strcmp(s, "jpeg") && strcmp(s, "webp")))

@@ -11,7 +11,7 @@
 #include "image/image.h"
 #include "io/json.h"
 #include "pipeline/engine.h"
-#include "pipeline/image_out.h"
+#include "image/image_out.h"
 #include "serve/strbuf.h"
 
 #define DT_API_MAX_N 8              /* images per request */
@@ -44,7 +44,7 @@ typedef struct {
     int stream;                     /* answer as Server-Sent Events */
     dt_cache_opts cache;            /* "cache" ("first-block=0.08", "taylorseer=3", "off"), else the server's */
     dt_out_format output_format;    /* the images' format (png by default) */
-    int output_compression;         /* 0..100, -1 = the default (pipeline/image_out.h) */
+    int output_compression;         /* 0..100, -1 = the default (image/image_out.h) */
     /* edits (POST /v1/images/edits): the decoded uploads, owned by the request */
     int edit;
     dt_image refs[DT_GEN_MAX_REFS]; /* reference images in order (n_refs) */

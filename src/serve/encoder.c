@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "pipeline/image_meta.h"
-#include "pipeline/image_out.h"
+#include "image/image_out.h"
 #include "serve/server.h"
 #include "serve/sse.h"
 

@@ -1,5 +1,5 @@
 /* encoder.h — a worker's image encoder: one thread that turns each finished image's pixels into the bytes the
- * request asked for (output_format / output_compression, pipeline/image_out.h, with the generation's parameters as
+ * request asked for (output_format / output_compression, image/image_out.h, with the generation's parameters as
  * text), while the worker's next image runs on the device. It publishes the bytes in the job (and a stream's image
  * event), then ends the job (state, the stream's done or error event, the log line) once every image handed over
  * before the end is encoded. The only place served images are encoded. */

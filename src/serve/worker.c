@@ -151,7 +151,7 @@ static void run_job(dt_worker *w, dt_job *j) {
         uint8_t *rgb = NULL;
         int iw = 0, ih = 0;
         dt_gen_timings tm;
-        int rc = dt_pipeline_generate(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL);
+        int rc = dt_pipeline_generate_resolved(w->pl, &g, &rgb, &iw, &ih, &tm, NULL, NULL);   /* resolved in api.c */
         pthread_mutex_lock(&j->mu);
         if (rc == DT_GEN_CANCELLED) {
             end = DT_JOB_CANCELLED;

@@ -11,7 +11,8 @@
 
 #include "io/safetensors.h"
 #include "models/flux2.h"
-#include "models/synth.h"
+#include "synth.h"
+#include "synth_dit.h"
 
 typedef struct { int latent, nblk, blk[4], lpb, groups; } vae_geom;
 

@@ -13,7 +13,8 @@
 
 #include "io/safetensors.h"
 #include "models/krea2.h"
-#include "models/synth.h"
+#include "synth.h"
+#include "synth_dit.h"
 
 typedef struct {
     dt_synth_text_geom text;

@@ -10,7 +10,7 @@
 #include "core/infile.h"
 #include "core/outfile.h"
 #include "io/safetensors.h"
-#include "models/synth.h"
+#include "synth.h"
 
 int dt_synth_copy_file(const char *src, const char *dst) {
     FILE *in = dt_fopen_input(src);

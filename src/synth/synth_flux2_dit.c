@@ -1,33 +1,12 @@
-/* flux2_synth.c — FLUX.2-klein geometry presets and synthetic checkpoints with random weights
- * (for tests at the real geometry, the bench and GPU runs; no real weights are needed). */
+/* synth_flux2_dit.c — synthetic FLUX.2-klein transformer checkpoints with random weights (synth_dit.h; for tests at
+ * the real geometry, the bench and GPU runs; no real weights are needed). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io/safetensors.h"
-#include "flux2.h"
 #include "synth.h"
-
-int flux2_preset(const char *name, flux2_config *c) {
-    memset(c, 0, sizeof *c);
-    c->head_dim = 128; c->tg_channels = 256; c->n_axes = 4;
-    c->axes[0] = c->axes[1] = c->axes[2] = c->axes[3] = 32;
-    c->rope_theta = 2000; c->eps = 1e-6f;
-    if (!strcmp(name, "klein-4b")) {
-        c->in_channels = 128; c->num_layers = 5; c->num_single_layers = 20; c->heads = 24; c->joint_dim = 7680;
-    } else if (!strcmp(name, "klein-9b")) {
-        c->in_channels = 128; c->num_layers = 8; c->num_single_layers = 24; c->heads = 32; c->joint_dim = 12288;
-    } else if (!strcmp(name, "tiny")) {
-        c->in_channels = 32; c->num_layers = 1; c->num_single_layers = 2; c->heads = 2; c->joint_dim = 96;
-    } else {
-        dt_set_error("unknown FLUX.2 preset '%s' (klein-4b, klein-9b, tiny)", name);
-        return -1;
-    }
-    c->out_channels = c->in_channels;
-    c->hidden = c->heads * c->head_dim;
-    c->mlp_hidden = c->hidden * 3;
-    return 0;
-}
+#include "synth_dit.h"
 
 /* Every tensor of the diffusers layout for geometry c. */
 static void list_tensors(const flux2_config *c, synth_list *l) {

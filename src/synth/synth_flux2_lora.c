@@ -1,4 +1,4 @@
-/* flux2_synth_lora.c — random LoRA adapters for a FLUX.2 geometry, in the three key layouts adapter files come in
+/* synth_flux2_lora.c — random LoRA adapters for a FLUX.2 geometry, in the three key layouts adapter files come in
  * (tests, the reference check of tools/lora_reference.py, speed runs of the side product):
  *   diffusers  transformer.MODULE.lora_A.weight [r, in] / .lora_B.weight [out, r], alpha in the
  *              "lora_adapter_metadata" header (transformer.r, transformer.lora_alpha, transformer.target_modules:
@@ -27,7 +27,8 @@
 #include <string.h>
 
 #include "io/safetensors.h"
-#include "flux2.h"
+#include "models/flux2.h"
+#include "synth_dit.h"
 
 #define LORA_REL_AMPLITUDE 0.1
 #define LORA_MOD_REL_AMPLITUDE 0.3

@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/outfile.h"
-#include "../io/config_file.h"
-#include "../io/weights.h"
+#include "core/outfile.h"
+#include "io/config_file.h"
+#include "io/weights.h"
 
 #define BLOCK_ELEMS (1 << 20)   /* f32 elements per row block (4 MB) */
 

@@ -19,7 +19,7 @@
 
 #include "core/fp8.h"
 #include "core/outfile.h"
-#include "flux2_layouts.h"
+#include "models/flux2_layouts.h"
 #include "io/gguf.h"
 #include "quant/ggml_quants.h"
 

@@ -1,4 +1,4 @@
-/* image_out.h — a generated image's bytes in the format asked for: PNG (pipeline/png.h), JPEG or WebP
+/* image_out.h — a generated image's bytes in the format asked for: PNG (image/png.h), JPEG or WebP
  * (image/image.h), with its parameters as text, and the OpenAI `output_format` / `output_compression` names and
  * meanings. The one encoder of `ditrun generate` and the server, so both give the same bytes for the same settings. */
 #ifndef DT_IMAGE_OUT_H

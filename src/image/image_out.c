@@ -1,5 +1,5 @@
 /* image_out.c — a generated image's bytes in the format asked for (image_out.h). */
-#include "pipeline/image_out.h"
+#include "image/image_out.h"
 
 #include <string.h>
 #include <strings.h>

@@ -1,9 +1,11 @@
-/* krea2_export.c — a Krea 2 transformer written as an fp8 checkpoint folder (krea2.h, krea2_export_fp8): the
+/* krea2_export.c — a Krea 2 transformer written as an fp8 checkpoint folder (krea2_export.h: krea2_export_fp8): the
  * transformer blocks' eight Linears (attn.to_q/k/v/gate/out.0, ff.gate/up/down) as F8_E4M3 or F8_E5M2 codes +
  * NAME.weight_scale (F32 [] per tensor, or [out] per output channel) + NAME.input_scale (F32 [] = 1: ditrun scales
  * activations per token), every other tensor as stored, diffusers names, and the input's config.json.
  * Streamed tensor by tensor: memory stays near one weight row. */
-#include "krea2.h"
+#include "krea2_export.h"
+
+#include "models/krea2.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include "core/fp8.h"
 #include "core/outfile.h"
 #include "io/safetensors.h"
+#include "krea2_export.h"
 
 /* Is NAME ("transformer_blocks.3.attn.to_q.weight") a block Linear's weight? Its base (without ".weight") into base. */
 static int block_linear(const char *name, char *base, size_t blen) {

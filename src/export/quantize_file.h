@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "mlx_affine.h"
+#include "quant/mlx_affine.h"
 
 #define DT_QUANT_MAX_KEEP 32
 
