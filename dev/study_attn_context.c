@@ -27,24 +27,24 @@ static void study_attn_context(void) {
                                    "after GEMM + QK norm/RoPE", "after GEMM + 20 ms pause"};
     enum { REPS = 15 };
     double t[6][REPS], tg[REPS];
-    void *e0 = G->event_create(G), *e1 = G->event_create(G), *e2 = G->event_create(G);
+    void *e0 = GP->event_create(G), *e1 = GP->event_create(G), *e2 = GP->event_create(G);
     for (int r = 0; r < REPS; r++) {
         for (int c = 0; c < 6; c++) {
             G->sync(G);
             if (c == 0) pause_ms(20);
             if (c == 1) G->attention(G, o, q, k, v, H, H, hd, sc, dt_mat_null(), 0);
-            if (c == 2 || c == 4 || c == 5) { G->event_record(G, e2); G->linear(G, p, a, gw); }
+            if (c == 2 || c == 4 || c == 5) { GP->event_record(G, e2); G->linear(G, p, a, gw); }
             if (c == 3) G->copy(G, big1, big0);
             if (c == 4) {
                 G->head_norm_rope(G, q, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
                 G->head_norm_rope(G, k, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
             }
             if (c == 5) { G->sync(G); pause_ms(20); }
-            G->event_record(G, e0);
+            GP->event_record(G, e0);
             G->attention(G, o, q, k, v, H, H, hd, sc, dt_mat_null(), 0);
-            G->event_record(G, e1);
-            t[c][r] = G->event_elapsed_ms(G, e0, e1);
-            if (c == 2) tg[r] = G->event_elapsed_ms(G, e2, e0);
+            GP->event_record(G, e1);
+            t[c][r] = GP->event_elapsed_ms(G, e0, e1);
+            if (c == 2) tg[r] = GP->event_elapsed_ms(G, e2, e0);
         }
     }
     double fl = 4.0 * L * L * H * hd;
@@ -53,7 +53,7 @@ static void study_attn_context(void) {
         printf("TIME attention L=4608 24x128 %-28s %8.4f ms  %6.1f TFLOPS\n", names[c], ms, fl / (ms * 1e-3) / 1e12);
     }
     printf("TIME   (the proj GEMM before it: %.4f ms)\n", median(tg, REPS));
-    G->event_destroy(G, e0); G->event_destroy(G, e1); G->event_destroy(G, e2);
+    GP->event_destroy(G, e0); GP->event_destroy(G, e1); GP->event_destroy(G, e2);
     G->free(G, &a); G->free(G, &p); G->free(G, &o); G->free(G, &big0); G->free(G, &big1);
     G->free(G, &nw); G->free(G, &cs); G->free(G, &sn);
     G->linear_destroy(G, gw);

@@ -26,25 +26,25 @@ static void study_ew_ab(void) {
     enum { NA = 4, ROUNDS = 15, PER = 5 };
     double t[NA][ROUNDS];
     void *ev[NA + 1];
-    for (int i = 0; i <= NA; i++) ev[i] = G->event_create(G);
+    for (int i = 0; i <= NA; i++) ev[i] = GP->event_create(G);
     for (int r = -1; r < ROUNDS; r++) {
-        G->event_record(G, ev[0]);
+        GP->event_record(G, ev[0]);
         for (int k = 0; k < NA; k++) {
             for (int i = 0; i < PER; i++) {
                 if (k == 0) G->act_mul(G, gy1, ga1, gb1, DT_ACT_SILU);
                 else if (k == 1) G->act_mul(G, gy, ga, gb, DT_ACT_SILU);
                 else G->layernorm_mod(G, a, k == 2 ? s : sb, sh, sc, 1e-6f);
             }
-            G->event_record(G, ev[k + 1]);
+            GP->event_record(G, ev[k + 1]);
         }
-        if (r >= 0) for (int k = 0; k < NA; k++) t[k][r] = G->event_elapsed_ms(G, ev[k], ev[k + 1]) / PER;
+        if (r >= 0) for (int k = 0; k < NA; k++) t[k][r] = GP->event_elapsed_ms(G, ev[k], ev[k + 1]) / PER;
     }
     const double bytes[NA] = {6.0 * L * F, 6.0 * L * F, 6.0 * L * D, 4.0 * L * D};
     for (int k = 0; k < NA; k++) {
         double ms = median(t[k], ROUNDS);
         printf("TIME ewab %-44s %8.4f ms  %6.0f GB/s\n", names[k], ms, bytes[k] / (ms * 1e-3) / 1e9);
     }
-    for (int i = 0; i <= NA; i++) G->event_destroy(G, ev[i]);
+    for (int i = 0; i <= NA; i++) GP->event_destroy(G, ev[i]);
     G->free(G, &s); G->free(G, &a); G->free(G, &sh); G->free(G, &sc); G->free(G, &p); G->free(G, &c);
     G->free(G, &sb);
     free(h);

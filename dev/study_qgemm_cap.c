@@ -21,23 +21,23 @@ static void study_qgemm_cap(void) {
         enum { NA = 3, ROUNDS = 9, PER = 5 };
         double t[NA][ROUNDS];
         void *ev[NA + 1];
-        for (int i = 0; i <= NA; i++) ev[i] = G->event_create(G);
+        for (int i = 0; i <= NA; i++) ev[i] = GP->event_create(G);
         double t0 = dt_now();
         while (dt_now() - t0 < 0.3) { for (int i = 0; i < 20; i++) G->linear(G, y, x, gc); G->sync(G); }
         for (int r = 0; r < ROUNDS; r++) {
-            G->event_record(G, ev[0]);
+            GP->event_record(G, ev[0]);
             for (int a = 0; a < NA; a++) {
                 for (int k = 0; k < PER; k++) G->linear(G, y, x, arm[a].l);
-                G->event_record(G, ev[a + 1]);
+                GP->event_record(G, ev[a + 1]);
             }
-            for (int a = 0; a < NA; a++) t[a][r] = G->event_elapsed_ms(G, ev[a], ev[a + 1]) / PER;
+            for (int a = 0; a < NA; a++) t[a][r] = GP->event_elapsed_ms(G, ev[a], ev[a + 1]) / PER;
         }
         for (int a = 0; a < NA; a++) {
             double ms = median(t[a], ROUNDS);
             printf("TIME sustained %lldx%lldx%lld %-32s %8.4f ms  %6.1f TFLOPS\n", (long long)M, (long long)K,
                    (long long)N, arm[a].nm, ms, 2.0 * M * N * K / (ms * 1e-3) / 1e12);
         }
-        for (int i = 0; i <= NA; i++) G->event_destroy(G, ev[i]);
+        for (int i = 0; i <= NA; i++) GP->event_destroy(G, ev[i]);
         G->free(G, &x); G->free(G, &y);
         G->linear_destroy(G, gc); G->linear_destroy(G, gt); G->linear_destroy(G, gm);
         free(hx);

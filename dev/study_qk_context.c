@@ -32,7 +32,7 @@ static void study_qk_context(void) {
     };
     enum { NC = 6, REPS = 15 };
     double t[NC][REPS];
-    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
     for (int r = 0; r < REPS; r++)
         for (int c0 = 0; c0 < NC; c0++) {
             int c = (c0 + r) % NC;   /* the order rotates */
@@ -41,18 +41,18 @@ static void study_qk_context(void) {
                 G->head_norm_rope(G, cs_[c].q, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
                 G->head_norm_rope(G, cs_[c].k, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
             }
-            G->event_record(G, e0);
+            GP->event_record(G, e0);
             G->head_norm_rope(G, cs_[c].q, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
             G->head_norm_rope(G, cs_[c].k, H, hd, nw, 1e-6f, cs, sn, DT_ROPE_INTERLEAVED);
-            G->event_record(G, e1);
-            t[c][r] = G->event_elapsed_ms(G, e0, e1);
+            GP->event_record(G, e1);
+            t[c][r] = GP->event_elapsed_ms(G, e0, e1);
         }
     const double bytes = 2.0 * 2 * (double)L * D * 2;   /* q and k, read + written, bf16 */
     for (int c = 0; c < NC; c++) {
         double ms = median(t[c], REPS);
         printf("TIME qk norm+rope %-36s %8.4f ms  %6.0f GB/s\n", cs_[c].nm, ms, bytes / (ms * 1e-3) / 1e9);
     }
-    G->event_destroy(G, e0); G->event_destroy(G, e1);
+    GP->event_destroy(G, e0); GP->event_destroy(G, e1);
     G->free(G, &a); G->free(G, &p); G->free(G, &p3); G->free(G, &qc); G->free(G, &kc);
     G->free(G, &nw); G->free(G, &cs); G->free(G, &sn);
     G->linear_destroy(G, gw); G->linear_destroy(G, g3);

@@ -27,7 +27,7 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
     dt_mat o = dt_alloc_or_die(G, L, D, DT_BF16);
     float scale = 1.f / sqrtf((float)hd);
     const dt_cuda_attn fa[2] = {DT_CUDA_ATTN_CUDNN, DT_CUDA_ATTN_OWN};
-    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
     double t[2][25];
     long long c0 = 0, c1 = 0;
     dt_backend_cuda_cudnn_info(G, &c0);
@@ -39,10 +39,10 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
     for (int it = -3; it < 25; it++)
         for (int a = 0; a < 2; a++) {
             CO->attn = fa[a];
-            G->event_record(G, e0);
+            GP->event_record(G, e0);
             G->attention(G, o, q, k, v, heads, hkv, hd, scale, gb, causal);
-            G->event_record(G, e1);
-            double ms = G->event_elapsed_ms(G, e0, e1);
+            GP->event_record(G, e1);
+            double ms = GP->event_elapsed_ms(G, e0, e1);
             if (it >= 0) t[a][it] = ms;
         }
     CO->attn = DT_CUDA_ATTN_AUTO;
@@ -60,7 +60,7 @@ static void time_cudnn_vs_own(int L, int heads, int hkv, int pad, int causal) {
         }
         printf("TIME %-44s %8.3f (own / cudnn time)\n", name, ms[1] / ms[0]);
     }
-    G->event_destroy(G, e0); G->event_destroy(G, e1);
+    GP->event_destroy(G, e0); GP->event_destroy(G, e1);
     G->free(G, &buf); G->free(G, &o);
     if (pad) G->free(G, &gb);
     free(h);

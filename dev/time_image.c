@@ -6,7 +6,7 @@
 
 static void time_image(void) {
     static const int cs[3][3] = {{512, 128, 128}, {256, 512, 512}, {128, 1024, 1024}};
-    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
     for (int i = 0; i < 3; i++) {
         int ch = cs[i][0], h = cs[i][1], w = cs[i][2];
         int64_t HW = (int64_t)h * w;
@@ -18,11 +18,11 @@ static void time_image(void) {
         for (int op = 0; op < (i == 0 ? 1 : 3); op++) {
             double t[10];
             for (int r = 0; r < 12; r++) {
-                if (r >= 2) G->event_record(G, e0);
+                if (r >= 2) GP->event_record(G, e0);
                 if (op == 0) G->conv2d(G, y, x, gc, h, w);
                 else if (op == 1) G->group_norm(G, y, x, 32, ga, gb, 1e-6f, 1);
                 else G->upsample2x(G, dt_mat_reshape(y, ch / 4, 4 * HW), dt_mat_rows(x, 0, ch / 4), h, w);
-                if (r >= 2) { G->event_record(G, e1); t[r - 2] = G->event_elapsed_ms(G, e0, e1); }
+                if (r >= 2) { GP->event_record(G, e1); t[r - 2] = GP->event_elapsed_ms(G, e0, e1); }
             }
             double ms = median(t, 10);
             char name[96];
@@ -41,7 +41,7 @@ static void time_image(void) {
         G->free(G, &x); G->free(G, &y); G->free(G, &ga); G->free(G, &gb);
         free(hw); free(hb); free(hx);
     }
-    G->event_destroy(G, e0); G->event_destroy(G, e1);
+    GP->event_destroy(G, e0); GP->event_destroy(G, e1);
 }
 
 int main(void) {

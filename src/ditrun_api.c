@@ -12,7 +12,10 @@
 #include "models/flux2.h"
 #include "pipeline/engine.h"
 
-struct ditrun_engine { dt_backend *be; };
+struct ditrun_engine {
+    dt_backend *be;
+    dt_precision precision, attn_precision;   /* what models loaded from now on run in (their load options) */
+};
 struct ditrun_transformer { flux2_model *m; };
 struct ditrun_pipeline { dt_pipeline *p; };
 
@@ -40,13 +43,13 @@ void ditrun_engine_free(ditrun_engine *e) {
 const char *ditrun_engine_backend(const ditrun_engine *e) { return e->be->name; }
 
 int ditrun_engine_set_precision(ditrun_engine *e, const char *precision) {
-    if (dt_precision_from_name(precision, &e->be->opts.precision) == 0) return 0;
+    if (dt_precision_from_name(precision, &e->precision) == 0) return 0;
     dt_set_error("precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
     return -1;
 }
 
 int ditrun_engine_set_attn_precision(ditrun_engine *e, const char *precision) {
-    if (dt_precision_from_name(precision, &e->be->opts.attn_precision) == 0) return 0;
+    if (dt_precision_from_name(precision, &e->attn_precision) == 0) return 0;
     dt_set_error("attention precision: unknown value '%s' (bf16, fp8)", precision ? precision : "(null)");
     return -1;
 }
@@ -137,6 +140,8 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
     if (to_params(o, &p)) return -1;
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
+    lo.precision = e->precision;
+    lo.attn_precision = e->attn_precision;
     lo.model = o->model;
     lo.vae_tiling = o->vae_tiling;
     lo.vae_tile = o->vae_tile_size;
@@ -167,6 +172,8 @@ ditrun_load_opts ditrun_load_defaults(void) {
 ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *o) {
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
+    lo.precision = e->precision;
+    lo.attn_precision = e->attn_precision;
     lo.model = o->model;
     if (o->n_text_encoder_layers < 0 || o->n_text_encoder_layers > DT_GEN_MAX_TAPS) {
         dt_set_error("pipeline: %d text-encoder layers (at most %d)", o->n_text_encoder_layers, DT_GEN_MAX_TAPS);
@@ -227,7 +234,8 @@ void ditrun_image_free(ditrun_image *img) {
 }
 
 ditrun_transformer *ditrun_transformer_load(ditrun_engine *e, const char *path) {
-    flux2_model *m = flux2_load(e->be, path);
+    const flux2_load_opts lo = {.precision = e->precision, .attn_precision = e->attn_precision};
+    flux2_model *m = flux2_load_ex(e->be, path, &lo);
     if (!m) return NULL;
     ditrun_transformer *t = dt_calloc(1, sizeof *t);
     t->m = m;

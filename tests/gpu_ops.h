@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "backends/backend_cuda.h"
+#include "backends/backend_ext.h"
 #include "test.h"
 
 /* GEMMs against the f32 CPU backend (relative L2): the only differences are fp32 accumulation order and the
@@ -45,7 +46,9 @@ static inline float *rand_bf(size_t n, float lo, float hi) {   /* random values 
 }
 
 static dt_backend *G __attribute__((unused)), *C __attribute__((unused));   /* GPU, CPU */
-static dt_cuda_opts *CO __attribute__((unused));     /* G's live options: a test pins a variant around its calls and restores it */
+static dt_cuda_opts *CO __attribute__((unused));
+static const dt_ext_profiling *GP __attribute__((unused));         /* G's timing events (backend_ext.h) */
+static const dt_ext_fp8_internals *GF8 __attribute__((unused));    /* G's fp8 Linear internals */     /* G's live options: a test pins a variant around its calls and restores it */
 
 static inline dt_mat up(dt_backend *be, const float *h, int64_t rows, int64_t cols, dt_dtype t) {
     dt_mat m = dt_alloc_or_die(be, rows, cols, t);
@@ -105,6 +108,9 @@ static inline int gpu_ops_open(const char *prog, double *t_create) {
     if (t_create) *t_create = dt_now() - tc0;
     if (!G) { printf("FAIL %s: cuda backend: %s\n", prog, dt_last_error()); return 1; }
     CO = dt_backend_cuda_opts(G);
+    GP = dt_backend_profiling(G);
+    GF8 = dt_backend_fp8_internals(G);
+    if (!GP) { printf("FAIL %s: cuda backend: no profiling extension\n", prog); return 1; }
     C = dt_backend_cpu_create(&o);
     if (!C) { printf("FAIL %s: cpu backend: %s\n", prog, dt_last_error()); return 1; }
     return -1;
@@ -202,17 +208,17 @@ static inline void norm_rope_params(int64_t L, int64_t hd, dt_mat *nw, dt_mat *c
 
 /* Event timing of G->linear: 3 warm-up calls, the median of 20, in ms. */
 static inline double linear_ms(dt_mat y, dt_mat x, dt_linear *w) {
-    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
     for (int i = 0; i < 3; i++) G->linear(G, y, x, w);
     double t[20];
     for (int i = 0; i < 20; i++) {
-        G->event_record(G, e0);
+        GP->event_record(G, e0);
         G->linear(G, y, x, w);
-        G->event_record(G, e1);
-        t[i] = G->event_elapsed_ms(G, e0, e1);
+        GP->event_record(G, e1);
+        t[i] = GP->event_elapsed_ms(G, e0, e1);
     }
-    G->event_destroy(G, e0);
-    G->event_destroy(G, e1);
+    GP->event_destroy(G, e0);
+    GP->event_destroy(G, e1);
     return median(t, 20);
 }
 

@@ -289,8 +289,8 @@ static int run_tiny_cpu(bench_report *r, unsigned sections, int warmup, dt_preci
     o.warmup = warmup;
     o.l2_mb = 0.5;
     o.sections = sections;
-    o.be.precision = lin;
-    o.be.attn_precision = attn;
+    o.precision = lin;
+    o.attn_precision = attn;
     int lvl = dt_log_level;
     dt_log_level = 0;
     int rc = bench_run(&o, r);

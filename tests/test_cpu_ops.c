@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include "backends/backend.h"
+#include "backends/backend_ext.h"
 #include "core/fp8.h"
 #include "test.h"
 
@@ -633,25 +634,26 @@ static void timings(void) {
         dt_mat tx = dt_alloc_or_die(be, M, K, DT_F32), ty = dt_alloc_or_die(be, M, N, DT_F32);
         dt_mat tqkv = dt_alloc_or_die(be, L, 3 * H * hd, DT_F32), to = dt_alloc_or_die(be, L, H * hd, DT_F32);
         be->upload(be, tx, x); be->upload(be, tqkv, qkv);
-        void *e0 = be->event_create(be), *e1 = be->event_create(be);
+        const dt_ext_profiling *pf = dt_backend_profiling(be);
+        void *e0 = pf->event_create(be), *e1 = pf->event_create(be);
         be->linear(be, dt_mat_rows(ty, 0, 64), dt_mat_rows(tx, 0, 64), lf);     /* warm-up: threads, pages */
-        be->event_record(be, e0); be->linear(be, ty, tx, lf); be->event_record(be, e1);
-        float ms_f = be->event_elapsed_ms(be, e0, e1), ms_q = 0;
+        pf->event_record(be, e0); be->linear(be, ty, tx, lf); pf->event_record(be, e1);
+        float ms_f = pf->event_elapsed_ms(be, e0, e1), ms_q = 0;
         if (pass == 1) {
-            be->event_record(be, e0); be->linear(be, ty, tx, lq); be->event_record(be, e1);
-            ms_q = be->event_elapsed_ms(be, e0, e1);
+            pf->event_record(be, e0); be->linear(be, ty, tx, lq); pf->event_record(be, e1);
+            ms_q = pf->event_elapsed_ms(be, e0, e1);
         }
-        be->event_record(be, e0);
+        pf->event_record(be, e0);
         be->attention(be, to, dt_mat_cols(tqkv, 0, H * hd), dt_mat_cols(tqkv, H * hd, H * hd),
                       dt_mat_cols(tqkv, 2 * H * hd, H * hd), H, H, hd, 1.0f / sqrtf((float)hd), dt_mat_null(), 0);
-        be->event_record(be, e1);
-        float ms_a = be->event_elapsed_ms(be, e0, e1);
+        pf->event_record(be, e1);
+        float ms_a = pf->event_elapsed_ms(be, e0, e1);
         double gf = 2.0 * M * K * N * 1e-9, ga = 4.0 * L * L * H * hd * 1e-9;
         printf("timing cpu threads=%d: linear f32 %lldx%lldx%lld %.1f ms (%.1f GFLOP/s)", be->opts.threads,
                (long long)M, (long long)K, (long long)N, ms_f, gf / (ms_f * 1e-3));
         if (pass == 1) printf("; linear q4 %.1f ms (%.1f GFLOP/s)", ms_q, gf / (ms_q * 1e-3));
         printf("; attention %dx%dx%lld %.1f ms (%.1f GFLOP/s)\n", H, hd, (long long)L, ms_a, ga / (ms_a * 1e-3));
-        be->event_destroy(be, e0); be->event_destroy(be, e1);
+        pf->event_destroy(be, e0); pf->event_destroy(be, e1);
         be->free(be, &tx); be->free(be, &ty); be->free(be, &tqkv); be->free(be, &to);
         be->linear_destroy(be, lf); be->linear_destroy(be, lq);
         be->destroy(be);
@@ -662,8 +664,9 @@ static void timings(void) {
     free(x); free(qkv); free_weight(&tw); free_weight(&tq);
 }
 
-/* dt_power_begin/add/end over a scripted power_sample: medians (odd and even counts), range, capped count; a backend
- * without power_sample and a failing sampler give an empty summary (n = 0). */
+/* dt_power_begin/add/end over a scripted power_sample (a copy of the CPU backend whose profiling extension has it):
+ * medians (odd and even counts), range, capped count; a backend without extensions, one without power_sample and a
+ * failing sampler give an empty summary (n = 0). */
 static const int fake_mhz[6] = {1560, 1980, 1305, 1620, 1590, 1500};
 static int fake_i, fake_fail;
 static int fake_power(dt_backend *b, dt_power_sample *p) {
@@ -678,15 +681,28 @@ static int fake_power(dt_backend *b, dt_power_sample *p) {
     p->reasons = fake_mhz[i] < 1980 ? 0x4 : 0x1;
     return 0;
 }
+static dt_ext_profiling fake_pf;
+static const void *fake_get_ext(dt_backend *b, const char *name) {
+    (void)b;
+    return !strcmp(name, DT_EXT_PROFILING) ? &fake_pf : NULL;
+}
 static void test_power_summary(void) {
     dt_backend fake = *be;
-    fake.power_sample = NULL;
+    fake.get_ext = NULL;
     dt_power_acc a;
     dt_power_begin(&a, &fake, 8);
     dt_power_add(&a);
     dt_power_summary s = dt_power_end(&a);
+    T_CHECK("power summary: a backend without extensions gives n = 0", s.n == 0, "n = %d", s.n);
+    fake_pf = *dt_backend_profiling(be);
+    T_CHECK("cpu profiling extension: events, no power sensor", fake_pf.event_create && !fake_pf.power_sample, "%s",
+            "power_sample set");
+    fake.get_ext = fake_get_ext;
+    dt_power_begin(&a, &fake, 8);
+    dt_power_add(&a);
+    s = dt_power_end(&a);
     T_CHECK("power summary: a backend without power_sample gives n = 0", s.n == 0, "n = %d", s.n);
-    fake.power_sample = fake_power;
+    fake_pf.power_sample = fake_power;
     fake_i = 0;
     fake_fail = 0;
     dt_power_begin(&a, &fake, 5);   /* the begin probe takes sample 0; five more fit */
@@ -779,12 +795,14 @@ int main(int argc, char **argv) {
     test_channel_rmsnorm(3, 517, 0, 0);
     test_upsample();
 
-    {   /* events */
-        void *e0 = be->event_create(be), *e1 = be->event_create(be);
-        be->event_record(be, e0); be->event_record(be, e1);
-        float ms = be->event_elapsed_ms(be, e0, e1);
+    {   /* events (the profiling extension) */
+        const dt_ext_profiling *pf = dt_backend_profiling(be);
+        void *e0 = pf->event_create(be), *e1 = pf->event_create(be);
+        pf->event_record(be, e0); pf->event_record(be, e1);
+        float ms = pf->event_elapsed_ms(be, e0, e1);
         T_CHECK("events", ms >= 0 && ms < 1000, "%g ms", ms);
-        be->event_destroy(be, e0); be->event_destroy(be, e1);
+        pf->event_destroy(be, e0); pf->event_destroy(be, e1);
+        T_CHECK("cpu backend: no fp8-internals extension", !dt_backend_fp8_internals(be), "%s", "present");
     }
     if (do_timing) timings();
     be->destroy(be);

@@ -103,9 +103,10 @@ static void fixtures_on(dt_backend *be, double tol, const char *tag) {
     st_close(fi.io);
 }
 
-/* One fixture forward of model_dir on be (NULL on failure, reported under name). */
-static float *fixture_forward(dt_backend *be, const char *model_dir, fixture_inputs *fi, const char *name, int *nout) {
-    flux2_model *m = flux2_load(be, model_dir);
+/* One fixture forward of model_dir loaded with lo on be (NULL on failure, reported under name). */
+static float *fixture_forward(dt_backend *be, const char *model_dir, const flux2_load_opts *lo, fixture_inputs *fi,
+                              const char *name, int *nout) {
+    flux2_model *m = flux2_load_ex(be, model_dir, lo);
     if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
     *nout = fi->n * flux2_get_config(m)->out_channels;
     float *out = dt_malloc(sizeof(float) * (size_t)*nout);
@@ -119,7 +120,7 @@ static float *fixture_forward(dt_backend *be, const char *model_dir, fixture_inp
 }
 
 /* --precision fp8: the Linears fed by a norm or SwiGLU through norm_linear / act_linear_gated (flux2_config's
- * fuse_inputs, the default) against the separate ops (opts.fp8_unfused). CPU: its fused ops are the separate
+ * fuse_inputs, the default) against the separate ops (load option fp8_unfused). CPU: its fused ops are the separate
  * ops, so the two forwards agree bit for bit (a wrong modulation chunk or column view in the model's fused calls
  * fails). CUDA: the gate folded into the fp8 GEMM rounds each residual update once instead of three times, so
  * within tol. Both: the fp8 forward is FLUX2_CPU_TOL..0.3 from the reference (the fp8 path ran: the f32 CPU forward
@@ -130,16 +131,13 @@ static void fp8_fused_inputs(dt_backend *be, const char *tag, double tol) {
     if (load_inputs(&fi)) { T_FAIL(tag, "%s", dt_last_error()); return; }
     char model[512], name[160];
     snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
-    dt_precision saved = be->opts.precision;
-    be->opts.precision = DT_PREC_FP8;
+    flux2_load_opts lo = {.precision = DT_PREC_FP8};
     int n1 = 0, n2 = 0;
     snprintf(name, sizeof name, "%s fp8 forward, fused inputs", tag);
-    float *fused = fixture_forward(be, model, &fi, name, &n1);
-    be->opts.fp8_unfused = 1;
+    float *fused = fixture_forward(be, model, &lo, &fi, name, &n1);
+    lo.fp8_unfused = 1;
     snprintf(name, sizeof name, "%s fp8 forward, separate ops", tag);
-    float *sep = fixture_forward(be, model, &fi, name, &n2);
-    be->opts.fp8_unfused = 0;
-    be->opts.precision = saved;
+    float *sep = fixture_forward(be, model, &lo, &fi, name, &n2);
     if (fused && sep && n1 == n2) {
         snprintf(name, sizeof name, "%s fp8 forward: fused inputs vs separate ops", tag);
         if (tol == 0) {
@@ -285,11 +283,11 @@ static void cuda_fp8_attention_off(void) {
         dt_cuda_opts_from_env(&co);
         co.fp8_attn_unsafe = unsafe;
         dt_backend_opts o = {0};
-        o.attn_precision = DT_PREC_FP8;
         o.cuda = &co;
         dt_backend *be = dt_backend_cuda_create(&o);
         if (!be) { T_FAIL("cuda fp8 attention off", "%s", dt_last_error()); return; }
-        flux2_model *m = flux2_load(be, model);
+        const flux2_load_opts lo = {.attn_precision = DT_PREC_FP8};
+        flux2_model *m = flux2_load_ex(be, model, &lo);
         int ver = dt_backend_cuda_cudnn_info(be, NULL);
         if (!unsafe && ver >= 91900)
             T_CHECK("cuda --attn-precision fp8 accepted with cuDNN >= 9.19", m != NULL, "%s", dt_last_error());

@@ -60,10 +60,9 @@ static void free_inputs(inputs *in) {
     free(in->img); free(in->txt); free(in->img_ids); free(in->txt_ids); free(in->ref); free(in->ref_ids);
 }
 
-static dt_backend *cpu(dt_precision prec) {
+static dt_backend *cpu(void) {
     dt_backend_opts o = {0};
     o.threads = 2;
-    o.precision = prec;
     return dt_backend_cpu_create(&o);
 }
 
@@ -71,8 +70,10 @@ static flux2_load_opts g_load;   /* LoRA adapters of the model under test (none 
 
 /* The unsplit forward on a fresh model (refs: 0 none, 1 appended, 2 KV-cached). */
 static float *single(const char *model, dt_precision prec, const inputs *in, float ts, int refs) {
-    dt_backend *be = cpu(prec);
-    flux2_model *m = flux2_load_ex(be, model, &g_load);
+    dt_backend *be = cpu();
+    flux2_load_opts lo = g_load;
+    lo.precision = prec;
+    flux2_model *m = flux2_load_ex(be, model, &lo);
     float *out = NULL;
     if (m) {
         const flux2_config *c = flux2_get_config(m);
@@ -95,8 +96,9 @@ static float *single(const char *model, dt_precision prec, const inputs *in, flo
 static void compare(const char *name, const char *model, int N, dt_precision prec, const inputs *in, float ts, int refs,
                     double tol) {
     float *ref = single(model, prec, in, ts, refs);
-    dt_backend *be = cpu(prec);
+    dt_backend *be = cpu();
     flux2_sp_opts o = {.ranks = N, .load = g_load};
+    o.load.precision = prec;
     flux2_sp *sp = flux2_sp_load(be, model, &o);
     if (!ref || !sp) {
         T_FAIL(name, "load: %s", dt_last_error());
@@ -173,13 +175,13 @@ int main(void) {
             spec.scale = 0.8f;
             make_inputs(&tiny, 63, 15, 0, &in);
             for (int side = 0; side <= 1; side++) {
-                g_load = (flux2_load_opts){&spec, 1, side};
+                g_load = (flux2_load_opts){.loras = &spec, .n_loras = 1, .lora_side = side};
                 float *base = NULL;
                 if (side == 0) {   /* the adapter changes the output (so the comparison below sees it) */
                     flux2_load_opts none = {0};
                     g_load = none;
                     base = single(fixture, DT_PREC_BF16, &in, 0.5f, 0);
-                    g_load = (flux2_load_opts){&spec, 1, side};
+                    g_load = (flux2_load_opts){.loras = &spec, .n_loras = 1, .lora_side = side};
                     float *with = single(fixture, DT_PREC_BF16, &in, 0.5f, 0);
                     double d = base && with ? dt_rel_l2(with, base, (size_t)63 * 32) : 0;
                     T_CHECK("sp forward: the test LoRA changes the fixture's output", d > 1e-3, "rel_l2 %.3g", d);
@@ -234,7 +236,7 @@ int main(void) {
 
     /* one loaded split model across forwards: resident text, repeats, shape changes, references set and removed */
     {
-        dt_backend *be = cpu(DT_PREC_BF16);
+        dt_backend *be = cpu();
         flux2_sp_opts o = {.ranks = 3};
         flux2_sp *sp = flux2_sp_load(be, six, &o);
         inputs a, b;
@@ -271,7 +273,7 @@ int main(void) {
 
     /* errors */
     {
-        dt_backend *be = cpu(DT_PREC_BF16);
+        dt_backend *be = cpu();
         flux2_sp_opts o = {.ranks = 3};
         flux2_sp *sp = flux2_sp_load(be, fixture, &o);
         T_CHECK("sp errors: 3 ranks for 2 heads refused", !sp && strstr(dt_last_error(), "2 attention heads"), "%s",

@@ -121,7 +121,7 @@ static int one_lora(const unsigned char *d, size_t n) {
     if (write_all(p, d, n)) return -1;
     dt_lora_spec spec;
     if (dt_lora_spec_parse(p, &spec)) return -1;
-    flux2_load_opts o = {&spec, 1, n && (d[0] & 1)};
+    flux2_load_opts o = {.loras = &spec, .n_loras = 1, .lora_side = n && (d[0] & 1)};
     flux2_model *m = flux2_load_ex(be, model, &o);
     if (!m) return strstr(dt_last_error(), "adapter.safetensors") ? 0 : -1;
     const flux2_config *c = flux2_get_config(m);

@@ -118,19 +118,19 @@ static double test_attention(const char *tag, int L, int Lk, int hq, int hkv, in
     t_check_rel_l2(name, got + (size_t)masked_lead * Dq, ref + (size_t)masked_lead * Dq,
                    (size_t)(n - masked_lead) * Dq, TOL_ATTN);
     if (timeit) {
-        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
         for (int i = 0; i < 3; i++) G->attention(G, o, q, k, v, hq, hkv, hd, scale, gb, causal);
         double t[20];
         for (int i = 0; i < 20; i++) {
-            G->event_record(G, e0);
+            GP->event_record(G, e0);
             G->attention(G, o, q, k, v, hq, hkv, hd, scale, gb, causal);
-            G->event_record(G, e1);
-            t[i] = G->event_elapsed_ms(G, e0, e1);
+            GP->event_record(G, e1);
+            t[i] = GP->event_elapsed_ms(G, e0, e1);
         }
         ms = median(t, 20);
         double flops = 4.0 * L * (double)Lk * hq * hd * (causal ? 0.5 : 1.0);
         printf("TIME %-44s %8.3f ms  %7.1f TFLOPS\n", name, ms, flops / (ms * 1e-3) / 1e12);
-        G->event_destroy(G, e0); G->event_destroy(G, e1);
+        GP->event_destroy(G, e0); GP->event_destroy(G, e1);
     }
     free(qs); free(ref); free(got); free(hq_); free(hk); free(hv); free(hb);
     G->free(G, &buf); G->free(G, &o);
@@ -178,22 +178,22 @@ static void test_attention_fp8(int L, int Lk, int hq, int hkv, int hd, int timei
              100 * e_emu);
     T_CHECK(nm2, e_exact < 0.15, "rel L2 %.4g", e_exact);
     if (timeit) {
-        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
         double t[2][25];
         for (int it = -3; it < 25; it++)
             for (int j = 0; j < 2; j++) {
                 int var = (it & 1) ? 1 - j : j;   /* order rotates */
-                G->event_record(G, e0);
+                GP->event_record(G, e0);
                 if (var) G->attention_fp8(G, o, q, k, v, hq, hkv, hd, scale);
                 else G->attention(G, o, q, k, v, hq, hkv, hd, scale, dt_mat_null(), 0);
-                G->event_record(G, e1);
-                if (it >= 0) t[var][it] = G->event_elapsed_ms(G, e0, e1);
+                GP->event_record(G, e1);
+                if (it >= 0) t[var][it] = GP->event_elapsed_ms(G, e0, e1);
             }
         double flops = 4.0 * L * (double)Lk * hq * hd, ms0 = median(t[0], 25), ms1 = median(t[1], 25);
         printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (bf16, default path)\n", name, ms0, flops / (ms0 * 1e-3) / 1e12);
         printf("TIME %-44s %8.3f ms  %7.1f TFLOPS  (fp8 incl. quantization)\n", name, ms1, flops / (ms1 * 1e-3) / 1e12);
         printf("TIME %-44s %8.3f (fp8 / bf16 time)\n", name, ms1 / ms0);
-        G->event_destroy(G, e0); G->event_destroy(G, e1);
+        GP->event_destroy(G, e0); GP->event_destroy(G, e1);
     }
     free(qs); free(ref); free(exact); free(got); free(hq_); free(hk); free(hv);
     G->free(G, &buf); G->free(G, &o);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "backends/backend_ext.h"
 #include "core/fp8.h"
 #include "flux2_fixture_io.h"
 #include "io/safetensors.h"
@@ -39,6 +40,7 @@
 #define TOL_FORWARD_FP8 6e-2
 
 static dt_backend *G, *C;
+static const dt_ext_profiling *GP;   /* G's timing events */
 static uint64_t rs = 88172645463325252ull;
 static float frand(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (float)((rs >> 40) * (1.0 / 16777216.0)) * 2 - 1; }
 static float *rand_bf(size_t n, float amp) {
@@ -213,19 +215,19 @@ static void time_linear(const char *label, const dt_linear_src *src, int64_t M) 
     if (!l) { printf("# %s: %s\n", label, dt_last_error()); return; }
     float *x = rand_bf((size_t)(M * src->in), 1.0f);
     dt_mat xm = up(G, x, M, src->in), ym = dt_alloc_or_die(G, M, src->out, G->act_dtype);
-    void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
     double best = 1e30;
     for (int it = 0; it < 12; it++) {
-        G->event_record(G, e0);
+        GP->event_record(G, e0);
         G->linear(G, ym, xm, l);
-        G->event_record(G, e1);
-        double ms = G->event_elapsed_ms(G, e0, e1);
+        GP->event_record(G, e1);
+        double ms = GP->event_elapsed_ms(G, e0, e1);
         if (it >= 2 && ms < best) best = ms;
     }
     printf("# time %-40s M=%lld N=%lld K=%lld: %.3f ms (%.0f TFLOPS)\n", label, (long long)M, (long long)src->out,
            (long long)src->in, best, 2.0 * M * src->out * src->in / (best * 1e-3) / 1e12);
-    G->event_destroy(G, e0);
-    G->event_destroy(G, e1);
+    GP->event_destroy(G, e0);
+    GP->event_destroy(G, e1);
     G->free(G, &xm);
     G->free(G, &ym);
     G->linear_destroy(G, l);
@@ -246,6 +248,7 @@ int main(void) {
     G = dt_backend_cuda_create(&o);
     C = dt_backend_cpu_create(&o);
     if (!G || !C) { printf("FAIL gpu_formats: backends: %s\n", dt_last_error()); return 1; }
+    if (!(GP = dt_backend_profiling(G))) { printf("FAIL gpu_formats: no profiling extension\n"); return 1; }
     const dt_dtype types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) gguf_linear(types[i]);
     fp8_file_linear(DT_F8_E4M3, 0);

@@ -109,7 +109,7 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
         const char *mn = mode == 2 ? "epilogue scales, accurate accumulation"
                          : mode == 1 ? "accurate accumulation" : "default: fast accumulation";
         snprintf(name, sizeof name, "%s [%s; %s] vs cpu fp8 emulation", base, mn,
-                 G->fp8_scale_mode ? G->fp8_scale_mode(G) : "?");
+                 GF8 ? GF8->scale_mode(G) : "?");
         t_check_rel_l2(name, got, ref8, (size_t)ns * N, mode ? TOL_FP8_EMU : TOL_FP8_FAST);
         snprintf(name, sizeof name, "%s [%s] vs bf16 reference", base, mn);
         t_check_rel_l2(name, got, refb, (size_t)ns * N, TOL_FP8_VS_BF16);
@@ -124,19 +124,19 @@ static void test_linear_fp8(int64_t M, int64_t K, int64_t N, int bits, int with_
     if (timeit) {
         snprintf(name, sizeof name, "bf16 M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);
         time_linear(name, y, x, gb, M, N, K);
-        if (G->fp8_quant) {   /* the activation pass alone: read M*K bf16, write M*K codes + M scales */
-            void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        if (GF8) {   /* the activation pass alone: read M*K bf16, write M*K codes + M scales */
+            void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
             double t[20];
             for (int i = 0; i < 23; i++) {
-                G->event_record(G, e0);
-                G->fp8_quant(G, x);
-                G->event_record(G, e1);
-                if (i >= 3) t[i - 3] = G->event_elapsed_ms(G, e0, e1);
+                GP->event_record(G, e0);
+                GF8->quant(G, x);
+                GP->event_record(G, e1);
+                if (i >= 3) t[i - 3] = GP->event_elapsed_ms(G, e0, e1);
             }
             double ms = median(t, 20);
             printf("TIME %-44s %8.3f ms  %7.1f GB/s\n", "fp8 activation quantize", ms, 3.0 * M * K / (ms * 1e-3) / 1e9);
-            G->event_destroy(G, e0);
-            G->event_destroy(G, e1);
+            GP->event_destroy(G, e0);
+            GP->event_destroy(G, e1);
         }
         G->linear_destroy(G, gb);
     }
@@ -163,9 +163,10 @@ static double max_abs_diff(const float *a, const float *b, size_t n, size_t *at)
  * - norm_linear equals the composed ops (layernorm_mod, then linear's quantizing pass) bit for bit: the fused
  *   kernel quantizes the same bf16 values with the same expressions;
  * - act_linear_gated equals act_mul + linear_gated_add bit for bit (same codes, same gated GEMM); against the
- *   two-pass path (DITRUN_FP8_FUSE=0: linear into a scratch, then gated_add, which rounds y and gate·y) and the
- *   CPU fp8 emulation on the same bf16 activations: the residual's increment within TOL_FP8_GATE;
- * - timeit: fused vs DITRUN_FP8_FUSE=0, interleaved, median of 15. */
+ *   two-pass path (a Linear created with dt_linear_src.fp8_unfused: linear into a scratch, then gated_add, which
+ *   rounds y and gate·y) and the CPU fp8 emulation on the same bf16 activations: the residual's increment within
+ *   TOL_FP8_GATE; the fp8-internals extension's force_unfused on the fused Linear equals that Linear bit for bit;
+ * - timeit: fused vs force_unfused, interleaved, median of 15. */
 static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64_t F, int64_t N2, int timeit) {
     char name[200];
     const float eps = 1e-6f;
@@ -173,8 +174,10 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
     wsrc w1 = make_weights(N1, D, 0, 0, 0), w2 = make_weights(N2, K2, 4, 64, 0);
     dt_linear_src s1 = w1.src, s2 = w2.src;
     s1.precision = s2.precision = DT_PREC_FP8;
-    dt_linear *g1 = G->linear_create(G, &s1), *g2 = G->linear_create(G, &s2);
-    if (!g1 || !g2) { T_FAIL("fp8 fused inputs", "linear_create: %s", dt_last_error()); return; }
+    dt_linear_src s2u = s2;
+    s2u.fp8_unfused = 1;   /* the same weights, taking their input in a pass of their own */
+    dt_linear *g1 = G->linear_create(G, &s1), *g2 = G->linear_create(G, &s2), *g2u = G->linear_create(G, &s2u);
+    if (!g1 || !g2 || !g2u || !GF8) { T_FAIL("fp8 fused inputs", "linear_create: %s", GF8 ? dt_last_error() : "no fp8-internals extension"); return; }
     float *hx = rand_bf((size_t)M * D, -2.f, 2.f);
     for (int64_t i = 0; i < M * D; i += 89) hx[i] = dt_bf16_round(hx[i] * 8.f);   /* outliers */
     float *hm = rand_bf((size_t)2 * D, -0.5f, 0.5f);
@@ -207,14 +210,20 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
     float *hr = rand_bf((size_t)M * N2, -0.5f, 0.5f), *hg = rand_bf((size_t)N2, 0.5f, 1.5f);
     dt_mat c1 = upa(G, hc, M, K2), c2 = upa(G, hc, M, K2), c3 = upa(G, hc, M, K2), ab = upa(G, hab, M, 2 * F);
     dt_mat av = dt_mat_cols(ab, 0, F), bv = dt_mat_cols(ab, F, F), gate = upa(G, hg, 1, N2);
-    dt_mat x1 = upa(G, hr, M, N2), x2 = upa(G, hr, M, N2), x3 = upa(G, hr, M, N2);
+    dt_mat x1 = upa(G, hr, M, N2), x2 = upa(G, hr, M, N2), x3 = upa(G, hr, M, N2), x4 = upa(G, hr, M, N2);
+    dt_mat c4 = upa(G, hc, M, K2);
     dt_mat ys = dt_alloc_or_die(G, M, N2, DT_BF16);
     G->act_linear_gated(G, x1, c1, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
     dt_act_linear_gated_composed(G, x2, c2, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
-    G->opts.fp8_unfused = 1;
-    G->act_linear_gated(G, x3, c3, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
-    G->opts.fp8_unfused = 0;
-    float *q1 = down(G, x1), *q2 = down(G, x2), *q3 = down(G, x3);
+    G->act_linear_gated(G, x3, c3, lead, av, bv, DT_ACT_SILU, g2u, gate, ys);
+    GF8->force_unfused(G, 1);
+    G->act_linear_gated(G, x4, c4, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
+    GF8->force_unfused(G, 0);
+    float *q1 = down(G, x1), *q2 = down(G, x2), *q3 = down(G, x3), *q4 = down(G, x4);
+    md = max_abs_diff(q3, q4, (size_t)M * N2, &at);
+    snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld N=%lld: force_unfused == a Linear created fp8_unfused bit "
+             "for bit", (long long)M, (long long)N2);
+    T_CHECK(name, md == 0, "max |diff| %g at [%zu, %zu]", md, at / (size_t)N2, at % (size_t)N2);
     md = max_abs_diff(q1, q2, (size_t)M * N2, &at);
     snprintf(name, sizeof name, "fp8 act_linear_gated M=%lld K=%lld+%lld N=%lld: fused == act_mul + linear_gated_add "
              "bit for bit", (long long)M, (long long)lead, (long long)F, (long long)N2);
@@ -242,22 +251,22 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
         t_check_rel_l2(name, got, ref, (size_t)ns * N2, TOL_FP8_GATE);
         free(hcc); free(ref); free(got);
     }
-    if (timeit) {   /* fused vs opts.fp8_unfused, interleaved */
-        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+    if (timeit) {   /* fused vs force_unfused, interleaved */
+        void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
         double t[2][2][15];
         for (int i = 0; i < 18; i++) {
             for (int v = 0; v < 2; v++) {
                 int var = (i + v) % 2;   /* rotated order */
-                G->opts.fp8_unfused = var;
-                G->event_record(G, e0);
+                GF8->force_unfused(G, var);
+                GP->event_record(G, e0);
                 G->norm_linear(G, y1, x, sh, sc, eps, g1, a1);
-                G->event_record(G, e1);
-                float t0 = G->event_elapsed_ms(G, e0, e1);
-                G->event_record(G, e0);
+                GP->event_record(G, e1);
+                float t0 = GP->event_elapsed_ms(G, e0, e1);
+                GP->event_record(G, e0);
                 G->act_linear_gated(G, x1, c1, lead, av, bv, DT_ACT_SILU, g2, gate, ys);
-                G->event_record(G, e1);
-                float t1 = G->event_elapsed_ms(G, e0, e1);
-                G->opts.fp8_unfused = 0;
+                GP->event_record(G, e1);
+                float t1 = GP->event_elapsed_ms(G, e0, e1);
+                GF8->force_unfused(G, 0);
                 if (i >= 3) { t[var][0][i - 3] = t0; t[var][1][i - 3] = t1; }
             }
         }
@@ -265,13 +274,13 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
                median(t[0][0], 15), median(t[1][0], 15), (long long)M, (long long)D, (long long)N1);
         printf("TIME %-44s %8.4f ms fused, %8.4f ms two ops (M=%lld K=%lld+%lld N=%lld)\n", "fp8 act_linear_gated",
                median(t[0][1], 15), median(t[1][1], 15), (long long)M, (long long)lead, (long long)F, (long long)N2);
-        G->event_destroy(G, e0); G->event_destroy(G, e1);
+        GP->event_destroy(G, e0); GP->event_destroy(G, e1);
     }
-    free(r1); free(r2); free(q1); free(q2); free(q3);
+    free(r1); free(r2); free(q1); free(q2); free(q3); free(q4);
     free(hx); free(hm); free(hc); free(hab); free(hr); free(hg);
-    dt_mat all[] = {x, sh, sc, a1, a2, y1, y2, c1, c2, c3, ab, gate, x1, x2, x3, ys};
+    dt_mat all[] = {x, sh, sc, a1, a2, y1, y2, c1, c2, c3, c4, ab, gate, x1, x2, x3, x4, ys};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) G->free(G, &all[i]);
-    G->linear_destroy(G, g1); G->linear_destroy(G, g2);
+    G->linear_destroy(G, g1); G->linear_destroy(G, g2); G->linear_destroy(G, g2u);
     free_weights(&w1); free_weights(&w2);
 }
 
@@ -389,21 +398,21 @@ static void test_linear_gated(int64_t M, int64_t K, int64_t N, int bits, int gat
     for (size_t i = 0; i < (size_t)(M * N); i++) { f1[i] -= hx[i]; f2[i] -= hx[i]; }
     t_check_rel_l2(name, f1, f2, (size_t)(M * N), TOL_GATED);
     if (timeit) {
-        void *e0 = G->event_create(G), *e1 = G->event_create(G);
+        void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
         double tf[20], tu[20];
         for (int i = 0; i < 23; i++) {   /* interleaved: fused, then linear + gated_add */
-            G->event_record(G, e0);
+            GP->event_record(G, e0);
             G->linear_gated_add(G, x1, a, gw, g);
-            G->event_record(G, e1);
-            if (i >= 3) tf[i - 3] = G->event_elapsed_ms(G, e0, e1);
-            G->event_record(G, e0);
+            GP->event_record(G, e1);
+            if (i >= 3) tf[i - 3] = GP->event_elapsed_ms(G, e0, e1);
+            GP->event_record(G, e0);
             G->linear(G, y, a, gw);
             G->gated_add(G, x2, g, y);
-            G->event_record(G, e1);
-            if (i >= 3) tu[i - 3] = G->event_elapsed_ms(G, e0, e1);
+            GP->event_record(G, e1);
+            if (i >= 3) tu[i - 3] = GP->event_elapsed_ms(G, e0, e1);
         }
         printf("TIME %-44s %8.4f ms fused  %8.4f ms linear+gated_add\n", name, median(tf, 20), median(tu, 20));
-        G->event_destroy(G, e0); G->event_destroy(G, e1);
+        GP->event_destroy(G, e0); GP->event_destroy(G, e1);
     }
     free(f1); free(f2); free(ha); free(hx); free(hg);
     G->free(G, &a); G->free(G, &x1); G->free(G, &x2); G->free(G, &y); G->free(G, &g);

@@ -586,10 +586,8 @@ static void cuda_graph_replay(dt_backend *be) {
     size_t n = (size_t)fi.n * fi.in_ch;
     for (int f8 = 0; f8 < 2; f8++) {
         if (f8 && !be->attention_fp8) { T_SKIP("cuda krea2 graph, fp8 attention", "no fp8 attention"); break; }
-        dt_precision ap = be->opts.attn_precision;
-        be->opts.attn_precision = f8 ? DT_PREC_FP8 : DT_PREC_BF16;
-        krea2_model *m = krea2_load(be, dir);
-        be->opts.attn_precision = ap;
+        const krea2_load_opts lo = {.attn_precision = f8 ? DT_PREC_FP8 : DT_PREC_BF16};
+        krea2_model *m = krea2_load_ex(be, dir, &lo);
         if (!m) { T_FAIL("cuda krea2 graph", "load: %s", dt_last_error()); continue; }
         uint8_t *mask2 = dt_malloc((size_t)fi.t);
         memcpy(mask2, fi.mask, (size_t)fi.t);
@@ -621,20 +619,16 @@ static void cuda_graph_replay(dt_backend *be) {
 
 /* ------------------------------------------------------------------ fp8 */
 
-/* One fixture forward on a fresh load with precision / attn_precision / fp8_unfused set on be (restored after);
+/* One fixture forward on a fresh load with these precision / attn_precision / fp8_unfused load options;
  * fmt receives the weight formats. The inputs are fi's, or (n_txt, txt, pos, mask) when txt is given. NULL on
  * failure (reported). */
 static float *fp8_forward(dt_backend *be, const fx_inputs *fi, dt_precision prec, dt_precision aprec, int unfused,
                           int n_txt, const float *txt, const float *pos, const uint8_t *mask, const char *name,
                           char *fmt, size_t fmt_len) {
-    dt_backend_opts saved = be->opts;
-    be->opts.precision = prec;
-    be->opts.attn_precision = aprec;
-    be->opts.fp8_unfused = unfused;
+    const krea2_load_opts lo = {.precision = prec, .attn_precision = aprec, .fp8_unfused = unfused};
     char dir[512];
     snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
-    krea2_model *m = krea2_load(be, dir);
-    be->opts = saved;
+    krea2_model *m = krea2_load_ex(be, dir, &lo);
     if (!m) { T_FAIL(name, "load failed: %s", dt_last_error()); return NULL; }
     size_t bytes;
     krea2_weight_info(m, &bytes, fmt, fmt_len);

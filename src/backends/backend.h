@@ -61,217 +61,195 @@ struct dt_cuda_opts;   /* the CUDA backend's own options (backends/backend_cuda.
 
 /* Options given when creating a backend: typed run-time choices, set by the caller (CLI flags, the API, tests,
  * the bench); no backend reads the environment per op. A zero-filled struct is a valid default (rope_fp32 = 0
- * aside: callers set it to 1, the measured default). */
+ * aside: callers set it to 1, the measured default). What a model runs in (--precision, --attn-precision) is the
+ * model's load option, not the backend's (e.g. flux2_load_opts; each Linear's request is dt_linear_src.precision). */
 typedef struct {
     int threads;            /* CPU threads (0 = all cores) */
     int device;             /* CUDA device index */
     dt_qpath qpath;         /* quantized Linear path */
     int rope_fp32;          /* rotate in f32 (1) or with bf16 products (0; CUDA only, the CPU always uses f32) */
-    dt_precision precision; /* precision models request for their large Linears (DiT blocks); each
-                             * Linear's own request is dt_linear_src.precision (see linear_create) */
-    dt_precision attn_precision; /* requested precision of the DiT's attention (models that have an fp8 variant,
-                                  * FLUX.2, call attention_fp8 when DT_PREC_FP8); read by models at load */
-    int fp8_unfused;        /* A/B arm of precision fp8 (default 0): the fp8 Linears quantize their input in a pass of
-                             * their own and a gated residual runs as linear + gated_add, instead of taking e4m3
-                             * activations from the producing norm / SwiGLU (norm_linear, act_linear_gated) and
-                             * folding the gate into the GEMM. Read by models at load and by backends per call. */
     const struct dt_cuda_opts *cuda;   /* CUDA backend options (NULL: dt_cuda_opts_from_env); on a created CUDA
                                         * backend, its live copy (dt_backend_cuda_opts) */
     int verbose;            /* -v: device facts; models log the paths of their Linears at load (dt_linear_paths) */
 } dt_backend_opts;
 
-/* The GPU's clock and power state at one moment (power_sample). */
-typedef struct {
-    int sm_mhz, sm_max_mhz;          /* current and maximum SM clock */
-    double power_w, limit_w;         /* board power draw and the enforced power limit */
-    unsigned long long reasons;      /* clock throttle reasons (NVML bits: 0x4 software power cap, 0x20/0x40
-                                      * thermal, 0x8 hardware slowdown, 0x1 idle) */
-    int temp_c;
-} dt_power_sample;
-
-/* The backend: a table of function pointers in five groups.
+/* The backend: a table of function pointers in four groups, each slot declared once in the DT_BACKEND_SLOTS list
+ * below (the struct takes its slots from it, and the trace wrapper backend_trace.c wraps every slot from the same
+ * list, so a new op cannot go untraced):
  *   1. memory and weights     every backend
  *   2. core ops               every backend; the CPU backend is the reference the others are tested against
  *   3. fused ops              one op where a backend can do two in one pass; each has its composed form below
  *                             the struct (what the CPU backend runs), so models call them unconditionally
  *   4. execution (optional)   queues, graph capture, prefetch hints: NULL where the backend has one queue
- *   5. profiling (optional)   timing events, clock and power, the fp8 Linear's internals for the bench */
+ * and get_ext: the optional extensions (profiling, the fp8 Linear's internals, ...; backends/backend_ext.h), looked
+ * up by name.
+ * Each list entry is V(name, params, args) for a slot returning nothing or R(type, name, params, args) for one
+ * returning `type`: params its parameters, args the same names as a call's arguments. */
 typedef struct dt_backend dt_backend;
+
+#define DT_BACKEND_SLOTS(V, R) \
+    V(destroy, (dt_backend *be), (be)) \
+    \
+    /* ---- 1. memory and weights ---- */ \
+    /* Allocate a contiguous rows x cols matrix of dtype (act_dtype or F32). 0 ok, -1 error. */ \
+    R(int, alloc, (dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype), (be, m, rows, cols, dtype)) \
+    V(free, (dt_backend *be, dt_mat *m), (be, m)) \
+    /* Copy host f32 [rows, cols] (contiguous) into m (converted to m.dtype). */ \
+    V(upload, (dt_backend *be, dt_mat m, const float *src), (be, m, src)) \
+    /* Copy m into host f32 [rows, cols] (contiguous). Synchronizes. */ \
+    V(download, (dt_backend *be, float *dst, dt_mat m), (be, dst, m)) \
+    /* Wait for all queued work. 0 ok, -1 error (message set). */ \
+    R(int, sync, (dt_backend *be), (be)) \
+    /* Bytes of device memory currently allocated, and the peak the backend held at once (CUDA: its allocations \
+     * plus its cache of freed blocks, i.e. what it took from cudaMalloc; for reports). */ \
+    V(mem_stats, (dt_backend *be, size_t *current, size_t *peak), (be, current, peak)) \
+    \
+    /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error. \
+     * src->precision == DT_PREC_FP8: weights become e4m3 codes with one f32 scale per output channel \
+     * (amax/448, dequantized in f32 first), activations are quantized per row at run time (core/fp8.h); \
+     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16). \
+     * src->fp8_unfused: how that Linear takes its input in the fused ops (core/linear_src.h). */ \
+    R(dt_linear *, linear_create, (dt_backend *be, const dt_linear_src *src), (be, src)) \
+    V(linear_destroy, (dt_backend *be, dt_linear *w), (be, w)) \
+    /* How a prepared Linear runs, in words ("dense bf16, cuBLASLt", "transient: dequantized to bf16 before each \
+     * cuBLASLt GEMM", ...): what the -v summary of a model's Linears names (dt_linear_paths). The string lives as \
+     * long as the Linear. */ \
+    R(const char *, linear_path, (dt_backend *be, const dt_linear *w), (be, w)) \
+    /* 2-D convolution weights w [cout, cin, k, k] f32 host, bias [cout] (may be NULL), stride 1, \
+     * zero padding `pad`. */ \
+    R(dt_conv *, conv_create, (dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad), \
+      (be, w, bias, cout, cin, k, pad)) \
+    V(conv_destroy, (dt_backend *be, dt_conv *c), (be, c)) \
+    \
+    /* ---- 2. core ops ---- */ \
+    /* y[M,N] = x[M,K] · Wᵀ (+ bias). W is [N,K]. y must not alias x. */ \
+    V(linear, (dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w), (be, y, x, w)) \
+    /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps. \
+     * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */ \
+    V(layernorm_mod, (dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps), \
+      (be, y, x, shift, scale, eps)) \
+    /* y[M,D] = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w [1, D] F32 param or NULL data (=1). \
+     * w_offset: 0 normal, 1 zero-centred weights (Krea 2). y may alias x. */ \
+    V(rmsnorm, (dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps), (be, y, x, w, w_offset, eps)) \
+    /* In place on x[L, H*hd]: per head RMSNorm over hd with weight w [1, hd] F32 (NULL data = no norm), \
+     * then RoPE with cos/sin [L, hd] F32 tables (mode NONE = no rotation). \
+     * INTERLEAVED pairs (2k, 2k+1); HALF pairs (i, i+hd/2). */ \
+    V(head_norm_rope, (dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps, dt_mat cos, dt_mat sin, \
+                       dt_rope_mode mode), (be, x, heads, hd, w, eps, cos, sin, mode)) \
+    /* Scaled dot-product attention. \
+     * o [Lq, Hq*hd], q [Lq, Hq*hd], k/v [Lk, Hkv*hd]; Hq % Hkv == 0, q head h uses kv head h/(Hq/Hkv). \
+     * key_bias: [1, Lk] F32 additive (0 or -INFINITY for padding) or NULL data. \
+     * causal: query i attends keys j <= i. scale usually 1/sqrt(hd). */ \
+    V(attention, (dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale, \
+                  dt_mat key_bias, int causal), (be, o, q, k, v, hq, hkv, hd, scale, key_bias, causal)) \
+    /* fp8 attention (optional: NULL where the backend has none; attention_fp8_off says why), shapes as attention, \
+     * no bias or mask: \
+     *   s_x = amax(x)/448 per tensor (q over its Lq x Hq*hd values, k and v likewise; 1 when amax is 0), \
+     *   x8 = e4m3(x * (448/amax(x)))  (core/fp8.h's rounding), \
+     *   S = scale * s_q * s_k * (q8 · k8ᵀ), P = softmax(S) in f32, P8 = e4m3(448 * P), \
+     *   O = (s_v / 448) * (P8 · v8). \
+     * The CPU backend computes exactly this; CUDA runs cuDNN's fp8 flash attention, which quantizes the \
+     * unnormalized exp(S - running max) instead of P (a different rounding of the same values). */ \
+    V(attention_fp8, (dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale), \
+      (be, o, q, k, v, hq, hkv, hd, scale)) \
+    /* y = act(a) * b elementwise (SwiGLU when act = SILU); b NULL data => y = act(a). y may alias a or b. */ \
+    V(act_mul, (dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act), (be, y, a, b, act)) \
+    /* x += gate ⊙ y; gate [1, D] act broadcast over rows, or NULL data (plain add). */ \
+    V(gated_add, (dt_backend *be, dt_mat x, dt_mat gate, dt_mat y), (be, x, gate, y)) \
+    /* y = a * b elementwise (same shapes) — e.g. sigmoid-gated attention output. */ \
+    V(mul, (dt_backend *be, dt_mat y, dt_mat a, dt_mat b), (be, y, a, b)) \
+    /* y = alpha * a + beta * b (same shapes; b NULL data => y = alpha * a). y may alias a or b. */ \
+    V(axpby, (dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b), (be, y, alpha, a, beta, b)) \
+    /* dst = src (same shape; any strides; dtype conversion allowed). */ \
+    V(copy, (dt_backend *be, dt_mat dst, dt_mat src), (be, dst, src)) \
+    /* y[N, M] = x[M, N]ᵀ. */ \
+    V(transpose, (dt_backend *be, dt_mat y, dt_mat x), (be, y, x)) \
+    /* Image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). */ \
+    /* y [cout, H*W] = conv(x [cin, H*W]) with stride 1, same-size output (pad = k/2). */ \
+    V(conv2d, (dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w), (be, y, x, c, h, w)) \
+    /* y [cout, ho*wo] = conv(x [cin, h*w]) with stride `stride` and zero padding pad_top/left/bottom/right \
+     * given here (the conv's own pad is not used), ho = (h + pad_top + pad_bottom - k)/stride + 1, wo likewise \
+     * (integer division). The VAE encoder's Downsample2D: stride 2, pads (0, 0, 1, 1) (bottom and right only). */ \
+    V(conv2d_strided, (dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int stride, int pad_top, \
+                       int pad_left, int pad_bottom, int pad_right), \
+      (be, y, x, c, h, w, stride, pad_top, pad_left, pad_bottom, pad_right)) \
+    /* GroupNorm over [C, HW] with `groups`, affine gamma/beta [1, C] F32; optional fused SiLU. */ \
+    V(group_norm, (dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps, int silu), \
+      (be, y, x, groups, gamma, beta, eps, silu)) \
+    /* y [C, 4*H*W] = nearest-neighbour 2x upsample of x [C, H*W]. */ \
+    V(upsample2x, (dt_backend *be, dt_mat y, dt_mat x, int h, int w), (be, y, x, h, w)) \
+    /* RMS norm over the channels of each pixel (the Qwen-Image VAE's RMS_norm, F.normalize over C): \
+     * y[c, p] = x[c, p] / max(||x[:, p]||₂, 1e-12) · sqrt(C) · gamma[c] on x [C, H*W]; gamma [1, C] F32 \
+     * (NULL data = 1); silu = 1 applies SiLU to the result. y may alias x. */ \
+    V(channel_rmsnorm, (dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu), (be, y, x, gamma, silu)) \
+    /* The decoded image x [3, H*W] (values in [-1, 1]) into host dst [H*W, 3] 8-bit RGB, each value as \
+     * dt_image_u8 maps it. Synchronizes. Optional (NULL: dt_image_rgb8 downloads f32 and converts on the host); \
+     * CUDA converts on the device and copies a quarter of the bytes. */ \
+    V(image_rgb8, (dt_backend *be, uint8_t *dst, dt_mat x), (be, dst, x)) \
+    /* The flow-matching sampler's step on the latents x [rows, cols] F32, in place (pipeline/sampler.c keeps them \
+     * on the backend between steps): x = x + dt · w, w = dt_flow_guided(v, u, guidance, from_cond) per element, or \
+     * w = v when u has NULL data; v and u F32 of x's shape. Each operation rounded to f32 in dt_flow_guided's order, \
+     * so every backend equals the host loop (dt_sample's) bit for bit. Every backend. */ \
+    V(flow_step, (dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt), \
+      (be, x, v, u, guidance, from_cond, dt)) \
+    \
+    /* ---- 3. fused ops (composed forms: below the struct) ---- */ \
+    /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ): a Linear whose output goes straight into a gated residual (the output \
+     * projections of the FLUX blocks). gate [1, N] act or F32 broadcast over rows; x must not alias a. \
+     * Optional (NULL: callers use dt_linear_gated, linear into a scratch, then gated_add). */ \
+    V(linear_gated_add, (dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate), (be, x, a, w, gate)) \
+    /* y[M,N] = layernorm_mod(x[M,D], shift, scale, eps) · Wᵀ (+ bias): the norm into a (scratch [M, D], act \
+     * dtype), then linear. A backend may feed W without writing a (CUDA, fp8 Linears: the norm writes the e4m3 \
+     * activation codes and row scales the fp8 GEMM reads, the same values linear would compute from a), so a's \
+     * contents are undefined afterwards. Every backend sets it (dt_norm_linear_composed where it fuses nothing). */ \
+    V(norm_linear, (dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps, const dt_linear *w, \
+                    dt_mat a), (be, y, x, shift, scale, eps, w, a)) \
+    /* x[M,N] += gate ⊙ (c[M,K] · Wᵀ) after c[:, lead:] = act(a) ⊙ b (a, b [M, K-lead]; c[:, :lead] as given): \
+     * act_mul into c's columns from `lead` on, then dt_linear_gated (gate NULL data: plain add). A backend may \
+     * feed W without writing c[:, lead:] (CUDA, fp8 Linears: one pass from c[:, :lead], a and b to the e4m3 codes \
+     * and row scales of the whole row), so those columns are undefined afterwards. Every backend sets it \
+     * (dt_act_linear_gated_composed where it fuses nothing; y is its scratch [M, N] where linear_gated_add is \
+     * NULL). */ \
+    V(act_linear_gated, (dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act, \
+                         const dt_linear *w, dt_mat gate, dt_mat y), (be, x, c, lead, a, b, act, w, gate, y)) \
+    \
+    /* ---- 4. execution (optional: NULL when unsupported) ---- */ \
+    /* Graph capture of the ops issued between capture_begin and capture_end (fixed shapes and \
+     * buffers); graph_launch replays it. Allocation inside a capture is not allowed. */ \
+    R(int, capture_begin, (dt_backend *be), (be)) \
+    R(void *, capture_end, (dt_backend *be), (be)) \
+    R(int, graph_launch, (dt_backend *be, void *graph), (be, graph)) \
+    V(graph_destroy, (dt_backend *be, void *graph), (be, graph)) \
+    /* Two queues (NULL = one queue, everything serial): ops issued after this call go to queue q (0 = main, \
+     * 1 = side). wait = 1: queue q first waits for all work issued so far on the other queue. Ops on the two \
+     * queues may run concurrently, so the caller must give them disjoint data. Work must be back on queue 0 \
+     * and joined (a switch to 0 with wait = 1) before download, sync, event timing or capture_end. */ \
+    V(stream_switch, (dt_backend *be, int q, int wait), (be, q, wait)) \
+    /* Hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through \
+     * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the \
+     * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a \
+     * low-priority stream). The gate's values must be final when this is called. Results are the same with or \
+     * without the hint; a hint no Linear matches costs only its own work. */ \
+    V(linear_prefetch, (dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows), (be, w, gate, rows)) \
+    \
+    /* The extension called `name` (backends/backend_ext.h: DT_EXT_PROFILING, DT_EXT_FP8_INTERNALS), a pointer to \
+     * its table of functions (each called with this be), or NULL where the backend has none. Optional (NULL: no \
+     * extension). */ \
+    R(const void *, get_ext, (dt_backend *be, const char *name), (be, name))
+
+#define DT_BACKEND_SLOT_V(name, params, args) void (*name) params;
+#define DT_BACKEND_SLOT_R(type, name, params, args) type (*name) params;
 struct dt_backend {
     const char *name;       /* "cpu", "cuda" */
     dt_dtype act_dtype;     /* activation dtype */
     dt_backend_opts opts;
     void *impl;             /* backend private state */
-
-    void (*destroy)(dt_backend *be);
-
-    /* ---- 1. memory and weights ---- */
-    /* Allocate a contiguous rows x cols matrix of dtype (act_dtype or F32). 0 ok, -1 error. */
-    int (*alloc)(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype);
-    void (*free)(dt_backend *be, dt_mat *m);
-    /* Copy host f32 [rows, cols] (contiguous) into m (converted to m.dtype). */
-    void (*upload)(dt_backend *be, dt_mat m, const float *src);
-    /* Copy m into host f32 [rows, cols] (contiguous). Synchronizes. */
-    void (*download)(dt_backend *be, float *dst, dt_mat m);
-    /* Wait for all queued work. 0 ok, -1 error (message set). */
-    int (*sync)(dt_backend *be);
-    /* Bytes of device memory currently allocated, and the peak the backend held at once (CUDA: its allocations
-     * plus its cache of freed blocks, i.e. what it took from cudaMalloc; for reports). */
-    void (*mem_stats)(dt_backend *be, size_t *current, size_t *peak);
-
-    /* Prepare a Linear from host views (CPU: zero-copy; CUDA: upload / repack). NULL on error.
-     * src->precision == DT_PREC_FP8: weights become e4m3 codes with one f32 scale per output channel
-     * (amax/448, dequantized in f32 first), activations are quantized per row at run time (core/fp8.h);
-     * a backend may keep a Linear whose shape its fp8 GEMM cannot take in bf16 (CUDA: in/out % 16). */
-    dt_linear *(*linear_create)(dt_backend *be, const dt_linear_src *src);
-    void (*linear_destroy)(dt_backend *be, dt_linear *w);
-    /* How a prepared Linear runs, in words ("dense bf16, cuBLASLt", "transient: dequantized to bf16 before each
-     * cuBLASLt GEMM", ...): what the -v summary of a model's Linears names (dt_linear_paths). The string lives as
-     * long as the Linear. */
-    const char *(*linear_path)(dt_backend *be, const dt_linear *w);
-    /* 2-D convolution weights w [cout, cin, k, k] f32 host, bias [cout] (may be NULL), stride 1,
-     * zero padding `pad`. */
-    dt_conv *(*conv_create)(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
-    void (*conv_destroy)(dt_backend *be, dt_conv *c);
-
-    /* ---- 2. core ops ---- */
-    /* y[M,N] = x[M,K] · Wᵀ (+ bias). W is [N,K]. y must not alias x. */
-    void (*linear)(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
-
-    /* y[M,D] = LN(x[M,D]) * (1 + scale) + shift; LN without affine, eps.
-     * scale/shift: [1, D] act (broadcast over rows) or NULL data (treated as 0). y may alias x. */
-    void (*layernorm_mod)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
-
-    /* y[M,D] = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w [1, D] F32 param or NULL data (=1).
-     * w_offset: 0 normal, 1 zero-centred weights (Krea 2). y may alias x. */
-    void (*rmsnorm)(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
-
-    /* In place on x[L, H*hd]: per head RMSNorm over hd with weight w [1, hd] F32 (NULL data = no norm),
-     * then RoPE with cos/sin [L, hd] F32 tables (mode NONE = no rotation).
-     * INTERLEAVED pairs (2k, 2k+1); HALF pairs (i, i+hd/2). */
-    void (*head_norm_rope)(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps,
-                           dt_mat cos, dt_mat sin, dt_rope_mode mode);
-
-    /* Scaled dot-product attention.
-     * o [Lq, Hq*hd], q [Lq, Hq*hd], k/v [Lk, Hkv*hd]; Hq % Hkv == 0, q head h uses kv head h/(Hq/Hkv).
-     * key_bias: [1, Lk] F32 additive (0 or -INFINITY for padding) or NULL data.
-     * causal: query i attends keys j <= i. scale usually 1/sqrt(hd). */
-    void (*attention)(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
-                      float scale, dt_mat key_bias, int causal);
-
-    /* fp8 attention (optional: NULL where the backend has none), shapes as attention, no bias or mask:
-     *   s_x = amax(x)/448 per tensor (q over its Lq x Hq*hd values, k and v likewise; 1 when amax is 0),
-     *   x8 = e4m3(x * (448/amax(x)))  (core/fp8.h's rounding),
-     *   S = scale * s_q * s_k * (q8 · k8ᵀ), P = softmax(S) in f32, P8 = e4m3(448 * P),
-     *   O = (s_v / 448) * (P8 · v8).
-     * The CPU backend computes exactly this; CUDA runs cuDNN's fp8 flash attention, which quantizes the
-     * unnormalized exp(S - running max) instead of P (a different rounding of the same values). */
-    void (*attention_fp8)(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd,
-                          float scale);
     /* Why attention_fp8 is NULL on a backend that could have it (NULL: no reason to give), for error messages. */
     const char *attention_fp8_off;
 
-    /* y = act(a) * b elementwise (SwiGLU when act = SILU); b NULL data => y = act(a). y may alias a or b. */
-    void (*act_mul)(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);
-
-    /* x += gate ⊙ y; gate [1, D] act broadcast over rows, or NULL data (plain add). */
-    void (*gated_add)(dt_backend *be, dt_mat x, dt_mat gate, dt_mat y);
-
-    /* y = a * b elementwise (same shapes) — e.g. sigmoid-gated attention output. */
-    void (*mul)(dt_backend *be, dt_mat y, dt_mat a, dt_mat b);
-
-    /* y = alpha * a + beta * b (same shapes; b NULL data => y = alpha * a). y may alias a or b. */
-    void (*axpby)(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_mat b);
-
-    /* dst = src (same shape; any strides; dtype conversion allowed). */
-    void (*copy)(dt_backend *be, dt_mat dst, dt_mat src);
-
-    /* y[N, M] = x[M, N]ᵀ. */
-    void (*transpose)(dt_backend *be, dt_mat y, dt_mat x);
-
-    /* Image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). */
-    /* y [cout, H*W] = conv(x [cin, H*W]) with stride 1, same-size output (pad = k/2). */
-    void (*conv2d)(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w);
-    /* y [cout, ho*wo] = conv(x [cin, h*w]) with stride `stride` and zero padding pad_top/left/bottom/right
-     * given here (the conv's own pad is not used), ho = (h + pad_top + pad_bottom - k)/stride + 1, wo likewise
-     * (integer division). The VAE encoder's Downsample2D: stride 2, pads (0, 0, 1, 1) (bottom and right only). */
-    void (*conv2d_strided)(dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w, int stride,
-                           int pad_top, int pad_left, int pad_bottom, int pad_right);
-    /* GroupNorm over [C, HW] with `groups`, affine gamma/beta [1, C] F32; optional fused SiLU. */
-    void (*group_norm)(dt_backend *be, dt_mat y, dt_mat x, int groups, dt_mat gamma, dt_mat beta, float eps,
-                       int silu);
-    /* y [C, 4*H*W] = nearest-neighbour 2x upsample of x [C, H*W]. */
-    void (*upsample2x)(dt_backend *be, dt_mat y, dt_mat x, int h, int w);
-    /* RMS norm over the channels of each pixel (the Qwen-Image VAE's RMS_norm, F.normalize over C):
-     * y[c, p] = x[c, p] / max(||x[:, p]||₂, 1e-12) · sqrt(C) · gamma[c] on x [C, H*W]; gamma [1, C] F32
-     * (NULL data = 1); silu = 1 applies SiLU to the result. y may alias x. */
-    void (*channel_rmsnorm)(dt_backend *be, dt_mat y, dt_mat x, dt_mat gamma, int silu);
-    /* The decoded image x [3, H*W] (values in [-1, 1]) into host dst [H*W, 3] 8-bit RGB, each value as
-     * dt_image_u8 maps it. Synchronizes. Optional (NULL: dt_image_rgb8 downloads f32 and converts on the host);
-     * CUDA converts on the device and copies a quarter of the bytes. */
-    void (*image_rgb8)(dt_backend *be, uint8_t *dst, dt_mat x);
-
-    /* ---- 3. fused ops (composed forms: below the struct) ---- */
-    /* x[M,N] += gate ⊙ (a[M,K] · Wᵀ): a Linear whose output goes straight into a gated residual (the output
-     * projections of the FLUX blocks). gate [1, N] act or F32 broadcast over rows; x must not alias a.
-     * Optional (NULL: callers use dt_linear_gated, linear into a scratch, then gated_add). */
-    void (*linear_gated_add)(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
-
-    /* y[M,N] = layernorm_mod(x[M,D], shift, scale, eps) · Wᵀ (+ bias): the norm into a (scratch [M, D], act
-     * dtype), then linear. A backend may feed W without writing a (CUDA, fp8 Linears: the norm writes the e4m3
-     * activation codes and row scales the fp8 GEMM reads, the same values linear would compute from a), so a's
-     * contents are undefined afterwards. Every backend sets it (dt_norm_linear_composed where it fuses nothing). */
-    void (*norm_linear)(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
-                        const dt_linear *w, dt_mat a);
-
-    /* x[M,N] += gate ⊙ (c[M,K] · Wᵀ) after c[:, lead:] = act(a) ⊙ b (a, b [M, K-lead]; c[:, :lead] as given):
-     * act_mul into c's columns from `lead` on, then dt_linear_gated (gate NULL data: plain add). A backend may
-     * feed W without writing c[:, lead:] (CUDA, fp8 Linears: one pass from c[:, :lead], a and b to the e4m3 codes
-     * and row scales of the whole row), so those columns are undefined afterwards. Every backend sets it
-     * (dt_act_linear_gated_composed where it fuses nothing; y is its scratch [M, N] where linear_gated_add is
-     * NULL). */
-    void (*act_linear_gated)(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
-                             const dt_linear *w, dt_mat gate, dt_mat y);
-
-    /* ---- 4. execution (optional: NULL when unsupported) ---- */
-    /* Graph capture of the ops issued between capture_begin and capture_end (fixed shapes and
-     * buffers); graph_launch replays it. Allocation inside a capture is not allowed. */
-    int (*capture_begin)(dt_backend *be);
-    void *(*capture_end)(dt_backend *be);
-    int (*graph_launch)(dt_backend *be, void *graph);
-    void (*graph_destroy)(dt_backend *be, void *graph);
-    /* Two queues (NULL = one queue, everything serial): ops issued after this call go to queue q (0 = main,
-     * 1 = side). wait = 1: queue q first waits for all work issued so far on the other queue. Ops on the two
-     * queues may run concurrently, so the caller must give them disjoint data. Work must be back on queue 0
-     * and joined (a switch to 0 with wait = 1) before download, sync, event timing or capture_end. */
-    void (*stream_switch)(dt_backend *be, int q, int wait);
-    /* Hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through
-     * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the
-     * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a
-     * low-priority stream). The gate's values must be final when this is called. Results are the same with or
-     * without the hint; a hint no Linear matches costs only its own work. */
-    void (*linear_prefetch)(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
-
-    /* ---- 5. profiling (optional: NULL when unsupported) ---- */
-    /* Timing: an event records the position in the queue; elapsed_ms waits for both. */
-    void *(*event_create)(dt_backend *be);
-    void (*event_record)(dt_backend *be, void *ev);
-    float (*event_elapsed_ms)(dt_backend *be, void *start, void *end);
-    void (*event_destroy)(dt_backend *be, void *ev);
-    /* The device's clock and power now (CUDA: NVML); -1 when unavailable. Timings mean little without it:
-     * a sustained forward on an H200 runs at its power cap, ~20% under the clock of a short burst. */
-    int (*power_sample)(dt_backend *be, dt_power_sample *p);
-    /* fp8 Linear internals for the bench: the activation quantization pass alone on x [M, K] (what an fp8
-     * linear does before its GEMM), and how the GEMM applies the scales ("outer-vector (cuBLASLt)", ...). */
-    void (*fp8_quant)(dt_backend *be, dt_mat x);
-    const char *(*fp8_scale_mode)(dt_backend *be);
-
-    /* ---- 6. sampler (every backend) ---- */
-    /* The flow-matching sampler's step on the latents x [rows, cols] F32, in place (pipeline/sampler.c keeps them on
-     * the backend between steps): x = x + dt · w, w = dt_flow_guided(v, u, guidance, from_cond) per element, or w = v
-     * when u has NULL data; v and u F32 of x's shape. Each operation rounded to f32 in dt_flow_guided's order, so
-     * every backend equals the host loop (dt_sample's) bit for bit. */
-    void (*flow_step)(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt);
+    /* the function slots, all after the data members (tests/test_backend_slots.c checks that none is declared
+     * outside DT_BACKEND_SLOTS) */
+    DT_BACKEND_SLOTS(DT_BACKEND_SLOT_V, DT_BACKEND_SLOT_R)
 };
 
 /* Classifier-free guidance of one velocity value: v = the prompt's, u = the negative prompt's. from_cond (Krea 2):
@@ -322,23 +300,6 @@ static inline void dt_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, 
 static inline void dt_on_queue(dt_backend *be, int q, int wait) {
     if (be->stream_switch) be->stream_switch(be, q, wait);
 }
-
-/* ---- profiling helpers ---- */
-/* The clock and power state across repeated timed runs: dt_power_begin (max samples; a backend without
- * power_sample gives an empty summary), dt_power_add after each run, dt_power_end for the summary (frees). */
-typedef struct {
-    int n, capped, sm_max_mhz;       /* samples, how many were power-capped, the maximum SM clock */
-    double sm_mhz_med, sm_mhz_min, sm_mhz_max, power_w_med, limit_w;
-} dt_power_summary;
-typedef struct {
-    dt_backend *be;
-    int n, max;
-    double *mhz, *watts;
-    dt_power_summary s;
-} dt_power_acc;
-void dt_power_begin(dt_power_acc *a, dt_backend *be, int max);
-void dt_power_add(dt_power_acc *a);
-dt_power_summary dt_power_end(dt_power_acc *a);
 
 /* ---- creation ---- */
 /* Create backends. NULL with dt_last_error() set when unavailable. (CUDA's own options and facts:

@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "backends/backend.h"
+#include "backends/backend_ext.h"
 #include "models/flux2.h"
 #include "models/krea2.h"
 
@@ -48,6 +49,8 @@ typedef struct {
     int fresh;                 /* rewrite the synthetic checkpoint */
     const char *backend;       /* "auto", "cpu", "cuda" */
     dt_backend_opts be;
+    dt_precision precision;    /* --precision: the DiT blocks' Linears (the model's load options) */
+    dt_precision attn_precision;   /* --attn-precision: the DiT blocks' attention */
     unsigned sections;         /* BENCH_LEDGER | BENCH_UTIL | BENCH_ARMS */
     const char *arms;          /* comma list of arms to run (qpath, rope, attention, graph, threads, fp8); NULL = all */
     uint64_t seed;

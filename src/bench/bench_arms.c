@@ -115,7 +115,7 @@ static void arm_rope(bench_ctx *x) {
         dt_backend_opts o = x->be->opts;
         o.rope_fp32 = v == 0;
         dt_backend *be = bench_backend_variant(x, o);
-        rc.bm[v] = bm_load(be, x->dir, 0, 1, 0, 0);
+        rc.bm[v] = bm_load(be, x->o, x->dir, 0, 1, 0, 0);
         if (!rc.bm[v]) bench_die();
         bm_alloc(rc.bm[v], x->n, x->t, x->img_ids, x->txt_ids);
         bench_timer_init(&rc.tm[v], be);
@@ -441,26 +441,27 @@ static void arm_prefetch(bench_ctx *x) {
 /* ------------------------------------------------------------------ f8fuse */
 
 /* v = 0: the fp8 Linears quantize their inputs in passes of their own and the gated residual runs as linear +
- * gated_add (the model's fuse_inputs off, opts.fp8_unfused for the backend's linear_gated_add); v = 1: the
- * default of --precision fp8 (norm_linear / act_linear_gated, the gate folded into the GEMM). */
+ * gated_add (the model's fuse_inputs off, and the fp8-internals extension's force_unfused for the backend's
+ * linear_gated_add: as Linears loaded with fp8_unfused); v = 1: the default of --precision fp8 (norm_linear /
+ * act_linear_gated, the gate folded into the GEMM). */
 static void f8fuse_run(fwd_arm_ctx *p, int v) {
     int saved = p->bm->c.fuse_inputs;
+    const dt_ext_fp8_internals *f8 = dt_backend_fp8_internals(p->bm->be);   /* (CPU: none; it fuses nothing) */
     if (!v) {
         p->bm->c.fuse_inputs = 0;
-        p->bm->be->opts.fp8_unfused = 1;
+        if (f8) f8->force_unfused(p->bm->be, 1);
     }
     bm_forward(p->bm, p->bm->nd, p->bm->ns);
     if (!v) {
         p->bm->c.fuse_inputs = saved;
-        p->bm->be->opts.fp8_unfused = 0;
+        if (f8) f8->force_unfused(p->bm->be, 0);
     }
 }
 
 static void arm_f8fuse(bench_ctx *x) {
     bench_report *r = x->r;
     if (!x->bm->c.fuse_inputs) {
-        skip_arm(r, "f8fuse", "separate ops", "fused inputs", x->be->opts.fp8_unfused ? "the fp8_unfused option is set"
-                                                                                      : "needs --precision fp8");
+        skip_arm(r, "f8fuse", "separate ops", "fused inputs", "needs --precision fp8");
         return;
     }
     fwd_arm_ctx p;
@@ -517,7 +518,7 @@ static void arm_threads(bench_ctx *x) {
         o.threads = v == 0 ? 1 : 0;
         dt_backend *be = bench_backend_variant(x, o);
         if (v == 1) nall = be->opts.threads;
-        tc.bm[v] = bm_load(be, x->dir, 0, 1, 0, 0);
+        tc.bm[v] = bm_load(be, x->o, x->dir, 0, 1, 0, 0);
         if (!tc.bm[v]) bench_die();
         bm_alloc(tc.bm[v], x->n, x->t, x->img_ids, x->txt_ids);
         bm_randomize(tc.bm[v], 71);

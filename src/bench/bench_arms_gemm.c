@@ -213,11 +213,12 @@ void bench_arm_fp8(bench_ctx *x) {
         int row0 = r->n_arms;
         run_arm(x, &a, &f);
         double q_ms = -1;
-        if (be->fp8_quant) {
+        const dt_ext_fp8_internals *f8 = dt_backend_fp8_internals(be);
+        if (f8) {
             double t[20];
             for (int i = -3; i < 20; i++) {
                 bench_timer_start(&f.tm);
-                be->fp8_quant(be, f.xm);
+                f8->quant(be, f.xm);
                 double ms = bench_timer_stop(&f.tm);
                 if (i >= 0) t[i] = ms;
             }
@@ -230,7 +231,7 @@ void bench_arm_fp8(bench_ctx *x) {
                        "quantize %.3f ms (%.0f GB/s); scales: %s", tags[s], (long long)M, (long long)K, (long long)N,
                        fl / (ar->sa.med * 1e-3) / 1e12, fl / (ar->sb.med * 1e-3) / 1e12, ar->sa.med / ar->sb.med, q_ms,
                        q_ms > 0 ? 3.0 * M * K / (q_ms * 1e-3) / 1e9 : 0.0,
-                       be->fp8_scale_mode ? be->fp8_scale_mode(be) : "?");
+                       f8 ? f8->scale_mode(be) : "?");
         }
         bench_sync_or_die(be);
         be->free(be, &f.xm);

@@ -133,8 +133,8 @@ static int setup(bench_ctx *x) {
         snprintf(r->source, sizeof r->source, "synthetic (%s)", x->dir);
         snprintf(r->preset, sizeof r->preset, "%s", o->preset);
     }
-    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->be.precision == DT_PREC_FP8 ? "fp8" : "bf16",
-             o->be.attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");   /* (bm_load sets the replica's, as flux2_load) */
+    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->precision == DT_PREC_FP8 ? "fp8" : "bf16",
+             o->attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");   /* (bm_load sets the replica's, as flux2_load) */
     const flux2_config *c = &p->c;
 
     /* workload: the options, else per-backend defaults; a real-geometry forward costs ~8 GFLOP per token on a CPU
@@ -180,14 +180,15 @@ static int whole_forward(bench_ctx *x) {
     const flux2_config *c = &p->c;
     bench_progress("loading %s with flux2_load ...", x->dir);
     double t0 = dt_now();
-    flux2_model *fm = flux2_load(be, x->dir);
+    const flux2_load_opts lo = {.precision = x->o->precision, .attn_precision = x->o->attn_precision};
+    flux2_model *fm = flux2_load_ex(be, x->dir, &lo);
     if (!fm) return -1;
     size_t bytes;
     flux2_weight_info(fm, &bytes, r->fmt, sizeof r->fmt);
     if (x->o->format == BENCH_FMT_F32 && !x->o->model_dir) snprintf(r->fmt, sizeof r->fmt, "f32");
     r->load_s = dt_now() - t0;
     bench_progress("loaded (%.1f s, %.2f GB of weights, %s); loading the bench replica ...", r->load_s, bytes / 1e9, r->fmt);
-    x->bm = bm_load(be, x->dir, -1, -1, 1, 0);
+    x->bm = bm_load(be, x->o, x->dir, -1, -1, 1, 0);
     if (!x->bm) { flux2_free(fm); return -1; }
     bm_alloc(x->bm, x->n, x->t, x->img_ids, x->txt_ids);
     bm_inputs(x->bm, x->img, x->txt, 0.5f);
@@ -421,7 +422,7 @@ static void fill_shape(bench_ctx *x, const shape_def *g, bench_gemm_shape *s) {
     s->per_block = 1;
     /* the ceiling in the model's own precision: with --precision fp8 the blocks' Linears are fp8, the embedders and
      * proj_out stay bf16 */
-    s->fp8 = x->be->opts.precision == DT_PREC_FP8 && (g->per_single || g->per_double);
+    s->fp8 = x->o->precision == DT_PREC_FP8 && (g->per_single || g->per_double);
     int nb = g->per_double ? bm->nd : g->per_single ? bm->ns : 1;
     char nm[256];
     for (int b = 0; b < nb; b++) {

@@ -15,6 +15,7 @@
 /* ---- timing (bench_util.c) ---- */
 typedef struct {
     dt_backend *be;
+    const dt_ext_profiling *pf;   /* the backend's events (NULL: none) */
     void *e0, *e1;     /* backend events, or NULL: sync + dt_now() */
     double t0;
 } bench_timer;
@@ -129,7 +130,7 @@ typedef struct {
 
 /* Load from a transformer folder: nd/ns = how many double/single blocks (-1 = all), embed = 1 to load
  * the embedders, modulations and final layer. to_f32 = 1 converts dense weights to f32 host copies. */
-bm_model *bm_load(dt_backend *be, const char *dir, int nd, int ns, int embed, int to_f32);
+bm_model *bm_load(dt_backend *be, const bench_opts *o, const char *dir, int nd, int ns, int embed, int to_f32);
 void bm_free(bm_model *m);
 /* Allocate activations for n image + t text tokens and build the RoPE tables from the ids. */
 void bm_alloc(bm_model *m, int n, int t, const float *img_ids, const float *txt_ids);

@@ -45,16 +45,17 @@ static void replica_free(k2_replica *m) {
 }
 
 /* The outer weights (timestep MLP, modulation) and every transformer block. */
-static k2_replica *replica_load(dt_backend *be, const char *dir, const krea2_config *c) {
+static k2_replica *replica_load(dt_backend *be, const bench_opts *o, const char *dir, const krea2_config *c) {
     k2_replica *m = dt_calloc(1, sizeof *m);
     m->be = be;
     m->lin.be = be;
     m->c = *c;
     m->w = dt_weights_open(dir);
     if (!m->w) { free(m); return NULL; }
-    if (krea2_runtime_choices(be, &m->c, dir)) goto fail;   /* as krea2_load: fp8 attention, fused producers */
+    if (krea2_runtime_choices(be, o->precision, o->attn_precision, 0, &m->c, dir))   /* as krea2_load: fp8 attention, */
+        goto fail;                                                                   /* fused producers */
     if (krea2_outer_w_load(&m->lin, m->w, c, &m->ow)) goto fail;
-    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears, as krea2_load */
+    m->lin.precision = o->precision;   /* --precision fp8: the blocks' Linears, as krea2_load */
     m->b = dt_calloc((size_t)c->num_layers, sizeof *m->b);
     for (int i = 0; i < c->num_layers; i++) {
         m->nb = i + 1;
@@ -161,8 +162,8 @@ static int setup(bench_ctx *x) {
         snprintf(r->source, sizeof r->source, "synthetic (%s)", x->dir);
         snprintf(r->preset, sizeof r->preset, "%s", o->preset);
     }
-    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->be.precision == DT_PREC_FP8 ? "fp8" : "bf16",
-             o->be.attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");   /* (replica_load sets the replica's, as krea2_load) */
+    snprintf(r->precision, sizeof r->precision, "Linears %s, attention %s", o->precision == DT_PREC_FP8 ? "fp8" : "bf16",
+             o->attn_precision == DT_PREC_FP8 ? "fp8" : "bf16");   /* (replica_load sets the replica's, as krea2_load) */
     const krea2_config *c = &p->c;
     /* workload: the options, else per-backend defaults; a real-geometry forward is ~28 TFLOP per 1000 tokens: tiny
      * on a CPU */
@@ -221,7 +222,8 @@ static int model_forward(bench_ctx *x) {
     dt_backend *be = x->be;
     bench_progress("loading %s with krea2_load ...", x->dir);
     double t0 = dt_now();
-    krea2_model *km = krea2_load(be, x->dir);
+    const krea2_load_opts lo = {.precision = x->o->precision, .attn_precision = x->o->attn_precision};
+    krea2_model *km = krea2_load_ex(be, x->dir, &lo);
     if (!km) return -1;
     size_t bytes;
     krea2_weight_info(km, &bytes, r->fmt, sizeof r->fmt);
@@ -278,7 +280,7 @@ static int whole_forward(bench_ctx *x) {
     const krea2_config *c = &p->c;
     dt_backend *be = x->be;
     bench_progress("loading the block replica (%d blocks) ...", c->num_layers);
-    if (!(k->rep = replica_load(be, x->dir, c))) return -1;
+    if (!(k->rep = replica_load(be, x->o, x->dir, c))) return -1;
     k2_replica *m = k->rep;
     replica_alloc(m, x->n, x->t, k->pos, k->mask, 0.5f);
     int64_t L = (int64_t)x->n + x->t, D = c->hidden;

@@ -68,7 +68,7 @@ static void prefix_ledger(bench_ctx *x) {
     int nev = nk * B + 1, have_ev = tm.e0 != NULL;
     void **ev = dt_calloc((size_t)nev, sizeof *ev);
     double *host_t = dt_calloc((size_t)nev, sizeof *host_t);
-    for (int i = 0; have_ev && i < nev; i++) ev[i] = be->event_create(be);
+    for (int i = 0; have_ev && i < nev; i++) ev[i] = tm.pf->event_create(be);
     for (int rep = -x->warmup; rep < x->reps; rep++) {
         for (int k = 0; k < nk; k++) {
             be->copy(be, s, s0);
@@ -82,23 +82,23 @@ static void prefix_ledger(bench_ctx *x) {
         for (int b = 0; b < B; b++)
             for (int k = 0; k < nk; k++) {
                 int e = b * nk + k;
-                if (have_ev) be->event_record(be, ev[e]);
+                if (have_ev) tm.pf->event_record(be, ev[e]);
                 else { bench_sync_or_die(be); host_t[e] = dt_now(); }
                 f->op(x, b, k, 1);
             }
-        if (have_ev) be->event_record(be, ev[nev - 1]);
+        if (have_ev) tm.pf->event_record(be, ev[nev - 1]);
         else { bench_sync_or_die(be); host_t[nev - 1] = dt_now(); }
         bench_sync_or_die(be);
         for (int k = 0; rep >= 0 && k < nk; k++) {
             double sum = 0;
             for (int b = 0; b < B; b++) {
                 int e = b * nk + k;
-                sum += have_ev ? be->event_elapsed_ms(be, ev[e], ev[e + 1]) : (host_t[e + 1] - host_t[e]) * 1e3;
+                sum += have_ev ? tm.pf->event_elapsed_ms(be, ev[e], ev[e + 1]) : (host_t[e + 1] - host_t[e]) * 1e3;
             }
             dir[k * x->reps + rep] = sum / B;
         }
     }
-    for (int i = 0; have_ev && i < nev; i++) if (be->event_destroy) be->event_destroy(be, ev[i]);
+    for (int i = 0; have_ev && i < nev; i++) tm.pf->event_destroy(be, ev[i]);
     free(ev);
     free(host_t);
     double prev = 0;

@@ -17,7 +17,8 @@
 
 
 
-bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, int to_f32) {
+bm_model *bm_load(dt_backend *be, const bench_opts *o, const char *path, int nd, int ns, int embed, int to_f32) {
+    const flux2_load_opts lo = {.precision = o->precision, .attn_precision = o->attn_precision};
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     bm_model *m = dt_calloc(1, sizeof *m);
@@ -36,8 +37,8 @@ bm_model *bm_load(dt_backend *be, const char *path, int nd, int ns, int embed, i
     m->ns = ns < 0 || ns > c->num_single_layers ? c->num_single_layers : ns;
     m->embed = embed;
     if (embed && flux2_outer_w_load(&m->lin, m->w, c, &m->ow)) goto fail;
-    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
-    if (flux2_runtime_choices(be, be->opts.precision, &m->c, dt_weights_path(m->w))) goto fail;   /* as flux2_load */
+    m->lin.precision = o->precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
+    if (flux2_runtime_choices(be, &lo, o->precision, &m->c, dt_weights_path(m->w))) goto fail;   /* as flux2_load */
     m->db = dt_calloc(m->nd ? m->nd : 1, sizeof *m->db);
     for (int i = 0; i < m->nd; i++)   /* flux2.c's loader: the same stacked Q/K/V Linears */
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i].w, &m->db[i].to_qkv_src, &m->db[i].add_qkv_src)) goto fail;

@@ -25,22 +25,23 @@ void bench_sync_or_die(dt_backend *be) {
 void bench_timer_init(bench_timer *t, dt_backend *be) {
     memset(t, 0, sizeof *t);
     t->be = be;
-    if (be->event_create && be->event_record && be->event_elapsed_ms) {
-        t->e0 = be->event_create(be);
-        t->e1 = be->event_create(be);
+    t->pf = dt_backend_profiling(be);
+    if (t->pf) {
+        t->e0 = t->pf->event_create(be);
+        t->e1 = t->pf->event_create(be);
     }
 }
 
 void bench_timer_free(bench_timer *t) {
-    if (t->be && t->be->event_destroy) {
-        if (t->e0) t->be->event_destroy(t->be, t->e0);
-        if (t->e1) t->be->event_destroy(t->be, t->e1);
+    if (t->pf) {
+        if (t->e0) t->pf->event_destroy(t->be, t->e0);
+        if (t->e1) t->pf->event_destroy(t->be, t->e1);
     }
     memset(t, 0, sizeof *t);
 }
 
 void bench_timer_start(bench_timer *t) {
-    if (t->e0) t->be->event_record(t->be, t->e0);
+    if (t->e0) t->pf->event_record(t->be, t->e0);
     else {
         bench_sync_or_die(t->be);
         t->t0 = dt_now();
@@ -50,8 +51,8 @@ void bench_timer_start(bench_timer *t) {
 double bench_timer_stop(bench_timer *t) {
     double ms;
     if (t->e0) {
-        t->be->event_record(t->be, t->e1);
-        ms = t->be->event_elapsed_ms(t->be, t->e0, t->e1);
+        t->pf->event_record(t->be, t->e1);
+        ms = t->pf->event_elapsed_ms(t->be, t->e0, t->e1);
         bench_sync_or_die(t->be);
     } else {
         bench_sync_or_die(t->be);
@@ -93,7 +94,8 @@ bench_stat bench_stats(const double *v, int n) {
 bench_stat bench_time_sustained(dt_backend *be, int is_cpu, void (*op)(void *ud, int i), void *ud, double heat_ms,
                                 int reps) {
     bench_stat st = {0};
-    if (is_cpu || !be->event_create || reps < 1) return st;
+    const dt_ext_profiling *pf = dt_backend_profiling(be);
+    if (is_cpu || !pf || reps < 1) return st;
     double t0 = dt_now();
     int i = 0;
     while ((dt_now() - t0) * 1e3 < heat_ms) {   /* heater: back to back, a synchronization every 8 calls */
@@ -101,17 +103,17 @@ bench_stat bench_time_sustained(dt_backend *be, int is_cpu, void (*op)(void *ud,
         bench_sync_or_die(be);
     }
     void **ev = dt_malloc(sizeof(void *) * (size_t)(reps + 1));
-    for (int k = 0; k <= reps; k++) ev[k] = be->event_create(be);
-    be->event_record(be, ev[0]);
+    for (int k = 0; k <= reps; k++) ev[k] = pf->event_create(be);
+    pf->event_record(be, ev[0]);
     for (int k = 0; k < reps; k++) {
         op(ud, i++);
-        be->event_record(be, ev[k + 1]);
+        pf->event_record(be, ev[k + 1]);
     }
     double *t = dt_malloc(sizeof(double) * (size_t)reps);
-    for (int k = 0; k < reps; k++) t[k] = be->event_elapsed_ms(be, ev[k], ev[k + 1]);
+    for (int k = 0; k < reps; k++) t[k] = pf->event_elapsed_ms(be, ev[k], ev[k + 1]);
     bench_sync_or_die(be);
     st = bench_stats(t, reps);
-    for (int k = 0; k <= reps; k++) be->event_destroy(be, ev[k]);
+    for (int k = 0; k <= reps; k++) pf->event_destroy(be, ev[k]);
     free(ev);
     free(t);
     return st;

@@ -4,6 +4,7 @@
 #define DT_CLI_H
 
 #include "backends/backend.h"
+#include "backends/backend_ext.h"
 
 int cmd_info(int argc, char **argv);
 int cmd_forward(int argc, char **argv);

@@ -41,7 +41,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--precision") || !strcmp(a, "--attn-precision")) {
         if (!v) { cli_error("%s needs a value (bf16, fp8)", a); return -1; }
-        dt_precision *dst = !strcmp(a, "--attn-precision") ? &o->be.attn_precision : &o->be.precision;
+        dt_precision *dst = !strcmp(a, "--attn-precision") ? &o->attn_precision : &o->precision;
         if (dt_precision_from_name(v, dst)) {
             cli_error("%s: unknown precision '%s' (bf16, fp8)", a, v);
             return -1;
@@ -103,7 +103,7 @@ dt_backend *cli_model_backend(const cli_model_opts *o) {
     return be;
 }
 
-int cli_check_fp8(const dt_family *fam, const dt_backend_opts *o) {
+int cli_check_fp8(const dt_family *fam, const cli_model_opts *o) {
     if (fam->fp8 || (o->precision != DT_PREC_FP8 && o->attn_precision != DT_PREC_FP8)) return 0;
     return cli_error("%s fp8: FLUX.2 models only (%s has no fp8 mode yet)",
                      o->precision == DT_PREC_FP8 ? "--precision" : "--attn-precision", fam->title);
@@ -143,7 +143,7 @@ const char *cli_qpath_name(int qpath) {
     }
 }
 
-const char *cli_fp8_what(const dt_backend_opts *o) {
+const char *cli_fp8_what(const cli_model_opts *o) {
     const int lin = o->precision == DT_PREC_FP8, att = o->attn_precision == DT_PREC_FP8;
     return lin && att ? "Linears + attention" : lin ? "Linears" : att ? "attention" : "none";
 }

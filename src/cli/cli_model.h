@@ -11,6 +11,8 @@ typedef struct {
     const char *backend;      /* "auto", "cpu", "cuda" */
     dt_backend_opts be;
     int cuda_graph;           /* --cuda-graph: replay the DiT forward as a CUDA graph (fixed shapes) */
+    dt_precision precision;   /* --precision: the DiT blocks' Linears (the model's load options, not the backend's) */
+    dt_precision attn_precision;   /* --attn-precision: the DiT blocks' attention */
     dt_cuda_opts cuda;        /* the CUDA options once --kernels or --max-vram is given (be.cuda then points here;
                                * else NULL: the environment's, at creation) */
     int64_t max_vram;         /* --max-vram SIZE: the CUDA pool's budget (cuda.max_vram) and the memory plan's
@@ -47,10 +49,10 @@ dt_backend *cli_model_backend(const cli_model_opts *o);
 /* A note (log level 1) when --sequence-parallel N > 1 runs on the CPU backend: N thread ranks, not faster. */
 void cli_sp_note(const dt_backend *be, int ranks);
 /* Which parts run in fp8 under these options: "Linears", "attention", "Linears + attention" or "none". */
-const char *cli_fp8_what(const dt_backend_opts *o);
+const char *cli_fp8_what(const cli_model_opts *o);
 /* 0, or 1 with the error printed when the options ask for fp8 of a family without fp8 modes. */
 struct dt_family;
-int cli_check_fp8(const struct dt_family *fam, const dt_backend_opts *o);
+int cli_check_fp8(const struct dt_family *fam, const cli_model_opts *o);
 /* The --qpath spelling of a path (auto, mixed, fused, transient, cached). */
 const char *cli_qpath_name(int qpath);
 /* The bundled tiny pipeline: $DITRUN_DEFAULT_MODEL, else tests/fixtures/model beside the build folder, else

@@ -161,10 +161,12 @@ int cmd_bench(int argc, char **argv) {
     }
     o.backend = mo.backend;
     o.be = mo.be;
+    o.precision = mo.precision;
+    o.attn_precision = mo.attn_precision;
     if (o.model_dir && cli_check_input(o.model_dir, 0)) return 1;   /* a FIFO, a loop, a missing path: the real reason */
     if (o.json_path && cli_check_output(o.json_path, o.model_dir, NULL)) return 1;   /* before the bench runs */
     const dt_family *fam = o.model_dir ? dt_family_for_model(o.model_dir) : o.preset ? dt_family_for_preset(o.preset) : NULL;
-    if (fam && cli_check_fp8(fam, &o.be)) return 1;
+    if (fam && cli_check_fp8(fam, &mo)) return 1;
     bench_report *r = calloc(1, sizeof *r);
     if (!r) return cli_error("out of memory");
     if (bench_run(&o, r)) {

@@ -130,7 +130,7 @@ int cmd_forward(int argc, char **argv) {
     if (!model || !inputs)
         return cli_error("forward: --model and --inputs are required (see ditrun forward --help)");
 
-    const int any_fp8 = mo.be.precision == DT_PREC_FP8 || mo.be.attn_precision == DT_PREC_FP8;
+    const int any_fp8 = mo.precision == DT_PREC_FP8 || mo.attn_precision == DT_PREC_FP8;
     if (compare && !any_fp8) return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (compare && cmp_qpath >= 0) return cli_error("--compare-bf16 and --compare-qpath: one comparison at a time");
     if (cli_check_input(inputs, 1) || cli_check_input(model, 0)) return 1;   /* before loading anything */
@@ -142,7 +142,7 @@ int cmd_forward(int argc, char **argv) {
     if (ranks > 1 && (trace || compare || cmp_qpath >= 0))
         return cli_error("--sequence-parallel: %s is not available with a split forward",
                          trace ? "--trace" : compare ? "--compare-bf16" : "--compare-qpath");
-    if (cli_check_fp8(fam, &mo.be)) return 1;
+    if (cli_check_fp8(fam, &mo)) return 1;
     st_file *in = st_open(inputs);
     if (!in) return cli_error("%s", dt_last_error());
     dt_backend *be = cli_model_backend(&mo);
@@ -158,7 +158,8 @@ int cmd_forward(int argc, char **argv) {
 
     if (dt_dit_read_common(in, &fi)) goto done;   /* (the model's own inputs are checked once it is loaded) */
     cli_sp_note(be, (int)ranks);
-    dt_dit_load_opts lo = {lor.loras, lor.n, lor.side, (int)ranks, NULL, 0, mo.cuda_graph};
+    dt_dit_load_opts lo = {lor.loras, lor.n, lor.side, (int)ranks, NULL, 0, mo.cuda_graph, mo.precision,
+                           mo.attn_precision, 0};
     if (!(dit = fam->dit_load(be, model, &lo))) goto done;
     if (fam->read_inputs(in, dit, kv_refs, no_mask, &fi)) goto done;
     const int64_t n = fi.step.n_img, tt = fi.step.n_txt, no = n * fi.out_channels;
@@ -200,16 +201,13 @@ int cmd_forward(int argc, char **argv) {
     if (compare || cmp_qpath >= 0 || cmp_unsplit) {
         /* the same forward with bf16 Linears (fp8 quality), another qpath, or unsplit (sequence parallelism) */
         float *ref = dt_malloc(sizeof(float) * (size_t)no);
-        const dt_precision prec0 = be->opts.precision, aprec0 = be->opts.attn_precision;
         const dt_qpath qp0 = be->opts.qpath;
         dt_dit_free(dit);
         dit = NULL;
-        if (compare) be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
+        if (compare) lo.precision = lo.attn_precision = DT_PREC_BF16;
         else if (cmp_qpath >= 0) be->opts.qpath = (dt_qpath)cmp_qpath;
         lo.ranks = 1;
         dit = fam->dit_load(be, model, &lo);
-        be->opts.precision = prec0;
-        be->opts.attn_precision = aprec0;
         be->opts.qpath = qp0;
         dt_dit_inputs fi2 = fi;   /* the same host inputs; the references set again on the new DiT */
         if (!dit || (fi.n_refs && dt_dit_set_refs(dit, fi.ref_tok, fi.ref_ids, fi.n_refs, kv_refs)) ||
@@ -243,7 +241,7 @@ int cmd_forward(int argc, char **argv) {
         } else if (compare) {
             dt_log(1, "ditrun: bf16 forward: %.2f ms (median of %ld)\n", tb[repeat / 2] * 1e3, repeat);
             printf("fp8 vs bf16 forward (%s): rel_l2 %.5f (%.2f%%), worst |diff| %.4g at %lld (fp8 %.4g, bf16 %.4g); "
-                   "fp8 could be the default only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be),
+                   "fp8 could be the default only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo),
                    rel, rel * 100, worst, (long long)wi, out[wi], ref[wi], rel < 0.03 ? "under" : "NOT under");
         } else {
             dt_log(1, "ditrun: forward with qpath %s: %.2f ms (median of %ld)\n", cli_qpath_name(cmp_qpath),

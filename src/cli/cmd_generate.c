@@ -319,7 +319,7 @@ int cmd_generate(int argc, char **argv) {
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
     if (count > 1 && (compare || save))
         return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
-    if (compare && mo.be.precision != DT_PREC_FP8 && mo.be.attn_precision != DT_PREC_FP8)
+    if (compare && mo.precision != DT_PREC_FP8 && mo.attn_precision != DT_PREC_FP8)
         return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
     if (ef.mask_path && !ef.init_path) return cli_error("generate: --mask needs --init-image (the image to inpaint)");
     if (ef.init_path && !ef.mask_path)
@@ -357,6 +357,8 @@ int cmd_generate(int argc, char **argv) {
     }
     if (edit_files_load(&ef, &p)) { edit_files_free(&ef); return cli_error("%s", dt_last_error()); }
     lo.cuda_graph = mo.cuda_graph;
+    lo.precision = mo.precision;
+    lo.attn_precision = mo.attn_precision;
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
@@ -393,10 +395,8 @@ int cmd_generate(int argc, char **argv) {
         uint8_t *rgb2 = NULL;
         int w2, h2;
         dt_gen_timings tm2;
-        be->opts.precision = be->opts.attn_precision = DT_PREC_BF16;
+        lo.precision = lo.attn_precision = DT_PREC_BF16;
         rc = dt_generate(be, &lo, &p, &rgb2, &w2, &h2, &tm2, save_obs, &rc2);
-        be->opts.precision = mo.be.precision;
-        be->opts.attn_precision = mo.be.attn_precision;
         free(rgb2);
         if (rc == 0 && (!lat8 || rc2.nlat != n8)) { dt_set_error("--compare-bf16: final latents not observed"); rc = -1; }
         if (rc == 0) {
@@ -408,7 +408,7 @@ int cmd_generate(int argc, char **argv) {
             }
             double rel = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
             printf("fp8 vs bf16 generate (%s, %d steps, final latents): rel_l2 %.5f (%.2f%%); fp8 could be the default "
-                   "only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo.be), tm.steps, rel, rel * 100,
+                   "only under 3%%: %s (it stays opt-in)\n", cli_fp8_what(&mo), tm.steps, rel, rel * 100,
                    rel < 0.03 ? "under" : "NOT under");
         }
         free(lat8);

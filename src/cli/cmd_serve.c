@@ -218,6 +218,8 @@ int cmd_serve(int argc, char **argv) {
     o.backend = mo.backend;
     o.be = mo.be;
     o.load.cuda_graph = mo.cuda_graph;
+    o.load.precision = mo.precision;
+    o.load.attn_precision = mo.attn_precision;
     o.load.loras = lor.loras;
     o.load.n_loras = lor.n;
     o.load.lora_side = lor.side;

@@ -30,6 +30,10 @@ typedef struct {
     dt_dtype bias_dtype;       /* dtype of the optional Linear bias */
     const void *bias;          /* optional [out], NULL when the Linear has no bias */
     dt_precision precision;    /* requested run precision (core/common.h; dt_weights_linear sets DT_PREC_BF16) */
+    int fp8_unfused;           /* fp8 Linears: 1 = quantize the input in a pass of its own and run a gated residual as
+                                * linear + gated_add (the A/B arm of --precision fp8), 0 = take e4m3 activations from
+                                * the producing norm / SwiGLU (norm_linear, act_linear_gated) and fold the gate into
+                                * the GEMM where the backend can (CUDA) */
 } dt_linear_src;
 
 /* bits == 0 forms by dtype */

@@ -47,6 +47,9 @@ typedef struct {
     const int *devices;         /* CUDA device of each rank (n_devices of them; 0: the backend's device + rank) */
     int n_devices;
     int cuda_graph;             /* replay the forward as a CUDA graph where the model can */
+    dt_precision precision;     /* --precision: the DiT blocks' Linears (fp8: e4m3 where the model has an fp8 mode) */
+    dt_precision attn_precision;/* --attn-precision: the DiT blocks' attention */
+    int fp8_unfused;            /* A/B arm of fp8 Linears: input quantized in a pass of its own (flux2_load_opts) */
 } dt_dit_load_opts;
 
 /* What a model implements. m is its model object. 0 or -1 (dt_last_error) where an int is returned. */

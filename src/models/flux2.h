@@ -27,7 +27,7 @@ typedef struct {
     float eps;
     int guidance_embeds;    /* must be 0 for klein */
     int attn_fp8;           /* run-time choice, not from config.json: the blocks' attention through the backend's
-                             * attention_fp8 (flux2_runtime_choices sets it from opts.attn_precision) */
+                             * attention_fp8 (flux2_runtime_choices sets it from the load options' attn_precision) */
     int fuse_inputs;        /* run-time choice (flux2_runtime_choices): the Linears fed by a norm or an activation go
                              * through norm_linear / act_linear_gated (fp8 Linears: no quantizing pass); 0 keeps the
                              * ops apart (the bf16 ledger times them one by one) */
@@ -49,11 +49,17 @@ typedef void (*flux2_trace_fn)(void *ud, const char *name, dt_mat m);
 /* Load from a transformer folder (config.json + safetensors), a quantized folder, or a pipeline
  * root holding transformer/. NULL on error (dt_last_error). */
 flux2_model *flux2_load(dt_backend *be, const char *path);
-/* Load options (flux2_load: none of them). */
+/* Load options (flux2_load: none of them, i.e. bf16). */
 typedef struct {
     const dt_lora_spec *loras;   /* LoRA adapters (models/lora.h), all applied; n_loras of them */
     int n_loras;
     int lora_side;               /* 1: side products for dense weights too instead of merging (comparisons) */
+    dt_precision precision;      /* --precision: the blocks' Linears (fp8: e4m3; embedders, modulation, final stay
+                                  * bf16), each Linear's dt_linear_src.precision */
+    dt_precision attn_precision; /* --attn-precision: the blocks' attention (fp8: the backend's attention_fp8) */
+    int fp8_unfused;             /* A/B arm of fp8 Linears (default 0): they quantize their input in a pass of their
+                                  * own and a gated residual runs as linear + gated_add, instead of taking e4m3
+                                  * activations from the producing norm / SwiGLU (dt_linear_src.fp8_unfused) */
 } flux2_load_opts;
 /* flux2_load with options (o may be NULL). With adapters the model runs through a LoRA backend wrapper of be
  * (models/lora_backend.h; freed with the model). */
@@ -237,10 +243,12 @@ int flux2_single_w_load(dt_linear_set *lin, const dt_weights *w, const flux2_con
 /* The block's first Linear (a prefetch hint for whatever runs before it). */
 static inline const dt_linear *flux2_single_first(const flux2_single_w *w) { return w->qkv_mlp; }
 /* The config's run-time choices (flux2_load and the bench's replica, before loading the blocks): attn_fp8 from
- * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and fuse_inputs
- * when the blocks' Linears run in fp8 (`linears`: --precision, or an fp8 file) unless be->opts.fp8_unfused. (A schedule that split the single blocks' projection and ran
- * the attention on the side queue beside the MLP half measured no faster: PERF.md, stop 15.) */
-int flux2_runtime_choices(const dt_backend *be, dt_precision linears, flux2_config *c, const char *what);
+ * o->attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), and fuse_inputs when the
+ * blocks' Linears run in fp8 (`linears`: o->precision, or an fp8 file) unless o->fp8_unfused. (A schedule that split
+ * the single blocks' projection and ran the attention on the side queue beside the MLP half measured no faster:
+ * PERF.md, stop 15.) */
+int flux2_runtime_choices(const dt_backend *be, const flux2_load_opts *o, dt_precision linears, flux2_config *c,
+                          const char *what);
 /* Single block w as the model runs it: flux2_single_op's ops in order. next: as flux2_single_op. */
 void flux2_single_block(dt_backend *be, const flux2_config *c, const flux2_single_w *w, const flux2_single_io *io,
                         const dt_linear *next);

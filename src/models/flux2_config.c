@@ -83,13 +83,14 @@ int flux2_config_parse(const json *cfg, const char *what, flux2_config *c) {
     return 0;
 }
 
-int flux2_runtime_choices(const dt_backend *be, dt_precision linears, flux2_config *c, const char *what) {
-    c->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+int flux2_runtime_choices(const dt_backend *be, const flux2_load_opts *o, dt_precision linears, flux2_config *c,
+                          const char *what) {
+    c->attn_fp8 = o->attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
     if (c->attn_fp8 && !be->attention_fp8) {
         dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
                      be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
         return -1;
     }
-    c->fuse_inputs = linears == DT_PREC_FP8 && !be->opts.fp8_unfused;
+    c->fuse_inputs = linears == DT_PREC_FP8 && !o->fp8_unfused;
     return 0;
 }

@@ -65,8 +65,8 @@ static const dt_dit_ops split_ops = {"flux2 split", split_forward, split_refs, s
                                      split_free, NULL};   /* cancellation between steps: the ranks stop together */
 
 dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
+    const flux2_load_opts lo = {o->loras, o->n_loras, o->lora_side, o->precision, o->attn_precision, o->fp8_unfused};
     if (o->ranks > 1) {
-        flux2_load_opts lo = {o->loras, o->n_loras, o->lora_side};
         flux2_sp_opts so = {o->ranks, {0}, o->n_devices, lo};
         for (int i = 0; i < o->n_devices && i < FLUX2_SP_MAX_RANKS; i++) so.devices[i] = o->devices[i];
         flux2_sp *sp = flux2_sp_load(be, path, &so);
@@ -74,7 +74,7 @@ dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts 
         if (o->cuda_graph) dt_log(1, "ditrun: note: --cuda-graph is not used with --sequence-parallel (eager)\n");
         return dt_dit_new(&split_ops, sp, flux2_sp_get_config(sp));
     }
-    flux2_model *m = flux2_load_ex(be, path, &(flux2_load_opts){o->loras, o->n_loras, o->lora_side});
+    flux2_model *m = flux2_load_ex(be, path, &lo);
     if (!m) return NULL;
     flux2_set_graph(m, o->cuda_graph);
     return dt_dit_new(&whole_ops, m, flux2_get_config(m));

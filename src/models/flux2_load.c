@@ -122,6 +122,8 @@ static int load_loras(flux2_model *m, const flux2_load_opts *o) {
 }
 
 flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_opts *o) {
+    const flux2_load_opts bf16 = {0};
+    if (!o) o = &bf16;
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     flux2_model *m = dt_calloc(1, sizeof *m);
@@ -137,16 +139,17 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
 
     const flux2_config *c = &m->c;
     for (size_t i = 0; i < dt_weights_count(m->w); i++) m->weight_bytes += dt_weights_at(m->w, i)->nbytes;
-    if (o && o->n_loras > 0 && load_loras(m, o)) goto fail;
+    if (o->n_loras > 0 && load_loras(m, o)) goto fail;
 
+    m->lin.fp8_unfused = o->fp8_unfused;   /* every fp8 Linear (a file's outer ones too) */
     if (flux2_outer_w_load(&m->lin, m->w, c, &m->o)) goto fail;
 
-    m->lin.precision = be->opts.precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
+    m->lin.precision = o->precision;   /* --precision fp8: the blocks' Linears (embedders, modulation, final stay bf16) */
     /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers (norms,
      * SwiGLU) write the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
     const st_tensor *sb0 = dt_weights_find(m->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight");
     const int fp8_file = sb0 && (sb0->dtype == DT_F8_E4M3 || sb0->dtype == DT_F8_E5M2);
-    if (flux2_runtime_choices(be, fp8_file ? DT_PREC_FP8 : be->opts.precision, &m->c, what)) goto fail;
+    if (flux2_runtime_choices(be, o, fp8_file ? DT_PREC_FP8 : o->precision, &m->c, what)) goto fail;
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {
         if (flux2_double_w_load(&m->lin, m->w, c, i, &m->db[i], NULL, NULL)) goto fail;

@@ -52,6 +52,7 @@ struct krea2_model {
     k2_text_block *lw, *rf;          /* layerwise / refiner text fusion blocks */
     krea2_block_w *blk;
     dt_linear_set lin;               /* every created Linear (cleanup, format description) */
+    dt_precision precision;          /* krea2_load_opts.precision: the transformer blocks' Linears */
     size_t weight_bytes;
     krea2_acts buf;                  /* for the last (N, T); kept between calls */
     dt_fbc_branch *fbc;              /* First Block Cache state of the forwards (krea2_set_block_cache; NULL: none) */
@@ -165,14 +166,15 @@ void krea2_weight_info(const krea2_model *m, size_t *bytes, char *fmt, size_t fm
     if (fmt && fmt_len) snprintf(fmt, fmt_len, "%s", m->lin.fmt);
 }
 
-int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what) {
-    c->attn_fp8 = be->opts.attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
+int krea2_runtime_choices(const dt_backend *be, dt_precision linears, dt_precision attn_precision, int fp8_unfused,
+                          krea2_config *c, const char *what) {
+    c->attn_fp8 = attn_precision == DT_PREC_FP8;   /* --attn-precision fp8: the blocks' attention */
     if (c->attn_fp8 && !be->attention_fp8) {
         dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
                      be->attention_fp8_off ? ": " : "", be->attention_fp8_off ? be->attention_fp8_off : "");
         return -1;
     }
-    c->fuse_inputs = be->opts.precision == DT_PREC_FP8 && !be->opts.fp8_unfused;
+    c->fuse_inputs = linears == DT_PREC_FP8 && !fp8_unfused;
     return 0;
 }
 
@@ -315,7 +317,7 @@ static int load_all(krea2_model *m) {
         if (load_text_block(&m->lin, m->w, c, nm, &m->rf[i])) return -1;
     }
     /* --precision fp8: the transformer blocks' Linears (embedders, modulation, text fusion, final stay bf16) */
-    m->lin.precision = m->be->opts.precision;
+    m->lin.precision = m->precision;
     m->blk = dt_calloc((size_t)c->num_layers, sizeof *m->blk);
     for (int i = 0; i < c->num_layers; i++)
         if (krea2_block_w_load(&m->lin, m->w, c, i, &m->blk[i])) return -1;
@@ -325,26 +327,29 @@ static int load_all(krea2_model *m) {
 krea2_model *krea2_load(dt_backend *be, const char *path) { return krea2_load_ex(be, path, NULL); }
 
 krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_opts *o) {
+    const krea2_load_opts bf16 = {0};
+    if (!o) o = &bf16;
     char *dir = dt_weights_component_dir(path, "transformer");
     if (!dir) return NULL;
     krea2_model *m = dt_calloc(1, sizeof *m);
     m->be = be;
     m->lin.be = be;
+    m->precision = o->precision;
+    m->lin.fp8_unfused = o->fp8_unfused;   /* every fp8 Linear */
     m->w = dt_weights_open(dir);
     if (!m->w) { free(dir); free(m); return NULL; }
     char what[4200];
     const json *cfg = dt_weights_class_config(m->w, dir, "Krea2Transformer2DModel", "Krea 2", what, sizeof what);
     free(dir);
-    if (!cfg || krea2_config_parse(cfg, what, &m->c) || krea2_runtime_choices(be, &m->c, what)) goto fail;
-    const st_tensor *q0 = dt_weights_find(m->w, "transformer_blocks.0.attn.to_q.weight");
-    if (q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2) && be->opts.precision != DT_PREC_FP8) {
-        /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers write
-         * the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
-        dt_backend as_fp8 = *be;
-        as_fp8.opts.precision = DT_PREC_FP8;
-        if (krea2_runtime_choices(&as_fp8, &m->c, what)) goto fail;
-    }
-    if (o && o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
+    /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers write the
+     * e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
+    const st_tensor *q0 = cfg ? dt_weights_find(m->w, "transformer_blocks.0.attn.to_q.weight") : NULL;
+    const int fp8_file = q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2);
+    if (!cfg || krea2_config_parse(cfg, what, &m->c) ||
+        krea2_runtime_choices(be, fp8_file ? DT_PREC_FP8 : o->precision, o->attn_precision, o->fp8_unfused, &m->c,
+                              what))
+        goto fail;
+    if (o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
         dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
         m->lora = dt_lora_load(o->loras, o->n_loras, cat);
         dt_lora_catalogue_free(cat);

@@ -50,10 +50,11 @@ typedef struct {
 
 /* Parse config.json; a missing/invalid field is an error naming `what` (the file) and the field. */
 int krea2_config_parse(const json *cfg, const char *what, krea2_config *c);
-/* The config's run-time choices (krea2_load and the bench, before loading the blocks): attn_fp8 from
- * be->opts.attn_precision (-1 with an error naming `what` when the backend has no fp8 attention), fuse_inputs with
- * --precision fp8 unless be->opts.fp8_unfused. */
-int krea2_runtime_choices(const dt_backend *be, krea2_config *c, const char *what);
+/* The config's run-time choices (krea2_load and the bench, before loading the blocks): attn_fp8 from attn_precision
+ * (-1 with an error naming `what` when the backend has no fp8 attention), fuse_inputs when the blocks' Linears run in
+ * fp8 (`linears`: --precision, or an fp8 file) unless fp8_unfused (krea2_load_opts). */
+int krea2_runtime_choices(const dt_backend *be, dt_precision linears, dt_precision attn_precision, int fp8_unfused,
+                          krea2_config *c, const char *what);
 
 typedef struct krea2_model krea2_model;
 
@@ -70,6 +71,10 @@ typedef struct {
     const dt_lora_spec *loras;
     int n_loras;
     int lora_side;
+    dt_precision precision;      /* --precision: the transformer blocks' Linears (fp8: e4m3; embedders, modulation,
+                                  * text fusion, final stay bf16), each Linear's dt_linear_src.precision */
+    dt_precision attn_precision; /* --attn-precision: the blocks' attention */
+    int fp8_unfused;             /* A/B arm of fp8 Linears (dt_linear_src.fp8_unfused; flux2_load_opts says more) */
 } krea2_load_opts;
 krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_opts *o);
 void krea2_free(krea2_model *m);

@@ -25,7 +25,8 @@ static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_i
 
 dt_dit *krea2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) { dt_set_error("%s: Krea 2 has no split forward (--sequence-parallel)", path); return NULL; }
-    krea2_model *m = krea2_load_ex(be, path, &(krea2_load_opts){o->loras, o->n_loras, o->lora_side});
+    krea2_model *m = krea2_load_ex(be, path, &(krea2_load_opts){o->loras, o->n_loras, o->lora_side, o->precision,
+                                                                       o->attn_precision, o->fp8_unfused});
     if (!m) return NULL;
     krea2_set_graph(m, o->cuda_graph);
     return dt_dit_new(&k2_ops, m, krea2_get_config(m));

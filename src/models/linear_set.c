@@ -22,6 +22,7 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src0) {
     dt_linear_src srcp = *src0;
     const dt_linear_src *src = &srcp;
     if (s->precision != DT_PREC_BF16) srcp.precision = s->precision;
+    if (s->fp8_unfused) srcp.fp8_unfused = 1;
     if (s->dense_f32 && !srcp.bits && srcp.dtype != DT_F32) {
         size_t n = (size_t)srcp.out * (size_t)srcp.in;
         float *f = own(s, sizeof(float) * n);

@@ -23,6 +23,7 @@ typedef struct {
     int nowned;
     int dense_f32;     /* 1: dense bf16/f16 weights are converted to f32 host copies first (the bench's f32 format) */
     dt_precision precision;   /* applied to Linears added from now on (models: their DiT blocks' Linears) */
+    int fp8_unfused;          /* applied to Linears added from now on: dt_linear_src.fp8_unfused (the A/B arm) */
     struct dt_lora_set *lora; /* adapters for the Linears loaded from now on (NULL: none) */
     int lora_side;            /* 1: side products for dense weights too, instead of merging (tests, comparisons) */
     int lora_merged, lora_sides;   /* Linears that took an update, by how */

@@ -22,6 +22,20 @@ struct dt_linear {
 
 static lora_be *lb(dt_backend *be) { return (lora_be *)be; }
 
+/* Every other slot forwards to the inner backend, called as itself (`be` becomes it), so that an inner wrapper which
+ * finds its own state from `be` (the trace wrapper, backends/backend_trace.h) works under this one. */
+#define LB_FWD_V(name, params, args) \
+    __attribute__((unused)) static void fwd_##name params { \
+        be = lb(be)->inner; \
+        be->name args; \
+    }
+#define LB_FWD_R(type, name, params, args) \
+    __attribute__((unused)) static type fwd_##name params { \
+        be = lb(be)->inner; \
+        return be->name args; \
+    }
+DT_BACKEND_SLOTS(LB_FWD_V, LB_FWD_R)
+
 
 /* A [rows, cols] view of scratch m (grown to at least rows·cols elements first). */
 static dt_mat scratch(lora_be *s, dt_mat *m, int64_t rows, int64_t cols) {
@@ -131,9 +145,12 @@ int dt_lora_backend_is_wrapper(const dt_backend *be) { return be && be->destroy 
 dt_backend *dt_lora_backend_wrap(dt_backend *inner) {
     if (!inner) { dt_set_error("lora: no backend to wrap"); return NULL; }
     lora_be *s = dt_calloc(1, sizeof *s);
-    s->pub = *inner;              /* the same impl, options and ops ... */
+    s->pub = *inner;              /* the same impl and options, the inner's ops (forwarded) ... */
     s->inner = inner;
     dt_backend *be = &s->pub;     /* ... but its own Linears */
+#define LB_SET_V(name, params, args) be->name = inner->name ? fwd_##name : NULL;
+#define LB_SET_R(type, name, params, args) LB_SET_V(name, params, args)
+    DT_BACKEND_SLOTS(LB_SET_V, LB_SET_R)
     be->destroy = w_destroy_backend;
     be->linear_create = w_create;
     be->linear_destroy = w_destroy;

@@ -2,7 +2,7 @@
  * low-rank terms to chosen Linears, so quantized weights (MLX q4/q8, fp8, GGUF) take an adapter without a
  * dequantized copy:
  *     y = x · Wᵀ (+ bias) + (x · Aᵀ) · Bᵀ        A [R, in], B [out, R] (the adapters' scales folded into B)
- * The wrapper is a copy of the inner backend (same impl, options, memory) whose Linear ops are replaced: every
+ * The wrapper shares the inner backend's impl, options and memory and forwards its ops, Linear ops replaced: every
  * Linear created through it is a wrapper object around the inner backend's Linear. The model loads and runs
  * through the wrapper exactly as through any backend (linear, linear_gated_add, norm_linear, act_linear_gated,
  * linear_prefetch); a Linear with a side product runs its fused norm/activation paths as their composed ops.

@@ -41,6 +41,9 @@ typedef struct {
                                  * plan needs it, and a budget below the smallest workable is refused before anything
                                  * loads; 0 = a CUDA backend's own (its max_vram, else the card's free memory). The
                                  * pool's own bound is the backend's (dt_cuda_opts.max_vram) */
+    dt_precision precision;     /* --precision: the DiT blocks' Linears (fp8: e4m3, families with an fp8 mode) */
+    dt_precision attn_precision;/* --attn-precision: the DiT blocks' attention */
+    int fp8_unfused;            /* A/B arm of fp8 Linears: input quantized in a pass of its own (flux2_load_opts) */
 } dt_pipeline_opts;
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o);

@@ -4,8 +4,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "backends/backend_ext.h"
 #include "cpu_internal.h"
 
 #define CPU_ALIGN 64
@@ -141,6 +143,12 @@ static float cpu_event_elapsed_ms(dt_backend *be, void *start, void *end) {
     return (float)((*(double *)end - *(double *)start) * 1000.0);
 }
 static void cpu_event_destroy(dt_backend *be, void *ev) { (void)be; free(ev); }
+static const dt_ext_profiling cpu_profiling = {cpu_event_create, cpu_event_record, cpu_event_elapsed_ms,
+                                               cpu_event_destroy, NULL, NULL};   /* no power sensor */
+static const void *cpu_get_ext(dt_backend *be, const char *name) {
+    (void)be;
+    return !strcmp(name, DT_EXT_PROFILING) ? &cpu_profiling : NULL;
+}
 
 /* OpenBLAS (DYNAMIC_ARCH) picks its kernels from CPUID when the library loads (or from OPENBLAS_CORETYPE, which
  * OpenBLAS reads itself); on CPUs it does not know (e.g. recent Xeons seen through some hypervisors) it falls back
@@ -243,10 +251,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->group_norm = cpu_group_norm;
     be->upsample2x = cpu_upsample2x;
     be->channel_rmsnorm = cpu_channel_rmsnorm;
-    be->event_create = cpu_event_create;
-    be->event_record = cpu_event_record;
-    be->event_elapsed_ms = cpu_event_elapsed_ms;
-    be->event_destroy = cpu_event_destroy;
+    be->get_ext = cpu_get_ext;
     dt_log(2, "cpu backend: %d threads, OpenBLAS %s\n", threads, openblas_get_config());
     warn_generic_blas();
     return be;

@@ -2,8 +2,10 @@
  * options, streams, cuBLASLt, the vtable, kernel preloading), destroy, and dt_backend_cuda_opts. Ops are queued on
  * the current queue's stream (st->q: the main queue, or the side queue after stream_switch); the transient
  * prefetch (cuda_prefetch.cu) runs on a third, low-priority stream joined back before syncs, downloads and
- * capture ends. The pieces: cuda_pool.cu (memory), cuda_transfer.cu (copies), cuda_queues.cu (events, queues,
- * graphs), cuda_trace.cu (the trace decorator). */
+ * capture ends. The pieces: cuda_pool.cu (memory), cuda_transfer.cu (copies), cuda_queues.cu (queues, graphs,
+ * the extensions); with the trace option on, the backend is handed out inside the generic trace wrapper
+ * (backends/backend_trace.c). */
+#include "backends/backend_trace.h"
 #include "cuda_common.cuh"
 
 /* ------------------------------------------------------------------ errors */
@@ -34,7 +36,10 @@ static void be_destroy(dt_backend *be) {
         cudaStreamSynchronize(st->q.stream);
         if (st->alt.stream) cudaStreamSynchronize(st->alt.stream);
         if (st->pf_stream) cudaStreamSynchronize(st->pf_stream);
-        dtc_trace_report(st);
+        int n_malloc = 0;
+        double t_malloc = 0;
+        if (st->o.trace > 0 && dtc_pool_malloc_stats(st, &n_malloc, &t_malloc))   /* (the op trace: backend_trace.c) */
+            fprintf(stderr, "ditrun: cuda trace   cudaMalloc: %d calls, %.2f ms\n", n_malloc, t_malloc * 1e3);
         dtc_gemm_cache_free(st);
         dtc_cudnn_destroy(st);
         dtc_fp8_cache_free(st);
@@ -253,17 +258,11 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->group_norm = dtc_group_norm;
     be->upsample2x = dtc_upsample2x;
     be->channel_rmsnorm = dtc_channel_rmsnorm;
-    be->event_create = dtc_event_create;
-    be->event_record = dtc_event_record;
-    be->event_elapsed_ms = dtc_event_elapsed_ms;
-    be->event_destroy = dtc_event_destroy;
-    be->power_sample = dtc_be_power_sample;
     be->capture_begin = dtc_capture_begin;
     be->capture_end = dtc_capture_end;
     be->graph_launch = dtc_graph_launch;
     be->graph_destroy = dtc_graph_destroy;
-    be->fp8_quant = dtc_fp8_quant;
-    be->fp8_scale_mode = dtc_be_fp8_scale_mode;
+    be->get_ext = dtc_get_ext;
     be->stream_switch = dtc_stream_switch;
     {
         /* Load every kernel of the backend now (lazy module loading would otherwise load each one at its first
@@ -277,8 +276,11 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
         fprintf(stderr, "ditrun: cuda: --qpath mixed needs an sm_90 GPU with TMA and --kernels auto (this one is "
                         "compute %d.%d, kernels %s): quantized Linears take the auto path\n", st->cc_major, st->cc_minor,
                 dt_cuda_kernels_name(st->o.kernels));
-    dtc_trace_install(be);
     be->opts.cuda = &st->o;
+    if (st->o.trace > 0) {   /* every op through the trace wrapper; the pool prints slow cudaMallocs */
+        st->trace_malloc_ms = st->o.trace_ms > 0 ? st->o.trace_ms : 1e-9;
+        be = dt_backend_trace(be, st->o.trace, st->o.trace_ms);
+    }
     return be;
 }
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "backends/backend_cuda.h"
+#include "backends/backend_ext.h"
 #include "quant/dequant.h"
 
 /* ------------------------------------------------------------------ errors */
@@ -135,13 +136,14 @@ struct dtc_state {
     char f8a_off[320];      /* why attention_fp8 is off (dt_backend.attention_fp8_off), "" when on */
     double t_preload;       /* seconds spent in dtc_preload_kernels at create */
     double trace_malloc_ms; /* o.trace: print cudaMalloc calls at least this long (0 = off) */
+    int fp8_force_unfused;  /* the fp8-internals extension's force_unfused (bench A/B arm) */
     void *nvml_dev;         /* NVML handle of this device (cuda_power.cu), found on first use */
 };
 
 static inline dtc_state *dtc(dt_backend *be) { return (dtc_state *)be->impl; }
 
 /* The vtable entries of the backend's pieces (cuda_backend.cu installs them): memory (cuda_pool.cu), copies
- * (cuda_transfer.cu), events / queues / graphs (cuda_queues.cu), the trace decorator (cuda_trace.cu). */
+ * (cuda_transfer.cu), queues / graphs / extensions (cuda_queues.cu). */
 int dtc_mat_alloc(dt_backend *be, dt_mat *m, int64_t rows, int64_t cols, dt_dtype dtype);
 void dtc_mat_free(dt_backend *be, dt_mat *m);
 void dtc_mem_stats(dt_backend *be, size_t *current, size_t *peak);
@@ -149,19 +151,12 @@ void dtc_upload(dt_backend *be, dt_mat m, const float *src);
 void dtc_download(dt_backend *be, float *dst, dt_mat m);
 void dtc_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x);
 int dtc_sync(dt_backend *be);
-void *dtc_event_create(dt_backend *be);
-void dtc_event_record(dt_backend *be, void *ev);
-float dtc_event_elapsed_ms(dt_backend *be, void *start, void *end);
-void dtc_event_destroy(dt_backend *be, void *ev);
-int dtc_be_power_sample(dt_backend *be, dt_power_sample *p);
-const char *dtc_be_fp8_scale_mode(dt_backend *be);
+const void *dtc_get_ext(dt_backend *be, const char *name);   /* profiling, fp8-internals (backend_ext.h) */
 int dtc_capture_begin(dt_backend *be);
 void *dtc_capture_end(dt_backend *be);
 int dtc_graph_launch(dt_backend *be, void *graph);
 void dtc_graph_destroy(dt_backend *be, void *graph);
 void dtc_stream_switch(dt_backend *be, int q, int wait);
-void dtc_trace_install(dt_backend *be);     /* wraps the ops when o.trace > 0 */
-void dtc_trace_report(dtc_state *st);       /* prints the trace's summary (at destroy) */
 
 /* Memory (cuda_pool.cu). */
 void dtc_pool_create(dtc_state *st);

@@ -5,8 +5,11 @@
 #include "cuda_linear.cuh"
 
 /* fp8 Linears take their activations from the producing op (norm_linear, act_linear_gated) and fold the gated
- * residual into the GEMM; opts.fp8_unfused turns both off (A/B arm: the quantizing pass and linear + gated_add). */
-static int fp8_fuse_on(const dt_backend *be) { return !be->opts.fp8_unfused; }
+ * residual into the GEMM; a Linear created with dt_linear_src.fp8_unfused, or the fp8-internals extension's
+ * force_unfused, turns both off (A/B arm: the quantizing pass and linear + gated_add). */
+static int fp8_fuse_on(const dt_backend *be, const dt_linear *w) {
+    return !w->f8_unfused && !((const dtc_state *)be->impl)->fp8_force_unfused;
+}
 
 /* The quantized-weight path for a product of `rows` tokens: the requested one, or (auto) the fused qmm for
  * mat-vec-like sizes and transient dequantization above. CACHED and MIXED Linears leave the packed form at load
@@ -75,7 +78,7 @@ void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w
     DTC_REQUIRE(!gate.data || gate.cols == x.cols, "linear_gated_add: gate has %lld columns, x %lld",
                 (long long)gate.cols, (long long)x.cols);
     if (a.rows <= 0) return;
-    if (w->f8 && fp8_fuse_on(be) && (a.dtype == DT_BF16 || a.dtype == DT_F32) && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
+    if (w->f8 && fp8_fuse_on(be, w) && (a.dtype == DT_BF16 || a.dtype == DT_F32) && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
         /* fp8: the gate folded into the weight scales, the residual as the GEMM's C (dtc_fp8_gemm_q) */
         float *sx;
         uint8_t *xq = dtc_fp8_quant_act(st, a, &sx);
@@ -118,7 +121,7 @@ void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat sc
                 "norm_linear: y[%lld,%lld] = LN(x[%lld,%lld]) · W[%lld,%lld]ᵀ via a[%lld,%lld]: shape mismatch",
                 (long long)y.rows, (long long)y.cols, (long long)x.rows, (long long)x.cols, (long long)w->out,
                 (long long)w->in, (long long)a.rows, (long long)a.cols);
-    if (w->f8 && fp8_fuse_on(be) && x.rows > 0 && (y.dtype == DT_BF16 || y.dtype == DT_F32)) {
+    if (w->f8 && fp8_fuse_on(be, w) && x.rows > 0 && (y.dtype == DT_BF16 || y.dtype == DT_F32)) {
         float *sx;
         uint8_t *xq = dtc_fp8_act_scratch(st, x.rows, x.cols, &sx);
         if (dtc_layernorm_mod_e4m3(st, x, shift, scale, eps, xq, sx) == 0) {
@@ -141,7 +144,7 @@ void dtc_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_m
     DTC_REQUIRE(c.cols == w->in && x.cols == w->out && x.rows == c.rows,
                 "act_linear_gated: x[%lld,%lld] += c[%lld,%lld] · W[%lld,%lld]ᵀ shape mismatch", (long long)x.rows,
                 (long long)x.cols, (long long)c.rows, (long long)c.cols, (long long)w->out, (long long)w->in);
-    if (w->f8 && fp8_fuse_on(be) && c.rows > 0 && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
+    if (w->f8 && fp8_fuse_on(be, w) && c.rows > 0 && (x.dtype == DT_BF16 || x.dtype == DT_F32)) {
         float *sx;
         uint8_t *xq = dtc_fp8_act_scratch(st, c.rows, c.cols, &sx);
         if (dtc_act_e4m3(st, dt_mat_cols(c, 0, lead), a, b, act, xq, sx) == 0) {

@@ -15,6 +15,7 @@ struct dt_linear {
     float2 *sb;         /* (scale, bias) per group [out, in/group] */
     __nv_bfloat16 *bias;/* Linear bias [out] or NULL */
     dtc_fp8_w *f8;      /* fp8 weights (cuda_fp8.cu) instead of w/qw, or NULL */
+    int f8_unfused;     /* dt_linear_src.fp8_unfused: f8 quantizes its input in a pass of its own (no fused inputs) */
     dtc_qg_w mx;        /* qpath mixed: fragment-ordered packed weights (cuda_qgemm.cu) instead of qw/sb; mx.q NULL
                            when unused */
     uint8_t *gq;        /* GGUF blocks as the file has them [out rows of in/QK blocks] (cuda_ggml.cu), or NULL */

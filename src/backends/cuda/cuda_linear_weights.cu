@@ -152,6 +152,7 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
     w->in = src->in;
     w->bits = src->bits;
     w->group = src->group_size;
+    w->f8_unfused = src->fp8_unfused;
     const int64_t N = src->out, K = src->in;
     /* fp8 files run on the fp8 GEMM as stored (no bf16 copy); --precision fp8 converts other forms. cuBLASLt's
      * e4m3 GEMM needs compute 8.9+ (dt_cuda_fp8_supported): below, fp8 files are widened to bf16 and

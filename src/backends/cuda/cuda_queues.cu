@@ -1,29 +1,33 @@
-/* cuda_queues.cu — the CUDA backend's execution entries: timing events, the switch between its two queues
- * (stream_switch), CUDA-graph capture and replay, and the thin vtable adapters of power_sample / fp8_scale_mode. */
+/* cuda_queues.cu — the CUDA backend's execution entries: the switch between its two queues (stream_switch),
+ * CUDA-graph capture and replay, and its extensions (get_ext: profiling's timing events and power_sample, the fp8
+ * Linear's internals). */
+#include <string.h>
+
 #include <utility>
 
 #include "cuda_common.cuh"
 
-/* ------------------------------------------------------------------ vtable: events, graphs */
-void *dtc_event_create(dt_backend *be) {
+/* ------------------------------------------------------------------ the profiling extension: events, power */
+static void *dtc_event_create(dt_backend *be) {
     (void)be;
     cudaEvent_t e;
     CK(cudaEventCreate(&e));
     return (void *)e;
 }
-void dtc_event_record(dt_backend *be, void *ev) {
+static void dtc_event_record(dt_backend *be, void *ev) {
     dtc_prefetch_join(dtc(be));   /* a timed region includes the prefetches issued in it */
     CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->q.stream));
 }
-float dtc_event_elapsed_ms(dt_backend *be, void *start, void *end) {
+static void dtc_event_mark(dt_backend *be, void *ev) { CK(cudaEventRecord((cudaEvent_t)ev, dtc(be)->q.stream)); }
+static float dtc_event_elapsed_ms(dt_backend *be, void *start, void *end) {
     (void)be;
     float ms = 0;
     CK(cudaEventSynchronize((cudaEvent_t)end));
     CK(cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
     return ms;
 }
-int dtc_be_power_sample(dt_backend *be, dt_power_sample *p) { return dtc_power_sample(dtc(be), p); }
-void dtc_event_destroy(dt_backend *be, void *ev) {
+static int dtc_be_power_sample(dt_backend *be, dt_power_sample *p) { return dtc_power_sample(dtc(be), p); }
+static void dtc_event_destroy(dt_backend *be, void *ev) {
     (void)be;
     if (ev) CK(cudaEventDestroy((cudaEvent_t)ev));
 }
@@ -125,4 +129,17 @@ void dtc_graph_destroy(dt_backend *be, void *graph) {
     if (graph) CK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 
-const char *dtc_be_fp8_scale_mode(dt_backend *be) { return dtc_fp8_scale_mode(dtc(be)); }
+/* ------------------------------------------------------------------ get_ext */
+static const char *dtc_be_fp8_scale_mode(dt_backend *be) { return dtc_fp8_scale_mode(dtc(be)); }
+static void dtc_fp8_force_unfused(dt_backend *be, int on) { dtc(be)->fp8_force_unfused = on != 0; }
+
+static const dt_ext_profiling dtc_profiling = {dtc_event_create, dtc_event_record, dtc_event_elapsed_ms,
+                                               dtc_event_destroy, dtc_event_mark, dtc_be_power_sample};
+static const dt_ext_fp8_internals dtc_fp8_internals = {dtc_fp8_quant, dtc_be_fp8_scale_mode, dtc_fp8_force_unfused};
+
+const void *dtc_get_ext(dt_backend *be, const char *name) {
+    (void)be;
+    if (!strcmp(name, DT_EXT_PROFILING)) return &dtc_profiling;
+    if (!strcmp(name, DT_EXT_FP8_INTERNALS)) return &dtc_fp8_internals;
+    return nullptr;
+}
