@@ -306,6 +306,10 @@ static pid_t spawn(char *const argv[]) {
         snprintf(p, sizeof p, "%s/spawn.log", tmp);
         int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        /* a background run (make test &) inherits SIGINT ignored, which execv keeps: give ditrun an interactive
+         * run's dispositions, or the SIGINT cases below would send a signal that does nothing */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
         execv(exe, argv);
         _exit(127);
     }
