@@ -85,10 +85,10 @@ typedef struct {
                                  * "taylorseer=N[:ORDER]"; a bad value fails the request */
     int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
                                             * VAE decoding/encoding, see ditrun_load_opts */
-    int64_t max_vram;                      /* ditrun_generate only: plan the image within this many GPU bytes (the
-                                            * VAE tiles when needed; a budget below the smallest workable fails before
-                                            * loading, naming it); 0 = no bound. Planning only: the pool does not
-                                            * enforce it yet */
+    int64_t max_vram;                      /* ditrun_generate only: a GPU memory budget in bytes for this call: the
+                                            * image is planned within it (the VAE tiles when needed; a budget below
+                                            * the smallest workable fails before loading, naming it) and a CUDA
+                                            * engine's pool refuses to hold more; 0 = the card's free memory */
     /* Z-Image's guidance shaping (other models fail a request that sets them); < 0 = not given (off, 1): */
     float cfg_normalization;    /* > 0: the guided prediction's norm capped at this times the prompt's */
     float cfg_truncation;       /* no guidance on steps whose (1000 − t)/1000 exceeds it (> 1: never) */

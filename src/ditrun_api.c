@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/backend_cuda.h"
 #include "image/edit_prep.h"
 #include "image/image.h"
 #include "models/flux2.h"
@@ -153,7 +154,16 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
     memset(out, 0, sizeof *out);
     api_images im;
     int rc = api_images_load(o, &im, &p);
+    /* a CUDA pool holds to the budget for this call (and the plan's host weights last as long) */
+    dt_cuda_opts *co = dt_backend_cuda_opts(e->be);
+    const int64_t pool_budget = co ? co->max_vram : 0;
+    const int host_weights = co ? co->host_weights : 0;
+    if (co && o->max_vram > 0) co->max_vram = o->max_vram;
     if (rc == 0) rc = dt_generate(e->be, &lo, &p, &out->rgb, &out->width, &out->height, NULL, NULL, NULL);
+    if (co) {
+        co->max_vram = pool_budget;
+        co->host_weights = host_weights;
+    }
     api_images_free(&im);
     return rc;
 }

@@ -39,6 +39,11 @@
 #     portable  --kernels portable (the paths of a non-Hopper card, README: GPUs): info --devices in both modes, the
 #               GPU test suite with DITRUN_CUDA_KERNELS=portable, and klein-4B q4 / bf16 1024², klein-9B q4 and
 #               Krea 2 q4 1024² forwards in both modes, alternating
+#     vram      --max-vram (README: card classes): whole 1024² q4 images, 4 steps, one-shot, klein-4B in 6G, klein-9B
+#               in 8G, Krea 2 in 12G, each beside its unbounded run (time per image, the plan, the pool's peak and
+#               nvidia-smi's sampled every 50 ms), 2048² klein-4B in 8G (the plan tiles the VAE), Krea 2 in 6G (the
+#               plan keeps the q4 weights in host memory); test_gpu_budget first; stops starting runs after
+#               VRAM_SECONDS (120) and says which it skipped
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -587,6 +592,39 @@ if has vaetile; then  # tiled VAE: the reference file, the test with the GPU, 20
         kill $sp 2>/dev/null; wait $sp 2>/dev/null
         log "nvidia-smi peak memory.used: $(cat "$W/vaetile-peak" 2>/dev/null) MiB"; rm -f "$W/vaetile-peak"
     done
+fi
+
+if has vram; then   # README: card classes — --max-vram measured: the pool's peak and nvidia-smi's, time per image
+    VT0=$(date +%s); VLIM=${VRAM_SECONDS:-120}
+    vleft() { [ $(( $(date +%s) - VT0 )) -lt "$VLIM" ]; }
+    log "test_gpu_budget (GPU required):"
+    DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_budget 2>&1 | grep -E "^(PASS|FAIL|SKIP)|klein tiny" | tee -a "$OUT/summary.txt"
+    vgen() {  # vgen LABEL MODEL WxH BUDGET|none [generate args]: one one-shot image, its plan, peaks and times
+        local label=$1 model=$2 size=$3 budget=$4 bo="" line base; shift 4
+        vleft || { log "vram: $label $size budget $budget skipped (past ${VLIM} s)"; return; }
+        [ "$budget" != none ] && bo="--max-vram $budget"
+        base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        ( peak=0; while sleep 0.05; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+          [ "${m:-0}" -gt "$peak" ] && peak=$m && echo "$peak" > "$W/vram-peak"; done ) & local sp=$!
+        line=$($B generate --backend cuda --model "$model" -p "$PROMPT" -o "$W/vram.png" --seed 7 --width "${size%x*}" \
+            --height "${size#*x}" -v $bo "$@" 2>&1 | grep -E "memory plan|device memory peak|steps: load|host memory|error|warning" \
+            | sed 's/^ditrun: //' | tr '\n' ' ')
+        kill $sp 2>/dev/null; wait $sp 2>/dev/null
+        log "vram $label $size budget $budget: $line| nvidia-smi peak $(cat "$W/vram-peak" 2>/dev/null) MiB (before: $base MiB)"
+        rm -f "$W/vram-peak"
+    }
+    vleft && prep p4
+    vgen "klein-4B q4" "$W/p4" 1024x1024 none
+    vgen "klein-4B q4" "$W/p4" 1024x1024 6G
+    vgen "klein-4B q4" "$W/p4" 2048x2048 8G
+    if vleft; then [ -d "$W/p9" ] || $B synth --preset klein-9b --pipeline --bits 4 --group-size 64 --output "$W/p9" > /dev/null 2>&1; fi
+    vgen "klein-9B q4" "$W/p9" 1024x1024 none
+    vgen "klein-9B q4" "$W/p9" 1024x1024 8G
+    if vleft; then [ -d "$W/kr2p4" ] || $B synth --preset krea2 --pipeline --bits 4 --group-size 64 --output "$W/kr2p4" > /dev/null 2>&1; fi
+    vgen "Krea 2 q4 (4 steps)" "$W/kr2p4" 1024x1024 none --steps 4
+    vgen "Krea 2 q4 (4 steps)" "$W/kr2p4" 1024x1024 12G --steps 4
+    vgen "Krea 2 q4 (4 steps, host weights)" "$W/kr2p4" 1024x1024 6G --steps 4
+    log "vram section: $(( $(date +%s) - VT0 )) s"
 fi
 
 if has portable; then   # README: GPUs — the portable paths on this card, tested and timed beside the Hopper ones

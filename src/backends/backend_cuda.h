@@ -83,7 +83,15 @@ typedef struct dt_cuda_opts {
     double trace_ms;          /* trace 1-2: print calls at least this long as they happen (default 0.5 ms) */
     /* ---- per Linear ---- */
     int qgemm_f32_math;       /* --qpath mixed: dequantize in f32 even where the scales are bf16-exact */
+    int host_weights;         /* 1: MLX 4/8-bit Linears on the transient / fused paths keep their packed weights and
+                               * scales in mapped pinned host memory, outside the pool: each dequantization reads
+                               * them over the bus (on the prefetch stream, overlapping the previous GEMM). Set by
+                               * the memory plan (pipeline/budget.c) when the weights do not fit the budget */
     /* ---- per call ---- */
+    int64_t max_vram;         /* the pool's budget in bytes (--max-vram), read at each device allocation: one that
+                               * would take the bytes the pool holds (live blocks, its cache of freed ones, the
+                               * cuBLASLt workspaces) past it is refused with an error naming the budget, the use and
+                               * the request (the cache is given back first); 0 = none beyond the card's memory */
     dt_cuda_attn attn;        /* attention kernel choice */
     int qgemm_direct_epilogue; /* --qpath mixed: per-element stores from registers instead of the shared-memory
                                 * staged epilogue (also taken for unaligned outputs) */
@@ -106,6 +114,10 @@ int dt_cuda_opts_from_env(dt_cuda_opts *o);
 /* Device d's name and compute capability, without creating a backend (loads the plugin): 0, or -1 with
  * dt_last_error (no such device, a build without CUDA). */
 int dt_backend_cuda_device_info(int device, char *name, size_t name_size, int *cc_major, int *cc_minor);
+/* A CUDA backend's device memory: *held = the bytes its pool holds now (live + cached blocks, workspaces),
+ * *budget = what it may hold: opts.max_vram, or without one the card's free memory plus *held. 0, or -1 (not a CUDA
+ * backend, a build without CUDA; no error set). */
+int dt_backend_cuda_mem_budget(dt_backend *be, int64_t *budget, int64_t *held);
 /* A CUDA backend's live options (NULL for any other backend, and in builds without CUDA). */
 dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be);
 /* cuDNN fused attention on a CUDA backend: the loaded cuDNN version (0 = not loadable, not a CUDA backend, or a

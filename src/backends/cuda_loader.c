@@ -120,6 +120,11 @@ int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls) {
     return g_plugin->cudnn_info(be, calls);
 }
 
+int dt_backend_cuda_mem_budget(dt_backend *be, int64_t *budget, int64_t *held) {
+    if (!g_plugin || !be || !be->name || strcmp(be->name, "cuda")) return -1;
+    return g_plugin->mem_budget(be, budget, held);
+}
+
 dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be) {
     if (!g_plugin || !be || !be->name || strcmp(be->name, "cuda")) return NULL;
     return g_plugin->opts(be);
@@ -183,6 +188,11 @@ int dt_backend_cuda_cudnn_info(dt_backend *be, long long *calls) {
 dt_cuda_opts *dt_backend_cuda_opts(dt_backend *be) {
     (void)be;
     return NULL;
+}
+
+int dt_backend_cuda_mem_budget(dt_backend *be, int64_t *budget, int64_t *held) {
+    (void)be; (void)budget; (void)held;
+    return -1;
 }
 
 #endif

@@ -30,6 +30,7 @@ typedef struct {
     int (*device_count)(void);
     dt_comm *(*comm_create)(dt_backend *const *ranks, int n);   /* the NCCL communicator (backends/comm.h) */
     int (*device_info)(int device, char *name, size_t name_size, int *cc_major, int *cc_minor);
+    int (*mem_budget)(dt_backend *be, int64_t *budget, int64_t *held);
 } dt_cuda_plugin;
 
 #ifdef __cplusplus

@@ -57,6 +57,8 @@ static void usage(FILE *f) {
             "                       power cap, below the clock a single run sees)\n"
             "  --cuda-graph         CUDA: capture the forward's device work once and replay it (FLUX.2, Krea 2)\n"
             "  --kernels auto|portable  CUDA: portable takes the paths of a non-Hopper card on any card\n"
+            "  --max-vram SIZE          CUDA: the device memory pool's budget (K, M, G suffixes: 12G); an allocation\n"
+            "                           past it fails naming the budget, the use and the request\n"
             "  --sequence-parallel N  FLUX.2: the forward split over N GPUs (NCCL; on the CPU backend N thread ranks),\n"
             "                       docs/sequence-parallel.md\n"
             "  --compare-unsplit    with --sequence-parallel: also run the unsplit forward (one GPU) and report the\n"

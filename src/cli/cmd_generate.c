@@ -13,7 +13,7 @@
 #include "pipeline/image_meta.h"
 #include "image/png.h"
 #include "image/image_out.h"
-#include "pipeline/placement.h"
+#include "pipeline/budget.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -90,10 +90,11 @@ static void usage(FILE *f) {
             "  --vae-tile-size N           the tile side in pixels, a multiple of 32 for the released VAEs (default\n"
             "                              FLUX.2 1024, its config's sample_size; Krea 2 256); implies --vae-tiling,\n"
             "                              except under --max-vram, whose plan decides\n"
-            "  --max-vram SIZE             plan this image within SIZE bytes of GPU memory (K, M, G suffixes: 12G):\n"
-            "                              the VAE tiles when the plan needs it; a budget below the smallest workable\n"
-            "                              is refused before anything loads, naming it (ditrun info --size --max-vram\n"
-            "                              shows the plan; planning only: the CUDA pool does not enforce it yet)\n"
+            "  --max-vram SIZE             GPU memory budget (K, M, G suffixes: 12G; default: the card's free memory):\n"
+            "                              the CUDA pool refuses to hold more; the plan fits the image in it (the VAE\n"
+            "                              tiles, with --count the text encoder is reloaded per prompt, when needed);\n"
+            "                              a budget below the smallest workable is refused before anything loads,\n"
+            "                              naming it (ditrun info --size --max-vram shows the plan; -v logs it)\n"
             "  --sequence-parallel N       split the DiT's forward over N GPUs (devices 0..N-1 from the backend's;\n"
             "                              NCCL, libnccl.so.2, loaded at run time); on the CPU backend N thread ranks\n"
             "                              (the same schedule, for tests: not faster). docs/sequence-parallel.md\n"
@@ -167,7 +168,11 @@ static char *numbered_output(const char *output, int k) {
 static int generate_many(dt_backend *be, const dt_pipeline_opts *lo, dt_gen_params *p, const char *output, int count,
                          int compression) {
     double t0 = dt_now();
-    dt_pipeline *pl = dt_pipeline_load(be, lo);
+    dt_pipeline_opts o = *lo;   /* the plan of a loaded pipeline (the text encoder kept or reloaded per prompt) */
+    if (dt_budget_apply(be, &o, p->width ? p->width : 1024, p->height ? p->height : 1024,
+                        p->max_seq_len ? p->max_seq_len : 512, 1, NULL))
+        return cli_error("%s", dt_last_error());
+    dt_pipeline *pl = dt_pipeline_load(be, &o);
     if (!pl) return cli_error("%s", dt_last_error());
     double t_load = dt_now() - t0;
     dt_log(1, "ditrun: pipeline loaded in %.2f s\n", t_load);
@@ -317,7 +322,6 @@ int cmd_generate(int argc, char **argv) {
             i++;
         }
         else if (!strcmp(a, "--sequence-parallel")) { if (cli_parse_int(a, v, 1, DT_GEN_MAX_RANKS, &l)) return 1; lo.sequence_parallel = (int)l; i++; }
-        else if (!strcmp(a, "--max-vram")) { if ((lo.max_vram = cli_parse_bytes(a, v)) < 0) return 1; i++; }
         else if (!strcmp(a, "--count")) { if (cli_parse_int(a, v, 1, 100000, &l)) return 1; count = (int)l; i++; }
         else if (!strcmp(a, "--te-rope-bf16")) lo.te_inv_freq_bf16 = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
@@ -326,9 +330,6 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!p.prompt) return cli_error("generate: --prompt is required (see ditrun generate --help)");
     if (!output) return cli_error("generate: --output is required (see ditrun generate --help)");
-    if (count > 1 && lo.max_vram)
-        return cli_error("generate: --max-vram plans one image; with --count use --vae-tiling (ditrun info --max-vram "
-                         "gives the plan of a loaded pipeline)");
     if (count > 1 && (compare || save))
         return cli_error("generate: --count runs one pipeline for many images; --compare-bf16 and --save-latents take one");
     if (compare && mo.precision != DT_PREC_FP8 && mo.attn_precision != DT_PREC_FP8)
@@ -374,27 +375,12 @@ int cmd_generate(int argc, char **argv) {
     lo.loras = lor.loras;
     lo.n_loras = lor.n;
     lo.lora_side = lor.side;
+    lo.max_vram = mo.max_vram;
     lo.vae_tiling = vo.tiling || (vo.tile && !lo.max_vram);   /* (under --max-vram the plan decides) */
     lo.vae_tile = vo.tile;
     dt_backend *be = cli_model_backend(&mo);
     if (!be) { edit_files_free(&ef); return 1; }
     dt_log(1, "ditrun: backend %s\n", be->name);
-    if (dt_log_level >= 2 && !lo.max_vram) {   /* -v: the memory plan (pipeline/placement.h; --max-vram logs its own) */
-        dt_place_sizes ps;
-        dt_place_plan pp;
-        char line[400];
-        const int pw = p.width ? p.width : 1024, ph = p.height ? p.height : 1024;
-        if (dt_place_sizes_for(lo.model, pw, ph, p.max_seq_len ? p.max_seq_len : 512, (int)dt_dtype_size(be->act_dtype),
-                               lo.vae_tile, count > 1, &ps) == 0) {
-            dt_place_plan_make(0, &ps, &pp);
-            dt_place_plan_describe(&pp, line, sizeof line);
-            dt_log(2, "ditrun: memory plan at %dx%d (%s activations; transformer and text encoder estimated): %s\n", pw, ph,
-                   dt_dtype_name(be->act_dtype), line);
-        } else {
-            dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
-            dt_clear_error();
-        }
-    }
     cli_sp_note(be, lo.sequence_parallel);
     if (count > 1) {
         int r = generate_many(be, &lo, &p, output, count, compression);

@@ -53,6 +53,10 @@ static void usage(FILE *f) {
             "                              ditrun generate --help)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
+            "  --max-vram SIZE             GPU memory budget of each worker (K, M, G suffixes: 12G; default: the card's\n"
+            "                              free memory): the CUDA pool refuses to hold more; planned for the largest\n"
+            "                              image (--max-pixels): the VAE tiles, the text encoder is reloaded for each\n"
+            "                              new prompt, when needed; a budget nothing fits is refused before loading\n"
             "  --devices all|I,J,...       CUDA: one worker per listed GPU (all: every visible GPU), each with its own\n"
             "                              copy of the pipeline, behind the one queue (default: device 0)\n"
             "  --sequence-parallel N       each worker's DiT forward split over N GPUs (NCCL, libnccl.so.2): the\n"
@@ -219,7 +223,8 @@ int cmd_serve(int argc, char **argv) {
     o.load.loras = lor.loras;
     o.load.n_loras = lor.n;
     o.load.lora_side = lor.side;
-    o.load.vae_tiling = vo.tiling || vo.tile;
+    o.load.max_vram = mo.max_vram;
+    o.load.vae_tiling = vo.tiling || (vo.tile && !mo.max_vram);   /* (under --max-vram the plan decides) */
     o.load.vae_tile = vo.tile;
     int rc = dt_serve_run(&o);
     free(key);

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "pipeline/family.h"
-#include "pipeline/placement.h"
+#include "pipeline/budget.h"
 
 void dt_pipeline_opts_default(dt_pipeline_opts *o) { memset(o, 0, sizeof *o); }
 
@@ -109,30 +109,6 @@ int dt_pipeline_generate_resolved(dt_pipeline *p, const dt_gen_params *g, uint8_
     return p->family->generate(p, g, rgb, w, h, tm, obs, ud);
 }
 
-/* --max-vram for one image: the placement at the request's size (before the size is rounded: a multiple of 16 at
- * most smaller) within o->max_vram; tiles the VAE when the plan does. 0, or -1 naming the smallest workable budget. */
-static int plan_budget(dt_backend *be, dt_pipeline_opts *o, const dt_gen_params *p) {
-    dt_place_sizes s;
-    dt_place_plan pl;
-    const int W = p->width ? p->width : 1024, H = p->height ? p->height : 1024;
-    if (dt_place_sizes_for(o->model, W, H, p->max_seq_len ? p->max_seq_len : 512, (int)dt_dtype_size(be->act_dtype),
-                           o->vae_tile, 0, &s))
-        return -1;
-    int rc = dt_place_plan_make(o->max_vram, &s, &pl);
-    char line[400];
-    dt_place_plan_describe(&pl, line, sizeof line);
-    if (rc) {
-        char why[600];
-        snprintf(why, sizeof why, "%s", dt_last_error());
-        dt_set_error("%dx%d: %s", W, H, why);
-        return -1;
-    }
-    char b[32];
-    dt_log(1, "ditrun: memory plan at %dx%d within %s: %s\n", W, H, dt_place_bytes(o->max_vram, b, sizeof b), line);
-    if (pl.vae_tiling) o->vae_tiling = 1;
-    return 0;
-}
-
 int dt_generate(dt_backend *be, const dt_pipeline_opts *lo, const dt_gen_params *p, uint8_t **rgb, int *w, int *h,
                 dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     dt_gen_timings tl;
@@ -141,7 +117,11 @@ int dt_generate(dt_backend *be, const dt_pipeline_opts *lo, const dt_gen_params 
     double t0 = dt_now();
     dt_pipeline_opts o = *lo;
     o.release_text_encoder = 1;   /* one image: the text encoder never shares memory with the DiT */
-    if (o.max_vram > 0 && plan_budget(be, &o, p)) return -1;
+    /* the memory plan at the request's size (before it is rounded: a multiple of 16 at most smaller): the VAE tiles
+     * when the budget needs it; a budget nothing fits is refused here, before anything loads */
+    if (dt_budget_apply(be, &o, p->width ? p->width : 1024, p->height ? p->height : 1024,
+                        p->max_seq_len ? p->max_seq_len : 512, 0, NULL))
+        return -1;
     dt_pipeline *pl = dt_pipeline_load(be, &o);
     if (!pl) return -1;
     double t_load = dt_now() - t0;

@@ -28,6 +28,11 @@ typedef struct {
     int hidden, mlp, head_dim;      /* the transformer's widths */
     int scale;                      /* the VAE's pixels per latent (8) */
     int64_t vae_act, vae_tile_act;  /* the VAE decode's activation bytes: whole, and tiled (0: one tile covers it) */
+    int vae_tile_px;                /* that tile's side: `tile`, or the VAE's default */
+    int vae_cmax, vae_attention;    /* the VAE's widest stage (channels), 1 when its mid block has attention (the
+                                     * decode's backend scratch) */
+    int side_queue;                 /* 1: the forward runs the text stream's MLP (2F x D) on a second queue, with a
+                                     * dequantization buffer of its own (FLUX.2's double blocks) */
 } dt_family_place;
 
 struct dt_pipeline {

@@ -36,10 +36,11 @@ typedef struct {
                                  * diffusers' enable_tiling (models/vae_tiling.h): memory follows the tile */
     int vae_tile;               /* its tile side in pixels; 0 = the VAE's default (FLUX.2: config sample_size,
                                  * 1024; Qwen-Image: 256) */
-    int64_t max_vram;           /* dt_generate: plan the image within this many device bytes (pipeline/placement.h):
-                                 * the VAE tiles when the plan needs it, and a budget below the smallest workable is
-                                 * refused before anything loads; 0 = no bound. Planning only: the pool does not
-                                 * enforce it */
+    int64_t max_vram;           /* the memory budget the load is planned within (pipeline/budget.h: dt_generate,
+                                 * generate --count, serve): the VAE tiles and the text encoder is released when the
+                                 * plan needs it, and a budget below the smallest workable is refused before anything
+                                 * loads; 0 = a CUDA backend's own (its max_vram, else the card's free memory). The
+                                 * pool's own bound is the backend's (dt_cuda_opts.max_vram) */
     dt_precision precision;     /* --precision: the DiT blocks' Linears (fp8: e4m3, families with an fp8 mode) */
     dt_precision attn_precision;/* --attn-precision: the DiT blocks' attention */
     int fp8_unfused;            /* A/B arm of fp8 Linears: input quantized in a pass of its own (flux2_load_opts) */

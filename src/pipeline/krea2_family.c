@@ -387,6 +387,12 @@ static int k2_place_sizes(const json *cfg, const char *tr, const char *va, int W
     const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : DT_QVAE_DEFAULT_TILE;
     o->vae_act = dt_qvae_decode_act_bytes(&qv, 0, lh, lw, elem);
     o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_qvae_decode_act_bytes(&qv, t, lh, lw, elem) : 0;
+    o->vae_tile_px = t;
+    o->vae_cmax = 0;
+    for (int i = 0; i < qv.n_mult; i++)
+        o->vae_cmax = qv.base_dim * qv.dim_mult[i] > o->vae_cmax ? qv.base_dim * qv.dim_mult[i] : o->vae_cmax;
+    o->vae_attention = 1;
+    o->side_queue = 0;
     return 0;
 }
 

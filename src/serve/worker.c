@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "image/edit_prep.h"
+#include "pipeline/budget.h"
 #include "serve/encoder.h"
 #include "serve/server.h"
 #include "serve/sse.h"
@@ -195,6 +196,19 @@ static int load(dt_worker *w) {
     lo.n_sp_devices = ranks > 1 ? ranks : 0;
     w->be = dt_backend_create(s->o.backend, &bo);
     if (!w->be) return -1;
+    /* the memory plan of the largest image served (--max-pixels as a square; --max-vram or the card's free memory):
+     * the VAE tiles, or the text encoder is reloaded per new prompt, when the budget needs it; a budget nothing fits
+     * is refused before the models load */
+    const int64_t mp = s->o.max_pixels ? s->o.max_pixels
+                                        : !strcmp(w->be->name, "cpu") ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
+    int side = (int)sqrt((double)mp) / 16 * 16;
+    side = side < 16 ? 16 : side > 16384 ? 16384 : side;
+    if (dt_budget_apply(w->be, &lo, side, side, s->o.max_seq_len ? s->o.max_seq_len : 512, 1, NULL)) {
+        char why[700];
+        snprintf(why, sizeof why, "%s", dt_last_error());
+        dt_set_error("%s (serve plans for its largest image, --max-pixels %lld)", why, (long long)mp);
+        return -1;
+    }
     double t0 = dt_now();
     w->pl = dt_pipeline_load(w->be, &lo);
     if (!w->pl) return -1;

@@ -190,7 +190,10 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     }
     st->lt_ws_size = (size_t)64 << 20;
     dtc_gemm_tune_init(st, prop.name);
-    CREATE_CK(cudaMalloc(&st->q.lt_ws, st->lt_ws_size));
+    if (!(st->q.lt_ws = dtc_pool_alloc_fresh(st, st->lt_ws_size))) {   /* (the budget counts it) */
+        be_destroy(be);
+        return NULL;
+    }
     if (o.verbose) {
         fprintf(stderr, "ditrun: cuda: device %d: %s, cc %d.%d, %d SMs, %.1f GiB, kernels %s\n", o.device, prop.name,
                 prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0,

@@ -165,8 +165,12 @@ int dtc_pool_malloc_stats(dtc_state *st, int *n, double *seconds);   /* cudaMall
 void dtc_scratch_release(dtc_state *st, dtc_scratch *s);
 void dtc_queue_release(dtc_state *st, dtc_queue *q);   /* a queue's scratch buffers and workspace */
 void dtc_pinned_release(dtc_pinned *b);     /* cuda_transfer.cu */
-void *dtc_pool_alloc(dtc_state *st, size_t bytes);   /* NULL on out of memory (error set) */
+void *dtc_pool_alloc(dtc_state *st, size_t bytes);   /* NULL on out of memory or past o.max_vram (error set) */
 void dtc_pool_free(dtc_state *st, void *p);
+/* A block never taken from the cache and given straight back to the device (long-lived buffers: the cuBLASLt
+ * workspaces), counted in the pool's use, peak and budget like every other. */
+void *dtc_pool_alloc_fresh(dtc_state *st, size_t bytes);
+void dtc_pool_free_to_device(dtc_state *st, void *p);
 void *dtc_scratch_get(dtc_state *st, dtc_scratch *s, size_t bytes);  /* fatal on OOM */
 /* Grow s to exactly `bytes` if smaller (no slack; for sizes known up front, e.g. at load). */
 void dtc_scratch_reserve(dtc_state *st, dtc_scratch *s, size_t bytes);

@@ -19,6 +19,7 @@ struct dt_linear {
     dtc_qg_w mx;        /* qpath mixed: fragment-ordered packed weights (cuda_qgemm.cu) instead of qw/sb; mx.q NULL
                            when unused */
     uint8_t *gq;        /* GGUF blocks as the file has them [out rows of in/QK blocks] (cuda_ggml.cu), or NULL */
+    int host;           /* 1: qw and sb are mapped pinned host memory (o.host_weights), not pool blocks */
     dt_dtype gtype;     /* their block type */
     const char *path;   /* how it runs, in words (linear_path) */
 };

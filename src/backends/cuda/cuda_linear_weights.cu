@@ -85,8 +85,14 @@ void dtc_linear_destroy(dt_backend *be, dt_linear *w) {
     dtc_state *st = dtc(be);
     dtc_prefetch_drop(st, w);
     dtc_pool_free(st, w->w);
-    dtc_pool_free(st, w->qw);
-    dtc_pool_free(st, w->sb);
+    if (w->host) {   /* (a kernel may still read them: the queues first) */
+        CK(cudaDeviceSynchronize());
+        cudaFreeHost(w->qw);
+        cudaFreeHost(w->sb);
+    } else {
+        dtc_pool_free(st, w->qw);
+        dtc_pool_free(st, w->sb);
+    }
     dtc_pool_free(st, w->gq);
     dtc_pool_free(st, w->bias);
     dtc_fp8_weight_free(st, w->f8);
@@ -116,6 +122,8 @@ static const char *linear_path_name(const dt_backend *be, const dt_linear *w, co
         return src->precision == DT_PREC_FP8 ? "dense bf16 (fp8 asked for; the fp8 GEMM needs in and out % 16)"
                                              : "dense bf16, cuBLASLt";
     if (w->w) return "cached: dequantized to bf16 once at load, cuBLASLt";
+    if (w->host) return "transient, packed weights in host memory: dequantized over the bus to bf16 before each "
+                        "cuBLASLt GEMM (fused qmm at <= 64 rows)";
     if (w->mx.q) return "mixed: packed weights dequantized in registers inside our wgmma GEMM";
     switch (be->opts.qpath) {
     case DT_QPATH_FUSED: return "fused: our qmm GEMM dequantizes each tile (transient where its layout does not fit)";
@@ -231,16 +239,43 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
             return NULL;
         }
         int64_t words = K * src->bits / 32, ng = K / src->group_size;
-        LIN_ALLOC(w->qw, (size_t)N * words * 4);
-        LIN_ALLOC(w->sb, (size_t)N * ng * sizeof(float2));
-        CK(cudaMemcpyAsync(w->qw, src->data, (size_t)N * words * 4, cudaMemcpyHostToDevice, st->q.stream));
-        float2 *h = (float2 *)malloc((size_t)N * ng * sizeof(float2));
+        const size_t qbytes = (size_t)N * words * 4, sbytes = (size_t)N * ng * sizeof(float2);
+        /* host weights: the packed form stays in mapped pinned memory, read in place by the dequantization (unified
+         * addressing: the host pointer is the device's); only for the paths that read the packed form each time */
+        w->host = st->o.host_weights && be->opts.qpath != DT_QPATH_CACHED && be->opts.qpath != DT_QPATH_MIXED;
+        if (w->host) {
+            if (cudaHostAlloc((void **)&w->qw, qbytes, cudaHostAllocMapped) != cudaSuccess ||
+                cudaHostAlloc((void **)&w->sb, sbytes, cudaHostAllocMapped) != cudaSuccess) {
+                cudaGetLastError();
+                dt_set_error("cuda: linear %s: no pinned host memory for its %zu packed bytes (host weights)", nm,
+                             qbytes + sbytes);
+                dtc_linear_destroy(be, w);
+                return NULL;
+            }
+            void *dq = nullptr, *ds = nullptr;
+            if (cudaHostGetDevicePointer(&dq, w->qw, 0) != cudaSuccess || dq != (void *)w->qw ||
+                cudaHostGetDevicePointer(&ds, w->sb, 0) != cudaSuccess || ds != (void *)w->sb) {
+                cudaGetLastError();
+                dt_set_error("cuda: linear %s: host weights need unified addressing (the device reads the host's "
+                             "pointers)", nm);
+                dtc_linear_destroy(be, w);
+                return NULL;
+            }
+            memcpy(w->qw, src->data, qbytes);
+        } else {
+            LIN_ALLOC(w->qw, qbytes);
+            LIN_ALLOC(w->sb, sbytes);
+            CK(cudaMemcpyAsync(w->qw, src->data, qbytes, cudaMemcpyHostToDevice, st->q.stream));
+        }
+        float2 *h = w->host ? w->sb : (float2 *)malloc(sbytes);
         if (!h) { dt_set_error("cuda: out of host memory"); dtc_linear_destroy(be, w); return NULL; }
         /* every scale and bias a bf16 value? (the mixed GEMM's bf16x2 dequantization needs it) */
         int sb_bf16_exact = dtc_host_scales(src, h, N * ng);
-        CK(cudaMemcpyAsync(w->sb, h, (size_t)N * ng * sizeof(float2), cudaMemcpyHostToDevice, st->q.stream));
-        CK(cudaStreamSynchronize(st->q.stream));
-        free(h);
+        if (!w->host) {
+            CK(cudaMemcpyAsync(w->sb, h, sbytes, cudaMemcpyHostToDevice, st->q.stream));
+            CK(cudaStreamSynchronize(st->q.stream));
+            free(h);
+        }
         if (be->opts.qpath == DT_QPATH_CACHED) {
             LIN_ALLOC(w->w, (size_t)N * K * 2);
             dtc_dequant_launch(st, st->q.stream, w->w, w, nullptr, 0);

@@ -16,5 +16,6 @@ const dt_cuda_plugin dt_cuda_plugin_entry = {
     dt_backend_cuda_device_count,
     dt_comm_nccl_create,
     dt_backend_cuda_device_info,
+    dt_backend_cuda_mem_budget,
 };
 }

@@ -1,6 +1,9 @@
 /* cuda_pool.cu — the CUDA backend's device memory: a caching pool over cudaMalloc (blocks keyed by rounded size,
- * best fit up to 25% larger, current and peak bytes), grow-only scratch buffers for op temporaries (kept alive for
- * captured graphs), a queue's per-queue buffers, and the alloc / free / mem_stats entries of the vtable. */
+ * best fit up to 25% larger, current and peak bytes) under the budget o.max_vram (--max-vram), grow-only scratch
+ * buffers for op temporaries (kept alive for captured graphs), a queue's per-queue buffers, and the alloc / free /
+ * mem_stats entries of the vtable. Every device allocation of the backend goes through pool_alloc (weights,
+ * activations, scratch, cuDNN and cuBLASLt workspaces); what the CUDA context and the libraries' handles take for
+ * themselves is outside it (nvidia-smi shows it on top). */
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -31,6 +34,27 @@ static void pool_release_cached(dtc_pool *p) {
     p->cached = 0;
 }
 
+static const char *mib(size_t b, char *buf, size_t n) {
+    if (b >= ((size_t)1 << 30)) snprintf(buf, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= ((size_t)1 << 20)) snprintf(buf, n, "%.1f MiB", b / 1048576.0);
+    else snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    return buf;
+}
+
+/* The budget: 0 when rb more bytes fit (the cached blocks given back first when they are in the way), -1 with the
+ * error naming the budget, the use and the request otherwise. The caller holds the lock. */
+static int pool_within_budget(dtc_state *st, size_t bytes, size_t rb) {
+    dtc_pool *p = st->pool;
+    const int64_t budget = st->o.max_vram;
+    if (budget <= 0 || (int64_t)(p->current + p->cached + rb) <= budget) return 0;
+    if (p->cached) pool_release_cached(p);
+    if ((int64_t)(p->current + rb) <= budget) return 0;
+    char b[32], u[32], r[32];
+    dt_set_error("cuda: memory budget --max-vram %s exceeded: %s in use, %s more asked (%zu bytes)",
+                 mib((size_t)budget, b, sizeof b), mib(p->current, u, sizeof u), mib(rb, r, sizeof r), bytes);
+    return -1;
+}
+
 /* A block of at least bytes: from the cache when use_cache (best fit), else a fresh cudaMalloc. */
 static void *pool_alloc(dtc_state *st, size_t bytes, bool use_cache) {
     dtc_pool *p = st->pool;
@@ -46,6 +70,7 @@ static void *pool_alloc(dtc_state *st, size_t bytes, bool use_cache) {
         p->freeb.erase(it);
         p->cached -= rb;
     } else {
+        if (pool_within_budget(st, bytes, rb)) return nullptr;
         double t0 = dt_now();
         cudaError_t e = cudaMalloc(&ptr, rb);
         double dt = dt_now() - t0;
@@ -74,6 +99,7 @@ static void *pool_alloc(dtc_state *st, size_t bytes, bool use_cache) {
 }
 
 void *dtc_pool_alloc(dtc_state *st, size_t bytes) { return pool_alloc(st, bytes, true); }
+void *dtc_pool_alloc_fresh(dtc_state *st, size_t bytes) { return pool_alloc(st, bytes, false); }
 
 /* Take ptr out of the live blocks (the caller holds the lock): its block size. A pointer this pool did not hand out
  * is a bug: the process stops. */
@@ -101,7 +127,8 @@ void dtc_pool_free(dtc_state *st, void *ptr) {
 }
 
 /* Give one live block straight back to the device (not to the pool's cache). */
-static void pool_free_to_device(dtc_state *st, void *ptr) {
+void dtc_pool_free_to_device(dtc_state *st, void *ptr) {
+    if (!ptr) return;
     dtc_pool *p = st->pool;
     std::lock_guard<std::mutex> lk(p->mu);
     pool_unlive(p, ptr);
@@ -118,7 +145,7 @@ static void scratch_grow(dtc_state *st, dtc_scratch *s, size_t want) {
         CK(cudaStreamSynchronize(st->q.stream));
         if (st->alt.stream) CK(cudaStreamSynchronize(st->alt.stream));
         if (st->pf_stream) CK(cudaStreamSynchronize(st->pf_stream));
-        pool_free_to_device(st, s->ptr);
+        dtc_pool_free_to_device(st, s->ptr);
         s->ptr = nullptr;
         s->size = 0;
     }
@@ -159,7 +186,7 @@ void dtc_scratch_release(dtc_state *st, dtc_scratch *s) {
 void dtc_queue_release(dtc_state *st, dtc_queue *q) {
     dtc_scratch *all[] = {&q->s_qdeq, &q->s_split, &q->s_cast, &q->s_gate, &q->s_lga, &q->s_fp8, &q->s_fp8g};
     for (dtc_scratch *s : all) dtc_scratch_release(st, s);
-    if (q->lt_ws) cudaFree(q->lt_ws);
+    dtc_pool_free_to_device(st, q->lt_ws);
     q->lt_ws = nullptr;
 }
 
@@ -195,6 +222,21 @@ void dtc_mem_stats(dt_backend *be, size_t *current, size_t *peak) {
     std::lock_guard<std::mutex> lk(p->mu);
     if (current) *current = p->current;
     if (peak) *peak = p->peak;
+}
+
+extern "C" int dt_backend_cuda_mem_budget(dt_backend *be, int64_t *budget, int64_t *held) {
+    if (!be || !be->name || strcmp(be->name, "cuda")) return -1;
+    dtc_state *st = dtc(be);
+    size_t h;
+    {
+        std::lock_guard<std::mutex> lk(st->pool->mu);
+        h = st->pool->current + st->pool->cached;
+    }
+    size_t fr = 0, tot = 0;
+    if (st->o.max_vram <= 0 && cudaMemGetInfo(&fr, &tot) != cudaSuccess) cudaGetLastError();
+    if (held) *held = (int64_t)h;
+    if (budget) *budget = st->o.max_vram > 0 ? st->o.max_vram : (int64_t)(fr + h);
+    return 0;
 }
 
 void dtc_pool_create(dtc_state *st) { st->pool = new dtc_pool(); }

@@ -61,7 +61,10 @@ void dtc_stream_switch(dt_backend *be, int q, int wait) {
     if (!st->alt.stream) {
         if (st->capturing || q == 0) return;
         CK(cudaStreamCreateWithPriority(&st->alt.stream, cudaStreamNonBlocking, st->queue_prio));
-        CK(cudaMalloc(&st->alt.lt_ws, st->lt_ws_size));
+        if (!(st->alt.lt_ws = dtc_pool_alloc_fresh(st, st->lt_ws_size))) {   /* (the budget counts it) */
+            fprintf(stderr, "ditrun: cuda: the side queue's GEMM workspace: %s\n", dt_last_error());
+            exit(1);
+        }
         CK(cudaEventCreateWithFlags(&st->ev_switch, cudaEventDisableTiming));
     }
     if (q == st->cur_queue) {   /* staying: wait for the other queue if asked */
