@@ -1,7 +1,7 @@
 /* fuzz_model_config.c — libFuzzer target: config loading the way the model loaders do it. The first byte
- * picks a component (FLUX.2 transformer, Krea 2 transformer, Qwen3 text encoder, FLUX.2 VAE, scheduler),
- * the rest is its config.json: parsed by every config parser (flux2_config_parse, krea2_config_parse,
- * dt_sched_config_parse), then written into a folder that holds the tiny fixture's real weights
+ * picks a component (FLUX.2 transformer, Krea 2 transformer, Qwen3 text encoder, FLUX.2 VAE, scheduler, Z-Image
+ * transformer, AutoencoderKL), the rest is its config.json: parsed by every config parser (flux2_config_parse,
+ * krea2_config_parse, zimage_config_parse, dt_sched_config_parse), then written into a folder that holds the tiny fixture's real weights
  * (symlinked from tests/fixtures, run from the repository root) and loaded with the real loader, so that
  * hostile geometry meets real tensors. Every failure must be a clean error. */
 #include <limits.h>
@@ -19,13 +19,16 @@
 #include "models/flux2.h"
 #include "models/krea2.h"
 #include "models/qwen3.h"
+#include "models/vae_kl.h"
 #include "models/vae_flux2.h"
+#include "models/zimage.h"
 #include "pipeline/scheduler.h"
 
-enum { C_FLUX2, C_KREA2, C_QWEN3, C_VAE, C_SCHED, C_COUNT };
+enum { C_FLUX2, C_KREA2, C_QWEN3, C_VAE, C_SCHED, C_ZIMAGE, C_VAEKL, C_COUNT };
 static const char *fixture_file[C_COUNT] = {
     "model/transformer/diffusion_pytorch_model.safetensors", "krea2/transformer/diffusion_pytorch_model.safetensors",
-    "model/text_encoder/model.safetensors", "model/vae/diffusion_pytorch_model.safetensors", NULL};
+    "model/text_encoder/model.safetensors", "model/vae/diffusion_pytorch_model.safetensors", NULL,
+    "zimage/model/transformer/diffusion_pytorch_model.safetensors", "zimage/model/vae/diffusion_pytorch_model.safetensors"};
 static char dirs[C_COUNT][600], cfg_path[C_COUNT][640];
 static int have_weights[C_COUNT];
 static dt_backend *be;
@@ -63,9 +66,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (j) {
         flux2_config fc;
         krea2_config kc;
+        zimage_config zc;
         dt_sched_config sc;
         (void)flux2_config_parse(j, "config.json", &fc);
         (void)krea2_config_parse(j, "config.json", &kc);
+        (void)zimage_config_parse(j, "config.json", &zc);
         dt_sched_config_default(&sc);
         if (dt_sched_config_parse(j, "config.json", &sc) == 0) {
             float sig[9], ts[8];
@@ -91,6 +96,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             dt_vae_free(v);
         }
         break;
+    case C_ZIMAGE: if (have_weights[c]) zimage_free(zimage_load(be, dirs[c])); break;
+    case C_VAEKL: if (have_weights[c]) dt_vae_free(dt_vae_kl_load(be, dirs[c])); break;
     case C_SCHED: {
         dt_sched_config sc;
         if (dt_sched_config_load(cfg_path[c], &sc) == 0) {
