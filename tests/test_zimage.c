@@ -9,7 +9,9 @@
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); then the engine (the Z-Image family,
  * zimage_family.c) on the fixture's ZImagePipeline folder: the 3-step pipelines, guidance 0 and CFG (with
  * cfg_truncation and cfg_normalization), from the reference's initial latents (--noise), img2img and inpainting from
- * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels. CUDA
+ * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels; step
+ * caching per guidance branch (first-block=0 and taylorseer=1 byte-identical to no cache, guidance 0 and CFG; skipping
+ * settings' pass counts and per-branch decisions, their latents closer to the uncached ones than half the steps). CUDA
  * (when a GPU is usable): the transformer and the VAE decode against the reference within the GPU tolerances, the
  * transformer and both engine pipelines against the CPU's; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
  * 30 joint blocks) at 1024² with the time per forward.
