@@ -4,8 +4,8 @@
  * the image token count when it shifts dynamically) -> flow-matching Euler loop (pipeline/sampler.h) whose velocity
  * is −(the transformer's output at t = (1000 − timestep)/1000), with classifier-free guidance whenever guidance > 0
  * shaped per step by cfg_truncation and cfg_normalization (zimage_guidance.h, as the sampler's guidance hooks: one
- * pass per guidance branch, so step caching keeps a state per branch as for the other families) -> latents / scaling + shift -> the
- * AutoencoderKL decoder -> 8-bit RGB.
+ * pass per guidance branch, so step caching keeps a state per branch as for the other families) -> latents / scaling
+ * + shift -> the AutoencoderKL decoder -> 8-bit RGB.
  *
  * img2img (an init image, no mask): the image (sides floored to the size multiple, Lanczos-stretched when that
  * changes them) is encoded to a posterior *sample* (mean + std·eps, as retrieve_latents), scaled, and mixed with the
@@ -18,8 +18,9 @@
  * the noise file's in.posterior_noise (same shape) when present, else seeded from seed ^ ZI_POSTERIOR_SEED.
  * Defaults: a Turbo checkpoint (model_index.json `is_distilled: true`, or "turbo" in the folder's path, as the
  * Tongyi-MAI/Z-Image-Turbo folders are named) runs 9 steps without guidance (its model card); otherwise the
- * pipeline's 50 steps and guidance 5. The request runs on the generate skeleton (generate_run.h). Observed: prompt_embeds [1, T, D], sigmas, timesteps, stepK.latents_packed [1, C, h·w] (the latent grid
- * itself: Z-Image patchifies inside the model), latents_unpacked [1, C, h, w], image_float. */
+ * pipeline's 50 steps and guidance 5. The request runs on the generate skeleton (generate_run.h). Observed:
+ * prompt_embeds [1, T, D], sigmas, timesteps, stepK.latents_packed [1, C, h·w] (the latent grid itself: Z-Image
+ * patchifies inside the model), latents_unpacked [1, C, h, w], image_float, cache_computed [steps, 2]. */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
