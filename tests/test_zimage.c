@@ -9,7 +9,9 @@
  * prompt (chat template ids and mask, hidden_states[-2] of the real tokens); then the engine (the Z-Image family,
  * zimage_family.c) on the fixture's ZImagePipeline folder: the 3-step pipelines, guidance 0 and CFG (with
  * cfg_truncation and cfg_normalization), from the reference's initial latents (--noise), img2img and inpainting from
- * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels. CUDA
+ * init.png / mask.png with the reference's recorded draws — sigmas, each step's latents and the image's pixels; step
+ * caching per guidance branch (first-block=0 and taylorseer=1 byte-identical to no cache, guidance 0 and CFG; skipping
+ * settings' pass counts and per-branch decisions, their latents closer to the uncached ones than half the steps). CUDA
  * (when a GPU is usable): the transformer and the VAE decode against the reference within the GPU tolerances, the
  * transformer and both engine pipelines against the CPU's; with DITRUN_SLOW=1 also Z-Image-Turbo's geometry (2 of its
  * 30 joint blocks) at 1024² with the time per forward.
@@ -1252,6 +1254,138 @@ static void test_sigmas(const json *cases) {
     }
 }
 
+/* ---- step caching (--cache) on Z-Image: one sampler pass per guidance branch, each with its own cache state, the
+ * family's guidance (cfg_truncation, cfg_normalization) as the sampler's hooks ---- */
+
+#define ZI_CACHE_MAX_STEPS 16
+/* first-block=T this large caches every pass it may: the head residual's relative change is O(1) on the fixture */
+#define ZI_CACHE_SKIP_ALL "first-block=1000000"
+
+typedef struct {
+    float *lat;                        /* latents_unpacked */
+    int64_t n;
+    float dec[2 * ZI_CACHE_MAX_STEPS]; /* cache_computed [steps, 2] */
+    float ts[ZI_CACHE_MAX_STEPS];      /* timesteps */
+    int steps;
+} cache_obs;
+
+static void cache_observe(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    cache_obs *o = ud;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    if (!strcmp(name, "latents_unpacked")) {
+        free(o->lat);
+        o->lat = dt_malloc(sizeof(float) * (size_t)n);
+        memcpy(o->lat, d, sizeof(float) * (size_t)n);
+        o->n = n;
+    } else if (!strcmp(name, "cache_computed") && n <= 2 * ZI_CACHE_MAX_STEPS) {
+        memcpy(o->dec, d, sizeof(float) * (size_t)n);
+    } else if (!strcmp(name, "timesteps") && n <= ZI_CACHE_MAX_STEPS) {
+        memcpy(o->ts, d, sizeof(float) * (size_t)n);
+        o->steps = (int)n;
+    }
+}
+
+/* ‖a − b‖ / ‖b‖ over n values */
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t j = 0; j < n; j++) {
+        num += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+        den += (double)b[j] * b[j];
+    }
+    return den > 0 ? sqrt(num / den) : INFINITY;
+}
+
+/* cases.json's KEY with `steps` steps (0: the case's) and cache SPEC from the case's noise: 0 or -1 */
+static int cache_run(dt_pipeline *pl, const json *pc, const char *noise, int steps, const char *spec, cache_obs *o,
+                     dt_gen_timings *tm) {
+    dt_gen_params g;
+    case_params(pc, &g);
+    g.noise_file = noise;
+    if (steps) g.steps = steps;
+    memset(o, 0, sizeof *o);
+    memset(tm, 0, sizeof *tm);
+    if (dt_cache_parse(spec, &g.cache)) return -1;
+    uint8_t *rgb = NULL;
+    int w = 0, h = 0;
+    int rc = dt_pipeline_generate(pl, &g, &rgb, &w, &h, tm, cache_observe, o);
+    free(rgb);
+    return rc || !o->lat ? -1 : 0;
+}
+
+/* Steps of the run whose guidance is on (the negative prompt's pass runs): dt_zimage_step_guidance > 0. */
+static int guided_at(const json *pc, const cache_obs *o, int k) {
+    const double cn = json_get_num(pc, "cfg_truncation", 1);
+    return dt_zimage_step_guidance((float)json_get_num(pc, "guidance_scale", 0), (float)cn, o->ts[k]) > 0.0f;
+}
+
+static void cache_case(dt_pipeline *pl, const json *cases, const char *key, const char *noise) {
+    const json *pc = json_get(cases, key);
+    char nm[200];
+    cache_obs base, o;
+    dt_gen_timings tb, tm;
+    /* the case's 3 steps: no cache, first-block=0 and taylorseer=1 byte for byte, every pass computed */
+    if (!pc || cache_run(pl, pc, noise, 0, "off", &base, &tb)) {
+        T_FAIL(key, "cache: uncached run: %s", dt_last_error());
+        return;
+    }
+    int guided = 0;
+    for (int k = 0; k < base.steps; k++) guided += guided_at(pc, &base, k);
+    snprintf(nm, sizeof nm, "%s cache off: %d steps + %d guided passes, all computed", key, base.steps, guided);
+    T_CHECK(nm, tb.passes == base.steps + guided && tb.passes_computed == tb.passes, "%d of %d", tb.passes_computed,
+            tb.passes);
+    const char *same[] = {"first-block=0", "taylorseer=1"};
+    for (int i = 0; i < 2; i++) {
+        int rc = cache_run(pl, pc, noise, 0, same[i], &o, &tm);
+        snprintf(nm, sizeof nm, "%s %s: latents byte-identical to no cache, %d passes computed", key, same[i], tb.passes);
+        T_CHECK(nm, rc == 0 && o.n == base.n && !memcmp(o.lat, base.lat, sizeof(float) * (size_t)o.n) &&
+                tm.passes == tb.passes && tm.passes_computed == tb.passes, "rc %d (%s), %d of %d passes", rc,
+                rc ? dt_last_error() : "", tm.passes_computed, tm.passes);
+        free(o.lat);
+    }
+    float *lat3 = base.lat;   /* the 3-step result: the scale of the cache's error below */
+    /* 6 steps: caching skips the passes the rules say, per branch (pass 1 only on guided steps) */
+    const int S = 6;
+    if (cache_run(pl, pc, noise, S, "off", &base, &tb)) {
+        T_FAIL(key, "cache: 6-step run: %s", dt_last_error());
+        free(lat3);
+        return;
+    }
+    guided = 0;
+    int g_ends = 0, g_ts = 0;   /* guided steps; of them forced (first, last); of them computed by taylorseer=2 */
+    for (int k = 0; k < S; k++) {
+        if (!guided_at(pc, &base, k)) continue;
+        guided++;
+        g_ends += k == 0 || k == S - 1;
+        g_ts += k != 3;   /* taylorseer=2 over 6 steps: 0, 1, 2 (warm-up), 4, 5 (last) computed */
+    }
+    /* Tolerance: a cache that stands in for passes must stay closer to the 6-step result than the 3-step one is
+     * (half the passes, all computed): the fixture's random blocks give no meaningful absolute scale, the sampler's
+     * own discretisation error does. */
+    const double tol = rel_l2(lat3, base.lat, (size_t)base.n);
+    free(lat3);
+    struct { const char *spec; int computed; } sk[] = {{ZI_CACHE_SKIP_ALL, 2 + g_ends}, {"taylorseer=2", 5 + g_ts}};
+    for (int i = 0; i < 2; i++) {
+        int rc = cache_run(pl, pc, noise, S, sk[i].spec, &o, &tm);
+        int dec_ok = rc == 0;
+        for (int k = 0; k < S && dec_ok; k++) {
+            const float want0 = i == 0 ? (k == 0 || k == S - 1) : k != 3;
+            const float want1 = !guided_at(pc, &base, k) ? 0.0f : i == 0 ? (k == 0 || k == S - 1) : k != 3;
+            dec_ok = o.dec[2 * k] == want0 && o.dec[2 * k + 1] == want1;
+        }
+        const double rel = rc == 0 && o.n == base.n ? rel_l2(o.lat, base.lat, (size_t)o.n) : INFINITY;
+        snprintf(nm, sizeof nm, "%s %s, %d steps (%d guided): %d of %d passes computed, per-branch decisions, final "
+                 "latents closer to uncached than 3 steps are", key, sk[i].spec, S, guided, sk[i].computed, S + guided);
+        T_CHECK(nm, rc == 0 && dec_ok && tm.passes == S + guided && tm.passes_computed == sk[i].computed &&
+                rel > 0 && rel < tol, "rc %d (%s), decisions %s, %d of %d passes, rel L2 %.3g (3 steps: %.3g)", rc,
+                rc ? dt_last_error() : "", dec_ok ? "ok" : "differ", tm.passes_computed, tm.passes, rel, tol);
+        printf("  %s %s: %d of %d passes, final latents rel L2 vs uncached %.3g (3 uncached steps: %.3g)\n", key,
+               sk[i].spec, tm.passes_computed, tm.passes, rel, tol);
+        free(o.lat);
+    }
+    free(base.lat);
+}
+
 static void pipeline_cpu(dt_backend *be) {
     char p[600], dir[512], nf[700];
     json *cases = json_parse_file(fx("cases.json", p, sizeof p));
@@ -1291,6 +1425,8 @@ static void pipeline_cpu(dt_backend *be) {
     engine_case(pl, cases, "pipeline", "pipeline_io.safetensors", fx("pipeline_io.safetensors", nf, sizeof nf), NULL, NULL);
     engine_case(pl, cases, "pipeline_cfg", "pipeline_cfg_io.safetensors", fx("pipeline_cfg_io.safetensors", nf, sizeof nf),
                 NULL, NULL);
+    cache_case(pl, cases, "pipeline", fx("pipeline_io.safetensors", nf, sizeof nf));
+    cache_case(pl, cases, "pipeline_cfg", fx("pipeline_cfg_io.safetensors", nf, sizeof nf));
     if (dt_image_read_file(fx("init.png", p, sizeof p), &init) || dt_image_read_file(fx("mask.png", p, sizeof p), &mask)) {
         T_FAIL("edit inputs", "%s", dt_last_error());
         goto rm;

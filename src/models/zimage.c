@@ -67,6 +67,7 @@ struct zimage_model {
     char pfx[32];                        /* and this prefix on every name ("", "model.diffusion_model.", ...) */
     json *inferred;                      /* the config inferred for a file without config.json (NULL: none) */
     const volatile int *cancel;          /* zimage_set_cancel: polled before each block (NULL: none) */
+    dt_fbc_branch *fbc;                  /* First Block Cache state of the forwards (zimage_set_block_cache; NULL: none) */
 };
 
 /* ------------------------------------------------------------------ config */
@@ -581,6 +582,7 @@ void zimage_free(zimage_model *m) {
 /* ------------------------------------------------------------------ patches */
 
 void zimage_set_cancel(zimage_model *m, const volatile int *flag) { m->cancel = flag; }
+void zimage_set_block_cache(zimage_model *m, dt_fbc_branch *f) { m->fbc = f; }
 
 void zimage_patchify(const zimage_config *c, const float *latent, int H, int W, float *tokens) {
     const int p = c->patch, C = c->in_channels, gh = H / p, gw = W / p;
@@ -855,6 +857,7 @@ int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, co
     zi_acts *b = &m->buf;
     if (acts_ensure(be, c, nx, tc, b)) return -1;
     const int64_t D = c->dim;
+    if (m->fbc && dt_fbc_prepare(be, m->fbc, N, D)) return -1;
     dt_mat s = b->s;
     s.rows = L;
     char name[40];
@@ -895,7 +898,10 @@ int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, co
         }
     }
 
-    /* joint blocks on [image | caption] */
+    /* joint blocks on [image | caption]; with First Block Cache, after block 0 the N image rows' residual decides
+     * whether the others run or their cached residual is added (block_cache.h) */
+    const dt_mat img_rows = dt_mat_rows(s, 0, N);
+    if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);
     for (int i = 0; i < c->n_layers; i++) {
         if (dt_cancel_requested(m->cancel)) {
             be->sync(be);
@@ -907,6 +913,8 @@ int zimage_forward(zimage_model *m, const float *img, int grid_h, int grid_w, co
             snprintf(name, sizeof name, "layer.%d", i);
             trace(trace_ud, name, s);
         }
+        if (m->fbc && i == 0 && !dt_fbc_after_head(be, m->fbc, img_rows)) break;   /* the cached residual instead */
+        if (m->fbc && i == c->n_layers - 1) dt_fbc_end(be, m->fbc, img_rows);
     }
 
     /* final layer on the image tokens: LayerNorm · (1 + scale), Linear */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "backends/backend.h"
+#include "models/block_cache.h"
 #include "io/json.h"
 #include "io/weights.h"
 #include "models/dit.h"
@@ -78,6 +79,10 @@ void zimage_weight_info(const zimage_model *m, size_t *bytes, char *fmt, size_t 
 
 /* A cancellation flag (dt_cancel_requested) polled before each joint block: a cancelled forward stops within one
  * block and fails with "zimage: cancelled". NULL: none. */
+/* First Block Cache (models/block_cache.h) for the forwards that follow: f is the guidance branch's state (NULL:
+ * every block runs). The head is joint block 0 (layers.0), the tail the last joint block; the residuals are the joint
+ * stream's N real image rows (the rows the final layer reads). */
+void zimage_set_block_cache(zimage_model *m, dt_fbc_branch *f);
 void zimage_set_cancel(zimage_model *m, const volatile int *flag);
 
 /* Image tokens of a latent and back: latent [C, H, W] (H, W multiples of patch) <-> tokens

@@ -5,13 +5,15 @@
 #include <stdlib.h>
 
 static int zi_forward(dt_dit *d, const dt_dit_step *s) {
-    if (s->fbc) { dt_set_error("zimage: First Block Cache is not implemented for Z-Image (--cache fbc)"); return -1; }
     if (s->grid_h < 1 || s->grid_w < 1 || (int64_t)s->grid_h * s->grid_w != s->n_img) {
         dt_set_error("zimage: %d image tokens are not the %dx%d token grid", s->n_img, s->grid_w, s->grid_h);
         return -1;
     }
-    return zimage_forward(dt_dit_model(d), s->img, s->grid_h, s->grid_w, dt_dit_step_text(d, s), s->n_txt, s->timestep,
-                          s->out, s->trace, s->trace_ud);
+    zimage_set_block_cache(dt_dit_model(d), s->fbc);
+    int rc = zimage_forward(dt_dit_model(d), s->img, s->grid_h, s->grid_w, dt_dit_step_text(d, s), s->n_txt,
+                            s->timestep, s->out, s->trace, s->trace_ud);
+    zimage_set_block_cache(dt_dit_model(d), NULL);
+    return rc;
 }
 static int zi_text(dt_dit *d, int slot, const float *txt, int t) {
     (void)d; (void)slot;

@@ -26,7 +26,6 @@ typedef struct {
     int kv_refs;                /* references are KV-cached (Flux2KleinKVPipeline) */
     int img2img;                /* an init image without a mask is img2img (Z-Image) */
     int cfg_shaping;            /* takes cfg_normalization / cfg_truncation (Z-Image) */
-    int no_step_cache;          /* 1: no step caching (Z-Image): a request with a cache is refused */
     int64_t max_image_tokens;   /* the most (W / size_multiple)·(H / size_multiple) its time shift holds; 0 = no bound */
 } dt_pipeline_info;
 

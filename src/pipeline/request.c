@@ -48,11 +48,6 @@ int dt_gen_params_resolve(const dt_pipeline_info *in, dt_gen_params *g) {
                      g->cfg_normalization_set ? "cfg_normalization" : "cfg_truncation", in->family, in->class_name);
         return -1;
     }
-    if (g->cache.kind != DT_CACHE_OFF && in->no_step_cache) {
-        dt_set_error("generate: step caching (--cache, \"cache\") is not implemented for the %s family (%s)", in->family,
-                     in->class_name);
-        return -1;
-    }
     if (!g->cfg_normalization_set) g->cfg_normalization = 0.0f;
     if (!g->cfg_truncation_set) g->cfg_truncation = 1.0f;
     if (!(g->cfg_normalization >= 0.0f && g->cfg_normalization <= 100.0f)) {

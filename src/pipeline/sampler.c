@@ -58,13 +58,17 @@ static int dev_alloc(const dt_sampler *s, dev_mats *d) {
 static int host_step(const dt_sampler *s, dt_step_cache *sc, int k, float *x) {
     const int i = s->first + k;
     if (pass(s, sc, k, x, 0, s->v)) return -1;
-    if (s->cfg) {
+    const float gs = s->step_guidance ? s->step_guidance(s->ctx, i) : s->guidance;
+    if (s->cfg && (!s->step_guidance || gs > 0.0f)) {   /* a step the family leaves unguided runs pass 0 only */
         if (pass(s, sc, k, x, 1, s->u)) return -1;
-        const float gs = s->guidance;
-        const int from_cond = s->rule == DT_CFG_FROM_COND;
-        float *v = s->v;
-        const float *u = s->u;
-        for (size_t j = 0; j < s->n; j++) v[j] = dt_flow_guided(v[j], u[j], gs, from_cond);
+        if (s->combine) {
+            s->combine(s->ctx, i, gs, s->v, s->u, s->n);
+        } else {
+            const int from_cond = s->rule == DT_CFG_FROM_COND;
+            float *v = s->v;
+            const float *u = s->u;
+            for (size_t j = 0; j < s->n; j++) v[j] = dt_flow_guided(v[j], u[j], gs, from_cond);
+        }
     }
     dt_euler_step(x, s->v, s->n, s->sigmas[i], s->sigmas[i + 1]);
     if (s->after_step) s->after_step(s->ctx, i, x);
@@ -89,7 +93,8 @@ static int dev_step(const dt_sampler *s, dt_step_cache *sc, int k, const dev_mat
 static int sample_loop(const dt_sampler *s, dt_step_cache *sc, float *x, const dt_gen_params *g,
                        double t_request_start, dt_gen_timings *tm, dt_gen_observer obs, void *ud) {
     double td = dt_now();
-    const int dev = s->predict_dev && s->be && s->rows > 0 && !s->after_step && sc->o.kind == DT_CACHE_OFF;
+    const int dev = s->predict_dev && s->be && s->rows > 0 && !s->after_step && !s->step_guidance && !s->combine &&
+                    sc->o.kind == DT_CACHE_OFF;
     dev_mats d;
     memset(&d, 0, sizeof d);
     if (dev) {

@@ -23,6 +23,11 @@ typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, floa
 typedef int (*dt_predict_dev_fn)(void *ctx, int step, dt_mat x, int pass, dt_mat v);
 /* Optional, after step i's update of x (e.g. inpainting restores the kept region). */
 typedef void (*dt_after_step_fn)(void *ctx, int step, float *x);
+/* Optional family guidance (with cfg; Z-Image): the guidance scale of step i (<= 0: the step runs pass 0 only). */
+typedef float (*dt_step_guidance_fn)(void *ctx, int step);
+/* Optional family combination (with cfg): v [n] = the guided velocity of step i from v (pass 0) and u (pass 1) at
+ * scale g, in place of the rule's elementwise one (Z-Image's cfg_normalization needs the whole prediction's norms). */
+typedef void (*dt_cfg_combine_fn)(void *ctx, int step, float g, float *v, const float *u, size_t n);
 
 typedef struct {
     int steps;                  /* steps to run: sigmas[first .. first + steps] */
@@ -36,11 +41,14 @@ typedef struct {
     const int64_t *obs_shape;   /* shape of the latents for "stepK.latents_packed" (3 dims) */
     dt_predict_fn predict;
     dt_after_step_fn after_step;
+    dt_step_guidance_fn step_guidance;   /* NULL: every step guided at `guidance` */
+    dt_cfg_combine_fn combine;           /* NULL: `rule` */
     void *ctx;
     float *v, *u;               /* scratch [n] each (u only with cfg) */
     /* Optional device path (used when predict_dev and be are set and after_step is NULL): the latents stay on be as
      * an F32 [rows, n / rows] matrix between steps, uploaded once and downloaded at the end (and for each observed
-     * step); the guidance and the Euler update run as be->flow_step, equal to the host loop bit for bit. */
+     * step); the guidance and the Euler update run as be->flow_step, equal to the host loop bit for bit. Not taken
+     * with step_guidance or combine. */
     dt_predict_dev_fn predict_dev;
     dt_backend *be;
     int64_t rows;               /* latent tokens (n / rows channels each) */

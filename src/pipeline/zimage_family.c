@@ -3,8 +3,9 @@
  * [C, H/s, W/s] (s = the VAE's scale factor) -> sigmas linspace(1, 1/n, n) through the scheduler's shift (mu from
  * the image token count when it shifts dynamically) -> flow-matching Euler loop (pipeline/sampler.h) whose velocity
  * is −(the transformer's output at t = (1000 − timestep)/1000), with classifier-free guidance whenever guidance > 0
- * shaped per step by cfg_truncation and cfg_normalization (zimage_guidance.h) -> latents / scaling + shift -> the
- * AutoencoderKL decoder -> 8-bit RGB.
+ * shaped per step by cfg_truncation and cfg_normalization (zimage_guidance.h, as the sampler's guidance hooks: one
+ * pass per guidance branch, so step caching keeps a state per branch as for the other families) -> latents / scaling
+ * + shift -> the AutoencoderKL decoder -> 8-bit RGB.
  *
  * img2img (an init image, no mask): the image (sides floored to the size multiple, Lanczos-stretched when that
  * changes them) is encoded to a posterior *sample* (mean + std·eps, as retrieve_latents), scaled, and mixed with the
@@ -17,9 +18,9 @@
  * the noise file's in.posterior_noise (same shape) when present, else seeded from seed ^ ZI_POSTERIOR_SEED.
  * Defaults: a Turbo checkpoint (model_index.json `is_distilled: true`, or "turbo" in the folder's path, as the
  * Tongyi-MAI/Z-Image-Turbo folders are named) runs 9 steps without guidance (its model card); otherwise the
- * pipeline's 50 steps and guidance 5. The request runs on the generate skeleton (generate_run.h) with one sampler pass
- * per step. Observed: prompt_embeds [1, T, D], sigmas, timesteps, stepK.latents_packed [1, C, h·w] (the latent grid
- * itself: Z-Image patchifies inside the model), latents_unpacked [1, C, h, w], image_float. */
+ * pipeline's 50 steps and guidance 5. The request runs on the generate skeleton (generate_run.h). Observed:
+ * prompt_embeds [1, T, D], sigmas, timesteps, stepK.latents_packed [1, C, h·w] (the latent grid itself: Z-Image
+ * patchifies inside the model), latents_unpacked [1, C, h, w], image_float, cache_computed [steps, 2]. */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -149,7 +150,6 @@ static int zi_load(dt_pipeline *p, const json *idx) {
     p->info.editing = 1;   /* img2img and inpainting (no reference images: refused in generate) */
     p->info.img2img = 1;
     p->info.cfg_shaping = 1;
-    p->info.no_step_cache = 1;   /* its guidance runs inside the model callback (NOTES.md): no per-branch cache */
     p->info.max_image_tokens = dt_calculate_shift_max_tokens(&z->sched);
     rc = 0;
 out:
@@ -168,7 +168,7 @@ typedef struct {
     int Tp, Tn, h, w;
     const float *timesteps;
     float guidance, cfg_norm, cfg_trunc;
-    float *tok_in, *tok_out, *u;      /* [N, p²C] x 2, [C·h·w] */
+    float *tok_in, *tok_out;          /* [N, p²C] each */
     size_t n;
     int cfg_steps;                    /* steps that ran the negative prompt */
     /* inpainting (mask NULL otherwise): image latents, noise [C, h, w], mask [h, w] (1 = repaint), sigmas */
@@ -176,30 +176,34 @@ typedef struct {
     int last;                         /* schedule index of the last step */
 } zi_ctx;
 
-static int forward(zi_ctx *c, const float *tokens, const float *cap, int T, float t, float *out) {
-    dt_dit_step st = {.img = tokens, .n_img = (c->h / c->c->patch) * (c->w / c->c->patch), .txt = cap, .n_txt = T,
-                      .text = -1, .timestep = t, .grid_h = c->h / c->c->patch, .grid_w = c->w / c->c->patch,
-                      .out = c->tok_out};
+/* v [C·h·w] = pass `pass`'s velocity at step i: −(the transformer's prediction for the prompt (0) or the negative
+ * prompt (1)), with the pass's First Block Cache state (NULL: every block). The guidance combines the two in the
+ * sampler (zi_combine); negating first changes no bit (rounding is symmetric, the norms' ratio is unchanged). */
+static int zi_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
+    zi_ctx *c = ctx;
+    const float t = (1000.0f - c->timesteps[i]) / 1000.0f;   /* f32, as the reference's tensor arithmetic */
+    const int gh = c->h / c->c->patch, gw = c->w / c->c->patch;
+    zimage_patchify(c->c, x, c->h, c->w, c->tok_in);
+    dt_dit_step st = {.img = c->tok_in, .n_img = gh * gw, .txt = pass ? c->neg : c->pos, .n_txt = pass ? c->Tn : c->Tp,
+                      .text = -1, .timestep = t, .grid_h = gh, .grid_w = gw, .out = c->tok_out, .fbc = fbc};
     if (dt_dit_forward(c->dit, &st)) return -1;
-    zimage_unpatchify(c->c, c->tok_out, c->h, c->w, out);
+    zimage_unpatchify(c->c, c->tok_out, c->h, c->w, v);
+    for (size_t k = 0; k < c->n; k++) v[k] = -v[k];
     return 0;
 }
 
-/* v [C·h·w] = the velocity at step i: −(prompt prediction, guided when the step's guidance is on). */
-static int zi_predict(void *ctx, int i, const float *x, int pass, float *v, dt_fbc_branch *fbc) {
+/* The sampler's guidance hooks: step i's scale (0 once cfg_truncation turns it off: pass 0 only) and the
+ * combination with cfg_normalization over the whole prediction (zimage_guidance.h). */
+static float zi_step_guidance(void *ctx, int i) {
+    const zi_ctx *c = ctx;
+    return dt_zimage_step_guidance(c->guidance, c->cfg_trunc, c->timesteps[i]);
+}
+
+static void zi_combine(void *ctx, int i, float g, float *v, const float *u, size_t n) {
     zi_ctx *c = ctx;
-    (void)pass; (void)fbc;   /* one sampler pass per step: the guidance runs here (its shaping needs both) */
-    const float t = (1000.0f - c->timesteps[i]) / 1000.0f;   /* f32, as the reference's tensor arithmetic */
-    const float g = dt_zimage_step_guidance(c->guidance, c->cfg_trunc, c->timesteps[i]);
-    zimage_patchify(c->c, x, c->h, c->w, c->tok_in);
-    if (forward(c, c->tok_in, c->pos, c->Tp, t, v)) return -1;
-    if (g > 0.0f) {
-        if (forward(c, c->tok_in, c->neg, c->Tn, t, c->u)) return -1;
-        dt_zimage_cfg_combine(v, c->u, c->n, g, c->cfg_norm, v);
-        c->cfg_steps++;
-    }
-    for (size_t k = 0; k < c->n; k++) v[k] = -v[k];
-    return 0;
+    (void)i;
+    dt_zimage_cfg_combine(v, u, n, g, c->cfg_norm, v);
+    c->cfg_steps++;
 }
 
 /* Inpainting after step i: x = (1 − m)·init' + m·x, init' the image latents re-noised at sigma[i + 1] (the clean
@@ -267,14 +271,14 @@ static int posterior_noise(const dt_gen_params *g, float *eps, int C, int h, int
 /* A request's state (the hooks' ctx). The sampled latents x are the reference's own [C, h, w] (Z-Image patchifies
  * inside the model): the skeleton's tokens are N = C rows of h·w values. */
 typedef struct {
-    int guided;                       /* guidance > 0: the negative prompt too (inside the model callback) */
+    int guided;                       /* guidance > 0: the negative prompt too (a second sampler pass) */
     int h, w;                         /* latent grid */
     float *pos, *neg;                 /* caption features [Tp, D], [Tn, D] */
     int Tp, Tn;
     dt_prep_image prep;               /* the init image (img2img, inpainting) */
     float *m01, *mlat, *mask;         /* the mask at the image's size, at the packed grid (unused), at the latent grid */
     float *noise, *init, *eps;        /* [C·h·w] each (with an init image) */
-    float *tok_in, *tok_out, *u;      /* the callback's scratch */
+    float *tok_in, *tok_out;          /* the callback's scratch */
     zi_ctx zc;
 } zi_request;
 
@@ -283,7 +287,7 @@ static int zi_prepare(void *ctx, dt_gen_run *r) {
     const dt_gen_params *g = r->g;
     if (g->n_refs) { dt_set_error("zimage: Z-Image takes no reference images (img2img and inpainting: --init-image)"); return -1; }
     q->guided = g->guidance > 0.0f;
-    r->cfg = 0;   /* one sampler pass per step: the guidance runs in the model callback (zi_predict) */
+    r->cfg = q->guided;   /* two sampler passes; the family's guidance hooks combine them (zi_combine) */
     if (!g->init_image) return 0;
     double ti = dt_now();
     const int mult = r->p->info.size_multiple;
@@ -382,12 +386,13 @@ static int zi_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
     }
     q->tok_in = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
     q->tok_out = dt_malloc(sizeof(float) * (size_t)N * z->dcfg.patch_channels);
-    if (q->guided) q->u = dt_malloc(sizeof(float) * n);
     q->zc = (zi_ctx){.dit = z->dit, .c = &z->dcfg, .pos = q->pos, .neg = q->neg, .Tp = q->Tp, .Tn = q->Tn, .h = q->h,
                      .w = q->w, .timesteps = sm->timesteps, .guidance = g->guidance, .cfg_norm = g->cfg_normalization,
-                     .cfg_trunc = g->cfg_truncation, .tok_in = q->tok_in, .tok_out = q->tok_out, .u = q->u, .n = n,
+                     .cfg_trunc = g->cfg_truncation, .tok_in = q->tok_in, .tok_out = q->tok_out, .n = n,
                      .init = q->init, .noise = q->noise, .mask = q->mask, .sigmas = sm->sigmas, .last = g->steps - 1};
     sm->predict = zi_predict;
+    sm->step_guidance = zi_step_guidance;
+    sm->combine = zi_combine;
     sm->after_step = q->mask ? zi_restore : NULL;
     sm->ctx = &q->zc;
     return 0;
@@ -410,7 +415,7 @@ static void zi_finish(void *ctx, dt_gen_run *r, int rc) {
     zi_request *q = ctx;
     (void)r; (void)rc;
     free(q->pos); free(q->neg); free(q->m01); free(q->mlat); free(q->mask); free(q->noise); free(q->init);
-    free(q->eps); free(q->tok_in); free(q->tok_out); free(q->u);
+    free(q->eps); free(q->tok_in); free(q->tok_out);
     dt_prep_image_free(&q->prep);
 }
 

@@ -6,7 +6,8 @@
 // API's image for the same form); the queue position of a waiting request and its cancel (taken out of the queue);
 // cancelling a running job (the server goes idle, the next request is served at once); the history after a reload
 // with "reuse settings" / "reuse seed", and its bound under the storage quota; the model label after an API key is
-// entered. Prints PASS/FAIL lines (tests/test_browser.c runs it).
+// entered; on a Z-Image server (tests/fixtures/zimage) the CFG normalization / truncation inputs, hidden for FLUX.2, are
+// shown and sent. Prints PASS/FAIL lines (tests/test_browser.c runs it).
 // usage: node page.test.mjs DITRUN MODEL CHROMIUM [SCREENSHOT.png]
 import { spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -23,8 +24,8 @@ const check = (name, ok, why) => {
 };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function startServer(extra = []) {
-  const srv = spawn(ditrun, ["serve", "--model", model, "--port", "0", "--backend", "cpu", "--threads", "1",
+function startServer(extra = [], root = model) {
+  const srv = spawn(ditrun, ["serve", "--model", root, "--port", "0", "--backend", "cpu", "--threads", "1",
                              "--max-sequence-length", "8", "-q", ...extra], { stdio: ["ignore", "pipe", "inherit"] });
   return new Promise((resolve, reject) => {
     let out = "";
@@ -107,6 +108,10 @@ try {
   check("browser: the 16:9 preset gives multiples of 8 near 16:9 and 256x256 pixels",
         ar[0] % 8 === 0 && ar[1] % 8 === 0 && Math.abs(ar[0] / ar[1] - 16 / 9) < 0.05 && Math.abs(ar[0] * ar[1] / 65536 - 1) < 0.05,
         `${ar[0]}x${ar[1]}`);
+
+  const cfgHidden = await page.evaluate(() => [document.getElementById("cfgnormbox"), document.getElementById("cfgtruncbox")]
+    .every((e) => e.hidden && e.offsetParent === null));
+  check("browser: no CFG normalization / truncation inputs for a model without cfg_shaping (FLUX.2)", cfgHidden, "shown");
 
   // ---- a generation ----
   await page.evaluate(() => {   // what the progress bar shows, sampled every 5 ms
@@ -336,6 +341,46 @@ try {
   if (browser) await browser.close();
   const code = await stopServer(srv);
   check("browser: server stops with 0", code === 0, `exit ${code}`);
+}
+
+// ---- a Z-Image server (cfg_shaping): the CFG normalization / truncation inputs are shown and sent ----
+const zi = await startServer([], join(dirname(model), "zimage", "model"));
+try {
+  await waitHealthy(zi.url);
+  browser = await puppeteer.launch(launchArgs(join(profile, "zi")));
+  const page = await browser.newPage();
+  await page.goto(zi.url + "/", { waitUntil: "load" });
+  await page.waitForFunction(() => !document.getElementById("cfgnormbox").hidden, { timeout: 10000 }).catch(() => {});
+  const shown = await page.evaluate(() => [document.getElementById("cfgnormbox"), document.getElementById("cfgtruncbox")]
+    .every((e) => !e.hidden && e.offsetParent !== null));
+  check("browser: Z-Image's page shows CFG normalization and truncation (cfg_shaping)", shown, "hidden");
+  const set = async (sel, v) => { await page.$eval(sel, (el) => { el.value = ""; }); if (v !== "") await page.type(sel, String(v)); };
+  await page.select("#aspect", "");
+  await page.type("#prompt", "a red fox in the snow");
+  await set("#width", 64);
+  await set("#height", 48);
+  await set("#steps", 3);
+  await set("#seed", 5);
+  await set("#guidance", 3);
+  await set("#cfgnorm", 1);
+  await set("#cfgtrunc", 0.3);
+  await page.click("#go");
+  await page.waitForFunction(() => { const i = document.querySelector("#gallery img"); return i && i.complete && i.naturalWidth > 0; },
+                             { timeout: 120000 });
+  const src = await page.$eval("#gallery img", (i) => i.src);
+  const gen = async (extra) => fetch(zi.url + "/v1/images/generations", {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ prompt: "a red fox in the snow", size: "64x48", steps: 3, seed: 5, guidance: 3, ...extra }),
+  }).then((r) => r.json()).then((j) => "data:image/png;base64," + j.data[0].b64_json);
+  const withCfg = await gen({ cfg_normalization: 1, cfg_truncation: 0.3 }), without = await gen({});
+  check("browser: cfg_normalization and cfg_truncation are sent (equal to the API's with them, not without)",
+        src === withCfg && src !== without, "the images differ");
+} catch (e) {
+  check("browser: Z-Image test ran", false, e && e.stack ? e.stack.split("\n").slice(0, 3).join(" | ") : String(e));
+} finally {
+  if (browser) await browser.close();
+  const code = await stopServer(zi.srv);
+  check("browser: the Z-Image server stops with 0", code === 0, `exit ${code}`);
 }
 
 // ---- a server with an API key: the model label after the key is entered ----
