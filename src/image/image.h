@@ -1,6 +1,6 @@
 /* image.h — reading input images (PNG via libpng, JPEG via libjpeg-turbo, WebP via libwebp) from a file or
  * a memory buffer, and converting them the way the reference (Pillow: Image.open(f).convert("RGB") / "L")
- * does; writing generated RGB images as JPEG or WebP with their parameters as text (PNG: pipeline/png.h).
+ * does; writing generated RGB images as JPEG or WebP with their parameters as text (PNG: image/png.h).
  *
  * A decoded image keeps the mode Pillow would open it in, because Pillow resizes each mode differently
  * (image_resample.h): 1 channel (L, or bilevel "1" stored as 0/255), 2 (LA), 3 (RGB; palette images are
