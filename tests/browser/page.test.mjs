@@ -375,6 +375,15 @@ try {
   const withCfg = await gen({ cfg_normalization: 1, cfg_truncation: 0.3 }), without = await gen({});
   check("browser: cfg_normalization and cfg_truncation are sent (equal to the API's with them, not without)",
         src === withCfg && src !== without, "the images differ");
+  // the history keeps them: its caption names them, and "reuse settings" puts them back after the inputs change
+  const cap = await page.$eval("#gallery figcaption", (c) => c.textContent);
+  await set("#cfgnorm", "");
+  await set("#cfgtrunc", 0.9);
+  await (await page.$("#gallery button[data-act=settings]")).click();
+  const back = await page.evaluate(() => [document.getElementById("cfgnorm").value, document.getElementById("cfgtrunc").value]);
+  check("browser: the history names the CFG options and 'reuse settings' restores them",
+        cap.includes("CFG normalization 1") && cap.includes("CFG truncation 0.3") && back[0] === "1" && back[1] === "0.3",
+        `caption '${cap}', inputs ${JSON.stringify(back)}`);
 } catch (e) {
   check("browser: Z-Image test ran", false, e && e.stack ? e.stack.split("\n").slice(0, 3).join(" | ") : String(e));
 } finally {
