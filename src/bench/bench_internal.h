@@ -28,6 +28,11 @@ double bench_timer_stop(bench_timer *t);
 void bench_sync_or_die(dt_backend *be);
 
 bench_stat bench_stats(const double *v, int n);
+/* run(ud) timed device-only reps times after warmup (at least 1) untimed calls, the activations live [rows, cols]
+ * restored from saved (same shape) before each call outside the timed region, and once more at the end (the
+ * blocks of a forward timed on that forward's own stream: Krea 2, Z-Image); the statistic. */
+bench_stat bench_time_restored(dt_backend *be, dt_mat live, dt_mat saved, int warmup, int reps, void (*run)(void *ud),
+                               void *ud);
 /* Sustained timing (a GPU at the power state of a long run, not of a short burst): op(ud, i) runs back to back
  * for heat_ms (a synchronization every 8 calls), then reps more calls each between two events with no
  * synchronization between them; their statistic. n = 0 on a CPU backend (no power state to speak of) or one

@@ -271,6 +271,13 @@ static int model_forward(bench_ctx *x) {
     return rc;
 }
 
+/* every block of the replica (bench_time_restored's run) */
+typedef struct { k2_replica *m; int n; } blocks_run;
+static void run_blocks(void *ud) {
+    const blocks_run *b = ud;
+    replica_blocks(b->m, 0, b->n);
+}
+
 /* The replica: loaded, checked against the model, every block timed device-only. */
 static int whole_forward(bench_ctx *x) {
     if (model_forward(x)) return -1;
@@ -303,22 +310,9 @@ static int whole_forward(bench_ctx *x) {
     /* device-only: every block; the stream is restored outside the timed region */
     dt_mat s0 = dt_alloc_or_die(be, L, D, be->act_dtype);
     be->upload(be, s0, k->trace0);
-    bench_timer tm;
-    bench_timer_init(&tm, be);
-    double *s = dt_malloc(sizeof(double) * x->reps);
-    for (int rep = -(x->warmup > 0 ? x->warmup : 1); rep < x->reps; rep++) {
-        be->copy(be, m->io.s, s0);
-        bench_timer_start(&tm);
-        replica_blocks(m, 0, c->num_layers);
-        double ms = bench_timer_stop(&tm);
-        if (rep >= 0) s[rep] = ms;
-    }
-    p->blocks_dev = bench_stats(s, x->reps);
-    be->copy(be, m->io.s, s0);
-    bench_sync_or_die(be);
+    blocks_run br = {m, c->num_layers};
+    p->blocks_dev = bench_time_restored(be, m->io.s, s0, x->warmup, x->reps, run_blocks, &br);
     be->free(be, &s0);
-    bench_timer_free(&tm);
-    free(s);
     r->fwd_ms = p->fwd_mask.med;
     snprintf(r->fwd_what, sizeof r->fwd_what, "whole forward with mask");
     r->floor_ms = p->blocks_dev.n ? p->blocks_dev.med : 0;

@@ -91,6 +91,26 @@ bench_stat bench_stats(const double *v, int n) {
     return st;
 }
 
+bench_stat bench_time_restored(dt_backend *be, dt_mat live, dt_mat saved, int warmup, int reps, void (*run)(void *ud),
+                               void *ud) {
+    bench_timer tm;
+    bench_timer_init(&tm, be);
+    double *t = dt_malloc(sizeof(double) * (size_t)(reps > 0 ? reps : 1));
+    for (int rep = -(warmup > 0 ? warmup : 1); rep < reps; rep++) {
+        be->copy(be, live, saved);
+        bench_timer_start(&tm);
+        run(ud);
+        const double ms = bench_timer_stop(&tm);
+        if (rep >= 0) t[rep] = ms;
+    }
+    const bench_stat st = bench_stats(t, reps);
+    be->copy(be, live, saved);
+    bench_sync_or_die(be);
+    bench_timer_free(&tm);
+    free(t);
+    return st;
+}
+
 bench_stat bench_time_sustained(dt_backend *be, int is_cpu, void (*op)(void *ud, int i), void *ud, double heat_ms,
                                 int reps) {
     bench_stat st = {0};

@@ -114,6 +114,12 @@ static void release(bench_ctx *x) {
 
 /* ------------------------------------------------------------------ whole forward */
 
+/* every joint block (bench_time_restored's run) */
+static void run_joint_blocks(void *ud) {
+    zimage_model *m = ud;
+    zimage_joint_blocks(m, 0, zimage_get_config(m)->n_layers);
+}
+
 /* zimage_forward timed (wall clock), then every joint block device-only on the activations it left. */
 static int whole_forward(bench_ctx *x) {
     bench_report *r = x->r;
@@ -160,21 +166,7 @@ static int whole_forward(bench_ctx *x) {
     dt_mat s = zimage_joint_stream(z->m);
     z->s0 = dt_alloc_or_die(be, s.rows, s.cols, be->act_dtype);
     be->copy(be, z->s0, s);
-    bench_timer tm;
-    bench_timer_init(&tm, be);
-    double *t = dt_malloc(sizeof(double) * x->reps);
-    for (int rep = -wu; rep < x->reps; rep++) {
-        be->copy(be, s, z->s0);
-        bench_timer_start(&tm);
-        zimage_joint_blocks(z->m, 0, c->n_layers);
-        double ms = bench_timer_stop(&tm);
-        if (rep >= 0) t[rep] = ms;
-    }
-    p->blocks_dev = bench_stats(t, x->reps);
-    be->copy(be, s, z->s0);
-    bench_sync_or_die(be);
-    bench_timer_free(&tm);
-    free(t);
+    p->blocks_dev = bench_time_restored(be, s, z->s0, wu, x->reps, run_joint_blocks, z->m);
     r->fwd_ms = p->fwd.med;
     snprintf(r->fwd_what, sizeof r->fwd_what, "whole forward");
     r->floor_ms = p->blocks_dev.n ? p->blocks_dev.med : 0;
