@@ -63,6 +63,14 @@ int dt_synth_name_transformer_for_diffusers(const char *dir) {
     return 0;
 }
 
+void dt_synth_bundled_sibling(const char *bundled_model, const char *sub, char *root, size_t n) {
+    const size_t len = bundled_model ? strlen(bundled_model) : 0;
+    if (len >= 6 && !strcmp(bundled_model + len - 6, "/model"))
+        snprintf(root, n, "%.*s/%s", (int)(len - 6), bundled_model, sub);
+    else
+        snprintf(root, n, "tests/fixtures/%s", sub);
+}
+
 int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n) {
     char p[4200], q[4200];
     for (int i = 0; i < n; i++) {

@@ -3,6 +3,7 @@
 #ifndef DT_SYNTH_PIPELINE_H
 #define DT_SYNTH_PIPELINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* One `ditrun synth` request for a family's preset (family.h: dt_family.synth). */
@@ -66,6 +67,10 @@ int dt_synth_write_qwen3(const char *dir, const dt_synth_text_geom *g, int bits,
 /* Renames the pipeline folder DIR's transformer/model.safetensors to diffusion_pytorch_model.safetensors, the
  * name diffusers' from_pretrained looks for, so the reference can load the same folder. 0 ok, -1 error. */
 int dt_synth_name_transformer_for_diffusers(const char *dir);
+
+/* The bundled tiny pipeline of another family beside the bundled FLUX.2 one: bundled_model ".../model" gives
+ * ".../SUB" (e.g. "krea2", "zimage/model"); any other bundled root gives "tests/fixtures/SUB". Into root[n]. */
+void dt_synth_bundled_sibling(const char *bundled_model, const char *sub, char *root, size_t n);
 
 /* Copies n bundled files {folder, name} from the pipeline root `root` into the same folders of DIR (created as
  * needed). 0 ok, -1 error (dt_last_error). */

@@ -91,10 +91,7 @@ int dt_synth_zimage(const dt_synth_req *r) {
     if (r->pipeline) {
         /* tokenizer and scheduler from the bundled tiny Z-Image pipeline, beside the bundled FLUX.2 one */
         char root[4300];
-        const char *m = r->bundled_model;
-        size_t n = strlen(m);
-        if (n >= 6 && !strcmp(m + n - 6, "/model")) snprintf(root, sizeof root, "%.*s/zimage/model", (int)(n - 6), m);
-        else snprintf(root, sizeof root, "tests/fixtures/zimage/model");
+        dt_synth_bundled_sibling(r->bundled_model, "zimage/model", root, sizeof root);
         dt_log(1, "ditrun: writing a synthetic %s pipeline (%s) to %s ...\n", r->preset, q, r->out);
         return dt_synth_zimage_pipeline(r->preset, r->dir, r->bits, r->group, r->seed, root);
     }
