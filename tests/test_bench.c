@@ -385,8 +385,8 @@ static void run_krea2_suite(const char *backend, int is_cpu) {
     for (int i = 0; i < r->n_shares; i++) if (!r->shares[i].level) all += r->shares[i].share;
     T_CHECK(NAME("%s krea2: shares sum to 100%%", backend), r->n_shares >= 6 && fabs(all - 100.0) <= SHARE_SUM_TOL,
             "sum %.9g%% (%d rows)", all, r->n_shares);
-    T_CHECK(NAME("%s krea2: block-count scaling", backend), p->n_scale >= 2 && p->scale_n[p->n_scale - 1] == p->c.num_layers,
-            "n_scale %d", p->n_scale);
+    T_CHECK(NAME("%s krea2: block-count scaling", backend), p->scale.n >= 2 && p->scale.blocks[p->scale.n - 1] == p->c.num_layers,
+            "n_scale %d", p->scale.n);
     ok = r->n_gemm == 5 && r->attn_iso.n == 3 && r->attn_calls == p->c.num_layers && r->copy_gbs > 0;
     for (int i = 0; ok && i < r->n_gemm; i++) ok = r->gemm[i].iso.n == 3 && r->gemm[i].ceil.n == 3 && r->gemm[i].inmodel_ms > 0;
     /* the q/k/v/gate op's time split over its two shapes (2 GEMMs each per block) adds back up to the op */

@@ -123,8 +123,17 @@ typedef struct {
     double embed_ms, double_ms, single_slope_ms;
 } bench_flux2_part;
 
+/* Block-count scaling of a stack of identical blocks (Krea 2, Z-Image; bench_block_scaling): the first
+ * blocks[i] blocks took t[i] device-only, the last point being the whole stack; slope_ms is one block's cost in it. */
+#define BENCH_MAX_SCALE 6
+typedef struct {
+    int n;
+    int blocks[BENCH_MAX_SCALE];
+    bench_stat t[BENCH_MAX_SCALE];
+    double slope_ms;
+} bench_block_scale;
+
 /* What a Krea 2 run measures beyond the common part (bench_krea2.c). */
-#define BENCH_K2_MAX_SCALE 6
 typedef struct {
     krea2_config c;
     int n_valid;                           /* text tokens the mask keeps */
@@ -138,10 +147,7 @@ typedef struct {
     double replica_maxdiff, replica_absmax;
     double gflop_block_gemm, gflop_block_attn;   /* one transformer block */
     double gflop_text, gflop_other;              /* text fusion; txt_in + img_in + timestep + final layer */
-    int scale_n[BENCH_K2_MAX_SCALE];             /* block-count scaling: blocks, time */
-    bench_stat scale_t[BENCH_K2_MAX_SCALE];
-    int n_scale;
-    double block_slope_ms;
+    bench_block_scale scale;                     /* block-count scaling */
 } bench_krea2_part;
 
 /* What a Z-Image run measures beyond the common part (bench_zimage.c). */
@@ -156,10 +162,7 @@ typedef struct {
     double out_absmax;
     double gflop_block_gemm, gflop_block_attn;   /* one joint block */
     double gflop_refiners, gflop_other;          /* the 2 x n_refiner refiner blocks; embedders, adaLN, final */
-    int scale_n[BENCH_K2_MAX_SCALE];             /* block-count scaling: blocks, time */
-    bench_stat scale_t[BENCH_K2_MAX_SCALE];
-    int n_scale;
-    double block_slope_ms;
+    bench_block_scale scale;                     /* block-count scaling */
 } bench_zimage_part;
 
 typedef struct bench_family bench_family;

@@ -275,6 +275,15 @@ void bench_time_points(bench_ctx *x, int np, void (*prepare)(void *ud, int p), v
                        bench_stat *out);
 /* Least-squares slope of ys over xs (n points; 0 when fewer than 2 distinct xs). */
 double bench_slope(const double *xs, const double *ys, int n);
+/* Block-count scaling of a stack of nl identical blocks: run(ud, k) runs the first k blocks on the stream live, which
+ * is restored from saved (same shape) before each timing, outside it, and once more at the end; the first
+ * {1, nl/4, nl/2} blocks are timed here, the whole stack is `all` (timed with the whole forward). */
+void bench_block_scaling(bench_ctx *x, int nl, dt_mat live, dt_mat saved, bench_stat all,
+                         void (*run)(void *ud, int blocks), void *ud, bench_block_scale *out);
+/* Its Markdown section (heading "Ledger: block-count scaling (WHAT)") and JSON lines (one "scale" per point and a
+ * "blocks" line with the slope beside ledger_ms, the prefix ledger's block); nothing when it has no points. */
+void bench_md_block_scaling(FILE *f, const bench_block_scale *s, double ledger_ms, const char *what);
+void bench_json_block_scaling(FILE *f, const bench_block_scale *s, double ledger_ms);
 /* A share row (bounded by the table) with its percentage of r->total_ms. */
 void bench_add_share(bench_report *r, const char *name, double ms, int level);
 

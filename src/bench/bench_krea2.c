@@ -378,44 +378,17 @@ static void op_work(bench_ctx *x, bench_op *ops) {
     ops[KREA2_OP_SWIGLU].gbytes = 3 * L * F * es * 1e-9;
 }
 
-/* Block-count scaling: the first {1, L/4, L/2} blocks device-only (the stream restored outside the timing), and all
- * of them (timed with the whole forward); the slope is a block's cost in the stack. */
-typedef struct { k2_replica *m; dt_mat s0; const int *pts; } scale_pts;
-static void scale_prepare(void *ud, int p) {
-    scale_pts *s = ud;
-    (void)p;
-    s->m->be->copy(s->m->be, s->m->io.s, s->s0);
-}
-static void scale_run(void *ud, int p) {
-    scale_pts *s = ud;
-    replica_blocks(s->m, 0, s->pts[p]);
-}
+/* Block-count scaling (bench_block_scaling) of the replica's blocks, on a copy of the stream the forward left. */
+static void scale_run(void *ud, int blocks) { replica_blocks(ud, 0, blocks); }
 
 static void scaling(bench_ctx *x) {
     bench_krea2_part *p = &x->r->krea2;
     k2_replica *m = x->k2->rep;
     dt_backend *be = x->be;
-    int nl = p->c.num_layers;
-    int pts[BENCH_K2_MAX_SCALE], np = 0;
-    int cand[3] = {1, nl / 4, nl / 2};
-    for (int i = 0; i < 3; i++) {
-        if (cand[i] < 1 || cand[i] >= nl || (np && pts[np - 1] == cand[i])) continue;
-        pts[np++] = cand[i];
-    }
-    bench_progress("ledger: block-count scaling (%d partial stacks x %d reps) ...", np, x->reps);
-    scale_pts sp = {m, dt_alloc_or_die(be, m->io.s.rows, m->io.s.cols, be->act_dtype), pts};
-    be->copy(be, sp.s0, m->io.s);
-    bench_time_points(x, np, scale_prepare, scale_run, &sp, p->scale_t);
-    p->n_scale = 0;
-    double xs[BENCH_K2_MAX_SCALE], ys[BENCH_K2_MAX_SCALE];
-    for (int i = 0; i < np; i++) p->scale_n[p->n_scale++] = pts[i];
-    p->scale_n[p->n_scale] = nl;
-    p->scale_t[p->n_scale++] = p->blocks_dev;
-    for (int i = 0; i < p->n_scale; i++) { xs[i] = p->scale_n[i]; ys[i] = p->scale_t[i].med; }
-    p->block_slope_ms = p->n_scale >= 2 ? bench_slope(xs, ys, p->n_scale) : p->blocks_dev.med / nl;
-    be->copy(be, m->io.s, sp.s0);
-    bench_sync_or_die(be);
-    be->free(be, &sp.s0);
+    dt_mat s0 = dt_alloc_or_die(be, m->io.s.rows, m->io.s.cols, be->act_dtype);
+    be->copy(be, s0, m->io.s);
+    bench_block_scaling(x, p->c.num_layers, m->io.s, s0, p->blocks_dev, scale_run, m, &p->scale);
+    be->free(be, &s0);
 }
 
 /* Shares of krea2_forward with the mask: the blocks from the ledger (times the blocks), the rest of the forward
@@ -558,13 +531,7 @@ static void md_head(const bench_report *r, FILE *f) {
 }
 
 static void md_scaling(const bench_report *r, FILE *f) {
-    const bench_krea2_part *p = &r->krea2;
-    if (!p->n_scale) return;
-    fprintf(f, "## Ledger: block-count scaling (replica, device-only)\n\n| blocks | median ms | p10-p90 ms |\n|---:|---:|---:|\n");
-    for (int i = 0; i < p->n_scale; i++)
-        fprintf(f, "| %d | %.3f | %.3f-%.3f |\n", p->scale_n[i], p->scale_t[i].med, p->scale_t[i].p10, p->scale_t[i].p90);
-    fprintf(f, "\nPer block: %.4f ms in the stack (slope) vs %.4f ms from the prefix ledger.\n\n", p->block_slope_ms,
-            r->block_ledger_ms);
+    bench_md_block_scaling(f, &r->krea2.scale, r->block_ledger_ms, "replica, device-only");
 }
 
 static void json_head(const bench_report *r, FILE *f) {
@@ -598,17 +565,7 @@ static void json_head(const bench_report *r, FILE *f) {
     }
 }
 
-static void json_scaling(const bench_report *r, FILE *f) {
-    const bench_krea2_part *p = &r->krea2;
-    for (int i = 0; i < p->n_scale; i++) {
-        fprintf(f, "{"); bench_jstr(f, "type", "scale"); bench_jnum(f, "blocks", p->scale_n[i]); bench_jstat(f, "t", p->scale_t[i]);
-        fprintf(f, "}\n");
-    }
-    if (p->n_scale) {
-        fprintf(f, "{"); bench_jstr(f, "type", "blocks"); bench_jnum(f, "slope_ms", p->block_slope_ms); bench_jnum(f, "ledger_ms", r->block_ledger_ms);
-        fprintf(f, "}\n");
-    }
-}
+static void json_scaling(const bench_report *r, FILE *f) { bench_json_block_scaling(f, &r->krea2.scale, r->block_ledger_ms); }
 
 const bench_family bench_krea2_family = {
     .name = "Krea 2",

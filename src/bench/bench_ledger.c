@@ -165,6 +165,59 @@ double bench_slope(const double *xs, const double *ys, int n) {
     return n >= 2 && den > 0 ? (n * sxy - sx * sy) / den : 0;
 }
 
+typedef struct { dt_backend *be; dt_mat live, saved; const int *pts; void (*run)(void *ud, int blocks); void *ud; } scale_pts;
+static void scale_restore(void *ud, int p) {
+    scale_pts *s = ud;
+    (void)p;
+    s->be->copy(s->be, s->live, s->saved);
+}
+static void scale_run(void *ud, int p) {
+    scale_pts *s = ud;
+    s->run(s->ud, s->pts[p]);
+}
+
+void bench_block_scaling(bench_ctx *x, int nl, dt_mat live, dt_mat saved, bench_stat all,
+                         void (*run)(void *ud, int blocks), void *ud, bench_block_scale *out) {
+    int pts[BENCH_MAX_SCALE], np = 0;
+    const int cand[3] = {1, nl / 4, nl / 2};
+    for (int i = 0; i < 3; i++) {
+        if (cand[i] < 1 || cand[i] >= nl || (np && pts[np - 1] == cand[i])) continue;
+        pts[np++] = cand[i];
+    }
+    bench_progress("ledger: block-count scaling (%d partial stacks x %d reps) ...", np, x->reps);
+    scale_pts sp = {x->be, live, saved, pts, run, ud};
+    bench_time_points(x, np, scale_restore, scale_run, &sp, out->t);
+    out->n = 0;
+    for (int i = 0; i < np; i++) out->blocks[out->n++] = pts[i];
+    out->blocks[out->n] = nl;
+    out->t[out->n++] = all;
+    double xs[BENCH_MAX_SCALE], ys[BENCH_MAX_SCALE];
+    for (int i = 0; i < out->n; i++) { xs[i] = out->blocks[i]; ys[i] = out->t[i].med; }
+    out->slope_ms = out->n >= 2 ? bench_slope(xs, ys, out->n) : all.med / nl;
+    x->be->copy(x->be, live, saved);
+    bench_sync_or_die(x->be);
+}
+
+void bench_md_block_scaling(FILE *f, const bench_block_scale *s, double ledger_ms, const char *what) {
+    if (!s->n) return;
+    fprintf(f, "## Ledger: block-count scaling (%s)\n\n| blocks | median ms | p10-p90 ms |\n|---:|---:|---:|\n", what);
+    for (int i = 0; i < s->n; i++)
+        fprintf(f, "| %d | %.3f | %.3f-%.3f |\n", s->blocks[i], s->t[i].med, s->t[i].p10, s->t[i].p90);
+    fprintf(f, "\nPer block: %.4f ms in the stack (slope) vs %.4f ms from the prefix ledger.\n\n", s->slope_ms, ledger_ms);
+}
+
+void bench_json_block_scaling(FILE *f, const bench_block_scale *s, double ledger_ms) {
+    for (int i = 0; i < s->n; i++) {
+        fprintf(f, "{"); bench_jstr(f, "type", "scale"); bench_jnum(f, "blocks", s->blocks[i]); bench_jstat(f, "t", s->t[i]);
+        fprintf(f, "}\n");
+    }
+    if (s->n) {
+        fprintf(f, "{"); bench_jstr(f, "type", "blocks"); bench_jnum(f, "slope_ms", s->slope_ms);
+        bench_jnum(f, "ledger_ms", ledger_ms);
+        fprintf(f, "}\n");
+    }
+}
+
 void bench_add_share(bench_report *r, const char *name, double ms, int level) {
     if (r->n_shares >= (int)(sizeof r->shares / sizeof r->shares[0])) return;
     bench_share *s = &r->shares[r->n_shares++];
