@@ -108,17 +108,8 @@ flux2_model *flux2_load(dt_backend *be, const char *path) { return flux2_load_ex
 /* Adapters: the catalogue of this checkpoint's module names, the files read through it, and (when any is given)
  * the model's ops through the LoRA backend wrapper, which adds the side products of quantized Linears. */
 static int load_loras(flux2_model *m, const flux2_load_opts *o) {
-    dt_lora_catalogue *cat = flux2_lora_catalogue(m->w, &m->c);
-    m->lora = dt_lora_load(o->loras, o->n_loras, cat);
-    dt_lora_catalogue_free(cat);
-    if (!m->lora) return -1;
-    dt_backend *wb = dt_lora_backend_wrap(m->be);
-    if (!wb) return -1;
-    m->be = wb;
-    m->lin.be = wb;
-    m->lin.lora = m->lora;
-    m->lin.lora_side = o->lora_side;
-    return 0;
+    return dt_linear_set_use_loras(&m->lin, &m->be, &m->lora, o->loras, o->n_loras, o->lora_side,
+                                   flux2_lora_catalogue(m->w, &m->c));
 }
 
 flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_opts *o) {

@@ -349,17 +349,10 @@ krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_op
         krea2_runtime_choices(be, fp8_file ? DT_PREC_FP8 : o->precision, o->attn_precision, o->fp8_unfused, &m->c,
                               what))
         goto fail;
-    if (o->n_loras > 0) {   /* adapters: the checkpoint's Linear names, and the wrapper for side products */
-        dt_lora_catalogue *cat = dt_lora_catalogue_from_weights(m->w);
-        m->lora = dt_lora_load(o->loras, o->n_loras, cat);
-        dt_lora_catalogue_free(cat);
-        if (!m->lora) goto fail;
-        dt_backend *wb = dt_lora_backend_wrap(m->be);
-        if (!wb) goto fail;
-        m->be = m->lin.be = wb;
-        m->lin.lora = m->lora;
-        m->lin.lora_side = o->lora_side;
-    }
+    /* adapters: the checkpoint's Linear names, and the wrapper for side products */
+    if (o->n_loras > 0 && dt_linear_set_use_loras(&m->lin, &m->be, &m->lora, o->loras, o->n_loras, o->lora_side,
+                                                  dt_lora_catalogue_from_weights(m->w)))
+        goto fail;
     if (load_all(m)) goto fail;
     if (m->lora && dt_lora_check_used(m->lora)) goto fail;
     dt_linear_set_log(&m->lin, "transformer");

@@ -190,6 +190,19 @@ dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, con
     return add_lora(s, &st, p, np);
 }
 
+int dt_linear_set_use_loras(dt_linear_set *s, dt_backend **be, dt_lora_set **lora, const dt_lora_spec *specs, int n,
+                            int side, dt_lora_catalogue *cat) {
+    *lora = dt_lora_load(specs, n, cat);
+    dt_lora_catalogue_free(cat);
+    if (!*lora) return -1;
+    dt_backend *wb = dt_lora_backend_wrap(*be);
+    if (!wb) return -1;
+    *be = s->be = wb;
+    s->lora = *lora;
+    s->lora_side = side;
+    return 0;
+}
+
 void dt_linear_set_log(const dt_linear_set *s, const char *what) {
     if (!s->be || !s->be->opts.verbose) return;
     dt_linear_paths_log(&s->paths, s->be, what);

@@ -12,6 +12,7 @@
 
 #include "backends/backend.h"
 #include "io/weights.h"
+#include "models/lora.h"
 #include "quant/dequant.h"
 
 typedef struct {
@@ -43,6 +44,12 @@ dt_linear *dt_linear_set_add(dt_linear_set *s, const dt_linear_src *src);
 dt_linear *dt_linear_set_load_stacked(dt_linear_set *s, const dt_weights *w, const char *const *names, int n,
                                       int64_t out, int64_t in, dt_linear_src *stacked);
 /* (stacked, when not NULL, receives the stacked host source; valid until dt_linear_set_free) */
+/* Adapters for the Linears loaded from now on: the files of specs[n] read through cat (the checkpoint's module
+ * names; freed here), the set's backend and *be replaced by the LoRA backend wrapper (which adds the side products
+ * of the Linears that are not merged), side as lora_side. *lora receives the adapter set (the model frees it, and
+ * the wrapper). 0 or -1 (dt_last_error; *lora may then be set). */
+int dt_linear_set_use_loras(dt_linear_set *s, dt_backend **be, dt_lora_set **lora, const dt_lora_spec *specs, int n,
+                            int side, dt_lora_catalogue *cat);
 /* With the backend's opts.verbose: the -v summary of the set's Linears (dt_linear_paths_log), one line per stored
  * format and path; `what` names the component ("transformer"). */
 void dt_linear_set_log(const dt_linear_set *s, const char *what);

@@ -538,17 +538,10 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load
     }
     if (!cfg || zimage_config_parse(cfg, what, &m->c)) goto fail;
     detect_layout(m);
-    if (o->n_loras > 0) {   /* adapters: merged into dense weights, side products (the wrapper) on the others */
-        dt_lora_catalogue *cat = lora_catalogue(m);
-        m->lora = dt_lora_load(o->loras, o->n_loras, cat);
-        dt_lora_catalogue_free(cat);
-        if (!m->lora) goto fail;
-        dt_backend *wb = dt_lora_backend_wrap(m->be);
-        if (!wb) goto fail;
-        m->be = m->lin.be = wb;
-        m->lin.lora = m->lora;
-        m->lin.lora_side = o->lora_side;
-    }
+    /* adapters: merged into dense weights, side products (the wrapper) on the others */
+    if (o->n_loras > 0 &&
+        dt_linear_set_use_loras(&m->lin, &m->be, &m->lora, o->loras, o->n_loras, o->lora_side, lora_catalogue(m)))
+        goto fail;
     if (load_all(m) || (m->lora && dt_lora_check_used(m->lora))) goto fail;
     dt_linear_set_log(&m->lin, "transformer");
     return m;
