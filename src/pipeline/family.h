@@ -18,6 +18,7 @@
 #include "core/infile.h"
 #include "io/json.h"
 #include "models/dit.h"
+#include "models/vae_flux2.h"
 #include "pipeline/engine.h"
 #include "synth/synth_pipeline.h"
 
@@ -78,6 +79,10 @@ struct dt_family {
     int (*place_sizes)(const json *cfg, const char *tr, const char *va, int W, int H, int tile, int elem,
                        dt_family_place *out);
 };
+
+/* The VAE part of *o (scale and the decode's activations, tile and widest stage) for a VAE that runs the shared
+ * decoder walk (FLUX.2's AutoencoderKLFlux2, AutoencoderKL): a place_sizes helper (placement_sizes.c). */
+void dt_family_place_vae(const dt_vae_config *v, int W, int H, int tile, int elem, dt_family_place *o);
 
 /* ---- the registry (family.c) ---- */
 /* Every family, in order (the first is the fallback of folders without a config). */

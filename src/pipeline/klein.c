@@ -548,14 +548,7 @@ static int klein_place_sizes(const json *cfg, const char *tr, const char *va, in
     o->hidden = c.hidden;
     o->mlp = c.mlp_hidden;
     o->head_dim = c.head_dim;
-    o->scale = fv.scale_factor;
-    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : fv.sample_size;
-    o->vae_act = dt_vae_decode_act_bytes(&fv, 0, lh, lw, elem);
-    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_vae_decode_act_bytes(&fv, t, lh, lw, elem) : 0;
-    o->vae_tile_px = t;
-    o->vae_cmax = 0;
-    for (int i = 0; i < fv.n_blocks; i++) o->vae_cmax = fv.block_out[i] > o->vae_cmax ? fv.block_out[i] : o->vae_cmax;
-    o->vae_attention = fv.mid_attention;
+    dt_family_place_vae(&fv, W, H, tile, elem, o);
     o->side_queue = 1;
     return 0;
 }

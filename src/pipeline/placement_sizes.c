@@ -114,3 +114,14 @@ out:
     free(va);
     return rc;
 }
+
+void dt_family_place_vae(const dt_vae_config *v, int W, int H, int tile, int elem, dt_family_place *o) {
+    o->scale = v->scale_factor;
+    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : v->sample_size;
+    o->vae_act = dt_vae_decode_act_bytes(v, 0, lh, lw, elem);
+    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_vae_decode_act_bytes(v, t, lh, lw, elem) : 0;
+    o->vae_tile_px = t;
+    o->vae_cmax = 0;
+    for (int i = 0; i < v->n_blocks; i++) o->vae_cmax = v->block_out[i] > o->vae_cmax ? v->block_out[i] : o->vae_cmax;
+    o->vae_attention = v->mid_attention;
+}

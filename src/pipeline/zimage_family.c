@@ -442,14 +442,7 @@ static int zi_place_sizes(const json *cfg, const char *tr, const char *va, int W
     o->hidden = c.dim;
     o->mlp = c.ffn;
     o->head_dim = c.head_dim;
-    o->scale = v.scale_factor;
-    const int lh = H / o->scale, lw = W / o->scale, t = tile ? tile : v.sample_size;
-    o->vae_act = dt_vae_decode_act_bytes(&v, 0, lh, lw, elem);
-    o->vae_tile_act = lh > t / o->scale || lw > t / o->scale ? dt_vae_decode_act_bytes(&v, t, lh, lw, elem) : 0;
-    o->vae_tile_px = t;
-    o->vae_cmax = 0;
-    for (int i = 0; i < v.n_blocks; i++) o->vae_cmax = v.block_out[i] > o->vae_cmax ? v.block_out[i] : o->vae_cmax;
-    o->vae_attention = v.mid_attention;
+    dt_family_place_vae(&v, W, H, tile, elem, o);
     o->side_queue = 0;   /* one stream of joint blocks, one queue */
     return 0;
 }
