@@ -479,8 +479,6 @@ static void attention(bench_ctx *x, bench_attn_shape *a) {
 
 /* ------------------------------------------------------------------ report: FLUX.2's own sections */
 
-static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
-
 static void md_head(const bench_report *r, FILE *f) {
     const bench_flux2_part *p = &r->flux2;
     const flux2_config *c = &p->c;
@@ -498,9 +496,9 @@ static void md_head(const bench_report *r, FILE *f) {
     double gf = r->fwd_gflop;
     fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
     fprintf(f, "| flux2_forward (in-model, wall clock incl. host uploads/download) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n",
-            p->fwd_model.med, p->fwd_model.p10, p->fwd_model.p90, p->fwd_model.min, p->fwd_model.max, tflops(gf, p->fwd_model.med));
+            p->fwd_model.med, p->fwd_model.p10, p->fwd_model.p90, p->fwd_model.min, p->fwd_model.max, bench_tflops(gf, p->fwd_model.med));
     fprintf(f, "| bench replica (device-only, same ops, events) | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n\n", p->fwd_dev.med,
-            p->fwd_dev.p10, p->fwd_dev.p90, p->fwd_dev.min, p->fwd_dev.max, tflops(gf, p->fwd_dev.med));
+            p->fwd_dev.p10, p->fwd_dev.p90, p->fwd_dev.min, p->fwd_dev.max, bench_tflops(gf, p->fwd_dev.med));
     char wr[48];
     if (p->fwd_dev_warm_ms > 0) snprintf(wr, sizeof wr, "%.3f ms", p->fwd_dev_warm_ms);
     else snprintf(wr, sizeof wr, "not run (--warmup 0)");
@@ -542,11 +540,11 @@ static void json_head(const bench_report *r, FILE *f) {
     fprintf(f, "}\n");
     fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", "flux2_forward"); fputc(',', f);
     bench_jstr(f, "scope", "in-model, wall clock incl. host I/O");
-    bench_jstat(f, "t", p->fwd_model); bench_jnum(f, "warmup_ms", p->fwd_model_warm_ms); bench_jnum(f, "tflops", tflops(gf, p->fwd_model.med));
+    bench_jstat(f, "t", p->fwd_model); bench_jnum(f, "warmup_ms", p->fwd_model_warm_ms); bench_jnum(f, "tflops", bench_tflops(gf, p->fwd_model.med));
     fprintf(f, "}\n");
     fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", "replica"); fputc(',', f);
     bench_jstr(f, "scope", "device-only, events");
-    bench_jstat(f, "t", p->fwd_dev); bench_jnum(f, "warmup_ms", p->fwd_dev_warm_ms); bench_jnum(f, "tflops", tflops(gf, p->fwd_dev.med));
+    bench_jstat(f, "t", p->fwd_dev); bench_jnum(f, "warmup_ms", p->fwd_dev_warm_ms); bench_jnum(f, "tflops", bench_tflops(gf, p->fwd_dev.med));
     bench_jnum(f, "maxdiff_vs_model", p->fwd_maxdiff); bench_jnum(f, "model_absmax", p->fwd_absmax);
     fprintf(f, "}\n");
     bench_json_power(f, &r->power);

@@ -60,6 +60,10 @@ void bench_jstat(FILE *f, const char *prefix, bench_stat s);
 void bench_md_setup_end(const bench_report *r, FILE *f, const char *loader);
 /* The GPU-state line (nothing when p->n = 0); what = the runs it follows. */
 void bench_md_power(FILE *f, const bench_power *p, const char *what);
+/* GFLOP per millisecond = TFLOP/s (0 when ms is not positive). */
+double bench_tflops(double gflop, double ms);
+/* A "| what | median | p10-p90 | min-max | TFLOPS |" row of a statistic in ms for gflop of work. */
+void bench_md_stat_row(FILE *f, const char *what, bench_stat s, double gflop);
 void bench_json_power(FILE *f, const bench_power *p);
 /* Device copy bandwidth (the elementwise ops' reference): a bf16/f32 copy of ~4 x rot_bytes (64 MB .. 1 GB,
  * 256 MB on a CPU), warmup + reps timed copies; its statistic, bytes moved and GB/s. */

@@ -488,12 +488,6 @@ static const bench_arm_entry arms[] = {{"attention", arm_attention}, {NULL, NULL
 
 /* ------------------------------------------------------------------ report: Krea 2's own sections */
 
-static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
-
-static void md_stat_row(FILE *f, const char *what, bench_stat s, double gflop) {
-    fprintf(f, "| %s | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n", what, s.med, s.p10, s.p90, s.min, s.max, tflops(gflop, s.med));
-}
-
 static void md_head(const bench_report *r, FILE *f) {
     const bench_krea2_part *p = &r->krea2;
     const krea2_config *c = &p->c;
@@ -511,12 +505,12 @@ static void md_head(const bench_report *r, FILE *f) {
     bench_md_setup_end(r, f, "krea2_load");
 
     fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
-    md_stat_row(f, "krea2_forward with the text mask (wall clock incl. host I/O)", p->fwd_mask, gf);
-    md_stat_row(f, "krea2_forward without a mask", p->fwd_nomask, gf);
+    bench_md_stat_row(f, "krea2_forward with the text mask (wall clock incl. host I/O)", p->fwd_mask, gf);
+    bench_md_stat_row(f, "krea2_forward without a mask", p->fwd_nomask, gf);
     if (p->blocks_dev.n) {
         char what[96];
         snprintf(what, sizeof what, "replica: the %d transformer blocks (device-only, events)", c->num_layers);
-        md_stat_row(f, what, p->blocks_dev, nl * (p->gflop_block_gemm + p->gflop_block_attn));
+        bench_md_stat_row(f, what, p->blocks_dev, nl * (p->gflop_block_gemm + p->gflop_block_attn));
     }
     fprintf(f, "\nWarm-up (excluded): first forward %.3f ms with mask, %.3f ms without. Output %s, max |out| %.3g; "
                "max |out(mask) - out(no mask)| %.3g (the mask hides %d padded keys). ",
@@ -557,7 +551,7 @@ static void json_head(const bench_report *r, FILE *f) {
     for (int i = 0; i < 3; i++) {
         fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", fn[i]);
         bench_jstat(f, "t", *fs[i]);
-        bench_jnum(f, "tflops", tflops(i == 2 ? c->num_layers * (p->gflop_block_gemm + p->gflop_block_attn) : gf, fs[i]->med));
+        bench_jnum(f, "tflops", bench_tflops(i == 2 ? c->num_layers * (p->gflop_block_gemm + p->gflop_block_attn) : gf, fs[i]->med));
         if (i == 0) { bench_jnum(f, "warmup_ms", p->fwd_mask_warm_ms); bench_jnum(f, "out_absmax", p->out_absmax); bench_jnum(f, "finite", p->out_finite); }
         if (i == 1) { bench_jnum(f, "warmup_ms", p->fwd_nomask_warm_ms); bench_jnum(f, "maxdiff_vs_mask", p->mask_effect); }
         if (i == 2 && p->replica_checked) { bench_jnum(f, "maxdiff_vs_model", p->replica_maxdiff); bench_jnum(f, "model_absmax", p->replica_absmax); }

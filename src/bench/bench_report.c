@@ -10,8 +10,12 @@
 #include "bench_internal.h"
 #include "core/outfile.h"
 
-/* GFLOP per millisecond = TFLOP/s */
-static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
+double bench_tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
+
+void bench_md_stat_row(FILE *f, const char *what, bench_stat s, double gflop) {
+    fprintf(f, "| %s | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n", what, s.med, s.p10, s.p90, s.min, s.max,
+            bench_tflops(gflop, s.med));
+}
 
 static const char *cat_name(int c) { return c == BENCH_CAT_GEMM ? "gemm" : c == BENCH_CAT_ATTN ? "attention" : "elementwise"; }
 
@@ -29,7 +33,7 @@ static void md_op_ledger(FILE *f, const bench_op *ops, int n, double block_ms, d
     for (int k = 0; k < n; k++) {
         const bench_op *o = &ops[k];
         char tf[32] = "", gb[32] = "", gbs[32] = "", pc[32] = "";
-        if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", tflops(o->gflop, o->ledger_ms));
+        if (o->gflop > 0) snprintf(tf, sizeof tf, "%.3f", bench_tflops(o->gflop, o->ledger_ms));
         if (o->gbytes > 0) {
             double bw = o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0;
             snprintf(gb, sizeof gb, "%.4f", o->gbytes);
@@ -56,19 +60,19 @@ static void md_gemms(FILE *f, const bench_gemm *gemm, int n, double l2_mb, doubl
         char im[32] = "-", it[32] = "-", is[32] = "-", itf[32] = "-", ratio[32] = "-";
         if (g->inmodel_ms >= 0) {
             snprintf(im, sizeof im, "%.4f", g->inmodel_ms);
-            snprintf(it, sizeof it, "%.3f", tflops(g->gflop, g->inmodel_ms));
+            snprintf(it, sizeof it, "%.3f", bench_tflops(g->gflop, g->inmodel_ms));
         }
         if (g->iso.n) {
             snprintf(is, sizeof is, "%.4f", g->iso.med);
-            snprintf(itf, sizeof itf, "%.3f", tflops(g->gflop, g->iso.med));
+            snprintf(itf, sizeof itf, "%.3f", bench_tflops(g->gflop, g->iso.med));
             snprintf(ratio, sizeof ratio, "%.0f%%", g->iso.med > 0 ? 100.0 * g->ceil.med / g->iso.med : 0);
         }
         char sus[48] = "-";
-        if (g->ceil_sus.n) snprintf(sus, sizeof sus, "%.4f (%.1f)", g->ceil_sus.med, tflops(g->gflop, g->ceil_sus.med));
-        peak_pct(peak, g->iso.n ? tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
+        if (g->ceil_sus.n) snprintf(sus, sizeof sus, "%.4f (%.1f)", g->ceil_sus.med, bench_tflops(g->gflop, g->ceil_sus.med));
+        peak_pct(peak, g->iso.n ? bench_tflops(g->gflop, g->iso.med) : 0, pk, sizeof pk);
         fprintf(f, "| %s%s | %lld | %lld | %lld | %d | %.2f | %s | %s | %s | %s | %.4f | %.3f | %s | %s | %s | %d x = %.0f MB / %d x = %.0f MB%s |\n",
                 g->name, g->ceil_fp8 ? " [fp8]" : "", (long long)g->M, (long long)g->K, (long long)g->N, g->count, g->gflop, im, it, is, itf, g->ceil.med,
-                tflops(g->gflop, g->ceil.med), sus, ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
+                bench_tflops(g->gflop, g->ceil.med), sus, ratio, pk, g->iso_bufs, g->iso_mb, g->ceil_bufs, g->ceil_mb,
                 g->iso_mb < 2 * l2_mb ? " (cache-resident)" : "");
     }
 }
@@ -92,13 +96,13 @@ static void json_gemms(FILE *f, const bench_gemm *gemm, int n) {
         const bench_gemm *g = &gemm[i];
         fprintf(f, "{"); bench_jstr(f, "type", "gemm"); fputc(',', f); bench_jstr(f, "name", g->name); bench_jnum(f, "M", g->M);
         bench_jnum(f, "K", g->K); bench_jnum(f, "N", g->N); bench_jnum(f, "per_forward", g->count); bench_jnum(f, "gflop", g->gflop);
-        if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", tflops(g->gflop, g->inmodel_ms)); }
-        if (g->iso.n) { bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", tflops(g->gflop, g->iso.med)); }
-        bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", tflops(g->gflop, g->ceil.med));
+        if (g->inmodel_ms >= 0) { bench_jnum(f, "inmodel_ms", g->inmodel_ms); bench_jnum(f, "inmodel_tflops", bench_tflops(g->gflop, g->inmodel_ms)); }
+        if (g->iso.n) { bench_jstat(f, "isolated", g->iso); bench_jnum(f, "isolated_tflops", bench_tflops(g->gflop, g->iso.med)); }
+        bench_jstat(f, "ceiling", g->ceil); bench_jnum(f, "ceiling_tflops", bench_tflops(g->gflop, g->ceil.med));
         bench_jnum(f, "ceiling_fp8", g->ceil_fp8);
         bench_jnum(f, "isolated_bufs", g->iso_bufs); bench_jnum(f, "isolated_mb", g->iso_mb); bench_jnum(f, "ceiling_bufs", g->ceil_bufs);
         bench_jnum(f, "ceiling_mb", g->ceil_mb);
-        if (g->ceil_sus.n) { bench_jstat(f, "ceiling_sustained", g->ceil_sus); bench_jnum(f, "ceiling_sustained_tflops", tflops(g->gflop, g->ceil_sus.med)); }
+        if (g->ceil_sus.n) { bench_jstat(f, "ceiling_sustained", g->ceil_sus); bench_jnum(f, "ceiling_sustained_tflops", bench_tflops(g->gflop, g->ceil_sus.med)); }
         fprintf(f, "}\n");
     }
 }
@@ -207,19 +211,19 @@ void bench_report_markdown(const bench_report *r, FILE *f) {
         md_gemms(f, r->gemm, r->n_gemm, r->l2_mb, r->peak_tflops);
         fprintf(f, "\n| other | in-model ms | in-model TFLOPS | isolated ms | isolated TFLOPS | %% of peak |\n|---|---:|---:|---:|---:|---:|\n");
         if (r->attn_iso.n) {
-            peak_pct(r->peak_tflops, tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
+            peak_pct(r->peak_tflops, bench_tflops(r->attn_gflop, r->attn_iso.med), pk, sizeof pk);
             fprintf(f, "| %s (%.2f GFLOP per call) | %.4f | %.3f | %.4f | %.3f | %s |\n", r->attn_what, r->attn_gflop,
-                    r->attn_inmodel_ms, tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med,
-                    tflops(r->attn_gflop, r->attn_iso.med), pk);
+                    r->attn_inmodel_ms, bench_tflops(r->attn_gflop, r->attn_inmodel_ms), r->attn_iso.med,
+                    bench_tflops(r->attn_gflop, r->attn_iso.med), pk);
         }
         if (r->attn_sus.n) {
-            peak_pct(r->peak_tflops, tflops(r->attn_gflop, r->attn_sus.med), pk, sizeof pk);
+            peak_pct(r->peak_tflops, bench_tflops(r->attn_gflop, r->attn_sus.med), pk, sizeof pk);
             fprintf(f, "| attention, sustained (back to back after a %.0f ms heater) | - | - | %.4f | %.3f | %s |\n",
-                    BENCH_HEAT_MS, r->attn_sus.med, tflops(r->attn_gflop, r->attn_sus.med), pk);
+                    BENCH_HEAT_MS, r->attn_sus.med, bench_tflops(r->attn_gflop, r->attn_sus.med), pk);
         }
-        peak_pct(r->peak_tflops, tflops(r->fwd_gflop, r->fwd_ms), pk, sizeof pk);
+        peak_pct(r->peak_tflops, bench_tflops(r->fwd_gflop, r->fwd_ms), pk, sizeof pk);
         fprintf(f, "| %s (%.1f GFLOP) | %.3f | %.3f | - | - | %s |\n", r->fwd_what, r->fwd_gflop, r->fwd_ms,
-                tflops(r->fwd_gflop, r->fwd_ms), pk);
+                bench_tflops(r->fwd_gflop, r->fwd_ms), pk);
         if (r->copy.n)
             fprintf(f, "\nDevice copy bandwidth: %.1f GB/s (read + write, %.0f MB moved, median %.3f ms).\n", r->copy_gbs,
                     r->copy_bytes / 1e6, r->copy.med);
@@ -248,7 +252,7 @@ int bench_report_json(const bench_report *r, const char *path) {
         fprintf(f, "{"); bench_jstr(f, "type", "ledger_op"); bench_jnum(f, "index", k); fputc(',', f); bench_jstr(f, "name", o->name);
         fputc(',', f); bench_jstr(f, "category", cat_name(o->cat)); bench_jstat(f, "prefix", o->prefix); bench_jnum(f, "ms", o->ms);
         bench_jstat(f, "direct", o->direct); bench_jnum(f, "ledger_ms", o->ledger_ms);
-        bench_jnum(f, "gflop", o->gflop); bench_jnum(f, "tflops", o->gflop > 0 ? tflops(o->gflop, o->ledger_ms) : 0);
+        bench_jnum(f, "gflop", o->gflop); bench_jnum(f, "tflops", o->gflop > 0 ? bench_tflops(o->gflop, o->ledger_ms) : 0);
         bench_jnum(f, "gbytes", o->gbytes);
         bench_jnum(f, "gb_per_s", o->gbytes > 0 && o->ledger_ms > 0 ? o->gbytes / (o->ledger_ms * 1e-3) : 0);
         bench_jnum(f, "blocks_per_region", r->prefix_blocks);
@@ -266,15 +270,15 @@ int bench_report_json(const bench_report *r, const char *path) {
     json_gemms(f, r->gemm, r->n_gemm);
     if (r->attn_iso.n) {
         fprintf(f, "{"); bench_jstr(f, "type", "attention"); bench_jnum(f, "gflop", r->attn_gflop); bench_jnum(f, "inmodel_ms", r->attn_inmodel_ms);
-        bench_jnum(f, "inmodel_tflops", tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);
-        bench_jnum(f, "isolated_tflops", tflops(r->attn_gflop, r->attn_iso.med));
-        if (r->attn_sus.n) { bench_jstat(f, "sustained", r->attn_sus); bench_jnum(f, "sustained_tflops", tflops(r->attn_gflop, r->attn_sus.med)); }
+        bench_jnum(f, "inmodel_tflops", bench_tflops(r->attn_gflop, r->attn_inmodel_ms)); bench_jstat(f, "isolated", r->attn_iso);
+        bench_jnum(f, "isolated_tflops", bench_tflops(r->attn_gflop, r->attn_iso.med));
+        if (r->attn_sus.n) { bench_jstat(f, "sustained", r->attn_sus); bench_jnum(f, "sustained_tflops", bench_tflops(r->attn_gflop, r->attn_sus.med)); }
         bench_jnum(f, "calls_per_forward", r->attn_calls);
         fprintf(f, "}\n");
     }
     fprintf(f, "{"); bench_jstr(f, "type", "forward_util"); fputc(',', f); bench_jstr(f, "name", r->fwd_what);
     bench_jnum(f, "gflop", r->fwd_gflop); bench_jnum(f, "ms", r->fwd_ms);
-    bench_jnum(f, "tflops", tflops(r->fwd_gflop, r->fwd_ms)); bench_jnum(f, "peak_tflops", r->peak_tflops); fputc(',', f);
+    bench_jnum(f, "tflops", bench_tflops(r->fwd_gflop, r->fwd_ms)); bench_jnum(f, "peak_tflops", r->peak_tflops); fputc(',', f);
     bench_jstr(f, "peak_source", r->peak_src);
     fprintf(f, "}\n");
     if (r->copy.n) {

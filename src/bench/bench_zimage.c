@@ -317,12 +317,6 @@ static const bench_arm_entry arms[] = {{NULL, NULL}};
 
 /* ------------------------------------------------------------------ report: Z-Image's own sections */
 
-static double tflops(double gflop, double ms) { return ms > 0 ? gflop / ms : 0; }
-
-static void md_stat_row(FILE *f, const char *what, bench_stat s, double gflop) {
-    fprintf(f, "| %s | %.3f | %.3f-%.3f | %.3f-%.3f | %.3f |\n", what, s.med, s.p10, s.p90, s.min, s.max, tflops(gflop, s.med));
-}
-
 static void md_head(const bench_report *r, FILE *f) {
     const bench_zimage_part *p = &r->zimage;
     const zimage_config *c = &p->c;
@@ -337,11 +331,11 @@ static void md_head(const bench_report *r, FILE *f) {
             gf, nl * p->gflop_block_gemm, nl * p->gflop_block_attn, p->gflop_refiners, p->gflop_other);
     bench_md_setup_end(r, f, "zimage_load");
     fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
-    md_stat_row(f, "zimage_forward (wall clock incl. host I/O)", p->fwd, gf);
+    bench_md_stat_row(f, "zimage_forward (wall clock incl. host I/O)", p->fwd, gf);
     if (p->blocks_dev.n) {
         char what[96];
         snprintf(what, sizeof what, "the %d joint blocks (device-only, events)", c->n_layers);
-        md_stat_row(f, what, p->blocks_dev, nl * (p->gflop_block_gemm + p->gflop_block_attn));
+        bench_md_stat_row(f, what, p->blocks_dev, nl * (p->gflop_block_gemm + p->gflop_block_attn));
     }
     fprintf(f, "\nWarm-up (excluded): first forward %.3f ms. Output %s, max |out| %.3g.\n\n", p->fwd_warm_ms,
             p->out_finite ? "finite" : "NOT FINITE", p->out_absmax);
@@ -374,7 +368,7 @@ static void json_head(const bench_report *r, FILE *f) {
     for (int i = 0; i < 2; i++) {
         fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", fn[i]);
         bench_jstat(f, "t", *fs[i]);
-        bench_jnum(f, "tflops", tflops(i ? c->n_layers * (p->gflop_block_gemm + p->gflop_block_attn) : r->fwd_gflop, fs[i]->med));
+        bench_jnum(f, "tflops", bench_tflops(i ? c->n_layers * (p->gflop_block_gemm + p->gflop_block_attn) : r->fwd_gflop, fs[i]->med));
         if (i == 0) { bench_jnum(f, "warmup_ms", p->fwd_warm_ms); bench_jnum(f, "out_absmax", p->out_absmax); bench_jnum(f, "finite", p->out_finite); }
         fprintf(f, "}\n");
     }
