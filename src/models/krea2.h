@@ -166,7 +166,6 @@ typedef struct {
     dt_mat modv;       /* [4*layers + 1, D]: preshift, pregate, postshift, postgate per block, final shift */
     dt_mat in_img;     /* [N, in] */
     dt_mat s;          /* [L, D] joint stream, text rows first */
-    dt_mat ones;       /* [L, D] all ones (broadcast shift adds) */
     dt_mat ts;         /* flat >= T*Y*E: layerwise text stream */
     dt_mat tr;         /* flat >= T*E: refiner text stream */
     dt_mat a, q, k, v, g, o, h1, h2;   /* flat scratch (sizes in krea2_acts_alloc) */
@@ -202,7 +201,8 @@ typedef struct {
     dt_mat cos, sin;   /* [L, hd] F32 RoPE tables */
     dt_mat bias;       /* [1, L] F32 key-padding bias, or null data (no mask) */
     dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
-    dt_mat ones;       /* [L, D] */
+    const dt_linear *next;   /* the Linear after this block's last (the next block's to_q: its prefetch hint's
+                              * target; NULL: none) */
     /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of K and V are gathered into
      * kc, vc [nkeys, kv_heads*hd] (views of h1 / h2, free during the attention) first: nkey_runs runs of
      * consecutive rows [key_runs[2i], key_runs[2i] + key_runs[2i+1]) (krea2_acts_mask). */

@@ -315,6 +315,11 @@ const char *dtc_linear_path(dt_backend *be, const dt_linear *w) {
     return w->path;
 }
 
+int dtc_linear_on_host(dt_backend *be, const dt_linear *w) {
+    (void)be;
+    return w->host;
+}
+
 /* preloading (see cuda_common.cuh) */
 void dtc_preload_linear(dtc_state *st) {
     dtc_preload_fn((const void *)k_dequant<4>);
