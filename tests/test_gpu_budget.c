@@ -6,7 +6,8 @@
  *     naming the budget, the use and the request, and serves one that fits after a refusal; mem_stats' peak never
  *     passes the budget;
  *   - host weights: a q4 Linear whose packed weights stay in pinned host memory gives the device copy's outputs
- *     bit for bit (transient and fused paths) and takes nothing from the pool;
+ *     bit for bit (transient and fused paths, prefetched or not) and takes nothing from the pool but the prefetch's
+ *     staging copy of the largest packed form, once; linear_on_host tells it from the device copy;
  *   - the tiny klein pipeline (tests/fixtures/model) at 256x256 within the budget its plan predicts: the same pixels
  *     as without a budget, the pool's peak within it; a budget below the smallest workable refused before anything
  *     loads (the pool's use unchanged). */
@@ -73,7 +74,8 @@ static void pool_tests(void) {
 
 /* Host weights (dt_cuda_opts.host_weights): a random q4 g64 Linear [1024, 512] created with its packed weights in
  * pinned host memory computes exactly what the device copy computes (the same dequantization and GEMM, reading other
- * memory), at 256 rows (transient) and 8 rows (fused qmm), and the pool holds none of its packed bytes. */
+ * memory), at 256 rows (transient; also after a prefetch hint, which copies the packed form to the device first) and
+ * 8 rows (fused qmm), and the pool holds none of its packed bytes but the prefetch's one staging copy. */
 static void host_weights_tests(void) {
     enum { N = 1024, K = 512, G = 64 };
     uint32_t *qw = malloc((size_t)N * K / 8 * 4);
@@ -90,14 +92,21 @@ static void host_weights_tests(void) {
     be->mem_stats(be, &c0, NULL);
     dt_backend_cuda_opts(be)->host_weights = 1;
     dt_linear *host = be->linear_create(be, &src);
-    dt_backend_cuda_opts(be)->host_weights = 0;
     be->mem_stats(be, &c1, NULL);
+    dt_linear *host2 = be->linear_create(be, &src);   /* a second one: the stage is shared */
+    dt_backend_cuda_opts(be)->host_weights = 0;
+    size_t c2 = 0;
+    be->mem_stats(be, &c2, NULL);
     const char *path = host ? be->linear_path(be, host) : "";
-    T_CHECK("host_weights_off_the_pool", dev && host && c1 == c0 && strstr(path, "host memory"),
-            "pool %zu -> %zu (the device copy's packed bytes: %d); path '%s'; %s", c0, c1, N * K / 2, path,
-            dt_last_error());
+    const size_t stage = (size_t)N * K / 2 + (size_t)N * (K / G) * 8;   /* codes + f32 (scale, bias) pairs */
+    T_CHECK("host_weights_off_the_pool", dev && host && host2 && c1 - c0 == stage && c2 == c1 &&
+                                             strstr(path, "host memory"),
+            "pool %zu -> %zu -> %zu (only the prefetch's staging copy of the packed form, %zu bytes, once); path "
+            "'%s'; %s", c0, c1, c2, stage, path, dt_last_error());
+    T_CHECK("host_weights_on_host", host && dt_linear_on_host(be, host) && dev && !dt_linear_on_host(be, dev), "%s",
+            "linear_on_host does not tell the host copy from the device copy");
     const int rows[2] = {256, 8};
-    for (int k = 0; k < 2 && dev && host; k++) {
+    for (int k = 0; k < 2 && dev && host && host2; k++) {
         float *x = malloc((size_t)rows[k] * K * sizeof(float)), *ya = malloc((size_t)rows[k] * N * sizeof(float)),
               *yb = malloc((size_t)rows[k] * N * sizeof(float));
         for (int i = 0; i < rows[k] * K; i++) x[i] = dt_bf16_round((float)((i * 37) % 101) / 101.f - 0.5f);
@@ -112,6 +121,14 @@ static void host_weights_tests(void) {
         snprintf(name, sizeof name, "host_weights_same_output_%d_rows", rows[k]);
         T_CHECK(name, !memcmp(ya, yb, (size_t)rows[k] * N * sizeof(float)) && ya[0] == ya[0],
                 "outputs differ (first %g vs %g)", ya[0], yb[0]);
+        /* hinted first (256 rows, transient: the packed form staged by the copy engine, then dequantized; at 8
+         * rows the hint does nothing: the fused qmm reads the host memory in place) */
+        dt_prefetch(be, host2, dt_mat_null(), rows[k]);
+        be->linear(be, B, X, host2);
+        be->download(be, yb, B);
+        snprintf(name, sizeof name, "host_weights_prefetched_same_output_%d_rows", rows[k]);
+        T_CHECK(name, !memcmp(ya, yb, (size_t)rows[k] * N * sizeof(float)), "outputs differ (first %g vs %g)", ya[0],
+                yb[0]);
         be->free(be, &X);
         be->free(be, &A);
         be->free(be, &B);
@@ -121,6 +138,7 @@ static void host_weights_tests(void) {
     }
     if (dev) be->linear_destroy(be, dev);
     if (host) be->linear_destroy(be, host);
+    if (host2) be->linear_destroy(be, host2);
     be->destroy(be);
     free(qw);
     free(sc);

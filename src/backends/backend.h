@@ -240,7 +240,7 @@ typedef struct dt_backend dt_backend;
     /* Hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through \
      * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the \
      * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a \
-     * low-priority stream). The gate's values must be final when this is called. Results are the same with or \
+     * low-priority stream; host weights: their packed form copied to the device by the copy engine first). The gate's values must be final when this is called. Results are the same with or \
      * without the hint; a hint no Linear matches costs only its own work. */ \
     V(linear_prefetch, (dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows), (be, w, gate, rows)) \
     /* 1 when w's weights stay in host memory and each use reads them over the bus (CUDA: host weights, the packed \

@@ -50,6 +50,7 @@ static void be_destroy(dt_backend *be) {
         dtc_scratch_release(st, &st->s_misc);
         dtc_scratch_release(st, &st->s_vt);
         dtc_scratch_release(st, &st->s_mask);
+        dtc_scratch_release(st, &st->pf_stage);
         for (int i = 0; i < 2; i++) {
             dtc_scratch_release(st, &st->pf[i].buf);
             if (st->pf[i].ready) cudaEventDestroy(st->pf[i].ready);

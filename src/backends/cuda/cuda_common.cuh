@@ -129,6 +129,10 @@ struct dtc_state {
         unsigned long long stamp;   /* last fill or use (least recently used slot is refilled first) */
         cudaEvent_t ready;    /* recorded on pf_stream after the slot's prefetch */
     } pf[2];
+    dtc_scratch pf_stage;   /* host weights: a hinted Linear's packed weights copied over the bus by the copy engine
+                             * (packed codes, then the (scale, bias) pairs at a 16-byte boundary) before the slot's
+                             * dequantization reads them; one for all (pf_stream runs copy, dequantization, copy, ...
+                             * in order); sized for the largest host-weight Linear at its creation */
     int graphs_made;        /* graphs captured so far: scratch growth before the first frees the old buffer */
     dtc_pinned pin_up, pin_down;   /* host staging of upload / download */
     /* GEMM algorithm choice (cuda_gemm.cu): o.gemm_tune, choices persisted in o.gemm_cache */
