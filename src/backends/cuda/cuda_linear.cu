@@ -139,9 +139,9 @@ void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat sc
 void dtc_rmsnorm_mod_linears(dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n,
                              const dt_linear *const *w, const dt_mat *y) {
     dtc_state *st = dtc(be);
-    DTC_REQUIRE(n >= 1 && a.rows == x.rows && a.cols == x.cols, "rmsnorm_mod_linears: %d Linears, a[%lld,%lld] for "
+    DTC_REQUIRE(n >= 0 && a.rows == x.rows && a.cols == x.cols, "rmsnorm_mod_linears: %d Linears, a[%lld,%lld] for "
                 "x[%lld,%lld]", n, (long long)a.rows, (long long)a.cols, (long long)x.rows, (long long)x.cols);
-    int f8 = x.rows > 0;
+    int f8 = n > 0 && x.rows > 0;
     for (int i = 0; i < n; i++) {
         DTC_REQUIRE(x.cols == w[i]->in && y[i].cols == w[i]->out && y[i].rows == x.rows,
                     "rmsnorm_mod_linears: y%d[%lld,%lld] = norm(x[%lld,%lld]) · W[%lld,%lld]ᵀ: shape mismatch", i,
