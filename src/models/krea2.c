@@ -810,7 +810,8 @@ static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int
     if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);
     for (int l = 0; l < c->num_layers; l++) {
         if (may_stop && dt_cancel_requested(m->cancel)) return 1;
-        io.next = l + 1 < c->num_layers ? m->blk[l + 1].attn.q : NULL;
+        /* (not ahead of First Block Cache's decision after block 0: a skipped block would leave its hint pending) */
+        io.next = l + 1 < c->num_layers && !(m->fbc && l == 0) ? m->blk[l + 1].attn.q : NULL;
         krea2_block(be, c, &m->blk[l], &io, l);
         if (trace) {
             snprintf(name, sizeof name, "block.%d", l);
