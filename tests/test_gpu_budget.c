@@ -7,7 +7,8 @@
  *     passes the budget;
  *   - host weights: a q4 Linear whose packed weights stay in pinned host memory gives the device copy's outputs
  *     bit for bit (transient and fused paths, prefetched or not) and takes nothing from the pool but the prefetch's
- *     staging copy of the largest packed form, once; linear_on_host tells it from the device copy;
+ *     staging copy of the largest packed form, once; linear_on_host tells it from the device copy; a Krea 2
+ *     ff-sized host Linear after a GEMM timed unhinted / hinted / on device weights (TIME lines, no assertion);
  *   - the tiny klein pipeline (tests/fixtures/model) at 256x256 within the budget its plan predicts: the same pixels
  *     as without a budget, the pool's peak within it; a budget below the smallest workable refused before anything
  *     loads (the pool's use unchanged). */
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "backends/backend_cuda.h"
+#include "backends/backend_ext.h"
 #include "pipeline/budget.h"
 #include "pipeline/engine.h"
 #include "test.h"
@@ -145,6 +147,65 @@ static void host_weights_tests(void) {
     free(bi);
 }
 
+/* Timing, not an assertion (what tools/gpu_run.sh vram reports): a Krea 2 ff-sized q4 g64 Linear [16384, 6144] with
+ * its packed weights in host memory on 4608 rows (a 1024² image and 512 text tokens), run after a GEMM of the same
+ * size on device weights: unhinted (its dequantization reads host memory in place, after that GEMM), hinted before
+ * that GEMM (the packed form copied by the copy engine while the GEMM runs, as Krea 2's blocks do with host weights),
+ * and both on device weights. Median of 5 after a warm-up, CUDA events. */
+static void host_weights_timing(void) {
+    enum { N = 16384, K = 6144, G = 64, M = 4608 };
+    uint32_t *qw = malloc((size_t)N * K / 8 * 4);
+    uint16_t *sc = malloc((size_t)N * (K / G) * 2), *bi = malloc((size_t)N * (K / G) * 2);
+    float *x = malloc((size_t)M * K * sizeof(float));
+    uint64_t r = 0x2545F4914F6CDD1Dull;
+    for (size_t i = 0; i < (size_t)N * K / 8; i++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; qw[i] = (uint32_t)r; }
+    for (size_t i = 0; i < (size_t)N * (K / G); i++) { sc[i] = dt_f32_to_bf16(0.002f); bi[i] = dt_f32_to_bf16(-0.015f); }
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = (float)((i * 37) % 101) / 101.f - 0.5f;
+    dt_linear_src src = {.name = "ff_q4", .out = N, .in = K, .bits = 4, .group_size = G, .dtype = DT_U32, .data = qw,
+                         .sb_dtype = DT_BF16, .scales = sc, .biases = bi, .precision = DT_PREC_BF16};
+    dt_backend *be = cuda_with_budget(0);
+    const dt_ext_profiling *pf = be ? dt_backend_profiling(be) : NULL;
+    dt_linear *dev = be ? be->linear_create(be, &src) : NULL, *host = NULL;
+    if (dev) {
+        dt_backend_cuda_opts(be)->host_weights = 1;
+        host = be->linear_create(be, &src);
+        dt_backend_cuda_opts(be)->host_weights = 0;
+    }
+    if (!pf || !dev || !host || !be->linear_prefetch) {
+        T_SKIP("host_weights_timing", "%s", be && !be->linear_prefetch ? "no prefetch (no_prefetch)" : dt_last_error());
+    } else {
+        dt_mat X = dt_alloc_or_die(be, M, K, DT_BF16), Y = dt_alloc_or_die(be, M, N, DT_BF16);
+        be->upload(be, X, x);
+        void *e0 = pf->event_create(be), *e1 = pf->event_create(be);
+        static const char *const what[3] = {"device weights, GEMM + GEMM", "host weights unhinted: GEMM + Linear",
+                                            "host weights hinted: GEMM + Linear"};
+        double t[3][5];
+        for (int rep = 0; rep < 6; rep++)
+            for (int v = 0; v < 3; v++) {
+                pf->event_record(be, e0);
+                if (v == 2) dt_prefetch(be, host, dt_mat_null(), M);
+                be->linear(be, Y, X, dev);
+                be->linear(be, Y, X, v == 0 ? dev : host);
+                pf->event_record(be, e1);
+                float ms = pf->event_elapsed_ms(be, e0, e1);
+                if (rep) t[v][rep - 1] = ms;
+            }
+        for (int v = 0; v < 3; v++) {
+            for (int i = 1; i < 5; i++)   /* (insertion sort: the median of 5) */
+                for (int j = i; j > 0 && t[v][j] < t[v][j - 1]; j--) { double s2 = t[v][j]; t[v][j] = t[v][j - 1]; t[v][j - 1] = s2; }
+            printf("TIME host weights, q4 [%d, %d] x %d rows, %-38s %8.3f ms\n", N, K, M, what[v], t[v][2]);
+        }
+        pf->event_destroy(be, e0);
+        pf->event_destroy(be, e1);
+        be->free(be, &X);
+        be->free(be, &Y);
+    }
+    if (dev) be->linear_destroy(be, dev);
+    if (host) be->linear_destroy(be, host);
+    if (be) be->destroy(be);
+    free(qw); free(sc); free(bi); free(x);
+}
+
 /* One 256x256 image of the bundled pipeline on be (o->max_vram planned): 0 or -1; *rgb malloc'd. */
 static int one_image(dt_backend *be, dt_pipeline_opts *o, uint8_t **rgb) {
     dt_gen_params g;
@@ -211,6 +272,7 @@ int main(void) {
     }
     pool_tests();
     host_weights_tests();
+    host_weights_timing();
     pipeline_tests();
     return T_DONE();
 }

@@ -43,7 +43,7 @@
 #               in 8G, Krea 2 in 12G, each beside its unbounded run (time per image, the plan, the pool's peak and
 #               nvidia-smi's sampled every 50 ms), 2048² klein-4B in 8G (the plan tiles the VAE), Krea 2 in 6G (the
 #               plan keeps the q4 weights in host memory; again with --no-prefetch: without the hints); test_gpu_budget
-#               first; stops starting runs after
+#               first (with its TIME lines: a host-weight Linear after a GEMM, hinted or not); stops starting runs after
 #               VRAM_SECONDS (120) and says which it skipped
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
@@ -630,7 +630,7 @@ if has vram; then   # README: card classes — --max-vram measured: the pool's p
     VT0=$(date +%s); VLIM=${VRAM_SECONDS:-120}
     vleft() { [ $(( $(date +%s) - VT0 )) -lt "$VLIM" ]; }
     log "test_gpu_budget (GPU required):"
-    DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_budget 2>&1 | grep -E "^(PASS|FAIL|SKIP)|klein tiny" | tee -a "$OUT/summary.txt"
+    DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_budget 2>&1 | grep -E "^(PASS|FAIL|SKIP|TIME)|klein tiny" | tee -a "$OUT/summary.txt"
     vgen() {  # vgen LABEL MODEL WxH BUDGET|none [generate args]: one one-shot image, its plan, peaks and times
         local label=$1 model=$2 size=$3 budget=$4 bo="" line base; shift 4
         vleft || { log "vram: $label $size budget $budget skipped (past ${VLIM} s)"; return; }
