@@ -13,9 +13,9 @@ transformers version).
 One process loads once and runs every arm: MODE:STEPS:GUIDANCE[:distilled|:base], MODE eager or compile (the
 transformer under torch.compile; the eager module stays for the eager arms). `distilled` runs a Krea2Pipeline with
 is_distilled=True on the same components (the distilled schedule: all it changes is the shift), `base` one with
-False; without it, the folder's model_index.json says. Eager arms run first, in the order given, then the compiled
-ones: before the first compiled arm, --compile-warmup images (default 1) at the compiled arm with the fewest
-transformer passes absorb the compilation, timed but reported apart. Each arm makes --count images (seeds seed ..
+False; without it, the folder's model_index.json says. The arms run in the order given (the ones that matter most
+first when --deadline-s may cut the list short); before the first compiled arm, --compile-warmup images (default 1)
+at the compiled arm with the fewest transformer passes absorb the compilation, timed but reported apart. Each arm makes --count images (seeds seed ..
 seed + count - 1, as `ditrun generate --count`): its first image, the median of the others (warm) and its peak GPU
 memory (torch.cuda.max_memory_allocated since the arm began).
 
@@ -87,12 +87,11 @@ def parse_arm(text):
 
 
 def plan(arms, compile_warmup):
-    """The run order: eager arms as given, then compiled ones; and the compiled arm whose setting warms the
-    compilation up (the fewest passes), or None."""
-    order = [a for a in arms if a.mode == "eager"] + [a for a in arms if a.mode == "compile"]
-    compiled = [a for a in order if a.mode == "compile"]
+    """The run order (as given) and the compiled arm whose setting warms the compilation up (the fewest passes), or
+    None."""
+    compiled = [a for a in arms if a.mode == "compile"]
     warm = min(compiled, key=lambda a: a.passes()) if compiled and compile_warmup > 0 else None
-    return order, warm
+    return list(arms), warm
 
 
 def image_estimate(done, arm):
