@@ -303,7 +303,7 @@ if has krea2gen; then  # issue 31's benchmark: Krea 2 end to end at 1024^2 on th
     k2has() { case "$K2P" in *" $1 "*) return 0;; esac; return 1; }
     # the estimate (H100, PERF.md 2026-12-06): ditrun 0.235 s per bf16 forward, 0.140 fp8, ~0.6 s per image of text
     # encode + decode, ~3 s per load; diffusers 15.74 / 12.6 s per 28-step CFG image eager / compiled (0.281 / 0.225 s
-    # per pass), ~15 s load, ~60 s compilation; synth ~25 s
+    # per pass), ~15 s load, ~60 s compilation; synth ~20 s (tmpfs)
     # (the first-block arms guessed at 80% and 60% of the passes, the taylorseer ones exact: 32 and 20 of 56; the
     # first-block probe one uncached image)
     log "krea2gen: estimated $(awk -v n="$K2N" -v p="$K2P" 'BEGIN {
@@ -312,8 +312,8 @@ if has krea2gen; then  # issue 31's benchmark: Krea 2 end to end at 1024^2 on th
         g = g * (3 * 5 + n * (8 * .235 + 56 * .14 + 8 * .14 + 3 * .6) + 2 * (104 * .235 + 104 * .14 + 2 * .6))
         c = c * (5 * 3 + 56 * .25 + 2 * (56 * (.8 + .6 + 32 / 56 + 20 / 56) * .235 + 4 * .6))
         r = r * (15 + 60 + 8 * .225 + 2 * (56 * .225 + 8 * .225 + 104 * .225 + 56 * .281 + 8 * .281))
-        t = 25 + d * b + g + c + r
-        printf "%.0f s (%.1f min) on an H100: synth 25, ditrun %.0f, caches %.0f, reference %.0f", t, t / 60, d * b + g, c, r }')"
+        t = 20 + d * b + g + c + r
+        printf "%.0f s (%.1f min) on an H100: synth 20, ditrun %.0f, caches %.0f, reference %.0f", t, t / 60, d * b + g, c, r }')"
     t1=$(date +%s)
     [ -d "$W/kr2p4" ] || $B synth --preset krea2 --pipeline --bits 4 --group-size 64 --output "$W/kr2p4" > /dev/null 2>&1
     if [ ! -d "$W/kr2p4d" ]; then   # the distilled twin: the same components, is_distilled true
