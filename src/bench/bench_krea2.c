@@ -333,7 +333,7 @@ static char *parts_folder(bench_ctx *x, int *taps, int *n_taps) {
     return d;
 }
 
-/* The Qwen3-VL encode of one prompt block as the pipeline lays it out (dt_krea2_tokenize: system prefix + 12 prompt
+/* The Qwen3-VL encode of one prompt block as the pipeline lays it out (krea2_tokenize: system prefix + 12 prompt
  * tokens + padding to the workload's text tokens + the 5-token suffix, positions counting real tokens only), and the
  * Qwen-Image decode of a latent of the workload's image to 8-bit RGB, each timed wall clock (host in and out, as
  * generate runs them). */
