@@ -400,7 +400,7 @@ if has krea2gen; then  # issue 31's benchmark: Krea 2 end to end at 1024^2 on th
         read -r fbt1 fbt2 fbn < <(sed -n "s/.*first block's residual changed by \([^:]*\):.*/\1/p" "$OUT/krea2gen-probe.log" \
             | sort -g | awk '{v[NR] = $1} END {if (NR) printf "%.4g %.4g %d", v[int(.3 * (NR - 1)) + 1], v[int(.6 * (NR - 1)) + 1], NR}')
         log "krea2gen: first-block probe: $fbn changes logged, 30th / 60th percentiles ${fbt1:-none} / ${fbt2:-none};" \
-            "its image vs d28's of seed 7 (first-block=0 equals no cache): $([ -x "$IMGCMP" ] && "$IMGCMP" "$W/k2-d28-1.png" "$W/k2-probe.png" 2>&1)"
+            "its image vs d28's of seed 7 (first-block=0 = no cache: inf unless another process tuned other GEMM algorithms): $([ -x "$IMGCMP" ] && "$IMGCMP" "$W/k2-d28-1.png" "$W/k2-probe.png" 2>&1)"
         k2gen fb1 kr2p4 2 --cache "first-block=${fbt1:-0.05}" && log "$K2LINE$(k2psnr fb1 d28 2)"
         k2gen fb2 kr2p4 2 --cache "first-block=${fbt2:-0.1}" && log "$K2LINE$(k2psnr fb2 d28 2)"
         for n in 2 4; do k2gen ts$n kr2p4 2 --cache taylorseer=$n && log "$K2LINE$(k2psnr ts$n d28 2)"; done
