@@ -15,6 +15,7 @@
 #include "bench/bench.h"
 #include "bench/bench_internal.h"
 #include "io/json.h"
+#include "models/vae_qwenimage.h"
 #include "test.h"
 
 /* Shares are computed so that categories + remainder = total exactly; only rounding remains. */
@@ -403,11 +404,16 @@ static void run_krea2_suite(const char *backend, int is_cpu) {
         if (a->sa.n != 3 || a->sb.n != 3 || !(a->ratio > 0) || (!isinf(a->tol) && !(a->maxdiff <= a->tol * (a->ref_absmax > 0 ? a->ref_absmax : 1))))
             bad++;
     }
+    T_CHECK(NAME("%s krea2: text encode and VAE decode timed on the synthetic text encoder and VAE", backend),
+            p->parts && p->te_enc.n == 3 && p->te_enc.med > 0 && p->vae_dec.n == 3 && p->vae_dec.med > 0 &&
+            p->te_tokens == 34 + 12 && p->lat_h == 2 * (64 / 16) && p->gflop_te > 0 && p->gflop_vae > 0,
+            "parts %d (%s), n %d/%d, rows %d, latent %d", p->parts, p->parts_note, p->te_enc.n, p->vae_dec.n, p->te_tokens,
+            p->lat_h);
     T_CHECK(NAME("%s krea2: arms gqa (native/repeated/pre-repeated) and mask (bias/compacted/none) agree", backend),
             gqa == 2 && mask == 2 && !bad, "gqa %d mask %d bad %d", gqa, mask, bad);
     rc = bench_report_json(r, jp);
     FILE *f = rc ? NULL : fopen(jp, "r");
-    int lines = 0, badl = 0, ops = 0, fwd = 0;
+    int lines = 0, badl = 0, ops = 0, fwd = 0, parts = 0;
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -418,12 +424,13 @@ static void run_krea2_suite(const char *backend, int is_cpu) {
         if (!t) badl++;
         else if (!strcmp(t, "ledger_op")) ops++;
         else if (!strcmp(t, "forward")) fwd++;
+        else if (!strcmp(t, "image_part")) parts++;
         json_free(j);
     }
     free(line);
     if (f) fclose(f);
-    T_CHECK(NAME("%s krea2: JSON lines parse", backend), f && !badl && ops == KREA2_OP_COUNT && fwd == 3 && lines > 20,
-            "lines %d bad %d ops %d forward %d", lines, badl, ops, fwd);
+    T_CHECK(NAME("%s krea2: JSON lines parse", backend), f && !badl && ops == KREA2_OP_COUNT && fwd == 3 && parts == 2 &&
+            lines > 20, "lines %d bad %d ops %d forward %d image parts %d", lines, badl, ops, fwd, parts);
     unlink(jp);
     char *buf = NULL;
     size_t blen = 0;
@@ -431,7 +438,8 @@ static void run_krea2_suite(const char *backend, int is_cpu) {
     bench_report_markdown(r, mf);
     fclose(mf);
     const char *sec[] = {"## Whole forward", "## Ledger: one transformer block", "## Ledger: block-count scaling",
-                         "## Ledger: shares", "## Utilization", "## A/B arms", "**total**", "(Krea 2)"};
+                         "## Ledger: shares", "## Utilization", "## A/B arms", "**total**", "(Krea 2)",
+                         "## The rest of the image", "| text encode: Qwen3-VL", "| VAE decode: Qwen-Image"};
     int missing = -1;
     for (size_t i = 0; i < sizeof sec / sizeof sec[0]; i++) if (!strstr(buf, sec[i])) { missing = (int)i; break; }
     T_CHECK(NAME("%s krea2: markdown has every section", backend), missing < 0, "missing '%s'", missing >= 0 ? sec[missing] : "");
@@ -441,6 +449,7 @@ static void run_krea2_suite(const char *backend, int is_cpu) {
     char dir[600] = "";
     if (src) snprintf(dir, sizeof dir, "%.*s", (int)strlen(src + 1) - 1, src + 1);
     if (dir[0]) bench_remove_checkpoint(dir);
+    if (r->krea2.parts_src[0]) bench_remove_checkpoint(r->krea2.parts_src);   /* the text encoder and VAE */
     rmdir(cache);
     free(r);
 #undef NAME
@@ -474,7 +483,35 @@ static void test_krea2_model_dir(void) {
                 r->n_ops == KREA2_OP_COUNT && r->ops[0].prefix.n == 1,
                 "family %s, preset %s, checked %d, max |diff| %g, ops %d", r->family ? r->family->name : "none", r->preset,
                 r->krea2.replica_checked, r->krea2.replica_maxdiff, r->n_ops);
+    /* the fixture is a pipeline folder: its text encoder (taps 1, 2, 4 of model_index.json) and VAE timed too */
+    const bench_krea2_part *p = &r->krea2;
+    if (!rc)
+        T_CHECK("bench --model (Krea 2 fixture): text encode and VAE decode timed from the pipeline folder",
+                p->parts && p->te_enc.n == 1 && p->te_enc.med > 0 && p->vae_dec.n == 1 && p->vae_dec.med > 0 &&
+                p->te_layers == 4 && p->te_tokens == 34 + 6 && p->gflop_te > 0 && p->gflop_vae > 0 &&
+                p->lat_h == 2 * (32 / 16) && p->vae_scale == 4,
+                "parts %d (%s), n %d/%d, layers %d, rows %d, latent %dx%d scale %d", p->parts, p->parts_note, p->te_enc.n,
+                p->vae_dec.n, p->te_layers, p->te_tokens, p->lat_w, p->lat_h, p->vae_scale);
     free(r);
+}
+
+/* The VAE decode's work as the bench counts it, for the released Qwen-Image VAE (base 96, z 16, dim_mult 1 2 4 4, 2
+ * res blocks) at a 128x128 latent (a 1024^2 image): 4710.245 GFLOP, counted layer by layer independently (every conv
+ * as cout x cin x k^2 x pixels at its resolution, the mid-block attention's two hw x hw x 384 products). */
+#define QVAE_GFLOP_1024 4710.24533504
+#define QVAE_GFLOP_TOL 1e-9   /* relative: the same sums in double */
+static void test_qvae_gflop(void) {
+    static dt_qvae_config c;   /* (static: 2 KB of latent statistics) */
+    c.base_dim = 96;
+    c.z_dim = 16;
+    c.n_mult = 4;
+    const int mult[4] = {1, 2, 4, 4};
+    memcpy(c.dim_mult, mult, sizeof mult);
+    c.num_res_blocks = 2;
+    c.scale_factor = 8;
+    double g = dt_qvae_decode_gflop(&c, 128, 128);
+    T_CHECK("bench: Qwen-Image VAE decode work at 1024^2 = the layer-by-layer count",
+            fabs(g - QVAE_GFLOP_1024) <= QVAE_GFLOP_TOL * QVAE_GFLOP_1024, "%.6f GFLOP vs %.6f", g, QVAE_GFLOP_1024);
 }
 
 int main(void) {
@@ -482,6 +519,7 @@ int main(void) {
     test_attn_fp8_replica();
     test_fp8_ceilings();
     test_krea2_model_dir();
+    test_qvae_gflop();
     const char *e = getenv("DITRUN_BENCH");
     if (!e || strcmp(e, "1")) {
         T_SKIP("bench suites", "set DITRUN_BENCH=1 to run them (tiny geometry, about a minute on CPU)");

@@ -5,8 +5,8 @@
 with torch.compile on the transformer. The side-by-side of `tools/gpu_run.sh edit`.
 
 The folder's components are built from their config.json files and filled from their *.safetensors; MLX affine
-4/8-bit Linears are dequantized to bf16 while loading (tools/krea2_reference.py's loader), so the reference runs the
-same weights in its own bf16. A tokenizer without a chat template gets Qwen3's (tools/diffusers_klein_time.py). The
+4/8-bit Linears are dequantized to bf16 while loading (tools/diffusers_common.py's loader), so the reference runs the
+same weights in its own bf16. A tokenizer without a chat template gets Qwen3's (tools/diffusers_common.py). The
 noise is drawn once from a seeded CPU generator and can be written as `in.initial_latents` for
 `ditrun generate --noise FILE`, so both run on the same noise.
 
@@ -17,13 +17,13 @@ Prints one line: first (cold) and warm times per image (median, min, max), and t
 step (step 1 includes the reference-only pass with --kv) in seconds.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import diffusers_common as dc  # noqa: E402
 
 
 def main():
@@ -41,20 +41,12 @@ def main():
     ap.add_argument("--noise-out", help="write the noise as in.initial_latents (safetensors) for ditrun --noise")
     a = ap.parse_args()
 
-    src = os.environ.get("DIFFUSERS_SRC")
-    if src:
-        if not os.path.isdir(os.path.join(src, "diffusers")):
-            sys.exit(f"DIFFUSERS_SRC={src}: no diffusers/ folder there")
-        sys.path.insert(0, src)
-    sys.path.insert(0, TOOLS)
+    dc.import_diffusers()
     import torch
     from PIL import Image
-    from safetensors.torch import save_file
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
-    from diffusers_klein_time import QWEN3_TEMPLATE
-    from krea2_reference import load_state
 
     if a.kv:
         from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import Flux2KleinKVPipeline as Pipeline
@@ -64,22 +56,18 @@ def main():
     dev, dt = torch.device("cuda"), torch.bfloat16
     root = a.model
 
-    def config(sub):
-        with open(os.path.join(root, sub, "config.json")) as f:
-            return {k: v for k, v in json.load(f).items() if k != "quantization" and not k.startswith("_")}
-
     t0 = time.perf_counter()
     torch.set_default_dtype(dt)
     with torch.device(dev):   # built on the GPU in bf16 (random init there is quick), then filled from the files
-        transformer = Flux2Transformer2DModel.from_config(config("transformer"))
-        vae = AutoencoderKLFlux2.from_config(config("vae"))
-        te = Qwen3ForCausalLM(Qwen3Config(**config("text_encoder")))
+        transformer = Flux2Transformer2DModel.from_config(dc.read_config(root, "transformer"))
+        vae = AutoencoderKLFlux2.from_config(dc.read_config(root, "vae"))
+        te = Qwen3ForCausalLM(Qwen3Config(**dc.read_config(root, "text_encoder")))
     torch.set_default_dtype(torch.float32)
-    transformer.load_state_dict(load_state(os.path.join(root, "transformer"), torch, dev, dt), strict=True)
-    r = vae.load_state_dict(load_state(os.path.join(root, "vae"), torch, dev, dt), strict=False)
+    transformer.load_state_dict(dc.load_state(os.path.join(root, "transformer"), torch, dev, dt), strict=True)
+    r = vae.load_state_dict(dc.load_state(os.path.join(root, "vae"), torch, dev, dt), strict=False)
     if [k for k in r.missing_keys if not k.endswith("num_batches_tracked")] or r.unexpected_keys:
         sys.exit(f"{root}/vae: missing {r.missing_keys[:3]}, unexpected {r.unexpected_keys[:3]} (an encoder is needed)")
-    r = te.load_state_dict(load_state(os.path.join(root, "text_encoder"), torch, dev, dt), strict=False)
+    r = te.load_state_dict(dc.load_state(os.path.join(root, "text_encoder"), torch, dev, dt), strict=False)
     if [k for k in r.missing_keys if k != "lm_head.weight"] or r.unexpected_keys:   # lm_head: tied to the embeddings
         sys.exit(f"{root}/text_encoder: missing {r.missing_keys[:3]}, unexpected {r.unexpected_keys[:3]}")
     transformer.eval()
@@ -87,12 +75,10 @@ def main():
     te.eval()
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "tokenizer"))
     if not getattr(tok, "chat_template", None):
-        tok.chat_template = QWEN3_TEMPLATE
+        tok.chat_template = dc.QWEN3_TEMPLATE
     sched = FlowMatchEulerDiscreteScheduler.from_pretrained(os.path.join(root, "scheduler"))
-    with open(os.path.join(root, "model_index.json")) as f:
-        distilled = bool(json.load(f).get("is_distilled", False))
     pipe = Pipeline(scheduler=sched, vae=vae, text_encoder=te, tokenizer=tok, transformer=transformer,
-                    is_distilled=distilled)
+                    is_distilled=dc.is_distilled(root))
     pipe.set_progress_bar_config(disable=True)
     t_load = time.perf_counter() - t0
     if a.compile:
@@ -101,10 +87,7 @@ def main():
     ref = Image.open(a.image).convert("RGB")
     # noise [1, in_channels, size/16, size/16]: what prepare_latents draws (packed 2x2 latents of the 8x VAE)
     shape = (1, transformer.config.in_channels, a.size // 16, a.size // 16)
-    noise = torch.randn(shape, generator=torch.Generator("cpu").manual_seed(a.seed), dtype=torch.float32)
-    if a.noise_out:
-        save_file({"in.initial_latents": noise.contiguous()}, a.noise_out)
-    latents = noise.to(dev, dt)
+    latents = dc.seeded_noise(torch, shape, a.seed, noise_out=a.noise_out).to(dev, dt)
 
     def run():
         marks = []

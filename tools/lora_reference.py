@@ -11,7 +11,7 @@ on the noise `ditrun generate --noise FILE` reads; and a PNG comparison for the 
   python3 tools/lora_reference.py compare A.png B.png [--tol 1] [--frac 0.999] [--label TEXT] [--brief]
 
 generate: components are built from their config.json files and filled with whatever *.safetensors each folder holds
-(MLX 4/8-bit Linears, as `ditrun quantize` writes them, dequantized with tools/krea2_reference.py's dequantize_mlx, so
+(MLX 4/8-bit Linears, as `ditrun quantize` writes them, dequantized with tools/diffusers_common.py's dequantize_mlx, so
 the reference runs the weights ditrun runs); a tokenizer without a chat template gets Qwen3's. Everything runs in
 float32 (TF32 off) on the CPU, or on CUDA when there is one (--device). The noise is `in.initial_latents`
 [1, C, H/(2s), W/(2s)] (s = the VAE's scale factor) as the pipeline's `latents=`; the size defaults to the noise's.
@@ -89,8 +89,8 @@ def default_taps(root):
 
 def load_state(folder, torch):
     """Every tensor of FOLDER's *.safetensors in float32 on the CPU (the files' bf16 / f32 values exactly), MLX-quantized
-    Linears dequantized: tools/krea2_reference.py's loader."""
-    from krea2_reference import load_state as load_folder
+    Linears dequantized: tools/diffusers_common.py's loader."""
+    from diffusers_common import load_state as load_folder
     return load_folder(folder, torch, "cpu", torch.float32, fail=fail)
 
 

@@ -55,13 +55,18 @@ static int mark_complete(const char *dir) {
 }
 
 void bench_remove_checkpoint(const char *dir) {
-    const char *names[] = {".bench-complete", "config.json", "model.safetensors"};
+    /* a transformer's folder, or the Krea 2 text encoder and VAE in their subfolders */
+    const char *subs[] = {"/text_encoder", "/vae", ""};
+    const char *names[] = {".bench-complete", "config.json", "model.safetensors", "diffusion_pytorch_model.safetensors"};
     char p[4200];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        unlink(p);
+    for (size_t s = 0; s < sizeof subs / sizeof subs[0]; s++) {
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            snprintf(p, sizeof p, "%s%s/%s", dir, subs[s], names[i]);
+            unlink(p);
+        }
+        snprintf(p, sizeof p, "%s%s", dir, subs[s]);
+        rmdir(p);
     }
-    rmdir(dir);
 }
 
 char *bench_checkpoint(bench_ctx *x, const char *key, int (*write)(bench_ctx *x, const char *dir)) {

@@ -148,6 +148,14 @@ typedef struct {
     double gflop_block_gemm, gflop_block_attn;   /* one transformer block */
     double gflop_text, gflop_other;              /* text fusion; txt_in + img_in + timestep + final layer */
     bench_block_scale scale;                     /* block-count scaling */
+    /* the rest of the image (a synthetic preset's text encoder and VAE, or a --model inside a pipeline folder) */
+    int parts;                             /* measured */
+    char parts_note[200];                  /* why not, when not */
+    char parts_src[320];                   /* the folder of text_encoder/ and vae/ */
+    int te_tokens, te_valid, te_layers;    /* encoder rows (the prompt block before the drop), real ones, layers run */
+    int lat_h, lat_w, vae_scale;           /* the VAE's latent grid; image pixels per latent pixel */
+    bench_stat te_enc, vae_dec;            /* text encode (one prompt) and VAE decode to 8-bit RGB, wall ms */
+    double gflop_te, gflop_vae;
 } bench_krea2_part;
 
 /* What a Z-Image run measures beyond the common part (bench_zimage.c). */

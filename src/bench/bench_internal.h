@@ -256,7 +256,7 @@ const bench_family *bench_family_of(const struct dt_family *f);
  * complete (unless --fresh), else written by write(x, folder) into a private folder and renamed into place (so
  * concurrent runs never see half a checkpoint); r->synth_s its time. Returns DIR (malloc'd) or NULL. */
 char *bench_checkpoint(bench_ctx *x, const char *key, int (*write)(bench_ctx *x, const char *dir));
-/* Remove a checkpoint folder the bench wrote (its known files, then the folder). */
+/* Remove a checkpoint folder the bench wrote (its known files, then the folder; text_encoder/ and vae/ first). */
 void bench_remove_checkpoint(const char *dir);
 /* The workload: each of image size, text tokens, repetitions and warm-up from the options, else the defaults for
  * the backend: CUDA 1024 px, 512 tokens, 20 reps, 3 warm-up; a CPU gets the family's smaller cpu_dflt ones (and a

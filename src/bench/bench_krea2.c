@@ -13,10 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_internal.h"
 #include "io/json.h"
+#include "models/qwen3.h"
+#include "models/vae_qwenimage.h"
+#include "pipeline/krea2_prompt.h"
 #include "synth/synth_dit.h"
+#include "synth/synth_pipeline.h"
 
 /* ------------------------------------------------------------------ the replica: krea2.c's pieces, device-only */
 
@@ -278,9 +283,137 @@ static void run_blocks(void *ud) {
     replica_blocks(b->m, 0, b->n);
 }
 
+/* ------------------------------------------------------------------ the rest of the image: text encode, VAE decode */
+
+static int write_text_vae(bench_ctx *x, const char *dir) {
+    int f = x->o->format;
+    return dt_synth_krea2_text_vae(x->o->preset, dir, f == BENCH_FMT_Q4 ? 4 : f == BENCH_FMT_Q8 ? 8 : 0,
+                                   x->o->group > 0 ? x->o->group : 64, x->o->seed);
+}
+
+/* The folder holding text_encoder/ and vae/ (malloc'd) and the taps: a synthetic preset's (written and cached like the
+ * transformer), or --model's parent when it is a pipeline root (model_index.json's text_encoder_select_layers).
+ * NULL with p->parts_note saying why not. */
+static char *parts_folder(bench_ctx *x, int *taps, int *n_taps) {
+    bench_krea2_part *p = &x->r->krea2;
+    if (!x->cfg) {
+        const krea2_config *c = &p->c;
+        char key[200];
+        snprintf(key, sizeof key, "krea2-text-vae-%s-E%d-Y%d-%s", x->o->preset, c->text_dim, c->text_layers,
+                 bench_fmt_name(x->o->format));
+        if (x->o->format != BENCH_FMT_BF16) {
+            size_t l = strlen(key);
+            snprintf(key + l, sizeof key - l, "-g%d", x->o->group > 0 ? x->o->group : 64);
+        }
+        if (dt_synth_krea2_taps(x->o->preset, taps, n_taps)) {
+            snprintf(p->parts_note, sizeof p->parts_note, "no text encoder and VAE for preset %s", x->o->preset);
+            return NULL;
+        }
+        char *d = bench_checkpoint(x, key, write_text_vae);
+        if (!d) snprintf(p->parts_note, sizeof p->parts_note, "synthetic text encoder and VAE: %s", dt_last_error());
+        return d;
+    }
+    char idx[4400];
+    snprintf(idx, sizeof idx, "%s/../model_index.json", x->dir);
+    json *j = access(idx, R_OK) == 0 ? json_parse_file(idx) : NULL;
+    const json *t = j ? json_get(j, "text_encoder_select_layers") : NULL;
+    *n_taps = 0;
+    for (size_t i = 0; t && t->type == JSON_ARRAY && i < t->len && i < 16; i++) {
+        const json *e = json_at(t, i);
+        if (e && e->type == JSON_NUMBER && e->number >= 0) taps[(*n_taps)++] = (int)e->number;
+    }
+    json_free(j);
+    if (!*n_taps) {
+        snprintf(p->parts_note, sizeof p->parts_note, "--model is not inside a Krea 2 pipeline folder (no ../model_index.json "
+                 "with text_encoder_select_layers)");
+        return NULL;
+    }
+    char *d = dt_malloc(strlen(x->dir) + 4);
+    sprintf(d, "%s/..", x->dir);
+    return d;
+}
+
+/* The Qwen3-VL encode of one prompt block as the pipeline lays it out (krea2_tokenize: system prefix + 12 prompt
+ * tokens + padding to the workload's text tokens + the 5-token suffix, positions counting real tokens only), and the
+ * Qwen-Image decode of a latent of the workload's image to 8-bit RGB, each timed wall clock (host in and out, as
+ * generate runs them). */
+static void image_parts(bench_ctx *x) {
+    bench_krea2_part *p = &x->r->krea2;
+    dt_backend *be = x->be;
+    int taps[16], n_taps = 0, max_tap = 0;
+    char *root = parts_folder(x, taps, &n_taps);
+    if (!root) { bench_note(x->r, "text encode and VAE decode not timed: %s", p->parts_note); return; }
+    snprintf(p->parts_src, sizeof p->parts_src, "%s", root);
+    for (int i = 0; i < n_taps; i++) if (taps[i] > max_tap) max_tap = taps[i];
+    char dir[4400];
+    snprintf(dir, sizeof dir, "%s/text_encoder", root);
+    bench_progress("text encoder %s (layers 1..%d) ...", dir, max_tap);
+    dt_qwen3 *te = dt_qwen3_load(be, dir, max_tap);
+    if (!te) { snprintf(p->parts_note, sizeof p->parts_note, "%s", dt_last_error()); bench_note(x->r, "text encoder: %s", p->parts_note); free(root); return; }
+    const dt_qwen3_config *tc = dt_qwen3_get_config(te);
+    const int block = x->t > DT_KREA2_PROMPT_SUFFIX_TOKENS ? x->t - DT_KREA2_PROMPT_SUFFIX_TOKENS : 1;
+    const int T = DT_KREA2_PROMPT_DROP + block + DT_KREA2_PROMPT_SUFFIX_TOKENS, prompt = block < 12 ? block : 12;
+    int32_t *ids = dt_malloc(sizeof(int32_t) * T), *mask = dt_malloc(sizeof(int32_t) * T), *pos = dt_malloc(sizeof(int32_t) * T);
+    int real = 0;
+    for (int i = 0; i < T; i++) {
+        mask[i] = i < DT_KREA2_PROMPT_DROP + prompt || i >= T - DT_KREA2_PROMPT_SUFFIX_TOKENS;
+        ids[i] = (int32_t)((7 + 31 * i) % tc->vocab);
+        real += mask[i];
+        pos[i] = real > 0 ? real - 1 : 0;
+    }
+    p->te_tokens = T;
+    p->te_valid = real;
+    p->te_layers = dt_qwen3_loaded_layers(te);
+    const double E = tc->hidden, q = (double)tc->heads * tc->head_dim, kv = (double)tc->kv_heads * tc->head_dim;
+    p->gflop_te = p->te_layers * (2.0 * T * (E * q + 2 * E * kv + q * E + 3 * E * tc->intermediate) + 4.0 * T * T * q) * 1e-9;
+    float *out = dt_malloc(sizeof(float) * (size_t)T * n_taps * tc->hidden);
+    const int wu = x->warmup > 0 ? x->warmup : 1;
+    double *ms = dt_malloc(sizeof(double) * (size_t)x->reps);
+    int rc = 0;
+    for (int i = -wu; i < x->reps && !rc; i++) {
+        bench_sync_or_die(be);
+        double t0 = dt_now();
+        rc = dt_qwen3_encode_at(te, ids, mask, pos, T, taps, n_taps, out);
+        if (i >= 0) ms[i] = (dt_now() - t0) * 1e3;
+    }
+    if (!rc) p->te_enc = bench_stats(ms, x->reps);
+    dt_qwen3_free(te);
+    free(ids); free(mask); free(pos); free(out);
+    if (rc) bench_note(x->r, "text encode failed: %s", dt_last_error());
+    /* the VAE: a latent [z, 2h, 2w] of the workload's image (the transformer's tokens are 2x2 latent patches) */
+    dt_qvae *vae = rc ? NULL : dt_qvae_load(be, root);
+    if (!rc && !vae) bench_note(x->r, "VAE: %s", dt_last_error());
+    if (vae) {
+        const dt_qvae_config *vc = dt_qvae_get_config(vae);
+        p->lat_h = 2 * x->h;
+        p->lat_w = 2 * x->w;
+        size_t nl = (size_t)vc->z_dim * p->lat_h * p->lat_w;
+        float *lat = dt_malloc(sizeof(float) * nl);
+        for (size_t i = 0; i < nl; i++) lat[i] = x->k2->img[i % ((size_t)x->n * p->c.in_channels)];
+        const int s = p->vae_scale = vc->scale_factor;
+        uint8_t *rgb = dt_malloc((size_t)3 * p->lat_h * s * p->lat_w * s);
+        p->gflop_vae = dt_qvae_decode_gflop(vc, p->lat_h, p->lat_w);
+        bench_progress("VAE decode %dx%d ...", p->lat_w * s, p->lat_h * s);
+        for (int i = -wu; i < x->reps && !rc; i++) {
+            bench_sync_or_die(be);
+            double t0 = dt_now();
+            rc = dt_qvae_decode_rgb8(vae, lat, p->lat_h, p->lat_w, rgb);
+            if (i >= 0) ms[i] = (dt_now() - t0) * 1e3;
+        }
+        if (!rc) p->vae_dec = bench_stats(ms, x->reps);
+        else bench_note(x->r, "VAE decode failed: %s", dt_last_error());
+        dt_qvae_free(vae);
+        free(lat); free(rgb);
+    }
+    p->parts = !rc && p->te_enc.n && p->vae_dec.n;
+    free(ms);
+    free(root);
+}
+
 /* The replica: loaded, checked against the model, every block timed device-only. */
 static int whole_forward(bench_ctx *x) {
     if (model_forward(x)) return -1;
+    image_parts(x);
     bench_report *r = x->r;
     bench_krea2_part *p = &r->krea2;
     struct k2_state *k = x->k2;
@@ -522,6 +655,20 @@ static void md_head(const bench_report *r, FILE *f) {
                 p->replica_absmax);
     else fprintf(f, "\n\n");
     bench_md_power(f, &r->power, "timed pair");
+    if (!p->parts) return;
+    fprintf(f, "## The rest of the image: text encode and VAE decode\n\n| what | median ms | p10-p90 ms | min-max ms | "
+               "TFLOPS |\n|---|---:|---:|---:|---:|\n");
+    char what[160];
+    snprintf(what, sizeof what, "text encode: Qwen3-VL, %d rows (%d real), layers 1..%d (wall clock incl. host I/O)",
+             p->te_tokens, p->te_valid, p->te_layers);
+    bench_md_stat_row(f, what, p->te_enc, p->gflop_te);
+    snprintf(what, sizeof what, "VAE decode: Qwen-Image, latent %dx%d -> %dx%d 8-bit RGB (wall clock incl. host I/O)",
+             p->lat_w, p->lat_h, p->vae_scale * p->lat_w, p->vae_scale * p->lat_h);
+    bench_md_stat_row(f, what, p->vae_dec, p->gflop_vae);
+    fprintf(f, "\nA generated image runs the text encode once per prompt (twice with guidance: the negative prompt too) and "
+               "the VAE decode once; the transformer runs steps x (1 or 2) forwards. Work counted: the encoder's GEMMs and "
+               "attention over every row (%.3g GFLOP), the decoder's convolutions and mid-block attention (%.3g GFLOP).\n\n",
+            p->gflop_te, p->gflop_vae);
 }
 
 static void md_scaling(const bench_report *r, FILE *f) {
@@ -555,6 +702,18 @@ static void json_head(const bench_report *r, FILE *f) {
         if (i == 0) { bench_jnum(f, "warmup_ms", p->fwd_mask_warm_ms); bench_jnum(f, "out_absmax", p->out_absmax); bench_jnum(f, "finite", p->out_finite); }
         if (i == 1) { bench_jnum(f, "warmup_ms", p->fwd_nomask_warm_ms); bench_jnum(f, "maxdiff_vs_mask", p->mask_effect); }
         if (i == 2 && p->replica_checked) { bench_jnum(f, "maxdiff_vs_model", p->replica_maxdiff); bench_jnum(f, "model_absmax", p->replica_absmax); }
+        fprintf(f, "}\n");
+    }
+    if (!p->parts) return;
+    const char *pn[2] = {"text encode", "vae decode"};
+    const bench_stat *ps[2] = {&p->te_enc, &p->vae_dec};
+    const double pg[2] = {p->gflop_te, p->gflop_vae};
+    for (int i = 0; i < 2; i++) {
+        fprintf(f, "{"); bench_jstr(f, "type", "image_part"); fputc(',', f); bench_jstr(f, "name", pn[i]);
+        bench_jstat(f, "t", *ps[i]);
+        bench_jnum(f, "gflop", pg[i]); bench_jnum(f, "tflops", bench_tflops(pg[i], ps[i]->med));
+        if (i == 0) { bench_jnum(f, "rows", p->te_tokens); bench_jnum(f, "real_rows", p->te_valid); bench_jnum(f, "layers", p->te_layers); }
+        else { bench_jnum(f, "latent_h", p->lat_h); bench_jnum(f, "latent_w", p->lat_w); }
         fprintf(f, "}\n");
     }
 }

@@ -523,9 +523,11 @@ struct st_stream {
     char *path;
     dt_outfile *of;   /* a temporary renamed over the target by st_stream_close */
     FILE *fp;
+    char *buf;        /* fp's buffer (ST_STREAM_BUF bytes), freed after the file is closed */
     int begun, failed;
     uint64_t total, written;
 };
+#define ST_STREAM_BUF ((size_t)4 << 20)
 
 static void stream_fail(st_stream *s, const char *fmt, const char *arg) {
     if (s->failed) return;
@@ -541,6 +543,10 @@ st_stream *st_stream_open(const char *path) {
     if (!s->of) { free(s); return NULL; }
     s->path = dt_strdup(path);
     s->fp = dt_outfile_fp(s->of);
+    /* a 4 MiB buffer: writers stream row by row (a 4-bit row of a 3072-wide Linear is 1.5 KB), and stdio's default
+     * 4 KB one made a synthetic Krea 2 transformer 1.6 million write calls */
+    s->buf = malloc(ST_STREAM_BUF);
+    if (s->buf) setvbuf(s->fp, s->buf, _IOFBF, ST_STREAM_BUF);
     return s;
 }
 
@@ -585,7 +591,7 @@ int st_stream_close(st_stream *s) {
     if (s->failed) dt_outfile_abort(s->of);
     else rc = dt_outfile_commit(s->of);
     tab_free(&s->t);
-    free(s->path); free(s);
+    free(s->path); free(s->buf); free(s);
     return rc;
 }
 
@@ -593,5 +599,5 @@ void st_stream_abort(st_stream *s) {
     if (!s) return;
     dt_outfile_abort(s->of);
     tab_free(&s->t);
-    free(s->path); free(s);
+    free(s->path); free(s->buf); free(s);
 }

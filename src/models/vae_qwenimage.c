@@ -265,6 +265,27 @@ int64_t dt_qvae_decode_act_bytes(const dt_qvae_config *c, int tile, int H, int W
                     : vae_decoder_act_bytes(&d, H, W, elem, 7);
 }
 
+double dt_qvae_decode_gflop(const dt_qvae_config *c, int H, int W) {
+    double dims[DT_QVAE_MAX_BLOCKS + 1];   /* the widths dt_qvae_load gives the up blocks */
+    dims[0] = (double)c->base_dim * c->dim_mult[c->n_mult - 1];
+    for (int i = 0; i < c->n_mult; i++) dims[i + 1] = (double)c->base_dim * c->dim_mult[c->n_mult - 1 - i];
+    const double z = c->z_dim, top = dims[0];
+    double hw = (double)H * W;
+    /* post_quant_conv 1x1, conv_in 3x3, mid: two resnets (two 3x3 convs each), attention (qkv 1x1, QK^T and PV, proj) */
+    double mac = hw * (z * z + 9 * z * top + 4 * 9 * top * top + 3 * top * top + top * top) + 2 * hw * hw * top;
+    for (int b = 0; b < c->n_mult; b++) {
+        const double cin = b > 0 ? dims[b] / 2 : dims[b], cout = dims[b + 1];
+        mac += hw * 9 * (cin * cout + cout * cout) + (cin != cout ? hw * cin * cout : 0);   /* resnet 0 (+ shortcut) */
+        mac += hw * 9 * 2 * cout * cout * c->num_res_blocks;                                  /* the other resnets */
+        if (b < c->n_mult - 1) {   /* 2x upsample, then the 3x3 conv cout -> cout / 2 at the new size */
+            hw *= 4;
+            mac += hw * 9 * cout * (cout / 2);
+        }
+    }
+    mac += hw * 9 * dims[c->n_mult] * 3;   /* conv_out */
+    return 2 * mac * 1e-9;
+}
+
 void dt_qvae_denormalize(const dt_qvae_config *c, float *x, int64_t hw) {
     for (int ch = 0; ch < c->z_dim; ch++) {
         const float inv_std = 1.0f / c->latents_std[ch], m = c->latents_mean[ch];

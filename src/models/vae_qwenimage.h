@@ -55,6 +55,9 @@ int dt_qvae_last_tiled(const dt_qvae *v);
 /* Device bytes of the decoder's activations for a latent of H x W (elem bytes per element), untiled (tile 0) or
  * one tile's with tiles of `tile` pixels (dt_vae_decode_act_bytes' counterpart). From the config alone. */
 int64_t dt_qvae_decode_act_bytes(const dt_qvae_config *c, int tile, int H, int W, int elem);
+/* GFLOP of one untiled decode of a latent of H x W (1 MAC = 2 FLOP): the convolutions (3 x 3 and 1 x 1, on one
+ * frame) and the mid block's attention (one head of the top width over H x W tokens); norms and SiLU not counted. */
+double dt_qvae_decode_gflop(const dt_qvae_config *c, int H, int W);
 
 /* Decode latent [z_dim, H, W] (f32 host, de-normalized) into rgb [3, s·H, s·W] (f32 host, clamped to
  * [-1, 1] as the VAE's decode does; a tiled decode is not clamped, as diffusers' tiled_decode), s = scale_factor.

@@ -157,30 +157,64 @@ static const char k2_vision_tiny[] =
     "\"hidden_size\": 32, \"in_channels\": 3, \"intermediate_size\": 64, \"num_heads\": 2, \"num_position_embeddings\": 64, "
     "\"out_hidden_size\": 64, \"patch_size\": 16, \"spatial_merge_size\": 2, \"temporal_patch_size\": 2}";
 
-int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
-                            const char *krea2_root) {
-    krea2_config c;
-    if (krea2_preset(preset, &c)) return -1;
-    k2_te_geom te;
-    k2_vae_geom vg;
-    int taps[16], n_taps;
+/* The text encoder and VAE geometry of a preset and the taps its model_index.json names (taps [16]). */
+static int k2_components(const char *preset, krea2_config *c, k2_te_geom *te, k2_vae_geom *vg, int *taps, int *n_taps) {
+    if (krea2_preset(preset, c)) return -1;
     if (!strcmp(preset, "krea2")) {
         /* Qwen/Qwen3-VL-4B-Instruct text_config; the Qwen-Image VAE; Krea2Pipeline's default taps */
-        te = (k2_te_geom){{2560, 36, 32, 8, 128, 9728, 151936}, {24, 20, 20}, k2_vision_real};
-        vg = (k2_vae_geom){96, 16, 4, {1, 2, 4, 4}, 2, {0, 1, 1}};
-        n_taps = 12;
-        for (int i = 0; i < n_taps; i++) taps[i] = 2 + 3 * i;
+        *te = (k2_te_geom){{2560, 36, 32, 8, 128, 9728, 151936}, {24, 20, 20}, k2_vision_real};
+        *vg = (k2_vae_geom){96, 16, 4, {1, 2, 4, 4}, 2, {0, 1, 1}};
+        *n_taps = 12;
+        for (int i = 0; i < *n_taps; i++) taps[i] = 2 + 3 * i;
     } else {
         /* tests/fixtures/krea2 */
-        te = (k2_te_geom){{64, 4, 4, 2, 16, 192, 705}, {2, 3, 3}, k2_vision_tiny};
-        vg = (k2_vae_geom){16, 4, 3, {1, 2, 2}, 1, {0, 1}};
-        n_taps = 3;
+        *te = (k2_te_geom){{64, 4, 4, 2, 16, 192, 705}, {2, 3, 3}, k2_vision_tiny};
+        *vg = (k2_vae_geom){16, 4, 3, {1, 2, 2}, 1, {0, 1}};
+        *n_taps = 3;
         taps[0] = 1; taps[1] = 2; taps[2] = 4;
     }
-    if (c.text_layers != n_taps || c.text_dim != te.text.hidden || c.in_channels != 4 * vg.z) {
+    if (c->text_layers != *n_taps || c->text_dim != te->text.hidden || c->in_channels != 4 * vg->z) {
         dt_set_error("synthetic pipeline: preset '%s' geometry is inconsistent", preset);
         return -1;
     }
+    return 0;
+}
+
+/* DIR/text_encoder and DIR/vae (the text encoder's seed seed + 1, the VAE's seed + 2, as in the whole pipeline). */
+static int write_text_vae(const char *dir, const k2_te_geom *te, const k2_vae_geom *vg, int bits, int group,
+                          uint64_t seed) {
+    char p[4200];
+    dt_log(1, "ditrun: synthetic Krea 2 pipeline: text encoder ...\n");
+    snprintf(p, sizeof p, "%s/text_encoder", dir);
+    if (write_text_encoder(p, te, bits, group, seed + 1)) return -1;
+    dt_log(1, "ditrun: synthetic Krea 2 pipeline: VAE ...\n");
+    snprintf(p, sizeof p, "%s/vae", dir);
+    return write_vae(p, vg, seed + 2);
+}
+
+int dt_synth_krea2_text_vae(const char *preset, const char *dir, int bits, int group, uint64_t seed) {
+    krea2_config c;
+    k2_te_geom te;
+    k2_vae_geom vg;
+    int taps[16], n_taps;
+    if (k2_components(preset, &c, &te, &vg, taps, &n_taps) || synth_mkdir(dir)) return -1;
+    return write_text_vae(dir, &te, &vg, bits, group, seed);
+}
+
+int dt_synth_krea2_taps(const char *preset, int *taps, int *n_taps) {
+    krea2_config c;
+    k2_te_geom te;
+    k2_vae_geom vg;
+    return k2_components(preset, &c, &te, &vg, taps, n_taps);
+}
+
+int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
+                            const char *krea2_root) {
+    krea2_config c;
+    k2_te_geom te;
+    k2_vae_geom vg;
+    int taps[16], n_taps;
+    if (k2_components(preset, &c, &te, &vg, taps, &n_taps)) return -1;
     char p[4200], idx[1024], tl[128] = "";
     if (synth_mkdir(dir)) return -1;
     for (int i = 0; i < n_taps; i++) {
@@ -201,12 +235,7 @@ int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int g
     snprintf(p, sizeof p, "%s/transformer", dir);
     if (krea2_synth_write(&c, p, bits, group, seed)) return -1;
     if (dt_synth_name_transformer_for_diffusers(dir)) return -1;
-    dt_log(1, "ditrun: synthetic Krea 2 pipeline: text encoder ...\n");
-    snprintf(p, sizeof p, "%s/text_encoder", dir);
-    if (write_text_encoder(p, &te, bits, group, seed + 1)) return -1;
-    dt_log(1, "ditrun: synthetic Krea 2 pipeline: VAE ...\n");
-    snprintf(p, sizeof p, "%s/vae", dir);
-    if (write_vae(p, &vg, seed + 2)) return -1;
+    if (write_text_vae(dir, &te, &vg, bits, group, seed)) return -1;
     /* tokenizer and scheduler: the bundled Krea 2 ones (the tiny vocabulary's ids are valid in any larger one) */
     static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
                                            {"scheduler", "scheduler_config.json"}};

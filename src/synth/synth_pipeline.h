@@ -41,6 +41,10 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
  * is f32. Tokenizer and scheduler config are copied from krea2_root (the bundled tiny Krea 2 pipeline). */
 int dt_synth_krea2_pipeline(const char *preset, const char *dir, int bits, int group, uint64_t seed,
                             const char *krea2_root);
+/* The text encoder and VAE of that pipeline alone (DIR/text_encoder, DIR/vae: the same files), and the text encoder
+ * layers its model_index.json taps (taps [16], *n_taps): `ditrun bench`'s text encode and VAE decode rows. 0 or -1. */
+int dt_synth_krea2_text_vae(const char *preset, const char *dir, int bits, int group, uint64_t seed);
+int dt_synth_krea2_taps(const char *preset, int *taps, int *n_taps);
 
 /* ---- the pieces the synthetic pipelines share (synth_pipeline.c, synth_flux2.c) ---- */
 
