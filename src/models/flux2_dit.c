@@ -35,7 +35,7 @@ static void whole_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len
 static void whole_free(void *m) { flux2_free(m); }
 static void whole_cancel(dt_dit *d, const volatile int *flag) { flux2_set_cancel(dt_dit_model(d), flag); }
 static const dt_dit_ops whole_ops = {"flux2", whole_forward, whole_refs, whole_text, whole_text_mat, whole_info,
-                                     whole_free, whole_cancel};
+                                     whole_free, whole_cancel, NULL};
 
 /* ---- split over ranks ---- */
 
@@ -62,7 +62,7 @@ static void split_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len
 }
 static void split_free(void *m) { flux2_sp_free(m); }
 static const dt_dit_ops split_ops = {"flux2 split", split_forward, split_refs, split_text, split_text_mat, split_info,
-                                     split_free, NULL};   /* cancellation between steps: the ranks stop together */
+                                     split_free, NULL, NULL};   /* cancellation between steps: the ranks stop together */
 
 dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     const flux2_load_opts lo = {o->loras, o->n_loras, o->lora_side, o->precision, o->attn_precision, o->fp8_unfused};
