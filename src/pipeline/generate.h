@@ -108,6 +108,7 @@ typedef struct {
     int steps;
     int height, width;
     int passes_computed, passes; /* transformer passes run in full / in all (fewer computed with a step cache) */
+    int passes_paired;          /* of them, passes that ran two in one forward (the guidance batch) */
 } dt_gen_timings;
 
 /* The error code of a request stopped by its cancel flag or progress callback (dt_last_error says so). */

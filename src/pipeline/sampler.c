@@ -55,6 +55,7 @@ static int dev_alloc(const dt_sampler *s, dev_mats *d) {
 
 /* Both passes of step k counted as computed (the guidance batch: one forward, no step cache). */
 static void count_pair(dt_step_cache *sc, int k) {
+    sc->paired += 2;
     sc->total += 2;
     sc->computed += 2;
     sc->decisions[2 * k] = sc->decisions[2 * k + 1] = 1.0f;
@@ -163,6 +164,7 @@ int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_re
     int rc = sample_loop(s, &sc, x, g, t_request_start, tm, obs, ud);
     tm->passes_computed = sc.computed;
     tm->passes = sc.total;
+    tm->passes_paired = sc.paired;
     if (rc == 0) dt_gen_observe(obs, ud, "cache_computed", sc.decisions, 2, s->steps, 2, 0, 0);
     dt_step_cache_free(&sc);
     return rc;
