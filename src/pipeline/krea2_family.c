@@ -426,7 +426,7 @@ static int k2_place_sizes(const json *cfg, const char *tr, const char *va, int W
  * transformer blocks (krea2.c) */
 const dt_family dt_family_krea2 = {
     .name = "krea2", .title = "Krea 2", .pipeline_classes = k2_pipelines, .transformer_classes = k2_transformers,
-    .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
+    .presets = k2_presets, .fp8 = 1, .guidance_batch = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
     .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
     .place_sizes = k2_place_sizes,
