@@ -12,6 +12,7 @@
 #include "models/vae_qwenimage.h"
 #include "pipeline/budget.h"
 #include "pipeline/placement.h"
+#include "model_dirs.h"
 #include "serve_helpers.h"
 #include "test.h"
 
@@ -425,20 +426,31 @@ int main(void) {
         T_CHECK(name, dt_place_sizes_for(root, 64, 64, 64, 2, 64, 0, 1, &ps) == 0 && ps.vae_tile_act == 0,
                 "a 64x64 image with 64 px tiles has a tile size %lld", (long long)ps.vae_tile_act);
     }
-    /* the guidance batch: Krea 2 runs a guided step's two passes in one forward (twice the rows: the forward's
-     * activations exactly doubled, and the plan's denoise peak grows by them); FLUX.2 runs one sequence per forward
-     * (unchanged); --guidance-batch off (guidance_batch 0) plans one sequence */
-    for (int k = 0; k < 2; k++) {
-        char name[96];
-        snprintf(root, sizeof root, "%s/%s", t_fixtures(), roots[k]);
+    /* the guidance batch: a pipeline that runs guidance (Krea 2's fixture, FLUX.2's fixture as a base model) runs a
+     * guided step's two passes in one forward (twice the rows: the forward's activations exactly doubled, and the
+     * plan's denoise peak grows by them); a distilled one (FLUX.2's fixture) runs no guidance (unchanged);
+     * --guidance-batch off (guidance_batch 0) plans one sequence */
+    char base[512];
+    static const char *const parts[] = {"scheduler", "text_encoder", "tokenizer", "transformer", "vae", NULL};
+    char fx[600];
+    snprintf(fx, sizeof fx, "%s/model", t_fixtures());
+    const int have_base = t_tmpdir(base, sizeof base, "placement-base") == 0 &&
+                          (rmdir(base), linked_pipeline_root(base, fx, parts,
+                                        "{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": false}\n")) == 0;
+    if (!have_base) T_FAIL("sizes_guidance_batch", "cannot link a base FLUX.2 pipeline into %s", base);
+    for (int k = 0; k < 3; k++) {
+        char name[128];
+        if (k == 2 && !have_base) break;
+        if (k < 2) snprintf(root, sizeof root, "%s/%s", t_fixtures(), roots[k]);
+        else snprintf(root, sizeof root, "%s", base);
         dt_place_sizes on, off;
         dt_place_plan pon, poff;
         int ok = dt_place_sizes_for(root, 256, 192, 64, 2, 0, 0, 1, &on) == 0 &&
                  dt_place_sizes_for(root, 256, 192, 64, 2, 0, 0, 0, &off) == 0 && dt_place_plan_make(0, &on, &pon) == 0 &&
                  dt_place_plan_make(0, &off, &poff) == 0;
-        const int batched = k == 1;
-        snprintf(name, sizeof name, "sizes_%s_guidance_batch: forward activations %s", roots[k],
-                 batched ? "doubled (2 sequences), denoise peak grows by them" : "unchanged (one sequence per forward)");
+        const int batched = k > 0;
+        snprintf(name, sizeof name, "sizes_%s_guidance_batch: forward activations %s", k < 2 ? roots[k] : "flux2_base",
+                 batched ? "doubled (2 sequences), denoise peak grows by them" : "unchanged (distilled: no guidance)");
         T_CHECK(name, ok && on.dit_batch == (batched ? 2 : 1) && off.dit_batch == 1 &&
                           on.dit_act == (batched ? 2 : 1) * off.dit_act &&
                           pon.phase_peak[DT_PHASE_DENOISE] - poff.phase_peak[DT_PHASE_DENOISE] == on.dit_act - off.dit_act,
@@ -446,6 +458,7 @@ int main(void) {
                 (long long)on.dit_act, (long long)off.dit_act, (long long)pon.phase_peak[DT_PHASE_DENOISE],
                 (long long)poff.phase_peak[DT_PHASE_DENOISE]);
     }
+    if (have_base) t_rmtree(base);
     /* no tile asked: the default tile (FLUX.2: sample_size 1024, one tile at 768x768) and the half tile (512) */
     {
         snprintf(root, sizeof root, "%s/model", t_fixtures());

@@ -583,7 +583,7 @@ static const char *const klein_presets[] = {"klein-4b", "klein-9b", "tiny", NULL
 const dt_family dt_family_klein = {
     .name = "flux2-klein", .title = "FLUX.2", .pipeline_classes = klein_pipelines,
     .transformer_classes = klein_transformers, .presets = klein_presets, .is_config = flux2_config_is_flux2,
-    .infers_config = 1, .fp8 = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
+    .infers_config = 1, .fp8 = 1, .guidance_batch = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
     .sequence_parallel = 1, .dit_load = flux2_dit_load, .describe = flux2_config_describe, .synth = dt_synth_flux2,
     .read_inputs = flux2_dit_read_inputs, .place_sizes = klein_place_sizes,
 };
