@@ -56,6 +56,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             return -1;
         }
         o->guidance_two_passes = !strcmp(v, "off");
+        o->guidance_batch_set = 1;
         (*i)++; return 1;
     }
     if (!strcmp(a, "--kernels")) {

@@ -12,6 +12,7 @@ typedef struct {
     dt_backend_opts be;
     int cuda_graph;           /* --cuda-graph: replay the DiT forward as a CUDA graph (fixed shapes) */
     int guidance_two_passes;  /* --guidance-batch off (default on: a guided step's two passes in one forward) */
+    int guidance_batch_set;   /* --guidance-batch was given (commands without guided steps refuse it) */
     dt_precision precision;   /* --precision: the DiT blocks' Linears (the model's load options, not the backend's) */
     dt_precision attn_precision;   /* --attn-precision: the DiT blocks' attention */
     dt_cuda_opts cuda;        /* the CUDA options once --kernels or --max-vram is given (be.cuda then points here;

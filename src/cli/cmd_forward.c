@@ -135,6 +135,7 @@ int cmd_forward(int argc, char **argv) {
     }
     if (!model || !inputs)
         return cli_error("forward: --model and --inputs are required (see ditrun forward --help)");
+    if (mo.guidance_batch_set && !guided) return cli_error("--guidance-batch: a guided step's option (with --guided)");
 
     const int any_fp8 = mo.precision == DT_PREC_FP8 || mo.attn_precision == DT_PREC_FP8;
     if (compare && !any_fp8) return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
