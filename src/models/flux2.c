@@ -762,12 +762,12 @@ int flux2_forward_pair(flux2_model *m, const float *img0, const float *img1, int
     dt_backend *be = m->be;
     if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
     if (!isfinite(timestep)) { dt_set_error("flux2: timestep is %g; it must be a finite number", (double)timestep); return -1; }
-    if (m->fbc || m->ref.kv_cached) {
+    if (m->fbc || (m->ref.kv_cached && m->ref.r)) {
         dt_set_error("flux2: the guidance batch runs without First Block Cache and KV-cached references (two passes "
                      "then)");
         return -1;
     }
-    const int ra = m->ref.r, na = n + ra;
+    const int ra = m->ref.kv_cached ? 0 : m->ref.r, na = n + ra;   /* appended references (KV ones: refused above) */
     ensure_bufs(m, na, t, 0, 2);
     flux2_bufs *b = &m->buf;
     /* rows [text 0 | text 1 | image 1 (+ references) | image 0 (+ references)] (pair_attention), positions alike */
