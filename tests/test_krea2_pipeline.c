@@ -105,7 +105,7 @@ static void test_text(dt_backend *be, k2_case *k, const char *tag, int bf16_inv_
     float *emb = NULL;
     uint8_t *mask = NULL;
     int T = 0;
-    if (dt_krea2_encode_prompt(te, tok, json_get_str(k->cj, "prompt"), (int)json_get_int(k->cj, "max_sequence_length", 0),
+    if (krea2_encode_prompt(te, tok, json_get_str(k->cj, "prompt"), (int)json_get_int(k->cj, "max_sequence_length", 0),
                                k->taps, k->n_taps, &emb, &mask, &T)) {
         T_FAIL(name, "%s", dt_last_error());
     } else {
@@ -353,7 +353,7 @@ static void test_padding(dt_backend *be, k2_case *k, int extra) {
     uint8_t *mask = NULL;
     int T = 0;
     const st_tensor *re = st_find(k->io, "mid.prompt_embeds"), *rm = st_find(k->io, "mid.prompt_mask");
-    if (dt_krea2_encode_prompt(te, tok, json_get_str(k->cj, "prompt"), msl + extra, k->taps, k->n_taps, &emb, &mask, &T)) {
+    if (krea2_encode_prompt(te, tok, json_get_str(k->cj, "prompt"), msl + extra, k->taps, k->n_taps, &emb, &mask, &T)) {
         T_FAIL(name, "%s", dt_last_error());
     } else if (!re || !rm || T != re->shape[1] + extra) {
         T_FAIL(name, "%d tokens, expected the reference's + %d", T, extra);

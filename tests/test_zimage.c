@@ -268,15 +268,15 @@ static void test_q4_twin(void) {
 
 static void test_guidance(void) {
     /* t_norm = (1000 - timestep) / 1000: 0.4 at timestep 600 is past cfg_truncation 0.3, 0.2 at 800 is not */
-    T_CHECK("guidance: truncated once t_norm exceeds cfg_truncation", dt_zimage_step_guidance(3.0f, 0.3f, 600.0f) == 0.0f &&
-            dt_zimage_step_guidance(3.0f, 0.3f, 800.0f) == 3.0f, "%g, %g", dt_zimage_step_guidance(3.0f, 0.3f, 600.0f),
-            dt_zimage_step_guidance(3.0f, 0.3f, 800.0f));
-    T_CHECK("guidance: off at 0, never truncated above 1", dt_zimage_step_guidance(0.0f, 1.0f, 999.0f) == 0.0f &&
-            dt_zimage_step_guidance(2.0f, 1.5f, 0.0f) == 2.0f, "unexpected scale");
+    T_CHECK("guidance: truncated once t_norm exceeds cfg_truncation", zimage_step_guidance(3.0f, 0.3f, 600.0f) == 0.0f &&
+            zimage_step_guidance(3.0f, 0.3f, 800.0f) == 3.0f, "%g, %g", zimage_step_guidance(3.0f, 0.3f, 600.0f),
+            zimage_step_guidance(3.0f, 0.3f, 800.0f));
+    T_CHECK("guidance: off at 0, never truncated above 1", zimage_step_guidance(0.0f, 1.0f, 999.0f) == 0.0f &&
+            zimage_step_guidance(2.0f, 1.5f, 0.0f) == 2.0f, "unexpected scale");
     /* pos (3, 4) norm 5, neg 0, g 1: pred (6, 8) norm 10; normalization 1 brings it back to norm 5, 0 leaves it */
     float pos[2] = {3, 4}, neg[2] = {0, 0}, a[2], b[2];
-    dt_zimage_cfg_combine(pos, neg, 2, 1.0f, 0.0f, a);
-    dt_zimage_cfg_combine(pos, neg, 2, 1.0f, 1.0f, b);
+    zimage_cfg_combine(pos, neg, 2, 1.0f, 0.0f, a);
+    zimage_cfg_combine(pos, neg, 2, 1.0f, 1.0f, b);
     T_CHECK("guidance: pos + g(pos - neg), renormalized to cfg_normalization x |pos|",
             a[0] == 6 && a[1] == 8 && fabsf(b[0] - 3) < 1e-6f && fabsf(b[1] - 4) < 1e-6f, "(%g, %g) (%g, %g)", a[0], a[1],
             b[0], b[1]);
@@ -1013,14 +1013,14 @@ static void prompt_case(dt_qwen3 *te, const dt_tokenizer *tok, st_file *io, cons
     snprintf(name, sizeof name, "prompt '%s': ids and mask", key);
     if (!text || max_len < 1 || !rid || !remb || rid->numel != max_len) { T_FAIL(name, "fixture lacks the case"); return; }
     int32_t *ids = dt_malloc(sizeof(int32_t) * (size_t)max_len), *mask = dt_malloc(sizeof(int32_t) * (size_t)max_len);
-    int real = dt_zimage_tokenize(tok, text, max_len, ids, mask);
+    int real = zimage_tokenize(tok, text, max_len, ids, mask);
     float *rf = st_to_f32(rid);
     int same = real == (int)json_get_int(cj, "real_tokens", -1);
     for (int i = 0; same && i < max_len; i++) same = ids[i] == (int32_t)rf[i] && mask[i] == (i < real);
     T_CHECK(name, same, "%d real tokens (reference %lld) or an id differs", real, (long long)json_get_int(cj, "real_tokens", -1));
     free(rf); free(ids); free(mask);
     snprintf(name, sizeof name, "prompt '%s': hidden_states[-2] of the real tokens", key);
-    if (dt_zimage_encode_prompt(te, tok, text, max_len, feats, n)) { T_FAIL(name, "%s", dt_last_error()); return; }
+    if (zimage_encode_prompt(te, tok, text, max_len, feats, n)) { T_FAIL(name, "%s", dt_last_error()); return; }
     const int64_t D = dt_qwen3_get_config(te)->hidden;
     float *ref = st_to_f32(remb);
     if (remb->numel != (int64_t)*n * D) T_FAIL(name, "%d tokens x %lld vs the reference's %lld values", *n, (long long)D, (long long)remb->numel);
@@ -1313,10 +1313,10 @@ static int cache_run(dt_pipeline *pl, const json *pc, const char *noise, int ste
     return rc || !o->lat ? -1 : 0;
 }
 
-/* Steps of the run whose guidance is on (the negative prompt's pass runs): dt_zimage_step_guidance > 0. */
+/* Steps of the run whose guidance is on (the negative prompt's pass runs): zimage_step_guidance > 0. */
 static int guided_at(const json *pc, const cache_obs *o, int k) {
     const double cn = json_get_num(pc, "cfg_truncation", 1);
-    return dt_zimage_step_guidance((float)json_get_num(pc, "guidance_scale", 0), (float)cn, o->ts[k]) > 0.0f;
+    return zimage_step_guidance((float)json_get_num(pc, "guidance_scale", 0), (float)cn, o->ts[k]) > 0.0f;
 }
 
 static void cache_case(dt_pipeline *pl, const json *cases, const char *key, const char *noise) {
@@ -1394,7 +1394,7 @@ static void pipeline_cpu(dt_backend *be) {
     dt_qwen3_config qc;
     dt_qwen3 *te = NULL;
     if (!dt_qwen3_read_config(fx("model/text_encoder", p, sizeof p), &qc))
-        te = dt_qwen3_load(be, p, dt_zimage_prompt_tap(qc.num_layers));   /* the last layer is never needed */
+        te = dt_qwen3_load(be, p, zimage_prompt_tap(qc.num_layers));   /* the last layer is never needed */
     float *neg = NULL, *emp = NULL, *feats = NULL;
     int n_neg = 0, n_emp = 0, n_cap = 0;
     dt_image init = {0}, mask = {0};

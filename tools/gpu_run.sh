@@ -286,8 +286,36 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
             fwd "r$round [$d] q4 1024^2 --precision fp8" "$W/k4q4" "$W/in4_1024.st" 20 --precision fp8
         done
     done
+    if [ "${AB_KREA2:-1}" = 1 ]; then   # Krea 2 at the real geometry (q4 1024^2 forward), one round per build
+        [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
+        [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
+        for d in "$A" "$Bd"; do
+            B=./$d/ditrun
+            fwd "[$d] Krea 2 q4 1024^2" "$W/kr2q4" "$W/inkr2_1024.st" 10
+            cp "$W/out.st" "$W/ab-$d-k2.st"
+        done
+    fi
     for d in "$A" "$Bd"; do
         B=./$d/ditrun
+        # the bundled tiny Krea 2 pipeline with CFG (its generate path end to end: text model, DiT, VAE)
+        $B generate --backend cuda --model tests/fixtures/krea2 -p "$PROMPT" -o "$W/ab-$d-k2gen.png" --seed 7 --width 64 \
+            --height 64 --steps 3 --guidance 4 --save-latents "$W/ab-$d-k2gen.st" > /dev/null 2>&1 \
+            || log "[$d] Krea 2 tiny generate failed"
+        # a served image (ditrun serve, one request: the HTTP path to the engine and the encoder)
+        $B serve --model "$W/p4" --backend cuda --port 0 > "$W/ab-$d-serve.out" 2> "$W/ab-$d-serve.log" &
+        spid=$!; port=""
+        for _ in $(seq 600); do
+            port=$(grep -oE "127\.0\.0\.1:[0-9]+" "$W/ab-$d-serve.log" "$W/ab-$d-serve.out" 2>/dev/null | head -1 | cut -d: -f3)
+            [ -n "$port" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ] && break
+            sleep 0.1
+        done
+        for i in 1 2 3; do
+            curl -s -o "$W/ab-$d-served.json" -w "[$d] served 1024^2 image $i: %{time_total} s, status %{http_code}\n" -X POST \
+                -H 'Content-Type: application/json' --data-binary \
+                "{\"prompt\": \"$PROMPT\", \"size\": \"1024x1024\", \"seed\": 7, \"output_format\": \"png\"}" \
+                "http://127.0.0.1:$port/v1/images/generations" | tee -a "$OUT/summary.txt"
+        done
+        kill -TERM $spid; wait $spid
         for v in "q4:k4q4:" "bf16:k4bf16:" "fp8:k4q4:--precision fp8"; do
             IFS=: read -r tag model extra <<< "$v"
             $B forward --backend cuda --model "$W/$model" --inputs "$W/in4_1024.st" --output "$W/ab-$d-$tag.st" \
@@ -299,6 +327,9 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
             | grep -E "^load|first|warm|error" | sed "s/^/[$d] --count 4 /" | tee -a "$OUT/summary.txt"
     done
     STCMP=./$Bd/dev/stcmp; [ -x "$STCMP" ] || STCMP=./$A/dev/stcmp
+    [ "${AB_KREA2:-1}" = 1 ] && log "ab output Krea 2: $(sha256sum "$W/ab-$A-k2.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-k2.st" | cut -c1-16) [$Bd]"
+    log "ab Krea 2 tiny generate: $(sha256sum "$W/ab-$A-k2gen.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-k2gen.st" | cut -c1-16) [$Bd]"
+    log "ab served image (base64 JSON body): $(grep -o '"b64_json": *"[^"]*"' "$W/ab-$A-served.json" | sha256sum | cut -c1-16) [$A] vs $(grep -o '"b64_json": *"[^"]*"' "$W/ab-$Bd-served.json" | sha256sum | cut -c1-16) [$Bd]"
     for tag in q4 bf16 fp8 gen; do   # gen: the generate's intermediates (prompt embeds, per-step latents, float image)
         log "ab output $tag: $(sha256sum "$W/ab-$A-$tag.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-$tag.st" | cut -c1-16) [$Bd]"
         [ -x "$STCMP" ] && "$STCMP" "$W/ab-$A-$tag.st" "$W/ab-$Bd-$tag.st" | tee -a "$OUT/summary.txt"

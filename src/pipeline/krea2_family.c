@@ -283,7 +283,7 @@ static int k2_encode(void *ctx, dt_gen_run *r) {
     const dt_gen_params *g = r->g;
     dt_gen_log_encoding(g, g->max_seq_len, k->taps, k->n_taps, r->cfg, "");
     int Tn = 0;
-    if (dt_krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &q->pos, &q->pmask, &q->T))
+    if (krea2_encode_prompt(k->te, k->tok, g->prompt, g->max_seq_len, k->taps, k->n_taps, &q->pos, &q->pmask, &q->T))
         return -1;
     dt_gen_observe(r->obs, r->ud, "prompt_embeds", q->pos, 4, 1, q->T, k->n_taps, k->tcfg.hidden);
     if (r->obs) {
@@ -292,7 +292,7 @@ static int k2_encode(void *ctx, dt_gen_run *r) {
         dt_gen_observe(r->obs, r->ud, "prompt_mask", f, 2, 1, q->T, 0, 0);
         free(f);
     }
-    if (r->cfg && dt_krea2_encode_prompt(k->te, k->tok, g->negative_prompt, g->max_seq_len, k->taps, k->n_taps,
+    if (r->cfg && krea2_encode_prompt(k->te, k->tok, g->negative_prompt, g->max_seq_len, k->taps, k->n_taps,
                                          &q->neg, &q->nmask, &Tn))
         return -1;
     if (r->cfg && Tn != q->T) { dt_set_error("krea2: the negative prompt has %d tokens, the prompt %d", Tn, q->T); return -1; }

@@ -8,7 +8,7 @@
 
 #include "core/common.h"
 
-int dt_krea2_tokenize(const dt_tokenizer *tok, const char *prompt, int max_seq_len, int32_t **ids_out,
+int krea2_tokenize(const dt_tokenizer *tok, const char *prompt, int max_seq_len, int32_t **ids_out,
                       int32_t **mask_out, int32_t **pos_out, int *n_out) {
     *ids_out = *mask_out = *pos_out = NULL;
     *n_out = 0;
@@ -51,14 +51,14 @@ out:
     return rc;
 }
 
-int dt_krea2_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_seq_len,
+int krea2_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_seq_len,
                            const int *taps, int n_taps, float **emb_out, uint8_t **mask_out, int *T_out) {
     *emb_out = NULL;
     *mask_out = NULL;
     *T_out = 0;
     int32_t *ids, *mask, *pos;
     int n;
-    if (dt_krea2_tokenize(tok, prompt, max_seq_len, &ids, &mask, &pos, &n)) return -1;
+    if (krea2_tokenize(tok, prompt, max_seq_len, &ids, &mask, &pos, &n)) return -1;
     int rc = -1;
     const int D = dt_qwen3_get_config(te)->hidden, T = n - DT_KREA2_PROMPT_DROP;
     if (T < 1) {

@@ -29,14 +29,14 @@
 
 /* Token ids of a prompt in the layout above, before the drop: *ids, *mask, *pos malloc'd [*n] (caller frees).
  * 0 or -1 (dt_last_error: bad UTF-8, max_seq_len < 1, no pad token). */
-int dt_krea2_tokenize(const dt_tokenizer *tok, const char *prompt, int max_seq_len, int32_t **ids, int32_t **mask,
+int krea2_tokenize(const dt_tokenizer *tok, const char *prompt, int max_seq_len, int32_t **ids, int32_t **mask,
                       int32_t **pos, int *n);
 
 /* Prompt features: *emb malloc'd [*T, n_taps, D] f32 (row t = [h_tap0[t] | h_tap1[t] | ...], D = the
  * encoder's hidden size), *mask malloc'd [*T] (1 = real token), *T = tokens after the drop.
  * taps are hidden-state indices (0 = embeddings, k = after decoder layer k; the last layer's is normed).
  * 0 or -1 (dt_last_error). */
-int dt_krea2_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_seq_len,
+int krea2_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_seq_len,
                            const int *taps, int n_taps, float **emb, uint8_t **mask, int *T);
 
 #endif

@@ -124,7 +124,7 @@ static int zi_load(dt_pipeline *p, const json *idx) {
                      z->te_dir, z->tcfg.num_layers);
         goto out;
     }
-    z->max_tap = dt_zimage_prompt_tap(z->tcfg.num_layers);   /* the last layer is never needed */
+    z->max_tap = zimage_prompt_tap(z->tcfg.num_layers);   /* the last layer is never needed */
     if (z->tcfg.hidden != z->dcfg.cap_dim) {
         dt_set_error("%s/config.json: hidden_size %d != %s/transformer/config.json: cap_feat_dim %d (the caption "
                      "features are the text encoder's hidden states)", z->te_dir, z->tcfg.hidden, root, z->dcfg.cap_dim);
@@ -196,13 +196,13 @@ static int zi_predict(void *ctx, int i, const float *x, int pass, float *v, dt_f
  * combination with cfg_normalization over the whole prediction (zimage_guidance.h). */
 static float zi_step_guidance(void *ctx, int i) {
     const zi_ctx *c = ctx;
-    return dt_zimage_step_guidance(c->guidance, c->cfg_trunc, c->timesteps[i]);
+    return zimage_step_guidance(c->guidance, c->cfg_trunc, c->timesteps[i]);
 }
 
 static void zi_combine(void *ctx, int i, float g, float *v, const float *u, size_t n) {
     zi_ctx *c = ctx;
     (void)i;
-    dt_zimage_cfg_combine(v, u, n, g, c->cfg_norm, v);
+    zimage_cfg_combine(v, u, n, g, c->cfg_norm, v);
     c->cfg_steps++;
 }
 
@@ -307,9 +307,9 @@ static int zi_encode(void *ctx, dt_gen_run *r) {
     const dt_gen_params *g = r->g;
     const int tap = z->max_tap;
     dt_gen_log_encoding(g, g->max_seq_len, &tap, 1, q->guided, "");
-    if (dt_zimage_encode_prompt(z->te, z->tok, g->prompt, g->max_seq_len, &q->pos, &q->Tp)) return -1;
+    if (zimage_encode_prompt(z->te, z->tok, g->prompt, g->max_seq_len, &q->pos, &q->Tp)) return -1;
     dt_gen_observe(r->obs, r->ud, "prompt_embeds", q->pos, 3, 1, q->Tp, z->tcfg.hidden, 0);
-    if (q->guided && dt_zimage_encode_prompt(z->te, z->tok, g->negative_prompt, g->max_seq_len, &q->neg, &q->Tn))
+    if (q->guided && zimage_encode_prompt(z->te, z->tok, g->negative_prompt, g->max_seq_len, &q->neg, &q->Tn))
         return -1;
     dt_family_release_text_encoder(r->p, &z->te);
     return 0;

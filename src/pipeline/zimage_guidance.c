@@ -3,14 +3,14 @@
 
 #include <math.h>
 
-float dt_zimage_step_guidance(float guidance, float cfg_truncation, float timestep) {
+float zimage_step_guidance(float guidance, float cfg_truncation, float timestep) {
     if (!(guidance > 0.0f)) return 0.0f;
     const float t_norm = (1000.0f - timestep) / 1000.0f;   /* f32, as the reference's tensor arithmetic */
     if (cfg_truncation <= 1.0f && t_norm > cfg_truncation) return 0.0f;
     return guidance;
 }
 
-void dt_zimage_cfg_combine(const float *pos, const float *neg, size_t n, float g, float cfg_normalization, float *out) {
+void zimage_cfg_combine(const float *pos, const float *neg, size_t n, float g, float cfg_normalization, float *out) {
     double pos2 = 0, out2 = 0;
     for (size_t i = 0; i < n; i++) {
         const float p = pos[i], v = p + g * (p - neg[i]);

@@ -11,11 +11,11 @@
 /* The guidance scale of the step at scheduler timestep `timestep` (1000·sigma): `guidance`, or 0 when guidance is
  * off (guidance <= 0) or truncated (cfg_truncation <= 1 and (1000 − timestep)/1000 > cfg_truncation). A step with
  * scale 0 runs the positive prompt only. */
-float dt_zimage_step_guidance(float guidance, float cfg_truncation, float timestep);
+float zimage_step_guidance(float guidance, float cfg_truncation, float timestep);
 
 /* out [n] = pos + g·(pos − neg) over one image's whole prediction, then, with cfg_normalization > 0, scaled by
  * cfg_normalization·‖pos‖ / ‖out‖ when ‖out‖ exceeds cfg_normalization·‖pos‖ (L2 norms over all n values). out may
  * alias pos or neg. */
-void dt_zimage_cfg_combine(const float *pos, const float *neg, size_t n, float g, float cfg_normalization, float *out);
+void zimage_cfg_combine(const float *pos, const float *neg, size_t n, float g, float cfg_normalization, float *out);
 
 #endif

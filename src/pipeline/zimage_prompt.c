@@ -8,7 +8,7 @@
 
 #include "core/common.h"
 
-int dt_zimage_tokenize(const dt_tokenizer *tok, const char *prompt, int max_len, int32_t *ids, int32_t *mask) {
+int zimage_tokenize(const dt_tokenizer *tok, const char *prompt, int max_len, int32_t *ids, int32_t *mask) {
     if (!prompt) prompt = "";
     const size_t n = strlen(DT_ZIMAGE_CHAT_PREFIX) + strlen(prompt) + strlen(DT_ZIMAGE_CHAT_SUFFIX) + 1;
     char *text = dt_malloc(n);
@@ -22,13 +22,13 @@ int dt_zimage_tokenize(const dt_tokenizer *tok, const char *prompt, int max_len,
     return rc;
 }
 
-int dt_zimage_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_len, float **feats,
+int zimage_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_len, float **feats,
                             int *n) {
     *feats = NULL;
     *n = 0;
     if (max_len < 1) { dt_set_error("zimage prompt: max_sequence_length must be at least 1"); return -1; }
     const dt_qwen3_config *c = dt_qwen3_get_config(te);
-    const int tap = dt_zimage_prompt_tap(c->num_layers);
+    const int tap = zimage_prompt_tap(c->num_layers);
     if (tap < 0 || tap > dt_qwen3_loaded_layers(te)) {
         dt_set_error("zimage prompt: the text encoder holds %d of %d layers; the features need %d",
                      dt_qwen3_loaded_layers(te), c->num_layers, tap);
@@ -36,7 +36,7 @@ int dt_zimage_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *p
     }
     int32_t *ids = dt_malloc(sizeof(int32_t) * (size_t)max_len), *mask = dt_malloc(sizeof(int32_t) * (size_t)max_len);
     float *all = NULL;
-    int real = dt_zimage_tokenize(tok, prompt, max_len, ids, mask), rc = -1;
+    int real = zimage_tokenize(tok, prompt, max_len, ids, mask), rc = -1;
     if (real == 0) dt_set_error("zimage prompt: no real token within max_sequence_length %d", max_len);
     if (real > 0) {
         const int64_t D = c->hidden;

@@ -17,16 +17,16 @@
 #define DT_ZIMAGE_CHAT_SUFFIX "<|im_end|>\n<|im_start|>assistant\n"
 
 /* The hidden-state index the features come from for an encoder of num_layers layers (hidden_states[-2]). */
-static inline int dt_zimage_prompt_tap(int num_layers) { return num_layers - 1; }
+static inline int zimage_prompt_tap(int num_layers) { return num_layers - 1; }
 
 /* ids and mask [max_len] of a prompt in the layout above. Returns the number of real tokens, or -1 (dt_last_error:
  * bad UTF-8, max_len < 1, no pad token). */
-int dt_zimage_tokenize(const dt_tokenizer *tok, const char *prompt, int max_len, int32_t *ids, int32_t *mask);
+int zimage_tokenize(const dt_tokenizer *tok, const char *prompt, int max_len, int32_t *ids, int32_t *mask);
 
 /* Prompt features: *feats malloc'd [*n, D] f32 (D = the encoder's hidden size), the real tokens' rows in order.
  * te must hold layers 1..L − 1 (dt_qwen3_load with max_layer L − 1, or all). 0 or -1 (dt_last_error; a prompt
  * leaving no real token is an error). */
-int dt_zimage_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_len, float **feats,
+int zimage_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_len, float **feats,
                             int *n);
 
 #endif
