@@ -7,6 +7,9 @@
  *     -> projector Y->1 -> refiner blocks (attention across tokens, text key-padding mask)
  *     -> txt_in (RMSNorm, Linear, GELU tanh, Linear) = joint rows [0, T);
  *   img_in(img) = joint rows [T, L); blocks on the joint stream S [L, D]; final layer on rows [T, L).
+ * A batch of sequences (krea2_forward_batch: classifier-free guidance's prompt and negative prompt) stacks them:
+ * S [nb·L, D] sequence after sequence, the text fusion over nb·T tokens; every Linear runs once on all rows, each
+ * attention per sequence (NOTES.md, "Guidance batch").
  *
  * The modulated norm (1 + scale) * RMSNorm_{1+w}(x) + shift has no fused op: the scale is folded
  * into the RMSNorm weight on the host ((1 + w) * (1 + scale), an F32 [1, D] param per norm and
