@@ -64,6 +64,9 @@
  * the sums rounds differently at bf16, 2^-9 relative each): within bf16 rounding over 2 blocks, KREA2_GPU_TOL. The
  * fp8 modes likewise plus an e4m3 code flipped where a value sits on a rounding boundary: KREA2_FP8_FUSE_TOL. */
 #define KREA2_BATCH_GPU_TOL KREA2_GPU_TOL
+/* The sampler with the guidance batch vs two passes, CPU: KREA2_BATCH_CPU_TOL per forward weighed by the guidance
+ * (5.5·v − 4.5·u) over 3 steps. */
+#define KREA2_BATCH_SAMPLER_TOL 5e-6
 #define KREA2_BATCH_GPU_FP8_TOL KREA2_FP8_FUSE_TOL
 
 typedef struct {
@@ -540,10 +543,31 @@ static int smp_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
     return krea2_forward_dev(c->m, x, pass ? c->neg : c->fi->txt, c->fi->t, c->sigmas[i], c->fi->pos, c->fi->mask, v);
 }
 
+/* Both passes in one batched forward (the guidance batch), on the host and on the device path. */
+static int smp_pair(void *ctx, int i, const float *x, float *v, float *u) {
+    smp_ctx *c = ctx;
+    krea2_seq q[2] = {
+        {.img = x, .txt = c->fi->txt, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out = v},
+        {.img = x, .txt = c->neg, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out = u},
+    };
+    return krea2_forward_batch(c->m, q, 2, c->fi->n, c->sigmas[i]);
+}
+
+static int smp_pair_dev(void *ctx, int i, dt_mat x, dt_mat v, dt_mat u) {
+    smp_ctx *c = ctx;
+    c->dev_calls += 2;
+    krea2_seq q[2] = {
+        {.img_m = x, .txt = c->fi->txt, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out_m = v},
+        {.img_m = x, .txt = c->neg, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out_m = u},
+    };
+    return krea2_forward_batch(c->m, q, 2, (int)x.rows, c->sigmas[i]);
+}
+
 /* dt_sample's device path (latents on the backend between steps, guidance + Euler as flow_step) against its host
  * path: 3 steps with Krea 2's guidance v + 4.5·(v − u) on the fixture model (prompt: the fixture's text, negative:
- * a scaled copy), final latents within tol (CPU: 0). */
-static void sampler_device(dt_backend *be, const char *tag, double tol) {
+ * a scaled copy), final latents within tol (CPU: 0). Then the guidance batch on the device path (predict_pair_dev: v
+ * and u written where flow_step reads them) against the same host path within batch_tol. */
+static void sampler_device(dt_backend *be, const char *tag, double tol, double batch_tol) {
     fx_inputs fi;
     char name[200], dir[512];
     snprintf(name, sizeof name, "%s sampler: device path vs host path", tag);
@@ -557,30 +581,46 @@ static void sampler_device(dt_backend *be, const char *tag, double tol) {
     for (size_t i = 0; i < nt; i++) neg[i] = -0.5f * fi.txt[i];
     static const float sigmas[] = {1.0f, 0.75f, 0.5f, 0.25f}, timesteps[] = {1000.f, 750.f, 500.f};
     smp_ctx sc = {m, &fi, neg, sigmas, 0};
-    float *xs[2], *v = dt_malloc(sizeof(float) * n), *u = dt_malloc(sizeof(float) * n);
+    float *xs[3], *v = dt_malloc(sizeof(float) * n), *u = dt_malloc(sizeof(float) * n);
     const int64_t shape[3] = {1, fi.n, fi.in_ch};
     dt_gen_params g;
     memset(&g, 0, sizeof g);
-    int rc[2];
-    for (int dev = 0; dev < 2; dev++) {
+    int rc[3], paired = -1, dev1_calls = 0;
+    for (int dev = 0; dev < 3; dev++) {   /* host, device, device with the guidance batch */
         xs[dev] = dt_malloc(sizeof(float) * n);
         memcpy(xs[dev], fi.img, sizeof(float) * n);
         dt_gen_timings tm;
         memset(&tm, 0, sizeof tm);
         dt_sampler s = {.steps = 3, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = 1, .guidance = 4.5f,
                         .rule = DT_CFG_FROM_COND, .n = n, .obs_shape = shape, .predict = smp_host, .ctx = &sc, .v = v,
-                        .u = u, .predict_dev = dev ? smp_dev : NULL, .be = be, .rows = fi.n};
+                        .u = u, .predict_dev = dev ? smp_dev : NULL, .be = be, .rows = fi.n,
+                        .predict_pair = dev == 2 ? smp_pair : NULL, .predict_pair_dev = dev == 2 ? smp_pair_dev : NULL};
+        if (dev == 2) {
+            dev1_calls = sc.dev_calls;
+            sc.dev_calls = 0;
+        }
         rc[dev] = dt_sample(&s, xs[dev], &g, dt_now(), &tm, NULL, NULL);
+        if (dev == 2) paired = tm.passes_paired;
     }
+    if (!rc[0] && !rc[2]) {
+        double e = dt_rel_l2(xs[2], xs[0], n);
+        snprintf(name, sizeof name, "%s sampler: the guidance batch on the device path (%d passes paired, %d device "
+                 "passes) equals the host path (rel L2 %.3g <= %g)", tag, paired, sc.dev_calls, e, batch_tol);
+        T_CHECK(name, e <= batch_tol && paired == 6 && sc.dev_calls == 6, "rel L2 %.3g, paired %d", e, paired);
+    } else if (rc[2]) {
+        T_FAIL(name, "guidance batch: %s", dt_last_error());
+    }
+    rc[2] = 0;
+    snprintf(name, sizeof name, "%s sampler: device path vs host path", tag);
     if (rc[0] || rc[1]) T_FAIL(name, "host rc %d, device rc %d: %s", rc[0], rc[1], dt_last_error());
     else {
-        T_CHECK(name, sc.dev_calls == 6, "%d device passes (3 steps x 2 expected)", sc.dev_calls);
+        T_CHECK(name, dev1_calls == 6, "%d device passes (3 steps x 2 expected)", dev1_calls);
         double e = dt_rel_l2(xs[1], xs[0], n), moved = dt_rel_l2(xs[0], fi.img, n);
         snprintf(name, sizeof name, "%s sampler: device path equals the host path (rel L2 %.3g <= %g; the latents moved %.3g)",
                  tag, e, tol, moved);
         T_CHECK(name, e <= tol && moved > 0.1, "rel L2 %.3g, moved %.3g", e, moved);
     }
-    free(xs[0]); free(xs[1]); free(v); free(u); free(neg);
+    free(xs[0]); free(xs[1]); free(xs[2]); free(v); free(u); free(neg);
     krea2_free(m);
     free_inputs(&fi);
 }
@@ -885,7 +925,7 @@ int main(void) {
     fp8_cpu(cpu);
     free(fp8_file(cpu, "cpu", 0));
     free(fp8_file(cpu, "cpu", 1));
-    sampler_device(cpu, "cpu", 0);
+    sampler_device(cpu, "cpu", 0, KREA2_BATCH_SAMPLER_TOL);
     float *cpu_batch[2];
     size_t nb_out = 0;
     batch_vs_single(cpu, "cpu krea2", DT_PREC_BF16, DT_PREC_BF16, KREA2_BATCH_CPU_TOL, 0, cpu_batch, &nb_out);
@@ -900,7 +940,7 @@ int main(void) {
             fixture_on(cu, "cuda", KREA2_GPU_TOL);
             q4_check(cu, "cuda", KREA2_GPU_TOL);
             fp8_cuda(cu);
-            sampler_device(cu, "cuda", KREA2_SAMPLER_GPU_TOL);
+            sampler_device(cu, "cuda", KREA2_SAMPLER_GPU_TOL, KREA2_BATCH_GPU_TOL);
             cuda_graph_replay(cu);
             float *cu_batch[2];
             batch_vs_single(cu, "cuda krea2 bf16", DT_PREC_BF16, DT_PREC_BF16, KREA2_BATCH_GPU_TOL, 1, cu_batch, NULL);
