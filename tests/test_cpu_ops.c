@@ -203,6 +203,76 @@ static void test_rmsnorm(int64_t M, int64_t D, int weight, float off, int alias)
     free(x); free(w); free(ref);
 }
 
+/* rmsnorm_mod (Krea 2's modulated norm, the scale folded into w): x * r * w + shift against the double reference. */
+static void test_rmsnorm_mod(int64_t M, int64_t D, int weight, int shift, int alias) {
+    char name[96];
+    snprintf(name, sizeof name, "rmsnorm_mod M=%lld D=%lld%s%s%s", (long long)M, (long long)D,
+             weight ? " weighted" : " no-weight", shift ? " +shift" : "", alias ? " in-place" : "");
+    float *x = rand_vec((size_t)(M * D), -2, 2), *w = rand_vec((size_t)D, -1, 3), *sh = rand_vec((size_t)D, -1, 1);
+    double *ref = malloc((size_t)(M * D) * sizeof(double));
+    for (int64_t m = 0; m < M; m++) {
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++) ss += (double)x[m * D + j] * x[m * D + j];
+        double r = 1.0 / sqrt(ss / D + 1e-5);
+        for (int64_t j = 0; j < D; j++)
+            ref[m * D + j] = x[m * D + j] * r * (weight ? w[j] : 1.0) + (shift ? sh[j] : 0.0);
+    }
+    tm tx = tm_up(x, M, D, 4), ty = alias ? tx : tm_new(M, D, 2), tw = tm_up(w, 1, D, 2), ts = tm_up(sh, 1, D, 6);
+    be->rmsnorm_mod(be, ty.v, tx.v, weight ? tw.v : dt_mat_null(), shift ? ts.v : dt_mat_null(), 1e-5f);
+    check(name, ty, ref);
+    tm_free(&tx); if (!alias) tm_free(&ty);
+    tm_free(&tw); tm_free(&ts);
+    free(x); free(w); free(sh); free(ref);
+}
+
+/* rmsnorm_mod_linears: one normed input into three Linears of different widths (q4, bf16 with bias, f32), each
+ * against the double reference of the norm and its product; the scratch a holds the norm. */
+static void test_rmsnorm_mod_linears(int64_t M, int64_t D) {
+    char name[128];
+    const int64_t N[3] = {D, D / 4, 72};
+    const wkind kind[3] = {W_Q4, W_BF16, W_F32};
+    test_w tw[3];
+    dt_linear *lin[3];
+    tm ty[3];
+    dt_mat y[3];
+    float *x = rand_vec((size_t)(M * D), -2, 2), *w = rand_vec((size_t)D, 0, 2), *sh = rand_vec((size_t)D, -1, 1);
+    double *nrm = malloc((size_t)(M * D) * sizeof(double));
+    for (int64_t m = 0; m < M; m++) {
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++) ss += (double)x[m * D + j] * x[m * D + j];
+        double r = 1.0 / sqrt(ss / D + 1e-6);
+        for (int64_t j = 0; j < D; j++) nrm[m * D + j] = x[m * D + j] * r * w[j] + sh[j];
+    }
+    for (int i = 0; i < 3; i++) {
+        make_weight(&tw[i], kind[i], N[i], D, 64, i == 1);
+        lin[i] = be->linear_create(be, &tw[i].src);
+        ty[i] = tm_new(M, N[i], 2 * i);
+        y[i] = ty[i].v;
+    }
+    tm tx = tm_up(x, M, D, 4), ta = tm_new(M, D, 2), tw1 = tm_up(w, 1, D, 0), ts = tm_up(sh, 1, D, 2);
+    be->rmsnorm_mod_linears(be, tx.v, tw1.v, ts.v, 1e-6f, ta.v, 3, (const dt_linear *const *)lin, y);
+    snprintf(name, sizeof name, "rmsnorm_mod_linears M=%lld D=%lld: the norm in a", (long long)M, (long long)D);
+    check(name, ta, nrm);
+    for (int i = 0; i < 3; i++) {
+        double *ref = malloc((size_t)(M * N[i]) * sizeof(double));
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N[i]; n++) {
+                double s = i == 1 ? tw[i].bias[n] : 0;
+                for (int64_t k = 0; k < D; k++) s += nrm[m * D + k] * tw[i].wref[n * D + k];
+                ref[m * N[i] + n] = s;
+            }
+        snprintf(name, sizeof name, "rmsnorm_mod_linears M=%lld D=%lld: Linear %d (%s, N=%lld)", (long long)M,
+                 (long long)D, i, wkind_name[kind[i]], (long long)N[i]);
+        check(name, ty[i], ref);
+        free(ref);
+        be->linear_destroy(be, lin[i]);
+        tm_free(&ty[i]);
+        free_weight(&tw[i]);
+    }
+    tm_free(&tx); tm_free(&ta); tm_free(&tw1); tm_free(&ts);
+    free(x); free(w); free(sh); free(nrm);
+}
+
 static void test_head_norm_rope(int64_t L, int H, int hd, int norm, dt_rope_mode mode) {
     char name[96];
     static const char *mn[] = { "none", "interleaved", "half" };
@@ -753,6 +823,12 @@ int main(int argc, char **argv) {
     test_rmsnorm(9, 80, 1, 1.0f, 1);
     test_rmsnorm(9, 80, 0, 0.0f, 0);
     test_rmsnorm(16, 3072, 1, 0.0f, 0);
+    test_rmsnorm_mod(9, 80, 1, 1, 0);
+    test_rmsnorm_mod(9, 80, 1, 1, 1);
+    test_rmsnorm_mod(9, 80, 0, 1, 0);
+    test_rmsnorm_mod(9, 80, 1, 0, 0);
+    test_rmsnorm_mod(16, 3072, 1, 1, 0);
+    test_rmsnorm_mod_linears(7, 256);
     for (int norm = 0; norm < 2; norm++)
         for (int mode = DT_ROPE_NONE; mode <= DT_ROPE_HALF; mode++) test_head_norm_rope(9, 3, 16, norm, (dt_rope_mode)mode);
     test_head_norm_rope(300, 24, 128, 1, DT_ROPE_INTERLEAVED);

@@ -6,7 +6,9 @@
  *     naming the budget, the use and the request, and serves one that fits after a refusal; mem_stats' peak never
  *     passes the budget;
  *   - host weights: a q4 Linear whose packed weights stay in pinned host memory gives the device copy's outputs
- *     bit for bit (transient and fused paths) and takes nothing from the pool;
+ *     bit for bit (transient and fused paths, prefetched or not) and takes nothing from the pool but the prefetch's
+ *     staging copy of the largest packed form, once; linear_on_host tells it from the device copy; a Krea 2
+ *     ff-sized host Linear after a GEMM timed unhinted / hinted / on device weights (TIME lines, no assertion);
  *   - the tiny klein pipeline (tests/fixtures/model) at 256x256 within the budget its plan predicts: the same pixels
  *     as without a budget, the pool's peak within it; a budget below the smallest workable refused before anything
  *     loads (the pool's use unchanged). */
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "backends/backend_cuda.h"
+#include "backends/backend_ext.h"
 #include "pipeline/budget.h"
 #include "pipeline/engine.h"
 #include "test.h"
@@ -73,7 +76,8 @@ static void pool_tests(void) {
 
 /* Host weights (dt_cuda_opts.host_weights): a random q4 g64 Linear [1024, 512] created with its packed weights in
  * pinned host memory computes exactly what the device copy computes (the same dequantization and GEMM, reading other
- * memory), at 256 rows (transient) and 8 rows (fused qmm), and the pool holds none of its packed bytes. */
+ * memory), at 256 rows (transient; also after a prefetch hint, which copies the packed form to the device first) and
+ * 8 rows (fused qmm), and the pool holds none of its packed bytes but the prefetch's one staging copy. */
 static void host_weights_tests(void) {
     enum { N = 1024, K = 512, G = 64 };
     uint32_t *qw = malloc((size_t)N * K / 8 * 4);
@@ -90,14 +94,21 @@ static void host_weights_tests(void) {
     be->mem_stats(be, &c0, NULL);
     dt_backend_cuda_opts(be)->host_weights = 1;
     dt_linear *host = be->linear_create(be, &src);
-    dt_backend_cuda_opts(be)->host_weights = 0;
     be->mem_stats(be, &c1, NULL);
+    dt_linear *host2 = be->linear_create(be, &src);   /* a second one: the stage is shared */
+    dt_backend_cuda_opts(be)->host_weights = 0;
+    size_t c2 = 0;
+    be->mem_stats(be, &c2, NULL);
     const char *path = host ? be->linear_path(be, host) : "";
-    T_CHECK("host_weights_off_the_pool", dev && host && c1 == c0 && strstr(path, "host memory"),
-            "pool %zu -> %zu (the device copy's packed bytes: %d); path '%s'; %s", c0, c1, N * K / 2, path,
-            dt_last_error());
+    const size_t stage = (size_t)N * K / 2 + (size_t)N * (K / G) * 8;   /* codes + f32 (scale, bias) pairs */
+    T_CHECK("host_weights_off_the_pool", dev && host && host2 && c1 - c0 == stage && c2 == c1 &&
+                                             strstr(path, "host memory"),
+            "pool %zu -> %zu -> %zu (only the prefetch's staging copy of the packed form, %zu bytes, once); path "
+            "'%s'; %s", c0, c1, c2, stage, path, dt_last_error());
+    T_CHECK("host_weights_on_host", host && dt_linear_on_host(be, host) && dev && !dt_linear_on_host(be, dev), "%s",
+            "linear_on_host does not tell the host copy from the device copy");
     const int rows[2] = {256, 8};
-    for (int k = 0; k < 2 && dev && host; k++) {
+    for (int k = 0; k < 2 && dev && host && host2; k++) {
         float *x = malloc((size_t)rows[k] * K * sizeof(float)), *ya = malloc((size_t)rows[k] * N * sizeof(float)),
               *yb = malloc((size_t)rows[k] * N * sizeof(float));
         for (int i = 0; i < rows[k] * K; i++) x[i] = dt_bf16_round((float)((i * 37) % 101) / 101.f - 0.5f);
@@ -112,6 +123,14 @@ static void host_weights_tests(void) {
         snprintf(name, sizeof name, "host_weights_same_output_%d_rows", rows[k]);
         T_CHECK(name, !memcmp(ya, yb, (size_t)rows[k] * N * sizeof(float)) && ya[0] == ya[0],
                 "outputs differ (first %g vs %g)", ya[0], yb[0]);
+        /* hinted first (256 rows, transient: the packed form staged by the copy engine, then dequantized; at 8
+         * rows the hint does nothing: the fused qmm reads the host memory in place) */
+        dt_prefetch(be, host2, dt_mat_null(), rows[k]);
+        be->linear(be, B, X, host2);
+        be->download(be, yb, B);
+        snprintf(name, sizeof name, "host_weights_prefetched_same_output_%d_rows", rows[k]);
+        T_CHECK(name, !memcmp(ya, yb, (size_t)rows[k] * N * sizeof(float)), "outputs differ (first %g vs %g)", ya[0],
+                yb[0]);
         be->free(be, &X);
         be->free(be, &A);
         be->free(be, &B);
@@ -121,10 +140,70 @@ static void host_weights_tests(void) {
     }
     if (dev) be->linear_destroy(be, dev);
     if (host) be->linear_destroy(be, host);
+    if (host2) be->linear_destroy(be, host2);
     be->destroy(be);
     free(qw);
     free(sc);
     free(bi);
+}
+
+/* Timing, not an assertion (what tools/gpu_run.sh vram reports): a Krea 2 ff-sized q4 g64 Linear [16384, 6144] with
+ * its packed weights in host memory on 4608 rows (a 1024² image and 512 text tokens), run after a GEMM of the same
+ * size on device weights: unhinted (its dequantization reads host memory in place, after that GEMM), hinted before
+ * that GEMM (the packed form copied by the copy engine while the GEMM runs, as Krea 2's blocks do with host weights),
+ * and both on device weights. Median of 5 after a warm-up, CUDA events. */
+static void host_weights_timing(void) {
+    enum { N = 16384, K = 6144, G = 64, M = 4608 };
+    uint32_t *qw = malloc((size_t)N * K / 8 * 4);
+    uint16_t *sc = malloc((size_t)N * (K / G) * 2), *bi = malloc((size_t)N * (K / G) * 2);
+    float *x = malloc((size_t)M * K * sizeof(float));
+    uint64_t r = 0x2545F4914F6CDD1Dull;
+    for (size_t i = 0; i < (size_t)N * K / 8; i++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; qw[i] = (uint32_t)r; }
+    for (size_t i = 0; i < (size_t)N * (K / G); i++) { sc[i] = dt_f32_to_bf16(0.002f); bi[i] = dt_f32_to_bf16(-0.015f); }
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = (float)((i * 37) % 101) / 101.f - 0.5f;
+    dt_linear_src src = {.name = "ff_q4", .out = N, .in = K, .bits = 4, .group_size = G, .dtype = DT_U32, .data = qw,
+                         .sb_dtype = DT_BF16, .scales = sc, .biases = bi, .precision = DT_PREC_BF16};
+    dt_backend *be = cuda_with_budget(0);
+    const dt_ext_profiling *pf = be ? dt_backend_profiling(be) : NULL;
+    dt_linear *dev = be ? be->linear_create(be, &src) : NULL, *host = NULL;
+    if (dev) {
+        dt_backend_cuda_opts(be)->host_weights = 1;
+        host = be->linear_create(be, &src);
+        dt_backend_cuda_opts(be)->host_weights = 0;
+    }
+    if (!pf || !dev || !host || !be->linear_prefetch) {
+        T_SKIP("host_weights_timing", "%s", be && !be->linear_prefetch ? "no prefetch (no_prefetch)" : dt_last_error());
+    } else {
+        dt_mat X = dt_alloc_or_die(be, M, K, DT_BF16), Y = dt_alloc_or_die(be, M, N, DT_BF16);
+        be->upload(be, X, x);
+        void *e0 = pf->event_create(be), *e1 = pf->event_create(be);
+        static const char *const what[3] = {"device weights, GEMM + GEMM", "host weights unhinted: GEMM + Linear",
+                                            "host weights hinted: GEMM + Linear"};
+        double t[3][5];
+        for (int rep = 0; rep < 6; rep++)
+            for (int v = 0; v < 3; v++) {
+                pf->event_record(be, e0);
+                if (v == 2) dt_prefetch(be, host, dt_mat_null(), M);
+                be->linear(be, Y, X, dev);
+                be->linear(be, Y, X, v == 0 ? dev : host);
+                pf->event_record(be, e1);
+                float ms = pf->event_elapsed_ms(be, e0, e1);
+                if (rep) t[v][rep - 1] = ms;
+            }
+        for (int v = 0; v < 3; v++) {
+            for (int i = 1; i < 5; i++)   /* (insertion sort: the median of 5) */
+                for (int j = i; j > 0 && t[v][j] < t[v][j - 1]; j--) { double s2 = t[v][j]; t[v][j] = t[v][j - 1]; t[v][j - 1] = s2; }
+            printf("TIME host weights, q4 [%d, %d] x %d rows, %-38s %8.3f ms\n", N, K, M, what[v], t[v][2]);
+        }
+        pf->event_destroy(be, e0);
+        pf->event_destroy(be, e1);
+        be->free(be, &X);
+        be->free(be, &Y);
+    }
+    if (dev) be->linear_destroy(be, dev);
+    if (host) be->linear_destroy(be, host);
+    if (be) be->destroy(be);
+    free(qw); free(sc); free(bi); free(x);
 }
 
 /* One 256x256 image of the bundled pipeline on be (o->max_vram planned): 0 or -1; *rgb malloc'd. */
@@ -193,6 +272,7 @@ int main(void) {
     }
     pool_tests();
     host_weights_tests();
+    host_weights_timing();
     pipeline_tests();
     return T_DONE();
 }

@@ -284,6 +284,110 @@ static void test_fp8_fused(int64_t M, int64_t D, int64_t N1, int64_t lead, int64
     free_weights(&w1); free_weights(&w2);
 }
 
+/* rmsnorm_mod_linears (Krea 2's modulated norm into q/k/v/gate, D wide, kv Dkv wide): with fp8 Linears the norm
+ * writes the e4m3 codes once and every GEMM reads them:
+ * - equal to the composed ops (rmsnorm_mod, then each linear's own quantizing pass) bit for bit: the same bf16 values
+ *   quantized by the same expressions;
+ * - each output against the CPU fp8 emulation on the GPU's normalized rows within TOL_FP8_FAST (the GEMM part);
+ * - force_unfused (the A/B arm) gives the composed ops too, bit for bit;
+ * - with one Linear not fp8 (a q4 one, as a LoRA'd or odd-shaped Linear may be) the op takes the composed path: equal
+ *   to it bit for bit as well;
+ * - timeit: fused vs force_unfused, interleaved, median of 15. */
+static void test_rmsnorm_mod_linears(int64_t M, int64_t D, int64_t Dkv, int timeit) {
+    char name[200];
+    const float eps = 1e-5f;
+    const int64_t N[4] = {D, Dkv, Dkv, D};
+    wsrc w[4];
+    dt_linear *g[4], *q4 = NULL;
+    dt_linear_src src[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = make_weights(N[i], D, i == 3 ? 4 : 0, 64, 0);
+        src[i] = w[i].src;
+        src[i].precision = DT_PREC_FP8;
+        g[i] = G->linear_create(G, &src[i]);
+        if (!g[i] || !GF8) { T_FAIL("fp8 rmsnorm_mod_linears", "linear_create: %s", GF8 ? dt_last_error() : "no fp8-internals extension"); return; }
+    }
+    q4 = G->linear_create(G, &w[3].src);   /* the last one again in bf16 (transient q4) */
+    float *hx = rand_bf((size_t)M * D, -2.f, 2.f);
+    for (int64_t i = 0; i < M * D; i += 89) hx[i] = dt_bf16_round(hx[i] * 8.f);   /* outliers */
+    float *hw = rand_bf((size_t)D, 0.f, 2.f), *hs = rand_bf((size_t)D, -0.5f, 0.5f);
+    dt_mat x = upa(G, hx, M, D), nw = dt_param_upload(G, hw, D), sh = upa(G, hs, 1, D);
+    dt_mat a1 = dt_alloc_or_die(G, M, D, DT_BF16), a2 = dt_alloc_or_die(G, M, D, DT_BF16);
+    dt_mat y1[4], y2[4], y3[4];
+    for (int i = 0; i < 4; i++) {
+        y1[i] = dt_alloc_or_die(G, M, N[i], DT_BF16); y2[i] = dt_alloc_or_die(G, M, N[i], DT_BF16);
+        y3[i] = dt_alloc_or_die(G, M, N[i], DT_BF16);
+        poison(G, y1[i]); poison(G, y2[i]); poison(G, y3[i]);
+    }
+    const dt_linear *const lin[4] = {g[0], g[1], g[2], g[3]};
+    G->rmsnorm_mod_linears(G, x, nw, sh, eps, a1, 4, lin, y1);
+    dt_rmsnorm_mod_linears_composed(G, x, nw, sh, eps, a2, 4, lin, y2);
+    GF8->force_unfused(G, 1);
+    G->rmsnorm_mod_linears(G, x, nw, sh, eps, a1, 4, lin, y3);
+    GF8->force_unfused(G, 0);
+    float *ha = down(G, a2);   /* the normalized rows (bf16), as the composed path wrote them */
+    for (int i = 0; i < 4; i++) {
+        float *r1 = down(G, y1[i]), *r2 = down(G, y2[i]), *r3 = down(G, y3[i]);
+        size_t at;
+        double md = max_abs_diff(r1, r2, (size_t)M * N[i], &at), mu = max_abs_diff(r3, r2, (size_t)M * N[i], &at);
+        snprintf(name, sizeof name, "fp8 rmsnorm_mod_linears M=%lld D=%lld Linear %d (N=%lld): fused == rmsnorm_mod + "
+                 "linear bit for bit (force_unfused too)", (long long)M, (long long)D, i, (long long)N[i]);
+        T_CHECK(name, md == 0 && mu == 0, "max |diff| fused %g, force_unfused %g", md, mu);
+        int64_t ns;
+        float *ref = cpu_linear_subset(ha, M, D, &src[i], &ns), *got = gpu_subset(y1[i]);
+        snprintf(name, sizeof name, "fp8 rmsnorm_mod_linears M=%lld D=%lld Linear %d (N=%lld) vs cpu fp8 emulation",
+                 (long long)M, (long long)D, i, (long long)N[i]);
+        t_check_rel_l2(name, got, ref, (size_t)ns * N[i], TOL_FP8_FAST);
+        free(r1); free(r2); free(r3); free(ref); free(got);
+    }
+    if (q4) {   /* one Linear not fp8: the composed ops */
+        const dt_linear *const mixed[4] = {g[0], g[1], g[2], q4};
+        for (int i = 0; i < 4; i++) { poison(G, y1[i]); poison(G, y2[i]); }
+        G->rmsnorm_mod_linears(G, x, nw, sh, eps, a1, 4, mixed, y1);
+        dt_rmsnorm_mod_linears_composed(G, x, nw, sh, eps, a2, 4, mixed, y2);
+        double md = 0;
+        for (int i = 0; i < 4; i++) {
+            float *r1 = down(G, y1[i]), *r2 = down(G, y2[i]);
+            size_t at;
+            double d = max_abs_diff(r1, r2, (size_t)M * N[i], &at);
+            if (d > md) md = d;
+            free(r1); free(r2);
+        }
+        snprintf(name, sizeof name, "rmsnorm_mod_linears M=%lld D=%lld with a q4 Linear among fp8 ones == the composed "
+                 "ops bit for bit", (long long)M, (long long)D);
+        T_CHECK(name, md == 0, "max |diff| %g", md);
+    } else {
+        T_FAIL("rmsnorm_mod_linears with a q4 Linear", "linear_create: %s", dt_last_error());
+    }
+    if (timeit) {   /* fused vs force_unfused, interleaved */
+        void *e0 = GP->event_create(G), *e1 = GP->event_create(G);
+        double t[2][15];
+        for (int i = 0; i < 18; i++)
+            for (int v = 0; v < 2; v++) {
+                int var = (i + v) % 2;   /* rotated order */
+                GF8->force_unfused(G, var);
+                GP->event_record(G, e0);
+                G->rmsnorm_mod_linears(G, x, nw, sh, eps, a1, 4, lin, y1);
+                GP->event_record(G, e1);
+                float t0 = GP->event_elapsed_ms(G, e0, e1);
+                GF8->force_unfused(G, 0);
+                if (i >= 3) t[var][i - 3] = t0;
+            }
+        printf("TIME %-44s %8.4f ms fused, %8.4f ms rmsnorm_mod + 4 quantizing passes (M=%lld D=%lld Dkv=%lld)\n",
+               "fp8 rmsnorm_mod_linears (q/k/v/gate)", median(t[0], 15), median(t[1], 15), (long long)M, (long long)D,
+               (long long)Dkv);
+        GP->event_destroy(G, e0); GP->event_destroy(G, e1);
+    }
+    free(ha); free(hx); free(hw); free(hs);
+    G->free(G, &x); G->free(G, &nw); G->free(G, &sh); G->free(G, &a1); G->free(G, &a2);
+    for (int i = 0; i < 4; i++) {
+        G->free(G, &y1[i]); G->free(G, &y2[i]); G->free(G, &y3[i]);
+        G->linear_destroy(G, g[i]);
+        free_weights(&w[i]);
+    }
+    if (q4) G->linear_destroy(G, q4);
+}
+
 /* e4m3 edge values through the CUDA fp8 Linear: identity weights (each row's amax 1 -> code 448, scale 1/448) and
  * an activation row whose amax is 448 (scale 1), so y = the e4m3 value of each x (bf16 holds it exactly): 0,
  * subnormals, ties to even, ±448; compared exactly with the CPU emulation (whose conversion test_fp8 checks
@@ -666,6 +770,8 @@ int main(void) {
         test_fp8_fused(4608, 3072, 27648, 3072, 9216, 3072, 1);   /* single block: proj; [attention | SwiGLU] -> out */
         test_fp8_fused(4096, 3072, 18432, 0, 9216, 3072, 1);      /* double block image stream: ff in / ff out */
         test_fp8_fused(77, 256, 320, 64, 192, 144, 0);            /* odd M, short rows */
+        test_rmsnorm_mod_linears(4608, 6144, 1536, 1);   /* Krea 2 1024² block: q/k/v/gate (48:12 heads of 128) */
+        test_rmsnorm_mod_linears(77, 512, 128, 0);       /* odd M, short rows (the tiny fixture's widths) */
         printf("# section f8fuse %.1f s\n", dt_now() - tf);
     }
     if (RUN("quant")) {

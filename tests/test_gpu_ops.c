@@ -89,6 +89,39 @@ static void test_rmsnorm(int64_t M, int64_t D, int with_w, float woff) {
     C->free(C, &cx); C->free(C, &cy);
 }
 
+/* rmsnorm_mod (Krea 2's modulated norm: the scale folded into w, plus a bf16 shift row) against the CPU within TOL_EW,
+ * and against what it replaces on the GPU, rmsnorm then gated_add(y, shift, ones): bit for bit (the product rounded
+ * to bf16 before the shift is added, as rmsnorm stores it). D % 8 != 0 takes the scalar kernel. */
+static void test_rmsnorm_mod(int64_t M, int64_t D, int inplace) {
+    char name[160];
+    snprintf(name, sizeof name, "rmsnorm_mod [%lld,%lld]%s", (long long)M, (long long)D, inplace ? " in-place" : "");
+    float *hx = rand_bf((size_t)M * D, -3.f, 3.f), *hw = rand_bf((size_t)D, 0.f, 2.5f), *hs = rand_bf((size_t)D, -1.f, 1.f);
+    float *h1 = malloc((size_t)M * D * sizeof(float));
+    for (int64_t i = 0; i < M * D; i++) h1[i] = 1.f;
+    dt_mat gx = upa(G, hx, M, D), gy = inplace ? gx : dt_alloc_or_die(G, M, D, DT_BF16);
+    dt_mat gw = dt_param_upload(G, hw, D), gs = upa(G, hs, 1, D), g1 = upa(G, h1, M, D);
+    dt_mat gr = dt_alloc_or_die(G, M, D, DT_BF16);
+    if (!inplace) poison(G, gy);
+    poison(G, gr);
+    G->rmsnorm(G, gr, gx, gw, 0.f, 1e-6f);   /* the two passes it replaces */
+    G->gated_add(G, gr, gs, g1);
+    G->rmsnorm_mod(G, gy, gx, gw, gs, 1e-6f);
+    dt_mat cx = up(C, hx, M, D, DT_F32), cy = dt_alloc_or_die(C, M, D, DT_F32);
+    dt_mat cw = dt_param_upload(C, hw, D), cs = up(C, hs, 1, D, DT_F32);
+    C->rmsnorm_mod(C, cy, cx, cw, cs, 1e-6f);
+    float *got = down(G, gy), *two = down(G, gr), *ref = down(C, cy);
+    t_check_rel_l2(name, got, ref, (size_t)M * D, TOL_EW);
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)M * D; i++) diff += memcmp(&got[i], &two[i], sizeof(float)) != 0;
+    snprintf(name, sizeof name, "rmsnorm_mod [%lld,%lld]%s == rmsnorm + gated_add(shift, ones) bit for bit", (long long)M,
+             (long long)D, inplace ? " in-place" : "");
+    T_CHECK(name, diff == 0, "%zu of %lld values differ", diff, (long long)(M * D));
+    free(got); free(two); free(ref); free(hx); free(hw); free(hs); free(h1);
+    G->free(G, &gx); if (!inplace) G->free(G, &gy);
+    G->free(G, &gw); G->free(G, &gs); G->free(G, &g1); G->free(G, &gr);
+    C->free(C, &cx); C->free(C, &cy); C->free(C, &cw); C->free(C, &cs);
+}
+
 static const char *act_name(dt_act a) {
     return a == DT_ACT_SILU ? "silu" : a == DT_ACT_GELU_TANH ? "gelu_tanh" : a == DT_ACT_GELU_ERF ? "gelu_erf" : "sigmoid";
 }
@@ -441,6 +474,9 @@ int main(void) {
         test_rmsnorm(4608, 3072, 1, 0.f);
         test_rmsnorm(512, 2560, 1, 1.f);
         test_rmsnorm(77, 1000, 0, 0.f);
+        test_rmsnorm_mod(4608, 3072, 0);   /* Krea 2 rows at a klein-like width */
+        test_rmsnorm_mod(1024, 6144, 1);
+        test_rmsnorm_mod(77, 2500, 0);     /* scalar kernel */
         for (int fp = 1; fp >= 0; fp--) {
             test_head_norm_rope(4608, 24, 128, DT_ROPE_INTERLEAVED, 1, fp);
             test_head_norm_rope(512, 32, 128, DT_ROPE_HALF, 1, fp);

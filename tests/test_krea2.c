@@ -5,8 +5,9 @@
  * forwards on cached buffers. CUDA (when a GPU is usable): the same outputs within KREA2_GPU_TOL.
  * q4 (CPU and CUDA): the fixture weights quantized in memory to MLX q4 g32 and written to a temp folder,
  * checked against an f32 twin holding exactly the dequantized weights. Errors: a missing tensor and a
- * missing config field are reported by name; an all-padding mask is rejected. DITRUN_SLOW=1 with a GPU
- * adds the real Krea 2 geometry (2 of 28 blocks, random weights) at 1024² with timings.
+ * missing config field are reported by name; an all-padding mask is rejected. CUDA host weights (the q4 copy's packed
+ * weights in pinned host memory, prefetched by the model's hints) equal device weights bit for bit. DITRUN_SLOW=1 with
+ * a GPU adds the real Krea 2 geometry (2 of 28 blocks, random weights) at 1024² with timings.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
+#include "backends/backend_cuda.h"
+#include "backends/backend_trace.h"
 #include "io/safetensors.h"
 #include "models/krea2.h"
 #include "pipeline/sampler.h"
@@ -917,6 +920,67 @@ static void fp8_cuda(dt_backend *cu) {
     free_inputs(&fi);
 }
 
+/* Host weights (dt_cuda_opts.host_weights, the --max-vram plan's last resort): the q4 fixture with its packed weights
+ * in pinned host memory gives the device copy's output bit for bit (with and without the mask): the same
+ * dequantization from other memory, prefetched or not (cuda_prefetch.cu's contract). The host copy's block Linears
+ * hint themselves and the next one (dt_linear_on_host; 2 per Linear, 8 Linears per block, none after the last
+ * block's ff.down: 16 * layers - 1 per forward), counted by the trace wrapper; the device copy gives none (there a
+ * hint could only overlap a GEMM). All on the transient path (qpath transient: at auto the fixture's 60 rows would
+ * take the fused qmm, which reads the weights in place and prefetches nothing). */
+static void host_weights_cuda(void) {
+    fx_inputs fi;
+    if (load_inputs(&fi)) { T_FAIL("cuda krea2 host weights", "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    char cfgp[512], dq[512];
+    snprintf(cfgp, sizeof cfgp, "%s/krea2/transformer/config.json", t_fixtures());
+    char *cfg = read_text(cfgp);
+    tmp_dir(dq, sizeof dq, "hostw");
+    static dt_cuda_opts co;   /* outlives the backend */
+    dt_backend *be = NULL;
+    if (!cfg || write_variant(dq, MODE_Q4, NULL, cfg) || dt_cuda_opts_from_env(&co)) {
+        T_FAIL("cuda krea2 host weights", "%s", dt_last_error());
+    } else {
+        co.gemm_tune = 0;   /* cuBLASLt's first pick: the same GEMM for both copies */
+        dt_backend *cu = dt_backend_cuda_create(&(dt_backend_opts){.rope_fp32 = 1, .qpath = DT_QPATH_TRANSIENT, .cuda = &co});
+        be = cu ? dt_backend_trace(cu, 1, 1e9) : NULL;
+        if (!be) T_FAIL("cuda krea2 host weights", "backend: %s", dt_last_error());
+    }
+    krea2_model *md = be ? krea2_load(be, dq) : NULL;
+    if (be) dt_backend_cuda_opts(be)->host_weights = 1;
+    krea2_model *mh = md ? krea2_load(be, dq) : NULL;
+    if (be) dt_backend_cuda_opts(be)->host_weights = 0;
+    if (be && (!md || !mh)) T_FAIL("cuda krea2 host weights", "load: %s", dt_last_error());
+    if (md && mh) {
+        const int layers = krea2_get_config(md)->num_layers;
+        const size_t no = (size_t)fi.n * fi.in_ch;
+        for (int masked = 1; masked >= 0; masked--) {
+            float *od = dt_malloc(sizeof(float) * no), *oh = dt_malloc(sizeof(float) * no);
+            const uint8_t *mask = masked ? fi.mask : NULL;
+            int h0 = dt_backend_trace_calls(be, "linear_prefetch", NULL);
+            int rc = krea2_forward(md, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, mask, od, NULL, NULL);
+            int h1 = dt_backend_trace_calls(be, "linear_prefetch", NULL);
+            rc = rc ? rc : krea2_forward(mh, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, mask, oh, NULL, NULL);
+            int h2 = dt_backend_trace_calls(be, "linear_prefetch", NULL);
+            char name[200];
+            snprintf(name, sizeof name, "cuda krea2 q4 host weights%s: the device copy's output bit for bit",
+                     masked ? " (mask)" : "");
+            size_t diff = 0;
+            for (size_t i = 0; rc == 0 && i < no; i++) diff += memcmp(&od[i], &oh[i], sizeof(float)) != 0;
+            T_CHECK(name, rc == 0 && diff == 0 && isfinite(od[0]), "rc %d (%s), %zu of %zu values differ", rc,
+                    rc ? dt_last_error() : "", diff, no);
+            snprintf(name, sizeof name, "cuda krea2 q4 host weights%s: %d prefetch hints per forward, none with device "
+                     "weights", masked ? " (mask)" : "", 16 * layers - 1);
+            T_CHECK(name, h1 == h0 && h2 - h1 == 16 * layers - 1, "device weights %d hints, host weights %d",
+                    h1 - h0, h2 - h1);
+            free(od); free(oh);
+        }
+    }
+    krea2_free(md); krea2_free(mh);
+    if (be) be->destroy(be);   /* (the trace wrapper destroys the CUDA backend under it) */
+    rm_dir(dq);
+    free(cfg);
+    free_inputs(&fi);
+}
+
 int main(void) {
     dt_backend *cpu = dt_backend_cpu_create(&(dt_backend_opts){0});
     if (!cpu) { T_FAIL("cpu backend", "%s", dt_last_error()); return T_DONE(); }
@@ -955,6 +1019,7 @@ int main(void) {
             else
                 batch_vs_single(cu, "cuda krea2 fp8 Linears", DT_PREC_FP8, DT_PREC_BF16, KREA2_BATCH_GPU_FP8_TOL, 1,
                                 NULL, NULL);
+            host_weights_cuda();
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') synthetic_real_geometry(cu, "cuda");
             else T_SKIP("cuda synthetic Krea 2 geometry", "set DITRUN_SLOW=1 (writes ~2.6 GB to $TMPDIR)");

@@ -45,7 +45,8 @@
 #     vram      --max-vram (README: card classes): whole 1024² q4 images, 4 steps, one-shot, klein-4B in 6G, klein-9B
 #               in 8G, Krea 2 in 12G, each beside its unbounded run (time per image, the plan, the pool's peak and
 #               nvidia-smi's sampled every 50 ms), 2048² klein-4B in 8G (the plan tiles the VAE), Krea 2 in 6G (the
-#               plan keeps the q4 weights in host memory); test_gpu_budget first; stops starting runs after
+#               plan keeps the q4 weights in host memory; again with --no-prefetch: without the hints); test_gpu_budget
+#               first (with its TIME lines: a host-weight Linear after a GEMM, hinted or not); stops starting runs after
 #               VRAM_SECONDS (120) and says which it skipped
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
@@ -665,7 +666,7 @@ if has vram; then   # README: card classes — --max-vram measured: the pool's p
     VT0=$(date +%s); VLIM=${VRAM_SECONDS:-120}
     vleft() { [ $(( $(date +%s) - VT0 )) -lt "$VLIM" ]; }
     log "test_gpu_budget (GPU required):"
-    DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_budget 2>&1 | grep -E "^(PASS|FAIL|SKIP)|klein tiny" | tee -a "$OUT/summary.txt"
+    DITRUN_REQUIRE_GPU=1 ./build/tests/test_gpu_budget 2>&1 | grep -E "^(PASS|FAIL|SKIP|TIME)|klein tiny" | tee -a "$OUT/summary.txt"
     vgen() {  # vgen LABEL MODEL WxH BUDGET|none [generate args]: one one-shot image, its plan, peaks and times
         local label=$1 model=$2 size=$3 budget=$4 bo="" line base; shift 4
         vleft || { log "vram: $label $size budget $budget skipped (past ${VLIM} s)"; return; }
@@ -691,6 +692,9 @@ if has vram; then   # README: card classes — --max-vram measured: the pool's p
     vgen "Krea 2 q4 (4 steps)" "$W/kr2p4" 1024x1024 none --steps 4
     vgen "Krea 2 q4 (4 steps)" "$W/kr2p4" 1024x1024 12G --steps 4
     vgen "Krea 2 q4 (4 steps, host weights)" "$W/kr2p4" 1024x1024 6G --steps 4
+    # the same without the model's prefetch hints (--no-prefetch: each Linear's weights cross the bus right before
+    # its GEMM, as before Krea 2 gave hints): the s/step of the two lines is the hints' effect
+    vgen "Krea 2 q4 (4 steps, host weights, --no-prefetch)" "$W/kr2p4" 1024x1024 6G --steps 4 --no-prefetch
     log "vram section: $(( $(date +%s) - VT0 )) s"
 fi
 

@@ -97,6 +97,12 @@ void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, d
     be->linear(be, y, a, w);
 }
 
+void dt_rmsnorm_mod_linears_composed(dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n,
+                                     const dt_linear *const *w, const dt_mat *y) {
+    be->rmsnorm_mod(be, a, x, nw, shift, eps);
+    for (int i = 0; i < n; i++) be->linear(be, y[i], a, w[i]);
+}
+
 void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
                                   const dt_linear *w, dt_mat gate, dt_mat y) {
     be->act_mul(be, dt_mat_cols(c, lead, c.cols - lead), a, b, act);

@@ -131,6 +131,11 @@ typedef struct dt_backend dt_backend;
     /* y[M,D] = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w [1, D] F32 param or NULL data (=1). \
      * w_offset: 0 normal, 1 zero-centred weights (Krea 2). y may alias x. */ \
     V(rmsnorm, (dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps), (be, y, x, w, w_offset, eps)) \
+    /* The modulated RMSNorm (Krea 2's, the modulation's scale folded into w): y[M,D] = rmsnorm(x, w, 0, eps) + shift, \
+     * the norm's product rounded to y's dtype before the shift is added (what rmsnorm then gated_add(y, shift, \
+     * ones) give, in one pass). w [1, D] F32 param or NULL data (= 1); shift [1, D] act or F32, or NULL data \
+     * (none). y may alias x. */ \
+    V(rmsnorm_mod, (dt_backend *be, dt_mat y, dt_mat x, dt_mat w, dt_mat shift, float eps), (be, y, x, w, shift, eps)) \
     /* In place on x[L, H*hd]: per head RMSNorm over hd with weight w [1, hd] F32 (NULL data = no norm), \
      * then RoPE with cos/sin [L, hd] F32 tables (mode NONE = no rotation). \
      * INTERLEAVED pairs (2k, 2k+1); HALF pairs (i, i+hd/2). */ \
@@ -204,6 +209,13 @@ typedef struct dt_backend dt_backend;
      * contents are undefined afterwards. Every backend sets it (dt_norm_linear_composed where it fuses nothing). */ \
     V(norm_linear, (dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps, const dt_linear *w, \
                     dt_mat a), (be, y, x, shift, scale, eps, w, a)) \
+    /* y[i][M,N_i] = rmsnorm_mod(x[M,D], nw, shift, eps) · W[i]ᵀ (+ bias) for i < n: the norm into a (scratch \
+     * [M, D], act dtype) once, then the n Linears on it (Krea 2's q/k/v/gate, its SwiGLU's gate/up). A backend may feed the W[i] without writing a (CUDA, when every W[i] is an \
+     * fp8 Linear: the norm writes the e4m3 codes and row scales once, the same values linear would compute from a, \
+     * and each fp8 GEMM reads them), so a's contents are undefined afterwards. Every backend sets it \
+     * (dt_rmsnorm_mod_linears_composed where it fuses nothing). */ \
+    V(rmsnorm_mod_linears, (dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n, \
+                            const dt_linear *const *w, const dt_mat *y), (be, x, nw, shift, eps, a, n, w, y)) \
     /* x[M,N] += gate ⊙ (c[M,K] · Wᵀ) after c[:, lead:] = act(a) ⊙ b (a, b [M, K-lead]; c[:, :lead] as given): \
      * act_mul into c's columns from `lead` on, then dt_linear_gated (gate NULL data: plain add). A backend may \
      * feed W without writing c[:, lead:] (CUDA, fp8 Linears: one pass from c[:, :lead], a and b to the e4m3 codes \
@@ -228,9 +240,14 @@ typedef struct dt_backend dt_backend;
     /* Hint (NULL: none): the next Linear this queue runs with weights w is on `rows` tokens — through \
      * linear_gated_add with this gate when gate.data is set, else through linear. A backend may prepare the \
      * weights now, overlapping the ops queued before (CUDA: the transient dequantization of 4/8-bit weights on a \
-     * low-priority stream). The gate's values must be final when this is called. Results are the same with or \
+     * low-priority stream; host weights: their packed form copied to the device by the copy engine first). The gate's values must be final when this is called. Results are the same with or \
      * without the hint; a hint no Linear matches costs only its own work. */ \
     V(linear_prefetch, (dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows), (be, w, gate, rows)) \
+    /* 1 when w's weights stay in host memory and each use reads them over the bus (CUDA: host weights, the packed \
+     * 4/8-bit weights in mapped pinned memory read by each dequantization): its transfer, not compute, bounds the \
+     * Linear, so a linear_prefetch hint overlaps it with whatever is queued before, GEMMs included. NULL: 0 (every \
+     * Linear's weights on the device). */ \
+    R(int, linear_on_host, (dt_backend *be, const dt_linear *w), (be, w)) \
     \
     /* The extension called `name` (backends/backend_ext.h: DT_EXT_PROFILING, DT_EXT_FP8_INTERNALS), a pointer to \
      * its table of functions (each called with this be), or NULL where the backend has none. Optional (NULL: no \
@@ -285,9 +302,11 @@ static inline uint8_t dt_image_u8(float v, float *unit) {
 void dt_image_planes_u8(const float *x, size_t hw, uint8_t *u8, float *unit);
 /* image_rgb8 where the backend has it, else download (f32 [3, H*W]) and dt_image_planes_u8 on the host. */
 void dt_image_rgb8(dt_backend *be, uint8_t *dst, dt_mat x);
-/* norm_linear and act_linear_gated as two ops each. */
+/* norm_linear and act_linear_gated as two ops each; rmsnorm_mod_linears as rmsnorm_mod and n linears. */
 void dt_norm_linear_composed(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps,
                              const dt_linear *w, dt_mat a);
+void dt_rmsnorm_mod_linears_composed(dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n,
+                                     const dt_linear *const *w, const dt_mat *y);
 void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
                                   const dt_linear *w, dt_mat gate, dt_mat y);
 
@@ -295,6 +314,10 @@ void dt_act_linear_gated_composed(dt_backend *be, dt_mat x, dt_mat c, int64_t le
 /* linear_prefetch where the backend has it (w NULL: nothing). */
 static inline void dt_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows) {
     if (be->linear_prefetch && w) be->linear_prefetch(be, w, gate, rows);
+}
+/* linear_on_host where the backend has it (w NULL: 0). */
+static inline int dt_linear_on_host(dt_backend *be, const dt_linear *w) {
+    return be->linear_on_host && w && be->linear_on_host(be, w);
 }
 /* Queue for the next ops (stream_switch; a no-op on one-queue backends). */
 static inline void dt_on_queue(dt_backend *be, int q, int wait) {

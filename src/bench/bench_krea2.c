@@ -568,8 +568,9 @@ const bench_family bench_krea2_family = {
     .whole_forward = whole_forward,
     .release = release,
     .block_kind = "transformer block",
-    .ledger_note = "The modulated norm is RMSNorm with the folded weight plus a shift add against a ones matrix (two "
-                   "passes); its GB moved is what one fused pass would move.",
+    .ledger_note = "The modulated norm is one rmsnorm_mod pass (RMSNorm with the folded weight, plus the shift); with "
+                   "--precision fp8 it runs inside the q/k/v + gate and the MLP gate + up ops (rmsnorm_mod_linears: the "
+                   "norm writes the fp8 GEMMs' input once), so those rows hold it and the norm rows are empty.",
     .n_ops = KREA2_OP_COUNT,
     .ops = block_ops,
     .op_qknorm = KREA2_OP_QKNORM,

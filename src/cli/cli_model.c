@@ -77,6 +77,12 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
         o->be.cuda = &o->cuda;
         (*i)++; return 1;
     }
+    if (!strcmp(a, "--no-prefetch")) {   /* (A/B timings of the models' prefetch hints) */
+        if (!o->be.cuda && dt_cuda_opts_from_env(&o->cuda)) { cli_error("%s", dt_last_error()); return -1; }
+        o->cuda.no_prefetch = 1;
+        o->be.cuda = &o->cuda;
+        return 1;
+    }
     if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) { dt_log_level = 0; return 1; }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { dt_log_level = 2; o->be.verbose = 1; return 1; }
     return 0;

@@ -15,8 +15,8 @@ typedef struct {
     int guidance_batch_set;   /* --guidance-batch was given (commands without guided steps refuse it) */
     dt_precision precision;   /* --precision: the DiT blocks' Linears (the model's load options, not the backend's) */
     dt_precision attn_precision;   /* --attn-precision: the DiT blocks' attention */
-    dt_cuda_opts cuda;        /* the CUDA options once --kernels or --max-vram is given (be.cuda then points here;
-                               * else NULL: the environment's, at creation) */
+    dt_cuda_opts cuda;        /* the CUDA options once --kernels, --max-vram or --no-prefetch is given (be.cuda
+                               * then points here; else NULL: the environment's, at creation) */
     int64_t max_vram;         /* --max-vram SIZE: the CUDA pool's budget (cuda.max_vram) and the memory plan's
                                * (dt_pipeline_opts.max_vram); 0 = not given */
 } cli_model_opts;
@@ -45,7 +45,8 @@ void cli_model_opts_default(cli_model_opts *o);
  * a shared option, -1 on a bad value (error printed). Options: --backend, --threads, --qpath,
  * --precision (bf16 | fp8: the DiT blocks' Linears in e4m3, opt-in), --rope-bf16, --cuda-graph,
  * --guidance-batch on|off, --kernels (auto | portable: the CUDA paths of a non-Hopper
- * card), --max-vram SIZE (the CUDA pool's budget), -q/--quiet, -v/--verbose. */
+ * card), --max-vram SIZE (the CUDA pool's budget), --no-prefetch (CUDA: no transient-weight prefetch, the models'
+ * hints ignored), -q/--quiet, -v/--verbose. */
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);
 /* Create the backend; prints the error and returns NULL on failure. */
 dt_backend *cli_model_backend(const cli_model_opts *o);

@@ -64,6 +64,8 @@ static void usage(FILE *f) {
             "  --kernels auto|portable  CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --max-vram SIZE          CUDA: the device memory pool's budget (K, M, G suffixes: 12G); an allocation\n"
             "                           past it fails naming the budget, the use and the request\n"
+            "  --no-prefetch            CUDA: no transient-weight prefetch: each 4/8-bit Linear dequantized right before\n"
+            "                           its GEMM, the model's prefetch hints ignored (A/B timings)\n"
             "  --sequence-parallel N  FLUX.2: the forward split over N GPUs (NCCL; on the CPU backend N thread ranks),\n"
             "                       docs/sequence-parallel.md\n"
             "  --compare-unsplit    with --sequence-parallel: also run the unsplit forward (one GPU) and report the\n"

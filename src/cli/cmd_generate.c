@@ -98,6 +98,8 @@ static void usage(FILE *f) {
             "                              tiles, with --count the text encoder is reloaded per prompt, when needed);\n"
             "                              a budget below the smallest workable is refused before anything loads,\n"
             "                              naming it (ditrun info --size --max-vram shows the plan; -v logs it)\n"
+            "  --no-prefetch               CUDA: no transient-weight prefetch: each 4/8-bit Linear dequantized right\n"
+            "                              before its GEMM, the model's prefetch hints ignored (A/B timings)\n"
             "  --sequence-parallel N       split the DiT's forward over N GPUs (devices 0..N-1 from the backend's;\n"
             "                              NCCL, libnccl.so.2, loaded at run time); on the CPU backend N thread ranks\n"
             "                              (the same schedule, for tests: not faster). docs/sequence-parallel.md\n"

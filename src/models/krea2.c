@@ -11,9 +11,12 @@
  * S [nb·L, D] sequence after sequence, the text fusion over nb·T tokens; every Linear runs once on all rows, each
  * attention per sequence (NOTES.md, "Guidance batch").
  *
- * The modulated norm (1 + scale) * RMSNorm_{1+w}(x) + shift has no fused op: the scale is folded
- * into the RMSNorm weight on the host ((1 + w) * (1 + scale), an F32 [1, D] param per norm and
- * forward) and the shift is added with gated_add(x, shift, ones) against a ones matrix.
+ * The modulated norm (1 + scale) * RMSNorm_{1+w}(x) + shift is one rmsnorm_mod pass: the scale is
+ * folded into the RMSNorm weight on the host ((1 + w) * (1 + scale), an F32 [1, D] param per norm and
+ * forward), the shift added in the same pass. With fp8 Linears taking fused inputs the norm feeds its
+ * Linears directly (rmsnorm_mod_linears: q/k/v/gate, then the SwiGLU's gate/up, from one quantized input).
+ * With weights in host memory (dt_linear_on_host) each block Linear hints the next (linear_prefetch) so that its
+ * transfer over the bus overlaps the GEMM before it.
  * Layerwise text attention (one sequence of Y layers per token) keeps the text stream layer-major
  * (row l*T + t) so that a single attention call with T*H heads covers every token.
  * See docs/krea2-notes.md.
@@ -403,7 +406,7 @@ static dt_mat fview(dt_mat buf, int64_t rows, int64_t cols) {
 
 void krea2_acts_free(dt_backend *be, krea2_acts *b) {
     dt_mat *mats[] = {&b->emb, &b->th, &b->temb, &b->tg, &b->tmod, &b->modw, &b->modv, &b->in_img, &b->s,
-                      &b->ones, &b->ts, &b->tr, &b->a, &b->q, &b->k, &b->v, &b->g, &b->o, &b->h1, &b->h2,
+                      &b->ts, &b->tr, &b->a, &b->q, &b->k, &b->v, &b->g, &b->o, &b->h1, &b->h2,
                       &b->outm, &b->cos, &b->sin, &b->bias};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
     free(b->ids);
@@ -432,7 +435,7 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb
         {&b->emb, 1, c->t_embed, act},   {&b->th, 1, D, act},          {&b->temb, 1, D, act},
         {&b->tg, 1, D, act},             {&b->tmod, 1, 6 * D, act},    {&b->modw, 2 * nl + 1, D, DT_F32},
         {&b->modv, 4 * nl + 1, D, act},  {&b->in_img, (int64_t)nb * n, c->in_channels, act},
-        {&b->s, L, D, act},              {&b->ones, L, D, act},        {&b->ts, 1, Lt * E, act},
+        {&b->s, L, D, act},              {&b->ts, 1, Lt * E, act},
         {&b->tr, 1, (int64_t)nb * t * E, act}, {&b->a, 1, big, act},   {&b->q, 1, big, act},
         {&b->k, 1, kv, act},             {&b->v, 1, kv, act},          {&b->g, 1, big, act},
         {&b->o, 1, big, act},            {&b->h1, 1, hid, act},        {&b->h2, 1, hid, act},
@@ -446,16 +449,6 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb
     b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see krea2_time_mods */
     b->key_runs = dt_malloc(sizeof(int64_t) * (size_t)(nb * krea2_key_runs_stride(t)));
     for (int i = 0; i < nb; i++) b->nkeys[i] = Ls;
-    /* ones: upload one row, then double the filled prefix with copies */
-    float *one = dt_malloc(sizeof(float) * (size_t)D);
-    for (int64_t i = 0; i < D; i++) one[i] = 1.0f;
-    be->upload(be, dt_mat_rows(b->ones, 0, 1), one);
-    free(one);
-    for (int64_t filled = 1; filled < L;) {
-        int64_t k = filled < L - filled ? filled : L - filled;
-        be->copy(be, dt_mat_rows(b->ones, filled, k), dt_mat_rows(b->ones, 0, k));
-        filled += k;
-    }
     /* mark the RoPE tables stale */
     for (int64_t i = 0; i < L * c->n_axes; i++) b->ids[i] = NAN;
     return 0;
@@ -542,7 +535,7 @@ krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
         .k = fview(x->k, L, dkv),    .v = fview(x->v, L, dkv),
         .h1 = fview(x->h1, L, F),    .h2 = fview(x->h2, L, F),
         .cos = x->cos,               .sin = x->sin,               .bias = x->masked ? x->bias : dt_mat_null(),
-        .modw = x->modw,             .modv = x->modv,             .ones = x->ones,
+        .modw = x->modw,             .modv = x->modv,
         .nb = x->nb,                 .L = Ls,
         .kc = fview(x->h1, nk, dkv), .vc = fview(x->h2, nk, dkv),
         .key_runs = x->masked ? x->key_runs : NULL, .runs_stride = krea2_key_runs_stride(x->t),
@@ -682,10 +675,18 @@ void krea2_time_mods(dt_backend *be, const krea2_config *c, const krea2_outer_w 
 }
 
 /* y = RMSNorm(x) * folded weight row wi + shift row vi (the modulated norm of the blocks and the final layer). */
-static void mod_norm(dt_backend *be, const krea2_config *c, dt_mat y, dt_mat x, dt_mat modw, dt_mat modv, dt_mat ones,
-                     int wi, int vi) {
-    be->rmsnorm(be, y, x, dt_mat_rows(modw, wi, 1), 0.0f, c->eps);
-    be->gated_add(be, y, dt_mat_rows(modv, vi, 1), dt_mat_rows(ones, 0, x.rows));
+static void mod_norm(dt_backend *be, const krea2_config *c, dt_mat y, dt_mat x, dt_mat modw, dt_mat modv, int wi,
+                     int vi) {
+    be->rmsnorm_mod(be, y, x, dt_mat_rows(modw, wi, 1), dt_mat_rows(modv, vi, 1), c->eps);
+}
+
+/* y = x · Wᵀ; first, where the weights are read over the bus (dt_linear_on_host), a prefetch hint for w (a no-op
+ * when already hinted) and one for `next`, the Linear after it, so that next's transfer overlaps this GEMM (two
+ * slots: w's and next's). With device weights no hint: there it could only overlap a GEMM, which lost (PERF.md). */
+static void k2_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w, const dt_linear *next) {
+    if (dt_linear_on_host(be, w)) dt_prefetch(be, w, dt_mat_null(), x.rows);
+    if (dt_linear_on_host(be, next)) dt_prefetch(be, next, dt_mat_null(), x.rows);
+    be->linear(be, y, x, w);
 }
 
 /* The blocks' GQA attention, per sequence of the batch (its L rows, its row of the bias): bf16 with the key-padding
@@ -724,8 +725,23 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
     const krea2_attn_w *at = &w->attn;
     dt_mat none = dt_mat_null();
     switch (k) {
-    case KREA2_OP_NORM1: mod_norm(be, c, io->a, io->s, io->modw, io->modv, io->ones, 2 * l, 4 * l); break;
-    case KREA2_OP_QKVG: attn_proj(be, at, io->a, io->q, io->k, io->v, io->g); break;
+    /* with fuse_inputs the norms run inside QKVG / MLPIN (rmsnorm_mod_linears: fp8 Linears read one quantized input) */
+    case KREA2_OP_NORM1:
+        if (!c->fuse_inputs) mod_norm(be, c, io->a, io->s, io->modw, io->modv, 2 * l, 4 * l);
+        break;
+    case KREA2_OP_QKVG:
+        if (c->fuse_inputs) {
+            const dt_linear *lin[4] = {at->q, at->k, at->v, at->gate};
+            const dt_mat y[4] = {io->q, io->k, io->v, io->g};
+            be->rmsnorm_mod_linears(be, io->s, dt_mat_rows(io->modw, 2 * l, 1), dt_mat_rows(io->modv, 4 * l, 1),
+                                    c->eps, io->a, 4, lin, y);
+        } else {
+            k2_linear(be, io->q, io->a, at->q, at->k);
+            k2_linear(be, io->k, io->a, at->k, at->v);
+            k2_linear(be, io->v, io->a, at->v, at->gate);
+            k2_linear(be, io->g, io->a, at->gate, at->out);   /* out's transfer overlaps the attention too */
+        }
+        break;
     case KREA2_OP_QKNORM:
         attn_qk(be, at, c->eps, io->q, io->k, at->norm_q, at->norm_k, io->cos, io->sin,
                 split ? DT_ROPE_NONE : DT_ROPE_INTERLEAVED);
@@ -742,15 +758,24 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
         if (c->fuse_inputs)
             be->act_linear_gated(be, io->s, io->o, 0, io->g, io->o, DT_ACT_SIGMOID, at->out,
                                  dt_mat_rows(io->modv, 4 * l + 1, 1), io->a);
-        else be->linear(be, io->a, io->o, at->out);
+        else k2_linear(be, io->a, io->o, at->out, w->ff.gate);
         break;
     case KREA2_OP_RESID1:
         if (!c->fuse_inputs) be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 1, 1), io->a);
         break;
-    case KREA2_OP_NORM2: mod_norm(be, c, io->a, io->s, io->modw, io->modv, io->ones, 2 * l + 1, 4 * l + 2); break;
+    case KREA2_OP_NORM2:
+        if (!c->fuse_inputs) mod_norm(be, c, io->a, io->s, io->modw, io->modv, 2 * l + 1, 4 * l + 2);
+        break;
     case KREA2_OP_MLPIN:
-        be->linear(be, io->h1, io->a, w->ff.gate);
-        be->linear(be, io->h2, io->a, w->ff.up);
+        if (c->fuse_inputs) {
+            const dt_linear *lin[2] = {w->ff.gate, w->ff.up};
+            const dt_mat y[2] = {io->h1, io->h2};
+            be->rmsnorm_mod_linears(be, io->s, dt_mat_rows(io->modw, 2 * l + 1, 1), dt_mat_rows(io->modv, 4 * l + 2, 1),
+                                    c->eps, io->a, 2, lin, y);
+        } else {
+            k2_linear(be, io->h1, io->a, w->ff.gate, w->ff.up);
+            k2_linear(be, io->h2, io->a, w->ff.up, w->ff.down);
+        }
         break;
     /* silu(gate) * up -> ff.down -> s += postgate * mlp: with fuse_inputs one act_linear_gated (DOWN) */
     case KREA2_OP_SWIGLU:
@@ -760,7 +785,7 @@ void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *
         if (c->fuse_inputs)
             be->act_linear_gated(be, io->s, io->h1, 0, io->h1, io->h2, DT_ACT_SILU, w->ff.down,
                                  dt_mat_rows(io->modv, 4 * l + 3, 1), io->a);
-        else be->linear(be, io->a, io->h1, w->ff.down);
+        else k2_linear(be, io->a, io->h1, w->ff.down, io->next);
         break;
     case KREA2_OP_RESID2:
         if (!c->fuse_inputs) be->gated_add(be, io->s, dt_mat_rows(io->modv, 4 * l + 3, 1), io->a);
@@ -829,6 +854,8 @@ static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int
     if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);   /* (one sequence: forward checks) */
     for (int l = 0; l < c->num_layers; l++) {
         if (may_stop && dt_cancel_requested(m->cancel)) return 1;
+        /* (not ahead of First Block Cache's decision after block 0: a skipped block would leave its hint pending) */
+        io.next = l + 1 < c->num_layers && !(m->fbc && l == 0) ? m->blk[l + 1].attn.q : NULL;
         krea2_block(be, c, &m->blk[l], &io, l);
         if (trace) {
             snprintf(name, sizeof name, "block.%d", l);
@@ -841,7 +868,7 @@ static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int
     /* ---- final layer on the image rows of every sequence (one GEMM) ---- */
     dt_mat an = fview(b->a, nb * N, D);
     for (int i = 0; i < nb; i++)
-        mod_norm(be, c, dt_mat_rows(an, i * N, N), dt_mat_rows(s, i * L + T, N), b->modw, b->modv, b->ones,
+        mod_norm(be, c, dt_mat_rows(an, i * N, N), dt_mat_rows(s, i * L + T, N), b->modw, b->modv,
                  2 * c->num_layers, 4 * c->num_layers);
     be->linear(be, b->outm, an, m->o.final_lin);
     return 0;

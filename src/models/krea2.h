@@ -191,7 +191,6 @@ typedef struct {
     dt_mat modv;       /* [4*layers + 1, D]: preshift, pregate, postshift, postgate per block, final shift */
     dt_mat in_img;     /* [nb*N, in] */
     dt_mat s;          /* [nb*L, D] joint stream, per sequence its text rows first */
-    dt_mat ones;       /* [nb*L, D] all ones (broadcast shift adds) */
     dt_mat ts;         /* flat >= T*Y*E: layerwise text stream */
     dt_mat tr;         /* flat >= T*E: refiner text stream */
     dt_mat a, q, k, v, g, o, h1, h2;   /* flat scratch (sizes in krea2_acts_alloc) */
@@ -231,7 +230,8 @@ typedef struct {
     dt_mat cos, sin;   /* [R, hd] F32 RoPE tables */
     dt_mat bias;       /* [nb, L] F32 key-padding bias (row b: sequence b's), or null data (no mask) */
     dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
-    dt_mat ones;       /* [R, D] */
+    const dt_linear *next;   /* the Linear after this block's last (the next block's to_q: its prefetch hint's
+                              * target; NULL: none) */
     int nb;            /* sequences; the attention runs per sequence */
     int64_t L;         /* rows of each sequence */
     /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of sequence b's K and V are

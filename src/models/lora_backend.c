@@ -119,6 +119,25 @@ static void w_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_m
     else dt_norm_linear_composed(be, y, x, shift, scale, eps, w, a);
 }
 
+#define LB_NORM_LINEARS_MAX 8   /* the most Linears rmsnorm_mod_linears hands on to the inner backend's fused op */
+static void w_rmsnorm_mod_linears(dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n,
+                                  const dt_linear *const *w, const dt_mat *y) {
+    dt_backend *in = lb(be)->inner;
+    const dt_linear *base[LB_NORM_LINEARS_MAX];
+    int composed = n > LB_NORM_LINEARS_MAX;   /* (more than the table holds: composed too) */
+    for (int i = 0; i < n && !composed; i++) {
+        composed = w[i]->A != NULL;
+        base[i] = w[i]->base;
+    }
+    if (!composed) in->rmsnorm_mod_linears(in, x, nw, shift, eps, a, n, base, y);
+    else dt_rmsnorm_mod_linears_composed(be, x, nw, shift, eps, a, n, w, y);
+}
+
+static int w_on_host(dt_backend *be, const dt_linear *w) {
+    dt_backend *in = lb(be)->inner;
+    return in->linear_on_host(in, w->base);
+}
+
 static void w_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
                                const dt_linear *w, dt_mat gate, dt_mat y) {
     dt_backend *in = lb(be)->inner;
@@ -159,7 +178,9 @@ dt_backend *dt_lora_backend_wrap(dt_backend *inner) {
     be->linear_gated_add = inner->linear_gated_add ? w_linear_gated_add : NULL;
     be->linear_prefetch = inner->linear_prefetch ? w_prefetch : NULL;
     be->norm_linear = w_norm_linear;
+    be->rmsnorm_mod_linears = w_rmsnorm_mod_linears;
     be->act_linear_gated = w_act_linear_gated;
+    be->linear_on_host = inner->linear_on_host ? w_on_host : NULL;
     be->stream_switch = inner->stream_switch ? w_stream_switch : NULL;
     return be;
 }

@@ -4,8 +4,8 @@
  *     y = x · Wᵀ (+ bias) + (x · Aᵀ) · Bᵀ        A [R, in], B [out, R] (the adapters' scales folded into B)
  * The wrapper shares the inner backend's impl, options and memory and forwards its ops, Linear ops replaced: every
  * Linear created through it is a wrapper object around the inner backend's Linear. The model loads and runs
- * through the wrapper exactly as through any backend (linear, linear_gated_add, norm_linear, act_linear_gated,
- * linear_prefetch); a Linear with a side product runs its fused norm/activation paths as their composed ops.
+ * through the wrapper exactly as through any backend (linear, linear_gated_add, norm_linear, rmsnorm_mod_linears,
+ * act_linear_gated, linear_prefetch, linear_on_host); a Linear with a side product runs its fused norm/activation paths as their composed ops.
  * The side product costs two small GEMMs and (where the backend has no fused gated add) one [M, out] pass. */
 #ifndef DT_LORA_BACKEND_H
 #define DT_LORA_BACKEND_H

@@ -234,8 +234,10 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->linear = cpu_linear;
     be->layernorm_mod = cpu_layernorm_mod;
     be->norm_linear = dt_norm_linear_composed;
+    be->rmsnorm_mod_linears = dt_rmsnorm_mod_linears_composed;
     be->act_linear_gated = dt_act_linear_gated_composed;
     be->rmsnorm = cpu_rmsnorm;
+    be->rmsnorm_mod = cpu_rmsnorm_mod;
     be->head_norm_rope = cpu_head_norm_rope;
     be->attention = cpu_attention;
     be->attention_fp8 = cpu_attention_fp8;

@@ -1,4 +1,4 @@
-/* cpu_elementwise.c — row-wise CPU ops: LayerNorm+modulation, RMSNorm, per-head RMSNorm+RoPE,
+/* cpu_elementwise.c — row-wise CPU ops: LayerNorm+modulation, RMSNorm (+ shift), per-head RMSNorm+RoPE,
  * activations, gated residual adds, products, axpby, copy and transpose.
  * Every op honours row strides (ld) and splits rows over the backend's thread pool.
  * Reductions (means, variances) are accumulated in double. */
@@ -62,6 +62,7 @@ void cpu_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat 
 /* ---------------- RMSNorm ---------------- */
 typedef struct {
     float *y; const float *x; const float *w;
+    const float *shift;   /* [D] added after the weight (rmsnorm_mod), or NULL */
     int64_t ldy, ldx, D; float off, eps;
 } rms_ctx;
 
@@ -78,15 +79,25 @@ static void rms_task(void *vctx, int64_t r0, int64_t r1, int tid) {
             for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] * rs) * (t->w[j] + t->off);
         else
             for (int64_t j = 0; j < D; j++) yr[j] = xr[j] * rs;
+        if (t->shift)
+            for (int64_t j = 0; j < D; j++) yr[j] += t->shift[j];
     }
 }
 
 void cpu_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps) {
     same_shape(y, x, "rmsnorm");
-    rms_ctx t = { cpu_f32(y, "rmsnorm"), cpu_f32(x, "rmsnorm"), row_vec(w, x.cols, "rmsnorm"), y.ld, x.ld, x.cols,
-                  w_offset, eps };
+    rms_ctx t = { cpu_f32(y, "rmsnorm"), cpu_f32(x, "rmsnorm"), row_vec(w, x.cols, "rmsnorm"), NULL, y.ld, x.ld,
+                  x.cols, w_offset, eps };
     if (x.cols == 0) return;
     dt_pool_run(cpu_of(be)->pool, x.rows, cpu_grain(3 * x.cols, ROW_WORK), rms_task, &t);
+}
+
+void cpu_rmsnorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, dt_mat shift, float eps) {
+    same_shape(y, x, "rmsnorm_mod");
+    rms_ctx t = { cpu_f32(y, "rmsnorm_mod"), cpu_f32(x, "rmsnorm_mod"), row_vec(w, x.cols, "rmsnorm_mod"),
+                  row_vec(shift, x.cols, "rmsnorm_mod"), y.ld, x.ld, x.cols, 0.0f, eps };
+    if (x.cols == 0) return;
+    dt_pool_run(cpu_of(be)->pool, x.rows, cpu_grain(4 * x.cols, ROW_WORK), rms_task, &t);
 }
 
 /* ---------------- per-head RMSNorm + RoPE (in place) ---------------- */

@@ -86,6 +86,7 @@ void cpu_attention_fp8(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, i
 /* cpu_elementwise.c */
 void cpu_layernorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps);
 void cpu_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
+void cpu_rmsnorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, dt_mat shift, float eps);
 void cpu_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps, dt_mat cos, dt_mat sin,
                         dt_rope_mode mode);
 void cpu_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);

@@ -50,6 +50,7 @@ static void be_destroy(dt_backend *be) {
         dtc_scratch_release(st, &st->s_misc);
         dtc_scratch_release(st, &st->s_vt);
         dtc_scratch_release(st, &st->s_mask);
+        dtc_scratch_release(st, &st->pf_stage);
         for (int i = 0; i < 2; i++) {
             dtc_scratch_release(st, &st->pf[i].buf);
             if (st->pf[i].ready) cudaEventDestroy(st->pf[i].ready);
@@ -222,10 +223,13 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->linear = dtc_linear;
     be->linear_gated_add = dtc_linear_gated_add;
     be->norm_linear = dtc_norm_linear;
+    be->rmsnorm_mod_linears = dtc_rmsnorm_mod_linears;
     be->act_linear_gated = dtc_act_linear_gated;
     if (!st->o.no_prefetch) be->linear_prefetch = dtc_linear_prefetch;
+    be->linear_on_host = dtc_linear_on_host;
     be->layernorm_mod = dtc_layernorm_mod;
     be->rmsnorm = dtc_rmsnorm;
+    be->rmsnorm_mod = dtc_rmsnorm_mod;
     be->head_norm_rope = dtc_head_norm_rope;
     be->attention = dtc_attention;
     /* fp8 attention is cuDNN's fp8 SDPA, which 9.14 computes intermittently wrong on the H200 and 9.19 right

@@ -129,6 +129,10 @@ struct dtc_state {
         unsigned long long stamp;   /* last fill or use (least recently used slot is refilled first) */
         cudaEvent_t ready;    /* recorded on pf_stream after the slot's prefetch */
     } pf[2];
+    dtc_scratch pf_stage;   /* host weights: a hinted Linear's packed weights copied over the bus by the copy engine
+                             * (packed codes, then the (scale, bias) pairs at a 16-byte boundary) before the slot's
+                             * dequantization reads them; one for all (pf_stream runs copy, dequantization, copy, ...
+                             * in order); sized for the largest host-weight Linear at its creation */
     int graphs_made;        /* graphs captured so far: scratch growth before the first frees the old buffer */
     dtc_pinned pin_up, pin_down;   /* host staging of upload / download */
     /* GEMM algorithm choice (cuda_gemm.cu): o.gemm_tune, choices persisted in o.gemm_cache */
@@ -282,6 +286,8 @@ void dtc_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w);
 void dtc_linear_gated_add(dt_backend *be, dt_mat x, dt_mat a, const dt_linear *w, dt_mat gate);
 void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat scale, float eps, const dt_linear *w,
                      dt_mat a);
+void dtc_rmsnorm_mod_linears(dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n,
+                             const dt_linear *const *w, const dt_mat *y);
 void dtc_act_linear_gated(dt_backend *be, dt_mat x, dt_mat c, int64_t lead, dt_mat a, dt_mat b, dt_act act,
                           const dt_linear *w, dt_mat gate, dt_mat y);
 void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_t rows);
@@ -291,6 +297,7 @@ void dtc_prefetch_forget(dtc_state *st);
 dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src);
 void dtc_linear_destroy(dt_backend *be, dt_linear *w);
 const char *dtc_linear_path(dt_backend *be, const dt_linear *w);
+int dtc_linear_on_host(dt_backend *be, const dt_linear *w);
 
 void dtc_attention(dt_backend *be, dt_mat o, dt_mat q, dt_mat k, dt_mat v, int hq, int hkv, int hd, float scale,
                    dt_mat key_bias, int causal);
@@ -321,6 +328,10 @@ int dtc_layernorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat shift, dt_mat scale, 
  * data: act(a)): */
 int dtc_act_e4m3(dtc_state *st, dt_mat lead, dt_mat a, dt_mat b, dt_act act, uint8_t *q, float *s);
 void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps);
+void dtc_rmsnorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, dt_mat shift, float eps);
+/* rmsnorm_mod of x [M, D] (bf16 or f32 rows of 16-byte vectors) in the fp8 Linear's activation form (as
+ * dtc_layernorm_mod_e4m3): */
+int dtc_rmsnorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat w, dt_mat shift, float eps, uint8_t *q, float *s);
 void dtc_head_norm_rope(dt_backend *be, dt_mat x, int heads, int hd, dt_mat w, float eps, dt_mat cos, dt_mat sin,
                         dt_rope_mode mode);
 void dtc_act_mul(dt_backend *be, dt_mat y, dt_mat a, dt_mat b, dt_act act);

@@ -1,4 +1,4 @@
-/* cuda_elementwise.cu — row-wise and elementwise ops of the CUDA backend: layernorm_mod, rmsnorm,
+/* cuda_elementwise.cu — row-wise and elementwise ops of the CUDA backend: layernorm_mod, rmsnorm (+ shift),
  * head_norm_rope (fused per-head RMSNorm + RoPE), act_mul, gated_add, mul, axpby, copy (strided, with
  * F32<->BF16 conversion), transpose, and small helpers (dtype conversion at upload, bias adds).
  *
@@ -605,8 +605,13 @@ int dtc_layernorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat shift, dt_mat scale, 
     return 0;
 }
 
-/* y = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w is an F32 param row (or absent = 1). */
-__global__ void k_rmsnorm_vec(dmat y, dmat x, const float *w, float woff, int64_t cols, float eps) {
+/* y = x * rsqrt(mean(x^2) + eps) * (w + w_offset) (+ shift); w is an F32 param row (or absent = 1), shift a [1, D]
+ * row (rmsnorm_mod; has_shift 0: none). With a shift the product is rounded to y's dtype first (the value rmsnorm
+ * would store), then the shift added: rmsnorm + gated_add(y, shift, ones) in one pass. F8: instead of y, the row's
+ * bf16 values as e4m3 codes q8 [rows, cols] (row stride cols) with one scale per row s8 (dtc_rmsnorm_mod_e4m3). */
+template <int F8>
+__global__ void k_rmsnorm_vec(dmat y, dmat x, const float *w, float woff, dmat shift, int has_shift, int64_t cols,
+                              float eps, uint8_t *q8, float *s8) {
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     int nvec = (int)(cols / 8);
@@ -622,21 +627,42 @@ __global__ void k_rmsnorm_vec(dmat y, dmat x, const float *w, float woff, int64_
         }
     }
     float rr = rsqrtf(block_sum(q, sh) / (float)cols + eps);
+    const int rb = F8 || y.isbf;
+    float amax = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_NV; j++) {
         int vi = threadIdx.x + j * blockDim.x;
         if (vi < nvec) {
+            float sf[8];
+            if (has_shift) ldv<8>(shift, 0, (int64_t)vi * 8, sf);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float m = w ? w[vi * 8 + i] + woff : 1.f;
-                v[j][i] = v[j][i] * rr * m;
+                float n = v[j][i] * rr * m;
+                if (has_shift) {
+                    if (rb) n = bfr(n);
+                    n += sf[i];
+                }
+                if (F8) { n = bfr(n); amax = fmaxf(amax, fabsf(n)); }   /* the bf16 value the unfused y holds */
+                v[j][i] = n;
             }
-            stv<8>(y, r, (int64_t)vi * 8, v[j]);
+            if (!F8) stv<8>(y, r, (int64_t)vi * 8, v[j]);
         }
+    }
+    if (F8) {
+        amax = block_max(amax, sh);
+        const float inv = amax > 0.f ? 448.f / amax : 1.f;
+#pragma unroll
+        for (int j = 0; j < NORM_NV; j++) {
+            int vi = threadIdx.x + j * blockDim.x;
+            if (vi < nvec) *(uint2 *)(q8 + r * cols + (int64_t)vi * 8) = e4m3x8(v[j], inv);
+        }
+        if (threadIdx.x == 0) s8[r] = amax > 0.f ? amax / 448.f : 1.f;
     }
 }
 
-__global__ void k_rmsnorm_gen(dmat y, dmat x, const float *w, float woff, int64_t cols, float eps) {
+__global__ void k_rmsnorm_gen(dmat y, dmat x, const float *w, float woff, dmat shift, int has_shift, int64_t cols,
+                              float eps) {
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     float q = 0.f;
@@ -645,26 +671,64 @@ __global__ void k_rmsnorm_gen(dmat y, dmat x, const float *w, float woff, int64_
     __syncthreads();
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
         float m = w ? w[c] + woff : 1.f;
-        dm_set(y, r, c, dm_get(x, r, c) * rr * m);
+        float n = dm_get(x, r, c) * rr * m;
+        if (has_shift) {
+            if (y.isbf) n = bfr(n);
+            n += dm_get(shift, 0, c);
+        }
+        dm_set(y, r, c, n);
     }
 }
 
-void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps) {
-    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "rmsnorm: y/x shape mismatch");
-    DTC_REQUIRE(!w.data || (w.cols == x.cols && w.dtype == DT_F32), "rmsnorm: weight must be F32 [1, %lld]",
+/* rmsnorm and rmsnorm_mod (shift NULL data: none). */
+static void rmsnorm_run(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, dt_mat shift, float eps,
+                        const char *op) {
+    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "%s: y/x shape mismatch", op);
+    DTC_REQUIRE(!w.data || (w.cols == x.cols && w.dtype == DT_F32), "%s: weight must be F32 [1, %lld]", op,
                 (long long)x.cols);
-    req_float(y, "rmsnorm", "y"); req_float(x, "rmsnorm", "x");
+    DTC_REQUIRE(!shift.data || shift.cols == x.cols, "%s: shift has %lld columns, x %lld", op, (long long)shift.cols,
+                (long long)x.cols);
+    req_float(y, op, "y"); req_float(x, op, "x"); req_float(shift, op, "shift");
     dtc_state *st = dtc(be);
     if (x.rows <= 0 || x.cols <= 0) return;
-    int vec = vec_ok(x) && vec_ok(y);
+    DTC_REQUIRE(x.rows < 2147483647LL, "%s: too many rows", op);
+    int vec = vec_ok(x) && vec_ok(y) && vec_ok_row(shift);
     int threads = norm_threads(x.cols, &vec);
     if (vec)
-        k_rmsnorm_vec<<<(unsigned)x.rows, threads, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
-                                                                   w_offset, x.cols, eps);
+        k_rmsnorm_vec<0><<<(unsigned)x.rows, threads, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
+                                                                      w_offset, dtc_dm(shift), shift.data != nullptr,
+                                                                      x.cols, eps, nullptr, nullptr);
     else
         k_rmsnorm_gen<<<(unsigned)x.rows, 256, 0, st->q.stream>>>(dtc_dm(y), dtc_dm(x), (const float *)w.data,
-                                                               w_offset, x.cols, eps);
+                                                               w_offset, dtc_dm(shift), shift.data != nullptr, x.cols,
+                                                               eps);
     CK_LAUNCH("rmsnorm");
+}
+
+void dtc_rmsnorm(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, float eps) {
+    rmsnorm_run(be, y, x, w, w_offset, dt_mat_null(), eps, "rmsnorm");
+}
+
+void dtc_rmsnorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, dt_mat shift, float eps) {
+    rmsnorm_run(be, y, x, w, 0.f, shift, eps, "rmsnorm_mod");
+}
+
+int dtc_rmsnorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat w, dt_mat shift, float eps, uint8_t *q, float *s) {
+    DTC_REQUIRE(!w.data || (w.cols == x.cols && w.dtype == DT_F32), "rmsnorm_mod: weight must be F32 [1, %lld]",
+                (long long)x.cols);
+    DTC_REQUIRE(!shift.data || shift.cols == x.cols, "rmsnorm_mod: shift has %lld columns, x %lld",
+                (long long)shift.cols, (long long)x.cols);
+    req_float(x, "rmsnorm_mod", "x"); req_float(shift, "rmsnorm_mod", "shift");
+    if (x.rows <= 0 || x.cols <= 0) return 0;
+    int vec = vec_ok(x) && vec_ok_row(shift) && x.rows < 2147483647LL && dtc_aligned16(q);
+    int threads = norm_threads(x.cols, &vec);
+    if (!vec) return -1;
+    dmat none = {nullptr, 0, 1};
+    k_rmsnorm_vec<1><<<(unsigned)x.rows, threads, 0, st->q.stream>>>(none, dtc_dm(x), (const float *)w.data, 0.f,
+                                                                  dtc_dm(shift), shift.data != nullptr, x.cols, eps,
+                                                                  q, s);
+    CK_LAUNCH("rmsnorm_mod_e4m3");
+    return 0;
 }
 
 /* ------------------------------------------------------------------ head_norm_rope */
@@ -935,7 +999,8 @@ void dtc_preload_elementwise(dtc_state *st) {
     dtc_preload_fn((const void *)k_layernorm_mod_vec<1>);
     dtc_preload_fn((const void *)k_act_e4m3<DT_ACT_SILU, 1>);
     dtc_preload_fn((const void *)k_layernorm_mod_gen);
-    dtc_preload_fn((const void *)k_rmsnorm_vec);
+    dtc_preload_fn((const void *)k_rmsnorm_vec<0>);
+    dtc_preload_fn((const void *)k_rmsnorm_vec<1>);
     dtc_preload_fn((const void *)k_rmsnorm_gen);
     dtc_preload_fn((const void *)k_head_norm_rope128<0>);
     dtc_preload_fn((const void *)k_head_norm_rope128<1>);

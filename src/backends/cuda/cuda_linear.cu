@@ -1,7 +1,8 @@
 /* cuda_linear.cu — the Linear ops of the CUDA backend and which path each product takes: fp8 Linears (cuda_fp8.cu),
  * dense bf16 and cached weights (cuBLASLt), the mixed-input GEMM (cuda_qgemm.cu), the fused qmm (cuda_qmm.cu, <= 64
  * rows under auto) or transient dequantization + cuBLASLt; the gated residual folded into the GEMM where it can be
- * (linear_gated_add), and the fp8 Linears fed by their producing norm / SwiGLU (norm_linear, act_linear_gated). */
+ * (linear_gated_add), and the fp8 Linears fed by their producing norm / SwiGLU (norm_linear, rmsnorm_mod_linears,
+ * act_linear_gated). */
 #include "cuda_linear.cuh"
 
 /* fp8 Linears take their activations from the producing op (norm_linear, act_linear_gated) and fold the gated
@@ -131,6 +132,33 @@ void dtc_norm_linear(dt_backend *be, dt_mat y, dt_mat x, dt_mat shift, dt_mat sc
     }
     dtc_layernorm_mod(be, a, x, shift, scale, eps);
     dtc_linear(be, y, a, w);
+}
+
+/* rmsnorm_mod + n linears; when every Linear is an fp8 Linear taking its input fused, the norm writes the e4m3
+ * activations once and each GEMM reads them (a not written). */
+void dtc_rmsnorm_mod_linears(dt_backend *be, dt_mat x, dt_mat nw, dt_mat shift, float eps, dt_mat a, int n,
+                             const dt_linear *const *w, const dt_mat *y) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(n >= 0 && a.rows == x.rows && a.cols == x.cols, "rmsnorm_mod_linears: %d Linears, a[%lld,%lld] for "
+                "x[%lld,%lld]", n, (long long)a.rows, (long long)a.cols, (long long)x.rows, (long long)x.cols);
+    int f8 = n > 0 && x.rows > 0;
+    for (int i = 0; i < n; i++) {
+        DTC_REQUIRE(x.cols == w[i]->in && y[i].cols == w[i]->out && y[i].rows == x.rows,
+                    "rmsnorm_mod_linears: y%d[%lld,%lld] = norm(x[%lld,%lld]) · W[%lld,%lld]ᵀ: shape mismatch", i,
+                    (long long)y[i].rows, (long long)y[i].cols, (long long)x.rows, (long long)x.cols,
+                    (long long)w[i]->out, (long long)w[i]->in);
+        f8 = f8 && w[i]->f8 && fp8_fuse_on(be, w[i]) && (y[i].dtype == DT_BF16 || y[i].dtype == DT_F32);
+    }
+    if (f8) {
+        float *sx;
+        uint8_t *xq = dtc_fp8_act_scratch(st, x.rows, x.cols, &sx);
+        if (dtc_rmsnorm_mod_e4m3(st, x, nw, shift, eps, xq, sx) == 0) {
+            for (int i = 0; i < n; i++) dtc_fp8_gemm_q(be, y[i], xq, sx, w[i]->f8, w[i]->bias, dt_mat_null(), 0);
+            return;
+        }
+    }
+    dtc_rmsnorm_mod(be, a, x, nw, shift, eps);
+    for (int i = 0; i < n; i++) dtc_linear(be, y[i], a, w[i]);
 }
 
 /* act_mul into c[:, lead:] + linear_gated_add; for fp8 Linears one pass writes the GEMM's e4m3 activations of

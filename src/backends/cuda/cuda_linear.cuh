@@ -31,6 +31,12 @@ __device__ __forceinline__ float u2f(uint32_t u) { return __uint_as_float(0x4B00
  * multiplied into each row: the gate of linear_gated_add). cuda_linear_weights.cu. */
 void dtc_dequant_launch(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, const dt_linear *w,
                         const void *rowscale, int rs_f32);
+/* The same from a copy of w's packed MLX form (codes qw, pairs sb: w's layout, e.g. in pf_stage). */
+void dtc_dequant_launch_from(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, const dt_linear *w,
+                             const uint32_t *qw, const float2 *sb, const void *rowscale, int rs_f32);
+/* Bytes of w's packed MLX form as staged: the codes (*qbytes), then the (scale, bias) pairs at a 16-byte boundary
+ * (*sb_off); both out parameters may be NULL. */
+size_t dtc_packed_bytes(const dt_linear *w, size_t *qbytes, size_t *sb_off);
 /* The quantized-weight path of a product of `rows` tokens (cuda_linear.cu). */
 dt_qpath dtc_qpath_for(const dt_backend *be, int64_t rows);
 /* w's dequantized weights (rows scaled by rowscale when given) for a GEMM on the current queue: a prefetched slot,

@@ -44,14 +44,27 @@ void dtc_dequant_launch(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, 
         dtc_ggml_dequant(st, stream, dst, w->gq, w->gtype, w->out, w->in, rowscale, rs_f32);
         return;
     }
+    dtc_dequant_launch_from(st, stream, dst, w, w->qw, w->sb, rowscale, rs_f32);
+}
+
+void dtc_dequant_launch_from(dtc_state *st, cudaStream_t stream, __nv_bfloat16 *dst, const dt_linear *w,
+                             const uint32_t *qw, const float2 *sb, const void *rowscale, int rs_f32) {
     int64_t chunks = w->out * (w->in / 8);
     int64_t b = (chunks + 255) / 256;
     if (b > (int64_t)st->sm_count * 32) b = (int64_t)st->sm_count * 32;
     if (w->bits == 4)
-        k_dequant<4><<<(unsigned)b, 256, 0, stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
+        k_dequant<4><<<(unsigned)b, 256, 0, stream>>>(dst, qw, sb, w->out, w->in, w->group, rowscale, rs_f32);
     else
-        k_dequant<8><<<(unsigned)b, 256, 0, stream>>>(dst, w->qw, w->sb, w->out, w->in, w->group, rowscale, rs_f32);
+        k_dequant<8><<<(unsigned)b, 256, 0, stream>>>(dst, qw, sb, w->out, w->in, w->group, rowscale, rs_f32);
     CK_LAUNCH("dequant");
+}
+
+size_t dtc_packed_bytes(const dt_linear *w, size_t *qbytes, size_t *sb_off) {
+    const size_t q = (size_t)w->out * (size_t)(w->in * w->bits / 32) * 4;
+    const size_t off = (q + 15) / 16 * 16;
+    if (qbytes) *qbytes = q;
+    if (sb_off) *sb_off = off;
+    return off + (size_t)w->out * (size_t)(w->in / w->group) * sizeof(float2);
 }
 
 static float host_half(const void *p, dt_dtype t, int64_t i) {
@@ -262,6 +275,8 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
                 return NULL;
             }
             memcpy(w->qw, src->data, qbytes);
+            /* the copy a prefetch hint makes of them (cuda_prefetch.cu): reserved now, so capture never allocates */
+            if (st->pf_stream) dtc_scratch_reserve(st, &st->pf_stage, dtc_packed_bytes(w, NULL, NULL));
         } else {
             LIN_ALLOC(w->qw, qbytes);
             LIN_ALLOC(w->sb, sbytes);
@@ -313,6 +328,11 @@ dt_linear *dtc_linear_create(dt_backend *be, const dt_linear_src *src) {
 const char *dtc_linear_path(dt_backend *be, const dt_linear *w) {
     (void)be;
     return w->path;
+}
+
+int dtc_linear_on_host(dt_backend *be, const dt_linear *w) {
+    (void)be;
+    return w->host;
 }
 
 /* preloading (see cuda_common.cuh) */

@@ -1,6 +1,6 @@
 /* cuda_prefetch.cu — transient weights of the CUDA backend: the two slots that hold the main queue's dequantized
- * 4/8-bit Linears, the prefetch hint that fills one ahead on a low-priority stream (linear_prefetch), and the
- * lookup a GEMM makes for its weights. */
+ * 4/8-bit Linears, the prefetch hint that fills one ahead on a low-priority stream (linear_prefetch; host weights:
+ * the packed form copied to the device by the copy engine first), and the lookup a GEMM makes for its weights. */
 #include "cuda_linear.cuh"
 
 /* On the main queue (not the side queue, not with the prefetch off) every transient Linear's dequantized weights
@@ -58,7 +58,23 @@ void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_
     if (s < 0) return;
     CK(cudaEventRecord(st->pf_pos, st->q.stream));
     CK(cudaStreamWaitEvent(st->pf_stream, st->pf_pos, 0));
-    dtc_dequant_launch(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, gate.data, gf);
+    /* host weights: the packed form crosses the bus by the copy engine into pf_stage, then the dequantization reads
+     * it there: the copy needs no SM, so it overlaps the GEMMs, where a dequantization reading host memory itself
+     * would only find SMs in their wave tails. (After the wait like every pf_stream write: a captured graph's
+     * dequantization may still be reading the stage; in a bus-bound stream the main queue's work is done by then.) */
+    size_t qbytes = 0, sb_off = 0, staged = w->host && w->qw && !w->gq ? dtc_packed_bytes(w, &qbytes, &sb_off) : 0;
+    if (staged && staged > st->pf_stage.size) staged = 0;   /* (not reserved: read in place, as without the hint) */
+    if (staged) {
+        char *stage = (char *)st->pf_stage.ptr;
+        CK(cudaMemcpyAsync(stage, w->qw, qbytes, cudaMemcpyHostToDevice, st->pf_stream));
+        CK(cudaMemcpyAsync(stage + sb_off, w->sb, staged - sb_off, cudaMemcpyHostToDevice, st->pf_stream));
+    }
+    if (staged)
+        dtc_dequant_launch_from(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w,
+                                (const uint32_t *)st->pf_stage.ptr, (const float2 *)((char *)st->pf_stage.ptr + sb_off),
+                                gate.data, gf);
+    else
+        dtc_dequant_launch(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, gate.data, gf);
     CK(cudaEventRecord(st->pf[s].ready, st->pf_stream));
     st->pf[s].w = w;
     st->pf[s].gate = gate.data;
