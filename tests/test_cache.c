@@ -25,10 +25,17 @@
  * (test_generate's GEN_GPU_TOL, test_krea2_pipeline's K2_GPU_TOL) */
 #define CACHE_GPU_TOL 1e-2
 #define CACHE_GPU_MAX_FLIPS 2   /* CUDA vs CPU first-block decisions that may flip near T (bf16 residuals; cuda_cases) */
+/* No cache with the guidance batch (both passes in one forward, the default) vs two passes, CPU float32: only GEMM
+ * blocking over the doubled rows reorders sums (~1.2e-7 per forward), weighed by the guidance over 8 steps; the
+ * pixels within 1 level (a value on an 8-bit rounding boundary may round the other way). */
+#define CACHE_BATCH_TOL 5e-6
+#define CACHE_BATCH_PX 1
 
 typedef struct {
     float *last;          /* the last step's latents (owned) */
     size_t n;
+    uint8_t *rgb;         /* the image (owned; w x h x 3) */
+    int w, h;
     float dec[2 * 64];    /* cache_computed [steps, 2] */
     int steps;
 } run_out;
@@ -48,13 +55,16 @@ static void obs(void *ud, const char *name, const float *d, int ndim, const int6
     }
 }
 
-/* One generation of root at 64x64 with `steps` steps and cache spec; 0 or -1. */
-static int run(dt_backend *be, const char *root, const char *spec, int steps, const char *noise, run_out *o,
-               dt_gen_timings *tm) {
+/* One generation of root at 64x64 with `steps` steps and cache spec; 0 or -1. A step cache runs a guided step's
+ * two passes one after the other, and so does the uncached run it is compared with (--guidance-batch off: the
+ * batched forward rounds differently) unless `batch` (guidance_cases). */
+static int run_b(dt_backend *be, const char *root, const char *spec, int steps, const char *noise, run_out *o,
+                 dt_gen_timings *tm, int batch) {
     memset(o, 0, sizeof *o);
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     lo.model = root;
+    lo.guidance_two_passes = !batch;
     dt_gen_params p;
     dt_gen_params_default(&p);
     p.prompt = "a red fox in the snow";
@@ -69,8 +79,51 @@ static int run(dt_backend *be, const char *root, const char *spec, int steps, co
     uint8_t *rgb = NULL;
     int w, h;
     int rc = dt_generate(be, &lo, &p, &rgb, &w, &h, tm, obs, o);
-    free(rgb);
+    o->rgb = rgb;
+    o->w = w;
+    o->h = h;
     return rc;
+}
+
+static int run(dt_backend *be, const char *root, const char *spec, int steps, const char *noise, run_out *o,
+               dt_gen_timings *tm) {
+    return run_b(be, root, spec, steps, noise, o, tm, 0);
+}
+
+static void run_free(run_out *o) {
+    free(o->last);
+    free(o->rgb);
+}
+
+/* The guidance batch (default) vs --guidance-batch off without a cache: every step's two passes in one forward
+ * (passes_paired), final latents within CACHE_BATCH_TOL, pixels within CACHE_BATCH_PX. */
+static void guidance_cases(dt_backend *be, const char *tag, const char *root, int steps) {
+    run_out on, off;
+    dt_gen_timings tm_on, tm_off;
+    char nm[200];
+    if (run_b(be, root, "off", steps, NULL, &on, &tm_on, 1) || run_b(be, root, "off", steps, NULL, &off, &tm_off, 0)) {
+        T_FAIL(tag, "guidance batch: %s", dt_last_error());
+        run_free(&on);
+        run_free(&off);
+        return;
+    }
+    snprintf(nm, sizeof nm, "%s generate: %d of %d passes in pairs with the guidance batch, none with it off", tag,
+             tm_on.passes_paired, tm_on.passes);
+    T_CHECK(nm, tm_on.passes_paired == 2 * steps && tm_on.passes == 2 * steps && tm_off.passes_paired == 0,
+            "paired %d / %d", tm_on.passes_paired, tm_off.passes_paired);
+    snprintf(nm, sizeof nm, "%s generate: final latents, guidance batch vs two passes", tag);
+    if (on.n == off.n && on.n) t_check_rel_l2(nm, on.last, off.last, on.n, CACHE_BATCH_TOL);
+    else T_FAIL(nm, "latents %zu vs %zu values", on.n, off.n);
+    int worst = 0;
+    for (size_t i = 0; on.rgb && off.rgb && i < (size_t)on.w * on.h * 3; i++) {
+        int d = abs((int)on.rgb[i] - (int)off.rgb[i]);
+        worst = d > worst ? d : worst;
+    }
+    snprintf(nm, sizeof nm, "%s generate: image, guidance batch vs two passes within %d level (worst %d)", tag,
+             CACHE_BATCH_PX, worst);
+    T_CHECK(nm, on.rgb && off.rgb && on.w == off.w && worst <= CACHE_BATCH_PX, "worst %d", worst);
+    run_free(&on);
+    run_free(&off);
 }
 
 /* The FLUX.2 fixture with is_distilled false (guidance runs both branches): a folder of links to its parts. */
@@ -176,7 +229,7 @@ static void family_cases(dt_backend *be, const char *tag, const char *root, cons
         if (run(be, root, same[i], steps, NULL, &o, &tm)) { T_FAIL(nm, "%s", dt_last_error()); continue; }
         T_CHECK(nm, o.n == base.n && !memcmp(o.last, base.last, sizeof(float) * o.n) && tm.passes_computed == 2 * steps,
                 "latents differ or %d of %d passes", tm.passes_computed, tm.passes);
-        free(o.last);
+        run_free(&o);
     }
     const char *cached[] = {fb_spec, "taylorseer=2"};
     for (int i = 0; i < 2; i++) {
@@ -201,10 +254,10 @@ static void family_cases(dt_backend *be, const char *tag, const char *root, cons
             snprintf(nm, sizeof nm, "%s taylorseer=2 computes steps 0,1,2,4,6,7", tag);
             T_CHECK(nm, okk, "decisions differ");
         }
-        free(o.last);
-        free(o2.last);
+        run_free(&o);
+        run_free(&o2);
     }
-    free(base.last);
+    run_free(&base);
 }
 
 /* Against diffusers' hooks (tools/cache_reference.py): each recorded setting's decisions and final latents. */
@@ -236,7 +289,7 @@ static void reference_case(dt_backend *be, const char *root) {
         snprintf(nm, sizeof nm, "cache vs diffusers %s: final latents", specs[i]);
         if ((size_t)tl->numel == o.n) t_check_rel_l2(nm, o.last, l, o.n, CACHE_REF_TOL);
         else T_FAIL(nm, "%zu latents, reference %lld", o.n, (long long)tl->numel);
-        free(d); free(l); free(o.last);
+        free(d); free(l); run_free(&o);
     }
     st_close(ref);
 }
@@ -278,7 +331,7 @@ static void cuda_vs_cpu(dt_backend *cpu, dt_backend *cuda, const char *tag, cons
     char nm[160];
     snprintf(nm, sizeof nm, "%s %s cuda vs cpu", tag, spec);
     if (run(cpu, root, spec, 8, NULL, &a, &ta)) { T_FAIL(nm, "cpu: %s", dt_last_error()); return; }
-    if (run(cuda, root, spec, 8, NULL, &b, &tb)) { T_FAIL(nm, "cuda: %s", dt_last_error()); free(a.last); return; }
+    if (run(cuda, root, spec, 8, NULL, &b, &tb)) { T_FAIL(nm, "cuda: %s", dt_last_error()); run_free(&a); return; }
     snprintf(nm, sizeof nm, "%s %s cuda vs cpu: skip decisions", tag, spec);
     /* CUDA's bf16 activations move the first block's relative residual change by ~1e-2 of itself, so a pass whose
      * change sits near T can flip (H100, 2026-12-06: cpu 12 vs cuda 14 of 16 at first-block=0.9, 6 vs 8 at
@@ -290,8 +343,8 @@ static void cuda_vs_cpu(dt_backend *cpu, dt_backend *cuda, const char *tag, cons
     snprintf(nm, sizeof nm, "%s %s cuda vs cpu: final latents", tag, spec);
     if (a.n == b.n) t_check_rel_l2(nm, b.last, a.last, a.n, CACHE_GPU_TOL);
     else T_FAIL(nm, "%zu vs %zu latents", b.n, a.n);
-    free(a.last);
-    free(b.last);
+    run_free(&a);
+    run_free(&b);
 }
 
 /* A real `ditrun serve --cache taylorseer=2` (the bundled distilled model: one pass a step): the default applies,
@@ -357,10 +410,12 @@ int main(void) {
     if (guidance_variant(dir)) T_FAIL("guidance variant", "cannot link the fixture into %s", dir);
     else {
         family_cases(be, "flux2", dir, "first-block=1", 8);
+        guidance_cases(be, "flux2 base", dir, 8);
         reference_case(be, dir);
     }
     snprintf(root, sizeof root, "%s/krea2", t_fixtures());
     family_cases(be, "krea2", root, "first-block=0.5", 8);
+    guidance_cases(be, "krea2", root, 8);
     snprintf(root, sizeof root, "%s/model", t_fixtures());
     library_api(root);
     snprintf(root, sizeof root, "%s/krea2", t_fixtures());

@@ -129,6 +129,10 @@ int main(void) {
     expect_error("forward unknown option", "forward --bogus", "unknown option", "--bogus");
     expect_error("forward missing required", "forward --model x", "required", NULL);
     expect_error("forward bad threads", "forward --threads 0 --model x", "--threads", "out of range");
+    expect_error("--guidance-batch takes on or off", "generate -p x --guidance-batch maybe", "--guidance-batch", "maybe");
+    expect_error("forward --guidance-batch without --guided", "forward --model x --inputs y --guidance-batch off",
+                 "--guidance-batch", "--guided");
+    expect_error("bench --guidance-batch is refused", "bench --guidance-batch on", "--guidance-batch", "forward --guided");
     expect_error("forward bad backend", "forward --backend tpu --model x", "--backend", "tpu");
     expect_error("forward bad precision", "forward --precision fp4 --model x", "--precision", "fp4");
     expect_error("generate bad precision", "generate --precision int8 -p x -o x.png", "--precision", "int8");

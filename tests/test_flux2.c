@@ -30,6 +30,15 @@
  * instead of three times (bf16, ~1e-3 per update), amplified by the random-weight fixture like any bf16
  * reordering (~10x, the q paths above): 2e-2. */
 #define FP8_FUSE_TOL 2e-2
+/* The guidance batch (flux2_forward_pair: the prompt and a negative prompt in one forward) vs two flux2_forward, CPU
+ * float32: the same ops on the same rows, only the GEMM's blocking over the doubled rows and the attention's keys in
+ * another order (a sequence's image rows before its text rows) reorder sums (~1e-7). FLUX.2 has no key padding: the
+ * pipeline pads both prompts to one length (max_sequence_length), so the texts here have one length too. */
+#define FLUX2_BATCH_CPU_TOL 1e-6
+/* CUDA: bf16 activations, GEMM algorithms chosen per row count: within bf16 rounding over 3 blocks (FLUX2_GPU_TOL);
+ * the fp8 modes plus an e4m3 code flipped where a value sits on a rounding boundary (FP8_FUSE_TOL's size). */
+#define FLUX2_BATCH_GPU_TOL FLUX2_GPU_TOL
+#define FLUX2_BATCH_GPU_FP8_TOL FP8_FUSE_TOL
 
 typedef struct {
     float *img, *txt, *img_ids, *txt_ids, ts;
@@ -226,6 +235,81 @@ static void resident_text(dt_backend *be, const char *tag, int graph) {
     if (rc) T_FAIL("resident text", "%s: %s", tag, dt_last_error());
     flux2_text_resident(m, NULL, 0);
     free(neg); free(ref_pos); free(ref_neg); free(got);
+    flux2_free(m);
+    free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
+    st_close(fi.io);
+}
+
+/* flux2_forward_pair of the fixture's text (resident) and a negative prompt (uploaded) against two flux2_forward calls,
+ * on a model loaded with these precisions, without references and with 16 appended reference tokens: each velocity
+ * within tol. With `graph` the pair is also replayed as a CUDA graph (eager, captured, replayed): equal to the eager
+ * pair bit for bit. outs (may be NULL): the pair's velocities without references (the caller frees them). */
+static void guidance_batch(dt_backend *be, const char *tag, dt_precision prec, dt_precision aprec, double tol,
+                           int graph, float **outs, size_t *nouts) {
+    fixture_inputs fi;
+    if (outs) outs[0] = outs[1] = NULL;
+    if (load_inputs(&fi)) { T_FAIL(tag, "inputs: %s", dt_last_error()); return; }
+    char model[512], nm[200];
+    snprintf(model, sizeof model, "%s/model/transformer", t_fixtures());
+    const flux2_load_opts lo = {.precision = prec, .attn_precision = aprec};
+    flux2_model *m = flux2_load_ex(be, model, &lo);
+    if (!m) { T_FAIL(tag, "load: %s", dt_last_error()); free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids); st_close(fi.io); return; }
+    const flux2_config *c = flux2_get_config(m);
+    const size_t n = (size_t)fi.n * c->out_channels, nt = (size_t)fi.t * c->joint_dim;
+    if (nouts) *nouts = n;
+    float *neg = dt_malloc(sizeof(float) * nt);
+    for (size_t i = 0; i < nt; i++) neg[i] = -0.5f * fi.txt[i] + 0.25f;
+    const int r = 16;   /* appended references: random tokens at T = 10, on a 4 x 4 grid */
+    float *rtok = dt_malloc(sizeof(float) * (size_t)r * c->in_channels), *rids = dt_calloc((size_t)r * 4, sizeof(float));
+    for (size_t i = 0; i < (size_t)r * c->in_channels; i++) rtok[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    for (int i = 0; i < r; i++) { rids[i * 4] = 10; rids[i * 4 + 1] = (float)(i / 4); rids[i * 4 + 2] = (float)(i % 4); }
+    float *single[2], *pair[2];
+    for (int i = 0; i < 2; i++) { single[i] = dt_malloc(sizeof(float) * n); pair[i] = dt_malloc(sizeof(float) * n); }
+    int rc = flux2_text_resident(m, fi.txt, fi.t);
+    for (int refs = 0; refs < 2 && !rc; refs++) {
+        if (refs) rc = flux2_set_refs(m, rtok, rids, r, 0);
+        if (!rc) rc = flux2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.img_ids, fi.txt_ids, single[0], NULL, NULL);
+        if (!rc) rc = flux2_forward(m, fi.img, fi.n, neg, fi.t, fi.ts, fi.img_ids, fi.txt_ids, single[1], NULL, NULL);
+        if (!rc) rc = flux2_forward_pair(m, fi.img, fi.img, fi.n, fi.txt, neg, fi.t, fi.ts, fi.img_ids, fi.txt_ids,
+                                         pair[0], pair[1]);
+        for (int i = 0; i < 2 && !rc; i++) {
+            snprintf(nm, sizeof nm, "%s: guidance batch = single forward, %s%s", tag, i ? "negative prompt" : "prompt",
+                     refs ? ", 16 appended reference tokens" : "");
+            check_l2(nm, pair[i], single[i], n, tol);
+        }
+        if (!rc && !refs && outs) {
+            for (int i = 0; i < 2; i++) {
+                outs[i] = dt_malloc(sizeof(float) * n);
+                memcpy(outs[i], pair[i], sizeof(float) * n);
+            }
+        }
+    }
+    if (!rc) {
+        snprintf(nm, sizeof nm, "%s: the two velocities of the batch differ (each sequence its own text)", tag);
+        T_CHECK(nm, dt_rel_l2(pair[0], pair[1], n) > 1e-3, "rel L2 %.3g", dt_rel_l2(pair[0], pair[1], n));
+    }
+    if (!rc && graph) {   /* (with the references: the last eager pair) */
+        flux2_set_graph(m, 1);
+        float *g[2] = {dt_malloc(sizeof(float) * n), dt_malloc(sizeof(float) * n)};
+        for (int call = 1; call <= 3 && !rc; call++) {
+            rc = flux2_forward_pair(m, fi.img, fi.img, fi.n, fi.txt, neg, fi.t, fi.ts, fi.img_ids, fi.txt_ids, g[0], g[1]);
+            for (int i = 0; i < 2 && !rc; i++) {
+                snprintf(nm, sizeof nm, "%s: guidance batch as a CUDA graph, call %d, sequence %d = eager", tag, call, i);
+                t_check_rel_l2(nm, g[i], pair[i], n, 0.0);
+            }
+        }
+        free(g[0]); free(g[1]);
+    }
+    if (!rc) {   /* KV-cached references: refused (the pipeline runs two passes then) */
+        rc = flux2_set_refs(m, rtok, rids, r, 1);
+        int bad = rc ? 0 : flux2_forward_pair(m, fi.img, fi.img, fi.n, fi.txt, neg, fi.t, fi.ts, fi.img_ids,
+                                              fi.txt_ids, pair[0], pair[1]);
+        snprintf(nm, sizeof nm, "%s: guidance batch with KV-cached references refused", tag);
+        T_CHECK(nm, !rc && bad == -1 && strstr(dt_last_error(), "KV-cached"), "rc %d: %s", bad, dt_last_error());
+    }
+    if (rc) T_FAIL(tag, "guidance batch: %s", dt_last_error());
+    for (int i = 0; i < 2; i++) { free(single[i]); free(pair[i]); }
+    free(neg); free(rtok); free(rids);
     flux2_free(m);
     free(fi.img); free(fi.txt); free(fi.img_ids); free(fi.txt_ids);
     st_close(fi.io);
@@ -448,6 +532,9 @@ int main(void) {
     fixtures_on(cpu, FLUX2_CPU_TOL, "cpu");
     resident_text(cpu, "cpu", 0);
     fp8_fused_inputs(cpu, "cpu", 0);
+    float *cpu_pair[2];
+    size_t npair = 0;
+    guidance_batch(cpu, "cpu flux2", DT_PREC_BF16, DT_PREC_BF16, FLUX2_BATCH_CPU_TOL, 0, cpu_pair, &npair);
     cpu->destroy(cpu);
 
     if (dt_backend_cuda_available()) {
@@ -460,6 +547,15 @@ int main(void) {
             resident_text(cuda, "cuda", 0);
             resident_text(cuda, "cuda", 1);
             fp8_fused_inputs(cuda, "cuda", FP8_FUSE_TOL);
+            float *cu_pair[2];
+            guidance_batch(cuda, "cuda flux2 bf16", DT_PREC_BF16, DT_PREC_BF16, FLUX2_BATCH_GPU_TOL, 1, cu_pair, NULL);
+            for (int i = 0; i < 2 && cu_pair[0] && cpu_pair[0]; i++)
+                check_l2(i ? "cuda flux2 guidance batch vs the CPU's, negative prompt"
+                           : "cuda flux2 guidance batch vs the CPU's, prompt", cu_pair[i], cpu_pair[i], npair,
+                         FLUX2_GPU_TOL);
+            free(cu_pair[0]); free(cu_pair[1]);
+            guidance_batch(cuda, "cuda flux2 fp8 Linears + attention", DT_PREC_FP8,
+                           cuda->attention_fp8 ? DT_PREC_FP8 : DT_PREC_BF16, FLUX2_BATCH_GPU_FP8_TOL, 1, NULL, NULL);
             cuda->destroy(cuda);
         }
         cuda_qpaths();
@@ -473,6 +569,8 @@ int main(void) {
     }
 
     const char *slow = getenv("DITRUN_SLOW");
+    free(cpu_pair[0]);
+    free(cpu_pair[1]);
     if (slow && *slow == '1') synthetic_klein4b();
     else T_SKIP("synthetic klein-4B", "set DITRUN_SLOW=1 (writes 2.2 + 7.8 GB to $TMPDIR, ~2 minutes)");
     return T_DONE();

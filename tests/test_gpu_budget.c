@@ -233,7 +233,7 @@ static void pipeline_tests(void) {
     /* the plan's predicted peak for this image, as the budget of both the plan and the pool */
     dt_place_sizes s;
     dt_place_plan p;
-    if (dt_place_sizes_for(root, 256, 256, 32, 2, 0, 0, &s) || dt_place_plan_make(0, &s, &p)) {
+    if (dt_place_sizes_for(root, 256, 256, 32, 2, 0, 0, 1, &s) || dt_place_plan_make(0, &s, &p)) {
         T_FAIL("klein_budget_plan", "%s", dt_last_error());
         free(ref);
         return;

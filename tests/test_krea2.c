@@ -56,6 +56,21 @@
 #define KREA2_SAMPLER_GPU_TOL 1e-6
 /* CUDA fused inputs vs separate ops: test_flux2's FP8_FUSE_TOL (the gated residual rounded once instead of 3x) */
 #define KREA2_FP8_FUSE_TOL 2e-2
+/* The guidance batch (krea2_forward_batch: the prompt and a shorter negative prompt in one forward) vs two single
+ * forwards, CPU float32: the same ops on the same rows (per-row GEMMs, per-sequence attention), only the GEMM's
+ * blocking over the doubled rows and the negative prompt's padded (masked) keys may reorder sums (~1e-7). */
+#define KREA2_BATCH_CPU_TOL 1e-6
+/* The same with fp8 attention on the CPU emulation: the padded negative prompt's extra query rows may widen Q's
+ * per-tensor scale (KREA2_FP8_GATHER_TOL's reason); Linears' scales are per token (unchanged). */
+#define KREA2_BATCH_FP8_TOL KREA2_FP8_GATHER_TOL
+/* CUDA, batched vs single forwards: bf16 activations, GEMM algorithms chosen per row count (a different split of
+ * the sums rounds differently at bf16, 2^-9 relative each): within bf16 rounding over 2 blocks, KREA2_GPU_TOL. The
+ * fp8 modes likewise plus an e4m3 code flipped where a value sits on a rounding boundary: KREA2_FP8_FUSE_TOL. */
+#define KREA2_BATCH_GPU_TOL KREA2_GPU_TOL
+/* The sampler with the guidance batch vs two passes, CPU: KREA2_BATCH_CPU_TOL per forward weighed by the guidance
+ * (5.5·v − 4.5·u) over 3 steps. */
+#define KREA2_BATCH_SAMPLER_TOL 5e-6
+#define KREA2_BATCH_GPU_FP8_TOL KREA2_FP8_FUSE_TOL
 
 typedef struct {
     st_file *io;
@@ -531,10 +546,31 @@ static int smp_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
     return krea2_forward_dev(c->m, x, pass ? c->neg : c->fi->txt, c->fi->t, c->sigmas[i], c->fi->pos, c->fi->mask, v);
 }
 
+/* Both passes in one batched forward (the guidance batch), on the host and on the device path. */
+static int smp_pair(void *ctx, int i, const float *x, float *v, float *u) {
+    smp_ctx *c = ctx;
+    krea2_seq q[2] = {
+        {.img = x, .txt = c->fi->txt, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out = v},
+        {.img = x, .txt = c->neg, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out = u},
+    };
+    return krea2_forward_batch(c->m, q, 2, c->fi->n, c->sigmas[i]);
+}
+
+static int smp_pair_dev(void *ctx, int i, dt_mat x, dt_mat v, dt_mat u) {
+    smp_ctx *c = ctx;
+    c->dev_calls += 2;
+    krea2_seq q[2] = {
+        {.img_m = x, .txt = c->fi->txt, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out_m = v},
+        {.img_m = x, .txt = c->neg, .n_txt = c->fi->t, .pos = c->fi->pos, .mask = c->fi->mask, .out_m = u},
+    };
+    return krea2_forward_batch(c->m, q, 2, (int)x.rows, c->sigmas[i]);
+}
+
 /* dt_sample's device path (latents on the backend between steps, guidance + Euler as flow_step) against its host
  * path: 3 steps with Krea 2's guidance v + 4.5·(v − u) on the fixture model (prompt: the fixture's text, negative:
- * a scaled copy), final latents within tol (CPU: 0). */
-static void sampler_device(dt_backend *be, const char *tag, double tol) {
+ * a scaled copy), final latents within tol (CPU: 0). Then the guidance batch on the device path (predict_pair_dev: v
+ * and u written where flow_step reads them) against the same host path within batch_tol. */
+static void sampler_device(dt_backend *be, const char *tag, double tol, double batch_tol) {
     fx_inputs fi;
     char name[200], dir[512];
     snprintf(name, sizeof name, "%s sampler: device path vs host path", tag);
@@ -548,30 +584,46 @@ static void sampler_device(dt_backend *be, const char *tag, double tol) {
     for (size_t i = 0; i < nt; i++) neg[i] = -0.5f * fi.txt[i];
     static const float sigmas[] = {1.0f, 0.75f, 0.5f, 0.25f}, timesteps[] = {1000.f, 750.f, 500.f};
     smp_ctx sc = {m, &fi, neg, sigmas, 0};
-    float *xs[2], *v = dt_malloc(sizeof(float) * n), *u = dt_malloc(sizeof(float) * n);
+    float *xs[3], *v = dt_malloc(sizeof(float) * n), *u = dt_malloc(sizeof(float) * n);
     const int64_t shape[3] = {1, fi.n, fi.in_ch};
     dt_gen_params g;
     memset(&g, 0, sizeof g);
-    int rc[2];
-    for (int dev = 0; dev < 2; dev++) {
+    int rc[3], paired = -1, dev1_calls = 0;
+    for (int dev = 0; dev < 3; dev++) {   /* host, device, device with the guidance batch */
         xs[dev] = dt_malloc(sizeof(float) * n);
         memcpy(xs[dev], fi.img, sizeof(float) * n);
         dt_gen_timings tm;
         memset(&tm, 0, sizeof tm);
         dt_sampler s = {.steps = 3, .first = 0, .sigmas = sigmas, .timesteps = timesteps, .cfg = 1, .guidance = 4.5f,
                         .rule = DT_CFG_FROM_COND, .n = n, .obs_shape = shape, .predict = smp_host, .ctx = &sc, .v = v,
-                        .u = u, .predict_dev = dev ? smp_dev : NULL, .be = be, .rows = fi.n};
+                        .u = u, .predict_dev = dev ? smp_dev : NULL, .be = be, .rows = fi.n,
+                        .predict_pair = dev == 2 ? smp_pair : NULL, .predict_pair_dev = dev == 2 ? smp_pair_dev : NULL};
+        if (dev == 2) {
+            dev1_calls = sc.dev_calls;
+            sc.dev_calls = 0;
+        }
         rc[dev] = dt_sample(&s, xs[dev], &g, dt_now(), &tm, NULL, NULL);
+        if (dev == 2) paired = tm.passes_paired;
     }
+    if (!rc[0] && !rc[2]) {
+        double e = dt_rel_l2(xs[2], xs[0], n);
+        snprintf(name, sizeof name, "%s sampler: the guidance batch on the device path (%d passes paired, %d device "
+                 "passes) equals the host path (rel L2 %.3g <= %g)", tag, paired, sc.dev_calls, e, batch_tol);
+        T_CHECK(name, e <= batch_tol && paired == 6 && sc.dev_calls == 6, "rel L2 %.3g, paired %d", e, paired);
+    } else if (rc[2]) {
+        T_FAIL(name, "guidance batch: %s", dt_last_error());
+    }
+    rc[2] = 0;
+    snprintf(name, sizeof name, "%s sampler: device path vs host path", tag);
     if (rc[0] || rc[1]) T_FAIL(name, "host rc %d, device rc %d: %s", rc[0], rc[1], dt_last_error());
     else {
-        T_CHECK(name, sc.dev_calls == 6, "%d device passes (3 steps x 2 expected)", sc.dev_calls);
+        T_CHECK(name, dev1_calls == 6, "%d device passes (3 steps x 2 expected)", dev1_calls);
         double e = dt_rel_l2(xs[1], xs[0], n), moved = dt_rel_l2(xs[0], fi.img, n);
         snprintf(name, sizeof name, "%s sampler: device path equals the host path (rel L2 %.3g <= %g; the latents moved %.3g)",
                  tag, e, tol, moved);
         T_CHECK(name, e <= tol && moved > 0.1, "rel L2 %.3g, moved %.3g", e, moved);
     }
-    free(xs[0]); free(xs[1]); free(v); free(u); free(neg);
+    free(xs[0]); free(xs[1]); free(xs[2]); free(v); free(u); free(neg);
     krea2_free(m);
     free_inputs(&fi);
 }
@@ -617,6 +669,98 @@ static void cuda_graph_replay(dt_backend *be) {
         free(eager[0]); free(eager[1]); free(eager[2]); free(g); free(mask2);
         krea2_free(m);
     }
+    free_inputs(&fi);
+}
+
+/* ------------------------------------------------------------------ guidance batch */
+
+/* The negative prompt of the batch tests: the fixture's first tn tokens scaled by -0.5 (another text, shorter than
+ * the prompt), its last 2 tokens masked, positions [tn + N, 3] (text rows 0, the fixture's image rows). */
+typedef struct {
+    float *txt, *pos;
+    uint8_t *mask;
+    int t;
+} neg_prompt;
+
+static void neg_prompt_make(const fx_inputs *fi, const krea2_config *c, int tn, neg_prompt *np) {
+    const size_t per = (size_t)c->text_layers * c->text_dim;
+    np->t = tn;
+    np->txt = dt_malloc(sizeof(float) * per * (size_t)tn);
+    for (size_t i = 0; i < per * (size_t)tn; i++) np->txt[i] = -0.5f * fi->txt[i];
+    np->mask = dt_malloc((size_t)tn);
+    for (int i = 0; i < tn; i++) np->mask[i] = i < tn - 2;
+    np->pos = dt_calloc((size_t)(tn + fi->n) * 3, sizeof(float));
+    memcpy(np->pos + (size_t)tn * 3, fi->pos + (size_t)fi->t * 3, sizeof(float) * (size_t)fi->n * 3);
+}
+
+static void neg_prompt_free(neg_prompt *np) { free(np->txt); free(np->pos); free(np->mask); }
+
+/* krea2_forward_batch of the fixture's prompt (12 tokens, 3 padded) and a shorter negative prompt (8 tokens, 2
+ * padded) against two krea2_forward calls on a model loaded with these precisions: each velocity within tol. With
+ * `graph` (CUDA) the batch is also replayed as a CUDA graph (eager, captured, replayed): each equal to the eager
+ * batch bit for bit. outs (may be NULL): the batch's two velocities (the caller frees them). */
+static void batch_vs_single(dt_backend *be, const char *tag, dt_precision prec, dt_precision aprec, double tol,
+                            int graph, float **outs, size_t *nouts) {
+    fx_inputs fi;
+    char name[240], dir[512];
+    if (outs) outs[0] = outs[1] = NULL;
+    if (load_inputs(&fi)) { T_FAIL(tag, "inputs: %s", dt_last_error()); free_inputs(&fi); return; }
+    snprintf(dir, sizeof dir, "%s/krea2/transformer", t_fixtures());
+    const krea2_load_opts lo = {.precision = prec, .attn_precision = aprec};
+    krea2_model *m = krea2_load_ex(be, dir, &lo);
+    if (!m) { T_FAIL(tag, "load failed: %s", dt_last_error()); free_inputs(&fi); return; }
+    const krea2_config *c = krea2_get_config(m);
+    neg_prompt np;
+    neg_prompt_make(&fi, c, 8, &np);
+    const size_t no = (size_t)fi.n * c->out_channels;
+    if (nouts) *nouts = no;
+    float *single[2], *batch[2];
+    for (int i = 0; i < 2; i++) {
+        single[i] = dt_malloc(sizeof(float) * no);
+        batch[i] = dt_malloc(sizeof(float) * no);
+    }
+    int rc = krea2_forward(m, fi.img, fi.n, fi.txt, fi.t, fi.ts, fi.pos, fi.mask, single[0], NULL, NULL) ||
+             krea2_forward(m, fi.img, fi.n, np.txt, np.t, fi.ts, np.pos, np.mask, single[1], NULL, NULL);
+    krea2_seq q[2] = {
+        {.img = fi.img, .txt = fi.txt, .n_txt = fi.t, .pos = fi.pos, .mask = fi.mask, .out = batch[0]},
+        {.img = fi.img, .txt = np.txt, .n_txt = np.t, .pos = np.pos, .mask = np.mask, .out = batch[1]},
+    };
+    if (!rc) rc = krea2_forward_batch(m, q, 2, fi.n, fi.ts);
+    if (rc) {
+        T_FAIL(tag, "forward failed: %s", dt_last_error());
+    } else {
+        static const char *const what[2] = {"prompt (12 tokens)", "negative prompt (8 tokens, padded to 12)"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(name, sizeof name, "%s: guidance batch = single forward, %s", tag, what[i]);
+            check_l2(name, batch[i], single[i], no, tol);
+        }
+        snprintf(name, sizeof name, "%s: the two velocities of the batch differ (each sequence its own text)", tag);
+        T_CHECK(name, dt_rel_l2(batch[0], batch[1], no) > 1e-3, "rel L2 %.3g", dt_rel_l2(batch[0], batch[1], no));
+    }
+    if (!rc && graph) {
+        krea2_set_graph(m, 1);
+        float *g[2] = {dt_malloc(sizeof(float) * no), dt_malloc(sizeof(float) * no)};
+        krea2_seq qg[2] = {q[0], q[1]};
+        qg[0].out = g[0];
+        qg[1].out = g[1];
+        for (int call = 1; call <= 3 && !rc; call++) {
+            rc = krea2_forward_batch(m, qg, 2, fi.n, fi.ts);
+            for (int i = 0; i < 2 && !rc; i++) {
+                snprintf(name, sizeof name, "%s: guidance batch as a CUDA graph, call %d, sequence %d = eager", tag,
+                         call, i);
+                t_check_rel_l2(name, g[i], batch[i], no, 0.0);
+            }
+        }
+        if (rc) T_FAIL(tag, "graph: %s", dt_last_error());
+        free(g[0]); free(g[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(single[i]);
+        if (outs && !rc) outs[i] = batch[i];
+        else free(batch[i]);
+    }
+    neg_prompt_free(&np);
+    krea2_free(m);
     free_inputs(&fi);
 }
 
@@ -845,7 +989,12 @@ int main(void) {
     fp8_cpu(cpu);
     free(fp8_file(cpu, "cpu", 0));
     free(fp8_file(cpu, "cpu", 1));
-    sampler_device(cpu, "cpu", 0);
+    sampler_device(cpu, "cpu", 0, KREA2_BATCH_SAMPLER_TOL);
+    float *cpu_batch[2];
+    size_t nb_out = 0;
+    batch_vs_single(cpu, "cpu krea2", DT_PREC_BF16, DT_PREC_BF16, KREA2_BATCH_CPU_TOL, 0, cpu_batch, &nb_out);
+    batch_vs_single(cpu, "cpu krea2 fp8 Linears + attention", DT_PREC_FP8, DT_PREC_FP8, KREA2_BATCH_FP8_TOL, 0, NULL,
+                    NULL);
     cpu->destroy(cpu);
     error_checks();
     if (dt_backend_cuda_available()) {
@@ -855,8 +1004,21 @@ int main(void) {
             fixture_on(cu, "cuda", KREA2_GPU_TOL);
             q4_check(cu, "cuda", KREA2_GPU_TOL);
             fp8_cuda(cu);
-            sampler_device(cu, "cuda", KREA2_SAMPLER_GPU_TOL);
+            sampler_device(cu, "cuda", KREA2_SAMPLER_GPU_TOL, KREA2_BATCH_GPU_TOL);
             cuda_graph_replay(cu);
+            float *cu_batch[2];
+            batch_vs_single(cu, "cuda krea2 bf16", DT_PREC_BF16, DT_PREC_BF16, KREA2_BATCH_GPU_TOL, 1, cu_batch, NULL);
+            for (int i = 0; i < 2 && cu_batch[0] && cpu_batch[0]; i++)
+                check_l2(i ? "cuda krea2 guidance batch vs the CPU's, negative prompt"
+                           : "cuda krea2 guidance batch vs the CPU's, prompt",
+                         cu_batch[i], cpu_batch[i], nb_out, KREA2_GPU_TOL);
+            free(cu_batch[0]); free(cu_batch[1]);
+            if (cu->attention_fp8)
+                batch_vs_single(cu, "cuda krea2 fp8 Linears + attention", DT_PREC_FP8, DT_PREC_FP8,
+                                KREA2_BATCH_GPU_FP8_TOL, 1, NULL, NULL);
+            else
+                batch_vs_single(cu, "cuda krea2 fp8 Linears", DT_PREC_FP8, DT_PREC_BF16, KREA2_BATCH_GPU_FP8_TOL, 1,
+                                NULL, NULL);
             host_weights_cuda();
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') synthetic_real_geometry(cu, "cuda");
@@ -868,5 +1030,7 @@ int main(void) {
     } else {
         T_SKIP("cuda krea2 fixture", "no usable CUDA GPU on this machine");
     }
+    free(cpu_batch[0]);
+    free(cpu_batch[1]);
     return T_DONE();
 }

@@ -53,6 +53,12 @@
 #define K2_STEP_TOL 1e-6
 /* Sigmas vs the formula in double: the f32 evaluation is a few ulp away. */
 #define K2_SIGMA_TOL 1e-6
+/* The guidance batch (both passes of a step in one forward) vs two passes, CPU float32: the same ops on the same
+ * rows, only GEMM blocking over the doubled rows may reorder sums (~1.2e-7 per forward, test_krea2), weighed by the
+ * guidance (5.5·v − 4.5·u) over 4 steps (measured 5.7e-7). The pixels: within 1 level (a value on an 8-bit rounding
+ * boundary may round the other way; measured identical). */
+#define K2_BATCH_LAT_TOL 5e-6
+#define K2_BATCH_PX 1
 /* PNG pixels: the reference's uint8 within +-1 (a value near a rounding boundary may round the other way)
  * for at least this fraction of values. */
 #define K2_PX_FRAC 0.999
@@ -265,6 +271,82 @@ static void test_whole(dt_backend *be, k2_case *k, const char *tag, double tol, 
     }
     free(rgb);
     dt_pipeline_free(pl);
+}
+
+static void grab_latents(void *ud, const char *name, const float *d, int ndim, const int64_t *shape) {
+    float **dst = ud;
+    if (strcmp(name, "latents_unpacked")) return;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    free(dst[0]);
+    dst[0] = dt_malloc(sizeof(float) * (size_t)n);
+    memcpy(dst[0], d, sizeof(float) * (size_t)n);
+    ((int64_t *)dst[1])[0] = n;
+}
+
+/* The case's guided generate (4 steps, guidance 4.5, another negative prompt) with the guidance batch (default), with
+ * --guidance-batch off, and batched under a step cache (first-block=0: two passes, byte-identical to no cache):
+ * the final latents within K2_BATCH_LAT_TOL and the pixels within K2_BATCH_PX of the two-pass run; passes_paired
+ * says which path ran (2 per step batched, 0 otherwise). */
+static void test_guidance_batch(dt_backend *be, k2_case *k, const char *tag) {
+    char name[200], io[600];
+    snprintf(io, sizeof io, "%s/krea2_pipeline_io.safetensors", t_fixtures());
+    static const char *const arm[3] = {"guidance batch", "--guidance-batch off", "guidance batch under first-block=0"};
+    float *lat[3] = {NULL, NULL, NULL};
+    int64_t nlat[3] = {0, 0, 0};
+    uint8_t *rgb[3] = {NULL, NULL, NULL};
+    int w = 0, h = 0, paired[3] = {-1, -1, -1}, steps = 0;
+    for (int a = 0; a < 3; a++) {
+        dt_pipeline_opts o;
+        dt_pipeline_opts_default(&o);
+        o.model = k->root;
+        o.guidance_two_passes = a == 1;
+        dt_pipeline *pl = dt_pipeline_load(be, &o);
+        if (!pl) { T_FAIL(tag, "%s", dt_last_error()); break; }
+        dt_gen_params p;
+        dt_gen_params_default(&p);
+        p.prompt = json_get_str(k->cj, "prompt");
+        p.negative_prompt = "blurry, low quality, a cat";
+        p.height = (int)json_get_int(k->cj, "height", 0);
+        p.width = (int)json_get_int(k->cj, "width", 0);
+        p.steps = steps = (int)json_get_int(k->cj, "steps", 0);
+        p.guidance = 4.5f;
+        p.max_seq_len = (int)json_get_int(k->cj, "max_sequence_length", 0);
+        p.noise_file = io;
+        if (a == 2 && dt_cache_parse("first-block=0", &p.cache)) { T_FAIL(tag, "%s", dt_last_error()); break; }
+        dt_gen_timings tm;
+        memset(&tm, 0, sizeof tm);
+        float *gl[2] = {NULL, (float *)&nlat[a]};
+        int rc = dt_pipeline_generate(pl, &p, &rgb[a], &w, &h, &tm, grab_latents, gl);
+        lat[a] = gl[0];
+        paired[a] = tm.passes_paired;
+        dt_pipeline_free(pl);
+        if (rc) { T_FAIL(tag, "%s: %s", arm[a], dt_last_error()); break; }
+    }
+    if (lat[0] && lat[1] && lat[2] && nlat[0] == nlat[1] && nlat[1] == nlat[2]) {
+        snprintf(name, sizeof name, "%s krea2 generate: %d of %d passes in pairs with the guidance batch, none with "
+                 "--guidance-batch off or under a step cache", tag, paired[0], 2 * steps);
+        T_CHECK(name, paired[0] == 2 * steps && paired[1] == 0 && paired[2] == 0, "paired %d / %d / %d", paired[0],
+                paired[1], paired[2]);
+        snprintf(name, sizeof name, "%s krea2 generate: final latents, guidance batch vs two passes", tag);
+        t_check_rel_l2(name, lat[0], lat[1], (size_t)nlat[0], K2_BATCH_LAT_TOL);
+        snprintf(name, sizeof name, "%s krea2 generate: final latents, guidance batch under a step cache (two passes) "
+                 "= two passes", tag);
+        t_check_rel_l2(name, lat[2], lat[1], (size_t)nlat[0], 0.0);
+        int worst = 0;
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)w * h * 3; i++) {
+            int d = abs((int)rgb[0][i] - (int)rgb[1][i]);
+            worst = d > worst ? d : worst;
+            differ += d != 0;
+        }
+        snprintf(name, sizeof name, "%s krea2 generate: image, guidance batch vs two passes within %d level (worst %d, "
+                 "%zu of %d values differ)", tag, K2_BATCH_PX, worst, differ, w * h * 3);
+        T_CHECK(name, worst <= K2_BATCH_PX, "worst %d", worst);
+    } else if (lat[0] || lat[1] || lat[2]) {
+        T_FAIL(tag, "krea2 generate: the latents were not observed in every arm");
+    }
+    for (int a = 0; a < 3; a++) { free(lat[a]); free(rgb[a]); }
 }
 
 /* Longer padding: rows [0, R) real (prefix remainder + prompt), then padding, then the suffix. */
@@ -560,6 +642,7 @@ int main(void) {
     test_text(cpu, &k, "cpu", 1, K2_TEXT_TOL);
     test_vae(cpu, &k, "cpu", K2_VAE_TOL, 1, K2_PX_FRAC);
     test_whole(cpu, &k, "cpu", K2_CPU_TOL, 1, K2_PX_FRAC);
+    test_guidance_batch(cpu, &k, "cpu");
     test_padding(cpu, &k, 37);
     test_distilled(cpu, &k);
     test_synth(cpu, &k, 0);

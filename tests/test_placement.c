@@ -12,6 +12,7 @@
 #include "models/vae_qwenimage.h"
 #include "pipeline/budget.h"
 #include "pipeline/placement.h"
+#include "model_dirs.h"
 #include "serve_helpers.h"
 #include "test.h"
 
@@ -78,7 +79,7 @@ static void budget_tests(const char *tmp) {
     /* one image of 128x128, 32 text tokens, 64 px tiles: the untiled decode is the peak, tiling lowers it */
     dt_place_sizes s;
     dt_place_plan untiled, tiled;
-    int ok = dt_place_sizes_for(root, 128, 128, 32, elem, 64, 0, &s) == 0;
+    int ok = dt_place_sizes_for(root, 128, 128, 32, elem, 64, 0, 1, &s) == 0;
     ok = ok && dt_place_plan_make(0, &s, &untiled) == 0 && dt_place_plan_make(untiled.peak - 1, &s, &tiled) == 0;
     T_CHECK("budget_fixture_tiles", ok && !untiled.vae_tiling && tiled.vae_tiling && tiled.peak < untiled.peak,
             "the bundled pipeline at 128x128 has no budget that needs tiling (%s)", ok ? "peaks" : dt_last_error());
@@ -101,7 +102,7 @@ static void budget_tests(const char *tmp) {
     }
     /* a loaded pipeline at 64x64 (one tile): below everything resident the text encoder is released */
     dt_place_plan res, rel;
-    int rok = dt_place_sizes_for(root, 64, 64, 32, elem, 0, 1, &s) == 0 && dt_place_plan_make(0, &s, &res) == 0 &&
+    int rok = dt_place_sizes_for(root, 64, 64, 32, elem, 0, 1, 1, &s) == 0 && dt_place_plan_make(0, &s, &res) == 0 &&
               dt_place_plan_make(res.peak - 1, &s, &rel) == 0;
     T_CHECK("budget_fixture_releases", rok && !res.release_text_encoder && rel.release_text_encoder && rel.peak < res.peak,
             "the bundled pipeline at 64x64 has no budget that releases the text encoder");
@@ -146,7 +147,7 @@ static void budget_tests(const char *tmp) {
     /* the exact refusal of generate, one line, nothing written: the smallest workable of the plan at 64x64 */
     dt_place_sizes s64;
     dt_place_plan p64;
-    dt_place_sizes_for(root, 64, 64, 32, elem, 0, 0, &s64);
+    dt_place_sizes_for(root, 64, 64, 32, elem, 0, 0, 1, &s64);
     dt_place_plan_make(0, &s64, &p64);
     char b1[32], want[400];
     snprintf(want, sizeof want, "ditrun: error: 64x64: memory budget 1.0 KiB is below the smallest workable %s for this "
@@ -225,7 +226,7 @@ static void serve_test(const char *tmp) {
     snprintf(serve_tmp, sizeof serve_tmp, "%s", tmp);
     dt_place_sizes s;
     dt_place_plan res, rel;
-    if (dt_place_sizes_for(serve_model, 64, 64, 8, 4, 0, 1, &s) || dt_place_plan_make(0, &s, &res) ||
+    if (dt_place_sizes_for(serve_model, 64, 64, 8, 4, 0, 1, 1, &s) || dt_place_plan_make(0, &s, &res) ||
         dt_place_plan_make(res.peak - 1, &s, &rel) || !rel.release_text_encoder) {
         T_FAIL("serve_budget", "no budget releases the text encoder (%s)", dt_last_error());
         return;
@@ -395,7 +396,7 @@ int main(void) {
         snprintf(name, sizeof name, "sizes_%s", roots[k]);
         snprintf(root, sizeof root, "%s/%s", t_fixtures(), roots[k]);
         dt_place_sizes ps;
-        if (dt_place_sizes_for(root, 256, 192, 64, 2, 64, 1, &ps)) { T_FAIL(name, "%s", dt_last_error()); continue; }
+        if (dt_place_sizes_for(root, 256, 192, 64, 2, 64, 1, 1, &ps)) { T_FAIL(name, "%s", dt_last_error()); continue; }
         snprintf(dir, sizeof dir, "%s/transformer", root);
         dt_weights *w = dt_weights_open(dir);
         int64_t tb = 0;
@@ -422,16 +423,49 @@ int main(void) {
                 "transformer %lld (files %lld), vae act %lld (%lld), tile %lld (%lld)", (long long)ps.transformer,
                 (long long)tb, (long long)ps.vae_act, (long long)va, (long long)ps.vae_tile_act, (long long)vt);
         snprintf(name, sizeof name, "sizes_%s_one_tile", roots[k]);
-        T_CHECK(name, dt_place_sizes_for(root, 64, 64, 64, 2, 64, 0, &ps) == 0 && ps.vae_tile_act == 0,
+        T_CHECK(name, dt_place_sizes_for(root, 64, 64, 64, 2, 64, 0, 1, &ps) == 0 && ps.vae_tile_act == 0,
                 "a 64x64 image with 64 px tiles has a tile size %lld", (long long)ps.vae_tile_act);
     }
+    /* the guidance batch: a pipeline that runs guidance (Krea 2's fixture, FLUX.2's fixture as a base model) runs a
+     * guided step's two passes in one forward (twice the rows: the forward's activations exactly doubled, and the
+     * plan's denoise peak grows by them); a distilled one (FLUX.2's fixture) runs no guidance (unchanged);
+     * --guidance-batch off (guidance_batch 0) plans one sequence */
+    char base[512];
+    static const char *const parts[] = {"scheduler", "text_encoder", "tokenizer", "transformer", "vae", NULL};
+    char fx[600];
+    snprintf(fx, sizeof fx, "%s/model", t_fixtures());
+    const int have_base = t_tmpdir(base, sizeof base, "placement-base") == 0 &&
+                          (rmdir(base), linked_pipeline_root(base, fx, parts,
+                                        "{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": false}\n")) == 0;
+    if (!have_base) T_FAIL("sizes_guidance_batch", "cannot link a base FLUX.2 pipeline into %s", base);
+    for (int k = 0; k < 3; k++) {
+        char name[128];
+        if (k == 2 && !have_base) break;
+        if (k < 2) snprintf(root, sizeof root, "%s/%s", t_fixtures(), roots[k]);
+        else snprintf(root, sizeof root, "%s", base);
+        dt_place_sizes on, off;
+        dt_place_plan pon, poff;
+        int ok = dt_place_sizes_for(root, 256, 192, 64, 2, 0, 0, 1, &on) == 0 &&
+                 dt_place_sizes_for(root, 256, 192, 64, 2, 0, 0, 0, &off) == 0 && dt_place_plan_make(0, &on, &pon) == 0 &&
+                 dt_place_plan_make(0, &off, &poff) == 0;
+        const int batched = k > 0;
+        snprintf(name, sizeof name, "sizes_%s_guidance_batch: forward activations %s", k < 2 ? roots[k] : "flux2_base",
+                 batched ? "doubled (2 sequences), denoise peak grows by them" : "unchanged (distilled: no guidance)");
+        T_CHECK(name, ok && on.dit_batch == (batched ? 2 : 1) && off.dit_batch == 1 &&
+                          on.dit_act == (batched ? 2 : 1) * off.dit_act &&
+                          pon.phase_peak[DT_PHASE_DENOISE] - poff.phase_peak[DT_PHASE_DENOISE] == on.dit_act - off.dit_act,
+                "batch %d / %d, activations %lld / %lld, denoise %lld / %lld", on.dit_batch, off.dit_batch,
+                (long long)on.dit_act, (long long)off.dit_act, (long long)pon.phase_peak[DT_PHASE_DENOISE],
+                (long long)poff.phase_peak[DT_PHASE_DENOISE]);
+    }
+    if (have_base) t_rmtree(base);
     /* no tile asked: the default tile (FLUX.2: sample_size 1024, one tile at 768x768) and the half tile (512) */
     {
         snprintf(root, sizeof root, "%s/model", t_fixtures());
         snprintf(dir, sizeof dir, "%s/vae", root);
         dt_vae_config c;
         dt_place_sizes ps;
-        int ok = dt_vae_read_config(dir, &c) == 0 && dt_place_sizes_for(root, 768, 768, 64, 2, 0, 0, &ps) == 0;
+        int ok = dt_vae_read_config(dir, &c) == 0 && dt_place_sizes_for(root, 768, 768, 64, 2, 0, 0, 1, &ps) == 0;
         const int64_t want = ok ? dt_vae_decode_act_bytes(&c, 512, 768 / c.scale_factor, 768 / c.scale_factor, 2) : -1;
         T_CHECK("sizes_half_tile", ok && ps.vae_tile_px == 1024 && ps.vae_tile_act == 0 && ps.vae_small_tile_px == 512 &&
                                        ps.vae_small_tile_act == want && want > 0 && want < ps.vae_act,
@@ -463,7 +497,7 @@ int main(void) {
                 else other += t->dtype == DT_F32 ? (int64_t)t->nbytes / 2 : (int64_t)t->nbytes;
             }
             dt_weights_close(w);
-            int rc = st == 0 ? dt_place_sizes_for(root, 64, 64, 32, 2, 0, 0, &ps) : -1;
+            int rc = st == 0 ? dt_place_sizes_for(root, 64, 64, 32, 2, 0, 0, 1, &ps) : -1;
             T_CHECK("sizes_q4_packed", rc == 0 && n_u32 > 0 && ps.transformer_packed == packed &&
                                            ps.transformer == packed + other && ps.te_packed == 0 && ps.dit_qbuf > 0,
                     "status %d rc %d: packed %lld (want %lld), transformer %lld (want %lld)", st, rc,
@@ -475,7 +509,7 @@ int main(void) {
         }
     }
     snprintf(root, sizeof root, "%s/edit", t_fixtures());
-    T_CHECK("sizes_not_a_pipeline", dt_place_sizes_for(root, 64, 64, 64, 2, 0, 0, &one) != 0, "sized a folder of images");
+    T_CHECK("sizes_not_a_pipeline", dt_place_sizes_for(root, 64, 64, 64, 2, 0, 0, 1, &one) != 0, "sized a folder of images");
 
     /* ditrun info: the plan lines, and exit 1 with the smallest workable budget under a budget too small */
     char tmp[300], cmd[1200];

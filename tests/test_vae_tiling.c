@@ -378,7 +378,7 @@ static void check_pipeline(dt_backend *be) {
      * smallest workable is refused before loading, naming it */
     dt_place_sizes ps;
     dt_place_plan pl;
-    if (dt_place_sizes_for(lo.model, 96, 128, 32, (int)dt_dtype_size(be->act_dtype), 32, 0, &ps)) {
+    if (dt_place_sizes_for(lo.model, 96, 128, 32, (int)dt_dtype_size(be->act_dtype), 32, 0, 1, &ps)) {
         T_FAIL("pipeline_max_vram_tiles", "%s", dt_last_error());
     } else {
         dt_place_plan_make(0, &ps, &pl);

@@ -15,7 +15,10 @@
 #               Linears at 1/2/4 images' rows: what batching requests could save), and with DIFFUSERS_SRC diffusers'
 #               VAE alone (tools/diffusers_vae_time.py: PyTorch/cuDNN decode and encode, NCHW and channels_last)
 #     krea2     Krea 2 q4 1024² forwards (masked and not; --cuda-graph; --precision fp8, --attn-precision fp8 and both,
-#               with their error vs bf16) and its bench
+#               with their error vs bf16; a guided step batched and in two passes) and its bench
+#     cfgbatch  the guidance batch (issue 31): one guided step (prompt + negative prompt) as one batched forward vs two
+#               forwards (--guidance-batch off), alternating: Krea 2 q4 1024² (also --cuda-graph and fp8), klein-4B q4
+#               512², 1024², 2048² (FLUX.2 runs one sequence per forward today: both arms two forwards)
 #     ab A B    the same forwards (q4, bf16, fp8 at 1024²) and generates (one-shot, --count 4) with two build
 #               folders, alternating, then a checksum and the rel L2 of every output of B against A, the generate's
 #               intermediates included (bit-identical where the path is the same)
@@ -215,6 +218,9 @@ if has krea2; then   # PERF summary: Krea 2
     fwd "Krea 2 q4 1024^2 (mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10
     fwd "Krea 2 q4 1024^2 (no mask)" "$W/kr2q4" "$W/inkr2_1024.st" 10 --no-mask
     fwd "Krea 2 q4 1024^2 (mask) --cuda-graph" "$W/kr2q4" "$W/inkr2_1024.st" 10 --cuda-graph
+    for gb in on off; do
+        fwd "Krea 2 q4 1024^2 guided step --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_1024.st" 10 --guided --guidance-batch $gb
+    done
     use_cudnn919
     for a in "--precision fp8" "--attn-precision fp8" "--precision fp8 --attn-precision fp8"; do
         fwd "Krea 2 q4 1024^2 (mask) $a" "$W/kr2q4" "$W/inkr2_1024.st" 10 $a
@@ -231,6 +237,36 @@ if has krea2; then   # PERF summary: Krea 2
     log "bench krea2 fp8 rc=$?"
     grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2f8.md" | tee -a "$OUT/summary.txt"
     unset DITRUN_CUDNN_LIB
+fi
+
+if has cfgbatch; then   # PERF: the guidance batch: a guided step in one forward (the prompt and the negative prompt as a
+    # batch of 2: each weight read once) or in two (--guidance-batch off); PERF.md keeps two passes only where they win
+    prep k4q4 in4_512 in4_1024 in4_2048
+    [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
+    [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
+    for round in 1 2; do
+        for gb in on off; do
+            fwd "r$round Krea 2 q4 1024^2 guided step --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_1024.st" 10 --guided \
+                --guidance-batch $gb
+        done
+    done
+    for gb in on off; do
+        fwd "Krea 2 q4 1024^2 guided step --cuda-graph --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_1024.st" 10 --guided \
+            --cuda-graph --guidance-batch $gb
+    done
+    use_cudnn919
+    for gb in on off; do
+        fwd "Krea 2 q4 1024^2 guided step --precision fp8 --attn-precision fp8 --guidance-batch $gb" "$W/kr2q4" \
+            "$W/inkr2_1024.st" 10 --guided --precision fp8 --attn-precision fp8 --guidance-batch $gb
+    done
+    unset DITRUN_CUDNN_LIB
+    for px in 512 1024 2048; do
+        rep=10; [ $px = 2048 ] && rep=4
+        for gb in on off; do
+            fwd "klein-4B q4 ${px}^2 guided step --guidance-batch $gb" "$W/k4q4" "$W/in4_$px.st" $rep --guided \
+                --guidance-batch $gb
+        done
+    done
 fi
 
 if has ab; then   # A/B of two build folders: alternating timings, then every output of B against A's

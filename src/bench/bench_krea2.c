@@ -77,7 +77,7 @@ fail:
 static void replica_alloc(k2_replica *m, int n, int t, const float *pos, const uint8_t *mask, float timestep) {
     dt_backend *be = m->be;
     krea2_acts_free(be, &m->x);
-    if (krea2_acts_alloc(be, &m->c, n, t, &m->x)) bench_die();
+    if (krea2_acts_alloc(be, &m->c, n, t, 1, &m->x)) bench_die();
     krea2_acts_positions(be, &m->c, &m->x, pos);
     krea2_acts_mask(be, &m->x, mask);
     krea2_time_mods(be, &m->c, &m->ow, m->b, &m->x, timestep);

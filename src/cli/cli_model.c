@@ -50,6 +50,15 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--rope-bf16")) { o->be.rope_fp32 = 0; return 1; }
     if (!strcmp(a, "--cuda-graph")) { o->cuda_graph = 1; return 1; }
+    if (!strcmp(a, "--guidance-batch")) {
+        if (!v || (strcmp(v, "on") && strcmp(v, "off"))) {
+            cli_error("--guidance-batch needs on or off%s%s%s", v ? " (got '" : "", v ? v : "", v ? "')" : "");
+            return -1;
+        }
+        o->guidance_two_passes = !strcmp(v, "off");
+        o->guidance_batch_set = 1;
+        (*i)++; return 1;
+    }
     if (!strcmp(a, "--kernels")) {
         dt_cuda_kernels k;
         if (!v) { cli_error("--kernels needs a value (auto, portable)"); return -1; }

@@ -11,6 +11,8 @@ typedef struct {
     const char *backend;      /* "auto", "cpu", "cuda" */
     dt_backend_opts be;
     int cuda_graph;           /* --cuda-graph: replay the DiT forward as a CUDA graph (fixed shapes) */
+    int guidance_two_passes;  /* --guidance-batch off (default on: a guided step's two passes in one forward) */
+    int guidance_batch_set;   /* --guidance-batch was given (commands without guided steps refuse it) */
     dt_precision precision;   /* --precision: the DiT blocks' Linears (the model's load options, not the backend's) */
     dt_precision attn_precision;   /* --attn-precision: the DiT blocks' attention */
     dt_cuda_opts cuda;        /* the CUDA options once --kernels, --max-vram or --no-prefetch is given (be.cuda
@@ -41,7 +43,8 @@ int cli_vae_opt(cli_vae_opts *o, int argc, char **argv, int *i);
 void cli_model_opts_default(cli_model_opts *o);
 /* Consumes argv[*i] (and its value) if it is a shared option: returns 1 if consumed, 0 if not
  * a shared option, -1 on a bad value (error printed). Options: --backend, --threads, --qpath,
- * --precision (bf16 | fp8: the DiT blocks' Linears in e4m3, opt-in), --rope-bf16, --cuda-graph, --kernels (auto | portable: the CUDA paths of a non-Hopper
+ * --precision (bf16 | fp8: the DiT blocks' Linears in e4m3, opt-in), --rope-bf16, --cuda-graph,
+ * --guidance-batch on|off, --kernels (auto | portable: the CUDA paths of a non-Hopper
  * card), --max-vram SIZE (the CUDA pool's budget), --no-prefetch (CUDA: no transient-weight prefetch, the models'
  * hints ignored), -q/--quiet, -v/--verbose. */
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i);

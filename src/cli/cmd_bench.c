@@ -104,6 +104,8 @@ int cmd_bench(int argc, char **argv) {
         double d;
         int rc = cli_model_opt(&mo, argc, argv, &i);
         if (rc < 0) return 1;
+        if (rc > 0 && mo.guidance_batch_set)
+            return cli_error("--guidance-batch: bench times one unguided forward (a guided step: ditrun forward --guided)");
         if (rc > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "--preset")) { if (!v) return cli_error("--preset needs a value"); o.preset = v; i++; }

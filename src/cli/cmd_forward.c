@@ -51,6 +51,11 @@ static void usage(FILE *f) {
             "                       at timestep 0 in the first forward, later forwards reuse its K/V); the first\n"
             "                       forward's time is reported on its own\n"
             "  --no-mask            Krea 2: ignore in.encoder_attention_mask\n"
+            "  --guided             each timed forward is a guided step: the inputs' text as the prompt and\n"
+            "                       in.negative_encoder_hidden_states (Krea 2 also in.negative_encoder_attention_mask;\n"
+            "                       the prompt's own when absent) as the negative prompt, both in one forward\n"
+            "                       (--guidance-batch on, the default, where the model can: Krea 2) or two\n"
+            "                       (--guidance-batch off); writes out.sample and out.sample_uncond\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
             "  --repeat N           run the forward N times and report the median time (default 1); on a GPU\n"
             "                       also its SM clock and power after each run (a sustained run may sit at the\n"
@@ -97,7 +102,7 @@ int cmd_forward(int argc, char **argv) {
     cli_model_opts_default(&mo);
     static cli_lora_opts lor;   /* (static: 32 KB of adapter paths) */
     int trace = 0, no_mask = 0, compare = 0, cmp_qpath = -1, kv_refs = 0;   /* cmp_qpath: --compare-qpath, -1 = none */
-    int cmp_unsplit = 0;
+    int cmp_unsplit = 0, guided = 0;
     long repeat = 1, ranks = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -112,6 +117,7 @@ int cmd_forward(int argc, char **argv) {
         else if (!strcmp(a, "--output")) { if (!v) return cli_error("--output needs a value"); output = v; i++; }
         else if (!strcmp(a, "--trace")) trace = 1;
         else if (!strcmp(a, "--no-mask")) no_mask = 1;
+        else if (!strcmp(a, "--guided")) guided = 1;
         else if (!strcmp(a, "--kv-refs")) kv_refs = 1;
         else if (!strcmp(a, "--compare-bf16")) compare = 1;
         else if (!strcmp(a, "--compare-qpath")) {
@@ -131,6 +137,7 @@ int cmd_forward(int argc, char **argv) {
     }
     if (!model || !inputs)
         return cli_error("forward: --model and --inputs are required (see ditrun forward --help)");
+    if (mo.guidance_batch_set && !guided) return cli_error("--guidance-batch: a guided step's option (with --guided)");
 
     const int any_fp8 = mo.precision == DT_PREC_FP8 || mo.attn_precision == DT_PREC_FP8;
     if (compare && !any_fp8) return cli_error("--compare-bf16 needs --precision fp8 or --attn-precision fp8");
@@ -144,6 +151,8 @@ int cmd_forward(int argc, char **argv) {
     if (ranks > 1 && (trace || compare || cmp_qpath >= 0))
         return cli_error("--sequence-parallel: %s is not available with a split forward",
                          trace ? "--trace" : compare ? "--compare-bf16" : "--compare-qpath");
+    if (guided && (trace || compare || cmp_qpath >= 0 || cmp_unsplit || kv_refs))
+        return cli_error("--guided: one guided step's timing; not with --trace, --compare-*, or --kv-refs");
     if (cli_check_fp8(fam, &mo)) return 1;
     st_file *in = st_open(inputs);
     if (!in) return cli_error("%s", dt_last_error());
@@ -151,7 +160,8 @@ int cmd_forward(int argc, char **argv) {
     if (!be) { st_close(in); return 1; }
 
     int rc = 1;
-    float *out = NULL;
+    float *out = NULL, *uout = NULL, *neg = NULL;   /* --guided: the negative prompt's velocity and features */
+    uint8_t *nmask = NULL;
     dt_dit_inputs fi = {0};
     dt_dit *dit = NULL;     /* split over ranks with --sequence-parallel N > 1 */
     st_writer *w = st_writer_new();
@@ -179,13 +189,48 @@ int cmd_forward(int argc, char **argv) {
      * the latents, timestep and ids and downloads the output */
     if (tt > 0 && dt_dit_text_resident(dit, 0, fi.step.txt, (int)tt)) goto done;
     fi.step.text = tt > 0 ? 0 : -1;
+    dt_dit_step ns = fi.step;   /* --guided: the negative prompt's step */
+    int pair = 0;
+    if (guided) {
+        const st_tensor *tn = st_find(in, "in.negative_encoder_hidden_states");
+        const st_tensor *mn = no_mask ? NULL : st_find(in, "in.negative_encoder_attention_mask");
+        if (tn && (tn->numel != fi.t_txt->numel || tn->ndim != fi.t_txt->ndim)) {
+            dt_set_error("%s: in.negative_encoder_hidden_states must have in.encoder_hidden_states' shape", inputs);
+            goto done;
+        }
+        if (mn && (mn->numel != tt || !fi.step.mask)) {
+            dt_set_error("%s: in.negative_encoder_attention_mask must have %lld entries (Krea 2, beside "
+                         "in.encoder_attention_mask)", inputs, (long long)tt);
+            goto done;
+        }
+        if (tn) neg = st_to_f32(tn);
+        if (mn) {
+            float *mf = st_to_f32(mn);
+            nmask = dt_malloc((size_t)tt);
+            for (int64_t i = 0; i < tt; i++) nmask[i] = mf[i] != 0;
+            free(mf);
+            ns.mask = nmask;
+        }
+        ns.txt = neg ? neg : fi.step.txt;
+        if (tt > 0 && dt_dit_text_resident(dit, 1, ns.txt, (int)tt)) goto done;
+        ns.text = tt > 0 ? 1 : -1;
+        uout = dt_malloc(sizeof(float) * (size_t)no);
+        ns.out = uout;
+        pair = !mo.guidance_two_passes && dt_dit_can_pair(dit);
+        dt_log(1, "ditrun: guided step: the prompt and the negative prompt in %s%s\n", pair ? "one forward" : "two forwards",
+               !mo.guidance_two_passes && !pair ? " (this model runs one sequence per forward)" : "");
+    }
     dt_power_acc pw;
     dt_power_begin(&pw, be, repeat > 1 ? (int)repeat - 1 : 0);
     for (long it = 0; it < repeat; it++) {
         double t1 = dt_now();
         fi.step.trace = trace && it == 0 ? trace_cb : NULL;
         fi.step.trace_ud = &tc;
-        if (dt_dit_forward(dit, &fi.step)) { dt_power_end(&pw); goto done; }
+        if (pair ? dt_dit_forward_pair(dit, &fi.step, &ns)
+                 : dt_dit_forward(dit, &fi.step) || (guided && dt_dit_forward(dit, &ns))) {
+            dt_power_end(&pw);
+            goto done;
+        }
         times[it] = dt_now() - t1;
         if (it > 0) dt_power_add(&pw);
     }
@@ -194,12 +239,14 @@ int cmd_forward(int argc, char **argv) {
     const double med = times[repeat / 2];
     char split[64] = "";
     if (ranks > 1) snprintf(split, sizeof split, " split over %ld ranks", ranks);
-    dt_log(1, "ditrun: forward %lld image + %lld text tokens%s%s: %.2f ms (median of %ld; first %.2f ms, min %.2f ms)\n",
+    dt_log(1, "ditrun: %s %lld image + %lld text tokens%s%s: %.2f ms (median of %ld; first %.2f ms, min %.2f ms)\n",
+           !guided ? "forward" : pair ? "guided step (one batched forward)" : "guided step (two forwards)",
            (long long)n, (long long)tt, fi.what, split, med * 1e3, repeat, first * 1e3, times[0] * 1e3);
     if (kv_refs) dt_log(1, "ditrun: first forward, with the reference-only pass: %.2f ms\n", first * 1e3);
     { dt_power_summary ps = dt_power_end(&pw); cli_power_report(&ps, "forwards"); }
     int64_t shape[3] = {1, n, fi.out_channels};
     st_writer_add_f32(w, "out.sample", 3, shape, out);
+    if (guided) st_writer_add_f32(w, "out.sample_uncond", 3, shape, uout);
     if (compare || cmp_qpath >= 0 || cmp_unsplit) {
         /* the same forward with bf16 Linears (fp8 quality), another qpath, or unsplit (sequence parallelism) */
         float *ref = dt_malloc(sizeof(float) * (size_t)no);
@@ -271,6 +318,9 @@ done:
     st_writer_free(w);
     dt_dit_inputs_free(&fi);
     free(out);
+    free(uout);
+    free(neg);
+    free(nmask);
     free(times);
     be->destroy(be);
     st_close(in);

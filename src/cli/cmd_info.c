@@ -47,15 +47,17 @@ static int print_plan(const char *root, int W, int H, int T, int64_t budget, int
     int bad = 0;
     for (int resident = 0; resident < 2; resident++) {
         dt_place_sizes s;
-        if (dt_place_sizes_for(root, W, H, T, 2, tile, resident, &s)) return cli_error("%s", dt_last_error());
+        if (dt_place_sizes_for(root, W, H, T, 2, tile, resident, 1, &s)) return cli_error("%s", dt_last_error());
         if (!resident) {
             char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
             printf("memory at %dx%d, %d text tokens (bf16 activations): weights text encoder %s, transformer %s, VAE %s; "
-                   "activations encode %s, forward %s (estimates), VAE decode %s untiled, %s per tile; dequantized-weight "
+                   "activations encode %s, forward %s (estimates%s), VAE decode %s untiled, %s per tile; dequantized-weight "
                    "buffers %s; workspaces %s\n", W, H, T,
                    dt_place_bytes(s.text_encoder, a, sizeof a), dt_place_bytes(s.transformer, b, sizeof b),
                    dt_place_bytes(s.vae, c, sizeof c), dt_place_bytes(s.te_act, d, sizeof d),
-                   dt_place_bytes(s.dit_act, e, sizeof e), dt_place_bytes(s.vae_act, f, sizeof f),
+                   dt_place_bytes(s.dit_act, e, sizeof e),
+                   s.dit_batch > 1 ? "; the prompt and the negative prompt in one forward" : "",
+                   dt_place_bytes(s.vae_act, f, sizeof f),
                    s.vae_tile_act ? dt_place_bytes(s.vae_tile_act, g, sizeof g) : "(one tile)",
                    dt_place_bytes(s.te_qbuf > s.dit_qbuf ? s.te_qbuf : s.dit_qbuf, h, sizeof h),
                    dt_place_bytes(s.workspace, k, sizeof k));

@@ -53,6 +53,27 @@ int dt_dit_forward(dt_dit *d, const dt_dit_step *s) {
     return d->ops->forward(d, s);
 }
 
+int dt_dit_can_pair(const dt_dit *d) { return d->ops->forward_pair != NULL; }
+
+int dt_dit_forward_pair(dt_dit *d, const dt_dit_step *s0, const dt_dit_step *s1) {
+    if (!d->ops->forward_pair) {
+        dt_set_error("dit: the %s model runs one sequence per forward (no guidance batch)", d->ops->name);
+        return -1;
+    }
+    if (s0->n_img != s1->n_img || s0->timestep != s1->timestep || s0->fbc || s1->fbc) {
+        dt_set_error("dit: a guidance batch needs two steps of one image size and timestep, without a block cache");
+        return -1;
+    }
+    for (int i = 0; i < 2; i++) {
+        const dt_dit_step *s = i ? s1 : s0;
+        if (s->text >= 0 && !dt_dit_text_key(d, s->text)) {
+            dt_set_error("dit: resident text slot %d holds no text", s->text);
+            return -1;
+        }
+    }
+    return d->ops->forward_pair(d, s0, s1);
+}
+
 int dt_dit_set_refs(dt_dit *d, const float *tokens, const float *ids, int r, int kv_cached) {
     if (!d->ops->set_refs) {
         if (!tokens || r <= 0) return 0;

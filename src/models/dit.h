@@ -69,6 +69,10 @@ typedef struct {
     /* A cancellation flag (dt_cancel_requested) the forwards poll before each block: a cancelled request's forward
      * stops within one block and fails with "cancelled". NULL flag: none. NULL op: checked between steps only. */
     void (*set_cancel)(dt_dit *d, const volatile int *flag);
+    /* Two steps of the same image size and timestep (classifier-free guidance's prompt and negative prompt) in one
+     * forward: every Linear once on both sequences' rows, attention per sequence; each step's out as its own forward
+     * would give it (traces and First Block Cache not taken). NULL: the model runs one sequence per forward. */
+    int (*forward_pair)(dt_dit *d, const dt_dit_step *s0, const dt_dit_step *s1);
 } dt_dit_ops;
 
 /* A DiT over model m (freed with it through ops->free) whose geometry is config (the model's own struct). */
@@ -84,6 +88,9 @@ const void *dt_dit_text_key(const dt_dit *d, int slot);
 const void *dt_dit_slot_key(const dt_dit *d, int slot);
 
 int dt_dit_forward(dt_dit *d, const dt_dit_step *s);
+/* ops->forward_pair (an error naming the model where it has none); dt_dit_can_pair says whether it has one. */
+int dt_dit_forward_pair(dt_dit *d, const dt_dit_step *s0, const dt_dit_step *s1);
+int dt_dit_can_pair(const dt_dit *d);
 void dt_dit_set_cancel(dt_dit *d, const volatile int *flag);   /* ops->set_cancel where the model has one */
 int dt_dit_set_refs(dt_dit *d, const float *tokens, const float *ids, int r, int kv_cached);
 int dt_dit_text_resident(dt_dit *d, int slot, const float *txt, int t);

@@ -31,8 +31,9 @@ void flux2_acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int w
     flux2_acts_alloc_kv(be, c, n, t, 0, with_double, with_single, x);
 }
 
-void flux2_acts_alloc_kv(dt_backend *be, const flux2_config *c, int n, int t, int kv_rows, int with_double,
-                         int with_single, flux2_acts *x) {
+/* flux2_acts_alloc_kv with o_rows more rows behind o and c too (the guidance batch's moved text rows). */
+static void acts_alloc(dt_backend *be, const flux2_config *c, int n, int t, int kv_rows, int o_rows, int with_double,
+                       int with_single, flux2_acts *x) {
     int64_t D = c->hidden, F = c->mlp_hidden, L = (int64_t)n + t;
     dt_dtype act = be->act_dtype;
     memset(x, 0, sizeof *x);
@@ -55,7 +56,7 @@ void flux2_acts_alloc_kv(dt_backend *be, const flux2_config *c, int n, int t, in
      * PERF.md stop 16) */
     int64_t dcols[4] = {3 * D, D, 2 * F, F}, scols[2] = {3 * D + 2 * F, D + F};
     /* rows: qkv and p get kv_rows more behind the t+n live ones (cached reference K|V, flux2_acts_alloc_kv) */
-    int64_t drows[4] = {L + kv_rows, L, L, L}, srows[2] = {L + kv_rows, L};
+    int64_t drows[4] = {L + kv_rows, L + o_rows, L, L}, srows[2] = {L + kv_rows, L + o_rows};
     int64_t align = 256 / (int64_t)dt_dtype_size(act), dn = 0, sn = 0;
     for (int i = 0; i < 4; i++) dn += (drows[i] * dcols[i] + align - 1) / align * align;
     for (int i = 0; i < 2; i++) sn += (srows[i] * scols[i] + align - 1) / align * align;
@@ -92,6 +93,11 @@ void flux2_acts_alloc_kv(dt_backend *be, const flux2_config *c, int n, int t, in
     x->sin = dt_alloc_or_die(be, L, c->head_dim, DT_F32);
 }
 
+void flux2_acts_alloc_kv(dt_backend *be, const flux2_config *c, int n, int t, int kv_rows, int with_double,
+                         int with_single, flux2_acts *x) {
+    acts_alloc(be, c, n, t, kv_rows, 0, with_double, with_single, x);
+}
+
 flux2_outer_io flux2_acts_outer(const flux2_acts *x) {
     flux2_outer_io io = {x->emb, x->temb, x->th, x->mod_img, x->mod_txt, x->mod_single, x->mod_out,
                          x->in_img, x->in_txt, x->s, x->a, x->out};
@@ -119,7 +125,7 @@ static void drop_refs(flux2_model *m);
 static void drop_graph(flux2_model *m) {
     if (m->graph) m->be->graph_destroy(m->be, m->graph);
     m->graph = NULL;
-    m->warm_n = m->warm_t = m->warm_nout = -1;
+    m->warm_n = m->warm_t = m->warm_nout = m->warm_nb = -1;
 }
 
 void flux2_set_graph(flux2_model *m, int on) {
@@ -203,13 +209,16 @@ void flux2_weight_info(const flux2_model *m, size_t *bytes, char *fmt, size_t fm
 
 /* ------------------------------------------------------------------ forward */
 
-static void ensure_bufs(flux2_model *m, int n, int t, int kv) {
+/* Buffers for nb sequences of n image and t text rows each (nb 2: the guidance batch's layout, flux2_forward_pair). */
+static void ensure_bufs(flux2_model *m, int n, int t, int kv, int nb) {
     flux2_bufs *b = &m->buf;
-    if (b->x.s.data && b->n == n && b->t == t && b->kv == kv) return;
+    if (b->x.s.data && b->n == n && b->t == t && b->kv == kv && b->nb == nb) return;
     drop_graph(m);   /* a captured graph refers to the old buffers */
     free_bufs(m->be, b);
-    b->n = n; b->t = t; b->kv = kv;
-    flux2_acts_alloc_kv(m->be, &m->c, n, t, kv, m->c.num_layers > 0, m->c.num_single_layers > 0, &b->x);
+    b->n = n; b->t = t; b->kv = kv; b->nb = nb;
+    const int wd = m->c.num_layers > 0, ws = m->c.num_single_layers > 0;
+    if (nb == 1) flux2_acts_alloc_kv(m->be, &m->c, n, t, kv, wd, ws, &b->x);
+    else acts_alloc(m->be, &m->c, nb * n, nb * t, t, t, wd, ws, &b->x);
 }
 
 /* RoPE tables for the joint [text, image, reference] sequence (diffusers Flux2PosEmbed; r = 0 without appended
@@ -486,7 +495,8 @@ static int stopped(flux2_model *m) {
  * other blocks run or their cached residual is added (block_cache.h). may_stop: before each block, stop when the
  * request is cancelled (m->cancel) and return 1; else 0. */
 static int run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t kv_rows, const dt_mat *kv_load,
-                      const dt_mat *kv_store, dt_fbc_branch *fbc, flux2_trace_fn trace, void *ud, int may_stop) {
+                      const dt_mat *kv_store, dt_fbc_branch *fbc, flux2_trace_fn trace, void *ud, int may_stop,
+                      flux2_attn_hook attn, void *attn_ud) {
     const flux2_config *c = &m->c;
     dt_backend *be = m->be;
     int nd = c->num_layers;
@@ -496,6 +506,8 @@ static int run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t
     /* ---- double-stream blocks (flux2_double_block: the text stream on the side queue) ---- */
     flux2_double_io io = flux2_acts_double(x);
     io.kv_rows = kv_rows;
+    io.attn = attn;
+    io.attn_ud = attn_ud;
     /* the first transient Linear of the first block can be prepared while the embedders run */
     if (c->num_layers > 0) dt_prefetch(be, m->db[0].to_qkv, dt_mat_null(), n);
     else if (c->num_single_layers > 0) dt_prefetch(be, flux2_single_first(&m->sb[0]), dt_mat_null(), (int64_t)n + t);
@@ -521,6 +533,8 @@ static int run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t
     /* ---- single-stream blocks on the joint stream ---- */
     flux2_single_io sio = flux2_acts_single(x);
     sio.kv_rows = kv_rows;
+    sio.attn = attn;
+    sio.attn_ud = attn_ud;
     for (int i = 0; i < c->num_single_layers; i++) {
         if (may_stop && dt_cancel_requested(m->cancel)) return 1;
         const dt_linear *next = i + 1 < c->num_single_layers ? flux2_single_first(&m->sb[i + 1]) : NULL;
@@ -542,9 +556,44 @@ static int run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t
  * b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out's first n_out rows (n image rows run
  * through the blocks: the noise tokens, then appended reference tokens). No host transfers and no allocation, so it
  * can be captured into a graph (may_stop 0). may_stop: stop at a block boundary of a cancelled request, returning 1. */
+/* The guidance batch's attention (flux2_attn_hook of every block): the rows are [text 0 | text 1 | image 1 | image 0]
+ * (t text and na image rows per sequence), so sequence 1 is the contiguous rows [t, 2t + na); sequence 0's text rows
+ * (its Q|K|V after norm + RoPE) are copied behind the last row, making it the rows [2t + na, R + t), and its
+ * attention output's text rows go back to [0, t). Each sequence's attention is its single forward's (the keys in
+ * another order). */
+typedef struct {
+    dt_backend *be;
+    const flux2_config *c;
+    int64_t t, na;
+} pair_attn;
+
+static void pair_attention(void *ud, dt_mat o, dt_mat q, dt_mat k, dt_mat v) {
+    const pair_attn *p = ud;
+    dt_backend *be = p->be;
+    const int64_t t = p->t, na = p->na, R = o.rows, L = t + na;
+    block_attention(be, p->c, dt_mat_rows(o, t, L), dt_mat_rows(q, t, L), dt_mat_rows(k, t, L), dt_mat_rows(v, t, L));
+    dt_mat qkv = dt_mat_cols(q, 0, 3 * (int64_t)p->c->hidden);   /* q's row pointer, Q|K|V (adjacent columns) */
+    if (t > 0) be->copy(be, dt_mat_rows(qkv, R, t), dt_mat_rows(qkv, 0, t));
+    const int64_t r0 = 2 * t + na;
+    block_attention(be, p->c, dt_mat_rows(o, r0, L), dt_mat_rows(q, r0, L), dt_mat_rows(k, r0, L), dt_mat_rows(v, r0, L));
+    if (t > 0) be->copy(be, dt_mat_rows(o, 0, t), dt_mat_rows(o, R, t));
+}
+
 static int device_part(flux2_model *m, int n, int n_out, int t, flux2_trace_fn trace, void *ud, int may_stop) {
     flux2_bufs *b = &m->buf;
-    if (run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, m->fbc, trace, ud, may_stop)) return 1;
+    if (b->nb == 2) {   /* the guidance batch (flux2_forward_pair): both sequences' rows through every Linear */
+        pair_attn pa = {m->be, &m->c, t, n};
+        if (run_blocks(m, &b->x, 2 * n, 2 * t, 0, NULL, NULL, NULL, NULL, NULL, may_stop, pair_attention, &pa)) return 1;
+        /* each sequence's noise rows (sequence 1's image rows first) into out rows [s * n_out, (s + 1) * n_out) */
+        for (int s = 0; s < 2; s++) {
+            flux2_outer_io oio = flux2_acts_outer(&b->x);
+            oio.out = dt_mat_rows(oio.out, (int64_t)s * n_out, n_out);
+            flux2_final(m->be, &m->c, &m->o, &oio, n_out, 2 * t + (s ? 0 : n), NULL, NULL);
+        }
+        return 0;
+    }
+    if (run_blocks(m, &b->x, n, t, b->kv, b->kv ? m->ref.cache : NULL, NULL, m->fbc, trace, ud, may_stop, NULL, NULL))
+        return 1;
     /* ---- final adaptive norm (diffusers order: scale first, then shift) and projection of the noise rows ---- */
     flux2_outer_io oio = flux2_acts_outer(&b->x);
     oio.out = dt_mat_rows(oio.out, 0, n_out);
@@ -623,7 +672,7 @@ static int kv_extract(flux2_model *m) {
     be->upload(be, x->cos, cs);
     be->upload(be, x->sin, sn);
     be->copy(be, x->in_img, m->ref.tok);
-    int cut = run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL, NULL, 1);
+    int cut = run_blocks(m, x, r, 0, 0, NULL, m->ref.cache, NULL, NULL, NULL, 1, NULL, NULL);
     free(emb); free(cs); free(sn);
     if (cut) return stopped(m);
     int rc = be->sync(be);
@@ -632,6 +681,45 @@ static int kv_extract(flux2_model *m) {
 }
 
 void flux2_set_block_cache(flux2_model *m, dt_fbc_branch *f) { m->fbc = f; }
+
+/* The text features txt [t, joint] into dst: a device copy of a resident slot holding them, else an upload. */
+static void text_input(flux2_model *m, const float *txt, int t, dt_mat dst) {
+    int slot = -1;
+    for (int i = 0; i < 2; i++)
+        if (m->res[i].host && m->res[i].host == txt && m->res[i].t == t) slot = i;
+    if (slot >= 0) {
+        m->be->copy(m->be, dst, m->res[slot].dev);   /* resident: a device copy, no host transfer */
+        m->res[slot].use = ++m->res_clock;
+    } else {
+        m->be->upload(m->be, dst, txt);
+    }
+}
+
+/* The device part of a forward on the uploaded inputs (na image rows of which n projected out, t text rows per
+ * sequence; the buffers' sequences): eager, or captured on the second call of a shape and replayed (flux2_set_graph;
+ * a trace or First Block Cache runs eagerly). 0 or -1 (a cancelled forward: stopped). */
+static int run_device(flux2_model *m, int na, int n, int t, flux2_trace_fn trace, void *ud) {
+    dt_backend *be = m->be;
+    const int nb = m->buf.nb;
+    if (!m->use_graph || trace || m->fbc) {
+        if (device_part(m, na, n, t, trace, ud, 1)) return stopped(m);
+    } else if (m->graph && m->graph_n == na && m->graph_t == t && m->graph_nout == n && m->graph_nb == nb) {
+        if (be->graph_launch(be, m->graph)) return -1;
+    } else if (m->warm_n == na && m->warm_t == t && m->warm_nout == n && m->warm_nb == nb) {
+        /* second call at this shape: capture the device part, then replay it */
+        if (be->capture_begin(be)) return -1;
+        device_part(m, na, n, t, NULL, NULL, 0);
+        m->graph = be->capture_end(be);
+        if (!m->graph) return -1;
+        m->graph_n = na; m->graph_t = t; m->graph_nout = n; m->graph_nb = nb;
+        if (be->graph_launch(be, m->graph)) return -1;
+    } else {
+        /* eager warm-up: scratch buffers reach their sizes (a cancelled one does not count as the warm-up) */
+        if (device_part(m, na, n, t, NULL, NULL, 1)) return stopped(m);
+        m->warm_n = na; m->warm_t = t; m->warm_nout = n; m->warm_nb = nb;
+    }
+    return 0;
+}
 
 int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int t, float timestep,
                   const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *ud) {
@@ -643,7 +731,7 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     int ra = m->ref.r && !m->ref.kv_cached ? m->ref.r : 0, kv = m->ref.kv_cached ? m->ref.r : 0;
     if (kv && !m->ref.filled && kv_extract(m)) return -1;
     int na = n + ra;
-    ensure_bufs(m, na, t, kv);
+    ensure_bufs(m, na, t, kv, 1);
     flux2_bufs *b = &m->buf;
     build_rope(m, txt_ids, t, img_ids, n, m->ref.ids, ra);
 
@@ -658,37 +746,58 @@ int flux2_forward(flux2_model *m, const float *img, int n, const float *txt, int
     } else {
         be->upload(be, b->x.in_img, img);
     }
-    if (t > 0) {
-        int slot = -1;
-        for (int i = 0; i < 2; i++)
-            if (m->res[i].host && m->res[i].host == txt && m->res[i].t == t) slot = i;
-        if (slot >= 0) {
-            be->copy(be, b->x.in_txt, m->res[slot].dev);   /* resident: a device copy, no host transfer */
-            m->res[slot].use = ++m->res_clock;
-        } else {
-            be->upload(be, b->x.in_txt, txt);
-        }
-    }
+    if (t > 0) text_input(m, txt, t, b->x.in_txt);
 
     if (m->fbc && dt_fbc_prepare(be, m->fbc, na, c->hidden)) return -1;
-    if (!m->use_graph || trace || m->fbc) {
-        if (device_part(m, na, n, t, trace, ud, 1)) return stopped(m);
-    } else if (m->graph && m->graph_n == na && m->graph_t == t && m->graph_nout == n) {
-        if (be->graph_launch(be, m->graph)) return -1;
-    } else if (m->warm_n == na && m->warm_t == t && m->warm_nout == n) {
-        /* second call at this shape: capture the device part, then replay it */
-        if (be->capture_begin(be)) return -1;
-        device_part(m, na, n, t, NULL, NULL, 0);
-        m->graph = be->capture_end(be);
-        if (!m->graph) return -1;
-        m->graph_n = na; m->graph_t = t; m->graph_nout = n;
-        if (be->graph_launch(be, m->graph)) return -1;
-    } else {
-        /* eager warm-up: scratch buffers reach their sizes (a cancelled one does not count as the warm-up) */
-        if (device_part(m, na, n, t, NULL, NULL, 1)) return stopped(m);
-        m->warm_n = na; m->warm_t = t; m->warm_nout = n;
-    }
+    if (run_device(m, na, n, t, trace, ud)) return -1;
     be->download(be, out, dt_mat_rows(b->x.out, 0, n));
     if (be->sync(be) != 0) return -1;
     return 0;
+}
+
+int flux2_forward_pair(flux2_model *m, const float *img0, const float *img1, int n, const float *txt0,
+                       const float *txt1, int t, float timestep, const float *img_ids, const float *txt_ids,
+                       float *out0, float *out1) {
+    const flux2_config *c = &m->c;
+    dt_backend *be = m->be;
+    if (n <= 0 || t < 0) { dt_set_error("flux2: need at least one image token (got %d image, %d text)", n, t); return -1; }
+    if (!isfinite(timestep)) { dt_set_error("flux2: timestep is %g; it must be a finite number", (double)timestep); return -1; }
+    if (m->fbc || (m->ref.kv_cached && m->ref.r)) {
+        dt_set_error("flux2: the guidance batch runs without First Block Cache and KV-cached references (two passes "
+                     "then)");
+        return -1;
+    }
+    const int ra = m->ref.kv_cached ? 0 : m->ref.r, na = n + ra;   /* appended references (KV ones: refused above) */
+    ensure_bufs(m, na, t, 0, 2);
+    flux2_bufs *b = &m->buf;
+    /* rows [text 0 | text 1 | image 1 (+ references) | image 0 (+ references)] (pair_attention), positions alike */
+    const int naxes = c->n_axes, R = 2 * (t + na);
+    float *ids = dt_malloc(sizeof(float) * (size_t)R * naxes + 1);
+    for (int s = 0; s < 2; s++) {
+        if (t > 0) memcpy(ids + (size_t)s * t * naxes, txt_ids, sizeof(float) * (size_t)t * naxes);
+        float *im = ids + (size_t)(2 * t + s * na) * naxes;
+        memcpy(im, img_ids, sizeof(float) * (size_t)n * naxes);
+        if (ra) memcpy(im + (size_t)n * naxes, m->ref.ids, sizeof(float) * (size_t)ra * naxes);
+    }
+    if (b->ids && !memcmp(b->ids, ids, sizeof(float) * (size_t)R * naxes)) {
+        free(ids);
+    } else {
+        free(b->ids);
+        b->ids = ids;
+        flux2_acts_rope(be, c, &b->x, ids, R);
+    }
+    float *emb = dt_malloc(sizeof(float) * c->tg_channels);
+    flux2_timestep_sinusoid(timestep * 1000.0f, c->tg_channels, emb);
+    be->upload(be, b->x.emb, emb);
+    free(emb);
+    for (int s = 0; s < 2; s++) {   /* in_img rows: sequence 1's, then sequence 0's (each noise, then references) */
+        dt_mat dst = dt_mat_rows(b->x.in_img, (int64_t)(1 - s) * na, na);
+        be->upload(be, dt_mat_rows(dst, 0, n), s ? img1 : img0);
+        if (ra) be->copy(be, dt_mat_rows(dst, n, ra), m->ref.tok);
+        if (t > 0) text_input(m, s ? txt1 : txt0, t, dt_mat_rows(b->x.in_txt, (int64_t)s * t, t));
+    }
+    if (run_device(m, na, n, t, NULL, NULL)) return -1;
+    be->download(be, out0, dt_mat_rows(b->x.out, 0, n));
+    be->download(be, out1, dt_mat_rows(b->x.out, n, n));
+    return be->sync(be) != 0 ? -1 : 0;
 }

@@ -279,6 +279,16 @@ flux2_single_io flux2_acts_single(const flux2_acts *x);
 int flux2_forward(flux2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *img_ids, const float *txt_ids, float *out, flux2_trace_fn trace, void *trace_ud);
 
+/* Classifier-free guidance's two passes in one forward (the guidance batch): sequence 0 (latents img0, text txt0,
+ * velocity out0: the prompt's) and sequence 1 (img1, txt1, out1: the negative prompt's), both n image tokens, t text
+ * tokens (txt0 / txt1 may be resident, flux2_text_resident), the same positions, timestep and appended references.
+ * Every Linear runs once on both sequences' rows (each weight read once), the attention per sequence; each velocity
+ * is its flux2_forward's (the keys summed in another order). Refused (-1) with First Block Cache or KV-cached
+ * references: run two flux2_forward then. 0 or -1 (dt_last_error). */
+int flux2_forward_pair(flux2_model *m, const float *img0, const float *img1, int n, const float *txt0,
+                       const float *txt1, int t, float timestep, const float *img_ids, const float *txt_ids,
+                       float *out0, float *out1);
+
 /* ---- reference tokens (image editing) ----
  * Set the reference images' packed latent tokens for the forwards that follow (they stay on the device):
  *   tokens [r, in_channels] f32 host, ids [r, n_axes] position ids (T = 10 + 10k for reference k, row, col, 0).

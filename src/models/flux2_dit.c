@@ -19,6 +19,18 @@ static int whole_forward(dt_dit *d, const dt_dit_step *s) {
     flux2_set_block_cache(dt_dit_model(d), NULL);
     return rc;
 }
+static int whole_forward_pair(dt_dit *d, const dt_dit_step *s0, const dt_dit_step *s1) {
+    const flux2_config *c = dt_dit_config(d);
+    if (s0->n_txt != s1->n_txt || s0->img_ids != s1->img_ids ||
+        (s0->txt_ids != s1->txt_ids &&
+         memcmp(s0->txt_ids, s1->txt_ids, sizeof(float) * (size_t)s0->n_txt * c->n_axes))) {
+        dt_set_error("flux2: a guidance batch needs two steps of one text length and the same positions");
+        return -1;
+    }
+    return flux2_forward_pair(dt_dit_model(d), s0->img, s1->img, s0->n_img, dt_dit_step_text(d, s0),
+                              dt_dit_step_text(d, s1), s0->n_txt, s0->timestep, s0->img_ids, s0->txt_ids, s0->out,
+                              s1->out);
+}
 static int whole_refs(dt_dit *d, const float *tok, const float *ids, int r, int kv) {
     return flux2_set_refs(dt_dit_model(d), tok, ids, r, kv);
 }
@@ -35,7 +47,7 @@ static void whole_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len
 static void whole_free(void *m) { flux2_free(m); }
 static void whole_cancel(dt_dit *d, const volatile int *flag) { flux2_set_cancel(dt_dit_model(d), flag); }
 static const dt_dit_ops whole_ops = {"flux2", whole_forward, whole_refs, whole_text, whole_text_mat, whole_info,
-                                     whole_free, whole_cancel};
+                                     whole_free, whole_cancel, whole_forward_pair};
 
 /* ---- split over ranks ---- */
 
@@ -62,7 +74,7 @@ static void split_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len
 }
 static void split_free(void *m) { flux2_sp_free(m); }
 static const dt_dit_ops split_ops = {"flux2 split", split_forward, split_refs, split_text, split_text_mat, split_info,
-                                     split_free, NULL};   /* cancellation between steps: the ranks stop together */
+                                     split_free, NULL, NULL};   /* cancellation between steps: the ranks stop together */
 
 dt_dit *flux2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     const flux2_load_opts lo = {o->loras, o->n_loras, o->lora_side, o->precision, o->attn_precision, o->fp8_unfused};

@@ -12,10 +12,12 @@ typedef flux2_double_w flux2_double;
 
 typedef flux2_single_w flux2_single;
 
-/* Activation buffers for one (N, T, KV) shape; kept between calls (stable for graph capture). N counts every image
- * row (noise and appended reference tokens), KV the cached reference K|V rows behind qkv/p. */
+/* Activation buffers for one (N, T, KV, NB) shape; kept between calls (stable for graph capture). N counts every image
+ * row (noise and appended reference tokens) of a sequence, KV the cached reference K|V rows behind qkv/p, NB the
+ * sequences of a forward (2: the guidance batch, flux2_forward_pair; then the buffers hold 2N + 2T rows and T more
+ * behind qkv/p and o/c, where the first sequence's text rows join its image rows for its attention). */
 typedef struct {
-    int n, t, kv;
+    int n, t, kv, nb;
     flux2_acts x;
     float *ids;       /* host copy of the ids the tables were built from [(T+N) * n_axes] */
 } flux2_bufs;
@@ -38,6 +40,7 @@ struct flux2_model {
     void *graph;
     const volatile int *cancel;   /* flux2_set_cancel: polled before each block of an eager forward (NULL: none) */
     int graph_n, graph_t, graph_nout, warm_n, warm_t, warm_nout;   /* the shape: rows, text rows, projected rows */
+    int graph_nb, warm_nb;                                           /* ... and sequences */
     /* resident text features (flux2_text_resident): host buffers the caller keeps unchanged, uploaded once;
      * a forward whose txt matches one copies it on the device instead of uploading again. Two slots (the
      * positive and the negative prompt of CFG), least recently used replaced. */

@@ -7,6 +7,9 @@
  *     -> projector Y->1 -> refiner blocks (attention across tokens, text key-padding mask)
  *     -> txt_in (RMSNorm, Linear, GELU tanh, Linear) = joint rows [0, T);
  *   img_in(img) = joint rows [T, L); blocks on the joint stream S [L, D]; final layer on rows [T, L).
+ * A batch of sequences (krea2_forward_batch: classifier-free guidance's prompt and negative prompt) stacks them:
+ * S [nb·L, D] sequence after sequence, the text fusion over nb·T tokens; every Linear runs once on all rows, each
+ * attention per sequence (NOTES.md, "Guidance batch").
  *
  * The modulated norm (1 + scale) * RMSNorm_{1+w}(x) + shift is one rmsnorm_mod pass: the scale is
  * folded into the RMSNorm weight on the host ((1 + w) * (1 + scale), an F32 [1, D] param per norm and
@@ -412,34 +415,40 @@ void krea2_acts_free(dt_backend *be, krea2_acts *b) {
     memset(b, 0, sizeof *b);
 }
 
-int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_acts *b) {
+int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb, krea2_acts *b) {
     dt_dtype act = be->act_dtype;
-    int64_t D = c->hidden, L = (int64_t)n + t, E = c->text_dim, Y = c->text_layers;
-    int64_t Lt = (int64_t)t * Y;
+    if (nb < 1 || nb > KREA2_MAX_BATCH) {
+        dt_set_error("krea2: %d sequences in one forward (1..%d)", nb, KREA2_MAX_BATCH);
+        return -1;
+    }
+    /* every row count is the batch's: L joint rows and Lt text-fusion rows of all nb sequences */
+    const int64_t Ls = (int64_t)n + t;
+    int64_t D = c->hidden, L = nb * Ls, E = c->text_dim, Y = c->text_layers;
+    int64_t Lt = (int64_t)nb * t * Y;
     int64_t dkv = (int64_t)c->kv_heads * c->head_dim, tdkv = (int64_t)c->text_kv_heads * c->text_head_dim;
     int64_t big = max64(L * D, Lt * E);
     int64_t kv = max64(L * dkv, Lt * tdkv);
     /* (h1 / h2 also hold the gathered keys / values of fp8 attention with a mask: L x dkv) */
-    int64_t hid = max64(max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)t * D), L * dkv);
+    int64_t hid = max64(max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)nb * t * D), L * dkv);
     int nl = c->num_layers;
     struct { dt_mat *m; int64_t rows, cols; dt_dtype t; } all[] = {
         {&b->emb, 1, c->t_embed, act},   {&b->th, 1, D, act},          {&b->temb, 1, D, act},
         {&b->tg, 1, D, act},             {&b->tmod, 1, 6 * D, act},    {&b->modw, 2 * nl + 1, D, DT_F32},
-        {&b->modv, 4 * nl + 1, D, act},  {&b->in_img, n, c->in_channels, act},
+        {&b->modv, 4 * nl + 1, D, act},  {&b->in_img, (int64_t)nb * n, c->in_channels, act},
         {&b->s, L, D, act},              {&b->ts, 1, Lt * E, act},
-        {&b->tr, 1, (int64_t)t * E, act}, {&b->a, 1, big, act},        {&b->q, 1, big, act},
+        {&b->tr, 1, (int64_t)nb * t * E, act}, {&b->a, 1, big, act},   {&b->q, 1, big, act},
         {&b->k, 1, kv, act},             {&b->v, 1, kv, act},          {&b->g, 1, big, act},
         {&b->o, 1, big, act},            {&b->h1, 1, hid, act},        {&b->h2, 1, hid, act},
-        {&b->outm, n, c->out_channels, act}, {&b->cos, L, c->head_dim, DT_F32}, {&b->sin, L, c->head_dim, DT_F32},
-        {&b->bias, 1, L, DT_F32},
+        {&b->outm, (int64_t)nb * n, c->out_channels, act}, {&b->cos, L, c->head_dim, DT_F32},
+        {&b->sin, L, c->head_dim, DT_F32}, {&b->bias, nb, Ls, DT_F32},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (be->alloc(be, all[i].m, all[i].rows, all[i].cols, all[i].t)) { krea2_acts_free(be, b); return -1; }
-    b->n = n; b->t = t;
+    b->n = n; b->t = t; b->nb = nb;
     b->ids = dt_malloc(sizeof(float) * (size_t)(L * c->n_axes));
     b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see krea2_time_mods */
-    b->key_runs = dt_malloc(sizeof(int64_t) * (size_t)(2 * (t + 1)));   /* at most t/2 + 1 runs */
-    b->nkeys = L;
+    b->key_runs = dt_malloc(sizeof(int64_t) * (size_t)(nb * krea2_key_runs_stride(t)));
+    for (int i = 0; i < nb; i++) b->nkeys[i] = Ls;
     /* mark the RoPE tables stale */
     for (int64_t i = 0; i < L * c->n_axes; i++) b->ids[i] = NAN;
     return 0;
@@ -449,7 +458,7 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_
  * dims, ω_k = 1 / θ^(2k/d_a) in float64, angle = pos · ω_k in float64, cos/sin rounded to f32,
  * each frequency repeated for the interleaved pair (2k, 2k+1). */
 void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *b, const float *pos) {
-    int64_t L = (int64_t)b->n + b->t;
+    int64_t L = (int64_t)b->nb * (b->n + b->t);
     size_t nids = (size_t)(L * c->n_axes);
     if (!memcmp(b->ids, pos, sizeof(float) * nids)) return;   /* NaN-marked tables never match */
     int hd = c->head_dim;
@@ -482,32 +491,44 @@ void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *b, 
 }
 
 void krea2_acts_mask(dt_backend *be, krea2_acts *b, const uint8_t *mask) {
-    int64_t L = (int64_t)b->n + b->t;
+    int64_t L = (int64_t)b->n + b->t;   /* rows of one sequence */
     b->masked = mask != NULL;
-    b->nkey_runs = 0;
-    b->nkeys = L;
-    if (!mask) return;
-    /* the unmasked keys as runs of consecutive rows (fp8 attention gathers them: it takes no mask) */
-    b->nkeys = 0;
-    for (int64_t j = 0; j < L; j++) {
-        if (j < b->t && !mask[j]) continue;
-        if (b->nkey_runs && b->key_runs[2 * (b->nkey_runs - 1)] + b->key_runs[2 * (b->nkey_runs - 1) + 1] == j)
-            b->key_runs[2 * (b->nkey_runs - 1) + 1]++;
-        else {
-            b->key_runs[2 * b->nkey_runs] = j;
-            b->key_runs[2 * b->nkey_runs + 1] = 1;
-            b->nkey_runs++;
-        }
-        b->nkeys++;
+    for (int i = 0; i < b->nb; i++) {
+        b->nkey_runs[i] = 0;
+        b->nkeys[i] = L;
     }
-    float *bh = dt_malloc(sizeof(float) * (size_t)L);
-    for (int64_t j = 0; j < L; j++) bh[j] = (j < b->t && !mask[j]) ? -INFINITY : 0.0f;
+    if (!mask) return;
+    float *bh = dt_malloc(sizeof(float) * (size_t)(L * b->nb));
+    for (int i = 0; i < b->nb; i++) {
+        /* sequence i's unmasked keys as runs of consecutive rows (fp8 attention gathers them: it takes no mask) */
+        const uint8_t *mk = mask + (size_t)i * b->t;
+        int64_t *runs = b->key_runs + i * krea2_key_runs_stride(b->t);
+        int nr = 0;
+        b->nkeys[i] = 0;
+        for (int64_t j = 0; j < L; j++) {
+            const int padded = j < b->t && !mk[j];
+            bh[i * L + j] = padded ? -INFINITY : 0.0f;
+            if (padded) continue;
+            if (nr && runs[2 * (nr - 1)] + runs[2 * (nr - 1) + 1] == j)
+                runs[2 * (nr - 1) + 1]++;
+            else {
+                runs[2 * nr] = j;
+                runs[2 * nr + 1] = 1;
+                nr++;
+            }
+            b->nkeys[i]++;
+        }
+        b->nkey_runs[i] = nr;
+    }
     be->upload(be, b->bias, bh);
     free(bh);
 }
 
 krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
-    int64_t L = (int64_t)x->n + x->t, D = c->hidden, dkv = (int64_t)c->kv_heads * c->head_dim, F = c->intermediate;
+    int64_t Ls = (int64_t)x->n + x->t, L = x->nb * Ls, D = c->hidden, dkv = (int64_t)c->kv_heads * c->head_dim,
+            F = c->intermediate;
+    int64_t nk = 0;
+    for (int i = 0; i < x->nb; i++) nk = max64(nk, x->nkeys[i]);
     krea2_block_io io = {
         .s = x->s,                   .a = fview(x->a, L, D),
         .q = fview(x->q, L, D),      .g = fview(x->g, L, D),      .o = fview(x->o, L, D),
@@ -515,9 +536,11 @@ krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
         .h1 = fview(x->h1, L, F),    .h2 = fview(x->h2, L, F),
         .cos = x->cos,               .sin = x->sin,               .bias = x->masked ? x->bias : dt_mat_null(),
         .modw = x->modw,             .modv = x->modv,
-        .kc = fview(x->h1, x->nkeys, dkv), .vc = fview(x->h2, x->nkeys, dkv),
-        .key_runs = x->masked ? x->key_runs : NULL, .nkey_runs = x->masked ? x->nkey_runs : 0,
+        .nb = x->nb,                 .L = Ls,
+        .kc = fview(x->h1, nk, dkv), .vc = fview(x->h2, nk, dkv),
+        .key_runs = x->masked ? x->key_runs : NULL, .runs_stride = krea2_key_runs_stride(x->t),
     };
+    for (int i = 0; i < x->nb; i++) io.nkey_runs[i] = x->masked ? x->nkey_runs[i] : 0;
     return io;
 }
 
@@ -542,14 +565,16 @@ static void attn_qk(dt_backend *be, const krea2_attn_w *at, float eps, dt_mat q,
 }
 
 /* Krea2Attention on normed input x [R, dim] -> y [R, dim] (y may be x's buffer: x is consumed first), on the
- * flat scratch buffers of b. nseq = 0: one sequence of R rows. nseq > 0: nseq independent sequences of R / nseq rows
+ * flat scratch buffers of b. nseq = 0: nb sequences of R / nb rows one after another (the batch's texts), each
+ * attending over its own rows with its row of bias [nb, R / nb] (key padding; NULL data: none). nseq > 0: nseq
+ * independent sequences of R / nseq rows
  * stored sequence-position-major (row p * nseq + s is position p of sequence s; the layerwise text fusion
  * uses layer-major rows l * T + t). Then Q/K/V [R, H*hd] are reinterpreted as [R/nseq, nseq*H*hd]:
  * one attention call with nseq*H query heads and nseq*Hkv kv heads attends within each sequence
  * (q head s*H + h uses kv head s*Hkv + h/(H/Hkv), exactly the per-sequence GQA mapping).
  * bias: [1, R] key-padding bias or NULL data. No RoPE (the text fusion has none). */
 static void text_attention(dt_backend *be, const krea2_acts *b, const krea2_attn_w *at, float eps, dt_mat x, dt_mat y,
-                           int64_t nseq, dt_mat bias) {
+                           int64_t nseq, int nb, dt_mat bias) {
     int64_t R = x.rows, dim = x.cols, dkv = (int64_t)at->kv_heads * at->hd;
     dt_mat q = fview(b->q, R, dim), k = fview(b->k, R, dkv), v = fview(b->v, R, dkv);
     dt_mat g = fview(b->g, R, dim), o = fview(b->o, R, dim);
@@ -569,19 +594,23 @@ static void text_attention(dt_backend *be, const krea2_acts *b, const krea2_attn
                           (int)(ns * at->heads), (int)(ns * at->kv_heads), at->hd, scale, dt_mat_null(), 0);
         }
     } else {
-        be->attention(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale, bias, 0);
+        const int64_t len = R / nb;
+        for (int i = 0; i < nb; i++)
+            be->attention(be, dt_mat_rows(o, i * len, len), dt_mat_rows(q, i * len, len), dt_mat_rows(k, i * len, len),
+                          dt_mat_rows(v, i * len, len), at->heads, at->kv_heads, at->hd, scale,
+                          bias.data ? dt_mat_cols(dt_mat_rows(bias, i, 1), 0, len) : dt_mat_null(), 0);
     }
     be->act_mul(be, o, g, o, DT_ACT_SIGMOID);   /* attn * sigmoid(to_gate(x)) */
     be->linear(be, y, o, at->out);
 }
 
-/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq: see text_attention). */
+/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq, nb, bias: see text_attention). */
 static void text_block(dt_backend *be, const krea2_config *c, krea2_acts *b, const k2_text_block *tb, dt_mat s,
-                       int64_t nseq, dt_mat bias) {
+                       int64_t nseq, int nb, dt_mat bias) {
     dt_mat a = fview(b->a, s.rows, s.cols);
     dt_mat h1 = fview(b->h1, s.rows, c->text_intermediate), h2 = fview(b->h2, s.rows, c->text_intermediate);
     be->rmsnorm(be, a, s, tb->norm1, 1.0f, c->eps);
-    text_attention(be, b, &tb->attn, c->eps, a, a, nseq, bias);
+    text_attention(be, b, &tb->attn, c->eps, a, a, nseq, nb, bias);
     be->gated_add(be, s, dt_mat_null(), a);
     be->rmsnorm(be, a, s, tb->norm2, 1.0f, c->eps);
     be->linear(be, h1, a, tb->ff.gate);   /* Krea2SwiGLU */
@@ -660,29 +689,35 @@ static void k2_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w, co
     be->linear(be, y, x, w);
 }
 
-/* The blocks' GQA attention: bf16 with the key-padding bias (the reference), or with c->attn_fp8 the backend's fp8
- * attention, which takes no mask: the unmasked keys' rows of K and V are gathered into kc / vc first (exactly the
- * masked attention: a padded key's weight is exp(-inf) = 0; the per-tensor K / V scales then cover the real keys
- * only). */
+/* The blocks' GQA attention, per sequence of the batch (its L rows, its row of the bias): bf16 with the key-padding
+ * bias (the reference), or with c->attn_fp8 the backend's fp8 attention, which takes no mask: the unmasked keys' rows
+ * of K and V are gathered into kc / vc first (exactly the masked attention: a padded key's weight is exp(-inf) = 0;
+ * the per-tensor Q / K / V scales then cover the sequence's own real keys only, as in its single forward). */
 static void block_attention(dt_backend *be, const krea2_config *c, const krea2_attn_w *at, const krea2_block_io *io) {
     const float scale = 1.0f / sqrtf((float)at->hd);
-    if (!c->attn_fp8) {
-        be->attention(be, io->o, io->q, io->k, io->v, at->heads, at->kv_heads, at->hd, scale, io->bias, 0);
-        return;
-    }
-    dt_mat k = io->k, v = io->v;
-    if (io->bias.data && !(io->nkey_runs == 1 && io->key_runs[1] == io->k.rows)) {
-        int64_t r = 0;
-        for (int i = 0; i < io->nkey_runs; i++) {
-            int64_t r0 = io->key_runs[2 * i], len = io->key_runs[2 * i + 1];
-            be->copy(be, dt_mat_rows(io->kc, r, len), dt_mat_rows(io->k, r0, len));
-            be->copy(be, dt_mat_rows(io->vc, r, len), dt_mat_rows(io->v, r0, len));
-            r += len;
+    const int64_t L = io->L;
+    for (int b = 0; b < io->nb; b++) {
+        dt_mat o = dt_mat_rows(io->o, b * L, L), q = dt_mat_rows(io->q, b * L, L);
+        dt_mat k = dt_mat_rows(io->k, b * L, L), v = dt_mat_rows(io->v, b * L, L);
+        dt_mat bias = io->bias.data ? dt_mat_rows(io->bias, b, 1) : dt_mat_null();
+        if (!c->attn_fp8) {
+            be->attention(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale, bias, 0);
+            continue;
         }
-        k = dt_mat_rows(io->kc, 0, r);
-        v = dt_mat_rows(io->vc, 0, r);
+        const int64_t *runs = io->key_runs ? io->key_runs + b * io->runs_stride : NULL;
+        if (bias.data && !(io->nkey_runs[b] == 1 && runs[1] == L)) {
+            int64_t r = 0;
+            for (int i = 0; i < io->nkey_runs[b]; i++) {
+                int64_t r0 = runs[2 * i], len = runs[2 * i + 1];
+                be->copy(be, dt_mat_rows(io->kc, r, len), dt_mat_rows(k, r0, len));
+                be->copy(be, dt_mat_rows(io->vc, r, len), dt_mat_rows(v, r0, len));
+                r += len;
+            }
+            k = dt_mat_rows(io->kc, 0, r);
+            v = dt_mat_rows(io->vc, 0, r);
+        }
+        be->attention_fp8(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale);
     }
-    be->attention_fp8(be, io->o, io->q, k, v, at->heads, at->kv_heads, at->hd, scale);
 }
 
 void krea2_block_op(dt_backend *be, const krea2_config *c, const krea2_block_w *w, const krea2_block_io *io, int l,
@@ -765,49 +800,58 @@ void krea2_block(dt_backend *be, const krea2_config *c, const krea2_block_w *w, 
 void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f) { m->fbc = f; }
 
 /* The device part of a forward (capturable with may_stop 0): everything between the host inputs (time_mods,
- * positions, mask, text and latents uploaded) and the output in b->outm. may_stop: before each block, stop when the
- * request is cancelled (m->cancel) and return 1; else 0. */
+ * positions, mask, text and latents uploaded) and the output in b->outm. The b->nb sequences share every Linear
+ * (their rows together), the text fusion's and the blocks' attentions run per sequence. may_stop: before each block,
+ * stop when the request is cancelled (m->cancel) and return 1; else 0. */
 static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int may_stop) {
     const krea2_config *c = &m->c;
     dt_backend *be = m->be;
     krea2_acts *b = &m->buf;
-    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = b->t, N = b->n;
+    const int nb = b->nb;
+    int64_t D = c->hidden, E = c->text_dim, Y = c->text_layers, T = b->t, N = b->n, L = T + N, Tb = nb * T;
 
-    /* ---- text fusion ---- */
-    /* the token-major [T*Y, E] upload reordered to layer-major rows l*T + t (Y strided copies) */
-    dt_mat ts = fview(b->ts, T * Y, E), raw = fview(b->a, T * Y, E);
+    /* ---- text fusion over the Tb tokens of every sequence (sequence i's tokens i·T ..) ---- */
+    /* the token-major [Tb*Y, E] upload reordered to layer-major rows l*Tb + t (Y strided copies) */
+    dt_mat ts = fview(b->ts, Tb * Y, E), raw = fview(b->a, Tb * Y, E);
     for (int64_t l = 0; l < Y; l++) {
-        dt_mat lv = dt_mat_rows(raw, l, T);   /* layer l of every token: rows l, l+Y, ... */
+        dt_mat lv = dt_mat_rows(raw, l, Tb);   /* layer l of every token: rows l, l+Y, ... */
         lv.ld = raw.ld * Y;
-        be->copy(be, dt_mat_rows(ts, l * T, T), lv);
+        be->copy(be, dt_mat_rows(ts, l * Tb, Tb), lv);
     }
-    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, T, dt_mat_null());
-    /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*T + t] */
-    dt_mat tr = fview(b->tr, T, E);
+    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, Tb, 1, dt_mat_null());
+    /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*Tb + t] */
+    dt_mat tr = fview(b->tr, Tb, E);
     for (int64_t l = 0; l < Y; l++) {
-        dt_mat lv = dt_mat_rows(ts, l * T, T);
+        dt_mat lv = dt_mat_rows(ts, l * Tb, Tb);
         if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
         else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
     }
-    dt_mat tbias = b->masked ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();
-    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, tbias);
+    dt_mat tbias = b->masked ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();   /* [nb, T]: each text's key padding */
+    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, nb, tbias);
 
-    /* ---- txt_in, img_in -> joint stream [text, image] ---- */
+    /* ---- txt_in, img_in -> joint stream, per sequence [text, image] ---- */
     dt_mat s = b->s;
     dt_mat txt_rows = dt_mat_rows(s, 0, T), img_rows = dt_mat_rows(s, T, N);
     {
-        dt_mat a = fview(b->a, T, E), h = fview(b->h1, T, D);
+        dt_mat a = fview(b->a, Tb, E), h = fview(b->h1, Tb, D);
         be->rmsnorm(be, a, tr, m->o.txt_norm, 1.0f, c->eps);
         be->linear(be, h, a, m->o.txt_lin1);
         be->act_mul(be, h, h, dt_mat_null(), DT_ACT_GELU_TANH);
-        be->linear(be, txt_rows, h, m->o.txt_lin2);
+        if (nb == 1) {
+            be->linear(be, txt_rows, h, m->o.txt_lin2);
+        } else {   /* all texts in one GEMM, then each into its sequence's rows */
+            dt_mat tx = fview(b->q, Tb, D);
+            be->linear(be, tx, h, m->o.txt_lin2);
+            for (int i = 0; i < nb; i++) be->copy(be, dt_mat_rows(s, i * L, T), dt_mat_rows(tx, i * T, T));
+        }
     }
-    be->linear(be, img_rows, b->in_img, m->o.img_in);
+    for (int i = 0; i < nb; i++)
+        be->linear(be, dt_mat_rows(s, i * L + T, N), dt_mat_rows(b->in_img, i * N, N), m->o.img_in);
 
     /* ---- transformer blocks ---- */
     krea2_block_io io = krea2_acts_block(c, b);
     char name[32];
-    if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);
+    if (m->fbc) dt_fbc_begin(be, m->fbc, img_rows);   /* (one sequence: forward checks) */
     for (int l = 0; l < c->num_layers; l++) {
         if (may_stop && dt_cancel_requested(m->cancel)) return 1;
         /* (not ahead of First Block Cache's decision after block 0: a skipped block would leave its hint pending) */
@@ -821,9 +865,11 @@ static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int
         if (m->fbc && l == c->num_layers - 1) dt_fbc_end(be, m->fbc, img_rows);
     }
 
-    /* ---- final layer on the image rows ---- */
-    dt_mat an = fview(b->a, N, D);
-    mod_norm(be, c, an, img_rows, b->modw, b->modv, 2 * c->num_layers, 4 * c->num_layers);
+    /* ---- final layer on the image rows of every sequence (one GEMM) ---- */
+    dt_mat an = fview(b->a, nb * N, D);
+    for (int i = 0; i < nb; i++)
+        mod_norm(be, c, dt_mat_rows(an, i * N, N), dt_mat_rows(s, i * L + T, N), b->modw, b->modv,
+                 2 * c->num_layers, 4 * c->num_layers);
     be->linear(be, b->outm, an, m->o.final_lin);
     return 0;
 }
@@ -839,11 +885,11 @@ static void drop_captured(krea2_model *m) {
         }
 }
 
-/* The graph slot for this forward's mask (the shape is the buffers'); when none matches, the older slot takes the
- * mask (and every captured graph goes: this call runs eagerly). A guided step alternates the prompt's and the
- * negative prompt's masks: two slots. */
+/* The graph slot for this forward's mask (the shape is the buffers'; a batch's: its sequences' masks); when none
+ * matches, the older slot takes the mask (and every captured graph goes: this call runs eagerly). A guided step in
+ * two passes alternates the prompt's and the negative prompt's masks: two slots. */
 static k2_graph *graph_slot(krea2_model *m, const uint8_t *mask) {
-    const int t = m->buf.t;
+    const int t = m->buf.t * m->buf.nb;   /* a batch's masks, one after another */
     for (int i = 0; i < K2_GRAPHS; i++) {
         k2_graph *g = &m->graphs[i];
         if ((g->graph || g->warm) && g->masked == (mask != NULL) && (!mask || !memcmp(g->mask, mask, (size_t)t))) {
@@ -879,90 +925,176 @@ void krea2_set_graph(krea2_model *m, int on) {
     if (!m->use_graph) drop_graphs(m);
 }
 
-/* krea2_forward with the latents and the velocity either on the host (img, out) or on the backend (img_m, out_m:
- * F32 or act [n_img, in / out_channels]; then nothing is downloaded and the backend is not synchronized). */
-static int forward(krea2_model *m, const float *img, dt_mat img_m, int n_img, const float *txt, int n_txt,
-                   float timestep, const float *pos_ids, const uint8_t *txt_mask, float *out, dt_mat out_m,
-                   krea2_trace_fn trace, void *trace_ud) {
+/* Check the inputs of a batch of nb sequences; *t_max: the longest text (the padded length). 0 or -1. */
+static int check_batch(const krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep, int *t_max) {
     const krea2_config *c = &m->c;
-    if (!(img || img_m.data) || !txt || !pos_ids || !(out || out_m.data)) {
-        dt_set_error("krea2_forward: NULL input or output");
+    if (nb < 1 || nb > KREA2_MAX_BATCH) {
+        dt_set_error("krea2_forward: %d sequences in one forward (1..%d)", nb, KREA2_MAX_BATCH);
         return -1;
     }
-    if (img_m.data && (img_m.rows != n_img || img_m.cols != c->in_channels || !out_m.data || out_m.rows != n_img ||
-                       out_m.cols != c->out_channels)) {
-        dt_set_error("krea2_forward: latents [%lld, %lld] / velocity [%lld, %lld] on the backend, expected [%d, %d]",
-                     (long long)img_m.rows, (long long)img_m.cols, (long long)out_m.rows, (long long)out_m.cols, n_img,
-                     c->in_channels);
+    if (nb > 1 && m->fbc) {
+        dt_set_error("krea2_forward: First Block Cache keeps one state per forward: run the sequences one by one");
         return -1;
     }
-    if (n_img < 1 || n_txt < 1) {
-        dt_set_error("krea2_forward: need at least one image and one text token (got N=%d, T=%d)", n_img, n_txt);
-        return -1;
-    }
-    if (!isfinite(timestep)) { dt_set_error("krea2_forward: timestep is not finite"); return -1; }
-    if (txt_mask) {
-        int valid = 0;
-        for (int i = 0; i < n_txt; i++) valid += txt_mask[i] != 0;
-        if (!valid) {
-            /* the reference would produce NaN (softmax over no key in the refiner) */
-            dt_set_error("krea2_forward: the text mask marks no valid token");
+    *t_max = 0;
+    for (int i = 0; i < nb; i++) {
+        const krea2_seq *q = &seq[i];
+        if (!(q->img || q->img_m.data) || !q->txt || !q->pos || !(q->out || q->out_m.data)) {
+            dt_set_error("krea2_forward: NULL input or output");
             return -1;
         }
+        if ((q->img_m.data && (q->img_m.rows != n_img || q->img_m.cols != c->in_channels)) ||
+            (q->out_m.data && (q->out_m.rows != n_img || q->out_m.cols != c->out_channels))) {
+            dt_set_error("krea2_forward: latents [%lld, %lld] / velocity [%lld, %lld] on the backend, expected [%d, %d]",
+                         (long long)q->img_m.rows, (long long)q->img_m.cols, (long long)q->out_m.rows,
+                         (long long)q->out_m.cols, n_img, c->in_channels);
+            return -1;
+        }
+        if (n_img < 1 || q->n_txt < 1) {
+            dt_set_error("krea2_forward: need at least one image and one text token (got N=%d, T=%d)", n_img, q->n_txt);
+            return -1;
+        }
+        if (q->mask) {
+            int valid = 0;
+            for (int j = 0; j < q->n_txt; j++) valid += q->mask[j] != 0;
+            if (!valid) {
+                /* the reference would produce NaN (softmax over no key in the refiner) */
+                dt_set_error("krea2_forward: the text mask marks no valid token");
+                return -1;
+            }
+        }
+        if (q->n_txt > *t_max) *t_max = q->n_txt;
     }
+    if (!isfinite(timestep)) { dt_set_error("krea2_forward: timestep is not finite"); return -1; }
+    return 0;
+}
+
+/* The host inputs of a batch into the buffers (T: the padded text length): positions [nb·L, axes], the masks
+ * [nb·T] (a shorter text's padding masked), the texts token-major [nb·T·Y, E] (padding rows zero: finite, never
+ * attended to) and the latents [nb·N, in]. One unpadded sequence uses its own arrays as they are. *mask_out: the
+ * batch's mask (NULL: none), owned[0..1]: what was allocated for it (the caller frees). */
+static void upload_batch(krea2_model *m, const krea2_seq *seq, int nb, int T, const uint8_t **mask_out,
+                         void *owned[2]) {
+    const krea2_config *c = &m->c;
     dt_backend *be = m->be;
     krea2_acts *b = &m->buf;
-    if (!(b->s.data && b->n == n_img && b->t == n_txt)) {
+    const int64_t N = b->n, L = T + N, na = c->n_axes, Y = c->text_layers, E = c->text_dim;
+    int padded = 0, masked = 0;
+    for (int i = 0; i < nb; i++) {
+        padded |= seq[i].n_txt != T;
+        masked |= seq[i].mask != NULL;
+    }
+    const float *pos = seq[0].pos;
+    const uint8_t *mask = seq[0].mask;
+    owned[0] = owned[1] = NULL;
+    if (nb > 1 || padded) {
+        float *pa = owned[0] = dt_calloc((size_t)(nb * L * na), sizeof(float));
+        uint8_t *ma = owned[1] = padded || masked ? dt_calloc((size_t)nb * T, 1) : NULL;
+        for (int i = 0; i < nb; i++) {
+            const krea2_seq *q = &seq[i];
+            memcpy(pa + i * L * na, q->pos, sizeof(float) * (size_t)(q->n_txt * na));   /* text rows (padding: 0) */
+            memcpy(pa + (i * L + T) * na, q->pos + q->n_txt * na, sizeof(float) * (size_t)(N * na));
+            if (ma) {
+                if (q->mask) memcpy(ma + (size_t)i * T, q->mask, (size_t)q->n_txt);
+                else memset(ma + (size_t)i * T, 1, (size_t)q->n_txt);
+            }
+        }
+        pos = pa;
+        mask = ma;
+    }
+    krea2_acts_positions(be, c, b, pos);
+    krea2_acts_mask(be, b, mask);
+    /* the texts token-major into scratch (device_part reorders them), then the latents */
+    dt_mat raw = fview(b->a, (int64_t)nb * T * Y, E);
+    float *zeros = NULL;
+    for (int i = 0; i < nb; i++) {
+        const int64_t tq = seq[i].n_txt;
+        be->upload(be, dt_mat_rows(raw, i * T * Y, tq * Y), seq[i].txt);
+        if (tq < T) {
+            if (!zeros) zeros = dt_calloc((size_t)(T * Y * E), sizeof(float));
+            be->upload(be, dt_mat_rows(raw, (i * T + tq) * Y, (T - tq) * Y), zeros);
+        }
+        dt_mat dst = dt_mat_rows(b->in_img, i * N, N);
+        if (seq[i].img) be->upload(be, dst, seq[i].img);
+        else be->copy(be, dst, seq[i].img_m);
+    }
+    free(zeros);
+    *mask_out = mask;
+}
+
+/* The forward of a batch (krea2_forward_batch; a trace only with host outputs). Device outputs are queued; with a
+ * host output the backend is synchronized. */
+static int forward(krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep, krea2_trace_fn trace,
+                   void *trace_ud) {
+    const krea2_config *c = &m->c;
+    int T;
+    if (check_batch(m, seq, nb, n_img, timestep, &T)) return -1;
+    dt_backend *be = m->be;
+    krea2_acts *b = &m->buf;
+    if (!(b->s.data && b->n == n_img && b->t == T && b->nb == nb)) {
         drop_graphs(m);   /* a captured forward refers to the old buffers */
         krea2_acts_free(be, b);
-        if (krea2_acts_alloc(be, c, n_img, n_txt, b)) return -1;
+        if (krea2_acts_alloc(be, c, n_img, T, nb, b)) return -1;
     }
 
     krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
-    krea2_acts_positions(be, c, b, pos_ids);
-    krea2_acts_mask(be, b, txt_mask);
-    /* host inputs: the text features token-major [T*Y, E] into scratch (device_part reorders them), the latents */
-    be->upload(be, fview(b->a, (int64_t)n_txt * c->text_layers, c->text_dim), txt);
-    if (img) be->upload(be, b->in_img, img);
-    else be->copy(be, b->in_img, img_m);
+    const uint8_t *mask;
+    void *owned[2];
+    upload_batch(m, seq, nb, T, &mask, owned);
 
     /* First Block Cache downloads a residual mid-forward: such forwards run eagerly */
-    if (m->fbc && dt_fbc_prepare(be, m->fbc, n_img, c->hidden)) return -1;
-    k2_graph *gs = m->use_graph && !trace && !m->fbc ? graph_slot(m, txt_mask) : NULL;
+    int rc = 0;
+    if (m->fbc && dt_fbc_prepare(be, m->fbc, n_img, c->hidden)) { rc = -1; goto out; }
+    k2_graph *gs = m->use_graph && !trace && !m->fbc ? graph_slot(m, mask) : NULL;
     if (m->use_graph && (trace || m->fbc)) drop_captured(m);   /* an eager forward (see drop_captured) */
     if (!gs) {
         if (device_part(m, trace, trace_ud, 1)) {
             be->sync(be);
             dt_set_error("krea2: cancelled");
-            return -1;
+            rc = -1;
+            goto out;
         }
     } else if (gs->graph) {
-        if (be->graph_launch(be, gs->graph)) return -1;
+        if (be->graph_launch(be, gs->graph)) { rc = -1; goto out; }
     } else if (gs->warm) {   /* second call with this shape and mask: capture the device part, then replay it */
-        if (be->capture_begin(be)) return -1;
+        if (be->capture_begin(be)) { rc = -1; goto out; }
         device_part(m, NULL, NULL, 0);
         gs->graph = be->capture_end(be);
-        if (!gs->graph || be->graph_launch(be, gs->graph)) return -1;
+        if (!gs->graph || be->graph_launch(be, gs->graph)) { rc = -1; goto out; }
     } else {
         device_part(m, NULL, NULL, 0);   /* eager warm-up: scratch buffers and attention plans reach their sizes */
         gs->warm = 1;
     }
-    if (!out) {
-        be->copy(be, out_m, b->outm);
-        return 0;
+    int host = 0;
+    for (int i = 0; i < nb; i++) {
+        dt_mat rows = dt_mat_rows(b->outm, (int64_t)i * n_img, n_img);
+        if (seq[i].out) {
+            be->download(be, seq[i].out, rows);
+            host = 1;
+        } else {
+            be->copy(be, seq[i].out_m, rows);
+        }
     }
-    be->download(be, out, b->outm);
-    return be->sync(be);
+    if (host) rc = be->sync(be);
+out:
+    free(owned[0]);
+    free(owned[1]);
+    return rc;
+}
+
+int krea2_forward_batch(krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep) {
+    return forward(m, seq, nb, n_img, timestep, NULL, NULL);
 }
 
 int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt, int n_txt, float timestep,
                   const float *pos_ids, const uint8_t *txt_mask, float *out, krea2_trace_fn trace, void *trace_ud) {
-    return forward(m, img, dt_mat_null(), n_img, txt, n_txt, timestep, pos_ids, txt_mask, out, dt_mat_null(), trace,
-                   trace_ud);
+    const krea2_seq q = {.img = img, .txt = txt, .n_txt = n_txt, .pos = pos_ids, .mask = txt_mask, .out = out};
+    return forward(m, &q, 1, n_img, timestep, trace, trace_ud);
 }
 
 int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
                       const uint8_t *txt_mask, dt_mat out) {
     if (!img.data || !out.data) { dt_set_error("krea2_forward_dev: NULL latents or velocity"); return -1; }
-    return forward(m, NULL, img, (int)img.rows, txt, n_txt, timestep, pos_ids, txt_mask, NULL, out, NULL, NULL);
+    const krea2_seq q = {.img_m = img, .txt = txt, .n_txt = n_txt, .pos = pos_ids, .mask = txt_mask, .out_m = out};
+    return forward(m, &q, 1, (int)img.rows, timestep, NULL, NULL);
 }

@@ -105,7 +105,8 @@ int krea2_forward(krea2_model *m, const float *img, int n_img, const float *txt,
 
 /* CUDA-graph replay of the forward's device part (on = 1; only where the backend captures): per shape and text mask,
  * the first call runs eagerly, the second is captured, later ones replay it (two masks kept: a guided step's prompt
- * and negative prompt). A trace runs eagerly. */
+ * and negative prompt run one after the other; a batched guided step (krea2_forward_batch) is one shape with both
+ * masks). A trace runs eagerly. */
 void krea2_set_graph(krea2_model *m, int on);
 
 /* krea2_forward on backend matrices: the latents img [N, in_channels] and the velocity out [N, out_channels] (F32 or
@@ -113,6 +114,28 @@ void krea2_set_graph(krea2_model *m, int on);
  * 0 or -1 (dt_last_error). */
 int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
                       const uint8_t *txt_mask, dt_mat out);
+
+/* Sequences one forward runs together (classifier-free guidance: the prompt's and the negative prompt's). */
+#define KREA2_MAX_BATCH 2
+
+/* One sequence of a batched forward: its latents, text, positions, mask and where its velocity goes. */
+typedef struct {
+    const float *img;       /* [N, in_channels] f32 host latents, or NULL: img_m */
+    dt_mat img_m;           /* [N, in_channels] F32 / act on the backend (the sampler's device path) */
+    const float *txt;       /* [n_txt, text_layers, text_dim] f32 host */
+    int n_txt;
+    const float *pos;       /* [n_txt + N, n_axes] (t, h, w) positions, text rows first */
+    const uint8_t *mask;    /* [n_txt] 1 = real token; NULL: every token */
+    float *out;             /* [N, out_channels] f32 host, or NULL: out_m */
+    dt_mat out_m;           /* [N, out_channels] on the backend (queued, not synchronized) */
+} krea2_seq;
+
+/* nb (1..KREA2_MAX_BATCH) sequences of N image tokens each through one forward at one timestep: every Linear runs
+ * once on the rows of all of them (each weight read once), the modulation is shared, the attentions run per sequence
+ * with its own key padding. Texts of different lengths are padded to the longest with masked keys (zero features,
+ * never attended to), so each sequence's velocity is its single forward's. Device outputs (out_m) are queued, host
+ * ones downloaded and synchronized. First Block Cache (krea2_set_block_cache) needs nb = 1. 0 or -1. */
+int krea2_forward_batch(krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep);
 
 /* ---- the pieces of the forward that the bench drives too (src/bench), op by op ---- */
 
@@ -153,10 +176,12 @@ void krea2_block_w_free(dt_backend *be, krea2_block_w *b);
 int krea2_outer_w_load(dt_linear_set *lin, const dt_weights *w, const krea2_config *c, krea2_outer_w *out);
 void krea2_outer_w_free(dt_backend *be, krea2_outer_w *o);
 
-/* The activations of one (n image, t text token) forward, L = t + n. Flat buffers are [1, capacity], sized for
- * both the text fusion ([t * text_layers, E] streams) and the joint stream; krea2_acts_block views them. */
+/* The activations of one forward of nb sequences of (n image, t text tokens), L = t + n each. The joint stream holds
+ * the sequences one after the other (sequence b: rows [b·L, (b+1)·L), its text rows first); the text fusion's streams
+ * hold nb·t tokens (sequence b's tokens b·t .. b·t + t − 1). Flat buffers are [1, capacity], sized for both the text
+ * fusion ([nb·t·text_layers, E] streams) and the joint stream; krea2_acts_block views them. */
 typedef struct {
-    int n, t;
+    int n, t, nb;
     dt_mat emb;        /* [1, t_embed] timestep sinusoid */
     dt_mat th;         /* [1, D] hidden of the timestep MLP */
     dt_mat temb;       /* [1, D] */
@@ -164,28 +189,32 @@ typedef struct {
     dt_mat tmod;       /* [1, 6D] time_mod_proj output */
     dt_mat modw;       /* [2*layers + 1, D] F32: folded norm weights (norm1, norm2 per block, final) */
     dt_mat modv;       /* [4*layers + 1, D]: preshift, pregate, postshift, postgate per block, final shift */
-    dt_mat in_img;     /* [N, in] */
-    dt_mat s;          /* [L, D] joint stream, text rows first */
+    dt_mat in_img;     /* [nb*N, in] */
+    dt_mat s;          /* [nb*L, D] joint stream, per sequence its text rows first */
     dt_mat ts;         /* flat >= T*Y*E: layerwise text stream */
     dt_mat tr;         /* flat >= T*E: refiner text stream */
     dt_mat a, q, k, v, g, o, h1, h2;   /* flat scratch (sizes in krea2_acts_alloc) */
-    dt_mat outm;       /* [N, out] */
-    dt_mat cos, sin;   /* [L, head_dim] F32 RoPE tables */
-    dt_mat bias;       /* [1, L] F32 key-padding bias */
+    dt_mat outm;       /* [nb*N, out] (sequence b's rows b·N ..) */
+    dt_mat cos, sin;   /* [nb*L, head_dim] F32 RoPE tables */
+    dt_mat bias;       /* [nb, L] F32 key-padding bias (row b: sequence b's) */
     int masked;        /* bias holds a mask (krea2_acts_mask); 0: attention without one */
-    int64_t *key_runs; /* host: the unmasked keys as runs (start, length) of rows of the joint stream */
-    int nkey_runs;     /* runs in key_runs (krea2_acts_mask; 0 without a mask) */
-    int64_t nkeys;     /* unmasked keys (L without a mask) */
-    float *ids;        /* host copy of the positions the tables were built from [L * n_axes] */
+    int64_t *key_runs; /* host: per sequence b (from key_runs + b·krea2_key_runs_stride(t)) the unmasked keys as runs
+                        * (start, length) of rows of its L rows */
+    int nkey_runs[KREA2_MAX_BATCH];   /* runs of each sequence (krea2_acts_mask; 0 without a mask) */
+    int64_t nkeys[KREA2_MAX_BATCH];   /* unmasked keys of each sequence (L without a mask) */
+    float *ids;        /* host copy of the positions the tables were built from [nb * L * n_axes] */
     float *host_mod;   /* host [(6 * layers + 9) * D]: tmod, temb, folded weights, shifts/gates */
 } krea2_acts;
-/* Allocate them (x zeroed or freed); 0 or -1 with the backend's error. krea2_acts_free frees what is allocated. */
-int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, krea2_acts *x);
+/* Allocate them for nb (1..KREA2_MAX_BATCH) sequences (x zeroed or freed); 0 or -1 with the backend's error.
+ * krea2_acts_free frees what is allocated. */
+int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb, krea2_acts *x);
 void krea2_acts_free(dt_backend *be, krea2_acts *x);
-/* RoPE tables for positions pos [L, n_axes] (rebuilt only when they change). */
+/* RoPE tables for positions pos [nb * L, n_axes] (the sequences' in order; rebuilt only when they change). */
 void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *x, const float *pos);
-/* The key-padding bias from mask [t] (1 = real token); NULL = no mask. */
+/* The key-padding bias from mask [nb * t] (the sequences' in order, 1 = real token); NULL = no mask. */
 void krea2_acts_mask(dt_backend *be, krea2_acts *x, const uint8_t *mask);
+/* Entries of key_runs per sequence for t text tokens (at most t/2 + 1 runs of 2 values). */
+static inline int64_t krea2_key_runs_stride(int t) { return 2 * ((int64_t)t + 1); }
 /* Timestep MLP and the modulation of every block and the final layer at `timestep`, folded on the host into
  * modw / modv (blk: the config's num_layers blocks). */
 void krea2_time_mods(dt_backend *be, const krea2_config *c, const krea2_outer_w *o, const krea2_block_w *blk,
@@ -193,22 +222,26 @@ void krea2_time_mods(dt_backend *be, const krea2_config *c, const krea2_outer_w 
 
 /* What a transformer block works on: views of the activation set. */
 typedef struct {
-    dt_mat s;          /* [L, D] joint stream (updated in place) */
-    dt_mat a;          /* [L, D] modulated norm, then the attention / MLP output */
-    dt_mat q, g, o;    /* [L, D] queries, gate projection, attention output */
-    dt_mat k, v;       /* [L, kv_heads*hd] */
-    dt_mat h1, h2;     /* [L, F] MLP gate and up projections */
-    dt_mat cos, sin;   /* [L, hd] F32 RoPE tables */
-    dt_mat bias;       /* [1, L] F32 key-padding bias, or null data (no mask) */
+    dt_mat s;          /* [R, D] joint stream (updated in place); R = nb * L, sequence b at rows [b·L, (b+1)·L) */
+    dt_mat a;          /* [R, D] modulated norm, then the attention / MLP output */
+    dt_mat q, g, o;    /* [R, D] queries, gate projection, attention output */
+    dt_mat k, v;       /* [R, kv_heads*hd] */
+    dt_mat h1, h2;     /* [R, F] MLP gate and up projections */
+    dt_mat cos, sin;   /* [R, hd] F32 RoPE tables */
+    dt_mat bias;       /* [nb, L] F32 key-padding bias (row b: sequence b's), or null data (no mask) */
     dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
     const dt_linear *next;   /* the Linear after this block's last (the next block's to_q: its prefetch hint's
                               * target; NULL: none) */
-    /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of K and V are gathered into
-     * kc, vc [nkeys, kv_heads*hd] (views of h1 / h2, free during the attention) first: nkey_runs runs of
-     * consecutive rows [key_runs[2i], key_runs[2i] + key_runs[2i+1]) (krea2_acts_mask). */
+    int nb;            /* sequences; the attention runs per sequence */
+    int64_t L;         /* rows of each sequence */
+    /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of sequence b's K and V are
+     * gathered into kc, vc [nkeys, kv_heads*hd] (views of h1 / h2, free during the attention) first: nkey_runs[b]
+     * runs of consecutive rows [r[2i], r[2i] + r[2i+1]) of the sequence, r = key_runs + b·runs_stride
+     * (krea2_acts_mask). */
     dt_mat kc, vc;
     const int64_t *key_runs;
-    int nkey_runs;
+    int64_t runs_stride;
+    int nkey_runs[KREA2_MAX_BATCH];
 } krea2_block_io;
 krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x);
 

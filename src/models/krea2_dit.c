@@ -11,6 +11,15 @@ static int k2_forward(dt_dit *d, const dt_dit_step *s) {
     krea2_set_block_cache(dt_dit_model(d), NULL);
     return rc;
 }
+static int k2_forward_pair(dt_dit *d, const dt_dit_step *s0, const dt_dit_step *s1) {
+    krea2_seq q[2];
+    for (int i = 0; i < 2; i++) {
+        const dt_dit_step *s = i ? s1 : s0;
+        q[i] = (krea2_seq){.img = s->img, .txt = dt_dit_step_text(d, s), .n_txt = s->n_txt, .pos = s->pos,
+                           .mask = s->mask, .out = s->out};
+    }
+    return krea2_forward_batch(dt_dit_model(d), q, 2, s0->n_img, s0->timestep);
+}
 static int k2_text(dt_dit *d, int slot, const float *txt, int t) {
     (void)d; (void)slot;
     if (!txt || t <= 0) { dt_set_error("krea2: resident text needs host features and at least one token"); return -1; }
@@ -21,7 +30,8 @@ static void k2_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len) {
 }
 static void k2_free(void *m) { krea2_free(m); }
 static void k2_cancel(dt_dit *d, const volatile int *flag) { krea2_set_cancel(dt_dit_model(d), flag); }
-static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_info, k2_free, k2_cancel};
+static const dt_dit_ops k2_ops = {"krea2", k2_forward, NULL, k2_text, NULL, k2_info, k2_free, k2_cancel,
+                                   k2_forward_pair};
 
 dt_dit *krea2_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) { dt_set_error("%s: Krea 2 has no split forward (--sequence-parallel)", path); return NULL; }

@@ -25,7 +25,7 @@ static void zi_info(const dt_dit *d, size_t *bytes, char *fmt, size_t fmt_len) {
 }
 static void zi_free(void *m) { zimage_free(m); }
 static void zi_cancel(dt_dit *d, const volatile int *flag) { zimage_set_cancel(dt_dit_model(d), flag); }
-static const dt_dit_ops zi_ops = {"zimage", zi_forward, NULL, zi_text, NULL, zi_info, zi_free, zi_cancel};
+static const dt_dit_ops zi_ops = {"zimage", zi_forward, NULL, zi_text, NULL, zi_info, zi_free, zi_cancel, NULL};
 
 dt_dit *zimage_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) { dt_set_error("%s: Z-Image has no split forward (--sequence-parallel)", path); return NULL; }

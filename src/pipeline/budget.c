@@ -17,7 +17,8 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
     const int cuda = dt_backend_cuda_mem_budget(be, explicit_budget ? NULL : &budget, NULL) == 0;
     if (!cuda && !explicit_budget) budget = 0;
     dt_place_sizes s;
-    if (dt_place_sizes_for(o->model, W, H, T, (int)dt_dtype_size(be->act_dtype), o->vae_tile, resident, &s)) {
+    if (dt_place_sizes_for(o->model, W, H, T, (int)dt_dtype_size(be->act_dtype), o->vae_tile, resident,
+                           !o->guidance_two_passes && o->sequence_parallel <= 1, &s)) {
         if (explicit_budget) return -1;
         dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
         dt_clear_error();

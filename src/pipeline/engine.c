@@ -131,8 +131,9 @@ int dt_generate(dt_backend *be, const dt_pipeline_opts *lo, const dt_gen_params 
     tm->t_total = dt_now() - t0;
     if (rc == 0)
         dt_log(1, "ditrun: %dx%d, %d steps: load %.2f s, encode %.2f s, denoise %.2f s (%.3f s/step, %d of %d "
-                  "transformer passes computed), decode %.2f s, total %.2f s\n", tm->width, tm->height, tm->steps,
+                  "transformer passes computed%s), decode %.2f s, total %.2f s\n", tm->width, tm->height, tm->steps,
                tm->t_load, tm->t_encode, tm->t_denoise, tm->steps ? tm->t_denoise / tm->steps : 0.0,
-               tm->passes_computed, tm->passes, tm->t_decode, tm->t_total);
+               tm->passes_computed, tm->passes, tm->passes_paired ? ", both guidance passes in one forward" : "",
+               tm->t_decode, tm->t_total);
     return rc;
 }

@@ -23,6 +23,9 @@ typedef struct {
     int n_taps;
     int te_inv_freq_bf16;       /* text encoder RoPE inv_freq rounded to bf16 (how the fixtures were made) */
     int cuda_graph;             /* replay the DiT forward as a CUDA graph after the first steps */
+    int guidance_two_passes;    /* --guidance-batch off: classifier-free guidance's prompt and negative prompt in two
+                                 * forwards per step; 0 (default): both in one forward (a batch of 2) where the
+                                 * family's model can (Krea 2) and no step cache is on */
     int release_text_encoder;   /* free the text encoder after each prompt and reload it for the next: peak memory
                                  * is the larger of text encoder and DiT + VAE instead of their sum (one-shot runs) */
     const dt_lora_spec *loras;  /* LoRA adapters for the DiT, n_loras of them (copied by dt_pipeline_load) */
@@ -105,6 +108,7 @@ typedef struct {
     int steps;
     int height, width;
     int passes_computed, passes; /* transformer passes run in full / in all (fewer computed with a step cache) */
+    int passes_paired;          /* of them, passes that ran two in one forward (the guidance batch) */
 } dt_gen_timings;
 
 /* The error code of a request stopped by its cancel flag or progress callback (dt_last_error says so). */

@@ -295,6 +295,19 @@ static int klein_predict(void *ctx, int i, const float *x, int pass, float *v, d
     return dt_dit_forward(k->s->dit, &st);
 }
 
+/* Both passes of step i in one forward (the guidance batch): the prompt's velocity into v, the negative prompt's
+ * into u. */
+static int klein_predict_pair(void *ctx, int i, const float *x, float *v, float *u) {
+    klein_request *k = ctx;
+    float t = k->timesteps[i] / 1000.0f;
+    dt_dit_step s0 = {.img = x, .n_img = k->N, .n_txt = k->T, .text = 0, .timestep = t, .img_ids = k->img_ids,
+                      .txt_ids = k->txt_ids, .out = v};
+    dt_dit_step s1 = s0;
+    s1.text = 1;
+    s1.out = u;
+    return dt_dit_forward_pair(k->s->dit, &s0, &s1);
+}
+
 static int set_refs(klein_state *s, const float *tok, const float *ids, int r, int kv) {
     return dt_dit_set_refs(s->dit, tok, ids, r, kv);
 }
@@ -480,6 +493,16 @@ static int klein_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
     sm->first = first;
     sm->rule = DT_CFG_FROM_UNCOND;
     sm->predict = klein_predict;
+    /* the guidance batch (--guidance-batch on) where the DiT runs it: not split over ranks, no KV-cached references
+     * (their cached keys sit behind one sequence's rows); the sampler runs two passes under a step cache */
+    if (r->cfg && !r->p->opts.guidance_two_passes) {
+        if (!dt_dit_can_pair(s->dit))
+            dt_log(2, "ditrun: guidance batch: two passes per step (the transformer is split over ranks)\n");
+        else if (ed->r && kv)
+            dt_log(2, "ditrun: guidance batch: two passes per step (KV-cached references)\n");
+        else
+            sm->predict_pair = klein_predict_pair;
+    }
     sm->after_step = k->inpaint ? klein_restore : NULL;
     sm->ctx = k;
     return 0;
@@ -560,7 +583,7 @@ static const char *const klein_presets[] = {"klein-4b", "klein-9b", "tiny", NULL
 const dt_family dt_family_klein = {
     .name = "flux2-klein", .title = "FLUX.2", .pipeline_classes = klein_pipelines,
     .transformer_classes = klein_transformers, .presets = klein_presets, .is_config = flux2_config_is_flux2,
-    .infers_config = 1, .fp8 = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
+    .infers_config = 1, .fp8 = 1, .guidance_batch = 1, .load = klein_load, .free = klein_free, .generate = klein_generate,
     .sequence_parallel = 1, .dit_load = flux2_dit_load, .describe = flux2_config_describe, .synth = dt_synth_flux2,
     .read_inputs = flux2_dit_read_inputs, .place_sizes = klein_place_sizes,
 };

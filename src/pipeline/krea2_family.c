@@ -242,6 +242,29 @@ static int k2_predict_dev(void *ctx, int i, dt_mat x, int pass, dt_mat v) {
                              pass ? c->nmask : c->pmask, v);
 }
 
+/* Both passes of step i in one forward (the guidance batch): the prompt's velocity into v, the negative prompt's
+ * into u. */
+static int k2_predict_pair(void *ctx, int i, const float *x, float *v, float *u) {
+    k2_request *c = ctx;
+    float t = c->timesteps[i] / c->ntt;
+    krea2_seq q[2] = {
+        {.img = x, .txt = c->pos, .n_txt = c->T, .pos = c->ids, .mask = c->pmask, .out = v},
+        {.img = x, .txt = c->neg, .n_txt = c->T, .pos = c->ids, .mask = c->nmask, .out = u},
+    };
+    return krea2_forward_batch(krea2_dit_model(c->k->dit), q, 2, c->N, t);
+}
+
+/* The same on the backend's matrices (the sampler's device path): flow_step then combines v and u there. */
+static int k2_predict_pair_dev(void *ctx, int i, dt_mat x, dt_mat v, dt_mat u) {
+    k2_request *c = ctx;
+    float t = c->timesteps[i] / c->ntt;
+    krea2_seq q[2] = {
+        {.img_m = x, .txt = c->pos, .n_txt = c->T, .pos = c->ids, .mask = c->pmask, .out_m = v},
+        {.img_m = x, .txt = c->neg, .n_txt = c->T, .pos = c->ids, .mask = c->nmask, .out_m = u},
+    };
+    return krea2_forward_batch(krea2_dit_model(c->k->dit), q, 2, (int)x.rows, t);
+}
+
 static int k2_prepare(void *ctx, dt_gen_run *r) {
     (void)ctx;
     r->cfg = r->g->guidance > 0.0f;
@@ -330,13 +353,16 @@ static int k2_schedule(void *ctx, dt_gen_run *r, float *sigmas, float *timesteps
 
 static int k2_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
     k2_request *q = ctx;
-    (void)r;
     (void)x;
     q->timesteps = sm->timesteps;
     q->ntt = (float)q->k->sched.num_train_timesteps;
     sm->rule = DT_CFG_FROM_COND;
     sm->predict = k2_predict;
     sm->predict_dev = k2_predict_dev;
+    if (!r->p->opts.guidance_two_passes) {   /* --guidance-batch on (the sampler runs two passes under a cache) */
+        sm->predict_pair = k2_predict_pair;
+        sm->predict_pair_dev = k2_predict_pair_dev;
+    }
     sm->ctx = q;
     return 0;
 }
@@ -400,7 +426,7 @@ static int k2_place_sizes(const json *cfg, const char *tr, const char *va, int W
  * transformer blocks (krea2.c) */
 const dt_family dt_family_krea2 = {
     .name = "krea2", .title = "Krea 2", .pipeline_classes = k2_pipelines, .transformer_classes = k2_transformers,
-    .presets = k2_presets, .fp8 = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
+    .presets = k2_presets, .fp8 = 1, .guidance_batch = 1, .load = k2_load, .free = k2_free, .generate = k2_generate,
     .dit_load = krea2_dit_load,
     .describe = krea2_config_describe, .synth = dt_synth_krea2, .read_inputs = krea2_dit_read_inputs,
     .place_sizes = k2_place_sizes,

@@ -23,7 +23,10 @@
 typedef struct {
     int64_t text_encoder, transformer, vae;   /* weight bytes on the device */
     int64_t te_act;             /* peak activation bytes of encoding the prompts */
-    int64_t dit_act;            /* ... of one transformer forward at the image size */
+    int64_t dit_act;            /* ... of one transformer forward at the image size (of dit_batch sequences) */
+    int dit_batch;              /* sequences per transformer forward: 2 with the guidance batch on for a family that
+                                 * runs it and a pipeline that is not distilled (the prompt and the negative prompt in
+                                 * one forward: activations for twice the rows), else 1 */
     int64_t vae_act;            /* ... of the untiled VAE decode at the image size */
     int64_t vae_tile_act;       /* ... of one tile's decode; 0 when the image is one tile (tiling changes nothing) */
     int vae_tile_px;            /* that tile's side in pixels (0: not known) */
@@ -85,8 +88,11 @@ const char *dt_place_bytes(int64_t b, char *buf, size_t n);
  * default size or `tile` pixels; with tile 0 also the half of the default tile), the packed bytes (host_ok set), the transformer forward and the text encoding estimated from their widths:
  * (T + N)·(7·D + 3·F)·elem for the forward's stream, scratch and fused projections (N image tokens, D its width, F its
  * MLP width; flux2.h's activation set) and its RoPE tables; T·(6·D + 3·I)·elem for the text encoder (I its MLP
- * width); for quantized weights three dequantized copies of the largest Linear ((3·D + 2·F) x D for the
+ * width), twice that with the guidance batch (guidance_batch 1, a family whose model runs it: dt_family
+ * guidance_batch, and a pipeline that is not distilled: model_index.json's is_distilled); for quantized weights three
+ * dequantized copies of the largest Linear ((3·D + 2·F) x D for the
  * transformer, plus one 2·F x D for FLUX.2's side queue; 2·I x D for the text encoder); DT_PLACE_WORKSPACE. Reads only configs and safetensors headers. 0 or -1. */
-int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s);
+int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, int guidance_batch,
+                       dt_place_sizes *s);
 
 #endif

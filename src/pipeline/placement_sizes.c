@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "io/json.h"
 #include "io/weights.h"
 #include "models/qwen3.h"
 #include "pipeline/family.h"
@@ -60,7 +61,8 @@ static int64_t vae_scratch(int cmax, int attention, int H, int W, int f) {
     return b;
 }
 
-int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, dt_place_sizes *s) {
+int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile, int resident, int guidance_batch,
+                       dt_place_sizes *s) {
     memset(s, 0, sizeof *s);
     s->resident = resident;
     char *te = dt_path_join(root, "text_encoder"), *tr = dt_path_join(root, "transformer"), *va = dt_path_join(root, "vae");
@@ -100,7 +102,16 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     if (te_quantized) s->te_qbuf = 3 * (2LL * q.intermediate) * q.hidden * 2;
     /* 16 pixels per image token (both VAEs 8x, then 2x2 patches) */
     const int64_t N = (int64_t)(H / (2 * scale)) * (W / (2 * scale)), L = N + T;
-    s->dit_act = L * (7LL * D + 3LL * F) * elem + L * hd * 8;
+    /* the guidance batch: both sequences' rows in every buffer, for a pipeline whose default runs guidance (not
+     * distilled: a distilled one is planned for its default, one pass per step) */
+    char *idx_path = dt_path_join(root, "model_index.json");
+    json *idx = json_parse_file(idx_path);
+    const int distilled = idx && json_get_bool(idx, "is_distilled", 0);
+    json_free(idx);
+    free(idx_path);
+    dt_clear_error();   /* (a folder without model_index.json: no guidance known, planned as guided) */
+    s->dit_batch = guidance_batch && fam->guidance_batch && !distilled ? 2 : 1;
+    s->dit_act = s->dit_batch * (L * (7LL * D + 3LL * F) * elem + L * hd * 8);
     /* three of the largest Linear (the single blocks' fused projection); a side queue one more of its largest, the
      * MLP's 2F x D */
     if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2 + (fp.side_queue ? 2LL * F * D * 2 : 0);

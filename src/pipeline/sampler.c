@@ -53,14 +53,28 @@ static int dev_alloc(const dt_sampler *s, dev_mats *d) {
     return 0;
 }
 
-/* Step k (schedule index i) on the host: the passes (the model, or the step cache's stand-in) into s->v / s->u, the
- * guided velocity into s->v, then the Euler update of x. */
-static int host_step(const dt_sampler *s, dt_step_cache *sc, int k, float *x) {
+/* Both passes of step k counted as computed (the guidance batch: one forward, no step cache). */
+static void count_pair(dt_step_cache *sc, int k) {
+    sc->paired += 2;
+    sc->total += 2;
+    sc->computed += 2;
+    sc->decisions[2 * k] = sc->decisions[2 * k + 1] = 1.0f;
+}
+
+/* Step k (schedule index i) on the host: the passes (the model, or the step cache's stand-in; both in one forward
+ * with the guidance batch) into s->v / s->u, the guided velocity into s->v, then the Euler update of x. */
+static int host_step(const dt_sampler *s, dt_step_cache *sc, int k, float *x, int pair) {
     const int i = s->first + k;
-    if (pass(s, sc, k, x, 0, s->v)) return -1;
     const float gs = s->step_guidance ? s->step_guidance(s->ctx, i) : s->guidance;
-    if (s->cfg && (!s->step_guidance || gs > 0.0f)) {   /* a step the family leaves unguided runs pass 0 only */
-        if (pass(s, sc, k, x, 1, s->u)) return -1;
+    const int guided = s->cfg && (!s->step_guidance || gs > 0.0f);   /* an unguided step runs pass 0 only */
+    if (guided && pair) {
+        if (s->predict_pair(s->ctx, i, x, s->v, s->u)) return -1;
+        count_pair(sc, k);
+    } else if (pass(s, sc, k, x, 0, s->v)) {
+        return -1;
+    }
+    if (guided) {
+        if (!pair && pass(s, sc, k, x, 1, s->u)) return -1;
         if (s->combine) {
             s->combine(s->ctx, i, gs, s->v, s->u, s->n);
         } else {
@@ -75,11 +89,15 @@ static int host_step(const dt_sampler *s, dt_step_cache *sc, int k, float *x) {
     return 0;
 }
 
-/* Step k on the device (no step cache): the passes into d->v / d->u, then flow_step (the Euler step's dt as
- * dt_euler_step has it). */
-static int dev_step(const dt_sampler *s, dt_step_cache *sc, int k, const dev_mats *d) {
+/* Step k on the device (no step cache): the passes into d->v / d->u (one forward with the guidance batch), then
+ * flow_step (the Euler step's dt as dt_euler_step has it). */
+static int dev_step(const dt_sampler *s, dt_step_cache *sc, int k, const dev_mats *d, int pair) {
     const int i = s->first + k;
-    for (int b = 0; b <= s->cfg; b++) {
+    if (s->cfg && pair) {
+        if (s->predict_pair_dev(s->ctx, i, d->x, d->v, d->u)) return -1;
+        count_pair(sc, k);
+    }
+    for (int b = 0; !(s->cfg && pair) && b <= s->cfg; b++) {
         if (s->predict_dev(s->ctx, i, d->x, b, b ? d->u : d->v)) return -1;
         sc->total++;
         sc->computed++;
@@ -95,6 +113,13 @@ static int sample_loop(const dt_sampler *s, dt_step_cache *sc, float *x, const d
     double td = dt_now();
     const int dev = s->predict_dev && s->be && s->rows > 0 && !s->after_step && !s->step_guidance && !s->combine &&
                     sc->o.kind == DT_CACHE_OFF;
+    /* the guidance batch where the family offers it for this path, unless a step cache keeps per-branch state */
+    const int offered = s->cfg && (dev ? s->predict_pair_dev != NULL : s->predict_pair != NULL);
+    const int pair = offered && sc->o.kind == DT_CACHE_OFF;
+    if (offered && !pair)
+        dt_log(2, "ditrun: guidance batch: two passes per step (the step cache keeps each guidance branch's state)\n");
+    else if (pair)
+        dt_log(2, "ditrun: guidance batch: the prompt and the negative prompt in one forward per step\n");
     dev_mats d;
     memset(&d, 0, sizeof d);
     if (dev) {
@@ -107,7 +132,7 @@ static int sample_loop(const dt_sampler *s, dt_step_cache *sc, float *x, const d
         if (dt_gen_cancelled(g)) { rc = DT_GEN_CANCELLED; break; }
         double ts0 = dt_now();
         /* a forward stopped inside by the request's cancel flag is a cancellation, not an error */
-        if (dev ? dev_step(s, sc, k, &d) : host_step(s, sc, k, x)) { rc = dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1; break; }
+        if (dev ? dev_step(s, sc, k, &d, pair) : host_step(s, sc, k, x, pair)) { rc = dt_gen_cancelled(g) ? DT_GEN_CANCELLED : -1; break; }
         double dt = dt_now() - ts0;
         if (k < 256) tm->t_step[k] = dt;
         char nm[48];
@@ -139,6 +164,7 @@ int dt_sample(const dt_sampler *s, float *x, const dt_gen_params *g, double t_re
     int rc = sample_loop(s, &sc, x, g, t_request_start, tm, obs, ud);
     tm->passes_computed = sc.computed;
     tm->passes = sc.total;
+    tm->passes_paired = sc.paired;
     if (rc == 0) dt_gen_observe(obs, ud, "cache_computed", sc.decisions, 2, s->steps, 2, 0, 0);
     dt_step_cache_free(&sc);
     return rc;

@@ -21,6 +21,11 @@ typedef int (*dt_predict_fn)(void *ctx, int step, const float *x, int pass, floa
 /* The same on backend matrices x, v [rows, n / rows] F32 (the device path, taken when no step cache is on): queued
  * work, 0 or -1. */
 typedef int (*dt_predict_dev_fn)(void *ctx, int step, dt_mat x, int pass, dt_mat v);
+/* Both passes of step i in one forward (the guidance batch: the prompt and the negative prompt as a batch of 2):
+ * v [n] = pass 0's velocity, u [n] = pass 1's, as predict would give them. 0 or -1. */
+typedef int (*dt_predict_pair_fn)(void *ctx, int step, const float *x, float *v, float *u);
+/* The same on backend matrices (the device path): queued work, 0 or -1. */
+typedef int (*dt_predict_pair_dev_fn)(void *ctx, int step, dt_mat x, dt_mat v, dt_mat u);
 /* Optional, after step i's update of x (e.g. inpainting restores the kept region). */
 typedef void (*dt_after_step_fn)(void *ctx, int step, float *x);
 /* Optional family guidance (with cfg; Z-Image): the guidance scale of step i (<= 0: the step runs pass 0 only). */
@@ -52,6 +57,11 @@ typedef struct {
     dt_predict_dev_fn predict_dev;
     dt_backend *be;
     int64_t rows;               /* latent tokens (n / rows channels each) */
+    /* Optional guidance batch (with cfg; the family sets them when --guidance-batch is on and its model can): a
+     * guided step's two passes in one forward (predict_pair, or predict_pair_dev on the device path). Not taken with
+     * a step cache (each branch keeps its own state: two passes, said in the -v log). */
+    dt_predict_pair_fn predict_pair;
+    dt_predict_pair_dev_fn predict_pair_dev;
 } dt_sampler;
 
 /* Run the loop on x [n] in place. Progress and cancellation from g, step caching from g->cache (per guidance

@@ -50,6 +50,7 @@ typedef struct {
     dt_fbc_branch fbc[2];
     dt_taylor_branch ts[2];
     int computed, total;              /* transformer passes computed / run so far */
+    int paired;                       /* of them, run two in one forward (the sampler's guidance batch) */
     float *decisions;                 /* [steps, 2] per loop step and branch: 1 computed, 0 cached (observed as
                                        * "cache_computed" [steps, passes]) */
 } dt_step_cache;
