@@ -287,6 +287,33 @@ int main(void) {
             "phases %lld %lld %lld min %lld", (long long)p.phase_peak[0], (long long)p.phase_peak[1],
             (long long)p.phase_peak[2], (long long)p.min_budget);
 
+    /* the guidance batch (two sequences: the forward's buffers 2.0 for 1.0): one image, tiled, denoise 2.2 + 2.0 = 4.2 +
+     * one tile 1.5 = 5.7 with the batch, 4.7 without; the batch goes before any other economy: with 10 GiB untiled
+     * (2.2 + 2 + 8 = 12.2 with it, 11.2 without) neither fits, tiled with it (5.7 beside the encoder's 8.5) does;
+     * with a one-tile image (no tiling) at 11.5 GiB, dropping the batch (11.2) is the plan */
+    {
+        dt_place_sizes b = sizes(0);
+        b.dit_act = G10(20);
+        b.dit_batch = 2;
+        dt_place_plan q;
+        T_CHECK("batch_kept_when_roomy", dt_place_plan_make(13 * GiB, &b, &q) == 0 && !q.guidance_two_passes &&
+                                             !q.vae_tiling && q.peak == G10(20) + G10(2) + G10(20) + G10(80),
+                "two passes %d tiled %d peak %lld", q.guidance_two_passes, q.vae_tiling, (long long)q.peak);
+        T_CHECK("batch_dropped_before_tiling", dt_place_plan_make(G10(115), &b, &q) == 0 && q.guidance_two_passes &&
+                                                   !q.vae_tiling && q.peak == dit + G10(80),
+                "two passes %d tiled %d peak %lld", q.guidance_two_passes, q.vae_tiling, (long long)q.peak);
+        char line[400];
+        dt_place_plan_describe(&q, line, sizeof line);
+        T_CHECK("batch_dropped_described", strstr(line, "guidance in two passes") != NULL, "%s", line);
+        T_CHECK("batch_tiled_with_it", dt_place_plan_make(10 * GiB, &b, &q) == 0 && !q.guidance_two_passes &&
+                                           q.vae_tiling && q.peak == G10(85),
+                "two passes %d tiled %d peak %lld", q.guidance_two_passes, q.vae_tiling, (long long)q.peak);
+        b.dit_batch = 1;
+        b.dit_act = G10(10);
+        T_CHECK("batch_none_never_two_passes", dt_place_plan_make(G10(115), &b, &q) == 0 && !q.guidance_two_passes,
+                "two passes %d", q.guidance_two_passes);
+    }
+
     /* resident: all kept (the encoder's weights and buffers 8.5 beside 3.2) = 11.7 / 11.7 / 19.7; tiled 13.2;
      * encoder released: encode still 11.7 (the transformer is loaded), denoise 3.2, decode 11.2 untiled, 4.7 tiled */
     dt_place_sizes res = sizes(1);

@@ -43,7 +43,7 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
     }
     /* said at level 1 when asked for (a budget) or when the plan changes how the pipeline loads */
     const int tiles = pl.vae_tiling && !o->vae_tiling, releases = pl.release_text_encoder && !o->release_text_encoder;
-    const int loud = explicit_budget || tiles || (releases && resident) || pl.host_weights;
+    const int loud = explicit_budget || tiles || (releases && resident) || pl.host_weights || pl.guidance_two_passes;
     if (budget > 0)
         dt_log(loud ? 1 : 2, "ditrun: memory plan at %dx%d%s within %s%s: %s\n", W, H, resident ? " (loaded pipeline)" : "",
                dt_place_bytes(budget, b, sizeof b), whose, line);
@@ -54,6 +54,7 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
         if (pl.vae_tiling) o->vae_tiling = 1;
         if (pl.vae_tiling && pl.vae_tile_px > 0) o->vae_tile = pl.vae_tile_px;
         if (pl.release_text_encoder) o->release_text_encoder = 1;
+        if (pl.guidance_two_passes) o->guidance_two_passes = 1;
         dt_cuda_opts *co = dt_backend_cuda_opts(be);   /* (for every Linear loaded from now on) */
         if (pl.host_weights && co) co->host_weights = 1;
     }

@@ -10,13 +10,15 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* The phase peaks of one candidate placement. A loaded model keeps its activation buffers for the next request (the
  * text encoder's while it is loaded, the transformer's from its first forward on: the decode runs beside them). */
-static void phases(const dt_place_sizes *s, int release_te, int tiled, int host, dt_place_plan *p) {
-    /* tiled: 1 the tile, 2 the half tile; host: the packed weights off the device */
+static void phases(const dt_place_sizes *s, int release_te, int tiled, int host, int two_passes, dt_place_plan *p) {
+    /* tiled: 1 the tile, 2 the half tile; host: the packed weights off the device; two_passes: the guidance batch
+     * dropped (one sequence's activations per forward) */
+    const int64_t dit_act = two_passes && s->dit_batch > 1 ? s->dit_act / s->dit_batch : s->dit_act;
     const int64_t dec_act = tiled == 2 ? s->vae_small_tile_act : tiled && s->vae_tile_act > 0 ? s->vae_tile_act : s->vae_act;
     const int64_t te_w = s->text_encoder - (host ? s->te_packed : 0);
     const int64_t te = release_te ? 0 : te_w + s->te_act;
     const int64_t qbuf = max64(s->te_qbuf, s->dit_qbuf);   /* held once the transformer has loaded */
-    const int64_t dit = s->transformer - (host ? s->transformer_packed : 0) + s->vae + qbuf + s->dit_act;
+    const int64_t dit = s->transformer - (host ? s->transformer_packed : 0) + s->vae + qbuf + dit_act;
     const int64_t vsc = s->vae_scratch[tiled], held_vsc = s->resident ? vsc : 0;   /* (a resident pipeline: from
                                                                                      * its first image on) */
     /* one-shot with a released encoder: it runs alone, before the transformer and VAE are loaded; a resident
@@ -30,6 +32,7 @@ static void phases(const dt_place_sizes *s, int release_te, int tiled, int host,
     p->vae_tiling = tiled != 0;
     p->vae_tile_px = tiled == 2 ? s->vae_small_tile_px : tiled ? s->vae_tile_px : 0;
     p->host_weights = host;
+    p->guidance_two_passes = two_passes && s->dit_batch > 1;
 }
 
 const char *dt_place_bytes(int64_t b, char *buf, size_t n) {
@@ -47,12 +50,16 @@ int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p
     const int nc = s->resident ? 6 : 3;
     dt_place_plan best = {0}, smallest = {0};
     int found = 0, first = 1;
+    /* each candidate with the guidance batch, then without it (two passes cost a little per step: dropped before the
+     * next economy) */
+    const int nb = s->dit_batch > 1 ? 2 : 1;
     for (int host = 0; host < 1 + (s->host_ok && (s->te_packed > 0 || s->transformer_packed > 0)); host++)
-        for (int i = 0; i < nc; i++) {
-            if ((c[i][1] == 1 && s->vae_tile_act <= 0) || (c[i][1] == 2 && s->vae_small_tile_act <= 0))
+        for (int i = 0; i < nc * nb; i++) {
+            const int *ci = c[i / nb], two = i % nb;
+            if ((ci[1] == 1 && s->vae_tile_act <= 0) || (ci[1] == 2 && s->vae_small_tile_act <= 0))
                 continue;   /* one tile: tiling changes nothing */
             dt_place_plan q = {0};   /* (every field set by phases; zeroed for gcc -O1's sanitizer build) */
-            phases(s, c[i][0], c[i][1], host, &q);
+            phases(s, ci[0], ci[1], host, two, &q);
             if (first || q.peak < smallest.peak) smallest = q;
             first = 0;
             if (!found && (budget <= 0 || q.peak <= budget)) { best = q; found = 1; }
@@ -62,8 +69,9 @@ int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p
     if (found) return 0;
     char b1[32], b2[32];
     dt_set_error("memory budget %s is below the smallest workable %s for this model and size (text encoder %s, VAE "
-                 "%s%s)", dt_place_bytes(budget, b1, sizeof b1), dt_place_bytes(smallest.peak, b2, sizeof b2),
+                 "%s%s%s)", dt_place_bytes(budget, b1, sizeof b1), dt_place_bytes(smallest.peak, b2, sizeof b2),
                  smallest.release_text_encoder ? "released" : "resident", smallest.vae_tiling ? "tiled" : "untiled",
+                 smallest.guidance_two_passes ? ", guidance in two passes" : "",
                  smallest.host_weights ? ", 4/8-bit weights in host memory" : "");
     return -1;
 }
@@ -72,8 +80,9 @@ void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n) {
     char a[32], b[32], c[32], d[32], e[32];
     char t[40] = "";
     if (p->vae_tiling && p->vae_tile_px > 0) snprintf(t, sizeof t, " (%d px tiles)", p->vae_tile_px);
-    snprintf(buf, n, "text encoder %s, VAE %s%s%s; predicted peak %s (encode %s, denoise %s, decode %s); smallest "
+    snprintf(buf, n, "text encoder %s, VAE %s%s%s%s; predicted peak %s (encode %s, denoise %s, decode %s); smallest "
              "workable %s", p->release_text_encoder ? "released" : "resident", p->vae_tiling ? "tiled" : "untiled", t,
+             p->guidance_two_passes ? ", guidance in two passes" : "",
              p->host_weights ? ", 4/8-bit weights in host memory" : "",
              dt_place_bytes(p->peak, a, sizeof a), dt_place_bytes(p->phase_peak[0], b, sizeof b),
              dt_place_bytes(p->phase_peak[1], c, sizeof c), dt_place_bytes(p->phase_peak[2], d, sizeof d),

@@ -62,6 +62,8 @@ typedef struct {
                                  * or not known) */
     int host_weights;           /* the packed 4/8-bit weights in pinned host memory, read over the bus by each
                                  * dequantization (slower steps; the last resort) */
+    int guidance_two_passes;    /* the guidance batch dropped: a guided step's two passes one after the other, each
+                                 * with one sequence's activations (sizes with dit_batch 2 only) */
     int64_t phase_peak[DT_PHASES];   /* predicted bytes of each phase */
     int64_t peak;               /* their largest */
     int64_t min_budget;         /* the smallest budget any placement fits (the smallest peak) */
@@ -69,13 +71,15 @@ typedef struct {
 
 /* The cheapest placement whose peak fits budget (budget <= 0: no bound, the cheapest of all): one-shot runs release
  * the text encoder (free), then tile the VAE if needed (the tile, then the half tile); resident pipelines first tile
- * the VAE (a few percent of the decode), then release the text encoder (a reload per prompt), then both; when none
+ * the VAE (a few percent of the decode), then release the text encoder (a reload per prompt), then both; each of
+ * these first with the guidance batch (dit_batch 2), then with guidance in two passes; when none
  * fits and s->host_ok, the same again with host weights (every step reads the packed weights over the bus). 0, or -1 with the error "budget X is
  * below the smallest workable Y for these sizes (...)" when none fits; *p is filled in both cases (the placement
  * with the smallest peak on error). */
 int dt_place_plan_make(int64_t budget, const dt_place_sizes *s, dt_place_plan *p);
 
-/* One line: "text encoder resident|released, VAE untiled|tiled[ (N px tiles)][, 4/8-bit weights in host memory];
+/* One line: "text encoder resident|released, VAE untiled|tiled[ (N px tiles)][, guidance in two passes][, 4/8-bit
+ * weights in host memory];
  * predicted peak X GiB (encode A, denoise B, decode C); smallest workable Y GiB". */
 void dt_place_plan_describe(const dt_place_plan *p, char *buf, size_t n);
 
