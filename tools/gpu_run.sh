@@ -301,8 +301,10 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
     for d in "$A" "$Bd"; do
         B=./$d/ditrun
         # the bundled tiny Krea 2 pipeline with CFG (its generate path end to end: text model, DiT, VAE)
+        # (two passes per guided step in both: a build with the guidance batch is told --guidance-batch off)
+        gb=""; $B generate --help 2>&1 | grep -q -- "--guidance-batch" && gb="--guidance-batch off"
         $B generate --backend cuda --model tests/fixtures/krea2 -p "$PROMPT" -o "$W/ab-$d-k2gen.png" --seed 7 --width 64 \
-            --height 64 --steps 3 --guidance 4 --save-latents "$W/ab-$d-k2gen.st" > /dev/null 2>&1 \
+            --height 64 --steps 3 --guidance 4 $gb --save-latents "$W/ab-$d-k2gen.st" > /dev/null 2>&1 \
             || log "[$d] Krea 2 tiny generate failed"
         # a served image (ditrun serve, one request: the HTTP path to the engine and the encoder)
         $B serve --model "$W/p4" --backend cuda --port 0 > "$W/ab-$d-serve.out" 2> "$W/ab-$d-serve.log" &
