@@ -85,7 +85,7 @@ typedef struct {
                                  * "taylorseer=N[:ORDER]"; a bad value fails the request */
     int vae_tiling, vae_tile_size;         /* ditrun_generate only (a pipeline has them in ditrun_load_opts): tiled
                                             * VAE decoding/encoding, see ditrun_load_opts */
-    int guidance_two_passes;               /* ditrun_generate only: see ditrun_load_opts */
+    int guidance_batch;                    /* ditrun_generate only: see ditrun_load_opts */
     int64_t max_vram;                      /* ditrun_generate only: a GPU memory budget in bytes for this call: the
                                             * image is planned within it (the VAE tiles when needed; a budget below
                                             * the smallest workable fails before loading, naming it) and a CUDA
@@ -111,9 +111,9 @@ typedef struct {
     int text_encoder_layers[16];        /* hidden-state taps; n = 0: the model's default */
     int n_text_encoder_layers;
     int cuda_graph;                     /* replay the DiT forward as a CUDA graph */
-    int guidance_two_passes;            /* 1: a guided step's prompt and negative prompt in two forwards; 0 (default):
-                                         * in one (a batch of 2, each weight read once) where the model can (Krea 2)
-                                         * and no step cache is on */
+    int guidance_batch;                 /* 1: a guided step's prompt and negative prompt in one forward (a batch of
+                                         * 2, each weight read once) where the model can (Krea 2, FLUX.2 base) and no
+                                         * step cache is on; 0 (default): two forwards (opt-in until timed on a GPU) */
     int release_text_encoder;           /* free the text encoder between prompts (less memory, slower) */
     int sequence_parallel;              /* N > 1: the DiT split over N GPUs (the engine's device and the next N-1;
                                          * NCCL) or N CPU thread ranks; call load, generate and free from one thread */

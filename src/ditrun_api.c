@@ -151,7 +151,7 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
     lo.vae_tiling = o->vae_tiling;
     lo.vae_tile = o->vae_tile_size;
     lo.max_vram = o->max_vram;
-    lo.guidance_two_passes = o->guidance_two_passes;
+    lo.guidance_batch = o->guidance_batch;
     memset(out, 0, sizeof *out);
     api_images im;
     int rc = api_images_load(o, &im, &p);
@@ -188,7 +188,7 @@ ditrun_pipeline *ditrun_pipeline_load(ditrun_engine *e, const ditrun_load_opts *
     lo.n_taps = o->n_text_encoder_layers;
     memcpy(lo.taps, o->text_encoder_layers, sizeof(int) * (size_t)lo.n_taps);
     lo.cuda_graph = o->cuda_graph;
-    lo.guidance_two_passes = o->guidance_two_passes;
+    lo.guidance_batch = o->guidance_batch;
     lo.release_text_encoder = o->release_text_encoder;
     lo.sequence_parallel = o->sequence_parallel;
     lo.vae_tiling = o->vae_tiling;

@@ -64,7 +64,7 @@ static int run_b(dt_backend *be, const char *root, const char *spec, int steps, 
     dt_pipeline_opts lo;
     dt_pipeline_opts_default(&lo);
     lo.model = root;
-    lo.guidance_two_passes = !batch;
+    lo.guidance_batch = batch;
     dt_gen_params p;
     dt_gen_params_default(&p);
     p.prompt = "a red fox in the snow";

@@ -300,7 +300,7 @@ static void test_guidance_batch(dt_backend *be, k2_case *k, const char *tag) {
         dt_pipeline_opts o;
         dt_pipeline_opts_default(&o);
         o.model = k->root;
-        o.guidance_two_passes = a == 1;
+        o.guidance_batch = a != 1;
         dt_pipeline *pl = dt_pipeline_load(be, &o);
         if (!pl) { T_FAIL(tag, "%s", dt_last_error()); break; }
         dt_gen_params p;

@@ -421,6 +421,7 @@ if has krea2gen; then  # issue 31's benchmark: Krea 2 end to end at 1024^2 on th
         k2gen d28 kr2p4 "$K2N" && log "$K2LINE"
     fi
     if k2has ditrun; then
+        k2gen b28 kr2p4 "$K2N" --guidance-batch on && log "$K2LINE$(k2psnr b28 d28 "$K2N")"   # the guidance batch
         k2gen d8 kr2p4d "$K2N" && log "$K2LINE"
         use_cudnn919
         k2gen f28 kr2p4 "$K2N" --precision fp8 --attn-precision fp8 && log "$K2LINE$(k2psnr f28 d28 "$K2N")"

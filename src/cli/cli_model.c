@@ -55,7 +55,7 @@ int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
             cli_error("--guidance-batch needs on or off%s%s%s", v ? " (got '" : "", v ? v : "", v ? "')" : "");
             return -1;
         }
-        o->guidance_two_passes = !strcmp(v, "off");
+        o->guidance_batch = !strcmp(v, "on");
         o->guidance_batch_set = 1;
         (*i)++; return 1;
     }

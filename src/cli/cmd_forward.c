@@ -54,8 +54,8 @@ static void usage(FILE *f) {
             "  --guided             each timed forward is a guided step: the inputs' text as the prompt and\n"
             "                       in.negative_encoder_hidden_states (Krea 2 also in.negative_encoder_attention_mask;\n"
             "                       the prompt's own when absent) as the negative prompt, both in one forward\n"
-            "                       (--guidance-batch on, the default, where the model can: Krea 2) or two\n"
-            "                       (--guidance-batch off); writes out.sample and out.sample_uncond\n"
+            "                       (--guidance-batch on, where the model can: Krea 2, FLUX.2 base) or two\n"
+            "                       (--guidance-batch off, the default); writes out.sample and out.sample_uncond\n"
             "  --trace              also write intermediates (mid.*) to the output file\n"
             "  --repeat N           run the forward N times and report the median time (default 1); on a GPU\n"
             "                       also its SM clock and power after each run (a sustained run may sit at the\n"
@@ -216,9 +216,9 @@ int cmd_forward(int argc, char **argv) {
         ns.text = tt > 0 ? 1 : -1;
         uout = dt_malloc(sizeof(float) * (size_t)no);
         ns.out = uout;
-        pair = !mo.guidance_two_passes && dt_dit_can_pair(dit);
+        pair = mo.guidance_batch && dt_dit_can_pair(dit);
         dt_log(1, "ditrun: guided step: the prompt and the negative prompt in %s%s\n", pair ? "one forward" : "two forwards",
-               !mo.guidance_two_passes && !pair ? " (this model runs one sequence per forward)" : "");
+               mo.guidance_batch && !pair ? " (this model runs one sequence per forward)" : "");
     }
     dt_power_acc pw;
     dt_power_begin(&pw, be, repeat > 1 ? (int)repeat - 1 : 0);

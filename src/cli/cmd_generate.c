@@ -74,8 +74,8 @@ static void usage(FILE *f) {
             "                              written is the fp8 one)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
             "  --guidance-batch on|off     with guidance, the prompt's and the negative prompt's passes of a step in\n"
-            "                              one forward (a batch of 2: each weight read once; default on, Krea 2) or\n"
-            "                              two; a step cache (--cache) always runs two\n"
+            "                              one forward (a batch of 2: each weight read once; Krea 2, FLUX.2 base)\n"
+            "                              or two (default off: two); a step cache (--cache) always runs two\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --cache SPEC                step caching (default off): first-block=T (skip the other blocks while the\n"
             "                              first block's residual changed by at most T, relative; e.g. 0.08) or\n"
@@ -375,7 +375,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (edit_files_load(&ef, &p)) { edit_files_free(&ef); return cli_error("%s", dt_last_error()); }
     lo.cuda_graph = mo.cuda_graph;
-    lo.guidance_two_passes = mo.guidance_two_passes;
+    lo.guidance_batch = mo.guidance_batch;
     lo.precision = mo.precision;
     lo.attn_precision = mo.attn_precision;
     lo.loras = lor.loras;

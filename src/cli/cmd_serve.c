@@ -52,7 +52,7 @@ static void usage(FILE *f) {
             "                              \"cache\" overrides it): first-block=T or taylorseer=N[:ORDER] (see\n"
             "                              ditrun generate --help)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
-            "  --guidance-batch on|off     a guided step's two passes in one forward (default on, Krea 2) or two\n"
+            "  --guidance-batch on|off     a guided step's two passes in one forward or two (default off: two)\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --max-vram SIZE             GPU memory budget of each worker (K, M, G suffixes: 12G; default: the card's\n"
             "                              free memory): the CUDA pool refuses to hold more; planned for the largest\n"
@@ -219,7 +219,7 @@ int cmd_serve(int argc, char **argv) {
     o.backend = mo.backend;
     o.be = mo.be;
     o.load.cuda_graph = mo.cuda_graph;
-    o.load.guidance_two_passes = mo.guidance_two_passes;
+    o.load.guidance_batch = mo.guidance_batch;
     o.load.precision = mo.precision;
     o.load.attn_precision = mo.attn_precision;
     o.load.loras = lor.loras;

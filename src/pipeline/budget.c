@@ -18,7 +18,7 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
     if (!cuda && !explicit_budget) budget = 0;
     dt_place_sizes s;
     if (dt_place_sizes_for(o->model, W, H, T, (int)dt_dtype_size(be->act_dtype), o->vae_tile, resident,
-                           !o->guidance_two_passes && o->sequence_parallel <= 1, &s)) {
+                           o->guidance_batch && o->sequence_parallel <= 1, &s)) {
         if (explicit_budget) return -1;
         dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
         dt_clear_error();
@@ -54,7 +54,7 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
         if (pl.vae_tiling) o->vae_tiling = 1;
         if (pl.vae_tiling && pl.vae_tile_px > 0) o->vae_tile = pl.vae_tile_px;
         if (pl.release_text_encoder) o->release_text_encoder = 1;
-        if (pl.guidance_two_passes) o->guidance_two_passes = 1;
+        if (pl.guidance_two_passes) o->guidance_batch = 0;
         dt_cuda_opts *co = dt_backend_cuda_opts(be);   /* (for every Linear loaded from now on) */
         if (pl.host_weights && co) co->host_weights = 1;
     }

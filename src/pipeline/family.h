@@ -56,8 +56,8 @@ struct dt_family {
     int (*is_config)(const json *cfg);
     int infers_config;          /* 1: a transformer folder without config.json is this family's (geometry from shapes) */
     int fp8;                    /* 1: has fp8 modes (--precision / --attn-precision fp8) */
-    int guidance_batch;         /* 1: its sampler runs a guided step's two passes in one forward unless
-                                 * opts.guidance_two_passes (the memory plan counts the activations twice for a
+    int guidance_batch;         /* 1: its sampler runs a guided step's two passes in one forward when
+                                 * opts.guidance_batch (the memory plan counts the activations twice for a
                                  * pipeline that is not distilled, unsplit) */
     /* Load the components of p->root (model_index.json parsed in idx) into p->fam and fill p->info.
      * 0 or -1 (dt_last_error); on error the family frees what it made. */

@@ -495,7 +495,7 @@ static int klein_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
     sm->predict = klein_predict;
     /* the guidance batch (--guidance-batch on) where the DiT runs it: not split over ranks, no KV-cached references
      * (their cached keys sit behind one sequence's rows); the sampler runs two passes under a step cache */
-    if (r->cfg && !r->p->opts.guidance_two_passes) {
+    if (r->cfg && r->p->opts.guidance_batch) {
         if (!dt_dit_can_pair(s->dit))
             dt_log(2, "ditrun: guidance batch: two passes per step (the transformer is split over ranks)\n");
         else if (ed->r && kv)

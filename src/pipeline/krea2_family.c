@@ -359,7 +359,7 @@ static int k2_sampler(void *ctx, dt_gen_run *r, float *x, dt_sampler *sm) {
     sm->rule = DT_CFG_FROM_COND;
     sm->predict = k2_predict;
     sm->predict_dev = k2_predict_dev;
-    if (!r->p->opts.guidance_two_passes) {   /* --guidance-batch on (the sampler runs two passes under a cache) */
+    if (r->p->opts.guidance_batch) {   /* --guidance-batch on (the sampler runs two passes under a cache) */
         sm->predict_pair = k2_predict_pair;
         sm->predict_pair_dev = k2_predict_pair_dev;
     }
