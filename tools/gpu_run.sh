@@ -230,12 +230,12 @@ if has krea2; then   # PERF summary: Krea 2
     unset DITRUN_CUDNN_LIB
     timeout 300 $B bench --preset krea2 --backend cuda --json "$OUT/benchkr2.jsonl" > "$OUT/benchkr2.md" 2> "$OUT/benchkr2.err"
     log "bench krea2 rc=$?"
-    grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2.md" | tee -a "$OUT/summary.txt"
+    grep -E "bench replica|krea2_forward|Floor|GPU right|^\| text encode|^\| VAE decode" "$OUT/benchkr2.md" | tee -a "$OUT/summary.txt"
     use_cudnn919
     timeout 300 $B bench --preset krea2 --backend cuda --precision fp8 --attn-precision fp8 --json "$OUT/benchkr2f8.jsonl" \
         > "$OUT/benchkr2f8.md" 2> "$OUT/benchkr2f8.err"
     log "bench krea2 fp8 rc=$?"
-    grep -E "bench replica|krea2_forward|Floor|GPU right" "$OUT/benchkr2f8.md" | tee -a "$OUT/summary.txt"
+    grep -E "bench replica|krea2_forward|Floor|GPU right|^\| text encode|^\| VAE decode" "$OUT/benchkr2f8.md" | tee -a "$OUT/summary.txt"
     unset DITRUN_CUDNN_LIB
 fi
 

@@ -46,6 +46,7 @@ static void usage(FILE *f) {
             "backend:\n"
             "  --backend cpu|cuda|auto  --threads N  --qpath auto|mixed|fused|transient|cached  --rope-bf16  -q  -v\n"
             "  --kernels auto|portable  CUDA: portable takes the paths of a non-Hopper card on any card\n"
+            "  --no-prefetch            CUDA: no transient-weight prefetch (the models' hints ignored; A/B timings)\n"
             "  --max-vram SIZE          CUDA: the device memory pool's budget (K, M, G suffixes: 12G); an allocation\n"
             "                           past it fails naming the budget, the use and the request\n"
             "  --precision bf16|fp8 the DiT blocks' Linears in bf16 (default) or e4m3 (whole forward, ledger; the fp8\n"
