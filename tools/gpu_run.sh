@@ -77,6 +77,8 @@ unpack() {  # unpack .devpack/NAME.tar.xz into ./NAME when present (once per arc
     return 0
 }
 unpack build
+# an archive packed with EXTRA="... dsrc" (tools/devpack.sh) brings diffusers' source for the reference scripts
+[ -z "${DIFFUSERS_SRC:-}" ] && [ -d ./dsrc/diffusers ] && export DIFFUSERS_SRC=$PWD/dsrc
 if ! ./build/ditrun --version > /dev/null 2>&1; then
     NVCC=$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
     echo "packed binaries unusable; building with $NVCC"
