@@ -249,6 +249,22 @@ __global__ void k_act_mul16(uint4 *y, int64_t ldy, const uint4 *a, int64_t lda, 
     }
 }
 
+/* The end of a row kernel that quantizes: the row's values held in registers (v: this thread's NORM_NV vectors of
+ * 8, vector vi = threadIdx.x + j * blockDim.x for vi < nvec) as e4m3 codes into q [row r, ld], and the row's scale
+ * into s[r]: the block's amax (amax: this thread's max |v|), codes of v * 448 / amax, scale amax / 448 (an all-zero
+ * row: multiplier and scale 1). Every thread of the block calls it (block_max synchronizes). */
+__device__ __forceinline__ void row_e4m3_store(float (&v)[NORM_NV][8], float amax, int64_t nvec, int64_t r, int64_t ld,
+                                               uint8_t *q, float *s, float *sh) {
+    amax = block_max(amax, sh);
+    const float inv = amax > 0.f ? 448.f / amax : 1.f;
+#pragma unroll
+    for (int j = 0; j < NORM_NV; j++) {
+        const int64_t vi = threadIdx.x + (int64_t)j * blockDim.x;
+        if (vi < nvec) *(uint2 *)(q + r * ld + vi * 8) = e4m3x8(v[j], inv);
+    }
+    if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
+}
+
 /* One block per row of [lead | act(a) ⊙ b] (K = 8 * nvec columns, the first 8 * lv from lead): the row's bf16
  * values (act_mul's expression and rounding) kept in registers, their amax, then e4m3 codes q [rows, K] and the
  * row's scale s (dtc_act_e4m3). Pointers to bf16 rows of 16-byte vectors; ld in elements. */
@@ -287,15 +303,7 @@ __global__ void k_act_e4m3(const __nv_bfloat16 *lead, int64_t ldl, int64_t lv, c
 #pragma unroll
         for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[j][i]));
     }
-    amax = block_max(amax, sh);
-    const float inv = amax > 0.f ? 448.f / amax : 1.f;
-    const int64_t K = nvec * 8;
-#pragma unroll
-    for (int j = 0; j < NORM_NV; j++) {
-        const int64_t vi = threadIdx.x + (int64_t)j * blockDim.x;
-        if (vi < nvec) *(uint2 *)(q + r * K + vi * 8) = e4m3x8(v[j], inv);
-    }
-    if (threadIdx.x == 0) s[r] = amax > 0.f ? amax / 448.f : 1.f;
+    row_e4m3_store(v, amax, nvec, r, nvec * 8, q, s, sh);
 }
 
 template <int ACT>
@@ -526,16 +534,7 @@ __global__ void k_layernorm_mod_vec(dmat y, dmat x, dmat shift, dmat scale, int 
             if (!F8) stv<8>(y, r, (int64_t)vi * 8, v[j]);
         }
     }
-    if (F8) {
-        amax = block_max(amax, sh);
-        const float inv = amax > 0.f ? 448.f / amax : 1.f;
-#pragma unroll
-        for (int j = 0; j < NORM_NV; j++) {
-            int vi = threadIdx.x + j * blockDim.x;
-            if (vi < nvec) *(uint2 *)(q8 + r * cols + (int64_t)vi * 8) = e4m3x8(v[j], inv);
-        }
-        if (threadIdx.x == 0) s8[r] = amax > 0.f ? amax / 448.f : 1.f;
-    }
+    if (F8) row_e4m3_store(v, amax, nvec, r, cols, q8, s8, sh);
 }
 
 /* Scalar fallback: any strides/dtypes; three passes over the row. */
@@ -649,16 +648,7 @@ __global__ void k_rmsnorm_vec(dmat y, dmat x, const float *w, float woff, dmat s
             if (!F8) stv<8>(y, r, (int64_t)vi * 8, v[j]);
         }
     }
-    if (F8) {
-        amax = block_max(amax, sh);
-        const float inv = amax > 0.f ? 448.f / amax : 1.f;
-#pragma unroll
-        for (int j = 0; j < NORM_NV; j++) {
-            int vi = threadIdx.x + j * blockDim.x;
-            if (vi < nvec) *(uint2 *)(q8 + r * cols + (int64_t)vi * 8) = e4m3x8(v[j], inv);
-        }
-        if (threadIdx.x == 0) s8[r] = amax > 0.f ? amax / 448.f : 1.f;
-    }
+    if (F8) row_e4m3_store(v, amax, nvec, r, cols, q8, s8, sh);
 }
 
 __global__ void k_rmsnorm_gen(dmat y, dmat x, const float *w, float woff, dmat shift, int has_shift, int64_t cols,
