@@ -41,6 +41,7 @@
 #include "synth/synth_dit.h"
 #include "quant/mlx_affine.h"
 #include "test.h"
+#include "zimage_fixture.h"
 #include "trace_check.h"
 
 /* f32 implementation vs a float32 reference on the same bf16-rounded weights: summation order, libm ulps
@@ -56,13 +57,6 @@
 #define SIGMA_TOL 1e-6
 /* a repeated forward on the same cached buffers and tables: deterministic CPU kernels, identical output. */
 #define REPEAT_TOL 0.0
-
-static char g_dir[512];   /* tests/fixtures/zimage */
-
-static const char *fx(const char *rel, char *buf, size_t n) {
-    snprintf(buf, n, "%s/%s", g_dir, rel);
-    return buf;
-}
 
 /* ------------------------------------------------------------------ config errors (no fixture needed) */
 
@@ -1156,35 +1150,6 @@ static void engine_case(dt_pipeline *pl, const json *cases, const char *key, con
     st_close(io);
 }
 
-/* A noise file for an edit case: in.initial_latents = the pipeline's draw, in.posterior_noise = the first VAE
- * posterior draw (cases.json's draws_in_order). 0 or -1. */
-static int edit_noise_file(const json *pc, const char *file, const char *out) {
-    char p[600];
-    st_file *io = st_open(fx(file, p, sizeof p));
-    const json *d = json_get(pc, "draws_in_order");
-    const char *noise = NULL, *post = NULL;
-    for (size_t i = 0; d && i < d->len; i++) {
-        const json *e = json_at(d, i);
-        const char *by = json_get_str(e, "drawn_by"), *t = json_get_str(e, "tensor");
-        if (by && t && !strcmp(by, "pipeline") && !noise) noise = t;
-        if (by && t && !strcmp(by, "vae_posterior") && !post) post = t;
-    }
-    const st_tensor *tn = io && noise ? st_find(io, noise) : NULL, *tp = io && post ? st_find(io, post) : NULL;
-    int rc = -1;
-    if (tn && tp) {
-        st_writer *w = st_writer_new();
-        float *a = st_to_f32(tn), *b = st_to_f32(tp);
-        st_writer_add_f32(w, "in.initial_latents", tn->ndim, tn->shape, a);
-        st_writer_add_f32(w, "in.posterior_noise", tp->ndim, tp->shape, b);
-        rc = st_writer_save(w, out);
-        st_writer_free(w);
-        free(a);
-        free(b);
-    }
-    if (io) st_close(io);
-    return rc;
-}
-
 /* Turbo or base: a folder whose path says "turbo" takes Z-Image-Turbo's model card defaults (9 steps, guidance 0)
  * unless model_index.json's is_distilled says otherwise (the fixture's components linked into DIR/NAME). */
 static void turbo_case(dt_backend *be, const char *dir, const char *name, const char *distilled, int steps, float g) {
@@ -1432,10 +1397,10 @@ static void pipeline_cpu(dt_backend *be) {
         goto rm;
     }
     snprintf(nf, sizeof nf, "%s/img2img_noise.safetensors", dir);
-    if (edit_noise_file(json_get(cases, "img2img"), "img2img_io.safetensors", nf)) T_FAIL("img2img", "fixture lacks its draws");
+    if (zimage_edit_noise("img2img", "img2img_io.safetensors", nf)) T_FAIL("img2img", "fixture lacks its draws");
     else engine_case(pl, cases, "img2img", "img2img_io.safetensors", nf, &init, NULL);
     snprintf(nf, sizeof nf, "%s/inpaint_noise.safetensors", dir);
-    if (edit_noise_file(json_get(cases, "inpaint"), "inpaint_io.safetensors", nf)) T_FAIL("inpaint", "fixture lacks its draws");
+    if (zimage_edit_noise("inpaint", "inpaint_io.safetensors", nf)) T_FAIL("inpaint", "fixture lacks its draws");
     else engine_case(pl, cases, "inpaint", "inpaint_io.safetensors", nf, &init, &mask);
 rm:
     t_rmtree(dir);
@@ -1571,10 +1536,7 @@ int main(void) {
     test_guidance();
     test_synth();
     test_q4_twin();
-    snprintf(g_dir, sizeof g_dir, "%s/zimage", t_fixtures());
-    struct stat st;
-    char done[600];
-    if (stat(fx("cases.json", done, sizeof done), &st) != 0) {
+    if (!zimage_fixtures_present()) {
         T_SKIP("zimage fixtures", "%s is absent (tools/zimage_reference.py writes it; tests/fixtures/README.md)", g_dir);
         return T_DONE();
     }

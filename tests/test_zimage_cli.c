@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ditrun.h"
@@ -19,13 +18,7 @@
 #include "io/safetensors.h"
 #include "serve_helpers.h"
 #include "test.h"
-
-static char g_dir[400];   /* tests/fixtures/zimage */
-
-static const char *fx(const char *rel, char *buf, size_t n) {
-    snprintf(buf, n, "%s/%s", g_dir, rel);
-    return buf;
-}
+#include "zimage_fixture.h"
 
 /* rgb [n] against FILE's out.image_u8: all but 0.1 % within ±1 (rounding at .5 boundaries after ~1e-6 differences
  * upstream: test_generate's rule, as test_zimage.c). */
@@ -73,27 +66,6 @@ static int run(const char *cmd, char *err, size_t n) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-/* A noise file for an edit case (in.initial_latents = the pipeline's draw in.draw1, in.posterior_noise = the VAE
- * posterior's in.draw0: cases.json's draws_in_order). 0 or -1. */
-static int edit_noise(const char *file, const char *out) {
-    char p[600];
-    st_file *io = st_open(fx(file, p, sizeof p));
-    const st_tensor *n = io ? st_find(io, "in.draw1") : NULL, *e = io ? st_find(io, "in.draw0") : NULL;
-    int rc = -1;
-    if (n && e) {
-        st_writer *w = st_writer_new();
-        float *a = st_to_f32(n), *b = st_to_f32(e);
-        st_writer_add_f32(w, "in.initial_latents", n->ndim, n->shape, a);
-        st_writer_add_f32(w, "in.posterior_noise", e->ndim, e->shape, b);
-        rc = st_writer_save(w, out);
-        st_writer_free(w);
-        free(a);
-        free(b);
-    }
-    if (io) st_close(io);
-    return rc;
-}
-
 #define PROMPT "a red fox standing in fresh snow, golden hour"
 
 static void test_cli(void) {
@@ -130,7 +102,7 @@ static void test_cli(void) {
     snprintf(png, sizeof png, "%s/i2i.png", serve_tmp);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p '" PROMPT "' --steps 4 --guidance 0 --strength 0.6 "
              "--max-sequence-length 64 --init-image %s --noise %s -o %s", serve_exe, m, fx("init.png", p, sizeof p), nf, png);
-    if (edit_noise("img2img_io.safetensors", nf)) T_FAIL("generate: img2img", "fixture lacks its draws");
+    if (zimage_edit_noise("img2img", "img2img_io.safetensors", nf)) T_FAIL("generate: img2img", "fixture lacks its draws");
     else if ((rc = run(cmd, err, sizeof err))) T_FAIL("generate: img2img", "exit %d: %s", rc, err);
     else check_png("generate: img2img (--init-image, --strength 0.6) vs the reference's pixels", png, "img2img_io.safetensors",
                    64, 48);
@@ -140,7 +112,7 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p '" PROMPT "' --steps 4 --guidance 0 --strength 0.7 "
              "--max-sequence-length 64 --init-image %s --mask %s --noise %s -o %s", serve_exe, m,
              fx("init.png", p, sizeof p), fx("mask.png", mk, sizeof mk), nf, png);
-    if (edit_noise("inpaint_io.safetensors", nf)) T_FAIL("generate: inpainting", "fixture lacks its draws");
+    if (zimage_edit_noise("inpaint", "inpaint_io.safetensors", nf)) T_FAIL("generate: inpainting", "fixture lacks its draws");
     else if ((rc = run(cmd, err, sizeof err))) T_FAIL("generate: inpainting", "exit %d: %s", rc, err);
     else check_png("generate: inpainting (--mask, --strength 0.7) vs the reference's pixels", png, "inpaint_io.safetensors",
                    64, 48);
@@ -453,10 +425,7 @@ static void test_c_api(void) {
 
 int main(void) {
     serve_setup();
-    snprintf(g_dir, sizeof g_dir, "%s/zimage", t_fixtures());
-    struct stat st;
-    char p[600];
-    if (stat(fx("cases.json", p, sizeof p), &st) != 0) {
+    if (!zimage_fixtures_present()) {
         T_SKIP("zimage front ends", "%s is absent (tools/zimage_reference.py writes it)", g_dir);
         return T_DONE();
     }
