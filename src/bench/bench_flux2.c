@@ -358,8 +358,8 @@ static void shares(bench_ctx *x) {
     snprintf(r->shares_how, sizeof r->shares_how, "blocks scaled by count (double blocks as single-block equivalents "
              "plus their extra).");
     double nb = ns > 0 ? ns + nd : 0;   /* blocks counted at the single-block ledger's cost */
-    double cat[3] = {0, 0, 0};
-    for (int k = 0; k < r->n_ops; k++) cat[r->ops[k].cat] += r->ops[k].ledger_ms;
+    double cat[3];
+    bench_ledger_by_cat(r, cat);
     double gemm = nb * cat[BENCH_CAT_GEMM], attn = nb * cat[BENCH_CAT_ATTN], elem = nb * cat[BENCH_CAT_ELEM];
     double dbl_extra = nd > 0 ? nd * p->double_ms - (ns > 0 ? nd * r->block_ledger_ms : 0) : 0;
     const bench_op *o = r->ops;

@@ -101,6 +101,9 @@ typedef struct {
 } bench_wset;
 
 size_t bench_src_bytes(const dt_linear_src *s);
+/* The weight bytes (bench_src_bytes) of one block's Linears: "PREFIX.NAME" for each of the n names in w; a name the
+ * checkpoint lacks counts 0. */
+double bench_block_weight_bytes(const dt_weights *w, const char *prefix, const char *const *names, size_t n);
 /* Borrow `n` existing Linears (bytes each), then add copies of `src` until bytes >= target (max 64). */
 void bench_wset_init(bench_wset *ws, dt_backend *be, dt_linear **borrow, int n, const dt_linear_src *src,
                      double target_bytes);
@@ -290,6 +293,13 @@ void bench_md_block_scaling(FILE *f, const bench_block_scale *s, double ledger_m
 void bench_json_block_scaling(FILE *f, const bench_block_scale *s, double ledger_ms);
 /* A share row (bounded by the table) with its percentage of r->total_ms. */
 void bench_add_share(bench_report *r, const char *name, double ms, int level);
+/* The ledger's op times summed by category (cat[BENCH_CAT_GEMM / ATTN / ELEM]). */
+void bench_ledger_by_cat(const bench_report *r, double cat[3]);
+/* The last rows of a family whose forward is blocks plus a rest: the rest (rest_ms: the forward less its blocks
+ * device-only, row rest_name) and the unexplained remainder (total - blocks_ledger_ms - rest_ms, row remainder_name),
+ * its share set in r. */
+void bench_shares_rest(bench_report *r, double blocks_ledger_ms, double rest_ms, const char *rest_name,
+                       const char *remainder_name);
 
 /* ---- the A/B-arm runner (bench_arms.c) ---- */
 typedef struct {

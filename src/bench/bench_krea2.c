@@ -476,14 +476,7 @@ static int n_blocks(bench_ctx *x) { return x->k2->rep->nb; }
 static double block_bytes(bench_ctx *x) {
     static const char *const names[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_gate", "attn.to_out.0",
                                         "ff.gate", "ff.up", "ff.down"};
-    double bb = 0;
-    char nm[128];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        dt_linear_src s1;
-        snprintf(nm, sizeof nm, "transformer_blocks.0.%s", names[i]);
-        if (dt_weights_linear(x->k2->rep->w, nm, -1, -1, -1, &s1) == 0) bb += (double)bench_src_bytes(&s1);
-    }
-    return bb;
+    return bench_block_weight_bytes(x->k2->rep->w, "transformer_blocks.0", names, sizeof names / sizeof names[0]);
 }
 
 static void block_op(bench_ctx *x, int b, int k, int split) {
@@ -535,8 +528,8 @@ static void shares(bench_ctx *x) {
     snprintf(r->shares_how, sizeof r->shares_how, "times %d blocks. Rest = krea2_forward - the replica's blocks (text "
              "fusion, txt_in/img_in, timestep MLP + host modulation fold, final layer, host uploads/download); remainder "
              "= replica blocks - ledger block x blocks.", p->c.num_layers);
-    double cat[3] = {0, 0, 0};
-    for (int k = 0; k < r->n_ops; k++) cat[r->ops[k].cat] += r->ops[k].ledger_ms;
+    double cat[3];
+    bench_ledger_by_cat(r, cat);
     const bench_op *o = r->ops;
     bench_add_share(r, "transformer-block GEMMs (q/k/v/gate, out, MLP)", nl * cat[BENCH_CAT_GEMM], 0);
     bench_add_share(r, "q/k/v + gate", nl * o[KREA2_OP_QKVG].ledger_ms, 1);
@@ -549,11 +542,9 @@ static void shares(bench_ctx *x) {
     bench_add_share(r, "gate multiply + SwiGLU", nl * (o[KREA2_OP_GATE].ledger_ms + o[KREA2_OP_SWIGLU].ledger_ms), 1);
     bench_add_share(r, "gated residuals", nl * (o[KREA2_OP_RESID1].ledger_ms + o[KREA2_OP_RESID2].ledger_ms), 1);
     double blocks_ledger = nl * (cat[0] + cat[1] + cat[2]);
-    double rest = p->fwd_mask.med - p->blocks_dev.med;
-    bench_add_share(r, "rest: text fusion, embedders, modulation, final layer, host I/O", rest, 0);
-    r->remainder_ms = r->total_ms - blocks_ledger - rest;   /* = replica blocks - ledger x blocks */
-    r->remainder_share = r->total_ms > 0 ? 100.0 * r->remainder_ms / r->total_ms : 0;
-    bench_add_share(r, "unexplained remainder (replica blocks - ledger x blocks)", r->remainder_ms, 0);
+    bench_shares_rest(r, blocks_ledger, p->fwd_mask.med - p->blocks_dev.med,
+                      "rest: text fusion, embedders, modulation, final layer, host I/O",
+                      "unexplained remainder (replica blocks - ledger x blocks)");
 }
 
 /* ------------------------------------------------------------------ utilization: GEMM shapes, attention */

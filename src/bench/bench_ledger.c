@@ -227,6 +227,19 @@ void bench_add_share(bench_report *r, const char *name, double ms, int level) {
     s->share = r->total_ms > 0 ? 100.0 * ms / r->total_ms : 0;
 }
 
+void bench_ledger_by_cat(const bench_report *r, double cat[3]) {
+    cat[0] = cat[1] = cat[2] = 0;
+    for (int k = 0; k < r->n_ops; k++) cat[r->ops[k].cat] += r->ops[k].ledger_ms;
+}
+
+void bench_shares_rest(bench_report *r, double blocks_ledger_ms, double rest_ms, const char *rest_name,
+                       const char *remainder_name) {
+    bench_add_share(r, rest_name, rest_ms, 0);
+    r->remainder_ms = r->total_ms - blocks_ledger_ms - rest_ms;
+    r->remainder_share = r->total_ms > 0 ? 100.0 * r->remainder_ms / r->total_ms : 0;
+    bench_add_share(r, remainder_name, r->remainder_ms, 0);
+}
+
 int bench_ledger(bench_ctx *x) {
     prefix_ledger(x);
     x->fam->scaling(x);

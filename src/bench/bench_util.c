@@ -244,6 +244,17 @@ size_t bench_src_bytes(const dt_linear_src *s) {
     return (size_t)s->out * s->in * s->bits / 8 + 2 * (size_t)s->out * ng * dt_dtype_size(s->sb_dtype);
 }
 
+double bench_block_weight_bytes(const dt_weights *w, const char *prefix, const char *const *names, size_t n) {
+    double bb = 0;
+    char nm[160];
+    for (size_t i = 0; i < n; i++) {
+        dt_linear_src s;
+        snprintf(nm, sizeof nm, "%s.%s", prefix, names[i]);
+        if (dt_weights_linear(w, nm, -1, -1, -1, &s) == 0) bb += (double)bench_src_bytes(&s);
+    }
+    return bb;
+}
+
 #define WSET_MAX 64
 
 static void wset_add(bench_wset *ws, dt_linear *l) {

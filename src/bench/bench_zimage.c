@@ -195,14 +195,7 @@ static int n_blocks(bench_ctx *x) { return x->r->zimage.c.n_layers; }
 static double block_bytes(bench_ctx *x) {
     static const char *const names[] = {"attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
                                         "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"};
-    double bb = 0;
-    char nm[128];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        dt_linear_src s1;
-        snprintf(nm, sizeof nm, "layers.0.%s", names[i]);
-        if (dt_weights_linear(zimage_weights(x->zi->m), nm, -1, -1, -1, &s1) == 0) bb += (double)bench_src_bytes(&s1);
-    }
-    return bb;
+    return bench_block_weight_bytes(zimage_weights(x->zi->m), "layers.0", names, sizeof names / sizeof names[0]);
 }
 
 static void block_op(bench_ctx *x, int b, int k, int split) {
@@ -248,8 +241,8 @@ static void shares(bench_ctx *x) {
     snprintf(r->shares_how, sizeof r->shares_how, "times %d joint blocks. Rest = zimage_forward - the joint blocks "
              "device-only (the 2 x %d refiner blocks, embedders, timestep MLP + host modulation fold, final layer, host "
              "uploads/download); remainder = joint blocks - ledger block x blocks.", p->c.n_layers, p->c.n_refiner);
-    double cat[3] = {0, 0, 0};
-    for (int k = 0; k < r->n_ops; k++) cat[r->ops[k].cat] += r->ops[k].ledger_ms;
+    double cat[3];
+    bench_ledger_by_cat(r, cat);
     const bench_op *o = r->ops;
     bench_add_share(r, "joint-block GEMMs (q/k/v, out, w1/w3, w2)", nl * cat[BENCH_CAT_GEMM], 0);
     bench_add_share(r, "q/k/v", nl * o[ZIMAGE_OP_QKV].ledger_ms, 1);
@@ -258,11 +251,9 @@ static void shares(bench_ctx *x) {
     bench_add_share(r, "attention", nl * cat[BENCH_CAT_ATTN], 0);
     bench_add_share(r, "elementwise (norms, QK norm + RoPE, SwiGLU, gated residuals)", nl * cat[BENCH_CAT_ELEM], 0);
     const double blocks_ledger = nl * (cat[0] + cat[1] + cat[2]);
-    const double rest = p->fwd.med - p->blocks_dev.med;
-    bench_add_share(r, "rest: refiners, embedders, modulation, final layer, host I/O", rest, 0);
-    r->remainder_ms = r->total_ms - blocks_ledger - rest;
-    r->remainder_share = r->total_ms > 0 ? 100.0 * r->remainder_ms / r->total_ms : 0;
-    bench_add_share(r, "unexplained remainder (joint blocks - ledger x blocks)", r->remainder_ms, 0);
+    bench_shares_rest(r, blocks_ledger, p->fwd.med - p->blocks_dev.med,
+                      "rest: refiners, embedders, modulation, final layer, host I/O",
+                      "unexplained remainder (joint blocks - ledger x blocks)");
 }
 
 /* ------------------------------------------------------------------ utilization: GEMM shapes, attention */
