@@ -164,17 +164,7 @@ int dt_synth_pipeline(const char *preset, const char *dir, int bits, int group, 
     if (flux2_synth_write(&c, p, bits, group, seed)) return -1;
     /* the reference pipeline can load the same folder for side-by-side runs (bf16 weights) */
     if (dt_synth_name_transformer_for_diffusers(dir)) return -1;
-    dt_log(1, "ditrun: synthetic pipeline: text encoder ...\n");
-    snprintf(p, sizeof p, "%s/text_encoder", dir);
-    if (dt_synth_write_qwen3(p, &te, bits, group, seed + 1)) return -1;
-    dt_log(1, "ditrun: synthetic pipeline: VAE ...\n");
-    snprintf(p, sizeof p, "%s/vae", dir);
-    if (dt_synth_write_vae(p, &vg, 0, seed + 2)) return -1;
-    /* tokenizer (with its Qwen3 chat template, which the reference pipeline applies) and scheduler: the bundled
-     * ones (the tiny vocabulary's ids are valid in any larger one) */
-    static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
-                                           {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
-    return dt_synth_copy_bundled(dir, fixtures_model, files, 4);
+    return dt_synth_qwen3_pipeline_parts(dir, "pipeline", &te, &vg, 0, bits, group, seed, fixtures_model);
 }
 
 /* Random forward inputs for a grid x grid latent and t text tokens (uniform values, never zeros), and with

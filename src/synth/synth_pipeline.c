@@ -71,6 +71,21 @@ void dt_synth_bundled_sibling(const char *bundled_model, const char *sub, char *
         snprintf(root, n, "tests/fixtures/%s", sub);
 }
 
+int dt_synth_qwen3_pipeline_parts(const char *dir, const char *what, const dt_synth_text_geom *te,
+                                  const dt_synth_vae_geom *vg, int kl, int bits, int group, uint64_t seed,
+                                  const char *bundled) {
+    char p[4200];
+    dt_log(1, "ditrun: synthetic %s: text encoder ...\n", what);
+    snprintf(p, sizeof p, "%s/text_encoder", dir);
+    if (dt_synth_write_qwen3(p, te, bits, group, seed + 1)) return -1;
+    dt_log(1, "ditrun: synthetic %s: VAE ...\n", what);
+    snprintf(p, sizeof p, "%s/vae", dir);
+    if (dt_synth_write_vae(p, vg, kl, seed + 2)) return -1;
+    static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
+                                           {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
+    return dt_synth_copy_bundled(dir, bundled, files, 4);
+}
+
 int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n) {
     char p[4200], q[4200];
     for (int i = 0; i < n; i++) {

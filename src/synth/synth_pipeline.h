@@ -80,6 +80,15 @@ void dt_synth_bundled_sibling(const char *bundled_model, const char *sub, char *
  * needed). 0 ok, -1 error (dt_last_error). */
 int dt_synth_copy_bundled(const char *dir, const char *root, const char *const files[][2], int n);
 
+/* The parts a Qwen3-text pipeline (FLUX.2-klein, Z-Image) has beside its transformer, into the pipeline folder DIR:
+ * text_encoder/ (dt_synth_write_qwen3, seed + 1), vae/ (dt_synth_write_vae, kl, seed + 2), and the bundled tokenizer
+ * (with its Qwen3 chat template, which the reference pipeline applies; the tiny vocabulary's ids are valid in any
+ * larger one) and scheduler config copied from the pipeline root `bundled`. `what` names the pipeline in the
+ * progress lines. 0 ok, -1 error (dt_last_error). */
+int dt_synth_qwen3_pipeline_parts(const char *dir, const char *what, const dt_synth_text_geom *te,
+                                  const dt_synth_vae_geom *vg, int kl, int bits, int group, uint64_t seed,
+                                  const char *bundled);
+
 /* Copies the regular file src (a FIFO or device is refused) to dst through a temporary renamed into place.
  * 0 ok, -1 error (dt_last_error). */
 int dt_synth_copy_file(const char *src, const char *dst);

@@ -47,15 +47,7 @@ int dt_synth_zimage_pipeline(const char *preset, const char *dir, int bits, int 
     snprintf(p, sizeof p, "%s/transformer", dir);
     if (zimage_synth_write(&c, p, bits, group, seed)) return -1;
     if (dt_synth_name_transformer_for_diffusers(dir)) return -1;
-    dt_log(1, "ditrun: synthetic Z-Image pipeline: text encoder ...\n");
-    snprintf(p, sizeof p, "%s/text_encoder", dir);
-    if (dt_synth_write_qwen3(p, &te, bits, group, seed + 1)) return -1;
-    dt_log(1, "ditrun: synthetic Z-Image pipeline: VAE ...\n");
-    snprintf(p, sizeof p, "%s/vae", dir);
-    if (dt_synth_write_vae(p, &vg, 1, seed + 2)) return -1;
-    static const char *const files[][2] = {{"tokenizer", "tokenizer.json"}, {"tokenizer", "tokenizer_config.json"},
-                                           {"tokenizer", "chat_template.jinja"}, {"scheduler", "scheduler_config.json"}};
-    return dt_synth_copy_bundled(dir, zimage_root, files, 4);
+    return dt_synth_qwen3_pipeline_parts(dir, "Z-Image pipeline", &te, &vg, 1, bits, group, seed, zimage_root);
 }
 
 /* Random inputs for a grid x grid token grid and t caption tokens (uniform in [−1, 1], never zeros). */
