@@ -173,17 +173,24 @@ static inline int serve_generate(const char *args, const char *path) {
     return system(cmd);
 }
 
-/* Run `ditrun serve ARGS`, which must fail at once (60 s at most): its exit status, its stderr into err. */
-static inline int serve_fails(const char *args, char *err, size_t n) {
-    char cmd[4096], errf[600];
-    snprintf(errf, sizeof errf, "%s/serve-err.txt", serve_tmp);
-    snprintf(cmd, sizeof cmd, "timeout 60 %s serve %s >/dev/null 2>%s", serve_exe, args, errf);
-    int st = system(cmd);
+/* Run the shell command cmd (stdout discarded): its exit status (128: it did not exit), its stderr into err. */
+static inline int run_err(const char *cmd, char *err, size_t n) {
+    char full[8192], errf[600];
+    snprintf(errf, sizeof errf, "%s/cmd-err.txt", serve_tmp);
+    snprintf(full, sizeof full, "%s >/dev/null 2>%s", cmd, errf);
+    int st = system(full);
     char *e = t_slurp(errf, NULL);
     snprintf(err, n, "%s", e ? e : "");
     free(e);
     unlink(errf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Run `ditrun serve ARGS`, which must fail at once (60 s at most): its exit status, its stderr into err. */
+static inline int serve_fails(const char *args, char *err, size_t n) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "timeout 60 %s serve %s", serve_exe, args);
+    return run_err(cmd, err, n);
 }
 
 /* The value of a Prometheus sample line "name value" of the server's /metrics, or -1. */

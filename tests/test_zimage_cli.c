@@ -53,19 +53,6 @@ static void check_png(const char *name, const char *png, const char *file, int w
     dt_image_free(&im);
 }
 
-/* Run a shell command, its stderr into err: the exit status. */
-static int run(const char *cmd, char *err, size_t n) {
-    char full[8192], errf[600];
-    snprintf(errf, sizeof errf, "%s/cmd-err.txt", serve_tmp);
-    snprintf(full, sizeof full, "%s >/dev/null 2>%s", cmd, errf);
-    int st = system(full);
-    char *e = t_slurp(errf, NULL);
-    snprintf(err, n, "%s", e ? e : "");
-    free(e);
-    unlink(errf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 #define PROMPT "a red fox standing in fresh snow, golden hour"
 
 static void test_cli(void) {
@@ -76,7 +63,7 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p '" PROMPT "' --negative-prompt 'blurry, low quality' "
              "--width 64 --height 48 --steps 3 --guidance 3 --cfg-normalization 1 --cfg-truncation 0.3 "
              "--max-sequence-length 64 --noise %s -o %s", serve_exe, m, fx("pipeline_cfg_io.safetensors", p, sizeof p), png);
-    int rc = run(cmd, err, sizeof err);
+    int rc = run_err(cmd, err, sizeof err);
     if (rc) T_FAIL("generate: CFG pipeline", "exit %d: %s", rc, err);
     else check_png("generate: CFG pipeline (--cfg-normalization 1 --cfg-truncation 0.3) vs the reference's pixels", png,
                    "pipeline_cfg_io.safetensors", 64, 48);
@@ -86,7 +73,7 @@ static void test_cli(void) {
              "--width 64 --height 48 --steps 3 --guidance 3 --max-sequence-length 64 --noise %s -o %s", serve_exe, m,
              fx("pipeline_cfg_io.safetensors", p, sizeof p), png);
     dt_image a = {0};
-    rc = run(cmd, err, sizeof err) || dt_image_read_file(png, &a);
+    rc = run_err(cmd, err, sizeof err) || dt_image_read_file(png, &a);
     size_t diff = 0;
     char refp[700];
     snprintf(refp, sizeof refp, "%s/cfg.png", serve_tmp);
@@ -103,7 +90,7 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p '" PROMPT "' --steps 4 --guidance 0 --strength 0.6 "
              "--max-sequence-length 64 --init-image %s --noise %s -o %s", serve_exe, m, fx("init.png", p, sizeof p), nf, png);
     if (zimage_edit_noise("img2img", "img2img_io.safetensors", nf)) T_FAIL("generate: img2img", "fixture lacks its draws");
-    else if ((rc = run(cmd, err, sizeof err))) T_FAIL("generate: img2img", "exit %d: %s", rc, err);
+    else if ((rc = run_err(cmd, err, sizeof err))) T_FAIL("generate: img2img", "exit %d: %s", rc, err);
     else check_png("generate: img2img (--init-image, --strength 0.6) vs the reference's pixels", png, "img2img_io.safetensors",
                    64, 48);
     char mk[600];
@@ -113,24 +100,24 @@ static void test_cli(void) {
              "--max-sequence-length 64 --init-image %s --mask %s --noise %s -o %s", serve_exe, m,
              fx("init.png", p, sizeof p), fx("mask.png", mk, sizeof mk), nf, png);
     if (zimage_edit_noise("inpaint", "inpaint_io.safetensors", nf)) T_FAIL("generate: inpainting", "fixture lacks its draws");
-    else if ((rc = run(cmd, err, sizeof err))) T_FAIL("generate: inpainting", "exit %d: %s", rc, err);
+    else if ((rc = run_err(cmd, err, sizeof err))) T_FAIL("generate: inpainting", "exit %d: %s", rc, err);
     else check_png("generate: inpainting (--mask, --strength 0.7) vs the reference's pixels", png, "inpaint_io.safetensors",
                    64, 48);
 
     /* errors: a value out of range before anything loads; FLUX.2 refuses the options naming its family */
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x --cfg-truncation -0.5 -o %s/x.png", serve_exe, m,
              serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     T_CHECK("generate: --cfg-truncation -0.5 is out of range", rc == 1 && strstr(err, "--cfg-truncation") &&
             strstr(err, "out of range"), "exit %d: %s", rc, err);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s/model -p x --steps 1 --cfg-normalization 1 -o %s/x.png",
              serve_exe, t_fixtures(), serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     T_CHECK("generate: FLUX.2 refuses --cfg-normalization naming its family", rc == 1 &&
             strstr(err, "cfg_normalization") && strstr(err, "flux2-klein"), "exit %d: %s", rc, err);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x --steps 1 --width 64 --height 64 --cuda-graph -o %s/x.png", serve_exe, m,
              serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     T_CHECK("generate: --cuda-graph is refused naming Z-Image (no graph replay yet)", rc == 1 && strstr(err, "Z-Image") &&
             strstr(err, "--cuda-graph"), "exit %d: %s", rc, err);
     /* step caching per guidance branch: 6 guided steps, taylorseer=2 computes steps 0-2, 4, 5 of each branch */
@@ -145,7 +132,7 @@ static void test_cli(void) {
             rc == 0 && strstr(outl, "10 of 12 transformer passes"), "exit %d: %s", rc, outl);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s/model -p x --steps 1 --init-image %s -o %s/x.png",
              serve_exe, t_fixtures(), fx("init.png", p, sizeof p), serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     T_CHECK("generate: FLUX.2 still needs --mask with --init-image (no img2img)", rc == 1 && strstr(err, "needs a mask"),
             "exit %d: %s", rc, err);
 
@@ -155,13 +142,13 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "cp -R %s %s && rm -rf %s/vae", m, bad, bad);
     if (system(cmd)) T_FAIL("broken folder", "cannot copy %s", m);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x -o %s/x.png", serve_exe, bad, serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     T_CHECK("generate: a folder without vae/ is refused naming it", rc == 1 && strstr(err, "bad/vae"), "exit %d: %s", rc, err);
     snprintf(cmd, sizeof cmd, "cp -R %s/vae %s/ && sed -i 's/\"cap_feat_dim\": 32/\"cap_feat_dim\": 64/' "
              "%s/transformer/config.json", m, bad, bad);
     if (system(cmd)) T_FAIL("broken folder", "cannot edit %s", bad);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu --model %s -p x -o %s/x.png", serve_exe, bad, serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     T_CHECK("generate: cap_feat_dim != the text encoder's hidden size names both config files", rc == 1 &&
             strstr(err, "text_encoder/config.json: hidden_size 32") && strstr(err, "transformer/config.json: cap_feat_dim 64"),
             "exit %d: %s", rc, err);
@@ -183,7 +170,7 @@ static void test_cli(void) {
     snprintf(sd, sizeof sd, "%s/synth-tiny", serve_tmp);
     snprintf(cmd, sizeof cmd, "%s synth --preset z-image-tiny --pipeline --output %s && %s generate --backend cpu "
              "--model %s -p 'a cat' --width 32 --height 32 --steps 2 -o %s/synth.png", serve_exe, sd, serve_exe, sd, serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     snprintf(png, sizeof png, "%s/synth.png", serve_tmp);
     dt_image im = {0};
     T_CHECK("synth --preset z-image-tiny --pipeline: generate runs it", rc == 0 && !dt_image_read_file(png, &im) &&
@@ -220,12 +207,12 @@ static void test_formats(void) {
     snprintf(q, sizeof q, "%s/q8", serve_tmp);
     snprintf(cmd, sizeof cmd, "cp -R %s %s && rm -rf %s/transformer && %s quantize --input %s/transformer --output "
              "%s/transformer/model.safetensors --bits 8 --group-size 32", m, q, q, serve_exe, m, q);
-    int rc = run(cmd, err, sizeof err);
+    int rc = run_err(cmd, err, sizeof err);
     snprintf(png, sizeof png, "%s/q8.png", serve_tmp);
     snprintf(cmd, sizeof cmd, "%s generate --backend cpu -v --model %s -p '" PROMPT "' --width 64 --height 48 --steps 3 "
              "--guidance 0 --max-sequence-length 64 --noise %s -o %s", serve_exe, q,
              fx("pipeline_io.safetensors", p, sizeof p), png);
-    if (!rc) rc = run(cmd, err, sizeof err);
+    if (!rc) rc = run_err(cmd, err, sizeof err);
     double mean = rc ? -1 : png_mean_diff(png, "pipeline_io.safetensors");
     T_CHECK("quantize --bits 8: the q8 transformer runs the pipeline near the reference's pixels",
             rc == 0 && strstr(err, "q8 g32") && mean >= 0 && mean <= Q8_PIXEL_MEAN, "exit %d, mean |diff| %.3f: %.400s",
@@ -251,7 +238,7 @@ static void test_formats(void) {
     snprintf(in, sizeof in, "%s/in.safetensors", serve_tmp);
     snprintf(cmd, sizeof cmd, "%s synth --preset z-image-tiny --inputs %s --image-size 96 --text-tokens 20 && %s forward "
              "--backend cpu --model %s --inputs %s --output %s/fwd.safetensors", serve_exe, in, serve_exe, m, in, serve_tmp);
-    rc = run(cmd, err, sizeof err);
+    rc = run_err(cmd, err, sizeof err);
     snprintf(p, sizeof p, "%s/fwd.safetensors", serve_tmp);
     st_file *f = rc ? NULL : st_open(p);
     T_CHECK("forward: synth's Z-Image inputs (6x6 grid, 20 caption tokens) through the fixture's transformer", f != NULL,
@@ -268,7 +255,7 @@ static void test_bench(void) {
     snprintf(js, sizeof js, "%s/bench.json", serve_tmp);
     snprintf(cmd, sizeof cmd, "%s bench --backend cpu --preset z-image-tiny --reps 2 --warmup 1 --only ledger "
              "--cache-dir %s --json %s", serve_exe, serve_tmp, js);
-    int rc = run(cmd, err, sizeof err);
+    int rc = run_err(cmd, err, sizeof err);
     char *t = t_slurp(js, NULL);
     const char *setup = t ? strstr(t, "\"model\":\"zimage\"") : NULL;
     const char *fwd = t ? strstr(t, "\"name\":\"zimage_forward\"") : NULL;
