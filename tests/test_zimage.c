@@ -418,6 +418,21 @@ static void transformer_on(dt_backend *be, const char *tag, double tol) {
 
 /* ------------------------------------------------------------------ LoRA */
 
+/* The fixture transformer's config.json copied into folder a, and b unless NULL (a file and its twin). 0 or -1. */
+static int copy_transformer_config(const char *a, const char *b) {
+    char src[600], p[700];
+    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
+    int rc = cfg ? 0 : -1;
+    for (int k = 0; k < (b ? 2 : 1) && cfg; k++) {
+        snprintf(p, sizeof p, "%s/config.json", k ? b : a);
+        FILE *cf = fopen(p, "w");
+        if (!cf || fputs(cfg, cf) < 0) rc = -1;
+        if (cf && fclose(cf)) rc = -1;
+    }
+    free(cfg);
+    return rc;
+}
+
 /* The fixture's transformer written in the original implementation's layout as single files have it (diffusers'
  * convert_z_image_transformer_checkpoint_to_diffusers inverted): prefix model.diffusion_model., x_embedder,
  * final_layer, attention.qkv fused (to_q | to_k | to_v rows), attention.out, attention.q_norm / k_norm; config.json
@@ -470,12 +485,7 @@ static int write_original_layout(const char *dir) {
     st_writer_free(w);
     for (int i = 0; i < nk; i++) free(keep[i]);
     st_close(f);
-    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    FILE *cf = cfg ? fopen(p, "w") : NULL;
-    if (!cf || fputs(cfg, cf) < 0) rc = -1;
-    if (cf && fclose(cf)) rc = -1;
-    free(cfg);
+    if (copy_transformer_config(dir, NULL)) rc = -1;
     return rc;
 }
 
@@ -525,49 +535,10 @@ static int write_gguf_pair(const char *gdir, const char *tdir) {
     for (size_t i = 0; i < n; i++) { free(data[i]); free(deq[i]); }
     free(data); free(bytes); free(deq);
     st_close(f);
-    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
-    for (int k = 0; k < 2 && cfg; k++) {
-        snprintf(p, sizeof p, "%s/config.json", k ? tdir : gdir);
-        FILE *cf = fopen(p, "w");
-        if (!cf || fputs(cfg, cf) < 0) rc = -1;
-        if (cf && fclose(cf)) rc = -1;
-    }
-    if (!cfg) rc = -1;
-    free(cfg);
+    if (copy_transformer_config(gdir, tdir)) rc = -1;
     snprintf(p, sizeof p, "rm -rf '%s/orig-src'", tdir);
     if (system(p)) rc = -1;
     return rc;
-}
-
-/* A GGUF Z-Image transformer (Q8_0 blocks + F32, the original names) against its dequantized f32 twin: the CPU
- * dequantizes the same blocks per tile, so only summation order differs. */
-#define GGUF_TWIN_TOL 1e-5
-static void test_gguf(dt_backend *be) {
-    char dir[512], gd[600], td[600];
-    fwd_case a;
-    if (t_tmpdir(dir, sizeof dir, "zimage-gguf") || case_load("transformer_io.safetensors", &a)) {
-        T_FAIL("gguf", "setup: %s", dt_last_error());
-        return;
-    }
-    snprintf(gd, sizeof gd, "%s/gguf", dir);
-    snprintf(td, sizeof td, "%s/twin", dir);
-    zimage_model *mg = NULL, *mt = NULL;
-    if (write_gguf_pair(gd, td) || !(mg = zimage_load(be, gd)) || !(mt = zimage_load(be, td))) {
-        T_FAIL("gguf: a Q8_0 GGUF in the original layout loads", "%s", dt_last_error());
-    } else {
-        char fmt[64];
-        zimage_weight_info(mg, NULL, fmt, sizeof fmt);
-        const size_t n = (size_t)zimage_get_config(mg)->in_channels * a.H * a.W;
-        float *og = forward_case(be, mg, &a, "gguf Q8_0", 0, 0), *ot = forward_case(be, mt, &a, "gguf twin", 0, 0);
-        T_CHECK("gguf: its Linears run as Q8_0", strstr(fmt, "Q8_0") != NULL, "format '%s'", fmt);
-        if (og && ot) t_check_rel_l2("gguf Q8_0 (original layout) vs its dequantized f32 twin", og, ot, n, GGUF_TWIN_TOL);
-        free(og);
-        free(ot);
-    }
-    zimage_free(mg);
-    zimage_free(mt);
-    case_free(&a);
-    t_rmtree(dir);
 }
 
 /* An fp8 checkpoint as BFL/ComfyUI-style fp8 files have it (diffusers names here): the blocks' attention and FFN
@@ -621,40 +592,38 @@ static int write_fp8_pair(const char *fdir, const char *tdir) {
     for (int i = 0; i < nk; i++) free(keep[i]);
     free(keep);
     st_close(f);
-    char *cfg = t_slurp(fx("model/transformer/config.json", src, sizeof src), NULL);
-    for (int k = 0; k < 2 && cfg; k++) {
-        snprintf(p, sizeof p, "%s/config.json", k ? tdir : fdir);
-        FILE *cf = fopen(p, "w");
-        if (!cf || fputs(cfg, cf) < 0) rc = -1;
-        if (cf && fclose(cf)) rc = -1;
-    }
-    if (!cfg) rc = -1;
-    free(cfg);
+    if (copy_transformer_config(fdir, tdir)) rc = -1;
     return rc;
 }
 
-/* An fp8 file's Linears against its decoded twin: on the CPU the e4m3 weights are decoded per tile (the activations
- * stay f32 without --precision fp8), so only summation order differs. */
-#define FP8_FILE_TOL 1e-5
-static void test_fp8_file(dt_backend *be) {
-    char dir[512], fd[600], td[600];
+/* A transformer file written by write_pair (into DIR/file and DIR/twin) against its f32 twin on the CPU: the
+ * tiles are decoded from the same values, so only summation order differs (tol). Its weight format is printed and,
+ * with want_fmt, must name it. */
+static void twin_case(dt_backend *be, const char *tag, int (*write_pair)(const char *, const char *), const char *what,
+                      const char *want_fmt, double tol) {
+    char dir[512], fd[600], td[600], name[200];
     fwd_case a;
-    if (t_tmpdir(dir, sizeof dir, "zimage-fp8") || case_load("transformer_io.safetensors", &a)) {
-        T_FAIL("fp8 file", "setup: %s", dt_last_error());
+    if (t_tmpdir(dir, sizeof dir, "zimage-twin") || case_load("transformer_io.safetensors", &a)) {
+        T_FAIL(tag, "setup: %s", dt_last_error());
         return;
     }
-    snprintf(fd, sizeof fd, "%s/fp8", dir);
+    snprintf(fd, sizeof fd, "%s/file", dir);
     snprintf(td, sizeof td, "%s/twin", dir);
     zimage_model *mf = NULL, *mt = NULL;
-    if (write_fp8_pair(fd, td) || !(mf = zimage_load(be, fd)) || !(mt = zimage_load(be, td))) {
-        T_FAIL("fp8 file: loads", "%s", dt_last_error());
+    if (write_pair(fd, td) || !(mf = zimage_load(be, fd)) || !(mt = zimage_load(be, td))) {
+        snprintf(name, sizeof name, "%s: loads", tag);
+        T_FAIL(name, "%s", dt_last_error());
     } else {
         char fmt[64];
         zimage_weight_info(mf, NULL, fmt, sizeof fmt);
+        printf("# %s: weights '%s'\n", tag, fmt);
+        if (want_fmt) {
+            snprintf(name, sizeof name, "%s: its Linears run as %s", tag, want_fmt);
+            T_CHECK(name, strstr(fmt, want_fmt) != NULL, "format '%s'", fmt);
+        }
         const size_t n = (size_t)zimage_get_config(mf)->in_channels * a.H * a.W;
-        float *of = forward_case(be, mf, &a, "fp8 file", 0, 0), *ot = forward_case(be, mt, &a, "fp8 twin", 0, 0);
-        printf("# fp8 file: weights '%s'\n", fmt);
-        if (of && ot) t_check_rel_l2("fp8 file (F8_E4M3 + weight_scale) vs its decoded f32 twin", of, ot, n, FP8_FILE_TOL);
+        float *of = forward_case(be, mf, &a, tag, 0, 0), *ot = forward_case(be, mt, &a, "twin", 0, 0);
+        if (of && ot) t_check_rel_l2(what, of, ot, n, tol);
         free(of);
         free(ot);
     }
@@ -662,6 +631,22 @@ static void test_fp8_file(dt_backend *be) {
     zimage_free(mt);
     case_free(&a);
     t_rmtree(dir);
+}
+
+/* A GGUF Z-Image transformer (Q8_0 blocks + F32, the original names) against its dequantized f32 twin: the CPU
+ * dequantizes the same blocks per tile, so only summation order differs. */
+#define GGUF_TWIN_TOL 1e-5
+static void test_gguf(dt_backend *be) {
+    twin_case(be, "gguf", write_gguf_pair, "gguf Q8_0 (original layout) vs its dequantized f32 twin", "Q8_0",
+              GGUF_TWIN_TOL);
+}
+
+/* An fp8 file's Linears against its decoded twin: on the CPU the e4m3 weights are decoded per tile (the activations
+ * stay f32 without --precision fp8), so only summation order differs. */
+#define FP8_FILE_TOL 1e-5
+static void test_fp8_file(dt_backend *be) {
+    twin_case(be, "fp8 file", write_fp8_pair, "fp8 file (F8_E4M3 + weight_scale) vs its decoded f32 twin", NULL,
+              FP8_FILE_TOL);
 }
 
 /* zimage_export_fp8 (convert --format fp8 / fp8-channel): the written folder loads with its blocks' Linears in e4m3,
