@@ -124,6 +124,9 @@ int dt_gen_cancelled(const dt_gen_params *g);
  * unless it is loaded already. 0 or -1 (dt_last_error). */
 struct dt_qwen3;
 int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, struct dt_qwen3 **te);
+/* The pipeline's options for loading its DiT (adapters, ranks, CUDA graph, precisions): every family's loader
+ * takes them whole and refuses what its model cannot honour. */
+dt_dit_load_opts dt_family_dit_opts(const dt_pipeline *p);
 /* After a request's prompts are encoded: free *te (NULL after) when the pipeline runs with release_text_encoder. */
 void dt_family_release_text_encoder(dt_pipeline *p, struct dt_qwen3 **te);
 /* The log line of a request's text encoding: T tokens, the taps, whether the negative prompt is encoded too (cfg),

@@ -78,6 +78,14 @@ void dt_gen_log_encoding(const dt_gen_params *g, int T, const int *taps, int n_t
     dt_log(lv, ")%s%s\n", cfg ? " and the negative prompt" : "", note);
 }
 
+dt_dit_load_opts dt_family_dit_opts(const dt_pipeline *p) {
+    const dt_pipeline_opts *o = &p->opts;
+    return (dt_dit_load_opts){.loras = o->loras, .n_loras = o->n_loras, .lora_side = o->lora_side,
+                              .ranks = o->sequence_parallel, .devices = o->sp_devices, .n_devices = o->n_sp_devices,
+                              .cuda_graph = o->cuda_graph, .precision = o->precision,
+                              .attn_precision = o->attn_precision, .fp8_unfused = o->fp8_unfused};
+}
+
 int dt_family_ensure_text_encoder(dt_pipeline *p, const char *dir, int max_tap, dt_qwen3 **te) {
     if (*te) return 0;
     *te = dt_qwen3_load(p->be, dir, max_tap > 0 ? max_tap : 1);

@@ -109,9 +109,7 @@ static int ensure_te(dt_pipeline *p) {
 static int ensure_dit_vae(dt_pipeline *p) {
     klein_state *s = p->fam;
     if (!s->dit) {
-        dt_dit_load_opts o = {p->opts.loras, p->opts.n_loras, p->opts.lora_side, p->opts.sequence_parallel,
-                            p->opts.sp_devices, p->opts.n_sp_devices, p->opts.cuda_graph, p->opts.precision,
-                            p->opts.attn_precision, p->opts.fp8_unfused};
+        const dt_dit_load_opts o = dt_family_dit_opts(p);
         if (!(s->dit = flux2_dit_load(p->be, p->root, &o))) return -1;
     }
     if (!s->vae) {

@@ -117,9 +117,7 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     k2_state *k = p->fam;
-    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
-                           .cuda_graph = p->opts.cuda_graph, .precision = p->opts.precision,
-                           .attn_precision = p->opts.attn_precision, .fp8_unfused = p->opts.fp8_unfused};
+    const dt_dit_load_opts lo = dt_family_dit_opts(p);
     if (!k->dit && !(k->dit = krea2_dit_load(p->be, p->root, &lo))) return -1;
     if (!k->vae && (!(k->vae = dt_qvae_load(p->be, p->root)) ||
                     dt_qvae_set_tiling(k->vae, p->opts.vae_tiling, p->opts.vae_tile)))

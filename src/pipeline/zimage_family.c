@@ -84,9 +84,7 @@ static int ensure_te(dt_pipeline *p) {
 
 static int ensure_dit_vae(dt_pipeline *p) {
     zi_state *z = p->fam;
-    dt_dit_load_opts lo = {.loras = p->opts.loras, .n_loras = p->opts.n_loras, .lora_side = p->opts.lora_side,
-                           .cuda_graph = p->opts.cuda_graph, .precision = p->opts.precision,
-                           .attn_precision = p->opts.attn_precision};
+    const dt_dit_load_opts lo = dt_family_dit_opts(p);
     if (!z->dit && !(z->dit = zimage_dit_load(p->be, p->root, &lo))) return -1;
     if (!z->vae && (!(z->vae = dt_vae_kl_load(p->be, p->root)) ||
                     dt_vae_set_tiling(z->vae, p->opts.vae_tiling, p->opts.vae_tile)))
