@@ -246,23 +246,29 @@ if has cfgbatch; then   # PERF: the guidance batch: a guided step in one forward
     prep k4q4 in4_512 in4_1024 in4_2048
     [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
     [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
+    # CFGBATCH_PARTS ("krea2 graph fp8 klein"): which arm groups run (a rerun of the ones a cut call missed)
+    cbp=" ${CFGBATCH_PARTS:-krea2 graph fp8 klein} "
     for round in 1 2; do
+        case "$cbp" in *" krea2 "*) ;; *) break;; esac
         for gb in on off; do
             fwd "r$round Krea 2 q4 1024^2 guided step --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_1024.st" 10 --guided \
                 --guidance-batch $gb
         done
     done
     for gb in on off; do
+        case "$cbp" in *" graph "*) ;; *) break;; esac
         fwd "Krea 2 q4 1024^2 guided step --cuda-graph --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_1024.st" 10 --guided \
             --cuda-graph --guidance-batch $gb
     done
     use_cudnn919
     for gb in on off; do
+        case "$cbp" in *" fp8 "*) ;; *) break;; esac
         fwd "Krea 2 q4 1024^2 guided step --precision fp8 --attn-precision fp8 --guidance-batch $gb" "$W/kr2q4" \
             "$W/inkr2_1024.st" 10 --guided --precision fp8 --attn-precision fp8 --guidance-batch $gb
     done
     unset DITRUN_CUDNN_LIB
     for px in 512 1024 2048; do
+        case "$cbp" in *" klein "*) ;; *) break;; esac
         rep=10; [ $px = 2048 ] && rep=4
         for gb in on off; do
             fwd "klein-4B q4 ${px}^2 guided step --guidance-batch $gb" "$W/k4q4" "$W/in4_$px.st" $rep --guided \
@@ -335,8 +341,17 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
     done
     STCMP=./$Bd/dev/stcmp; [ -x "$STCMP" ] || STCMP=./$A/dev/stcmp
     [ "${AB_KREA2:-1}" = 1 ] && log "ab output Krea 2: $(sha256sum "$W/ab-$A-k2.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-k2.st" | cut -c1-16) [$Bd]"
+    # (files also hold metadata and encoder settings that may change between builds: the tensors and the pixels are
+    # compared, stcmp and imgcmp)
+    IMGCMP=./$Bd/dev/imgcmp; [ -x "$IMGCMP" ] || IMGCMP=./$A/dev/imgcmp
     log "ab Krea 2 tiny generate: $(sha256sum "$W/ab-$A-k2gen.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-k2gen.st" | cut -c1-16) [$Bd]"
+    [ -x "$STCMP" ] && "$STCMP" "$W/ab-$A-k2gen.st" "$W/ab-$Bd-k2gen.st" | tee -a "$OUT/summary.txt"
+    [ -x "$IMGCMP" ] && log "ab Krea 2 tiny generate pixels: $("$IMGCMP" "$W/ab-$A-k2gen.png" "$W/ab-$Bd-k2gen.png" 2>&1)"
+    for d in "$A" "$Bd"; do
+        sed -n 's/.*"b64_json": *"\([^"]*\)".*/\1/p' "$W/ab-$d-served.json" | base64 -d > "$W/ab-$d-served.png" 2>/dev/null
+    done
     log "ab served image (base64 JSON body): $(grep -o '"b64_json": *"[^"]*"' "$W/ab-$A-served.json" | sha256sum | cut -c1-16) [$A] vs $(grep -o '"b64_json": *"[^"]*"' "$W/ab-$Bd-served.json" | sha256sum | cut -c1-16) [$Bd]"
+    [ -x "$IMGCMP" ] && log "ab served image pixels: $("$IMGCMP" "$W/ab-$A-served.png" "$W/ab-$Bd-served.png" 2>&1)"
     for tag in q4 bf16 fp8 gen; do   # gen: the generate's intermediates (prompt embeds, per-step latents, float image)
         log "ab output $tag: $(sha256sum "$W/ab-$A-$tag.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-$tag.st" | cut -c1-16) [$Bd]"
         [ -x "$STCMP" ] && "$STCMP" "$W/ab-$A-$tag.st" "$W/ab-$Bd-$tag.st" | tee -a "$OUT/summary.txt"
@@ -344,6 +359,7 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
     # (PNG bytes also depend on the encoder's settings; the pixels are compared through the float image above)
     log "ab image: $(sha256sum "$W/ab-$A-gen.png" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-gen.png" | cut -c1-16) [$Bd]" \
         "$(cmp -s "$W/ab-$A-gen.png" "$W/ab-$Bd-gen.png" && echo '(identical bytes)' || echo '(bytes differ)')"
+    [ -x "$IMGCMP" ] && log "ab image pixels: $("$IMGCMP" "$W/ab-$A-gen.png" "$W/ab-$Bd-gen.png" 2>&1)"
     unset DITRUN_GEMM_CACHE
 fi
 if has serve || has serveload; then  # ditrun serve (tools/serve_bench.sh): start->ready, first image, warm

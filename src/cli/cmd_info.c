@@ -52,7 +52,7 @@ static int print_plan(const char *root, int W, int H, int T, int64_t budget, int
             char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
             printf("memory at %dx%d, %d text tokens (bf16 activations): weights text encoder %s, transformer %s, VAE %s; "
                    "activations encode %s, forward %s (estimates%s), VAE decode %s untiled, %s per tile; dequantized-weight "
-                   "buffers %s; workspaces %s\n", W, H, T,
+                   "buffers %s; workspaces and pool slack %s\n", W, H, T,
                    dt_place_bytes(s.text_encoder, a, sizeof a), dt_place_bytes(s.transformer, b, sizeof b),
                    dt_place_bytes(s.vae, c, sizeof c), dt_place_bytes(s.te_act, d, sizeof d),
                    dt_place_bytes(s.dit_act, e, sizeof e),

@@ -40,7 +40,7 @@ typedef struct {
                                  * encoder is reloaded for every prompt; 0: one image (generate), where releasing it
                                  * costs nothing */
     int64_t workspace;          /* bytes the backend holds beside the parts in every phase (the CUDA backend's two
-                                 * cuBLASLt workspaces: DT_PLACE_WORKSPACE) */
+                                 * cuBLASLt workspaces: DT_PLACE_WORKSPACE) and the pool's slack (DT_PLACE_POOL_SLACK) */
     int64_t te_qbuf, dit_qbuf;  /* the buffers quantized Linears are dequantized into (CUDA: the transient GEMM's and
                                  * two prefetch slots, each the largest Linear in bf16): grow-only, so from a
                                  * component's first run on the larger of the two stays held */
@@ -52,6 +52,11 @@ typedef struct {
 } dt_place_sizes;
 
 #define DT_PLACE_WORKSPACE (128LL << 20)
+/* what the CUDA pool holds beyond the parts' estimates in any phase: its rounding (blocks of 1-64 MiB in 1 MiB steps,
+ * larger ones in 8 MiB) and small buffers the estimate leaves out. Measured (H100): the pool's peak 1.7 MiB past the
+ * prediction for klein-4B q4 1024² under --max-vram 6G, ~6 MiB past it for the bundled tiny pipeline at 256², which
+ * then stopped at its budget. */
+#define DT_PLACE_POOL_SLACK (16LL << 20)
 
 enum { DT_PHASE_ENCODE, DT_PHASE_DENOISE, DT_PHASE_DECODE, DT_PHASES };
 

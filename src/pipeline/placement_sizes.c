@@ -115,7 +115,7 @@ int dt_place_sizes_for(const char *root, int W, int H, int T, int elem, int tile
     /* three of the largest Linear (the single blocks' fused projection); a side queue one more of its largest, the
      * MLP's 2F x D */
     if (quantized) s->dit_qbuf = 3 * (3LL * D + 2LL * F) * D * 2 + (fp.side_queue ? 2LL * F * D * 2 : 0);
-    s->workspace = DT_PLACE_WORKSPACE;
+    s->workspace = DT_PLACE_WORKSPACE + DT_PLACE_POOL_SLACK;
     s->host_ok = 1;   /* (the CUDA backend's default paths; the caller knows better) */
     rc = 0;
 out:
