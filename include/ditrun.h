@@ -113,7 +113,8 @@ typedef struct {
     int cuda_graph;                     /* replay the DiT forward as a CUDA graph */
     int guidance_batch;                 /* 1: a guided step's prompt and negative prompt in one forward (a batch of
                                          * 2, each weight read once) where the model can (Krea 2, FLUX.2 base) and no
-                                         * step cache is on; 0 (default): two forwards (opt-in until timed on a GPU) */
+                                         * step cache is on (ditrun_load_defaults: 1, measured faster); 0: two
+                                         * forwards */
     int release_text_encoder;           /* free the text encoder between prompts (less memory, slower) */
     int sequence_parallel;              /* N > 1: the DiT split over N GPUs (the engine's device and the next N-1;
                                          * NCCL) or N CPU thread ranks; call load, generate and free from one thread */

@@ -59,6 +59,7 @@ ditrun_generate_opts ditrun_generate_defaults(void) {
     memset(&o, 0, sizeof o);
     o.guidance = -1;
     o.cfg_normalization = o.cfg_truncation = -1;
+    o.guidance_batch = 1;
     return o;
 }
 
@@ -172,6 +173,7 @@ int ditrun_generate(ditrun_engine *e, const ditrun_generate_opts *o, ditrun_imag
 ditrun_load_opts ditrun_load_defaults(void) {
     ditrun_load_opts o;
     memset(&o, 0, sizeof o);
+    o.guidance_batch = 1;
     return o;
 }
 

@@ -50,9 +50,15 @@
 #define ZIMAGE_CPU_TOL 1e-4
 /* bf16 activations and weights on CUDA: 2^-9 relative per rounding, over 2 refiners + 2 joint blocks. */
 #define ZIMAGE_GPU_TOL 1e-2
-/* the VAE's contract (tests/test_vae.c): f32 convolutions and GroupNorms, ~1e-6 expected. */
+/* the VAE's contract (tests/test_vae.c): f32 convolutions and GroupNorms, ~1e-6 expected. The decode is compared as
+ * the [0, 1] image (x / 2 + 0.5, clamped: what test_vae compares and what is written). */
 #define VAE_CPU_TOL 1e-4
-#define VAE_GPU_TOL 2e-2
+/* CUDA stores the VAE's activations in bf16: dev/study_vae_bf16 (the CPU rounding what CUDA rounds) puts the floor of
+ * this fixture (8-16 channels, 3 resnets a level) at 0.0072-0.0083 for the [0, 1] image, H100 within 5% of it. */
+#define VAE_GPU_TOL 1e-2
+/* the encode's scaled posterior mean has no offset to hide behind: bf16 storage alone gives 0.017-0.025 here (the
+ * study; H100 0.0255), so 1.6x the worst floor. */
+#define VAE_GPU_ENC_TOL 4e-2
 /* sigmas: diffusers draws linspace in float32 where the scheduler here rounds a float64 linspace; 1 ulp apart. */
 #define SIGMA_TOL 1e-6
 /* a repeated forward on the same cached buffers and tables: deterministic CPU kernels, identical output. */
@@ -923,7 +929,15 @@ static void test_missing_tensor(dt_backend *be) {
 
 /* ------------------------------------------------------------------ VAE */
 
-static void vae_on(dt_backend *be, const char *tag, double tol) {
+/* x [n] decoded values in [-1, 1] -> the [0, 1] image, clamped */
+static void to_unit_image(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const float v = x[i] * 0.5f + 0.5f;
+        x[i] = v < 0.f ? 0.f : v > 1.f ? 1.f : v;
+    }
+}
+
+static void vae_on(dt_backend *be, const char *tag, double tol, double enc_tol) {
     char p[600], name[200];
     st_file *io = st_open(fx("vae_io.safetensors", p, sizeof p));
     dt_vae *v = io ? dt_vae_kl_load(be, fx("model", p, sizeof p)) : NULL;
@@ -939,10 +953,14 @@ static void vae_on(dt_backend *be, const char *tag, double tol) {
     {
         const int h = (int)zl->shape[2], w = (int)zl->shape[3], s = c->scale_factor;
         float *z = st_to_f32(zl), *ref = st_to_f32(dec), *rgb = dt_malloc(sizeof(float) * 3 * (size_t)(h * s) * (w * s));
-        snprintf(name, sizeof name, "%s vae decode", tag);
+        snprintf(name, sizeof name, "%s vae decode ([0, 1] image)", tag);
         if (dec->numel != 3 * (int64_t)(h * s) * (w * s)) T_FAIL(name, "the reference has %lld values", (long long)dec->numel);
         else if (dt_vae_decode(v, z, h, w, rgb)) T_FAIL(name, "%s", dt_last_error());
-        else check_l2(name, rgb, ref, (size_t)dec->numel, tol);
+        else {
+            to_unit_image(rgb, (size_t)dec->numel);
+            to_unit_image(ref, (size_t)dec->numel);
+            check_l2(name, rgb, ref, (size_t)dec->numel, tol);
+        }
         free(z); free(ref); free(rgb);
     }
     {
@@ -951,7 +969,7 @@ static void vae_on(dt_backend *be, const char *tag, double tol) {
         snprintf(name, sizeof name, "%s vae encode (posterior mean)", tag);
         if (mean->numel != 16 * (int64_t)(H / s) * (W / s)) T_FAIL(name, "the reference has %lld values", (long long)mean->numel);
         else if (dt_vae_encode(v, img, H, W, lat)) T_FAIL(name, "%s", dt_last_error());
-        else check_l2(name, lat, ref, (size_t)mean->numel, tol);
+        else check_l2(name, lat, ref, (size_t)mean->numel, enc_tol);
         free(img); free(ref); free(lat);
     }
 done:
@@ -1535,7 +1553,7 @@ int main(void) {
     test_fp8_file(cpu);
     test_fp8_export(cpu);
     test_infer_config(cpu);
-    vae_on(cpu, "cpu", VAE_CPU_TOL);
+    vae_on(cpu, "cpu", VAE_CPU_TOL, VAE_CPU_TOL);
     test_vae_kinds(cpu);
     pipeline_cpu(cpu);
     cpu->destroy(cpu);
@@ -1546,7 +1564,7 @@ int main(void) {
             T_FAIL("cuda", "backend: %s", dt_last_error());
         } else {
             transformer_on(cuda, "cuda", ZIMAGE_GPU_TOL);
-            vae_on(cuda, "cuda", VAE_GPU_TOL);
+            vae_on(cuda, "cuda", VAE_GPU_TOL, VAE_GPU_ENC_TOL);
             gpu_vs_cpu(cuda);
             const char *slow = getenv("DITRUN_SLOW");
             if (slow && *slow == '1') slow_real_geometry(cuda);

@@ -11,8 +11,7 @@ typedef struct {
     const char *backend;      /* "auto", "cpu", "cuda" */
     dt_backend_opts be;
     int cuda_graph;           /* --cuda-graph: replay the DiT forward as a CUDA graph (fixed shapes) */
-    int guidance_batch;       /* --guidance-batch on: a guided step's two passes in one forward (default off until a
-                               * GPU run has timed it: PERF.md) */
+    int guidance_batch;       /* --guidance-batch on (the default): a guided step's two passes in one forward */
     int guidance_batch_set;   /* --guidance-batch was given (commands without guided steps refuse it) */
     dt_precision precision;   /* --precision: the DiT blocks' Linears (the model's load options, not the backend's) */
     dt_precision attn_precision;   /* --attn-precision: the DiT blocks' attention */

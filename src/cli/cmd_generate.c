@@ -75,7 +75,7 @@ static void usage(FILE *f) {
             "  --cuda-graph                replay the DiT forward as a CUDA graph from the second step on\n"
             "  --guidance-batch on|off     with guidance, the prompt's and the negative prompt's passes of a step in\n"
             "                              one forward (a batch of 2: each weight read once; Krea 2, FLUX.2 base)\n"
-            "                              or two (default off: two); a step cache (--cache) always runs two\n"
+            "                              or two (default on: one); a step cache (--cache) always runs two\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --cache SPEC                step caching (default off): first-block=T (skip the other blocks while the\n"
             "                              first block's residual changed by at most T, relative; e.g. 0.08) or\n"

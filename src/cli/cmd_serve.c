@@ -52,7 +52,7 @@ static void usage(FILE *f) {
             "                              \"cache\" overrides it): first-block=T or taylorseer=N[:ORDER] (see\n"
             "                              ditrun generate --help)\n"
             "  --cuda-graph                replay the DiT forward as a CUDA graph\n"
-            "  --guidance-batch on|off     a guided step's two passes in one forward or two (default off: two)\n"
+            "  --guidance-batch on|off     a guided step's two passes in one forward or two (default on: one)\n"
             "  --kernels auto|portable     CUDA: portable takes the paths of a non-Hopper card on any card\n"
             "  --no-prefetch               CUDA: no transient-weight prefetch (the models' hints ignored; A/B timings)\n"
             "  --max-vram SIZE             GPU memory budget of each worker (K, M, G suffixes: 12G; default: the card's\n"

@@ -10,7 +10,10 @@
 #include "pipeline/family.h"
 #include "pipeline/budget.h"
 
-void dt_pipeline_opts_default(dt_pipeline_opts *o) { memset(o, 0, sizeof *o); }
+void dt_pipeline_opts_default(dt_pipeline_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->guidance_batch = 1;   /* the guided step in one forward where the family can (PERF.md: measured faster) */
+}
 
 void dt_gen_params_default(dt_gen_params *p) {
     memset(p, 0, sizeof *p);

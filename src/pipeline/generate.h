@@ -25,7 +25,7 @@ typedef struct {
     int cuda_graph;             /* replay the DiT forward as a CUDA graph after the first steps */
     int guidance_batch;         /* --guidance-batch on: classifier-free guidance's prompt and negative prompt in one
                                  * forward per step (a batch of 2) where the family's model can (Krea 2, FLUX.2 base)
-                                 * and no step cache is on; 0 (default): two forwards */
+                                 * and no step cache is on (dt_pipeline_opts_default: 1); 0: two forwards */
     int release_text_encoder;   /* free the text encoder after each prompt and reload it for the next: peak memory
                                  * is the larger of text encoder and DiT + VAE instead of their sum (one-shot runs) */
     const dt_lora_spec *loras;  /* LoRA adapters for the DiT, n_loras of them (copied by dt_pipeline_load) */
