@@ -490,6 +490,45 @@ static void test_flow_step(void) {
     free(x); free(v); free(u); free(want);
 }
 
+/* abs_diff_sums (First Block Cache's decision) against the straightforward double loop over the elements in row-major
+ * order, the loop block_cache.c ran on the downloaded residuals before the op existed. The op sums in that same order,
+ * so the tolerance is TOL_ADS = 0: equal bit for bit (the cache's CPU decisions stay those of that loop, which
+ * test_cache compares with diffusers). Strided views (ld > cols); b as a host BF16 view (each value widened). */
+#define TOL_ADS 0.0
+static void test_abs_diff_sums(int64_t M, int64_t D, int bf16_b) {
+    char name[128];
+    const size_t n = (size_t)(M * D);
+    float *a = rand_vec(n, -2, 2), *b = rand_vec(n, -2, 2);
+    for (size_t i = 0; i < n; i++) {   /* magnitudes over 2^-30..2^10, so the sums round and their order shows */
+        const float s = ldexpf(1.0f, (int)(xorshift() % 41) - 30);
+        a[i] *= s;
+        b[i] *= s;
+    }
+    for (size_t i = 0; i < n; i += 3) a[i] = b[i];   /* some equal elements, as a slowly changing residual has */
+    uint16_t *hb = malloc(n * 2 + 2);
+    if (bf16_b)
+        for (size_t i = 0; i < n; i++) { hb[i] = dt_f32_to_bf16(b[i]); b[i] = dt_bf16_to_f32(hb[i]); }
+    double want[2] = {0.0, 0.0};
+    for (size_t i = 0; i < n; i++) {
+        want[0] += fabs((double)a[i] - (double)b[i]);
+        want[1] += fabs((double)b[i]);
+    }
+    tm ta = tm_up(a, M, D, 4), tb = tm_up(b, M, D, 6);
+    dt_mat bm = bf16_b ? (dt_mat){ hb, M, D, D, DT_BF16 } : tb.v;
+    double got[2] = {-1.0, -1.0};
+    be->abs_diff_sums(be, ta.v, bm, got);
+    snprintf(name, sizeof name, "abs_diff_sums [%lld,%lld]%s: the row-major double loop's sums", (long long)M,
+             (long long)D, bf16_b ? " (b bf16)" : "");
+    T_CHECK(name, fabs(got[0] - want[0]) <= TOL_ADS * want[0] && fabs(got[1] - want[1]) <= TOL_ADS * want[1],
+            "sums %.17g %.17g, the loop %.17g %.17g", got[0], got[1], want[0], want[1]);
+    /* a matrix with itself: no difference */
+    be->abs_diff_sums(be, ta.v, ta.v, got);
+    snprintf(name, sizeof name, "abs_diff_sums [%lld,%lld] of a matrix with itself: 0", (long long)M, (long long)D);
+    T_CHECK(name, got[0] == 0.0 && got[1] > 0.0, "sums %.17g %.17g", got[0], got[1]);
+    tm_free(&ta); tm_free(&tb);
+    free(a); free(b); free(hb);
+}
+
 static void test_small_elementwise(void) {
     const int64_t M = 17, D = 257;
     const size_t n = (size_t)(M * D);
@@ -851,6 +890,10 @@ int main(int argc, char **argv) {
     test_act_mul(DT_ACT_SILU, 1, 1);
     test_small_elementwise();
     test_flow_step();
+    test_abs_diff_sums(1, 1, 0);
+    test_abs_diff_sums(17, 257, 0);
+    test_abs_diff_sums(64, 3072, 0);                    /* Krea 2's width */
+    test_abs_diff_sums(13, 300, 1);
 
     test_conv2d(3, 4, 3, 1, 5, 6, 1);
     test_conv2d(16, 32, 3, 1, 20, 24, 1);

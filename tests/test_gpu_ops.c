@@ -216,6 +216,39 @@ static void test_flow_step(int64_t M, int64_t N) {
     free(hx); free(hv); free(hu);
 }
 
+/* abs_diff_sums (First Block Cache's decision: Σ|a − b|, Σ|b|) on the GPU against the CPU op, over the same values
+ * (bf16-representable; on the GPU bf16, or f32 with f32 = 1, on the CPU f32), a as a column view of a wider buffer
+ * (ld > cols). Each element's |a − b| and |b| is the same double on both; only the summation order differs (per
+ * thread, warp, block, then atomics, against one row-major loop), a relative error of at most n·2⁻⁵³ (1.4e-9 at
+ * Krea 2's 1024² residual [4096, 3072]): TOL_ADS 1e-8 holds that, while one lost element of 12.6M (8e-8) fails. */
+#define TOL_ADS 1e-8
+static void test_abs_diff_sums(int64_t M, int64_t N, int f32) {
+    char name[160];
+    const size_t n = (size_t)M * N;
+    const dt_dtype gt = f32 ? DT_F32 : DT_BF16;
+    float *hb = rand_bf(n, -3.f, 3.f), *ha = malloc(n * sizeof(float) + 4);
+    /* a: a residual close to the last one (b), every fifth element equal */
+    for (size_t i = 0; i < n; i++) ha[i] = i % 5 ? dt_bf16_round(hb[i] + frand(-0.2f, 0.2f)) : hb[i];
+    dt_mat gbuf = dt_alloc_or_die(G, M, N + 24, gt), ga = dt_mat_cols(gbuf, 8, N), gb = up(G, hb, M, N, gt);
+    G->upload(G, ga, ha);
+    dt_mat ca = up(C, ha, M, N, DT_F32), cb = up(C, hb, M, N, DT_F32);
+    double got[2] = {-1.0, -1.0}, want[2] = {-2.0, -2.0};
+    G->abs_diff_sums(G, ga, gb, got);
+    C->abs_diff_sums(C, ca, cb, want);
+    const double e0 = fabs(got[0] - want[0]) / want[0], e1 = fabs(got[1] - want[1]) / want[1];
+    snprintf(name, sizeof name, "abs_diff_sums %s [%lld,%lld] (a strided) = the CPU's (rel %.2g, %.2g <= %g)",
+             f32 ? "f32" : "bf16", (long long)M, (long long)N, e0, e1, TOL_ADS);
+    T_CHECK(name, e0 <= TOL_ADS && e1 <= TOL_ADS, "GPU %.17g %.17g, CPU %.17g %.17g", got[0], got[1], want[0], want[1]);
+    G->abs_diff_sums(G, gb, gb, got);
+    snprintf(name, sizeof name, "abs_diff_sums %s [%lld,%lld] of a matrix with itself: 0 and the CPU's sum of |b|",
+             f32 ? "f32" : "bf16", (long long)M, (long long)N);
+    T_CHECK(name, got[0] == 0.0 && fabs(got[1] - want[1]) <= TOL_ADS * want[1], "GPU %.17g %.17g, CPU |b| %.17g",
+            got[0], got[1], want[1]);
+    free(ha); free(hb);
+    G->free(G, &gbuf); G->free(G, &gb);
+    C->free(C, &ca); C->free(C, &cb);
+}
+
 static void test_copy_transpose(void) {
     const int64_t M = 1000, N = 3000;
     float *h = rand_bf((size_t)M * N, -5.f, 5.f);
@@ -493,6 +526,9 @@ int main(void) {
         test_mul_axpby(1024, 3072);
         test_flow_step(4096, 64);
         test_flow_step(77, 33);
+        test_abs_diff_sums(4096, 3072, 0);   /* Krea 2's 1024² image rows */
+        test_abs_diff_sums(77, 333, 0);
+        test_abs_diff_sums(100, 200, 1);
         printf("# section ew %.1f s\n", dt_now() - ts);
     }
     if (RUN("image")) {

@@ -169,6 +169,10 @@ typedef struct dt_backend dt_backend;
     V(copy, (dt_backend *be, dt_mat dst, dt_mat src), (be, dst, src)) \
     /* y[N, M] = x[M, N]ᵀ. */ \
     V(transpose, (dt_backend *be, dt_mat y, dt_mat x), (be, y, x)) \
+    /* out[0] = Σ |a − b| and out[1] = Σ |b| over every element of a, b (same shape, F32 or BF16, any strides), \
+     * each element widened to f32 and summed in double (First Block Cache's decision, models/block_cache.h). \
+     * Synchronizes: the sums are on the host when it returns. */ \
+    V(abs_diff_sums, (dt_backend *be, dt_mat a, dt_mat b, double out[2]), (be, a, b, out)) \
     /* Image ops (VAE). Images are [C, H*W] (channel-major, NCHW with N=1). */ \
     /* y [cout, H*W] = conv(x [cin, H*W]) with stride 1, same-size output (pad = k/2). */ \
     V(conv2d, (dt_backend *be, dt_mat y, dt_mat x, const dt_conv *c, int h, int w), (be, y, x, c, h, w)) \

@@ -2,7 +2,8 @@
  * "Step caching"): after the first block the change of its image-row residual decides whether the other blocks
  * run or the residual they added on the last computed pass is added instead. One dt_fbc_branch per guidance
  * branch; the sampler owns it, a family's forward (flux2_set_block_cache, krea2_set_block_cache) uses it.
- * Everything runs through the backend interface (the decision is a host reduction of one downloaded residual). */
+ * Everything runs through the backend interface; the decision reduces the residuals on the backend
+ * (abs_diff_sums: two sums, 16 bytes to the host). */
 #ifndef DT_BLOCK_CACHE_H
 #define DT_BLOCK_CACHE_H
 
@@ -18,11 +19,10 @@ typedef struct {
     /* state of the last computed pass (its rows × cols; new shapes start over) */
     dt_backend *be;      /* the backend the device buffers live on */
     int64_t rows, cols;
-    float *prev;         /* host [rows, cols] the first block's residual (output − input); NULL: none yet */
-    float *cur;          /* host [rows, cols] scratch */
-    dt_mat head;         /* [rows, cols] device: the first block's input, then its output */
+    dt_mat head;         /* [rows, cols] device: the first block's input, then its residual, then its output */
+    dt_mat prev;         /* [rows, cols] device: the first block's residual (output − input) of the last computed pass */
     dt_mat tail;         /* [rows, cols] device: the last block's output − the first block's (image rows) */
-    int have_tail;
+    int have_prev, have_tail;
 } dt_fbc_branch;
 
 /* Before a forward of rows × cols image rows (outside any captured graph): (re)allocates on the first call and

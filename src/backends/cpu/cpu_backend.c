@@ -248,6 +248,7 @@ dt_backend *dt_backend_cpu_create(const dt_backend_opts *opts) {
     be->flow_step = cpu_flow_step;
     be->copy = cpu_copy;
     be->transpose = cpu_transpose;
+    be->abs_diff_sums = cpu_abs_diff_sums;
     be->conv2d = cpu_conv2d;
     be->conv2d_strided = cpu_conv2d_strided;
     be->group_norm = cpu_group_norm;

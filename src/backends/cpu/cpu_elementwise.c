@@ -1,6 +1,6 @@
 /* cpu_elementwise.c — row-wise CPU ops: LayerNorm+modulation, RMSNorm (+ shift), per-head RMSNorm+RoPE,
- * activations, gated residual adds, products, axpby, copy and transpose.
- * Every op honours row strides (ld) and splits rows over the backend's thread pool.
+ * activations, gated residual adds, products, axpby, copy, transpose and abs_diff_sums (two sums of a pair).
+ * Every op honours row strides (ld) and splits rows over the backend's thread pool (abs_diff_sums aside: one thread).
  * Reductions (means, variances) are accumulated in double. */
 #include <math.h>
 #include <stdlib.h>
@@ -273,6 +273,31 @@ void cpu_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance,
                                : vp[r * v.ld + c];
             xp[r * x.ld + c] = xp[r * x.ld + c] + dt * w;
         }
+}
+
+/* ---------------- abs_diff_sums (First Block Cache's decision; backend.h) ---------------- */
+/* One element widened to f32. */
+static float elem_f32(dt_mat m, int64_t r, int64_t c) {
+    if (m.dtype == DT_BF16) return dt_bf16_to_f32(((const uint16_t *)m.data)[r * m.ld + c]);
+    return ((const float *)m.data)[r * m.ld + c];
+}
+
+/* On one thread in row-major element order, so the sums (and the decisions made from them) are the same on every
+ * run and thread count. */
+void cpu_abs_diff_sums(dt_backend *be, dt_mat a, dt_mat b, double out[2]) {
+    (void)be;
+    same_shape(a, b, "abs_diff_sums");
+    CPU_REQUIRE((a.dtype == DT_F32 || a.dtype == DT_BF16) && (b.dtype == DT_F32 || b.dtype == DT_BF16),
+                "abs_diff_sums", "unsupported dtypes %s, %s", dt_dtype_name(a.dtype), dt_dtype_name(b.dtype));
+    double d = 0.0, p = 0.0;
+    for (int64_t r = 0; r < a.rows; r++)
+        for (int64_t c = 0; c < a.cols; c++) {
+            const double va = elem_f32(a, r, c), vb = elem_f32(b, r, c);
+            d += fabs(va - vb);
+            p += fabs(vb);
+        }
+    out[0] = d;
+    out[1] = p;
 }
 
 /* ---------------- copy (F32 / BF16 either side) ---------------- */

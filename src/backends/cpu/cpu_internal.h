@@ -96,6 +96,7 @@ void cpu_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_m
 void cpu_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt);
 void cpu_copy(dt_backend *be, dt_mat dst, dt_mat src);
 void cpu_transpose(dt_backend *be, dt_mat y, dt_mat x);
+void cpu_abs_diff_sums(dt_backend *be, dt_mat a, dt_mat b, double out[2]);
 /* cpu_image.c */
 dt_conv *cpu_conv_create(dt_backend *be, const float *w, const float *bias, int cout, int cin, int k, int pad);
 void cpu_conv_destroy(dt_backend *be, dt_conv *c);

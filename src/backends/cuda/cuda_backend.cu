@@ -257,6 +257,7 @@ extern "C" dt_backend *dt_backend_cuda_create(const dt_backend_opts *opts) {
     be->flow_step = dtc_flow_step;
     be->copy = dtc_copy;
     be->transpose = dtc_transpose;
+    be->abs_diff_sums = dtc_abs_diff_sums;
     be->conv2d = dtc_conv2d;
     be->conv2d_strided = dtc_conv2d_strided;
     be->group_norm = dtc_group_norm;

@@ -341,6 +341,7 @@ void dtc_axpby(dt_backend *be, dt_mat y, float alpha, dt_mat a, float beta, dt_m
 void dtc_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance, int from_cond, float dt);
 void dtc_copy(dt_backend *be, dt_mat dst, dt_mat src);
 void dtc_transpose(dt_backend *be, dt_mat y, dt_mat x);
+void dtc_abs_diff_sums(dt_backend *be, dt_mat a, dt_mat b, double out[2]);
 /* Upload helpers: convert a device buffer of `n` elements of dtype `t` (F32/F16/BF16) into bf16. */
 void dtc_convert_to_bf16(dtc_state *st, __nv_bfloat16 *dst, const void *src, dt_dtype t, int64_t n);
 /* Add a bias vector bias[cols] (bf16) to each row of m (bf16 or f32). */

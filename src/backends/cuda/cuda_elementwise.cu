@@ -1,6 +1,7 @@
 /* cuda_elementwise.cu — row-wise and elementwise ops of the CUDA backend: layernorm_mod, rmsnorm (+ shift),
  * head_norm_rope (fused per-head RMSNorm + RoPE), act_mul, gated_add, mul, axpby, copy (strided, with
- * F32<->BF16 conversion), transpose, and small helpers (dtype conversion at upload, bias adds).
+ * F32<->BF16 conversion), transpose, abs_diff_sums (two sums read back to the host), and small helpers (dtype
+ * conversion at upload, bias adds).
  *
  * Elementwise ops run one of two kernels: a vectorised one (8 elements = one 16-byte bf16 load per thread)
  * when every operand's rows are 16-byte aligned, otherwise a scalar one that handles any strides and
@@ -448,6 +449,54 @@ void dtc_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance,
                 "flow_step: the latents and velocities must be F32");
     f_flow_step f{dtc_dm(x), dtc_dm(v), dtc_dm(u), guidance, dt, u.data != nullptr, from_cond};
     launch_ew(dtc(be), f, x.rows, x.cols, vec_ok(x) && vec_ok(v) && vec_ok(u), "flow_step");
+}
+
+/* abs_diff_sums (backend.h): s[0] += Σ |a − b|, s[1] += Σ |b| over rows x cols (s zeroed by the caller). Each thread
+ * sums its grid-stride share of the elements in double (the values widened to f32, then to double, as the host
+ * reference does), the block reduces over warps, and one thread per block adds to s with a double atomicAdd. */
+#define ADS_THREADS 256
+__global__ void k_abs_diff_sums(dmat a, dmat b, int64_t rows, int64_t cols, double *s) {
+    double d = 0.0, p = 0.0;
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        const double va = (double)dm_get(a, r, c), vb = (double)dm_get(b, r, c);
+        d += fabs(va - vb);
+        p += fabs(vb);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        d += __shfl_xor_sync(0xffffffffu, d, o);
+        p += __shfl_xor_sync(0xffffffffu, p, o);
+    }
+    __shared__ double sh[2][ADS_THREADS / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { sh[0][warp] = d; sh[1][warp] = p; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ADS_THREADS / 32; w++) { d += sh[0][w]; p += sh[1][w]; }
+        atomicAdd(&s[0], d);
+        atomicAdd(&s[1], p);
+    }
+}
+
+void dtc_abs_diff_sums(dt_backend *be, dt_mat a, dt_mat b, double out[2]) {
+    dtc_state *st = dtc(be);
+    DTC_REQUIRE(a.rows == b.rows && a.cols == b.cols, "abs_diff_sums: a [%lld,%lld] and b [%lld,%lld] differ",
+                (long long)a.rows, (long long)a.cols, (long long)b.rows, (long long)b.cols);
+    DTC_REQUIRE(a.data && b.data, "abs_diff_sums: a and b must have data");
+    req_float(a, "abs_diff_sums", "a"); req_float(b, "abs_diff_sums", "b");
+    out[0] = out[1] = 0.0;
+    if (a.rows <= 0 || a.cols <= 0) return;
+    double *s = (double *)dtc_scratch_get(st, &st->s_misc, 2 * sizeof(double));
+    CK(cudaMemsetAsync(s, 0, 2 * sizeof(double), st->q.stream));
+    int64_t blocks = (a.rows * a.cols + ADS_THREADS - 1) / ADS_THREADS;
+    if (blocks > (int64_t)st->sm_count * 8) blocks = (int64_t)st->sm_count * 8;
+    k_abs_diff_sums<<<(unsigned)blocks, ADS_THREADS, 0, st->q.stream>>>(dtc_dm(a), dtc_dm(b), a.rows, a.cols, s);
+    CK_LAUNCH("abs_diff_sums");
+    dtc_prefetch_join(st);
+    CK(cudaMemcpyAsync(out, s, 2 * sizeof(double), cudaMemcpyDeviceToHost, st->q.stream));
+    CK(cudaStreamSynchronize(st->q.stream));
 }
 
 struct f_gated_add {
@@ -982,6 +1031,7 @@ void dtc_preload_elementwise(dtc_state *st) {
     preload_ew<f_row_bias>();
     preload_ew<f_col_bias>();
     dtc_preload_fn((const void *)k_copy16);
+    dtc_preload_fn((const void *)k_abs_diff_sums);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_SILU, 1>);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_GELU_TANH, 1>);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_GELU_TANH, 0>);
