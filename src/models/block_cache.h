@@ -20,7 +20,7 @@ typedef struct {
     dt_backend *be;      /* the backend the device buffers live on */
     int64_t rows, cols;
     dt_mat head;         /* [rows, cols] device: the first block's input, then its residual, then its output */
-    dt_mat prev;         /* [rows, cols] device: the first block's residual (output − input) of the last computed pass */
+    dt_mat prev;         /* [rows, cols] device: the last computed pass's first-block residual (output − input) */
     dt_mat tail;         /* [rows, cols] device: the last block's output − the first block's (image rows) */
     int have_prev, have_tail;
 } dt_fbc_branch;

@@ -451,11 +451,27 @@ void dtc_flow_step(dt_backend *be, dt_mat x, dt_mat v, dt_mat u, float guidance,
     launch_ew(dtc(be), f, x.rows, x.cols, vec_ok(x) && vec_ok(v) && vec_ok(u), "flow_step");
 }
 
-/* abs_diff_sums (backend.h): s[0] += Σ |a − b|, s[1] += Σ |b| over rows x cols (s zeroed by the caller). Each thread
- * sums its grid-stride share of the elements in double (the values widened to f32, then to double, as the host
- * reference does), the block reduces over warps, and one thread per block adds to s with a double atomicAdd. */
+/* abs_diff_sums (backend.h) in two launches, deterministic for a given grid (no atomics): k_abs_diff_sums writes
+ * each block's sums of |a − b| and |b| over its grid-stride share of rows x cols to part[block] (each thread sums in
+ * double the values widened to f32, then to double, as the host reference does; then the block reduces), and
+ * k_abs_diff_sums_final adds the blocks' sums in a fixed order into s[0], s[1]. */
 #define ADS_THREADS 256
-__global__ void k_abs_diff_sums(dmat a, dmat b, int64_t rows, int64_t cols, double *s) {
+/* The block's sums of d and p (every thread's), valid in thread 0. */
+__device__ __forceinline__ void ads_block_sum(double &d, double &p) {
+    __shared__ double sh[2][ADS_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        d += __shfl_xor_sync(0xffffffffu, d, o);
+        p += __shfl_xor_sync(0xffffffffu, p, o);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { sh[0][warp] = d; sh[1][warp] = p; }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < ADS_THREADS / 32; w++) { d += sh[0][w]; p += sh[1][w]; }
+}
+
+__global__ void k_abs_diff_sums(dmat a, dmat b, int64_t rows, int64_t cols, double2 *part) {
     double d = 0.0, p = 0.0;
     const int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -464,20 +480,15 @@ __global__ void k_abs_diff_sums(dmat a, dmat b, int64_t rows, int64_t cols, doub
         d += fabs(va - vb);
         p += fabs(vb);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        d += __shfl_xor_sync(0xffffffffu, d, o);
-        p += __shfl_xor_sync(0xffffffffu, p, o);
-    }
-    __shared__ double sh[2][ADS_THREADS / 32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) { sh[0][warp] = d; sh[1][warp] = p; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < ADS_THREADS / 32; w++) { d += sh[0][w]; p += sh[1][w]; }
-        atomicAdd(&s[0], d);
-        atomicAdd(&s[1], p);
-    }
+    ads_block_sum(d, p);
+    if (threadIdx.x == 0) part[blockIdx.x] = make_double2(d, p);
+}
+
+__global__ void k_abs_diff_sums_final(const double2 *part, int nb, double *s) {
+    double d = 0.0, p = 0.0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) { d += part[i].x; p += part[i].y; }
+    ads_block_sum(d, p);
+    if (threadIdx.x == 0) { s[0] = d; s[1] = p; }
 }
 
 void dtc_abs_diff_sums(dt_backend *be, dt_mat a, dt_mat b, double out[2]) {
@@ -488,12 +499,15 @@ void dtc_abs_diff_sums(dt_backend *be, dt_mat a, dt_mat b, double out[2]) {
     req_float(a, "abs_diff_sums", "a"); req_float(b, "abs_diff_sums", "b");
     out[0] = out[1] = 0.0;
     if (a.rows <= 0 || a.cols <= 0) return;
-    double *s = (double *)dtc_scratch_get(st, &st->s_misc, 2 * sizeof(double));
-    CK(cudaMemsetAsync(s, 0, 2 * sizeof(double), st->q.stream));
     int64_t blocks = (a.rows * a.cols + ADS_THREADS - 1) / ADS_THREADS;
     if (blocks > (int64_t)st->sm_count * 8) blocks = (int64_t)st->sm_count * 8;
-    k_abs_diff_sums<<<(unsigned)blocks, ADS_THREADS, 0, st->q.stream>>>(dtc_dm(a), dtc_dm(b), a.rows, a.cols, s);
+    /* scratch: the two sums, then the blocks' partial sums */
+    double *s = (double *)dtc_scratch_get(st, &st->s_misc, (size_t)(1 + blocks) * sizeof(double2));
+    double2 *part = (double2 *)s + 1;
+    k_abs_diff_sums<<<(unsigned)blocks, ADS_THREADS, 0, st->q.stream>>>(dtc_dm(a), dtc_dm(b), a.rows, a.cols, part);
     CK_LAUNCH("abs_diff_sums");
+    k_abs_diff_sums_final<<<1, ADS_THREADS, 0, st->q.stream>>>(part, (int)blocks, s);
+    CK_LAUNCH("abs_diff_sums final");
     dtc_prefetch_join(st);
     CK(cudaMemcpyAsync(out, s, 2 * sizeof(double), cudaMemcpyDeviceToHost, st->q.stream));
     CK(cudaStreamSynchronize(st->q.stream));
@@ -1032,6 +1046,7 @@ void dtc_preload_elementwise(dtc_state *st) {
     preload_ew<f_col_bias>();
     dtc_preload_fn((const void *)k_copy16);
     dtc_preload_fn((const void *)k_abs_diff_sums);
+    dtc_preload_fn((const void *)k_abs_diff_sums_final);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_SILU, 1>);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_GELU_TANH, 1>);
     dtc_preload_fn((const void *)k_act_mul16<DT_ACT_GELU_TANH, 0>);
