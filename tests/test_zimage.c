@@ -929,14 +929,6 @@ static void test_missing_tensor(dt_backend *be) {
 
 /* ------------------------------------------------------------------ VAE */
 
-/* x [n] decoded values in [-1, 1] -> the [0, 1] image, clamped */
-static void to_unit_image(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        const float v = x[i] * 0.5f + 0.5f;
-        x[i] = v < 0.f ? 0.f : v > 1.f ? 1.f : v;
-    }
-}
-
 static void vae_on(dt_backend *be, const char *tag, double tol, double enc_tol) {
     char p[600], name[200];
     st_file *io = st_open(fx("vae_io.safetensors", p, sizeof p));
@@ -956,10 +948,13 @@ static void vae_on(dt_backend *be, const char *tag, double tol, double enc_tol) 
         snprintf(name, sizeof name, "%s vae decode ([0, 1] image)", tag);
         if (dec->numel != 3 * (int64_t)(h * s) * (w * s)) T_FAIL(name, "the reference has %lld values", (long long)dec->numel);
         else if (dt_vae_decode(v, z, h, w, rgb)) T_FAIL(name, "%s", dt_last_error());
-        else {
-            to_unit_image(rgb, (size_t)dec->numel);
-            to_unit_image(ref, (size_t)dec->numel);
-            check_l2(name, rgb, ref, (size_t)dec->numel, tol);
+        else {   /* both as the [0, 1] image the pipeline writes (dt_vae_postprocess: [H, W, 3]) */
+            float *i01 = dt_malloc(sizeof(float) * (size_t)dec->numel), *r01 = dt_malloc(sizeof(float) * (size_t)dec->numel);
+            dt_vae_postprocess(rgb, h * s, w * s, i01, NULL);
+            dt_vae_postprocess(ref, h * s, w * s, r01, NULL);
+            check_l2(name, i01, r01, (size_t)dec->numel, tol);
+            free(i01);
+            free(r01);
         }
         free(z); free(ref); free(rgb);
     }
