@@ -552,10 +552,6 @@ static int run_blocks(flux2_model *m, const flux2_acts *x, int n, int t, int64_t
     return 0;
 }
 
-/* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are in b->x.emb /
- * b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out's first n_out rows (n image rows run
- * through the blocks: the noise tokens, then appended reference tokens). No host transfers and no allocation, so it
- * can be captured into a graph (may_stop 0). may_stop: stop at a block boundary of a cancelled request, returning 1. */
 /* The guidance batch's attention (flux2_attn_hook of every block): the rows are [text 0 | text 1 | image 1 | image 0]
  * (t text and na image rows per sequence), so sequence 1 is the contiguous rows [t, 2t + na); sequence 0's text rows
  * (its Q|K|V after norm + RoPE) are copied behind the last row, making it the rows [2t + na, R + t), and its
@@ -579,6 +575,10 @@ static void pair_attention(void *ud, dt_mat o, dt_mat q, dt_mat k, dt_mat v) {
     if (t > 0) be->copy(be, dt_mat_rows(o, 0, t), dt_mat_rows(o, R, t));
 }
 
+/* Everything of one forward that runs on the device, from the timestep MLP to proj_out: inputs are in b->x.emb /
+ * b->x.in_img / b->x.in_txt and the RoPE tables, the result lands in b->x.out's first n_out rows (n image rows run
+ * through the blocks: the noise tokens, then appended reference tokens). No host transfers and no allocation, so it
+ * can be captured into a graph (may_stop 0). may_stop: stop at a block boundary of a cancelled request, returning 1. */
 static int device_part(flux2_model *m, int n, int n_out, int t, flux2_trace_fn trace, void *ud, int may_stop) {
     flux2_bufs *b = &m->buf;
     if (b->nb == 2) {   /* the guidance batch (flux2_forward_pair): both sequences' rows through every Linear */

@@ -96,12 +96,13 @@ static int dev_step(const dt_sampler *s, dt_step_cache *sc, int k, const dev_mat
     if (s->cfg && pair) {
         if (s->predict_pair_dev(s->ctx, i, d->x, d->v, d->u)) return -1;
         count_pair(sc, k);
-    }
-    for (int b = 0; !(s->cfg && pair) && b <= s->cfg; b++) {
-        if (s->predict_dev(s->ctx, i, d->x, b, b ? d->u : d->v)) return -1;
-        sc->total++;
-        sc->computed++;
-        sc->decisions[2 * k + b] = 1.0f;
+    } else {
+        for (int b = 0; b <= s->cfg; b++) {
+            if (s->predict_dev(s->ctx, i, d->x, b, b ? d->u : d->v)) return -1;
+            sc->total++;
+            sc->computed++;
+            sc->decisions[2 * k + b] = 1.0f;
+        }
     }
     const float dt = s->sigmas[i + 1] - s->sigmas[i];
     s->be->flow_step(s->be, d->x, d->v, s->cfg ? d->u : dt_mat_null(), s->guidance, s->rule == DT_CFG_FROM_COND, dt);

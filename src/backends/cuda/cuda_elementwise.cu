@@ -733,15 +733,21 @@ __global__ void k_rmsnorm_gen(dmat y, dmat x, const float *w, float woff, dmat s
     }
 }
 
-/* rmsnorm and rmsnorm_mod (shift NULL data: none). */
-static void rmsnorm_run(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, dt_mat shift, float eps,
-                        const char *op) {
-    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "%s: y/x shape mismatch", op);
+/* The weight and shift rows of a norm of x (rmsnorm, rmsnorm_mod and its e4m3 form; NULL data: none). */
+static void rmsnorm_check(dt_mat x, dt_mat w, dt_mat shift, const char *op) {
     DTC_REQUIRE(!w.data || (w.cols == x.cols && w.dtype == DT_F32), "%s: weight must be F32 [1, %lld]", op,
                 (long long)x.cols);
     DTC_REQUIRE(!shift.data || shift.cols == x.cols, "%s: shift has %lld columns, x %lld", op, (long long)shift.cols,
                 (long long)x.cols);
-    req_float(y, op, "y"); req_float(x, op, "x"); req_float(shift, op, "shift");
+    req_float(x, op, "x"); req_float(shift, op, "shift");
+}
+
+/* rmsnorm and rmsnorm_mod (shift NULL data: none). */
+static void rmsnorm_run(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, float w_offset, dt_mat shift, float eps,
+                        const char *op) {
+    DTC_REQUIRE(y.rows == x.rows && y.cols == x.cols, "%s: y/x shape mismatch", op);
+    rmsnorm_check(x, w, shift, op);
+    req_float(y, op, "y");
     dtc_state *st = dtc(be);
     if (x.rows <= 0 || x.cols <= 0) return;
     DTC_REQUIRE(x.rows < 2147483647LL, "%s: too many rows", op);
@@ -767,11 +773,7 @@ void dtc_rmsnorm_mod(dt_backend *be, dt_mat y, dt_mat x, dt_mat w, dt_mat shift,
 }
 
 int dtc_rmsnorm_mod_e4m3(dtc_state *st, dt_mat x, dt_mat w, dt_mat shift, float eps, uint8_t *q, float *s) {
-    DTC_REQUIRE(!w.data || (w.cols == x.cols && w.dtype == DT_F32), "rmsnorm_mod: weight must be F32 [1, %lld]",
-                (long long)x.cols);
-    DTC_REQUIRE(!shift.data || shift.cols == x.cols, "rmsnorm_mod: shift has %lld columns, x %lld",
-                (long long)shift.cols, (long long)x.cols);
-    req_float(x, "rmsnorm_mod", "x"); req_float(shift, "rmsnorm_mod", "shift");
+    rmsnorm_check(x, w, shift, "rmsnorm_mod");
     if (x.rows <= 0 || x.cols <= 0) return 0;
     int vec = vec_ok(x) && vec_ok_row(shift) && x.rows < 2147483647LL && dtc_aligned16(q);
     int threads = norm_threads(x.cols, &vec);

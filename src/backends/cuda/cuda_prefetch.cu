@@ -68,12 +68,9 @@ void dtc_linear_prefetch(dt_backend *be, const dt_linear *w, dt_mat gate, int64_
         char *stage = (char *)st->pf_stage.ptr;
         CK(cudaMemcpyAsync(stage, w->qw, qbytes, cudaMemcpyHostToDevice, st->pf_stream));
         CK(cudaMemcpyAsync(stage + sb_off, w->sb, staged - sb_off, cudaMemcpyHostToDevice, st->pf_stream));
-    }
-    if (staged)
-        dtc_dequant_launch_from(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w,
-                                (const uint32_t *)st->pf_stage.ptr, (const float2 *)((char *)st->pf_stage.ptr + sb_off),
-                                gate.data, gf);
-    else
+        dtc_dequant_launch_from(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, (const uint32_t *)stage,
+                                (const float2 *)(stage + sb_off), gate.data, gf);
+    } else
         dtc_dequant_launch(st, st->pf_stream, (__nv_bfloat16 *)st->pf[s].buf.ptr, w, gate.data, gf);
     CK(cudaEventRecord(st->pf[s].ready, st->pf_stream));
     st->pf[s].w = w;
