@@ -183,18 +183,26 @@ static void test_layernorm(int64_t M, int64_t D, int mod, int alias) {
     free(x); free(sh); free(sc); free(ref);
 }
 
+/* The double reference of rmsnorm and rmsnorm_mod: ref [M, D] = x * rsqrt(mean(x^2) + eps) * (w + off) + shift
+ * (w NULL: a factor 1; shift NULL: none). */
+static void rmsnorm_ref(const float *x, int64_t M, int64_t D, const float *w, double off, const float *shift, double eps,
+                        double *ref) {
+    for (int64_t m = 0; m < M; m++) {
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++) ss += (double)x[m * D + j] * x[m * D + j];
+        double r = 1.0 / sqrt(ss / D + eps);
+        for (int64_t j = 0; j < D; j++)
+            ref[m * D + j] = x[m * D + j] * r * (w ? w[j] + off : 1.0) + (shift ? shift[j] : 0.0);
+    }
+}
+
 static void test_rmsnorm(int64_t M, int64_t D, int weight, float off, int alias) {
     char name[96];
     snprintf(name, sizeof name, "rmsnorm M=%lld D=%lld%s offset %g%s", (long long)M, (long long)D,
              weight ? " weighted" : " no-weight", off, alias ? " in-place" : "");
     float *x = rand_vec((size_t)(M * D), -2, 2), *w = rand_vec((size_t)D, -1, 1);
     double *ref = malloc((size_t)(M * D) * sizeof(double));
-    for (int64_t m = 0; m < M; m++) {
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++) ss += (double)x[m * D + j] * x[m * D + j];
-        double r = 1.0 / sqrt(ss / D + 1e-5);
-        for (int64_t j = 0; j < D; j++) ref[m * D + j] = x[m * D + j] * r * (weight ? w[j] + (double)off : 1.0);
-    }
+    rmsnorm_ref(x, M, D, weight ? w : NULL, off, NULL, 1e-5, ref);
     tm tx = tm_up(x, M, D, 4), ty = alias ? tx : tm_new(M, D, 0), tw = tm_up(w, 1, D, 2);
     be->rmsnorm(be, ty.v, tx.v, weight ? tw.v : dt_mat_null(), off, 1e-5f);
     check(name, ty, ref);
@@ -210,13 +218,7 @@ static void test_rmsnorm_mod(int64_t M, int64_t D, int weight, int shift, int al
              weight ? " weighted" : " no-weight", shift ? " +shift" : "", alias ? " in-place" : "");
     float *x = rand_vec((size_t)(M * D), -2, 2), *w = rand_vec((size_t)D, -1, 3), *sh = rand_vec((size_t)D, -1, 1);
     double *ref = malloc((size_t)(M * D) * sizeof(double));
-    for (int64_t m = 0; m < M; m++) {
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++) ss += (double)x[m * D + j] * x[m * D + j];
-        double r = 1.0 / sqrt(ss / D + 1e-5);
-        for (int64_t j = 0; j < D; j++)
-            ref[m * D + j] = x[m * D + j] * r * (weight ? w[j] : 1.0) + (shift ? sh[j] : 0.0);
-    }
+    rmsnorm_ref(x, M, D, weight ? w : NULL, 0.0, shift ? sh : NULL, 1e-5, ref);
     tm tx = tm_up(x, M, D, 4), ty = alias ? tx : tm_new(M, D, 2), tw = tm_up(w, 1, D, 2), ts = tm_up(sh, 1, D, 6);
     be->rmsnorm_mod(be, ty.v, tx.v, weight ? tw.v : dt_mat_null(), shift ? ts.v : dt_mat_null(), 1e-5f);
     check(name, ty, ref);
@@ -237,12 +239,7 @@ static void test_rmsnorm_mod_linears(int64_t M, int64_t D) {
     dt_mat y[3];
     float *x = rand_vec((size_t)(M * D), -2, 2), *w = rand_vec((size_t)D, 0, 2), *sh = rand_vec((size_t)D, -1, 1);
     double *nrm = malloc((size_t)(M * D) * sizeof(double));
-    for (int64_t m = 0; m < M; m++) {
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++) ss += (double)x[m * D + j] * x[m * D + j];
-        double r = 1.0 / sqrt(ss / D + 1e-6);
-        for (int64_t j = 0; j < D; j++) nrm[m * D + j] = x[m * D + j] * r * w[j] + sh[j];
-    }
+    rmsnorm_ref(x, M, D, w, 0.0, sh, 1e-6, nrm);
     for (int i = 0; i < 3; i++) {
         make_weight(&tw[i], kind[i], N[i], D, 64, i == 1);
         lin[i] = be->linear_create(be, &tw[i].src);
