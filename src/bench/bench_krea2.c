@@ -1,8 +1,8 @@
 /* bench_krea2.c — Krea 2 as the bench drives it (bench_krea2_family, the interface of bench_internal.h).
  *
  * The checkpoint is synthetic (krea2_synth_write at the preset geometry, cached like the FLUX.2 ones) or --model
- * DIR. The whole forward is timed through krea2_forward itself, with the text key-padding mask and without it,
- * interleaved. Everything inside a transformer block is timed device-only on krea2.c's own pieces: its block
+ * DIR. The whole forward is timed through krea2_forward itself, with the pipeline's text padding mask (its real
+ * tokens computed, the padding dropped) and without a mask (every text token real), interleaved. Everything inside a transformer block is timed device-only on krea2.c's own pieces: its block
  * weights, activation set, modulation fold and block ops (krea2_block_op), loaded a second time after the model
  * is freed (the replica below). The replica is checked against the model: fed the model's stream after block 0,
  * its blocks 1..L-1 must reproduce the model's stream after the last block. Then: the transformer block's ops
@@ -72,14 +72,14 @@ fail:
     return NULL;
 }
 
-/* Activations for n image + t text tokens, RoPE tables from pos [t+n, axes], the key-padding bias from mask
- * (NULL: none) and the modulation vectors at `timestep`, as krea2_forward sets them up. */
-static void replica_alloc(k2_replica *m, int n, int t, const float *pos, const uint8_t *mask, float timestep) {
+/* Activations for n image + t text tokens (all real: krea2_forward computes a text's real tokens only), RoPE tables
+ * from pos [t+n, axes] and the modulation vectors at `timestep`, as krea2_forward sets them up. */
+static void replica_alloc(k2_replica *m, int n, int t, const float *pos, float timestep) {
     dt_backend *be = m->be;
     krea2_acts_free(be, &m->x);
     if (krea2_acts_alloc(be, &m->c, n, t, 1, &m->x)) bench_die();
     krea2_acts_positions(be, &m->c, &m->x, pos);
-    krea2_acts_mask(be, &m->x, mask);
+    if (krea2_acts_mask(&m->x, NULL)) bench_die();
     krea2_time_mods(be, &m->c, &m->ow, m->b, &m->x, timestep);
     m->io = krea2_acts_block(&m->c, &m->x);
     bench_fill_randn(be, m->io.s, 5, 1.0f);
@@ -188,6 +188,11 @@ static int setup(bench_ctx *x) {
     k->mask = dt_malloc((size_t)x->t);
     krea2_synth_inputs(c, x->h, x->w, x->t, o->seed, k->img, k->txt, k->pos, k->mask);
     for (int i = 0; i < x->t; i++) p->n_valid += k->mask[i];
+    {   /* the masked forward computes the real tokens only (krea2_forward drops the padding) */
+        bench_krea2_part v = *p;
+        count_flops(&v, x->n, p->n_valid);
+        p->gflop_forward_valid = c->num_layers * (v.gflop_block_gemm + v.gflop_block_attn) + v.gflop_text + v.gflop_other;
+    }
     bench_progress("%s on %s: D %d = %d heads (%d kv) x %d, %d blocks, F %d, text %d x %d layers; %d image + %d text tokens "
                    "(%d valid); %.1f GFLOP per forward", r->preset, r->backend, c->hidden, c->heads, c->kv_heads, c->head_dim,
                    c->num_layers, c->intermediate, c->text_dim, c->text_layers, x->n, x->t, p->n_valid, r->fwd_gflop);
@@ -264,12 +269,13 @@ static int model_forward(bench_ctx *x) {
         p->mask_effect = bench_max_abs_diff(om, on, no);
         p->out_finite = isfinite(p->out_absmax) && isfinite(bench_max_abs(on, no));
         if (!p->out_finite) bench_note(r, "WARNING: krea2_forward produced non-finite outputs");
-        /* one traced forward: the stream after block 0 and after the last block, for the replica check */
+        /* one traced forward without the mask (the replica's: every text token real): the stream after block 0 and
+         * after the last block, for the replica check */
         int64_t L = (int64_t)x->n + x->t;
         k->trace0 = dt_malloc(sizeof(float) * (size_t)(L * c->hidden));
         k->trace_last = dt_malloc(sizeof(float) * (size_t)(L * c->hidden));
         trace_ud tu = {k, be, c->num_layers - 1};
-        rc = krea2_forward(km, k->img, x->n, k->txt, x->t, 0.5f, k->pos, k->mask, om, trace_cb, &tu);
+        rc = krea2_forward(km, k->img, x->n, k->txt, x->t, 0.5f, k->pos, NULL, on, trace_cb, &tu);
     }
     krea2_free(km);   /* the replica loads its own copy of the blocks */
     free(om); free(on); free(sm); free(sn);
@@ -422,7 +428,7 @@ static int whole_forward(bench_ctx *x) {
     bench_progress("loading the block replica (%d blocks) ...", c->num_layers);
     if (!(k->rep = replica_load(be, x->o, x->dir, c))) return -1;
     k2_replica *m = k->rep;
-    replica_alloc(m, x->n, x->t, k->pos, k->mask, 0.5f);
+    replica_alloc(m, x->n, x->t, k->pos, 0.5f);
     int64_t L = (int64_t)x->n + x->t, D = c->hidden;
     if (c->num_layers > 1 && k->trace_ok) {
         float *got = dt_malloc(sizeof(float) * (size_t)(L * D));
@@ -446,8 +452,8 @@ static int whole_forward(bench_ctx *x) {
     blocks_run br = {m, c->num_layers};
     p->blocks_dev = bench_time_restored(be, m->io.s, s0, x->warmup, x->reps, run_blocks, &br);
     be->free(be, &s0);
-    r->fwd_ms = p->fwd_mask.med;
-    snprintf(r->fwd_what, sizeof r->fwd_what, "whole forward with mask");
+    r->fwd_ms = p->fwd_nomask.med;
+    snprintf(r->fwd_what, sizeof r->fwd_what, "whole forward, %d text tokens", x->t);
     r->floor_ms = p->blocks_dev.n ? p->blocks_dev.med : 0;
     snprintf(r->floor_what, sizeof r->floor_what, "The %d transformer blocks (device-only)", c->num_layers);
     return 0;
@@ -517,14 +523,14 @@ static void scaling(bench_ctx *x) {
     be->free(be, &s0);
 }
 
-/* Shares of krea2_forward with the mask: the blocks from the ledger (times the blocks), the rest of the forward
+/* Shares of krea2_forward without a mask (the replica's workload): the blocks from the ledger (times the blocks), the rest of the forward
  * (krea2_forward - the replica's blocks) and the unexplained remainder (the replica's blocks - ledger x blocks). */
 static void shares(bench_ctx *x) {
     bench_report *r = x->r;
     const bench_krea2_part *p = &r->krea2;
     double nl = p->c.num_layers;
-    r->total_ms = p->fwd_mask.med;
-    snprintf(r->shares_of, sizeof r->shares_of, "krea2_forward with the mask");
+    r->total_ms = p->fwd_nomask.med;
+    snprintf(r->shares_of, sizeof r->shares_of, "krea2_forward without a mask (%d text tokens)", x->t);
     snprintf(r->shares_how, sizeof r->shares_how, "times %d blocks. Rest = krea2_forward - the replica's blocks (text "
              "fusion, txt_in/img_in, timestep MLP + host modulation fold, final layer, host uploads/download); remainder "
              "= replica blocks - ledger block x blocks.", p->c.num_layers);
@@ -535,14 +541,14 @@ static void shares(bench_ctx *x) {
     bench_add_share(r, "q/k/v + gate", nl * o[KREA2_OP_QKVG].ledger_ms, 1);
     bench_add_share(r, "out", nl * o[KREA2_OP_OUT].ledger_ms, 1);
     bench_add_share(r, "MLP gate + up, down", nl * (o[KREA2_OP_MLPIN].ledger_ms + o[KREA2_OP_DOWN].ledger_ms), 1);
-    bench_add_share(r, "attention (GQA + key-padding mask)", nl * cat[BENCH_CAT_ATTN], 0);
+    bench_add_share(r, "attention (GQA)", nl * cat[BENCH_CAT_ATTN], 0);
     bench_add_share(r, "elementwise (modulated norms, QK norm, RoPE, gate, SwiGLU, residuals)", nl * cat[BENCH_CAT_ELEM], 0);
     bench_add_share(r, "modulated norms (RMSNorm + shift add)", nl * (o[KREA2_OP_NORM1].ledger_ms + o[KREA2_OP_NORM2].ledger_ms), 1);
     bench_add_share(r, "QK norm + RoPE", nl * (o[KREA2_OP_QKNORM].ledger_ms + o[KREA2_OP_ROPE].ledger_ms), 1);
     bench_add_share(r, "gate multiply + SwiGLU", nl * (o[KREA2_OP_GATE].ledger_ms + o[KREA2_OP_SWIGLU].ledger_ms), 1);
     bench_add_share(r, "gated residuals", nl * (o[KREA2_OP_RESID1].ledger_ms + o[KREA2_OP_RESID2].ledger_ms), 1);
     double blocks_ledger = nl * (cat[0] + cat[1] + cat[2]);
-    bench_shares_rest(r, blocks_ledger, p->fwd_mask.med - p->blocks_dev.med,
+    bench_shares_rest(r, blocks_ledger, p->fwd_nomask.med - p->blocks_dev.med,
                       "rest: text fusion, embedders, modulation, final layer, host I/O",
                       "unexplained remainder (replica blocks - ledger x blocks)");
 }
@@ -588,24 +594,30 @@ static void attention(bench_ctx *x, bench_attn_shape *a) {
     a->hq = c->heads;
     a->hkv = c->kv_heads;
     a->hd = c->head_dim;
-    a->bias = x->k2->rep->io.bias;   /* as in the model: GQA + the key-padding bias */
+    a->bias = dt_mat_null();   /* as in the model: GQA over real keys only */
     a->calls = c->num_layers;
-    snprintf(x->r->attn_what, sizeof x->r->attn_what, "attention, GQA %d/%d + mask", c->heads, c->kv_heads);
+    snprintf(x->r->attn_what, sizeof x->r->attn_what, "attention, GQA %d/%d", c->heads, c->kv_heads);
 }
 
 /* ------------------------------------------------------------------ arms */
 
-/* Krea 2's attention as it runs: grouped-query with the key-padding mask; native GQA vs repeated K/V, and the mask
- * as a bias vs compacted keys vs none. */
+/* Krea 2's attention: grouped-query over the pipeline's padded layout; native GQA vs repeated K/V, and the padding
+ * as a key bias (the reference's mask) vs compacted keys (what krea2_forward does) vs none. */
 static void arm_attention(bench_ctx *x) {
     const krea2_config *c = &x->r->krea2.c;
-    const k2_replica *m = x->k2->rep;
+    const uint8_t *mask = x->k2->mask;
     int64_t L = (int64_t)x->n + x->t;
+    dt_mat bias = dt_alloc_or_die(x->be, 1, L, DT_F32);   /* [1, L]: -inf on the padded text keys */
+    float *bh = dt_malloc(sizeof(float) * (size_t)L);
+    for (int64_t j = 0; j < L; j++) bh[j] = j < x->t && !mask[j] ? -INFINITY : 0.0f;
+    x->be->upload(x->be, bias, bh);
+    free(bh);
     if (c->kv_heads == c->heads)
         skip_arm(x->r, "gqa", "native GQA", "repeated KV", "kv heads = heads (pass --kv-heads)");
     else
-        bench_arm_gqa(x, L, c->heads, c->kv_heads, c->head_dim, m->io.bias, 3, "diffusers' repeat_interleave");
-    bench_arm_key_padding(x, c->heads, c->kv_heads, c->head_dim, m->io.bias, x->k2->mask);
+        bench_arm_gqa(x, L, c->heads, c->kv_heads, c->head_dim, bias, 3, "diffusers' repeat_interleave");
+    bench_arm_key_padding(x, c->heads, c->kv_heads, c->head_dim, bias, mask);
+    x->be->free(x->be, &bias);
 }
 
 static const bench_arm_entry arms[] = {{"attention", arm_attention}, {NULL, NULL}};
@@ -629,15 +641,18 @@ static void md_head(const bench_report *r, FILE *f) {
     bench_md_setup_end(r, f, "krea2_load");
 
     fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
-    bench_md_stat_row(f, "krea2_forward with the text mask (wall clock incl. host I/O)", p->fwd_mask, gf);
-    bench_md_stat_row(f, "krea2_forward without a mask", p->fwd_nomask, gf);
+    char mrow[160];
+    snprintf(mrow, sizeof mrow, "krea2_forward with the pipeline's mask: its %d real text tokens computed (wall clock incl. "
+             "host I/O)", p->n_valid);
+    bench_md_stat_row(f, mrow, p->fwd_mask, p->gflop_forward_valid);
+    bench_md_stat_row(f, "krea2_forward without a mask: every text token computed", p->fwd_nomask, gf);
     if (p->blocks_dev.n) {
         char what[96];
         snprintf(what, sizeof what, "replica: the %d transformer blocks (device-only, events)", c->num_layers);
         bench_md_stat_row(f, what, p->blocks_dev, nl * (p->gflop_block_gemm + p->gflop_block_attn));
     }
     fprintf(f, "\nWarm-up (excluded): first forward %.3f ms with mask, %.3f ms without. Output %s, max |out| %.3g; "
-               "max |out(mask) - out(no mask)| %.3g (the mask hides %d padded keys). ",
+               "max |out(mask) - out(no mask)| %.3g (the mask drops %d padded text tokens). ",
             p->fwd_mask_warm_ms, p->fwd_nomask_warm_ms, p->out_finite ? "finite" : "NOT FINITE", p->out_absmax, p->mask_effect,
             r->n_txt - p->n_valid);
     if (p->replica_checked)
@@ -689,7 +704,8 @@ static void json_head(const bench_report *r, FILE *f) {
     for (int i = 0; i < 3; i++) {
         fprintf(f, "{"); bench_jstr(f, "type", "forward"); fputc(',', f); bench_jstr(f, "name", fn[i]);
         bench_jstat(f, "t", *fs[i]);
-        bench_jnum(f, "tflops", bench_tflops(i == 2 ? c->num_layers * (p->gflop_block_gemm + p->gflop_block_attn) : gf, fs[i]->med));
+        bench_jnum(f, "tflops", bench_tflops(i == 2 ? c->num_layers * (p->gflop_block_gemm + p->gflop_block_attn)
+                                             : i == 0 ? p->gflop_forward_valid : gf, fs[i]->med));
         if (i == 0) { bench_jnum(f, "warmup_ms", p->fwd_mask_warm_ms); bench_jnum(f, "out_absmax", p->out_absmax); bench_jnum(f, "finite", p->out_finite); }
         if (i == 1) { bench_jnum(f, "warmup_ms", p->fwd_nomask_warm_ms); bench_jnum(f, "maxdiff_vs_mask", p->mask_effect); }
         if (i == 2 && p->replica_checked) { bench_jnum(f, "maxdiff_vs_model", p->replica_maxdiff); bench_jnum(f, "model_absmax", p->replica_absmax); }

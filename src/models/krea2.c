@@ -407,11 +407,10 @@ static dt_mat fview(dt_mat buf, int64_t rows, int64_t cols) {
 void krea2_acts_free(dt_backend *be, krea2_acts *b) {
     dt_mat *mats[] = {&b->emb, &b->th, &b->temb, &b->tg, &b->tmod, &b->modw, &b->modv, &b->in_img, &b->s,
                       &b->ts, &b->tr, &b->a, &b->q, &b->k, &b->v, &b->g, &b->o, &b->h1, &b->h2,
-                      &b->outm, &b->cos, &b->sin, &b->bias};
+                      &b->outm, &b->cos, &b->sin};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_mat(be, mats[i]);
     free(b->ids);
     free(b->host_mod);
-    free(b->key_runs);
     memset(b, 0, sizeof *b);
 }
 
@@ -428,8 +427,7 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb
     int64_t dkv = (int64_t)c->kv_heads * c->head_dim, tdkv = (int64_t)c->text_kv_heads * c->text_head_dim;
     int64_t big = max64(L * D, Lt * E);
     int64_t kv = max64(L * dkv, Lt * tdkv);
-    /* (h1 / h2 also hold the gathered keys / values of fp8 attention with a mask: L x dkv) */
-    int64_t hid = max64(max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)nb * t * D), L * dkv);
+    int64_t hid = max64(max64(L * c->intermediate, Lt * c->text_intermediate), (int64_t)nb * t * D);
     int nl = c->num_layers;
     struct { dt_mat *m; int64_t rows, cols; dt_dtype t; } all[] = {
         {&b->emb, 1, c->t_embed, act},   {&b->th, 1, D, act},          {&b->temb, 1, D, act},
@@ -440,15 +438,13 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb
         {&b->k, 1, kv, act},             {&b->v, 1, kv, act},          {&b->g, 1, big, act},
         {&b->o, 1, big, act},            {&b->h1, 1, hid, act},        {&b->h2, 1, hid, act},
         {&b->outm, (int64_t)nb * n, c->out_channels, act}, {&b->cos, L, c->head_dim, DT_F32},
-        {&b->sin, L, c->head_dim, DT_F32}, {&b->bias, nb, Ls, DT_F32},
+        {&b->sin, L, c->head_dim, DT_F32},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (be->alloc(be, all[i].m, all[i].rows, all[i].cols, all[i].t)) { krea2_acts_free(be, b); return -1; }
     b->n = n; b->t = t; b->nb = nb;
     b->ids = dt_malloc(sizeof(float) * (size_t)(L * c->n_axes));
     b->host_mod = dt_malloc(sizeof(float) * (size_t)((6 * nl + 9) * D));   /* see krea2_time_mods */
-    b->key_runs = dt_malloc(sizeof(int64_t) * (size_t)(nb * krea2_key_runs_stride(t)));
-    for (int i = 0; i < nb; i++) b->nkeys[i] = Ls;
     /* mark the RoPE tables stale */
     for (int64_t i = 0; i < L * c->n_axes; i++) b->ids[i] = NAN;
     return 0;
@@ -490,57 +486,38 @@ void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *b, 
     memcpy(b->ids, pos, sizeof(float) * nids);
 }
 
-void krea2_acts_mask(dt_backend *be, krea2_acts *b, const uint8_t *mask) {
-    int64_t L = (int64_t)b->n + b->t;   /* rows of one sequence */
-    b->masked = mask != NULL;
+int krea2_acts_mask(krea2_acts *b, const uint8_t *mask) {
+    for (int i = 0; i < b->nb; i++) b->key0[i] = 0;
+    if (!mask) return 0;
     for (int i = 0; i < b->nb; i++) {
-        b->nkey_runs[i] = 0;
-        b->nkeys[i] = L;
-    }
-    if (!mask) return;
-    float *bh = dt_malloc(sizeof(float) * (size_t)(L * b->nb));
-    for (int i = 0; i < b->nb; i++) {
-        /* sequence i's unmasked keys as runs of consecutive rows (fp8 attention gathers them: it takes no mask) */
         const uint8_t *mk = mask + (size_t)i * b->t;
-        int64_t *runs = b->key_runs + i * krea2_key_runs_stride(b->t);
-        int nr = 0;
-        b->nkeys[i] = 0;
-        for (int64_t j = 0; j < L; j++) {
-            const int padded = j < b->t && !mk[j];
-            bh[i * L + j] = padded ? -INFINITY : 0.0f;
-            if (padded) continue;
-            if (nr && runs[2 * (nr - 1)] + runs[2 * (nr - 1) + 1] == j)
-                runs[2 * (nr - 1) + 1]++;
-            else {
-                runs[2 * nr] = j;
-                runs[2 * nr + 1] = 1;
-                nr++;
+        int64_t k0 = 0;
+        while (k0 < b->t && !mk[k0]) k0++;
+        if (k0 == b->t) { dt_set_error("krea2: sequence %d's text mask marks no real token", i); return -1; }
+        for (int64_t j = k0; j < b->t; j++)
+            if (!mk[j]) {
+                dt_set_error("krea2: sequence %d's text mask is not [padding | real tokens] (token %lld padded after a "
+                             "real one)", i, (long long)j);
+                return -1;
             }
-            b->nkeys[i]++;
-        }
-        b->nkey_runs[i] = nr;
+        b->key0[i] = k0;
     }
-    be->upload(be, b->bias, bh);
-    free(bh);
+    return 0;
 }
 
 krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x) {
     int64_t Ls = (int64_t)x->n + x->t, L = x->nb * Ls, D = c->hidden, dkv = (int64_t)c->kv_heads * c->head_dim,
             F = c->intermediate;
-    int64_t nk = 0;
-    for (int i = 0; i < x->nb; i++) nk = max64(nk, x->nkeys[i]);
     krea2_block_io io = {
         .s = x->s,                   .a = fview(x->a, L, D),
         .q = fview(x->q, L, D),      .g = fview(x->g, L, D),      .o = fview(x->o, L, D),
         .k = fview(x->k, L, dkv),    .v = fview(x->v, L, dkv),
         .h1 = fview(x->h1, L, F),    .h2 = fview(x->h2, L, F),
-        .cos = x->cos,               .sin = x->sin,               .bias = x->masked ? x->bias : dt_mat_null(),
+        .cos = x->cos,               .sin = x->sin,
         .modw = x->modw,             .modv = x->modv,
         .nb = x->nb,                 .L = Ls,
-        .kc = fview(x->h1, nk, dkv), .vc = fview(x->h2, nk, dkv),
-        .key_runs = x->masked ? x->key_runs : NULL, .runs_stride = krea2_key_runs_stride(x->t),
     };
-    for (int i = 0; i < x->nb; i++) io.nkey_runs[i] = x->masked ? x->nkey_runs[i] : 0;
+    for (int i = 0; i < x->nb; i++) io.key0[i] = x->key0[i];
     return io;
 }
 
@@ -565,16 +542,16 @@ static void attn_qk(dt_backend *be, const krea2_attn_w *at, float eps, dt_mat q,
 }
 
 /* Krea2Attention on normed input x [R, dim] -> y [R, dim] (y may be x's buffer: x is consumed first), on the
- * flat scratch buffers of b. nseq = 0: nb sequences of R / nb rows one after another (the batch's texts), each
- * attending over its own rows with its row of bias [nb, R / nb] (key padding; NULL data: none). nseq > 0: nseq
+ * flat scratch buffers of b. nseq = 0: nb sequences of R / nb rows one after another (the batch's texts), sequence i
+ * attending over its own rows from key0[i] on (its padding first; key0 NULL: every row). nseq > 0: nseq
  * independent sequences of R / nseq rows
  * stored sequence-position-major (row p * nseq + s is position p of sequence s; the layerwise text fusion
  * uses layer-major rows l * T + t). Then Q/K/V [R, H*hd] are reinterpreted as [R/nseq, nseq*H*hd]:
  * one attention call with nseq*H query heads and nseq*Hkv kv heads attends within each sequence
  * (q head s*H + h uses kv head s*Hkv + h/(H/Hkv), exactly the per-sequence GQA mapping).
- * bias: [1, R] key-padding bias or NULL data. No RoPE (the text fusion has none). */
+ * No RoPE (the text fusion has none). */
 static void text_attention(dt_backend *be, const krea2_acts *b, const krea2_attn_w *at, float eps, dt_mat x, dt_mat y,
-                           int64_t nseq, int nb, dt_mat bias) {
+                           int64_t nseq, int nb, const int64_t *key0) {
     int64_t R = x.rows, dim = x.cols, dkv = (int64_t)at->kv_heads * at->hd;
     dt_mat q = fview(b->q, R, dim), k = fview(b->k, R, dkv), v = fview(b->v, R, dkv);
     dt_mat g = fview(b->g, R, dim), o = fview(b->o, R, dim);
@@ -595,22 +572,24 @@ static void text_attention(dt_backend *be, const krea2_acts *b, const krea2_attn
         }
     } else {
         const int64_t len = R / nb;
-        for (int i = 0; i < nb; i++)
-            be->attention(be, dt_mat_rows(o, i * len, len), dt_mat_rows(q, i * len, len), dt_mat_rows(k, i * len, len),
-                          dt_mat_rows(v, i * len, len), at->heads, at->kv_heads, at->hd, scale,
-                          bias.data ? dt_mat_cols(dt_mat_rows(bias, i, 1), 0, len) : dt_mat_null(), 0);
+        for (int i = 0; i < nb; i++) {
+            const int64_t k0 = key0 ? key0[i] : 0;
+            be->attention(be, dt_mat_rows(o, i * len, len), dt_mat_rows(q, i * len, len),
+                          dt_mat_rows(k, i * len + k0, len - k0), dt_mat_rows(v, i * len + k0, len - k0), at->heads,
+                          at->kv_heads, at->hd, scale, dt_mat_null(), 0);
+        }
     }
     be->act_mul(be, o, g, o, DT_ACT_SIGMOID);   /* attn * sigmoid(to_gate(x)) */
     be->linear(be, y, o, at->out);
 }
 
-/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq, nb, bias: see text_attention). */
+/* Krea2TextFusionBlock on the stream s [R, E] in place (nseq, nb, key0: see text_attention). */
 static void text_block(dt_backend *be, const krea2_config *c, krea2_acts *b, const k2_text_block *tb, dt_mat s,
-                       int64_t nseq, int nb, dt_mat bias) {
+                       int64_t nseq, int nb, const int64_t *key0) {
     dt_mat a = fview(b->a, s.rows, s.cols);
     dt_mat h1 = fview(b->h1, s.rows, c->text_intermediate), h2 = fview(b->h2, s.rows, c->text_intermediate);
     be->rmsnorm(be, a, s, tb->norm1, 1.0f, c->eps);
-    text_attention(be, b, &tb->attn, c->eps, a, a, nseq, nb, bias);
+    text_attention(be, b, &tb->attn, c->eps, a, a, nseq, nb, key0);
     be->gated_add(be, s, dt_mat_null(), a);
     be->rmsnorm(be, a, s, tb->norm2, 1.0f, c->eps);
     be->linear(be, h1, a, tb->ff.gate);   /* Krea2SwiGLU */
@@ -689,34 +668,19 @@ static void k2_linear(dt_backend *be, dt_mat y, dt_mat x, const dt_linear *w, co
     be->linear(be, y, x, w);
 }
 
-/* The blocks' GQA attention, per sequence of the batch (its L rows, its row of the bias): bf16 with the key-padding
- * bias (the reference), or with c->attn_fp8 the backend's fp8 attention, which takes no mask: the unmasked keys' rows
- * of K and V are gathered into kc / vc first (exactly the masked attention: a padded key's weight is exp(-inf) = 0;
- * the per-tensor Q / K / V scales then cover the sequence's own real keys only, as in its single forward). */
+/* The blocks' GQA attention, per sequence of the batch (its L rows): over its real keys only, rows [key0, L) (a
+ * shorter text's padding comes first: krea2_acts_mask). A padded key's weight would be exp(-inf) = 0, so this is
+ * exactly the masked attention, as a view and without a mask: bf16, or with c->attn_fp8 the backend's fp8 attention
+ * (its per-tensor K / V scales then cover the sequence's real keys only, as in its single forward). */
 static void block_attention(dt_backend *be, const krea2_config *c, const krea2_attn_w *at, const krea2_block_io *io) {
     const float scale = 1.0f / sqrtf((float)at->hd);
     const int64_t L = io->L;
     for (int b = 0; b < io->nb; b++) {
+        const int64_t k0 = b * L + io->key0[b];
         dt_mat o = dt_mat_rows(io->o, b * L, L), q = dt_mat_rows(io->q, b * L, L);
-        dt_mat k = dt_mat_rows(io->k, b * L, L), v = dt_mat_rows(io->v, b * L, L);
-        dt_mat bias = io->bias.data ? dt_mat_rows(io->bias, b, 1) : dt_mat_null();
-        if (!c->attn_fp8) {
-            be->attention(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale, bias, 0);
-            continue;
-        }
-        const int64_t *runs = io->key_runs ? io->key_runs + b * io->runs_stride : NULL;
-        if (bias.data && !(io->nkey_runs[b] == 1 && runs[1] == L)) {
-            int64_t r = 0;
-            for (int i = 0; i < io->nkey_runs[b]; i++) {
-                int64_t r0 = runs[2 * i], len = runs[2 * i + 1];
-                be->copy(be, dt_mat_rows(io->kc, r, len), dt_mat_rows(k, r0, len));
-                be->copy(be, dt_mat_rows(io->vc, r, len), dt_mat_rows(v, r0, len));
-                r += len;
-            }
-            k = dt_mat_rows(io->kc, 0, r);
-            v = dt_mat_rows(io->vc, 0, r);
-        }
-        be->attention_fp8(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale);
+        dt_mat k = dt_mat_rows(io->k, k0, L - io->key0[b]), v = dt_mat_rows(io->v, k0, L - io->key0[b]);
+        if (c->attn_fp8) be->attention_fp8(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale);
+        else be->attention(be, o, q, k, v, at->heads, at->kv_heads, at->hd, scale, dt_mat_null(), 0);
     }
 }
 
@@ -818,7 +782,7 @@ static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int
         lv.ld = raw.ld * Y;
         be->copy(be, dt_mat_rows(ts, l * Tb, Tb), lv);
     }
-    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, Tb, 1, dt_mat_null());
+    for (int i = 0; i < c->n_layerwise; i++) text_block(be, c, b, &m->lw[i], ts, Tb, 1, NULL);
     /* projector Y -> 1: tr[t] = sum_l p_l * ts[l*Tb + t] */
     dt_mat tr = fview(b->tr, Tb, E);
     for (int64_t l = 0; l < Y; l++) {
@@ -826,8 +790,7 @@ static int device_part(krea2_model *m, krea2_trace_fn trace, void *trace_ud, int
         if (l == 0) be->axpby(be, tr, m->proj[0], lv, 0.0f, dt_mat_null());
         else be->axpby(be, tr, 1.0f, tr, m->proj[l], lv);
     }
-    dt_mat tbias = b->masked ? dt_mat_cols(b->bias, 0, T) : dt_mat_null();   /* [nb, T]: each text's key padding */
-    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, nb, tbias);
+    for (int i = 0; i < c->n_refiner; i++) text_block(be, c, b, &m->rf[i], tr, 0, nb, b->key0);   /* each text's own */
 
     /* ---- txt_in, img_in -> joint stream, per sequence [text, image] ---- */
     dt_mat s = b->s;
@@ -925,7 +888,15 @@ void krea2_set_graph(krea2_model *m, int on) {
     if (!m->use_graph) drop_graphs(m);
 }
 
-/* Check the inputs of a batch of nb sequences; *t_max: the longest text (the padded length). 0 or -1. */
+/* The real text tokens of sequence q: its mask's ones (every token without a mask). */
+static int real_tokens(const krea2_seq *q) {
+    if (!q->mask) return q->n_txt;
+    int real = 0;
+    for (int j = 0; j < q->n_txt; j++) real += q->mask[j] != 0;
+    return real;
+}
+
+/* Check the inputs of a batch of nb sequences; *t_max: the most real text tokens (the batch's text length). 0 or -1. */
 static int check_batch(const krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep, int *t_max) {
     const krea2_config *c = &m->c;
     if (nb < 1 || nb > KREA2_MAX_BATCH) {
@@ -954,72 +925,82 @@ static int check_batch(const krea2_model *m, const krea2_seq *seq, int nb, int n
             dt_set_error("krea2_forward: need at least one image and one text token (got N=%d, T=%d)", n_img, q->n_txt);
             return -1;
         }
-        if (q->mask) {
-            int valid = 0;
-            for (int j = 0; j < q->n_txt; j++) valid += q->mask[j] != 0;
-            if (!valid) {
-                /* the reference would produce NaN (softmax over no key in the refiner) */
-                dt_set_error("krea2_forward: the text mask marks no valid token");
-                return -1;
-            }
+        const int real = real_tokens(q);
+        if (!real) {
+            /* the reference would produce NaN (softmax over no key in the refiner) */
+            dt_set_error("krea2_forward: the text mask marks no valid token");
+            return -1;
         }
-        if (q->n_txt > *t_max) *t_max = q->n_txt;
+        if (real > *t_max) *t_max = real;
     }
     if (!isfinite(timestep)) { dt_set_error("krea2_forward: timestep is not finite"); return -1; }
     return 0;
 }
 
-/* The host inputs of a batch into the buffers (T: the padded text length): positions [nb·L, axes], the masks
- * [nb·T] (a shorter text's padding masked), the texts token-major [nb·T·Y, E] (padding rows zero: finite, never
- * attended to) and the latents [nb·N, in]. One unpadded sequence uses its own arrays as they are. *mask_out: the
- * batch's mask (NULL: none), owned[0..1]: what was allocated for it (the caller frees). */
-static void upload_batch(krea2_model *m, const krea2_seq *seq, int nb, int T, const uint8_t **mask_out,
-                         void *owned[2]) {
+/* The host inputs of a batch into the buffers, the texts compacted to their real tokens (T: the most of any sequence;
+ * NOTES.md, "Krea 2: padded text tokens are not computed"): a padded token is never attended to (a masked key) and
+ * its rows are dropped at the output, so the image rows do not depend on it; all text rows sit at position 0. Sequence
+ * i's ti real tokens take the last ti of its T text rows, in their order; a shorter text's first T - ti rows are
+ * zero features (finite) masked as keys, so its keys stay one run of rows (block_attention: a view, no mask).
+ * Uploaded: positions [nb·L, axes], the mask [nb·T] (NULL when every sequence has T real tokens), the texts
+ * token-major [nb·T·Y, E] and the latents [nb·N, in]. One sequence without padding uses its own arrays as they are.
+ * *mask_out: the batch's mask (NULL: none), owned[0..1]: what was allocated for it (the caller frees). 0 or -1. */
+static int upload_batch(krea2_model *m, const krea2_seq *seq, int nb, int T, const uint8_t **mask_out,
+                        void *owned[2]) {
     const krea2_config *c = &m->c;
     dt_backend *be = m->be;
     krea2_acts *b = &m->buf;
     const int64_t N = b->n, L = T + N, na = c->n_axes, Y = c->text_layers, E = c->text_dim;
-    int padded = 0, masked = 0;
+    int padded = 0, compact = 0, real[KREA2_MAX_BATCH];
     for (int i = 0; i < nb; i++) {
-        padded |= seq[i].n_txt != T;
-        masked |= seq[i].mask != NULL;
+        real[i] = real_tokens(&seq[i]);
+        padded |= real[i] != T;
+        compact |= real[i] != seq[i].n_txt;
     }
     const float *pos = seq[0].pos;
-    const uint8_t *mask = seq[0].mask;
     owned[0] = owned[1] = NULL;
-    if (nb > 1 || padded) {
+    if (nb > 1 || compact) {
         float *pa = owned[0] = dt_calloc((size_t)(nb * L * na), sizeof(float));
-        uint8_t *ma = owned[1] = padded || masked ? dt_calloc((size_t)nb * T, 1) : NULL;
+        uint8_t *ma = owned[1] = padded ? dt_calloc((size_t)nb * T, 1) : NULL;
         for (int i = 0; i < nb; i++) {
             const krea2_seq *q = &seq[i];
-            memcpy(pa + i * L * na, q->pos, sizeof(float) * (size_t)(q->n_txt * na));   /* text rows (padding: 0) */
+            int64_t r = i * L + T - real[i];   /* the first real text row (padding rows: position 0) */
+            for (int j = 0; j < q->n_txt; j++)
+                if (!q->mask || q->mask[j]) memcpy(pa + r++ * na, q->pos + (int64_t)j * na, sizeof(float) * (size_t)na);
             memcpy(pa + (i * L + T) * na, q->pos + q->n_txt * na, sizeof(float) * (size_t)(N * na));
-            if (ma) {
-                if (q->mask) memcpy(ma + (size_t)i * T, q->mask, (size_t)q->n_txt);
-                else memset(ma + (size_t)i * T, 1, (size_t)q->n_txt);
-            }
+            if (ma) memset(ma + (size_t)i * T + (T - real[i]), 1, (size_t)real[i]);
         }
         pos = pa;
-        mask = ma;
     }
+    const uint8_t *mask = owned[1];
+    *mask_out = mask;
     krea2_acts_positions(be, c, b, pos);
-    krea2_acts_mask(be, b, mask);
-    /* the texts token-major into scratch (device_part reorders them), then the latents */
+    if (krea2_acts_mask(b, mask)) return -1;
+    /* the texts token-major into scratch (device_part reorders them): each run of real tokens in one upload */
     dt_mat raw = fview(b->a, (int64_t)nb * T * Y, E);
     float *zeros = NULL;
     for (int i = 0; i < nb; i++) {
-        const int64_t tq = seq[i].n_txt;
-        be->upload(be, dt_mat_rows(raw, i * T * Y, tq * Y), seq[i].txt);
-        if (tq < T) {
+        const krea2_seq *q = &seq[i];
+        const int64_t pad = T - real[i];
+        if (pad) {
             if (!zeros) zeros = dt_calloc((size_t)(T * Y * E), sizeof(float));
-            be->upload(be, dt_mat_rows(raw, (i * T + tq) * Y, (T - tq) * Y), zeros);
+            be->upload(be, dt_mat_rows(raw, i * T * Y, pad * Y), zeros);
+        }
+        int64_t r = i * T + pad;
+        for (int j = 0; j < q->n_txt;) {
+            if (q->mask && !q->mask[j]) { j++; continue; }
+            int j1 = j + 1;
+            while (j1 < q->n_txt && (!q->mask || q->mask[j1])) j1++;
+            be->upload(be, dt_mat_rows(raw, r * Y, (j1 - j) * Y), q->txt + (size_t)j * Y * E);
+            r += j1 - j;
+            j = j1;
         }
         dt_mat dst = dt_mat_rows(b->in_img, i * N, N);
-        if (seq[i].img) be->upload(be, dst, seq[i].img);
-        else be->copy(be, dst, seq[i].img_m);
+        if (q->img) be->upload(be, dst, q->img);
+        else be->copy(be, dst, q->img_m);
     }
     free(zeros);
-    *mask_out = mask;
+    return 0;
 }
 
 /* The forward of a batch (krea2_forward_batch; a trace only with host outputs). Device outputs are queued; with a
@@ -1038,12 +1019,12 @@ static int forward(krea2_model *m, const krea2_seq *seq, int nb, int n_img, floa
     }
 
     krea2_time_mods(be, c, &m->o, m->blk, b, timestep);
-    const uint8_t *mask;
+    const uint8_t *mask = NULL;
     void *owned[2];
-    upload_batch(m, seq, nb, T, &mask, owned);
+    int rc = 0;
+    if (upload_batch(m, seq, nb, T, &mask, owned)) { rc = -1; goto out; }
 
     /* First Block Cache downloads a residual mid-forward: such forwards run eagerly */
-    int rc = 0;
     if (m->fbc && dt_fbc_prepare(be, m->fbc, n_img, c->hidden)) { rc = -1; goto out; }
     k2_graph *gs = m->use_graph && !trace && !m->fbc ? graph_slot(m, mask) : NULL;
     if (m->use_graph && (trace || m->fbc)) drop_captured(m);   /* an eager forward (see drop_captured) */

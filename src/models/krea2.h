@@ -92,9 +92,10 @@ void krea2_set_block_cache(krea2_model *m, dt_fbc_branch *f);
  *   txt       [T, text_layers, text_dim]     stacked tapped text-encoder hidden states (f32 host)
  *   timestep  flow time in [0, 1] (the model multiplies by 1000)
  *   pos_ids   [T+N, n_axes]                  (t, h, w) RoPE coordinates, text rows first (f32 host)
- *   txt_mask  [T] 1 = real token, 0 = padding; NULL = every token valid
+ *   txt_mask  [T] 1 = real token, 0 = padding; NULL = every token valid. Padded tokens are dropped before the
+ *             blocks (only the real ones are computed: the velocity is the masked forward's)
  *   out       [N, out_channels]              velocity (f32 host)
- *   trace     optional observer (NULL = none)
+ *   trace     optional observer (NULL = none); the joint stream it sees holds the real text tokens only
  * Returns 0 or -1 (dt_last_error). */
 /* A cancellation flag (dt_cancel_requested) the forwards poll before each block: a cancelled request stops within one
  * block, the forward failing with "cancelled". NULL: none. */
@@ -132,7 +133,8 @@ typedef struct {
 
 /* nb (1..KREA2_MAX_BATCH) sequences of N image tokens each through one forward at one timestep: every Linear runs
  * once on the rows of all of them (each weight read once), the modulation is shared, the attentions run per sequence
- * with its own key padding. Texts of different lengths are padded to the longest with masked keys (zero features,
+ * with its own key padding. Each text is compacted to its real tokens (a padded token is never computed: the image
+ * rows do not depend on it), and texts of different lengths are padded to the longest with masked keys (zero features,
  * never attended to), so each sequence's velocity is its single forward's. Device outputs (out_m) are queued, host
  * ones downloaded and synchronized. First Block Cache (krea2_set_block_cache) needs nb = 1. 0 or -1. */
 int krea2_forward_batch(krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep);
@@ -196,12 +198,7 @@ typedef struct {
     dt_mat a, q, k, v, g, o, h1, h2;   /* flat scratch (sizes in krea2_acts_alloc) */
     dt_mat outm;       /* [nb*N, out] (sequence b's rows b·N ..) */
     dt_mat cos, sin;   /* [nb*L, head_dim] F32 RoPE tables */
-    dt_mat bias;       /* [nb, L] F32 key-padding bias (row b: sequence b's) */
-    int masked;        /* bias holds a mask (krea2_acts_mask); 0: attention without one */
-    int64_t *key_runs; /* host: per sequence b (from key_runs + b·krea2_key_runs_stride(t)) the unmasked keys as runs
-                        * (start, length) of rows of its L rows */
-    int nkey_runs[KREA2_MAX_BATCH];   /* runs of each sequence (krea2_acts_mask; 0 without a mask) */
-    int64_t nkeys[KREA2_MAX_BATCH];   /* unmasked keys of each sequence (L without a mask) */
+    int64_t key0[KREA2_MAX_BATCH];   /* each sequence's first unmasked row (its padding comes first; 0: none) */
     float *ids;        /* host copy of the positions the tables were built from [nb * L * n_axes] */
     float *host_mod;   /* host [(6 * layers + 9) * D]: tmod, temb, folded weights, shifts/gates */
 } krea2_acts;
@@ -211,10 +208,10 @@ int krea2_acts_alloc(dt_backend *be, const krea2_config *c, int n, int t, int nb
 void krea2_acts_free(dt_backend *be, krea2_acts *x);
 /* RoPE tables for positions pos [nb * L, n_axes] (the sequences' in order; rebuilt only when they change). */
 void krea2_acts_positions(dt_backend *be, const krea2_config *c, krea2_acts *x, const float *pos);
-/* The key-padding bias from mask [nb * t] (the sequences' in order, 1 = real token); NULL = no mask. */
-void krea2_acts_mask(dt_backend *be, krea2_acts *x, const uint8_t *mask);
-/* Entries of key_runs per sequence for t text tokens (at most t/2 + 1 runs of 2 values). */
-static inline int64_t krea2_key_runs_stride(int t) { return 2 * ((int64_t)t + 1); }
+/* The key padding from mask [nb * t] (the sequences' in order, 1 = real token; NULL = no mask) into key0: each
+ * sequence's padded tokens must come first (krea2.c lays a shorter text out so), its real keys then being one run
+ * of rows. 0, or -1 when a sequence's mask is not [padding | real] or marks no real token. */
+int krea2_acts_mask(krea2_acts *x, const uint8_t *mask);
 /* Timestep MLP and the modulation of every block and the final layer at `timestep`, folded on the host into
  * modw / modv (blk: the config's num_layers blocks). */
 void krea2_time_mods(dt_backend *be, const krea2_config *c, const krea2_outer_w *o, const krea2_block_w *blk,
@@ -228,20 +225,12 @@ typedef struct {
     dt_mat k, v;       /* [R, kv_heads*hd] */
     dt_mat h1, h2;     /* [R, F] MLP gate and up projections */
     dt_mat cos, sin;   /* [R, hd] F32 RoPE tables */
-    dt_mat bias;       /* [nb, L] F32 key-padding bias (row b: sequence b's), or null data (no mask) */
     dt_mat modw, modv; /* the folded modulation (krea2_acts): rows 2l, 2l+1 and 4l..4l+3 belong to block l */
     const dt_linear *next;   /* the Linear after this block's last (the next block's to_q: its prefetch hint's
                               * target; NULL: none) */
     int nb;            /* sequences; the attention runs per sequence */
     int64_t L;         /* rows of each sequence */
-    /* fp8 attention has no mask: with a key-padding mask the unmasked keys' rows of sequence b's K and V are
-     * gathered into kc, vc [nkeys, kv_heads*hd] (views of h1 / h2, free during the attention) first: nkey_runs[b]
-     * runs of consecutive rows [r[2i], r[2i] + r[2i+1]) of the sequence, r = key_runs + b·runs_stride
-     * (krea2_acts_mask). */
-    dt_mat kc, vc;
-    const int64_t *key_runs;
-    int64_t runs_stride;
-    int nkey_runs[KREA2_MAX_BATCH];
+    int64_t key0[KREA2_MAX_BATCH];   /* sequence b attends to its rows [key0[b], L) (before: padded text) */
 } krea2_block_io;
 krea2_block_io krea2_acts_block(const krea2_config *c, const krea2_acts *x);
 
@@ -251,7 +240,7 @@ enum {
     KREA2_OP_QKVG,      /* to_q, to_k, to_v, to_gate GEMMs */
     KREA2_OP_QKNORM,    /* per-head RMSNorm of Q and K (+ RoPE unless split) */
     KREA2_OP_ROPE,      /* split only: the rotation as its own pass */
-    KREA2_OP_ATTN,      /* attention, GQA + key-padding bias */
+    KREA2_OP_ATTN,      /* attention, GQA over the sequence's real keys */
     KREA2_OP_GATE,      /* attn * sigmoid(gate) */
     KREA2_OP_OUT,       /* to_out GEMM */
     KREA2_OP_RESID1,    /* s += pregate * attn */
