@@ -29,7 +29,8 @@
 #               sources (KREA2_COUNT, KREA2GEN_PARTS)
 #     zimage    Z-Image-Turbo end to end at 1024², 9 steps, guidance 0 on the synthetic real-geometry bf16 pipeline:
 #               ditrun (default and --precision fp8) and diffusers' ZImagePipeline (eager, torch.compile; needs
-#               DIFFUSERS_SRC) on the same folder: first image, warm median, peak GPU memory
+#               DIFFUSERS_SRC) on the same folder: first image, warm median, peak GPU memory (each generate's log:
+#               zimage-default.log, zimage-fp8.log); ZIMAGE_BENCH=1 adds the forward's bench (ledger, floor)
 #     formats   klein-4B 1024² forwards from an fp8 file (BFL layout), GGUF Q8_0 / Q4_K files, LoRA side products and
 #               merges, their error vs bf16, and test_gpu_formats
 #     edit      image editing on the synthetic klein-4B q4 pipeline: 1024² with one 1024² reference, 4 steps, warm
@@ -440,7 +441,6 @@ if has krea2gen; then  # issue 31's benchmark: Krea 2 end to end at 1024^2 on th
         k2gen d28 kr2p4 "$K2N" && log "$K2LINE"
     fi
     if k2has ditrun; then
-        k2gen b28 kr2p4 "$K2N" --guidance-batch on && log "$K2LINE$(k2psnr b28 d28 "$K2N")"   # the guidance batch
         k2gen d8 kr2p4d "$K2N" && log "$K2LINE"
         use_cudnn919
         k2gen f28 kr2p4 "$K2N" --precision fp8 --attn-precision fp8 && log "$K2LINE$(k2psnr f28 d28 "$K2N")"
@@ -470,7 +470,8 @@ if has krea2gen; then  # issue 31's benchmark: Krea 2 end to end at 1024^2 on th
         for p in python3 /opt/torch/.venv/bin/python3; do
             command -v $p > /dev/null && $p -c "import torch, safetensors, numpy" 2>/dev/null && VPY=$p && break
         done
-        left=$(( 580 - ($(date +%s) - t0) ))   # the device's 600 s per command: no reference image starts past ~580 s
+        left=$(( ${GPU_RUN_SECONDS:-580} - ($(date +%s) - t0) ))   # the device's 600 s per command: no reference image
+        # starts past ~580 s of this script (GPU_RUN_SECONDS: less when the call runs other sections first)
         [ "$left" -lt 60 ] && left=60
         log "krea2gen reference: --deadline-s $left"
         # the arms that matter most first (the deadline may cut the last ones): compiled 28 CFG and 8 distilled, eager
@@ -602,7 +603,8 @@ if has zimage; then  # Z-Image-Turbo at 1024^2, 9 steps, guidance 0 on the synth
         log "ditrun generate Z-Image-Turbo bf16 1024^2, 9 steps, guidance 0 ${a:-(default)}"
         zpeak
         $B generate --backend cuda --model "$W/zit" -p "$PROMPT" -o "$OUT/zit.png" --seed 7 --steps 9 --guidance 0 \
-            --count "${ZIMAGE_COUNT:-3}" $a 2>&1 | grep -E "^load|first|warm|error" | tee -a "$OUT/summary.txt"
+            --count "${ZIMAGE_COUNT:-3}" -v $a > "$OUT/zimage-${a:+fp8}${a:-default}.log" 2>&1
+        grep -E "^load|first|warm|error" "$OUT/zimage-${a:+fp8}${a:-default}.log" | tee -a "$OUT/summary.txt"
         zpeak_end
     done
     VPY=python3
@@ -616,6 +618,11 @@ if has zimage; then  # Z-Image-Turbo at 1024^2, 9 steps, guidance 0 on the synth
         done
     else
         log "zimage: no diffusers side (DIFFUSERS_SRC does not hold diffusers/)"
+    fi
+    if [ -n "${ZIMAGE_BENCH:-}" ]; then   # the forward's ledger and its floor (GEMM and attention rates of this card)
+        timeout 240 $B bench --preset z-image-turbo --backend cuda --format bf16 --text-tokens 32 --reps 10 \
+            --only ledger,util --json "$OUT/benchzit.jsonl" > "$OUT/benchzit.md" 2> "$OUT/benchzit.err"
+        log "zimage bench rc=$? ($OUT/benchzit.md)"
     fi
 fi
 
