@@ -66,9 +66,30 @@ int krea2_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *promp
         goto out;
     }
     const size_t row = (size_t)n_taps * D;
-    float *all = dt_malloc(sizeof(float) * (size_t)n * row);
-    if (dt_qwen3_encode_at(te, ids, mask, pos, n, taps, n_taps, all)) { free(all); goto out; }
-    memmove(all, all + (size_t)DT_KREA2_PROMPT_DROP * row, sizeof(float) * (size_t)T * row);
+    /* The encoder runs on the real tokens only: a padded token is never attended to (a masked key under causal
+     * attention) and takes no position, so each real token's hidden states are those of the padded run. The
+     * padded rows of the features are zero: nothing reads them (krea2_forward drops the padding). */
+    int32_t *rid = dt_malloc(sizeof(int32_t) * (size_t)n), *rpos = dt_malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *rmask = dt_malloc(sizeof(int32_t) * (size_t)n);
+    int nr = 0;
+    for (int i = 0; i < n; i++)
+        if (mask[i]) {
+            rid[nr] = ids[i];
+            rpos[nr] = pos[i];
+            rmask[nr++] = 1;
+        }
+    float *real = dt_malloc(sizeof(float) * (size_t)nr * row);
+    int erc = dt_qwen3_encode_at(te, rid, rmask, rpos, nr, taps, n_taps, real);
+    free(rid); free(rpos); free(rmask);
+    if (erc) { free(real); goto out; }
+    float *all = dt_calloc((size_t)T * row, sizeof(float));
+    for (int i = 0, r = 0; i < n; i++) {
+        if (!mask[i]) continue;
+        if (i >= DT_KREA2_PROMPT_DROP)
+            memcpy(all + (size_t)(i - DT_KREA2_PROMPT_DROP) * row, real + (size_t)r * row, sizeof(float) * row);
+        r++;
+    }
+    free(real);
     uint8_t *m = dt_malloc((size_t)T);
     for (int t = 0; t < T; t++) m[t] = mask[DT_KREA2_PROMPT_DROP + t] != 0;
     *emb_out = all;

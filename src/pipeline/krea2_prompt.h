@@ -9,8 +9,10 @@
  *   ids    = [text | suffix]: [system prefix | prompt | padding | suffix]
  *   mask   = 1 for real tokens, 0 for padding; positions = cumsum(mask) - 1 clamped at 0
  *            (padding does not consume a position, so the suffix sits right after the prompt)
- * The encoder runs on all of them; the first 34 rows (the system prefix of the real tokenizer) are
- * dropped from features and mask. With the Qwen tokenizer the suffix is 5 tokens, so T = max_seq_len.
+ * The encoder runs on the real tokens only (the padding is never attended to and takes no position: their hidden
+ * states are the padded run's); padded rows of the features are zero. The first 34 rows (the system prefix of the
+ * real tokenizer) are dropped from features and mask. With the Qwen tokenizer the suffix is 5 tokens, so
+ * T = max_seq_len.
  */
 #ifndef DT_KREA2_PROMPT_H
 #define DT_KREA2_PROMPT_H
@@ -33,7 +35,7 @@ int krea2_tokenize(const dt_tokenizer *tok, const char *prompt, int max_seq_len,
                       int32_t **pos, int *n);
 
 /* Prompt features: *emb malloc'd [*T, n_taps, D] f32 (row t = [h_tap0[t] | h_tap1[t] | ...], D = the
- * encoder's hidden size), *mask malloc'd [*T] (1 = real token), *T = tokens after the drop.
+ * encoder's hidden size; a padded row zero), *mask malloc'd [*T] (1 = real token), *T = tokens after the drop.
  * taps are hidden-state indices (0 = embeddings, k = after decoder layer k; the last layer's is normed).
  * 0 or -1 (dt_last_error). */
 int krea2_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prompt, int max_seq_len,
