@@ -40,11 +40,16 @@ int zimage_encode_prompt(dt_qwen3 *te, const dt_tokenizer *tok, const char *prom
     if (real == 0) dt_set_error("zimage prompt: no real token within max_sequence_length %d", max_len);
     if (real > 0) {
         const int64_t D = c->hidden;
-        all = dt_malloc(sizeof(float) * (size_t)max_len * (size_t)D);
-        if (dt_qwen3_encode(te, ids, mask, max_len, &tap, 1, all) == 0) {
+        /* Right padding (the real tokens first): causal attention never lets a real token see the padding and the
+         * positions count from 0 either way, so the encoder runs on the real tokens alone (NOTES.md, Z-Image). */
+        int T = max_len, first = 1;
+        for (int t = 0; t < real; t++) first &= mask[t] != 0;
+        if (first) T = real;
+        all = dt_malloc(sizeof(float) * (size_t)T * (size_t)D);
+        if (dt_qwen3_encode(te, ids, mask, T, &tap, 1, all) == 0) {
             float *f = dt_malloc(sizeof(float) * (size_t)real * (size_t)D);
             int k = 0;
-            for (int t = 0; t < max_len && k < real; t++)
+            for (int t = 0; t < T && k < real; t++)
                 if (mask[t]) memcpy(f + (size_t)k++ * D, all + (size_t)t * D, sizeof(float) * (size_t)D);
             *feats = f;
             *n = k;
