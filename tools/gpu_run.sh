@@ -30,7 +30,8 @@
 #     zimage    Z-Image-Turbo end to end at 1024², 9 steps, guidance 0 on the synthetic real-geometry bf16 pipeline:
 #               ditrun (default and --precision fp8) and diffusers' ZImagePipeline (eager, torch.compile; needs
 #               DIFFUSERS_SRC) on the same folder: first image, warm median, peak GPU memory (each generate's log:
-#               zimage-default.log, zimage-fp8.log); ZIMAGE_BENCH=1 adds the forward's bench (ledger, floor)
+#               zimage-default.log, zimage-fp8.log, zimage-fp8attnfp8.log: --precision fp8 alone and with
+#               --attn-precision fp8); ZIMAGE_BENCH=1 adds the forward's bench (ledger, floor)
 #     formats   klein-4B 1024² forwards from an fp8 file (BFL layout), GGUF Q8_0 / Q4_K files, LoRA side products and
 #               merges, their error vs bf16, and test_gpu_formats
 #     edit      image editing on the synthetic klein-4B q4 pipeline: 1024² with one 1024² reference, 4 steps, warm
@@ -599,14 +600,17 @@ if has zimage; then  # Z-Image-Turbo at 1024^2, 9 steps, guidance 0 on the synth
     zpeak() { ( pk=0; while sleep 0.05; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
         [ "${m:-0}" -gt "$pk" ] && pk=$m && echo "$pk" > "$W/zpeak"; done ) & zp=$!; }
     zpeak_end() { kill $zp 2>/dev/null; wait $zp 2>/dev/null; log "  nvidia-smi peak memory.used: $(cat "$W/zpeak" 2>/dev/null) MiB"; rm -f "$W/zpeak"; }
-    for a in "" "--precision fp8"; do
+    for a in "" "--precision fp8" "--precision fp8 --attn-precision fp8"; do
+        tag=$(echo "${a:-default}" | tr -d ' -' | sed 's/precision//g')   # default, fp8, fp8attnfp8
         log "ditrun generate Z-Image-Turbo bf16 1024^2, 9 steps, guidance 0 ${a:-(default)}"
+        case "$a" in *attn*) use_cudnn919;; esac
         zpeak
         $B generate --backend cuda --model "$W/zit" -p "$PROMPT" -o "$OUT/zit.png" --seed 7 --steps 9 --guidance 0 \
-            --count "${ZIMAGE_COUNT:-3}" -v $a > "$OUT/zimage-${a:+fp8}${a:-default}.log" 2>&1
-        grep -E "^load|first|warm|error" "$OUT/zimage-${a:+fp8}${a:-default}.log" | tee -a "$OUT/summary.txt"
+            --count "${ZIMAGE_COUNT:-3}" -v $a > "$OUT/zimage-$tag.log" 2>&1
+        grep -E "^load|first|warm|error" "$OUT/zimage-$tag.log" | tee -a "$OUT/summary.txt"
         zpeak_end
     done
+    unset DITRUN_CUDNN_LIB
     VPY=python3
     for p in python3 /opt/torch/.venv/bin/python3; do
         command -v $p > /dev/null && $p -c "import torch, safetensors" 2>/dev/null && VPY=$p && break
