@@ -63,6 +63,17 @@
 #define SIGMA_TOL 1e-6
 /* a repeated forward on the same cached buffers and tables: deterministic CPU kernels, identical output. */
 #define REPEAT_TOL 0.0
+/* --precision fp8 (CPU: the emulation of the CUDA fp8 GEMM; CUDA: cuBLASLt e4m3) vs the f32 reference: e4m3 keeps 3
+ * mantissa bits (~2.6% rms per operand); the window proves the fp8 path ran (> 1e-4, the f32 forward's distance) and
+ * is not garbage (measured on the CPU: 0.0416, with fp8 attention 0.0444 — this fixture's blocks move the stream more
+ * than Krea 2's, whose window is 1e-4..5e-2; klein's 1e-4..0.3; CUDA adds bf16 activations, ~1e-2). */
+#define ZIMAGE_FP8_MIN 1e-4
+#define ZIMAGE_FP8_MAX 0.1
+/* The norms feeding the fp8 Linears (fuse_inputs) vs each Linear quantizing its own input: on the CPU the fused op
+ * is the composed one (bit-identical); on CUDA the norm writes the e4m3 codes from f32 where the separate path
+ * rounds the normed rows to bf16 first, so a code may flip at a rounding boundary (Krea 2's KREA2_FP8_FUSE_TOL). */
+#define ZIMAGE_FP8_FUSE_CPU_TOL 0.0
+#define ZIMAGE_FP8_FUSE_GPU_TOL 2e-2
 
 /* ------------------------------------------------------------------ config errors (no fixture needed) */
 
@@ -420,6 +431,52 @@ static void transformer_on(dt_backend *be, const char *tag, double tol) {
     zimage_free(m);
     case_free(&a);
     case_free(&b);
+}
+
+/* --precision fp8 (and with fp8 attention where the backend has it) on transformer_io: within ZIMAGE_FP8_MIN..MAX of
+ * the reference, the formats say fp8, and the fused norm inputs equal the separate ops (fuse_tol). */
+static void fp8_on(dt_backend *be, const char *tag, double fuse_tol) {
+    char p[600], name[200], fmt[64];
+    fwd_case a;
+    if (case_load("transformer_io.safetensors", &a)) { T_FAIL(tag, "fixture inputs: %s", dt_last_error()); return; }
+    float *ref = st_to_f32(st_find(a.io, "out.sample"));
+    for (int attn = 0; attn < 2; attn++) {
+        if (attn && !be->attention_fp8) {
+            snprintf(name, sizeof name, "%s fp8 attention", tag);
+            T_SKIP(name, "%s", be->attention_fp8_off ? be->attention_fp8_off : "the backend has no fp8 attention");
+            continue;
+        }
+        const char *what = attn ? "fp8 Linears + attention" : "fp8 Linears";
+        float *out[2] = {NULL, NULL};
+        size_t n = 0;
+        for (int unfused = 0; unfused < 2; unfused++) {
+            const zimage_load_opts lo = {.precision = DT_PREC_FP8, .attn_precision = attn ? DT_PREC_FP8 : DT_PREC_BF16,
+                                         .fp8_unfused = unfused};
+            zimage_model *m = zimage_load_ex(be, fx("model", p, sizeof p), &lo);
+            snprintf(name, sizeof name, "%s %s%s", tag, what, unfused ? " (unfused)" : "");
+            if (!m) { T_FAIL(name, "load: %s", dt_last_error()); continue; }
+            size_t bytes;
+            zimage_weight_info(m, &bytes, fmt, sizeof fmt);
+            n = (size_t)zimage_get_config(m)->in_channels * a.H * a.W;
+            out[unfused] = forward_case(be, m, &a, name, 0, 0);
+            zimage_free(m);
+        }
+        if (out[0]) {
+            const double e = dt_rel_l2(out[0], ref, n);
+            snprintf(name, sizeof name, "%s %s forward is %g..%g from the reference (rel L2 %.3g)", tag, what,
+                     ZIMAGE_FP8_MIN, ZIMAGE_FP8_MAX, e);
+            T_CHECK(name, e > ZIMAGE_FP8_MIN && e < ZIMAGE_FP8_MAX && strstr(fmt, "fp8"), "rel L2 %.3g, formats '%s'",
+                    e, fmt);
+        }
+        if (out[0] && out[1]) {
+            snprintf(name, sizeof name, "%s %s: the norms feeding the Linears equal the separate ops", tag, what);
+            check_l2(name, out[0], out[1], n, fuse_tol);
+        }
+        free(out[0]);
+        free(out[1]);
+    }
+    free(ref);
+    case_free(&a);
 }
 
 /* ------------------------------------------------------------------ LoRA */
@@ -843,7 +900,7 @@ static void test_lora(dt_backend *be) {
         dt_lora_spec_parse(f2, &specs[1]);
         zimage_model *mt = zimage_load(be, twin);
         zimage_model *mb = zimage_load(be, fx("model", p, sizeof p));
-        const zimage_load_opts side = {specs, 2, 1, DT_PREC_BF16, DT_PREC_BF16}, merged = {specs, 2, 0, DT_PREC_BF16, DT_PREC_BF16};
+        const zimage_load_opts side = {specs, 2, 1, DT_PREC_BF16, DT_PREC_BF16, 0}, merged = {specs, 2, 0, DT_PREC_BF16, DT_PREC_BF16, 0};
         zimage_model *ms = zimage_load_ex(be, p, &side), *mm = zimage_load_ex(be, p, &merged);
         char orig[600];
         snprintf(orig, sizeof orig, "%s/original", dir);
@@ -887,7 +944,7 @@ static void test_lora(dt_backend *be) {
         st_writer_free(w3);
         dt_lora_spec bad;
         dt_lora_spec_parse(f3, &bad);
-        const zimage_load_opts wo = {&bad, 1, 0, DT_PREC_BF16, DT_PREC_BF16};
+        const zimage_load_opts wo = {&bad, 1, 0, DT_PREC_BF16, DT_PREC_BF16, 0};
         zimage_model *mw = zimage_load_ex(be, fx("model", p, sizeof p), &wo);
         T_CHECK("lora: an adapter for a module the model lacks is refused naming it", !mw &&
                 strstr(dt_last_error(), "layers.9.attention.to_q"), "%s", mw ? "(loaded)" : dt_last_error());
@@ -1542,6 +1599,7 @@ int main(void) {
     o.rope_fp32 = 1;
     dt_backend *cpu = dt_backend_cpu_create(&o);
     transformer_on(cpu, "cpu", ZIMAGE_CPU_TOL);
+    fp8_on(cpu, "cpu", ZIMAGE_FP8_FUSE_CPU_TOL);
     test_missing_tensor(cpu);
     test_lora(cpu);
     test_gguf(cpu);
@@ -1559,6 +1617,7 @@ int main(void) {
             T_FAIL("cuda", "backend: %s", dt_last_error());
         } else {
             transformer_on(cuda, "cuda", ZIMAGE_GPU_TOL);
+            fp8_on(cuda, "cuda", ZIMAGE_FP8_FUSE_GPU_TOL);
             vae_on(cuda, "cuda", VAE_GPU_TOL, VAE_GPU_ENC_TOL);
             gpu_vs_cpu(cuda);
             const char *slow = getenv("DITRUN_SLOW");

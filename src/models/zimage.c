@@ -62,6 +62,9 @@ struct zimage_model {
     zi_acts buf;
     int attn_fp8;                        /* --attn-precision fp8: the blocks' attention on the backend's fp8 kernel */
     dt_precision precision;              /* --precision: the blocks' attention and FFN Linears */
+    int fuse_inputs;                     /* fp8 Linears (--precision fp8 or an fp8 file): each RMSNorm feeds its
+                                          * Linears directly (rmsnorm_mod_linears: one quantized input for q/k/v,
+                                          * one for w1 and w3); 0 with zimage_load_opts.fp8_unfused */
     dt_lora_set *lora;                   /* loaded adapters (NULL: none) */
     int orig;                            /* the file has the original implementation's names (zimage_load_ex) */
     char pfx[32];                        /* and this prefix on every name ("", "model.diffusion_model.", ...) */
@@ -530,6 +533,7 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load
     }
     free(dir);
     m->precision = o->precision;
+    m->lin.fp8_unfused = o->fp8_unfused;   /* every fp8 Linear */
     m->attn_fp8 = o->attn_precision == DT_PREC_FP8;
     if (m->attn_fp8 && !be->attention_fp8) {
         dt_set_error("%s: --attn-precision fp8: the %s backend has no fp8 attention%s%s", what, be->name,
@@ -538,6 +542,14 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load
     }
     if (!cfg || zimage_config_parse(cfg, what, &m->c)) goto fail;
     detect_layout(m);
+    {   /* an fp8 file's blocks run on the fp8 GEMM whatever --precision says: their norms feed them as under it */
+        char nm[300], fq[64];
+        snprintf(fq, sizeof fq, m->orig ? "layers.0.attention.qkv.weight" : "layers.0.attention.to_q.weight");
+        snprintf(nm, sizeof nm, "%s%s", m->pfx, fq);
+        const st_tensor *q0 = dt_weights_find(m->w, nm);
+        const int fp8_file = q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2);
+        m->fuse_inputs = (fp8_file || m->precision == DT_PREC_FP8) && !o->fp8_unfused;
+    }
     /* adapters: merged into dense weights, side products (the wrapper) on the others */
     if (o->n_loras > 0 &&
         dt_linear_set_use_loras(&m->lin, &m->be, &m->lora, o->loras, o->n_loras, o->lora_side, lora_catalogue(m)))
@@ -761,8 +773,19 @@ static void block_op(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, 
     dt_mat q = dt_mat_cols(qkv, 0, D), k = dt_mat_cols(qkv, D, D), v = dt_mat_cols(qkv, 2 * D, D);
     const float scale = 1.0f / sqrtf((float)c->head_dim);
     switch (op) {
-    case ZIMAGE_OP_NORM1: be->rmsnorm(be, a, x, dt_mat_rows(w, 0, 1), 0.0f, eps); break;
-    case ZIMAGE_OP_QKV: be->linear(be, qkv, a, bl->qkv); break;
+    /* with fuse_inputs the norms run inside QKV / W13 (rmsnorm_mod_linears, no shift: fp8 Linears read one quantized
+     * input; the composed form is this rmsnorm and these linears) */
+    case ZIMAGE_OP_NORM1:
+        if (!m->fuse_inputs) be->rmsnorm(be, a, x, dt_mat_rows(w, 0, 1), 0.0f, eps);
+        break;
+    case ZIMAGE_OP_QKV:
+        if (m->fuse_inputs) {
+            const dt_linear *ws[1] = {bl->qkv};
+            be->rmsnorm_mod_linears(be, x, dt_mat_rows(w, 0, 1), dt_mat_null(), eps, a, 1, ws, &qkv);
+        } else {
+            be->linear(be, qkv, a, bl->qkv);
+        }
+        break;
     case ZIMAGE_OP_QKNORM_ROPE:
         be->head_norm_rope(be, q, c->heads, c->head_dim, bl->norm_q, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
         be->head_norm_rope(be, k, c->heads, c->head_dim, bl->norm_k, ZIMAGE_QK_EPS, cos, sin, DT_ROPE_INTERLEAVED);
@@ -776,10 +799,18 @@ static void block_op(zimage_model *m, zi_acts *b, const zi_block *bl, dt_mat x, 
         be->rmsnorm(be, a, a, dt_mat_rows(w, 1, 1), 0.0f, eps);
         be->gated_add(be, x, dt_mat_null(), a);
         break;
-    case ZIMAGE_OP_NORM2: be->rmsnorm(be, a, x, dt_mat_rows(w, 2, 1), 0.0f, eps); break;
+    case ZIMAGE_OP_NORM2:
+        if (!m->fuse_inputs) be->rmsnorm(be, a, x, dt_mat_rows(w, 2, 1), 0.0f, eps);
+        break;
     case ZIMAGE_OP_W13:
-        be->linear(be, h1, a, bl->w1);
-        be->linear(be, h3, a, bl->w3);
+        if (m->fuse_inputs) {
+            const dt_linear *ws[2] = {bl->w1, bl->w3};
+            const dt_mat ys[2] = {h1, h3};
+            be->rmsnorm_mod_linears(be, x, dt_mat_rows(w, 2, 1), dt_mat_null(), eps, a, 2, ws, ys);
+        } else {
+            be->linear(be, h1, a, bl->w1);
+            be->linear(be, h3, a, bl->w3);
+        }
         break;
     case ZIMAGE_OP_SWIGLU: be->act_mul(be, h1, h1, h3, DT_ACT_SILU); break;
     case ZIMAGE_OP_W2: be->linear(be, a, h1, bl->w2); break;

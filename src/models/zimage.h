@@ -70,6 +70,8 @@ typedef struct {
     int n_loras, lora_side;
     dt_precision precision;      /* --precision fp8: the blocks' attention and FFN Linears in e4m3 */
     dt_precision attn_precision; /* --attn-precision fp8: the blocks' attention on the backend's attention_fp8 */
+    int fp8_unfused;             /* A/B arm of fp8 Linears: each quantizes its own input (no norm feeding them;
+                                  * dt_linear_src.fp8_unfused) */
 } zimage_load_opts;
 zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load_opts *o);
 void zimage_free(zimage_model *m);

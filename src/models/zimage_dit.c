@@ -30,7 +30,7 @@ static const dt_dit_ops zi_ops = {"zimage", zi_forward, NULL, zi_text, NULL, zi_
 dt_dit *zimage_dit_load(dt_backend *be, const char *path, const dt_dit_load_opts *o) {
     if (o->ranks > 1) { dt_set_error("%s: Z-Image has no split forward (--sequence-parallel)", path); return NULL; }
     if (o->cuda_graph) { dt_set_error("%s: Z-Image's forward has no CUDA graph replay yet (--cuda-graph)", path); return NULL; }
-    const zimage_load_opts zo = {o->loras, o->n_loras, o->lora_side, o->precision, o->attn_precision};
+    const zimage_load_opts zo = {o->loras, o->n_loras, o->lora_side, o->precision, o->attn_precision, o->fp8_unfused};
     zimage_model *m = zimage_load_ex(be, path, &zo);
     return m ? dt_dit_new(&zi_ops, m, zimage_get_config(m)) : NULL;
 }
