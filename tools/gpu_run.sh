@@ -342,11 +342,11 @@ if has ab; then   # A/B of two build folders: alternating timings, then every ou
         $B generate --backend cuda --model "$W/p4" -p "$PROMPT" -o "$W/ab-$d-count.png" --seed 7 --count 4 2>&1 \
             | grep -E "^load|first|warm|error" | sed "s/^/[$d] --count 4 /" | tee -a "$OUT/summary.txt"
     done
-    STCMP=./$Bd/dev/stcmp; [ -x "$STCMP" ] || STCMP=./$A/dev/stcmp
+    STCMP=./$Bd/dev/stcmp; [ -x "$STCMP" ] || STCMP=./$A/dev/stcmp; [ -x "$STCMP" ] || STCMP=./build/dev/stcmp
     [ "${AB_KREA2:-1}" = 1 ] && log "ab output Krea 2: $(sha256sum "$W/ab-$A-k2.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-k2.st" | cut -c1-16) [$Bd]"
     # (files also hold metadata and encoder settings that may change between builds: the tensors and the pixels are
     # compared, stcmp and imgcmp)
-    IMGCMP=./$Bd/dev/imgcmp; [ -x "$IMGCMP" ] || IMGCMP=./$A/dev/imgcmp
+    IMGCMP=./$Bd/dev/imgcmp; [ -x "$IMGCMP" ] || IMGCMP=./$A/dev/imgcmp; [ -x "$IMGCMP" ] || IMGCMP=./build/dev/imgcmp
     log "ab Krea 2 tiny generate: $(sha256sum "$W/ab-$A-k2gen.st" | cut -c1-16) [$A] vs $(sha256sum "$W/ab-$Bd-k2gen.st" | cut -c1-16) [$Bd]"
     [ -x "$STCMP" ] && "$STCMP" "$W/ab-$A-k2gen.st" "$W/ab-$Bd-k2gen.st" | tee -a "$OUT/summary.txt"
     [ -x "$IMGCMP" ] && log "ab Krea 2 tiny generate pixels: $("$IMGCMP" "$W/ab-$A-k2gen.png" "$W/ab-$Bd-k2gen.png" 2>&1)"
