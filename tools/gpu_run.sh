@@ -249,8 +249,9 @@ if has cfgbatch; then   # PERF: the guidance batch: a guided step in one forward
     prep k4q4 in4_512 in4_1024 in4_2048
     [ -d "$W/kr2q4" ] || $B synth --preset krea2 --bits 4 --group-size 64 --output "$W/kr2q4" 2>/dev/null
     [ -f "$W/inkr2_1024.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_1024.st" --image-size 1024 --text-tokens 512 2>/dev/null
-    # CFGBATCH_PARTS ("krea2 graph fp8 klein"): which arm groups run (a rerun of the ones a cut call missed)
-    cbp=" ${CFGBATCH_PARTS:-krea2 graph fp8 klein} "
+    # CFGBATCH_PARTS ("krea2 graph fp8 krea2px klein"): which arm groups run (a rerun of the ones a cut call missed);
+    # krea2px: Krea 2 at 512² and 2048²
+    cbp=" ${CFGBATCH_PARTS:-krea2 graph fp8 krea2px klein} "
     for round in 1 2; do
         case "$cbp" in *" krea2 "*) ;; *) break;; esac
         for gb in on off; do
@@ -270,6 +271,15 @@ if has cfgbatch; then   # PERF: the guidance batch: a guided step in one forward
             "$W/inkr2_1024.st" 10 --guided --precision fp8 --attn-precision fp8 --guidance-batch $gb
     done
     unset DITRUN_CUDNN_LIB
+    for px in 512 2048; do   # Krea 2 at the other sizes (part krea2px)
+        case "$cbp" in *" krea2px "*) ;; *) break;; esac
+        [ -f "$W/inkr2_$px.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_$px.st" --image-size $px --text-tokens 512 2>/dev/null
+        rep=10; [ $px = 2048 ] && rep=4
+        for gb in on off; do
+            fwd "Krea 2 q4 ${px}^2 guided step --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_$px.st" $rep --guided \
+                --guidance-batch $gb
+        done
+    done
     for px in 512 1024 2048; do
         case "$cbp" in *" klein "*) ;; *) break;; esac
         rep=10; [ $px = 2048 ] && rep=4
