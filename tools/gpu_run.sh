@@ -271,23 +271,25 @@ if has cfgbatch; then   # PERF: the guidance batch: a guided step in one forward
             "$W/inkr2_1024.st" 10 --guided --precision fp8 --attn-precision fp8 --guidance-batch $gb
     done
     unset DITRUN_CUDNN_LIB
-    for px in 512 2048; do   # Krea 2 at the other sizes (part krea2px)
-        case "$cbp" in *" krea2px "*) ;; *) break;; esac
-        [ -f "$W/inkr2_$px.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_$px.st" --image-size $px --text-tokens 512 2>/dev/null
-        rep=10; [ $px = 2048 ] && rep=4
-        for gb in on off; do
-            fwd "Krea 2 q4 ${px}^2 guided step --guidance-batch $gb" "$W/kr2q4" "$W/inkr2_$px.st" $rep --guided \
-                --guidance-batch $gb
+    cb_sizes() {  # cb_sizes PART NAME MODEL INPUTS-PREFIX PX...: a guided step at each size, the batch on and off
+        local part=$1 name=$2 model=$3 pre=$4 px rep gb; shift 4
+        case "$cbp" in *" $part "*) ;; *) return 0;; esac
+        for px in "$@"; do
+            rep=10; [ "$px" = 2048 ] && rep=4
+            for gb in on off; do
+                fwd "$name ${px}^2 guided step --guidance-batch $gb" "$W/$model" "$W/${pre}_$px.st" $rep --guided \
+                    --guidance-batch $gb
+            done
         done
-    done
-    for px in 512 1024 2048; do
-        case "$cbp" in *" klein "*) ;; *) break;; esac
-        rep=10; [ $px = 2048 ] && rep=4
-        for gb in on off; do
-            fwd "klein-4B q4 ${px}^2 guided step --guidance-batch $gb" "$W/k4q4" "$W/in4_$px.st" $rep --guided \
-                --guidance-batch $gb
-        done
-    done
+    }
+    case "$cbp" in *" krea2px "*)   # Krea 2 at the other sizes
+        for px in 512 2048; do
+            [ -f "$W/inkr2_$px.st" ] || $B synth --preset krea2 --inputs "$W/inkr2_$px.st" --image-size $px \
+                --text-tokens 512 2>/dev/null
+        done;;
+    esac
+    cb_sizes krea2px "Krea 2 q4" kr2q4 inkr2 512 2048
+    cb_sizes klein "klein-4B q4" k4q4 in4 512 1024 2048
 fi
 
 if has ab; then   # A/B of two build folders: alternating timings, then every output of B against A's
