@@ -375,7 +375,9 @@ const bench_family bench_zimage_family = {
     .release = release,
     .block_kind = "joint block",
     .ledger_note = "The scale and tanh gate of the adaLN modulation are folded into the RMSNorm weights on the host once "
-                   "per forward, so the norms are plain RMSNorms here.",
+                   "per forward, so the norms are plain RMSNorms here; with fp8 Linears the attention and FFN norms run "
+                   "inside the q/k/v and w1 + w3 ops (rmsnorm_mod_linears: the norm writes the fp8 GEMMs' input once), "
+                   "so those rows hold them and the norm rows are empty.",
     .n_ops = ZIMAGE_OP_COUNT,
     .ops = block_ops,
     .op_qknorm = -1,   /* QK norm and RoPE are one op (head_norm_rope) */
