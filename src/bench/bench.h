@@ -137,7 +137,7 @@ typedef struct {
 typedef struct {
     krea2_config c;
     int n_valid;                           /* text tokens the mask keeps */
-    double gflop_forward_valid;            /* a forward of the n_valid real tokens (what the masked forward computes) */
+    double gflop_forward_valid;            /* what the masked forward computes: krea2_text_rows(n_valid) text rows */
     double weight_gb;
     bench_stat fwd_mask, fwd_nomask;       /* krea2_forward wall clock (ms), with / without the text mask */
     bench_stat blocks_dev;                 /* every transformer block, device-only (ms) */

@@ -190,7 +190,7 @@ static int setup(bench_ctx *x) {
     for (int i = 0; i < x->t; i++) p->n_valid += k->mask[i];
     {   /* the masked forward computes the real tokens only (krea2_forward drops the padding) */
         bench_krea2_part v = *p;
-        count_flops(&v, x->n, p->n_valid);
+        count_flops(&v, x->n, krea2_text_rows(p->n_valid, x->t));
         p->gflop_forward_valid = c->num_layers * (v.gflop_block_gemm + v.gflop_block_attn) + v.gflop_text + v.gflop_other;
     }
     bench_progress("%s on %s: D %d = %d heads (%d kv) x %d, %d blocks, F %d, text %d x %d layers; %d image + %d text tokens "
@@ -642,8 +642,8 @@ static void md_head(const bench_report *r, FILE *f) {
 
     fprintf(f, "## Whole forward\n\n| what | median ms | p10-p90 ms | min-max ms | TFLOPS |\n|---|---:|---:|---:|---:|\n");
     char mrow[160];
-    snprintf(mrow, sizeof mrow, "krea2_forward with the pipeline's mask: its %d real text tokens computed (wall clock incl. "
-             "host I/O)", p->n_valid);
+    snprintf(mrow, sizeof mrow, "krea2_forward with the pipeline's mask: its %d real text tokens computed, %d rows (wall "
+             "clock incl. host I/O)", p->n_valid, krea2_text_rows(p->n_valid, r->n_txt));
     bench_md_stat_row(f, mrow, p->fwd_mask, p->gflop_forward_valid);
     bench_md_stat_row(f, "krea2_forward without a mask: every text token computed", p->fwd_nomask, gf);
     if (p->blocks_dev.n) {

@@ -902,6 +902,12 @@ static int real_tokens(const krea2_seq *q) {
  * row count (~15-50 ms a shape, once per process and length): ≤ 31 idle rows of ~4100 at 1024². */
 #define K2_TEXT_BUCKET 32
 
+int krea2_text_rows(int real, int longest) {
+    if (real >= longest) return longest;
+    const int b = (real + K2_TEXT_BUCKET - 1) / K2_TEXT_BUCKET * K2_TEXT_BUCKET;
+    return b < longest ? b : longest;
+}
+
 /* Check the inputs of a batch of nb sequences; *t_max: the batch's text rows — the most real text tokens, rounded up
  * to K2_TEXT_BUCKET (at most the longest text) when a mask dropped some. 0 or -1. */
 static int check_batch(const krea2_model *m, const krea2_seq *seq, int nb, int n_img, float timestep, int *t_max) {
@@ -943,10 +949,7 @@ static int check_batch(const krea2_model *m, const krea2_seq *seq, int nb, int n
         if (q->n_txt > longest) longest = q->n_txt;
         dropped |= real != q->n_txt;
     }
-    if (dropped) {
-        const int b = (*t_max + K2_TEXT_BUCKET - 1) / K2_TEXT_BUCKET * K2_TEXT_BUCKET;
-        *t_max = b < longest ? b : longest;
-    }
+    if (dropped) *t_max = krea2_text_rows(*t_max, longest);
     if (!isfinite(timestep)) { dt_set_error("krea2_forward: timestep is not finite"); return -1; }
     return 0;
 }

@@ -116,6 +116,10 @@ void krea2_set_graph(krea2_model *m, int on);
 int krea2_forward_dev(krea2_model *m, dt_mat img, const float *txt, int n_txt, float timestep, const float *pos_ids,
                       const uint8_t *txt_mask, dt_mat out);
 
+/* The text rows a forward computes for a text of `real` real tokens among `longest` (the longest text given): real
+ * rounded up to a multiple of 32 (masked padding in front) within longest, or longest when no token is padding. */
+int krea2_text_rows(int real, int longest);
+
 /* Sequences one forward runs together (classifier-free guidance: the prompt's and the negative prompt's). */
 #define KREA2_MAX_BATCH 2
 
