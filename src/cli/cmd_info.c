@@ -149,7 +149,7 @@ static int describe(const char *label, const char *path) {
         bytes_dtype[t->dtype] += t->nbytes;
         size_t len = strlen(t->name);
         if (len > 12 && !strcmp(t->name + len - 12, ".comfy_quant")) comfy_quant++;
-        if ((t->dtype == DT_F8_E4M3 || t->dtype == DT_F8_E5M2 || dt_dtype_is_block(t->dtype)) && t->ndim == 2 && len > 7 &&
+        if ((dt_dtype_is_fp8(t->dtype) || dt_dtype_is_block(t->dtype)) && t->ndim == 2 && len > 7 &&
             !strcmp(t->name + len - 7, ".weight")) {
             char base[512];
             snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);

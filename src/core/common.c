@@ -23,6 +23,7 @@ static const struct { const char *name; size_t size; int belems; size_t bbytes; 
 const char *dt_dtype_name(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].name : "?"; }
 size_t dt_dtype_size(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].size : 0; }
 int dt_dtype_is_block(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT && dtype_table[t].size == 0; }
+int dt_dtype_is_fp8(dt_dtype t) { return t == DT_F8_E4M3 || t == DT_F8_E5M2; }
 int dt_dtype_block_elems(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].belems : 1; }
 size_t dt_dtype_block_bytes(dt_dtype t) { return (unsigned)t < DT_DTYPE_COUNT ? dtype_table[t].bbytes : 0; }
 

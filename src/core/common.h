@@ -30,6 +30,7 @@ typedef enum {
 const char *dt_dtype_name(dt_dtype t);      /* "F32", "BF16", "F8_E4M3", "Q4_K", ... */
 size_t dt_dtype_size(dt_dtype t);           /* bytes per element; 0 for block types */
 int dt_dtype_is_block(dt_dtype t);          /* 1 for the GGUF block-quantized types */
+int dt_dtype_is_fp8(dt_dtype t);            /* 1 for F8_E4M3 and F8_E5M2 */
 int dt_dtype_block_elems(dt_dtype t);       /* values per block (32 or 256); 1 for element types */
 size_t dt_dtype_block_bytes(dt_dtype t);    /* bytes per block; the element size for element types */
 /* Bytes of n consecutive values (n a multiple of the block size for block types). */

@@ -41,7 +41,7 @@ static inline int dt_linear_src_dense(const dt_linear_src *s) {
     return !s->bits && (s->dtype == DT_F32 || s->dtype == DT_F16 || s->dtype == DT_BF16);
 }
 static inline int dt_linear_src_fp8(const dt_linear_src *s) {
-    return !s->bits && (s->dtype == DT_F8_E4M3 || s->dtype == DT_F8_E5M2);
+    return !s->bits && dt_dtype_is_fp8(s->dtype);
 }
 static inline int dt_linear_src_blocks(const dt_linear_src *s) { return !s->bits && dt_dtype_is_block(s->dtype); }
 /* Scale of row r of an fp8 Linear. */

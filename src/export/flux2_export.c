@@ -148,7 +148,7 @@ int flux2_export(const char *input, const char *output, const flux2_export_opts 
     float *row = NULL, *sc = NULL;
     void *qbuf = NULL;
     if (o->gguf ? !(dt_dtype_is_block(o->type) || o->type == DT_BF16 || o->type == DT_F16 || o->type == DT_F32)
-                : !(o->type == DT_F8_E4M3 || o->type == DT_F8_E5M2)) {
+                : !dt_dtype_is_fp8(o->type)) {
         dt_set_error("%s: export type %s does not fit a %s file", output, dt_dtype_name(o->type), o->gguf ? "GGUF" : "fp8");
         goto done;
     }
@@ -165,7 +165,7 @@ int flux2_export(const char *input, const char *output, const flux2_export_opts 
         if (resolve(w, names[i], &es[ne])) {
             entry *e = &es[ne++];
             e->type = e->is_linear ? linear_type(o, e) : (o->gguf ? DT_F32 : DT_BF16);
-            e->scaled = e->type == DT_F8_E4M3 || e->type == DT_F8_E5M2;
+            e->scaled = dt_dtype_is_fp8(e->type);
         }
     const char *prefix = o->comfy == (o->gguf ? 0 : 1) ? BFL_PREFIX : "";   /* fp8 ComfyUI and sd.cpp GGUF: prefixed */
     const char *inputs[1] = {input};

@@ -139,7 +139,7 @@ flux2_model *flux2_load_ex(dt_backend *be, const char *path, const flux2_load_op
     /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers (norms,
      * SwiGLU) write the e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
     const st_tensor *sb0 = dt_weights_find(m->w, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight");
-    const int fp8_file = sb0 && (sb0->dtype == DT_F8_E4M3 || sb0->dtype == DT_F8_E5M2);
+    const int fp8_file = sb0 && dt_dtype_is_fp8(sb0->dtype);
     if (flux2_runtime_choices(be, o, fp8_file ? DT_PREC_FP8 : o->precision, &m->c, what)) goto fail;
     m->db = dt_calloc(c->num_layers, sizeof *m->db);
     for (int i = 0; i < c->num_layers; i++) {

@@ -350,7 +350,7 @@ krea2_model *krea2_load_ex(dt_backend *be, const char *path, const krea2_load_op
     /* an fp8 file: the blocks' Linears run on the fp8 GEMM whatever --precision says, so their producers write the
      * e4m3 codes as under --precision fp8 (the same choice, A/B knob included) */
     const st_tensor *q0 = cfg ? dt_weights_find(m->w, "transformer_blocks.0.attn.to_q.weight") : NULL;
-    const int fp8_file = q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2);
+    const int fp8_file = q0 && dt_dtype_is_fp8(q0->dtype);
     if (!cfg || krea2_config_parse(cfg, what, &m->c) ||
         krea2_runtime_choices(be, fp8_file ? DT_PREC_FP8 : o->precision, o->attn_precision, o->fp8_unfused, &m->c,
                               what))

@@ -543,11 +543,11 @@ zimage_model *zimage_load_ex(dt_backend *be, const char *path, const zimage_load
     if (!cfg || zimage_config_parse(cfg, what, &m->c)) goto fail;
     detect_layout(m);
     {   /* an fp8 file's blocks run on the fp8 GEMM whatever --precision says: their norms feed them as under it */
-        char nm[300], fq[64];
-        snprintf(fq, sizeof fq, m->orig ? "layers.0.attention.qkv.weight" : "layers.0.attention.to_q.weight");
-        snprintf(nm, sizeof nm, "%s%s", m->pfx, fq);
+        char nm[300];
+        snprintf(nm, sizeof nm, "%s%s", m->pfx,
+                 m->orig ? "layers.0.attention.qkv.weight" : "layers.0.attention.to_q.weight");
         const st_tensor *q0 = dt_weights_find(m->w, nm);
-        const int fp8_file = q0 && (q0->dtype == DT_F8_E4M3 || q0->dtype == DT_F8_E5M2);
+        const int fp8_file = q0 && dt_dtype_is_fp8(q0->dtype);
         m->fuse_inputs = (fp8_file || m->precision == DT_PREC_FP8) && !o->fp8_unfused;
     }
     /* adapters: merged into dense weights, side products (the wrapper) on the others */
