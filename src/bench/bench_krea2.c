@@ -2,9 +2,9 @@
  *
  * The checkpoint is synthetic (krea2_synth_write at the preset geometry, cached like the FLUX.2 ones) or --model
  * DIR. The whole forward is timed through krea2_forward itself, with the pipeline's text padding mask (its real
- * tokens computed, the padding dropped) and without a mask (every text token real), interleaved. Everything inside a transformer block is timed device-only on krea2.c's own pieces: its block
- * weights, activation set, modulation fold and block ops (krea2_block_op), loaded a second time after the model
- * is freed (the replica below). The replica is checked against the model: fed the model's stream after block 0,
+ * tokens computed, the padding dropped) and without a mask (every text token real), interleaved. Everything inside
+ * a transformer block is timed device-only on krea2.c's own pieces: its block weights, activation set, modulation
+ * fold and block ops (krea2_block_op), loaded a second time after the model is freed (the replica below). The replica is checked against the model: fed the model's stream after block 0,
  * its blocks 1..L-1 must reproduce the model's stream after the last block. Then: the transformer block's ops
  * for the ledger, block-count scaling, the step's shares (blocks from the ledger, the rest of krea2_forward),
  * the blocks' GEMM shapes and GQA attention with the mask for the utilization, and Krea 2's report sections.
@@ -523,8 +523,9 @@ static void scaling(bench_ctx *x) {
     be->free(be, &s0);
 }
 
-/* Shares of krea2_forward without a mask (the replica's workload): the blocks from the ledger (times the blocks), the rest of the forward
- * (krea2_forward - the replica's blocks) and the unexplained remainder (the replica's blocks - ledger x blocks). */
+/* Shares of krea2_forward without a mask (the replica's workload): the blocks from the ledger (times the blocks), the
+ * rest of the forward (krea2_forward - the replica's blocks) and the unexplained remainder (the replica's blocks -
+ * ledger x blocks). */
 static void shares(bench_ctx *x) {
     bench_report *r = x->r;
     const bench_krea2_part *p = &r->krea2;
