@@ -18,6 +18,11 @@
 
 static int t_failed __attribute__((unused)), t_passed __attribute__((unused)), t_skipped __attribute__((unused));
 
+/* stdout line-buffered from the start: run_tests.sh reads stdout and stderr through one pipe and counts whole
+ * "PASS " / "FAIL " lines, and a block-buffered stdout flushed mid-line let a stderr line (a progress message) split
+ * one, losing it from the count. */
+__attribute__((constructor)) static void t_line_buffered(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
+
 #define T_PASS(name) (printf("PASS %s\n", name), t_passed++)
 #define T_FAIL(name, ...) (printf("FAIL %s: ", name), printf(__VA_ARGS__), printf("\n"), t_failed++)
 #define T_SKIP(name, ...) (printf("SKIP %s: ", name), printf(__VA_ARGS__), printf("\n"), t_skipped++)
