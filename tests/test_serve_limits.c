@@ -143,11 +143,14 @@ static void test_image_budget(void) {
     char img[600], extra[200], form[4096];
     snprintf(img, sizeof img, "%s/big4096.png", serve_tmp);
     if (zero_png(img, 4096, 4096)) { T_FAIL("serve budget: write the image", "libpng failed"); return; }
-    snprintf(extra, sizeof extra, "--max-queued-image-bytes %lld --max-queue 8", (long long)BUDGET_MB << 20);
+    snprintf(extra, sizeof extra, "--max-queued-image-bytes %lld --max-queue 8 --max-steps 1000",
+             (long long)BUDGET_MB << 20);
     server s;
     if (server_start(&s, "budget", extra) || server_ready(&s)) { T_FAIL("serve budget: start", "see %s", s.log); return; }
-    /* the worker busy with a long generation; one edit of 3 x 48 MiB waits in the queue */
-    pid_t slow = generation(&s, 128, 100, NULL);
+    /* the worker busy with a long generation (1000 steps, ~60 s on 2 cores: it must outlast every edit below, or a
+     * re-sent edit runs at once instead of queueing; it is cancelled at the end); one edit of 3 x 48 MiB waits in the
+     * queue */
+    pid_t slow = generation(&s, 128, 1000, NULL);
     int running = wait_metric(&s, "ditrun_jobs_running", 1, 30000);
     long hwm0 = status_kb(s.pid, "VmHWM");
     char cmd[4600];
