@@ -237,8 +237,9 @@ static void test_formats(const server *s) {
     for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
         char req[300], comp[64] = "", args[300], ref[600], name[200];
         if (fs[k].compression >= 0) snprintf(comp, sizeof comp, ", \"output_compression\": %d", fs[k].compression);
-        snprintf(req, sizeof req, "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": 2, \"seed\": 5, "
-                 "\"output_format\": \"%s\"%s}", fs[k].fmt, comp);
+        /* the jpeg request writes its integers as 2.0 and 5e0: JSON numbers of integral value are those integers */
+        snprintf(req, sizeof req, "{\"prompt\": \"a red fox\", \"size\": \"32x24\", \"steps\": %s, \"seed\": %s, "
+                 "\"output_format\": \"%s\"%s}", k == 1 ? "2.0" : "2", k == 1 ? "5e0" : "5", fs[k].fmt, comp);
         char *body = NULL;
         int code = http(s, "POST", "/v1/images/generations", req, NULL, &body, NULL);
         json *j = body ? json_parse(body, strlen(body), "answer") : NULL;
@@ -323,6 +324,9 @@ static void test_bad_requests(const server *s) {
         {"n 9", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"n\": 9}", 400, "n"},
         {"guidance negative", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"guidance\": -1}", 400, "guidance"},
         {"seed fractional", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"seed\": 1.5}", 400, "seed"},
+        {"steps 1e300 (integral, out of range)", "POST", "/v1/images/generations",
+         "{\"prompt\": \"x\", \"steps\": 1e300}", 400, "steps"},
+        {"seed 1e19 (over int64)", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"seed\": 1e19}", 400, "seed"},
         {"response_format url", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"response_format\": \"url\"}",
          400, "response_format"},
         {"unknown parameter", "POST", "/v1/images/generations", "{\"prompt\": \"x\", \"noise_file\": \"/etc/passwd\"}",

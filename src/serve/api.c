@@ -2,6 +2,7 @@
  * parameter it is about; nothing here touches files, sockets or the models. */
 #include "serve/api.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,13 +59,20 @@ static int get_int(const json *root, const char *key, int64_t lo, int64_t hi, in
     const json *j = json_get(root, key);
     if (given) *given = 0;
     if (!j || j->type == JSON_NULL) return 0;
-    if (j->type != JSON_NUMBER || !j->is_integer)
-        return dt_api_invalid(e, key, "'%s' must be an integer, not %s", key,
-                              j->type == JSON_NUMBER ? "a fraction" : type_name(j));
-    if (j->integer < lo || j->integer > hi)
-        return dt_api_invalid(e, key, "'%s' is %lld; it must be between %lld and %lld", key, (long long)j->integer,
-                              (long long)lo, (long long)hi);
-    *out = j->integer;
+    if (j->type != JSON_NUMBER) return dt_api_invalid(e, key, "'%s' must be an integer, not %s", key, type_name(j));
+    /* 20, 2e1 and 20.0 are the same integer; 1e300 and 99999999999999999999 are integers out of range */
+    int whole = j->is_integer || (isfinite(j->number) && j->number == floor(j->number));
+    if (!whole) return dt_api_invalid(e, key, "'%s' must be an integer, not a fraction (%g)", key, j->number);
+    int in_range = j->is_integer ? j->integer >= lo && j->integer <= hi
+                                 : j->number >= (double)lo && j->number <= (double)hi && fabs(j->number) < 0x1p53;
+    if (!in_range) {
+        if (j->is_integer)
+            return dt_api_invalid(e, key, "'%s' is %lld; it must be between %lld and %lld", key,
+                                  (long long)j->integer, (long long)lo, (long long)hi);
+        return dt_api_invalid(e, key, "'%s' is %g; it must be between %lld and %lld", key, j->number, (long long)lo,
+                              (long long)hi);
+    }
+    *out = j->is_integer ? j->integer : (int64_t)j->number;
     if (given) *given = 1;
     return 0;
 }
