@@ -173,6 +173,13 @@ static void outputs_checked_first(const char *fx) {
     expect_error("generate --save-latents into a missing folder: fails before loading", args, "does not exist", NULL);
     snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s --backend cpu", fx, tmp);
     expect_error("generate -o a folder: fails before loading", args, "a folder", NULL);
+    /* an image format not written here: refused by name, never PNG bytes in out.gif */
+    snprintf(args, sizeof args, "generate --model %s/model -p fox -o %s/out.GIF --backend cpu", fx, tmp);
+    expect_error("generate -o out.GIF: fails before loading, naming the formats written", args, ".GIF", ".webp");
+    struct stat gst;
+    char gif[4200];
+    snprintf(gif, sizeof gif, "%s/out.GIF", tmp);
+    T_CHECK("generate -o out.GIF: nothing written", stat(gif, &gst) != 0, "%s exists", gif);
     snprintf(args, sizeof args, "forward --model %s/model --inputs %s/transformer_io.safetensors --output %s/none/o.st "
              "--backend cpu", fx, fx, tmp);
     expect_error("forward --output into a missing folder: fails before loading", args, "does not exist", NULL);

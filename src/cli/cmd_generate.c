@@ -25,6 +25,7 @@ static void usage(FILE *f) {
             "  --model ROOT                pipeline root (default: the bundled tiny model)\n"
             "  -p, --prompt TEXT           the prompt (required)\n"
             "  -o, --output FILE           image to write (required): JPEG for .jpg/.jpeg, WebP for .webp, else PNG;\n"
+            "                              another image format's name (.gif, .bmp, .tif, ...) is an error;\n"
             "                              the parameters go into its text (PNG tEXt, JPEG comment, WebP XMP)\n"
             "  --output-compression N      0..100 (default 100), the API's output_compression: JPEG/WebP quality;\n"
             "                              PNG zlib effort (100 fastest, 0 level 9)\n"
@@ -136,10 +137,11 @@ static int write_image(const char *path, const uint8_t *rgb, int w, int h, const
     dt_image_meta meta;
     dt_image_meta_fill(&meta, p, steps, w, h, model);
     dt_out_format f = DT_OUT_PNG;
-    if (dt_out_format_from_path(path, &f)) f = DT_OUT_PNG;
     uint8_t *bytes = NULL;
     size_t n = 0;
-    int rc = dt_image_out_encode(f, compression, 0, rgb, w, h, meta.text, meta.n, &bytes, &n);
+    int rc = dt_out_format_for_path(path, &f);   /* checked before the work too */
+    if (rc) return -1;
+    rc = dt_image_out_encode(f, compression, 0, rgb, w, h, meta.text, meta.n, &bytes, &n);
     if (rc) {
         char why[512];
         snprintf(why, sizeof why, "%s", dt_last_error());
@@ -351,6 +353,8 @@ int cmd_generate(int argc, char **argv) {
      * and none is an input */
     if (cli_check_input(lo.model, 0) || (p.noise_file && cli_check_input(p.noise_file, 1))) return 1;
     if (save && cli_check_output(save, lo.model, p.noise_file)) return 1;
+    dt_out_format out_format;
+    if (dt_out_format_for_path(output, &out_format)) return cli_error("%s", dt_last_error());
     if (count == 1 && cli_check_output(output, lo.model, p.noise_file)) return 1;
     for (int k = 1; k <= (count > 1 ? count : 0); k++) {
         char *path = numbered_output(output, k);

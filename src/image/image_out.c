@@ -29,6 +29,22 @@ int dt_out_format_from_path(const char *path, dt_out_format *f) {
     return dt_out_format_parse(dot + 1, f);
 }
 
+int dt_out_format_for_path(const char *path, dt_out_format *f) {
+    if (!dt_out_format_from_path(path, f)) return 0;
+    static const char *const other[] = {"gif", "bmp", "tif", "tiff", "avif", "heic", "heif", "jxl", "jp2", "ico",
+                                        "ppm", "pgm", "pnm", "tga", "exr", "hdr", "svg", "psd", "dds", "qoi"};
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    if (dot && (!slash || dot > slash))
+        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+            if (!strcasecmp(dot + 1, other[i])) {
+                dt_set_error("%s: .%s is not a format ditrun writes (.png, .jpg / .jpeg, .webp; another name gets PNG)",
+                             path, dot + 1);
+                return -1;
+            }
+    *f = DT_OUT_PNG;
+    return 0;
+}
+
 int dt_image_out_encode(dt_out_format f, int compression, int threads, const uint8_t *rgb, int w, int h,
                         const dt_image_text *text, int n_text, uint8_t **out, size_t *len) {
     if (compression < 0) compression = DT_OUT_COMPRESSION_DEFAULT;

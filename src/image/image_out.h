@@ -19,6 +19,10 @@ const char *dt_out_format_mime(dt_out_format f);
 int dt_out_format_parse(const char *s, dt_out_format *f);
 /* The format a file name's extension asks for (.png, .jpg, .jpeg, .webp, any case): 0 and *f, or -1. */
 int dt_out_format_from_path(const char *path, dt_out_format *f);
+/* The format an output file gets: its extension's (above), PNG for any other name (no extension, /dev/stdout, a
+ * FIFO, out.img); -1 (dt_last_error names the file) when the extension names an image format that is not written
+ * here (.gif, .bmp, .tif, .avif, ...), so that out.gif never holds PNG bytes. */
+int dt_out_format_for_path(const char *path, dt_out_format *f);
 
 /* compression: OpenAI's output_compression, 0..100 (-1: the default, 100). JPEG and WebP: the quality (100 the
  * best; JPEG 0 is taken as 1). PNG stays lossless: 100 is zlib level 1 (Z_RLE, the fastest, and on photos also the
