@@ -575,9 +575,10 @@ static void test_edits(const server *s) {
              "-F steps=2 -F size=64x48", fx, fx);
     snprintf(args, sizeof args, "--image %s/ref0.png --image %s/ref1.png --seed 7 --steps 2 --width 64 --height 48", fx, fx);
     edit_equals_generate(s, "two references at 64x48", form, args, 64, 48);
-    /* inpainting: the first image with the mask (white = repaint), the init image's size */
-    snprintf(form, sizeof form, "-F 'image[]=@%s/ref9.png' -F 'mask=@%s/mask.png' -F 'prompt=a snow leopard' -F seed=3 "
-             "-F steps=4 -F strength=0.6", fx, fx);
+    /* inpainting: the first image with the mask (white = repaint), the init image's size; its integers written as
+     * 3e0 and 4.0 (a field of integral value is that integer) */
+    snprintf(form, sizeof form, "-F 'image[]=@%s/ref9.png' -F 'mask=@%s/mask.png' -F 'prompt=a snow leopard' -F seed=3e0 "
+             "-F steps=4.0 -F strength=0.6", fx, fx);
     snprintf(args, sizeof args, "--init-image %s/ref9.png --mask %s/mask.png --strength 0.6 --seed 3 --steps 4", fx, fx);
     edit_equals_generate(s, "inpainting", form, args, 72, 64);
 
@@ -604,6 +605,7 @@ static void test_edits(const server *s) {
         {"no image", "", "image"},
         {"an empty image", "-F 'image[]=@/dev/null;filename=empty.png'", "image"},
         {"n not a number", "-F 'image[]=@FX/ref0.png' -F n=two", "n"},
+        {"n a fraction", "-F 'image[]=@FX/ref0.png' -F n=2.5", "n"},
         {"size not WxH", "-F 'image[]=@FX/ref0.png' -F size=big", "size"},
         {"unknown parameter", "-F 'image[]=@FX/ref0.png' -F noise_file=/etc/passwd", "noise_file"},
         {"prompt given twice", "-F 'image[]=@FX/ref0.png' -F prompt=y", "prompt"},

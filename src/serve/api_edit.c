@@ -73,8 +73,9 @@ static void field_json(dt_strbuf *j, const dt_api_part *p) {
     double d;
     sb_json_cstr(j, k);
     sb_puts(j, ": ");
-    if ((!strcmp(k, "n") || !strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "output_compression")) &&
-        is_integer(v)) sb_puts(j, v[0] == '+' ? v + 1 : v);
+    const int int_key = !strcmp(k, "n") || !strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "output_compression");
+    if (int_key && is_integer(v)) sb_puts(j, v[0] == '+' ? v + 1 : v);
+    else if (int_key && is_number(v, &d)) sb_printf(j, "%.17g", d);   /* 2.0 is 2; 2.5 is refused as a fraction */
     else if ((!strcmp(k, "guidance") || !strcmp(k, "strength") || !strcmp(k, "cfg_normalization") ||
               !strcmp(k, "cfg_truncation")) && is_number(v, &d))
         sb_printf(j, "%.17g", d);
