@@ -34,7 +34,7 @@ static void usage(FILE *f) {
             "  --warmup WxH                generate one image of this size before /health reports ready (attention\n"
             "                              plans, GEMM choices, kernels), e.g. 1024x1024 (default: none)\n"
             "  --cors ORIGIN               allow browsers on ORIGIN (e.g. https://example.com) to call the API\n"
-            "                              (default: no CORS headers)\n"
+            "                              ('*': any site, e.g. behind your own gateway; default: no CORS headers)\n"
             "  --allow-host NAME           accept requests whose Host header is NAME (repeatable); without it only\n"
             "                              localhost, IP addresses and --host's name are accepted (421 otherwise:\n"
             "                              DNS rebinding). Needed to reach a --host 0.0.0.0 server by a host name\n"
