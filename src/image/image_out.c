@@ -23,24 +23,28 @@ int dt_out_format_parse(const char *s, dt_out_format *f) {
     return 0;
 }
 
-int dt_out_format_from_path(const char *path, dt_out_format *f) {
+/* The file name's extension (after its last dot, in its last component), or NULL. */
+static const char *extension(const char *path) {
     const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
-    if (!dot || (slash && dot < slash)) return -1;
-    return dt_out_format_parse(dot + 1, f);
+    return dot && (!slash || dot > slash) ? dot + 1 : NULL;
+}
+
+int dt_out_format_from_path(const char *path, dt_out_format *f) {
+    const char *ext = extension(path);
+    return ext ? dt_out_format_parse(ext, f) : -1;
 }
 
 int dt_out_format_for_path(const char *path, dt_out_format *f) {
     if (!dt_out_format_from_path(path, f)) return 0;
     static const char *const other[] = {"gif", "bmp", "tif", "tiff", "avif", "heic", "heif", "jxl", "jp2", "ico",
                                         "ppm", "pgm", "pnm", "tga", "exr", "hdr", "svg", "psd", "dds", "qoi"};
-    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
-    if (dot && (!slash || dot > slash))
-        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
-            if (!strcasecmp(dot + 1, other[i])) {
-                dt_set_error("%s: .%s is not a format ditrun writes (.png, .jpg / .jpeg, .webp; another name gets PNG)",
-                             path, dot + 1);
-                return -1;
-            }
+    const char *ext = extension(path);
+    for (size_t i = 0; ext && i < sizeof other / sizeof other[0]; i++)
+        if (!strcasecmp(ext, other[i])) {
+            dt_set_error("%s: .%s is not a format ditrun writes (.png, .jpg / .jpeg, .webp; another name gets PNG)",
+                         path, ext);
+            return -1;
+        }
     *f = DT_OUT_PNG;
     return 0;
 }

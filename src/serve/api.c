@@ -61,18 +61,17 @@ static int get_int(const json *root, const char *key, int64_t lo, int64_t hi, in
     if (!j || j->type == JSON_NULL) return 0;
     if (j->type != JSON_NUMBER) return dt_api_invalid(e, key, "'%s' must be an integer, not %s", key, type_name(j));
     /* 20, 2e1 and 20.0 are the same integer; 1e300 and 99999999999999999999 are integers out of range */
-    int whole = j->is_integer || (isfinite(j->number) && j->number == floor(j->number));
-    if (!whole) return dt_api_invalid(e, key, "'%s' must be an integer, not a fraction (%g)", key, j->number);
-    int in_range = j->is_integer ? j->integer >= lo && j->integer <= hi
-                                 : j->number >= (double)lo && j->number <= (double)hi && fabs(j->number) < 0x1p53;
-    if (!in_range) {
-        if (j->is_integer)
-            return dt_api_invalid(e, key, "'%s' is %lld; it must be between %lld and %lld", key,
-                                  (long long)j->integer, (long long)lo, (long long)hi);
-        return dt_api_invalid(e, key, "'%s' is %g; it must be between %lld and %lld", key, j->number, (long long)lo,
+    int64_t v;
+    if (j->is_integer) v = j->integer;
+    else if (!isfinite(j->number) || j->number != floor(j->number))
+        return dt_api_invalid(e, key, "'%s' must be an integer, not a fraction (%g)", key, j->number);
+    else if (fabs(j->number) < 0x1p53) v = (int64_t)j->number;   /* exact */
+    else return dt_api_invalid(e, key, "'%s' is %g; it must be between %lld and %lld", key, j->number, (long long)lo,
+                               (long long)hi);
+    if (v < lo || v > hi)
+        return dt_api_invalid(e, key, "'%s' is %lld; it must be between %lld and %lld", key, (long long)v, (long long)lo,
                               (long long)hi);
-    }
-    *out = j->is_integer ? j->integer : (int64_t)j->number;
+    *out = v;
     if (given) *given = 1;
     return 0;
 }
