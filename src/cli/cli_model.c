@@ -14,7 +14,7 @@ void cli_model_opts_default(cli_model_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "auto";
     o->be.rope_fp32 = 1;
-    o->guidance_batch = 1;   /* measured faster (PERF.md: Krea 2 1024², 28 guided steps 4.9% less per image) */
+    o->guidance_batch = 1;   /* faster at every size measured (PERF.md day 4: 512²-2048², Krea 2 and klein-4B) */
 }
 
 int cli_model_opt(cli_model_opts *o, int argc, char **argv, int *i) {
