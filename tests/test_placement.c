@@ -266,6 +266,94 @@ static void serve_test(const char *tmp) {
     free(log);
 }
 
+/* What a plan costs a served image (the bits budget.c weighs): 8 no fit, 4 host weights, 2 the text encoder
+ * reloaded per prompt, 1 two guidance passes; VAE tiling free. */
+static unsigned served_cost(int rc, const dt_place_plan *p) {
+    return (rc ? 8u : 0u) | (p->host_weights ? 4u : 0u) | (p->release_text_encoder ? 2u : 0u) |
+           (p->guidance_two_passes ? 1u : 0u);
+}
+
+/* serve without --max-pixels under a budget too small for the default largest image (1024x1024 on the CPU) at its
+ * plan: it serves the largest side (256 + 64 k, found here by a plain scan from the top) whose plan is 256x256's,
+ * says so, reports it as max_pixels, answers an image at 256x256 and refuses one over the side; a warm-up image
+ * larger than the largest served is refused at start. */
+static void serve_largest_test(const char *tmp) {
+    serve_setup();
+    snprintf(serve_tmp, sizeof serve_tmp, "%s", tmp);
+    dt_place_sizes s;
+    dt_place_plan p;
+    /* the budget: 512x512's resident plan exactly (f32 activations, the servers' 8 text tokens) */
+    if (dt_place_sizes_for(serve_model, 512, 512, 8, 4, 0, 1, 1, &s) || dt_place_plan_make(0, &s, &p)) {
+        T_FAIL("serve_largest", "no plan at 512x512 (%s)", dt_last_error());
+        return;
+    }
+    const int64_t budget = p.peak;
+    unsigned cost[13];
+    for (int k = 0; k <= 12; k++) {   /* sides 256 .. 1024 */
+        int rc = dt_place_sizes_for(serve_model, 256 + 64 * k, 256 + 64 * k, 8, 4, 0, 1, 1, &s) ? -1
+                 : dt_place_plan_make(budget, &s, &p);
+        cost[k] = rc < 0 ? 8u : served_cost(rc, &p);
+    }
+    dt_clear_error();
+    int want = 256;
+    for (int k = 12; k >= 0; k--)
+        if (!(cost[k] & ~cost[0])) { want = 256 + 64 * k; break; }
+    if (want < 512 || want >= 1024) {   /* (the budget was chosen so that 512 fits and 1024 does not) */
+        T_FAIL("serve_largest", "the scan found %d (costs at 1024: %u, 256: %u)", want, cost[12], cost[0]);
+        return;
+    }
+    char extra[200], want_log[120], want_json[80];
+    snprintf(extra, sizeof extra, "--max-vram %lld", (long long)budget);
+    server sv;
+    if (server_start(&sv, "largest", extra) || server_ready(&sv)) {
+        char *log = t_slurp(sv.log, NULL);
+        T_FAIL("serve_largest", "the server did not start: %s", log ? log : "");
+        free(log);
+        if (sv.pid) server_stop(&sv);
+        return;
+    }
+    char *models = NULL, *ok = NULL, *big = NULL, req[200];
+    int cm = http(&sv, "GET", "/v1/models", NULL, NULL, &models, NULL);
+    snprintf(req, sizeof req, "{\"prompt\": \"a fox\", \"size\": \"256x256\", \"steps\": 1, \"seed\": 3}");
+    int c1 = http(&sv, "POST", "/v1/images/generations", req, NULL, &ok, NULL);
+    snprintf(req, sizeof req, "{\"prompt\": \"a fox\", \"size\": \"%dx%d\", \"steps\": 1}", want + 8, want);
+    int c2 = http(&sv, "POST", "/v1/images/generations", req, NULL, &big, NULL);
+    server_stop(&sv);
+    char *log = t_slurp(sv.log, NULL);
+    snprintf(want_log, sizeof want_log, "images up to %dx%d (%lld pixels): 1024x1024 ", want, want,
+             (long long)want * want);
+    snprintf(want_json, sizeof want_json, "\"max_pixels\": %lld", (long long)want * want);
+    T_CHECK("serve_largest_side", cm == 200 && models && strstr(models, want_json) && log && strstr(log, want_log) &&
+                                      strstr(log, "(--max-pixels 1048576 plans for it anyway)"),
+            "models %d %s; log %s", cm, models ? models : "", log ? log : "");
+    T_CHECK("serve_largest_answers", c1 == 200 && c2 == 400 && big && strstr(big, "pixels"),
+            "256x256: %d; %dx%d: %d %s", c1, want + 8, want, c2, big ? big : "");
+    free(models);
+    free(ok);
+    free(big);
+    free(log);
+    /* an explicit --max-pixels is planned as asked (here: nothing fits it, refused) */
+    snprintf(extra, sizeof extra, "--max-vram %lld --max-pixels 1048576", (long long)budget);
+    if (server_start(&sv, "largest-explicit", extra) == 0) {
+        server_ready(&sv);
+        server_stop(&sv);
+    }
+    log = t_slurp(sv.log, NULL);
+    T_CHECK("serve_largest_explicit", log && strstr(log, "1024x1024: memory budget") && !strstr(log, "images up to"),
+            "log %s", log ? log : "");
+    free(log);
+    /* a warm-up image larger than the largest served */
+    if (server_start(&sv, "largest-warmup", "--warmup 2048x2048") == 0) {
+        server_ready(&sv);
+        server_stop(&sv);
+    }
+    log = t_slurp(sv.log, NULL);
+    T_CHECK("serve_warmup_too_large", log && strstr(log, "--warmup 2048x2048 is larger than the largest image served "
+                                                         "(1048576 pixels; --max-pixels)"),
+            "log %s", log ? log : "");
+    free(log);
+}
+
 int main(void) {
     /* one image: the encoder is released (it runs alone: 8.5); the decode runs beside the transformer's weights and
      * its forward's buffers: untiled 2.2 + 1 + 8 = 11.2, tiled 4.7 */
@@ -581,6 +669,7 @@ int main(void) {
     }
     budget_tests(tmp);
     serve_test(tmp);
+    serve_largest_test(tmp);
     t_rmtree(tmp);
     return T_DONE();
 }

@@ -7,28 +7,92 @@
 
 #include "backends/backend_cuda.h"
 
+/* The budget a run plans within: o->max_vram, else a CUDA pool's (the card's free memory plus what it holds
+ * already); the CPU has none (0). *cuda: the backend is CUDA. */
+static int64_t budget_of(dt_backend *be, const dt_pipeline_opts *o, int *cuda) {
+    int64_t budget = o->max_vram;
+    *cuda = dt_backend_cuda_mem_budget(be, o->max_vram > 0 ? NULL : &budget, NULL) == 0;
+    return !*cuda && o->max_vram <= 0 ? 0 : budget;
+}
+
+/* The plan of a W x H image within budget, nothing acted on: 0 (it fits), 1 (nothing fits: *pl the smallest
+ * placement, dt_last_error why), or -1 when the sizes cannot be read. */
+static int plan_at(dt_backend *be, const dt_pipeline_opts *o, int64_t budget, int cuda, int W, int H, int T,
+                   int resident, dt_place_plan *pl) {
+    memset(pl, 0, sizeof *pl);
+    dt_place_sizes s;
+    if (dt_place_sizes_for(o->model, W, H, T, (int)dt_dtype_size(be->act_dtype), o->vae_tile, resident,
+                           o->guidance_batch && o->sequence_parallel <= 1, &s))
+        return -1;
+    /* host weights: only a CUDA backend on a path that reads the packed weights each time */
+    s.host_ok = cuda && be->opts.qpath != DT_QPATH_CACHED && be->opts.qpath != DT_QPATH_MIXED;
+    return dt_place_plan_make(budget, &s, pl) ? 1 : 0;
+}
+
+/* What a plan costs a resident pipeline's images, as bits: 8 nothing fits the budget, 4 the weights in host memory,
+ * 2 the text encoder reloaded per new prompt, 1 guidance in two passes (VAE tiling is not counted: a few percent
+ * of a decode). */
+static unsigned plan_cost(int rc, const dt_place_plan *p) {
+    return (rc ? 8u : 0u) | (p->host_weights ? 4u : 0u) | (p->release_text_encoder ? 2u : 0u) |
+           (p->guidance_two_passes ? 1u : 0u);
+}
+
+int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_side, int floor_side, int T,
+                           int resident, char *why, size_t n) {
+    if (why && n) why[0] = 0;
+    if (max_side <= floor_side) return max_side;
+    int cuda;
+    const int64_t budget = budget_of(be, o, &cuda);
+    if (budget <= 0) return max_side;
+    dt_place_plan pl;
+    const int rf = plan_at(be, o, budget, cuda, floor_side, floor_side, T, resident, &pl);
+    if (rf < 0) {
+        dt_clear_error();
+        return max_side;
+    }
+    const unsigned base = plan_cost(rf, &pl);
+    const int rm = plan_at(be, o, budget, cuda, max_side, max_side, T, resident, &pl);
+    const unsigned extra = rm < 0 ? 0u : plan_cost(rm, &pl) & ~base;
+    dt_clear_error();
+    if (!extra) return max_side;
+    /* the plans grow with the side: the largest floor_side + 64 k below max_side whose plan adds nothing */
+    int lo = 0, hi = (max_side - floor_side - 1) / 64;   /* lo: known to add nothing; the answer is in [lo, hi] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2, side = floor_side + 64 * mid;
+        const int r = plan_at(be, o, budget, cuda, side, side, T, resident, &pl);
+        if (r >= 0 && !(plan_cost(r, &pl) & ~base)) lo = mid;
+        else hi = mid - 1;
+    }
+    dt_clear_error();
+    if (why && n) {
+        char b[32];
+        dt_place_bytes(budget, b, sizeof b);
+        if (extra & 8) snprintf(why, n, "%dx%d does not fit %s", max_side, max_side, b);
+        else
+            snprintf(why, n, "%dx%d would need %s within %s", max_side, max_side,
+                     extra & 4 ? "the 4/8-bit weights in host memory"
+                     : extra & 2 ? "the text encoder reloaded for each new prompt" : "guidance in two passes", b);
+    }
+    return floor_side + 64 * lo;
+}
+
 int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, int resident, dt_place_plan *out) {
     dt_place_plan pl;
     memset(&pl, 0, sizeof pl);
     if (out) *out = pl;
     const int explicit_budget = o->max_vram > 0;
-    int64_t budget = o->max_vram;
-    /* no budget given: a CUDA pool's (the card's free memory plus what it holds already); the CPU has none */
-    const int cuda = dt_backend_cuda_mem_budget(be, explicit_budget ? NULL : &budget, NULL) == 0;
-    if (!cuda && !explicit_budget) budget = 0;
-    dt_place_sizes s;
-    if (dt_place_sizes_for(o->model, W, H, T, (int)dt_dtype_size(be->act_dtype), o->vae_tile, resident,
-                           o->guidance_batch && o->sequence_parallel <= 1, &s)) {
+    int cuda;
+    const int64_t budget = budget_of(be, o, &cuda);
+    const int rc = plan_at(be, o, budget, cuda, W, H, T, resident, &pl);
+    if (rc < 0) {
         if (explicit_budget) return -1;
         dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
         dt_clear_error();
+        memset(&pl, 0, sizeof pl);
         return 0;
     }
-    /* host weights: only a CUDA backend on a path that reads the packed weights each time */
-    s.host_ok = cuda && be->opts.qpath != DT_QPATH_CACHED && be->opts.qpath != DT_QPATH_MIXED;
     char line[400], b[32];
     const char *whose = explicit_budget ? "" : cuda ? " (the card's free memory)" : "";
-    int rc = dt_place_plan_make(budget, &s, &pl);
     dt_place_plan_describe(&pl, line, sizeof line);
     if (rc) {
         if (explicit_budget) {

@@ -32,9 +32,9 @@ void dt_serve_opts_default(dt_serve_opts *o) {
     o->max_client_connections = 32;
 }
 
-int dt_server_default_side(const dt_server *s) {
-    return s->backend_name && !strcmp(s->backend_name, "cpu") ? 256 : 1024;
-}
+int dt_serve_default_side(const char *backend_name) { return backend_name && !strcmp(backend_name, "cpu") ? 256 : 1024; }
+
+int dt_server_default_side(const dt_server *s) { return dt_serve_default_side(s->backend_name); }
 
 uint64_t dt_server_seed(dt_server *s) {
     pthread_mutex_lock(&s->mu);

@@ -25,6 +25,7 @@ typedef struct {
     dt_pipeline *pl;
     dt_encoder *enc;                /* its image encoder thread (encoder.h) */
     size_t mem_current, mem_peak;   /* device memory after its last job (srv->mu) */
+    int64_t max_pixels;             /* the largest image its memory plan was made for (--max-pixels or load's choice) */
     /* the estimate of a request's time (worker.c), from this worker's measured images: seconds per denoising step
      * at two token counts (est_tokens[0] the latest; [1] one at least 25% apart, 0 = none yet), and the last
      * image's text encoding seconds and VAE decode seconds per pixel */
@@ -69,8 +70,9 @@ void dt_http_quiesce(dt_server *s);
 void dt_http_stop(dt_server *s);
 
 /* The side of the page's default square image: 256 on the CPU backend (seconds there, where 1024 takes minutes),
- * else 1024 (serve.c). */
+ * else 1024 (serve.c); of the server's backend (valid from DT_SRV_READY on) or of a backend by name. */
 int dt_server_default_side(const dt_server *s);
+int dt_serve_default_side(const char *backend_name);
 
 /* A seed for a request that names none (serve.c). */
 uint64_t dt_server_seed(dt_server *s);

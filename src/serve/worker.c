@@ -198,12 +198,33 @@ static int load(dt_worker *w) {
     if (!w->be) return -1;
     /* the memory plan of the largest image served (--max-pixels as a square; --max-vram or the card's free memory):
      * the VAE tiles, or the text encoder is reloaded per new prompt, when the budget needs it; a budget nothing fits
-     * is refused before the models load */
-    const int64_t mp = s->o.max_pixels ? s->o.max_pixels
-                                        : !strcmp(w->be->name, "cpu") ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
+     * is refused before the models load. Without --max-pixels the largest image is the default (2048x2048 on a GPU)
+     * or, where that plan would slow every image (host weights, a text encoder reloaded per prompt, two guidance
+     * passes) or not fit, the largest side down to the page's default size whose plan is that size's. */
+    const int cpu = !strcmp(w->be->name, "cpu"), T = s->o.max_seq_len ? s->o.max_seq_len : 512;
+    int64_t mp = s->o.max_pixels ? s->o.max_pixels : cpu ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
     int side = (int)sqrt((double)mp) / 16 * 16;
     side = side < 16 ? 16 : side > 16384 ? 16384 : side;
-    if (dt_budget_apply(w->be, &lo, side, side, s->o.max_seq_len ? s->o.max_seq_len : 512, 1, NULL)) {
+    if (!s->o.max_pixels) {   /* (never below the page's default size, nor the warm-up image's) */
+        char why[300];
+        int floor_side = dt_serve_default_side(w->be->name);
+        if (s->o.warmup_w > floor_side) floor_side = s->o.warmup_w;
+        if (s->o.warmup_h > floor_side) floor_side = s->o.warmup_h;
+        const int fit = dt_budget_largest_side(w->be, &lo, side, floor_side, T, 1, why, sizeof why);
+        if (fit < side) {
+            dt_log(1, "ditrun: worker %d: images up to %dx%d (%lld pixels): %s (--max-pixels %lld plans for it "
+                      "anyway)\n", w->index, fit, fit, (long long)fit * fit, why, (long long)mp);
+            side = fit;
+            mp = (int64_t)fit * fit;
+        }
+    }
+    w->max_pixels = mp;
+    if ((int64_t)s->o.warmup_w * s->o.warmup_h > mp) {
+        dt_set_error("--warmup %dx%d is larger than the largest image served (%lld pixels; --max-pixels)",
+                     s->o.warmup_w, s->o.warmup_h, (long long)mp);
+        return -1;
+    }
+    if (dt_budget_apply(w->be, &lo, side, side, T, 1, NULL)) {
         char why[700];
         snprintf(why, sizeof why, "%s", dt_last_error());
         dt_set_error("%s (serve plans for its largest image, --max-pixels %lld)", why, (long long)mp);
@@ -254,9 +275,9 @@ static void *worker_main(void *arg) {
         if (s->n_loaded == 0) {
             s->lim.info = *dt_pipeline_get_info(w->pl);
             s->backend_name = w->be->name;
-            if (!s->lim.max_pixels)
-                s->lim.max_pixels = !strcmp(w->be->name, "cpu") ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
         }
+        /* without --max-pixels: the smallest of the workers' largest images */
+        if (!s->o.max_pixels && (!s->lim.max_pixels || w->max_pixels < s->lim.max_pixels)) s->lim.max_pixels = w->max_pixels;
         s->n_loaded++;
     }
     pthread_cond_broadcast(&s->cv);
