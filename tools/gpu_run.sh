@@ -53,6 +53,9 @@
 #               plan keeps the q4 weights in host memory; again with --no-prefetch: without the hints); test_gpu_budget
 #               first (with its TIME lines: a host-weight Linear after a GEMM, hinted or not); stops starting runs after
 #               VRAM_SECONDS (120) and says which it skipped
+#     servefit  serve's largest image under a card's budget: klein-4B q4 in 7G (an 8 GB card) without --max-pixels
+#               (the side whose plan keeps the weights on the card) and with --max-pixels 4194304 (2048²: host
+#               weights), 1024² images timed by the client
 #     sp        several GPUs (docs/sequence-parallel.md): test_gpu_sp, split forwards at 2048² / 4096² vs one GPU,
 #               4-step 2048² images on 1/2/4 GPUs, data-parallel serving at concurrency 16 (on an -x2 / -x4 machine)
 # Binaries: tools/devpack.sh packs build/ (ditrun, the CUDA plugin, the test programs, dev/stcmp) into
@@ -817,6 +820,28 @@ if has vram; then   # README: card classes — --max-vram measured: the pool's p
     # its GEMM, as before Krea 2 gave hints): the s/step of the two lines is the hints' effect
     vgen "Krea 2 q4 (4 steps, host weights, --no-prefetch)" "$W/kr2p4" 1024x1024 6G --steps 4 --no-prefetch
     log "vram section: $(( $(date +%s) - VT0 )) s"
+fi
+
+if has servefit; then   # README: GPU memory — serve's largest image under a card's budget, and what it saves
+    prep p4
+    sfit() {  # sfit LABEL [serve args]: a klein-4B q4 server in 7G (an 8 GB card), its plan lines, /v1/models'
+              # max_pixels and the client's time for 4 sequential 1024² images (4 steps) after the warm-up
+        local label=$1 port=18431 times="" pid; shift
+        $B serve --backend cuda --model "$W/p4" --port $port --max-vram 7G --warmup 1024x1024 "$@" \
+            > "$W/sfit.out" 2> "$OUT/servefit-$label.log" & pid=$!
+        for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.2; done
+        local mp; mp=$(curl -s "http://127.0.0.1:$port/v1/models" | grep -o '"max_pixels": [0-9]*')
+        for k in 1 2 3 4; do
+            times="$times $(curl -s -o /dev/null -w '%{time_total}' -H 'Content-Type: application/json' \
+                -d "{\"prompt\": \"a fox in the snow $k\", \"size\": \"1024x1024\", \"seed\": $k}" \
+                "http://127.0.0.1:$port/v1/images/generations")"
+        done
+        kill -TERM $pid; wait $pid 2>/dev/null
+        log "servefit $label: $mp; 1024² images (client s):$times; $(grep -E 'images up to|memory plan|host memory' \
+            "$OUT/servefit-$label.log" | sed 's/^ditrun: //' | tr '\n' ' ')"
+    }
+    sfit default
+    sfit max2048 --max-pixels 4194304
 fi
 
 if has portable; then   # README: GPUs — the portable paths on this card, tested and timed beside the Hopper ones
