@@ -142,7 +142,7 @@ fuzz:
 
 # Re-record the golden image of the bundled tiny model (tests/test_generate.c compares byte for byte).
 golden: $(BUILD)/ditrun
-	OPENBLAS_CORETYPE=Prescott $(BUILD)/ditrun generate --backend cpu -q --model tests/fixtures/model --prompt 'a red fox standing in fresh snow, golden hour' \
+	OPENBLAS_CORETYPE=Prescott $(BUILD)/ditrun generate --backend cpu -q --threads 2 --model tests/fixtures/model --prompt 'a red fox standing in fresh snow, golden hour' \
 	  --seed 7 --height 64 --width 64 --max-sequence-length 32 --output tests/golden/tiny-seed7.png
 	echo "glibc $$(getconf GNU_LIBC_VERSION | cut -d' ' -f2)" > tests/golden/tiny-seed7.platform
 

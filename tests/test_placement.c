@@ -266,11 +266,11 @@ static void serve_test(const char *tmp) {
     free(log);
 }
 
-/* What a plan costs a served image (the bits budget.c weighs): 8 no fit, 4 host weights, 2 the text encoder
- * reloaded per prompt, 1 two guidance passes; VAE tiling free. */
-static unsigned served_cost(int rc, const dt_place_plan *p) {
-    return (rc ? 8u : 0u) | (p->host_weights ? 4u : 0u) | (p->release_text_encoder ? 2u : 0u) |
-           (p->guidance_two_passes ? 1u : 0u);
+/* What a plan costs a served image of floor_side (the things budget.c weighs), as bits: no fit, host weights, the
+ * text encoder reloaded per prompt, two guidance passes, VAE tiles smaller than floor_side. */
+static unsigned served_cost(int rc, const dt_place_plan *p, int floor_side) {
+    return (rc ? 16u : 0u) | (p->host_weights ? 8u : 0u) | (p->release_text_encoder ? 4u : 0u) |
+           (p->guidance_two_passes ? 2u : 0u) | (p->vae_tiling && (p->vae_tile_px <= 0 || p->vae_tile_px < floor_side));
 }
 
 /* serve without --max-pixels under a budget too small for the default largest image (1024x1024 on the CPU) at its
@@ -292,7 +292,7 @@ static void serve_largest_test(const char *tmp) {
     for (int k = 0; k <= 12; k++) {   /* sides 256 .. 1024 */
         int rc = dt_place_sizes_for(serve_model, 256 + 64 * k, 256 + 64 * k, 8, 4, 0, 1, 1, &s) ? -1
                  : dt_place_plan_make(budget, &s, &p);
-        cost[k] = rc < 0 ? 8u : served_cost(rc, &p);
+        cost[k] = rc < 0 ? 16u : served_cost(rc, &p, 256);
     }
     dt_clear_error();
     int want = 256;

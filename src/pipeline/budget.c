@@ -29,12 +29,15 @@ static int plan_at(dt_backend *be, const dt_pipeline_opts *o, int64_t budget, in
     return dt_place_plan_make(budget, &s, pl) ? 1 : 0;
 }
 
-/* What a plan costs a resident pipeline's images, as bits: 8 nothing fits the budget, 4 the weights in host memory,
- * 2 the text encoder reloaded per new prompt, 1 guidance in two passes (VAE tiling is not counted: a few percent
- * of a decode). */
-static unsigned plan_cost(int rc, const dt_place_plan *p) {
-    return (rc ? 8u : 0u) | (p->host_weights ? 4u : 0u) | (p->release_text_encoder ? 2u : 0u) |
-           (p->guidance_two_passes ? 1u : 0u);
+/* What a plan costs a resident pipeline's images of floor_side, as bits (the higher, the dearer): nothing fits the
+ * budget; the weights in host memory; the text encoder reloaded per new prompt; guidance in two passes; the VAE
+ * decoding a floor_side image in tiles (a 1024² klein decode in 512 px tiles took 0.12-0.13 s against 0.053 s whole,
+ * PERF.md). */
+enum { COST_TILES = 1, COST_TWO_PASSES = 2, COST_TE_RELOAD = 4, COST_HOST = 8, COST_NO_FIT = 16 };
+static unsigned plan_cost(int rc, const dt_place_plan *p, int floor_side) {
+    return (rc ? COST_NO_FIT : 0u) | (p->host_weights ? COST_HOST : 0u) |
+           (p->release_text_encoder ? COST_TE_RELOAD : 0u) | (p->guidance_two_passes ? COST_TWO_PASSES : 0u) |
+           (p->vae_tiling && (p->vae_tile_px <= 0 || p->vae_tile_px < floor_side) ? COST_TILES : 0u);
 }
 
 int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_side, int floor_side, int T,
@@ -50,9 +53,9 @@ int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_si
         dt_clear_error();
         return max_side;
     }
-    const unsigned base = plan_cost(rf, &pl);
+    const unsigned base = plan_cost(rf, &pl, floor_side);
     const int rm = plan_at(be, o, budget, cuda, max_side, max_side, T, resident, &pl);
-    const unsigned extra = rm < 0 ? 0u : plan_cost(rm, &pl) & ~base;
+    const unsigned extra = rm < 0 ? 0u : plan_cost(rm, &pl, floor_side) & ~base;
     dt_clear_error();
     if (!extra) return max_side;
     /* the plans grow with the side: the largest floor_side + 64 k below max_side whose plan adds nothing */
@@ -60,18 +63,22 @@ int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_si
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2, side = floor_side + 64 * mid;
         const int r = plan_at(be, o, budget, cuda, side, side, T, resident, &pl);
-        if (r >= 0 && !(plan_cost(r, &pl) & ~base)) lo = mid;
+        if (r >= 0 && !(plan_cost(r, &pl, floor_side) & ~base)) lo = mid;
         else hi = mid - 1;
     }
     dt_clear_error();
     if (why && n) {
         char b[32];
         dt_place_bytes(budget, b, sizeof b);
-        if (extra & 8) snprintf(why, n, "%dx%d does not fit %s", max_side, max_side, b);
+        char need[80];
+        if (extra & COST_TILES && !(extra & ~(unsigned)COST_TILES))
+            snprintf(need, sizeof need, "%dx%d images decoded in VAE tiles", floor_side, floor_side);
         else
-            snprintf(why, n, "%dx%d would need %s within %s", max_side, max_side,
-                     extra & 4 ? "the 4/8-bit weights in host memory"
-                     : extra & 2 ? "the text encoder reloaded for each new prompt" : "guidance in two passes", b);
+            snprintf(need, sizeof need, "%s", extra & COST_HOST ? "the 4/8-bit weights in host memory"
+                                              : extra & COST_TE_RELOAD ? "the text encoder reloaded for each new prompt"
+                                                                       : "guidance in two passes");
+        if (extra & COST_NO_FIT) snprintf(why, n, "%dx%d does not fit %s", max_side, max_side, b);
+        else snprintf(why, n, "%dx%d would need %s within %s", max_side, max_side, need, b);
     }
     return floor_side + 64 * lo;
 }
