@@ -342,6 +342,16 @@ static void serve_largest_test(const char *tmp) {
     T_CHECK("serve_largest_explicit", log && strstr(log, "1024x1024: memory budget") && !strstr(log, "images up to"),
             "log %s", log ? log : "");
     free(log);
+    /* a budget that not even the default size fits: planned (and refused) at that size, not at the largest */
+    if (server_start(&sv, "largest-none", "--max-vram 1K") == 0) {
+        server_ready(&sv);
+        server_stop(&sv);
+    }
+    log = t_slurp(sv.log, NULL);
+    T_CHECK("serve_largest_none_fits", log && strstr(log, "images up to 256x256 (65536 pixels): 1024x1024 does not fit") &&
+                                           strstr(log, "256x256: memory budget 1.0 KiB is below the smallest workable"),
+            "log %s", log ? log : "");
+    free(log);
     /* a warm-up image larger than the largest served */
     if (server_start(&sv, "largest-warmup", "--warmup 2048x2048") == 0) {
         server_ready(&sv);

@@ -55,11 +55,13 @@ int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_si
     }
     const unsigned base = plan_cost(rf, &pl, floor_side);
     const int rm = plan_at(be, o, budget, cuda, max_side, max_side, T, resident, &pl);
-    const unsigned extra = rm < 0 ? 0u : plan_cost(rm, &pl, floor_side) & ~base;
+    /* (floor_side itself does not fit: plan for it, the smallest side served, so that a refusal names it) */
+    const unsigned extra = base & COST_NO_FIT ? COST_NO_FIT : rm < 0 ? 0u : plan_cost(rm, &pl, floor_side) & ~base;
     dt_clear_error();
     if (!extra) return max_side;
     /* the plans grow with the side: the largest floor_side + 64 k below max_side whose plan adds nothing */
-    int lo = 0, hi = (max_side - floor_side - 1) / 64;   /* lo: known to add nothing; the answer is in [lo, hi] */
+    /* lo: known to add nothing; the answer is in [lo, hi] */
+    int lo = 0, hi = base & COST_NO_FIT ? 0 : (max_side - floor_side - 1) / 64;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2, side = floor_side + 64 * mid;
         const int r = plan_at(be, o, budget, cuda, side, side, T, resident, &pl);

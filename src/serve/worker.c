@@ -200,7 +200,8 @@ static int load(dt_worker *w) {
      * the VAE tiles, or the text encoder is reloaded per new prompt, when the budget needs it; a budget nothing fits
      * is refused before the models load. Without --max-pixels the largest image is the default (2048x2048 on a GPU)
      * or, where that plan would slow every image (host weights, a text encoder reloaded per prompt, two guidance
-     * passes) or not fit, the largest side down to the page's default size whose plan is that size's. */
+     * passes, VAE tiles smaller than the default size) or not fit, the largest side down to the page's default size
+     * whose plan is that size's (dt_budget_largest_side). */
     const int cpu = !strcmp(w->be->name, "cpu"), T = s->o.max_seq_len ? s->o.max_seq_len : 512;
     int64_t mp = s->o.max_pixels ? s->o.max_pixels : cpu ? DT_SERVE_MAX_PIXELS_CPU : DT_SERVE_MAX_PIXELS_GPU;
     int side = (int)sqrt((double)mp) / 16 * 16;
@@ -277,7 +278,8 @@ static void *worker_main(void *arg) {
             s->backend_name = w->be->name;
         }
         /* without --max-pixels: the smallest of the workers' largest images */
-        if (!s->o.max_pixels && (!s->lim.max_pixels || w->max_pixels < s->lim.max_pixels)) s->lim.max_pixels = w->max_pixels;
+        if (!s->o.max_pixels && (!s->lim.max_pixels || w->max_pixels < s->lim.max_pixels))
+            s->lim.max_pixels = w->max_pixels;
         s->n_loaded++;
     }
     pthread_cond_broadcast(&s->cv);
