@@ -219,6 +219,16 @@ static void budget_tests(const char *tmp) {
     }
 }
 
+/* Start `serve ...extra` as NAME and wait until it is ready: 0, or -1 after failing TEST with its log. */
+static int start_or_fail(server *sv, const char *test, const char *name, const char *extra) {
+    if (server_start(sv, name, extra) == 0 && server_ready(sv) == 0) return 0;
+    char *log = t_slurp(sv->log, NULL);
+    T_FAIL(test, "the server did not start: %s", log ? log : "");
+    free(log);
+    if (sv->pid) server_stop(sv);
+    return -1;
+}
+
 /* serve under a budget that keeps everything but the text encoder (64x64, the servers' 8 text tokens): the plan is
  * logged, and two requests with two prompts (the encoder reloaded for the second) give ditrun generate's bytes. */
 static void serve_test(const char *tmp) {
@@ -234,13 +244,7 @@ static void serve_test(const char *tmp) {
     char extra[200];
     snprintf(extra, sizeof extra, "--max-pixels 4096 --max-vram %lld", (long long)rel.peak);
     server sv;
-    if (server_start(&sv, "budget", extra) || server_ready(&sv)) {
-        char *log = t_slurp(sv.log, NULL);
-        T_FAIL("serve_budget", "the server did not start: %s", log ? log : "");
-        free(log);
-        if (sv.pid) server_stop(&sv);
-        return;
-    }
+    if (start_or_fail(&sv, "serve_budget", "budget", extra)) return;
     const char *prompts[2] = {"a red fox", "a grey owl"};
     int same = 0;
     for (int k = 0; k < 2; k++) {
@@ -271,6 +275,17 @@ static void serve_test(const char *tmp) {
 static unsigned served_cost(int rc, const dt_place_plan *p, int floor_side) {
     return (rc ? 16u : 0u) | (p->host_weights ? 8u : 0u) | (p->release_text_encoder ? 4u : 0u) |
            (p->guidance_two_passes ? 2u : 0u) | (p->vae_tiling && (p->vae_tile_px <= 0 || p->vae_tile_px < floor_side));
+}
+
+/* The log of `serve ...extra` started as NAME that is expected to stop by itself at start (refused): run to its end
+ * (stopped if it did come up) and read back (the caller frees it). */
+static char *refused_server_log(const char *name, const char *extra) {
+    server sv;
+    if (server_start(&sv, name, extra) == 0) {
+        server_ready(&sv);
+        server_stop(&sv);
+    }
+    return t_slurp(sv.log, NULL);
 }
 
 /* serve without --max-pixels under a budget too small for the default largest image (1024x1024 on the CPU) at its
@@ -305,13 +320,7 @@ static void serve_largest_test(const char *tmp) {
     char extra[200], want_log[120], want_json[80];
     snprintf(extra, sizeof extra, "--max-vram %lld", (long long)budget);
     server sv;
-    if (server_start(&sv, "largest", extra) || server_ready(&sv)) {
-        char *log = t_slurp(sv.log, NULL);
-        T_FAIL("serve_largest", "the server did not start: %s", log ? log : "");
-        free(log);
-        if (sv.pid) server_stop(&sv);
-        return;
-    }
+    if (start_or_fail(&sv, "serve_largest", "largest", extra)) return;
     char *models = NULL, *ok = NULL, *big = NULL, req[200];
     int cm = http(&sv, "GET", "/v1/models", NULL, NULL, &models, NULL);
     snprintf(req, sizeof req, "{\"prompt\": \"a fox\", \"size\": \"256x256\", \"steps\": 1, \"seed\": 3}");
@@ -334,30 +343,18 @@ static void serve_largest_test(const char *tmp) {
     free(log);
     /* an explicit --max-pixels is planned as asked (here: nothing fits it, refused) */
     snprintf(extra, sizeof extra, "--max-vram %lld --max-pixels 1048576", (long long)budget);
-    if (server_start(&sv, "largest-explicit", extra) == 0) {
-        server_ready(&sv);
-        server_stop(&sv);
-    }
-    log = t_slurp(sv.log, NULL);
+    log = refused_server_log("largest-explicit", extra);
     T_CHECK("serve_largest_explicit", log && strstr(log, "1024x1024: memory budget") && !strstr(log, "images up to"),
             "log %s", log ? log : "");
     free(log);
     /* a budget that not even the default size fits: planned (and refused) at that size, not at the largest */
-    if (server_start(&sv, "largest-none", "--max-vram 1K") == 0) {
-        server_ready(&sv);
-        server_stop(&sv);
-    }
-    log = t_slurp(sv.log, NULL);
+    log = refused_server_log("largest-none", "--max-vram 1K");
     T_CHECK("serve_largest_none_fits", log && strstr(log, "images up to 256x256 (65536 pixels): 1024x1024 does not fit") &&
                                            strstr(log, "256x256: memory budget 1.0 KiB is below the smallest workable"),
             "log %s", log ? log : "");
     free(log);
     /* a warm-up image larger than the largest served */
-    if (server_start(&sv, "largest-warmup", "--warmup 2048x2048") == 0) {
-        server_ready(&sv);
-        server_stop(&sv);
-    }
-    log = t_slurp(sv.log, NULL);
+    log = refused_server_log("largest-warmup", "--warmup 2048x2048");
     T_CHECK("serve_warmup_too_large", log && strstr(log, "--warmup 2048x2048 is larger than the largest image served "
                                                          "(1048576 pixels; --max-pixels)"),
             "log %s", log ? log : "");
