@@ -54,13 +54,15 @@ int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_si
         return max_side;
     }
     const unsigned base = plan_cost(rf, &pl, floor_side);
-    const int rm = plan_at(be, o, budget, cuda, max_side, max_side, T, resident, &pl);
-    /* (floor_side itself does not fit: plan for it, the smallest side served, so that a refusal names it) */
-    const unsigned extra = base & COST_NO_FIT ? COST_NO_FIT : rm < 0 ? 0u : plan_cost(rm, &pl, floor_side) & ~base;
+    unsigned extra = COST_NO_FIT;   /* floor_side itself does not fit: plan for it, so that a refusal names it */
+    if (!(base & COST_NO_FIT)) {
+        const int rm = plan_at(be, o, budget, cuda, max_side, max_side, T, resident, &pl);
+        extra = rm < 0 ? 0u : plan_cost(rm, &pl, floor_side) & ~base;
+    }
     dt_clear_error();
     if (!extra) return max_side;
-    /* the plans grow with the side: the largest floor_side + 64 k below max_side whose plan adds nothing */
-    /* lo: known to add nothing; the answer is in [lo, hi] */
+    /* the plans grow with the side: the largest floor_side + 64 k below max_side whose plan adds nothing (lo: known
+     * to add nothing; the answer is in [lo, hi]) */
     int lo = 0, hi = base & COST_NO_FIT ? 0 : (max_side - floor_side - 1) / 64;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2, side = floor_side + 64 * mid;
@@ -70,17 +72,15 @@ int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_si
     }
     dt_clear_error();
     if (why && n) {
-        char b[32];
+        char b[32], tiles[64];
         dt_place_bytes(budget, b, sizeof b);
-        char need[80];
-        if (extra & COST_TILES && !(extra & ~(unsigned)COST_TILES))
-            snprintf(need, sizeof need, "%dx%d images decoded in VAE tiles", floor_side, floor_side);
-        else
-            snprintf(need, sizeof need, "%s", extra & COST_HOST ? "the 4/8-bit weights in host memory"
-                                              : extra & COST_TE_RELOAD ? "the text encoder reloaded for each new prompt"
-                                                                       : "guidance in two passes");
+        snprintf(tiles, sizeof tiles, "%dx%d images decoded in VAE tiles", floor_side, floor_side);
         if (extra & COST_NO_FIT) snprintf(why, n, "%dx%d does not fit %s", max_side, max_side, b);
-        else snprintf(why, n, "%dx%d would need %s within %s", max_side, max_side, need, b);
+        else
+            snprintf(why, n, "%dx%d would need %s within %s", max_side, max_side,
+                     extra & COST_HOST ? "the 4/8-bit weights in host memory"
+                     : extra & COST_TE_RELOAD ? "the text encoder reloaded for each new prompt"
+                     : extra & COST_TWO_PASSES ? "guidance in two passes" : tiles, b);
     }
     return floor_side + 64 * lo;
 }
@@ -97,7 +97,6 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
         if (explicit_budget) return -1;
         dt_log(2, "ditrun: no memory plan (%s)\n", dt_last_error());
         dt_clear_error();
-        memset(&pl, 0, sizeof pl);
         return 0;
     }
     char line[400], b[32];

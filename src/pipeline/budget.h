@@ -24,9 +24,10 @@ int dt_budget_apply(dt_backend *be, dt_pipeline_opts *o, int W, int H, int T, in
 /* The largest square image side, max_side or a floor_side + 64 k below it, whose plan for o->model on be within the
  * run's budget needs nothing that floor_side's plan does not (of: a budget it does not fit, the weights in host
  * memory, the text encoder reloaded per new prompt, guidance in two passes, VAE tiles smaller than floor_side, which
- * would tile every floor_side image); floor_side when even that does not fit. Nothing is acted on. What serve takes as its largest image when --max-pixels is not given, so that a
- * small card serves its default size at full speed. max_side without a budget or when the sizes cannot be read; when
- * lower, why (n bytes) gets "2048x2048 would need ... within 7.00 GiB" or "2048x2048 does not fit 7.00 GiB". */
+ * would tile every floor_side image); floor_side when even that does not fit. Nothing is acted on. What serve takes
+ * as its largest image when --max-pixels is not given, so that a small card serves its default size at full speed.
+ * max_side without a budget or when the sizes cannot be read; when lower, why (n bytes) gets "2048x2048 would need
+ * ... within 7.00 GiB" or "2048x2048 does not fit 7.00 GiB". */
 int dt_budget_largest_side(dt_backend *be, const dt_pipeline_opts *o, int max_side, int floor_side, int T,
                            int resident, char *why, size_t n);
 
